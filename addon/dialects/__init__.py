@@ -1,0 +1,211 @@
+"""The dialect registry: which protocol an exchange speaks, and how to read it.
+
+A dialect is one module that recognises its traffic and normalizes it into the common
+events of :mod:`addon.events`. Detection is a registry so that adding a protocol never
+touches another one: the proxy adapter asks :func:`detect_request` (method, path and
+headers, then the parsed body) and, for event streams nobody claimed,
+:func:`detect_response` with the first SSE event.
+
+Everything here is sans-IO: no mitmproxy, no database.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from addon.events import Event, Finding, StreamError
+from addon.sse import SSEEvent
+
+
+@dataclass(frozen=True, slots=True)
+class RequestView:
+    """What detection may look at: the request line and headers (names lower-case)."""
+
+    method: str
+    path: str
+    query: str
+    headers: Mapping[str, str]
+
+
+@dataclass(slots=True)
+class RequestSummary:
+    """What a dialect reads from a request body for the record."""
+
+    model: str | None = None
+    user_id: str | None = None
+    session_id: str | None = None
+    request_id: str | None = None
+    stream: bool | None = None
+    declared_tools: frozenset[str] | None = None
+    findings: list[Finding] = field(default_factory=list)
+
+
+class Normalizer(ABC):
+    """Turns one response of a dialect into common events. One instance per exchange."""
+
+    @abstractmethod
+    def on_event(self, event: SSEEvent) -> list[Event]:
+        """Common events for one SSE event of a streamed response."""
+
+    def on_end(self) -> list[Event]:
+        """Conformance checks once the streamed body is over (cleanly or cut by upstream)."""
+        return []
+
+    def on_body(self, body: bytes, http_status: int) -> list[Event]:
+        """Common events for a whole non-streamed body (JSON answer or error)."""
+        return error_body_events(body) if http_status >= 400 else []
+
+
+class Dialect(ABC):
+    """One inference protocol: how to recognise it and how to read it."""
+
+    name: str
+    provider: str | None = None
+
+    @abstractmethod
+    def matches(self, request: RequestView) -> bool:
+        """Cheap check on the request line and headers; no body parsing."""
+
+    def accepts_body(self, body: Any) -> bool:
+        """Confirm a header match with the parsed body (``None`` if not JSON)."""
+        return True
+
+    def sniff(self, first_event: SSEEvent) -> bool:
+        """Claim an event stream whose request was not recognised, by its first event."""
+        return False
+
+    @abstractmethod
+    def summarize(self, body: Any) -> RequestSummary:
+        """Read model, metadata and declared tools from the parsed request body."""
+
+    @abstractmethod
+    def normalizer(self, request: RequestSummary) -> Normalizer:
+        """A fresh normalizer for one response."""
+
+
+REGISTRY: list[Dialect] = []
+
+
+def register(dialect: Dialect) -> Dialect:
+    REGISTRY.append(dialect)
+    return dialect
+
+
+def detect_request(request: RequestView, body: Callable[[], Any]) -> Dialect | None:
+    """The first registered dialect that recognises this request, if any.
+
+    ``body`` parses the request body on demand, so requests no dialect matches by
+    line and headers cost only the header checks.
+    """
+    for dialect in REGISTRY:
+        if dialect.matches(request) and dialect.accepts_body(body()):
+            return dialect
+    return None
+
+
+def detect_response(first_event: SSEEvent) -> Dialect | None:
+    """The dialect that claims an unrecognised event stream by its first event."""
+    for dialect in REGISTRY:
+        if dialect.sniff(first_event):
+            return dialect
+    return None
+
+
+def parse_json_body(body: bytes) -> tuple[Any, Finding | None]:
+    """Parse a request body; ``(None, finding)`` when it is not JSON."""
+    if not body:
+        return None, None
+    try:
+        return orjson.loads(body), None
+    except orjson.JSONDecodeError as e:
+        return None, Finding("request_invalid_json", str(e)[:200])
+
+
+def media_type(value: str) -> tuple[str, dict[str, str]]:
+    """Split ``type/subtype; a=b; c="d"`` into the lower-case type and its parameters.
+
+    Hand-written because the standard library's parsers (``email.message``) are built
+    for whole MIME messages and cost far more than this on the proxy's hot path.
+    """
+    kind, _, rest = value.partition(";")
+    params: dict[str, str] = {}
+    for part in rest.split(";"):
+        name, eq, val = part.partition("=")
+        if eq:
+            params[name.strip().lower()] = val.strip().strip('"')
+    return kind.strip().lower(), params
+
+
+def accepted_media_types(accept: str) -> list[tuple[str, dict[str, str]]]:
+    """The media ranges of an Accept header, in order (quoted commas respected)."""
+    out, start, quoted = [], 0, False
+    for i, ch in enumerate(accept):
+        if ch == '"':
+            quoted = not quoted
+        elif ch == "," and not quoted:
+            out.append(media_type(accept[start:i]))
+            start = i + 1
+    out.append(media_type(accept[start:]))
+    return [m for m in out if m[0]]
+
+
+def error_body_events(body: bytes) -> list[Event]:
+    """Common events for an HTTP error body, whatever its vendor shape.
+
+    Recognises ``{"error": {"code"|"type", "message"}}``, ``{"error": "text"}``,
+    ``{"code", "message"}`` and RFC 9457 problem objects (``type``/``title``/``detail``).
+    """
+    try:
+        obj = orjson.loads(body) if body else None
+    except orjson.JSONDecodeError:
+        text = body[:500].decode("utf-8", "replace")
+        return [StreamError(None, text or None), Finding("response_invalid_json", "error body is not JSON")]
+    if not isinstance(obj, dict):
+        return [StreamError(None, None)]
+    err = obj.get("error", obj)
+    if isinstance(err, str):
+        return [StreamError(None, err)]
+    if not isinstance(err, dict):
+        return [StreamError(None, None)]
+    code = err.get("code") or err.get("type") or err.get("status")
+    message = err.get("message") or err.get("detail") or err.get("title")
+    return [StreamError(_str_or_none(code), _str_or_none(message))]
+
+
+def json_object(data: str) -> dict[str, Any] | None:
+    """``data`` parsed as one JSON object, or ``None``."""
+    try:
+        obj = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return None
+    return obj if isinstance(obj, dict) else None
+
+
+def _str_or_none(value: Any) -> str | None:
+    return None if value is None else str(value)
+
+
+def str_field(obj: Mapping[str, Any], name: str) -> str | None:
+    """``obj[name]`` if it is a string."""
+    value = obj.get(name)
+    return value if isinstance(value, str) else None
+
+
+def int_field(obj: Mapping[str, Any], name: str) -> int | None:
+    """``obj[name]`` if it is an integer (booleans are not)."""
+    value = obj.get(name)
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+
+def _load_builtin_dialects() -> None:
+    """Import the built-in dialect modules; each registers itself."""
+    from addon.dialects import llm_stream  # noqa: F401
+
+
+_load_builtin_dialects()

@@ -1,0 +1,135 @@
+"""The per-exchange pipeline: response bytes in, a filled exchange record out.
+
+bytes ─▶ Content-Encoding decoder ─▶ SSE parser ─▶ dialect normalizer ─▶ record
+
+It is sans-IO (no mitmproxy, no database) so that it can be tested with plain bytes,
+and it never lets an exception escape into the proxy: a failure of the auditor becomes
+an ``audit_internal_error`` finding and the exchange's bytes keep flowing.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+from addon.decoding import Decoder, make_decoder
+from addon.dialects import Dialect, Normalizer, RequestSummary, detect_response
+from addon.record import ExchangeRecord
+from addon.sse import SSEEvent, SSEParser
+
+log = logging.getLogger(__name__)
+
+# How much of an unclaimed event stream is read looking for its first event before the
+# auditor gives up and lets it pass uninspected.
+SNIFF_LIMIT = 64 * 1024
+
+
+class StreamAuditor:
+    """Reads one streamed response body as it passes.
+
+    With a ``normalizer`` the dialect is known from the request. Without one the
+    auditor sniffs: the first SSE event decides, through the registry, whether the
+    stream is inference traffic (``on_claim`` is then called to create the record).
+    """
+
+    def __init__(
+        self,
+        record: ExchangeRecord | None,
+        normalizer: Normalizer | None,
+        content_encoding: str | None,
+        max_event_bytes: int,
+        on_claim: Callable[[Dialect], tuple[ExchangeRecord, Normalizer]] | None = None,
+    ) -> None:
+        self.record = record
+        self.normalizer = normalizer
+        self.on_claim = on_claim
+        self.parser = SSEParser(max_event_bytes=max_event_bytes)
+        self.decoder: Decoder | None = make_decoder(content_encoding)
+        self.content_encoding = content_encoding
+        self.sniffed_bytes = 0  # decoded bytes read while no dialect has claimed the stream
+        self.ignored = False  # sniffing decided this stream is not ours
+        self.failed = False  # the auditor broke; bytes still pass
+        self._reported_findings = 0
+        if self.decoder is None and record is not None:
+            record.add_finding("decode_failed", f"unsupported Content-Encoding {content_encoding!r}")
+
+    @property
+    def active(self) -> bool:
+        return not (self.ignored or self.failed or self.decoder is None)
+
+    def feed(self, chunk: bytes, now: float | None = None) -> None:
+        """Account for and inspect one chunk of the body exactly as it is forwarded."""
+        if self.record is not None:
+            if self.record.first_chunk_at is None:
+                self.record.first_chunk_at = now or time.time()
+            self.record.bytes_to_client += len(chunk)
+        if not self.active:
+            return
+        try:
+            data = self.decoder.decode(chunk)
+            while data:
+                self.sniffed_bytes += len(data)
+                self._dispatch(self.parser.feed(data))
+                data = self.decoder.decode(b"") if self.active else b""
+        except Exception as e:  # noqa: BLE001 - the traffic must never see our bugs
+            self._fail(e)
+
+    def end(self, cut_by_upstream: bool = False) -> None:
+        """The body is over: flush the parser and run the dialect's end checks."""
+        if not self.active:
+            return
+        try:
+            self._dispatch(self.parser.end())
+            self._collect_parser_findings()
+            if self.record is not None and self.normalizer is not None:
+                for ev in self.normalizer.on_end():
+                    self.record.apply(ev)
+                if self.parser.pending_event and not cut_by_upstream:
+                    self.record.add_finding("sse_incomplete_event", "the body ended inside an event")
+        except Exception as e:  # noqa: BLE001
+            self._fail(e)
+
+    def _dispatch(self, events: list[SSEEvent]) -> None:
+        for event in events:
+            if self.normalizer is None and not self._claim(event):
+                return
+            record = self.record
+            record.event_count += 1
+            for common in self.normalizer.on_event(event):
+                record.apply(common)
+        if self.normalizer is None and self.sniffed_bytes > SNIFF_LIMIT:
+            self.ignored = True
+        self._collect_parser_findings()
+
+    def _claim(self, first_event: SSEEvent) -> bool:
+        dialect = detect_response(first_event) if self.on_claim else None
+        if dialect is None:
+            self.ignored = True
+            return False
+        self.record, self.normalizer = self.on_claim(dialect)
+        return True
+
+    def _collect_parser_findings(self) -> None:
+        findings = self.parser.findings
+        if self.record is not None and len(findings) > self._reported_findings:
+            for code, detail in findings[self._reported_findings :]:
+                self.record.add_finding(code, detail)
+            self._reported_findings = len(findings)
+
+    def _fail(self, error: Exception) -> None:
+        self.failed = True
+        log.exception("llm-audit: inspecting the stream failed; it passes uninspected from here")
+        if self.record is not None:
+            self.record.add_finding("audit_internal_error", f"{type(error).__name__}: {error}"[:300])
+
+
+def summary_into_record(record: ExchangeRecord, summary: RequestSummary) -> None:
+    """Copy what the dialect read from the request body into the record."""
+    record.request_model = summary.model
+    record.user_id = summary.user_id
+    record.session_id = summary.session_id
+    record.request_id = summary.request_id
+    record.declared_tools = summary.declared_tools
+    for finding in summary.findings:
+        record.apply(finding)

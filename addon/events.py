@@ -1,0 +1,106 @@
+"""The common event model every dialect normalizes into.
+
+A dialect normalizer turns its protocol's SSE events (or a whole JSON body) into these
+small events; the exchange record accumulates them and, later, content filters inspect
+them. Keeping one model is what lets one audit pipeline serve every inference API
+(llm-stream draft section 7.1: translation into one event model).
+
+The classes are frozen dataclasses with ``__slots__``: they are created for every SSE
+event on the proxy's event loop, so they must be cheap.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class ResponseMeta:
+    """Identity of the response: the model that served it and the ids it carries."""
+
+    model: str | None = None
+    response_id: str | None = None
+    request_id: str | None = None
+    created: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class TextDelta:
+    """A piece of generated text.
+
+    ``choice`` is the alternative answer (OpenAI ``choices[i]``, Gemini candidates,
+    llm-stream content block index); ``kind`` separates the answer text from reasoning
+    and refusals, which the audit keeps apart.
+    """
+
+    text: str
+    choice: int = 0
+    kind: str = "text"  # "text" | "reasoning" | "refusal"
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCallDelta:
+    """A fragment of a tool call, assembled by ``key``.
+
+    Vendors stream tool calls in pieces keyed differently (OpenAI Chat by ``index``,
+    Responses by item id, Anthropic by content block); the normalizer picks the key and
+    the record joins ``arguments`` fragments in arrival order. ``complete`` marks the
+    fragment after which the call is known to be whole.
+    """
+
+    key: str
+    arguments: str = ""
+    id: str | None = None
+    name: str | None = None
+    choice: int = 0
+    complete: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Finish:
+    """A stop reason for one choice (several may arrive; the last one wins)."""
+
+    reason: str
+    choice: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    """Token counts as the provider reported them; ``None`` means not reported.
+
+    Fields that are ``None`` leave earlier values untouched, so dialects that spread
+    usage over several events (Anthropic) can emit each part as it arrives.
+    """
+
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+    cache_read_input_tokens: int | None = None
+    cache_write_input_tokens: int | None = None
+    reasoning_output_tokens: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class StreamError:
+    """An error the upstream reported inside the response."""
+
+    code: str | None
+    message: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class StreamEnd:
+    """The dialect's terminal event arrived: the response is complete."""
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    """A conformance or input problem, recorded with the exchange.
+
+    ``code`` is one of the stable codes in :mod:`addon.findings`.
+    """
+
+    code: str
+    detail: str = ""
+
+
+Event = ResponseMeta | TextDelta | ToolCallDelta | Finish | Usage | StreamError | StreamEnd | Finding

@@ -1,0 +1,48 @@
+"""Stable finding codes, in one place.
+
+Findings are stored with each exchange (``findings`` column: a JSON list of
+``{code, detail}``) and are meant to be queried, so a code never changes meaning once
+released. The README's findings table is generated from nothing: keep it in step with
+this dictionary by hand (a test checks that every code here appears in the README).
+"""
+
+CODES: dict[str, str] = {
+    # SSE layer (addon.sse)
+    "sse_line_too_long": "A single SSE line exceeded the size limit; it was skipped (bytes still passed through).",
+    "sse_event_too_long": "A single SSE event exceeded the size limit; it was skipped (bytes still passed through).",
+    "sse_invalid_utf8": "The stream contained bytes that are not valid UTF-8; they were read as U+FFFD.",
+    "sse_incomplete_event": "The body ended in the middle of an SSE event; the partial event was discarded.",
+    # transport
+    "decode_failed": "The Content-Encoding could not be decoded for inspection; the bytes passed through unchanged.",
+    "audit_internal_error": "The auditor itself failed on this exchange; traffic was not affected.",
+    "proxy_shutdown": "The proxy shut down while the exchange was still open.",
+    # request side
+    "request_invalid_json": "The request body is not valid JSON; it was forwarded unchanged.",
+    "request_missing_field": "The request envelope lacks a REQUIRED field (llm-stream draft section 4.2).",
+    "request_invalid_field": "A request envelope field has the wrong type or value.",
+    # llm-stream event envelope (draft section 5)
+    "invalid_json": "An event's data is not exactly one JSON object (draft section 5.1).",
+    "first_event_not_stream_start": "The first event is not stream.start (draft section 5.3.1).",
+    "stream_start_seq_not_zero": "stream.start does not carry seq 0 (draft section 5.2.1).",
+    "seq_invalid": "An event's seq is missing or not a non-negative integer.",
+    "seq_gap": "seq skipped one or more numbers: events were lost (draft section 5.2.1).",
+    "seq_repeat": "seq repeated an earlier number.",
+    "seq_decrease": "seq went backwards.",
+    "seq_exhausted": "seq reached 2^53 or beyond; the draft says such a stream SHOULD be terminated (section 8.4).",
+    "type_mismatch": "The JSON type field differs from the SSE event field (draft section 5.2).",
+    "version_mismatch": 'The envelope\'s v is not "1.0".',
+    "unknown_event_type": "An event type the draft does not define.",
+    "missing_field": "An event lacks a REQUIRED field.",
+    "event_after_stream_end": "Events arrived after stream.end (draft section 5.3.7).",
+    "missing_stream_end": "The stream ended without stream.end (draft section 5.4).",
+    "missing_content_stop": "A content block was never terminated by content.stop (draft section 5.4).",
+    "undeclared_tool": "A tool.call names a tool the request did not declare (draft section 8.2).",
+    # response side, any dialect
+    "response_invalid_json": "A non-streamed response body is not valid JSON.",
+    "http_error": "The upstream answered with an HTTP error status.",
+}
+
+
+def describe(code: str) -> str:
+    """Return the human description of a finding code (empty for unknown codes)."""
+    return CODES.get(code, "")

@@ -1,0 +1,303 @@
+"""The mitmproxy adapter: options, hooks and the per-flow stream tap.
+
+This is the only module that knows mitmproxy. For each flow it
+
+1. ``request``: asks the dialect registry whether this is inference traffic (headers
+   first, the body only when a dialect's headers/path match) and opens a record;
+2. ``responseheaders``: turns on streaming for event streams, with a tap callable that
+   forwards every chunk unchanged and feeds a copy to the sans-IO auditor (an event
+   stream no dialect claimed by its request is sniffed by its first event);
+3. ``response`` / ``error``: settles the outcome and hands the row to the background
+   writer, so the client's end of stream never waits for the database.
+
+Rules from ``mitmproxy-notes.md`` that shape this code: the stream callable must be set
+in ``responseheaders``; it must never raise and never return ``b""`` mid-stream; an
+aborted stream fires ``error`` (not ``response``); on shutdown ``done`` runs before the
+``error`` hooks of live flows.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from mitmproxy import exceptions, http
+from mitmproxy.addonmanager import Loader
+from mitmproxy.connection import ConnectionState
+
+from addon.auditor import StreamAuditor, summary_into_record
+from addon.dialects import Dialect, Normalizer, RequestView, detect_request, media_type, parse_json_body
+from addon.events import Finding
+from addon.record import (
+    OUTCOME_CLIENT_ABORTED,
+    OUTCOME_COMPLETE,
+    OUTCOME_UPSTREAM_ABORTED,
+    ExchangeRecord,
+)
+from addon.redact import api_key_fingerprint, redact_headers, redact_query
+from storage.database import DatabaseError, default_url, open_engine
+from storage.writer import AuditWriter
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MAX_EVENT_BYTES = 8 * 1024 * 1024
+
+
+@dataclass(slots=True)
+class FlowAudit:
+    """What the addon keeps for one live flow."""
+
+    record: ExchangeRecord | None
+    normalizer: Normalizer | None
+    auditor: StreamAuditor | None = None
+
+
+class LLMAudit:
+    """Detects inference exchanges and records each one in the audit database."""
+
+    def __init__(self) -> None:
+        self.writer: AuditWriter | None = None
+        self.flows: dict[str, FlowAudit] = {}
+        self.instance = socket.gethostname()
+
+    # -- options ------------------------------------------------------------------------
+
+    def load(self, loader: Loader) -> None:
+        loader.add_option(
+            "llm_audit_db",
+            str,
+            "",
+            "SQLAlchemy URL of the audit database. Empty: $LLM_AUDIT_DB, else "
+            "sqlite:///~/.local/share/llm-audit/audit.db ($XDG_DATA_HOME respected).",
+        )
+        loader.add_option(
+            "llm_audit_max_event_bytes",
+            int,
+            DEFAULT_MAX_EVENT_BYTES,
+            "Largest SSE line or event the auditor inspects; larger ones pass through "
+            "uninspected and are recorded as a finding.",
+        )
+        loader.add_option(
+            "llm_audit_instance",
+            str,
+            "",
+            "Name of this proxy in the audit records (proxy_instance). Empty: the host name.",
+        )
+
+    def configure(self, updated: set[str]) -> None:
+        from mitmproxy import ctx
+
+        if "llm_audit_max_event_bytes" in updated and ctx.options.llm_audit_max_event_bytes < 1024:
+            raise exceptions.OptionsError(
+                "llm_audit_max_event_bytes must be at least 1024 (bytes); "
+                f"got {ctx.options.llm_audit_max_event_bytes}"
+            )
+        if "llm_audit_instance" in updated:
+            self.instance = ctx.options.llm_audit_instance or socket.gethostname()
+        if "llm_audit_db" in updated:
+            url = ctx.options.llm_audit_db or default_url()
+            try:
+                engine = open_engine(url)
+            except DatabaseError as e:
+                raise exceptions.OptionsError(str(e)) from None
+            if self.writer is not None:
+                self.writer.close()
+            self.writer = AuditWriter(engine)
+            log.info(f"llm-audit: recording to {engine.url.render_as_string()}")
+
+    # -- hooks --------------------------------------------------------------------------
+
+    def request(self, flow: http.HTTPFlow) -> None:
+        try:
+            self._open(flow)
+        except Exception:  # noqa: BLE001 - auditing must never break a request
+            log.exception("llm-audit: failed to inspect a request; it is forwarded unaudited")
+
+    def responseheaders(self, flow: http.HTTPFlow) -> None:
+        try:
+            self._attach_tap(flow)
+        except Exception:  # noqa: BLE001
+            log.exception("llm-audit: failed to inspect a response; it is forwarded unaudited")
+
+    def response(self, flow: http.HTTPFlow) -> None:
+        audit = self.flows.pop(flow.id, None)
+        if audit is None or audit.record is None:
+            return
+        try:
+            self._complete(flow, audit)
+        except Exception as e:  # noqa: BLE001
+            log.exception("llm-audit: failed to finish a record")
+            audit.record.add_finding("audit_internal_error", f"{type(e).__name__}: {e}"[:300])
+            audit.record.finish(OUTCOME_COMPLETE)
+        self._submit(audit.record)
+
+    def error(self, flow: http.HTTPFlow) -> None:
+        audit = self.flows.pop(flow.id, None)
+        if audit is None or audit.record is None:
+            return
+        outcome = abort_side(flow)
+        record = audit.record
+        if audit.auditor is not None and outcome == OUTCOME_UPSTREAM_ABORTED:
+            audit.auditor.end(cut_by_upstream=True)
+        if flow.response is None and outcome == OUTCOME_UPSTREAM_ABORTED:
+            record.error_code, record.error_message = "upstream_error", flow.error.msg if flow.error else None
+        record.finish(outcome)
+        self._submit(record)
+
+    def done(self) -> None:
+        """Record streams still open as cut off, then write everything queued."""
+        for audit in self.flows.values():
+            if audit.record is not None:
+                audit.record.add_finding("proxy_shutdown", "the proxy stopped during the exchange")
+                audit.record.finish(OUTCOME_CLIENT_ABORTED)
+                self._submit(audit.record)
+        self.flows.clear()
+        if self.writer is not None:
+            self.writer.close()
+            log.info(f"llm-audit: {self.writer.written} audit records written")
+            self.writer = None
+
+    # -- internals ----------------------------------------------------------------------
+
+    def _open(self, flow: http.HTTPFlow) -> None:
+        req = flow.request
+        path, _, query = req.path.partition("?")
+        parsed: list[tuple[Any, Finding | None]] = []
+
+        def body() -> Any:
+            if not parsed:
+                parsed.append(parse_json_body(req.get_content(strict=False) or b""))
+            return parsed[0][0]
+
+        dialect = detect_request(RequestView(req.method, path, query, req.headers), body)
+        if dialect is not None:
+            self.flows[flow.id] = FlowAudit(*self._start_record(flow, dialect, parsed[0] if parsed else None))
+
+    def _start_record(
+        self, flow: http.HTTPFlow, dialect: Dialect, parsed: tuple[Any, Finding | None] | None = None
+    ) -> tuple[ExchangeRecord, Normalizer]:
+        """A record with the request side filled in, and the dialect's normalizer."""
+        req = flow.request
+        content = req.get_content(strict=False) or b""
+        body_json, finding = parsed or parse_json_body(content)
+        path, _, query = req.path.partition("?")
+        record = ExchangeRecord(
+            dialect=dialect.name,
+            provider=dialect.provider,
+            started_at=req.timestamp_start,
+            server_address=req.host,
+            server_port=req.port,
+            http_method=req.method,
+            url_path=path,
+            url_query=redact_query(query) or None,
+            http_version=req.http_version,
+            client_address=flow.client_conn.peername[0] if flow.client_conn.peername else None,
+            proxy_instance=self.instance,
+            api_key_fingerprint=api_key_fingerprint({k.lower(): v for k, v in req.headers.items(multi=True)}, query),
+            request_headers=redact_headers(req.headers.items(multi=True)),
+            request_body=body_json if finding is None else content.decode("utf-8", "replace"),
+        )
+        if finding is not None:
+            record.apply(finding)
+        summary = dialect.summarize(body_json)
+        summary_into_record(record, summary)
+        return record, dialect.normalizer(summary)
+
+    def _attach_tap(self, flow: http.HTTPFlow) -> None:
+        resp = flow.response
+        audit = self.flows.get(flow.id)
+        if audit is not None:
+            _response_into_record(audit.record, resp)
+        if media_type(resp.headers.get("content-type", ""))[0] != "text/event-stream":
+            return
+        max_event = _max_event_bytes()
+        encoding = resp.headers.get("content-encoding")
+        if audit is not None:
+            audit.auditor = StreamAuditor(audit.record, audit.normalizer, encoding, max_event)
+        else:
+            audit = self.flows[flow.id] = FlowAudit(None, None)
+            audit.auditor = StreamAuditor(None, None, encoding, max_event, on_claim=self._claimer(flow, audit))
+        flow.response.stream = _tap(audit.auditor)
+
+    def _claimer(self, flow: http.HTTPFlow, audit: FlowAudit) -> Callable[[Dialect], tuple[ExchangeRecord, Normalizer]]:
+        """Called from the tap when a dialect claims an event stream by its first event."""
+
+        def claim(dialect: Dialect) -> tuple[ExchangeRecord, Normalizer]:
+            audit.record, audit.normalizer = self._start_record(flow, dialect)
+            _response_into_record(audit.record, flow.response)
+            return audit.record, audit.normalizer
+
+        return claim
+
+    def _complete(self, flow: http.HTTPFlow, audit: FlowAudit) -> None:
+        record = audit.record
+        if audit.auditor is not None:
+            audit.auditor.end()
+        else:
+            resp = flow.response
+            record.first_chunk_at = resp.timestamp_start
+            body = resp.raw_content or b""
+            record.bytes_to_client = len(body)
+            for event in audit.normalizer.on_body(resp.get_content(strict=False) or b"", resp.status_code):
+                record.apply(event)
+        record.finish(OUTCOME_COMPLETE)
+
+    def _submit(self, record: ExchangeRecord) -> None:
+        if self.writer is None:
+            log.error("llm-audit: no database configured; record %s dropped", record.id)
+            return
+        self.writer.submit(record.to_row())
+
+
+def _tap(auditor: StreamAuditor) -> Callable[[bytes], Iterable[bytes]]:
+    """The stream callable: forward each chunk as it came, inspect a copy.
+
+    Returns ``[]`` for an empty chunk: ``b""`` mid-stream would end an HTTP/1.1 body.
+    """
+
+    def tap(chunk: bytes) -> bytes | list[bytes]:
+        if not chunk:
+            return []
+        try:
+            auditor.feed(chunk)
+        except Exception:  # noqa: BLE001 - StreamAuditor guards itself; this is the last line
+            log.exception("llm-audit: stream tap failed")
+        return chunk
+
+    return tap
+
+
+def abort_side(flow: http.HTTPFlow) -> str:
+    """Who cut an exchange that ended in mitmproxy's ``error`` hook.
+
+    mitmproxy's error messages do not say which side failed on HTTP/2 ("stream reset by
+    client" is used for resets from either peer), so the connection states decide
+    first: a peer whose socket is no longer readable hung up. An HTTP/2 reset with
+    CANCEL is a client giving up (that is what clients send when they stop reading);
+    other reset codes come from a failing upstream.
+    """
+    message = flow.error.msg if flow.error else ""
+    server_gone = flow.server_conn is not None and not (flow.server_conn.state & ConnectionState.CAN_READ)
+    client_gone = not (flow.client_conn.state & ConnectionState.CAN_READ)
+    if server_gone and not client_gone:
+        return OUTCOME_UPSTREAM_ABORTED
+    if client_gone or "Client disconnected" in message:
+        return OUTCOME_CLIENT_ABORTED
+    if "reset" in message:
+        return OUTCOME_CLIENT_ABORTED if "CANCEL" in message else OUTCOME_UPSTREAM_ABORTED
+    return OUTCOME_UPSTREAM_ABORTED
+
+
+def _max_event_bytes() -> int:
+    from mitmproxy import ctx
+
+    return ctx.options.llm_audit_max_event_bytes
+
+
+def _response_into_record(record: ExchangeRecord, resp: http.Response) -> None:
+    record.http_status = resp.status_code
+    record.response_headers = redact_headers(resp.headers.items(multi=True))
+    record.streamed = media_type(resp.headers.get("content-type", ""))[0] == "text/event-stream"

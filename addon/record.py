@@ -1,0 +1,255 @@
+"""The exchange record: one audited request/response, accumulated from common events.
+
+The record is filled in three stages: the request side when the request is detected,
+the response side event by event as the body passes, and the outcome when the exchange
+ends. ``to_row()`` gives the dict the storage layer writes; its keys are the
+``exchanges`` table's columns.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any
+
+from addon.events import (
+    Event,
+    Finding,
+    Finish,
+    ResponseMeta,
+    StreamEnd,
+    StreamError,
+    TextDelta,
+    ToolCallDelta,
+    Usage,
+)
+
+# At most this many findings of one code keep their detail; later ones are only
+# counted, so a stream of a million broken events cannot grow the record without bound.
+FINDINGS_PER_CODE = 20
+
+# Outcomes the proxy adapter reports when an exchange ends.
+OUTCOME_COMPLETE = "complete"  # the body ended as HTTP defines it
+OUTCOME_CLIENT_ABORTED = "client_aborted"
+OUTCOME_UPSTREAM_ABORTED = "upstream_aborted"
+
+
+@dataclass(slots=True)
+class Choice:
+    """One alternative answer: its text, reasoning and refusal, and its stop reason."""
+
+    text: list[str] = field(default_factory=list)
+    reasoning: list[str] = field(default_factory=list)
+    refusal: list[str] = field(default_factory=list)
+    finish_reason: str | None = None
+
+    def as_dict(self, index: int) -> dict[str, Any]:
+        out: dict[str, Any] = {"index": index, "text": "".join(self.text), "finish_reason": self.finish_reason}
+        if self.reasoning:
+            out["reasoning"] = "".join(self.reasoning)
+        if self.refusal:
+            out["refusal"] = "".join(self.refusal)
+        return out
+
+
+@dataclass(slots=True)
+class ToolCall:
+    """A tool call being assembled from fragments."""
+
+    key: str
+    choice: int
+    id: str | None = None
+    name: str | None = None
+    arguments: list[str] = field(default_factory=list)
+    complete: bool = False
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"id": self.id, "name": self.name, "arguments": "".join(self.arguments)}
+
+
+@dataclass(slots=True)
+class ExchangeRecord:
+    """Everything the audit keeps about one exchange."""
+
+    id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    dialect: str = ""
+    provider: str | None = None
+    started_at: float | None = None
+    first_chunk_at: float | None = None
+    ended_at: float | None = None
+    status: str = "in_progress"
+    # where it went and came from
+    server_address: str | None = None
+    server_port: int | None = None
+    http_method: str | None = None
+    url_path: str | None = None
+    url_query: str | None = None
+    http_version: str | None = None
+    http_status: int | None = None
+    client_address: str | None = None
+    proxy_instance: str | None = None
+    api_key_fingerprint: str | None = None
+    request_headers: dict[str, str] | None = None
+    response_headers: dict[str, str] | None = None
+    # request side
+    request_model: str | None = None
+    request_id: str | None = None
+    user_id: str | None = None
+    session_id: str | None = None
+    request_body: Any = None
+    declared_tools: frozenset[str] | None = None
+    # response side
+    streamed: bool = False
+    response_model: str | None = None
+    response_id: str | None = None
+    choices: dict[int, Choice] = field(default_factory=dict)
+    tool_calls: dict[str, ToolCall] = field(default_factory=dict)
+    usage: dict[str, int | None] = field(default_factory=dict)
+    error_code: str | None = None
+    error_message: str | None = None
+    terminal_seen: bool = False
+    event_count: int = 0
+    bytes_to_client: int = 0
+    findings: list[dict[str, str]] = field(default_factory=list)
+    _finding_counts: dict[str, int] = field(default_factory=dict)
+
+    # -- accumulation -------------------------------------------------------------------
+
+    def apply(self, event: Event) -> None:
+        """Fold one common event into the record."""
+        match event:
+            case TextDelta(text=text, choice=choice, kind=kind):
+                c = self._choice(choice)
+                (c.text if kind == "text" else c.reasoning if kind == "reasoning" else c.refusal).append(text)
+            case ToolCallDelta():
+                self._tool_fragment(event)
+            case Finish(reason=reason, choice=choice):
+                self._choice(choice).finish_reason = reason
+            case Usage():
+                for name in Usage.__slots__:
+                    value = getattr(event, name)
+                    if value is not None:
+                        self.usage[name] = value
+            case ResponseMeta(model=model, response_id=response_id, request_id=request_id):
+                self.response_model = model or self.response_model
+                self.response_id = response_id or self.response_id
+                self.request_id = self.request_id or request_id
+            case StreamError(code=code, message=message):
+                self.error_code, self.error_message = code, message
+            case StreamEnd():
+                self.terminal_seen = True
+            case Finding(code=code, detail=detail):
+                self.add_finding(code, detail)
+
+    def add_finding(self, code: str, detail: str = "") -> None:
+        """Record a finding; details beyond ``FINDINGS_PER_CODE`` per code are only counted."""
+        n = self._finding_counts.get(code, 0) + 1
+        self._finding_counts[code] = n
+        if n <= FINDINGS_PER_CODE:
+            self.findings.append({"code": code, "detail": detail})
+
+    def has_finding(self, code: str) -> bool:
+        return code in self._finding_counts
+
+    def _choice(self, index: int) -> Choice:
+        c = self.choices.get(index)
+        if c is None:
+            c = self.choices[index] = Choice()
+        return c
+
+    def _tool_fragment(self, d: ToolCallDelta) -> None:
+        call = self.tool_calls.get(d.key)
+        if call is None:
+            call = self.tool_calls[d.key] = ToolCall(key=d.key, choice=d.choice)
+        call.id = call.id or d.id
+        call.name = call.name or d.name
+        if d.arguments:
+            call.arguments.append(d.arguments)
+        call.complete = call.complete or d.complete
+
+    # -- outcome ------------------------------------------------------------------------
+
+    @property
+    def output_text(self) -> str:
+        c = self.choices.get(0)
+        return "".join(c.text) if c else ""
+
+    def finish(self, outcome: str, ended_at: float | None = None) -> None:
+        """Settle the status once the exchange is over.
+
+        An error reported by the upstream (an ``error`` event or an HTTP error status)
+        is the most informative fact, then who cut the stream; a streamed response
+        whose body ended without the dialect's terminal event was cut by the upstream
+        (a non-streamed body is complete when HTTP says so).
+        """
+        self.ended_at = ended_at or time.time()
+        if self.status == "blocked":
+            return
+        if self.error_code is not None or self.error_message is not None or (self.http_status or 0) >= 400:
+            self.status = "failed"
+        elif outcome == OUTCOME_CLIENT_ABORTED:
+            self.status = "client_aborted"
+        elif outcome == OUTCOME_UPSTREAM_ABORTED or (self.streamed and not self.terminal_seen):
+            self.status = "upstream_aborted"
+        else:
+            self.status = "completed"
+
+    def to_row(self) -> dict[str, Any]:
+        """The ``exchanges`` row for this record."""
+        findings = list(self.findings)
+        for code, n in self._finding_counts.items():
+            if n > FINDINGS_PER_CODE:
+                findings.append({"code": code, "detail": f"{n - FINDINGS_PER_CODE} more not listed"})
+        choices = [c.as_dict(i) for i, c in sorted(self.choices.items())]
+        tool_calls = [t.as_dict() | {"complete": t.complete} for t in self.tool_calls.values()]
+        return {
+            "id": self.id,
+            "started_at": _ts(self.started_at),
+            "first_chunk_at": _ts(self.first_chunk_at),
+            "ended_at": _ts(self.ended_at),
+            "status": self.status,
+            "dialect": self.dialect,
+            "provider": self.provider,
+            "server_address": self.server_address,
+            "server_port": self.server_port,
+            "http_method": self.http_method,
+            "url_path": self.url_path,
+            "url_query": self.url_query,
+            "http_version": self.http_version,
+            "http_status": self.http_status,
+            "client_address": self.client_address,
+            "proxy_instance": self.proxy_instance,
+            "api_key_fingerprint": self.api_key_fingerprint,
+            "request_headers": self.request_headers,
+            "response_headers": self.response_headers,
+            "request_model": self.request_model,
+            "response_model": self.response_model,
+            "response_id": self.response_id,
+            "request_id": self.request_id,
+            "user_id": self.user_id,
+            "session_id": self.session_id,
+            "streamed": self.streamed,
+            "request_body": self.request_body,
+            "output_text": self.output_text,
+            "output": {"choices": choices, "tool_calls": tool_calls},
+            "tool_calls": [t.as_dict() for t in self.tool_calls.values()],
+            "finish_reasons": [c["finish_reason"] for c in choices if c["finish_reason"] is not None],
+            "input_tokens": self.usage.get("input_tokens"),
+            "output_tokens": self.usage.get("output_tokens"),
+            "cache_read_input_tokens": self.usage.get("cache_read_input_tokens"),
+            "cache_write_input_tokens": self.usage.get("cache_write_input_tokens"),
+            "reasoning_output_tokens": self.usage.get("reasoning_output_tokens"),
+            "usage_source": "provider" if self.usage else "none",
+            "error_code": self.error_code,
+            "error_message": self.error_message,
+            "findings": findings,
+            "event_count": self.event_count,
+            "bytes_to_client": self.bytes_to_client,
+        }
+
+
+def _ts(t: float | None) -> datetime | None:
+    """Epoch seconds to an aware UTC datetime (the storage layer's time type)."""
+    return None if t is None else datetime.fromtimestamp(t, tz=timezone.utc)

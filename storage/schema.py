@@ -1,0 +1,81 @@
+"""The audit database schema, in SQLAlchemy Core.
+
+One row per exchange in ``exchanges``. Column names follow the project's issues and,
+where one exists, the OpenTelemetry GenAI attribute they mirror (``request_model`` ~
+``gen_ai.request.model``, ``input_tokens`` ~ ``gen_ai.usage.input_tokens``, ...).
+JSON columns are ``jsonb`` on PostgreSQL and JSON text on SQLite; times are UTC.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    Column,
+    DateTime,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    Text,
+)
+from sqlalchemy.dialects.postgresql import JSONB
+
+metadata = MetaData()
+
+Json = JSON().with_variant(JSONB(), "postgresql")
+Time = DateTime(timezone=True)
+
+exchanges = Table(
+    "exchanges",
+    metadata,
+    Column("id", String(64), primary_key=True, comment="Exchange id (hex UUID)."),
+    Column("started_at", Time, comment="When the request started (UTC)."),
+    Column("first_chunk_at", Time, comment="When the first response body byte arrived (UTC)."),
+    Column("ended_at", Time, comment="When the exchange ended (UTC)."),
+    Column("status", String(32), nullable=False, comment="completed, failed, blocked, client_aborted, upstream_aborted."),
+    Column("dialect", String(32), nullable=False, comment="Protocol: llm-stream, openai-chat, ..."),
+    Column("provider", String(64), comment="gen_ai.provider.name when known."),
+    Column("server_address", String(255), comment="Upstream host."),
+    Column("server_port", Integer, comment="Upstream port."),
+    Column("http_method", String(16)),
+    Column("url_path", Text, comment="Request path, without the query."),
+    Column("url_query", Text, comment="Query string, credentials fingerprinted."),
+    Column("http_version", String(16), comment="HTTP version between client and proxy."),
+    Column("http_status", Integer, comment="Upstream response status."),
+    Column("client_address", String(64), comment="Client IP address."),
+    Column("proxy_instance", String(255), comment="Which proxy recorded the exchange."),
+    Column("api_key_fingerprint", String(32), comment="sha256: prefix of the credential, never the credential."),
+    Column("request_headers", Json, comment="Request headers, credentials fingerprinted."),
+    Column("response_headers", Json, comment="Response headers, cookies fingerprinted."),
+    Column("request_model", String(255), comment="Model the client asked for."),
+    Column("response_model", String(255), comment="Model the upstream says served it."),
+    Column("response_id", String(255), comment="Upstream response id."),
+    Column("request_id", String(255), comment="Request id (metadata.request_id or echoed)."),
+    Column("user_id", String(255), comment="End user (metadata.user_id)."),
+    Column("session_id", String(255), comment="Session or conversation (metadata.session_id)."),
+    Column("streamed", Boolean, nullable=False, comment="True when the response was an event stream."),
+    Column("request_body", Json, comment="The request body as JSON (a JSON string if it was not JSON)."),
+    Column("output_text", Text, comment="Answer text of choice / content block 0."),
+    Column("output", Json, comment="Every choice's text, reasoning, refusal and stop reason; tool calls."),
+    Column("tool_calls", Json, comment="List of {id, name, arguments}."),
+    Column("finish_reasons", Json, comment="List of stop reasons, one per choice / block."),
+    Column("input_tokens", BigInteger, comment="NULL when the upstream reported none."),
+    Column("output_tokens", BigInteger, comment="NULL when the upstream reported none."),
+    Column("cache_read_input_tokens", BigInteger),
+    Column("cache_write_input_tokens", BigInteger),
+    Column("reasoning_output_tokens", BigInteger),
+    Column("usage_source", String(16), comment="provider or none."),
+    Column("error_code", String(255)),
+    Column("error_message", Text),
+    Column("findings", Json, comment="List of {code, detail}."),
+    Column("event_count", Integer, comment="SSE events dispatched."),
+    Column("bytes_to_client", BigInteger, comment="Body bytes forwarded to the client."),
+    Index("ix_exchanges_started_at", "started_at"),
+    Index("ix_exchanges_ended_at", "ended_at"),
+    Index("ix_exchanges_user_id", "user_id"),
+    Index("ix_exchanges_request_model", "request_model"),
+    Index("ix_exchanges_status", "status"),
+)
