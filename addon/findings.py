@@ -2,8 +2,8 @@
 
 Findings are stored with each exchange (``findings`` column: a JSON list of
 ``{code, detail}``) and are meant to be queried, so a code never changes meaning once
-released. The README's findings table is generated from nothing: keep it in step with
-this dictionary by hand (a test checks that every code here appears in the README).
+released. The README's findings table documents them; a test checks that every code
+here appears there.
 """
 
 CODES: dict[str, str] = {
@@ -39,7 +39,6 @@ CODES: dict[str, str] = {
     "undeclared_tool": "A tool.call names a tool the request did not declare (draft section 8.2).",
     # response side, any dialect
     "response_invalid_json": "A non-streamed response body is not valid JSON.",
-    "http_error": "The upstream answered with an HTTP error status.",
 }
 
 

@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from mitmproxy import exceptions, http
+from mitmproxy import http
 from mitmproxy.addonmanager import Loader
 from mitmproxy.connection import ConnectionState
 
@@ -62,6 +62,7 @@ class LLMAudit:
         self.writer: AuditWriter | None = None
         self.flows: dict[str, FlowAudit] = {}
         self.instance = socket.gethostname()
+        self.max_event_bytes = DEFAULT_MAX_EVENT_BYTES
 
     # -- options ------------------------------------------------------------------------
 
@@ -88,25 +89,44 @@ class LLMAudit:
         )
 
     def configure(self, updated: set[str]) -> None:
+        """Apply option changes.
+
+        Problems are logged as one ``llm-audit: ...`` error line instead of raised: a
+        script's raised OptionsError is printed with a traceback, while an error line
+        at start-up makes mitmdump exit ("Error logged during startup, exiting...").
+        At run time the previous, working setting stays in force.
+        """
         from mitmproxy import ctx
 
-        if "llm_audit_max_event_bytes" in updated and ctx.options.llm_audit_max_event_bytes < 1024:
-            raise exceptions.OptionsError(
-                "llm_audit_max_event_bytes must be at least 1024 (bytes); "
-                f"got {ctx.options.llm_audit_max_event_bytes}"
-            )
+        if "llm_audit_max_event_bytes" in updated:
+            if ctx.options.llm_audit_max_event_bytes < 1024:
+                log.error(
+                    "llm-audit: llm_audit_max_event_bytes must be at least 1024 (bytes), got "
+                    f"{ctx.options.llm_audit_max_event_bytes}; fix it with --set llm_audit_max_event_bytes=8388608"
+                )
+            else:
+                self.max_event_bytes = ctx.options.llm_audit_max_event_bytes
         if "llm_audit_instance" in updated:
             self.instance = ctx.options.llm_audit_instance or socket.gethostname()
         if "llm_audit_db" in updated:
-            url = ctx.options.llm_audit_db or default_url()
-            try:
-                engine = open_engine(url)
-            except DatabaseError as e:
-                raise exceptions.OptionsError(str(e)) from None
-            if self.writer is not None:
-                self.writer.close()
-            self.writer = AuditWriter(engine)
-            log.info(f"llm-audit: recording to {engine.url.render_as_string()}")
+            self._open_database(ctx.options.llm_audit_db or default_url())
+
+    def _open_database(self, url: str) -> None:
+        try:
+            engine = open_engine(url)
+        except DatabaseError as e:
+            log.error(f"llm-audit: {e}")
+            return
+        try:
+            writer = AuditWriter(engine)
+        except DatabaseError as e:
+            engine.dispose()
+            log.error(f"llm-audit: {e}")
+            return
+        if self.writer is not None:
+            self.writer.close()
+        self.writer = writer
+        log.info(f"llm-audit: recording to {engine.url.render_as_string()}")
 
     # -- hooks --------------------------------------------------------------------------
 
@@ -213,7 +233,7 @@ class LLMAudit:
             _response_into_record(audit.record, resp)
         if media_type(resp.headers.get("content-type", ""))[0] != "text/event-stream":
             return
-        max_event = _max_event_bytes()
+        max_event = self.max_event_bytes
         encoding = resp.headers.get("content-encoding")
         if audit is not None:
             audit.auditor = StreamAuditor(audit.record, audit.normalizer, encoding, max_event)
@@ -289,12 +309,6 @@ def abort_side(flow: http.HTTPFlow) -> str:
     if "reset" in message:
         return OUTCOME_CLIENT_ABORTED if "CANCEL" in message else OUTCOME_UPSTREAM_ABORTED
     return OUTCOME_UPSTREAM_ABORTED
-
-
-def _max_event_bytes() -> int:
-    from mitmproxy import ctx
-
-    return ctx.options.llm_audit_max_event_bytes
 
 
 def _response_into_record(record: ExchangeRecord, resp: http.Response) -> None:

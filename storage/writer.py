@@ -22,6 +22,7 @@ from sqlalchemy import Engine
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import SQLAlchemyError
 
+from storage.database import DatabaseError
 from storage.schema import exchanges
 
 log = logging.getLogger(__name__)
@@ -119,7 +120,7 @@ def _upsert_statement(engine: Engine):
     """INSERT ... ON CONFLICT (id) DO UPDATE for the engine's backend."""
     insert = {"sqlite": sqlite.insert, "postgresql": postgresql.insert}.get(engine.dialect.name)
     if insert is None:
-        raise ValueError(f"unsupported database backend {engine.dialect.name!r}: use SQLite or PostgreSQL")
+        raise DatabaseError(f"unsupported database backend {engine.dialect.name!r}: use SQLite or PostgreSQL")
     stmt = insert(exchanges)
     return stmt.on_conflict_do_update(
         index_elements=[exchanges.c.id],

@@ -1,0 +1,274 @@
+"""llm-stream traffic end to end: httpx → mitmdump -s addon/llm_audit.py → mock upstream.
+
+Each test sends real requests through a real proxy process and checks two things: the
+client got exactly the upstream's bytes, as they were sent, and the audit row (read
+with plain SQL from the SQLite file) says what happened.
+"""
+
+from __future__ import annotations
+
+import base64
+import gzip
+import signal
+import subprocess
+import threading
+import time
+import uuid
+
+import httpx
+import orjson
+import pytest
+
+from conftest import BIN, ROOT, Proxy, Upstream, start_proxy, wait_for
+
+pytestmark = pytest.mark.e2e
+
+TRANSPORTS = ["h1", "h2"]  # HTTP/1.1 plain upstream; HTTPS upstream with HTTP/2 end to end
+
+
+def envelope(request_id: str, **extra) -> dict:
+    return {
+        "version": "1.0",
+        "stream": True,
+        "model": "mock-model",
+        "messages": [{"role": "user", "content": "Hello"}],
+        "metadata": {"request_id": request_id, "user_id": "alice", "session_id": "s-1"},
+    } | extra
+
+
+@pytest.fixture(params=TRANSPORTS)
+def transport(request) -> str:
+    return request.param
+
+
+class Exchange:
+    """One request through the proxy, with what the client saw."""
+
+    def __init__(self, proxy: Proxy, upstream: Upstream, transport: str, scenario: str = "", *,
+                 body: bytes | None = None, headers: dict | None = None, path: str = "/v1/llm/stream",
+                 read_events: int | None = None):
+        self.id = uuid.uuid4().hex
+        self.chunk_times: list[float] = []
+        self.chunks: list[bytes] = []
+        self.error: Exception | None = None
+        self.http_version = None
+        hdrs = {"content-type": "application/llm-request+json", "x-mock-id": self.id, "x-mock": scenario}
+        hdrs |= headers or {}
+        content = body if body is not None else orjson.dumps(envelope(self.id))
+        with proxy.client(http2=transport == "h2") as client:
+            try:
+                with client.stream("POST", upstream.url + path, content=content, headers=hdrs) as resp:
+                    self.status = resp.status_code
+                    self.http_version = resp.http_version
+                    self.headers = resp.headers
+                    for chunk in resp.iter_raw():
+                        self.chunks.append(chunk)
+                        self.chunk_times.append(time.time())
+                        if read_events is not None and chunk.count(b"\n\n") >= read_events:
+                            break  # the client walks away mid-stream
+            except httpx.HTTPError as e:
+                self.error = e
+
+    @property
+    def body(self) -> bytes:
+        return b"".join(self.chunks)
+
+
+def findings(row: dict) -> list[str]:
+    return [f["code"] for f in orjson.loads(row["findings"])]
+
+
+def test_client_gets_upstream_bytes_unchanged_and_row_is_complete(proxy, upstreams, transport):
+    up = upstreams[transport]
+    ex = Exchange(proxy, up, transport, "events=12")
+    sent = up.sent(ex.id)
+    assert ex.error is None and ex.status == 200
+    assert ex.http_version == ("HTTP/2" if transport == "h2" else "HTTP/1.1")
+    assert ex.body == sent["body"]
+
+    row = proxy.row(ex.id)
+    text = "".join(orjson.loads(line[6:])["delta"]["text"] for line in sent["body"].decode().split("\n")
+                   if line.startswith("data: ") and '"content.delta"' in line)
+    assert row["status"] == "completed"
+    assert row["dialect"] == "llm-stream"
+    assert row["output_text"] == text and "é" in text
+    assert (row["request_model"], row["response_model"]) == ("mock-model", "mock-model")
+    assert (row["user_id"], row["session_id"]) == ("alice", "s-1")
+    assert row["input_tokens"] is not None and row["output_tokens"] is not None
+    assert orjson.loads(row["finish_reasons"]) == ["end_turn"]
+    assert findings(row) == []
+    assert row["streamed"] == 1 and row["http_status"] == 200
+    assert row["bytes_to_client"] == len(sent["body"])
+    assert row["event_count"] == sent["body"].count(b"\n\n")
+    assert row["url_path"] == "/v1/llm/stream"
+    assert row["server_address"] == "127.0.0.1" and row["client_address"] == "127.0.0.1"
+    assert row["started_at"] <= row["first_chunk_at"] <= row["ended_at"]
+
+
+def test_paced_stream_reaches_the_client_before_the_upstream_finishes(proxy, upstreams, transport):
+    up = upstreams[transport]
+    ex = Exchange(proxy, up, transport, "events=4&delay=0.3")
+    sent = up.sent(ex.id)
+    assert ex.body == sent["body"]
+    assert ex.chunk_times[0] < sent["last_write"] - 0.5, "the first event was held back"
+
+
+def test_upstream_cut_mid_stream_is_upstream_aborted_with_partial_text(proxy, upstreams, transport):
+    up = upstreams[transport]
+    ex = Exchange(proxy, up, transport, "events=8&truncate_after=4")
+    row = proxy.row(ex.id)
+    assert ex.error is not None, "the client should see the broken stream"
+    assert row["status"] == "upstream_aborted"
+    assert row["output_text"] and "missing_stream_end" in findings(row)
+    assert ex.body == up.sent(ex.id)["body"]
+
+
+def test_client_walking_away_is_client_aborted_with_partial_text(proxy, upstreams, transport):
+    up = upstreams[transport]
+    ex = Exchange(proxy, up, transport, "events=30&delay=0.1", read_events=3)
+    row = proxy.row(ex.id)
+    assert row["status"] == "client_aborted"
+    assert row["output_text"]
+    assert "missing_stream_end" not in findings(row)
+
+
+def test_error_event_is_failed_with_code_and_message(proxy, upstreams, transport):
+    ex = Exchange(proxy, upstreams[transport], transport, "events=5&error=overloaded&error_after=2")
+    row = proxy.row(ex.id)
+    assert row["status"] == "failed"
+    assert row["error_code"] == "overloaded" and row["error_message"]
+
+
+def test_gzip_stream_passes_compressed_and_is_audited(proxy, upstreams, transport):
+    up = upstreams[transport]
+    ex = Exchange(proxy, up, transport, "events=6&gzip=1", headers={"accept-encoding": "gzip"})
+    sent = up.sent(ex.id)
+    assert ex.headers["content-encoding"] == "gzip"
+    assert ex.body == sent["body"]
+    plain = gzip.decompress(sent["body"])
+    row = proxy.row(ex.id)
+    assert row["status"] == "completed" and row["output_text"]
+    assert row["output_text"] == "".join(
+        orjson.loads(line[6:])["delta"]["text"] for line in plain.decode().split("\n") if '"content.delta"' in line
+    )
+    assert row["bytes_to_client"] == len(sent["body"])
+    assert row["event_count"] == plain.count(b"\n\n")
+
+
+def test_http_error_response_is_failed(proxy, upstreams):
+    ex = Exchange(proxy, upstreams["h1"], "h1", "status=429")
+    row = proxy.row(ex.id)
+    assert ex.status == 429
+    assert (row["status"], row["http_status"], row["streamed"]) == ("failed", 429, 0)
+    assert row["error_code"] and row["error_message"]
+
+
+def raw(body: bytes, chunk: int = 7) -> str:
+    return f"raw={base64.urlsafe_b64encode(body).decode()}&chunk={chunk}"
+
+
+START = b'event: stream.start\ndata: {"v":"1.0","seq":0,"type":"stream.start","model":"m","created":1}\n\n'
+END = b'event: stream.end\ndata: {"v":"1.0","seq":%d,"type":"stream.end"}\n\n'
+
+
+@pytest.mark.parametrize(
+    "body, code",
+    [
+        (START + b'event: content.delta\ndata: {"v":"1.0","seq":1,"type":"content.delta"\n\n' + END % 2, "invalid_json"),
+        (START + b'event: content.delta\ndata: {"v":"1.0","seq":1,"type":"content.delta","index":0,"role":"assistant","delta":{"text":"\xff\xfe"}}\n\n'
+         + b'event: content.stop\ndata: {"v":"1.0","seq":2,"type":"content.stop","index":0,"stop_reason":"end_turn"}\n\n' + END % 3, "sse_invalid_utf8"),
+        (START + b"data: " + b"x" * (9 * 1024 * 1024) + b"\n\n" + END % 1, "sse_line_too_long"),
+        (START + END % 5, "seq_gap"),
+    ],
+    ids=["invalid-json", "invalid-utf8", "giant-line", "seq-gap"],
+)
+def test_bad_input_passes_unchanged_and_is_a_finding(proxy, upstreams, body, code):
+    up = upstreams["h1"]
+    ex = Exchange(proxy, up, "h1", raw(body, chunk=65536 if len(body) > 100000 else 7))
+    assert ex.body == body
+    row = proxy.row(ex.id)
+    assert code in findings(row)
+    # the proxy keeps serving other flows
+    assert proxy.row(Exchange(proxy, up, "h1", "events=2").id)["status"] == "completed"
+
+
+def test_request_body_that_is_not_json_is_forwarded_unchanged_and_recorded(proxy, upstreams):
+    up = upstreams["h1"]
+    body = b"{this is not json \xff"
+    mock_id = uuid.uuid4().hex
+    ex = Exchange(proxy, up, "h1", "events=2", body=body, headers={"x-mock-id": mock_id})
+    assert up.received(mock_id)["body"] == body
+    row = wait_for(lambda: proxy.rows("json_extract(request_headers, '$.\"x-mock-id\"') = ?", (mock_id,)))[0]
+    assert "request_invalid_json" in findings(row)
+    assert orjson.loads(row["request_body"]) == body.decode("utf-8", "replace")
+    assert ex.status == 200
+
+
+def test_credentials_never_reach_the_database(proxy, upstreams):
+    secret = "sk-test-" + uuid.uuid4().hex
+    ex = Exchange(proxy, upstreams["h1"], "h1", "events=2",
+                  headers={"authorization": f"Bearer {secret}", "x-api-key": secret + "-2"})
+    row = proxy.row(ex.id)
+    assert row["api_key_fingerprint"].startswith("sha256:")
+    headers = orjson.loads(row["request_headers"])
+    assert secret not in headers["authorization"] and headers["authorization"].startswith("[redacted sha256:")
+    wait_for(lambda: proxy.rows("request_id = ?", (ex.id,)))
+    for path in proxy.db_path.parent.glob("audit.db*"):
+        assert secret.encode() not in path.read_bytes()
+
+
+def test_stream_is_detected_by_its_first_event_when_the_request_says_nothing(proxy, upstreams):
+    up = upstreams["h1"]
+    ex = Exchange(proxy, up, "h1", "events=3", headers={"content-type": "application/json"})
+    row = proxy.row(ex.id)
+    assert row["dialect"] == "llm-stream" and row["status"] == "completed" and row["output_text"]
+
+
+def test_other_traffic_is_not_recorded(proxy, upstreams):
+    up = upstreams["h1"]
+    marker = uuid.uuid4().hex
+    with proxy.client() as c:
+        assert c.get(f"{up.url}/_mock/health", headers={"x-marker": marker}).status_code == 200
+        c.post(f"{up.url}/v1/other", json={"metadata": {"request_id": marker}})
+    Exchange(proxy, up, "h1", "events=1")  # a recorded exchange after them, as a barrier
+    time.sleep(0.5)
+    assert proxy.rows("request_id = ? OR request_headers LIKE ?", (marker, f"%{marker}%")) == []
+
+
+def test_shutdown_writes_finished_exchanges_and_open_streams_as_aborted(tmp_path, upstreams):
+    up = upstreams["h1"]
+    proxy = start_proxy(tmp_path)
+    done = Exchange(proxy, up, "h1", "events=2")
+    live = threading.Thread(target=Exchange, args=(proxy, up, "h1", "events=100&delay=0.1"),
+                            kwargs={"headers": {"x-mock-id": "live-" + done.id}}, daemon=True)
+    live.start()
+    wait_for(lambda: proxy.process.output.count("/v1/llm/stream") >= 2 or None, timeout=5)
+    time.sleep(0.5)
+    assert proxy.process.stop(signal.SIGTERM) == 0, proxy.process.output
+    rows = {r["status"] for r in proxy.rows()}
+    assert proxy.rows("request_id = ?", (done.id,))[0]["status"] == "completed"
+    assert "client_aborted" in rows, proxy.process.output
+    aborted = proxy.rows("status = 'client_aborted'")[0]
+    assert "proxy_shutdown" in findings(aborted) and aborted["output_text"]
+    assert "audit records written" in proxy.process.output
+
+
+@pytest.mark.parametrize(
+    "option, message",
+    [
+        ("llm_audit_db=nosuchdb://x", "llm_audit_db"),
+        ("llm_audit_db=sqlite:////proc/no/such/dir/audit.db", "llm_audit_db=URL"),
+        ("llm_audit_db=postgresql+psycopg://nobody@127.0.0.1:1/audit", "cannot open the audit database"),
+        ("llm_audit_max_event_bytes=10", "llm_audit_max_event_bytes must be at least"),
+    ],
+)
+def test_bad_options_stop_the_proxy_with_one_clear_line(tmp_path, option, message):
+    proc = subprocess.run(
+        [str(BIN / "mitmdump"), "--listen-port", "0", "--set", f"confdir={tmp_path}",
+         "-s", str(ROOT / "addon" / "llm_audit.py"), "--set", option],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert proc.returncode != 0
+    out = proc.stdout + proc.stderr
+    assert [line for line in out.splitlines() if message in line and "llm-audit:" in line], out
+    assert "Traceback" not in out, out
