@@ -1,0 +1,391 @@
+"""ASGI app and hypercorn runner of the mock LLM upstream.
+
+Routes:
+
+* ``POST /v1/llm/stream``, and any POST with ``Content-Type:
+  application/llm-request+json`` whatever the path: an llm-stream SSE response
+  shaped by the :class:`~mockllm.scenario.Scenario` in the query / ``x-mock``.
+* ``GET /_mock/sent/{id}``: what the server wrote for request ``id``.
+* ``GET /_mock/requests/{id}``: the request the server received.
+* ``GET /_mock/health``: ``200 ok``.
+
+``id`` is the request's ``x-mock-id`` header, or a generated one that is
+returned in the ``x-mock-id`` response header.
+
+Truncation (``truncate_after``): the app returns without sending the final
+``more_body=False`` message; hypercorn treats that exactly like an exception
+(``send(None)`` then ``StreamClosed`` for an unfinished response) without
+logging a traceback. What that shows on the wire, verified with raw clients
+against hypercorn 0.18:
+
+* HTTP/1.1 (plain or TLS): the connection is closed right after the last
+  chunk, without the ``0\\r\\n\\r\\n`` terminator (TLS: close_notify, then FIN).
+  Clients report an incomplete chunked body.
+* HTTP/2: stock hypercorn 0.18 sends *nothing*: no RST_STREAM, no END_STREAM,
+  no GOAWAY. The stream just hangs until the idle connection hits
+  ``keep_alive_timeout`` and the socket is closed (never, if other streams
+  keep the connection busy). :class:`_AbortingH2Protocol` fixes that: after
+  the already written data is flushed, it sends ``RST_STREAM(INTERNAL_ERROR)``
+  for the stream, which is what real proxies/upstreams do when a response
+  dies mid-body. :func:`serve` installs it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import socket
+import time
+import uuid
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import h2.errors
+import h2.exceptions
+import hypercorn.protocol
+import orjson
+from hypercorn.asyncio import serve as hypercorn_serve
+from hypercorn.config import Config
+from hypercorn.protocol.events import EndBody, EndData, Event, StreamClosed
+from hypercorn.protocol.h2 import H2Protocol
+
+from .certs import CertPaths
+from .scenario import Scenario, ScenarioError
+from .streams import DIALECTS, BodyPlan, error_body, plan_body, raw_chunks
+
+Message = dict[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+
+LLM_STREAM_PATH = "/v1/llm/stream"
+LLM_REQUEST_TYPE = "application/llm-request+json"
+MAX_RECORDS = 1000
+# How long an aborting h2 stream waits for its buffered data to reach the
+# socket before resetting anyway (a client that stopped reading must not pin
+# the task forever).
+_H2_DRAIN_TIMEOUT = 5.0
+
+
+@dataclass
+class Exchange:
+    """One request and everything written in reply, for ``/_mock/*`` inspection."""
+
+    request: dict[str, Any]
+    chunks: list[tuple[float, int]] = field(default_factory=list)
+    body: bytearray = field(default_factory=bytearray)
+    completed: bool = False
+    """The body was ended cleanly."""
+    aborted: bool = False
+    """The server deliberately aborted the transport (``truncate_after``)."""
+    disconnected: bool = False
+    """The client went away before the body was complete."""
+
+    def wrote(self, data: bytes) -> None:
+        """Record a body write; called right after ``await send()`` returned."""
+        self.chunks.append((time.time(), len(data)))
+        self.body += data
+
+    def sent(self) -> dict[str, Any]:
+        return {
+            "chunks": self.chunks,
+            "body_b64": base64.b64encode(self.body).decode(),
+            "first_write": self.chunks[0][0] if self.chunks else None,
+            "last_write": self.chunks[-1][0] if self.chunks else None,
+            "completed": self.completed,
+            "aborted": self.aborted,
+            "disconnected": self.disconnected,
+        }
+
+
+class Exchanges:
+    """The last ``limit`` exchanges by id, so a long benchmark can't grow memory."""
+
+    def __init__(self, limit: int = MAX_RECORDS) -> None:
+        self._limit = limit
+        self._items: OrderedDict[str, Exchange] = OrderedDict()
+
+    def add(self, mock_id: str, exchange: Exchange) -> None:
+        self._items.pop(mock_id, None)
+        self._items[mock_id] = exchange
+        while len(self._items) > self._limit:
+            self._items.popitem(last=False)
+
+    def get(self, mock_id: str) -> Exchange | None:
+        return self._items.get(mock_id)
+
+
+def _header(scope: dict[str, Any], name: bytes) -> str | None:
+    for key, value in scope["headers"]:
+        if key.lower() == name:
+            return bytes(value).decode("latin-1")
+    return None
+
+
+def _problem(code: str, message: str) -> bytes:
+    return orjson.dumps({"error": {"code": code, "message": message}})
+
+
+async def _send_json(
+    send: Send, status: int, body: bytes, headers: tuple[tuple[bytes, bytes], ...] = ()
+) -> None:
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+                *headers,
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
+
+
+async def _read_body(receive: Receive) -> bytes | None:
+    """The whole request body, or None if the client disconnected first."""
+    body = bytearray()
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return None
+        body += message.get("body", b"")
+        if not message.get("more_body", False):
+            return bytes(body)
+
+
+def _load_request(body: bytes) -> dict[str, Any]:
+    """The JSON request object; anything else (invalid JSON, a list) becomes ``{}``."""
+    try:
+        parsed = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return {}
+    return parsed if isinstance(parsed, dict) else {}
+
+
+async def _wait_disconnect(receive: Receive, disconnected: asyncio.Event) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
+    disconnected.set()
+
+
+async def _disconnected_within(disconnected: asyncio.Event, seconds: float) -> bool:
+    """Sleep ``seconds`` unless the client disconnects first; True if it did."""
+    try:
+        async with asyncio.timeout(seconds):
+            await disconnected.wait()
+    except TimeoutError:
+        return False
+    return True
+
+
+class MockLLM:
+    """The ASGI application. State (the exchange log) lives on the instance."""
+
+    def __init__(self, max_records: int = MAX_RECORDS) -> None:
+        self.exchanges = Exchanges(max_records)
+
+    async def __call__(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            await self._lifespan(receive, send)
+        elif scope["type"] == "http":
+            if scope["path"].startswith("/_mock/"):
+                await self._control(scope, send)
+            else:
+                await self._exchange(scope, receive, send)
+
+    @staticmethod
+    async def _lifespan(receive: Receive, send: Send) -> None:
+        """Acknowledge lifespan so hypercorn doesn't log a support warning."""
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+    async def _control(self, scope: dict[str, Any], send: Send) -> None:
+        path = scope["path"]
+        if scope["method"] == "GET" and path == "/_mock/health":
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": 200,
+                    "headers": [(b"content-type", b"text/plain"), (b"content-length", b"2")],
+                }
+            )
+            await send({"type": "http.response.body", "body": b"ok"})
+            return
+        kind, _, mock_id = path.removeprefix("/_mock/").partition("/")
+        exchange = self.exchanges.get(mock_id)
+        if scope["method"] == "GET" and kind in {"sent", "requests"} and exchange is not None:
+            await _send_json(send, 200, orjson.dumps(exchange.sent() if kind == "sent" else exchange.request))
+        else:
+            await _send_json(send, 404, _problem("not_found", f"no {scope['method']} {path}"))
+
+    async def _exchange(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
+        body = await _read_body(receive)
+        if body is None:
+            return
+        mock_id = _header(scope, b"x-mock-id") or uuid.uuid4().hex
+        exchange = Exchange(
+            request={
+                "method": scope["method"],
+                "path": bytes(scope["raw_path"]).decode("latin-1"),
+                "query": bytes(scope["query_string"]).decode("latin-1"),
+                "http_version": scope["http_version"],
+                "headers": [
+                    [bytes(k).decode("latin-1"), bytes(v).decode("latin-1")] for k, v in scope["headers"]
+                ],
+                "body_b64": base64.b64encode(body).decode(),
+            }
+        )
+        self.exchanges.add(mock_id, exchange)
+        id_header = (b"x-mock-id", mock_id.encode("latin-1"))
+
+        async def recording_send(message: Message) -> None:
+            await send(message)
+            if message["type"] == "http.response.body":
+                if message.get("body"):
+                    exchange.wrote(message["body"])
+                if not message.get("more_body", False):
+                    exchange.completed = True
+
+        content_type = (_header(scope, b"content-type") or "").split(";")[0].strip().lower()
+        is_llm_stream = scope["path"] == LLM_STREAM_PATH or content_type == LLM_REQUEST_TYPE
+        if scope["method"] != "POST" or not is_llm_stream:
+            message = f"no route for {scope['method']} {scope['path']}"
+            await _send_json(recording_send, 404, _problem("not_found", message), (id_header,))
+            return
+        try:
+            scenario = Scenario.parse(
+                bytes(scope["query_string"]).decode("latin-1"), _header(scope, b"x-mock")
+            )
+        except ScenarioError as exc:
+            await _send_json(recording_send, 400, _problem("mock_bad_scenario", str(exc)), (id_header,))
+            return
+        if scenario.status >= 400:
+            await _send_json(recording_send, scenario.status, error_body(scenario), (id_header,))
+            return
+        items = (
+            raw_chunks(scenario)
+            if scenario.raw is not None
+            else DIALECTS["llm-stream"](_load_request(body), scenario)
+        )
+        headers = [
+            (b"content-type", b"text/event-stream"),
+            (b"cache-control", b"no-cache"),
+            id_header,
+        ]
+        if scenario.gzip:
+            headers.append((b"content-encoding", b"gzip"))
+        await send({"type": "http.response.start", "status": scenario.status, "headers": headers})
+        await self._stream(plan_body(items, scenario), scenario, receive, recording_send, exchange)
+
+    @staticmethod
+    async def _stream(
+        plan: BodyPlan, scenario: Scenario, receive: Receive, send: Send, exchange: Exchange
+    ) -> None:
+        """Write the planned body with the scenario's pacing, then end or abort it.
+
+        A watcher consumes ``receive()`` so a client that goes away stops the
+        writes (recorded as ``disconnected``) instead of streaming into a void.
+        """
+        disconnected = asyncio.Event()
+        watcher = asyncio.create_task(_wait_disconnect(receive, disconnected))
+        try:
+            for index, data in enumerate(plan.writes):
+                pause = scenario.first_delay if index == 0 else scenario.delay
+                if disconnected.is_set() or (pause and await _disconnected_within(disconnected, pause)):
+                    exchange.disconnected = True
+                    return
+                await send({"type": "http.response.body", "body": data, "more_body": True})
+            if plan.complete:
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
+            else:
+                # Returning with the body unfinished makes hypercorn abort (see module doc).
+                exchange.aborted = True
+        finally:
+            watcher.cancel()
+
+
+class _AbortingH2Protocol(H2Protocol):
+    """hypercorn's HTTP/2 protocol, plus RST_STREAM for responses that die mid-body.
+
+    hypercorn closes an unfinished stream only internally (module doc); here a
+    ``StreamClosed`` for a stream that never got ``EndBody`` first drains the
+    data already accepted from the app (so the client sees everything recorded
+    as sent), then resets the stream. The buffer is then closed and the stream
+    unblocked so hypercorn's own send loop hits ``StreamClosedError`` and does
+    its usual cleanup.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._finished: set[int] = set()
+
+    async def stream_send(self, event: Event) -> None:
+        if isinstance(event, (EndBody, EndData)):
+            self._finished.add(event.stream_id)
+        elif isinstance(event, StreamClosed):
+            if event.stream_id in self._finished:
+                self._finished.discard(event.stream_id)
+            elif (buffer := self.stream_buffers.get(event.stream_id)) is not None:
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(_H2_DRAIN_TIMEOUT):
+                        await buffer.drain()
+                with contextlib.suppress(h2.exceptions.ProtocolError):
+                    self.connection.reset_stream(event.stream_id, h2.errors.ErrorCodes.INTERNAL_ERROR)
+                    await self._flush()
+                await buffer.close()
+                self.priority.unblock(event.stream_id)
+                await self.has_data.set()
+        await super().stream_send(event)
+
+
+def listen(host: str, port: int) -> socket.socket:
+    """A listening TCP socket; port 0 picks a free port (read it from ``getsockname``)."""
+    family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    sock = socket.socket(family, kind, proto)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # small SSE events must not wait
+    sock.bind(address)
+    sock.listen(128)
+    return sock
+
+
+async def serve(
+    app: MockLLM,
+    sock: socket.socket,
+    certs: CertPaths | None,
+    *,
+    on_ready: Callable[[], None],
+    stop: asyncio.Event,
+) -> None:
+    """Serve ``app`` on ``sock`` (taken over) until ``stop`` is set.
+
+    With ``certs``: TLS with ALPN h2 + http/1.1; without: plain HTTP/1.1.
+    ``on_ready`` runs once hypercorn accepts connections: hypercorn starts the
+    shutdown-trigger coroutine only after its TLS context and servers are up,
+    so that is where we announce readiness.
+    """
+    # ProtocolWrapper looks the class up in this module at each new connection.
+    setattr(hypercorn.protocol, "H2Protocol", _AbortingH2Protocol)
+    config = Config()
+    config.bind = [f"fd://{sock.detach()}"]
+    config.loglevel = "WARNING"
+    config.graceful_timeout = 1.0  # a stop must not wait for long test streams
+    if certs is not None:
+        config.certfile = str(certs.cert)
+        config.keyfile = str(certs.key)
+        config.alpn_protocols = ["h2", "http/1.1"]
+
+    async def shutdown_trigger() -> None:
+        on_ready()
+        await stop.wait()
+
+    await hypercorn_serve(app, config, shutdown_trigger=shutdown_trigger, mode="asgi")  # type: ignore[arg-type]
