@@ -96,15 +96,19 @@ class Upstream:
     process: Process
 
     def sent(self, mock_id: str) -> dict:
-        """What the mock wrote for the request with ``x-mock-id: mock_id``."""
-        with httpx.Client(verify=self._verify()) as c:
-            info = c.get(f"{self.url}/_mock/sent/{mock_id}").json()
-        info["body"] = base64.b64decode(info["body_b64"])
-        return info
+        """What the mock wrote for the request with ``x-mock-id: mock_id`` ({} if unknown)."""
+        return self._mock_info("sent", mock_id)
 
     def received(self, mock_id: str) -> dict:
+        """The request the mock received with ``x-mock-id: mock_id`` ({} if unknown)."""
+        return self._mock_info("requests", mock_id)
+
+    def _mock_info(self, kind: str, mock_id: str) -> dict:
         with httpx.Client(verify=self._verify()) as c:
-            info = c.get(f"{self.url}/_mock/requests/{mock_id}").json()
+            resp = c.get(f"{self.url}/_mock/{kind}/{mock_id}")
+        if resp.status_code == 404:
+            return {}
+        info = resp.json()
         info["body"] = base64.b64decode(info["body_b64"])
         return info
 
