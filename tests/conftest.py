@@ -175,22 +175,23 @@ class Proxy:
         return rows[0]
 
 
-def start_proxy(tmp: Path, *args: str, upstream_ca: Path | None = None, db_url: str | None = None) -> Proxy:
-    db_path = tmp / "audit.db"
+def start_proxy(tmp: Path, *args: str, upstream_ca: Path | None = None, db_path: Path | None = None,
+                launcher: list[str] | None = None, env: dict[str, str] | None = None) -> Proxy:
+    """Start mitmdump with the addon (or ``launcher``, e.g. ``scripts/proxy``) on a free port.
+
+    ``db_path=None`` records to ``tmp/audit.db``; pass the default location's path with
+    ``args`` lacking ``llm_audit_db`` to test the default.
+    """
     confdir = tmp / "mitm"
-    cmd = [
-        str(BIN / "mitmdump"),
-        "--listen-host", "127.0.0.1",
-        "--listen-port", "0",
-        "--set", f"confdir={confdir}",
-        "--set", f"llm_audit_db={db_url or f'sqlite:///{db_path}'}",
-        "-s", str(ROOT / "addon" / "llm_audit.py"),
-        *args,
-    ]
+    if db_path is None:
+        db_path = tmp / "audit.db"
+        args = ("--set", f"llm_audit_db=sqlite:///{db_path}", *args)
+    cmd = launcher or [str(BIN / "mitmdump"), "--listen-host", "127.0.0.1", "-s", str(ROOT / "addon" / "llm_audit.py")]
+    cmd = [*cmd, "--listen-port", "0", "--set", f"confdir={confdir}", *args]
     if upstream_ca:
         cmd += ["--set", f"ssl_verify_upstream_trusted_ca={upstream_ca}"]
-    process = Process.start(cmd, env=os.environ | {"PYTHONUNBUFFERED": "1"})
-    m = process.wait_line(r"proxy listening at .*:(\d+)")
+    process = Process.start(cmd, env=os.environ | {"PYTHONUNBUFFERED": "1"} | (env or {}))
+    m = process.wait_line(r"proxy listening at .*:(\d+)", timeout=120)
     return Proxy(f"http://127.0.0.1:{m.group(1)}", db_path, confdir, process)
 
 

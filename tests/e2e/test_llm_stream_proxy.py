@@ -285,3 +285,16 @@ def test_bad_options_stop_the_proxy_with_one_clear_line(tmp_path, option, messag
     out = proc.stdout + proc.stderr
     assert [line for line in out.splitlines() if message in line and "llm-audit:" in line], out
     assert "Traceback" not in out, out
+
+
+def test_readme_proxy_command_records_to_the_default_database(tmp_path, upstreams):
+    """``scripts/proxy`` as the README shows it, with the default database location."""
+    default_db = tmp_path / "xdg" / "llm-audit" / "audit.db"
+    proxy = start_proxy(tmp_path, launcher=[str(ROOT / "scripts" / "proxy")], db_path=default_db,
+                        env={"XDG_DATA_HOME": str(tmp_path / "xdg"), "LLM_AUDIT_DB": ""})
+    try:
+        assert "127.0.0.1" in proxy.process.wait_line(r"proxy listening at (\S+)").group(1)
+        ex = Exchange(proxy, upstreams["h1"], "h1", "events=3")
+        assert proxy.row(ex.id)["status"] == "completed"
+    finally:
+        assert proxy.process.stop() == 0
