@@ -303,7 +303,7 @@ def test_shared_llm_stream_recordings_match_their_expected_extraction(name):
     expected = orjson.loads((SHARED_STREAMS / "expected.json").read_bytes())[name]
     body = (SHARED_STREAMS / name).read_bytes()
     for chunks in (None, list(range(1, len(body)))):
-        row = audit(body, chunks, request={"tools": [{"name": "get_weather"}]})
+        row = audit(body, chunks, request=REQUEST)
         assert row["output_text"] == expected["text"]
         assert row["response_model"] == expected["model"]
         assert row["event_count"] == expected["sse_events"]
