@@ -1,6 +1,10 @@
 """The per-exchange pipeline: response bytes in, a filled exchange record out.
 
+Event streams are read as they pass:
 bytes ─▶ Content-Encoding decoder ─▶ SSE parser ─▶ dialect normalizer ─▶ record
+Any other body of an inference exchange (a JSON answer, an error, Gemini's streamed
+JSON array) is forwarded as it arrives too, and a copy, bounded in size, is read whole
+at the end: bytes ─▶ copy ─▶ decoder ─▶ normalizer ``on_body`` ─▶ record.
 
 It is sans-IO (no mitmproxy, no database) so that it can be tested with plain bytes,
 and it never lets an exception escape into the proxy: a failure of the auditor becomes
@@ -15,6 +19,7 @@ from collections.abc import Callable
 
 from addon.decoding import Decoder, make_decoder
 from addon.dialects import Dialect, Normalizer, RequestSummary, detect_response
+from addon.events import StreamEnd
 from addon.record import ExchangeRecord
 from addon.sse import SSEEvent, SSEParser
 
@@ -23,6 +28,8 @@ log = logging.getLogger(__name__)
 # How much of an unclaimed event stream is read looking for its first event before the
 # auditor gives up and lets it pass uninspected.
 SNIFF_LIMIT = 64 * 1024
+# The largest non-stream body kept for reading at the end.
+DEFAULT_MAX_BODY_BYTES = 64 * 1024 * 1024
 
 
 class StreamAuditor:
@@ -40,16 +47,23 @@ class StreamAuditor:
         content_encoding: str | None,
         max_event_bytes: int,
         on_claim: Callable[[Dialect], tuple[ExchangeRecord, Normalizer]] | None = None,
+        *,
+        event_stream: bool = True,
+        max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     ) -> None:
         self.record = record
         self.normalizer = normalizer
         self.on_claim = on_claim
         self.parser = SSEParser(max_event_bytes=max_event_bytes)
+        self.event_stream = event_stream
+        self.max_body_bytes = max_body_bytes
+        self.body: bytearray | None = None if event_stream else bytearray()  # the raw copy
         self.decoder: Decoder | None = make_decoder(content_encoding)
         self.content_encoding = content_encoding
         self.sniffed_bytes = 0  # decoded bytes read while no dialect has claimed the stream
         self.ignored = False  # sniffing decided this stream is not ours
         self.failed = False  # the auditor broke; bytes still pass
+        self.too_large = False  # a non-stream body over max_body_bytes: passed unread
         self._reported_findings = 0
         if self.decoder is None and record is not None:
             record.add_finding("decode_failed", f"unsupported Content-Encoding {content_encoding!r}")
@@ -66,6 +80,9 @@ class StreamAuditor:
             self.record.bytes_to_client += len(chunk)
         if not self.active:
             return
+        if self.body is not None:
+            self._keep(chunk)
+            return
         try:
             data = self.decoder.decode(chunk)
             while data:
@@ -77,7 +94,12 @@ class StreamAuditor:
 
     def end(self, cut_by_upstream: bool = False) -> None:
         """The body is over: flush the parser and run the dialect's end checks."""
+        if self.too_large and not cut_by_upstream:
+            self.record.apply(StreamEnd())  # HTTP says the body is whole; it was only not read
         if not self.active:
+            return
+        if self.body is not None:
+            self._read_body()
             return
         try:
             self._dispatch(self.parser.end())
@@ -88,6 +110,24 @@ class StreamAuditor:
                 if self.parser.pending_event and not cut_by_upstream:
                     self.record.add_finding("sse_incomplete_event", "the body ended inside an event")
         except Exception as e:  # noqa: BLE001
+            self._fail(e)
+
+    def _keep(self, chunk: bytes) -> None:
+        if len(self.body) + len(chunk) > self.max_body_bytes:
+            self.record.add_finding("body_too_large", f"over {self.max_body_bytes} bytes; not read")
+            self.body = None
+            self.too_large = self.ignored = True
+        else:
+            self.body += chunk
+
+    def _read_body(self) -> None:
+        try:
+            parts = [self.decoder.decode(bytes(self.body))]
+            while parts[-1]:
+                parts.append(self.decoder.decode(b""))
+            for ev in self.normalizer.on_body(b"".join(parts), self.record.http_status or 0):
+                self.record.apply(ev)
+        except Exception as e:  # noqa: BLE001 - a body the decoder or the dialect cannot read
             self._fail(e)
 
     def _dispatch(self, events: list[SSEEvent]) -> None:
@@ -130,6 +170,8 @@ def summary_into_record(record: ExchangeRecord, summary: RequestSummary) -> None
     record.user_id = summary.user_id
     record.session_id = summary.session_id
     record.request_id = summary.request_id
+    record.task_id = summary.task_id
+    record.stream_requested = summary.stream
     record.declared_tools = summary.declared_tools
     for finding in summary.findings:
         record.apply(finding)

@@ -34,11 +34,15 @@ CODES: dict[str, str] = {
     "unknown_event_type": "An event type the draft does not define.",
     "missing_field": "An event lacks a REQUIRED field.",
     "event_after_stream_end": "Events arrived after stream.end (draft section 5.3.7).",
-    "missing_stream_end": "The stream ended without stream.end (draft section 5.4).",
+    "missing_stream_end": "The stream ended without its terminal event (llm-stream stream.end, [DONE], message_stop, ...).",
     "missing_content_stop": "A content block was never terminated by content.stop (draft section 5.4).",
     "undeclared_tool": "A tool.call names a tool the request did not declare (draft section 8.2).",
     # response side, any dialect
-    "response_invalid_json": "A non-streamed response body is not valid JSON.",
+    "response_invalid_json": "A response body that should be JSON is not one JSON object.",
+    "body_too_large": "A non-stream response body exceeded the size kept for reading; it passed unread.",
+    "tool_call_truncated": "A tool call was cut off (token limit or stream end); its arguments are kept as received.",
+    "event_id_invalid": "An SSE event id is not the integer the protocol requires (LMSP: integers from 1).",
+    "event_id_not_increasing": "SSE event ids did not strictly increase.",
 }
 
 

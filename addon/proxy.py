@@ -206,7 +206,7 @@ class LLMAudit:
         path, _, query = req.path.partition("?")
         record = ExchangeRecord(
             dialect=dialect.name,
-            provider=dialect.provider,
+            provider=dialect.provider_for(req.host),
             started_at=req.timestamp_start,
             server_address=req.host,
             server_port=req.port,
@@ -222,24 +222,27 @@ class LLMAudit:
         )
         if finding is not None:
             record.apply(finding)
-        summary = dialect.summarize(body_json)
+        summary = dialect.summarize(body_json, RequestView(req.method, path, query, req.headers))
         summary_into_record(record, summary)
         return record, dialect.normalizer(summary)
 
     def _attach_tap(self, flow: http.HTTPFlow) -> None:
+        """Stream the response through a tap: every body of an inference exchange, and
+        every event stream (an unrecognised one may still be claimed by its first event)."""
         resp = flow.response
         audit = self.flows.get(flow.id)
-        if audit is not None:
-            _response_into_record(audit.record, resp)
-        if media_type(resp.headers.get("content-type", ""))[0] != "text/event-stream":
-            return
-        max_event = self.max_event_bytes
+        event_stream = media_type(resp.headers.get("content-type", ""))[0] == "text/event-stream"
         encoding = resp.headers.get("content-encoding")
         if audit is not None:
-            audit.auditor = StreamAuditor(audit.record, audit.normalizer, encoding, max_event)
-        else:
+            _response_into_record(audit.record, resp)
+            audit.auditor = StreamAuditor(
+                audit.record, audit.normalizer, encoding, self.max_event_bytes, event_stream=event_stream
+            )
+        elif event_stream:
             audit = self.flows[flow.id] = FlowAudit(None, None)
-            audit.auditor = StreamAuditor(None, None, encoding, max_event, on_claim=self._claimer(flow, audit))
+            audit.auditor = StreamAuditor(None, None, encoding, self.max_event_bytes, on_claim=self._claimer(flow, audit))
+        else:
+            return
         flow.response.stream = _tap(audit.auditor)
 
     def _claimer(self, flow: http.HTTPFlow, audit: FlowAudit) -> Callable[[Dialect], tuple[ExchangeRecord, Normalizer]]:
@@ -253,17 +256,12 @@ class LLMAudit:
         return claim
 
     def _complete(self, flow: http.HTTPFlow, audit: FlowAudit) -> None:
-        record = audit.record
         if audit.auditor is not None:
             audit.auditor.end()
-        else:
-            resp = flow.response
-            record.first_chunk_at = resp.timestamp_start
-            body = resp.raw_content or b""
-            record.bytes_to_client = len(body)
-            for event in audit.normalizer.on_body(resp.get_content(strict=False) or b"", resp.status_code):
-                record.apply(event)
-        record.finish(OUTCOME_COMPLETE)
+            if audit.auditor.body is not None:
+                # A kept copy of a JSON body lets mitmproxy's own views show it.
+                flow.response.raw_content = bytes(audit.auditor.body)
+        audit.record.finish(OUTCOME_COMPLETE)
 
     def _submit(self, record: ExchangeRecord) -> None:
         if self.writer is None:
@@ -314,4 +312,6 @@ def abort_side(flow: http.HTTPFlow) -> str:
 def _response_into_record(record: ExchangeRecord, resp: http.Response) -> None:
     record.http_status = resp.status_code
     record.response_headers = redact_headers(resp.headers.items(multi=True))
-    record.streamed = media_type(resp.headers.get("content-type", ""))[0] == "text/event-stream"
+    event_stream = media_type(resp.headers.get("content-type", ""))[0] == "text/event-stream"
+    # Gemini without alt=sse streams a JSON array: streamed too, though not an event stream.
+    record.streamed = event_stream or (bool(record.stream_requested) and 200 <= resp.status_code < 300)

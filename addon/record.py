@@ -98,6 +98,8 @@ class ExchangeRecord:
     request_id: str | None = None
     user_id: str | None = None
     session_id: str | None = None
+    task_id: str | None = None
+    stream_requested: bool | None = None
     request_body: Any = None
     declared_tools: frozenset[str] | None = None
     # response side
@@ -180,18 +182,21 @@ class ExchangeRecord:
         """Settle the status once the exchange is over.
 
         An error reported by the upstream (an ``error`` event or an HTTP error status)
-        is the most informative fact, then who cut the stream; a streamed response
-        whose body ended without the dialect's terminal event was cut by the upstream
-        (a non-streamed body is complete when HTTP says so).
+        is the most informative fact, then who cut the stream; a response whose body
+        ended without the dialect's terminal event (for a JSON body: without being one
+        whole JSON object) was cut by the upstream.
         """
         self.ended_at = ended_at or time.time()
+        for call in self.tool_calls.values():
+            if not call.complete:
+                self.add_finding("tool_call_truncated", f"{call.name or call.key}: arguments cut off")
         if self.status == "blocked":
             return
         if self.error_code is not None or self.error_message is not None or (self.http_status or 0) >= 400:
             self.status = "failed"
         elif outcome == OUTCOME_CLIENT_ABORTED:
             self.status = "client_aborted"
-        elif outcome == OUTCOME_UPSTREAM_ABORTED or (self.streamed and not self.terminal_seen):
+        elif outcome == OUTCOME_UPSTREAM_ABORTED or not self.terminal_seen:
             self.status = "upstream_aborted"
         else:
             self.status = "completed"
@@ -230,6 +235,7 @@ class ExchangeRecord:
             "request_id": self.request_id,
             "user_id": self.user_id,
             "session_id": self.session_id,
+            "task_id": self.task_id,
             "streamed": self.streamed,
             "request_body": self.request_body,
             "output_text": self.output_text,

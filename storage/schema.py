@@ -56,6 +56,7 @@ exchanges = Table(
     Column("request_id", String(255), comment="Request id (metadata.request_id or echoed)."),
     Column("user_id", String(255), comment="End user (metadata.user_id)."),
     Column("session_id", String(255), comment="Session or conversation (metadata.session_id)."),
+    Column("task_id", String(255), comment="LMSP task id; links a resumed event stream to its task."),
     Column("streamed", Boolean, nullable=False, comment="True when the response was an event stream."),
     Column("request_body", Json, comment="The request body as JSON (a JSON string if it was not JSON)."),
     Column("output_text", Text, comment="Answer text of choice / content block 0."),

@@ -18,7 +18,8 @@ from typing import Any
 
 import orjson
 
-from addon.events import Event, Finding, StreamError
+from addon.dialects.providers import provider_for_host
+from addon.events import Event, Finding, StreamEnd, StreamError
 from addon.sse import SSEEvent
 
 
@@ -41,6 +42,7 @@ class RequestSummary:
     session_id: str | None = None
     request_id: str | None = None
     stream: bool | None = None
+    task_id: str | None = None
     declared_tools: frozenset[str] | None = None
     findings: list[Finding] = field(default_factory=list)
 
@@ -57,15 +59,74 @@ class Normalizer(ABC):
         return []
 
     def on_body(self, body: bytes, http_status: int) -> list[Event]:
-        """Common events for a whole non-streamed body (JSON answer or error)."""
-        return error_body_events(body) if http_status >= 400 else []
+        """Common events for a whole body that is not an event stream.
+
+        An HTTP error body gives the error; a JSON object is handed to
+        :meth:`on_response` and, being complete, ends the exchange.
+        """
+        if http_status >= 400:
+            return error_body_events(body)
+        obj = json_object(body)
+        if obj is None:
+            return [Finding("response_invalid_json", "the response body is not one JSON object")]
+        return [*self.on_response(obj), StreamEnd()]
+
+    def on_response(self, response: dict[str, Any]) -> list[Event]:
+        """Common events for a complete JSON response (a non-streamed answer)."""
+        return []
+
+
+class JsonEventNormalizer(Normalizer):
+    """Base for dialects whose SSE events each carry one JSON object (every vendor API).
+
+    It handles what they share: the ``[DONE]`` sentinel, data that is not a JSON
+    object, events after the terminal event, and a stream that ends without one.
+    Subclasses implement :meth:`on_json` and emit :class:`StreamEnd` for their
+    terminal event.
+    """
+
+    def __init__(self) -> None:
+        self.ended = False
+
+    def on_event(self, event: SSEEvent) -> list[Event]:
+        out: list[Event] = []
+        if self.ended:
+            out.append(Finding("event_after_stream_end", f"{event.event!r} after the terminal event"))
+        if event.data == "[DONE]":
+            out.extend(self.on_done())
+        else:
+            obj = json_object(event.data)
+            if obj is None:
+                out.append(Finding("invalid_json", f"event {event.event!r}: data is not one JSON object"))
+            else:
+                out.extend(self.on_json(event, obj))
+        if not self.ended and any(isinstance(e, StreamEnd) for e in out):
+            self.ended = True
+        return out
+
+    @abstractmethod
+    def on_json(self, event: SSEEvent, obj: dict[str, Any]) -> list[Event]:
+        """Common events for one SSE event whose data is the JSON object ``obj``."""
+
+    def on_done(self) -> list[Event]:
+        """The ``data: [DONE]`` sentinel (OpenAI Chat Completions and compatibles)."""
+        return [StreamEnd()]
+
+    def on_end(self) -> list[Event]:
+        if self.ended:
+            return []
+        return [Finding("missing_stream_end", "the stream ended without its terminal event")]
 
 
 class Dialect(ABC):
     """One inference protocol: how to recognise it and how to read it."""
 
     name: str
-    provider: str | None = None
+    provider: str | None = None  # gen_ai.provider.name when the host tells nothing better
+
+    def provider_for(self, host: str) -> str | None:
+        """The provider serving ``host``: a known API host, else the dialect's default."""
+        return provider_for_host(host) or self.provider
 
     @abstractmethod
     def matches(self, request: RequestView) -> bool:
@@ -80,8 +141,8 @@ class Dialect(ABC):
         return False
 
     @abstractmethod
-    def summarize(self, body: Any) -> RequestSummary:
-        """Read model, metadata and declared tools from the parsed request body."""
+    def summarize(self, body: Any, request: RequestView) -> RequestSummary:
+        """Read model, metadata and declared tools from the request (body parsed or ``None``)."""
 
     @abstractmethod
     def normalizer(self, request: RequestSummary) -> Normalizer:
@@ -177,7 +238,7 @@ def error_body_events(body: bytes) -> list[Event]:
     return [StreamError(_str_or_none(code), _str_or_none(message))]
 
 
-def json_object(data: str) -> dict[str, Any] | None:
+def json_object(data: str | bytes) -> dict[str, Any] | None:
     """``data`` parsed as one JSON object, or ``None``."""
     try:
         obj = orjson.loads(data)

@@ -80,7 +80,7 @@ class LLMStream(Dialect):
         obj = json_object(first_event.data)
         return obj is not None and obj.get("type") == "stream.start" and obj.get("v") == VERSION
 
-    def summarize(self, body: Any) -> RequestSummary:
+    def summarize(self, body: Any, request: RequestView) -> RequestSummary:
         if not isinstance(body, dict):
             return RequestSummary()
         metadata = body.get("metadata") if isinstance(body.get("metadata"), dict) else {}

@@ -62,7 +62,7 @@ def audit(body: bytes, chunks: list[int] | None = None, *, request: dict | None 
           outcome: str = OUTCOME_COMPLETE) -> dict:
     """Run ``body`` through the auditor split at ``chunks`` offsets; return the row."""
     record = ExchangeRecord(dialect="llm-stream", streamed=True)
-    summary = DIALECT.summarize(request)
+    summary = DIALECT.summarize(request, view({"content-type": "application/llm-request+json"}))
     summary_into_record(record, summary)
     auditor = StreamAuditor(record, DIALECT.normalizer(summary), encoding, 8 * 1024 * 1024)
     bounds = [0, *(chunks or []), len(body)]
