@@ -36,7 +36,7 @@ CODES: dict[str, str] = {
     "event_after_stream_end": "Events arrived after stream.end (draft section 5.3.7).",
     "missing_stream_end": "The stream ended without its terminal event (llm-stream stream.end, [DONE], message_stop, ...).",
     "missing_content_stop": "A content block was never terminated by content.stop (draft section 5.4).",
-    "undeclared_tool": "A tool.call names a tool the request did not declare (draft section 8.2).",
+    "undeclared_tool": "A tool call names a tool the request did not declare (llm-stream draft section 8.2).",
     # response side, any dialect
     "response_invalid_json": "A response body that should be JSON is not one JSON object.",
     "body_too_large": "A non-stream response body exceeded the size kept for reading; it passed unread.",

@@ -233,7 +233,9 @@ def error_body_events(body: bytes) -> list[Event]:
         return [StreamError(None, err)]
     if not isinstance(err, dict):
         return [StreamError(None, None)]
-    code = err.get("code") or err.get("type") or err.get("status")
+    # A string code wins (OpenAI, LMSP problem objects); then a type (Anthropic, OpenAI);
+    # then Google's status name, which says more than its numeric code.
+    code = next((err[k] for k in ("code", "type", "status") if isinstance(err.get(k), str) and err[k]), err.get("code"))
     message = err.get("message") or err.get("detail") or err.get("title")
     return [StreamError(_str_or_none(code), _str_or_none(message))]
 

@@ -14,6 +14,7 @@ HOSTS: tuple[tuple[str, str], ...] = (
     ("api.anthropic.com", "anthropic"),
     ("generativelanguage.googleapis.com", "gcp.gemini"),
     ("aiplatform.googleapis.com", "gcp.vertex_ai"),
+    ("-aiplatform.googleapis.com", "gcp.vertex_ai"),  # regional: us-east5-aiplatform...
     ("bedrock-runtime.", "aws.bedrock"),
     ("api.mistral.ai", "mistral_ai"),
     ("api.cohere.com", "cohere"),
@@ -32,7 +33,7 @@ def provider_for_host(host: str) -> str | None:
     """The provider for a known API host, or ``None``."""
     host = host.lower().rstrip(".")
     for pattern, provider in HOSTS:
-        if pattern.startswith("."):
+        if pattern.startswith((".", "-")):
             if host.endswith(pattern):
                 return provider
         elif pattern.endswith("."):

@@ -1,0 +1,330 @@
+"""The OpenAI Chat Completions dialect (``POST .../chat/completions``).
+
+Recognised by the request line and body shape only: a POST whose path ends with
+``/chat/completions`` and whose JSON body is an object with a ``messages`` list. That
+covers OpenAI, Azure OpenAI (``/openai/deployments/{d}/chat/completions``), OpenRouter
+(``/api/v1/chat/completions``), Groq, Gemini's OpenAI endpoint, vLLM, Ollama, llama.cpp
+and gateways in front of them. An event stream whose request was not recognised is
+claimed when its first chunk says ``"object": "chat.completion.chunk"``.
+
+Streamed responses are ``data:`` lines with one ``chat.completion.chunk`` each and end
+with ``data: [DONE]`` (the terminal event, handled by :class:`JsonEventNormalizer`).
+What the chunks carry and the traps of the compatible servers:
+
+- ``choices[i].delta`` holds the increment of choice ``i`` (``n > 1`` interleaves
+  choices): ``content`` is answer text, ``refusal`` a refusal, ``reasoning_content``
+  (llama.cpp, DeepSeek, vLLM) or ``reasoning`` (OpenRouter, newer vLLM) is reasoning.
+- ``delta.tool_calls[j]`` are fragments keyed by the call's ``index`` within its
+  choice: the first carries ``id``, ``type`` and ``function.name``, later ones only
+  ``index`` and a piece of ``function.arguments``; parallel calls interleave.
+- ``finish_reason`` ends a choice, not the stream (OpenRouter repeats the finishing
+  chunk, the second time with usage). A choice's tool calls are whole when it finishes
+  for any reason but ``length`` (the token limit cut them).
+- ``usage`` arrives, when asked for with ``stream_options.include_usage``, in a last
+  chunk with ``choices: []``; 2026 OpenAI chunks carry ``"usage": null`` on every
+  chunk, which reports nothing.
+- ``{"error": {...}}`` as chunk data is an error after HTTP 200.
+
+Non-streamed answers are one ``chat.completion`` object (:meth:`on_response`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+from addon.dialects import (
+    Dialect,
+    JsonEventNormalizer,
+    Normalizer,
+    RequestSummary,
+    RequestView,
+    int_field,
+    json_object,
+    register,
+    str_field,
+)
+from addon.events import (
+    Event,
+    Finding,
+    Finish,
+    ResponseMeta,
+    StreamError,
+    TextDelta,
+    ToolCallDelta,
+    Usage,
+)
+from addon.sse import SSEEvent
+
+PATH_SUFFIX = "/chat/completions"
+CHUNK_OBJECT = "chat.completion.chunk"
+TRUNCATING_FINISH = "length"  # the token limit: whatever was open is cut off
+
+
+class OpenAIChat(Dialect):
+    name = "openai-chat"
+    provider = "openai"
+
+    def matches(self, request: RequestView) -> bool:
+        return request.method.upper() == "POST" and request.path.rstrip("/").endswith(PATH_SUFFIX)
+
+    def accepts_body(self, body: Any) -> bool:
+        return isinstance(body, dict) and isinstance(body.get("messages"), list)
+
+    def sniff(self, first_event: SSEEvent) -> bool:
+        if CHUNK_OBJECT not in first_event.data:  # skip parsing streams that cannot be ours
+            return False
+        obj = json_object(first_event.data)
+        return obj is not None and obj.get("object") == CHUNK_OBJECT and isinstance(obj.get("choices"), list)
+
+    def summarize(self, body: Any, request: RequestView) -> RequestSummary:
+        if not isinstance(body, dict):
+            return RequestSummary()
+        stream = body.get("stream", False)
+        return RequestSummary(
+            model=str_field(body, "model"),
+            user_id=str_field(body, "user") or str_field(body, "safety_identifier"),
+            stream=stream if isinstance(stream, bool) else None,
+            declared_tools=_tool_names(body),
+        )
+
+    def normalizer(self, request: RequestSummary) -> Normalizer:
+        return OpenAIChatNormalizer(request.declared_tools)
+
+
+def _tool_names(body: dict[str, Any]) -> frozenset[str]:
+    """Names from ``tools[].function.name`` (``custom.name``) and legacy ``functions[].name``."""
+    names: set[str] = set()
+    tools = body.get("tools")
+    if isinstance(tools, list):
+        for tool in tools:
+            if isinstance(tool, dict):
+                spec = tool.get("function") or tool.get("custom")
+                if isinstance(spec, dict) and isinstance(spec.get("name"), str):
+                    names.add(spec["name"])
+    functions = body.get("functions")
+    if isinstance(functions, list):
+        names.update(f["name"] for f in functions if isinstance(f, dict) and isinstance(f.get("name"), str))
+    return frozenset(names)
+
+
+class OpenAIChatNormalizer(JsonEventNormalizer):
+    """Turns ``chat.completion.chunk`` events (or one ``chat.completion``) into common events."""
+
+    def __init__(self, declared_tools: frozenset[str] | None = None) -> None:
+        super().__init__()
+        self.declared_tools = declared_tools
+        self.meta: tuple[Any, Any] = (None, None)  # (id, model) last reported
+        # (choice, tool index) -> [record key, call id]; a new id at a used index starts a new call
+        self.calls: dict[tuple[int, int], list[Any]] = {}
+        self.open_calls: dict[int, list[str]] = {}  # choice -> keys not yet known whole
+        self.reused: int = 0
+
+    # -- streamed chunks ----------------------------------------------------------------
+
+    def on_json(self, event: SSEEvent, obj: dict[str, Any]) -> list[Event]:
+        out: list[Event] = []
+        self._meta(obj, out)
+        if "error" in obj or event.event == "error" or obj.get("object") == "error":
+            _error(obj, out)
+        choices = obj.get("choices")
+        if isinstance(choices, list):
+            for position, choice in enumerate(choices):
+                if isinstance(choice, dict):
+                    self._chunk_choice(choice, position, out)
+        _usage(obj, out)
+        return out
+
+    def _meta(self, obj: dict[str, Any], out: list[Event]) -> None:
+        response_id, model = obj.get("id"), obj.get("model")
+        if (response_id, model) == self.meta:
+            return
+        self.meta = (response_id, model)
+        response_id = response_id if isinstance(response_id, str) and response_id else None
+        model = model if isinstance(model, str) and model else None  # Azure's filter chunk: ""
+        if response_id or model:
+            out.append(ResponseMeta(model=model, response_id=response_id, created=int_field(obj, "created")))
+
+    def _chunk_choice(self, choice: dict[str, Any], position: int, out: list[Event]) -> None:
+        index = _index(choice, position)
+        delta = choice.get("delta")
+        if not isinstance(delta, dict):
+            delta = choice.get("message")  # a server sending whole messages as chunks
+        if isinstance(delta, dict):
+            _texts(delta, index, out)
+            tool_calls = delta.get("tool_calls")
+            if isinstance(tool_calls, list):
+                for j, call in enumerate(tool_calls):
+                    if isinstance(call, dict):
+                        self._tool_fragment(index, _index(call, j), call, out)
+            function_call = delta.get("function_call")  # legacy functions API
+            if isinstance(function_call, dict):
+                self._tool_fragment(index, -1, {"function": function_call}, out)
+        reason = choice.get("finish_reason")
+        if isinstance(reason, str) and reason:
+            out.append(Finish(reason, choice=index))
+            if reason != TRUNCATING_FINISH:
+                for key in self.open_calls.pop(index, ()):
+                    out.append(ToolCallDelta(key, choice=index, complete=True))
+
+    def _tool_fragment(self, choice: int, index: int, call: dict[str, Any], out: list[Event]) -> None:
+        call_id, name, arguments = _call_fields(call)
+        slot = self.calls.get((choice, index))
+        if slot is None or (call_id is not None and slot[1] is not None and call_id != slot[1]):
+            # a new call; servers that number every call 0 are told apart by their ids
+            if slot is None:
+                key = f"{choice}.{index}" if index >= 0 else f"{choice}.function_call"
+            else:
+                self.reused += 1
+                key = f"{choice}.{index}.{self.reused}"
+            slot = self.calls[(choice, index)] = [key, call_id]
+            self.open_calls.setdefault(choice, []).append(key)
+            if name is not None and self.declared_tools is not None and name not in self.declared_tools:
+                out.append(Finding("undeclared_tool", name))
+        elif slot[1] is None and call_id is not None:
+            slot[1] = call_id
+        out.append(ToolCallDelta(slot[0], arguments, id=call_id, name=name, choice=choice))
+
+    # -- a whole chat.completion ----------------------------------------------------------
+
+    def on_response(self, response: dict[str, Any]) -> list[Event]:
+        out: list[Event] = []
+        self._meta(response, out)
+        if "error" in response or response.get("object") == "error":
+            _error(response, out)
+        choices = response.get("choices")
+        if isinstance(choices, list):
+            for position, choice in enumerate(choices):
+                if isinstance(choice, dict):
+                    self._response_choice(choice, position, out)
+        _usage(response, out)
+        return out
+
+    def _response_choice(self, choice: dict[str, Any], position: int, out: list[Event]) -> None:
+        index = _index(choice, position)
+        reason = choice.get("finish_reason")
+        reason = reason if isinstance(reason, str) and reason else None
+        complete = reason != TRUNCATING_FINISH  # the same rule as for streams
+        message = choice.get("message")
+        if isinstance(message, dict):
+            _texts(message, index, out)
+            calls = message.get("tool_calls")
+            calls = [(str(j), c) for j, c in enumerate(calls)] if isinstance(calls, list) else []
+            if isinstance(message.get("function_call"), dict):
+                calls.append(("function_call", {"function": message["function_call"]}))
+            for j, call in calls:
+                if isinstance(call, dict):
+                    call_id, name, arguments = _call_fields(call)
+                    if name is not None and self.declared_tools is not None and name not in self.declared_tools:
+                        out.append(Finding("undeclared_tool", name))
+                    out.append(
+                        ToolCallDelta(f"{index}.{j}", arguments, id=call_id, name=name, choice=index, complete=complete)
+                    )
+        if reason is not None:
+            out.append(Finish(reason, choice=index))
+
+
+# -- field readers shared by chunks and whole responses ------------------------------------
+
+
+def _index(obj: dict[str, Any], position: int) -> int:
+    """``obj["index"]``, or its position in the list when a server leaves it out."""
+    index = obj.get("index")
+    return index if isinstance(index, int) and not isinstance(index, bool) and index >= 0 else position
+
+
+def _texts(part: dict[str, Any], choice: int, out: list[Event]) -> None:
+    """Answer, reasoning and refusal text of a delta or a message."""
+    reasoning = part.get("reasoning_content")
+    if not (isinstance(reasoning, str) and reasoning):
+        reasoning = part.get("reasoning")  # vLLM sends both with the same text: keep one
+    if isinstance(reasoning, str) and reasoning:
+        out.append(TextDelta(reasoning, choice, "reasoning"))
+    content = part.get("content")
+    if isinstance(content, str):
+        if content:
+            out.append(TextDelta(content, choice))
+    elif isinstance(content, list):  # content parts (Mistral's thinking chunks, some gateways)
+        for item in content:
+            if isinstance(item, dict):
+                _content_part(item, choice, out)
+    refusal = part.get("refusal")
+    if isinstance(refusal, str) and refusal:
+        out.append(TextDelta(refusal, choice, "refusal"))
+
+
+def _content_part(item: dict[str, Any], choice: int, out: list[Event]) -> None:
+    kind = item.get("type")
+    if kind == "text" and isinstance(item.get("text"), str) and item["text"]:
+        out.append(TextDelta(item["text"], choice))
+    elif kind == "refusal" and isinstance(item.get("refusal"), str) and item["refusal"]:
+        out.append(TextDelta(item["refusal"], choice, "refusal"))
+    elif kind == "thinking":
+        thinking = item.get("thinking")
+        parts = thinking if isinstance(thinking, list) else [{"text": thinking}]
+        for p in parts:
+            text = p.get("text") if isinstance(p, dict) else None
+            if isinstance(text, str) and text:
+                out.append(TextDelta(text, choice, "reasoning"))
+
+
+def _call_fields(call: dict[str, Any]) -> tuple[str | None, str | None, str]:
+    """(id, name, arguments) of a tool call or a fragment of one."""
+    call_id = call.get("id")
+    call_id = call_id if isinstance(call_id, str) and call_id else None
+    spec = call.get("function")
+    if isinstance(spec, dict):
+        name, arguments = spec.get("name"), spec.get("arguments")
+    else:
+        spec = call.get("custom")  # custom tools: free-form input instead of JSON arguments
+        name, arguments = (spec.get("name"), spec.get("input")) if isinstance(spec, dict) else (None, None)
+    name = name if isinstance(name, str) and name else None
+    if not isinstance(arguments, str):
+        # an object where the API has a JSON string (some compatible servers): keep it as JSON
+        arguments = "" if arguments is None else orjson.dumps(arguments, default=str).decode()
+    return call_id, name, arguments
+
+
+def _usage(obj: dict[str, Any], out: list[Event]) -> None:
+    usage = obj.get("usage")
+    if not isinstance(usage, dict):
+        groq = obj.get("x_groq")  # Groq's own place for streamed usage
+        usage = groq.get("usage") if isinstance(groq, dict) else None
+        if not isinstance(usage, dict):
+            return
+    prompt = usage.get("prompt_tokens_details")
+    prompt = prompt if isinstance(prompt, dict) else {}
+    completion = usage.get("completion_tokens_details")
+    completion = completion if isinstance(completion, dict) else {}
+    cache_read = int_field(prompt, "cached_tokens")
+    if cache_read is None:
+        cache_read = int_field(usage, "prompt_cache_hit_tokens")  # DeepSeek
+    out.append(
+        Usage(
+            input_tokens=int_field(usage, "prompt_tokens"),
+            output_tokens=int_field(usage, "completion_tokens"),
+            cache_read_input_tokens=cache_read,
+            cache_write_input_tokens=int_field(prompt, "cache_write_tokens"),
+            reasoning_output_tokens=int_field(completion, "reasoning_tokens"),
+        )
+    )
+
+
+def _error(obj: dict[str, Any], out: list[Event]) -> None:
+    """``{"error": {...}}``, ``{"error": "text"}`` or a top-level error object (vLLM)."""
+    err = obj.get("error", obj)
+    if err is None:
+        return
+    if isinstance(err, str):
+        out.append(StreamError(None, err))
+        return
+    if not isinstance(err, dict):
+        out.append(StreamError(None, None))
+        return
+    code = err.get("code") or err.get("type")
+    message = err.get("message")
+    out.append(StreamError(None if code is None else str(code), None if message is None else str(message)))
+
+
+DIALECT = register(OpenAIChat())
