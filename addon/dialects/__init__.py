@@ -132,8 +132,8 @@ class Dialect(ABC):
     def matches(self, request: RequestView) -> bool:
         """Cheap check on the request line and headers; no body parsing."""
 
-    def accepts_body(self, body: Any) -> bool:
-        """Confirm a header match with the parsed body (``None`` if not JSON)."""
+    def accepts_body(self, body: Any, request: RequestView) -> bool:
+        """Confirm a line-and-headers match with the parsed body (``None`` if not JSON)."""
         return True
 
     def sniff(self, first_event: SSEEvent) -> bool:
@@ -164,7 +164,7 @@ def detect_request(request: RequestView, body: Callable[[], Any]) -> Dialect | N
     line and headers cost only the header checks.
     """
     for dialect in REGISTRY:
-        if dialect.matches(request) and dialect.accepts_body(body()):
+        if dialect.matches(request) and dialect.accepts_body(body(), request):
             return dialect
     return None
 
@@ -267,8 +267,12 @@ def int_field(obj: Mapping[str, Any], name: str) -> int | None:
 
 
 def _load_builtin_dialects() -> None:
-    """Import the built-in dialect modules; each registers itself."""
-    from addon.dialects import llm_stream  # noqa: F401
+    """Import the built-in dialect modules; each registers itself, in this order.
+
+    Order matters only where two could match: llm-stream's media type wins over any
+    path, and LMSP's ``/lmsp/v1/responses`` over OpenAI's ``/responses``.
+    """
+    from addon.dialects import anthropic, gemini, llm_stream, openai_chat  # noqa: F401
 
 
 _load_builtin_dialects()

@@ -82,7 +82,7 @@ class Gemini(Dialect):
     def matches(self, request: RequestView) -> bool:
         return request.method == "POST" and bool(_method_and_model(request.path)[0])
 
-    def accepts_body(self, body: Any) -> bool:
+    def accepts_body(self, body: Any, request: RequestView) -> bool:
         # The path is decisive; a body that is not JSON is still audited (the request
         # records a request_invalid_json finding), but a JSON body must be an object.
         return body is None or isinstance(body, dict)

@@ -69,7 +69,7 @@ class OpenAIChat(Dialect):
     def matches(self, request: RequestView) -> bool:
         return request.method.upper() == "POST" and request.path.rstrip("/").endswith(PATH_SUFFIX)
 
-    def accepts_body(self, body: Any) -> bool:
+    def accepts_body(self, body: Any, request: RequestView) -> bool:
         return isinstance(body, dict) and isinstance(body.get("messages"), list)
 
     def sniff(self, first_event: SSEEvent) -> bool:

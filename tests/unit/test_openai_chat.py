@@ -181,7 +181,7 @@ def test_other_request_lines_are_not_chat_completions(path, method):
     [None, [], "text", {"model": "m"}, {"model": "m", "messages": "hi"}, {"model": "m", "input": [{"role": "user"}]}],
 )
 def test_chat_completions_path_without_a_messages_list_is_not_detected(body):
-    assert DIALECT.matches(view()) and not DIALECT.accepts_body(body)
+    assert DIALECT.matches(view()) and not DIALECT.accepts_body(body, view())
 
 
 def test_unclaimed_stream_is_claimed_by_a_chat_completion_chunk_first_event():

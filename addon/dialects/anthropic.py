@@ -1,0 +1,334 @@
+"""The Anthropic Messages dialect (``POST /v1/messages``).
+
+Recognised by the request line and body, never by the host (the same API is served by
+Anthropic, gateways, Vertex/Bedrock proxies and local servers): a POST to a path ending
+in ``/messages`` (not ``/messages/count_tokens`` or ``/messages/batches``) whose body has
+the Messages shape (``model``, a ``messages`` list and ``max_tokens``), or, when the
+framework passes the request view to :meth:`AnthropicMessages.accepts_body`, that
+carries an ``anthropic-version`` header. An event stream nobody recognised by its request
+is claimed when its first event is ``message_start``.
+
+Streamed responses are a sequence of typed events (the SSE ``event:`` name repeats the
+JSON ``type``; dispatch is on the JSON ``type``)::
+
+    message_start  content_block_start  content_block_delta*  content_block_stop  ...
+    message_delta  message_stop                  (ping anywhere; error ends it early)
+
+Usage follows OpenTelemetry GenAI: ``input_tokens`` includes cached tokens, which
+Anthropic reports separately (``input_tokens`` + ``cache_read_input_tokens`` +
+``cache_creation_input_tokens``). ``output_tokens`` in ``message_start`` is a placeholder;
+the cumulative value of the last ``message_delta`` replaces it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+from addon.dialects import (
+    Dialect,
+    JsonEventNormalizer,
+    Normalizer,
+    RequestSummary,
+    RequestView,
+    int_field,
+    json_object,
+    register,
+    str_field,
+)
+from addon.events import (
+    Event,
+    Finish,
+    ResponseMeta,
+    StreamEnd,
+    StreamError,
+    TextDelta,
+    ToolCallDelta,
+    Usage,
+)
+from addon.sse import SSEEvent
+
+# Content blocks that are tool invocations: client tools, Anthropic-run server tools
+# (web_search, code_execution, ...) and MCP connector calls. All stream their input as
+# input_json_delta fragments and are recorded as tool calls.
+TOOL_BLOCKS = frozenset({"tool_use", "server_tool_use", "mcp_tool_use"})
+
+
+class AnthropicMessages(Dialect):
+    name = "anthropic-messages"
+    provider = "anthropic"
+
+    def matches(self, request: RequestView) -> bool:
+        if request.method.upper() != "POST":
+            return False
+        path = request.path.partition("?")[0].rstrip("/")
+        return path.endswith("/messages")
+
+    def accepts_body(self, body: Any, request: RequestView) -> bool:
+        """The Messages body shape, or an ``anthropic-version`` header.
+
+        The header claims a request even with an unusual body (e.g. missing
+        ``max_tokens``, which the API answers with a 400 worth auditing).
+        """
+        if request.headers.get("anthropic-version"):
+            return True
+        return (
+            isinstance(body, dict)
+            and isinstance(body.get("model"), str)
+            and isinstance(body.get("messages"), list)
+            and "max_tokens" in body
+        )
+
+    def sniff(self, first_event: SSEEvent) -> bool:
+        if first_event.event not in ("message_start", "message") or "message_start" not in first_event.data:
+            return False
+        obj = json_object(first_event.data)
+        return obj is not None and obj.get("type") == "message_start" and isinstance(obj.get("message"), dict)
+
+    def summarize(self, body: Any, request: RequestView) -> RequestSummary:
+        if not isinstance(body, dict):
+            return RequestSummary()
+        metadata = body.get("metadata")
+        stream = body.get("stream")
+        return RequestSummary(
+            model=str_field(body, "model"),
+            user_id=str_field(metadata, "user_id") if isinstance(metadata, dict) else None,
+            stream=stream if isinstance(stream, bool) else None,
+            declared_tools=_tool_names(body.get("tools")),
+        )
+
+    def normalizer(self, request: RequestSummary) -> Normalizer:
+        return AnthropicNormalizer()
+
+
+def _tool_names(tools: Any) -> frozenset[str]:
+    """Names of the declared tools (client and server tools both carry ``name``)."""
+    if not isinstance(tools, list):
+        return frozenset()
+    return frozenset(t["name"] for t in tools if isinstance(t, dict) and isinstance(t.get("name"), str))
+
+
+def _dict(obj: Any, name: str) -> dict[str, Any] | None:
+    value = obj.get(name)
+    return value if isinstance(value, dict) else None
+
+
+class AnthropicNormalizer(JsonEventNormalizer):
+    """Reads Messages stream events (and whole message objects) into common events."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.usage: dict[str, int] = {}  # Anthropic's raw counts, merged as they arrive
+        self.tool_blocks: dict[int | None, Any] = {}  # block index -> input of content_block_start
+        self.json_seen: set[int | None] = set()  # tool blocks that streamed a non-empty fragment
+
+    # -- stream -------------------------------------------------------------------------
+
+    def on_json(self, event: SSEEvent, obj: dict[str, Any]) -> list[Event]:
+        kind = obj.get("type")
+        if not isinstance(kind, str):
+            kind = event.event
+        handler = _HANDLERS.get(kind)
+        if handler is None:  # ping and types added after this was written
+            return []
+        return handler(self, obj)
+
+    def _message_start(self, obj: dict[str, Any]) -> list[Event]:
+        message = _dict(obj, "message")
+        if message is None:
+            return []
+        out: list[Event] = [ResponseMeta(model=str_field(message, "model"), response_id=str_field(message, "id"))]
+        usage = self._merge_usage(message.get("usage"))
+        if usage is not None:
+            out.append(usage)
+        return out
+
+    def _block_start(self, obj: dict[str, Any]) -> list[Event]:
+        block = _dict(obj, "content_block")
+        if block is None:
+            return []
+        kind = block.get("type")
+        if kind == "text":
+            text = block.get("text")
+            return [TextDelta(text)] if isinstance(text, str) and text else []
+        if kind == "thinking":
+            text = block.get("thinking")
+            return [TextDelta(text, kind="reasoning")] if isinstance(text, str) and text else []
+        if kind in TOOL_BLOCKS:
+            index = int_field(obj, "index")
+            self.tool_blocks[index] = block.get("input")
+            return [ToolCallDelta(_key(index), id=str_field(block, "id"), name=str_field(block, "name"))]
+        return []  # redacted_thinking (opaque), *_tool_result, container_upload, future types
+
+    def _block_delta(self, obj: dict[str, Any]) -> list[Event]:
+        delta = _dict(obj, "delta")
+        if delta is None:
+            return []
+        kind = delta.get("type")
+        if kind == "text_delta":
+            text = delta.get("text")
+            return [TextDelta(text)] if isinstance(text, str) and text else []
+        if kind == "thinking_delta":
+            text = delta.get("thinking")
+            return [TextDelta(text, kind="reasoning")] if isinstance(text, str) and text else []
+        if kind == "input_json_delta":
+            fragment = delta.get("partial_json")
+            index = int_field(obj, "index")
+            if index not in self.tool_blocks:  # no content_block_start seen: still a tool call
+                self.tool_blocks[index] = None
+            if not isinstance(fragment, str) or not fragment:  # the first fragment is often ""
+                return []
+            self.json_seen.add(index)
+            return [ToolCallDelta(_key(index), fragment)]
+        return []  # signature_delta, citations_delta, future types
+
+    def _block_stop(self, obj: dict[str, Any]) -> list[Event]:
+        index = int_field(obj, "index")
+        if index not in self.tool_blocks:
+            return []
+        start_input = self.tool_blocks.pop(index)
+        arguments = ""
+        if index not in self.json_seen and isinstance(start_input, dict):
+            # Nothing streamed: the input is the one content_block_start carried ({} for a
+            # tool without parameters), as the SDKs and the non-streamed message have it.
+            arguments = _compact_json(start_input)
+        return [ToolCallDelta(_key(index), arguments, complete=True)]
+
+    def _message_delta(self, obj: dict[str, Any]) -> list[Event]:
+        out: list[Event] = []
+        delta = _dict(obj, "delta")
+        if delta is not None:
+            reason = str_field(delta, "stop_reason")
+            if reason is not None:
+                out.append(Finish(reason))
+            out.extend(_refusal(delta.get("stop_details")))
+        usage = self._merge_usage(obj.get("usage"))
+        if usage is not None:
+            out.append(usage)
+        return out
+
+    def _message_stop(self, obj: dict[str, Any]) -> list[Event]:
+        return [StreamEnd()]
+
+    def _error(self, obj: dict[str, Any]) -> list[Event]:
+        return [_error_event(obj.get("error"))]
+
+    def _merge_usage(self, usage: Any) -> Usage | None:
+        """Merge one usage object into the counts so far; the resulting Usage, if any."""
+        if not isinstance(usage, dict):
+            return None
+        counts = self.usage
+        changed = False
+        for name in ("input_tokens", "output_tokens", "cache_read_input_tokens", "cache_creation_input_tokens"):
+            value = int_field(usage, name)
+            if value is not None:
+                counts[name] = value
+                changed = True
+        details = _dict(usage, "output_tokens_details")
+        thinking = int_field(details, "thinking_tokens") if details is not None else None
+        if thinking is not None:
+            counts["thinking_tokens"] = thinking
+            changed = True
+        return _usage(counts) if changed else None
+
+    # -- whole message ------------------------------------------------------------------
+
+    def on_response(self, response: dict[str, Any]) -> list[Event]:
+        if response.get("type") == "error":
+            return [_error_event(response.get("error"))]
+        out: list[Event] = [ResponseMeta(model=str_field(response, "model"), response_id=str_field(response, "id"))]
+        reason = str_field(response, "stop_reason")
+        content = response.get("content")
+        blocks = content if isinstance(content, list) else []
+        for i, block in enumerate(blocks):
+            if not isinstance(block, dict):
+                continue
+            kind = block.get("type")
+            if kind == "text":
+                text = block.get("text")
+                if isinstance(text, str) and text:
+                    out.append(TextDelta(text))
+            elif kind == "thinking":
+                text = block.get("thinking")
+                if isinstance(text, str) and text:
+                    out.append(TextDelta(text, kind="reasoning"))
+            elif kind in TOOL_BLOCKS:
+                value = block.get("input")
+                arguments = _compact_json(value) if value is not None else ""
+                # A tool_use cut by max_tokens is the last block; the API documents it as
+                # incomplete (retry with a higher max_tokens), so it is not marked whole.
+                cut = reason == "max_tokens" and i == len(blocks) - 1
+                out.append(
+                    ToolCallDelta(
+                        _key(i), arguments, id=str_field(block, "id"), name=str_field(block, "name"), complete=not cut
+                    )
+                )
+        if reason is not None:
+            out.append(Finish(reason))
+        out.extend(_refusal(response.get("stop_details")))
+        usage = _dict(response, "usage")
+        if usage is not None:
+            merged = self._merge_usage(usage)
+            if merged is not None:
+                out.append(merged)
+        return out
+
+
+def _key(index: int | None) -> str:
+    """Tool calls are keyed by content block: input_json_delta carries only the index."""
+    return f"block{index}"
+
+
+def _compact_json(value: Any) -> str:
+    try:
+        return orjson.dumps(value).decode()
+    except (TypeError, orjson.JSONEncodeError):
+        return ""
+
+
+def _usage(counts: dict[str, int]) -> Usage:
+    """OpenTelemetry usage from Anthropic's counts (input includes cache reads and writes)."""
+    cache_read = counts.get("cache_read_input_tokens")
+    cache_write = counts.get("cache_creation_input_tokens")
+    uncached = counts.get("input_tokens")
+    return Usage(
+        input_tokens=None if uncached is None else uncached + (cache_read or 0) + (cache_write or 0),
+        output_tokens=counts.get("output_tokens"),
+        cache_read_input_tokens=cache_read,
+        cache_write_input_tokens=cache_write,
+        reasoning_output_tokens=counts.get("thinking_tokens"),
+    )
+
+
+def _refusal(details: Any) -> list[Event]:
+    """``stop_details`` of a refusal: its explanation (else its category) as refusal text."""
+    if not isinstance(details, dict) or details.get("type") != "refusal":
+        return []
+    text = str_field(details, "explanation") or str_field(details, "category")
+    return [TextDelta(text, kind="refusal")] if text else []
+
+
+def _error_event(error: Any) -> StreamError:
+    """``{"type": "error", "error": {"type", "message"}}``; odd shapes still fail the exchange."""
+    if isinstance(error, dict):
+        code = str_field(error, "type") or str_field(error, "code")
+        message = str_field(error, "message")
+        if code is not None or message is not None:
+            return StreamError(code, message)
+    elif isinstance(error, str) and error:
+        return StreamError(None, error)
+    return StreamError("error", None)
+
+
+_HANDLERS = {
+    "message_start": AnthropicNormalizer._message_start,
+    "content_block_start": AnthropicNormalizer._block_start,
+    "content_block_delta": AnthropicNormalizer._block_delta,
+    "content_block_stop": AnthropicNormalizer._block_stop,
+    "message_delta": AnthropicNormalizer._message_delta,
+    "message_stop": AnthropicNormalizer._message_stop,
+    "error": AnthropicNormalizer._error,
+}
+
+DIALECT = register(AnthropicMessages())

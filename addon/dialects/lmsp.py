@@ -1,0 +1,264 @@
+"""The LMSP 1.0 dialect: Responses-style generation, streaming and resumable task events.
+
+Recognised by the request line (the path may sit under a prefix; the ``/lmsp/v1/``
+part decides):
+
+- ``POST /lmsp/v1/responses``: create a response, a JSON response object or, with
+  ``"stream": true``, an event stream (spec section 6.1-6.3);
+- ``GET /lmsp/v1/responses/{response_id}``: a stored response object (section 6.2);
+- ``GET /lmsp/v1/tasks/{task_id}/events``: a task's event stream, resumed after the id
+  in ``?after=N`` or the ``Last-Event-ID`` header (``after`` wins) (section 6.4).
+  The task id goes to the record's ``task_id``, which links the exchanges of a task.
+
+The events are the Responses ones (read by
+:class:`~addon.dialects.responses.ResponsesNormalizer`), with LMSP's differences:
+the SSE event name is the type (the data has none), lifecycle data carries
+``response_id``, ``status``, ``usage`` and ``error`` at the top level,
+``response.cancelled`` and ``error`` are final events too, errors are RFC 9457
+problem objects (``type``, ``title``, ``status``, ``detail``, ``code``), and function
+calls arrive whole in ``response.output_item.done``.
+
+Checked here: every event MUST carry an integer ``id`` that increases strictly within
+the response, starting at 1 (findings ``event_id_invalid``,
+``event_id_not_increasing``). A resumed stream must only replay ids after the one
+asked for.
+
+Resumption without counting twice: the dialect remembers, per task, the highest event
+id already audited (a bounded LRU that lives as long as the proxy). Events of a task
+stream at or below it were recorded with an earlier exchange: they still update the
+reader's state and are checked, but give no text, tool calls or usage. Their
+lifecycle facts (response id, stop reason, error, end of stream) still settle this
+exchange's own status.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import parse_qs
+
+from addon.dialects import (
+    Dialect,
+    Normalizer,
+    RequestSummary,
+    RequestView,
+    error_body_events,
+    json_object,
+    register,
+    str_field,
+)
+from addon.dialects.responses import ResponsesNormalizer, problem_error, tool_names
+from addon.events import Event, Finding, ResponseMeta, TextDelta, ToolCallDelta, Usage
+from addon.sse import SSEEvent
+
+PREFIX = "/lmsp/v1/"
+TASK_MEMORY = 10_000  # tasks whose audited event ids are remembered
+MAX_ID_DIGITS = 18  # longer "integers" are not parsed (int() of huge strings is slow)
+_COUNTED = (TextDelta, ToolCallDelta, Usage)  # what a replayed event must not add again
+
+
+@dataclass(slots=True)
+class LMSPRequestSummary(RequestSummary):
+    """The request summary, plus where a task events request resumes."""
+
+    resume_after: int | None = None
+
+
+class TaskProgress:
+    """Per task id, the highest event id already audited; least recently used go first."""
+
+    def __init__(self, size: int = TASK_MEMORY) -> None:
+        self.size = size
+        self._high: OrderedDict[str, int] = OrderedDict()
+
+    def get(self, task_id: str) -> int | None:
+        return self._high.get(task_id)
+
+    def advance(self, task_id: str, event_id: int) -> None:
+        high = self._high.get(task_id)
+        if high is None or event_id > high:
+            self._high[task_id] = event_id
+        self._high.move_to_end(task_id)
+        if len(self._high) > self.size:
+            self._high.popitem(last=False)
+
+    def __len__(self) -> int:
+        return len(self._high)
+
+
+def event_id(value: str) -> int | None:
+    """An SSE event id as LMSP's positive integer, else ``None``."""
+    if 0 < len(value) <= MAX_ID_DIGITS and value.isascii() and value.isdigit():
+        n = int(value)
+        return n if n >= 1 else None
+    return None
+
+
+class LMSP(Dialect):
+    name = "lmsp"
+    provider = "lmsp"
+
+    def __init__(self, task_memory: int = TASK_MEMORY) -> None:
+        self.tasks = TaskProgress(task_memory)
+
+    def matches(self, request: RequestView) -> bool:
+        route = _route(request.path)
+        if route is None:
+            return False
+        if request.method == "POST":
+            return route == "responses"
+        if request.method == "GET":
+            return _task_of_events(route) is not None or _response_of(route) is not None
+        return False
+
+    def sniff(self, first_event: SSEEvent) -> bool:
+        if first_event.event != "response.created":
+            return False
+        obj = json_object(first_event.data)
+        return obj is not None and isinstance(obj.get("response_id"), str) and "response" not in obj
+
+    def summarize(self, body: Any, request: RequestView) -> RequestSummary:
+        route = _route(request.path) or ""
+        task_id = _task_of_events(route) if request.method == "GET" else None
+        if task_id is not None:
+            summary = LMSPRequestSummary(stream=True, task_id=task_id)
+            summary.resume_after = self._resume_point(request, summary.findings)
+            return summary
+        if not isinstance(body, dict):
+            return LMSPRequestSummary()
+        stream = body.get("stream")
+        return LMSPRequestSummary(
+            model=str_field(body, "model"),
+            stream=stream if isinstance(stream, bool) else None,
+            declared_tools=tool_names(body.get("tools")),
+        )
+
+    @staticmethod
+    def _resume_point(request: RequestView, findings: list[Finding]) -> int | None:
+        """``?after=N``, else ``Last-Event-ID``: the last event id the client has."""
+        after = parse_qs(request.query).get("after")
+        name, value = ("after", after[-1]) if after else ("Last-Event-ID", request.headers.get("last-event-id"))
+        if value is None:
+            return None
+        value = value.strip()
+        if value == "0":
+            return 0  # everything: ids start at 1
+        n = event_id(value)
+        if n is None:
+            findings.append(Finding("request_invalid_field", f"{name} is {value[:40]!r}, not an event id"))
+        return n
+
+    def normalizer(self, request: RequestSummary) -> Normalizer:
+        resume_after = request.resume_after if isinstance(request, LMSPRequestSummary) else None
+        return LMSPNormalizer(self.tasks if request.task_id else None, request.task_id, resume_after)
+
+
+def _route(path: str) -> str | None:
+    """What follows ``/lmsp/v1/`` in the path (trailing slash dropped), or ``None``."""
+    at = path.find(PREFIX)
+    if at < 0:
+        return None
+    return path[at + len(PREFIX) :].rstrip("/")
+
+
+def _task_of_events(route: str) -> str | None:
+    """The task id of ``tasks/{task_id}/events``."""
+    parts = route.split("/")
+    if len(parts) == 3 and parts[0] == "tasks" and parts[1] and parts[2] == "events":
+        return parts[1]
+    return None
+
+
+def _response_of(route: str) -> str | None:
+    """The response id of ``responses/{response_id}``."""
+    head, _, response_id = route.partition("/")
+    return response_id if head == "responses" and response_id and "/" not in response_id else None
+
+
+class LMSPNormalizer(ResponsesNormalizer):
+    """LMSP events: Responses reading, event id checks and replay skipping."""
+
+    FINAL_EVENTS = ResponsesNormalizer.FINAL_EVENTS | {"response.cancelled", "error"}
+
+    def __init__(self, tasks: TaskProgress | None, task_id: str | None, resume_after: int | None) -> None:
+        super().__init__()
+        self.tasks = tasks
+        self.task_id = task_id
+        self.resume_after = resume_after
+        self.last_id: int | None = resume_after  # ids must go beyond this
+        self.seen_any = False
+        self.accepted_any = False  # an event id beyond the resume point was seen
+        self.audited_before: int | None = None  # read from the task memory at the first event
+        self.meta_seen = False
+
+    def event_type(self, event: SSEEvent, obj: dict[str, Any]) -> str:
+        """The SSE event name; the data's ``type`` only when the event has none."""
+        if event.event != "message":
+            return event.event
+        kind = obj.get("type")
+        return kind if isinstance(kind, str) else event.event
+
+    def on_event(self, event: SSEEvent) -> list[Event]:
+        findings: list[Event] = []
+        n = self._check_id(event, findings)
+        replayed = self.audited_before is not None and n is not None and n <= self.audited_before
+        out = super().on_event(event)
+        if replayed:
+            out = [e for e in out if not isinstance(e, _COUNTED)]
+        elif n is not None and self.tasks is not None:
+            self.tasks.advance(self.task_id, n)
+        return findings + out if findings else out
+
+    def _check_id(self, event: SSEEvent, findings: list[Event]) -> int | None:
+        n = event_id(event.id)
+        if not self.seen_any:
+            self.seen_any = True
+            if self.tasks is not None:
+                self.audited_before = self.tasks.get(self.task_id)
+            # A stream that does not start at 1 carries the rest of a response whose
+            # beginning went to an earlier exchange.
+            self.continuation = bool(self.resume_after) or (n is not None and n > 1)
+            if n is not None and n != 1 and not self.resume_after:
+                findings.append(Finding("event_id_invalid", f"the first event id is {n}, not 1"))
+        if n is None:
+            detail = "missing" if event.id == "" else repr(event.id[:40])
+            findings.append(Finding("event_id_invalid", f"{event.event!r}: id {detail}, not a positive integer"))
+            return None
+        last = self.last_id
+        if last is None or n > last:
+            self.last_id = n
+            self.accepted_any = True
+        elif not self.accepted_any and self.resume_after is not None:
+            detail = f"id {n} replayed although the client asked for events after {last}"
+            findings.append(Finding("event_id_not_increasing", detail))
+        elif n == last:
+            detail = f"id {n} again (repeated, or an event without its own id line)"
+            findings.append(Finding("event_id_not_increasing", detail))
+        else:
+            findings.append(Finding("event_id_not_increasing", f"id {n} after {last}"))
+        return n
+
+    def on_json(self, event: SSEEvent, obj: dict[str, Any]) -> list[Event]:
+        out = super().on_json(event, obj)
+        if not self.meta_seen:
+            # A resumed stream may not replay response.created: any event names the response.
+            response_id = str_field(obj, "response_id")
+            if response_id is not None:
+                self.meta_seen = True
+                if not any(isinstance(e, ResponseMeta) for e in out):
+                    out.append(ResponseMeta(response_id=response_id))
+        return out
+
+    def on_body(self, body: bytes, http_status: int) -> list[Event]:
+        """Error bodies are problem documents (``410`` + ``event_history_expired``)."""
+        if http_status >= 400:
+            obj = json_object(body)
+            err = obj.get("error", obj) if obj is not None else None
+            if isinstance(err, dict):
+                return [problem_error(err)]
+            return error_body_events(body)
+        return super().on_body(body, http_status)
+
+
+DIALECT = register(LMSP())

@@ -1,0 +1,134 @@
+"""The OpenAI Responses dialect (``POST .../responses``, ``GET .../responses/{id}``).
+
+Recognised by the request line and body shape, never by the host, so it covers OpenAI,
+Azure OpenAI (``/openai/responses``, ``/openai/v1/responses``), OpenRouter, vLLM,
+Ollama, llama.cpp, LM Studio and gateways in front of them:
+
+- a POST whose path ends with ``/responses`` and whose JSON body is an object with
+  ``input`` or ``model`` (a create request, streamed with ``"stream": true``);
+- a GET of ``.../responses/{id}`` whose id starts with ``resp`` (a retrieve: the
+  response object, or its events with ``?stream=true``). A GET has no body to confirm
+  the match, so the id's shape does it; ``.../responses/{id}/input_items`` is not an
+  answer and is not matched.
+
+Paths under ``/lmsp/`` belong to LMSP (:mod:`addon.dialects.lmsp`), which speaks the
+same event names; they are excluded here whatever the registration order.
+
+An event stream nobody recognised by its request is claimed when its first event is
+``response.created`` carrying a nested ``response`` object.
+
+Reading the events is :class:`~addon.dialects.responses.ResponsesNormalizer`'s job
+(see there for the mapping). OpenAI specifics configured here: the JSON ``type`` names
+the event (it equals the SSE ``event:``); ``sequence_number`` starts at 0, so a stream
+whose first event has a higher one is a continuation (``GET ...?stream=true&
+starting_after=N``); final events are ``response.completed``, ``.incomplete`` and
+``.failed``; an ``error`` event is not final (``response.failed`` usually follows).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+from urllib.parse import parse_qs
+
+from addon.dialects import (
+    Dialect,
+    Normalizer,
+    RequestSummary,
+    RequestView,
+    int_field,
+    json_object,
+    register,
+    str_field,
+)
+from addon.dialects.responses import ResponsesNormalizer, tool_names
+from addon.events import Event
+from addon.sse import SSEEvent
+
+PATH_SUFFIX = "/responses"
+LMSP_SEGMENT = "/lmsp/"
+RESPONSE_ID_PREFIX = "resp"
+
+
+class OpenAIResponses(Dialect):
+    name = "openai-responses"
+    provider = "openai"
+
+    def __init__(self) -> None:
+        # The method of the request :meth:`matches` last accepted. ``detect_request``
+        # calls ``accepts_body`` right after ``matches`` for the same request, and a GET
+        # has no body to confirm the match with (see the module docstring).
+        self._matched_get = False
+
+    def matches(self, request: RequestView) -> bool:
+        path = request.path
+        if LMSP_SEGMENT in path:
+            return False
+        if request.method == "POST":
+            self._matched_get = False
+            return path.endswith(PATH_SUFFIX)
+        if request.method == "GET":
+            head, _, response_id = path.rpartition("/")
+            self._matched_get = head.endswith(PATH_SUFFIX) and response_id.startswith(RESPONSE_ID_PREFIX)
+            return self._matched_get
+        return False
+
+    def accepts_body(self, body: Any) -> bool:
+        if isinstance(body, dict):
+            return "input" in body or "model" in body
+        return body is None and self._matched_get
+
+    def sniff(self, first_event: SSEEvent) -> bool:
+        if first_event.event not in ("response.created", "message"):
+            return False
+        obj = json_object(first_event.data)
+        return (
+            obj is not None
+            and obj.get("type") == "response.created"
+            and isinstance(obj.get("response"), dict)
+            and obj["response"].get("object") == "response"
+        )
+
+    def summarize(self, body: Any, request: RequestView) -> RequestSummary:
+        if request.method == "GET":
+            stream = parse_qs(request.query).get("stream", [None])[-1]
+            return RequestSummary(stream=None if stream is None else stream.lower() == "true")
+        if not isinstance(body, dict):
+            return RequestSummary()
+        stream = body.get("stream")
+        return RequestSummary(
+            model=str_field(body, "model"),
+            user_id=str_field(body, "user") or str_field(body, "safety_identifier"),
+            session_id=_conversation_id(body.get("conversation")),
+            stream=stream if isinstance(stream, bool) else None,
+            declared_tools=tool_names(body.get("tools")),
+        )
+
+    def normalizer(self, request: RequestSummary) -> Normalizer:
+        return OpenAIResponsesNormalizer()
+
+
+def _conversation_id(conversation: Any) -> str | None:
+    """``conversation``: an id, or ``{"id": ...}`` - the session the exchange belongs to."""
+    if isinstance(conversation, str):
+        return conversation
+    if isinstance(conversation, dict):
+        return str_field(conversation, "id")
+    return None
+
+
+class OpenAIResponsesNormalizer(ResponsesNormalizer):
+    """OpenAI Responses events; a stream not starting at sequence number 0 is resumed."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first = True
+
+    def on_json(self, event: SSEEvent, obj: dict[str, Any]) -> list[Event]:
+        if self.first:
+            self.first = False
+            seq = int_field(obj, "sequence_number")
+            self.continuation = seq is not None and seq > 0
+        return super().on_json(event, obj)
+
+
+DIALECT = register(OpenAIResponses())

@@ -1,0 +1,483 @@
+"""Reading Responses-style traffic: the part the OpenAI Responses API and LMSP 1.0 share.
+
+Both protocols answer with a *response* made of output items (``message``,
+``reasoning``, ``function_call``) and stream it as named events (``response.created``,
+``response.output_item.added``, ``response.output_text.delta``, ...,
+``response.completed``). This module reads them; it registers no dialect.
+:mod:`addon.dialects.openai_responses` and :mod:`addon.dialects.lmsp` configure and
+extend :class:`ResponsesNormalizer`.
+
+What the stream carries, and how it maps to the common events:
+
+- Lifecycle events describe the response: OpenAI nests it (``{"response": {"id",
+  "model", "status", "usage", "error", "incomplete_details", "output"}}``), LMSP puts
+  ``response_id``, ``status``, ``usage``, ``error`` at the top level of the data. Both
+  shapes are read the same way: the nested ``response`` object when there is one, else
+  the data itself.
+- Text arrives as deltas keyed by output item (``item_id``) and part: answer text by
+  ``content_index`` (``response.output_text.delta``), refusals likewise
+  (``response.refusal.delta``), reasoning by ``summary_index``
+  (``response.reasoning_summary_text.delta``) or ``content_index``
+  (``response.reasoning_text.delta``). A response has one answer, so everything is
+  choice 0.
+- Function-call arguments stream keyed by ``item_id`` (the ``fc_...`` item id), but the
+  call's ``call_id`` (``call_...``, what the tool result must reference) and ``name``
+  only appear in ``response.output_item.added`` / ``.done``. The record keys calls by
+  item id and stores ``call_id`` as the call's id. Custom tool calls
+  (``custom_tool_call``: free-form ``input`` instead of ``arguments``) are read the
+  same way.
+- ``*.done`` events, ``response.output_item.done`` and the output of the final
+  response repeat the whole text or arguments. They are never appended again: they are
+  compared with what the deltas gave and only fill in what is missing (all of it when
+  no delta came, the tail when the deltas stopped short). When they disagree with the
+  deltas, the deltas are kept (they are what a streaming client showed).
+- Final events (``response.completed``, ``.incomplete``, ``.failed``; dialects add
+  more) give usage, the stop reason (the response ``status``, or
+  ``incomplete_details.reason`` such as ``max_output_tokens``), errors, and end the
+  stream. A function call the final response marks ``incomplete`` (cut by the token
+  limit) is left incomplete, so the record reports it as truncated.
+- ``error`` events come in several shapes (OpenAI documents top-level ``code`` /
+  ``message`` but sends a nested ``error`` object; LMSP nests an RFC 9457 problem
+  object); :func:`error_event` reads them all.
+
+Everything here runs per event on the proxy's event loop: no copies of the parsed
+JSON, dictionary dispatch, and odd input (wrong types, missing fields) is skipped,
+never raised on.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from addon.dialects import JsonEventNormalizer, int_field, str_field
+from addon.events import (
+    Event,
+    Finish,
+    ResponseMeta,
+    StreamEnd,
+    StreamError,
+    TextDelta,
+    ToolCallDelta,
+    Usage,
+)
+from addon.sse import SSEEvent
+
+# Statuses after which a response no longer changes (a stop reason).
+FINAL_STATUSES = frozenset({"completed", "incomplete", "failed", "cancelled"})
+# Item statuses that say a call was cut before its arguments were whole.
+UNFINISHED_ITEM_STATUSES = frozenset({"incomplete", "in_progress", "queued"})
+# Output item types that are calls the client executes, and where their payload is.
+CALL_PAYLOAD = {"function_call": "arguments", "custom_tool_call": "input"}
+# Content part type -> (field holding the text, common TextDelta kind).
+PART_TEXT = {
+    "output_text": ("text", "text"),
+    "refusal": ("refusal", "refusal"),
+    "reasoning_text": ("text", "reasoning"),
+    "summary_text": ("text", "reasoning"),
+}
+# Content part type -> (where its deltas are kept, the event field indexing it).
+PART_SPACE = {
+    "summary_text": ("summary", "summary_index"),
+    "reasoning_text": ("reasoning", "content_index"),
+}
+NO_ERROR_OBJECT = "the response failed without an error object"
+
+
+def tool_names(tools: Any) -> frozenset[str]:
+    """Names of the declared tools that have one (function and custom tools).
+
+    Built-in tools (``web_search``, ``file_search``, ...) carry no name and run on the
+    provider's side; they are not counted. An absent ``tools`` declares none.
+    """
+    if not isinstance(tools, list):
+        return frozenset()
+    return frozenset(t["name"] for t in tools if isinstance(t, dict) and isinstance(t.get("name"), str))
+
+
+def usage_event(usage: Any) -> Usage | None:
+    """A Responses ``usage`` object as :class:`Usage`; ``None`` when there is none.
+
+    ``input_tokens_details.cached_tokens`` is read from the cache,
+    ``input_tokens_details.cache_write_tokens`` written to it, and
+    ``output_tokens_details.reasoning_tokens`` spent on reasoning (part of
+    ``output_tokens``).
+    """
+    if not isinstance(usage, dict):
+        return None
+    inp = usage.get("input_tokens_details")
+    out = usage.get("output_tokens_details")
+    inp = inp if isinstance(inp, dict) else {}
+    out = out if isinstance(out, dict) else {}
+    return Usage(
+        input_tokens=int_field(usage, "input_tokens"),
+        output_tokens=int_field(usage, "output_tokens"),
+        cache_read_input_tokens=int_field(inp, "cached_tokens"),
+        cache_write_input_tokens=int_field(inp, "cache_write_tokens"),
+        reasoning_output_tokens=int_field(out, "reasoning_tokens"),
+    )
+
+
+def problem_error(err: dict[str, Any]) -> StreamError:
+    """An error object as :class:`StreamError`: OpenAI ``{type, code, message}`` or an
+    RFC 9457 problem object ``{type, title, status, detail, code}``.
+
+    The code is ``code``, else the ``type``; a problem ``type`` URI gives its last path
+    segment (``.../errors/event_history_expired`` -> ``event_history_expired``) and
+    ``about:blank`` gives none. The message is ``message``, else ``detail``, else
+    ``title``.
+    """
+    code = str_field(err, "code") or _code_from_type(str_field(err, "type"))
+    message = str_field(err, "message") or str_field(err, "detail") or str_field(err, "title")
+    return StreamError(code, message)
+
+
+def _code_from_type(kind: str | None) -> str | None:
+    if not kind or kind == "about:blank":
+        return None
+    if "/" in kind:
+        return kind.rstrip("/").rpartition("/")[2] or None
+    return kind
+
+
+def error_event(obj: dict[str, Any]) -> StreamError:
+    """The data of an ``error`` event: a nested ``error`` object, or ``code`` /
+    ``message`` at the top level (where ``type`` is the event's own, ``"error"``)."""
+    err = obj.get("error")
+    if isinstance(err, dict):
+        return problem_error(err)
+    if isinstance(err, str):
+        return StreamError(str_field(obj, "code"), err)
+    return StreamError(str_field(obj, "code"), str_field(obj, "message"))
+
+
+class ResponsesNormalizer(JsonEventNormalizer):
+    """Responses-style events and response objects into common events.
+
+    Dialects configure it with :attr:`FINAL_EVENTS` and may override
+    :meth:`event_type`. :attr:`continuation` is set by a dialect that knows the stream
+    does not start at the response's beginning (a resumed stream): an output item
+    that was not announced (``response.output_item.added``) in this stream is then
+    taken to have been recorded with an earlier exchange, and its ``*.done`` repeats
+    fill nothing in.
+    """
+
+    FINAL_EVENTS: ClassVar[frozenset[str]] = frozenset(
+        {"response.completed", "response.incomplete", "response.failed"}
+    )
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.continuation = False
+        self.errored = False  # an error event or a failed response was seen
+        # Text streamed so far per (item id, part space, part index); after its done
+        # event a part holds the one final string.
+        self.parts: dict[tuple[str, str, int], list[str]] = {}
+        self.arguments: dict[str, list[str]] = {}  # argument fragments per call item id
+        self.opened: set[str] = set()  # items announced in this stream
+        self.item_at: dict[int, str] = {}  # output_index -> item id
+
+    # -- dispatch -------------------------------------------------------------------------
+
+    def on_event(self, event: SSEEvent) -> list[Event]:
+        if event.data == "[DONE]":
+            return []  # not part of the protocol; some gateways append it: ignore
+        return super().on_event(event)
+
+    def event_type(self, event: SSEEvent, obj: dict[str, Any]) -> str:
+        """The event's type: the JSON ``type`` (OpenAI), else the SSE event name."""
+        kind = obj.get("type")
+        return kind if isinstance(kind, str) else event.event
+
+    def on_json(self, event: SSEEvent, obj: dict[str, Any]) -> list[Event]:
+        kind = self.event_type(event, obj)
+        out: list[Event] = []
+        if kind in self.FINAL_EVENTS:
+            if kind == "error":
+                self._error(obj, out)
+                out.append(StreamEnd())
+            else:
+                self._final(kind, obj, out)
+            return out
+        handler = _HANDLERS.get(kind)
+        if handler is not None:
+            handler(self, obj, out)
+        return out  # unknown event types are ignored: vendors add new ones all the time
+
+    def on_end(self) -> list[Event]:
+        if not self.ended and self.errored:
+            return []  # the error says why the stream stopped
+        return super().on_end()
+
+    def on_response(self, response: dict[str, Any]) -> list[Event]:
+        """A whole response object (non-streamed answer, or a retrieved response)."""
+        out: list[Event] = [self._meta(response)]
+        status = str_field(response, "status")
+        self._output(response.get("output"), status, out)
+        usage = usage_event(response.get("usage"))
+        if usage is not None:
+            out.append(usage)
+        if status in FINAL_STATUSES:
+            out.append(Finish(_stop_reason(response, status)))
+        err = response.get("error")
+        if isinstance(err, dict):
+            out.append(problem_error(err))
+        elif status == "failed":
+            out.append(StreamError(None, NO_ERROR_OBJECT))
+        return out
+
+    # -- lifecycle ------------------------------------------------------------------------
+
+    @staticmethod
+    def _response(obj: dict[str, Any]) -> dict[str, Any]:
+        """The response a lifecycle event describes: nested (OpenAI) or the data (LMSP)."""
+        resp = obj.get("response")
+        return resp if isinstance(resp, dict) else obj
+
+    @staticmethod
+    def _meta(resp: dict[str, Any]) -> ResponseMeta:
+        return ResponseMeta(
+            model=str_field(resp, "model"),
+            response_id=str_field(resp, "id") or str_field(resp, "response_id"),
+            created=int_field(resp, "created_at"),
+        )
+
+    def _lifecycle(self, obj: dict[str, Any], out: list[Event]) -> None:
+        out.append(self._meta(self._response(obj)))
+
+    def _final(self, kind: str, obj: dict[str, Any], out: list[Event]) -> None:
+        resp = self._response(obj)
+        out.append(self._meta(resp))
+        status = str_field(resp, "status") or kind.rpartition(".")[2]
+        self._output(resp.get("output"), status, out)
+        usage = usage_event(resp.get("usage"))
+        if usage is not None:
+            out.append(usage)
+        out.append(Finish(_stop_reason(resp, status)))
+        err = resp.get("error")
+        if isinstance(err, dict):
+            out.append(problem_error(err))
+            self.errored = True
+        elif status == "failed" and not self.errored:
+            out.append(StreamError(None, NO_ERROR_OBJECT))
+            self.errored = True
+        out.append(StreamEnd())
+
+    def _error(self, obj: dict[str, Any], out: list[Event]) -> None:
+        out.append(error_event(obj))
+        self.errored = True
+
+    # -- output items ---------------------------------------------------------------------
+
+    def _item_id(self, obj: dict[str, Any]) -> str:
+        """The item an event is about: ``item_id``, else the item at ``output_index``."""
+        item_id = obj.get("item_id")
+        if isinstance(item_id, str):
+            return item_id
+        index = int_field(obj, "output_index") or 0
+        return self.item_at.get(index) or f"#{index}"
+
+    def _item_added(self, obj: dict[str, Any], out: list[Event]) -> None:
+        item = obj.get("item")
+        if not isinstance(item, dict):
+            return
+        index = int_field(obj, "output_index")
+        item_id = str_field(item, "id")
+        if item_id is None:
+            item_id = self.item_at.get(index or 0) or f"#{index or 0}"
+        elif index is not None:
+            self.item_at[index] = item_id
+        self.opened.add(item_id)
+        payload = CALL_PAYLOAD.get(item.get("type"))
+        if payload is not None:
+            # Announce the call so that it keeps its place; arguments follow as deltas
+            # (an added item whose arguments are already there counts as a first delta).
+            args = item.get(payload)
+            args = args if isinstance(args, str) else ""
+            if args:
+                self.arguments.setdefault(item_id, []).append(args)
+            out.append(ToolCallDelta(item_id, args, id=str_field(item, "call_id"), name=str_field(item, "name")))
+
+    def _item_done(self, obj: dict[str, Any], out: list[Event]) -> None:
+        item = obj.get("item")
+        if isinstance(item, dict):
+            self._settle_item(item, int_field(obj, "output_index"), None, out)
+
+    def _output(self, output: Any, status: str | None, out: list[Event]) -> None:
+        """Settle every item of a whole response's ``output``.
+
+        In a continuation, items not announced in this stream are skipped: the whole
+        response repeats items an earlier exchange already recorded.
+        """
+        if isinstance(output, list):
+            for index, item in enumerate(output):
+                if isinstance(item, dict):
+                    if self.continuation:
+                        item_id = str_field(item, "id") or self.item_at.get(index)
+                        if item_id not in self.opened:
+                            continue
+                    self._settle_item(item, index, status, out)
+
+    def _settle_item(self, item: dict[str, Any], index: int | None, status: str | None, out: list[Event]) -> None:
+        """A whole output item: fill in what the deltas did not give, complete calls."""
+        item_id = str_field(item, "id") or self.item_at.get(index or 0) or f"#{index or 0}"
+        kind = item.get("type")
+        if kind == "message":
+            self._settle_parts(item_id, "content", item.get("content"), out)
+        elif kind == "reasoning":
+            self._settle_parts(item_id, "summary", item.get("summary"), out)
+            self._settle_parts(item_id, "reasoning", item.get("content"), out)
+        elif kind in CALL_PAYLOAD:
+            item_status = item.get("status")
+            whole = item_status not in UNFINISHED_ITEM_STATUSES and not (
+                item_status is None and status == "incomplete"
+            )
+            args = item.get(CALL_PAYLOAD[kind])
+            self._settle_call(item_id, args, item, whole, out)
+
+    def _settle_parts(self, item_id: str, space: str, parts: Any, out: list[Event]) -> None:
+        if not isinstance(parts, list):
+            return
+        for index, part in enumerate(parts):
+            if isinstance(part, dict):
+                field_kind = PART_TEXT.get(part.get("type"))
+                if field_kind is not None:
+                    text = part.get(field_kind[0])
+                    if isinstance(text, str):
+                        self._settle_text((item_id, space, index), text, field_kind[1], out)
+
+    def _settle_text(self, key: tuple[str, str, int], full: str, kind: str, out: list[Event]) -> None:
+        """Compare a repeated whole text with the deltas; emit only what is missing."""
+        got = self.parts.get(key)
+        if got is None:
+            self.parts[key] = [full]
+            if full and (not self.continuation or key[0] in self.opened):
+                out.append(TextDelta(full, 0, kind))
+            return
+        have = got[0] if len(got) == 1 else "".join(got)
+        if have != full and full.startswith(have):
+            out.append(TextDelta(full[len(have) :], 0, kind))
+            have = full
+        self.parts[key] = [have]  # kept as one string: later repeats compare cheaply
+
+    def _settle_call(self, item_id: str, full: Any, item: dict[str, Any] | None, whole: bool, out: list[Event]) -> None:
+        """A call's whole arguments: fill in what is missing and mark it complete."""
+        got = self.arguments.get(item_id)
+        have = "" if not got else got[0] if len(got) == 1 else "".join(got)
+        tail = ""
+        if isinstance(full, str) and have != full and full.startswith(have):
+            tail = full[len(have) :]
+            have = full
+        self.arguments[item_id] = [have]
+        call_id = name = None
+        if item is not None:
+            call_id, name = str_field(item, "call_id"), str_field(item, "name")
+        out.append(ToolCallDelta(item_id, tail, id=call_id, name=name, complete=whole))
+
+    # -- deltas and their done events ------------------------------------------------------
+
+    def _delta(self, obj: dict[str, Any], out: list[Event], space: str, index_field: str, kind: str) -> None:
+        delta = obj.get("delta")
+        if not isinstance(delta, str) or not delta:
+            return
+        key = (self._item_id(obj), space, int_field(obj, index_field) or 0)
+        got = self.parts.get(key)
+        if got is None:
+            self.parts[key] = [delta]
+        else:
+            got.append(delta)
+        out.append(TextDelta(delta, 0, kind))
+
+    def _text_delta(self, obj: dict[str, Any], out: list[Event]) -> None:
+        self._delta(obj, out, "content", "content_index", "text")
+
+    def _refusal_delta(self, obj: dict[str, Any], out: list[Event]) -> None:
+        self._delta(obj, out, "content", "content_index", "refusal")
+
+    def _summary_delta(self, obj: dict[str, Any], out: list[Event]) -> None:
+        self._delta(obj, out, "summary", "summary_index", "reasoning")
+
+    def _reasoning_delta(self, obj: dict[str, Any], out: list[Event]) -> None:
+        self._delta(obj, out, "reasoning", "content_index", "reasoning")
+
+    def _done(self, obj: dict[str, Any], out: list[Event], space: str, index_field: str, field: str, kind: str) -> None:
+        full = obj.get(field)
+        if isinstance(full, str):
+            key = (self._item_id(obj), space, int_field(obj, index_field) or 0)
+            self._settle_text(key, full, kind, out)
+
+    def _text_done(self, obj: dict[str, Any], out: list[Event]) -> None:
+        self._done(obj, out, "content", "content_index", "text", "text")
+
+    def _refusal_done(self, obj: dict[str, Any], out: list[Event]) -> None:
+        self._done(obj, out, "content", "content_index", "refusal", "refusal")
+
+    def _summary_done(self, obj: dict[str, Any], out: list[Event]) -> None:
+        self._done(obj, out, "summary", "summary_index", "text", "reasoning")
+
+    def _reasoning_done(self, obj: dict[str, Any], out: list[Event]) -> None:
+        self._done(obj, out, "reasoning", "content_index", "text", "reasoning")
+
+    def _part_done(self, obj: dict[str, Any], out: list[Event]) -> None:
+        """``response.content_part.done`` / ``response.reasoning_summary_part.done``."""
+        part = obj.get("part")
+        if not isinstance(part, dict):
+            return
+        part_type = part.get("type")
+        field_kind = PART_TEXT.get(part_type)
+        text = part.get(field_kind[0]) if field_kind else None
+        if isinstance(text, str):
+            space, index_field = PART_SPACE.get(part_type, ("content", "content_index"))
+            key = (self._item_id(obj), space, int_field(obj, index_field) or 0)
+            self._settle_text(key, text, field_kind[1], out)
+
+    def _arguments_delta(self, obj: dict[str, Any], out: list[Event]) -> None:
+        delta = obj.get("delta")
+        if not isinstance(delta, str) or not delta:
+            return
+        item_id = self._item_id(obj)
+        got = self.arguments.get(item_id)
+        if got is None:
+            self.arguments[item_id] = [delta]
+        else:
+            got.append(delta)
+        out.append(ToolCallDelta(item_id, delta))
+
+    def _arguments_done(self, obj: dict[str, Any], out: list[Event]) -> None:
+        self._settle_call(self._item_id(obj), obj.get("arguments"), None, True, out)
+
+    def _input_done(self, obj: dict[str, Any], out: list[Event]) -> None:
+        self._settle_call(self._item_id(obj), obj.get("input"), None, True, out)
+
+
+def _stop_reason(resp: dict[str, Any], status: str) -> str:
+    """The provider's stop reason: ``incomplete_details.reason`` when incomplete, else
+    the status (``completed``, ``failed``, ``cancelled``)."""
+    if status == "incomplete":
+        details = resp.get("incomplete_details")
+        reason = str_field(details, "reason") if isinstance(details, dict) else None
+        return reason or status
+    return status
+
+
+_HANDLERS = {
+    "response.created": ResponsesNormalizer._lifecycle,
+    "response.queued": ResponsesNormalizer._lifecycle,
+    "response.in_progress": ResponsesNormalizer._lifecycle,
+    "response.output_item.added": ResponsesNormalizer._item_added,
+    "response.output_item.done": ResponsesNormalizer._item_done,
+    "response.output_text.delta": ResponsesNormalizer._text_delta,
+    "response.output_text.done": ResponsesNormalizer._text_done,
+    "response.refusal.delta": ResponsesNormalizer._refusal_delta,
+    "response.refusal.done": ResponsesNormalizer._refusal_done,
+    "response.reasoning_summary_text.delta": ResponsesNormalizer._summary_delta,
+    "response.reasoning_summary_text.done": ResponsesNormalizer._summary_done,
+    "response.reasoning_text.delta": ResponsesNormalizer._reasoning_delta,
+    "response.reasoning_text.done": ResponsesNormalizer._reasoning_done,
+    "response.content_part.done": ResponsesNormalizer._part_done,
+    "response.reasoning_summary_part.done": ResponsesNormalizer._part_done,
+    "response.function_call_arguments.delta": ResponsesNormalizer._arguments_delta,
+    "response.function_call_arguments.done": ResponsesNormalizer._arguments_done,
+    "response.custom_tool_call_input.delta": ResponsesNormalizer._arguments_delta,
+    "response.custom_tool_call_input.done": ResponsesNormalizer._input_done,
+    "error": ResponsesNormalizer._error,
+}
