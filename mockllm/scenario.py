@@ -8,6 +8,11 @@ it is the more deliberate, per-request channel (a query may be baked into a
 base URL). Unknown keys are ignored so clients of other dialects can carry
 their own parameters; malformed values raise :class:`ScenarioError` so a typo
 in a test fails loudly instead of silently streaming the default.
+
+One scenario drives every dialect: each knob means the same thing everywhere
+(``reasoning`` is OpenAI's reasoning and Anthropic's or Gemini's thinking, and
+may be spelled ``thinking``), and a dialect ignores the knobs its protocol
+has no place for.
 """
 
 from __future__ import annotations
@@ -67,6 +72,10 @@ def _param(default: Any, parse: Callable[[str], Any]) -> Any:
     return field(default=default, metadata={"parse": parse})
 
 
+_ALIASES = {"thinking": "reasoning"}
+"""Other spellings of a parameter: the vendors' own words for the same thing."""
+
+
 @dataclass(frozen=True)
 class Scenario:
     """Parameters of one mock response; defaults give a small, clean stream.
@@ -85,15 +94,27 @@ class Scenario:
     first_delay: float = _param(0.0, _seconds)
     """Seconds between the response headers and the first body write."""
     error: str | None = _param(None, _text)
-    """Error code: an in-stream error event, or the JSON error code when ``status >= 400``."""
+    """Error code: an in-stream error event, the JSON error code when ``status >= 400``,
+    or, for a request that does not stream, a ``500`` with that code."""
     error_after: int = _param(0, _int(0))
     """Deltas emitted before the error event."""
     truncate_after: int | None = _param(None, _int(0))
     """Abort the transport after this many events (or raw chunks)."""
     no_end: bool = _param(False, _flag)
-    """End the body cleanly but without the stream-end event."""
+    """End the body cleanly but without the stream's terminal event (``stream.end``,
+    ``[DONE]``, ``message_stop``, ``response.completed``, Gemini's last chunk)."""
     tool: str | None = _param(None, _text)
     """Name of a tool to call (arguments ``{"city":"Vienna"}``)."""
+    tools: int = _param(1, _int(1))
+    """Parallel calls of ``tool``; call ``i`` gets another city."""
+    truncate_tool: bool = _param(False, _flag)
+    """Cut the last tool call's arguments in half as if the token limit hit."""
+    reasoning: bool = _param(False, _flag)
+    """Reasoning / thinking before the answer (alias ``thinking``)."""
+    refusal: bool = _param(False, _flag)
+    """The answer is a refusal (OpenAI ``refusal`` fields, Anthropic stop reason)."""
+    n: int | None = _param(None, _int(1))
+    """Number of choices / candidates, overriding the request's ``n`` / ``candidateCount``."""
     status: int = _param(200, _int(200, 599))
     """HTTP status; ``>= 400`` replies with a JSON problem body instead of a stream."""
     gzip: bool = _param(False, _flag)
@@ -112,13 +133,17 @@ class Scenario:
     """Skip one sequence number after this many events."""
     model: str | None = _param(None, _text)
     """Served model name; default is the request's model."""
+    expired: bool = _param(False, _flag)
+    """LMSP task events: the whole event history has expired (``410``)."""
+    retain: int | None = _param(None, _int(0))
+    """LMSP task events: only the last ``retain`` events are still kept."""
 
     @classmethod
     def parse(cls, query: str = "", header: str | None = None) -> Scenario:
         """Build a scenario from a query string and an optional ``x-mock`` header."""
-        raw: dict[str, str] = dict(parse_qsl(query, keep_blank_values=True))
-        if header:
-            raw.update(parse_qsl(header, keep_blank_values=True))
+        raw: dict[str, str] = {}
+        for source in (query, header or ""):
+            raw.update((_ALIASES.get(key, key), value) for key, value in parse_qsl(source, keep_blank_values=True))
         values: dict[str, Any] = {}
         for spec in fields(cls):
             if spec.name in raw:

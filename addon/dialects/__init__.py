@@ -11,6 +11,7 @@ Everything here is sans-IO: no mitmproxy, no database.
 
 from __future__ import annotations
 
+import importlib
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -266,13 +267,17 @@ def int_field(obj: Mapping[str, Any], name: str) -> int | None:
 
 
 
+BUILTIN_DIALECTS = ("llm_stream", "openai_chat", "anthropic", "gemini")
+
+
 def _load_builtin_dialects() -> None:
     """Import the built-in dialect modules; each registers itself, in this order.
 
     Order matters only where two could match: llm-stream's media type wins over any
     path, and LMSP's ``/lmsp/v1/responses`` over OpenAI's ``/responses``.
     """
-    from addon.dialects import anthropic, gemini, llm_stream, openai_chat  # noqa: F401
+    for module in BUILTIN_DIALECTS:
+        importlib.import_module(f"addon.dialects.{module}")
 
 
 _load_builtin_dialects()
