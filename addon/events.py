@@ -93,6 +93,14 @@ class StreamEnd:
 
 
 @dataclass(frozen=True, slots=True)
+class Replayed:
+    """This SSE event repeats one an earlier exchange already audited (a resumed stream).
+
+    The record counts it as replayed instead of as a new event.
+    """
+
+
+@dataclass(frozen=True, slots=True)
 class Finding:
     """A conformance or input problem, recorded with the exchange.
 
@@ -103,4 +111,4 @@ class Finding:
     detail: str = ""
 
 
-Event = ResponseMeta | TextDelta | ToolCallDelta | Finish | Usage | StreamError | StreamEnd | Finding
+Event = ResponseMeta | TextDelta | ToolCallDelta | Finish | Usage | StreamError | StreamEnd | Replayed | Finding

@@ -18,6 +18,7 @@ from addon.events import (
     Event,
     Finding,
     Finish,
+    Replayed,
     ResponseMeta,
     StreamEnd,
     StreamError,
@@ -113,6 +114,7 @@ class ExchangeRecord:
     error_message: str | None = None
     terminal_seen: bool = False
     event_count: int = 0
+    replayed_events: int = 0
     bytes_to_client: int = 0
     findings: list[dict[str, str]] = field(default_factory=list)
     _finding_counts: dict[str, int] = field(default_factory=dict)
@@ -142,6 +144,9 @@ class ExchangeRecord:
                 self.error_code, self.error_message = code, message
             case StreamEnd():
                 self.terminal_seen = True
+            case Replayed():
+                self.event_count -= 1
+                self.replayed_events += 1
             case Finding(code=code, detail=detail):
                 self.add_finding(code, detail)
 
@@ -252,6 +257,7 @@ class ExchangeRecord:
             "error_message": self.error_message,
             "findings": findings,
             "event_count": self.event_count,
+            "replayed_events": self.replayed_events,
             "bytes_to_client": self.bytes_to_client,
         }
 

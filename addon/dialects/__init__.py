@@ -267,7 +267,7 @@ def int_field(obj: Mapping[str, Any], name: str) -> int | None:
 
 
 
-BUILTIN_DIALECTS = ("llm_stream", "openai_chat", "anthropic", "gemini")
+BUILTIN_DIALECTS = ("llm_stream", "lmsp", "openai_responses", "openai_chat", "anthropic", "gemini")
 
 
 def _load_builtin_dialects() -> None:

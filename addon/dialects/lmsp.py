@@ -28,7 +28,11 @@ id already audited (a bounded LRU that lives as long as the proxy). Events of a 
 stream at or below it were recorded with an earlier exchange: they still update the
 reader's state and are checked, but give no text, tool calls or usage. Their
 lifecycle facts (response id, stop reason, error, end of stream) still settle this
-exchange's own status.
+exchange's own status. The ``*.done`` repeats of an item opened before this stream
+began fill nothing in when that part of the task was audited here (they would repeat
+it), and fill in the whole item when it was not (they are then its only record).
+Each replayed event is reported as :class:`Replayed`, so the record counts it in
+``replayed_events`` instead of ``event_count``.
 """
 
 from __future__ import annotations
@@ -49,13 +53,19 @@ from addon.dialects import (
     str_field,
 )
 from addon.dialects.responses import ResponsesNormalizer, problem_error, tool_names
-from addon.events import Event, Finding, ResponseMeta, TextDelta, ToolCallDelta, Usage
+from addon.events import Event, Finding, Replayed, ResponseMeta, TextDelta, ToolCallDelta, Usage
 from addon.sse import SSEEvent
 
 PREFIX = "/lmsp/v1/"
 TASK_MEMORY = 10_000  # tasks whose audited event ids are remembered
 MAX_ID_DIGITS = 18  # longer "integers" are not parsed (int() of huge strings is slow)
 _COUNTED = (TextDelta, ToolCallDelta, Usage)  # what a replayed event must not add again
+
+
+def _counted(event: Event) -> bool:
+    """Whether an earlier exchange already recorded ``event`` when its event was audited:
+    content and usage, and the finding that goes with a call (``undeclared_tool``)."""
+    return isinstance(event, _COUNTED) or (isinstance(event, Finding) and event.code == "undeclared_tool")
 
 
 @dataclass(slots=True)
@@ -151,7 +161,8 @@ class LMSP(Dialect):
 
     def normalizer(self, request: RequestSummary) -> Normalizer:
         resume_after = request.resume_after if isinstance(request, LMSPRequestSummary) else None
-        return LMSPNormalizer(self.tasks if request.task_id else None, request.task_id, resume_after)
+        tasks = self.tasks if request.task_id else None
+        return LMSPNormalizer(tasks, request.task_id, resume_after, request.declared_tools)
 
 
 def _route(path: str) -> str | None:
@@ -181,8 +192,9 @@ class LMSPNormalizer(ResponsesNormalizer):
 
     FINAL_EVENTS = ResponsesNormalizer.FINAL_EVENTS | {"response.cancelled", "error"}
 
-    def __init__(self, tasks: TaskProgress | None, task_id: str | None, resume_after: int | None) -> None:
-        super().__init__()
+    def __init__(self, tasks: TaskProgress | None, task_id: str | None, resume_after: int | None,
+                 declared_tools: frozenset[str] | None = None) -> None:
+        super().__init__(declared_tools)
         self.tasks = tasks
         self.task_id = task_id
         self.resume_after = resume_after
@@ -205,7 +217,8 @@ class LMSPNormalizer(ResponsesNormalizer):
         replayed = self.audited_before is not None and n is not None and n <= self.audited_before
         out = super().on_event(event)
         if replayed:
-            out = [e for e in out if not isinstance(e, _COUNTED)]
+            out = [e for e in out if not _counted(e)]
+            out.append(Replayed())
         elif n is not None and self.tasks is not None:
             self.tasks.advance(self.task_id, n)
         return findings + out if findings else out
@@ -217,8 +230,12 @@ class LMSPNormalizer(ResponsesNormalizer):
             if self.tasks is not None:
                 self.audited_before = self.tasks.get(self.task_id)
             # A stream that does not start at 1 carries the rest of a response whose
-            # beginning went to an earlier exchange.
-            self.continuation = bool(self.resume_after) or (n is not None and n > 1)
+            # beginning went to an earlier exchange. When that exchange was audited here,
+            # items it opened are not filled in again from their done events; when it
+            # was not (the proxy restarted, or forgot the task), they are: that is the
+            # only record of them.
+            resumed = bool(self.resume_after) or (n is not None and n > 1)
+            self.continuation = resumed and self.audited_before is not None
             if n is not None and n != 1 and not self.resume_after:
                 findings.append(Finding("event_id_invalid", f"the first event id is {n}, not 1"))
         if n is None:

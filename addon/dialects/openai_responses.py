@@ -53,29 +53,21 @@ class OpenAIResponses(Dialect):
     name = "openai-responses"
     provider = "openai"
 
-    def __init__(self) -> None:
-        # The method of the request :meth:`matches` last accepted. ``detect_request``
-        # calls ``accepts_body`` right after ``matches`` for the same request, and a GET
-        # has no body to confirm the match with (see the module docstring).
-        self._matched_get = False
-
     def matches(self, request: RequestView) -> bool:
         path = request.path
         if LMSP_SEGMENT in path:
             return False
         if request.method == "POST":
-            self._matched_get = False
             return path.endswith(PATH_SUFFIX)
         if request.method == "GET":
             head, _, response_id = path.rpartition("/")
-            self._matched_get = head.endswith(PATH_SUFFIX) and response_id.startswith(RESPONSE_ID_PREFIX)
-            return self._matched_get
+            return head.endswith(PATH_SUFFIX) and response_id.startswith(RESPONSE_ID_PREFIX)
         return False
 
-    def accepts_body(self, body: Any) -> bool:
-        if isinstance(body, dict):
-            return "input" in body or "model" in body
-        return body is None and self._matched_get
+    def accepts_body(self, body: Any, request: RequestView) -> bool:
+        if request.method == "GET":
+            return True  # a retrieve: the path's response id was the confirmation
+        return isinstance(body, dict) and ("input" in body or "model" in body)
 
     def sniff(self, first_event: SSEEvent) -> bool:
         if first_event.event not in ("response.created", "message"):
@@ -104,7 +96,7 @@ class OpenAIResponses(Dialect):
         )
 
     def normalizer(self, request: RequestSummary) -> Normalizer:
-        return OpenAIResponsesNormalizer()
+        return OpenAIResponsesNormalizer(request.declared_tools)
 
 
 def _conversation_id(conversation: Any) -> str | None:
@@ -119,8 +111,8 @@ def _conversation_id(conversation: Any) -> str | None:
 class OpenAIResponsesNormalizer(ResponsesNormalizer):
     """OpenAI Responses events; a stream not starting at sequence number 0 is resumed."""
 
-    def __init__(self) -> None:
-        super().__init__()
+    def __init__(self, declared_tools: frozenset[str] | None = None) -> None:
+        super().__init__(declared_tools)
         self.first = True
 
     def on_json(self, event: SSEEvent, obj: dict[str, Any]) -> list[Event]:

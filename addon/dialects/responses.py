@@ -52,6 +52,7 @@ from typing import Any, ClassVar
 from addon.dialects import JsonEventNormalizer, int_field, str_field
 from addon.events import (
     Event,
+    Finding,
     Finish,
     ResponseMeta,
     StreamEnd,
@@ -165,8 +166,9 @@ class ResponsesNormalizer(JsonEventNormalizer):
         {"response.completed", "response.incomplete", "response.failed"}
     )
 
-    def __init__(self) -> None:
+    def __init__(self, declared_tools: frozenset[str] | None = None) -> None:
         super().__init__()
+        self.declared_tools = declared_tools  # None: unknown, nothing is checked
         self.continuation = False
         self.errored = False  # an error event or a failed response was seen
         # Text streamed so far per (item id, part space, part index); after its done
@@ -175,6 +177,7 @@ class ResponsesNormalizer(JsonEventNormalizer):
         self.arguments: dict[str, list[str]] = {}  # argument fragments per call item id
         self.opened: set[str] = set()  # items announced in this stream
         self.item_at: dict[int, str] = {}  # output_index -> item id
+        self.undeclared: set[str] = set()  # calls already reported as undeclared
 
     # -- dispatch -------------------------------------------------------------------------
 
@@ -295,7 +298,7 @@ class ResponsesNormalizer(JsonEventNormalizer):
             args = args if isinstance(args, str) else ""
             if args:
                 self.arguments.setdefault(item_id, []).append(args)
-            out.append(ToolCallDelta(item_id, args, id=str_field(item, "call_id"), name=str_field(item, "name")))
+            self._call(item_id, args, str_field(item, "call_id"), str_field(item, "name"), False, out)
 
     def _item_done(self, obj: dict[str, Any], out: list[Event]) -> None:
         item = obj.get("item")
@@ -371,7 +374,16 @@ class ResponsesNormalizer(JsonEventNormalizer):
         call_id = name = None
         if item is not None:
             call_id, name = str_field(item, "call_id"), str_field(item, "name")
-        out.append(ToolCallDelta(item_id, tail, id=call_id, name=name, complete=whole))
+        self._call(item_id, tail, call_id, name, whole, out)
+
+    def _call(self, item_id: str, arguments: str, call_id: str | None, name: str | None, whole: bool,
+              out: list[Event]) -> None:
+        """A call fragment; a name the request did not declare is reported once per call."""
+        if name is not None and self.declared_tools is not None and name not in self.declared_tools:
+            if item_id not in self.undeclared:
+                self.undeclared.add(item_id)
+                out.append(Finding("undeclared_tool", name))
+        out.append(ToolCallDelta(item_id, arguments, id=call_id, name=name, complete=whole))
 
     # -- deltas and their done events ------------------------------------------------------
 
