@@ -1,10 +1,24 @@
 """ASGI app and hypercorn runner of the mock LLM upstream.
 
-Routes:
+Inference routes (any path prefix, e.g. ``/v1``, unless shown whole), each
+answered in its API's format and shaped by the
+:class:`~mockllm.scenario.Scenario` in the query / ``x-mock``:
 
 * ``POST /v1/llm/stream``, and any POST with ``Content-Type:
-  application/llm-request+json`` whatever the path: an llm-stream SSE response
-  shaped by the :class:`~mockllm.scenario.Scenario` in the query / ``x-mock``.
+  application/llm-request+json`` whatever the path: llm-stream SSE.
+* ``POST …/chat/completions``: OpenAI Chat Completions.
+* ``POST …/responses`` (not under ``/lmsp/``): OpenAI Responses.
+* ``POST …/v1/messages``: Anthropic Messages.
+* ``POST …/models/{model}:streamGenerateContent`` (SSE with ``?alt=sse``, a
+  streamed JSON array without) and ``…:generateContent``: Google Gemini.
+* ``POST /lmsp/v1/responses``: LMSP 1.0; ``GET /lmsp/v1/responses/{id}``
+  returns a response stored with ``store: true`` (the last
+  :data:`MAX_RECORDS`); ``GET /lmsp/v1/tasks/{task_id}/events`` streams a
+  task's events, replaying those after ``?after=N`` or ``Last-Event-ID``.
+
+The JSON body's ``stream: true`` picks streaming where the API has that
+switch (Gemini decides by path instead). Control routes:
+
 * ``GET /_mock/sent/{id}``: what the server wrote for request ``id``.
 * ``GET /_mock/requests/{id}``: the request the server received.
 * ``GET /_mock/health``: ``200 ok``.
@@ -35,13 +49,16 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import dataclasses
+import re
 import socket
 import time
 import uuid
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
+from urllib.parse import parse_qs
 
 import h2.errors
 import h2.exceptions
@@ -54,7 +71,17 @@ from hypercorn.protocol.h2 import H2Protocol
 
 from .certs import CertPaths
 from .scenario import Scenario, ScenarioError
-from .streams import DIALECTS, BodyPlan, error_body, plan_body, raw_chunks
+from .streams import (
+    DIALECTS,
+    BodyPlan,
+    Dialect,
+    lmsp_numbered_events,
+    lmsp_response,
+    lmsp_task_request,
+    plan_body,
+    problem,
+    raw_chunks,
+)
 
 Message = dict[str, Any]
 Receive = Callable[[], Awaitable[Message]]
@@ -63,6 +90,10 @@ Send = Callable[[Message], Awaitable[None]]
 LLM_STREAM_PATH = "/v1/llm/stream"
 LLM_REQUEST_TYPE = "application/llm-request+json"
 MAX_RECORDS = 1000
+"""How many exchanges, stored LMSP responses and LMSP tasks the mock remembers (each)."""
+_GEMINI_PATH = re.compile(r"/models/([^/:]+):(streamGenerateContent|generateContent)$")
+_LMSP_RESPONSE_PATH = re.compile(r"/lmsp/v1/responses/([^/]+)$")
+_LMSP_TASK_EVENTS_PATH = re.compile(r"/lmsp/v1/tasks/([^/]+)/events$")
 # How long an aborting h2 stream waits for its buffered data to reach the
 # socket before resetting anyway (a client that stopped reading must not pin
 # the task forever).
@@ -100,21 +131,75 @@ class Exchange:
         }
 
 
-class Exchanges:
-    """The last ``limit`` exchanges by id, so a long benchmark can't grow memory."""
+class Recent[V]:
+    """The last ``limit`` values added, by key, so a long benchmark can't grow memory."""
 
     def __init__(self, limit: int = MAX_RECORDS) -> None:
         self._limit = limit
-        self._items: OrderedDict[str, Exchange] = OrderedDict()
+        self._items: OrderedDict[str, V] = OrderedDict()
 
-    def add(self, mock_id: str, exchange: Exchange) -> None:
-        self._items.pop(mock_id, None)
-        self._items[mock_id] = exchange
+    def add(self, key: str, value: V) -> None:
+        self._items.pop(key, None)
+        self._items[key] = value
         while len(self._items) > self._limit:
             self._items.popitem(last=False)
 
-    def get(self, mock_id: str) -> Exchange | None:
-        return self._items.get(mock_id)
+    def get(self, key: str) -> V | None:
+        return self._items.get(key)
+
+
+@dataclass(frozen=True)
+class Route:
+    """Which dialect answers a request, and how."""
+
+    dialect: Dialect
+    kind: Literal["inference", "lmsp_response", "lmsp_task_events"] = "inference"
+    stream: bool | None = None
+    """Inference: whether to stream; None: the request body's ``stream: true`` decides."""
+    target: str | None = None
+    """The model a Gemini URL names, the stored response id or the task id."""
+
+
+def route(method: str, path: str, query: str, content_type: str) -> Route | None:
+    """The route of a request, by method and path (and llm-stream's content type)."""
+    if method == "GET":
+        if match := _LMSP_RESPONSE_PATH.search(path):
+            return Route(DIALECTS["lmsp"], "lmsp_response", target=match[1])
+        if match := _LMSP_TASK_EVENTS_PATH.search(path):
+            return Route(DIALECTS["lmsp"], "lmsp_task_events", target=match[1])
+        return None
+    if method != "POST":
+        return None
+    if path == LLM_STREAM_PATH or content_type == LLM_REQUEST_TYPE:
+        return Route(DIALECTS["llm-stream"], stream=True)
+    if path.endswith("/chat/completions"):
+        return Route(DIALECTS["openai-chat"])
+    if path.endswith("/lmsp/v1/responses"):
+        return Route(DIALECTS["lmsp"])
+    if path.endswith("/responses") and "/lmsp/" not in path:
+        return Route(DIALECTS["openai-responses"])
+    if path.endswith("/v1/messages"):
+        return Route(DIALECTS["anthropic"])
+    if match := _GEMINI_PATH.search(path):
+        if match[2] == "generateContent":
+            return Route(DIALECTS["gemini"], stream=False, target=match[1])
+        sse = parse_qs(query).get("alt") == ["sse"]
+        return Route(DIALECTS["gemini" if sse else "gemini-json"], stream=True, target=match[1])
+    return None
+
+
+@dataclass(frozen=True)
+class Reply:
+    """A response before transport shaping: ``status >= 400`` is sent whole, anything else paced."""
+
+    status: int
+    content_type: str
+    items: list[bytes]
+
+    @classmethod
+    def problem(cls, status: int, code: str, detail: str) -> Reply:
+        """An LMSP problem document."""
+        return cls(status, "application/problem+json", [orjson.dumps(problem(status, code, detail))])
 
 
 def _header(scope: dict[str, Any], name: bytes) -> str | None:
@@ -129,14 +214,18 @@ def _problem(code: str, message: str) -> bytes:
 
 
 async def _send_json(
-    send: Send, status: int, body: bytes, headers: tuple[tuple[bytes, bytes], ...] = ()
+    send: Send,
+    status: int,
+    body: bytes,
+    headers: tuple[tuple[bytes, bytes], ...] = (),
+    content_type: str = "application/json",
 ) -> None:
     await send(
         {
             "type": "http.response.start",
             "status": status,
             "headers": [
-                (b"content-type", b"application/json"),
+                (b"content-type", content_type.encode()),
                 (b"content-length", str(len(body)).encode()),
                 *headers,
             ],
@@ -186,7 +275,11 @@ class MockLLM:
     """The ASGI application. State (the exchange log) lives on the instance."""
 
     def __init__(self, max_records: int = MAX_RECORDS) -> None:
-        self.exchanges = Exchanges(max_records)
+        self.exchanges: Recent[Exchange] = Recent(max_records)
+        self.lmsp_responses: Recent[dict[str, Any]] = Recent(max_records)
+        """LMSP responses created with ``store: true``, by id."""
+        self.lmsp_tasks: Recent[list[tuple[int, bytes]]] = Recent(max_records)
+        """Each LMSP task's (event id, framed event) list, made on first access."""
 
     async def __call__(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -256,35 +349,83 @@ class MockLLM:
                     exchange.completed = True
 
         content_type = (_header(scope, b"content-type") or "").split(";")[0].strip().lower()
-        is_llm_stream = scope["path"] == LLM_STREAM_PATH or content_type == LLM_REQUEST_TYPE
-        if scope["method"] != "POST" or not is_llm_stream:
+        query = bytes(scope["query_string"]).decode("latin-1")
+        found = route(scope["method"], scope["path"], query, content_type)
+        if found is None:
             message = f"no route for {scope['method']} {scope['path']}"
             await _send_json(recording_send, 404, _problem("not_found", message), (id_header,))
             return
         try:
-            scenario = Scenario.parse(
-                bytes(scope["query_string"]).decode("latin-1"), _header(scope, b"x-mock")
-            )
+            scenario = Scenario.parse(query, _header(scope, b"x-mock"))
         except ScenarioError as exc:
             await _send_json(recording_send, 400, _problem("mock_bad_scenario", str(exc)), (id_header,))
             return
-        if scenario.status >= 400:
-            await _send_json(recording_send, scenario.status, error_body(scenario), (id_header,))
+        reply = self._reply(found, scenario, body, query, _header(scope, b"last-event-id"))
+        if reply.status >= 400:
+            await _send_json(recording_send, reply.status, b"".join(reply.items), (id_header,), reply.content_type)
             return
-        items = (
-            raw_chunks(scenario)
-            if scenario.raw is not None
-            else DIALECTS["llm-stream"](_load_request(body), scenario)
-        )
-        headers = [
-            (b"content-type", b"text/event-stream"),
-            (b"cache-control", b"no-cache"),
-            id_header,
-        ]
+        headers = [(b"content-type", reply.content_type.encode())]
+        if reply.content_type == "text/event-stream":
+            headers.append((b"cache-control", b"no-cache"))
+        headers.append(id_header)
         if scenario.gzip:
             headers.append((b"content-encoding", b"gzip"))
-        await send({"type": "http.response.start", "status": scenario.status, "headers": headers})
-        await self._stream(plan_body(items, scenario), scenario, receive, recording_send, exchange)
+        await send({"type": "http.response.start", "status": reply.status, "headers": headers})
+        await self._stream(plan_body(reply.items, scenario), scenario, receive, recording_send, exchange)
+
+    def _reply(self, found: Route, scenario: Scenario, body: bytes, query: str, last_event_id: str | None) -> Reply:
+        """What to answer, before pacing, truncation and gzip."""
+        dialect = found.dialect
+        if scenario.status >= 400:
+            return Reply(scenario.status, dialect.error_type, [dialect.error_body(scenario, scenario.status)])
+        if found.kind == "lmsp_response":
+            stored = self.lmsp_responses.get(found.target or "")
+            if stored is None:
+                return Reply.problem(404, "response_not_found", f"no stored response {found.target}")
+            return Reply(200, "application/json", [orjson.dumps(stored)])
+        if found.kind == "lmsp_task_events":
+            after = parse_qs(query).get("after", [last_event_id])[-1]  # ``after`` wins over Last-Event-ID
+            return self._task_events(found.target or "", scenario, after)
+
+        request = _load_request(body)
+        if found.target is not None:  # the model a Gemini URL names is the request's model
+            scenario = dataclasses.replace(scenario, model=scenario.model or found.target)
+        stream = request.get("stream") is True if found.stream is None else found.stream
+        if not stream and scenario.error is not None:  # a failure without a stream to report it in
+            return Reply(500, dialect.error_type, [dialect.error_body(scenario, 500)])
+        if dialect is DIALECTS["lmsp"] and request.get("store") is True:
+            response = lmsp_response(request, scenario)
+            self.lmsp_responses.add(response["id"], response)
+        if scenario.raw is not None:
+            items = raw_chunks(scenario)
+        elif stream:
+            items = dialect.stream(request, scenario)
+        else:
+            assert dialect.body is not None
+            items = [orjson.dumps(dialect.body(request, scenario))]
+        return Reply(200, dialect.stream_type if stream else "application/json", items)
+
+    def _task_events(self, task_id: str, scenario: Scenario, after: str | None) -> Reply:
+        """A task's events after event id ``after`` (LMSP 6.4), or ``410`` if some of them have expired.
+
+        The event list is made from the first access's scenario and kept, so
+        a client that resumes sees the same events; ``expired`` and
+        ``retain`` are read per request, so one task can be resumed and then
+        found expired.
+        """
+        if after is not None and not after.strip().isdigit():
+            return Reply.problem(400, "invalid_request", "after / Last-Event-ID must be a non-negative integer")
+        last_seen = int(after) if after is not None else 0
+        events = self.lmsp_tasks.get(task_id)
+        if events is None:
+            events = lmsp_numbered_events(lmsp_task_request(task_id), scenario)
+            self.lmsp_tasks.add(task_id, events)
+        wanted = [(event_id, framed) for event_id, framed in events if event_id > last_seen]
+        kept = len(events) if scenario.retain is None else scenario.retain
+        if scenario.expired or len(wanted) > kept:
+            detail = f"events of task {task_id} after {last_seen} have expired"
+            return Reply.problem(410, "event_history_expired", detail)
+        return Reply(200, "text/event-stream", [framed for _, framed in wanted])
 
     @staticmethod
     async def _stream(

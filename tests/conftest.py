@@ -166,6 +166,15 @@ class Proxy:
         finally:
             con.close()
 
+    def mock_row(self, mock_id: str, timeout: float = 15.0) -> dict:
+        """Wait for the record of the exchange sent with ``x-mock-id: mock_id``."""
+        rows = wait_for(
+            lambda: self.rows("json_extract(request_headers, '$.\"x-mock-id\"') = ?", (mock_id,)),
+            timeout, what=f"row for x-mock-id {mock_id}:\n{self.process.output[-3000:]}",
+        )
+        assert len(rows) == 1, rows
+        return rows[0]
+
     def row(self, request_id: str, timeout: float = 15.0) -> dict:
         """Wait for the record of the exchange whose request carries ``request_id``."""
         rows = wait_for(

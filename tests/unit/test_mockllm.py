@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import dataclasses
 import gzip
 import re
 import socket
@@ -13,6 +14,7 @@ import time
 import uuid
 import zlib
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -25,14 +27,32 @@ import orjson
 import pytest
 
 from mockllm.scenario import Scenario, ScenarioError
-from mockllm.server import Exchange, Exchanges
+from mockllm.server import Exchange, Recent
 from mockllm.streams import (
     CREATED,
+    DIALECTS,
+    REFUSAL_TEXT,
+    SIGNATURE,
     TOOL_ARGUMENTS,
-    error_body,
+    anthropic_events,
+    anthropic_message,
+    gemini_json_stream,
+    gemini_response,
+    gemini_sse_events,
+    generate,
+    llm_stream_error_body,
     llm_stream_events,
+    lmsp_events,
+    lmsp_numbered_events,
+    lmsp_response,
+    openai_chat_chunks,
+    openai_chat_completion,
+    openai_response,
+    openai_responses_events,
     plan_body,
     raw_chunks,
+    split_awkwardly,
+    tool_arguments,
 )
 
 REPO = Path(__file__).resolve().parents[2]
@@ -47,19 +67,33 @@ REQUEST: dict[str, Any] = {
 # --- helpers -----------------------------------------------------------------
 
 
-def parse_sse(body: bytes) -> list[tuple[str | None, dict[str, Any]]]:
-    """Minimal SSE parser: (event type, JSON data) per dispatched event."""
-    events: list[tuple[str | None, dict[str, Any]]] = []
-    for block in re.split(rb"\r?\n\r?\n", body.replace(b"\r\n", b"\n")):
-        event_type, data = None, None
+@dataclass
+class SSE:
+    id: int | None
+    event: str | None
+    data: bytes
+
+
+def sse_records(body: bytes) -> list[SSE]:
+    """Minimal SSE parser (one-line fields, any line ends): the events with data."""
+    records = []
+    for block in body.replace(b"\r\n", b"\n").split(b"\n\n"):
+        record = SSE(None, None, b"")
         for line in block.split(b"\n"):
-            if line.startswith(b"event: "):
-                event_type = line[7:].decode()
+            if line.startswith(b"id: "):
+                record.id = int(line[4:])
+            elif line.startswith(b"event: "):
+                record.event = line[7:].decode()
             elif line.startswith(b"data: "):
-                data = orjson.loads(line[6:])
-        if data is not None:
-            events.append((event_type, data))
-    return events
+                record.data = line[6:]
+        if record.data:
+            records.append(record)
+    return records
+
+
+def parse_sse(body: bytes) -> list[tuple[str | None, dict[str, Any]]]:
+    """(event type, JSON data) per dispatched event."""
+    return [(record.event, orjson.loads(record.data)) for record in sse_records(body)]
 
 
 def assert_valid_llm_stream(items: list[bytes]) -> list[dict[str, Any]]:
@@ -197,17 +231,551 @@ def test_plan_truncates_and_gzips_incrementally() -> None:
 def test_raw_chunks_and_error_body() -> None:
     assert raw_chunks(Scenario(raw=b"abcdefg", chunk=3)) == [b"abc", b"def", b"g"]
     assert raw_chunks(Scenario(raw=b"abc")) == [b"abc"]
-    assert orjson.loads(error_body(Scenario(status=429))) == {
+    assert orjson.loads(llm_stream_error_body(Scenario(status=429), 429)) == {
         "error": {"code": "rate_limited", "message": "mock error: rate_limited"}
     }
 
 
 def test_exchange_log_is_bounded() -> None:
-    log = Exchanges(limit=3)
+    log: Recent[Exchange] = Recent(limit=3)
     for i in range(5):
         log.add(str(i), Exchange(request={"i": i}))
     assert log.get("0") is None and log.get("1") is None
     assert log.get("4") is not None
+
+
+# --- pure: shared answer ---------------------------------------------------------
+
+CHAT_REQUEST: dict[str, Any] = {
+    "model": "gpt-4o",
+    "messages": [{"role": "user", "content": "What is the weather in Vienna?"}],
+    "stream": True,
+    "stream_options": {"include_usage": True},
+}
+RESPONSES_REQUEST: dict[str, Any] = {"model": "gpt-5", "input": "What is the weather in Vienna?", "stream": True}
+ANTHROPIC_REQUEST: dict[str, Any] = {
+    "model": "claude-sonnet-4",
+    "max_tokens": 1024,
+    "messages": [{"role": "user", "content": "What is the weather in Vienna?"}],
+    "stream": True,
+}
+GEMINI_REQUEST: dict[str, Any] = {"contents": [{"role": "user", "parts": [{"text": "What is the weather in Vienna?"}]}]}
+LMSP_REQUEST: dict[str, Any] = {
+    "model": "qwen3:14b",
+    "input": [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Weather in Vienna?"}]}],
+    "stream": True,
+    "store": True,
+}
+DEFAULT_TEXT = "tök0 tök1 tök2 tök3 tök4"
+
+
+def test_tool_arguments_split_awkwardly() -> None:
+    fragments = split_awkwardly(TOOL_ARGUMENTS)
+    assert fragments == ['{"', "cit", 'y":"V', "ie", "nna", '"}']
+    assert [orjson.loads(tool_arguments(i)) for i in range(5)] == [
+        {"city": city} for city in ("Vienna", "Zürich", "Graz", "Linz", "Vienna")
+    ]
+
+
+def test_generation_limits_and_errors() -> None:
+    truncated = generate({}, Scenario.parse("events=2&tool=f&tools=2&truncate_tool=1"))
+    assert truncated.stop == "max_tokens"
+    assert [call.complete for call in truncated.tool_calls] == [True, False]
+    assert truncated.tool_calls[1].arguments == '{"city":"Z'  # half of its 6 fragments
+    limited = generate({}, Scenario.parse("reasoning=1&tool=f"), max_tokens=5)
+    assert (limited.reasoning_text, limited.texts, limited.tool_calls, limited.stop) == (
+        "Let me think it över.",
+        ["tök0", " tök1"],
+        [],
+        "max_tokens",
+    )
+    assert generate({}, Scenario.parse("tool=f"), max_tokens=100).stop == "tool_use"
+    failed = generate({}, Scenario.parse("error=boom&error_after=2&tool=f"))
+    assert (failed.texts, failed.tool_calls, failed.stop) == (["tök0", " tök1"], [], "error")
+    assert generate({}, Scenario.parse("n=3"), choices=2).choices == 3
+    assert generate({}, Scenario(), choices=True).choices == 1  # a bool is not a count
+    assert generate({"a": 1}, Scenario()).digest != generate({"a": 2}, Scenario()).digest
+    assert generate({"a": 1}, Scenario()).digest == generate({"a": 1}, Scenario()).digest
+
+
+def test_thinking_is_an_alias_of_reasoning() -> None:
+    assert Scenario.parse("thinking=1").reasoning and Scenario.parse("", "thinking").reasoning
+
+
+# --- pure: OpenAI Chat Completions -------------------------------------------------
+
+
+def chat_stream(items: list[bytes]) -> tuple[list[dict[str, Any]], bool]:
+    """The JSON chunks of a chat stream (validated) and whether it ended with ``[DONE]``."""
+    records = sse_records(b"".join(items))
+    assert len(records) == len(items) and all(r.event is None and r.id is None for r in records)
+    done = records[-1].data == b"[DONE]"
+    chunks = [orjson.loads(r.data) for r in (records[:-1] if done else records)]
+    for chunk in chunks:
+        if "error" not in chunk:
+            assert chunk["object"] == "chat.completion.chunk" and chunk["created"] == CREATED
+            assert chunk["id"] == chunks[0]["id"] and chunk["id"].startswith("chatcmpl-")
+            assert len(chunk["choices"]) <= 1
+    return chunks, done
+
+
+def chat_choices(chunks: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
+    """Each choice reassembled from its deltas, checking the first-delta rules."""
+    choices: dict[int, dict[str, Any]] = {}
+    for chunk in chunks:
+        for choice in chunk.get("choices", []):
+            delta = choice["delta"]
+            state = choices.setdefault(
+                choice["index"], {"content": "", "reasoning": "", "refusal": "", "tools": {}, "finish": None}
+            )
+            if not state.get("started"):
+                assert delta["role"] == "assistant"
+                state["started"] = True
+            state["content"] += delta.get("content") or ""
+            state["reasoning"] += delta.get("reasoning_content") or ""
+            state["refusal"] += delta.get("refusal") or ""
+            for call in delta.get("tool_calls", []):
+                if call["index"] not in state["tools"]:
+                    assert call["type"] == "function" and call["function"]["arguments"] == ""
+                    state["tools"][call["index"]] = {
+                        "id": call["id"],
+                        "name": call["function"]["name"],
+                        "arguments": "",
+                    }
+                else:
+                    assert set(call) == {"index", "function"}
+                state["tools"][call["index"]]["arguments"] += call["function"]["arguments"]
+            state["finish"] = choice["finish_reason"] or state["finish"]
+    return choices
+
+
+def test_chat_stream_text_and_usage() -> None:
+    chunks, done = chat_stream(openai_chat_chunks(CHAT_REQUEST, Scenario()))
+    assert done
+    choice = chat_choices(chunks)[0]
+    assert (choice["content"], choice["finish"]) == (DEFAULT_TEXT, "stop")
+    assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": "", "refusal": None}
+    assert all(chunk["usage"] is None for chunk in chunks[:-1])
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["prompt_tokens"] == 6
+    assert chunks[-1]["usage"]["completion_tokens"] == 5 and chunks[-1]["usage"]["total_tokens"] == 11
+
+    without = {key: value for key, value in CHAT_REQUEST.items() if key != "stream_options"}
+    for request, query in [(without, ""), (CHAT_REQUEST, "usage=0")]:
+        chunks, _ = chat_stream(openai_chat_chunks(request, Scenario.parse(query)))
+        assert all("usage" not in chunk and chunk["choices"] for chunk in chunks)
+
+
+def test_chat_stream_choices_interleave() -> None:
+    chunks, _ = chat_stream(openai_chat_chunks({**CHAT_REQUEST, "n": 2}, Scenario.parse("events=2")))
+    assert [chunk["choices"][0]["index"] for chunk in chunks if chunk["choices"]] == [0, 1] * 4
+    assert {i: c["content"] for i, c in chat_choices(chunks).items()} == {0: "tök0 tök1", 1: "tök0 tök1"}
+    assert chunks[-1]["usage"]["completion_tokens"] == 4
+
+
+def test_chat_stream_parallel_tool_calls() -> None:
+    chunks, done = chat_stream(
+        openai_chat_chunks({**CHAT_REQUEST, "n": 2}, Scenario.parse("events=0&tool=get_weather&tools=2"))
+    )
+    choices = chat_choices(chunks)
+    assert done and all(choice["finish"] == "tool_calls" for choice in choices.values())
+    for choice in choices.values():
+        assert [call["arguments"] for call in choice["tools"].values()] == [tool_arguments(0), tool_arguments(1)]
+        assert {call["name"] for call in choice["tools"].values()} == {"get_weather"}
+    ids = [call["id"] for choice in choices.values() for call in choice["tools"].values()]
+    assert len(set(ids)) == 4 and all(i.startswith("call_") for i in ids)
+
+
+def test_chat_stream_reasoning_refusal_and_truncated_tool() -> None:
+    choice = chat_choices(chat_stream(openai_chat_chunks(CHAT_REQUEST, Scenario.parse("reasoning=1&events=2")))[0])[0]
+    assert (choice["reasoning"], choice["content"]) == ("Let me think it över.", "tök0 tök1")
+    chunks, _ = chat_stream(openai_chat_chunks(CHAT_REQUEST, Scenario.parse("refusal=1")))
+    choice = chat_choices(chunks)[0]
+    assert (choice["content"], choice["refusal"]) == ("", REFUSAL_TEXT)
+    assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": None, "refusal": ""}
+    choice = chat_choices(chat_stream(openai_chat_chunks(CHAT_REQUEST, Scenario.parse("tool=f&truncate_tool=1")))[0])[0]
+    assert choice["finish"] == "length" and choice["tools"][0]["arguments"] == '{"city":"V'
+
+
+def test_chat_stream_error() -> None:
+    chunks, done = chat_stream(
+        openai_chat_chunks(CHAT_REQUEST, Scenario.parse("error=server_overloaded&error_after=2"))
+    )
+    assert not done
+    assert chunks[-1] == {
+        "error": {
+            "message": "mock error: server_overloaded",
+            "type": "server_error",
+            "param": None,
+            "code": "server_overloaded",
+        }
+    }
+    assert chat_choices(chunks[:-1])[0] == {
+        "content": "tök0 tök1",
+        "reasoning": "",
+        "refusal": "",
+        "tools": {},
+        "finish": None,
+        "started": True,
+    }
+
+
+def test_chat_framing_variants() -> None:
+    items = openai_chat_chunks(CHAT_REQUEST, Scenario.parse("events=1&crlf=1&comment=1&no_end=1&model=other"))
+    assert items[0].startswith(b": keep-alive\r\n\r\ndata: {") and items[0].endswith(b"}\r\n\r\n")
+    chunks, done = chat_stream(items)
+    assert not done and chunks[0]["model"] == "other"
+
+
+def test_chat_completion_object() -> None:
+    request = {**CHAT_REQUEST, "stream": False, "n": 2}
+    completion = openai_chat_completion(request, Scenario.parse("reasoning=1&tool=get_weather"))
+    assert completion["object"] == "chat.completion" and completion["id"].startswith("chatcmpl-")
+    assert [choice["index"] for choice in completion["choices"]] == [0, 1]
+    message = completion["choices"][0]["message"]
+    assert message["content"] == DEFAULT_TEXT and message["reasoning_content"] == "Let me think it över."
+    assert [call["function"] for call in message["tool_calls"]] == [
+        {"name": "get_weather", "arguments": TOOL_ARGUMENTS}
+    ]
+    assert completion["choices"][0]["finish_reason"] == "tool_calls"
+    assert completion["usage"]["completion_tokens"] == 2 * (3 + 5 + 6)
+    assert "usage" not in openai_chat_completion(request, Scenario(usage=False))
+    refused = openai_chat_completion(request, Scenario(refusal=True))["choices"][0]["message"]
+    assert (refused["content"], refused["refusal"]) == (None, REFUSAL_TEXT)
+
+
+# --- pure: OpenAI Responses ----------------------------------------------------------
+
+
+def responses_stream(items: list[bytes]) -> list[dict[str, Any]]:
+    """The events of a Responses stream: ``event:`` equals ``type``, sequence numbers from 0."""
+    records = sse_records(b"".join(items))
+    assert len(records) == len(items)
+    events = [orjson.loads(r.data) for r in records]
+    assert [r.event for r in records] == [e["type"] for e in events]
+    assert [e["sequence_number"] for e in events] == list(range(len(events)))
+    assert [e["type"] for e in events[:2]] == ["response.created", "response.in_progress"]
+    assert events[0]["response"]["status"] == "in_progress" and events[0]["response"]["usage"] is None
+    return events
+
+
+def of_type(events: list[dict[str, Any]], event_type: str) -> list[dict[str, Any]]:
+    return [event for event in events if event["type"] == event_type]
+
+
+def test_responses_stream_text_reasoning_and_tools() -> None:
+    events = responses_stream(
+        openai_responses_events(RESPONSES_REQUEST, Scenario.parse("reasoning=1&tool=get_weather&tools=2"))
+    )
+    final = events[-1]["response"]
+    assert events[-1]["type"] == "response.completed" and final["status"] == "completed"
+    assert [item["type"] for item in final["output"]] == ["reasoning", "message", "function_call", "function_call"]
+    assert [e["output_index"] for e in of_type(events, "response.output_item.added")] == [0, 1, 2, 3]
+    text = "".join(e["delta"] for e in of_type(events, "response.output_text.delta"))
+    assert text == DEFAULT_TEXT == of_type(events, "response.output_text.done")[0]["text"]
+    assert final["output"][1]["content"][0]["text"] == text
+    summary = "".join(e["delta"] for e in of_type(events, "response.reasoning_summary_text.delta"))
+    assert summary == "Let me think it över." == final["output"][0]["summary"][0]["text"]
+    for call in final["output"][2:]:
+        assert call["id"].startswith("fc_") and call["call_id"].startswith("call_")
+        deltas = [
+            e["delta"] for e in of_type(events, "response.function_call_arguments.delta") if e["item_id"] == call["id"]
+        ]
+        assert "".join(deltas) == call["arguments"]
+    assert [call["arguments"] for call in final["output"][2:]] == [tool_arguments(0), tool_arguments(1)]
+    assert (
+        final["usage"]["output_tokens"] == 3 + 5 + 12
+        and final["usage"]["output_tokens_details"]["reasoning_tokens"] == 3
+    )
+    assert final["usage"]["input_tokens"] == 6
+    assert openai_response(RESPONSES_REQUEST, Scenario.parse("reasoning=1&tool=get_weather&tools=2")) == final
+
+
+def test_responses_stream_error_truncation_refusal() -> None:
+    events = responses_stream(
+        openai_responses_events(RESPONSES_REQUEST, Scenario.parse("error=server_error&error_after=1"))
+    )
+    assert events[-1]["type"] == "response.failed" and not of_type(events, "response.output_item.done")
+    failed = events[-1]["response"]
+    assert failed["status"] == "failed" and failed["error"] == {
+        "code": "server_error",
+        "message": "mock error: server_error",
+    }
+    assert failed["output"][0]["status"] == "incomplete" and failed["output"][0]["content"][0]["text"] == "tök0"
+
+    events = responses_stream(
+        openai_responses_events(RESPONSES_REQUEST, Scenario.parse("events=0&tool=f&truncate_tool=1"))
+    )
+    assert events[-1]["type"] == "response.incomplete"
+    assert events[-1]["response"]["incomplete_details"] == {"reason": "max_output_tokens"}
+    assert not of_type(events, "response.function_call_arguments.done")
+    assert of_type(events, "response.output_item.done")[-1]["item"]["status"] == "incomplete"
+
+    events = responses_stream(openai_responses_events(RESPONSES_REQUEST, Scenario.parse("refusal=1&usage=0&no_end=1")))
+    assert "".join(e["delta"] for e in of_type(events, "response.refusal.delta")) == REFUSAL_TEXT
+    assert events[-1]["type"] == "response.output_item.done"  # no_end: no response.completed
+    assert openai_response(RESPONSES_REQUEST, Scenario(usage=False))["usage"] is None
+
+
+# --- pure: Anthropic Messages -----------------------------------------------------------
+
+
+def anthropic_stream(items: list[bytes]) -> list[dict[str, Any]]:
+    records = sse_records(b"".join(items))
+    assert len(records) == len(items)
+    events = [orjson.loads(r.data) for r in records]
+    assert [r.event for r in records] == [e["type"] for e in events]
+    assert events[0]["type"] == "message_start" and events[0]["message"]["content"] == []
+    return events
+
+
+def anthropic_blocks(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Content blocks reassembled from start/delta/stop."""
+    blocks: list[dict[str, Any]] = []
+    for event in events:
+        if event["type"] == "content_block_start":
+            assert event["index"] == len(blocks)
+            blocks.append({**event["content_block"], "json": "", "stopped": False})
+        elif event["type"] == "content_block_delta":
+            block, delta = blocks[event["index"]], event["delta"]
+            field = {"text_delta": "text", "thinking_delta": "thinking", "signature_delta": "signature"}
+            if delta["type"] == "input_json_delta":
+                block["json"] += delta["partial_json"]
+            else:
+                block[field[delta["type"]]] += delta[field[delta["type"]]]
+        elif event["type"] == "content_block_stop":
+            blocks[event["index"]]["stopped"] = True
+    return blocks
+
+
+def test_anthropic_stream_thinking_text_tools() -> None:
+    events = anthropic_stream(
+        anthropic_events(ANTHROPIC_REQUEST, Scenario.parse("thinking=1&tool=get_weather&tools=2"))
+    )
+    assert [e["type"] for e in events[-2:]] == ["message_delta", "message_stop"]
+    assert events[2]["type"] == "ping"
+    blocks = anthropic_blocks(events)
+    assert [b["type"] for b in blocks] == ["thinking", "text", "tool_use", "tool_use"] and all(
+        b["stopped"] for b in blocks
+    )
+    assert (blocks[0]["thinking"], blocks[0]["signature"]) == ("Let me think it över.", SIGNATURE)
+    assert blocks[1]["text"] == DEFAULT_TEXT
+    assert [orjson.loads(b["json"]) for b in blocks[2:]] == [{"city": "Vienna"}, {"city": "Zürich"}]
+    first_json = [e for e in events if e["type"] == "content_block_delta" and e["index"] == 2][0]
+    assert first_json["delta"] == {"type": "input_json_delta", "partial_json": ""}
+    assert all(b["id"].startswith("toolu_") for b in blocks[2:])
+    usage = events[0]["message"]["usage"]
+    assert (usage["input_tokens"], usage["output_tokens"], usage["cache_read_input_tokens"]) == (6, 1, 0)
+    assert events[-2]["delta"]["stop_reason"] == "tool_use" and events[-2]["usage"]["output_tokens"] == 3 + 5 + 12
+
+
+def test_anthropic_stream_error_and_truncated_tool() -> None:
+    events = anthropic_stream(
+        anthropic_events(ANTHROPIC_REQUEST, Scenario.parse("error=overloaded_error&error_after=1"))
+    )
+    assert [e["type"] for e in events] == [
+        "message_start",
+        "content_block_start",
+        "ping",
+        "content_block_delta",
+        "error",
+    ]
+    assert events[-1]["error"] == {"type": "overloaded_error", "message": "mock error: overloaded_error"}
+
+    events = anthropic_stream(anthropic_events(ANTHROPIC_REQUEST, Scenario.parse("tool=make_file&truncate_tool=1")))
+    blocks = anthropic_blocks(events)
+    assert [(b["type"], b["stopped"]) for b in blocks] == [("text", True), ("tool_use", False)]
+    assert blocks[1]["json"] == '{"city":"V'
+    assert events[-2]["delta"]["stop_reason"] == "max_tokens" and events[-1]["type"] == "message_stop"
+    assert (
+        anthropic_stream(anthropic_events(ANTHROPIC_REQUEST, Scenario.parse("no_end=1")))[-1]["type"] == "message_delta"
+    )
+    assert (
+        anthropic_stream(anthropic_events(ANTHROPIC_REQUEST, Scenario(refusal=True)))[-2]["delta"]["stop_reason"]
+        == "refusal"
+    )
+
+
+def test_anthropic_message_object() -> None:
+    message = anthropic_message(
+        ANTHROPIC_REQUEST, Scenario.parse("thinking=1&tool=get_weather&truncate_tool=1&tools=2")
+    )
+    assert [block["type"] for block in message["content"]] == [
+        "thinking",
+        "text",
+        "tool_use",
+    ]  # the cut call is left out
+    assert message["content"][2]["input"] == {"city": "Vienna"} and message["stop_reason"] == "max_tokens"
+    assert message["usage"]["output_tokens"] == 3 + 5 + 6 + 3
+
+
+# --- pure: Gemini ----------------------------------------------------------------------------
+
+
+def gemini_answer(chunks: list[dict[str, Any]], candidate: int = 0) -> dict[str, Any]:
+    """One candidate's text, thoughts, function calls and finish reason; the last usage."""
+    answer: dict[str, Any] = {"text": "", "thought": "", "calls": [], "finish": None, "usage": None}
+    for chunk in chunks:
+        assert chunk["responseId"] == chunks[0]["responseId"] and chunk["modelVersion"]
+        found = [c for c in chunk["candidates"] if c["index"] == candidate][0]
+        for part in found["content"]["parts"]:
+            if "functionCall" in part:
+                answer["calls"].append(part["functionCall"])
+            else:
+                answer["thought" if part.get("thought") else "text"] += part["text"]
+        answer["finish"] = found.get("finishReason", answer["finish"])
+        answer["usage"] = chunk.get("usageMetadata")
+    return answer
+
+
+def test_gemini_sse_stream() -> None:
+    items = gemini_sse_events(
+        GEMINI_REQUEST, Scenario.parse("thinking=1&tool=get_weather&tools=2&model=gemini-2.5-flash")
+    )
+    assert all(item.startswith(b"data: {") and item.endswith(b"}\r\n\r\n") for item in items)
+    chunks = [data for _, data in parse_sse(b"".join(items))]
+    answer = gemini_answer(chunks)
+    assert (answer["thought"], answer["text"], answer["finish"]) == ("Let me think it över.", DEFAULT_TEXT, "STOP")
+    assert answer["calls"] == [
+        {"name": "get_weather", "args": {"city": "Vienna"}},
+        {"name": "get_weather", "args": {"city": "Zürich"}},
+    ]
+    assert len(chunks) == 3 + 5 + 1 and chunks[0]["modelVersion"] == "gemini-2.5-flash"
+    assert answer["usage"] == {
+        "promptTokenCount": 6,
+        "candidatesTokenCount": 5 + 12,
+        "totalTokenCount": 6 + 17 + 3,
+        "promptTokensDetails": [{"modality": "TEXT", "tokenCount": 6}],
+        "thoughtsTokenCount": 3,
+    }
+    assert [c["usageMetadata"]["candidatesTokenCount"] for c in chunks] == [0, 0, 0, 1, 2, 3, 4, 5, 17]  # cumulative
+
+
+def test_gemini_variants() -> None:
+    request = {**GEMINI_REQUEST, "generationConfig": {"candidateCount": 2}}
+    chunks = [data for _, data in parse_sse(b"".join(gemini_sse_events(request, Scenario.parse("events=2&usage=0"))))]
+    assert all(len(c["candidates"]) == 2 and "usageMetadata" not in c for c in chunks)
+    assert gemini_answer(chunks, 1)["text"] == "tök0 tök1"
+    truncated = gemini_answer(
+        [
+            data
+            for _, data in parse_sse(
+                b"".join(gemini_sse_events(GEMINI_REQUEST, Scenario.parse("tool=f&truncate_tool=1")))
+            )
+        ]
+    )
+    assert (truncated["finish"], truncated["calls"]) == ("MAX_TOKENS", [])
+    failed = parse_sse(b"".join(gemini_sse_events(GEMINI_REQUEST, Scenario.parse("error=UNAVAILABLE&error_after=1"))))
+    assert failed[-1][1] == {"error": {"code": 503, "message": "mock error: UNAVAILABLE", "status": "UNAVAILABLE"}}
+
+
+def test_gemini_json_array_stream_and_response() -> None:
+    scenario = Scenario.parse("events=2&tool=f")
+    items = gemini_json_stream(GEMINI_REQUEST, scenario)
+    assert items[0].startswith(b"[{") and items[1].startswith(b"\n,{") and items[-1].endswith(b"}]")
+    chunks = orjson.loads(b"".join(items))
+    assert [orjson.loads(item.lstrip(b"[\n,").removesuffix(b"]")) for item in items] == chunks  # one element per write
+    assert gemini_answer(chunks) == gemini_answer(
+        [data for _, data in parse_sse(b"".join(gemini_sse_events(GEMINI_REQUEST, scenario)))]
+    )
+    assert gemini_json_stream(GEMINI_REQUEST, Scenario.parse("events=0&no_end=1")) == [b"[]"]
+    whole = gemini_response(GEMINI_REQUEST, Scenario.parse("thinking=1&tool=f"))
+    assert whole["candidates"][0]["content"]["parts"] == [
+        {"text": "Let me think it över.", "thought": True},
+        {"text": DEFAULT_TEXT},
+        {"functionCall": {"name": "f", "args": {"city": "Vienna"}}},
+    ]
+    assert whole["usageMetadata"]["candidatesTokenCount"] == 11 and whole["usageMetadata"]["thoughtsTokenCount"] == 3
+
+
+# --- pure: LMSP -----------------------------------------------------------------------------------
+
+
+def lmsp_stream(items: list[bytes]) -> list[tuple[int, str, dict[str, Any]]]:
+    """(id, event, data) of an LMSP stream: ids from 1, a response_id on every event."""
+    records = sse_records(b"".join(items))
+    assert len(records) == len(items)
+    assert [r.id for r in records] == list(range(1, len(records) + 1))
+    events = [(r.id or 0, r.event or "", orjson.loads(r.data)) for r in records]
+    assert len({data["response_id"] for _, _, data in events}) == 1
+    return events
+
+
+def test_lmsp_stream_and_response() -> None:
+    scenario = Scenario.parse("reasoning=1&tool=get_weather")
+    events = lmsp_stream(lmsp_events(LMSP_REQUEST, scenario))
+    names = [name for _, name, _ in events]
+    assert names[0] == "response.created" and events[0][2]["status"] == "in_progress"
+    assert names[-1] == "response.completed" and events[-1][2]["usage"] == {
+        "input_tokens": 3,
+        "output_tokens": 14,
+        "total_tokens": 17,
+    }
+    assert "".join(data["delta"] for _, name, data in events if name == "response.output_text.delta") == DEFAULT_TEXT
+    done = [data["item"] for _, name, data in events if name == "response.output_item.done"]
+    assert [item["type"] for item in done] == ["reasoning", "message", "function_call"]
+    call = done[2]
+    assert (call["name"], call["arguments"]) == ("get_weather", TOOL_ARGUMENTS)
+    assert call["id"].startswith("fc_") and call["call_id"].startswith("call_")
+    response = lmsp_response(LMSP_REQUEST, scenario)
+    assert response["id"] == events[0][2]["response_id"] and response["output"] == done
+    assert {key: response[key] for key in ("object", "status", "error", "incomplete_details")} == {
+        "object": "response",
+        "status": "completed",
+        "error": None,
+        "incomplete_details": None,
+    }
+
+
+def test_lmsp_failed_and_incomplete() -> None:
+    events = lmsp_stream(lmsp_events(LMSP_REQUEST, Scenario.parse("error=model_crashed&error_after=2&no_end=1")))
+    assert [name for _, name, _ in events][-2:] == ["response.output_text.delta", "response.failed"]
+    assert events[-1][2]["error"] == {
+        "type": "about:blank",
+        "title": "Internal Server Error",
+        "status": 500,
+        "detail": "mock error: model_crashed",
+        "code": "model_crashed",
+    }
+    events = lmsp_stream(lmsp_events(LMSP_REQUEST, Scenario.parse("tool=f&truncate_tool=1&usage=0")))
+    assert events[-1][1:] == (
+        "response.incomplete",
+        {
+            "response_id": events[0][2]["response_id"],
+            "status": "incomplete",
+            "incomplete_details": {"reason": "max_output_tokens"},
+        },
+    )
+    gap = lmsp_numbered_events(LMSP_REQUEST, Scenario.parse("events=1&seq_gap=2"))
+    assert [event_id for event_id, _ in gap] == [1, 2, 4, 5, 6]
+
+
+def test_error_bodies_per_dialect() -> None:
+    scenario = Scenario(status=429)
+    assert orjson.loads(DIALECTS["openai-chat"].error_body(scenario, 429)) == {
+        "error": {
+            "message": "mock error: rate_limit_exceeded",
+            "type": "requests",
+            "param": None,
+            "code": "rate_limit_exceeded",
+        }
+    }
+    assert orjson.loads(DIALECTS["anthropic"].error_body(Scenario(status=529), 529)) == {
+        "type": "error",
+        "error": {"type": "overloaded_error", "message": "mock error: overloaded_error"},
+    }
+    assert orjson.loads(DIALECTS["gemini"].error_body(scenario, 429))["error"]["status"] == "RESOURCE_EXHAUSTED"
+    assert orjson.loads(DIALECTS["lmsp"].error_body(Scenario(error="context_length_exceeded"), 400)) == {
+        "type": "about:blank",
+        "title": "Bad Request",
+        "status": 400,
+        "detail": "mock error: context_length_exceeded",
+        "code": "context_length_exceeded",
+    }
+    assert (
+        orjson.loads(DIALECTS["openai-responses"].error_body(Scenario(), 418))["error"]["type"]
+        == "invalid_request_error"
+    )
+    assert orjson.loads(DIALECTS["llm-stream"].error_body(Scenario(), 502))["error"]["code"] == "http_502"
 
 
 # --- process -------------------------------------------------------------------
@@ -311,9 +879,12 @@ def test_routing_by_content_type_and_invalid_json(plain: tuple[str, Path | None]
 def test_pacing(tls: tuple[str, Path | None]) -> None:
     url, ca = tls
     mock_id = uuid.uuid4().hex
-    with client(ca) as c, c.stream(
-        "POST", f"{url}/v1/llm/stream", json=REQUEST, headers={"x-mock-id": mock_id, "x-mock": "events=3&delay=0.2"}
-    ) as response:
+    with (
+        client(ca) as c,
+        c.stream(
+            "POST", f"{url}/v1/llm/stream", json=REQUEST, headers={"x-mock-id": mock_id, "x-mock": "events=3&delay=0.2"}
+        ) as response,
+    ):
         chunks = response.iter_raw()
         head = b""
         while b"\n\n" not in head:
@@ -409,7 +980,7 @@ def test_status_gives_json(tls: tuple[str, Path | None]) -> None:
 
 def test_raw_chunks_over_the_wire(plain: tuple[str, Path | None]) -> None:
     url, ca = plain
-    raw = b"data: {\"broken\": \xc3\n\ndata: [DONE]\n\n"
+    raw = b'data: {"broken": \xc3\n\ndata: [DONE]\n\n'
     query = f"raw={base64.urlsafe_b64encode(raw).decode()}&chunk=5"
     mock_id = uuid.uuid4().hex
     with client(ca) as c:
@@ -432,3 +1003,128 @@ def test_client_disconnect_stops_writes(server: str, request: pytest.FixtureRequ
         time.sleep(0.05)
     assert record["disconnected"] and not record["completed"]
     assert len(record["chunks"]) < 10
+
+
+# --- process: the dialects' routes -----------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("path", "request_body", "content_type", "build"),
+    [
+        ("/v1/chat/completions", CHAT_REQUEST, "text/event-stream", openai_chat_chunks),
+        ("/openai/v1/chat/completions", {**CHAT_REQUEST, "stream": False}, "application/json", None),
+        ("/v1/responses", RESPONSES_REQUEST, "text/event-stream", openai_responses_events),
+        ("/v1/messages", ANTHROPIC_REQUEST, "text/event-stream", anthropic_events),
+        ("/lmsp/v1/responses", {**LMSP_REQUEST, "store": False}, "text/event-stream", lmsp_events),
+    ],
+)
+def test_inference_routes(
+    plain: tuple[str, Path | None], path: str, request_body: dict[str, Any], content_type: str, build: Any
+) -> None:
+    url, ca = plain
+    mock_id = uuid.uuid4().hex
+    with client(ca) as c:
+        response = c.post(f"{url}{path}?tool=get_weather", json=request_body, headers={"x-mock-id": mock_id})
+    assert response.status_code == 200 and response.headers["content-type"] == content_type
+    scenario = Scenario.parse("tool=get_weather")
+    expected_body = (
+        b"".join(build(request_body, scenario))
+        if build
+        else orjson.dumps(openai_chat_completion(request_body, scenario))
+    )
+    assert response.content == expected_body
+    assert base64.b64decode(sent(url, ca, mock_id)["body_b64"]) == expected_body
+
+
+def test_gemini_routes(plain: tuple[str, Path | None]) -> None:
+    url, ca = plain
+    base = f"{url}/v1beta/models/gemini-2.5-flash"
+    scenario = dataclasses.replace(
+        Scenario.parse("events=2&tool=f"), model="gemini-2.5-flash"
+    )  # the URL names the model
+    with client(ca) as c:
+        sse = c.post(f"{base}:streamGenerateContent?alt=sse&events=2&tool=f", json=GEMINI_REQUEST)
+        array = c.post(f"{base}:streamGenerateContent?events=2&tool=f", json=GEMINI_REQUEST)
+        whole = c.post(f"{base}:generateContent?events=2&tool=f", json=GEMINI_REQUEST)
+        other = c.post(
+            f"{url}/v1beta/models/gemini-2.5-flash:streamGenerateContent?alt=sse&model=gemini-x", json=GEMINI_REQUEST
+        )
+    assert sse.headers["content-type"] == "text/event-stream"
+    assert sse.content == b"".join(gemini_sse_events(GEMINI_REQUEST, scenario))
+    assert array.headers["content-type"] == "application/json; charset=UTF-8"
+    assert array.content == b"".join(gemini_json_stream(GEMINI_REQUEST, scenario))
+    assert whole.json() == gemini_response(GEMINI_REQUEST, scenario)
+    assert parse_sse(other.content)[0][1]["modelVersion"] == "gemini-x"
+
+
+def test_stream_flag_errors_and_unknown_routes(plain: tuple[str, Path | None]) -> None:
+    url, ca = plain
+    with client(ca) as c:
+        failed = c.post(f"{url}/v1/messages?error=overloaded_error", json={**ANTHROPIC_REQUEST, "stream": False})
+        limited = c.post(f"{url}/v1/chat/completions?status=429", json=CHAT_REQUEST)
+        problem = c.post(f"{url}/lmsp/v1/responses?status=503", json=LMSP_REQUEST)
+        gzipped = c.post(f"{url}/v1/responses?gzip=1&events=2", json=RESPONSES_REQUEST)
+        assert c.get(f"{url}/v1/chat/completions").status_code == 404
+        assert c.post(f"{url}/v1/completions", json=CHAT_REQUEST).status_code == 404
+    assert failed.status_code == 500 and failed.json()["error"]["type"] == "overloaded_error"
+    assert limited.status_code == 429 and limited.json()["error"]["code"] == "rate_limit_exceeded"
+    assert problem.status_code == 503 and problem.headers["content-type"] == "application/problem+json"
+    assert problem.json()["code"] == "overloaded"
+    assert gzipped.headers["content-encoding"] == "gzip"
+    assert gzipped.content == b"".join(openai_responses_events(RESPONSES_REQUEST, Scenario.parse("gzip=1&events=2")))
+
+
+def test_lmsp_stored_responses(plain: tuple[str, Path | None]) -> None:
+    url, ca = plain
+    request = {**LMSP_REQUEST, "stream": False}
+    with client(ca) as c:
+        created = c.post(
+            f"{url}/lmsp/v1/responses",
+            json=request,
+            headers={"x-mock": "events=3", "Idempotency-Key": "01J8M5T7Z2K4N6Q8S0V3X5B9DG", "LMSP-Version": "1.0"},
+        ).json()
+        streamed = c.post(f"{url}/lmsp/v1/responses?error=boom", json={**LMSP_REQUEST, "input": "other"})
+        unstored = c.post(f"{url}/lmsp/v1/responses?events=4", json={**request, "store": False}).json()
+        fetched = c.get(f"{url}/lmsp/v1/responses/{created['id']}")
+        failed_id = orjson.loads(sse_records(streamed.content)[0].data)["response_id"]
+        failed = c.get(f"{url}/lmsp/v1/responses/{failed_id}").json()
+        missing = c.get(f"{url}/lmsp/v1/responses/{unstored['id']}")
+    assert created == lmsp_response(request, Scenario(events=3)) and created["status"] == "completed"
+    assert fetched.status_code == 200 and fetched.json() == created
+    assert failed["status"] == "failed" and failed["error"]["code"] == "boom"
+    assert missing.status_code == 404 and missing.json()["code"] == "response_not_found"
+
+
+def test_lmsp_task_events_resume(plain: tuple[str, Path | None]) -> None:
+    url, ca = plain
+    task = f"{url}/lmsp/v1/tasks/task-{uuid.uuid4().hex}/events"
+    with client(ca) as c:
+        full = c.get(f"{task}?events=3&tool=f").content  # the first access fixes the task's events
+        assert [r.id for r in sse_records(full)] == list(range(1, 10))
+        received = bytearray()
+        with pytest.raises(httpx.RemoteProtocolError), c.stream("GET", f"{task}?truncate_after=4") as cut:
+            for chunk in cut.iter_raw():
+                received += chunk
+        last_id = sse_records(bytes(received))[-1].id
+        rest = c.get(task, headers={"Last-Event-ID": str(last_id)}).content
+        assert bytes(received) + rest == full
+        assert c.get(f"{task}?after=7", headers={"Last-Event-ID": "1"}).content == b"".join(
+            f for f in split_events(full) if sse_records(f)[0].id in (8, 9)
+        )
+        expired = c.get(f"{task}?expired=1", headers={"Last-Event-ID": "8"})
+        retained = c.get(f"{task}?after=6&retain=3")
+        too_old = c.get(f"{task}?after=5&retain=3")
+        bad = c.get(f"{task}?after=x")
+    assert expired.status_code == 410 and expired.headers["content-type"] == "application/problem+json"
+    assert {key: expired.json()[key] for key in ("title", "status", "code")} == {
+        "title": "Gone",
+        "status": 410,
+        "code": "event_history_expired",
+    }
+    assert [r.id for r in sse_records(retained.content)] == [7, 8, 9]
+    assert too_old.status_code == 410 and bad.status_code == 400
+
+
+def split_events(body: bytes) -> list[bytes]:
+    """The framed events of an LF-framed SSE body."""
+    return [block + b"\n\n" for block in body.split(b"\n\n") if block]
