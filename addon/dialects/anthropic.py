@@ -34,6 +34,7 @@ from addon.dialects import (
     RequestView,
     int_field,
     json_object,
+    names,
     register,
     str_field,
 )
@@ -95,18 +96,11 @@ class AnthropicMessages(Dialect):
             model=str_field(body, "model"),
             user_id=str_field(metadata, "user_id") if isinstance(metadata, dict) else None,
             stream=stream if isinstance(stream, bool) else None,
-            declared_tools=_tool_names(body.get("tools")),
+            declared_tools=frozenset(names(body.get("tools"))),
         )
 
     def normalizer(self, request: RequestSummary) -> Normalizer:
         return AnthropicNormalizer()
-
-
-def _tool_names(tools: Any) -> frozenset[str]:
-    """Names of the declared tools (client and server tools both carry ``name``)."""
-    if not isinstance(tools, list):
-        return frozenset()
-    return frozenset(t["name"] for t in tools if isinstance(t, dict) and isinstance(t.get("name"), str))
 
 
 def _dict(obj: Any, name: str) -> dict[str, Any] | None:

@@ -33,6 +33,7 @@ from addon.dialects import (
     RequestView,
     error_body_events,
     int_field,
+    names,
     register,
     str_field,
 )
@@ -101,16 +102,11 @@ class Gemini(Dialect):
 
 def _tool_names(tools: Any) -> frozenset[str]:
     """Names in ``tools[].functionDeclarations[]`` (``function_declarations`` also parses)."""
-    names: set[str] = set()
     if not isinstance(tools, list):
         return frozenset()
-    for tool in tools:
-        if not isinstance(tool, dict):
-            continue
-        declarations = tool.get("functionDeclarations", tool.get("function_declarations"))
-        if isinstance(declarations, list):
-            names.update(d["name"] for d in declarations if isinstance(d, dict) and isinstance(d.get("name"), str))
-    return frozenset(names)
+    return frozenset().union(
+        *(names(t.get("functionDeclarations", t.get("function_declarations"))) for t in tools if isinstance(t, dict))
+    )
 
 
 # -- errors ---------------------------------------------------------------------------------

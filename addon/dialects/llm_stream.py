@@ -21,6 +21,7 @@ from addon.dialects import (
     int_field,
     json_object,
     media_type,
+    names,
     register,
     str_field,
 )
@@ -90,20 +91,13 @@ class LLMStream(Dialect):
             session_id=str_field(metadata, "session_id"),
             request_id=str_field(metadata, "request_id"),
             stream=body.get("stream") if isinstance(body.get("stream"), bool) else None,
-            declared_tools=_tool_names(body.get("tools")),
+            declared_tools=frozenset(names(body.get("tools"))),
         )
         summary.findings.extend(_envelope_findings(body))
         return summary
 
     def normalizer(self, request: RequestSummary) -> Normalizer:
         return LLMStreamNormalizer(request.declared_tools)
-
-
-def _tool_names(tools: Any) -> frozenset[str]:
-    """Names of the declared tools; an absent ``tools`` declares none (draft 8.2)."""
-    if not isinstance(tools, list):
-        return frozenset()
-    return frozenset(t["name"] for t in tools if isinstance(t, dict) and isinstance(t.get("name"), str))
 
 
 def _envelope_findings(body: dict[str, Any]) -> list[Finding]:

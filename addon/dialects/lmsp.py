@@ -49,10 +49,11 @@ from addon.dialects import (
     RequestView,
     error_body_events,
     json_object,
+    names,
     register,
     str_field,
 )
-from addon.dialects.responses import ResponsesNormalizer, problem_error, tool_names
+from addon.dialects.responses import ResponsesNormalizer, problem_error
 from addon.events import Event, Finding, Replayed, ResponseMeta, TextDelta, ToolCallDelta, Usage
 from addon.sse import SSEEvent
 
@@ -141,7 +142,7 @@ class LMSP(Dialect):
         return LMSPRequestSummary(
             model=str_field(body, "model"),
             stream=stream if isinstance(stream, bool) else None,
-            declared_tools=tool_names(body.get("tools")),
+            declared_tools=frozenset(names(body.get("tools"))),  # built-in tools have no name
         )
 
     @staticmethod

@@ -42,6 +42,7 @@ from addon.dialects import (
     RequestView,
     int_field,
     json_object,
+    names,
     register,
     str_field,
 )
@@ -95,18 +96,9 @@ class OpenAIChat(Dialect):
 
 def _tool_names(body: dict[str, Any]) -> frozenset[str]:
     """Names from ``tools[].function.name`` (``custom.name``) and legacy ``functions[].name``."""
-    names: set[str] = set()
     tools = body.get("tools")
-    if isinstance(tools, list):
-        for tool in tools:
-            if isinstance(tool, dict):
-                spec = tool.get("function") or tool.get("custom")
-                if isinstance(spec, dict) and isinstance(spec.get("name"), str):
-                    names.add(spec["name"])
-    functions = body.get("functions")
-    if isinstance(functions, list):
-        names.update(f["name"] for f in functions if isinstance(f, dict) and isinstance(f.get("name"), str))
-    return frozenset(names)
+    specs = [t.get("function") or t.get("custom") for t in tools if isinstance(t, dict)] if isinstance(tools, list) else []
+    return frozenset(names(specs) | names(body.get("functions")))
 
 
 class OpenAIChatNormalizer(JsonEventNormalizer):

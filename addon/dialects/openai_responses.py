@@ -37,10 +37,11 @@ from addon.dialects import (
     RequestView,
     int_field,
     json_object,
+    names,
     register,
     str_field,
 )
-from addon.dialects.responses import ResponsesNormalizer, tool_names
+from addon.dialects.responses import ResponsesNormalizer
 from addon.events import Event
 from addon.sse import SSEEvent
 
@@ -92,7 +93,7 @@ class OpenAIResponses(Dialect):
             user_id=str_field(body, "user") or str_field(body, "safety_identifier"),
             session_id=_conversation_id(body.get("conversation")),
             stream=stream if isinstance(stream, bool) else None,
-            declared_tools=tool_names(body.get("tools")),
+            declared_tools=frozenset(names(body.get("tools"))),  # built-in tools have no name
         )
 
     def normalizer(self, request: RequestSummary) -> Normalizer:

@@ -84,17 +84,6 @@ PART_SPACE = {
 NO_ERROR_OBJECT = "the response failed without an error object"
 
 
-def tool_names(tools: Any) -> frozenset[str]:
-    """Names of the declared tools that have one (function and custom tools).
-
-    Built-in tools (``web_search``, ``file_search``, ...) carry no name and run on the
-    provider's side; they are not counted. An absent ``tools`` declares none.
-    """
-    if not isinstance(tools, list):
-        return frozenset()
-    return frozenset(t["name"] for t in tools if isinstance(t, dict) and isinstance(t.get("name"), str))
-
-
 def usage_event(usage: Any) -> Usage | None:
     """A Responses ``usage`` object as :class:`Usage`; ``None`` when there is none.
 
