@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import socket
+from pathlib import Path
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -39,6 +40,7 @@ from addon.record import (
 )
 from addon.redact import api_key_fingerprint, redact_headers, redact_query
 from storage.database import DatabaseError, default_url, open_engine
+from storage.spool import Spool, SpoolLocked, default_spool_path
 from storage.writer import AuditWriter
 
 log = logging.getLogger(__name__)
@@ -85,7 +87,15 @@ class LLMAudit:
             "llm_audit_instance",
             str,
             "",
-            "Name of this proxy in the audit records (proxy_instance). Empty: the host name.",
+            "Name of this proxy in the audit records (proxy_instance). Empty: the host name. "
+            "Several proxies on one host sharing a database need distinct names.",
+        )
+        loader.add_option(
+            "llm_audit_spool",
+            str,
+            "",
+            "File that keeps records while the database cannot take them. Empty: "
+            "~/.local/state/llm-audit/spool-INSTANCE.jsonl ($XDG_STATE_HOME respected).",
         )
 
     def configure(self, updated: set[str]) -> None:
@@ -108,25 +118,35 @@ class LLMAudit:
                 self.max_event_bytes = ctx.options.llm_audit_max_event_bytes
         if "llm_audit_instance" in updated:
             self.instance = ctx.options.llm_audit_instance or socket.gethostname()
-        if "llm_audit_db" in updated:
-            self._open_database(ctx.options.llm_audit_db or default_url())
+        if updated & {"llm_audit_db", "llm_audit_spool", "llm_audit_instance"}:
+            spool = ctx.options.llm_audit_spool or str(default_spool_path(self.instance))
+            self._open_database(ctx.options.llm_audit_db or default_url(), Path(spool).expanduser())
 
-    def _open_database(self, url: str) -> None:
+    def _open_database(self, url: str, spool_path: Path) -> None:
+        if self.writer is not None:
+            self.writer.close()  # releases the spool, which the new writer may reuse
+            self.writer = None
         try:
             engine = open_engine(url)
         except DatabaseError as e:
             log.error(f"llm-audit: {e}")
             return
         try:
-            writer = AuditWriter(engine)
+            spool = Spool(spool_path)
+        except (SpoolLocked, OSError) as e:
+            engine.dispose()
+            log.error(f"llm-audit: cannot use the spool: {e}; set another path with --set llm_audit_spool=FILE")
+            return
+        try:
+            self.writer = AuditWriter(engine, spool, self.instance)
         except DatabaseError as e:
+            spool.close()
             engine.dispose()
             log.error(f"llm-audit: {e}")
             return
-        if self.writer is not None:
-            self.writer.close()
-        self.writer = writer
-        log.info(f"llm-audit: recording to {engine.url.render_as_string()}")
+        log.info(f"llm-audit: recording to {engine.url.render_as_string()} (spool {spool_path})")
+        if spool:
+            log.info(f"llm-audit: {spool.records} records from an earlier run wait in the spool; replaying")
 
     # -- hooks --------------------------------------------------------------------------
 
@@ -177,7 +197,9 @@ class LLMAudit:
         self.flows.clear()
         if self.writer is not None:
             self.writer.close()
-            log.info(f"llm-audit: {self.writer.written} audit records written")
+            log.info(
+                f"llm-audit: {self.writer.written} audit records written, {self.writer.spool.records} wait in the spool"
+            )
             self.writer = None
 
     # -- internals ----------------------------------------------------------------------
@@ -194,7 +216,8 @@ class LLMAudit:
 
         dialect = detect_request(RequestView(req.method, path, query, req.headers), body)
         if dialect is not None:
-            self.flows[flow.id] = FlowAudit(*self._start_record(flow, dialect, parsed[0] if parsed else None))
+            audit = self.flows[flow.id] = FlowAudit(*self._start_record(flow, dialect, parsed[0] if parsed else None))
+            self._submit(audit.record)  # the write-ahead open record (status in_progress)
 
     def _start_record(
         self, flow: http.HTTPFlow, dialect: Dialect, parsed: tuple[Any, Finding | None] | None = None

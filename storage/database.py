@@ -1,11 +1,13 @@
 """Opening the audit database: the default location, engines, and clear errors.
 
-The proxy and (later) the ``llm-audit`` command share :func:`default_url`, so both read
-the same database unless told otherwise.
+The proxy and the ``llm-audit`` command share :func:`default_url` and
+:func:`open_engine`, so both read the same database unless told otherwise, and both
+bring its schema up to date (``storage/migrations``) before using it.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 
@@ -14,9 +16,13 @@ from sqlalchemy import Engine, create_engine, event, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 
-from storage.schema import metadata
+from storage import migrations
+
+log = logging.getLogger(__name__)
 
 ENV_VAR = "LLM_AUDIT_DB"
+PROXY_HINT = "set a working SQLAlchemy URL with --set llm_audit_db=URL (e.g. sqlite:///path/audit.db)"
+CONNECT_TIMEOUT = 5  # seconds to reach a PostgreSQL server before giving up
 
 
 class DatabaseError(Exception):
@@ -39,17 +45,20 @@ def _json_dumps(value: object) -> str:
     return orjson.dumps(value).decode()
 
 
-def open_engine(url: str) -> Engine:
-    """An engine for ``url`` with the schema in place, or a :class:`DatabaseError`.
+def open_engine(url: str, *, migrate: bool = True, hint: str = PROXY_HINT) -> Engine:
+    """An engine for ``url``, its schema upgraded to this version's, or a :class:`DatabaseError`.
 
     Connecting here, once, turns a wrong URL or an unreachable server into one clear
-    message at start-up instead of lost records later.
+    message at start-up instead of lost records later. ``migrate=False`` leaves the
+    schema alone (``llm-audit db current``, and ``db upgrade``, which reports what it
+    did through :func:`upgrade_schema`). ``hint`` ends the messages that a different
+    URL would fix: it names the option of whoever asked (proxy or command).
     """
-    hint = "set a working SQLAlchemy URL with --set llm_audit_db=URL (e.g. sqlite:///path/audit.db)"
     try:
         parsed = make_url(url)
     except ArgumentError as e:
-        raise DatabaseError(f"llm_audit_db {url!r} is not a database URL ({e}); {hint}") from None
+        raise DatabaseError(f"{url!r} is not a database URL ({e}); {hint}") from None
+    connect_args: dict[str, object] = {}
     if parsed.get_backend_name() == "sqlite" and parsed.database not in (None, "", ":memory:"):
         path = Path(parsed.database).expanduser()
         parsed = parsed.set(database=str(path))
@@ -57,22 +66,49 @@ def open_engine(url: str) -> Engine:
             path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as e:
             raise DatabaseError(f"cannot create {path.parent} for the audit database ({e.strerror}); {hint}") from None
+    if parsed.get_backend_name() == "postgresql" and "connect_timeout" not in parsed.query:
+        # libpq waits for an unreachable host for as long as TCP does (minutes)
+        connect_args["connect_timeout"] = CONNECT_TIMEOUT
     try:
-        engine = create_engine(parsed, json_serializer=_json_dumps, json_deserializer=orjson.loads, pool_pre_ping=True)
+        engine = create_engine(
+            parsed,
+            json_serializer=_json_dumps,
+            json_deserializer=orjson.loads,
+            pool_pre_ping=True,
+            connect_args=connect_args,
+        )
     except (ArgumentError, ImportError, SQLAlchemyError) as e:
-        raise DatabaseError(f"cannot use {parsed.render_as_string()!r}: {_first_line(e)}; {hint}") from None
+        raise DatabaseError(f"cannot use {parsed.render_as_string()!r}: {first_line(e)}; {hint}") from None
     if engine.dialect.name == "sqlite":
         event.listen(engine, "connect", _sqlite_pragmas)
     try:
-        with engine.begin() as conn:
+        with engine.connect() as conn:
             conn.execute(text("SELECT 1"))
-            metadata.create_all(conn)
     except SQLAlchemyError as e:
         engine.dispose()
         raise DatabaseError(
-            f"cannot open the audit database {parsed.render_as_string()!r}: {_first_line(e)}; {hint}"
+            f"cannot open the audit database {parsed.render_as_string()!r}: {first_line(e)}; {hint}"
         ) from None
+    if migrate:
+        try:
+            before, after = upgrade_schema(engine)
+        except DatabaseError:
+            engine.dispose()
+            raise
+        if before != after:
+            log.info(f"llm-audit: audit database schema upgraded from {before or 'no revision'} to {after}")
     return engine
+
+
+def upgrade_schema(engine: Engine) -> tuple[str | None, str]:
+    """Upgrade the schema to this version's head; (revision before, after), or a :class:`DatabaseError`."""
+    name = engine.url.render_as_string()
+    try:
+        return migrations.upgrade(engine)
+    except migrations.SchemaError as e:
+        raise DatabaseError(f"the audit database {name!r} cannot be used: {e}") from None
+    except SQLAlchemyError as e:
+        raise DatabaseError(f"cannot upgrade the schema of the audit database {name!r}: {first_line(e)}") from None
 
 
 def _sqlite_pragmas(dbapi_conn, _record) -> None:
@@ -84,6 +120,7 @@ def _sqlite_pragmas(dbapi_conn, _record) -> None:
     cur.close()
 
 
-def _first_line(error: BaseException) -> str:
+def first_line(error: BaseException) -> str:
+    """The first line of a database error's message: enough for a one-line report."""
     detail = getattr(error, "orig", None) or error
     return str(detail).strip().splitlines()[0] if str(detail).strip() else type(detail).__name__

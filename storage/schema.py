@@ -1,9 +1,14 @@
 """The audit database schema, in SQLAlchemy Core.
 
-One row per exchange in ``exchanges``. Column names follow the project's issues and,
-where one exists, the OpenTelemetry GenAI attribute they mirror (``request_model`` ~
-``gen_ai.request.model``, ``input_tokens`` ~ ``gen_ai.usage.input_tokens``, ...).
+One row per exchange in ``exchanges``; one row per purge in ``purge_log``. Column
+names follow the project's issues and, where one exists, the OpenTelemetry GenAI
+attribute they mirror (``request_model`` ~ ``gen_ai.request.model``, ``input_tokens`` ~
+``gen_ai.usage.input_tokens``, ...).
 JSON columns are ``jsonb`` on PostgreSQL and JSON text on SQLite; times are UTC.
+
+This module describes the schema the code expects (the head of the migrations); the
+database gets there through ``storage/migrations``. A change here needs a new
+migration: ``tests/unit/test_migrations.py`` fails until the two agree.
 """
 
 from __future__ import annotations
@@ -80,4 +85,17 @@ exchanges = Table(
     Index("ix_exchanges_user_id", "user_id"),
     Index("ix_exchanges_request_model", "request_model"),
     Index("ix_exchanges_status", "status"),
+)
+
+purge_log = Table(
+    "purge_log",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("purged_at", Time, nullable=False, comment="When the purge started (UTC)."),
+    Column("finished_at", Time, comment="When it finished; NULL while running or if it was interrupted."),
+    Column("actor", String(255), nullable=False, comment="Who purged: the OS user, or the proxy's retention."),
+    Column("cutoff", Time, nullable=False, comment="Exchanges that ended before this time were deleted."),
+    Column("older_than", Text, nullable=False, comment="The age or date as given (183d, 2025-01-01, ...)."),
+    Column("deleted_count", BigInteger, nullable=False, comment="Exchanges deleted, updated with every batch."),
+    comment="Every purge of exchanges: who, when, the cut-off and how many rows went.",
 )

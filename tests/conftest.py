@@ -3,10 +3,13 @@
 Nothing here is mocked: the end-to-end tests start ``python -m mockllm`` (HTTP/1.1
 plain, and HTTPS with HTTP/2) and ``mitmdump -s addon/llm_audit.py`` as subprocesses,
 talk to them with httpx through the proxy, and read the audit database with plain SQL.
+Every end-to-end test runs against both backends: an SQLite file, and a database of a
+throwaway PostgreSQL server started once per session (``tests/pgserver.py``).
 """
 
 from __future__ import annotations
 
+import atexit
 import base64
 import os
 import re
@@ -17,12 +20,19 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 
 import httpx
+import orjson
+import psycopg
 import pytest
+from psycopg.rows import dict_row
+from sqlalchemy.engine import make_url
+
+from pgserver import PgServer, PostgresUnavailable
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -136,15 +146,105 @@ def upstreams(tmp_path_factory) -> Iterator[dict[str, Upstream]]:
         up.process.stop()
 
 
+# -- the audit database: SQLite and a real PostgreSQL server -------------------------------------
+
+BACKENDS = ["sqlite", "postgresql"]
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[PgServer]:
+    """A throwaway PostgreSQL server for the session (``tests/pgserver.py``).
+
+    ``postgres.url`` is its ``llm_audit`` database, ``postgres.create_database()`` makes a
+    fresh one and returns its URL, ``postgres.stop()`` / ``postgres.start()`` stop it and
+    bring it back on the same port with the same data. Missing server binaries fail the
+    tests that need it, with the fix in the message: they are never skipped.
+    """
+    server, problem = None, None
+    try:
+        server = PgServer()
+        server.start()
+    except PostgresUnavailable as e:
+        problem = str(e)
+        if server is not None:
+            server.destroy()
+    if problem or server is None:
+        pytest.fail(f"PostgreSQL test server: {problem}", pytrace=False)
+    atexit.register(server.destroy)  # also when the session ends abnormally
+    try:
+        yield server
+    finally:
+        server.destroy()
+
+
+def new_database(request: pytest.FixtureRequest, backend: str, tmp: Path) -> dict:
+    """A fresh, empty audit database of ``backend``: keyword arguments for :func:`start_proxy`."""
+    if backend == "sqlite":
+        return {"db_url": f"sqlite:///{tmp / 'audit.db'}"}
+    if backend == "postgresql":
+        pg: PgServer = request.getfixturevalue("postgres")
+        return {"db_url": pg.create_database(), "pg": pg}
+    raise ValueError(backend)
+
+
+@pytest.fixture(params=BACKENDS)
+def backend(request) -> str:
+    """Each backend in turn, for tests that start their own proxy."""
+    return request.param
+
+
 # -- the proxy ------------------------------------------------------------------------------------
+
+JSON_COLUMNS = ("request_headers", "response_headers", "request_body", "output", "tool_calls",
+                "finish_reasons", "findings")
+TIME_COLUMNS = ("started_at", "first_chunk_at", "ended_at")
+BOOL_COLUMNS = ("streamed",)
+HEADER_NAME = re.compile(r"^[a-z0-9-]+$")
+IN_PROGRESS = "in_progress"  # the status of an exchange's open record, before its final one
+
+
+def normalise(row: dict, backend: str) -> dict:
+    """One shape whatever the backend: JSON decoded, ``streamed`` a bool, times aware UTC datetimes.
+
+    SQLite hands back JSON as text, booleans as 0/1 and times as naive UTC text;
+    psycopg hands back jsonb already decoded (a JSON string as a ``str``: never decode
+    twice), real booleans and aware datetimes.
+    """
+    row = dict(row)
+    if backend == "sqlite":
+        for column in JSON_COLUMNS:
+            if row.get(column) is not None:
+                row[column] = orjson.loads(row[column])
+    for column in BOOL_COLUMNS:
+        if row.get(column) is not None:
+            row[column] = bool(row[column])
+    for column in TIME_COLUMNS:
+        value = row.get(column)
+        if isinstance(value, str):
+            value = datetime.fromisoformat(value)
+        if value is not None:
+            assert isinstance(value, datetime), (column, value)
+            row[column] = value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+    return row
 
 
 @dataclass
 class Proxy:
     url: str
-    db_path: Path
+    db_url: str  # the SQLAlchemy URL it records to
     confdir: Path
     process: Process
+    pg: PgServer | None = None  # the server of a postgresql db_url
+
+    @property
+    def backend(self) -> str:
+        return make_url(self.db_url).get_backend_name()
+
+    @property
+    def db_path(self) -> Path:
+        """The SQLite file (SQLite only)."""
+        assert self.backend == "sqlite", self.db_url
+        return Path(make_url(self.db_url).database)
 
     @property
     def ca(self) -> Path:
@@ -155,58 +255,111 @@ class Proxy:
         ctx = ssl.create_default_context(cafile=str(self.ca))
         return httpx.Client(proxy=self.url, verify=ctx, http2=http2, timeout=30, **kwargs)
 
-    def rows(self, where: str = "1=1", params: tuple = ()) -> list[dict]:
-        """Rows of ``exchanges`` read with plain SQL, as a user would."""
-        con = sqlite3.connect(self.db_path)
-        con.row_factory = sqlite3.Row
+    def sql(self, query: str, params: tuple = ()) -> list[dict]:
+        """Run plain SQL on the audit database as a user would: sqlite3 or psycopg, no SQLAlchemy.
+
+        Placeholders are written ``?`` for both backends (psycopg's ``%s`` is made here).
+        An audit table that does not exist yet reads as no rows.
+        """
+        if self.backend == "sqlite":
+            con = sqlite3.connect(self.db_path)
+            con.row_factory = sqlite3.Row
+            try:
+                return [dict(r) for r in con.execute(query, params)]
+            except sqlite3.OperationalError as e:
+                if "no such table" in str(e) or "locked" in str(e):  # not created yet; busy: ask again
+                    return []
+                raise
+            finally:
+                con.close()
+        url = make_url(self.db_url)
+        query = query.replace("%", "%%").replace("?", "%s")
         try:
-            return [dict(r) for r in con.execute(f"SELECT * FROM exchanges WHERE {where}", params)]
-        except sqlite3.OperationalError:
+            with psycopg.connect(host=url.host, port=url.port, user=url.username, dbname=url.database,
+                                 password=url.password, connect_timeout=10, row_factory=dict_row) as con:
+                return list(con.execute(query, params))
+        except psycopg.errors.UndefinedTable:
             return []
-        finally:
-            con.close()
 
-    def mock_row(self, mock_id: str, timeout: float = 15.0) -> dict:
-        """Wait for the record of the exchange sent with ``x-mock-id: mock_id``."""
-        rows = wait_for(
-            lambda: self.rows("json_extract(request_headers, '$.\"x-mock-id\"') = ?", (mock_id,)),
-            timeout, what=f"row for x-mock-id {mock_id}:\n{self.process.output[-3000:]}",
-        )
+    def header_sql(self, name: str) -> str:
+        """The SQL expression for request header ``name`` (lower case), for this backend."""
+        assert HEADER_NAME.match(name), name
+        if self.backend == "sqlite":
+            return f"json_extract(request_headers, '$.\"{name}\"')"
+        return f"request_headers->>'{name}'"
+
+    def rows(self, where: str = "1=1", params: tuple = (), *, header: dict[str, str] | None = None) -> list[dict]:
+        """Rows of ``exchanges`` matching ``where`` (and request headers equal to ``header``), normalised.
+
+        ``where`` is plain SQL that works on both backends, with ``?`` placeholders; e.g.
+        ``CAST(request_headers AS text) LIKE ?`` for a search in a JSON column.
+        """
+        conditions, values = [f"({where})"], list(params)
+        for name, value in (header or {}).items():
+            conditions.append(f"{self.header_sql(name)} = ?")
+            values.append(value)
+        query = f"SELECT * FROM exchanges WHERE {' AND '.join(conditions)}"
+        return [normalise(r, self.backend) for r in self.sql(query, tuple(values))]
+
+    def _one_row(self, query: Callable[[], list[dict]], finished: bool, timeout: float, what: str) -> dict:
+        def ready():
+            rows = query()
+            return rows if rows and not (finished and any(r["status"] == IN_PROGRESS for r in rows)) else None
+
+        rows = wait_for(ready, timeout, what=f"{what}:\n{self.process.output[-3000:]}")
         assert len(rows) == 1, rows
         return rows[0]
 
-    def row(self, request_id: str, timeout: float = 15.0) -> dict:
-        """Wait for the record of the exchange whose request carries ``request_id``."""
-        rows = wait_for(
-            lambda: self.rows("request_id = ?", (request_id,)), timeout, what=f"row for {request_id}:\n{self.process.output[-3000:]}"
-        )
-        assert len(rows) == 1, rows
-        return rows[0]
+    def mock_row(self, mock_id: str, timeout: float = 15.0, finished: bool = True) -> dict:
+        """Wait for the record of the exchange sent with ``x-mock-id: mock_id``.
+
+        With ``finished`` (the default) the exchange's open record (``in_progress``,
+        written when it starts) does not count: this waits for its final record.
+        """
+        return self._one_row(lambda: self.rows(header={"x-mock-id": mock_id}), finished, timeout,
+                             f"{'final ' if finished else ''}row for x-mock-id {mock_id}")
+
+    def row(self, request_id: str, timeout: float = 15.0, finished: bool = True) -> dict:
+        """Wait for the record of the exchange whose request carries ``request_id`` (see :meth:`mock_row`)."""
+        return self._one_row(lambda: self.rows("request_id = ?", (request_id,)), finished, timeout,
+                             f"{'final ' if finished else ''}row for {request_id}")
 
 
-def start_proxy(tmp: Path, *args: str, upstream_ca: Path | None = None, db_path: Path | None = None,
+def start_proxy(tmp: Path, *args: str, upstream_ca: Path | None = None, db_url: str | None = None,
+                db_path: Path | None = None, pg: PgServer | None = None, set_db: bool = True,
                 launcher: list[str] | None = None, env: dict[str, str] | None = None) -> Proxy:
     """Start mitmdump with the addon (or ``launcher``, e.g. ``scripts/proxy``) on a free port.
 
-    ``db_path=None`` records to ``tmp/audit.db``; pass the default location's path with
-    ``args`` lacking ``llm_audit_db`` to test the default.
+    It records to ``db_url`` (an SQLAlchemy URL; ``pg`` is its server when PostgreSQL),
+    by default ``tmp/audit.db``, passed with ``--set llm_audit_db=``. With
+    ``set_db=False`` the option is not passed: the proxy must find ``db_url`` by itself
+    (``$LLM_AUDIT_DB``, the default location). ``db_path`` is short for
+    ``db_url=sqlite:///db_path, set_db=False``.
     """
     confdir = tmp / "mitm"
-    if db_path is None:
-        db_path = tmp / "audit.db"
-        args = ("--set", f"llm_audit_db=sqlite:///{db_path}", *args)
+    if db_path is not None:
+        db_url, set_db = f"sqlite:///{db_path}", False
+    db_url = db_url or f"sqlite:///{tmp / 'audit.db'}"
+    if set_db:
+        args = ("--set", f"llm_audit_db={db_url}", *args)
     cmd = launcher or [str(BIN / "mitmdump"), "--listen-host", "127.0.0.1", "-s", str(ROOT / "addon" / "llm_audit.py")]
     cmd = [*cmd, "--listen-port", "0", "--set", f"confdir={confdir}", *args]
     if upstream_ca:
         cmd += ["--set", f"ssl_verify_upstream_trusted_ca={upstream_ca}"]
-    process = Process.start(cmd, env=os.environ | {"PYTHONUNBUFFERED": "1"} | (env or {}))
+    # its own state folder: proxies never share a spool (nor touch the user's own)
+    own = {"PYTHONUNBUFFERED": "1", "XDG_STATE_HOME": str(tmp / "state")}
+    process = Process.start(cmd, env=os.environ | own | (env or {}))
     m = process.wait_line(r"proxy listening at .*:(\d+)", timeout=120)
-    return Proxy(f"http://127.0.0.1:{m.group(1)}", db_path, confdir, process)
+    return Proxy(f"http://127.0.0.1:{m.group(1)}", db_url, confdir, process, pg)
 
 
-@pytest.fixture(scope="module")
-def proxy(tmp_path_factory, upstreams) -> Iterator[Proxy]:
-    """A mitmdump with the addon, shared by a test module, recording to SQLite."""
-    p = start_proxy(tmp_path_factory.mktemp("proxy"), upstream_ca=upstreams["h2"].ca)
+@pytest.fixture(scope="module", params=BACKENDS)
+def proxy(request, tmp_path_factory, upstreams) -> Iterator[Proxy]:
+    """A mitmdump with the addon, shared by a test module, recording to each backend in turn.
+
+    Each PostgreSQL proxy gets a database of its own, so no test sees another module's rows.
+    """
+    tmp = tmp_path_factory.mktemp(f"proxy-{request.param}")
+    p = start_proxy(tmp, upstream_ca=upstreams["h2"].ca, **new_database(request, request.param, tmp))
     yield p
     p.process.stop()

@@ -2,7 +2,8 @@
 
 Each test sends real requests through a real proxy process and checks two things: the
 client got exactly the upstream's bytes, as they were sent, and the audit row (read
-with plain SQL from the SQLite file) says what happened.
+with plain SQL, as a user would) says what happened. Every test runs once with an SQLite
+file and once with a PostgreSQL database (the ``proxy`` and ``backend`` fixtures).
 """
 
 from __future__ import annotations
@@ -14,12 +15,14 @@ import subprocess
 import threading
 import time
 import uuid
+from datetime import UTC, datetime, timedelta
 
 import httpx
 import orjson
 import pytest
+from sqlalchemy.engine import make_url
 
-from conftest import BIN, ROOT, Proxy, Upstream, start_proxy, wait_for
+from conftest import BIN, ROOT, Proxy, Upstream, new_database, start_proxy, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -77,7 +80,7 @@ class Exchange:
 
 
 def findings(row: dict) -> list[str]:
-    return [f["code"] for f in orjson.loads(row["findings"])]
+    return [f["code"] for f in row["findings"]]
 
 
 def test_client_gets_upstream_bytes_unchanged_and_row_is_complete(proxy, upstreams, transport):
@@ -97,14 +100,15 @@ def test_client_gets_upstream_bytes_unchanged_and_row_is_complete(proxy, upstrea
     assert (row["request_model"], row["response_model"]) == ("mock-model", "mock-model")
     assert (row["user_id"], row["session_id"]) == ("alice", "s-1")
     assert row["input_tokens"] is not None and row["output_tokens"] is not None
-    assert orjson.loads(row["finish_reasons"]) == ["end_turn"]
+    assert row["finish_reasons"] == ["end_turn"]
     assert findings(row) == []
-    assert row["streamed"] == 1 and row["http_status"] == 200
+    assert row["streamed"] is True and row["http_status"] == 200
     assert row["bytes_to_client"] == len(sent["body"])
     assert row["event_count"] == sent["body"].count(b"\n\n")
     assert row["url_path"] == "/v1/llm/stream"
     assert row["server_address"] == "127.0.0.1" and row["client_address"] == "127.0.0.1"
     assert row["started_at"] <= row["first_chunk_at"] <= row["ended_at"]
+    assert row["started_at"].tzinfo is UTC and abs(datetime.now(UTC) - row["started_at"]) < timedelta(minutes=1)
 
 
 def test_paced_stream_reaches_the_client_before_the_upstream_finishes(proxy, upstreams, transport):
@@ -161,7 +165,7 @@ def test_http_error_response_is_failed(proxy, upstreams):
     ex = Exchange(proxy, upstreams["h1"], "h1", "status=429")
     row = proxy.row(ex.id)
     assert ex.status == 429
-    assert (row["status"], row["http_status"], row["streamed"]) == ("failed", 429, 0)
+    assert (row["status"], row["http_status"], row["streamed"]) == ("failed", 429, False)
     assert row["error_code"] and row["error_message"]
 
 
@@ -202,7 +206,25 @@ def test_giant_event_passes_unchanged_and_the_rest_of_the_stream_is_audited(prox
     assert "sse_line_too_long" in findings(row)
     assert row["status"] == "completed", "stream.end after the giant event must still be seen"
     large_row = proxy.row(large.id)
-    assert large_row["findings"] == "[]" and len(large_row["output_text"].encode()) == 3 * 3 * 1024 * 1024
+    assert large_row["findings"] == [] and len(large_row["output_text"].encode()) == 3 * 3 * 1024 * 1024
+
+
+def test_nul_characters_pass_unchanged_and_are_recorded(proxy, upstreams):
+    """U+0000 in the prompt and the answer: SQLite keeps it, PostgreSQL (which cannot) gets U+FFFD."""
+    up = upstreams["h1"]
+    delta = b'{"v":"1.0","seq":1,"type":"content.delta","index":0,"role":"assistant","delta":{"text":"a\\u0000b"}}'
+    stop = b'{"v":"1.0","seq":2,"type":"content.stop","index":0,"stop_reason":"end_turn"}'
+    body = START + b"event: content.delta\ndata: " + delta + b"\n\nevent: content.stop\ndata: " + stop + b"\n\n" + END % 3
+    request_id = uuid.uuid4().hex
+    request = envelope(request_id, messages=[{"role": "user", "content": "x\x00y"}])
+    ex = Exchange(proxy, up, "h1", raw(body), body=orjson.dumps(request))
+    assert ex.body == body and up.received(ex.id)["body"] == orjson.dumps(request)
+    row = proxy.row(request_id)
+    nul = "\x00" if proxy.backend == "sqlite" else "\ufffd"
+    assert row["status"] == "completed" and row["findings"] == []
+    assert row["output_text"] == f"a{nul}b"
+    assert row["output"]["choices"][0]["text"] == f"a{nul}b"
+    assert row["request_body"]["messages"] == [{"role": "user", "content": f"x{nul}y"}]
 
 
 def test_request_body_that_is_not_json_is_forwarded_unchanged_and_recorded(proxy, upstreams):
@@ -211,9 +233,9 @@ def test_request_body_that_is_not_json_is_forwarded_unchanged_and_recorded(proxy
     mock_id = uuid.uuid4().hex
     ex = Exchange(proxy, up, "h1", "events=2", body=body, headers={"x-mock-id": mock_id})
     assert up.received(mock_id)["body"] == body
-    row = wait_for(lambda: proxy.rows("json_extract(request_headers, '$.\"x-mock-id\"') = ?", (mock_id,)))[0]
+    row = proxy.mock_row(mock_id)
     assert "request_invalid_json" in findings(row)
-    assert orjson.loads(row["request_body"]) == body.decode("utf-8", "replace")
+    assert row["request_body"] == body.decode("utf-8", "replace")
     assert ex.status == 200
 
 
@@ -223,11 +245,25 @@ def test_credentials_never_reach_the_database(proxy, upstreams):
                   headers={"authorization": f"Bearer {secret}", "x-api-key": secret + "-2"})
     row = proxy.row(ex.id)
     assert row["api_key_fingerprint"].startswith("sha256:")
-    headers = orjson.loads(row["request_headers"])
+    headers = row["request_headers"]
     assert secret not in headers["authorization"] and headers["authorization"].startswith("[redacted sha256:")
-    wait_for(lambda: proxy.rows("request_id = ?", (ex.id,)))
-    for path in proxy.db_path.parent.glob("audit.db*"):
-        assert secret.encode() not in path.read_bytes()
+    assert secret not in headers["x-api-key"] and headers["x-api-key"].startswith("[redacted sha256:")
+    if proxy.backend == "sqlite":
+        files = list(proxy.db_path.parent.glob("audit.db*"))
+    else:  # every column of every table, as text; then the server's own files
+        tables = [r["table_name"] for r in proxy.sql(
+            "SELECT table_name FROM information_schema.tables WHERE table_schema = 'public'")]
+        assert "exchanges" in tables
+        for table in tables:
+            hits = proxy.sql(f'SELECT count(*) AS n FROM "{table}" AS t WHERE CAST(t AS text) LIKE ?', (f"%{secret}%",))
+            assert hits == [{"n": 0}], table
+        assert proxy.sql("SELECT count(*) AS n FROM exchanges AS t WHERE CAST(t AS text) LIKE ?",
+                         (f"%{ex.id}%",)) == [{"n": 1}], "the row-to-text search must find what is there"
+        files = proxy.pg.disk_files(make_url(proxy.db_url).database)
+    contents = {path: path.read_bytes() for path in files}
+    assert any(ex.id.encode() in data for data in contents.values()), "the files must hold the row"
+    for path, data in contents.items():
+        assert secret.encode() not in data, path
 
 
 def test_stream_is_detected_by_its_first_event_when_the_request_says_nothing(proxy, upstreams):
@@ -245,12 +281,12 @@ def test_other_traffic_is_not_recorded(proxy, upstreams):
         c.post(f"{up.url}/v1/other", json={"metadata": {"request_id": marker}})
     Exchange(proxy, up, "h1", "events=1")  # a recorded exchange after them, as a barrier
     time.sleep(0.5)
-    assert proxy.rows("request_id = ? OR request_headers LIKE ?", (marker, f"%{marker}%")) == []
+    assert proxy.rows("request_id = ? OR CAST(request_headers AS text) LIKE ?", (marker, f"%{marker}%")) == []
 
 
-def test_shutdown_writes_finished_exchanges_and_open_streams_as_aborted(tmp_path, upstreams):
+def test_shutdown_writes_finished_exchanges_and_open_streams_as_aborted(request, tmp_path, upstreams, backend):
     up = upstreams["h1"]
-    proxy = start_proxy(tmp_path)
+    proxy = start_proxy(tmp_path, **new_database(request, backend, tmp_path))
     done = Exchange(proxy, up, "h1", "events=2")
     live_id = "live-" + done.id
     live = threading.Thread(target=Exchange, args=(proxy, up, "h1", "events=100&delay=0.1"),
@@ -287,11 +323,32 @@ def test_bad_options_stop_the_proxy_with_one_clear_line(tmp_path, option, messag
     assert "Traceback" not in out, out
 
 
-def test_readme_proxy_command_records_to_the_default_database(tmp_path, upstreams):
-    """``scripts/proxy`` as the README shows it, with the default database location."""
-    default_db = tmp_path / "xdg" / "llm-audit" / "audit.db"
-    proxy = start_proxy(tmp_path, launcher=[str(ROOT / "scripts" / "proxy")], db_path=default_db,
-                        env={"XDG_DATA_HOME": str(tmp_path / "xdg"), "LLM_AUDIT_DB": ""})
+def test_missing_postgresql_database_stops_the_proxy_with_one_clear_line(tmp_path, postgres):
+    """A reachable server without the database named in the URL."""
+    url = postgres.url_for("no_such_database")
+    proc = subprocess.run(
+        [str(BIN / "mitmdump"), "--listen-port", "0", "--set", f"confdir={tmp_path}",
+         "-s", str(ROOT / "addon" / "llm_audit.py"), "--set", f"llm_audit_db={url}"],
+        capture_output=True, text=True, timeout=60, check=False,
+    )
+    assert proc.returncode != 0
+    out = proc.stdout + proc.stderr
+    lines = [line for line in out.splitlines() if "cannot open the audit database" in line and "llm-audit:" in line]
+    assert lines and "no_such_database" in lines[0] and "llm_audit_db=URL" in lines[0], out
+    assert "Traceback" not in out, out
+
+
+def test_readme_proxy_command_records_to_the_default_database(request, tmp_path, upstreams, backend):
+    """``scripts/proxy`` as the README shows it: the default SQLite file, or ``$LLM_AUDIT_DB``."""
+    xdg = {"XDG_DATA_HOME": str(tmp_path / "xdg")}
+    if backend == "sqlite":
+        default_db = tmp_path / "xdg" / "llm-audit" / "audit.db"
+        proxy = start_proxy(tmp_path, launcher=[str(ROOT / "scripts" / "proxy")], db_path=default_db,
+                            env=xdg | {"LLM_AUDIT_DB": ""})
+    else:
+        db = new_database(request, backend, tmp_path)
+        proxy = start_proxy(tmp_path, launcher=[str(ROOT / "scripts" / "proxy")], set_db=False, **db,
+                            env=xdg | {"LLM_AUDIT_DB": db["db_url"]})
     try:
         assert "127.0.0.1" in proxy.process.wait_line(r"proxy listening at (\S+)").group(1)
         ex = Exchange(proxy, upstreams["h1"], "h1", "events=3")

@@ -3,7 +3,8 @@
 Each test makes the same SDK call twice, once straight to the mock upstream and once
 through the proxy (HTTP/1.1 to a plain upstream, and HTTP/2 over TLS), and checks that
 the SDK's own streaming helpers see the same text and tool calls both ways, then that
-the audit row (plain SQL on the SQLite file) says what the SDK saw.
+the audit row (plain SQL, on SQLite and on PostgreSQL: the ``proxy`` fixture) says what
+the SDK saw.
 """
 
 from __future__ import annotations
@@ -61,10 +62,7 @@ class Route:
         return results[0], results[1], mock_id
 
     def row(self, mock_id: str) -> dict:
-        row = self.proxy.mock_row(mock_id)
-        for column in ("output", "tool_calls", "finish_reasons", "findings", "request_body"):
-            row[column] = orjson.loads(row[column]) if row[column] else row[column]
-        return row
+        return self.proxy.mock_row(mock_id)
 
 
 @pytest.fixture(params=["h1", "h2"])
@@ -108,7 +106,7 @@ def test_openai_chat_stream_helper_through_the_proxy(route):
     assert (row["input_tokens"], row["output_tokens"]) == (final.usage.prompt_tokens, final.usage.completion_tokens)
     assert (row["request_model"], row["response_model"], row["response_id"]) == ("gpt-4o", final.model, final.id)
     assert row["finish_reasons"] == [final.choices[0].finish_reason]
-    assert row["findings"] == [] and row["streamed"] == 1
+    assert row["findings"] == [] and row["streamed"] is True
 
 
 def test_openai_chat_without_usage_requested_records_null_usage(route):
@@ -133,7 +131,7 @@ def test_openai_chat_non_streamed_choices_and_parallel_tool_calls(route):
     direct, completion, mock_id = route.both(call, "tool=get_weather&tools=2")
     assert completion.model_dump(exclude={"id"}) == direct.model_dump(exclude={"id"})
     row = route.row(mock_id)
-    assert (row["status"], row["streamed"]) == ("completed", 0)
+    assert (row["status"], row["streamed"]) == ("completed", False)
     sdk_calls = [(c.id, c.function.name, orjson.loads(c.function.arguments))
                  for choice in completion.choices for c in choice.message.tool_calls]
     assert calls(row) == sdk_calls and len(sdk_calls) == 4
@@ -217,7 +215,7 @@ def test_openai_responses_failed_stream_and_non_streamed_answer(route):
     direct, response, mock_id = route.both(whole)
     row = route.row(mock_id)
     assert response.output_text == direct.output_text == row["output_text"]
-    assert (row["status"], row["streamed"], row["output_tokens"]) == ("completed", 0, response.usage.output_tokens)
+    assert (row["status"], row["streamed"], row["output_tokens"]) == ("completed", False, response.usage.output_tokens)
 
 
 # -- Anthropic Messages -------------------------------------------------------------------------------
@@ -288,7 +286,7 @@ def test_anthropic_non_streamed_message(route):
     direct, message, mock_id = route.both(call, "thinking=1&tool=get_weather", httpx2)
     assert [b.type for b in message.content] == [b.type for b in direct.content]
     row = route.row(mock_id)
-    assert (row["status"], row["streamed"]) == ("completed", 0)
+    assert (row["status"], row["streamed"]) == ("completed", False)
     assert row["output_text"] == "".join(b.text for b in message.content if b.type == "text")
     assert calls(row) == [(b.id, b.name, b.input) for b in message.content if b.type == "tool_use"]
 
@@ -337,7 +335,7 @@ def test_gemini_non_streamed_candidates_and_rate_limit(route):
     row = route.row(mock_id)
     texts = ["".join(p.text for p in c.content.parts if p.text and not p.thought) for c in response.candidates]
     assert [c["text"] for c in row["output"]["choices"]] == texts
-    assert (row["status"], row["streamed"]) == ("completed", 0)
+    assert (row["status"], row["streamed"]) == ("completed", False)
 
     def limited(http, headers):
         with pytest.raises(genai_errors.ClientError) as error:
@@ -370,7 +368,7 @@ def test_gemini_json_array_stream_is_streamed_and_audited(proxy, upstreams):
     row = proxy.mock_row(mock_id)
     text = "".join(p["text"] for item in orjson.loads(body) for c in item["candidates"]
                    for p in c["content"]["parts"] if "text" in p)
-    assert (row["status"], row["streamed"], row["output_text"]) == ("completed", 1, text)
+    assert (row["status"], row["streamed"], row["output_text"]) == ("completed", True, text)
     assert row["api_key_fingerprint"].startswith("sha256:")
 
 
@@ -396,7 +394,7 @@ def test_lmsp_stream_and_a_resumed_task_are_audited_once(proxy, upstreams):
     text = "".join(d["delta"] for _, e, d in lmsp_events(resp.content) if e == "response.output_text.delta")
     row = proxy.mock_row(mock_id)
     assert (row["dialect"], row["provider"], row["status"], row["output_text"]) == ("lmsp", "lmsp", "completed", text)
-    stored = orjson.loads(row["request_headers"])
+    stored = row["request_headers"]
     assert (stored["idempotency-key"], stored["lmsp-version"]) == (headers["Idempotency-Key"], "1.0")
 
     task = f"task_{uuid.uuid4().hex[:8]}"
@@ -434,9 +432,9 @@ def test_lmsp_synchronous_response_and_stored_retrieval(proxy, upstreams):
     assert fetched.status_code == 200
     for mock_id in (create_id, get_id):
         row = proxy.mock_row(mock_id)
-        assert (row["dialect"], row["status"], row["streamed"], row["response_id"]) == ("lmsp", "completed", 0, created["id"])
+        assert (row["dialect"], row["status"], row["streamed"], row["response_id"]) == ("lmsp", "completed", False, created["id"])
         call = next(i for i in created["output"] if i["type"] == "function_call")
-        assert orjson.loads(row["tool_calls"]) == [{"id": call["call_id"], "name": "get_weather", "arguments": call["arguments"]}]
+        assert row["tool_calls"] == [{"id": call["call_id"], "name": "get_weather", "arguments": call["arguments"]}]
 
 
 def test_lmsp_expired_event_history_is_recorded(proxy, upstreams):

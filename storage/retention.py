@@ -1,0 +1,189 @@
+"""Retention: deleting exchanges older than a cut-off, and recording that it happened.
+
+Used by ``llm-audit purge`` and meant for the proxy's own periodic retention, so nothing
+here knows about command lines. The EU AI Act (Article 26(6)) asks deployers of
+high-risk AI systems to keep the logs for at least six months: :func:`check_cutoff`
+refuses a cut-off that would delete younger records unless forced.
+
+An exchange is purged when it *ended* before the cut-off. Rows still ``in_progress``
+have not ended and are never purged. Rows a crash left ``interrupted`` never got an
+``ended_at``; their ``started_at`` stands in for it (an exchange lasts minutes, the
+retention months), else they would stay forever.
+
+Deleting runs in batches, one short transaction each (delete up to ``batch_size`` of
+the oldest matching rows, add them to the purge's ``purge_log`` row, commit), so the
+proxy's writer is never locked out for long, and the log is right even when a purge is
+interrupted: ``purge_log.deleted_count`` counts what is gone, ``finished_at`` stays
+NULL.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass
+from datetime import UTC, date, datetime, timedelta
+
+from sqlalchemy import Engine, and_, delete, func, insert, or_, select, update
+from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.sql.elements import ColumnElement
+
+from storage.database import DatabaseError, first_line
+from storage.schema import exchanges, purge_log
+
+MIN_RETENTION = timedelta(days=183)
+
+_AGE = re.compile(r"(\d+)([hdw])")
+_AGE_UNITS = {"h": "hours", "d": "days", "w": "weeks"}
+_DATE = re.compile(r"\d{4}-\d{2}-\d{2}")
+_DATETIME = re.compile(r"\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}(:\d{2}(\.\d{1,6})?)?(Z|[+-]\d{2}:?\d{2})")
+IN_PROGRESS = "in_progress"  # the writer's status for an exchange that has not ended
+
+
+class RetentionError(ValueError):
+    """An age or date that cannot be used as a cut-off; the message is one line."""
+
+
+@dataclass(frozen=True)
+class PurgeResult:
+    """What a purge deleted, or (``dry_run``) would delete."""
+
+    count: int
+    cutoff: datetime
+    dry_run: bool
+    log_id: int | None  # the purge_log row; None for a dry run
+
+
+def parse_cutoff(older_than: str, now: datetime) -> datetime:
+    """The cut-off (aware, UTC) for an age before ``now`` or a date.
+
+    Accepted: ``Nh``, ``Nd``, ``Nw`` (hours, days, weeks: fixed lengths); an ISO 8601
+    date ``YYYY-MM-DD`` (midnight UTC, the time zone of every time in the database); an
+    ISO 8601 date and time with a UTC offset or ``Z``. Months and years are refused
+    (their length varies, and ``m`` could mean minutes), as are times without an offset
+    (local time or UTC?).
+    """
+    value = older_than.strip()
+    if m := _AGE.fullmatch(value):
+        try:
+            return now.astimezone(UTC) - timedelta(**{_AGE_UNITS[m.group(2)]: int(m.group(1))})
+        except OverflowError:
+            raise RetentionError(f"{older_than!r} reaches before year 1") from None
+    if _DATE.fullmatch(value):
+        try:
+            return datetime.combine(date.fromisoformat(value), datetime.min.time(), UTC)
+        except ValueError as e:
+            raise RetentionError(f"{older_than!r} is not a valid date ({e})") from None
+    if _DATETIME.fullmatch(value):
+        try:
+            return datetime.fromisoformat(value).astimezone(UTC)
+        except ValueError as e:
+            raise RetentionError(f"{older_than!r} is not a valid date and time ({e})") from None
+    if re.fullmatch(r"\d+(m|mo|y)", value, re.IGNORECASE):
+        reason = "months and years vary in length (and m could be minutes); give days or weeks, e.g. 183d or 27w"
+    elif re.fullmatch(r"\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}(:\d{2}(\.\d+)?)?", value):
+        reason = "a time needs a UTC offset, e.g. 2025-01-31T12:00:00Z or 2025-01-31T12:00:00+01:00"
+    else:
+        reason = "use an age (Nh, Nd, Nw, e.g. 183d) or an ISO 8601 date (2025-01-31) or date and time with offset"
+    raise RetentionError(f"{older_than!r}: {reason}")
+
+
+def check_cutoff(cutoff: datetime, now: datetime, *, force: bool) -> None:
+    """Refuse a cut-off that keeps less than :data:`MIN_RETENTION`, unless ``force``.
+
+    The message says why, not how to override: the caller adds its own fix (``--force``,
+    an option value).
+    """
+    if force or cutoff <= now - MIN_RETENTION:
+        return
+    raise RetentionError(
+        f"the cut-off {cutoff.isoformat()} would delete exchanges younger than {MIN_RETENTION.days} days; "
+        "the EU AI Act (Article 26(6)) asks deployers to keep logs for at least six months"
+    )
+
+
+def purge(
+    engine: Engine,
+    cutoff: datetime,
+    *,
+    dry_run: bool,
+    actor: str,
+    older_than: str,
+    batch_size: int = 1000,
+) -> PurgeResult:
+    """Delete the exchanges that ended before ``cutoff`` (see the module docstring).
+
+    ``actor`` (who) and ``older_than`` (the age or date as asked, e.g. ``183d``) go to
+    ``purge_log``. A dry run only counts: it deletes and records nothing. Does not check
+    the minimum retention: call :func:`check_cutoff` first. Database failures raise
+    :class:`DatabaseError` saying how many rows were deleted before.
+    """
+    if cutoff.tzinfo is None:
+        raise ValueError("cutoff must be an aware datetime")
+    cutoff = cutoff.astimezone(UTC)  # SQLite stores the UTC wall time as text
+    phases = _ended_before(cutoff)
+    if dry_run:
+        to_purge = or_(*(condition for condition, _ in phases))
+        try:
+            with engine.connect() as conn:
+                count = conn.execute(select(func.count()).select_from(exchanges).where(to_purge)).scalar_one()
+        except SQLAlchemyError as e:
+            raise DatabaseError(f"cannot count the exchanges to purge: {first_line(e)}") from None
+        return PurgeResult(count, cutoff, dry_run=True, log_id=None)
+
+    deleted = 0
+    try:
+        with engine.begin() as conn:
+            log_id = conn.execute(
+                insert(purge_log).values(
+                    purged_at=datetime.now(UTC), actor=actor, cutoff=cutoff, older_than=older_than, deleted_count=0
+                )
+            ).inserted_primary_key[0]
+        for condition, order in phases:
+            while True:
+                n, pause = _delete_batch(engine, log_id, condition, order, batch_size)
+                deleted += n
+                if n < batch_size:
+                    break
+                time.sleep(pause)
+        with engine.begin() as conn:
+            conn.execute(update(purge_log).where(purge_log.c.id == log_id).values(finished_at=datetime.now(UTC)))
+    except SQLAlchemyError as e:
+        raise DatabaseError(f"purge failed after deleting {deleted} exchanges: {first_line(e)}") from None
+    return PurgeResult(deleted, cutoff, dry_run=False, log_id=log_id)
+
+
+def _ended_before(cutoff: datetime) -> list[tuple[ColumnElement[bool], ColumnElement]]:
+    """The rows to purge: conditions, each with the indexed column that finds them in order.
+
+    Two conditions rather than one OR, so that every batch is an index range scan:
+    first the rows that ended before the cut-off, oldest first; then the
+    ``interrupted`` rows without an end time, which are few.
+    """
+    c = exchanges.c
+    return [
+        (c.ended_at < cutoff, c.ended_at),
+        (and_(c.ended_at.is_(None), c.status != IN_PROGRESS, c.started_at < cutoff), c.started_at),
+    ]
+
+
+def _delete_batch(
+    engine: Engine, log_id: int, condition: ColumnElement[bool], order: ColumnElement, batch_size: int
+) -> tuple[int, float]:
+    """Delete one batch and count it in ``purge_log``, in one transaction.
+
+    Returns the rows deleted and how long to pause before the next batch. SQLite has a
+    single writer and its busy handler is not fair: a proxy writer that waits for the
+    lock polls every few to 100 ms, and a purge that takes the lock straight back after
+    each commit could starve it. Pausing as long as the batch took leaves it at least
+    half the time. PostgreSQL locks rows, not the table: no pause.
+    """
+    started = time.monotonic()
+    batch = select(exchanges.c.id).where(condition).order_by(order).limit(batch_size)
+    with engine.begin() as conn:
+        n = conn.execute(delete(exchanges).where(exchanges.c.id.in_(batch.scalar_subquery()))).rowcount
+        if n:
+            conn.execute(
+                update(purge_log).where(purge_log.c.id == log_id).values(deleted_count=purge_log.c.deleted_count + n)
+            )
+    return n, (max(time.monotonic() - started, 0.005) if engine.dialect.name == "sqlite" else 0.0)

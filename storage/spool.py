@@ -1,0 +1,106 @@
+"""The spool: a local append-only file that keeps records the database cannot take now.
+
+One JSON object per line (orjson), appended in groups and fsync'd with each group, so
+a record handed to the spool survives a crash of the proxy. The writer replays the
+spool in order when the database is back (also after a restart) and then empties it;
+replays are idempotent because rows are upserted by id.
+
+An exclusive ``flock`` on the file keeps two proxies from sharing one spool.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+from collections.abc import Iterator
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+# Row fields stored as ISO 8601 strings in the spool and turned back into datetimes.
+TIME_FIELDS = ("started_at", "first_chunk_at", "ended_at")
+
+
+def default_spool_path(instance: str) -> Path:
+    """``$XDG_STATE_HOME/llm-audit/spool-INSTANCE.jsonl`` (``~/.local/state/...`` by default)."""
+    state_home = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in instance) or "proxy"
+    return Path(state_home) / "llm-audit" / f"spool-{safe}.jsonl"
+
+
+class SpoolLocked(Exception):
+    """Another process holds this spool file."""
+
+
+class Spool:
+    """An append-only, fsync'd file of rows."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._file = open(path, "ab+")  # noqa: SIM115 - held open for the proxy's lifetime
+        try:
+            fcntl.flock(self._file.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self._file.close()
+            raise SpoolLocked(f"{path} is in use by another llm-audit proxy; give each proxy its own llm_audit_spool") from None
+        self.records = sum(1 for _ in self._lines())
+
+    @property
+    def size(self) -> int:
+        """Bytes in the spool."""
+        return os.fstat(self._file.fileno()).st_size
+
+    def __bool__(self) -> bool:
+        return self.records > 0
+
+    def append(self, rows: list[dict[str, Any]]) -> None:
+        """Append rows and fsync; raises OSError (e.g. a full disk) with nothing half-counted."""
+        data = b"".join(orjson.dumps(row) + b"\n" for row in rows)
+        self._file.seek(0, os.SEEK_END)
+        start = self._file.tell()
+        try:
+            self._file.write(data)
+            self._file.flush()
+            os.fsync(self._file.fileno())
+        except OSError:
+            self._file.truncate(start)  # never leave a torn line behind
+            raise
+        self.records += len(rows)
+
+    def read(self, batch_size: int) -> Iterator[list[dict[str, Any]]]:
+        """The spooled rows in order, in batches; a torn last line is skipped."""
+        batch: list[dict[str, Any]] = []
+        for line in self._lines():
+            try:
+                row = orjson.loads(line)
+            except orjson.JSONDecodeError:
+                continue
+            for name in TIME_FIELDS:
+                if row.get(name):
+                    row[name] = datetime.fromisoformat(row[name])
+            batch.append(row)
+            if len(batch) >= batch_size:
+                yield batch
+                batch = []
+        if batch:
+            yield batch
+
+    def clear(self) -> None:
+        """Empty the spool once everything in it is in the database."""
+        self._file.truncate(0)
+        self._file.flush()
+        os.fsync(self._file.fileno())
+        self.records = 0
+
+    def close(self) -> None:
+        self._file.close()
+
+    def _lines(self) -> Iterator[bytes]:
+        self._file.flush()
+        with open(self.path, "rb") as f:
+            for line in f:
+                if line.strip():
+                    yield line

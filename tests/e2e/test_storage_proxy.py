@@ -1,0 +1,176 @@
+"""Keeping every record: concurrency, open records, crashes and database outages.
+
+Real mitmdump processes, a real PostgreSQL server that is stopped and started under
+load, ``kill -9`` of the proxy, and SQLite files; the rows are read with plain SQL.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import threading
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import orjson
+import pytest
+
+from conftest import Proxy, Upstream, new_database, start_proxy, wait_for
+
+pytestmark = pytest.mark.e2e
+
+
+def run_dir(tmp_path, name: str):
+    (tmp_path / name).mkdir(exist_ok=True)
+    return tmp_path / name
+
+
+def stream(proxy: Proxy, up: Upstream, scenario: str = "events=3", mock_id: str | None = None) -> tuple[str, bytes]:
+    """One llm-stream exchange through the proxy: (mock id, body the client received)."""
+    mock_id = mock_id or uuid.uuid4().hex
+    body = {"version": "1.0", "stream": True, "model": "mock-model", "messages": [{"role": "user", "content": "hi"}]}
+    with proxy.client() as client:
+        resp = client.post(f"{up.url}/v1/llm/stream", content=orjson.dumps(body),
+                           headers={"content-type": "application/llm-request+json", "x-mock": scenario,
+                                    "x-mock-id": mock_id})
+    return mock_id, resp.content
+
+
+def statuses(proxy: Proxy, ids: list[str]) -> dict[str, list[str]]:
+    """Every row per mock id (a list, to catch duplicates)."""
+    out: dict[str, list[str]] = {i: [] for i in ids}
+    for row in proxy.rows():
+        mock_id = row["request_headers"].get("x-mock-id")
+        if mock_id in out:
+            out[mock_id].append(row["status"])
+    return out
+
+
+def test_many_concurrent_streams_each_get_exactly_one_complete_row(request, tmp_path, upstreams, backend):
+    proxy = start_proxy(tmp_path, **new_database(request, backend, tmp_path))
+    try:
+        with ThreadPoolExecutor(max_workers=25) as pool:
+            ids = [m for m, _ in pool.map(lambda _: stream(proxy, upstreams["h1"], "events=10&delay=0.02"), range(60))]
+        wait_for(lambda: all(s == ["completed"] for s in statuses(proxy, ids).values()), timeout=30,
+                 what="60 completed rows")
+        assert len(proxy.rows()) == 60
+    finally:
+        proxy.process.stop()
+
+
+def test_two_proxies_write_to_one_postgresql_without_conflicts(request, tmp_path, upstreams, postgres):
+    url = postgres.create_database()
+    proxies = [start_proxy(run_dir(tmp_path, name), "--set", f"llm_audit_instance={name}", db_url=url, pg=postgres)
+               for name in ("proxy-a", "proxy-b")]
+    try:
+        with ThreadPoolExecutor(max_workers=20) as pool:
+            ids = [m for m, _ in pool.map(lambda i: stream(proxies[i % 2], upstreams["h1"], "events=5&delay=0.02"),
+                                          range(40))]
+        wait_for(lambda: all(s == ["completed"] for s in statuses(proxies[0], ids).values()), timeout=30,
+                 what="40 completed rows")
+        by_instance = {r["proxy_instance"] for r in proxies[0].rows()}
+        assert by_instance == {"proxy-a", "proxy-b"}
+    finally:
+        for p in proxies:
+            p.process.stop()
+
+
+def test_open_record_is_durable_while_the_stream_runs(proxy, upstreams):
+    mock_id = uuid.uuid4().hex
+    runner = threading.Thread(target=stream, args=(proxy, upstreams["h1"], "events=30&delay=0.1", mock_id))
+    runner.start()
+    try:
+        started = time.monotonic()
+        open_row = proxy.mock_row(mock_id, finished=False, timeout=5)
+        assert time.monotonic() - started < 2.0
+        assert open_row["status"] == "in_progress"
+        assert open_row["request_model"] == "mock-model" and open_row["request_body"]["model"] == "mock-model"
+        assert open_row["ended_at"] is None
+    finally:
+        runner.join()
+    assert proxy.mock_row(mock_id)["status"] == "completed"
+
+
+def test_kill_9_marks_open_rows_interrupted_and_keeps_finished_ones(request, tmp_path, upstreams, backend):
+    db = new_database(request, backend, tmp_path)
+    options = ("--set", "llm_audit_instance=crashy", "--set", f"llm_audit_spool={tmp_path / 'spool.jsonl'}")
+    proxy = start_proxy(run_dir(tmp_path, "run1"), *options, **db)
+    finished = [stream(proxy, upstreams["h1"], "events=3")[0] for _ in range(5)]
+    live = uuid.uuid4().hex
+
+    def doomed():
+        with contextlib.suppress(httpx.HTTPError):  # the proxy is killed under this stream
+            stream(proxy, upstreams["h1"], "events=100&delay=0.1", live)
+
+    threading.Thread(target=doomed, daemon=True).start()
+    proxy.mock_row(live, finished=False, timeout=5)
+    time.sleep(1.1)  # the bound: exchanges that ended more than a second before the crash
+    proxy.process.stop(signal.SIGKILL)
+
+    restarted = start_proxy(run_dir(tmp_path, "run2"), *options, **db)
+    try:
+        wait_for(lambda: restarted.mock_row(live, finished=False)["status"] == "interrupted", timeout=15,
+                 what="the live row marked interrupted")
+        row = restarted.mock_row(live, finished=False)
+        assert row["request_model"] == "mock-model" and row["proxy_instance"] == "crashy"
+        assert all(s == ["completed"] for s in statuses(restarted, finished).values())
+        wait_for(lambda: "marked 1 exchanges left open by an earlier run as interrupted" in restarted.process.output,
+                 what="the interrupted rows logged")
+    finally:
+        restarted.process.stop()
+
+
+def test_postgresql_outage_is_bridged_by_the_spool(tmp_path, upstreams, postgres):
+    url = postgres.create_database()
+    proxy = start_proxy(tmp_path, "--set", f"llm_audit_spool={tmp_path / 'spool.jsonl'}", db_url=url, pg=postgres)
+    up = upstreams["h1"]
+    results: list[tuple[str, bytes]] = []
+    stop = threading.Event()
+
+    def traffic():
+        while not stop.is_set():
+            results.append(stream(proxy, up, "events=5&delay=0.05"))
+
+    runner = threading.Thread(target=traffic)
+    runner.start()
+    try:
+        wait_for(lambda: len(results) >= 3, what="traffic before the outage")
+        postgres.stop()
+        during = len(results)
+        wait_for(lambda: len(results) >= during + 8, timeout=30, what="traffic during the outage")
+        wait_for(lambda: "spooling to" in proxy.process.output, what="the proxy to spool")
+        postgres.start()
+        time.sleep(0.5)
+    finally:
+        stop.set()
+        runner.join()
+    ids = [mock_id for mock_id, _ in results]
+    wait_for(lambda: all(s == ["completed"] for s in statuses(proxy, ids).values()), timeout=30,
+             what=f"{len(ids)} completed rows after the outage")
+    for mock_id, body in results:  # the clients never noticed
+        assert body == up.sent(mock_id)["body"]
+    assert "replayed" in proxy.process.output
+    proxy.process.stop()
+
+
+def test_spool_left_at_shutdown_is_replayed_at_the_next_start(tmp_path, upstreams, postgres):
+    url = postgres.create_database()
+    options = ("--set", f"llm_audit_spool={tmp_path / 'spool.jsonl'}")
+    proxy = start_proxy(run_dir(tmp_path, "run1"), *options, db_url=url, pg=postgres)
+    stream(proxy, upstreams["h1"])
+    postgres.stop()
+    try:
+        ids = [stream(proxy, upstreams["h1"])[0] for _ in range(3)]
+        assert proxy.process.stop() == 0
+        assert "wait in the spool" in proxy.process.output
+    finally:
+        postgres.start()
+    restarted = start_proxy(run_dir(tmp_path, "run2"), *options, db_url=url, pg=postgres)
+    try:
+        wait_for(lambda: all(s == ["completed"] for s in statuses(restarted, ids).values()), timeout=20,
+                 what="spooled rows replayed")
+        assert (tmp_path / "spool.jsonl").stat().st_size == 0
+    finally:
+        restarted.process.stop()

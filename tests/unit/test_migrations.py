@@ -1,0 +1,248 @@
+"""Schema migrations (storage/migrations) on real SQLite files and a real PostgreSQL server.
+
+The chain is run from an empty database and from the first released schema (0001); a
+database made by ``metadata.create_all`` before migrations existed is adopted; a newer
+one is refused; concurrent upgrades are serialised. After every upgrade the database
+must equal ``storage.schema.metadata`` exactly, as Alembic's autogenerate sees it.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+from alembic import command
+from alembic.autogenerate import compare_metadata
+from alembic.runtime.migration import MigrationContext
+from sqlalchemy import (
+    Column,
+    Engine,
+    MetaData,
+    Table,
+    create_engine,
+    insert,
+    inspect,
+    select,
+    text,
+)
+
+from storage import migrations
+from storage.database import DatabaseError, open_engine
+from storage.schema import exchanges, metadata, purge_log
+
+BIN = Path(sys.executable).parent
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def empty_url(request, tmp_path) -> str:
+    """The URL of a fresh, empty database of each backend."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'audit.db'}"
+    return request.getfixturevalue("postgres").create_database()
+
+
+def schema_differences(engine: Engine) -> list:
+    with engine.connect() as conn:
+        return compare_metadata(MigrationContext.configure(conn), metadata)
+
+
+def bare_engine(url: str) -> Engine:
+    """An engine that leaves the schema alone, to build old states by hand."""
+    return create_engine(url)
+
+
+def exchange(id: str, **values) -> dict:
+    return {"id": id, "status": "completed", "dialect": "llm-stream", "streamed": True,
+            "started_at": datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC),
+            "ended_at": datetime(2026, 1, 2, 3, 4, 6, tzinfo=UTC),
+            "request_body": {"messages": [{"role": "user", "content": "hi"}]}, "findings": []} | values
+
+
+def test_empty_database_is_upgraded_to_head_and_equals_the_schema(empty_url):
+    engine = open_engine(empty_url)
+    try:
+        assert migrations.current(engine) == migrations.head()
+        assert schema_differences(engine) == []
+        assert {"exchanges", "purge_log", "alembic_version"} <= set(inspect(engine).get_table_names())
+        open_engine(empty_url).dispose()  # a second start finds nothing to do
+        assert migrations.current(engine) == migrations.head()
+        assert schema_differences(engine) == []
+    finally:
+        engine.dispose()
+
+
+def test_database_at_the_first_released_schema_keeps_its_rows(empty_url):
+    # Today 0001 is the head, so this upgrade does nothing; with 0002 it runs 0002 over a
+    # database holding rows, and this is where its data checks go.
+    engine = bare_engine(empty_url)
+    with engine.begin() as conn:
+        command.upgrade(migrations.config(conn), "0001")
+        conn.execute(insert(exchanges), [exchange("a"), exchange("b", ended_at=None, status="in_progress")])
+    engine.dispose()
+
+    engine = open_engine(empty_url)
+    try:
+        assert migrations.current(engine) == migrations.head()
+        assert schema_differences(engine) == []
+        with engine.connect() as conn:
+            rows = {r.id: r for r in conn.execute(select(exchanges))}
+        assert set(rows) == {"a", "b"}
+        assert rows["a"].request_body == {"messages": [{"role": "user", "content": "hi"}]}
+        assert rows["a"].ended_at.replace(tzinfo=UTC) == datetime(2026, 1, 2, 3, 4, 6, tzinfo=UTC)
+        assert rows["b"].status == "in_progress"
+    finally:
+        engine.dispose()
+
+
+def test_database_created_before_migrations_is_adopted_and_stamped(empty_url):
+    # What open_engine's metadata.create_all made before migrations existed: exchanges
+    # with its indexes, no purge_log, no alembic_version.
+    engine = bare_engine(empty_url)
+    exchanges.create(engine)
+    with engine.begin() as conn:
+        conn.execute(insert(exchanges), [exchange("old")])
+    engine.dispose()
+
+    engine = open_engine(empty_url)
+    try:
+        assert migrations.current(engine) == "0001" == migrations.head()
+        assert schema_differences(engine) == []
+        with engine.connect() as conn:
+            assert [r.id for r in conn.execute(select(exchanges.c.id))] == ["old"]
+            assert conn.execute(select(purge_log)).all() == []
+    finally:
+        engine.dispose()
+
+
+def test_database_created_before_migrations_with_other_columns_is_refused_and_left_alone(tmp_path):
+    url = f"sqlite:///{tmp_path / 'audit.db'}"
+    engine = bare_engine(url)
+    old = Table("exchanges", MetaData(), *(Column(c.name, c.type) for c in exchanges.columns
+                                           if c.name not in ("task_id", "replayed_events")))
+    old.create(engine)
+    engine.dispose()
+
+    with pytest.raises(DatabaseError) as e:
+        open_engine(url)
+    message = str(e.value)
+    assert "\n" not in message
+    assert "development version of llm-audit" in message and "missing replayed_events, missing task_id" in message
+    # the upgrade is one transaction: nothing of it stays behind
+    assert set(inspect(bare_engine(url)).get_table_names()) == {"exchanges"}
+
+
+def test_database_of_a_newer_llm_audit_is_refused(empty_url):
+    open_engine(empty_url).dispose()
+    engine = bare_engine(empty_url)
+    with engine.begin() as conn:
+        conn.execute(text("UPDATE alembic_version SET version_num = '9999_from_the_future'"))
+    engine.dispose()
+
+    with pytest.raises(DatabaseError) as e:
+        open_engine(empty_url)
+    message = str(e.value)
+    assert "\n" not in message
+    assert "'9999_from_the_future'" in message
+    assert "created by a newer llm-audit; upgrade llm-audit" in message
+
+
+def test_concurrent_upgrades_all_succeed(empty_url):
+    """Proxies starting together against one empty database: one creates, the others wait and find it done."""
+    n = 6
+    barrier = threading.Barrier(n)
+    results: list[str] = []
+    errors: list[BaseException] = []
+
+    def start() -> None:
+        barrier.wait()
+        try:
+            engine = open_engine(empty_url)
+            results.append(migrations.current(engine))
+            engine.dispose()
+        except BaseException as e:  # noqa: BLE001 - reported by the assertion below
+            errors.append(e)
+
+    threads = [threading.Thread(target=start) for _ in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert errors == []
+    assert results == [migrations.head()] * n
+    engine = bare_engine(empty_url)
+    assert schema_differences(engine) == []
+    with engine.connect() as conn:
+        assert conn.execute(text("SELECT count(*) FROM alembic_version")).scalar_one() == 1
+    engine.dispose()
+
+
+def test_postgresql_lock_serialises_upgrades(postgres):
+    """While one upgrade holds the advisory lock, another waits instead of racing it."""
+    url = postgres.create_database()
+    holder = open_engine(url, migrate=False)
+    waiter_done = threading.Event()
+    with holder.connect() as conn:
+        conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": migrations.PG_LOCK_KEY})
+        waiter = threading.Thread(target=lambda: (open_engine(url).dispose(), waiter_done.set()))
+        waiter.start()
+        assert not waiter_done.wait(1.0), "the upgrade did not wait for the lock"
+        conn.rollback()  # releases the lock
+    waiter.join(30)
+    assert waiter_done.is_set()
+    assert migrations.current(holder) == migrations.head()
+    holder.dispose()
+
+
+# -- the command ------------------------------------------------------------------------------
+
+
+def llm_audit(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([str(BIN / "llm-audit"), *args], check=False, capture_output=True, text=True, timeout=60)
+
+
+def test_db_upgrade_and_current_report_the_revisions(empty_url):
+    head = migrations.head()
+    current = llm_audit("--db", empty_url, "db", "current")
+    assert (current.returncode, current.stderr) == (0, "")
+    assert current.stdout.startswith("none (no schema yet")
+
+    first = llm_audit("--db", empty_url, "db", "upgrade")
+    assert (first.returncode, first.stderr) == (0, "")
+    assert f"schema upgraded from no revision to {head}" in first.stdout
+
+    again = llm_audit("db", "upgrade", "--db", empty_url)  # --db after the subcommand works too
+    assert (again.returncode, again.stderr) == (0, "")
+    assert f"schema already at revision {head}" in again.stdout
+
+    assert llm_audit("--db", empty_url, "db", "current").stdout == f"{head} (head)\n"
+
+
+def test_db_upgrade_refuses_a_newer_database_with_one_line(tmp_path):
+    url = f"sqlite:///{tmp_path / 'audit.db'}"
+    open_engine(url).dispose()
+    engine = bare_engine(url)
+    with engine.begin() as conn:
+        conn.execute(text("UPDATE alembic_version SET version_num = '9999'"))
+    engine.dispose()
+
+    current = llm_audit("--db", url, "db", "current")
+    assert current.returncode == 0 and "9999 (unknown: created by a newer llm-audit" in current.stdout
+    upgrade = llm_audit("--db", url, "db", "upgrade")
+    assert upgrade.returncode == 2 and upgrade.stdout == ""
+    assert len(upgrade.stderr.splitlines()) == 1 and "Traceback" not in upgrade.stderr
+    assert "created by a newer llm-audit; upgrade llm-audit" in upgrade.stderr
+
+
+def test_pre_migration_database_without_alembic_version_reads_as_unversioned(tmp_path):
+    url = f"sqlite:///{tmp_path / 'audit.db'}"
+    engine = bare_engine(url)
+    exchanges.create(engine)
+    engine.dispose()
+    assert llm_audit("--db", url, "db", "current").stdout.startswith("none")
+    upgrade = llm_audit("--db", url, "db", "upgrade")
+    assert upgrade.returncode == 0, upgrade.stderr
+    assert f"schema upgraded from no revision to {migrations.head()}" in upgrade.stdout

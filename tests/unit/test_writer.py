@@ -1,0 +1,181 @@
+"""The background writer and the spool, against real SQLite files.
+
+A database that cannot take writes is made real, not mocked: another connection holds
+SQLite's exclusive lock, so the writer's transactions fail with "database is locked"
+until it lets go.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import orjson
+import pytest
+from sqlalchemy import create_engine, event, select
+
+from addon.record import OUTCOME_COMPLETE, ExchangeRecord
+from storage.schema import exchanges, metadata
+from storage.spool import Spool, SpoolLocked
+from storage.writer import AuditWriter, _postgres_safe
+
+
+def engine_for(path: Path):
+    """An engine with a short lock timeout, so a locked database fails fast."""
+    engine = create_engine(f"sqlite:///{path}", connect_args={"timeout": 0.2},
+                           json_serializer=lambda v: orjson.dumps(v).decode(), json_deserializer=orjson.loads)
+    event.listen(engine, "connect", lambda c, _: c.execute("PRAGMA journal_mode=WAL"))
+    metadata.create_all(engine)
+    return engine
+
+
+def record(status_final: bool = True, instance: str = "test", **fields) -> ExchangeRecord:
+    r = ExchangeRecord(dialect="llm-stream", proxy_instance=instance, started_at=time.time(), **fields)
+    if status_final:
+        r.terminal_seen = True
+        r.finish(OUTCOME_COMPLETE)
+    return r
+
+
+def rows(path: Path) -> dict[str, str]:
+    con = sqlite3.connect(path)
+    try:
+        return dict(con.execute("SELECT id, status FROM exchanges"))
+    finally:
+        con.close()
+
+
+def wait_until(predicate, timeout: float = 10.0):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)
+
+
+@pytest.fixture
+def db(tmp_path) -> Path:
+    return tmp_path / "audit.db"
+
+
+def writer_for(db: Path, tmp_path: Path, instance: str = "test") -> AuditWriter:
+    return AuditWriter(engine_for(db), Spool(tmp_path / "spool.jsonl"), instance)
+
+
+def test_open_record_is_completed_by_the_final_record(db, tmp_path):
+    writer = writer_for(db, tmp_path)
+    r = record(status_final=False)
+    writer.submit(r.to_row())
+    wait_until(lambda: rows(db).get(r.id) == "in_progress")
+    r.terminal_seen = True
+    r.finish(OUTCOME_COMPLETE)
+    writer.submit(r.to_row())
+    writer.close()
+    assert rows(db) == {r.id: "completed"}
+
+
+def test_a_late_open_record_never_undoes_a_final_one(db, tmp_path):
+    writer = writer_for(db, tmp_path)
+    r = record(status_final=False)
+    open_row = r.to_row()
+    r.terminal_seen = True
+    r.finish(OUTCOME_COMPLETE)
+    writer.submit(r.to_row())
+    wait_until(lambda: rows(db).get(r.id) == "completed")
+    writer.submit(open_row)
+    writer.close()
+    assert rows(db) == {r.id: "completed"}
+
+
+def test_records_are_spooled_while_the_database_is_locked_and_replayed_in_order(db, tmp_path, caplog):
+    writer = writer_for(db, tmp_path)
+    blocker = sqlite3.connect(db, timeout=0)
+    blocker.execute("BEGIN EXCLUSIVE")
+    first = record(status_final=False)
+    writer.submit(first.to_row())
+    later = [record() for _ in range(20)]
+    for r in later:
+        writer.submit(r.to_row())
+    first.terminal_seen = True
+    first.finish(OUTCOME_COMPLETE)
+    writer.submit(first.to_row())  # final after open, both behind the lock
+    wait_until(lambda: writer.spool.records >= 22)
+    assert "spooling to" in caplog.text
+    blocker.rollback()
+    blocker.close()
+    wait_until(lambda: not writer.spool, timeout=15)
+    writer.close()
+    assert rows(db) == {first.id: "completed"} | {r.id: "completed" for r in later}
+    assert (tmp_path / "spool.jsonl").stat().st_size == 0
+
+
+def test_spool_left_by_an_earlier_run_is_replayed_at_start(db, tmp_path):
+    spool = Spool(tmp_path / "spool.jsonl")
+    spooled = [record() for _ in range(3)]
+    spool.append([r.to_row() for r in spooled])
+    spool.close()
+    writer = writer_for(db, tmp_path)
+    wait_until(lambda: len(rows(db)) == 3)
+    writer.close()
+    assert set(rows(db)) == {r.id for r in spooled}
+
+
+def test_rows_left_open_by_a_killed_run_are_marked_interrupted(db, tmp_path):
+    engine = engine_for(db)
+    before = datetime.now(timezone.utc) - timedelta(minutes=1)
+    with engine.begin() as conn:
+        for rid, instance in (("mine", "test"), ("other", "elsewhere")):
+            conn.execute(exchanges.insert().values(id=rid, status="in_progress", dialect="llm-stream", streamed=True,
+                                                   proxy_instance=instance, started_at=before, output_text="partial"))
+    writer = writer_for(db, tmp_path)
+    wait_until(lambda: rows(db)["mine"] == "interrupted")
+    writer.close()
+    assert rows(db) == {"mine": "interrupted", "other": "in_progress"}
+    with engine.connect() as conn:
+        assert conn.execute(select(exchanges.c.output_text).where(exchanges.c.id == "mine")).scalar() == "partial"
+
+
+def test_final_records_in_the_spool_win_over_interrupted_marking(db, tmp_path):
+    r = record(status_final=False)
+    engine = engine_for(db)
+    with engine.begin() as conn:
+        row = r.to_row() | {"started_at": datetime.now(timezone.utc) - timedelta(minutes=1)}
+        conn.execute(exchanges.insert().values(**row))
+    r.terminal_seen = True
+    r.finish(OUTCOME_COMPLETE)
+    spool = Spool(tmp_path / "spool.jsonl")
+    spool.append([r.to_row()])
+    spool.close()
+    writer = writer_for(db, tmp_path)
+    wait_until(lambda: rows(db)[r.id] != "in_progress")
+    writer.close()
+    assert rows(db) == {r.id: "completed"}
+
+
+def test_a_spool_file_is_used_by_one_proxy_only(tmp_path):
+    spool = Spool(tmp_path / "spool.jsonl")
+    with pytest.raises(SpoolLocked):
+        Spool(tmp_path / "spool.jsonl")
+    spool.close()
+    Spool(tmp_path / "spool.jsonl").close()
+
+
+def test_a_torn_last_line_is_skipped_on_replay(tmp_path):
+    spool = Spool(tmp_path / "spool.jsonl")
+    spool.append([{"id": "a", "started_at": "2026-11-29T10:00:00+00:00"}])
+    with open(tmp_path / "spool.jsonl", "ab") as f:
+        f.write(b'{"id": "b", "start')
+    assert [r["id"] for batch in spool.read(10) for r in batch] == ["a"]
+    assert next(iter(spool.read(10)))[0]["started_at"] == datetime(2026, 11, 29, 10, tzinfo=timezone.utc)
+
+
+def test_postgres_rows_replace_nul_characters_everywhere():
+    row = {"id": "x", "output_text": "a\x00b", "request_body": {"messages": ["c\x00d", "keep \\u0000 text"]},
+           "findings": [], "event_count": 3}
+    safe = _postgres_safe(row)
+    assert safe["output_text"] == "a\ufffdb"
+    assert safe["request_body"] == {"messages": ["c\ufffdd", "keep \\u0000 text"]}
+    assert row["output_text"] == "a\x00b", "the record itself is not changed"
+    clean = {"id": "y", "output_text": "fine", "findings": []}
+    assert _postgres_safe(clean) is clean
