@@ -40,6 +40,7 @@ from addon.record import (
 )
 from addon.redact import api_key_fingerprint, redact_headers, redact_query
 from storage.database import DatabaseError, default_url, open_engine
+from storage.retention import MIN_RETENTION, DailyPurge
 from storage.spool import Spool, SpoolLocked, default_spool_path
 from storage.writer import AuditWriter
 
@@ -62,6 +63,7 @@ class LLMAudit:
 
     def __init__(self) -> None:
         self.writer: AuditWriter | None = None
+        self.retention: DailyPurge | None = None
         self.flows: dict[str, FlowAudit] = {}
         self.instance = socket.gethostname()
         self.max_event_bytes = DEFAULT_MAX_EVENT_BYTES
@@ -89,6 +91,13 @@ class LLMAudit:
             "",
             "Name of this proxy in the audit records (proxy_instance). Empty: the host name. "
             "Several proxies on one host sharing a database need distinct names.",
+        )
+        loader.add_option(
+            "llm_audit_retention_days",
+            int,
+            0,
+            "Purge exchanges that ended more than this many days ago, daily (0: never). "
+            "At least 183: the EU AI Act asks deployers to keep logs six months.",
         )
         loader.add_option(
             "llm_audit_spool",
@@ -121,6 +130,20 @@ class LLMAudit:
         if updated & {"llm_audit_db", "llm_audit_spool", "llm_audit_instance"}:
             spool = ctx.options.llm_audit_spool or str(default_spool_path(self.instance))
             self._open_database(ctx.options.llm_audit_db or default_url(), Path(spool).expanduser())
+        if updated & {"llm_audit_db", "llm_audit_spool", "llm_audit_instance", "llm_audit_retention_days"}:
+            self._schedule_retention(ctx.options.llm_audit_retention_days)
+
+    def _schedule_retention(self, days: int) -> None:
+        if self.retention is not None:
+            self.retention.close()
+            self.retention = None
+        if days and days < MIN_RETENTION.days:
+            log.error(
+                f"llm-audit: llm_audit_retention_days={days} would keep logs less than six months; "
+                f"set it to {MIN_RETENTION.days} or more (or purge by hand with llm-audit purge --force)"
+            )
+        elif days and self.writer is not None:
+            self.retention = DailyPurge(self.writer.engine, days, actor=f"proxy {self.instance}")
 
     def _open_database(self, url: str, spool_path: Path) -> None:
         if self.writer is not None:
@@ -195,6 +218,9 @@ class LLMAudit:
                 audit.record.finish(OUTCOME_CLIENT_ABORTED)
                 self._submit(audit.record)
         self.flows.clear()
+        if self.retention is not None:
+            self.retention.close()
+            self.retention = None
         if self.writer is not None:
             self.writer.close()
             log.info(

@@ -19,7 +19,9 @@ NULL.
 
 from __future__ import annotations
 
+import logging
 import re
+import threading
 import time
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
@@ -30,6 +32,8 @@ from sqlalchemy.sql.elements import ColumnElement
 
 from storage.database import DatabaseError, first_line
 from storage.schema import exchanges, purge_log
+
+log = logging.getLogger(__name__)
 
 MIN_RETENTION = timedelta(days=183)
 
@@ -187,3 +191,37 @@ def _delete_batch(
                 update(purge_log).where(purge_log.c.id == log_id).values(deleted_count=purge_log.c.deleted_count + n)
             )
     return n, (max(time.monotonic() - started, 0.005) if engine.dialect.name == "sqlite" else 0.0)
+
+
+class DailyPurge:
+    """Automatic retention for the proxy: purge exchanges older than ``days``, daily.
+
+    Runs on its own thread (a purge takes many short transactions; the proxy's event
+    loop and the writer never wait for it), first shortly after start, then every
+    ``interval`` seconds. Failures are logged and retried at the next run.
+    """
+
+    FIRST_RUN_DELAY = 5.0
+    INTERVAL = 24 * 3600.0
+
+    def __init__(self, engine: Engine, days: int, actor: str) -> None:
+        self.engine, self.days, self.actor = engine, days, actor
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="llm-audit-retention", daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=30)
+
+    def _run(self) -> None:
+        delay = self.FIRST_RUN_DELAY
+        while not self._stop.wait(delay):
+            delay = self.INTERVAL
+            cutoff = datetime.now(UTC) - timedelta(days=self.days)
+            try:
+                result = purge(self.engine, cutoff, dry_run=False, actor=self.actor, older_than=f"{self.days}d")
+            except DatabaseError as e:
+                log.warning("llm-audit: automatic retention failed (%s); retrying in a day", e)
+                continue
+            log.info("llm-audit: retention purged %d exchanges that ended before %s", result.count, cutoff.isoformat())

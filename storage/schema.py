@@ -40,7 +40,7 @@ exchanges = Table(
     Column("started_at", Time, comment="When the request started (UTC)."),
     Column("first_chunk_at", Time, comment="When the first response body byte arrived (UTC)."),
     Column("ended_at", Time, comment="When the exchange ended (UTC)."),
-    Column("status", String(32), nullable=False, comment="completed, failed, blocked, client_aborted, upstream_aborted."),
+    Column("status", String(32), nullable=False, comment="in_progress, completed, failed, blocked, client_aborted, upstream_aborted, interrupted."),
     Column("dialect", String(32), nullable=False, comment="Protocol: llm-stream, openai-chat, ..."),
     Column("provider", String(64), comment="gen_ai.provider.name when known."),
     Column("server_address", String(255), comment="Upstream host."),

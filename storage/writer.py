@@ -157,6 +157,8 @@ class AuditWriter:
             return
         if was_empty:
             log.warning("llm-audit: spooling to %s until the database is back", self.spool.path)
+        elif self.spool.records // 1000 > (self.spool.records - len(rows)) // 1000:
+            log.warning("llm-audit: the spool holds %d records (%d bytes)", self.spool.records, self.spool.size)
 
     def _recover(self, force: bool = False) -> None:
         """Replay the spool, then mark what an earlier run left open, when the database answers."""

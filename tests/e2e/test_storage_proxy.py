@@ -7,17 +7,22 @@ load, ``kill -9`` of the proxy, and SQLite files; the rows are read with plain S
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
+import subprocess
 import threading
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime, timedelta, timezone
 
 import httpx
 import orjson
 import pytest
 
-from conftest import Proxy, Upstream, new_database, start_proxy, wait_for
+from conftest import BIN, ROOT, Proxy, Upstream, new_database, start_proxy, wait_for
+from storage.database import open_engine
+from storage.schema import exchanges
 
 pytestmark = pytest.mark.e2e
 
@@ -174,3 +179,35 @@ def test_spool_left_at_shutdown_is_replayed_at_the_next_start(tmp_path, upstream
         assert (tmp_path / "spool.jsonl").stat().st_size == 0
     finally:
         restarted.process.stop()
+
+
+def test_automatic_retention_purges_old_exchanges_daily(request, tmp_path, upstreams, backend):
+    db = new_database(request, backend, tmp_path)
+    engine = open_engine(db["db_url"])
+    now = datetime.now(timezone.utc)
+    with engine.begin() as conn:
+        for rid, age in (("old", 200), ("young", 100)):
+            conn.execute(exchanges.insert().values(
+                id=rid, status="completed", dialect="llm-stream", streamed=True, proxy_instance="elsewhere",
+                started_at=now - timedelta(days=age), ended_at=now - timedelta(days=age)))
+    engine.dispose()
+    proxy = start_proxy(tmp_path, "--set", "llm_audit_retention_days=183", "--set", "llm_audit_instance=keeper", **db)
+    try:
+        wait_for(lambda: {r["id"] for r in proxy.rows()} == {"young"}, timeout=30, what="the old exchange purged")
+        log_rows = proxy.sql("SELECT actor, older_than, deleted_count FROM purge_log")
+        assert log_rows == [{"actor": "proxy keeper", "older_than": "183d", "deleted_count": 1}]
+        wait_for(lambda: "retention purged 1 exchanges" in proxy.process.output, what="the purge logged")
+    finally:
+        proxy.process.stop()
+
+
+def test_retention_below_six_months_is_refused_at_start(tmp_path):
+    proc = subprocess.run(
+        [str(BIN / "mitmdump"), "--listen-port", "0", "--set", f"confdir={tmp_path}",
+         "--set", f"llm_audit_db=sqlite:///{tmp_path / 'audit.db'}", "-s", str(ROOT / "addon" / "llm_audit.py"),
+         "--set", "llm_audit_retention_days=30"],
+        capture_output=True, text=True, timeout=60, env=os.environ | {"XDG_STATE_HOME": str(tmp_path / "state")},
+    )
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0 and "Traceback" not in out
+    assert [line for line in out.splitlines() if "llm_audit_retention_days=30 would keep logs less than six months" in line]

@@ -37,7 +37,7 @@ def _exchanges_columns() -> list[sa.Column]:
         sa.Column("started_at", TIME, comment="When the request started (UTC)."),
         sa.Column("first_chunk_at", TIME, comment="When the first response body byte arrived (UTC)."),
         sa.Column("ended_at", TIME, comment="When the exchange ended (UTC)."),
-        sa.Column("status", sa.String(32), nullable=False, comment="completed, failed, blocked, client_aborted, upstream_aborted."),
+        sa.Column("status", sa.String(32), nullable=False, comment="in_progress, completed, failed, blocked, client_aborted, upstream_aborted, interrupted."),
         sa.Column("dialect", sa.String(32), nullable=False, comment="Protocol: llm-stream, openai-chat, ..."),
         sa.Column("provider", sa.String(64), comment="gen_ai.provider.name when known."),
         sa.Column("server_address", sa.String(255), comment="Upstream host."),
