@@ -201,12 +201,17 @@ class LLMAudit:
         audit = self.flows.pop(flow.id, None)
         if audit is None or audit.record is None:
             return
-        outcome = abort_side(flow)
         record = audit.record
-        if audit.auditor is not None and outcome == OUTCOME_UPSTREAM_ABORTED:
-            audit.auditor.end(cut_by_upstream=True)
-        if flow.response is None and outcome == OUTCOME_UPSTREAM_ABORTED:
-            record.error_code, record.error_message = "upstream_error", flow.error.msg if flow.error else None
+        try:
+            outcome = abort_side(flow)
+            if audit.auditor is not None and outcome == OUTCOME_UPSTREAM_ABORTED:
+                audit.auditor.end(cut_by_upstream=True)
+            if flow.response is None and outcome == OUTCOME_UPSTREAM_ABORTED:
+                record.error_code, record.error_message = "upstream_error", flow.error.msg if flow.error else None
+        except Exception as e:  # noqa: BLE001 - the record is written whatever happens
+            log.exception("llm-audit: failed to settle an aborted exchange")
+            record.add_finding("audit_internal_error", f"{type(e).__name__}: {e}"[:300])
+            outcome = OUTCOME_UPSTREAM_ABORTED
         record.finish(outcome)
         self._submit(record)
 
