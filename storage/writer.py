@@ -61,7 +61,7 @@ class AuditWriter:
         self.instance = instance
         self.batch_size = batch_size
         self.max_delay = max_delay
-        self.written = 0
+        self.written = 0  # final records (open records are not counted)
         self.started = datetime.now(timezone.utc)
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._held: list[dict[str, Any]] = []  # rows neither the database nor the spool took
@@ -196,7 +196,7 @@ class AuditWriter:
             rows = [_postgres_safe(row) for row in rows]
         with self.engine.begin() as conn:
             conn.execute(self._upsert, rows)
-        self.written += len(rows)
+        self.written += sum(1 for row in rows if row["status"] != "in_progress")  # final records
 
     def _mark_interrupted(self) -> None:
         """Rows this instance left open before this run started were cut by a crash."""
