@@ -1,0 +1,64 @@
+"""Ending a streamed response early and cleanly: the one place that uses mitmproxy's private API.
+
+mitmproxy 12.3 has no public way to finish a response while the upstream is still
+sending (``flow.kill()`` is ignored in transit; returning ``b""`` from the stream
+callable ends an HTTP/1.1 body but breaks the kept-alive connection). A content filter
+that stops a stream needs both halves: the client gets the injected end of the stream
+and then a clean end of the response (HTTP/1.1 chunked terminator, HTTP/2 END_STREAM),
+and the upstream is told to stop generating (HTTP/2: RST_STREAM CANCEL for that stream
+only, so other streams on the connection carry on; HTTP/1.1: the connection is closed).
+
+How: :func:`install` extends ``HttpStream.state_stream_response_body``. After the stream
+callable has handled a chunk, if the flow was marked with :func:`end_after_this_chunk`,
+it cancels the upstream side of this stream and finishes the flow towards the client
+through mitmproxy's normal ``send_response(already_streamed=True)`` path (so the
+``response`` hook fires, not ``error``). The technique is the one checked in
+``shared/reference/early-termination.md``; mitmproxy is pinned to 12.3.x in
+``pyproject.toml`` and ``tests/e2e/test_early_end.py`` proves it per protocol.
+"""
+
+from __future__ import annotations
+
+import functools
+
+from mitmproxy import http
+from mitmproxy.proxy.layers import http as httplayer
+from mitmproxy.proxy.layers.http import ErrorCode, HttpStream, RequestProtocolError, ResponseData
+
+METADATA_KEY = "llm_audit_end_stream"
+_ENDED = "_llm_audit_ended_early"  # on the HttpStream: the early end happened
+_PATCHED = "_llm_audit_patched"  # on the patched method
+
+
+def end_after_this_chunk(flow: http.HTTPFlow) -> None:
+    """Call from the stream callable: the chunk it returns now is the last the client gets."""
+    flow.metadata[METADATA_KEY] = True
+
+
+def ended_early(flow: http.HTTPFlow) -> bool:
+    return bool(flow.metadata.get(METADATA_KEY))
+
+
+def install() -> None:
+    """Patch ``HttpStream`` once per process (idempotent: script reloads call it again)."""
+    original = HttpStream.state_stream_response_body
+    if getattr(original, _PATCHED, False):
+        return
+
+    @functools.wraps(original)
+    def state_stream_response_body(self: HttpStream, event):
+        yield from original(self, event)
+        if (
+            isinstance(event, ResponseData)
+            and self.flow.metadata.get(METADATA_KEY)
+            and not getattr(self, _ENDED, False)
+        ):
+            setattr(self, _ENDED, True)
+            yield httplayer.SendHttp(
+                RequestProtocolError(self.stream_id, "stopped by llm-audit content filter", ErrorCode.CANCEL),
+                self.context.server,
+            )
+            yield from self.send_response(already_streamed=True)
+
+    setattr(state_stream_response_body, _PATCHED, True)
+    HttpStream.state_stream_response_body = state_stream_response_body  # type: ignore[method-assign]
