@@ -1,0 +1,211 @@
+"""The filters of one proxy put together: the rules file's rules and user filters.
+
+:class:`FilterSet` checks requests; its :meth:`FilterSet.output_guard` gives one
+:class:`OutputGuard` per exchange, which checks output as it streams and says what may
+be released to the client now. Both are sans-IO: the proxy feeds them and acts on their
+answers (forwards or drops the request; emits the released text; ends a blocked stream
+with its dialect's error).
+
+User filters are the user's code running on the proxy's event loop. A call that raises,
+returns something other than a :class:`Verdict` or ``None``, or takes longer than
+``time_budget`` gives a ``filter_error`` verdict, and the filter is not called again for
+the rest of that exchange (a call cannot be interrupted, only measured). What the
+verdict does is the ``failure`` policy:
+
+- ``"open"``: the verdict is a flag: recorded, and the traffic goes on without that
+  filter's check. Availability first: a broken filter never breaks the service, but
+  while it is broken, what it should catch passes.
+- ``"closed"``: the verdict blocks the exchange. Safety first: nothing passes unchecked,
+  and a broken filter stops all traffic it sees.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from itertools import islice
+from typing import Literal
+
+from addon.filters.api import ALLOW, BLOCK, FLAG, Filter, OutputPiece, RequestContext, TextSoFar, Verdict
+from addon.filters.rules import Rule
+from addon.filters.window import MAX_HITS_PER_RULE, StreamScanner
+
+Failure = Literal["open", "closed"]
+DEFAULT_TIME_BUDGET = 0.005  # seconds a user filter may take per call
+FILTER_ERROR = "filter_error"  # the rule id of a failed filter's verdict
+
+StreamKey = tuple[int, str, str | None]  # (choice, kind, tool_key)
+
+
+@dataclass(frozen=True, slots=True)
+class Release:
+    """What a piece of output allows: ``text`` to send to the client now, and verdicts."""
+
+    text: str = ""
+    verdicts: tuple[Verdict, ...] = ()
+
+
+class FilterSet:
+    """The built-in rules and user filters one proxy runs, and how failures count."""
+
+    def __init__(
+        self,
+        rules: Sequence[Rule] = (),
+        filters: Sequence[Filter] = (),
+        *,
+        failure: Failure,
+        time_budget: float = DEFAULT_TIME_BUDGET,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        if failure not in ("open", "closed"):
+            raise ValueError(f"failure must be 'open' or 'closed', not {failure!r}")
+        self.request_rules = [r for r in rules if r.on_request]
+        self.response_rules = [r for r in rules if r.on_response]
+        self.filters = [(f.name, f) for f in filters]
+        self.failure = failure
+        self.time_budget = time_budget
+        self._clock = clock
+        self.filter_hold = max((f.window for f in filters), default=0)
+
+    @property
+    def checks_output(self) -> bool:
+        """Whether output needs an :class:`OutputGuard` at all."""
+        return bool(self.response_rules or self.filters)
+
+    @property
+    def hold(self) -> int:
+        """The most characters a stream holds back.
+
+        0 means every piece is released as soon as it is checked, so the proxy can
+        forward the upstream's events unchanged.
+        """
+        holds = [r.hold(m) for r in self.response_rules for m in r.matchers]
+        return max([self.filter_hold, *holds])
+
+    def check_request(self, ctx: RequestContext) -> list[Verdict]:
+        """Every verdict about a request; the proxy blocks it if any is ``block``."""
+        verdicts: list[Verdict] = []
+        for rule in self.request_rules:
+            hits = ((i, hit) for i, message in enumerate(ctx.messages) for hit in rule.find(message.text))
+            limit = 1 if rule.action == BLOCK else MAX_HITS_PER_RULE  # one hit is enough to block
+            verdicts.extend(rule.verdict(hit, 0, f"messages[{i}]") for i, hit in islice(hits, limit))
+        for name, f in self.filters:
+            found, _ = self.call(name, lambda f=f: f.check_request(ctx), "request")
+            verdicts.extend(found)
+        return verdicts
+
+    def output_guard(self) -> OutputGuard:
+        """A guard for the output of one exchange."""
+        return OutputGuard(self)
+
+    def call(self, name: str, check: Callable[[], object], location: str) -> tuple[list[Verdict], bool]:
+        """Run one user filter check: its verdicts, and whether the filter failed."""
+        start = self._clock()
+        try:
+            result = check()
+            if result is not None and not isinstance(result, Verdict):
+                raise TypeError(f"returned {type(result).__name__}, not a Verdict or None")
+        except Exception as e:  # noqa: BLE001 - any failure of user code is a verdict
+            return [self._error(name, f"{type(e).__name__}: {e}", location)], True
+        elapsed = self._clock() - start
+        verdicts = []
+        if result is not None and result.action != ALLOW:
+            verdicts.append(replace(result, filter=name, location=result.location or location))
+        if elapsed > self.time_budget:
+            reason = f"took {elapsed * 1000:.1f} ms, over the {self.time_budget * 1000:g} ms budget"
+            verdicts.append(self._error(name, reason, location))
+            return verdicts, True
+        return verdicts, False
+
+    def _error(self, name: str, reason: str, location: str) -> Verdict:
+        action = FLAG if self.failure == "open" else BLOCK
+        return Verdict(action, FILTER_ERROR, " ".join(reason.split())[:300], filter=name, location=location)
+
+
+class _Stream:
+    __slots__ = ("key", "location", "scanner", "so_far")
+
+    def __init__(self, key: StreamKey, fs: FilterSet) -> None:
+        choice, kind, tool_key = key
+        self.key = key
+        if kind == "tool_arguments":
+            self.location = f"output.tool_calls[{tool_key}].arguments"
+        else:
+            self.location = f"output.choices[{choice}].{kind}"
+        self.scanner = StreamScanner(fs.response_rules, extra_hold=fs.filter_hold, location=self.location)
+        self.so_far = TextSoFar() if fs.filters else None
+
+
+class OutputGuard:
+    """Checks one exchange's output, stream by stream, and says what may be released.
+
+    A stream is one choice's ``text``, ``reasoning`` or ``refusal``, or one tool call's
+    arguments (``kind="tool_arguments"`` with its ``tool_key``). Feed each piece as it
+    arrives and send only the released text; call :meth:`flush` when a stream ends (a
+    content block closes, a tool call completes) or :meth:`flush_all` at the end of the
+    response. Once :attr:`blocked` is set, nothing more is released anywhere: the proxy
+    ends the response.
+    """
+
+    def __init__(self, fs: FilterSet) -> None:
+        self._fs = fs
+        self._streams: dict[StreamKey, _Stream] = {}
+        self._failed: set[int] = set()  # filters (by index) that failed in this exchange
+        self.blocked: Verdict | None = None
+
+    def feed(self, text: str, *, choice: int = 0, kind: str = "text", tool_key: str | None = None) -> Release:
+        """A new piece of one stream: what may be released now, and the verdicts."""
+        if self.blocked is not None or not text:
+            return Release()
+        stream = self._stream((choice, kind, tool_key))
+        if stream.so_far is not None:
+            stream.so_far.append(text)
+        verdicts = self._run_filters(stream, text, final=False)
+        if self.blocked is None:
+            released, found = stream.scanner.feed(text)
+            verdicts.extend(found)
+            self.blocked = stream.scanner.blocked
+            if self.blocked is None:
+                return Release(released, tuple(verdicts))
+        return Release("", tuple(verdicts))
+
+    def flush(self, *, choice: int = 0, kind: str = "text", tool_key: str | None = None) -> Release:
+        """The end of a stream: a last check, then the rest of its text."""
+        stream = self._streams.get((choice, kind, tool_key))
+        if self.blocked is not None or stream is None:
+            return Release()
+        verdicts = self._run_filters(stream, "", final=True)
+        if self.blocked is None:
+            released, found = stream.scanner.flush()
+            verdicts.extend(found)
+            self.blocked = stream.scanner.blocked
+            if self.blocked is None:
+                return Release(released, tuple(verdicts))
+        return Release("", tuple(verdicts))
+
+    def flush_all(self) -> dict[StreamKey, Release]:
+        """The end of the response: :meth:`flush` every stream seen, by its key."""
+        return {key: self.flush(choice=key[0], kind=key[1], tool_key=key[2]) for key in list(self._streams)}
+
+    def _stream(self, key: StreamKey) -> _Stream:
+        stream = self._streams.get(key)
+        if stream is None:
+            stream = self._streams[key] = _Stream(key, self._fs)
+        return stream
+
+    def _run_filters(self, stream: _Stream, text: str, final: bool) -> list[Verdict]:
+        verdicts: list[Verdict] = []
+        if stream.so_far is None:
+            return verdicts
+        choice, kind, tool_key = stream.key
+        piece = OutputPiece(choice, kind, text, stream.so_far.length, tool_key, final, stream.so_far)  # type: ignore[arg-type]
+        for i, (name, f) in enumerate(self._fs.filters):
+            if i in self._failed:
+                continue
+            found, failed = self._fs.call(name, lambda f=f: f.check_output(piece), stream.location)
+            if failed:
+                self._failed.add(i)
+            verdicts.extend(found)
+        self.blocked = next((v for v in verdicts if v.action == BLOCK), None)
+        return verdicts

@@ -1,0 +1,310 @@
+"""The rules file: the built-in filters, configured in TOML.
+
+One ``[[rule]]`` table per rule::
+
+    [[rule]]
+    id = "internal-hosts"        # required, unique: recorded with every verdict
+    kind = "regex"               # regex | keywords | secrets | pii
+    pattern = '\\b[a-z0-9-]+\\.corp\\.example\\.com\\b'
+    case_sensitive = false       # regex: default true; keywords: default false
+    scope = "both"               # request | response | both (the default)
+    action = "block"             # block | flag: required
+    window = 80                  # optional: characters held back, see below
+    reason = "internal host name"  # optional: recorded with the verdict
+
+    [[rule]]
+    id = "code-names"
+    kind = "keywords"
+    keywords = ["Bluebird", "Project Nightjar"]   # whole words; longest first
+    action = "flag"
+
+    [[rule]]
+    id = "credentials"
+    kind = "secrets"             # types = [...] picks from detectors.SECRET_TYPES (default all)
+    action = "block"
+
+    [[rule]]
+    id = "personal-data"
+    kind = "pii"
+    types = ["email", "card", "iban"]   # the default
+    action = "flag"
+
+``window`` is how many characters of a response stream a blocking rule holds back so
+that a match is caught before any of it reaches the client. It defaults to the longest
+match the rule can make (plus the characters after it that decide it): computed from
+the pattern for a bounded ``regex`` (256 when it is unbounded, e.g. ``\\w+``: give
+``window`` for longer matches), the longest keyword, 167 for ``secrets``, 38 for a card
+number, 44 for an IBAN and 346 for an e-mail address. ``0`` means release-first:
+nothing is held back and a match is reported (and still stops the stream) when seen.
+A smaller window than the default lets the start of a longer match through. ``flag``
+rules never hold text back.
+
+TOML and not YAML: ``tomllib`` is in the standard library, TOML has no implicit typing
+(YAML reads ``no`` as false), literal strings ``'...'`` hold regular expressions
+without doubled backslashes, and its syntax errors carry the line. Any error in the file
+refuses the whole file with :class:`RulesError`: ``path:line: reason``.
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal, NoReturn
+
+from addon.filters.api import Verdict, match_hash
+from addon.filters.detectors import (
+    MAX_SPAN,
+    PII,
+    PII_TYPES,
+    SECRET_TYPES,
+    Hit,
+    Matcher,
+    regex_width,
+    secrets_matcher,
+)
+
+KINDS = ("regex", "keywords", "secrets", "pii")
+SCOPES = ("request", "response", "both")
+ACTIONS = ("block", "flag")
+DEFAULT_REGEX_SPAN = 256  # the longest match an unbounded pattern is assumed to make
+FILTER_NAME = "rules"  # the ``filter`` of every verdict a rule gives
+
+_COMMON_KEYS = {"id", "kind", "scope", "action", "window", "reason"}
+_KIND_KEYS = {
+    "regex": {"pattern", "case_sensitive"},
+    "keywords": {"keywords", "case_sensitive"},
+    "secrets": {"types"},
+    "pii": {"types"},
+}
+_DEFAULT_REASONS = {
+    "regex": "matches the rule's pattern",
+    "keywords": "contains a listed keyword",
+    "secrets": "a credential",
+    "pii": "personal data",
+}
+
+
+class RulesError(Exception):
+    """The rules file was refused: where (``path:line``) and why."""
+
+    def __init__(self, path: str, line: int | None, reason: str) -> None:
+        self.path, self.line, self.reason = path, line, reason
+        super().__init__(f"{path}:{line}: {reason}" if line else f"{path}: {reason}")
+
+
+@dataclass(frozen=True, slots=True)
+class Rule:
+    """One rule of the file, compiled: its matchers and what a match means."""
+
+    id: str
+    kind: str
+    action: Literal["block", "flag"]
+    scope: str
+    matchers: tuple[Matcher, ...]
+    window: int | None = None  # None: each matcher's own hold
+    reason: str = ""
+
+    @property
+    def on_request(self) -> bool:
+        return self.scope != "response"
+
+    @property
+    def on_response(self) -> bool:
+        return self.scope != "request"
+
+    def hold(self, matcher: Matcher) -> int:
+        """Characters of a stream this rule holds back for ``matcher`` (0 for flag rules)."""
+        if self.action != "block":
+            return 0
+        return matcher.hold if self.window is None else self.window
+
+    def find(self, text: str) -> Iterator[Hit]:
+        """Every hit in a complete text (a request message)."""
+        for matcher in self.matchers:
+            yield from matcher.find(text)
+
+    def verdict(self, hit: Hit, offset: int = 0, location: str = "") -> Verdict:
+        """The verdict for a hit found ``offset`` characters into the checked text."""
+        reason = self.reason or _DEFAULT_REASONS[self.kind]
+        if hit.label:
+            reason = f"{reason} ({hit.label})"
+        return Verdict(self.action, self.id, reason, offset + hit.start, match_hash(hit.text), FILTER_NAME, location)
+
+
+def load_rules(path: str | Path) -> list[Rule]:
+    """Read and compile a rules file; :class:`RulesError` says where and why it is wrong."""
+    name = str(path)
+    try:
+        raw = Path(path).read_bytes()
+    except OSError as e:
+        raise RulesError(name, None, f"cannot read the rules file: {e.strerror}") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise RulesError(name, raw[: e.start].count(b"\n") + 1, "the file is not UTF-8 text") from None
+    return parse_rules(text, name)
+
+
+def parse_rules(text: str, path: str = "<rules>") -> list[Rule]:
+    """Compile the rules of a TOML text (``path`` only names it in errors)."""
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise _syntax_error(e, path) from None
+    lines = _Lines(text)
+    for key in data:
+        if key != "rule":
+            raise RulesError(path, lines.top_level(key), f"unknown top-level key {key!r} (rules are [[rule]] tables)")
+    tables = data.get("rule", [])
+    if not isinstance(tables, list):
+        raise RulesError(path, lines.top_level("rule"), "'rule' must be an array of [[rule]] tables")
+    rules: list[Rule] = []
+    seen: set[str] = set()
+    for index, table in enumerate(tables):
+        entry = _Entry(table, index, lines, path)
+        rule = entry.compile()
+        if rule.id in seen:
+            entry.fail("id", f"duplicate id {rule.id!r}")
+        seen.add(rule.id)
+        rules.append(rule)
+    return rules
+
+
+def _syntax_error(e: tomllib.TOMLDecodeError, path: str) -> RulesError:
+    """tomllib puts the position at the end of its message: move it to the front."""
+    message = str(e)
+    m = re.search(r" \(at line (\d+), column (\d+)\)$", message)
+    if m is None:
+        return RulesError(path, None, f"TOML syntax error: {message}")
+    return RulesError(path, int(m[1]), f"TOML syntax error: {message[: m.start()]} (column {m[2]})")
+
+
+class _Lines:
+    """Finds the line of a rule's key in the file text, since tomllib gives no positions.
+
+    Rules written as ``[[rule]]`` tables are found by their headers; a rule written
+    another way (an inline array) is reported without a line.
+    """
+
+    _HEADER = re.compile(r"\s*\[\[\s*rule\s*\]\]")
+
+    def __init__(self, text: str) -> None:
+        self.lines = text.split("\n")  # TOML's line ends, as tomllib counts them
+        self.headers = [n for n, line in enumerate(self.lines) if self._HEADER.match(line)]
+
+    def of(self, index: int, key: str | None) -> int | None:
+        """The line of ``key`` in the ``index``-th rule (its header line if not found)."""
+        if index >= len(self.headers):
+            return None
+        start = self.headers[index]
+        end = self.headers[index + 1] if index + 1 < len(self.headers) else len(self.lines)
+        return self._find(key, start, end) or start + 1
+
+    def top_level(self, key: str) -> int | None:
+        return self._find(key, 0, len(self.lines))
+
+    def _find(self, key: str | None, start: int, end: int) -> int | None:
+        if key is None:
+            return None
+        k = re.escape(key)
+        pattern = re.compile(rf"""\s*(?:{k}|"{k}"|'{k}')\s*=|\s*\[+\s*{k}\s*\]""")
+        return next((n + 1 for n in range(start, end) if pattern.match(self.lines[n])), None)
+
+
+_MISSING = object()
+
+
+class _Entry:
+    """One ``[[rule]]`` table being checked and compiled; every error names its line."""
+
+    def __init__(self, table: Any, index: int, lines: _Lines, path: str) -> None:
+        self.table, self.index, self.lines, self.path = table, index, lines, path
+
+    def fail(self, key: str | None, reason: str) -> NoReturn:
+        rule_id = self.table.get("id") if isinstance(self.table, dict) else None
+        name = f"rule {rule_id!r}" if isinstance(rule_id, str) else f"rule #{self.index + 1}"
+        raise RulesError(self.path, self.lines.of(self.index, key), f"{name}: {reason}")
+
+    def get(self, key: str, kind: type, default: Any = _MISSING) -> Any:
+        value = self.table.get(key, _MISSING)
+        if value is _MISSING:
+            if default is _MISSING:
+                self.fail(None, f"missing {key!r}")
+            return default
+        if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+            self.fail(key, f"{key!r} must be {_TYPE_NAMES[kind]}, not {value!r}")
+        return value
+
+    def choice(self, key: str, choices: tuple[str, ...], default: Any = _MISSING) -> str:
+        value = self.get(key, str, default)
+        if value not in choices:
+            self.fail(key, f"{key!r} must be one of {', '.join(choices)}, not {value!r}")
+        return value
+
+    def strings(self, key: str, allowed: tuple[str, ...] | None = None) -> tuple[str, ...]:
+        values = self.get(key, list, None)
+        if values is None:
+            return allowed or ()
+        if not values or not all(isinstance(v, str) and v.strip() for v in values):
+            self.fail(key, f"{key!r} must be a non-empty list of non-empty strings")
+        unknown = [v for v in values if allowed is not None and v not in allowed]
+        if unknown:
+            self.fail(key, f"unknown {key} {', '.join(map(repr, unknown))} (known: {', '.join(allowed or ())})")
+        return tuple(dict.fromkeys(values))
+
+    def compile(self) -> Rule:
+        if not isinstance(self.table, dict):
+            self.fail(None, "must be a table")
+        rule_id = self.get("id", str)
+        if not rule_id.strip():
+            self.fail("id", "'id' must not be empty")
+        kind = self.choice("kind", KINDS)
+        for key in self.table:
+            if key not in _COMMON_KEYS | _KIND_KEYS[kind]:
+                known = ", ".join(sorted(_COMMON_KEYS | _KIND_KEYS[kind]))
+                self.fail(key, f"unknown key {key!r} (a {kind} rule takes: {known})")
+        action = self.choice("action", ACTIONS)
+        scope = self.choice("scope", SCOPES, "both")
+        window = self.get("window", int, None)
+        if window is not None and not 0 <= window <= MAX_SPAN:
+            self.fail("window", f"'window' must be between 0 and {MAX_SPAN}, not {window}")
+        reason = self.get("reason", str, "")
+        match kind:
+            case "regex":
+                matchers = self._regex(window)
+            case "keywords":
+                matchers = self._keywords()
+            case "secrets":
+                matchers = (secrets_matcher(self.strings("types", SECRET_TYPES)),)
+            case _:
+                matchers = tuple(PII[t] for t in self.strings("types", PII_TYPES))
+        return Rule(rule_id, kind, action, scope, matchers, window, reason)
+
+    def _regex(self, window: int | None) -> tuple[Matcher, ...]:
+        pattern = self.get("pattern", str)
+        flags = 0 if self.get("case_sensitive", bool, True) else re.IGNORECASE
+        try:
+            regex = re.compile(pattern, flags)
+        except re.error as e:
+            self.fail("pattern", f"bad regular expression: {e.msg} at position {e.pos}")
+        low, high = regex_width(regex)
+        if low == 0:
+            self.fail("pattern", "the pattern can match empty text")
+        # A pattern's own bound wins; an unbounded one is scanned as far as the window.
+        return (Matcher(regex, high or window or DEFAULT_REGEX_SPAN),)
+
+    def _keywords(self) -> tuple[Matcher, ...]:
+        words = sorted(self.strings("keywords"), key=len, reverse=True)
+        if not words:
+            self.fail(None, "missing 'keywords'")
+        flags = 0 if self.get("case_sensitive", bool, False) else re.IGNORECASE
+        # One alternation, longest first, with word edges that also work for words
+        # that start or end with punctuation ("C++").
+        regex = re.compile(r"(?<!\w)(?:" + "|".join(map(re.escape, words)) + r")(?!\w)", flags)
+        return (Matcher(regex, len(words[0])),)
+
+
+_TYPE_NAMES = {str: "a string", int: "an integer", bool: "true or false", list: "a list"}

@@ -1,0 +1,266 @@
+"""FilterSet and OutputGuard: rules and user filters together, failures under both policies."""
+
+import itertools
+
+import pytest
+from fixtures.filters.samples import SECRETS
+
+from addon.filters.api import ALLOW, BLOCK, FLAG, BaseFilter, OutputPiece, RequestContext, Verdict, match_hash
+from addon.filters.engine import FILTER_ERROR, FilterSet, Release
+from addon.filters.rules import parse_rules
+
+RULES = parse_rules("""
+[[rule]]
+id = "creds"
+kind = "secrets"
+action = "block"
+
+[[rule]]
+id = "mail"
+kind = "pii"
+types = ["email"]
+action = "flag"
+scope = "request"
+
+[[rule]]
+id = "cards"
+kind = "pii"
+types = ["card"]
+action = "flag"
+scope = "response"
+""")
+KEY = SECRETS["github_token"][0][0]
+
+
+def ctx(*texts: str) -> RequestContext:
+    return RequestContext.from_body("openai-chat", {"messages": [{"role": "user", "content": t} for t in texts]})
+
+
+class Recorder(BaseFilter):
+    """Answers with a fixed verdict and remembers what it saw."""
+
+    def __init__(self, name="recorder", verdict=None, window=0):
+        self.name, self.verdict, self.window = name, verdict, window
+        self.pieces: list[tuple[str, str, int, bool]] = []
+
+    def check_request(self, ctx):
+        return self.verdict
+
+    def check_output(self, piece: OutputPiece):
+        self.pieces.append((piece.text, piece.accumulated, piece.end, piece.final))
+        return self.verdict
+
+
+class Raises(BaseFilter):
+    def check_request(self, ctx):
+        raise KeyError("boom")
+
+    def check_output(self, piece):
+        raise RuntimeError("output\nboom")
+
+
+# -- requests ------------------------------------------------------------------------------
+
+
+def test_request_rules_check_every_message_with_their_scope():
+    fs = FilterSet(RULES, failure="open")
+    verdicts = fs.check_request(ctx("mail bob@example.com", "card 4111 1111 1111 1111", f"key {KEY}"))
+    assert [(v.rule_id, v.action, v.location, v.position) for v in verdicts] == [
+        ("creds", BLOCK, "messages[2]", 4),
+        ("mail", FLAG, "messages[0]", 5),
+    ]  # the card rule is for responses only
+    assert verdicts[0].match_hash == match_hash(KEY) and verdicts[0].filter == "rules"
+
+
+def test_one_hit_is_enough_for_a_blocking_request_rule():
+    verdicts = FilterSet(RULES, failure="open").check_request(ctx(f"{KEY} {KEY}", KEY))
+    assert [v.rule_id for v in verdicts] == ["creds"]
+
+
+def test_user_filter_verdicts_are_named_after_the_filter_and_allow_is_dropped():
+    flagger = Recorder("flagger", Verdict(FLAG, "x", "because", filter="impostor"))
+    allower = Recorder("allower", Verdict(ALLOW, "ok"))
+    silent = Recorder("silent")
+    verdicts = FilterSet(filters=[flagger, allower, silent], failure="closed").check_request(ctx("hi"))
+    assert verdicts == [Verdict(FLAG, "x", "because", filter="flagger", location="request")]
+
+
+@pytest.mark.parametrize(("failure", "action"), [("open", FLAG), ("closed", BLOCK)])
+def test_a_filter_that_raises_gives_a_filter_error_per_the_policy(failure, action):
+    (verdict,) = FilterSet(filters=[Raises()], failure=failure).check_request(ctx("hi"))
+    assert (verdict.action, verdict.rule_id, verdict.filter, verdict.reason) == (
+        action,
+        FILTER_ERROR,
+        "Raises",
+        "KeyError: 'boom'",
+    )
+
+
+def test_a_filter_that_returns_something_else_fails():
+    class Wrong(BaseFilter):
+        def check_request(self, ctx):
+            return "block"
+
+    (verdict,) = FilterSet(filters=[Wrong()], failure="open").check_request(ctx("hi"))
+    assert verdict.rule_id == FILTER_ERROR and "returned str" in verdict.reason
+
+
+class FakeClock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+@pytest.mark.parametrize(("failure", "action"), [("open", FLAG), ("closed", BLOCK)])
+def test_a_slow_filter_keeps_its_verdict_and_gets_a_filter_error(failure, action):
+    clock = FakeClock()
+
+    class Slow(BaseFilter):
+        def check_request(self, ctx):
+            clock.now += 0.050
+            return Verdict(FLAG, "seen")
+
+    fs = FilterSet(filters=[Slow()], failure=failure, time_budget=0.010, clock=clock)
+    seen, late = fs.check_request(ctx("hi"))
+    assert (seen.rule_id, late.rule_id, late.action) == ("seen", FILTER_ERROR, action)
+    assert late.reason == "took 50.0 ms, over the 10 ms budget"
+
+
+def test_the_failure_policy_must_be_chosen():
+    with pytest.raises(TypeError):
+        FilterSet()  # type: ignore[call-arg]
+    with pytest.raises(ValueError, match="failure must be"):
+        FilterSet(failure="maybe")  # type: ignore[arg-type]
+
+
+# -- output --------------------------------------------------------------------------------
+
+
+def feed_all(guard, pieces, **where):
+    out = [guard.feed(p, **where) for p in pieces]
+    return out + [guard.flush(**where)]
+
+
+def released(releases):
+    return "".join(r.text for r in releases)
+
+
+def test_without_output_checks_a_guard_releases_everything_at_once():
+    fs = FilterSet(parse_rules('[[rule]]\nid = "m"\nkind = "pii"\naction = "flag"\nscope = "request"'), failure="open")
+    assert not fs.checks_output
+    guard = fs.output_guard()
+    assert [r.text for r in feed_all(guard, ["a", "b"])] == ["a", "b", ""]
+
+
+def test_the_hold_is_the_largest_of_blocking_rules_and_user_windows():
+    assert FilterSet(RULES, failure="open").hold == 167  # the flag rules hold nothing
+    assert FilterSet(RULES[1:], [Recorder(window=500)], failure="open").hold == 500
+    release_first = parse_rules('[[rule]]\nid = "c"\nkind = "secrets"\naction = "block"\nwindow = 0')
+    assert FilterSet(release_first, [Recorder()], failure="open").hold == 0
+
+
+def test_a_secret_split_across_pieces_is_blocked_before_any_of_it_leaves():
+    guard = FilterSet(RULES, failure="open").output_guard()
+    text = f"Here you go: {KEY} and more text after it."
+    releases = feed_all(guard, [text[i : i + 3] for i in range(0, len(text), 3)])
+    assert guard.blocked is not None and guard.blocked.rule_id == "creds"
+    assert guard.blocked.location == "output.choices[0].text" and guard.blocked.position == 13
+    assert len(released(releases)) <= 13
+    assert guard.feed("more").text == "" and guard.flush_all() == {(0, "text", None): Release()}
+
+
+def test_streams_are_separate_and_each_has_its_location():
+    guard = FilterSet(RULES, failure="open").output_guard()
+    fed = [
+        guard.feed("card 4111 ", choice=0),
+        guard.feed("1111 1111 1111 ", choice=1),  # not the same number
+        guard.feed("pay 5555 5555 5555 4444 ", kind="reasoning"),
+        guard.feed('{"card": "4111111111111111"}', kind="tool_arguments", tool_key="call_1"),
+    ]
+    ends = guard.flush_all()
+    assert guard.blocked is None
+    locations = sorted(v.location for r in fed + list(ends.values()) for v in r.verdicts)
+    assert locations == ["output.choices[0].reasoning", "output.tool_calls[call_1].arguments"]
+    assert ends[(0, "text", None)].text == "card 4111 " and ends[(1, "text", None)].text == "1111 1111 1111 "
+
+
+def test_user_filters_see_each_piece_with_the_text_so_far_and_a_final_call():
+    recorder = Recorder()
+    guard = FilterSet(filters=[recorder], failure="open").output_guard()
+    releases = feed_all(guard, ["Hel", "lo", " you"])
+    assert recorder.pieces == [
+        ("Hel", "Hel", 3, False),
+        ("lo", "Hello", 5, False),
+        (" you", "Hello you", 9, False),
+        ("", "Hello you", 9, True),
+    ]
+    assert [r.text for r in releases] == ["Hel", "lo", " you", ""]  # window 0: nothing held
+
+
+def test_a_user_filters_window_holds_text_until_it_could_block():
+    class BlockWord(BaseFilter):
+        window = len("forbidden")
+
+        def check_output(self, piece):
+            tail = piece.recent(self.window + len(piece.text))
+            if "forbidden" in tail:
+                return Verdict(BLOCK, "word")
+
+    guard = FilterSet(filters=[BlockWord()], failure="open").output_guard()
+    releases = [guard.feed(c) for c in "this is forbidden text"]
+    assert guard.blocked is not None and guard.blocked.filter == "BlockWord"
+    assert "forb" not in released(releases)
+    assert released(releases) == "this is "[: len(released(releases))]
+
+
+def test_accumulated_text_of_many_pieces_is_not_rebuilt_each_time():
+    recorder = Recorder()
+    guard = FilterSet(filters=[recorder], failure="open").output_guard()
+    for ch in itertools.islice(itertools.cycle("abc"), 5000):
+        guard.feed(ch)
+    assert recorder.pieces[-1][1] == ("abc" * 2000)[:5000]
+
+
+@pytest.mark.parametrize(("failure", "blocked"), [("open", False), ("closed", True)])
+def test_a_failing_output_filter_is_reported_once_and_not_called_again(failure, blocked):
+    calls = []
+
+    class Flaky(BaseFilter):
+        def check_output(self, piece):
+            calls.append(piece.text)
+            raise RuntimeError("flaky")
+
+    guard = FilterSet(filters=[Flaky()], failure=failure).output_guard()
+    releases = feed_all(guard, ["a", "b", "c"])
+    verdicts = [v for r in releases for v in r.verdicts]
+    assert [(v.rule_id, v.location) for v in verdicts] == [(FILTER_ERROR, "output.choices[0].text")]
+    assert calls == ["a"]
+    assert (guard.blocked is not None) == blocked
+    assert released(releases) == ("" if blocked else "abc")
+
+
+def test_user_filters_and_rules_report_together():
+    recorder = Recorder(verdict=Verdict(FLAG, "every-piece"))
+    guard = FilterSet(RULES, [recorder], failure="open").output_guard()
+    releases = feed_all(guard, ["card 4111 1111 1111 1111", " ok"])
+    rule_ids = [v.rule_id for r in releases for v in r.verdicts]
+    assert rule_ids.count("every-piece") == 3 and rule_ids.count("cards") == 1
+    assert released(releases) == "card 4111 1111 1111 1111 ok"
+
+
+def test_verdict_validation_and_record_form():
+    with pytest.raises(ValueError, match="action must be one of"):
+        Verdict("deny", "x")  # type: ignore[arg-type]
+    v = Verdict.for_match(BLOCK, "r", "why", "the secret", 3)
+    assert v.match_hash == match_hash("the secret") and v.match_hash.startswith("sha256:") and len(v.match_hash) == 23
+    assert v.as_dict() == {
+        "action": "block",
+        "rule_id": "r",
+        "reason": "why",
+        "position": 3,
+        "match_hash": v.match_hash,
+        "filter": "",
+        "location": "",
+    }

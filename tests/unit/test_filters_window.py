@@ -1,0 +1,262 @@
+"""The hold-back window: however a stream is cut, no character of a blocking match leaks.
+
+Every test compares the stream against the same rules run over the whole text at once
+(``Rule.find``): the stream must block exactly when the whole text has a blocking match,
+must never have released a character at or after that match's start, and must report
+the same positions and hashes.
+"""
+
+from dataclasses import replace
+
+from fixtures.filters.samples import CARDS, EMAILS, IBANS, NOT_CARDS, NOT_IBANS, NOT_SECRETS, SECRETS
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from addon.filters.api import match_hash
+from addon.filters.rules import parse_rules
+from addon.filters.window import MAX_HITS_PER_RULE, StreamScanner
+
+BLOCKING = parse_rules(r"""
+[[rule]]
+id = "creds"
+kind = "secrets"
+action = "block"
+
+[[rule]]
+id = "money"
+kind = "pii"
+types = ["card", "iban"]
+action = "block"
+
+[[rule]]
+id = "hosts"
+kind = "regex"
+pattern = '\b[a-z0-9-]{1,20}\.corp\.example\.com\b'
+action = "block"
+
+[[rule]]
+id = "codename"
+kind = "keywords"
+keywords = ["nightjar", "project bluebird"]
+action = "block"
+""")
+
+
+def as_flags(rules):
+    return [replace(r, action="flag") for r in rules]
+
+
+def run(rules, text, cuts, **kw):
+    """Stream ``text`` cut at ``cuts``; the released text, verdicts, and (fed, released) after each piece."""
+    scanner = StreamScanner(rules, **kw)
+    released, verdicts, progress, prev = "", [], [], 0
+    for cut in [*sorted(cuts), len(text)]:
+        out, found = scanner.feed(text[prev:cut])
+        released += out
+        verdicts += found
+        prev = cut
+        progress.append((cut, len(released)))
+    out, found = scanner.flush()
+    return released + out, verdicts + found, progress
+
+
+def whole(rules, text):
+    """What the rules find in the whole text: (rule id, position, hash), in position order."""
+    return sorted(((r.id, h.start, match_hash(h.text)) for r in rules for h in r.find(text)), key=lambda v: v[1])
+
+
+def check_stream(rules, text, cuts):
+    expected = whole(rules, text)
+    released, verdicts, _ = run(rules, text, cuts)
+    assert text.startswith(released)
+    if not expected:
+        assert verdicts == [] and released == text
+        return
+    assert len(released) <= expected[0][1], f"leaked {text[expected[0][1] : len(released)]!r} at cuts {cuts}"
+    blocks = [(v.rule_id, v.position, v.match_hash) for v in verdicts if v.action == "block"]
+    assert len(blocks) >= 1 and set(blocks) <= set(expected), (cuts, blocks, expected)
+
+
+SAMPLES = (
+    [f"here: {text} ok" for items in SECRETS.values() for text, _ in items]
+    + [f"card {c}, thanks" for c in CARDS]
+    + [f"IBAN {i} EUR" for i in IBANS]
+    + ["ssh db-7.corp.example.com now", "the Nightjar plan", "it is Project  Bluebird? no, project bluebird"]
+)
+NEAR_MISSES = (
+    [f"here: {t} ok" for t in NOT_SECRETS]
+    + [f"card {c}, thanks" for c in NOT_CARDS]
+    + [f"IBAN {i} EUR" for i in NOT_IBANS]
+    + ["db-7.corp.example.community", "nightjars and project bluebirds"]
+)
+
+
+def test_every_sample_has_exactly_one_blocking_match_and_near_misses_none():
+    assert all(len(whole(BLOCKING, s)) == 1 for s in SAMPLES)
+    assert all(whole(BLOCKING, s) == [] for s in NEAR_MISSES)
+
+
+def test_a_match_cut_at_any_single_position_never_leaks():
+    for text in SAMPLES + NEAR_MISSES:
+        for cut in range(len(text) + 1):
+            check_stream(BLOCKING, text, [cut])
+
+
+def test_a_match_cut_at_any_two_positions_never_leaks():
+    for text in SAMPLES + NEAR_MISSES:
+        if len(text) > 60:
+            continue  # the long credentials get single cuts, one-character pieces and random cuts
+        for i in range(len(text) + 1):
+            for j in range(i, len(text) + 1):
+                check_stream(BLOCKING, text, [i, j])
+
+
+def test_one_character_pieces_never_leak():
+    for text in SAMPLES + NEAR_MISSES:
+        check_stream(BLOCKING, text, range(1, len(text)))
+
+
+FRAGMENTS = st.sampled_from(
+    [t for items in SECRETS.values() for t, _ in items]
+    + CARDS + IBANS + EMAILS + NOT_SECRETS + NOT_CARDS + NOT_IBANS
+    + ["db.corp.example.com", "nightjar", "project bluebird", "4111", "DE89", "AKIA", "sk-", "eyJ", "@", "."]
+    + [" ", "  ", "-", "\n", "x", "words and more words", "1234", "0", "EUR", ", "]
+)  # fmt: skip
+
+
+@st.composite
+def cut_texts(draw):
+    text = "".join(draw(st.lists(FRAGMENTS, min_size=1, max_size=12)))
+    cuts = draw(st.lists(st.integers(0, len(text)), max_size=40))
+    return text, cuts
+
+
+@settings(max_examples=300, deadline=None)
+@given(cut_texts())
+def test_random_texts_cut_into_many_pieces_never_leak(case):
+    text, cuts = case
+    check_stream(BLOCKING, text, cuts)
+
+
+@settings(max_examples=300, deadline=None)
+@given(cut_texts())
+def test_flag_verdicts_do_not_depend_on_where_the_stream_is_cut(case):
+    text, cuts = case
+    rules = as_flags(BLOCKING) + parse_rules('[[rule]]\nid = "mail"\nkind = "pii"\ntypes = ["email"]\naction = "flag"')
+    released, verdicts, _ = run(rules, text, cuts)
+    assert released == text
+    assert sorted((v.rule_id, v.position, v.match_hash) for v in verdicts) == sorted(whole(rules, text))
+
+
+def test_flag_rules_never_hold_text_back():
+    text = "card 4111 1111 1111 1111 and " + SECRETS["anthropic_api_key"][0][0]
+    _, verdicts, progress = run(as_flags(BLOCKING), text, range(1, len(text)))
+    assert all(fed == released for fed, released in progress)
+    assert [v.rule_id for v in verdicts] == ["money", "creds"]
+
+
+def test_window_zero_releases_first_and_still_reports_the_block():
+    rules = parse_rules('[[rule]]\nid = "c"\nkind = "pii"\ntypes = ["card"]\naction = "block"\nwindow = 0')
+    text = "pay 4111 1111 1111 1111 now, and more"
+    released, verdicts, progress = run(rules, text, range(1, len(text)))
+    assert [(v.action, v.position) for v in verdicts] == [("block", 4)]
+    blocked_at = text.index(" now") + 2  # the card is final two characters after it
+    assert all(fed == released for fed, released in progress if fed < blocked_at)
+    assert released == text[: len(released)] and len(released) < len(text)  # the stream stops at the block
+
+
+def test_a_blocking_rule_holds_back_its_window_and_not_much_more():
+    (creds,) = BLOCKING[:1]
+    scanner = StreamScanner([creds])
+    assert scanner.hold == 167
+    fed = released = 0
+    for ch in "harmless prose " * 200:
+        out, _ = scanner.feed(ch)
+        fed, released = fed + 1, released + len(out)
+        assert fed - released <= scanner.hold + (167 + 1) // 4
+    assert fed - released >= scanner.hold
+
+
+def test_extra_hold_alone_holds_exactly_that_much():
+    scanner = StreamScanner([], extra_hold=5)
+    assert [scanner.feed(c)[0] for c in "abcdefgh"] == ["", "", "", "", "", "a", "b", "c"]
+    assert scanner.flush() == ("defgh", [])
+
+
+def test_nothing_is_released_after_a_block():
+    scanner = StreamScanner(BLOCKING)
+    scanner.feed("the nightjar ")
+    scanner.feed("x" * 500)
+    assert scanner.blocked is not None and scanner.blocked.rule_id == "codename"
+    assert scanner.feed("more") == ("", []) and scanner.flush() == ("", [])
+
+
+def test_a_flush_ends_a_block_positions_go_on_and_no_match_spans_two_blocks():
+    scanner = StreamScanner(BLOCKING)
+    released, _ = scanner.feed("4111 1111 ")
+    released2, verdicts = scanner.flush()
+    assert released + released2 == "4111 1111 " and verdicts == []
+    scanner.feed("1111 1111 ok ")
+    out, verdicts = scanner.flush()
+    assert verdicts == [] and out == "1111 1111 ok "
+    scanner.feed("and nightjar")
+    _, verdicts = scanner.flush()
+    assert [(v.rule_id, v.position) for v in verdicts] == [("codename", 27)]
+
+
+def test_verdicts_carry_location_position_and_hash_never_the_text():
+    key = SECRETS["github_token"][0][0]
+    scanner = StreamScanner(BLOCKING, location="output.choices[0].text")
+    scanner.feed("token " + key[:10])
+    scanner.feed(key[10:] + " done")
+    (verdict,) = [v for v in scanner.flush()[1]] or [scanner.blocked]
+    assert (verdict.filter, verdict.rule_id, verdict.position, verdict.location) == (
+        "rules",
+        "creds",
+        6,
+        "output.choices[0].text",
+    )
+    assert verdict.match_hash == match_hash(key) and key not in repr(verdict)
+    assert verdict.reason == "a credential (github_token)"
+
+
+def test_a_flag_rule_reports_a_bounded_number_of_hits_per_stream():
+    rules = parse_rules('[[rule]]\nid = "mail"\nkind = "pii"\ntypes = ["email"]\naction = "flag"')
+    text = "".join(f"user{i}@example.com " for i in range(100))
+    released, verdicts, _ = run(rules, text, range(0, len(text), 7))
+    assert released == text and len(verdicts) == MAX_HITS_PER_RULE
+
+
+class CountingRegex:
+    """A compiled pattern that counts the characters every scan may look at."""
+
+    def __init__(self, regex, counter):
+        self.regex, self.counter = regex, counter
+
+    def finditer(self, string, pos=0):
+        self.counter[0] += len(string) - pos
+        return self.regex.finditer(string, pos)
+
+
+def test_cost_is_linear_two_megabytes_in_one_character_pieces():
+    counter = [0]
+    rules = [
+        replace(r, matchers=tuple(replace(m, regex=CountingRegex(m.regex, counter)) for m in r.matchers))
+        for r in BLOCKING[:2]
+    ]
+    scanner = StreamScanner(rules)
+    text = ("some ordinary text 12345, nothing to see; " * 50_000)[:2_000_000]
+    released = sum(len(scanner.feed(ch)[0]) for ch in text) + len(scanner.flush()[0])
+    assert released == len(text)
+    # Three matchers, each looking at its overlap plus the new text once per step.
+    assert counter[0] < 3 * 8 * len(text)
+
+
+def test_the_buffer_stays_small_when_no_rule_checks_any_more():
+    rules = parse_rules('[[rule]]\nid = "mail"\nkind = "pii"\ntypes = ["email"]\naction = "flag"')
+    scanner = StreamScanner(rules)
+    for i in range(MAX_HITS_PER_RULE):
+        scanner.feed(f"user{i}@example.com ")
+    for _ in range(10_000):
+        scanner.feed("plain text ")
+    assert len(scanner._buf) <= scanner._trim_at
