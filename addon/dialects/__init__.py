@@ -6,6 +6,11 @@ touches another one: the proxy adapter asks :func:`detect_request` (method, path
 headers, then the parsed body) and, for event streams nobody claimed,
 :func:`detect_response` with the first SSE event.
 
+When a content filter stops an exchange, the dialect also says what the client gets
+instead: :meth:`Dialect.blocked_response` for a request blocked before it goes upstream,
+:meth:`Normalizer.termination` for a stream cut while it flows (shared pieces in
+:mod:`addon.dialects.blocking`).
+
 Everything here is sans-IO: no mitmproxy, no database.
 """
 
@@ -19,6 +24,7 @@ from typing import Any
 
 import orjson
 
+from addon.dialects.blocking import BlockedResponse
 from addon.dialects.providers import provider_for_host
 from addon.events import Event, Finding, StreamEnd, StreamError
 from addon.sse import SSEEvent
@@ -75,6 +81,20 @@ class Normalizer(ABC):
     def on_response(self, response: dict[str, Any]) -> list[Event]:
         """Common events for a complete JSON response (a non-streamed answer)."""
         return []
+
+    @abstractmethod
+    def termination(self, rule_id: str, reason: str) -> bytes:
+        """The bytes that end this response's stream because a content filter cut it.
+
+        They continue from what this normalizer has read, which must be what the client
+        received, in the stream's own dialect: the events that dialect uses for a
+        filtered or failed generation, then its clean end (sequence numbers and event
+        ids continuing, open blocks closed where the dialect closes them), so that the
+        client's SDK reports the filtered or failed outcome rather than a broken
+        connection. Empty once the terminal event has been read. Pure: the normalizer
+        does not change (feed the bytes through the auditor if the record should read
+        them).
+        """
 
 
 class JsonEventNormalizer(Normalizer):
@@ -148,6 +168,16 @@ class Dialect(ABC):
     @abstractmethod
     def normalizer(self, request: RequestSummary) -> Normalizer:
         """A fresh normalizer for one response."""
+
+    @abstractmethod
+    def blocked_response(self, summary: RequestSummary, request_view: RequestView, rule_id: str, reason: str,
+                         streaming: bool) -> BlockedResponse:
+        """The whole answer to a request a content filter blocked before it went upstream.
+
+        ``streaming``: the client asked for a stream and gets HTTP 200 with an event
+        stream in this dialect that carries the block; otherwise this dialect's error
+        JSON with HTTP 400. The message names ``rule_id`` and ``reason`` only.
+        """
 
 
 REGISTRY: list[Dialect] = []

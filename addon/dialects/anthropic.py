@@ -18,6 +18,16 @@ Usage follows OpenTelemetry GenAI: ``input_tokens`` includes cached tokens, whic
 Anthropic reports separately (``input_tokens`` + ``cache_read_input_tokens`` +
 ``cache_creation_input_tokens``). ``output_tokens`` in ``message_start`` is a placeholder;
 the cumulative value of the last ``message_delta`` replaces it.
+
+When a content filter stops an exchange, the client gets the error Anthropic itself
+sends when its filter blocks output: ``invalid_request_error`` with a message (here the
+rule and reason). A stream being cut ends with that ``event: error`` right after the last
+forwarded event, as Anthropic's own mid-stream errors do (no ``content_block_stop`` for
+the open block: its content is not whole); the SDK raises ``APIStatusError`` with the
+error as ``body``, after the text received so far. A request blocked before it went
+upstream gets the same ``error`` event as its whole stream (a ``message_start`` first
+would have to invent a message's token usage) or, when it did not ask for a stream, the
+error as JSON with HTTP 400 (``BadRequestError``).
 """
 
 from __future__ import annotations
@@ -27,6 +37,7 @@ from typing import Any
 import orjson
 
 from addon.dialects import (
+    BlockedResponse,
     Dialect,
     JsonEventNormalizer,
     Normalizer,
@@ -38,6 +49,7 @@ from addon.dialects import (
     register,
     str_field,
 )
+from addon.dialects.blocking import block_message, event_stream, json_response, sse_event
 from addon.events import (
     Event,
     Finish,
@@ -54,6 +66,7 @@ from addon.sse import SSEEvent
 # (web_search, code_execution, ...) and MCP connector calls. All stream their input as
 # input_json_delta fragments and are recorded as tool calls.
 TOOL_BLOCKS = frozenset({"tool_use", "server_tool_use", "mcp_tool_use"})
+FILTER_ERROR_TYPE = "invalid_request_error"  # Anthropic's type for "Output blocked by content filtering policy"
 
 
 class AnthropicMessages(Dialect):
@@ -101,6 +114,16 @@ class AnthropicMessages(Dialect):
 
     def normalizer(self, request: RequestSummary) -> Normalizer:
         return AnthropicNormalizer()
+
+    def blocked_response(self, summary: RequestSummary, request_view: RequestView, rule_id: str, reason: str,
+                         streaming: bool) -> BlockedResponse:
+        if streaming:
+            return event_stream(self.normalizer(summary).termination(rule_id, reason))
+        return json_response(_filter_error(rule_id, reason))
+
+
+def _filter_error(rule_id: str, reason: str) -> dict[str, Any]:
+    return {"type": "error", "error": {"type": FILTER_ERROR_TYPE, "message": block_message(rule_id, reason)}}
 
 
 def _dict(obj: Any, name: str) -> dict[str, Any] | None:
@@ -225,6 +248,12 @@ class AnthropicNormalizer(JsonEventNormalizer):
             counts["thinking_tokens"] = thinking
             changed = True
         return _usage(counts) if changed else None
+
+    def termination(self, rule_id: str, reason: str) -> bytes:
+        """The ``error`` event of a block, after whatever was read."""
+        if self.ended:
+            return b""
+        return sse_event(_filter_error(rule_id, reason), "error")
 
     # -- whole message ------------------------------------------------------------------
 

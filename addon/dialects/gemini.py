@@ -13,6 +13,19 @@ are reasoning, ``functionCall`` parts are whole calls (``args`` is a JSON object
 ``finishReason`` is the last content, so the response is complete when the body ends
 after one. Without ``alt=sse`` the stream is one JSON array of those chunks, read at
 the end by :meth:`GeminiNormalizer.on_body`, tolerantly when the upstream cut it.
+
+When a content filter stops an exchange, the client gets Gemini's own safety outcomes.
+A stream being cut ends with a chunk whose unfinished candidates carry ``finishReason:
+"SAFETY"`` and, as ``finishMessage`` (which Vertex fills in and the SDK surfaces for
+Vertex clients), the rule and reason; google-genai reports
+``candidates[i].finish_reason == FinishReason.SAFETY``. A streaming request blocked
+before it went upstream gets what Gemini sends for a blocked prompt, one chunk with
+``promptFeedback.blockReason: "SAFETY"`` and the rule and reason as
+``blockReasonMessage`` (google-genai: ``prompt_feedback.block_reason``), as an event
+stream with ``alt=sse`` or as a one-element JSON array without; a blocked
+``generateContent`` gets Google's error JSON, HTTP 400 ``INVALID_ARGUMENT``
+(google-genai raises ``ClientError``). Events are framed with CRLF, as Google frames
+them.
 """
 
 from __future__ import annotations
@@ -21,11 +34,12 @@ import json
 import re
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import unquote
+from urllib.parse import parse_qs, unquote
 
 import orjson
 
 from addon.dialects import (
+    BlockedResponse,
     Dialect,
     JsonEventNormalizer,
     Normalizer,
@@ -36,6 +50,14 @@ from addon.dialects import (
     names,
     register,
     str_field,
+)
+from addon.dialects.blocking import (
+    BLOCKED_STATUS,
+    block_message,
+    event_stream,
+    json_response,
+    sse_event,
+    unfinished,
 )
 from addon.events import (
     Event,
@@ -56,6 +78,9 @@ METHODS = frozenset({GENERATE, STREAM_GENERATE})
 VERTEX_PROVIDER = "gcp.vertex_ai"
 # The proto default: "not stopped yet" (proto3 JSON normally omits it).
 UNSPECIFIED_FINISH = "FINISH_REASON_UNSPECIFIED"
+SAFETY = "SAFETY"  # the finish and block reason of Gemini's own safety filters
+CRLF = b"\r\n"  # Google's SSE line end
+ARRAY_MEDIA_TYPE = "application/json; charset=UTF-8"  # the JSON-array stream, as Google labels it
 # A streamed function call's partial argument may address a list element; indices this
 # far beyond the list's end are ignored rather than padded (bounded memory).
 MAX_INDEX_GAP = 1024
@@ -76,6 +101,18 @@ def _method_and_model(path: str) -> tuple[str, str]:
     return method, resource.rpartition("/")[2]
 
 
+@dataclass(slots=True)
+class GeminiRequestSummary(RequestSummary):
+    """The request summary, plus whether a stream is an event stream (``alt=sse``) or a
+    JSON array: what the proxy sends into it must take the same form."""
+
+    sse: bool = True
+
+
+def _alt_sse(query: str) -> bool:
+    return parse_qs(query).get("alt", [""])[-1] == "sse"
+
+
 class Gemini(Dialect):
     name = "gemini"
     provider = "gcp.gemini"  # aiplatform.googleapis.com maps to gcp.vertex_ai by host
@@ -90,14 +127,25 @@ class Gemini(Dialect):
 
     def summarize(self, body: Any, request: RequestView) -> RequestSummary:
         method, model = _method_and_model(request.path)
-        return RequestSummary(
+        return GeminiRequestSummary(
             model=model or None,
             stream=method == STREAM_GENERATE if method else None,
             declared_tools=_tool_names(body.get("tools") if isinstance(body, dict) else None),
+            sse=_alt_sse(request.query),
         )
 
     def normalizer(self, request: RequestSummary) -> Normalizer:
-        return GeminiNormalizer()
+        return GeminiNormalizer(request.sse if isinstance(request, GeminiRequestSummary) else True)
+
+    def blocked_response(self, summary: RequestSummary, request_view: RequestView, rule_id: str, reason: str,
+                         streaming: bool) -> BlockedResponse:
+        message = block_message(rule_id, reason)
+        if not streaming:
+            return json_response({"error": {"code": BLOCKED_STATUS, "message": message, "status": "INVALID_ARGUMENT"}})
+        chunk = {"promptFeedback": {"blockReason": SAFETY, "blockReasonMessage": message}}
+        if _alt_sse(request_view.query):
+            return event_stream(sse_event(chunk, newline=CRLF))
+        return json_response([chunk], 200, ARRAY_MEDIA_TYPE)
 
 
 def _tool_names(tools: Any) -> frozenset[str]:
@@ -255,8 +303,11 @@ def _encode_args(args: Any) -> str:
 class GeminiNormalizer(JsonEventNormalizer):
     """Turns ``GenerateContentResponse`` chunks (SSE events or a JSON array) into events."""
 
-    def __init__(self) -> None:
+    def __init__(self, sse: bool = True) -> None:
         super().__init__()
+        self.sse = sse  # an event stream (alt=sse), else a JSON array
+        self.chunks = 0  # GenerateContentResponse objects read
+        self.candidates: dict[int, bool] = {}  # candidate index -> it has a finishReason
         self.finished = False  # a finishReason (or a blocked prompt) was seen
         self.calls = 0  # function calls so far, for unique keys
         self.open_calls: dict[int, _OpenCall] = {}  # candidate -> call still streaming
@@ -272,6 +323,31 @@ class GeminiNormalizer(JsonEventNormalizer):
 
     def on_end(self) -> list[Event]:
         return self._end(cut=False)
+
+    def termination(self, rule_id: str, reason: str) -> bytes:
+        """A last chunk finishing each unfinished candidate (see :func:`unfinished`) with
+        ``SAFETY``, with the stream's model version and response id.
+
+        In the JSON-array form it continues the array when chunks were read (``,`` …
+        ``]``) and is the whole array otherwise. The normalizer reads that form only
+        when the body ends, so a proxy cutting it mid-way must have the normalizer read
+        the elements the client received first.
+        """
+        if self.ended:
+            return b""
+        message = block_message(rule_id, reason)
+        final: dict[str, Any] = {
+            "candidates": [{"finishReason": SAFETY, "finishMessage": message, "index": i}
+                           for i in unfinished(self.candidates)]
+        }
+        model, response_id = self.meta
+        if model:
+            final["modelVersion"] = model
+        if response_id:
+            final["responseId"] = response_id
+        if self.sse:
+            return sse_event(final, newline=CRLF)
+        return (b"," if self.chunks else b"[") + orjson.dumps(final) + b"]"
 
     # -- whole bodies: generateContent, a streamed JSON array, an HTTP error ----------------
 
@@ -306,6 +382,7 @@ class GeminiNormalizer(JsonEventNormalizer):
     # -- one GenerateContentResponse ------------------------------------------------------
 
     def _chunk(self, obj: dict[str, Any], out: list[Event]) -> None:
+        self.chunks += 1
         if obj.get("error") is not None:
             out.append(_error_event(obj["error"]))
         meta = (str_field(obj, "modelVersion"), str_field(obj, "responseId"))
@@ -332,6 +409,7 @@ class GeminiNormalizer(JsonEventNormalizer):
     def _candidate(self, candidate: dict[str, Any], position: int, out: list[Event]) -> None:
         index = int_field(candidate, "index")
         choice = position if index is None else index  # proto3 JSON omits index 0
+        self.candidates.setdefault(choice, False)
         content = candidate.get("content")
         parts = content.get("parts") if isinstance(content, dict) else None
         if isinstance(parts, list):
@@ -348,6 +426,7 @@ class GeminiNormalizer(JsonEventNormalizer):
         reason = str_field(candidate, "finishReason")
         if reason and reason != UNSPECIFIED_FINISH:
             self.finished = True
+            self.candidates[choice] = True
             self._close(choice, out)  # a call still streaming now never completes
             out.append(Finish(reason, choice))
 

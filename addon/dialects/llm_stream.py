@@ -6,6 +6,13 @@ stream whose first event is ``stream.start`` with ``"v":"1.0"``.
 
 Besides extraction, the normalizer checks the event envelope against the draft and
 reports every deviation as a finding; it never changes the traffic.
+
+When a content filter stops an exchange, the client gets what the draft defines for it:
+open content blocks end with ``content.stop`` and ``stop_reason: "content_filter"``
+(section 5.3.3), then an ``error`` event with code ``content_filtered`` (5.3.6), then
+``stream.end``, seq continuing. A request blocked before it went upstream gets the
+same from ``stream.start`` (seq 0) on; one that did not ask for a stream gets
+``{"error": {"code": "content_filtered", "message"}}`` with HTTP 400.
 """
 
 from __future__ import annotations
@@ -13,6 +20,7 @@ from __future__ import annotations
 from typing import Any
 
 from addon.dialects import (
+    BlockedResponse,
     Dialect,
     Normalizer,
     RequestSummary,
@@ -25,6 +33,7 @@ from addon.dialects import (
     register,
     str_field,
 )
+from addon.dialects.blocking import FILTERED_CODE, block_message, event_stream, json_response, sse_event, unix_now
 from addon.events import (
     Event,
     Finding,
@@ -57,6 +66,7 @@ REQUIRED = {
     "stream.end": (),
 }
 ENVELOPE_REQUIRED = ("version", "stream", "model", "messages")
+FILTER_STOP_REASON = "content_filter"  # section 5.3.3: the endpoint's safety system stopped it
 
 
 class LLMStream(Dialect):
@@ -97,7 +107,13 @@ class LLMStream(Dialect):
         return summary
 
     def normalizer(self, request: RequestSummary) -> Normalizer:
-        return LLMStreamNormalizer(request.declared_tools)
+        return LLMStreamNormalizer(request.declared_tools, request.model, request.request_id)
+
+    def blocked_response(self, summary: RequestSummary, request_view: RequestView, rule_id: str, reason: str,
+                         streaming: bool) -> BlockedResponse:
+        if streaming:
+            return event_stream(self.normalizer(summary).termination(rule_id, reason))
+        return json_response({"error": {"code": FILTERED_CODE, "message": block_message(rule_id, reason)}})
 
 
 def _envelope_findings(body: dict[str, Any]) -> list[Finding]:
@@ -112,11 +128,15 @@ def _envelope_findings(body: dict[str, Any]) -> list[Finding]:
 class LLMStreamNormalizer(Normalizer):
     """Extracts llm-stream events and checks the envelope, seq and lifecycle rules."""
 
-    def __init__(self, declared_tools: frozenset[str] | None) -> None:
+    def __init__(self, declared_tools: frozenset[str] | None, model: str | None = None,
+                 request_id: str | None = None) -> None:
         self.declared_tools = declared_tools
+        self.model = model  # asked for: names a stream.start the proxy has to send itself
+        self.request_id = request_id  # metadata.request_id, echoed in what the proxy sends
         self.seen_any = False
         self.last_seq: int | None = None
         self.ended = False
+        self.errored = False  # an error event was read (the draft allows one per stream)
         self.open_blocks: set[int] = set()
 
     def on_event(self, event: SSEEvent) -> list[Event]:
@@ -153,6 +173,28 @@ class LLMStreamNormalizer(Normalizer):
         for index in sorted(self.open_blocks):
             out.append(Finding("missing_content_stop", f"content block {index}"))
         return out
+
+    def termination(self, rule_id: str, reason: str) -> bytes:
+        """``content.stop`` (``content_filter``) for each open block, ``error``
+        (``content_filtered``; left out when the stream already had its one error),
+        ``stream.end``; preceded by ``stream.start`` when none was read. The request id is
+        echoed as section 4.6 asks; the model of a ``stream.start`` of the proxy's own is
+        the one asked for (``""`` when unknown)."""
+        if self.ended:
+            return b""
+        echo = {"request_id": self.request_id} if self.request_id else {}
+        events: list[tuple[str, dict[str, Any]]] = []
+        if not self.seen_any:
+            events.append(("stream.start", {**echo, "model": self.model or "", "created": unix_now()}))
+        events += [("content.stop", {"index": i, "stop_reason": FILTER_STOP_REASON}) for i in sorted(self.open_blocks)]
+        if not self.errored:
+            events.append(("error", {"code": FILTERED_CODE, "message": block_message(rule_id, reason)}))
+        events.append(("stream.end", echo))
+        seq = 0 if self.last_seq is None else self.last_seq + 1
+        return b"".join(
+            sse_event({"v": VERSION, "seq": seq + n, "type": kind, **fields}, kind)
+            for n, (kind, fields) in enumerate(events)
+        )
 
     # -- envelope -----------------------------------------------------------------------
 
@@ -231,6 +273,7 @@ class LLMStreamNormalizer(Normalizer):
         out.append(Usage(input_tokens=int_field(obj, "input_tokens"), output_tokens=int_field(obj, "output_tokens")))
 
     def _error(self, obj: dict[str, Any], out: list[Event]) -> None:
+        self.errored = True
         out.append(StreamError(str_field(obj, "code"), str_field(obj, "message")))
 
     def _stream_end(self, obj: dict[str, Any], out: list[Event]) -> None:

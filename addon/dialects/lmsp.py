@@ -33,6 +33,14 @@ began fill nothing in when that part of the task was audited here (they would re
 it), and fill in the whole item when it was not (they are then its only record).
 Each replayed event is reported as :class:`Replayed`, so the record counts it in
 ``replayed_events`` instead of ``event_count``.
+
+When a content filter stops an exchange, the response fails: ``response.failed`` whose
+``error`` is a problem object (``about:blank``, status 400, ``code``
+``content_filtered``, the rule and reason as ``detail``), its event id following the
+last one and its ``response_id`` the stream's. A request blocked before it went
+upstream gets ``response.created`` (id 1) and ``response.failed`` (id 2) for a new
+response when it asked for a stream, else the problem document itself with HTTP 400
+(``application/problem+json``), as section 6.2 answers failed synchronous requests.
 """
 
 from __future__ import annotations
@@ -43,6 +51,7 @@ from typing import Any
 from urllib.parse import parse_qs
 
 from addon.dialects import (
+    BlockedResponse,
     Dialect,
     Normalizer,
     RequestSummary,
@@ -53,6 +62,15 @@ from addon.dialects import (
     register,
     str_field,
 )
+from addon.dialects.blocking import (
+    BLOCKED_STATUS,
+    FILTERED_CODE,
+    block_message,
+    event_stream,
+    json_response,
+    random_id,
+    sse_event,
+)
 from addon.dialects.responses import ResponsesNormalizer, problem_error
 from addon.events import Event, Finding, Replayed, ResponseMeta, TextDelta, ToolCallDelta, Usage
 from addon.sse import SSEEvent
@@ -60,6 +78,7 @@ from addon.sse import SSEEvent
 PREFIX = "/lmsp/v1/"
 TASK_MEMORY = 10_000  # tasks whose audited event ids are remembered
 MAX_ID_DIGITS = 18  # longer "integers" are not parsed (int() of huge strings is slow)
+PROBLEM_MEDIA_TYPE = "application/problem+json"
 _COUNTED = (TextDelta, ToolCallDelta, Usage)  # what a replayed event must not add again
 
 
@@ -165,6 +184,19 @@ class LMSP(Dialect):
         tasks = self.tasks if request.task_id else None
         return LMSPNormalizer(tasks, request.task_id, resume_after, request.declared_tools)
 
+    def blocked_response(self, summary: RequestSummary, request_view: RequestView, rule_id: str, reason: str,
+                         streaming: bool) -> BlockedResponse:
+        if streaming:
+            return event_stream(self.normalizer(summary).termination(rule_id, reason))
+        return json_response(filter_problem(rule_id, reason), BLOCKED_STATUS, PROBLEM_MEDIA_TYPE)
+
+
+def filter_problem(rule_id: str, reason: str) -> dict[str, Any]:
+    """The RFC 9457 problem object of a block, with LMSP's machine-readable ``code``."""
+    detail = block_message(rule_id, reason)
+    return {"type": "about:blank", "title": "Bad Request", "status": BLOCKED_STATUS, "detail": detail,
+            "code": FILTERED_CODE}
+
 
 def _route(path: str) -> str | None:
     """What follows ``/lmsp/v1/`` in the path (trailing slash dropped), or ``None``."""
@@ -204,6 +236,7 @@ class LMSPNormalizer(ResponsesNormalizer):
         self.accepted_any = False  # an event id beyond the resume point was seen
         self.audited_before: int | None = None  # read from the task memory at the first event
         self.meta_seen = False
+        self.response_id: str | None = None  # every event's data names it
 
     def event_type(self, event: SSEEvent, obj: dict[str, Any]) -> str:
         """The SSE event name; the data's ``type`` only when the event has none."""
@@ -264,9 +297,27 @@ class LMSPNormalizer(ResponsesNormalizer):
             response_id = str_field(obj, "response_id")
             if response_id is not None:
                 self.meta_seen = True
+                self.response_id = response_id
                 if not any(isinstance(e, ResponseMeta) for e in out):
                     out.append(ResponseMeta(response_id=response_id))
         return out
+
+    def termination(self, rule_id: str, reason: str) -> bytes:
+        """``response.failed`` with the block's problem object, ids continuing; a
+        response no event named yet is created first (a new ``resp_`` id)."""
+        if self.ended:
+            return b""
+        response_id = self.response_id
+        events: list[tuple[str, dict[str, Any]]] = []
+        if response_id is None:
+            response_id = random_id("resp_")
+            events.append(("response.created", {"status": "in_progress"}))
+        events.append(("response.failed", {"status": "failed", "error": filter_problem(rule_id, reason)}))
+        first_id = (self.last_id or 0) + 1
+        return b"".join(
+            sse_event({"response_id": response_id, **fields}, kind, event_id=first_id + n)
+            for n, (kind, fields) in enumerate(events)
+        )
 
     def on_body(self, body: bytes, http_status: int) -> list[Event]:
         """Error bodies are problem documents (``410`` + ``event_history_expired``)."""

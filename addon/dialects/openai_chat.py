@@ -26,6 +26,16 @@ What the chunks carry and the traps of the compatible servers:
 - ``{"error": {...}}`` as chunk data is an error after HTTP 200.
 
 Non-streamed answers are one ``chat.completion`` object (:meth:`on_response`).
+
+When a content filter stops an exchange: a stream being cut ends the way Azure OpenAI's
+output filter ends one, with a chunk per unfinished choice carrying ``finish_reason:
+"content_filter"`` (and, in Azure's ``content_filter_results.custom_blocklists`` shape,
+the rule id), then ``[DONE]``; the SDK reports ``finish_reason == "content_filter"`` (its
+parsing helpers raise ``ContentFilterFinishReasonError``). A request blocked before it
+went upstream is refused with an error: ``{"error": {..., "code": "content_filter"}}``
+(Azure's code for filtered prompts) as HTTP 400, or, for a streaming request, as the
+one chunk of the stream followed by ``[DONE]``, which the SDK raises as ``APIError``
+with that code; a finish reason alone could not say which rule refused the request.
 """
 
 from __future__ import annotations
@@ -35,6 +45,7 @@ from typing import Any
 import orjson
 
 from addon.dialects import (
+    BlockedResponse,
     Dialect,
     JsonEventNormalizer,
     Normalizer,
@@ -45,6 +56,16 @@ from addon.dialects import (
     names,
     register,
     str_field,
+)
+from addon.dialects.blocking import (
+    block_message,
+    event_stream,
+    json_response,
+    openai_error,
+    random_id,
+    sse_event,
+    unfinished,
+    unix_now,
 )
 from addon.events import (
     Event,
@@ -60,7 +81,10 @@ from addon.sse import SSEEvent
 
 PATH_SUFFIX = "/chat/completions"
 CHUNK_OBJECT = "chat.completion.chunk"
-TRUNCATING_FINISH = "length"  # the token limit: whatever was open is cut off
+FILTER = "content_filter"  # the finish reason and Azure's error code for filtered content
+# Finish reasons that cut whatever was open: the token limit, and a content filter.
+TRUNCATING_FINISHES = frozenset({"length", FILTER})
+DONE = "[DONE]"
 
 
 class OpenAIChat(Dialect):
@@ -93,6 +117,13 @@ class OpenAIChat(Dialect):
     def normalizer(self, request: RequestSummary) -> Normalizer:
         return OpenAIChatNormalizer(request.declared_tools)
 
+    def blocked_response(self, summary: RequestSummary, request_view: RequestView, rule_id: str, reason: str,
+                         streaming: bool) -> BlockedResponse:
+        error = {"error": openai_error(block_message(rule_id, reason), FILTER)}
+        if streaming:
+            return event_stream(sse_event(error) + sse_event(DONE))
+        return json_response(error)
+
 
 def _tool_names(body: dict[str, Any]) -> frozenset[str]:
     """Names from ``tools[].function.name`` (``custom.name``) and legacy ``functions[].name``."""
@@ -112,6 +143,8 @@ class OpenAIChatNormalizer(JsonEventNormalizer):
         self.calls: dict[tuple[int, int], list[Any]] = {}
         self.open_calls: dict[int, list[str]] = {}  # choice -> keys not yet known whole
         self.reused: int = 0
+        self.created: int | None = None  # of the chunks, repeated by a termination chunk
+        self.finished: dict[int, bool] = {}  # choice -> a finish_reason was read
 
     # -- streamed chunks ----------------------------------------------------------------
 
@@ -133,6 +166,7 @@ class OpenAIChatNormalizer(JsonEventNormalizer):
         if (response_id, model) == self.meta:
             return
         self.meta = (response_id, model)
+        self.created = int_field(obj, "created")
         response_id = response_id if isinstance(response_id, str) and response_id else None
         model = model if isinstance(model, str) and model else None  # Azure's filter chunk: ""
         if response_id or model:
@@ -140,6 +174,7 @@ class OpenAIChatNormalizer(JsonEventNormalizer):
 
     def _chunk_choice(self, choice: dict[str, Any], position: int, out: list[Event]) -> None:
         index = _index(choice, position)
+        self.finished.setdefault(index, False)
         delta = choice.get("delta")
         if not isinstance(delta, dict):
             delta = choice.get("message")  # a server sending whole messages as chunks
@@ -155,8 +190,9 @@ class OpenAIChatNormalizer(JsonEventNormalizer):
                 self._tool_fragment(index, -1, {"function": function_call}, out)
         reason = choice.get("finish_reason")
         if isinstance(reason, str) and reason:
+            self.finished[index] = True
             out.append(Finish(reason, choice=index))
-            if reason != TRUNCATING_FINISH:
+            if reason not in TRUNCATING_FINISHES:
                 for key in self.open_calls.pop(index, ()):
                     out.append(ToolCallDelta(key, choice=index, complete=True))
 
@@ -178,6 +214,34 @@ class OpenAIChatNormalizer(JsonEventNormalizer):
             slot[1] = call_id
         out.append(ToolCallDelta(slot[0], arguments, id=call_id, name=name, choice=choice))
 
+    def termination(self, rule_id: str, reason: str) -> bytes:
+        """A ``content_filter`` chunk per unfinished choice (see :func:`unfinished`), then
+        ``[DONE]``. The chunks repeat the stream's id, model and created; a choice the
+        stream never showed is introduced with ``role: assistant``. A chunk has a place
+        for the rule id (Azure's ``content_filter_results``) but none for the reason,
+        which stays in the audit record."""
+        if self.ended:
+            return b""
+        response_id, model = self.meta
+        head = {
+            "id": response_id if isinstance(response_id, str) and response_id else random_id("chatcmpl-"),
+            "object": CHUNK_OBJECT,
+            "created": self.created or unix_now(),
+            "model": model if isinstance(model, str) else "",
+        }
+        results = {"custom_blocklists": {"filtered": True, "details": [{"filtered": True, "id": rule_id}]}}
+        chunks = []
+        for index in unfinished(self.finished):
+            choice = {
+                "index": index,
+                "delta": {} if index in self.finished else {"role": "assistant"},
+                "logprobs": None,
+                "finish_reason": FILTER,
+                "content_filter_results": results,
+            }
+            chunks.append(sse_event(head | {"choices": [choice]}))
+        return b"".join(chunks) + sse_event(DONE)
+
     # -- a whole chat.completion ----------------------------------------------------------
 
     def on_response(self, response: dict[str, Any]) -> list[Event]:
@@ -197,7 +261,7 @@ class OpenAIChatNormalizer(JsonEventNormalizer):
         index = _index(choice, position)
         reason = choice.get("finish_reason")
         reason = reason if isinstance(reason, str) and reason else None
-        complete = reason != TRUNCATING_FINISH  # the same rule as for streams
+        complete = reason not in TRUNCATING_FINISHES  # the same rule as for streams
         message = choice.get("message")
         if isinstance(message, dict):
             _texts(message, index, out)

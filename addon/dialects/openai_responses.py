@@ -23,6 +23,15 @@ the event (it equals the SSE ``event:``); ``sequence_number`` starts at 0, so a 
 whose first event has a higher one is a continuation (``GET ...?stream=true&
 starting_after=N``); final events are ``response.completed``, ``.incomplete`` and
 ``.failed``; an ``error`` event is not final (``response.failed`` usually follows).
+
+When a content filter stops an exchange, the response fails: ``response.failed`` with
+``error.code`` ``content_filtered``, its sequence number continuing the stream's and its
+response the one the stream announced (the SDK's stream helper insists on the same id).
+That response carries no ``output``, so the SDK's helper fills in the items streamed so
+far. A request blocked before it went upstream gets ``response.created`` and
+``response.failed`` (sequence numbers 0 and 1, a fresh ``resp_`` id, empty output) when
+it asked for a stream, else OpenAI's error JSON with code ``content_filtered`` and HTTP
+400 (``BadRequestError`` in the SDK).
 """
 
 from __future__ import annotations
@@ -31,6 +40,7 @@ from typing import Any
 from urllib.parse import parse_qs
 
 from addon.dialects import (
+    BlockedResponse,
     Dialect,
     Normalizer,
     RequestSummary,
@@ -40,6 +50,16 @@ from addon.dialects import (
     names,
     register,
     str_field,
+)
+from addon.dialects.blocking import (
+    FILTERED_CODE,
+    block_message,
+    event_stream,
+    json_response,
+    openai_error,
+    random_id,
+    sse_event,
+    unix_now,
 )
 from addon.dialects.responses import ResponsesNormalizer
 from addon.events import Event
@@ -97,7 +117,13 @@ class OpenAIResponses(Dialect):
         )
 
     def normalizer(self, request: RequestSummary) -> Normalizer:
-        return OpenAIResponsesNormalizer(request.declared_tools)
+        return OpenAIResponsesNormalizer(request.declared_tools, request.model)
+
+    def blocked_response(self, summary: RequestSummary, request_view: RequestView, rule_id: str, reason: str,
+                         streaming: bool) -> BlockedResponse:
+        if streaming:
+            return event_stream(self.normalizer(summary).termination(rule_id, reason))
+        return json_response({"error": openai_error(block_message(rule_id, reason), FILTERED_CODE)})
 
 
 def _conversation_id(conversation: Any) -> str | None:
@@ -112,16 +138,66 @@ def _conversation_id(conversation: Any) -> str | None:
 class OpenAIResponsesNormalizer(ResponsesNormalizer):
     """OpenAI Responses events; a stream not starting at sequence number 0 is resumed."""
 
-    def __init__(self, declared_tools: frozenset[str] | None = None) -> None:
+    def __init__(self, declared_tools: frozenset[str] | None = None, model: str | None = None) -> None:
         super().__init__(declared_tools)
         self.first = True
+        self.model = model  # asked for: names a response the proxy has to create itself
+        self.last_seq: int | None = None
+        self.response: dict[str, Any] | None = None  # the response of the last lifecycle event
 
     def on_json(self, event: SSEEvent, obj: dict[str, Any]) -> list[Event]:
+        seq = int_field(obj, "sequence_number")
         if self.first:
             self.first = False
-            seq = int_field(obj, "sequence_number")
             self.continuation = seq is not None and seq > 0
+        if seq is not None:
+            self.last_seq = seq
+        response = obj.get("response")
+        if isinstance(response, dict):
+            self.response = response
         return super().on_json(event, obj)
+
+    def termination(self, rule_id: str, reason: str) -> bytes:
+        """``response.failed`` for the response the stream announced (its last lifecycle
+        snapshot, failed, without ``output``); when none was announced, a new response
+        is created first."""
+        if self.ended:
+            return b""
+        error = {"code": FILTERED_CODE, "message": block_message(rule_id, reason)}
+        events: list[tuple[str, dict[str, Any]]] = []
+        if self.response is None:
+            created = _new_response(self.model)
+            events.append(("response.created", created))
+            failed = created | {"status": "failed", "error": error}
+        else:
+            failed = {k: v for k, v in self.response.items() if k != "output"} | {"status": "failed", "error": error}
+        events.append(("response.failed", failed))
+        seq = 0 if self.last_seq is None else self.last_seq + 1
+        return b"".join(
+            sse_event({"type": kind, "sequence_number": seq + n, "response": response}, kind)
+            for n, (kind, response) in enumerate(events)
+        )
+
+
+def _new_response(model: str | None) -> dict[str, Any]:
+    """A response object the proxy creates: in progress, nothing generated.
+
+    It has the fields the SDK's ``Response`` model requires, with the API's defaults
+    where they only echo request settings."""
+    return {
+        "id": random_id("resp_"),
+        "object": "response",
+        "created_at": unix_now(),
+        "status": "in_progress",
+        "model": model or "",
+        "output": [],
+        "error": None,
+        "incomplete_details": None,
+        "parallel_tool_calls": True,
+        "tool_choice": "auto",
+        "tools": [],
+        "usage": None,
+    }
 
 
 DIALECT = register(OpenAIResponses())

@@ -1,0 +1,103 @@
+"""What the proxy sends in place of an answer a content filter stopped: the shared pieces.
+
+A filter stops an exchange at one of two points, and each dialect module says what its
+client receives then (sans-IO: bytes out, the proxy sends them):
+
+- :meth:`~addon.dialects.Dialect.blocked_response`: the request is blocked before it goes
+  upstream. The client gets a whole answer its SDK understands: for a streaming request
+  HTTP 200 and an event stream carrying the dialect's filtered or failed outcome, for any
+  other request the dialect's error JSON with HTTP 400 (the status providers use when
+  they refuse a request on policy).
+- :meth:`~addon.dialects.Normalizer.termination`: a stream is cut while it flows. The
+  bytes appended end it in its own dialect, continuing from what the normalizer has read.
+
+This module holds only what is the same for every dialect: the message, SSE framing, the
+HTTP envelopes and ids. Decisions that hold everywhere:
+
+- The message names the rule id and the reason, never the matched text (the proxy does
+  not have it here, and filters keep it out of ``reason``).
+- Ids the proxy has to invent (a response id when none came from upstream) are random,
+  so that a client storing them never sees one twice; timestamps are the current time.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+BLOCKED_STATUS = 400
+FILTERED_CODE = "content_filtered"  # llm-stream draft section 5.3.6; LMSP and Responses use it too
+SSE_HEADERS = (("content-type", "text/event-stream"), ("cache-control", "no-cache"))
+
+
+@dataclass(frozen=True, slots=True)
+class BlockedResponse:
+    """A complete HTTP answer made by the proxy: status, headers (names lower-case), body.
+
+    Framing headers (``content-length``) are the sender's: the body is final.
+    """
+
+    status: int
+    headers: list[tuple[str, str]]
+    body: bytes
+
+
+def block_message(rule_id: str, reason: str) -> str:
+    """The human-readable message of a block: the rule and why, nothing of the content."""
+    reason = reason.strip()
+    head = f"Blocked by content filter rule '{rule_id}'"
+    return f"{head}: {reason}" if reason else head
+
+
+def sse_event(data: Mapping[str, Any] | str, event: str | None = None, *, event_id: int | None = None,
+              newline: bytes = b"\n") -> bytes:
+    """One SSE event: optional ``id:`` and ``event:`` lines and one ``data:`` line.
+
+    ``data`` is a JSON object, or a literal string (OpenAI's ``[DONE]``). Compact JSON
+    never contains a line break, so one data line always suffices.
+    """
+    lines = [] if event_id is None else [b"id: %d" % event_id]
+    if event is not None:
+        lines.append(b"event: " + event.encode())
+    lines.append(b"data: " + (data.encode() if isinstance(data, str) else orjson.dumps(data)))
+    return newline.join(lines) + newline + newline
+
+
+def event_stream(body: bytes) -> BlockedResponse:
+    """A whole event stream as the answer to a streaming request (HTTP 200)."""
+    return BlockedResponse(200, list(SSE_HEADERS), body)
+
+
+def json_response(obj: Mapping[str, Any] | list[Any], status: int = BLOCKED_STATUS,
+                  content_type: str = "application/json") -> BlockedResponse:
+    """A JSON answer: an error document (HTTP 400 by default) or a 200 body."""
+    return BlockedResponse(status, [("content-type", content_type)], orjson.dumps(obj))
+
+
+def openai_error(message: str, code: str) -> dict[str, Any]:
+    """OpenAI's error object (Chat Completions and Responses share it): a request refused."""
+    return {"message": message, "type": "invalid_request_error", "param": None, "code": code}
+
+
+def random_id(prefix: str) -> str:
+    """A fresh id in a vendor's style, e.g. ``resp_`` + 32 hex digits."""
+    return prefix + uuid.uuid4().hex
+
+
+def unix_now() -> int:
+    """The current time in whole seconds, as ``created`` fields carry it."""
+    return int(time.time())
+
+
+def unfinished(finished: Mapping[int, bool]) -> list[int]:
+    """The choices a cut stream must still end, given which choices were seen and finished.
+
+    Those not finished; when every one has finished (the proxy may have held back the
+    chunk that finished them), all of them again; when none was seen, choice 0.
+    """
+    return [i for i, done in sorted(finished.items()) if not done] or sorted(finished) or [0]
