@@ -15,11 +15,11 @@ from pathlib import Path
 import orjson
 import pytest
 
-from addon.auditor import StreamAuditor, summary_into_record
 from addon.dialects import RequestView, detect_request, detect_response
 from addon.dialects.llm_stream import DIALECT
-from addon.record import OUTCOME_COMPLETE, OUTCOME_UPSTREAM_ABORTED, ExchangeRecord
+from addon.record import OUTCOME_COMPLETE, OUTCOME_UPSTREAM_ABORTED
 from addon.sse import SSEEvent
+from pipeline import audit_bytes
 
 SHARED_STREAMS = Path(__file__).resolve().parents[2].parent / "shared" / "reference" / "streams"
 
@@ -61,20 +61,7 @@ COMPLETE = b"".join(
 def audit(body: bytes, chunks: list[int] | None = None, *, request: dict | None = REQUEST, encoding=None,
           outcome: str = OUTCOME_COMPLETE) -> dict:
     """Run ``body`` through the auditor split at ``chunks`` offsets; return the row."""
-    record = ExchangeRecord(dialect="llm-stream", streamed=True)
-    summary = DIALECT.summarize(request, view({"content-type": "application/llm-request+json"}))
-    summary_into_record(record, summary)
-    auditor = StreamAuditor(record, DIALECT.normalizer(summary), encoding, 8 * 1024 * 1024)
-    bounds = [0, *(chunks or []), len(body)]
-    for a, b in zip(bounds, bounds[1:]):
-        if b > a:
-            auditor.feed(body[a:b])
-    auditor.end(cut_by_upstream=outcome == OUTCOME_UPSTREAM_ABORTED)
-    record.finish(outcome)
-    row = record.to_row()
-    for key in ("id", "started_at", "first_chunk_at", "ended_at"):
-        row.pop(key)
-    return row
+    return audit_bytes(DIALECT, body, chunks, request=request, request_view=view({"content-type": "application/llm-request+json"}), encoding=encoding, outcome=outcome)
 
 
 def codes(row: dict) -> list[str]:

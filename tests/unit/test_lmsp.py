@@ -14,11 +14,11 @@ from pathlib import Path
 import orjson
 import pytest
 
-from addon.auditor import StreamAuditor, summary_into_record
 from addon.dialects import RequestView, detect_request, detect_response
 from addon.dialects.lmsp import DIALECT, LMSP, TaskProgress, event_id
-from addon.record import OUTCOME_CLIENT_ABORTED, OUTCOME_COMPLETE, OUTCOME_UPSTREAM_ABORTED, ExchangeRecord
+from addon.record import OUTCOME_CLIENT_ABORTED, OUTCOME_COMPLETE, OUTCOME_UPSTREAM_ABORTED
 from addon.sse import SSEEvent
+from pipeline import audit_bytes
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "responses"
 SPEC_STREAM = (FIXTURES / "lmsp-spec-stream.sse").read_bytes()
@@ -62,22 +62,8 @@ def run(body: bytes, chunks: list[int] | None = None, *, dialect: LMSP = DIALECT
         request_view: RequestView | None = None, outcome: str = OUTCOME_COMPLETE, status: int = 200,
         event_stream: bool = True) -> dict:
     """Feed ``body`` split at ``chunks`` through the auditor with ``dialect``; return the row."""
-    request_view = request_view or view()
-    record = ExchangeRecord(dialect=dialect.name, provider=dialect.provider_for("models.example.net"))
-    record.streamed, record.http_status = event_stream, status
-    summary = dialect.summarize(request, request_view)
-    summary_into_record(record, summary)
-    auditor = StreamAuditor(record, dialect.normalizer(summary), None, 8 * 1024 * 1024, event_stream=event_stream)
-    bounds = [0, *(chunks or []), len(body)]
-    for a, b in zip(bounds, bounds[1:]):
-        if b > a:
-            auditor.feed(body[a:b])
-    auditor.end(cut_by_upstream=outcome == OUTCOME_UPSTREAM_ABORTED)
-    record.finish(outcome)
-    row = record.to_row()
-    for key in ("id", "started_at", "first_chunk_at", "ended_at"):
-        row.pop(key)
-    return row
+    return audit_bytes(dialect, body, chunks, request=request, request_view=request_view or view(), outcome=outcome,
+                       status=status, event_stream=event_stream, provider=dialect.provider_for("models.example.net"))
 
 
 def run_body(body: bytes, status: int = 200, **kwargs) -> dict:

@@ -17,11 +17,11 @@ from pathlib import Path
 import orjson
 import pytest
 
-from addon.auditor import StreamAuditor, summary_into_record
 from addon.dialects import RequestView, detect_request, detect_response
 from addon.dialects.openai_chat import DIALECT
-from addon.record import OUTCOME_COMPLETE, OUTCOME_UPSTREAM_ABORTED, ExchangeRecord
+from addon.record import OUTCOME_COMPLETE, OUTCOME_UPSTREAM_ABORTED
 from addon.sse import SSEEvent
+from pipeline import audit_bytes
 
 SHARED_STREAMS = Path(__file__).resolve().parents[2].parent / "shared" / "reference" / "streams"
 PATH = "/v1/chat/completions"
@@ -111,20 +111,7 @@ def view(path: str = PATH, method: str = "POST", headers: dict[str, str] | None 
 def audit(body: bytes, chunks: list[int] | None = None, *, request: dict | None = REQUEST, encoding=None,
           outcome: str = OUTCOME_COMPLETE, event_stream: bool = True, status: int = 200) -> dict:
     """Run ``body`` through the auditor split at ``chunks`` offsets; return the row."""
-    record = ExchangeRecord(dialect=DIALECT.name, streamed=event_stream, http_status=status)
-    summary = DIALECT.summarize(request, view())
-    summary_into_record(record, summary)
-    auditor = StreamAuditor(record, DIALECT.normalizer(summary), encoding, 8 * 1024 * 1024, event_stream=event_stream)
-    bounds = [0, *(chunks or []), len(body)]
-    for a, b in zip(bounds, bounds[1:]):
-        if b > a:
-            auditor.feed(body[a:b])
-    auditor.end(cut_by_upstream=outcome == OUTCOME_UPSTREAM_ABORTED)
-    record.finish(outcome)
-    row = record.to_row()
-    for key in ("id", "started_at", "first_chunk_at", "ended_at"):
-        row.pop(key)
-    return row
+    return audit_bytes(DIALECT, body, chunks, request=request, request_view=view(), encoding=encoding, outcome=outcome, event_stream=event_stream, status=status)
 
 
 def audit_json(obj: dict | bytes, status: int = 200, request: dict | None = REQUEST) -> dict:

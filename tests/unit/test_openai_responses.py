@@ -21,6 +21,7 @@ from addon.dialects import RequestView, detect_request, detect_response
 from addon.dialects.openai_responses import DIALECT
 from addon.record import OUTCOME_COMPLETE, OUTCOME_UPSTREAM_ABORTED, ExchangeRecord
 from addon.sse import SSEEvent
+from pipeline import audit_bytes, comparable_row
 
 SHARED_STREAMS = Path(__file__).resolve().parents[2].parent / "shared" / "reference" / "streams"
 
@@ -179,26 +180,13 @@ def _record(request: dict | None, request_view: RequestView) -> tuple[ExchangeRe
     return record, DIALECT.normalizer(summary)
 
 
-def _row(record: ExchangeRecord) -> dict:
-    row = record.to_row()
-    for key in ("id", "started_at", "first_chunk_at", "ended_at"):
-        row.pop(key)
-    return row
 
 
 def audit(body: bytes, chunks: list[int] | None = None, *, request: dict | None = REQUEST, encoding=None,
           outcome: str = OUTCOME_COMPLETE, request_view: RequestView | None = None) -> dict:
     """Run an event stream split at ``chunks`` offsets through the auditor; return the row."""
-    record, normalizer = _record(request, request_view or view())
-    record.streamed, record.http_status = True, 200
-    auditor = StreamAuditor(record, normalizer, encoding, 8 * 1024 * 1024)
-    bounds = [0, *(chunks or []), len(body)]
-    for a, b in zip(bounds, bounds[1:]):
-        if b > a:
-            auditor.feed(body[a:b])
-    auditor.end(cut_by_upstream=outcome == OUTCOME_UPSTREAM_ABORTED)
-    record.finish(outcome)
-    return _row(record)
+    return audit_bytes(DIALECT, body, chunks, request=request, request_view=request_view or view(), encoding=encoding,
+                       outcome=outcome, provider=DIALECT.provider_for("api.openai.com"))
 
 
 def audit_body(body: bytes | dict, status: int = 200, *, request: dict | None = REQUEST) -> dict:
@@ -211,7 +199,7 @@ def audit_body(body: bytes | dict, status: int = 200, *, request: dict | None = 
     auditor.feed(body)
     auditor.end()
     record.finish(OUTCOME_COMPLETE)
-    return _row(record)
+    return comparable_row(record)
 
 
 def codes(row: dict) -> list[str]:
