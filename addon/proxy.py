@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 import socket
 from pathlib import Path
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,8 +30,21 @@ from mitmproxy.addonmanager import Loader
 from mitmproxy.connection import ConnectionState
 
 from addon.auditor import StreamAuditor, summary_into_record
-from addon.dialects import Dialect, Normalizer, RequestView, detect_request, media_type, parse_json_body
+from addon.dialects import (
+    Dialect,
+    Normalizer,
+    RequestSummary,
+    RequestView,
+    detect_request,
+    media_type,
+    parse_json_body,
+)
+from addon.dialects.blocking import block_message
 from addon.events import Finding
+from addon.filters.api import BLOCK, RequestContext
+from addon.filters.engine import FilterSet
+from addon.filters.loader import FilterFiles
+from addon.filters.rules import RulesError, load_rules
 from addon.record import (
     OUTCOME_CLIENT_ABORTED,
     OUTCOME_COMPLETE,
@@ -64,6 +77,10 @@ class LLMAudit:
     def __init__(self) -> None:
         self.writer: AuditWriter | None = None
         self.retention: DailyPurge | None = None
+        self.rules: list = []
+        self.failure = "closed"
+        self.filter_files: FilterFiles | None = None
+        self.filterset: FilterSet | None = None
         self.flows: dict[str, FlowAudit] = {}
         self.instance = socket.gethostname()
         self.max_event_bytes = DEFAULT_MAX_EVENT_BYTES
@@ -100,6 +117,27 @@ class LLMAudit:
             "At least 183: the EU AI Act asks deployers to keep logs six months.",
         )
         loader.add_option(
+            "llm_rules",
+            str,
+            "",
+            "TOML file of content-filter rules (regular expressions, keywords, secrets, PII); "
+            "a file with an error is refused with its line.",
+        )
+        loader.add_option(
+            "llm_filters",
+            Sequence[str],
+            [],
+            "Python files with content filters (reloaded when they change).",
+        )
+        loader.add_option(
+            "llm_filter_failure",
+            str,
+            "closed",
+            "What a content filter that raises or overruns its time budget does: "
+            "closed (block the exchange) or open (record it, let the traffic pass).",
+            choices=["closed", "open"],
+        )
+        loader.add_option(
             "llm_audit_spool",
             str,
             "",
@@ -132,6 +170,25 @@ class LLMAudit:
             self._open_database(ctx.options.llm_audit_db or default_url(), Path(spool).expanduser())
         if updated & {"llm_audit_db", "llm_audit_spool", "llm_audit_instance", "llm_audit_retention_days"}:
             self._schedule_retention(ctx.options.llm_audit_retention_days)
+        if updated & {"llm_rules", "llm_filters", "llm_filter_failure"}:
+            self._load_filters(ctx.options.llm_rules, ctx.options.llm_filters, ctx.options.llm_filter_failure)
+
+    def _load_filters(self, rules_path: str, filter_paths: Sequence[str], failure: str) -> None:
+        """Build the filter set; a rules file or filter file with an error is refused in one line."""
+        try:
+            rules = load_rules(Path(rules_path).expanduser()) if rules_path else []
+        except RulesError as e:
+            log.error(f"llm-audit: {e}; fix the rules file or unset llm_rules")
+            return
+        self.filter_files = FilterFiles(filter_paths)
+        for problem in self.filter_files.load():
+            log.error(f"llm-audit: {problem}")
+        self.rules, self.failure = rules, failure
+        self._build_filterset()
+
+    def _build_filterset(self) -> None:
+        filters = self.filter_files.filters if self.filter_files else []
+        self.filterset = FilterSet(self.rules, filters, failure=self.failure) if self.rules or filters else None
 
     def _schedule_retention(self, days: int) -> None:
         if self.retention is not None:
@@ -245,15 +302,49 @@ class LLMAudit:
                 parsed.append(parse_json_body(req.get_content(strict=False) or b""))
             return parsed[0][0]
 
-        dialect = detect_request(RequestView(req.method, path, query, req.headers), body)
-        if dialect is not None:
-            audit = self.flows[flow.id] = FlowAudit(*self._start_record(flow, dialect, parsed[0] if parsed else None))
-            self._submit(audit.record)  # the write-ahead open record (status in_progress)
+        view = RequestView(req.method, path, query, req.headers)
+        dialect = detect_request(view, body)
+        if dialect is None:
+            return
+        record, summary = self._start_record(flow, dialect, parsed[0] if parsed else None)
+        self.flows[flow.id] = FlowAudit(record, dialect.normalizer(summary))
+        if self.filterset is not None and self._blocked(flow, dialect, summary, view):
+            return  # answered by the proxy: the response hook writes the record
+        self._submit(record)  # the write-ahead open record (status in_progress)
+
+    def _blocked(self, flow: http.HTTPFlow, dialect: Dialect, summary: RequestSummary, view: RequestView) -> bool:
+        """Run the request filters; answer a blocked request here, so it never goes upstream."""
+        if self.filter_files is not None:
+            changed, problems = self.filter_files.reload_if_changed()
+            for problem in problems:
+                log.error(f"llm-audit: {problem}")
+            if changed:
+                self._build_filterset()
+        if self.filterset is None:
+            return False
+        record = self.flows[flow.id].record
+        context = RequestContext.from_body(
+            dialect.name, record.request_body if isinstance(record.request_body, (dict, list)) else None,
+            tools=summary.declared_tools or frozenset(), user_id=summary.user_id, session_id=summary.session_id,
+            request_id=summary.request_id, client_address=record.client_address,
+        )
+        verdicts = self.filterset.check_request(context)
+        record.verdicts.extend(v.as_dict() for v in verdicts)
+        block = next((v for v in verdicts if v.action == BLOCK), None)
+        if block is None:
+            return False
+        answer = dialect.blocked_response(summary, view, block.rule_id, block.reason, streaming=bool(summary.stream))
+        flow.response = http.Response.make(answer.status, answer.body, dict(answer.headers))
+        record.status, record.http_status = "blocked", answer.status
+        record.error_code, record.error_message = "content_filtered", block_message(block.rule_id, block.reason)
+        record.response_headers = dict(answer.headers)
+        record.bytes_to_client = len(answer.body)
+        return True
 
     def _start_record(
         self, flow: http.HTTPFlow, dialect: Dialect, parsed: tuple[Any, Finding | None] | None = None
-    ) -> tuple[ExchangeRecord, Normalizer]:
-        """A record with the request side filled in, and the dialect's normalizer."""
+    ) -> tuple[ExchangeRecord, RequestSummary]:
+        """A record with the request side filled in, and what the dialect read from the request."""
         req = flow.request
         content = req.get_content(strict=False) or b""
         body_json, finding = parsed or parse_json_body(content)
@@ -278,13 +369,15 @@ class LLMAudit:
             record.apply(finding)
         summary = dialect.summarize(body_json, RequestView(req.method, path, query, req.headers))
         summary_into_record(record, summary)
-        return record, dialect.normalizer(summary)
+        return record, summary
 
     def _attach_tap(self, flow: http.HTTPFlow) -> None:
         """Stream the response through a tap: every body of an inference exchange, and
         every event stream (an unrecognised one may still be claimed by its first event)."""
         resp = flow.response
         audit = self.flows.get(flow.id)
+        if audit is not None and audit.record is not None and audit.record.status == "blocked":
+            return  # the proxy's own answer to a blocked request: nothing to read
         event_stream = media_type(resp.headers.get("content-type", ""))[0] == "text/event-stream"
         encoding = resp.headers.get("content-encoding")
         if audit is not None:
@@ -303,7 +396,8 @@ class LLMAudit:
         """Called from the tap when a dialect claims an event stream by its first event."""
 
         def claim(dialect: Dialect) -> tuple[ExchangeRecord, Normalizer]:
-            audit.record, audit.normalizer = self._start_record(flow, dialect)
+            audit.record, summary = self._start_record(flow, dialect)
+            audit.normalizer = dialect.normalizer(summary)
             _response_into_record(audit.record, flow.response)
             return audit.record, audit.normalizer
 

@@ -117,6 +117,7 @@ class ExchangeRecord:
     replayed_events: int = 0
     bytes_to_client: int = 0
     findings: list[dict[str, str]] = field(default_factory=list)
+    verdicts: list[dict[str, Any]] = field(default_factory=list)
     _finding_counts: dict[str, int] = field(default_factory=dict)
 
     # -- accumulation -------------------------------------------------------------------
@@ -256,6 +257,7 @@ class ExchangeRecord:
             "error_code": self.error_code,
             "error_message": self.error_message,
             "findings": findings,
+            "verdicts": self.verdicts,
             "event_count": self.event_count,
             "replayed_events": self.replayed_events,
             "bytes_to_client": self.bytes_to_client,

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import logging
 import os
+import sqlite3
+import time
 from pathlib import Path
 
 import orjson
@@ -112,11 +114,25 @@ def upgrade_schema(engine: Engine) -> tuple[str | None, str]:
 
 
 def _sqlite_pragmas(dbapi_conn, _record) -> None:
-    """WAL lets readers (the CLI, plain SQL) work while the proxy writes."""
+    """WAL lets readers (the CLI, plain SQL) work while the proxy writes.
+
+    The busy timeout comes first so that later statements wait for other connections.
+    Switching to WAL is not covered by it (SQLite answers "database is locked" at once
+    while another connection holds a lock, e.g. two proxies opening a new file together),
+    so it is retried briefly, and skipped when the file is already in WAL mode.
+    """
     cur = dbapi_conn.cursor()
-    cur.execute("PRAGMA journal_mode=WAL")
-    cur.execute("PRAGMA synchronous=NORMAL")
     cur.execute("PRAGMA busy_timeout=10000")
+    for attempt in range(100):
+        try:
+            if cur.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
+                cur.execute("PRAGMA journal_mode=WAL")
+            break
+        except sqlite3.OperationalError:
+            if attempt == 99:
+                raise
+            time.sleep(0.05)
+    cur.execute("PRAGMA synchronous=NORMAL")
     cur.close()
 
 

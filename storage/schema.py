@@ -77,6 +77,7 @@ exchanges = Table(
     Column("error_code", String(255)),
     Column("error_message", Text),
     Column("findings", Json, comment="List of {code, detail}."),
+    Column("verdicts", Json, comment="Content-filter verdicts: {action, rule_id, reason, filter, position, match_hash, ...}."),
     Column("event_count", Integer, comment="SSE events dispatched (not counting replayed ones)."),
     Column("replayed_events", Integer, comment="Events of a resumed stream that an earlier exchange already audited."),
     Column("bytes_to_client", BigInteger, comment="Body bytes forwarded to the client."),

@@ -196,7 +196,7 @@ def backend(request) -> str:
 # -- the proxy ------------------------------------------------------------------------------------
 
 JSON_COLUMNS = ("request_headers", "response_headers", "request_body", "output", "tool_calls",
-                "finish_reasons", "findings")
+                "finish_reasons", "findings", "verdicts")
 TIME_COLUMNS = ("started_at", "first_chunk_at", "ended_at")
 BOOL_COLUMNS = ("streamed",)
 HEADER_NAME = re.compile(r"^[a-z0-9-]+$")

@@ -294,14 +294,14 @@ def test_anthropic_non_streamed_message(route):
 # -- Google Gemini ---------------------------------------------------------------------------------------
 
 
-def genai_client(route: Route, http: httpx.Client, headers: dict[str, str]) -> genai.Client:
-    options = genai_types.HttpOptions(base_url=route.url, headers=headers, httpx_client=http)
+def genai_client(url: str, http: httpx.Client, headers: dict[str, str]) -> genai.Client:
+    options = genai_types.HttpOptions(base_url=url, headers=headers, httpx_client=http)
     return genai.Client(api_key="gemini-test-key", http_options=options)
 
 
 def test_gemini_stream_through_the_proxy(route):
     def call(http, headers):
-        client = genai_client(route, http, headers)
+        client = genai_client(route.url, http, headers)
         chunks = list(client.models.generate_content_stream(
             model="gemini-2.5-flash", contents="Weather in Vienna?",
             config=genai_types.GenerateContentConfig(tools=GEMINI_TOOLS)))
@@ -326,7 +326,7 @@ def test_gemini_stream_through_the_proxy(route):
 
 def test_gemini_non_streamed_candidates_and_rate_limit(route):
     def call(http, headers):
-        client = genai_client(route, http, headers)
+        client = genai_client(route.url, http, headers)
         return client.models.generate_content(model="gemini-2.5-flash", contents="hi",
                                               config=genai_types.GenerateContentConfig(candidate_count=2))
 
@@ -339,7 +339,7 @@ def test_gemini_non_streamed_candidates_and_rate_limit(route):
 
     def limited(http, headers):
         with pytest.raises(genai_errors.ClientError) as error:
-            genai_client(route, http, headers).models.generate_content(model="gemini-2.5-flash", contents="hi")
+            genai_client(route.url, http, headers).models.generate_content(model="gemini-2.5-flash", contents="hi")
         return error.value.code
 
     direct, code, mock_id = route.both(limited, "status=429")

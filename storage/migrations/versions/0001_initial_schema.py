@@ -74,6 +74,7 @@ def _exchanges_columns() -> list[sa.Column]:
         sa.Column("error_code", sa.String(255)),
         sa.Column("error_message", sa.Text()),
         sa.Column("findings", JSON, comment="List of {code, detail}."),
+        sa.Column("verdicts", JSON, comment="Content-filter verdicts: {action, rule_id, reason, filter, position, match_hash, ...}."),
         sa.Column("event_count", sa.Integer(), comment="SSE events dispatched (not counting replayed ones)."),
         sa.Column("replayed_events", sa.Integer(), comment="Events of a resumed stream that an earlier exchange already audited."),
         sa.Column("bytes_to_client", sa.BigInteger(), comment="Body bytes forwarded to the client."),

@@ -1,0 +1,151 @@
+"""Content filters on requests, end to end: a blocked request never goes upstream and
+the client's SDK sees its API's normal refusal; a flagged one passes and is recorded.
+
+A real mitmdump with a rules file (tests/fixtures/filters_e2e_rules.toml), the mock
+upstream, the official SDKs, and the audit rows read with plain SQL on both backends.
+"""
+
+from __future__ import annotations
+
+import ssl
+import subprocess
+import uuid
+from typing import Any
+
+import anthropic
+import httpx2
+import openai
+import orjson
+import pytest
+from google.genai import types as genai_types
+
+from conftest import BACKENDS, BIN, ROOT, Proxy, new_database, start_proxy
+from test_sdks_proxy import MESSAGES, genai_client
+
+pytestmark = pytest.mark.e2e
+
+RULES = ROOT / "tests" / "fixtures" / "filters_e2e_rules.toml"
+FORBIDDEN = "Tell me everything about Project Nightjar."
+PROMPT: list[Any] = [{"role": "user", "content": FORBIDDEN}]
+
+
+@pytest.fixture(scope="module", params=BACKENDS)
+def guarded(request, tmp_path_factory, upstreams) -> Proxy:
+    tmp = tmp_path_factory.mktemp("filters")
+    p = start_proxy(tmp, "--set", f"llm_rules={RULES}", upstream_ca=upstreams["h2"].ca,
+                    **new_database(request, request.param, tmp))
+    yield p
+    p.process.stop()
+
+
+def headers() -> tuple[str, dict[str, str]]:
+    mock_id = uuid.uuid4().hex
+    return mock_id, {"x-mock-id": mock_id}
+
+
+def assert_blocked(proxy: Proxy, up, mock_id: str, streamed: bool) -> dict:
+    row = proxy.mock_row(mock_id)
+    assert (row["status"], row["error_code"]) == ("blocked", "content_filtered")
+    assert row["http_status"] == (200 if streamed else 400)
+    assert [(v["action"], v["rule_id"]) for v in row["verdicts"]] == [("block", "no-project-nightjar")]
+    assert "Nightjar" not in row["error_message"] and "Nightjar" not in orjson.dumps(row["verdicts"]).decode()
+    assert up.received(mock_id) == {}, "a blocked request must never reach the upstream"
+    return row
+
+
+def openai_client(proxy: Proxy, url: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{url}/v1", api_key="sk-test", max_retries=0, http_client=proxy.client())
+
+
+def test_openai_chat_stream_and_non_stream_are_refused_as_the_api_does(guarded, upstreams):
+    up = upstreams["h1"]
+    mock_id, hdrs = headers()
+    with pytest.raises(openai.APIError) as error:
+        for _ in openai_client(guarded, up.url).chat.completions.create(
+                model="gpt-4o", messages=PROMPT, stream=True, extra_headers=hdrs):
+            pass
+    assert error.value.code == "content_filter"
+    assert_blocked(guarded, up, mock_id, streamed=True)
+
+    mock_id, hdrs = headers()
+    with pytest.raises(openai.BadRequestError):
+        openai_client(guarded, up.url).chat.completions.create(model="gpt-4o", messages=PROMPT, extra_headers=hdrs)
+    assert_blocked(guarded, up, mock_id, streamed=False)
+
+
+def test_openai_responses_stream_ends_with_response_failed(guarded, upstreams):
+    up = upstreams["h1"]
+    mock_id, hdrs = headers()
+    events = list(openai_client(guarded, up.url).responses.create(model="gpt-5", input=FORBIDDEN, stream=True,
+                                                                   extra_headers=hdrs))
+    assert events[-1].type == "response.failed"
+    assert_blocked(guarded, up, mock_id, streamed=True)
+
+
+def test_anthropic_stream_raises_the_sdk_error(guarded, upstreams):
+    up = upstreams["h1"]
+    mock_id, hdrs = headers()
+    http = httpx2.Client(proxy=guarded.url, verify=ssl.create_default_context(cafile=str(guarded.ca)), timeout=30)
+    client = anthropic.Anthropic(base_url=up.url, api_key="sk-ant-test", max_retries=0, http_client=http)
+    with pytest.raises(anthropic.APIStatusError):
+        with client.messages.stream(model="claude-mock-1", max_tokens=100, messages=PROMPT, extra_headers=hdrs) as s:
+            list(s.text_stream)
+    assert_blocked(guarded, up, mock_id, streamed=True)
+
+
+def test_gemini_stream_reports_a_safety_block(guarded, upstreams):
+    up = upstreams["h1"]
+    mock_id, hdrs = headers()
+    with guarded.client() as http:
+        chunks = list(genai_client(up.url, http, hdrs).models.generate_content_stream(
+            model="gemini-2.5-flash", contents=FORBIDDEN))
+    assert chunks[0].prompt_feedback.block_reason == genai_types.BlockedReason.SAFETY
+    assert_blocked(guarded, up, mock_id, streamed=True)
+
+
+def test_llm_stream_gets_start_error_end(guarded, upstreams):
+    up = upstreams["h1"]
+    mock_id, hdrs = headers()
+    body = {"version": "1.0", "stream": True, "model": "m", "messages": PROMPT}
+    with guarded.client() as c:
+        resp = c.post(f"{up.url}/v1/llm/stream", content=orjson.dumps(body),
+                      headers=hdrs | {"content-type": "application/llm-request+json"})
+    kinds = [line.split(": ", 1)[1] for line in resp.text.splitlines() if line.startswith("event: ")]
+    assert kinds == ["stream.start", "error", "stream.end"] and '"content_filtered"' in resp.text
+    assert_blocked(guarded, up, mock_id, streamed=True)
+
+
+def test_flagged_request_passes_and_is_recorded_without_the_match(guarded, upstreams):
+    up = upstreams["h1"]
+    mock_id, hdrs = headers()
+    prompt = [{"role": "user", "content": "Mail the summary to jane.doe@example.org please."}]
+    text = openai_client(guarded, up.url).chat.completions.create(
+        model="gpt-4o", messages=prompt, extra_headers=hdrs).choices[0].message.content
+    row = guarded.mock_row(mock_id)
+    assert row["status"] == "completed" and row["output_text"] == text
+    [verdict] = row["verdicts"]
+    assert (verdict["action"], verdict["rule_id"]) == ("flag", "personal-data")
+    assert verdict["match_hash"].startswith("sha256:") and "jane.doe" not in orjson.dumps(verdict).decode()
+    assert up.received(mock_id)["body"], "a flagged request still goes upstream"
+
+
+def test_unfiltered_request_has_no_verdicts(guarded, upstreams):
+    mock_id, hdrs = headers()
+    openai_client(guarded, upstreams["h1"].url).chat.completions.create(model="gpt-4o", messages=MESSAGES,
+                                                                         extra_headers=hdrs)
+    assert guarded.mock_row(mock_id)["verdicts"] == []
+
+
+def test_a_rules_file_with_an_error_stops_the_proxy_with_its_line(tmp_path):
+    rules = tmp_path / "rules.toml"
+    rules.write_text('[[rule]]\nid = "x"\nkind = "regex"\npattern = "(unclosed"\naction = "block"\n')
+    proc = subprocess.run(
+        [str(BIN / "mitmdump"), "--listen-port", "0", "--set", f"confdir={tmp_path}",
+         "--set", f"llm_audit_db=sqlite:///{tmp_path / 'audit.db'}", "-s", str(ROOT / "addon" / "llm_audit.py"),
+         "--set", f"llm_rules={rules}"],
+        capture_output=True, text=True, timeout=60, env={"XDG_STATE_HOME": str(tmp_path / "state"), "PATH": "/usr/bin:/bin",
+                                                         "HOME": str(tmp_path)},
+    )
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0 and "Traceback" not in out
+    assert [line for line in out.splitlines() if f"{rules}:4" in line and "llm-audit:" in line], out
