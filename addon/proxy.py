@@ -308,12 +308,16 @@ class LLMAudit:
             return
         record, summary = self._start_record(flow, dialect, parsed[0] if parsed else None)
         self.flows[flow.id] = FlowAudit(record, dialect.normalizer(summary))
-        if self.filterset is not None and self._blocked(flow, dialect, summary, view):
+        if self._blocked(flow, dialect, summary, view):
             return  # answered by the proxy: the response hook writes the record
         self._submit(record)  # the write-ahead open record (status in_progress)
 
     def _blocked(self, flow: http.HTTPFlow, dialect: Dialect, summary: RequestSummary, view: RequestView) -> bool:
-        """Run the request filters; answer a blocked request here, so it never goes upstream."""
+        """Run the request filters; answer a blocked request here, so it never goes upstream.
+
+        Filter files are looked at first (at most one stat per file a second), so a file
+        that failed to load is picked up once it is fixed.
+        """
         if self.filter_files is not None:
             changed, problems = self.filter_files.reload_if_changed()
             for problem in problems:
