@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ssl
 import subprocess
+import time
 import uuid
 from typing import Any
 
@@ -126,7 +127,8 @@ def test_flagged_request_passes_and_is_recorded_without_the_match(guarded, upstr
     [verdict] = row["verdicts"]
     assert (verdict["action"], verdict["rule_id"]) == ("flag", "personal-data")
     assert verdict["match_hash"].startswith("sha256:") and "jane.doe" not in orjson.dumps(verdict).decode()
-    assert up.received(mock_id)["body"], "a flagged request still goes upstream"
+    sent = orjson.loads(up.received(mock_id)["body"])
+    assert sent["messages"] == prompt, "a flagged request goes upstream unchanged"
 
 
 def test_unfiltered_request_has_no_verdicts(guarded, upstreams):
@@ -149,3 +151,61 @@ def test_a_rules_file_with_an_error_stops_the_proxy_with_its_line(tmp_path):
     out = proc.stdout + proc.stderr
     assert proc.returncode != 0 and "Traceback" not in out
     assert [line for line in out.splitlines() if f"{rules}:4" in line and "llm-audit:" in line], out
+
+
+BROKEN_FILTER = '''
+def check_request(ctx):
+    raise RuntimeError("this filter is broken")
+'''
+WORKING_FILTER = '''
+from addon.filters.api import BLOCK, Verdict
+
+def check_request(ctx):
+    if any("launch codes" in m.text for m in ctx.messages):
+        return Verdict(BLOCK, "no-launch-codes", "asks for launch codes")
+'''
+
+
+@pytest.mark.parametrize("policy, status, action", [("closed", "blocked", "block"), ("open", "completed", "flag")])
+def test_a_failing_filter_blocks_or_passes_by_policy_and_is_recorded(tmp_path, upstreams, policy, status, action):
+    up = upstreams["h1"]
+    filter_file = tmp_path / "filters.py"
+    filter_file.write_text(BROKEN_FILTER)
+    proxy = start_proxy(tmp_path, "--set", f"llm_filters={filter_file}", "--set", f"llm_filter_failure={policy}")
+    try:
+        mock_id, hdrs = headers()
+        client = openai_client(proxy, up.url)
+        if policy == "closed":
+            with pytest.raises(openai.BadRequestError):
+                client.chat.completions.create(model="gpt-4o", messages=MESSAGES, extra_headers=hdrs)
+        else:
+            client.chat.completions.create(model="gpt-4o", messages=MESSAGES, extra_headers=hdrs)
+        row = proxy.mock_row(mock_id)
+        assert row["status"] == status
+        assert [(v["action"], v["rule_id"]) for v in row["verdicts"]] == [(action, "filter_error")]
+        assert "this filter is broken" in row["verdicts"][0]["reason"]
+        assert bool(up.received(mock_id)) is (policy == "open")
+    finally:
+        proxy.process.stop()
+
+
+def test_a_changed_filter_file_is_reloaded_without_restarting(tmp_path, upstreams):
+    up = upstreams["h1"]
+    filter_file = tmp_path / "filters.py"
+    filter_file.write_text("def check_request(ctx):\n    return None\n")
+    proxy = start_proxy(tmp_path, "--set", f"llm_filters={filter_file}")
+    try:
+        ask = [{"role": "user", "content": "What are the launch codes?"}]
+        mock_id, hdrs = headers()
+        openai_client(proxy, up.url).chat.completions.create(model="gpt-4o", messages=ask, extra_headers=hdrs)
+        assert proxy.mock_row(mock_id)["status"] == "completed"
+        time.sleep(1.1)  # a new mtime, and past the once-a-second look
+        filter_file.write_text(WORKING_FILTER)
+        time.sleep(1.1)
+        mock_id, hdrs = headers()
+        with pytest.raises(openai.BadRequestError):
+            openai_client(proxy, up.url).chat.completions.create(model="gpt-4o", messages=ask, extra_headers=hdrs)
+        row = proxy.mock_row(mock_id)
+        assert (row["status"], row["verdicts"][0]["rule_id"]) == ("blocked", "no-launch-codes")
+    finally:
+        proxy.process.stop()
