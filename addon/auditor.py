@@ -59,7 +59,6 @@ class StreamAuditor:
         self.max_body_bytes = max_body_bytes
         self.body: bytearray | None = None if event_stream else bytearray()  # the raw copy
         self.decoder: Decoder | None = make_decoder(content_encoding)
-        self.content_encoding = content_encoding
         self.sniffed_bytes = 0  # decoded bytes read while no dialect has claimed the stream
         self.ignored = False  # sniffing decided this stream is not ours
         self.failed = False  # the auditor broke; bytes still pass
@@ -172,6 +171,5 @@ def summary_into_record(record: ExchangeRecord, summary: RequestSummary) -> None
     record.request_id = summary.request_id
     record.task_id = summary.task_id
     record.stream_requested = summary.stream
-    record.declared_tools = summary.declared_tools
     for finding in summary.findings:
         record.apply(finding)

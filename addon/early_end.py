@@ -35,10 +35,6 @@ def end_after_this_chunk(flow: http.HTTPFlow) -> None:
     flow.metadata[METADATA_KEY] = True
 
 
-def ended_early(flow: http.HTTPFlow) -> bool:
-    return bool(flow.metadata.get(METADATA_KEY))
-
-
 def install() -> None:
     """Patch ``HttpStream`` once per process (idempotent: script reloads call it again)."""
     original = HttpStream.state_stream_response_body

@@ -45,7 +45,3 @@ CODES: dict[str, str] = {
     "event_id_not_increasing": "SSE event ids did not strictly increase.",
 }
 
-
-def describe(code: str) -> str:
-    """Return the human description of a finding code (empty for unknown codes)."""
-    return CODES.get(code, "")

@@ -102,7 +102,6 @@ class ExchangeRecord:
     task_id: str | None = None
     stream_requested: bool | None = None
     request_body: Any = None
-    declared_tools: frozenset[str] | None = None
     # response side
     streamed: bool = False
     response_model: str | None = None
@@ -157,9 +156,6 @@ class ExchangeRecord:
         self._finding_counts[code] = n
         if n <= FINDINGS_PER_CODE:
             self.findings.append({"code": code, "detail": detail})
-
-    def has_finding(self, code: str) -> bool:
-        return code in self._finding_counts
 
     def _choice(self, index: int) -> Choice:
         c = self.choices.get(index)
