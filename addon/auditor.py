@@ -77,6 +77,7 @@ class StreamAuditor:
             if self.record.first_chunk_at is None:
                 self.record.first_chunk_at = now or time.time()
             self.record.bytes_to_client += len(chunk)
+            self.record.bytes_from_upstream += len(chunk)
         if not self.active:
             return
         if self.body is not None:

@@ -115,6 +115,8 @@ class ExchangeRecord:
     event_count: int = 0
     replayed_events: int = 0
     bytes_to_client: int = 0
+    bytes_from_upstream: int = 0
+    delivered_text: str | None = None  # set when a content filter made it differ from the output
     findings: list[dict[str, str]] = field(default_factory=list)
     verdicts: list[dict[str, Any]] = field(default_factory=list)
     _finding_counts: dict[str, int] = field(default_factory=dict)
@@ -257,6 +259,8 @@ class ExchangeRecord:
             "event_count": self.event_count,
             "replayed_events": self.replayed_events,
             "bytes_to_client": self.bytes_to_client,
+            "bytes_from_upstream": self.bytes_from_upstream,
+            "delivered_text": self.delivered_text,
         }
 
 

@@ -81,6 +81,11 @@ exchanges = Table(
     Column("event_count", Integer, comment="SSE events dispatched (not counting replayed ones)."),
     Column("replayed_events", Integer, comment="Events of a resumed stream that an earlier exchange already audited."),
     Column("bytes_to_client", BigInteger, comment="Body bytes forwarded to the client."),
+    Column("bytes_from_upstream", BigInteger, comment="Body bytes received from the upstream."),
+    Column(
+        "delivered_text", Text,
+        comment="Answer text the client received, when a content filter made it differ from output_text; else NULL.",
+    ),
     Index("ix_exchanges_started_at", "started_at"),
     Index("ix_exchanges_ended_at", "ended_at"),
     Index("ix_exchanges_user_id", "user_id"),

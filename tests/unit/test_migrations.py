@@ -21,6 +21,7 @@ from alembic.runtime.migration import MigrationContext
 from sqlalchemy import (
     Column,
     Engine,
+    Index,
     MetaData,
     Table,
     create_engine,
@@ -35,6 +36,7 @@ from storage.database import DatabaseError, open_engine
 from storage.schema import exchanges, metadata, purge_log
 
 BIN = Path(sys.executable).parent
+ADDED_SINCE_0001 = {"bytes_from_upstream", "delivered_text"}  # by 0002
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
@@ -48,6 +50,14 @@ def empty_url(request, tmp_path) -> str:
 def schema_differences(engine: Engine) -> list:
     with engine.connect() as conn:
         return compare_metadata(MigrationContext.configure(conn), metadata)
+
+
+def exchanges_before_migrations() -> Table:
+    """The ``exchanges`` table, with its indexes, as ``metadata.create_all`` made it before migrations."""
+    old = Table("exchanges", MetaData(), *(c._copy() for c in exchanges.columns if c.name not in ADDED_SINCE_0001))
+    for index in exchanges.indexes:
+        Index(index.name, *(old.c[c.name] for c in index.columns))
+    return old
 
 
 def bare_engine(url: str) -> Engine:
@@ -76,8 +86,8 @@ def test_empty_database_is_upgraded_to_head_and_equals_the_schema(empty_url):
 
 
 def test_database_at_the_first_released_schema_keeps_its_rows(empty_url):
-    # Today 0001 is the head, so this upgrade does nothing; with 0002 it runs 0002 over a
-    # database holding rows, and this is where its data checks go.
+    # The upgrade runs every later revision over a database holding rows: the rows keep
+    # their values and the columns added since are NULL.
     engine = bare_engine(empty_url)
     with engine.begin() as conn:
         command.upgrade(migrations.config(conn), "0001")
@@ -93,6 +103,7 @@ def test_database_at_the_first_released_schema_keeps_its_rows(empty_url):
         assert set(rows) == {"a", "b"}
         assert rows["a"].request_body == {"messages": [{"role": "user", "content": "hi"}]}
         assert rows["a"].ended_at.replace(tzinfo=UTC) == datetime(2026, 1, 2, 3, 4, 6, tzinfo=UTC)
+        assert rows["a"].delivered_text is None and rows["a"].bytes_from_upstream is None
         assert rows["b"].status == "in_progress"
     finally:
         engine.dispose()
@@ -102,14 +113,15 @@ def test_database_created_before_migrations_is_adopted_and_stamped(empty_url):
     # What open_engine's metadata.create_all made before migrations existed: exchanges
     # with its indexes, no purge_log, no alembic_version.
     engine = bare_engine(empty_url)
-    exchanges.create(engine)
+    old = exchanges_before_migrations()
+    old.create(engine)
     with engine.begin() as conn:
-        conn.execute(insert(exchanges), [exchange("old")])
+        conn.execute(insert(old), [exchange("old")])
     engine.dispose()
 
     engine = open_engine(empty_url)
     try:
-        assert migrations.current(engine) == "0001" == migrations.head()
+        assert migrations.current(engine) == migrations.head()
         assert schema_differences(engine) == []
         with engine.connect() as conn:
             assert [r.id for r in conn.execute(select(exchanges.c.id))] == ["old"]
@@ -122,7 +134,7 @@ def test_database_created_before_migrations_with_other_columns_is_refused_and_le
     url = f"sqlite:///{tmp_path / 'audit.db'}"
     engine = bare_engine(url)
     old = Table("exchanges", MetaData(), *(Column(c.name, c.type) for c in exchanges.columns
-                                           if c.name not in ("task_id", "replayed_events")))
+                                           if c.name not in {"task_id", "replayed_events", *ADDED_SINCE_0001}))
     old.create(engine)
     engine.dispose()
 
@@ -240,7 +252,7 @@ def test_db_upgrade_refuses_a_newer_database_with_one_line(tmp_path):
 def test_pre_migration_database_without_alembic_version_reads_as_unversioned(tmp_path):
     url = f"sqlite:///{tmp_path / 'audit.db'}"
     engine = bare_engine(url)
-    exchanges.create(engine)
+    exchanges_before_migrations().create(engine)
     engine.dispose()
     assert llm_audit("--db", url, "db", "current").stdout.startswith("none")
     upgrade = llm_audit("--db", url, "db", "upgrade")
