@@ -39,6 +39,19 @@ class TextDelta:
 
 
 @dataclass(frozen=True, slots=True)
+class TextEnd:
+    """One choice's text of one ``kind`` is over for now (a content block or part closed).
+
+    The record needs nothing from it; content filters do: text they hold back to see a
+    match whole is released when its block ends, instead of waiting for the response's
+    end while later blocks (a tool call, say) queue behind it.
+    """
+
+    choice: int = 0
+    kind: str = "text"
+
+
+@dataclass(frozen=True, slots=True)
 class ToolCallDelta:
     """A fragment of a tool call, assembled by ``key``.
 
@@ -111,4 +124,4 @@ class Finding:
     detail: str = ""
 
 
-Event = ResponseMeta | TextDelta | ToolCallDelta | Finish | Usage | StreamError | StreamEnd | Replayed | Finding
+Event = ResponseMeta | TextDelta | TextEnd | ToolCallDelta | Finish | Usage | StreamError | StreamEnd | Replayed | Finding

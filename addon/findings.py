@@ -16,6 +16,8 @@ CODES: dict[str, str] = {
     "decode_failed": "The Content-Encoding could not be decoded for inspection; the bytes passed through unchanged.",
     "audit_internal_error": "The auditor itself failed on this exchange; traffic was not affected.",
     "proxy_shutdown": "The proxy shut down while the exchange was still open.",
+    "termination_not_sent": "A content filter cut a compressed stream: the dialect's closing events could not be "
+    "appended (the upstream ignored Accept-Encoding: identity); the stream just ends.",
     # request side
     "request_invalid_json": "The request body is not valid JSON; it was forwarded unchanged.",
     "request_missing_field": "The request envelope lacks a REQUIRED field (llm-stream draft section 4.2).",

@@ -29,6 +29,7 @@ from mitmproxy import http
 from mitmproxy.addonmanager import Loader
 from mitmproxy.connection import ConnectionState
 
+from addon import early_end
 from addon.auditor import StreamAuditor, summary_into_record
 from addon.dialects import (
     Dialect,
@@ -41,10 +42,11 @@ from addon.dialects import (
 )
 from addon.dialects.blocking import block_message
 from addon.events import Finding
-from addon.filters.api import BLOCK, RequestContext
-from addon.filters.engine import FilterSet
+from addon.filters.api import BLOCK, RequestContext, Verdict
+from addon.filters.engine import FILTER_ERROR, FilterSet
 from addon.filters.loader import FilterFiles
 from addon.filters.rules import RulesError, load_rules
+from addon.output_gate import OutputGate
 from addon.record import (
     OUTCOME_CLIENT_ABORTED,
     OUTCOME_COMPLETE,
@@ -69,6 +71,12 @@ class FlowAudit:
     record: ExchangeRecord | None
     normalizer: Normalizer | None
     auditor: StreamAuditor | None = None
+    # set when content filters check this exchange's output
+    filters: FilterSet | None = None
+    dialect: Dialect | None = None
+    summary: RequestSummary | None = None
+    view: RequestView | None = None
+    held_body: bool = False  # the response body is held whole to be checked (not streamed)
 
 
 class LLMAudit:
@@ -84,6 +92,7 @@ class LLMAudit:
         self.flows: dict[str, FlowAudit] = {}
         self.instance = socket.gethostname()
         self.max_event_bytes = DEFAULT_MAX_EVENT_BYTES
+        early_end.install()  # how a stream stopped by a content filter ends cleanly
 
     # -- options ------------------------------------------------------------------------
 
@@ -307,43 +316,67 @@ class LLMAudit:
         if dialect is None:
             return
         record, summary = self._start_record(flow, dialect, parsed[0] if parsed else None)
-        self.flows[flow.id] = FlowAudit(record, dialect.normalizer(summary))
-        if self._blocked(flow, dialect, summary, view):
-            return  # answered by the proxy: the response hook writes the record
+        audit = self.flows[flow.id] = FlowAudit(record, dialect.normalizer(summary))
+        self._reload_filters()
+        filters = self.filterset
+        if filters is not None:
+            block = self._check_request(filters, record, dialect, summary)
+            if block is not None:
+                self._answer_blocked(flow, record, dialect, summary, view, block)
+                return  # answered by the proxy: the response hook writes the record
+            if filters.checks_output:
+                audit.filters, audit.dialect, audit.summary, audit.view = filters, dialect, summary, view
+                if filters.may_block_output:
+                    # A stream the proxy may cut must be one it can append to: not compressed.
+                    req.headers["accept-encoding"] = "identity"
         self._submit(record)  # the write-ahead open record (status in_progress)
 
-    def _blocked(self, flow: http.HTTPFlow, dialect: Dialect, summary: RequestSummary, view: RequestView) -> bool:
-        """Run the request filters; answer a blocked request here, so it never goes upstream.
-
-        Filter files are looked at first (at most one stat per file a second), so a file
-        that failed to load is picked up once it is fixed.
-        """
+    def _reload_filters(self) -> None:
+        """Pick up changed filter files (at most one stat per file a second), so a file
+        that failed to load is used once it is fixed."""
         if self.filter_files is not None:
             changed, problems = self.filter_files.reload_if_changed()
             for problem in problems:
                 log.error(f"llm-audit: {problem}")
             if changed:
                 self._build_filterset()
-        if self.filterset is None:
-            return False
-        record = self.flows[flow.id].record
-        context = RequestContext.from_body(
-            dialect.name, record.request_body if isinstance(record.request_body, (dict, list)) else None,
-            tools=summary.declared_tools or frozenset(), user_id=summary.user_id, session_id=summary.session_id,
-            request_id=summary.request_id, client_address=record.client_address,
-        )
-        verdicts = self.filterset.check_request(context)
+
+    def _check_request(
+        self, filters: FilterSet, record: ExchangeRecord, dialect: Dialect, summary: RequestSummary
+    ) -> Verdict | None:
+        """Run the request filters; the verdict that blocks the request, if any.
+
+        A failure of the checking itself (not of one user filter, which the filter set
+        handles) follows the failure policy too: ``closed`` blocks, ``open`` forwards.
+        """
+        try:
+            context = RequestContext.from_body(
+                dialect.name, record.request_body if isinstance(record.request_body, (dict, list)) else None,
+                tools=summary.declared_tools or frozenset(), user_id=summary.user_id, session_id=summary.session_id,
+                request_id=summary.request_id, client_address=record.client_address,
+            )
+            verdicts = filters.check_request(context)
+        except Exception as e:  # noqa: BLE001 - our bug must not decide the policy
+            log.exception("llm-audit: checking a request failed")
+            action = BLOCK if filters.failure == "closed" else "flag"
+            verdicts = [Verdict(action, FILTER_ERROR, f"{type(e).__name__}: {e}"[:300], filter="llm-audit",
+                                location="request")]
         record.verdicts.extend(v.as_dict() for v in verdicts)
-        block = next((v for v in verdicts if v.action == BLOCK), None)
-        if block is None:
-            return False
+        return next((v for v in verdicts if v.action == BLOCK), None)
+
+    def _answer_blocked(
+        self, flow: http.HTTPFlow, record: ExchangeRecord, dialect: Dialect, summary: RequestSummary,
+        view: RequestView, block: Verdict,
+    ) -> None:
+        """Answer in the dialect's own terms for a blocked exchange (the request, or a held body)."""
         answer = dialect.blocked_response(summary, view, block.rule_id, block.reason, streaming=bool(summary.stream))
         flow.response = http.Response.make(answer.status, answer.body, dict(answer.headers))
-        record.status, record.http_status = "blocked", answer.status
+        record.status = "blocked"
         record.error_code, record.error_message = "content_filtered", block_message(block.rule_id, block.reason)
-        record.response_headers = dict(answer.headers)
         record.bytes_to_client = len(answer.body)
-        return True
+        if record.http_status is None:  # a request blocked before it went upstream
+            record.http_status = answer.status
+            record.response_headers = dict(answer.headers)
 
     def _start_record(
         self, flow: http.HTTPFlow, dialect: Dialect, parsed: tuple[Any, Finding | None] | None = None
@@ -387,14 +420,18 @@ class LLMAudit:
         if audit is not None:
             _response_into_record(audit.record, resp)
             audit.auditor = StreamAuditor(
-                audit.record, audit.normalizer, encoding, self.max_event_bytes, event_stream=event_stream
+                audit.record, audit.normalizer, encoding, self.max_event_bytes, event_stream=event_stream,
+                gate=_output_gate(audit, event_stream, encoding),
             )
+            if audit.filters is not None and audit.filters.may_block_output and not event_stream:
+                audit.held_body = True  # checked whole in the response hook, before the client gets it
+                return
         elif event_stream:
             audit = self.flows[flow.id] = FlowAudit(None, None)
             audit.auditor = StreamAuditor(None, None, encoding, self.max_event_bytes, on_claim=self._claimer(flow, audit))
         else:
             return
-        flow.response.stream = _tap(audit.auditor)
+        flow.response.stream = _tap(flow, audit.auditor)
 
     def _claimer(self, flow: http.HTTPFlow, audit: FlowAudit) -> Callable[[Dialect], tuple[ExchangeRecord, Normalizer]]:
         """Called from the tap when a dialect claims an event stream by its first event."""
@@ -408,11 +445,18 @@ class LLMAudit:
         return claim
 
     def _complete(self, flow: http.HTTPFlow, audit: FlowAudit) -> None:
-        if audit.auditor is not None:
-            audit.auditor.end()
-            if audit.auditor.body is not None:
+        auditor = audit.auditor
+        if auditor is not None:
+            if audit.held_body:
+                auditor.feed(flow.response.raw_content or b"")
+            auditor.end()
+            if audit.held_body:
+                if auditor.stopped:
+                    block = auditor.gate.blocked
+                    self._answer_blocked(flow, audit.record, audit.dialect, audit.summary, audit.view, block)
+            elif auditor.body is not None:
                 # A kept copy of a JSON body lets mitmproxy's own views show it.
-                flow.response.raw_content = bytes(audit.auditor.body)
+                flow.response.raw_content = bytes(auditor.body)
         audit.record.finish(OUTCOME_COMPLETE)
 
     def _submit(self, record: ExchangeRecord) -> None:
@@ -422,20 +466,38 @@ class LLMAudit:
         self.writer.submit(record.to_row())
 
 
-def _tap(auditor: StreamAuditor) -> Callable[[bytes], Iterable[bytes]]:
-    """The stream callable: forward each chunk as it came, inspect a copy.
+def _output_gate(audit: FlowAudit, event_stream: bool, encoding: str | None) -> OutputGate | None:
+    """The gate between upstream and client when content filters check the output."""
+    filters = audit.filters
+    if filters is None:
+        return None
+    return OutputGate(
+        filters.output_guard(),
+        audit.dialect.normalizer(audit.summary),
+        holds=event_stream and filters.may_block_output,
+        split_raw=encoding is None or encoding.strip().lower() in ("", "identity"),
+        failure=filters.failure,
+    )
 
-    Returns ``[]`` for an empty chunk: ``b""`` mid-stream would end an HTTP/1.1 body.
+
+def _tap(flow: http.HTTPFlow, auditor: StreamAuditor) -> Callable[[bytes], Iterable[bytes]]:
+    """The stream callable: forward what the auditor lets through (without content
+    filters, each chunk as it came) and inspect a copy.
+
+    ``b""`` is the end of the body. Never returns ``b""`` itself: mid-stream that would
+    end an HTTP/1.1 body; an empty list sends nothing. When a filter blocks, the chunk
+    returned carries the dialect's termination and is the last the client gets.
     """
 
     def tap(chunk: bytes) -> bytes | list[bytes]:
-        if not chunk:
-            return []
         try:
-            auditor.feed(chunk)
+            out = auditor.feed(chunk) if chunk else auditor.finish()
+            if auditor.stopped and chunk:
+                early_end.end_after_this_chunk(flow)
         except Exception:  # noqa: BLE001 - StreamAuditor guards itself; this is the last line
             log.exception("llm-audit: stream tap failed")
-        return chunk
+            out = chunk if auditor.gate is None else b""
+        return out or []
 
     return tap
 

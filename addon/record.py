@@ -191,11 +191,11 @@ class ExchangeRecord:
         whole JSON object) was cut by the upstream.
         """
         self.ended_at = ended_at or time.time()
+        if self.status == "blocked":
+            return  # what the proxy cut is not the upstream's fault
         for call in self.tool_calls.values():
             if not call.complete:
                 self.add_finding("tool_call_truncated", f"{call.name or call.key}: arguments cut off")
-        if self.status == "blocked":
-            return
         if self.error_code is not None or self.error_message is not None or (self.http_status or 0) >= 400:
             self.status = "failed"
         elif outcome == OUTCOME_CLIENT_ABORTED:

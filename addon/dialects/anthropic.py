@@ -55,6 +55,7 @@ from addon.events import (
     Finish,
     ResponseMeta,
     StreamEnd,
+    TextEnd,
     StreamError,
     TextDelta,
     ToolCallDelta,
@@ -139,6 +140,7 @@ class AnthropicNormalizer(JsonEventNormalizer):
         self.usage: dict[str, int] = {}  # Anthropic's raw counts, merged as they arrive
         self.tool_blocks: dict[int | None, Any] = {}  # block index -> input of content_block_start
         self.json_seen: set[int | None] = set()  # tool blocks that streamed a non-empty fragment
+        self.text_blocks: dict[int | None, str] = {}  # open text / thinking block index -> its kind
 
     # -- stream -------------------------------------------------------------------------
 
@@ -166,14 +168,16 @@ class AnthropicNormalizer(JsonEventNormalizer):
         if block is None:
             return []
         kind = block.get("type")
+        index = int_field(obj, "index")
         if kind == "text":
+            self.text_blocks[index] = "text"
             text = block.get("text")
             return [TextDelta(text)] if isinstance(text, str) and text else []
         if kind == "thinking":
+            self.text_blocks[index] = "reasoning"
             text = block.get("thinking")
             return [TextDelta(text, kind="reasoning")] if isinstance(text, str) and text else []
         if kind in TOOL_BLOCKS:
-            index = int_field(obj, "index")
             self.tool_blocks[index] = block.get("input")
             return [ToolCallDelta(_key(index), id=str_field(block, "id"), name=str_field(block, "name"))]
         return []  # redacted_thinking (opaque), *_tool_result, container_upload, future types
@@ -203,7 +207,7 @@ class AnthropicNormalizer(JsonEventNormalizer):
     def _block_stop(self, obj: dict[str, Any]) -> list[Event]:
         index = int_field(obj, "index")
         if index not in self.tool_blocks:
-            return []
+            return [TextEnd(0, self.text_blocks.pop(index, "text"))]
         start_input = self.tool_blocks.pop(index)
         arguments = ""
         if index not in self.json_seen and isinstance(start_input, dict):

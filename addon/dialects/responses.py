@@ -56,6 +56,7 @@ from addon.events import (
     Finish,
     ResponseMeta,
     StreamEnd,
+    TextEnd,
     StreamError,
     TextDelta,
     ToolCallDelta,
@@ -405,6 +406,7 @@ class ResponsesNormalizer(JsonEventNormalizer):
         if isinstance(full, str):
             key = (self._item_id(obj), space, int_field(obj, index_field) or 0)
             self._settle_text(key, full, kind, out)
+            out.append(TextEnd(0, kind))
 
     def _text_done(self, obj: dict[str, Any], out: list[Event]) -> None:
         self._done(obj, out, "content", "content_index", "text", "text")
@@ -430,6 +432,7 @@ class ResponsesNormalizer(JsonEventNormalizer):
             space, index_field = PART_SPACE.get(part_type, ("content", "content_index"))
             key = (self._item_id(obj), space, int_field(obj, index_field) or 0)
             self._settle_text(key, text, field_kind[1], out)
+            out.append(TextEnd(0, field_kind[1]))
 
     def _arguments_delta(self, obj: dict[str, Any], out: list[Event]) -> None:
         delta = obj.get("delta")

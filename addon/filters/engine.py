@@ -74,6 +74,16 @@ class FilterSet:
         return bool(self.response_rules or self.filters)
 
     @property
+    def may_block_output(self) -> bool:
+        """Whether output can be blocked: then streams are held back and may be cut.
+
+        Flag-only rules never block, so with nothing else the output is checked as it
+        passes and the client's bytes are not touched. A user filter may block (and, with
+        ``failure="closed"``, so does one that fails).
+        """
+        return bool(self.filters) or any(r.action == BLOCK for r in self.response_rules)
+
+    @property
     def hold(self) -> int:
         """The most characters a stream holds back.
 

@@ -187,7 +187,7 @@ def test_record_is_the_same_for_every_two_way_split_and_byte_at_a_time():
 def test_record_is_the_same_for_random_splits_and_lf_framing():
     body = TEXT + sse(chunk(cand({"functionCall": {"name": "get_time", "args": {"tz": "Europe/Vienna"}}})))
     whole = audit(body)
-    assert audit(body.replace(b"\r\n", b"\n")) == whole | {"bytes_to_client": len(body) - body.count(b"\r")}
+    assert audit(body.replace(b"\r\n", b"\n")) == whole | {"bytes_to_client": len(body) - body.count(b"\r"), "bytes_from_upstream": len(body) - body.count(b"\r")}
     rng = random.Random(11)
     for _ in range(200):
         cuts = sorted(rng.sample(range(1, len(body)), rng.randint(1, 12)))

@@ -242,7 +242,7 @@ def test_record_is_the_same_for_random_splits_and_crlf_framing():
     for body in (TEXT, TOOL, PARALLEL):
         crlf = body.replace(b"\n", b"\r\n")
         whole = audit(crlf)
-        assert whole == audit(body) | {"bytes_to_client": len(crlf)}
+        assert whole == audit(body) | {"bytes_to_client": len(crlf), "bytes_from_upstream": len(crlf)}
         rng = random.Random(11)
         for _ in range(150):
             cuts = sorted(rng.sample(range(1, len(crlf)), rng.randint(1, 15)))

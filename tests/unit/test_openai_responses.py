@@ -645,13 +645,13 @@ def test_record_is_the_same_for_every_two_way_split_and_byte_at_a_time():
 def test_record_is_the_same_for_random_splits_crlf_framing_and_gzip():
     crlf = REASONING_STREAM.replace(b"\n", b"\r\n")
     whole = audit(REASONING_STREAM)
-    assert audit(crlf) == whole | {"bytes_to_client": len(crlf)}
+    assert audit(crlf) == whole | {"bytes_to_client": len(crlf), "bytes_from_upstream": len(crlf)}
     rng = random.Random(11)
     for _ in range(100):
         cuts = sorted(rng.sample(range(1, len(crlf)), rng.randint(1, 20)))
-        assert audit(crlf, cuts) == whole | {"bytes_to_client": len(crlf)}
+        assert audit(crlf, cuts) == whole | {"bytes_to_client": len(crlf), "bytes_from_upstream": len(crlf)}
     packed = gzip.compress(REASONING_STREAM)
-    assert audit(packed, list(range(1, len(packed), 5)), encoding="gzip") == whole | {"bytes_to_client": len(packed)}
+    assert audit(packed, list(range(1, len(packed), 5)), encoding="gzip") == whole | {"bytes_to_client": len(packed), "bytes_from_upstream": len(packed)}
 
 
 # -- non-streamed responses ------------------------------------------------------------------------

@@ -1,0 +1,284 @@
+"""Holding a stream's bytes back until the content filters have passed the text they carry.
+
+A blocking filter must see a secret whole before any of it reaches the client, however
+the upstream cuts it across events and chunks. :class:`~addon.filters.engine.OutputGuard`
+decides, character by character, which output text may go out; this module turns that
+into bytes: the client gets the upstream's own bytes, unchanged and in order, each
+event as soon as all the text it carries is released. Nothing is re-encoded, so a
+stream that is never blocked reaches the client byte for byte as it left the upstream,
+only later by what the window needs.
+
+How bytes map to text. The decoded body is cut after every blank line (:class:`Framer`)
+and each piece is fed to the SSE parser on its own, so each piece completes at most one
+event and the gate knows the offset where every event ends. An event's text pieces are
+positions in the guard's streams; once every one of them is released (and every event
+before it), the bytes up to the event's end may go. Without a Content-Encoding a raw
+chunk is cut at that offset; a compressed chunk goes whole once all it decodes to may
+go (a client cannot decode more from it than the proxy did). The proxy asks the
+upstream for an uncompressed body when it may block, so that this is the rare case.
+
+When the guard blocks, the held bytes are dropped and the stream is ended with the
+dialect's own termination (:meth:`~addon.dialects.Normalizer.termination`). It must
+continue from what the client received, not from what the proxy read ahead, so a
+second normalizer (``forwarded``) reads exactly the released events; it also gives the
+text the client was shown.
+
+Sans-IO: bytes and events in, bytes out; the proxy sends them and ends the stream.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from addon.events import Event, Finish, StreamEnd, StreamError, TextDelta, TextEnd, ToolCallDelta
+from addon.dialects import Normalizer
+from addon.filters.api import BLOCK, FLAG, Verdict
+from addon.filters.engine import FILTER_ERROR, OutputGuard, Release, StreamKey
+from addon.sse import SSEEvent
+
+# Two line ends in a row: a blank line, which ends an SSE block. A CR followed by an LF
+# is one line end; a CR at the very end of the buffer counts as one too (if an LF
+# follows in the next chunk, the parser swallows it as the rest of that CRLF).
+_BLANK_LINE = re.compile(rb"(?:\r\n|\r(?!\n)|\n)(?:\r\n|\r(?!\n)|\n)")
+
+
+class Framer:
+    """Cuts a decoded event stream after each blank line.
+
+    Every piece returned ends with a blank line and holds no other, so the SSE parser
+    completes at most one event per piece, at its end. ``offset`` is the number of
+    decoded bytes returned so far; :attr:`pending` is how many wait for their blank line.
+    """
+
+    def __init__(self) -> None:
+        self._buf = b""
+        self.offset = 0
+
+    @property
+    def pending(self) -> int:
+        return len(self._buf)
+
+    def feed(self, data: bytes) -> list[tuple[bytes, int]]:
+        """The pieces ``data`` completes, each with the offset where it ends."""
+        # Search only where a blank line can newly complete: the last 3 bytes held may
+        # begin one ("\r\n\r" + "\n").
+        start = max(0, len(self._buf) - 3)
+        buf = self._buf + data if self._buf else data
+        pieces = []
+        pos = 0
+        while (m := _BLANK_LINE.search(buf, start)) is not None:
+            pieces.append((buf[pos : m.end()], self.offset + m.end()))
+            pos = start = m.end()
+        self._buf = buf[pos:]
+        self.offset += pos
+        return pieces
+
+    @property
+    def only_line_ends_pending(self) -> bool:
+        """Whether what waits is just line ends (the LF of a CRLF cut after its CR, say)."""
+        return not self._buf.strip(b"\r\n")
+
+    def rest(self) -> bytes:
+        """Give up framing: the bytes held, to be parsed as they are."""
+        rest, self._buf = self._buf, b""
+        return rest
+
+
+@dataclass(slots=True)
+class _Held:
+    """A completed event the client has not received yet (``event`` None: a comment block)."""
+
+    end: int  # decoded offset just after the event's blank line
+    event: SSEEvent | None
+    needs: list[tuple[StreamKey, int]] | None  # stream positions the guard must release first (None: never)
+
+
+class OutputGate:
+    """Releases an event stream's bytes as the guard clears the text they carry.
+
+    ``holds`` False (only flag rules: nothing can block) checks the output the same
+    way but forwards every chunk as it arrives. ``split_raw``: the body has no
+    Content-Encoding, so raw offsets are decoded offsets and chunks may be cut.
+    """
+
+    def __init__(self, guard: OutputGuard, forwarded: Normalizer, *, holds: bool, split_raw: bool,
+                 failure: str) -> None:
+        self.guard = guard
+        self.forwarded = forwarded
+        self.holds = holds
+        self.split_raw = split_raw
+        self.failure = failure
+        self.framer = Framer() if holds else None
+        self.verdicts: list[Verdict] = []  # new verdicts, taken by the auditor
+        self.delivered: list[str] = []  # choice 0's answer text as the client received it
+        self.blocked: Verdict | None = None
+        self._raw: deque[list] = deque()  # [raw chunk or its rest, decoded offset it reaches]
+        self._decoded = 0  # decoded bytes of the body so far
+        self._held: deque[_Held] = deque()
+        self._fed: dict[StreamKey, int] = {}  # characters fed to the guard, per stream
+        self._cleared: dict[StreamKey, int] = {}  # characters the guard released, per stream
+        self._free = 0  # decoded offset up to which the client may have the bytes
+
+    # -- input ----------------------------------------------------------------------------
+
+    def add_raw(self, chunk: bytes) -> None:
+        """A raw chunk from the upstream (then :meth:`add_decoded` for what it decodes to)."""
+        self._raw.append([chunk, self._decoded])
+
+    def add_decoded(self, size: int) -> None:
+        """The last raw chunk decoded to ``size`` more bytes."""
+        self._decoded += size
+        self._raw[-1][1] = self._decoded
+
+    def on_event(self, event: SSEEvent | None, common: Iterable[Event], end: int) -> None:
+        """A block of the stream is complete: check the output it carries.
+
+        Once blocked, later events are not kept: nothing after the blocking one goes out.
+        """
+        if self.blocked is not None:
+            return
+        needs: list[tuple[StreamKey, int]] | None = []
+        for ev in common:
+            self._check(ev, needs)
+            if self.blocked is not None:
+                needs = None  # this event carries the block: it is never released
+                break
+        if self.holds:
+            self._held.append(_Held(end, event, needs))
+
+    def on_body(self, common: Iterable[Event]) -> None:
+        """A whole body (a JSON answer): check all its output at once."""
+        for ev in common:
+            if self.blocked is not None:
+                return
+            self._check(ev, [])
+        self._settle(self.guard.flush_all().values())
+
+    def unreadable(self, reason: str) -> None:
+        """The output cannot be checked (an event too large to parse): the failure policy decides.
+
+        ``closed`` blocks; ``open`` records it and lets the rest of the stream through
+        unchecked (nothing is held from here on).
+        """
+        if self.blocked is not None or not self.holds:
+            return
+        verdict = Verdict(FLAG if self.failure == "open" else BLOCK, FILTER_ERROR, reason, filter="llm-audit",
+                          location="output")
+        self.verdicts.append(verdict)
+        if verdict.action == FLAG:
+            self.holds = False
+            self.framer = None
+            self._held.clear()
+        else:
+            self.blocked = verdict
+
+    # -- output ---------------------------------------------------------------------------
+
+    def release(self) -> bytes:
+        """The raw bytes the client may have now: once blocked, what was cleared before the block."""
+        if not self.holds:
+            if not self._raw:
+                return b""
+            out = b"".join(entry[0] for entry in self._raw)
+            self._raw.clear()
+            return out
+        cleared = self._cleared
+        while self._held:
+            held = self._held[0]
+            if held.needs is None or any(cleared.get(key, 0) < pos for key, pos in held.needs):
+                break
+            self._held.popleft()
+            if held.event is not None:
+                self._deliver(held.event)
+            self._free = max(self._free, held.end)
+        return self._take(self._free)
+
+    def finish(self) -> bytes:
+        """The body is over: a last check of every stream, then what may still go.
+
+        Bytes after the last complete event (a cut-off event) are not released: no
+        filter has seen the text they carry, and an event source discards them anyway.
+        """
+        if self.blocked is None:
+            self._settle(self.guard.flush_all().values())
+        out = self.release()
+        if self.blocked is None and not self._held and self.framer is not None and self.framer.only_line_ends_pending:
+            out += self._take(self._decoded)
+        return out
+
+    def termination(self) -> bytes:
+        """The end of a blocked stream in its own dialect, continuing what the client got."""
+        verdict = self.blocked
+        return self.forwarded.termination(verdict.rule_id, verdict.reason) if verdict is not None else b""
+
+    @property
+    def delivered_text(self) -> str:
+        return "".join(self.delivered)
+
+    # -- internals ------------------------------------------------------------------------
+
+    def _check(self, ev: Event, needs: list[tuple[StreamKey, int]]) -> None:
+        match ev:
+            case TextDelta(text=text, choice=choice, kind=kind):
+                self._feed((choice, kind, None), text, needs)
+            case ToolCallDelta(key=key, arguments=arguments, choice=choice, complete=complete):
+                stream = (choice, "tool_arguments", key)
+                if arguments:
+                    self._feed(stream, arguments, needs)
+                if complete:
+                    self._flush(stream)
+            case TextEnd(choice=choice, kind=kind):
+                self._flush((choice, kind, None))
+            case Finish(choice=choice):
+                for stream in [s for s in self._fed if s[0] == choice]:
+                    self._flush(stream)
+            case StreamEnd() | StreamError():
+                self._settle(self.guard.flush_all().values())
+
+    def _feed(self, stream: StreamKey, text: str, needs: list[tuple[StreamKey, int]]) -> None:
+        choice, kind, tool_key = stream
+        release = self.guard.feed(text, choice=choice, kind=kind, tool_key=tool_key)
+        self._fed[stream] = self._fed.get(stream, 0) + len(text)
+        needs.append((stream, self._fed[stream]))
+        self._settle([release], stream)
+
+    def _flush(self, stream: StreamKey) -> None:
+        if stream in self._fed:
+            choice, kind, tool_key = stream
+            self._settle([self.guard.flush(choice=choice, kind=kind, tool_key=tool_key)], stream)
+
+    def _settle(self, releases: Iterable[Release], stream: StreamKey | None = None) -> None:
+        """Count released text and collect verdicts; ``stream`` None: every stream flushed."""
+        for release in releases:
+            self.verdicts.extend(release.verdicts)
+        if stream is not None:
+            for release in releases:
+                self._cleared[stream] = self._cleared.get(stream, 0) + len(release.text)
+        elif self.guard.blocked is None:
+            self._cleared.update(self._fed)  # flush_all released every stream to its end
+        self.blocked = self.guard.blocked
+
+    def _deliver(self, event: SSEEvent) -> None:
+        for ev in self.forwarded.on_event(event):
+            if isinstance(ev, TextDelta) and ev.choice == 0 and ev.kind == "text":
+                self.delivered.append(ev.text)
+
+    def _take(self, upto: int) -> bytes:
+        """Pop the raw bytes whose decoded content lies before ``upto``."""
+        out = []
+        raw = self._raw
+        while raw:
+            chunk, end = raw[0]
+            if end <= upto:
+                out.append(chunk)
+                raw.popleft()
+                continue
+            start = end - len(chunk)
+            if self.split_raw and upto > start:
+                out.append(chunk[: upto - start])
+                raw[0] = [chunk[upto - start :], end]
+            break
+        return b"".join(out)

@@ -1,0 +1,287 @@
+"""The output gate: a stream's bytes held back until the filters pass their text.
+
+For every dialect, streams made by the mock upstream's own generators are fed through
+the auditor with a gate, split in many ways (every single cut for llm-stream, byte at a
+time and random cuts for all):
+
+- a clean stream reaches the client byte for byte;
+- a stream with a blocked word (cut across several events) never shows any character
+  of it to the client, whatever the chunking; the client gets the upstream's bytes up to
+  an event boundary followed by the dialect's termination, which our own pipeline reads
+  back as a well-formed filtered stream;
+- flag-only rules change nothing on the wire, not even the chunking.
+"""
+
+from __future__ import annotations
+
+import gzip
+import random
+import zlib
+from itertools import accumulate
+from typing import Any
+
+import orjson
+import pytest
+from test_block_responses import CASES, Case, Reader, codes, sse_events
+
+from addon.auditor import StreamAuditor, summary_into_record
+from addon.filters.api import BaseFilter, OutputPiece, Verdict
+from addon.filters.engine import FILTER_ERROR, FilterSet
+from addon.filters.rules import parse_rules
+from addon.output_gate import Framer, OutputGate
+from addon.record import OUTCOME_COMPLETE, ExchangeRecord
+from addon.sse import SSEParser
+from mockllm.scenario import Scenario
+
+WORD = "Nightjar"
+BLOCK_RULES = parse_rules(f"""
+[[rule]]
+id = "no-code-name"
+kind = "keywords"
+keywords = ["{WORD}"]
+scope = "response"
+action = "block"
+reason = "internal code name"
+
+[[rule]]
+id = "no-vienna-calls"
+kind = "keywords"
+keywords = ["Vienna"]
+scope = "response"
+action = "block"
+""")
+FLAG_RULES = parse_rules(f"""
+[[rule]]
+id = "code-name-seen"
+kind = "keywords"
+keywords = ["{WORD}"]
+scope = "response"
+action = "flag"
+""")
+CLEAN = Scenario.parse("events=12&text=The+weather+is+fine+today+in+the+north")
+DIRTY = Scenario.parse(f"events=12&text=Ask+about+the+{WORD}+plan+and+more+text+after+it")
+TOOL = Scenario.parse("events=4&tool=get_weather")  # arguments {"city":"Vienna"}
+
+
+def body_of(case: Case, scenario: Scenario) -> bytes:
+    return b"".join(case.stream(case.request, scenario))
+
+
+def gated(case: Case, body: bytes, cuts: list[int], filters: FilterSet, *, encoding: str | None = None,
+          max_event_bytes: int = 1 << 20) -> tuple[list[bytes], dict[str, Any], StreamAuditor]:
+    """Feed ``body`` cut at ``cuts`` through an auditor with a gate: (what the client got
+    per call, the record's row, the auditor)."""
+    record = ExchangeRecord(dialect=case.name, streamed=True, http_status=200)
+    summary = case.dialect.summarize(case.request, case.view)
+    summary_into_record(record, summary)
+    gate = OutputGate(filters.output_guard(), case.dialect.normalizer(summary), holds=filters.may_block_output,
+                      split_raw=encoding is None, failure=filters.failure)
+    auditor = StreamAuditor(record, case.dialect.normalizer(summary), encoding, max_event_bytes, gate=gate)
+    bounds = [0, *cuts, len(body)]
+    sent = [auditor.feed(body[a:b]) for a, b in zip(bounds, bounds[1:]) if b > a and not auditor.stopped]
+    sent.append(auditor.finish())
+    auditor.end()
+    record.finish(OUTCOME_COMPLETE)
+    return sent, record.to_row(), auditor
+
+
+def client_text(case: Case, received: bytes) -> str:
+    """The answer text a client reading ``received`` sees (our pipeline as the client)."""
+    return Reader(case).feed(received).row()["output_text"] or ""
+
+
+def every_cut(body: bytes) -> list[list[int]]:
+    return [[i] for i in range(1, len(body))]
+
+
+def some_cuts(body: bytes, seed: int, n: int = 25) -> list[list[int]]:
+    rnd = random.Random(seed)
+    return [sorted(rnd.sample(range(1, len(body)), rnd.randint(1, 40))) for _ in range(n)]
+
+
+def byte_at_a_time(body: bytes) -> list[int]:
+    return list(range(1, len(body)))
+
+
+BLOCKING = FilterSet(BLOCK_RULES, failure="closed")
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_a_clean_stream_reaches_the_client_byte_for_byte(name: str) -> None:
+    case = CASES[name]
+    body = body_of(case, CLEAN)
+    splits = [[], byte_at_a_time(body), *some_cuts(body, 1)]
+    if name == "llm-stream":
+        splits += every_cut(body)
+    for cuts in splits:
+        sent, row, _ = gated(case, body, cuts, BLOCKING)
+        assert b"".join(sent) == body
+        assert (row["status"], row["verdicts"], row["delivered_text"]) == ("completed", [], None)
+        assert row["bytes_to_client"] == row["bytes_from_upstream"] == len(body)
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_a_blocked_word_cut_across_events_never_reaches_the_client(name: str) -> None:
+    case = CASES[name]
+    body = body_of(case, DIRTY)
+    full = Reader(case).feed(body).row()["output_text"]
+    assert WORD in full and not any(WORD in e.data for e in sse_events(body) if "delta" in e.data)
+    splits = [[], byte_at_a_time(body), *some_cuts(body, 2)]
+    if name == "llm-stream":
+        splits += every_cut(body)
+    for cuts in splits:
+        sent, row, auditor = gated(case, body, cuts, BLOCKING)
+        received = b"".join(sent)
+        termination = auditor.gate.termination()  # (a response id the proxy makes up is new each time)
+        assert body.startswith(received[: len(received) - len(termination)])
+        shown = client_text(case, received)
+        assert full.startswith(shown) and len(shown) <= full.index(WORD), f"leaked {shown!r} with cuts {cuts}"
+        assert (row["status"], row["error_code"]) == ("blocked", "content_filtered")
+        assert [(v["action"], v["rule_id"], v["position"]) for v in row["verdicts"]] == [
+            ("block", "no-code-name", full.index(WORD))]
+        assert row["delivered_text"] == shown and row["output_text"].startswith(shown)
+        assert row["bytes_to_client"] == len(received) and codes(row) == []
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_what_the_client_gets_is_a_well_formed_filtered_stream(name: str) -> None:
+    case = CASES[name]
+    sent, _, _ = gated(case, body_of(case, DIRTY), [], BLOCKING)
+    client = Reader(case).feed(b"".join(sent)).row()
+    findings = ["missing_stream_end"] if name == "anthropic-messages" else []  # its error event ends the stream
+    assert codes(client) == findings
+    assert client["status"] in {"failed", "completed"}
+    assert client["error_code"] is not None or set(client["finish_reasons"]) & {"content_filter", "SAFETY"}
+
+
+def test_llm_stream_seq_continues_from_the_last_event_the_client_got() -> None:
+    sent, _, _ = gated(CASES["llm-stream"], body_of(CASES["llm-stream"], DIRTY), byte_at_a_time(body_of(
+        CASES["llm-stream"], DIRTY)), BLOCKING)
+    data = [orjson.loads(e.data) for e in sse_events(b"".join(sent))]
+    assert [d["seq"] for d in data] == list(range(len(data)))
+    assert [d["type"] for d in data[-3:]] == ["content.stop", "error", "stream.end"]
+    assert (data[-3]["stop_reason"], data[-2]["code"]) == ("content_filter", "content_filtered")
+
+
+@pytest.mark.parametrize("name", ["llm-stream", "openai-chat", "openai-responses", "anthropic-messages", "lmsp"])
+def test_a_blocked_tool_call_argument_is_cut_before_the_client_sees_it(name: str) -> None:
+    case = CASES[name]
+    body = body_of(case, TOOL)
+    for cuts in [[], byte_at_a_time(body)]:
+        sent, row, _ = gated(case, body, cuts, BLOCKING)
+        received = b"".join(sent)
+        assert b"Vienna" not in received and b"Vien" not in received
+        assert [v["rule_id"] for v in row["verdicts"]] == ["no-vienna-calls"]
+        assert row["verdicts"][0]["location"].startswith("output.tool_calls[")
+        assert codes(row) == []  # the cut call is the proxy's doing, not a truncation by upstream
+
+
+def test_the_text_held_at_the_end_of_an_anthropic_text_block_does_not_hold_the_tool_call_back() -> None:
+    case = CASES["anthropic-messages"]
+    events = case.stream(case.request, Scenario.parse("events=4&tool=get_weather"))
+    stop = next(i for i, e in enumerate(events) if b"content_block_stop" in e)
+    fs = FilterSet(parse_rules('[[rule]]\nid = "x"\nkind = "regex"\npattern = "z{40}"\naction = "block"'),
+                   failure="closed")
+    sent, _, _ = gated(case, b"".join(events), [sum(map(len, events[: stop + 1]))], fs)
+    assert sent[0] == b"".join(events[: stop + 1])  # the block's end released all its text at once
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_flag_only_rules_change_nothing_on_the_wire(name: str) -> None:
+    case = CASES[name]
+    body = body_of(case, DIRTY)
+    flag_only = FilterSet(FLAG_RULES, failure="closed")
+    assert not flag_only.may_block_output
+    for cuts in [byte_at_a_time(body), *some_cuts(body, 3, 5)]:
+        sent, row, _ = gated(case, body, cuts, flag_only)
+        bounds = [0, *cuts, len(body)]
+        assert sent[:-1] == [body[a:b] for a, b in zip(bounds, bounds[1:])] and sent[-1] == b""
+        assert [(v["action"], v["rule_id"]) for v in row["verdicts"]] == [("flag", "code-name-seen")]
+        assert row["status"] == "completed" and row["delivered_text"] is None
+
+
+def test_release_first_rules_send_each_event_as_soon_as_it_is_whole() -> None:
+    case = CASES["llm-stream"]
+    fs = FilterSet(parse_rules(f'[[rule]]\nid = "x"\nkind = "keywords"\nkeywords = ["{WORD}"]\nwindow = 0\n'
+                               'action = "block"'), failure="closed")
+    events = case.stream(case.request, DIRTY)
+    sent, row, _ = gated(case, b"".join(events), [sum(map(len, events[: i + 1])) for i in range(len(events))], fs)
+    assert sent[0] == events[0] and sent[1] == events[1]  # nothing waits for the window
+    assert row["status"] == "blocked"
+
+
+def test_a_compressed_stream_is_released_in_whole_chunks_and_cut_without_a_termination() -> None:
+    case = CASES["llm-stream"]
+    events = case.stream(case.request, DIRTY)
+    compressor = zlib.compressobj(wbits=31)
+    chunks = [compressor.compress(e) + compressor.flush(zlib.Z_SYNC_FLUSH) for e in events]
+    body = b"".join(chunks)
+    cuts = [sum(map(len, chunks[: i + 1])) for i in range(len(chunks) - 1)]
+    sent, row, _ = gated(case, body, cuts, BLOCKING, encoding="gzip")
+    received = b"".join(sent)
+    assert body.startswith(received) and len(received) < len(body)
+    shown = client_text(case, zlib.decompressobj(wbits=31).decompress(received))
+    assert len(shown) <= client_text(case, b"".join(events)).index(WORD)
+    assert row["status"] == "blocked" and codes(row) == ["termination_not_sent"]
+
+    clean = gzip.compress(body_of(case, CLEAN))
+    sent, row, _ = gated(case, clean, byte_at_a_time(clean)[::7], BLOCKING, encoding="gzip")
+    assert b"".join(sent) == clean and row["status"] == "completed"
+
+
+@pytest.mark.parametrize("failure, status, passed", [("closed", "blocked", False), ("open", "completed", True)])
+def test_an_event_too_large_to_check_follows_the_failure_policy(failure: str, status: str, passed: bool) -> None:
+    case = CASES["llm-stream"]
+    body = body_of(case, Scenario.parse("events=3&size=3000"))
+    sent, row, _ = gated(case, body, byte_at_a_time(body)[::100], FilterSet(BLOCK_RULES, failure=failure),
+                         max_event_bytes=2048)
+    assert (b"".join(sent) == body) is passed
+    assert row["status"] == status
+    assert [(v["rule_id"], v["action"]) for v in row["verdicts"]] == [
+        (FILTER_ERROR, "block" if failure == "closed" else "flag")]
+
+
+class BlockAfter(BaseFilter):
+    """A user filter that blocks once the text so far is long enough (window 0)."""
+
+    name = "block-after"
+
+    def check_output(self, piece: OutputPiece) -> Verdict | None:
+        return Verdict("block", "too-long", "") if piece.end > 20 else None
+
+
+def test_a_user_filter_blocks_mid_stream_and_the_client_gets_what_was_checked_before() -> None:
+    case = CASES["openai-chat"]
+    body = body_of(case, CLEAN)
+    sent, row, auditor = gated(case, body, [], FilterSet((), [BlockAfter()], failure="closed"))
+    shown = client_text(case, b"".join(sent))
+    assert 0 < len(shown) <= 20 and row["delivered_text"] == shown
+    assert [v["rule_id"] for v in row["verdicts"]] == ["too-long"] and row["status"] == "blocked"
+
+
+# -- the framer -----------------------------------------------------------------------------------
+
+FRAMED = [
+    b"data: a\n\ndata: b\n\n",
+    b"event: x\r\ndata: a\r\n\r\ndata: b\r\n\r\n",
+    b"data: a\r\rdata: b\r\r: comment\n\ndata: c\n\r\ndata: d\r\n\n",
+    b"\n\n\ndata: a\n\n\n\ndata: b\n\n",
+    b"\xef\xbb\xbfdata: a\n\ndata: \xe2\x82\xac\n\ndata: tail",
+]
+
+
+@pytest.mark.parametrize("body", FRAMED)
+def test_framer_pieces_each_end_one_event_at_any_chunking(body: bytes) -> None:
+    whole = SSEParser()
+    expected = whole.feed(body) + whole.end()
+    for cuts in [[], byte_at_a_time(body), *([i] for i in range(1, len(body)))]:
+        framer, parser, events = Framer(), SSEParser(), []
+        bounds = [0, *cuts, len(body)]
+        pieces = [p for a, b in zip(bounds, bounds[1:]) for p in framer.feed(body[a:b])]
+        for piece, end in pieces:
+            got = parser.feed(piece)
+            assert len(got) <= 1
+            events += got
+        assert b"".join(p for p, _ in pieces) + framer.rest() == body
+        assert [end for _, end in pieces] == list(accumulate(len(p) for p, _ in pieces))
+        assert events == expected
