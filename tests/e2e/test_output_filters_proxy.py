@@ -1,0 +1,299 @@
+"""Content filters on output, end to end: a stream stopped mid-way, in every dialect.
+
+A real mitmdump with a rules file that blocks a code word in responses, the mock
+upstream pacing its events, and each dialect's official SDK (httpx for llm-stream and
+LMSP), over HTTP/1.1 and HTTP/2 through TLS. For each: the SDK reports its API's normal
+filtered or failed outcome with the text before the word, never the word; the upstream
+sees its stream cancelled long before it would have ended; the record keeps the
+verdict, what the upstream sent and what the client got. Clean streams on the same
+proxy pass byte for byte, also next to a blocked stream on one HTTP/2 connection.
+"""
+
+from __future__ import annotations
+
+import base64
+import ssl
+import threading
+import uuid
+from typing import Any
+
+import anthropic
+import httpx
+import httpx2
+import openai
+import orjson
+import pytest
+from google.genai import types as genai_types
+
+from conftest import BACKENDS, Proxy, new_database, start_proxy, wait_for
+from test_sdks_proxy import MESSAGES, genai_client
+
+pytestmark = pytest.mark.e2e
+
+WORD = "Nightjar"
+RULES = f"""
+[[rule]]
+id = "no-code-name"
+kind = "keywords"
+keywords = ["{WORD}"]
+scope = "response"
+action = "block"
+reason = "internal code name"
+
+[[rule]]
+id = "weather-talk"
+kind = "keywords"
+keywords = ["weather"]
+scope = "response"
+action = "flag"
+"""
+TEXT = f"Sure. The plan you ask about is called {WORD} and it " + "goes on and on " * 20
+# 60 events 50 ms apart: three seconds if nobody stops it; the word is in the first fifth
+DIRTY = "events=60&delay=0.05&text=" + TEXT.replace(" ", "+")
+CLEAN = "events=20&delay=0.02&text=" + "The+weather+is+fine+and+nothing+else+is+said+here"
+SHOWN_AT_MOST = TEXT.index(WORD)
+
+
+@pytest.fixture(scope="module", params=BACKENDS)
+def guarded(request, tmp_path_factory, upstreams) -> Proxy:
+    tmp = tmp_path_factory.mktemp("output-filters")
+    rules = tmp / "rules.toml"
+    rules.write_text(RULES)
+    p = start_proxy(tmp, "--set", f"llm_rules={rules}", upstream_ca=upstreams["h2"].ca,
+                    **new_database(request, request.param, tmp))
+    yield p
+    p.process.stop()
+
+
+@pytest.fixture(params=["h1", "h2"])
+def transport(request) -> str:
+    return request.param
+
+
+def http_client(proxy: Proxy, transport: str, lib: Any = httpx) -> Any:
+    return lib.Client(proxy=proxy.url, verify=ssl.create_default_context(cafile=str(proxy.ca)),
+                      http2=transport == "h2", timeout=30)
+
+
+def assert_stopped(proxy: Proxy, up, mock_id: str, shown: str) -> dict:
+    """The record of a stream blocked mid-way, and the upstream told to stop."""
+    assert WORD not in shown and TEXT.startswith(shown) and len(shown) <= SHOWN_AT_MOST
+    row = proxy.mock_row(mock_id)
+    assert (row["status"], row["error_code"]) == ("blocked", "content_filtered")
+    [verdict] = [v for v in row["verdicts"] if v["action"] == "block"]
+    assert (verdict["rule_id"], verdict["position"], verdict["location"]) == (
+        "no-code-name", TEXT.index(WORD), "output.choices[0].text")
+    assert WORD not in orjson.dumps(row["verdicts"]).decode() and WORD not in row["error_message"]
+    assert WORD in row["output_text"], "the record keeps what the upstream sent"
+    assert (row["delivered_text"] or "") == shown
+    assert row["bytes_to_client"] < row["bytes_from_upstream"]
+    sent = wait_for(lambda: (s := up.sent(mock_id)) and (s["disconnected"] or s["completed"]) and s,
+                    timeout=5, what="the upstream's stream to end")
+    assert sent["disconnected"] and not sent["completed"], "the upstream must be told to stop"
+    assert len(sent["chunks"]) < 40
+    return row
+
+
+def ids() -> tuple[str, dict[str, str]]:
+    mock_id = uuid.uuid4().hex
+    return mock_id, {"x-mock": DIRTY, "x-mock-id": mock_id}
+
+
+def test_openai_chat_stream_finishes_with_content_filter(guarded, upstreams, transport):
+    up = upstreams[transport]
+    mock_id, headers = ids()
+    with http_client(guarded, transport) as http:
+        client = openai.OpenAI(base_url=f"{up.url}/v1", api_key="sk-test", max_retries=0, http_client=http)
+        chunks = list(client.chat.completions.create(model="gpt-4o", messages=MESSAGES, stream=True,
+                                                     extra_headers=headers))
+    shown = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert chunks[-1].choices[0].finish_reason == "content_filter"
+    assert_stopped(guarded, up, mock_id, shown)
+
+
+def test_openai_responses_stream_ends_with_response_failed(guarded, upstreams, transport):
+    up = upstreams[transport]
+    mock_id, headers = ids()
+    with http_client(guarded, transport) as http:
+        client = openai.OpenAI(base_url=f"{up.url}/v1", api_key="sk-test", max_retries=0, http_client=http)
+        events = list(client.responses.create(model="gpt-5", input="hi", stream=True, extra_headers=headers))
+    shown = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    assert events[-1].type == "response.failed"
+    assert events[-1].response.error.code == "content_filtered"
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    assert_stopped(guarded, up, mock_id, shown)
+
+
+def test_anthropic_stream_raises_the_error_event(guarded, upstreams, transport):
+    up = upstreams[transport]
+    mock_id, headers = ids()
+    shown = ""
+    with http_client(guarded, transport, httpx2) as http:
+        client = anthropic.Anthropic(base_url=up.url, api_key="sk-ant-test", max_retries=0, http_client=http)
+        with pytest.raises(anthropic.APIStatusError) as raised:
+            with client.messages.stream(model="claude-sonnet-4", max_tokens=100, messages=MESSAGES,
+                                        extra_headers=headers) as stream:
+                for text in stream.text_stream:
+                    shown += text
+    assert raised.value.body["error"]["type"] == "invalid_request_error"
+    assert_stopped(guarded, up, mock_id, shown)
+
+
+def test_gemini_stream_ends_with_a_safety_finish(guarded, upstreams, transport):
+    up = upstreams[transport]
+    mock_id, headers = ids()
+    with http_client(guarded, transport) as http:
+        chunks = list(genai_client(up.url, http, headers).models.generate_content_stream(
+            model="gemini-2.5-flash", contents="hi"))
+    shown = "".join(c.text or "" for c in chunks)
+    assert chunks[-1].candidates[0].finish_reason == genai_types.FinishReason.SAFETY
+    assert_stopped(guarded, up, mock_id, shown)
+
+
+def sse(body: bytes) -> list[tuple[str, dict]]:
+    blocks = [b for b in body.replace(b"\r\n", b"\n").split(b"\n\n") if b.strip()]
+    out = []
+    for block in blocks:
+        fields = dict(line.split(b": ", 1) for line in block.split(b"\n") if b": " in line)
+        out.append((fields.get(b"event", b"message").decode(), orjson.loads(fields[b"data"])))
+    return out
+
+
+def test_llm_stream_closes_the_block_errors_and_ends_with_seq_continuing(guarded, upstreams, transport):
+    up = upstreams[transport]
+    mock_id, headers = ids()
+    with http_client(guarded, transport) as http:
+        body = http.post(f"{up.url}/v1/llm/stream", content=b'{"version":"1.0","stream":true,"model":"m",'
+                         b'"messages":[]}', headers=headers | {"content-type": "application/llm-request+json"}).content
+    events = sse(body)
+    assert [d["seq"] for _, d in events] == list(range(len(events)))
+    assert [kind for kind, _ in events[-3:]] == ["content.stop", "error", "stream.end"]
+    assert (events[-3][1]["stop_reason"], events[-2][1]["code"]) == ("content_filter", "content_filtered")
+    shown = "".join(d["delta"]["text"] for kind, d in events if kind == "content.delta")
+    assert_stopped(guarded, up, mock_id, shown)
+
+
+def test_lmsp_stream_ends_with_response_failed(guarded, upstreams, transport):
+    up = upstreams[transport]
+    mock_id, headers = ids()
+    with http_client(guarded, transport) as http:
+        body = http.post(f"{up.url}/lmsp/v1/responses", json={"model": "m", "input": "hi", "stream": True},
+                         headers=headers).content
+    events = sse(body)
+    assert events[-1][0] == "response.failed" and events[-1][1]["error"]["code"] == "content_filtered"
+    shown = "".join(d["delta"] for kind, d in events if kind == "response.output_text.delta")
+    assert_stopped(guarded, up, mock_id, shown)
+
+
+def test_a_non_streamed_answer_with_the_word_is_replaced_by_the_apis_refusal(guarded, upstreams):
+    up = upstreams["h1"]
+    mock_id, headers = ids()
+    with http_client(guarded, "h1") as http:
+        client = openai.OpenAI(base_url=f"{up.url}/v1", api_key="sk-test", max_retries=0, http_client=http)
+        with pytest.raises(openai.BadRequestError) as refused:
+            client.chat.completions.create(model="gpt-4o", messages=MESSAGES, extra_headers=headers)
+    assert refused.value.code == "content_filter" and WORD not in str(refused.value)
+    row = guarded.mock_row(mock_id)
+    assert (row["status"], row["http_status"], row["streamed"]) == ("blocked", 200, False)
+    assert WORD in row["output_text"] and row["delivered_text"] is None
+
+
+def test_a_clean_stream_passes_byte_for_byte_next_to_a_blocked_one_on_one_connection(guarded, upstreams):
+    up = upstreams["h2"]
+    results: dict[str, tuple[bytes, str]] = {}
+
+    def run(client: httpx.Client, name: str, scenario: str) -> None:
+        mock_id = uuid.uuid4().hex
+        resp = client.post(f"{up.url}/v1/llm/stream", content=b'{"version":"1.0","stream":true,"model":"m"}',
+                           headers={"content-type": "application/llm-request+json", "x-mock": scenario,
+                                    "x-mock-id": mock_id})
+        results[name] = (resp.content, mock_id)
+
+    with http_client(guarded, "h2") as http:
+        threads = [threading.Thread(target=run, args=(http, name, scenario))
+                   for name, scenario in (("blocked", DIRTY), ("clean", CLEAN.replace("delay=0.02", "delay=0.1")))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    clean, clean_id = results["clean"]
+    assert clean == base64.b64decode(up.sent(clean_id)["body_b64"]), "byte for byte"
+    row = guarded.mock_row(clean_id)
+    assert row["status"] == "completed" and row["delivered_text"] is None
+    assert [(v["action"], v["rule_id"]) for v in row["verdicts"]] == [("flag", "weather-talk")]
+    assert guarded.mock_row(results["blocked"][1])["status"] == "blocked"
+
+
+
+
+def test_a_word_cut_across_network_chunks_of_every_size_never_leaks(guarded, upstreams):
+    up = upstreams["h1"]
+    with httpx.Client(timeout=30) as direct:  # the upstream's own bytes, not through the proxy
+        body = direct.post(f"{up.url}/v1/llm/stream", content=b'{"version":"1.0","stream":true,"model":"m"}',
+                           headers={"content-type": "application/llm-request+json",
+                                    "x-mock": "events=40&text=" + TEXT.replace(" ", "+")}).content
+    # sent raw in writes of 1, 3 and 7 bytes
+    upstream_body = base64.urlsafe_b64encode(body).decode()
+    for size in (1, 3, 7):
+        mock_id = uuid.uuid4().hex
+        with http_client(guarded, "h1") as http:
+            got = http.post(f"{up.url}/v1/llm/stream", content=b'{"version":"1.0","stream":true,"model":"m"}',
+                            headers={"content-type": "application/llm-request+json", "x-mock-id": mock_id,
+                                     "x-mock": f"raw={upstream_body}&chunk={size}"}).content
+        shown = "".join(d["delta"]["text"] for kind, d in sse(got) if kind == "content.delta")
+        assert WORD[:2] not in shown.removeprefix("Sure. The plan you ask about is called ")
+        assert len(shown) <= SHOWN_AT_MOST and guarded.mock_row(mock_id)["status"] == "blocked"
+
+
+FAILING_OUTPUT_FILTER = '''
+def check_output(piece):
+    if piece.end > 30:
+        raise RuntimeError("this output filter is broken")
+'''
+
+
+@pytest.mark.parametrize("policy", ["closed", "open"])
+def test_a_failing_output_filter_stops_or_passes_the_stream_by_policy(tmp_path, upstreams, policy):
+    up = upstreams["h1"]
+    filter_file = tmp_path / "filters.py"
+    filter_file.write_text(FAILING_OUTPUT_FILTER)
+    proxy = start_proxy(tmp_path, "--set", f"llm_filters={filter_file}", "--set", f"llm_filter_failure={policy}")
+    try:
+        mock_id = uuid.uuid4().hex
+        with http_client(proxy, "h1") as http:
+            client = openai.OpenAI(base_url=f"{up.url}/v1", api_key="sk-test", max_retries=0, http_client=http)
+            chunks = list(client.chat.completions.create(
+                model="gpt-4o", messages=MESSAGES, stream=True,
+                extra_headers={"x-mock": "events=20&text=" + TEXT.replace(" ", "+"), "x-mock-id": mock_id}))
+        shown = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        row = proxy.mock_row(mock_id)
+        assert [(v["rule_id"], v["action"]) for v in row["verdicts"]] == [
+            ("filter_error", "block" if policy == "closed" else "flag")]
+        if policy == "closed":
+            assert row["status"] == "blocked" and chunks[-1].choices[0].finish_reason == "content_filter"
+            assert len(shown) <= 30
+        else:
+            assert (row["status"], shown) == ("completed", TEXT)
+    finally:
+        proxy.process.stop()
+
+
+def test_a_blocked_tool_call_argument_stops_the_stream(tmp_path, upstreams):
+    rules = tmp_path / "rules.toml"
+    rules.write_text('[[rule]]\nid = "no-vienna"\nkind = "keywords"\nkeywords = ["Vienna"]\nscope = "response"\n'
+                     'action = "block"\n')
+    proxy = start_proxy(tmp_path, "--set", f"llm_rules={rules}")
+    try:
+        up, mock_id = upstreams["h1"], uuid.uuid4().hex
+        with http_client(proxy, "h1") as http:
+            client = openai.OpenAI(base_url=f"{up.url}/v1", api_key="sk-test", max_retries=0, http_client=http)
+            chunks = list(client.chat.completions.create(
+                model="gpt-4o", messages=MESSAGES, stream=True,
+                extra_headers={"x-mock": "tool=get_weather&delay=0.02", "x-mock-id": mock_id}))
+        arguments = "".join(call.function.arguments or "" for c in chunks if c.choices
+                            for call in c.choices[0].delta.tool_calls or [])
+        assert "Vie" not in arguments and chunks[-1].choices[0].finish_reason == "content_filter"
+        row = proxy.mock_row(mock_id)
+        assert row["status"] == "blocked" and row["verdicts"][0]["location"].startswith("output.tool_calls[")
+    finally:
+        proxy.process.stop()
