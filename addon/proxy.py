@@ -3,9 +3,12 @@
 This is the only module that knows mitmproxy. For each flow it
 
 1. ``request``: asks the dialect registry whether this is inference traffic (headers
-   first, the body only when a dialect's headers/path match) and opens a record;
+   first, the body only when a dialect's headers/path match), opens a record and runs
+   the request filters (a blocked request is answered here, in its dialect);
 2. ``responseheaders``: turns on streaming for event streams, with a tap callable that
-   forwards every chunk unchanged and feeds a copy to the sans-IO auditor (an event
+   feeds each chunk to the sans-IO auditor and forwards what it returns: the chunk
+   unchanged, or, with output filters, the bytes whose text has passed them and, on a
+   block, the dialect's termination, after which ``early_end`` ends the stream (an event
    stream no dialect claimed by its request is sniffed by its first event);
 3. ``response`` / ``error``: settles the outcome and hands the row to the background
    writer, so the client's end of stream never waits for the database.

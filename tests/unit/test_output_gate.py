@@ -278,7 +278,7 @@ def test_framer_pieces_each_end_one_event_at_any_chunking(body: bytes) -> None:
         framer, parser, events = Framer(), SSEParser(), []
         bounds = [0, *cuts, len(body)]
         pieces = [p for a, b in zip(bounds, bounds[1:]) for p in framer.feed(body[a:b])]
-        for piece, end in pieces:
+        for piece, _ in pieces:
             got = parser.feed(piece)
             assert len(got) <= 1
             events += got
