@@ -54,15 +54,21 @@ def assert_blocked(proxy: Proxy, up, mock_id: str, streamed: bool) -> dict:
     return row
 
 
-def openai_client(proxy: Proxy, url: str) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{url}/v1", api_key="sk-test", max_retries=0, http_client=proxy.client())
+def openai_client(proxy: Proxy, url: str, transport: str = "h1") -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{url}/v1", api_key="sk-test", max_retries=0,
+                         http_client=proxy.client(http2=transport == "h2"))
 
 
-def test_openai_chat_stream_and_non_stream_are_refused_as_the_api_does(guarded, upstreams):
-    up = upstreams["h1"]
+@pytest.fixture(params=["h1", "h2"])
+def transport(request) -> str:
+    return request.param
+
+
+def test_openai_chat_stream_and_non_stream_are_refused_as_the_api_does(guarded, upstreams, transport):
+    up = upstreams[transport]
     mock_id, hdrs = headers()
     with pytest.raises(openai.APIError) as error:
-        for _ in openai_client(guarded, up.url).chat.completions.create(
+        for _ in openai_client(guarded, up.url, transport).chat.completions.create(
                 model="gpt-4o", messages=PROMPT, stream=True, extra_headers=hdrs):
             pass
     assert error.value.code == "content_filter"
@@ -70,23 +76,24 @@ def test_openai_chat_stream_and_non_stream_are_refused_as_the_api_does(guarded, 
 
     mock_id, hdrs = headers()
     with pytest.raises(openai.BadRequestError):
-        openai_client(guarded, up.url).chat.completions.create(model="gpt-4o", messages=PROMPT, extra_headers=hdrs)
+        openai_client(guarded, up.url, transport).chat.completions.create(model="gpt-4o", messages=PROMPT, extra_headers=hdrs)
     assert_blocked(guarded, up, mock_id, streamed=False)
 
 
-def test_openai_responses_stream_ends_with_response_failed(guarded, upstreams):
-    up = upstreams["h1"]
+def test_openai_responses_stream_ends_with_response_failed(guarded, upstreams, transport):
+    up = upstreams[transport]
     mock_id, hdrs = headers()
-    events = list(openai_client(guarded, up.url).responses.create(model="gpt-5", input=FORBIDDEN, stream=True,
+    events = list(openai_client(guarded, up.url, transport).responses.create(model="gpt-5", input=FORBIDDEN, stream=True,
                                                                    extra_headers=hdrs))
     assert events[-1].type == "response.failed"
     assert_blocked(guarded, up, mock_id, streamed=True)
 
 
-def test_anthropic_stream_raises_the_sdk_error(guarded, upstreams):
-    up = upstreams["h1"]
+def test_anthropic_stream_raises_the_sdk_error(guarded, upstreams, transport):
+    up = upstreams[transport]
     mock_id, hdrs = headers()
-    http = httpx2.Client(proxy=guarded.url, verify=ssl.create_default_context(cafile=str(guarded.ca)), timeout=30)
+    http = httpx2.Client(proxy=guarded.url, verify=ssl.create_default_context(cafile=str(guarded.ca)), timeout=30,
+                         http2=transport == "h2")
     client = anthropic.Anthropic(base_url=up.url, api_key="sk-ant-test", max_retries=0, http_client=http)
     with pytest.raises(anthropic.APIStatusError):
         with client.messages.stream(model="claude-mock-1", max_tokens=100, messages=PROMPT, extra_headers=hdrs) as s:
@@ -94,26 +101,44 @@ def test_anthropic_stream_raises_the_sdk_error(guarded, upstreams):
     assert_blocked(guarded, up, mock_id, streamed=True)
 
 
-def test_gemini_stream_reports_a_safety_block(guarded, upstreams):
-    up = upstreams["h1"]
+def test_gemini_stream_reports_a_safety_block(guarded, upstreams, transport):
+    up = upstreams[transport]
     mock_id, hdrs = headers()
-    with guarded.client() as http:
+    with guarded.client(http2=transport == "h2") as http:
         chunks = list(genai_client(up.url, http, hdrs).models.generate_content_stream(
             model="gemini-2.5-flash", contents=FORBIDDEN))
     assert chunks[0].prompt_feedback.block_reason == genai_types.BlockedReason.SAFETY
     assert_blocked(guarded, up, mock_id, streamed=True)
 
 
-def test_llm_stream_gets_start_error_end(guarded, upstreams):
-    up = upstreams["h1"]
+def test_llm_stream_gets_start_error_end(guarded, upstreams, transport):
+    up = upstreams[transport]
     mock_id, hdrs = headers()
     body = {"version": "1.0", "stream": True, "model": "m", "messages": PROMPT}
-    with guarded.client() as c:
+    with guarded.client(http2=transport == "h2") as c:
         resp = c.post(f"{up.url}/v1/llm/stream", content=orjson.dumps(body),
                       headers=hdrs | {"content-type": "application/llm-request+json"})
     kinds = [line.split(": ", 1)[1] for line in resp.text.splitlines() if line.startswith("event: ")]
     assert kinds == ["stream.start", "error", "stream.end"] and '"content_filtered"' in resp.text
     assert_blocked(guarded, up, mock_id, streamed=True)
+
+
+def test_lmsp_stream_ends_with_response_failed_and_a_plain_request_gets_a_problem(guarded, upstreams, transport):
+    up = upstreams[transport]
+    mock_id, hdrs = headers()
+    with guarded.client(http2=transport == "h2") as c:
+        resp = c.post(f"{up.url}/lmsp/v1/responses", json={"model": "m", "input": FORBIDDEN, "stream": True},
+                      headers=hdrs)
+    events = [line.split(": ", 1)[1] for line in resp.text.splitlines() if line.startswith("event: ")]
+    assert events[-1] == "response.failed" and '"content_filtered"' in resp.text
+    assert_blocked(guarded, up, mock_id, streamed=True)
+
+    mock_id, hdrs = headers()
+    with guarded.client(http2=transport == "h2") as c:
+        resp = c.post(f"{up.url}/lmsp/v1/responses", json={"model": "m", "input": FORBIDDEN}, headers=hdrs)
+    assert resp.status_code == 400 and resp.headers["content-type"] == "application/problem+json"
+    assert resp.json()["code"] == "content_filtered"  # an RFC 9457 problem, as LMSP errors are
+    assert_blocked(guarded, up, mock_id, streamed=False)
 
 
 def test_flagged_request_passes_and_is_recorded_without_the_match(guarded, upstreams):
