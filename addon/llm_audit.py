@@ -1,8 +1,9 @@
 """Entry point for ``mitmdump -s addon/llm_audit.py`` (and mitmproxy, mitmweb).
 
-It only builds the addon list. The project's packages (``addon``, ``storage``) are
-imported by their full names; when the project is not installed into the running
-Python, its root folder is put on ``sys.path`` first.
+It only builds the addon list and registers the "LLM stream" content view. The
+project's packages (``addon``, ``storage``) are imported by their full names; when the
+project is not installed into the running Python, its root folder is put on
+``sys.path`` first.
 """
 
 import sys
@@ -13,6 +14,8 @@ try:
 except ModuleNotFoundError:
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from addon import contentview  # noqa: E402
 from addon.proxy import LLMAudit  # noqa: E402
 
+contentview.register()
 addons = [LLMAudit()]

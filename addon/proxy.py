@@ -11,7 +11,9 @@ This is the only module that knows mitmproxy. For each flow it
    block, the dialect's termination, after which ``early_end`` ends the stream (an event
    stream no dialect claimed by its request is sniffed by its first event);
 3. ``response`` / ``error``: settles the outcome and hands the row to the background
-   writer, so the client's end of stream never waits for the database.
+   writer, so the client's end of stream never waits for the database; then shows the
+   exchange in mitmproxy's own UIs (:mod:`addon.contentview`): the stream's copy as the
+   body for the content view, a comment for the flow list, a marker when blocked.
 
 Rules from ``mitmproxy-notes.md`` that shape this code: the stream callable must be set
 in ``responseheaders``; it must never raise and never return ``b""`` mid-stream; an
@@ -34,6 +36,7 @@ from mitmproxy.connection import ConnectionState
 
 from addon import early_end
 from addon.auditor import StreamAuditor, summary_into_record
+from addon.contentview import annotate, show_comment_column
 from addon.dialects import (
     Dialect,
     Normalizer,
@@ -57,6 +60,13 @@ from addon.record import (
     ExchangeRecord,
 )
 from addon.redact import api_key_fingerprint, redact_headers, redact_query
+from storage.checkpoint import (
+    Checkpointer,
+    CheckpointError,
+    default_checkpoint_dir,
+    default_key_path,
+    load_or_create_key,
+)
 from storage.database import DatabaseError, default_url, open_engine
 from storage.retention import MIN_RETENTION, DailyPurge
 from storage.spool import Spool, SpoolLocked, default_spool_path
@@ -65,6 +75,9 @@ from storage.writer import AuditWriter
 log = logging.getLogger(__name__)
 
 DEFAULT_MAX_EVENT_BYTES = 8 * 1024 * 1024
+CHECKPOINT_OPTIONS = ("llm_audit_signing_key", "llm_audit_checkpoints", "llm_audit_checkpoint_every",
+                      "llm_audit_checkpoint_minutes")
+DEFAULT_VIEW_BYTES = 4 * 1024 * 1024
 
 
 @dataclass(slots=True)
@@ -80,6 +93,30 @@ class FlowAudit:
     summary: RequestSummary | None = None
     view: RequestView | None = None
     held_body: bool = False  # the response body is held whole to be checked (not streamed)
+    copy: BodyCopy | None = None  # what the client received of an event stream, for mitmproxy's views
+
+
+class BodyCopy:
+    """A copy of the event stream a client received, handed to mitmproxy when the stream
+    ends: mitmproxy keeps no body of a streamed response, and its content views need one.
+
+    A stream longer than ``limit`` bytes is not kept at all (``data`` becomes ``None``):
+    a cut copy would show a transcript that ends where the stream did not.
+    """
+
+    __slots__ = ("data", "limit")
+
+    def __init__(self, limit: int) -> None:
+        self.data: bytearray | None = bytearray()
+        self.limit = limit
+
+    def add(self, chunk: bytes) -> None:
+        if self.data is None:
+            return
+        if len(self.data) + len(chunk) > self.limit:
+            self.data = None
+        else:
+            self.data += chunk
 
 
 class LLMAudit:
@@ -95,6 +132,7 @@ class LLMAudit:
         self.flows: dict[str, FlowAudit] = {}
         self.instance = socket.gethostname()
         self.max_event_bytes = DEFAULT_MAX_EVENT_BYTES
+        self.view_bytes = DEFAULT_VIEW_BYTES
         early_end.install()  # how a stream stopped by a content filter ends cleanly
 
     # -- options ------------------------------------------------------------------------
@@ -156,6 +194,40 @@ class LLMAudit:
             "File that keeps records while the database cannot take them. Empty: "
             "~/.local/state/llm-audit/spool-INSTANCE.jsonl ($XDG_STATE_HOME respected).",
         )
+        loader.add_option(
+            "llm_audit_signing_key",
+            str,
+            "",
+            "Ed25519 key that signs this proxy's checkpoints (created on first use). Empty: "
+            "~/.local/share/llm-audit/signing-key.pem ($XDG_DATA_HOME respected).",
+        )
+        loader.add_option(
+            "llm_audit_checkpoints",
+            str,
+            "",
+            "Directory for this proxy's signed checkpoints of its hash chain. Empty: "
+            "~/.local/share/llm-audit/checkpoints ($XDG_DATA_HOME respected).",
+        )
+        loader.add_option(
+            "llm_audit_checkpoint_every",
+            int,
+            1000,
+            "Write a checkpoint every N records (0: not by count).",
+        )
+        loader.add_option(
+            "llm_audit_checkpoint_minutes",
+            int,
+            10,
+            "Write a checkpoint at least every N minutes while records come (0: not by time). "
+            "With both 0, only at shutdown and with llm-audit checkpoint.",
+        )
+        loader.add_option(
+            "llm_audit_view_bytes",
+            int,
+            DEFAULT_VIEW_BYTES,
+            "Largest event stream kept for mitmproxy's own views (the LLM stream content view, "
+            "saved flows); a longer one is not kept. 0: none is kept.",
+        )
 
     def configure(self, updated: set[str]) -> None:
         """Apply option changes.
@@ -175,11 +247,20 @@ class LLMAudit:
                 )
             else:
                 self.max_event_bytes = ctx.options.llm_audit_max_event_bytes
+        if "llm_audit_view_bytes" in updated:
+            if ctx.options.llm_audit_view_bytes < 0:
+                log.error(
+                    "llm-audit: llm_audit_view_bytes must be 0 or more (bytes), got "
+                    f"{ctx.options.llm_audit_view_bytes}; fix it with --set llm_audit_view_bytes=4194304"
+                )
+            else:
+                self.view_bytes = ctx.options.llm_audit_view_bytes
         if "llm_audit_instance" in updated:
             self.instance = ctx.options.llm_audit_instance or socket.gethostname()
-        if updated & {"llm_audit_db", "llm_audit_spool", "llm_audit_instance"}:
+        if updated & {"llm_audit_db", "llm_audit_spool", "llm_audit_instance", *CHECKPOINT_OPTIONS}:
             spool = ctx.options.llm_audit_spool or str(default_spool_path(self.instance))
-            self._open_database(ctx.options.llm_audit_db or default_url(), Path(spool).expanduser())
+            self._open_database(ctx.options.llm_audit_db or default_url(), Path(spool).expanduser(),
+                                self._checkpointer(ctx.options))
         if updated & {"llm_audit_db", "llm_audit_spool", "llm_audit_instance", "llm_audit_retention_days"}:
             self._schedule_retention(ctx.options.llm_audit_retention_days)
         if updated & {"llm_rules", "llm_filters", "llm_filter_failure"}:
@@ -214,7 +295,21 @@ class LLMAudit:
         elif days and self.writer is not None:
             self.retention = DailyPurge(self.writer.engine, days, actor=f"proxy {self.instance}")
 
-    def _open_database(self, url: str, spool_path: Path) -> None:
+    def _checkpointer(self, options: Any) -> Checkpointer | None:
+        """Signs this proxy's chain head; None (and an error line) when the key is unusable."""
+        key_path = Path(options.llm_audit_signing_key).expanduser() if options.llm_audit_signing_key \
+            else default_key_path()
+        directory = Path(options.llm_audit_checkpoints).expanduser() if options.llm_audit_checkpoints \
+            else default_checkpoint_dir()
+        try:
+            key = load_or_create_key(key_path)
+        except (CheckpointError, OSError) as e:
+            log.error(f"llm-audit: {e}; fix it or set another key with --set llm_audit_signing_key=FILE")
+            return None
+        return Checkpointer(directory, key, self.instance, every=max(options.llm_audit_checkpoint_every, 0),
+                            seconds=max(options.llm_audit_checkpoint_minutes, 0) * 60.0)
+
+    def _open_database(self, url: str, spool_path: Path, checkpointer: Checkpointer | None) -> None:
         if self.writer is not None:
             self.writer.close()  # releases the spool, which the new writer may reuse
             self.writer = None
@@ -230,7 +325,7 @@ class LLMAudit:
             log.error(f"llm-audit: cannot use the spool: {e}; set another path with --set llm_audit_spool=FILE")
             return
         try:
-            self.writer = AuditWriter(engine, spool, self.instance)
+            self.writer = AuditWriter(engine, spool, self.instance, checkpointer=checkpointer)
         except DatabaseError as e:
             spool.close()
             engine.dispose()
@@ -239,6 +334,12 @@ class LLMAudit:
         log.info(f"llm-audit: recording to {engine.url.render_as_string()} (spool {spool_path})")
         if spool:
             log.info(f"llm-audit: {spool.records} records from an earlier run wait in the spool; replaying")
+
+    def running(self) -> None:
+        """Under mitmweb, show the comments the addon writes in the flow list."""
+        from mitmproxy import ctx
+
+        show_comment_column(ctx.options)
 
     # -- hooks --------------------------------------------------------------------------
 
@@ -265,6 +366,7 @@ class LLMAudit:
             audit.record.add_finding("audit_internal_error", f"{type(e).__name__}: {e}"[:300])
             audit.record.finish(OUTCOME_COMPLETE)
         self._submit(audit.record)
+        self._show(flow, audit)
 
     def error(self, flow: http.HTTPFlow) -> None:
         audit = self.flows.pop(flow.id, None)
@@ -283,6 +385,7 @@ class LLMAudit:
             outcome = OUTCOME_UPSTREAM_ABORTED
         record.finish(outcome)
         self._submit(record)
+        self._show(flow, audit)
 
     def done(self) -> None:
         """Record streams still open as cut off, then write everything queued."""
@@ -305,6 +408,8 @@ class LLMAudit:
     # -- internals ----------------------------------------------------------------------
 
     def _open(self, flow: http.HTTPFlow) -> None:
+        if flow.response is not None:
+            return  # answered before it could go upstream (proxyauth's 407, map_local, server replay)
         req = flow.request
         path, _, query = req.path.partition("?")
         parsed: list[tuple[Any, Finding | None]] = []
@@ -408,6 +513,7 @@ class LLMAudit:
         if finding is not None:
             record.apply(finding)
         summary = dialect.summarize(body_json, RequestView(req.method, path, query, req.headers))
+        summary.user_id = summary.user_id or proxy_user(flow)
         summary_into_record(record, summary)
         return record, summary
 
@@ -434,7 +540,9 @@ class LLMAudit:
             audit.auditor = StreamAuditor(None, None, encoding, self.max_event_bytes, on_claim=self._claimer(flow, audit))
         else:
             return
-        flow.response.stream = _tap(flow, audit.auditor)
+        if event_stream and self.view_bytes:
+            audit.copy = BodyCopy(self.view_bytes)
+        flow.response.stream = _tap(flow, audit.auditor, audit.copy)
 
     def _claimer(self, flow: http.HTTPFlow, audit: FlowAudit) -> Callable[[Dialect], tuple[ExchangeRecord, Normalizer]]:
         """Called from the tap when a dialect claims an event stream by its first event."""
@@ -457,10 +565,25 @@ class LLMAudit:
                 if auditor.stopped:
                     block = auditor.gate.blocked
                     self._answer_blocked(flow, audit.record, audit.dialect, audit.summary, audit.view, block)
-            elif auditor.body is not None:
-                # A kept copy of a JSON body lets mitmproxy's own views show it.
+            elif auditor.body is not None and flow.response.raw_content is None:
+                # A kept copy of a streamed JSON body lets mitmproxy's own views show it.
+                # (A body mitmproxy has is left alone: an addon's own answer, whose bytes
+                # are yet to be sent, or one kept by store_streamed_bodies.)
                 flow.response.raw_content = bytes(auditor.body)
         audit.record.finish(OUTCOME_COMPLETE)
+
+    def _show(self, flow: http.HTTPFlow, audit: FlowAudit) -> None:
+        """Show the finished exchange in mitmproxy's UIs: the stream's copy as the body
+        (unless mitmproxy stored the streamed body itself, ``store_streamed_bodies``) for
+        the content view, and the flow list annotations. Only mitmproxy's flow changes: the
+        client has had every byte by now."""
+        try:
+            copy = audit.copy
+            if copy is not None and copy.data is not None and flow.response and flow.response.raw_content is None:
+                flow.response.raw_content = bytes(copy.data)
+            annotate(flow, audit.record)
+        except Exception:  # noqa: BLE001 - the record is written; this is only the UI
+            log.exception("llm-audit: failed to annotate a flow")
 
     def _submit(self, record: ExchangeRecord) -> None:
         if self.writer is None:
@@ -483,13 +606,15 @@ def _output_gate(audit: FlowAudit, event_stream: bool, encoding: str | None) -> 
     )
 
 
-def _tap(flow: http.HTTPFlow, auditor: StreamAuditor) -> Callable[[bytes], Iterable[bytes]]:
+def _tap(flow: http.HTTPFlow, auditor: StreamAuditor, copy: BodyCopy | None) -> Callable[[bytes], Iterable[bytes]]:
     """The stream callable: forward what the auditor lets through (without content
     filters, each chunk as it came) and inspect a copy.
 
     ``b""`` is the end of the body. Never returns ``b""`` itself: mid-stream that would
     end an HTTP/1.1 body; an empty list sends nothing. When a filter blocks, the chunk
     returned carries the dialect's termination and is the last the client gets.
+    ``copy`` keeps what the client gets for mitmproxy's views, unless the stream turns
+    out not to be inference traffic.
     """
 
     def tap(chunk: bytes) -> bytes | list[bytes]:
@@ -500,9 +625,26 @@ def _tap(flow: http.HTTPFlow, auditor: StreamAuditor) -> Callable[[bytes], Itera
         except Exception:  # noqa: BLE001 - StreamAuditor guards itself; this is the last line
             log.exception("llm-audit: stream tap failed")
             out = chunk if auditor.gate is None else b""
+        if copy is not None and out:
+            if auditor.record is None and auditor.ignored:
+                copy.data = None  # no dialect claimed it: not ours to show
+            else:
+                copy.add(out)
         return out or []
 
     return tap
+
+
+def proxy_user(flow: http.HTTPFlow) -> str | None:
+    """The user mitmproxy's ``proxyauth`` authenticated, for exchanges whose request names none.
+
+    proxyauth leaves ``(user, password)`` in ``flow.metadata["proxyauth"]``, on every
+    request of a connection it authenticated (CONNECT tunnels too); only the name is used.
+    """
+    auth = flow.metadata.get("proxyauth")
+    if isinstance(auth, tuple | list) and auth and isinstance(auth[0], str) and auth[0]:
+        return auth[0]
+    return None
 
 
 def abort_side(flow: http.HTTPFlow) -> str:

@@ -102,6 +102,28 @@ def open_engine(url: str, *, migrate: bool = True, hint: str = PROXY_HINT) -> En
     return engine
 
 
+def open_reader(url: str, *, hint: str = PROXY_HINT) -> Engine:
+    """An engine for reading ``url``: upgraded as by :func:`open_engine` when its schema is
+    behind, else left alone.
+
+    The upgrade takes a lock even when there is nothing to do (SQLite's write lock). A
+    reader of an up-to-date database skips it, so ``llm-audit list`` never queues behind
+    the proxy's writer, and a PostgreSQL role that may only read can use the commands.
+    """
+    engine = open_engine(url, migrate=False, hint=hint)
+    try:
+        behind = migrations.current(engine) != migrations.head()
+        if behind:
+            upgrade_schema(engine)
+    except SQLAlchemyError as e:
+        engine.dispose()
+        raise DatabaseError(f"cannot read the schema revision of {engine.url.render_as_string()!r}: {first_line(e)}") from None
+    except DatabaseError:
+        engine.dispose()
+        raise
+    return engine
+
+
 def upgrade_schema(engine: Engine) -> tuple[str | None, str]:
     """Upgrade the schema to this version's head; (revision before, after), or a :class:`DatabaseError`."""
     name = engine.url.render_as_string()

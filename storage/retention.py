@@ -26,12 +26,12 @@ import time
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
 
-from sqlalchemy import Engine, and_, delete, func, insert, or_, select, update
+from sqlalchemy import Connection, Engine, and_, delete, func, insert, not_, or_, select, update
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.sql.elements import ColumnElement
 
 from storage.database import DatabaseError, first_line
-from storage.schema import exchanges, purge_log
+from storage.schema import chains, exchanges, purge_log
 
 log = logging.getLogger(__name__)
 
@@ -121,29 +121,39 @@ def purge(
     ``purge_log``. A dry run only counts: it deletes and records nothing. Does not check
     the minimum retention: call :func:`check_cutoff` first. Database failures raise
     :class:`DatabaseError` saying how many rows were deleted before.
+
+    A hash chain (:mod:`storage.chain`) must stay checkable, so it loses only a prefix:
+    each chain is cut just before its first record that is not old enough (a record
+    sealed late, e.g. one marked ``interrupted`` at a restart, waits for the next purge
+    with the records after it). The chain's new start is recorded in ``chains`` and in
+    the purge's ``purge_log`` row before anything is deleted.
     """
     if cutoff.tzinfo is None:
         raise ValueError("cutoff must be an aware datetime")
     cutoff = cutoff.astimezone(UTC)  # SQLite stores the UTC wall time as text
-    phases = _ended_before(cutoff)
-    if dry_run:
-        to_purge = or_(*(condition for condition, _ in phases))
-        try:
-            with engine.connect() as conn:
+    try:
+        with engine.connect() as conn:
+            cuts = _chain_cuts(conn, cutoff)
+            if dry_run:
+                to_purge = or_(*(condition for condition, _ in _batches(cutoff, cuts)))
                 count = conn.execute(select(func.count()).select_from(exchanges).where(to_purge)).scalar_one()
-        except SQLAlchemyError as e:
-            raise DatabaseError(f"cannot count the exchanges to purge: {first_line(e)}") from None
-        return PurgeResult(count, cutoff, dry_run=True, log_id=None)
+                return PurgeResult(count, cutoff, dry_run=True, log_id=None)
+    except SQLAlchemyError as e:
+        raise DatabaseError(f"cannot count the exchanges to purge: {first_line(e)}") from None
 
     deleted = 0
     try:
         with engine.begin() as conn:
+            starts = {cut.chain_id: {"seq": cut.last + 1, "prev_hash": cut.last_hash} for cut in cuts}
             log_id = conn.execute(
                 insert(purge_log).values(
-                    purged_at=datetime.now(UTC), actor=actor, cutoff=cutoff, older_than=older_than, deleted_count=0
+                    purged_at=datetime.now(UTC), actor=actor, cutoff=cutoff, older_than=older_than, deleted_count=0,
+                    chain_starts=starts,
                 )
             ).inserted_primary_key[0]
-        for condition, order in phases:
+            for cut in cuts:
+                _move_start(conn, cut)
+        for condition, order in _batches(cutoff, cuts):
             while True:
                 n, pause = _delete_batch(engine, log_id, condition, order, batch_size)
                 deleted += n
@@ -157,18 +167,60 @@ def purge(
     return PurgeResult(deleted, cutoff, dry_run=False, log_id=log_id)
 
 
-def _ended_before(cutoff: datetime) -> list[tuple[ColumnElement[bool], ColumnElement]]:
+@dataclass(frozen=True, slots=True)
+class _Cut:
+    """A chain loses its records up to ``last`` (whose hash the next record links to)."""
+
+    chain_id: str
+    last: int
+    last_hash: str
+
+
+def _old(cutoff: datetime) -> ColumnElement[bool]:
+    """Ended before the cut-off (an interrupted record, which has no end: started before)."""
+    c = exchanges.c
+    return and_(c.status != IN_PROGRESS, func.coalesce(c.ended_at, c.started_at) < cutoff)
+
+
+def _chain_cuts(conn: Connection, cutoff: datetime) -> list[_Cut]:
+    """Where each chain is cut: before its first record that is not old enough."""
+    c = exchanges.c
+    starts = {r.chain_id: r.start_seq for r in conn.execute(select(chains.c.chain_id, chains.c.start_seq))}
+    first_kept = dict(conn.execute(
+        select(c.chain_id, func.min(c.chain_seq)).where(c.chain_id.is_not(None), not_(_old(cutoff)))
+        .group_by(c.chain_id)).all())
+    last_seq = dict(conn.execute(
+        select(c.chain_id, func.max(c.chain_seq)).where(c.chain_id.is_not(None)).group_by(c.chain_id)).all())
+    cuts = []
+    for chain_id, top in sorted(last_seq.items()):
+        last = first_kept[chain_id] - 1 if chain_id in first_kept else top
+        if last < starts.get(chain_id, 1):
+            continue
+        last_hash = conn.execute(select(c.record_hash).where(c.chain_id == chain_id, c.chain_seq == last)
+                                 .limit(1)).scalar()
+        if last_hash is not None:
+            cuts.append(_Cut(chain_id, last, last_hash))
+    return cuts
+
+
+def _batches(cutoff: datetime, cuts: list[_Cut]) -> list[tuple[ColumnElement[bool], ColumnElement]]:
     """The rows to purge: conditions, each with the indexed column that finds them in order.
 
-    Two conditions rather than one OR, so that every batch is an index range scan:
-    first the rows that ended before the cut-off, oldest first; then the
-    ``interrupted`` rows without an end time, which are few.
+    One per chain (its prefix, by number), and one for old records in no chain (written
+    before chains existed), so that every batch is an index range scan.
     """
     c = exchanges.c
     return [
-        (c.ended_at < cutoff, c.ended_at),
-        (and_(c.ended_at.is_(None), c.status != IN_PROGRESS, c.started_at < cutoff), c.started_at),
+        *((and_(c.chain_id == cut.chain_id, c.chain_seq <= cut.last), c.chain_seq) for cut in cuts),
+        (and_(c.chain_id.is_(None), _old(cutoff)), c.started_at),
     ]
+
+
+def _move_start(conn: Connection, cut: _Cut) -> None:
+    values = {"start_seq": cut.last + 1, "start_prev_hash": cut.last_hash}
+    if not conn.execute(update(chains).where(chains.c.chain_id == cut.chain_id).values(values)).rowcount:
+        conn.execute(insert(chains).values(chain_id=cut.chain_id, head_seq=cut.last, head_hash=cut.last_hash,
+                                           **values))
 
 
 def _delete_batch(

@@ -1,6 +1,7 @@
 """The audit database schema, in SQLAlchemy Core.
 
-One row per exchange in ``exchanges``; one row per purge in ``purge_log``. Column
+One row per exchange in ``exchanges``; one row per purge in ``purge_log``; one flat row per
+exchange in the view ``exchange_view`` (for ``llm-audit`` and analysts). Column
 names follow the project's issues and, where one exists, the OpenTelemetry GenAI
 attribute they mirror (``request_model`` ~ ``gen_ai.request.model``, ``input_tokens`` ~
 ``gen_ai.usage.input_tokens``, ...).
@@ -9,6 +10,12 @@ JSON columns are ``jsonb`` on PostgreSQL and JSON text on SQLite; times are UTC.
 This module describes the schema the code expects (the head of the migrations); the
 database gets there through ``storage/migrations``. A change here needs a new
 migration: ``tests/unit/test_migrations.py`` fails until the two agree.
+
+``exchange_view`` is described here as a table of its own :data:`views` metadata (so
+Alembic's comparison of tables does not take it for a missing table): its SQL differs per
+backend and lives in the migration that creates it (``0003``), its columns and their
+meaning are the same on both, and the tests check that the database's view has exactly
+the columns below. Columns without a comment are those of ``exchanges``, unchanged.
 """
 
 from __future__ import annotations
@@ -86,11 +93,20 @@ exchanges = Table(
         "delivered_text", Text,
         comment="Answer text the client received, when a content filter made it differ from output_text; else NULL.",
     ),
+    # tamper evidence (storage/chain.py): set when the record is final
+    Column("chain_id", String(255), comment="Hash chain of the writer that sealed the final record (its instance)."),
+    Column("chain_seq", BigInteger, comment="Position in its chain: 1, 2, 3, ..."),
+    Column("prev_hash", String(64), comment="record_hash of the record before it in the chain (64 zeros for the first)."),
+    Column("record_hash", String(64), comment="SHA-256 of the canonical serialization of the record (storage/chain.py)."),
+    Column("content_hashes", Json, comment="SHA-256 of each content column; they stand for erased content."),
+    Column("erased_at", Time, comment="When llm-audit erase replaced the content with an erasure marker."),
     Index("ix_exchanges_started_at", "started_at"),
     Index("ix_exchanges_ended_at", "ended_at"),
-    Index("ix_exchanges_user_id", "user_id"),
-    Index("ix_exchanges_request_model", "request_model"),
-    Index("ix_exchanges_status", "status"),
+    Index("ix_exchanges_chain_id_chain_seq", "chain_id", "chain_seq"),
+    # the filters of llm-audit list, whose pages are sorted by started_at
+    Index("ix_exchanges_user_id_started_at", "user_id", "started_at"),
+    Index("ix_exchanges_request_model_started_at", "request_model", "started_at"),
+    Index("ix_exchanges_status_started_at", "status", "started_at"),
 )
 
 purge_log = Table(
@@ -103,5 +119,83 @@ purge_log = Table(
     Column("cutoff", Time, nullable=False, comment="Exchanges that ended before this time were deleted."),
     Column("older_than", Text, nullable=False, comment="The age or date as given (183d, 2025-01-01, ...)."),
     Column("deleted_count", BigInteger, nullable=False, comment="Exchanges deleted, updated with every batch."),
+    Column("chain_starts", Json, comment="Where each hash chain begins after the purge: {chain: {seq, prev_hash}}."),
     comment="Every purge of exchanges: who, when, the cut-off and how many rows went.",
+)
+
+chains = Table(
+    "chains",
+    metadata,
+    Column("chain_id", String(255), primary_key=True, comment="A writer's chain: its proxy instance name."),
+    Column("head_seq", BigInteger, nullable=False, comment="chain_seq of the last record written."),
+    Column("head_hash", String(64), nullable=False, comment="record_hash of the last record written."),
+    Column("start_seq", BigInteger, nullable=False, comment="chain_seq of the first record kept (after purges)."),
+    Column("start_prev_hash", String(64), nullable=False, comment="record_hash of the last record purged."),
+    comment="Each hash chain's head, and where it begins after purges.",
+)
+
+erasure_log = Table(
+    "erasure_log",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("erased_at", Time, nullable=False, comment="When the erasure ran (UTC)."),
+    Column("actor", String(255), nullable=False, comment="Who erased: the OS user."),
+    Column("user_id", String(255), nullable=False, comment="The data subject whose content was erased."),
+    Column("erased_count", BigInteger, nullable=False, comment="Exchanges whose content was erased."),
+    comment="Every erasure of a user's content (data-subject requests).",
+)
+
+views = MetaData()
+
+exchange_view = Table(
+    "exchange_view",
+    views,
+    Column("id", String(64), comment="Exchange id."),
+    Column("started_at", Time, comment="When the request started (UTC)."),
+    Column("first_chunk_at", Time, comment="When the first response body byte arrived (UTC)."),
+    Column("ended_at", Time, comment="When the exchange ended (UTC)."),
+    Column("day", String(10), comment="UTC date of started_at, YYYY-MM-DD."),
+    Column("status", String(32), comment="As in exchanges."),
+    Column("blocked", Boolean, comment="Status blocked, or a content-filter verdict with action block."),
+    Column("dialect", String(32)),
+    Column("provider", String(64)),
+    Column("request_model", String(255)),
+    Column("response_model", String(255)),
+    Column("user_id", String(255)),
+    Column("session_id", String(255)),
+    Column("request_id", String(255)),
+    Column("response_id", String(255)),
+    Column("task_id", String(255)),
+    Column("client_address", String(64)),
+    Column("user_agent", Text, comment="The request's User-Agent header."),
+    Column("api_key_fingerprint", String(32)),
+    Column("proxy_instance", String(255)),
+    Column("server_address", String(255)),
+    Column("server_port", Integer),
+    Column("http_method", String(16)),
+    Column("url_path", Text),
+    Column("http_status", Integer),
+    Column("streamed", Boolean),
+    Column("duration_ms", BigInteger, comment="ended_at - started_at in whole milliseconds."),
+    Column("time_to_first_chunk_ms", BigInteger, comment="first_chunk_at - started_at in whole milliseconds."),
+    Column("input_tokens", BigInteger),
+    Column("output_tokens", BigInteger),
+    Column("cache_read_input_tokens", BigInteger),
+    Column("cache_write_input_tokens", BigInteger),
+    Column("reasoning_output_tokens", BigInteger),
+    Column("total_tokens", BigInteger, comment="input_tokens + output_tokens; NULL when neither was reported."),
+    Column("usage_source", String(16)),
+    Column("error_code", String(255)),
+    Column("error_message", Text),
+    Column("finding_codes", Text, comment="Distinct finding codes, sorted, comma-separated; NULL when none."),
+    Column("verdict_rules", Text, comment="Distinct rule ids of content-filter verdicts, sorted, comma-separated; NULL when none."),
+    Column("tool_call_count", Integer, comment="Number of tool calls in the output."),
+    Column("output_text", Text),
+    Column("delivered_text", Text),
+    Column("client_text", Text, comment="What the client received: delivered_text, else output_text."),
+    Column("request_body", Json, comment="The request body (JSON)."),
+    Column("event_count", Integer),
+    Column("bytes_to_client", BigInteger),
+    Column("bytes_from_upstream", BigInteger),
+    comment="One flat row per exchange, the same columns on SQLite and PostgreSQL.",
 )

@@ -16,6 +16,12 @@ Nothing is lost:
   emptied, as soon as the database answers again (also after a restart).
 * At start, rows this proxy instance left ``in_progress`` when it was killed are marked
   ``interrupted`` (after the spool is replayed, so spooled final records win).
+
+Every final record is sealed into this instance's hash chain (:mod:`storage.chain`)
+here, on the writer thread, in the order records are handed over and before it goes to
+the database or the spool, so spooled records keep their place in the chain. The
+``chains`` table follows the head in the same transaction, and a
+:class:`~storage.checkpoint.Checkpointer` signs the head of what is committed.
 """
 
 from __future__ import annotations
@@ -29,12 +35,14 @@ from datetime import datetime, timezone
 from typing import Any
 
 import orjson
-from sqlalchemy import JSON, Engine, update
+from sqlalchemy import JSON, Engine, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import SQLAlchemyError
 
-from storage.database import DatabaseError
-from storage.schema import exchanges
+from storage.chain import CHAIN_COLUMNS, GENESIS, Chain, Head, is_sealed
+from storage.checkpoint import Checkpointer, CheckpointError
+from storage.database import DatabaseError, first_line
+from storage.schema import chains, exchanges
 from storage.spool import Spool
 
 log = logging.getLogger(__name__)
@@ -43,6 +51,7 @@ _STOP = object()
 _JSON_COLUMNS = frozenset(c.name for c in exchanges.columns if isinstance(c.type, JSON))
 _ESCAPED_NUL = re.compile(rb"(?<!\\)((?:\\\\)*)\\u0000")
 RETRY_MIN, RETRY_MAX = 0.5, 5.0
+_UNSEALED = dict.fromkeys(CHAIN_COLUMNS)  # an open record's chain columns (one statement needs every key)
 
 
 class AuditWriter:
@@ -55,6 +64,7 @@ class AuditWriter:
         instance: str,
         batch_size: int = 500,
         max_delay: float = 0.05,
+        checkpointer: Checkpointer | None = None,
     ) -> None:
         self.engine = engine
         self.spool = spool
@@ -66,7 +76,11 @@ class AuditWriter:
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._held: list[dict[str, Any]] = []  # rows neither the database nor the spool took
         self._upsert = _upsert_statement(engine)
+        self._insert = {"sqlite": sqlite.insert, "postgresql": postgresql.insert}[engine.dialect.name]
         self._postgres = engine.dialect.name == "postgresql"
+        self.chain = Chain(instance, self._chain_head())
+        self.committed = self.chain.head  # the chain's head as far as the database has it
+        self.checkpointer = checkpointer
         self._retry_at = 0.0
         self._backoff = RETRY_MIN
         self._recovered = False  # interrupted rows of an earlier run marked
@@ -95,8 +109,26 @@ class AuditWriter:
             )
         if self._held:
             log.error("llm-audit: %d records could be written neither to the database nor to the spool", len(self._held))
+        self._checkpoint(final=True)
         self.spool.close()
         self.engine.dispose()
+
+    def _chain_head(self) -> Head:
+        """Where this instance's chain goes on: the furthest of the database and the spool."""
+        c = exchanges.c
+        try:
+            with self.engine.connect() as conn:
+                known = conn.execute(select(chains.c.head_seq, chains.c.head_hash)
+                                     .where(chains.c.chain_id == self.instance)).first()
+                last = conn.execute(select(c.chain_seq, c.record_hash).where(c.chain_id == self.instance)
+                                    .order_by(c.chain_seq.desc()).limit(1)).first()
+        except SQLAlchemyError as e:
+            raise DatabaseError(f"cannot read the hash chain's head: {first_line(e)}") from None
+        heads = [Head(), *(Head(r[0], r[1]) for r in (known, last) if r is not None)]
+        for rows in self.spool.read(self.batch_size):
+            heads += [Head(r["chain_seq"], r["record_hash"]) for r in rows
+                      if is_sealed(r) and r.get("chain_id") == self.instance]
+        return max(heads, key=lambda h: h.seq)
 
     # -- the writer thread --------------------------------------------------------------
 
@@ -136,7 +168,9 @@ class AuditWriter:
         return batch, stopping
 
     def _store(self, batch: list[dict[str, Any]]) -> None:
-        """To the database when nothing waits before this batch, else behind it in the spool."""
+        """Seal the final records, then to the database when nothing waits before this
+        batch, else behind it in the spool."""
+        batch = [self._seal(row) for row in batch]
         if not self.spool and not self._held and time.monotonic() >= self._retry_at:
             try:
                 self._write(batch)
@@ -188,28 +222,70 @@ class AuditWriter:
         self._retry_at = time.monotonic() + self._backoff
         self._backoff = min(self._backoff * 2, RETRY_MAX)
 
+    def _seal(self, row: dict[str, Any]) -> dict[str, Any]:
+        """The row as stored (PostgreSQL-safe), sealed into the chain when final."""
+        return self.chain.seal(_postgres_safe(row) if self._postgres else row)
+
     def _write(self, batch: list[dict[str, Any]]) -> None:
         # The same record may be queued twice in one batch (open, then final): keep the
         # last version of each, in order.
-        rows = list({row["id"]: row for row in batch}.values())
-        if self._postgres:
-            rows = [_postgres_safe(row) for row in rows]
+        rows = [_UNSEALED | row for row in {row["id"]: row for row in batch}.values()]
+        ours = [row for row in rows if is_sealed(row) and row["chain_id"] == self.instance]
+        head = max((Head(row["chain_seq"], row["record_hash"]) for row in ours), key=lambda h: h.seq, default=None)
         with self.engine.begin() as conn:
             conn.execute(self._upsert, rows)
+            if head is not None:
+                self._advance_head(conn, head)
         self.written += sum(1 for row in rows if row["status"] != "in_progress")  # final records
+        if head is not None and head.seq > self.committed.seq:
+            self.committed = head
+            self._checkpoint()
+
+    def _advance_head(self, conn, head: Head) -> None:
+        """Move the ``chains`` row of this instance to ``head`` (never backwards)."""
+        stmt = self._insert(chains).values(chain_id=self.instance, head_seq=head.seq, head_hash=head.hash,
+                                           start_seq=1, start_prev_hash=GENESIS)
+        conn.execute(stmt.on_conflict_do_update(
+            index_elements=[chains.c.chain_id],
+            set_={"head_seq": stmt.excluded.head_seq, "head_hash": stmt.excluded.head_hash},
+            where=chains.c.head_seq < stmt.excluded.head_seq,
+        ))
+
+    def _checkpoint(self, final: bool = False) -> None:
+        if self.checkpointer is None:
+            return
+        try:
+            path = self.checkpointer.committed(self.committed, final=final)
+        except (OSError, CheckpointError) as e:
+            log.error("llm-audit: cannot write a checkpoint (%s); the next one is tried at the next write", e)
+            return
+        if path is not None:
+            log.info("llm-audit: checkpoint %s (chain %s at %d)", path, self.instance, self.committed.seq)
 
     def _mark_interrupted(self) -> None:
-        """Rows this instance left open before this run started were cut by a crash."""
-        with self.engine.begin() as conn:
-            result = conn.execute(
-                update(exchanges)
-                .where(exchanges.c.status == "in_progress")
-                .where(exchanges.c.proxy_instance == self.instance)
-                .where(exchanges.c.started_at < self.started)
-                .values(status="interrupted")
-            )
-        if result.rowcount:
-            log.warning("llm-audit: marked %d exchanges left open by an earlier run as interrupted", result.rowcount)
+        """Rows this instance left open before this run started were cut by a crash: they
+        become final (``interrupted``) and are sealed into the chain."""
+        c = exchanges.c
+        before = self.chain.head
+        try:
+            with self.engine.begin() as conn:
+                open_rows = conn.execute(
+                    select(exchanges).where(c.status == "in_progress", c.proxy_instance == self.instance,
+                                            c.started_at < self.started).order_by(c.started_at)
+                ).mappings().all()
+                for row in open_rows:
+                    sealed = self.chain.seal(dict(row) | {"status": "interrupted"})
+                    conn.execute(update(exchanges).where(c.id == row["id"], c.status == "in_progress").values(
+                        {name: sealed[name] for name in
+                         ("status", "chain_id", "chain_seq", "prev_hash", "record_hash", "content_hashes")}))
+                if open_rows:
+                    self._advance_head(conn, self.chain.head)
+        except SQLAlchemyError:
+            self.chain.head = before  # nothing of it was written
+            raise
+        if open_rows:
+            self.committed = self.chain.head
+            log.warning("llm-audit: marked %d exchanges left open by an earlier run as interrupted", len(open_rows))
 
 
 def _upsert_statement(engine: Engine):

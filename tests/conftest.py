@@ -346,8 +346,9 @@ def start_proxy(tmp: Path, *args: str, upstream_ca: Path | None = None, db_url: 
     cmd = [*cmd, "--listen-port", "0", "--set", f"confdir={confdir}", *args]
     if upstream_ca:
         cmd += ["--set", f"ssl_verify_upstream_trusted_ca={upstream_ca}"]
-    # its own state folder: proxies never share a spool (nor touch the user's own)
-    own = {"PYTHONUNBUFFERED": "1", "XDG_STATE_HOME": str(tmp / "state")}
+    # its own state and data folders: proxies never share a spool or a signing key (nor
+    # touch the user's own)
+    own = {"PYTHONUNBUFFERED": "1", "XDG_STATE_HOME": str(tmp / "state"), "XDG_DATA_HOME": str(tmp / "data")}
     process = Process.start(cmd, env=os.environ | own | (env or {}))
     m = process.wait_line(r"proxy listening at .*:(\d+)", timeout=120)
     return Proxy(f"http://127.0.0.1:{m.group(1)}", db_url, confdir, process, pg)

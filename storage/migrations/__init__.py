@@ -22,6 +22,10 @@ which SQLite does not keep)::
         command.revision(config(conn), "what changed", autogenerate=True, rev_id="0002")'
 
 ``tests/unit/test_migrations.py`` checks that the head equals ``storage/schema.py``.
+
+Autogenerate knows tables and indexes, not views: a migration that changes ``exchanges``
+beyond adding columns drops the view ``exchange_view`` first and creates it again at its
+end (see ``0003``, which also holds the view's SQL for each backend).
 """
 
 from __future__ import annotations

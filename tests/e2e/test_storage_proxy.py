@@ -123,6 +123,11 @@ def test_kill_9_marks_open_rows_interrupted_and_keeps_finished_ones(request, tmp
         assert all(s == ["completed"] for s in statuses(restarted, finished).values())
         wait_for(lambda: "marked 1 exchanges left open by an earlier run as interrupted" in restarted.process.output,
                  what="the interrupted rows logged")
+        # the crash broke nothing in the hash chain: the interrupted record is sealed after the finished ones
+        assert row["chain_seq"] == 6
+        check = subprocess.run([str(BIN / "llm-audit"), "--db", db["db_url"], "verify"], capture_output=True,
+                               text=True, timeout=60)
+        assert (check.returncode, check.stdout) == (0, "chain crashy: OK, records 1..6\n"), check
     finally:
         restarted.process.stop()
 

@@ -33,10 +33,13 @@ from sqlalchemy import (
 
 from storage import migrations
 from storage.database import DatabaseError, open_engine
-from storage.schema import exchanges, metadata, purge_log
+from storage.schema import exchange_view, exchanges, metadata, purge_log
+from storage.verify import verify
 
 BIN = Path(sys.executable).parent
-ADDED_SINCE_0001 = {"bytes_from_upstream", "delivered_text"}  # by 0002
+ADDED_SINCE_0001 = {"bytes_from_upstream", "delivered_text",  # by 0002
+                    "chain_id", "chain_seq", "prev_hash", "record_hash", "content_hashes", "erased_at"}  # by 0004
+INDEXED_IN_0001 = ("started_at", "ended_at", "user_id", "request_model", "status")  # one column each
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
@@ -55,8 +58,8 @@ def schema_differences(engine: Engine) -> list:
 def exchanges_before_migrations() -> Table:
     """The ``exchanges`` table, with its indexes, as ``metadata.create_all`` made it before migrations."""
     old = Table("exchanges", MetaData(), *(c._copy() for c in exchanges.columns if c.name not in ADDED_SINCE_0001))
-    for index in exchanges.indexes:
-        Index(index.name, *(old.c[c.name] for c in index.columns))
+    for column in INDEXED_IN_0001:
+        Index(f"ix_exchanges_{column}", old.c[column])
     return old
 
 
@@ -104,9 +107,38 @@ def test_database_at_the_first_released_schema_keeps_its_rows(empty_url):
         assert rows["a"].request_body == {"messages": [{"role": "user", "content": "hi"}]}
         assert rows["a"].ended_at.replace(tzinfo=UTC) == datetime(2026, 1, 2, 3, 4, 6, tzinfo=UTC)
         assert rows["a"].delivered_text is None and rows["a"].bytes_from_upstream is None
+        # 0004 sealed the final record into its writer's chain; the open one waits for its end
+        assert (rows["a"].chain_id, rows["a"].chain_seq, rows["b"].chain_id) == ("unknown", 1, None)  # no instance
+        assert verify(engine).ok
         assert rows["b"].status == "in_progress"
     finally:
         engine.dispose()
+
+
+def test_exchange_view_has_the_same_columns_on_both_backends(empty_url):
+    engine = open_engine(empty_url)
+    try:
+        assert inspect(engine).get_view_names() == ["exchange_view"]
+        assert [c["name"] for c in inspect(engine).get_columns("exchange_view")] == \
+            [c.name for c in exchange_view.columns]
+    finally:
+        engine.dispose()
+
+
+def test_downgrade_to_0002_drops_the_view_and_restores_the_indexes(empty_url):
+    open_engine(empty_url).dispose()
+    engine = bare_engine(empty_url)
+    try:
+        with engine.begin() as conn:
+            command.downgrade(migrations.config(conn), "0002")
+        assert inspect(engine).get_view_names() == []
+        assert {i["name"] for i in inspect(engine).get_indexes("exchanges")} == \
+            {f"ix_exchanges_{column}" for column in INDEXED_IN_0001}
+    finally:
+        engine.dispose()
+    engine = open_engine(empty_url)  # and up again
+    assert schema_differences(engine) == [] and inspect(engine).get_view_names() == ["exchange_view"]
+    engine.dispose()
 
 
 def test_database_created_before_migrations_is_adopted_and_stamped(empty_url):

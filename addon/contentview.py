@@ -1,0 +1,300 @@
+"""Inference exchanges inside mitmproxy's own UIs: the "LLM stream" content view and the
+flow list.
+
+mitmweb, the console and ``mitmdump --flow-detail 3`` show message bodies through
+content views. "LLM stream" renders an inference exchange of any dialect as a person
+reads it:
+
+- a request body: the dialect, model, user and session, the declared tools and the
+  conversation as sent (system instructions, user and assistant turns, tool calls and
+  results);
+- a response body, streamed or not: the model, each choice's answer, reasoning and
+  refusal, tool calls with pretty-printed arguments, usage, the error, and the audit's
+  status, findings and content-filter verdicts.
+
+The response is read by the audit's own pipeline (dialect registry, normalizer,
+:class:`~addon.auditor.StreamAuditor`, :class:`~addon.record.ExchangeRecord`), so the
+view and the database agree on what an exchange said, and no dialect is known here.
+What only the proxy knew at the time (the record id and status, findings about the
+upstream's bytes, filter verdicts) is left in ``flow.metadata["llm_audit"]`` by
+:func:`annotate` when the exchange ends; it is saved with the flow (``-w``) too.
+
+mitmproxy keeps no body of a streamed response: the addon hands back a bounded copy of
+what the client received when the stream ends (``llm_audit_view_bytes``).
+
+:func:`annotate` also marks the flow for the flow list: a comment such as
+``gpt-4o · 12→34 tok · completed`` and, for a blocked exchange, the ⛔ marker.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import orjson
+from mitmproxy import contentviews, http
+from mitmproxy.contentviews import Metadata
+from mitmproxy.options import Options
+
+from addon.auditor import SNIFF_LIMIT, StreamAuditor, summary_into_record
+from addon.dialects import (
+    Dialect,
+    RequestSummary,
+    RequestView,
+    detect_request,
+    detect_response,
+    media_type,
+    parse_json_body,
+)
+from addon.filters.messages import extract_messages
+from addon.record import OUTCOME_COMPLETE, ExchangeRecord
+from addon.sse import SSEParser
+
+METADATA_KEY = "llm_audit"
+BLOCKED_MARKER = ":no_entry:"  # ⛔ in mitmweb and the console
+VIEW_NAME = "LLM stream"
+LABEL = 12  # width of a field label
+
+
+class LLMStreamContentview(contentviews.Contentview):
+    """The "LLM stream" view; chosen automatically for every inference exchange."""
+
+    @property
+    def name(self) -> str:
+        return VIEW_NAME
+
+    def render_priority(self, data: bytes, metadata: Metadata) -> float:
+        """Above the JSON view (1) for an inference exchange's messages; not offered for others."""
+        flow, message = metadata.flow, metadata.http_message
+        if not isinstance(flow, http.HTTPFlow) or message is None:
+            return -1
+        if _request_dialect(flow.request)[0] is not None:
+            return 2
+        return 2 if message is flow.response and _sniffed_dialect(message, data) is not None else -1
+
+    def prettify(self, data: bytes, metadata: Metadata) -> str:
+        flow, message = metadata.flow, metadata.http_message
+        if not isinstance(flow, http.HTTPFlow) or message is None:
+            raise ValueError("not an HTTP message")
+        audit = flow.metadata.get(METADATA_KEY)
+        audit = audit if isinstance(audit, dict) else {}
+        if message is flow.request:
+            return request_text(flow.request, audit)
+        return response_text(flow, data, audit)
+
+
+def register() -> None:
+    """Make the view available in mitmproxy's UIs (registering again replaces it)."""
+    contentviews.add(LLMStreamContentview)
+
+
+# -- reading the exchange -----------------------------------------------------------------------
+
+
+def _request_dialect(request: http.Request) -> tuple[Dialect | None, RequestView, Callable[[], Any]]:
+    """The dialect that recognises this request (as the proxy detects it), the request
+    line and a parser of the body (parsed once, on demand)."""
+    path, _, query = request.path.partition("?")
+    view = RequestView(request.method, path, query, request.headers)
+    parsed: list[Any] = []
+
+    def body() -> Any:
+        if not parsed:
+            parsed.append(parse_json_body(request.get_content(strict=False) or b"")[0])
+        return parsed[0]
+
+    return detect_request(view, body), view, body
+
+
+def _sniffed_dialect(response: http.Response, data: bytes) -> Dialect | None:
+    """The dialect that claims an event stream by its first event (the request told nothing)."""
+    if media_type(response.headers.get("content-type", ""))[0] != "text/event-stream":
+        return None
+    events = SSEParser(max_event_bytes=SNIFF_LIMIT).feed(data[:SNIFF_LIMIT])
+    return detect_response(events[0]) if events else None
+
+
+def read_response(flow: http.HTTPFlow, data: bytes) -> ExchangeRecord:
+    """The exchange record of a response body (decoded), read as the proxy reads it."""
+    response = flow.response
+    dialect, view, body = _request_dialect(flow.request)
+    dialect = dialect or _sniffed_dialect(response, data)
+    if dialect is None:
+        raise ValueError("not an inference exchange")
+    summary = dialect.summarize(body(), view)
+    record = ExchangeRecord(dialect=dialect.name, provider=dialect.provider_for(flow.request.host),
+                            http_status=response.status_code)
+    summary_into_record(record, summary)
+    event_stream = media_type(response.headers.get("content-type", ""))[0] == "text/event-stream"
+    # The whole body is in memory already: no event needs skipping to bound it.
+    auditor = StreamAuditor(record, dialect.normalizer(summary), None, max(len(data) + 1, 1024),
+                            event_stream=event_stream, max_body_bytes=len(data) + 1)
+    auditor.feed(data)
+    auditor.end()
+    record.finish(OUTCOME_COMPLETE)
+    return record
+
+
+# -- the text -------------------------------------------------------------------------------------
+
+
+class _Text:
+    """Lines of labelled fields and indented sections."""
+
+    def __init__(self, title: str) -> None:
+        self.lines = [title]
+
+    def field(self, label: str, value: str | None) -> None:
+        if value:
+            self.lines.append(f"{label:<{LABEL}}{value}")
+
+    def section(self, title: str, text: str, indent: int = 2) -> None:
+        self.lines += ["", title]
+        self.block(text, indent)
+
+    def block(self, text: str, indent: int) -> None:
+        self.lines += [" " * indent + line for line in (text.splitlines() or [""])]
+
+    def __str__(self) -> str:
+        return "\n".join(self.lines)
+
+
+def request_text(request: http.Request, audit: dict[str, Any]) -> str:
+    """The request as sent: model, metadata, declared tools and the conversation."""
+    dialect, view, body = _request_dialect(request)
+    if dialect is None:
+        raise ValueError("not an inference request")
+    summary = dialect.summarize(body(), view)
+    text = _Text(f"{dialect.name} request")
+    text.field("model", " · ".join(filter(None, [summary.model, _streaming(summary)])))
+    text.field("user", summary.user_id)
+    text.field("session", summary.session_id)
+    text.field("request id", summary.request_id)
+    text.field("tools", ", ".join(sorted(summary.declared_tools or ())))
+    messages = extract_messages(body())
+    for message in messages:
+        text.section(message.role, message.text)
+    if not messages:
+        text.section("body", _pretty(body()) if body() is not None else "(not JSON)")
+    _verdicts(text, [v for v in audit.get("verdicts") or () if not _is_output(v)])
+    return str(text)
+
+
+def response_text(flow: http.HTTPFlow, data: bytes, audit: dict[str, Any]) -> str:
+    """The response as the audit reads it: answer, reasoning, tool calls, usage, problems."""
+    record = read_response(flow, data)
+    row = record.to_row()
+    status = audit.get("status") or record.status
+    text = _Text(f"{record.dialect} response · {status}")
+    model = row["response_model"] or row["request_model"]
+    if row["response_model"] and row["request_model"] and row["response_model"] != row["request_model"]:
+        model = f"{row['request_model']} (served by {row['response_model']})"
+    text.field("model", model)
+    text.field("record", f"{audit['id']} (llm-audit show {audit['id'][:12]})" if audit.get("id") else None)
+    text.field("usage", _usage(row))
+    text.field("response id", row["response_id"])
+    _choices(text, row["output"]["choices"])
+    for call in row["output"]["tool_calls"]:
+        title = f"tool call {call['name']}" + (f" ({call['id']})" if call["id"] else "")
+        cut = "" if call["complete"] else " (cut off; arguments as received)"
+        text.section(title + cut, _arguments(call["arguments"]))
+    if row["error_code"] or row["error_message"]:
+        text.section("error", f"{row['error_code'] or 'error'}: {row['error_message'] or ''}")
+    findings = audit["findings"] if "findings" in audit else row["findings"]
+    if findings:
+        text.section("findings", "\n".join(f"{f.get('code')}  {f.get('detail') or ''}".rstrip() for f in findings))
+    _verdicts(text, [v for v in audit.get("verdicts") or () if _is_output(v)])
+    return str(text)
+
+
+def _choices(text: _Text, choices: list[dict[str, Any]]) -> None:
+    for choice in choices:
+        suffix = f" (choice {choice['index']})" if len(choices) > 1 else ""
+        for part in ("reasoning", "refusal"):
+            if choice.get(part):
+                text.section(part + suffix, choice[part])
+        if choice["text"] or not (choice.get("reasoning") or choice.get("refusal")):
+            text.section("answer" + suffix, choice["text"])
+        if choice["finish_reason"]:
+            text.block(f"(finish reason: {choice['finish_reason']})", 2)
+
+
+def _verdicts(text: _Text, verdicts: list[dict[str, Any]]) -> None:
+    if not verdicts:
+        return
+    lines = []
+    for v in verdicts:
+        place = (v.get("filter"), v.get("location"), v.get("position"))
+        where = ", ".join(str(x) for x in place if x not in (None, ""))
+        lines.append(f"{v.get('action')}  {v.get('rule_id')}  {v.get('reason') or ''}".rstrip()
+                     + (f"  ({where})" if where else ""))
+    text.section("filter verdicts", "\n".join(lines))
+
+
+def _is_output(verdict: Any) -> bool:
+    return isinstance(verdict, dict) and str(verdict.get("location") or "").startswith("output")
+
+
+def _streaming(summary: RequestSummary) -> str | None:
+    return {True: "stream", False: "no stream"}.get(summary.stream)
+
+
+def _usage(row: dict[str, Any]) -> str:
+    parts = (("input", "input_tokens"), ("output", "output_tokens"), ("reasoning", "reasoning_output_tokens"),
+             ("cache read", "cache_read_input_tokens"), ("cache write", "cache_write_input_tokens"))
+    return " · ".join(f"{label} {row[name]}" for label, name in parts if row[name] is not None) or "none reported"
+
+
+def _arguments(arguments: str) -> str:
+    """Tool call arguments pretty-printed when they are JSON, else as received."""
+    try:
+        return _pretty(orjson.loads(arguments))
+    except orjson.JSONDecodeError:
+        return arguments
+
+
+def _pretty(value: Any) -> str:
+    return orjson.dumps(value, option=orjson.OPT_INDENT_2).decode()
+
+
+# -- the flow list -------------------------------------------------------------------------------
+
+
+def annotate(flow: http.HTTPFlow, record: ExchangeRecord) -> None:
+    """Leave the audit's view of a finished exchange on its flow: the metadata the content
+    view shows, a one-line comment for the flow list, the ⛔ marker when blocked.
+
+    A comment the user wrote meanwhile is kept.
+    """
+    flow.metadata[METADATA_KEY] = {
+        "id": record.id,
+        "status": record.status,
+        "findings": list(record.findings),
+        "verdicts": list(record.verdicts),
+    }
+    if not flow.comment:
+        flow.comment = summary_line(record)
+    if record.status == "blocked":
+        flow.marked = BLOCKED_MARKER
+
+
+def summary_line(record: ExchangeRecord) -> str:
+    """``gpt-4o · 12→34 tok · completed``: model, tokens (when reported), status."""
+    parts = [record.response_model or record.request_model or record.dialect]
+    tokens_in, tokens_out = record.usage.get("input_tokens"), record.usage.get("output_tokens")
+    if tokens_in is not None or tokens_out is not None:
+        parts.append(f"{_count(tokens_in)}→{_count(tokens_out)} tok")
+    rule = next((v.get("rule_id") for v in record.verdicts if v.get("action") == "block"), None)
+    parts.append(f"blocked by {rule}" if record.status == "blocked" and rule else record.status)
+    return " · ".join(parts)
+
+
+def _count(n: int | None) -> str:
+    return "?" if n is None else str(n)
+
+
+def show_comment_column(options: Options) -> None:
+    """In mitmweb, add the Comment column to the flow list, unless the user chose the
+    columns (``web_columns``) themselves."""
+    if "web_columns" in options and not options.has_changed("web_columns"):
+        options.update(web_columns=[*options.web_columns, "comment"])

@@ -1,0 +1,127 @@
+"""Tamper evidence: the hash chain every final record joins.
+
+Each proxy instance keeps one chain (its ``chain_id`` is the instance name, so proxies
+sharing a database never contend). When a record is final, the writer *seals* it:
+
+- ``content_hashes``: for each content column (:data:`CONTENT_COLUMNS`: prompts, output,
+  tool calls) the SHA-256 of its canonical JSON. Content enters the chain only through
+  these, so it can later be erased (``llm-audit erase``) without breaking the chain.
+- ``record_hash`` = SHA-256 of the canonical serialization (:func:`canonical`) of the
+  record's other audited columns, its content hashes, its chain id and ``prev_hash``,
+  the ``record_hash`` of the record before it in the chain (:data:`GENESIS` for the
+  first); ``chain_seq`` numbers the records 1, 2, 3, ... in chain order.
+
+The canonical serialization is JSON with sorted keys and no spaces (orjson,
+``OPT_SORT_KEYS``) of ``{"chain": id, "prev": hash, "content": {column: hash},
+"fields": {column: value}}``, where ``fields`` holds every column of ``exchanges`` but
+the content columns and the chain's own columns (:data:`CHAIN_COLUMNS`), and times are
+written ``YYYY-MM-DDTHH:MM:SS.ffffffZ`` (UTC; a database that returns naive times
+returns UTC ones). NULL columns are left out, so that a column a later version adds does
+not change the hashes of earlier records. ``chain_seq`` is not hashed: the order is carried by the links, so
+that two records swapped in place are told apart from edited ones.
+
+A chain alone does not stop whoever can write the database from rebuilding it; signed
+checkpoints of its head, kept elsewhere (:mod:`storage.checkpoint`), do.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import orjson
+
+from storage.schema import exchanges
+
+GENESIS = "0" * 64  # the prev_hash of a chain's first record
+ERASED = "[erased]"  # what erased content is replaced with
+CHAIN_COLUMNS = ("chain_id", "chain_seq", "prev_hash", "record_hash", "content_hashes", "erased_at")
+CONTENT_COLUMNS = ("request_body", "output_text", "output", "tool_calls", "delivered_text")
+FIELD_COLUMNS = tuple(
+    str(c.name) for c in exchanges.columns if c.name not in CHAIN_COLUMNS and c.name not in CONTENT_COLUMNS
+)
+IN_PROGRESS = "in_progress"
+
+
+def content_hash(value: Any) -> str:
+    """SHA-256 (hex) of a content column's canonical JSON (``null`` for NULL)."""
+    return hashlib.sha256(orjson.dumps(value, option=orjson.OPT_SORT_KEYS)).hexdigest()
+
+
+def _time(value: datetime) -> str:
+    if value.tzinfo is None:
+        value = value.replace(tzinfo=UTC)
+    return value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def _field(value: Any) -> Any:
+    return _time(value) if isinstance(value, datetime) else value
+
+
+def canonical(row: dict[str, Any], content_hashes: dict[str, str], chain_id: str, prev_hash: str) -> bytes:
+    """The bytes a record's hash is taken over (see the module docstring)."""
+    doc = {
+        "chain": chain_id,
+        "prev": prev_hash,
+        "content": content_hashes,
+        "fields": {name: _field(value) for name in FIELD_COLUMNS if (value := row.get(name)) is not None},
+    }
+    return orjson.dumps(doc, option=orjson.OPT_SORT_KEYS)
+
+
+def record_hash(row: dict[str, Any], content_hashes: dict[str, str], chain_id: str, prev_hash: str) -> str:
+    return hashlib.sha256(canonical(row, content_hashes, chain_id, prev_hash)).hexdigest()
+
+
+def is_sealed(row: dict[str, Any]) -> bool:
+    return row.get("record_hash") is not None
+
+
+@dataclass(slots=True)
+class Head:
+    """The last record of a chain: its number and hash."""
+
+    seq: int = 0
+    hash: str = GENESIS
+
+
+class Chain:
+    """One writer's chain: seals final records in the order they are handed over.
+
+    Not thread-safe: the writer thread alone uses it.
+    """
+
+    def __init__(self, chain_id: str, head: Head) -> None:
+        self.chain_id = chain_id
+        self.head = head
+
+    def seal(self, row: dict[str, Any]) -> dict[str, Any]:
+        """A sealed copy of a final row (rows in progress, and sealed ones, are returned as they are)."""
+        if row["status"] == IN_PROGRESS or is_sealed(row):
+            return row
+        hashes = {name: content_hash(row.get(name)) for name in CONTENT_COLUMNS}
+        digest = record_hash(row, hashes, self.chain_id, self.head.hash)
+        sealed = dict(row)
+        sealed.update(chain_id=self.chain_id, chain_seq=self.head.seq + 1, prev_hash=self.head.hash,
+                      record_hash=digest, content_hashes=hashes)
+        self.head = Head(self.head.seq + 1, digest)
+        return sealed
+
+
+def check_record(row: dict[str, Any]) -> str | None:
+    """What is wrong with one sealed record by itself (None: it matches its hashes).
+
+    Erased content is not recomputed: its stored hash stands for it.
+    """
+    hashes = row.get("content_hashes")
+    if not isinstance(hashes, dict) or not hashes or not set(hashes) <= set(CONTENT_COLUMNS):
+        return "its content hashes are missing or altered"
+    if row.get("erased_at") is None:
+        changed = [name for name, digest in hashes.items() if content_hash(row.get(name)) != digest]
+        if changed:
+            return f"its content ({', '.join(changed)}) does not match its hash"
+    if record_hash(row, hashes, row["chain_id"], row.get("prev_hash") or "") != row["record_hash"]:
+        return "its fields do not match its hash"
+    return None

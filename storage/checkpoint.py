@@ -1,0 +1,181 @@
+"""Signed checkpoints: the heads of the hash chains, kept outside the database.
+
+Whoever can write the database can rebuild a hash chain, but not sign for it: a
+checkpoint is a small JSON file stating, for each chain, the number and hash of its last
+record at some moment, signed with an Ed25519 key that never enters the database (as
+AWS CloudTrail's digest files and Certificate Transparency's signed tree heads do).
+``llm-audit verify --checkpoints DIR`` then detects a chain rewritten consistently from
+some point on (its record at a checkpointed number no longer has the signed hash) and a
+tail removed after a checkpoint (the chain ends before a checkpointed number).
+
+A checkpoint file::
+
+    {"format": "llm-audit-checkpoint/1", "created_at": "2026-11-29T17:00:00.000000Z",
+     "key_id": "sha256:…", "chains": {"proxy-a": {"seq": 1200, "hash": "…"}},
+     "signature": "<base64 Ed25519 signature of the canonical JSON of all other fields>"}
+
+The key is generated on first use (PEM, mode 0600) with its public half next to it
+(``.pub``): ship checkpoints and the public key to write-once storage, a git repository
+or syslog; keep the private key where database administrators cannot read it.
+``cryptography`` comes with mitmproxy.
+"""
+
+from __future__ import annotations
+
+import base64
+import time
+import hashlib
+import os
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+import orjson
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+
+from storage.chain import Head
+
+FORMAT = "llm-audit-checkpoint/1"
+
+
+class CheckpointError(Exception):
+    """A key or checkpoint that cannot be used; the message is one line."""
+
+
+def default_key_path() -> Path:
+    """``$XDG_DATA_HOME/llm-audit/signing-key.pem`` (``~/.local/share/...`` by default)."""
+    data_home = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return Path(data_home) / "llm-audit" / "signing-key.pem"
+
+
+def default_checkpoint_dir() -> Path:
+    return default_key_path().parent / "checkpoints"
+
+
+def public_key_path(key_path: Path) -> Path:
+    return key_path.with_name(key_path.name.removesuffix(".pem") + ".pub")
+
+
+def load_or_create_key(path: Path) -> Ed25519PrivateKey:
+    """The signing key at ``path``; a new one (and its ``.pub``) when there is none."""
+    if path.exists():
+        try:
+            key = serialization.load_pem_private_key(path.read_bytes(), password=None)
+        except (ValueError, TypeError, OSError) as e:
+            raise CheckpointError(f"cannot read the signing key {path}: {e}") from None
+        if not isinstance(key, Ed25519PrivateKey):
+            raise CheckpointError(f"the signing key {path} is not an Ed25519 key")
+        return key
+    key = Ed25519PrivateKey.generate()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                            serialization.NoEncryption())
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(pem)
+    public_key_path(path).write_bytes(
+        key.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo))
+    return key
+
+
+def load_public_key(path: Path) -> Ed25519PublicKey:
+    try:
+        key = serialization.load_pem_public_key(path.read_bytes())
+    except (ValueError, TypeError, OSError) as e:
+        raise CheckpointError(f"cannot read the public key {path}: {e}") from None
+    if not isinstance(key, Ed25519PublicKey):
+        raise CheckpointError(f"the public key {path} is not an Ed25519 key")
+    return key
+
+
+def key_id(public: Ed25519PublicKey) -> str:
+    raw = public.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+    return "sha256:" + hashlib.sha256(raw).hexdigest()[:16]
+
+
+def _signed_part(doc: dict) -> bytes:
+    return orjson.dumps({k: v for k, v in doc.items() if k != "signature"}, option=orjson.OPT_SORT_KEYS)
+
+
+def write_checkpoint(directory: Path, key: Ed25519PrivateKey, heads: dict[str, Head],
+                     now: datetime | None = None) -> Path:
+    """Sign the heads and write them to a new file in ``directory``; its path."""
+    now = (now or datetime.now(UTC)).astimezone(UTC)
+    doc = {
+        "format": FORMAT,
+        "created_at": now.strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
+        "key_id": key_id(key.public_key()),
+        "chains": {chain: {"seq": head.seq, "hash": head.hash} for chain, head in sorted(heads.items())},
+    }
+    doc["signature"] = base64.b64encode(key.sign(_signed_part(doc))).decode()
+    directory.mkdir(parents=True, exist_ok=True)
+    stamp = now.strftime("%Y%m%dT%H%M%S%fZ")
+    path = directory / f"checkpoint-{stamp}.json"
+    tmp = path.with_suffix(".tmp")
+    with open(tmp, "wb") as f:
+        f.write(orjson.dumps(doc, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS))
+        f.flush()
+        os.fsync(f.fileno())
+    tmp.rename(path)  # a checkpoint is whole or absent
+    return path
+
+
+@dataclass(frozen=True, slots=True)
+class Checkpoint:
+    """A checkpoint whose signature checked out."""
+
+    path: Path
+    created_at: str
+    heads: dict[str, Head]
+
+
+def read_checkpoints(directory: Path, public: Ed25519PublicKey) -> list[Checkpoint]:
+    """Every ``checkpoint-*.json`` in ``directory``, oldest first; a file that is not a
+    checkpoint signed by ``public`` raises :class:`CheckpointError` naming it."""
+    if not directory.is_dir():
+        raise CheckpointError(f"no checkpoint directory {directory}")
+    out = []
+    for path in sorted(directory.glob("checkpoint-*.json")):
+        try:
+            doc = orjson.loads(path.read_bytes())
+            signature = base64.b64decode(doc["signature"], validate=True)
+            if doc.get("format") != FORMAT:
+                raise ValueError(f"format {doc.get('format')!r}")
+            public.verify(signature, _signed_part(doc))
+            heads = {chain: Head(int(h["seq"]), str(h["hash"])) for chain, h in doc["chains"].items()}
+        except InvalidSignature:
+            raise CheckpointError(f"{path}: the signature does not match (forged, altered, or another key)") from None
+        except (ValueError, KeyError, TypeError, AttributeError, orjson.JSONDecodeError) as e:
+            raise CheckpointError(f"{path}: not a valid checkpoint ({e})") from None
+        out.append(Checkpoint(path, doc["created_at"], heads))
+    return sorted(out, key=lambda c: c.created_at)
+
+
+class Checkpointer:
+    """The proxy's own checkpoints: its chain's head every ``every`` records or ``seconds``.
+
+    Called by the writer thread with the head of what the database has committed, so a
+    checkpoint never names a record that is only in the spool.
+    """
+
+    def __init__(self, directory: Path, key: Ed25519PrivateKey, chain_id: str, *, every: int, seconds: float,
+                 clock=time.monotonic) -> None:
+        self.directory, self.key, self.chain_id = directory, key, chain_id
+        self.every, self.seconds, self._clock = every, seconds, clock
+        self._signed = Head()  # the head of the last checkpoint
+        self._at = clock()
+
+    def committed(self, head: Head, *, final: bool = False) -> Path | None:
+        """The database now holds the chain up to ``head``: write a checkpoint if one is due
+        (``final``: whenever anything is new, at shutdown)."""
+        new = head.seq - self._signed.seq
+        if new <= 0:
+            return None
+        due = final or (self.every and new >= self.every) or (self.seconds and self._clock() - self._at >= self.seconds)
+        if not due:
+            return None
+        path = write_checkpoint(self.directory, self.key, {self.chain_id: head})
+        self._signed, self._at = head, self._clock()
+        return path

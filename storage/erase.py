@@ -1,0 +1,41 @@
+"""``llm-audit erase --user ID``: a data subject's content replaced, the chain kept whole.
+
+The content columns (:data:`storage.chain.CONTENT_COLUMNS`: the request body, output
+text, output, tool calls, delivered text) of every final exchange of the user become
+the erasure marker ``"[erased]"`` and ``erased_at`` is set. Their content hashes stay:
+they are what the hash chain holds, so ``llm-audit verify`` still checks every record
+and reports erased ones as erased, not tampered. Everything else stays (the user id,
+times, model, token counts), so the audit trail shows that exchanges happened and were
+erased. Each erasure is recorded in ``erasure_log``.
+
+Exchanges still in progress are left alone (they are not final yet); run the erasure
+again once they have ended.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from sqlalchemy import Engine, insert, update
+from sqlalchemy.exc import SQLAlchemyError
+
+from storage.chain import CONTENT_COLUMNS, ERASED, IN_PROGRESS
+from storage.database import DatabaseError, first_line
+from storage.schema import erasure_log, exchanges
+
+
+def erase_user(engine: Engine, user_id: str, *, actor: str, now: datetime | None = None) -> int:
+    """Erase the content of ``user_id``'s final exchanges; how many were erased."""
+    now = now or datetime.now(UTC)
+    c = exchanges.c
+    try:
+        with engine.begin() as conn:
+            count = conn.execute(
+                update(exchanges)
+                .where(c.user_id == user_id, c.status != IN_PROGRESS, c.erased_at.is_(None))
+                .values({name: ERASED for name in CONTENT_COLUMNS} | {"erased_at": now})
+            ).rowcount
+            conn.execute(insert(erasure_log).values(erased_at=now, actor=actor, user_id=user_id, erased_count=count))
+    except SQLAlchemyError as e:
+        raise DatabaseError(f"cannot erase: {first_line(e)}") from None
+    return count

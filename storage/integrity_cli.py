@@ -1,0 +1,190 @@
+"""The ``llm-audit`` commands of tamper evidence: ``checkpoint``, ``verify``, ``erase``, ``db roles``.
+
+Registered by :func:`storage.cli.build_parser` through :func:`add_commands`; errors are
+raised as :class:`~storage.database.DatabaseError` / :class:`CheckpointError` /
+:class:`RoleError` and printed by ``main`` as one line with exit status 2. ``verify``
+exits 1 when a chain does not check out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+import orjson
+from sqlalchemy import func, select
+from sqlalchemy.exc import SQLAlchemyError
+
+from storage.chain import Head
+from storage.checkpoint import (
+    default_checkpoint_dir,
+    default_key_path,
+    load_or_create_key,
+    load_public_key,
+    public_key_path,
+    read_checkpoints,
+    write_checkpoint,
+)
+from storage.database import DatabaseError, first_line, open_engine
+from storage.erase import erase_user
+from storage.roles import DEFAULT_PROXY_ROLE, DEFAULT_PURGE_ROLE, roles_sql
+from storage.schema import exchanges
+from storage.verify import verify
+
+EXIT_TAMPERED = 1
+
+CHECKPOINT_EXAMPLES = f"""\
+Signs the head of every hash chain in the database with the Ed25519 key (created on
+first use, its public half next to it as .pub) and writes a checkpoint file. Ship the
+files and the public key somewhere the database's administrators cannot rewrite.
+
+examples:
+  llm-audit checkpoint
+  llm-audit checkpoint --dir /srv/audit-checkpoints --key /etc/llm-audit/signing-key.pem
+  (defaults: --key {default_key_path()}, --dir {default_checkpoint_dir()})
+"""
+
+VERIFY_EXAMPLES = """\
+Recomputes every hash chain; with --checkpoints also compares them with the signed
+checkpoints. Prints one verdict line per chain, then the problems found. Exit status:
+0 all chains check out, 1 tampering found, 2 the check could not run.
+
+examples:
+  llm-audit verify
+  llm-audit verify --checkpoints ~/.local/share/llm-audit/checkpoints
+  llm-audit verify --checkpoints /srv/audit-checkpoints --public-key signing-key.pub --format json
+"""
+
+ERASE_EXAMPLES = """\
+Replaces the content (request body, output, tool calls) of every final exchange of the
+user with an erasure marker, keeping the content hashes: the hash chains still verify,
+and verify counts the records as erased. The erasure is logged in erasure_log.
+
+examples:
+  llm-audit erase --user alice@example.com
+"""
+
+ROLES_EXAMPLES = f"""\
+PostgreSQL only. Prints the SQL that creates a role for the proxies (insert and
+complete their own records; never change a final one, never delete) and one for
+purging and erasing; --apply runs it (connect as the tables' owner). Then make log-in
+roles members, e.g. CREATE ROLE proxy1 LOGIN PASSWORD '...' IN ROLE {DEFAULT_PROXY_ROLE};
+
+examples:
+  llm-audit --db postgresql+psycopg://owner@db/audit db roles
+  llm-audit --db postgresql+psycopg://owner@db/audit db roles --apply
+"""
+
+
+def add_commands(commands: argparse._SubParsersAction, db_commands: argparse._SubParsersAction,
+                 add: Any, leaf: dict[str, Any]) -> None:
+    """Register the commands with the ``add`` helper of :mod:`storage.cli`."""
+    p = add(commands, "checkpoint", _cmd_checkpoint, "sign the heads of the hash chains", CHECKPOINT_EXAMPLES, leaf)
+    p.add_argument("--key", type=Path, default=default_key_path(), metavar="FILE", help="the Ed25519 signing key")
+    p.add_argument("--dir", type=Path, default=default_checkpoint_dir(), metavar="DIR",
+                   help="where checkpoint files go")
+
+    p = add(commands, "verify", _cmd_verify, "check the hash chains for tampering", VERIFY_EXAMPLES, leaf)
+    p.add_argument("--checkpoints", type=Path, metavar="DIR", help="also compare with the signed checkpoints here")
+    p.add_argument("--public-key", type=Path, metavar="FILE",
+                   help=f"the key the checkpoints are signed with (default: {public_key_path(default_key_path())})")
+    p.add_argument("--format", choices=("text", "json"), default="text")
+
+    p = add(commands, "erase", _cmd_erase, "erase a user's content, keeping the chains verifiable",
+            ERASE_EXAMPLES, leaf)
+    p.add_argument("--user", required=True, metavar="ID", help="the user_id whose content is erased")
+
+    p = add(db_commands, "roles", _cmd_db_roles, "least-privilege roles on PostgreSQL", ROLES_EXAMPLES, leaf)
+    p.add_argument("--proxy-role", default=DEFAULT_PROXY_ROLE, metavar="NAME")
+    p.add_argument("--purge-role", default=DEFAULT_PURGE_ROLE, metavar="NAME")
+    p.add_argument("--apply", action="store_true", help="run the SQL on --db instead of printing it")
+
+
+def _engine(args: argparse.Namespace):
+    from storage.cli import HINT, _url  # the shared --db handling
+
+    return open_engine(_url(args), hint=HINT)
+
+
+def _cmd_checkpoint(args: argparse.Namespace) -> int:
+    key = load_or_create_key(args.key)
+    engine = _engine(args)
+    c = exchanges.c
+    try:
+        with engine.connect() as conn:
+            last = select(c.chain_id, func.max(c.chain_seq).label("seq")).where(c.chain_id.is_not(None)) \
+                .group_by(c.chain_id).subquery()
+            rows = conn.execute(select(c.chain_id, c.chain_seq, c.record_hash).join(
+                last, (c.chain_id == last.c.chain_id) & (c.chain_seq == last.c.seq))).all()
+    except SQLAlchemyError as e:
+        raise DatabaseError(f"cannot read the chains: {first_line(e)}") from None
+    finally:
+        engine.dispose()
+    heads = {r.chain_id: Head(r.chain_seq, r.record_hash) for r in rows}
+    path = write_checkpoint(args.dir, key, heads)
+    print(f"{path}: {len(heads)} chains signed ({', '.join(f'{k} at {h.seq}' for k, h in sorted(heads.items()))})")
+    return 0
+
+
+def _cmd_verify(args: argparse.Namespace) -> int:
+    checkpoints = []
+    if args.checkpoints is not None:
+        public = load_public_key(args.public_key or public_key_path(default_key_path()))
+        checkpoints = read_checkpoints(args.checkpoints, public)
+    engine = _engine(args)
+    try:
+        report = verify(engine, checkpoints)
+    except SQLAlchemyError as e:
+        raise DatabaseError(f"cannot read the chains: {first_line(e)}") from None
+    finally:
+        engine.dispose()
+    if args.format == "json":
+        doc = {"ok": report.ok, "checkpoints": len(checkpoints), "chains": [c.as_dict() for c in report.chains],
+               "unchained": [{"id": p.record_id, "detail": p.detail} for p in report.unchained]}
+        sys.stdout.write(orjson.dumps(doc, option=orjson.OPT_INDENT_2).decode() + "\n")
+    else:
+        for chain in report.chains:
+            print(chain.verdict())
+        if report.unchained:
+            print(f"records in no chain: {len(report.unchained)}{'+' if len(report.unchained) >= 20 else ''}")
+        for chain in report.chains:
+            for problem in chain.problems:
+                print(f"  {chain.chain_id}: {problem.line()}")
+        for problem in report.unchained:
+            print(f"  {problem.line()}")
+        if not report.chains and not report.unchained:
+            print("no chains: no final records yet")
+    return 0 if report.ok else EXIT_TAMPERED
+
+
+def _cmd_erase(args: argparse.Namespace) -> int:
+    from storage.cli import _actor
+
+    engine = _engine(args)
+    try:
+        count = erase_user(engine, args.user, actor=_actor())
+    finally:
+        engine.dispose()
+    print(f"erased the content of {count} exchanges of user {args.user!r} (logged in erasure_log)")
+    return 0
+
+
+def _cmd_db_roles(args: argparse.Namespace) -> int:
+    sql = roles_sql(args.proxy_role, args.purge_role)
+    if not args.apply:
+        sys.stdout.write(sql)
+        return 0
+    engine = _engine(args)
+    try:
+        if engine.dialect.name != "postgresql":
+            raise DatabaseError("roles are a PostgreSQL feature; SQLite has no users (protect the file instead)")
+        with engine.begin() as conn:
+            conn.exec_driver_sql(sql)
+    except SQLAlchemyError as e:
+        raise DatabaseError(f"cannot create the roles: {first_line(e)}") from None
+    finally:
+        engine.dispose()
+    print(f"roles {args.proxy_role} and {args.purge_role} ready; make log-in roles members of them")
+    return 0

@@ -1,0 +1,193 @@
+"""``llm-audit verify``: recompute every hash chain and compare it with signed checkpoints.
+
+Each chain is read in order (``chain_seq``), streamed, so memory stays flat however long
+it is. Each record is checked by itself (its content against its content hashes unless
+erased, its fields against its hash), then against its neighbour (its ``prev_hash`` must
+be the previous record's hash). What breaks is named:
+
+- ``modified``: a record no longer matches its hash (a field or its content was
+  edited), or it was edited and re-hashed (the next record links to a hash no record
+  has);
+- ``deleted``: numbers are missing in the chain;
+- ``inserted``: a record that links past others (those are inserted), two records with
+  one number, or a final record in no chain;
+- ``reordered``: a record links to a record that comes after it (records swapped);
+- with checkpoints, ``rewritten``: the record at a checkpointed number does not have the
+  signed hash (the chain was rebuilt consistently from some point on), and
+  ``truncated``: the chain ends before a checkpointed number (its tail was removed).
+
+Purges move a chain's start (recorded in ``chains``): a chain is checked from there.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlalchemy import Connection, Engine, func, select
+
+from storage.chain import GENESIS, IN_PROGRESS, Head, check_record
+from storage.checkpoint import Checkpoint
+from storage.schema import chains, exchanges
+
+MAX_PROBLEMS = 20  # per chain: the first ones are what matters
+
+
+@dataclass(frozen=True, slots=True)
+class Problem:
+    kind: str  # modified | deleted | inserted | reordered | rewritten | truncated
+    chain_id: str | None
+    seq: int | None
+    record_id: str | None
+    detail: str
+
+    def line(self) -> str:
+        where = f"record {self.seq} (id {self.record_id})" if self.record_id else f"at {self.seq}"
+        return f"{self.kind}: {where}: {self.detail}" if self.seq is not None else f"{self.kind}: {self.detail}"
+
+
+@dataclass(slots=True)
+class ChainReport:
+    chain_id: str
+    start: int = 1
+    records: int = 0
+    erased: int = 0
+    last: Head = field(default_factory=Head)
+    problems: list[Problem] = field(default_factory=list)
+    checkpoints: int = 0  # checkpoints that named this chain and were compared
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def add(self, kind: str, seq: int | None, record_id: str | None, detail: str) -> None:
+        if len(self.problems) < MAX_PROBLEMS:
+            self.problems.append(Problem(kind, self.chain_id, seq, record_id, detail))
+
+    def verdict(self) -> str:
+        span = f"records {self.start}..{self.last.seq}" if self.records else "no records"
+        extra = f", {self.erased} erased" if self.erased else ""
+        signed = f", {self.checkpoints} checkpoints matched" if self.checkpoints and self.ok else ""
+        if self.ok:
+            return f"chain {self.chain_id}: OK, {span}{extra}{signed}"
+        return f"chain {self.chain_id}: TAMPERED, first problem: {self.problems[0].line()}"
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"chain_id": self.chain_id, "ok": self.ok, "start_seq": self.start, "records": self.records,
+                "erased": self.erased, "head_seq": self.last.seq, "head_hash": self.last.hash,
+                "checkpoints_matched": self.checkpoints if self.ok else None,
+                "problems": [_problem_dict(p) for p in self.problems]}
+
+
+def _problem_dict(p: Problem) -> dict[str, Any]:
+    return {"kind": p.kind, "seq": p.seq, "id": p.record_id, "detail": p.detail}
+
+
+@dataclass(slots=True)
+class Report:
+    chains: list[ChainReport]
+    unchained: list[Problem]
+
+    @property
+    def ok(self) -> bool:
+        return not self.unchained and all(c.ok for c in self.chains)
+
+
+def verify(engine: Engine, checkpoints: Sequence[Checkpoint] = ()) -> Report:
+    """Check every chain in the database (and every chain a checkpoint names)."""
+    with engine.connect() as conn:
+        known = {r.chain_id: r for r in conn.execute(select(chains))}
+        ids = set(known) | {cp_chain for cp in checkpoints for cp_chain in cp.heads}
+        ids |= {r[0] for r in conn.execute(select(exchanges.c.chain_id).where(exchanges.c.chain_id.is_not(None))
+                                           .group_by(exchanges.c.chain_id))}
+        reports = []
+        for chain_id in sorted(ids):
+            row = known.get(chain_id)
+            start, start_prev, head = (row.start_seq, row.start_prev_hash, row.head_seq) if row else (1, GENESIS, 0)
+            report = _verify_chain(conn, chain_id, start, start_prev, checkpoints)
+            if head > report.last.seq and report.ok:
+                report.add("deleted", report.last.seq + 1, None, f"records {report.last.seq + 1}..{head} are missing "
+                           f"(the chains table says the chain reached {head})")
+            reports.append(report)
+        return Report(reports, _unchained(conn))
+
+
+def _unchained(conn: Connection) -> list[Problem]:
+    """Final records in no chain: every final record is sealed, so these were put there by hand."""
+    c = exchanges.c
+    rows = conn.execute(select(c.id).where(c.chain_id.is_(None), c.status != IN_PROGRESS).limit(MAX_PROBLEMS)).all()
+    return [Problem("inserted", None, None, r.id, f"final record {r.id} is in no chain") for r in rows]
+
+
+def _rows(conn: Connection, chain_id: str, start: int) -> Iterator[dict[str, Any]]:
+    """The chain's records from its start (a purge in progress may have left older ones)."""
+    c = exchanges.c
+    result = conn.execution_options(stream_results=True, yield_per=1000).execute(
+        select(exchanges).where(c.chain_id == chain_id, c.chain_seq >= start).order_by(c.chain_seq, c.id))
+    for row in result.mappings():
+        yield dict(row)
+
+
+def _verify_chain(conn: Connection, chain_id: str, start: int, start_prev: str,
+                  checkpoints: Sequence[Checkpoint]) -> ChainReport:
+    report = ChainReport(chain_id, start=start, last=Head(start - 1, start_prev))
+    signed = [(cp, cp.heads[chain_id]) for cp in checkpoints if chain_id in cp.heads]
+    wanted = {head.seq for _, head in signed}
+    seen: dict[int, str] = {}  # record hashes at checkpointed numbers
+    expected, prev = start, start_prev
+    for row in _rows(conn, chain_id, start):
+        seq, rid = row["chain_seq"], row["id"]
+        problem = check_record(row)
+        if problem:
+            report.add("modified", seq, rid, problem)
+        if seq < expected:
+            report.add("inserted", seq, rid, f"a second record numbered {seq}")
+            continue
+        if seq > expected:
+            missing = f"{expected}" if seq == expected + 1 else f"{expected}..{seq - 1}"
+            report.add("deleted", expected, None, f"records {missing} are missing from the chain")
+        elif row["prev_hash"] != prev:
+            _broken_link(conn, report, chain_id, row)
+        if seq in wanted:
+            seen.setdefault(seq, row["record_hash"])
+        report.records += 1
+        report.erased += row["erased_at"] is not None
+        report.last = Head(seq, row["record_hash"])
+        expected, prev = seq + 1, row["record_hash"]
+    _compare_checkpoints(report, signed, seen)
+    return report
+
+
+def _broken_link(conn: Connection, report: ChainReport, chain_id: str, row: dict[str, Any]) -> None:
+    """A record that does not link to the one before it: find what it links to."""
+    seq, rid = row["chain_seq"], row["id"]
+    c = exchanges.c
+    target = conn.execute(select(func.min(c.chain_seq)).where(c.chain_id == chain_id,
+                                                              c.record_hash == row["prev_hash"])).scalar()
+    if target is None:
+        report.add("modified", seq - 1, None,
+                   f"record {seq} links to a hash no record has: record {seq - 1} was changed and re-hashed")
+    elif target > seq:
+        report.add("reordered", seq, rid, f"it links to record {target}, which comes after it")
+    else:
+        inserted = f"{target + 1}" if target + 1 == seq - 1 else f"{target + 1}..{seq - 1}"
+        report.add("inserted", target + 1, None, f"record {seq} links to record {target}: records {inserted} were inserted")
+
+
+def _compare_checkpoints(report: ChainReport, signed: list[tuple[Checkpoint, Head]], seen: dict[int, str]) -> None:
+    for checkpoint, head in signed:
+        if head.seq < report.start:
+            continue  # purged since
+        if head.seq > report.last.seq:
+            report.add("truncated", report.last.seq + 1, None,
+                       f"the chain ends at record {report.last.seq}, but checkpoint {checkpoint.path.name} "
+                       f"({checkpoint.created_at}) signed record {head.seq}: the records after "
+                       f"{report.last.seq} were removed")
+            return
+        if seen.get(head.seq) != head.hash:
+            report.add("rewritten", head.seq, None,
+                       f"record {head.seq} differs from checkpoint {checkpoint.path.name} "
+                       f"({checkpoint.created_at}): the chain was rewritten at or before record {head.seq}")
+            return
+        report.checkpoints += 1

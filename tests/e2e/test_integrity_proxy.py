@@ -1,0 +1,52 @@
+"""Tamper evidence end to end: a real mitmdump seals what it records and signs checkpoints.
+
+The proxy writes a checkpoint every two records and one at shutdown, with a key it
+creates on first use; ``llm-audit verify`` with those checkpoints and the key's public
+half checks the log, on both backends, and names a tail removed afterwards.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import uuid
+
+import pytest
+from sqlalchemy import create_engine, text
+
+from conftest import BIN, new_database, start_proxy
+
+pytestmark = pytest.mark.e2e
+
+
+def verify(db_url: str, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([str(BIN / "llm-audit"), "--db", db_url, "verify", *args], capture_output=True, text=True,
+                          timeout=60)
+
+
+def test_the_proxy_seals_and_signs_and_verify_catches_a_removed_tail(request, tmp_path, upstreams, backend):
+    db = new_database(request, backend, tmp_path)
+    proxy = start_proxy(tmp_path, "--set", "llm_audit_instance=sealer", "--set", "llm_audit_checkpoint_every=2", **db)
+    try:
+        with proxy.client() as client:
+            for _ in range(5):
+                client.post(f"{upstreams['h1'].url}/v1/llm/stream", content=b'{"version":"1.0","model":"m"}',
+                            headers={"content-type": "application/llm-request+json", "x-mock-id": uuid.uuid4().hex,
+                                     "accept": 'text/event-stream; profile="llm-stream-1.0"'})
+    finally:
+        assert proxy.process.stop() == 0
+    key_dir = tmp_path / "data" / "llm-audit"  # the proxy's $XDG_DATA_HOME (see conftest.start_proxy)
+    signed = ["--checkpoints", str(key_dir / "checkpoints"), "--public-key", str(key_dir / "signing-key.pub")]
+    assert "checkpoint" in proxy.process.output and (key_dir / "signing-key.pem").stat().st_mode & 0o077 == 0
+    assert list((key_dir / "checkpoints").glob("checkpoint-*.json"))
+
+    ok = verify(db["db_url"], *signed)
+    assert ok.returncode == 0 and ok.stdout.startswith("chain sealer: OK, records 1..5"), ok
+
+    engine = create_engine(db["db_url"])
+    with engine.begin() as conn:  # covering the tracks, as an administrator could
+        conn.execute(text("DELETE FROM exchanges WHERE chain_seq = 5"))
+        conn.execute(text("UPDATE chains SET head_seq = 4"))
+    engine.dispose()
+    assert verify(db["db_url"]).returncode == 0  # the chain alone cannot tell
+    cut = verify(db["db_url"], *signed)
+    assert cut.returncode == 1 and "truncated" in cut.stdout and "records after 4 were removed" in cut.stdout, cut

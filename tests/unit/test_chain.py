@@ -1,0 +1,288 @@
+"""Tamper evidence on real SQLite files and a real PostgreSQL server.
+
+Records are written the way the proxy writes them (``AuditWriter``: sealed into the
+instance's chain, batched, spooled); then the database is tampered with by plain SQL, as
+an administrator could, and ``verify`` (the function, and the ``llm-audit verify``
+command for the exit status and output) must name the first problem: modified,
+deleted, inserted, reordered, and, only with signed checkpoints, a chain rewritten
+consistently from the middle or a tail removed. Purge and erase keep it green; a wrong
+public key or a forged checkpoint is refused.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import subprocess
+import sys
+import time
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import orjson
+import pytest
+from sqlalchemy import delete, insert, select, update
+
+from addon.record import OUTCOME_COMPLETE, ExchangeRecord
+from storage.chain import GENESIS, Chain, Head, canonical, record_hash
+from storage.checkpoint import CheckpointError, load_or_create_key, public_key_path, read_checkpoints, write_checkpoint
+from storage.database import open_engine
+from storage.erase import erase_user
+from storage.retention import purge
+from storage.schema import chains, exchanges
+from storage.spool import Spool
+from storage.verify import verify
+from storage.writer import AuditWriter, _postgres_safe
+from test_writer import engine_for
+
+BIN = Path(sys.executable).parent
+INSTANCE = "proxy-a"
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def url(request, tmp_path) -> str:
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'audit.db'}"
+    return request.getfixturevalue("postgres").create_database()
+
+
+@pytest.fixture
+def engine(url):
+    engine = open_engine(url)
+    yield engine
+    engine.dispose()
+
+
+def record(i: int, user: str = "alice", ended: datetime | None = None) -> dict:
+    r = ExchangeRecord(dialect="openai-chat", proxy_instance=INSTANCE, started_at=time.time(), user_id=user,
+                       request_model="gpt-4o", request_body={"messages": [{"role": "user", "content": f"q{i}"}]})
+    r.choices[0] = r._choice(0)
+    r.choices[0].text.append(f"answer {i} \x00 ü")
+    r.terminal_seen = True
+    r.finish(OUTCOME_COMPLETE)
+    row = r.to_row()
+    if ended is not None:
+        row["started_at"] = row["ended_at"] = ended
+    return row
+
+
+def write(engine, rows: list[dict], tmp_path: Path, instance: str = INSTANCE) -> None:
+    writer = AuditWriter(engine, Spool(tmp_path / f"spool-{instance}.jsonl"), instance, max_delay=0.01)
+    for row in rows:
+        writer.submit(row)
+    writer.close()
+
+
+def seeded(engine, tmp_path, n: int = 8) -> list[dict]:
+    write(engine, [record(i) for i in range(n)], tmp_path)
+    with engine.connect() as conn:
+        return [dict(r) for r in conn.execute(select(exchanges).order_by(exchanges.c.chain_seq)).mappings()]
+
+
+def first_problem(engine, checkpoints=()) -> tuple[str, int | None] | None:
+    report = verify(engine, checkpoints)
+    problems = [p for c in report.chains for p in c.problems] + report.unchained
+    return (problems[0].kind, problems[0].seq) if problems else None
+
+
+def sql(engine, statement) -> None:
+    with engine.begin() as conn:
+        conn.execute(statement)
+
+
+def llm_audit(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([str(BIN / "llm-audit"), *args], capture_output=True, text=True, timeout=120)
+
+
+def test_records_are_sealed_in_order_and_a_clean_log_verifies(engine, url, tmp_path):
+    rows = seeded(engine, tmp_path)
+    assert [r["chain_seq"] for r in rows] == list(range(1, 9))
+    assert rows[0]["prev_hash"] == GENESIS and all(b["prev_hash"] == a["record_hash"] for a, b in zip(rows, rows[1:]))
+    assert {r["chain_id"] for r in rows} == {INSTANCE}
+    report = verify(engine)
+    assert report.ok and [(c.chain_id, c.records, c.last.seq) for c in report.chains] == [(INSTANCE, 8, 8)]
+    out = llm_audit("--db", url, "verify")
+    assert (out.returncode, out.stdout) == (0, f"chain {INSTANCE}: OK, records 1..8\n")
+    doc = orjson.loads(llm_audit("--db", url, "verify", "--format", "json").stdout)
+    assert doc["ok"] and doc["chains"][0]["head_hash"] == rows[-1]["record_hash"]
+
+
+def test_a_restarted_writer_continues_its_chain_and_another_instance_has_its_own(engine, tmp_path):
+    seeded(engine, tmp_path, 3)
+    write(engine, [record(10), record(11)], tmp_path)
+    write(engine, [record(20) | {"proxy_instance": "proxy-b"}], tmp_path, instance="proxy-b")
+    report = verify(engine)
+    assert report.ok and [(c.chain_id, c.last.seq) for c in report.chains] == [(INSTANCE, 5), ("proxy-b", 1)]
+
+
+def test_an_edited_field_is_named(engine, tmp_path):
+    rows = seeded(engine, tmp_path)
+    sql(engine, update(exchanges).where(exchanges.c.id == rows[3]["id"]).values(request_model="cheap-model"))
+    assert first_problem(engine) == ("modified", 4)
+    out = llm_audit("--db", str(engine.url.render_as_string(hide_password=False)), "verify")
+    assert out.returncode == 1 and "TAMPERED" in out.stdout and rows[3]["id"] in out.stdout
+
+
+def test_edited_content_is_named(engine, tmp_path):
+    rows = seeded(engine, tmp_path)
+    sql(engine, update(exchanges).where(exchanges.c.id == rows[2]["id"]).values(output_text="something else"))
+    report = verify(engine)
+    problem = report.chains[0].problems[0]
+    assert (problem.kind, problem.seq, problem.detail) == ("modified", 3, "its content (output_text) does not match its hash")
+
+
+def test_a_deleted_record_is_named(engine, tmp_path):
+    rows = seeded(engine, tmp_path)
+    sql(engine, delete(exchanges).where(exchanges.c.id == rows[4]["id"]))
+    assert first_problem(engine) == ("deleted", 5)
+
+
+def test_a_forged_record_is_named_inserted(engine, tmp_path):
+    rows = seeded(engine, tmp_path)
+    forged = record(99) | {"id": "f" * 32}
+    sql(engine, insert(exchanges).values(_postgres_safe(forged)))  # an INSERT by hand: in no chain
+    assert first_problem(engine) == ("inserted", None)
+    sql(engine, delete(exchanges).where(exchanges.c.id == forged["id"]))
+
+    # one made to fit: it links to record 4 and takes number 5; the real 5 now links past it
+    sealed = Chain(INSTANCE, Head(4, rows[3]["record_hash"])).seal(_postgres_safe(forged))
+    sql(engine, update(exchanges).where(exchanges.c.chain_seq >= 5).values(chain_seq=exchanges.c.chain_seq + 1))
+    sql(engine, insert(exchanges).values(sealed))
+    assert first_problem(engine) == ("inserted", 5)
+
+
+def test_two_swapped_records_are_named_reordered(engine, tmp_path):
+    rows = seeded(engine, tmp_path)
+    a, b = rows[2], rows[3]
+    sql(engine, update(exchanges).where(exchanges.c.id == a["id"]).values(chain_seq=-1))
+    sql(engine, update(exchanges).where(exchanges.c.id == b["id"]).values(chain_seq=3))
+    sql(engine, update(exchanges).where(exchanges.c.id == a["id"]).values(chain_seq=4))
+    assert first_problem(engine) == ("reordered", 3)
+
+
+def rewrite_from(engine, rows: list[dict], start: int) -> None:
+    """Change record ``start`` and re-seal it and everything after: a consistent chain."""
+    head = Head(start - 1, rows[start - 2]["record_hash"])
+    chain = Chain(INSTANCE, head)
+    for row in rows[start - 1 :]:
+        changed = {k: v for k, v in row.items() if k not in ("chain_id", "chain_seq", "prev_hash", "record_hash",
+                                                            "content_hashes", "erased_at")}
+        if row["chain_seq"] == start:
+            changed["output_text"] = "a nicer answer"
+        sealed = chain.seal(changed)
+        sql(engine, update(exchanges).where(exchanges.c.id == row["id"]).values(
+            output_text=sealed["output_text"], prev_hash=sealed["prev_hash"], record_hash=sealed["record_hash"],
+            content_hashes=sealed["content_hashes"]))
+    sql(engine, update(chains).where(chains.c.chain_id == INSTANCE).values(head_hash=chain.head.hash))
+
+
+def checkpoint_now(engine, tmp_path) -> Path:
+    key = load_or_create_key(tmp_path / "key.pem")
+    with engine.connect() as conn:
+        head = conn.execute(select(chains.c.head_seq, chains.c.head_hash)).one()
+    write_checkpoint(tmp_path / "checkpoints", key, {INSTANCE: Head(head.head_seq, head.head_hash)})
+    return tmp_path / "checkpoints"
+
+
+def test_a_chain_rewritten_from_the_middle_is_caught_only_with_a_checkpoint(engine, tmp_path):
+    rows = seeded(engine, tmp_path)
+    directory = checkpoint_now(engine, tmp_path)
+    rewrite_from(engine, rows, 5)
+    assert first_problem(engine) is None  # consistent: the chain alone cannot tell
+    checkpoints = read_checkpoints(directory, load_or_create_key(tmp_path / "key.pem").public_key())
+    assert first_problem(engine, checkpoints) == ("rewritten", 8)
+
+
+def test_a_tail_removed_after_a_checkpoint_is_caught_only_with_it(engine, tmp_path, url):
+    rows = seeded(engine, tmp_path)
+    directory = checkpoint_now(engine, tmp_path)
+    sql(engine, delete(exchanges).where(exchanges.c.chain_seq >= 7))
+    sql(engine, update(chains).values(head_seq=6, head_hash=rows[5]["record_hash"]))  # covering the tracks
+    assert first_problem(engine) is None
+    out = llm_audit("--db", url, "verify", "--checkpoints", str(directory), "--public-key",
+                    str(public_key_path(tmp_path / "key.pem")))
+    assert out.returncode == 1 and "truncated" in out.stdout and "the records after 6 were removed" in out.stdout
+
+
+def test_a_forged_checkpoint_and_a_wrong_key_are_refused(engine, tmp_path, url):
+    seeded(engine, tmp_path, 2)
+    directory = checkpoint_now(engine, tmp_path)
+    other = load_or_create_key(tmp_path / "other.pem")
+    out = llm_audit("--db", url, "verify", "--checkpoints", str(directory), "--public-key",
+                    str(public_key_path(tmp_path / "other.pem")))
+    assert out.returncode == 2 and "signature does not match" in out.stderr and len(out.stderr.splitlines()) == 1
+    [path] = directory.glob("checkpoint-*.json")
+    doc = orjson.loads(path.read_bytes())
+    doc["chains"][INSTANCE]["seq"] = 1
+    path.write_bytes(orjson.dumps(doc))
+    with pytest.raises(CheckpointError, match="signature does not match"):
+        read_checkpoints(directory, load_or_create_key(tmp_path / "key.pem").public_key())
+    assert other is not None
+
+
+def test_purge_and_erase_keep_the_chain_verifiable(engine, tmp_path):
+    old = datetime.now(UTC) - timedelta(days=400)
+    write(engine, [record(i, ended=old + timedelta(minutes=i)) for i in range(4)] + [record(9, user="bob")], tmp_path)
+    directory = checkpoint_now(engine, tmp_path)
+    result = purge(engine, datetime.now(UTC) - timedelta(days=200), dry_run=False, actor="test", older_than="200d")
+    assert result.count == 4
+    with engine.connect() as conn:
+        assert conn.execute(select(chains.c.start_seq)).scalar() == 5
+    assert erase_user(engine, "bob", actor="test") == 1
+    with engine.connect() as conn:
+        erased = conn.execute(select(exchanges)).mappings().one()
+    assert (erased["output_text"], erased["request_body"], erased["erased_at"] is not None) == ("[erased]", "[erased]", True)
+    checkpoints = read_checkpoints(directory, load_or_create_key(tmp_path / "key.pem").public_key())
+    report = verify(engine, checkpoints)
+    assert report.ok and (report.chains[0].records, report.chains[0].erased, report.chains[0].start) == (1, 1, 5)
+    assert report.chains[0].verdict() == f"chain {INSTANCE}: OK, records 5..5, 1 erased, 1 checkpoints matched"
+
+
+def test_records_spooled_during_an_outage_keep_their_place_in_the_chain(tmp_path):
+    db = tmp_path / "audit.db"
+    engine = engine_for(db)  # fails fast while the database is locked
+    spool = Spool(tmp_path / "spool.jsonl")
+    writer = AuditWriter(engine, spool, INSTANCE, max_delay=0.01)
+    writer.submit(record(0))
+    deadline = time.monotonic() + 10
+    while writer.written < 1:
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    blocker = sqlite3.connect(db, timeout=0)
+    blocker.execute("BEGIN EXCLUSIVE")
+    for i in range(1, 5):
+        writer.submit(record(i))
+    while spool.records < 4:
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    blocker.rollback()
+    blocker.close()
+    writer.close()
+    engine = engine_for(db)
+    write(engine, [record(5)], tmp_path / "again")  # a new run: replays nothing, continues at 6
+    report = verify(engine)
+    assert report.ok and report.chains[0].last.seq == 6
+
+
+def test_interrupted_records_are_sealed_when_marked(engine, tmp_path):
+    open_row = record(0) | {"status": "in_progress", "ended_at": None}
+    open_row["started_at"] = datetime.now(UTC) - timedelta(minutes=5)
+    sql(engine, insert(exchanges).values(_postgres_safe(open_row)))
+    write(engine, [record(1)], tmp_path)
+    with engine.connect() as conn:
+        statuses = dict(conn.execute(select(exchanges.c.status, exchanges.c.chain_seq)).all())
+    assert statuses == {"interrupted": 1, "completed": 2}
+    assert verify(engine).ok
+
+
+def test_the_canonical_form_is_stable():
+    """Records sealed today must verify forever: pin the serialization of one record."""
+    row = {"id": "x", "status": "completed", "dialect": "llm-stream", "streamed": True, "event_count": 3,
+           "started_at": datetime(2026, 1, 2, 3, 4, 5, 600000, tzinfo=UTC), "findings": [{"code": "c", "detail": ""}]}
+    assert record_hash(row, {"output_text": "ab"}, "p", GENESIS) == record_hash(
+        row | {"provider": None}, {"output_text": "ab"}, "p", GENESIS)
+    assert canonical(row, {"output_text": "ab"}, "p", GENESIS) == (
+        b'{"chain":"p","content":{"output_text":"ab"},"fields":{"dialect":"llm-stream","event_count":3,'
+        b'"findings":[{"code":"c","detail":""}],"id":"x","started_at":"2026-01-02T03:04:05.600000Z",'
+        b'"status":"completed","streamed":true},"prev":"' + GENESIS.encode() + b'"}')
+    assert record_hash(row, {"output_text": "ab"}, "p", GENESIS) == \
+        "a76a9dc401a1b771e3adc6ec6f924fa3c2726380dc1a235abc0a0b5746ae7383"
