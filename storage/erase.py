@@ -2,7 +2,8 @@
 
 The content columns (:data:`storage.chain.CONTENT_COLUMNS`: the request body, output
 text, output, tool calls, delivered text) of every final exchange of the user become
-the erasure marker ``"[erased]"`` and ``erased_at`` is set. Their content hashes stay:
+the erasure marker ``"[erased]"`` (those that were NULL stay NULL) and ``erased_at`` is
+set. Their content hashes stay:
 they are what the hash chain holds, so ``llm-audit verify`` still checks every record
 and reports erased ones as erased, not tampered. Everything else stays (the user id,
 times, model, token counts), so the audit trail shows that exchanges happened and were
@@ -16,7 +17,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from sqlalchemy import Engine, insert, update
+from sqlalchemy import Engine, case, insert, literal, update
 from sqlalchemy.exc import SQLAlchemyError
 
 from storage.chain import CONTENT_COLUMNS, ERASED, IN_PROGRESS
@@ -33,9 +34,15 @@ def erase_user(engine: Engine, user_id: str, *, actor: str, now: datetime | None
             count = conn.execute(
                 update(exchanges)
                 .where(c.user_id == user_id, c.status != IN_PROGRESS, c.erased_at.is_(None))
-                .values({name: ERASED for name in CONTENT_COLUMNS} | {"erased_at": now})
+                .values({name: _erased(name) for name in CONTENT_COLUMNS} | {"erased_at": now})
             ).rowcount
             conn.execute(insert(erasure_log).values(erased_at=now, actor=actor, user_id=user_id, erased_count=count))
     except SQLAlchemyError as e:
         raise DatabaseError(f"cannot erase: {first_line(e)}") from None
     return count
+
+
+def _erased(name: str):
+    """The marker in place of a column's content; a column that held nothing stays NULL."""
+    column = exchanges.c[name]
+    return case((column.is_(None), None), else_=literal(ERASED, column.type))
