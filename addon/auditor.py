@@ -122,6 +122,12 @@ class StreamAuditor:
             self.record.bytes_to_client += len(out)
         return out
 
+    def release(self) -> None:
+        """The exchange is recorded: drop what it kept (the record and its text, the
+        parser, the gate); anything fed later passes through untouched."""
+        self.record = self.normalizer = self.gate = self.decoder = self.body = None
+        self.parser = SSEParser()
+
     def _inspect(self, chunk: bytes) -> None:
         gate = self.gate
         try:

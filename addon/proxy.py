@@ -133,7 +133,6 @@ class LLMAudit:
         self.instance = socket.gethostname()
         self.max_event_bytes = DEFAULT_MAX_EVENT_BYTES
         self.view_bytes = DEFAULT_VIEW_BYTES
-        early_end.install()  # how a stream stopped by a content filter ends cleanly
 
     # -- options ------------------------------------------------------------------------
 
@@ -282,6 +281,10 @@ class LLMAudit:
     def _build_filterset(self) -> None:
         filters = self.filter_files.filters if self.filter_files else []
         self.filterset = FilterSet(self.rules, filters, failure=self.failure) if self.rules or filters else None
+        if self.filterset is not None and self.filterset.may_block_output:
+            # How a stream a filter stops ends cleanly. Installed only when needed: the
+            # patch puts one more generator frame on every chunk of every flow.
+            early_end.install()
 
     def _schedule_retention(self, days: int) -> None:
         if self.retention is not None:
@@ -367,6 +370,7 @@ class LLMAudit:
             audit.record.finish(OUTCOME_COMPLETE)
         self._submit(audit.record)
         self._show(flow, audit)
+        _release(audit)
 
     def error(self, flow: http.HTTPFlow) -> None:
         audit = self.flows.pop(flow.id, None)
@@ -386,6 +390,7 @@ class LLMAudit:
         record.finish(outcome)
         self._submit(record)
         self._show(flow, audit)
+        _release(audit)
 
     def done(self) -> None:
         """Record streams still open as cut off, then write everything queued."""
@@ -590,6 +595,14 @@ class LLMAudit:
             log.error("llm-audit: no database configured; record %s dropped", record.id)
             return
         self.writer.submit(record.to_row())
+
+
+def _release(audit: FlowAudit) -> None:
+    """Let go of an ended exchange's text: mitmproxy may keep the flow (and so the
+    stream callable) alive for as long as its connection lasts."""
+    if audit.auditor is not None:
+        audit.auditor.release()
+    audit.record = audit.normalizer = audit.auditor = None
 
 
 def _output_gate(audit: FlowAudit, event_stream: bool, encoding: str | None) -> OutputGate | None:

@@ -37,13 +37,46 @@ OUTCOME_CLIENT_ABORTED = "client_aborted"
 OUTCOME_UPSTREAM_ABORTED = "upstream_aborted"
 
 
+class TextParts:
+    """Text arriving in many small pieces, kept compactly.
+
+    A stream brings its answer a few characters per event; kept as a list of those
+    pieces, each small string costs some 50 bytes of object header, several times the
+    text itself. Every ``COMPACT_AT`` pieces are joined into one string (and those into
+    a bigger one when they pile up), so the memory stays close to the text's own size
+    and every character is copied a bounded number of times. ``"".join(parts)`` gives
+    the whole text.
+    """
+
+    COMPACT_AT = 256
+    __slots__ = ("_chunks", "_tail")
+
+    def __init__(self) -> None:
+        self._chunks: list[str] = []
+        self._tail: list[str] = []
+
+    def append(self, piece: str) -> None:
+        tail = self._tail
+        tail.append(piece)
+        if len(tail) >= self.COMPACT_AT:
+            self._chunks.append("".join(tail))
+            tail.clear()
+
+    def __iter__(self):
+        yield from self._chunks
+        yield from self._tail
+
+    def __bool__(self) -> bool:
+        return bool(self._chunks or self._tail)
+
+
 @dataclass(slots=True)
 class Choice:
     """One alternative answer: its text, reasoning and refusal, and its stop reason."""
 
-    text: list[str] = field(default_factory=list)
-    reasoning: list[str] = field(default_factory=list)
-    refusal: list[str] = field(default_factory=list)
+    text: TextParts = field(default_factory=TextParts)
+    reasoning: TextParts = field(default_factory=TextParts)
+    refusal: TextParts = field(default_factory=TextParts)
     finish_reason: str | None = None
 
     def as_dict(self, index: int) -> dict[str, Any]:
@@ -63,7 +96,7 @@ class ToolCall:
     choice: int
     id: str | None = None
     name: str | None = None
-    arguments: list[str] = field(default_factory=list)
+    arguments: TextParts = field(default_factory=TextParts)
     complete: bool = False
 
     def as_dict(self) -> dict[str, Any]:
@@ -213,6 +246,8 @@ class ExchangeRecord:
                 findings.append({"code": code, "detail": f"{n - FINDINGS_PER_CODE} more not listed"})
         choices = [c.as_dict(i) for i, c in sorted(self.choices.items())]
         tool_calls = [t.as_dict() | {"complete": t.complete} for t in self.tool_calls.values()]
+        # output_text is choice 0's text: the same string object, not a second copy of it
+        output_text = next((c["text"] for c in choices if c["index"] == 0), "")
         return {
             "id": self.id,
             "started_at": _ts(self.started_at),
@@ -242,7 +277,7 @@ class ExchangeRecord:
             "task_id": self.task_id,
             "streamed": self.streamed,
             "request_body": self.request_body,
-            "output_text": self.output_text,
+            "output_text": output_text,
             "output": {"choices": choices, "tool_calls": tool_calls},
             "tool_calls": [t.as_dict() for t in self.tool_calls.values()],
             "finish_reasons": [c["finish_reason"] for c in choices if c["finish_reason"] is not None],

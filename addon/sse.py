@@ -16,9 +16,11 @@ Design constraints, and how they are met:
   character, so a BOM arriving one byte per chunk is still recognised.
 * The proxy runs this for every streamed byte on its event loop, so there are no
   per-character Python loops, and per-event work is kept small, in three tiers:
-  a chunk that is exactly one common block (``data: D`` or ``event: T`` + ``data: D``,
-  the usual one-event-per-flush case) is handled with a handful of string calls
-  (:meth:`SSEParser._one_block`); a larger chunk's run of uniform blocks is taken apart
+  a chunk that is exactly one common block (``[id: I] [event: T] data: D``, the usual
+  one-event-per-flush case, of any size) is handled with a handful of string calls
+  (:meth:`SSEParser._one_block`; a huge event completed by a later chunk too), with
+  line ends found by one-character ``str.find`` (a memchr: megabyte events cost about
+  a copy); a larger chunk's run of uniform blocks is taken apart
   with ``split``/``partition`` and turned into events with ``map``
   (:meth:`SSEParser._fast_blocks`); everything else goes line by line through the
   generic interpreter (:meth:`SSEParser._interpret`), whose state lives in local
@@ -68,6 +70,36 @@ _partition = str.partition
 # Field spellings the block fast path understands (exactly one space after the colon).
 _FAST_PREFIXES = ("data: ", "event: ", "id: ")
 _consume = deque(maxlen=0).extend  # run an iterator at C speed, keeping nothing
+
+
+# Blank lines are found line end by line end: ``str.find`` of one character is a memchr,
+# while a two-character search ("\n\n") walks every character - slower by far on the
+# megabyte lines of a huge event, and no faster on the short lines of small ones.
+
+
+def _blank_line_end(text: str, start: int, stop: int) -> int:
+    """The index just past the first blank line in ``text[start:stop]`` (after an LF), or -1."""
+    find = text.find
+    i = find("\n", start, stop)
+    while i >= 0:
+        if i + 1 < stop and text[i + 1] == "\n":
+            return i + 2
+        i = find("\n", i + 1, stop)
+    return -1
+
+
+def _last_blank_line_end(text: str, start: int, end: int) -> int:
+    """The index just past the last blank line in ``text[start:end]``, which ends with an LF; or -1."""
+    rfind = text.rfind
+    i = end - 1
+    while i > start:
+        j = rfind("\n", start, i)
+        if j < 0:
+            return -1
+        if j == i - 1:
+            return i + 1
+        i = j
+    return -1
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,6 +209,29 @@ class SSEParser:
         """Parse the next piece of the body; return the events it completed."""
         if not chunk:
             return []
+        if (
+            type(chunk) is bytes
+            and chunk[-2:] == b"\n\n"
+            and not (self._undecoded or self._bom_pending or self._skip_lf or self._skip_line
+                     or self._pending or self._in_block or self._skip_event)
+        ):
+            # The common case, first: a live stream's chunk that is one whole event, at a
+            # block start with nothing held back. A chunk ending in LF holds no cut
+            # character, so plain strict decoding gives what the incremental path
+            # would; invalid UTF-8 goes the long way, for its finding.
+            try:
+                text = chunk.decode()
+            except UnicodeDecodeError:
+                pass
+            else:
+                self._bytes_fed += len(chunk)
+                if "\r" in text:  # not at the end: no CRLF can be split after this chunk
+                    text = text.replace("\r\n", "\n").replace("\r", "\n")
+                elif len(text) <= self.max_event_bytes:
+                    ev = self._one_block(text)
+                    if ev is not None:
+                        return [ev]
+                return self._lines(text)
         # UTF-8 decoding with the incremental decoder's own primitive: with final=False
         # an incomplete character at the end is left unconsumed and kept for the next
         # chunk (this is what codecs' IncrementalDecoder does, minus a Python-level
@@ -216,18 +271,21 @@ class SSEParser:
             # splitting on the three terminators (a CRLF pair is always one line end),
             # and lets one LF-only code path serve CRLF framing (Gemini's "\r\n\r\n").
             text = text.replace("\r\n", "\n").replace("\r", "\n")
+        return self._lines(text)
 
+    def _lines(self, text: str) -> list[SSEEvent]:
+        """Parse decoded text with LF line ends (CR and CRLF folded), from where the last chunk ended."""
+        if (
+            text[-2:] == "\n\n"
+            and not (self._pending or self._in_block or self._skip_event)
+            and len(text) <= self.max_event_bytes
+        ):
+            # Live streams flush one event per chunk, whatever its size.
+            ev = self._one_block(text)
+            if ev is not None:
+                return [ev]
         events: list[SSEEvent] = []
         if len(text) + self._pending_len < _FAST_MIN_CHARS:
-            # Small chunk: live streams often flush one event per chunk.
-            if (
-                text[-2:] == "\n\n"
-                and not (self._pending or self._in_block or self._skip_event)
-                and len(text) <= self.max_event_bytes
-            ):
-                ev = self._one_block(text)
-                if ev is not None:
-                    return [ev]
             lines = text.split("\n")
             tail = lines.pop()  # after the last line end: unterminated ("" if none)
             if lines:
@@ -255,6 +313,15 @@ class SSEParser:
             self._pending = []
             self._pending_len = 0
             self._pending_fresh = 0
+            if (
+                text[-2:] == "\n\n"
+                and not (self._in_block or self._skip_event)
+                and len(text) <= self.max_event_bytes
+            ):
+                # A large event that took several chunks, completed by this one.
+                ev = self._one_block(text)
+                if ev is not None:
+                    return [ev]
         # text[:end] is a whole number of lines starting at a line start, each ending in LF.
         end = last_nl + 1
         pos = self._fast_blocks(text, end, events)
@@ -264,34 +331,63 @@ class SSEParser:
             self._hold(text[end:])
         return events
 
-    def _one_block(self, text: str) -> SSEEvent | None:
-        """The event of a chunk that is exactly one common block, else None.
+    def _one_block(self, text: str, start: int = 0, stop: int | None = None) -> SSEEvent | None:
+        """The event of a text that is exactly one common block, else None.
 
-        The per-chunk shortcut of :meth:`_fast_blocks`, for ``data: D\\n\\n`` and
-        ``event: T\\ndata: D\\n\\n`` arriving alone at a block start (the caller checks
-        that). The LF count proves there are no other lines; the result is what the
-        generic path would dispatch, at a fraction of the cost.
+        The per-chunk shortcut of :meth:`_fast_blocks`, for ``[id: I\\n][event: T\\n]data: D\\n\\n``
+        at a block start (the caller checks that, that ``text`` ends with a blank
+        line and that it is within the size limit). Each line end is found with
+        ``str.find`` on one character (a memchr, fast for an event of megabytes); the
+        data line's end being the LF before the final one proves there are no other
+        lines. The result is what the generic path would dispatch; anything else
+        (comments, retry, multi-line data, an id-only block, an id with U+0000, other
+        spellings) returns None and is left to it.
         """
-        if text.startswith("data:"):
-            if text.count("\n") != 2:
+        if stop is None:
+            stop = len(text)
+        end = stop - 2  # the LF that ends the data line
+        find = text.find
+        ident = None
+        event = "message"
+        first = text[start]
+        if first == "e":
+            if not text.startswith("event: ", start):
                 return None
-            data = text[5:-2]
-            if data[:1] == " ":
-                data = data[1:]
-            event = "message"
-        elif text.startswith("event: "):
-            if text.count("\n") != 3:
+            nl = find("\n", start, stop)
+            if nl == end:
                 return None
-            event, sep, data = text[7:-2].partition("\ndata: ")
-            if not sep:
+            event = text[start + 7 : nl] or "message"
+            start = nl + 1
+        elif first == "i":
+            if not text.startswith("id: ", start):
                 return None
-            event = event or "message"
+            nl = find("\n", start, stop)
+            ident = text[start + 4 : nl]
+            if nl == end or "\0" in ident:
+                return None
+            start = nl + 1
+            if text.startswith("event: ", start):
+                nl = find("\n", start, stop)
+                if nl == end:
+                    return None
+                event = text[start + 7 : nl] or "message"
+                start = nl + 1
+        if find("\n", start, stop) != end:
+            return None
+        if text.startswith("data: ", start):
+            data = text[start + 6 : end]
+        elif text.startswith("data:", start):
+            data = text[start + 5 : end]
         else:
             return None
+        if ident is None:
+            ident = self.last_event_id  # == the id buffer at a block start
+        else:
+            self._id_buf = self.last_event_id = ident
         ev = _new_object(SSEEvent)
         _set_event(ev, event)
         _set_data(ev, data)
-        _set_id(ev, self.last_event_id)  # == the id buffer at a block start
+        _set_id(ev, ident)
         _set_retry(ev, self.retry)
         self.events_dispatched += 1
         return ev
@@ -375,20 +471,28 @@ class SSEParser:
         pos = 0
         if self._data or self._event_type or self._in_block or self._skip_event:
             # Finish the block in progress generically, up to its blank line.
-            i = text.find("\n\n", 0, end)
-            if i < 0:
+            pos = _blank_line_end(text, 0, end)
+            if pos < 0:
                 return 0
-            pos = i + 2
             self._interpret(text[:pos - 1].split("\n"), events)
         # Blank lines between blocks change nothing in this (clean) state.
         m = _NOT_LF_SEARCH(text, pos, end)
         pos = m.start() if m is not None else end
-        stop = text.rfind("\n\n", pos, end) + 2  # end of the last complete block
-        if stop - pos < _FAST_MIN_CHARS or stop - pos > self.max_event_bytes:
-            return pos  # little to gain, or a size limit might be involved
+        stop = _last_blank_line_end(text, pos, end)  # end of the last complete block
+        if stop < 0 or stop - pos > self.max_event_bytes:
+            return pos  # no complete block, or a size limit might be involved
+        first_end = _blank_line_end(text, pos, stop) - 2  # the LF ending the first block's last line
+        if first_end + 2 == stop:
+            # One block (e.g. a large event, or the last one of a burst).
+            ev = self._one_block(text, pos, stop)
+            if ev is None:
+                return pos
+            events.append(ev)
+            return stop
+        if stop - pos < _FAST_MIN_CHARS:
+            return pos  # little to gain
         # The shape: the field lines of the first block, each "name: value" for one of
         # the fast fields, each field at most once, data last.
-        first_end = text.find("\n\n", pos, stop)
         shape = []
         for line in text[pos:first_end].split("\n", 3):
             for prefix in _FAST_PREFIXES:

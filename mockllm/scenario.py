@@ -137,6 +137,10 @@ class Scenario:
     """LMSP task events: the whole event history has expired (``410``)."""
     retain: int | None = _param(None, _int(0))
     """LMSP task events: only the last ``retain`` events are still kept."""
+    stamp: bool = _param(False, _flag)
+    """Start each text delta with ``@`` and the wall-clock time of its write in
+    nanoseconds (``time.time_ns()``, 19 digits), for measuring per-event delay
+    (``scripts/bench``); not with ``gzip``, whose bytes cannot be stamped."""
 
     @classmethod
     def parse(cls, query: str = "", header: str | None = None) -> Scenario:

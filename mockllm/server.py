@@ -81,6 +81,7 @@ from .streams import (
     plan_body,
     problem,
     raw_chunks,
+    stamp,
 )
 
 Message = dict[str, Any]
@@ -444,6 +445,8 @@ class MockLLM:
                 if disconnected.is_set() or (pause and await _disconnected_within(disconnected, pause)):
                     exchange.disconnected = True
                     return
+                if scenario.stamp and not scenario.gzip:
+                    data = stamp(data, time.time_ns())
                 await send({"type": "http.response.body", "body": data, "more_body": True})
             if plan.complete:
                 await send({"type": "http.response.body", "body": b"", "more_body": False})

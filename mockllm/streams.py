@@ -54,6 +54,9 @@ SYSTEM_FINGERPRINT = "fp_mock"
 DEFAULT_MODEL = "mock-model"
 """Served when neither the scenario nor the request names a model."""
 
+STAMP_MARK = b"@" + b"#" * 19
+"""Where a ``stamp`` scenario's write time goes (see :func:`stamp`): JSON-safe ASCII."""
+
 _AWKWARD_SIZES = (2, 3, 5)
 """Lengths that tool-argument fragments cycle through: they split JSON tokens like real streams do."""
 
@@ -73,12 +76,29 @@ def split_text(text: str, count: int) -> list[str]:
 
 def delta_texts(scenario: Scenario) -> list[str]:
     """The text of each content delta; concatenated they form the answer."""
+    texts = _plain_delta_texts(scenario)
+    if scenario.stamp:
+        return [STAMP_MARK.decode() + text for text in texts]
+    return texts
+
+
+def _plain_delta_texts(scenario: Scenario) -> list[str]:
     count = scenario.events
     if scenario.text is not None:
         return split_text(scenario.text, count)
     if scenario.size is not None:
         return [_exact_utf8(f"tök{i} ", scenario.size) for i in range(count)]
     return [f"tök{i}" if i == 0 else f" tök{i}" for i in range(count)]
+
+
+def stamp(data: bytes, now_ns: int) -> bytes:
+    """``data`` with every :data:`STAMP_MARK` replaced by ``@`` and ``now_ns`` (19 digits).
+
+    The server calls this at the moment of each write (``stamp`` scenarios), so a
+    client can tell how long each event took to reach it. The mark and the stamp
+    have the same length: event sizes do not change.
+    """
+    return data.replace(STAMP_MARK, b"@%019d" % now_ns)
 
 
 def _exact_utf8(unit: str, size: int) -> str:

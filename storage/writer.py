@@ -26,6 +26,7 @@ the database or the spool, so spooled records keep their place in the chain. The
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import queue
 import re
@@ -51,6 +52,7 @@ _STOP = object()
 _JSON_COLUMNS = frozenset(c.name for c in exchanges.columns if isinstance(c.type, JSON))
 _ESCAPED_NUL = re.compile(rb"(?<!\\)((?:\\\\)*)\\u0000")
 RETRY_MIN, RETRY_MAX = 0.5, 5.0
+_TRIM_AFTER = 16 * 1024 * 1024  # characters of output in one batch after which freed memory is handed back
 _UNSEALED = dict.fromkeys(CHAIN_COLUMNS)  # an open record's chain columns (one statement needs every key)
 
 
@@ -139,6 +141,7 @@ class AuditWriter:
             batch, stopping = self._next_batch(stopping)
             if batch:
                 self._store(batch)
+                del batch  # not kept alive while the queue is waited on
             elif self.spool or not self._recovered:
                 self._recover()
             if stopping and self._queue.empty():
@@ -237,6 +240,8 @@ class AuditWriter:
             if head is not None:
                 self._advance_head(conn, head)
         self.written += sum(1 for row in rows if row["status"] != "in_progress")  # final records
+        if sum(len(row.get("output_text") or "") for row in rows) > _TRIM_AFTER:
+            _release_memory()
         if head is not None and head.seq > self.committed.seq:
             self.committed = head
             self._checkpoint()
@@ -320,3 +325,17 @@ def _postgres_safe(row: dict[str, Any]) -> dict[str, Any]:
             out = out or dict(row)
             out[name] = fixed
     return out or row
+
+
+def _release_memory() -> None:
+    """Hand freed heap memory back to the system after a huge record.
+
+    Writing one record copies its text several times (the row, its hash, the driver's
+    parameters); glibc keeps the freed pages, so a single 200 MB stream would leave the
+    proxy a gigabyte larger for good. ``malloc_trim`` returns them (glibc only; a no-op
+    elsewhere).
+    """
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass

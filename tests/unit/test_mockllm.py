@@ -49,9 +49,11 @@ from mockllm.streams import (
     openai_chat_completion,
     openai_response,
     openai_responses_events,
+    STAMP_MARK,
     plan_body,
     raw_chunks,
     split_awkwardly,
+    stamp,
     tool_arguments,
 )
 
@@ -226,6 +228,16 @@ def test_plan_truncates_and_gzips_incrementally() -> None:
     cut = plan_body(items, Scenario(gzip=True, truncate_after=2))
     with pytest.raises(EOFError):  # no gzip trailer
         gzip.decompress(b"".join(cut.writes))
+
+
+def test_stamp_marks_every_text_delta_and_keeps_sizes() -> None:
+    items = expected("events=3&size=40&stamp=1")
+    marked = [item for item in items if STAMP_MARK in item]
+    assert len(marked) == 3
+    stamped = [stamp(item, 1_760_000_000_123_456_789) for item in items]
+    assert [len(s) for s in stamped] == [len(i) for i in items]
+    texts = [data["delta"]["text"] for kind, data in parse_sse(b"".join(stamped)) if kind == "content.delta"]
+    assert all(t.startswith("@1760000000123456789") and len(t[20:].encode()) == 40 for t in texts)
 
 
 def test_raw_chunks_and_error_body() -> None:
@@ -895,6 +907,18 @@ def test_pacing(tls: tuple[str, Path | None]) -> None:
     record = sent(url, ca, mock_id)
     assert first_event_at < record["last_write"]
     assert record["last_write"] - record["first_write"] >= 6 * 0.2 * 0.9  # 7 events, 6 pauses
+
+
+def test_stamp_is_the_time_of_each_write(plain: tuple[str, Path | None]) -> None:
+    url, ca = plain
+    before = time.time_ns()
+    with client(ca) as c:
+        response = c.post(f"{url}/v1/llm/stream?events=3&delay=0.05&stamp=1", json=REQUEST)
+    after = time.time_ns()
+    stamps = [int(s) for s in re.findall(rb"@(\d{19})", response.content)]
+    assert len(stamps) == 3 and stamps == sorted(stamps)
+    assert before <= stamps[0] and stamps[-1] <= after
+    assert stamps[2] - stamps[0] >= 2 * 0.05e9 * 0.9  # paced: stamped at the write, not when built
 
 
 @pytest.mark.parametrize("server", ["plain", "tls"])

@@ -306,6 +306,23 @@ def test_large_uniform_stream_gives_same_events_in_any_chunk_size(shape, newline
     assert outcome(per_event)[0] == expected[0]
 
 
+def test_one_block_per_chunk_of_any_size_matches_reference_parser():
+    """The single-block path (any size, with id / event lines) against the reference, also for
+    the blocks it must leave to the generic path, fed one block per chunk and in slices."""
+    big = "x" * 5000
+    blocks = [
+        f"data: {big}\n\n", f"event: a\ndata: {big}\n\n", f"id: 7\nevent: b\ndata: {big}\n\n",
+        f"id: 8\ndata: {big}\n\n", "data:no-space\n\n", f"event: \ndata: {big}\n\n", "id: 9\n\n",
+        "event: only\n\n", "id: a\0b\ndata: nul id\n\n", f": comment\ndata: {big}\n\n", "retry: 5\ndata: r\n\n",
+        f"data: {big}\ndata: second\n\n", "event:tight\ndata: t\n\n", f"data: {big}\r\n\r\n", "id:x\ndata: y\n\n",
+    ]
+    body = "".join(blocks).encode()
+    expected = reference_parse(body)
+    assert outcome([b.encode() for b in blocks])[:3] == expected
+    for size in (16384, 4096, 1460, 97):
+        assert outcome([body[i : i + size] for i in range(0, len(body), size)])[:3] == expected, size
+
+
 def test_accepts_bytearray_and_memoryview_chunks():
     parser = SSEParser()
     events = parser.feed(bytearray(b"data: \xe2")) + parser.feed(memoryview(b"\x82\xac\n\n"))

@@ -1,0 +1,111 @@
+"""``python -m bench`` (``scripts/bench``): run the sections, print the tables, write the JSON.
+
+    scripts/bench                      # the full run (about 20 minutes on two cores)
+    scripts/bench --smoke              # every section with tiny sizes (CI keeps it working)
+    scripts/bench --only parsing,writer --out results.json
+    scripts/bench --only parsing --profile prof/   # and where the time goes (bench/profile.py)
+
+A section that fails is reported in the JSON (``{"error": ...}``) and makes the exit
+status 1; one that cannot run here (no PostgreSQL, no ``scripts/synth-db`` yet) is
+``{"skipped": reason}`` and does not.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from bench import memory, overhead, parsing, profile, query, report, writes
+from bench.common import FULL, ROOT, SMOKE, Sizes
+
+SECTIONS: dict[str, tuple[Callable[[Sizes, Path], dict[str, Any]], Callable[[dict[str, Any]], list[str]]]] = {
+    "parsing": (lambda sizes, tmp: parsing.measure(sizes), parsing.table),
+    "proxy": (overhead.measure, overhead.table),
+    "writer": (writes.measure, writes.table),
+    "memory": (memory.measure, memory.table),
+    "query": (query.measure, query.table),
+}
+
+
+def _args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="scripts/bench", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--smoke", action="store_true", help="tiny sizes: checks that every section works")
+    parser.add_argument("--out", type=Path, default=ROOT / "bench-results" / "results.json", help="the JSON file of results")
+    parser.add_argument("--only", default="", help=f"comma-separated sections of {', '.join(SECTIONS)}")
+    parser.add_argument("--profile", type=Path, metavar="DIR",
+                        help="also profile the audit pipelines (pyinstrument) and the audit proxy (py-spy) into DIR")
+    return parser.parse_args(argv)
+
+
+def filters_view(proxy: dict[str, Any]) -> dict[str, Any]:
+    """Section 3 out of the proxy loads: what 100 regex rules + secrets add over the plain audit."""
+    if "levels" not in proxy:
+        return proxy
+    return {"rules": "100 regex rules + secrets detector, scope both, action block (bench/rules.py)",
+            "levels": [{"concurrency": lv["concurrency"], "filters_vs_audit": lv["vs_plain"]["filters/audit"],
+                        "filters": lv["variants"]["filters"], "audit": lv["variants"]["audit"]}
+                       for lv in proxy["levels"]]}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _args(argv)
+    sizes = SMOKE if args.smoke else FULL
+    wanted = [s for s in args.only.split(",") if s] or list(SECTIONS)
+    unknown = [s for s in wanted if s not in SECTIONS]
+    if unknown:
+        print(f"scripts/bench: unknown section {', '.join(unknown)} (known: {', '.join(SECTIONS)})", file=sys.stderr)
+        return 2
+    command = "scripts/bench" + "".join(f" {shlex.quote(a)}" for a in (argv if argv is not None else sys.argv[1:]))
+    document: dict[str, Any] = {"command": command, "date": report.now(), "smoke": args.smoke,
+                                "machine": report.machine(), "sizes": sizes.__dict__, "results": {}}
+    header = (f"{command}  ({document['date']}, {document['machine']['cores']} cores: "
+              f"{document['machine']['cpu'] or 'unknown CPU'}, load {document['machine']['load_average_at_start'][0]:.2f})")
+    print(header, flush=True)
+    failed = False
+    with tempfile.TemporaryDirectory(prefix="llm-audit-bench-") as tmp:
+        for name in wanted:
+            run, table = SECTIONS[name]
+            folder = Path(tmp) / name
+            folder.mkdir()
+            started = time.perf_counter()
+            try:
+                result = run(sizes, folder)
+            except Exception as e:  # noqa: BLE001 - one broken section must not lose the others
+                traceback.print_exc()
+                result = {"error": f"{type(e).__name__}: {e}"}
+                failed = True
+            result["section_seconds"] = time.perf_counter() - started
+            document["results"][name] = result
+            if name == "proxy":
+                document["results"]["filters"] = filters_view(result)
+            lines = [f"{name}: error: {result['error']}"] if "error" in result else table(result)
+            print("\n" + "\n".join(lines), flush=True)
+        if args.profile:
+            folder = Path(tmp) / "profile"
+            folder.mkdir()
+            try:
+                document["profile"] = profile.run(sizes, args.profile, folder)
+            except Exception as e:  # noqa: BLE001 - the measurements above still count
+                traceback.print_exc()
+                document["profile"] = {"error": f"{type(e).__name__}: {e}", "proxy": {}}
+                failed = True
+            proxy_profile = document["profile"]["proxy"]
+            if "samples" in proxy_profile:
+                print("\nProfile of the audit proxy (py-spy)\n" + "\n".join(profile.summary_lines(proxy_profile)[:14]))
+            print(f"profiles: {args.profile}")
+    document["targets"] = report.targets(document["results"])
+    print("\n" + "\n".join(report.target_lines(document["targets"])))
+    report.write_json(args.out, document)
+    print(f"\nresults: {args.out}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

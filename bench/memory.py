@@ -1,0 +1,171 @@
+"""Section 5: the proxy's memory (RSS) with many idle streams, and while one huge stream passes.
+
+For each variant (plain mitmdump, the audit addon) a fresh proxy is started and warmed
+up; then
+
+* ``idle``: N streams are opened through it and held after their first event (the mock
+  waits ten minutes before the next): RSS with them open, minus RSS before, per stream;
+* ``big``: one stream of about 200 MB of answer text passes; RSS is sampled every
+  20 ms until the audit row is written. What the audit must keep is that text (it is
+  the record), so the growth is compared with the text's size.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import threading
+import time
+from pathlib import Path
+from typing import Any, Self
+
+from bench.client import Target, build_request, stream
+from bench.common import Sizes
+from bench.processes import Mock, Proxy, split_cores, start_mock, start_proxy
+from bench.workloads import APIS, request_bytes
+
+API = APIS["openai-chat"]
+BIG_EVENT_TEXT = 16 * 1024  # text bytes per delta of the big stream
+IDLE_WAIT = 600  # seconds the mock waits before an idle stream's next event
+
+
+class Sampler:
+    """Samples a process's RSS in a thread; keeps the peak."""
+
+    def __init__(self, proxy: Proxy, interval: float = 0.02) -> None:
+        self.proxy, self.interval = proxy, interval
+        self.peak = proxy.rss()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> Self:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            try:
+                self.peak = max(self.peak, self.proxy.rss())
+            except (OSError, ValueError):
+                return
+
+
+def _target(mock: Mock, proxy: Proxy) -> Target:
+    return Target("127.0.0.1", proxy.port, mock.origin, via_proxy=True)
+
+
+async def _hold_idle(target: Target, count: int, proxy: Proxy) -> tuple[int, int]:
+    """Open ``count`` streams, wait until each has its first event, read RSS, close them all."""
+    request = build_request(target, API.target, API.headers | {"x-mock": f"events=2&delay={IDLE_WAIT}"},
+                            request_bytes(API))
+    hold = asyncio.Event()
+    arrived = [asyncio.Event() for _ in range(count)]
+
+    async def one(i: int):
+        await asyncio.sleep(2.0 * i / count)  # no connection storm
+        return await stream(target, request, hold=hold, on_first_byte=arrived[i], timeout=IDLE_WAIT)
+
+    tasks = [asyncio.create_task(one(i)) for i in range(count)]
+    try:
+        async with asyncio.timeout(120):
+            await asyncio.gather(*(e.wait() for e in arrived))
+        await asyncio.sleep(1.0)  # let the proxy settle with all of them open
+        rss = proxy.rss()
+    finally:
+        hold.set()
+        results = await asyncio.gather(*tasks)
+    return rss, sum(1 for r in results if r.ttfc is not None)
+
+
+def _rows_completed(proxy: Proxy) -> int:
+    if not proxy.db_url:
+        return 0
+    with sqlite3.connect(proxy.db_url.removeprefix("sqlite:///")) as con:
+        return con.execute("SELECT count(*) FROM exchanges WHERE status != 'in_progress'").fetchone()[0]
+
+
+def _big(mock: Mock, proxy: Proxy, nbytes: int) -> dict[str, Any]:
+    events = max(1, nbytes // BIG_EVENT_TEXT)
+    target = _target(mock, proxy)
+    request = build_request(target, API.target, API.headers | {"x-mock": f"events={events}&size={BIG_EVENT_TEXT}"},
+                            request_bytes(API))
+    rows_before = _rows_completed(proxy)
+    before = proxy.rss()
+    with Sampler(proxy) as sampler:
+        started = time.perf_counter()
+        result = asyncio.run(stream(target, request, timeout=1800))
+        seconds = time.perf_counter() - started
+        deadline = time.monotonic() + 300
+        while proxy.db_url and _rows_completed(proxy) <= rows_before and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.5)
+    after = proxy.rss()
+    text = events * BIG_EVENT_TEXT
+    return {
+        "text_bytes": text,
+        "body_bytes": result.body_bytes,
+        "seconds": seconds,
+        "complete": result.complete,
+        "rss_before": before,
+        "rss_peak": sampler.peak,
+        "rss_after": after,
+        "peak_growth": sampler.peak - before,
+        "peak_growth_per_text_byte": (sampler.peak - before) / text,
+        "retained_after": after - before,
+    }
+
+
+async def _warm_up(target: Target, request: bytes) -> None:
+    await asyncio.gather(*(stream(target, request, timeout=60) for _ in range(8)))
+
+
+def _variant(sizes: Sizes, tmp: Path, mock: Mock, variant: str, cpus: set[int]) -> dict[str, Any]:
+    proxy = start_proxy(tmp, variant, cpus=cpus)
+    try:
+        target = _target(mock, proxy)
+        warm = build_request(target, API.target, API.headers | {"x-mock": "events=20"}, request_bytes(API))
+        asyncio.run(_warm_up(target, warm))
+        time.sleep(0.5)
+        before = proxy.rss()
+        rss_open, opened = asyncio.run(_hold_idle(target, sizes.idle_streams, proxy))
+        idle = {"streams": sizes.idle_streams, "opened": opened, "rss_before": before, "rss_open": rss_open,
+                "per_stream": (rss_open - before) / sizes.idle_streams}
+        time.sleep(1.0)
+        return {"idle": idle, "big": _big(mock, proxy, sizes.big_stream_bytes)}
+    finally:
+        proxy.stop()
+
+
+def measure(sizes: Sizes, tmp: Path) -> dict[str, Any]:
+    proxy_cpus, other_cpus = split_cores()
+    mock = start_mock(tmp, other_cpus)
+    try:
+        out = {v: _variant(sizes, tmp, mock, v, proxy_cpus) for v in ("plain", "audit")}
+    finally:
+        mock.stop()
+    plain, audit = out["plain"], out["audit"]
+    out["summary"] = {
+        "idle_added_per_stream": audit["idle"]["per_stream"] - plain["idle"]["per_stream"],
+        "big_added_per_text_byte": (audit["big"]["peak_growth"] - plain["big"]["peak_growth"]) / audit["big"]["text_bytes"],
+    }
+    return out
+
+
+def table(result: dict[str, Any]) -> list[str]:
+    mb = 1024 * 1024
+    lines = ["5. Memory (proxy RSS)"]
+    for variant in ("plain", "audit"):
+        i, b = result[variant]["idle"], result[variant]["big"]
+        lines.append(f"  {variant:<6} {i['opened']}/{i['streams']} idle streams: {i['rss_before'] / mb:.0f} -> "
+                     f"{i['rss_open'] / mb:.0f} MiB ({i['per_stream'] / 1024:.1f} KiB/stream)")
+        lines.append(f"  {variant:<6} one {b['text_bytes'] / mb:.0f} MiB stream: peak +{b['peak_growth'] / mb:.0f} MiB "
+                     f"({b['peak_growth_per_text_byte']:.2f} x text), +{b['retained_after'] / mb:.0f} MiB after, "
+                     f"{b['body_bytes'] / mb / b['seconds']:.1f} MiB/s")
+    s = result["summary"]
+    lines.append(f"  audit adds {s['idle_added_per_stream'] / 1024:.1f} KiB per idle stream and "
+                 f"{s['big_added_per_text_byte']:.2f} bytes per byte of streamed text at peak")
+    return lines
