@@ -51,9 +51,10 @@ def content_hash(value: Any) -> str:
 
 
 def _time(value: datetime) -> str:
-    if value.tzinfo is None:
-        value = value.replace(tzinfo=UTC)
-    return value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    """``YYYY-MM-DDTHH:MM:SS.ffffffZ`` in UTC (``isoformat``: several times faster than ``strftime``)."""
+    if value.tzinfo is not None and value.utcoffset():
+        value = value.astimezone(UTC)
+    return value.replace(tzinfo=None).isoformat(timespec="microseconds") + "Z"
 
 
 def _field(value: Any) -> Any:
