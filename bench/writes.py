@@ -10,6 +10,9 @@ whose final row is in the database per second, from the first submit to the last
 
 Spool replay: records appended to a spool file, then a writer started on an empty
 database replays them (as after an outage or a restart); timed until the spool is empty.
+
+Sealing: what tamper evidence costs per record (``storage.chain.Chain.seal``: the content
+hashes, the canonical serialization, SHA-256), the same final rows sealed in a loop.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from addon.record import ExchangeRecord
 from addon.redact import redact_headers
 from bench.common import ROOT, Sizes
 from bench.workloads import APIS, stream_items
+from storage.chain import Chain, Head
 from storage.database import open_engine
 from storage.spool import Spool
 from storage.writer import AuditWriter
@@ -140,10 +144,24 @@ def _postgres(folder: Path):
         return None, str(e).splitlines()[0]
 
 
+def sealing(count: int) -> dict[str, Any]:
+    """Microseconds per record to seal a realistic final row into a chain (median of 5 rounds)."""
+    _, final = template_rows()
+    rounds = []
+    for _ in range(5):
+        chain = Chain("bench", Head())
+        started = time.perf_counter()
+        for _ in range(count):
+            chain.seal(final)
+        rounds.append((time.perf_counter() - started) / count)
+    return {"records": count, "us_per_record": sorted(rounds)[2] * 1e6}
+
+
 def measure(sizes: Sizes, tmp: Path) -> dict[str, Any]:
     folder = tmp / "writer"
     folder.mkdir()
     out: dict[str, Any] = {
+        "sealing": sealing(max(sizes.writer_exchanges // 10, 100)),
         "sqlite": sustained(f"sqlite:///{folder / 'sustained.db'}", folder, sizes.writer_exchanges),
         "sqlite_replay": replay(f"sqlite:///{folder / 'replay.db'}", folder, sizes.spool_records),
     }
@@ -174,4 +192,7 @@ def table(result: dict[str, Any]) -> list[str]:
         else:
             lines.append(f"  {backend:<10} spool replay: {r['records']} records in {r['seconds']:.2f} s "
                          f"({r['records_per_s']:.0f} records/s)")
+    if "sealing" in result:
+        lines.append(f"  hash chain: {result['sealing']['us_per_record']:.1f} µs per record to seal "
+                     f"(content hashes, canonical form, SHA-256; {result['sealing']['records']} records)")
     return lines
