@@ -13,11 +13,13 @@ import atexit
 import base64
 import os
 import re
+import shutil
 import signal
 import sqlite3
 import ssl
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -36,6 +38,15 @@ from pgserver import PgServer, PostgresUnavailable
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Every process the tests start keeps its data and state (default databases, spools,
+    signing keys, checkpoints) out of the user's own folders, unless a test names others."""
+    home = Path(tempfile.mkdtemp(prefix="llm-audit-test-home-"))
+    atexit.register(shutil.rmtree, home, ignore_errors=True)
+    os.environ["XDG_DATA_HOME"] = str(home / "data")
+    os.environ["XDG_STATE_HOME"] = str(home / "state")
 SHARED = ROOT.parent / "shared"
 
 
