@@ -118,8 +118,6 @@ class OutputGate:
         self._raw: deque[list] = deque()  # [raw chunk or its rest, decoded offset it reaches]
         self._decoded = 0  # decoded bytes of the body so far
         self._held: deque[_Held] = deque()
-        self._fed: dict[StreamKey, int] = {}  # characters fed to the guard, per stream
-        self._cleared: dict[StreamKey, int] = {}  # characters the guard released, per stream
         self._free = 0  # decoded offset up to which the client may have the bytes
 
     # -- input ----------------------------------------------------------------------------
@@ -185,10 +183,10 @@ class OutputGate:
             out = b"".join(entry[0] for entry in self._raw)
             self._raw.clear()
             return out
-        cleared = self._cleared
+        progress = self.guard.progress
         while self._held:
             held = self._held[0]
-            if held.needs is None or any(cleared.get(key, 0) < pos for key, pos in held.needs):
+            if held.needs is None or any(progress(key)[1] < pos for key, pos in held.needs):
                 break
             self._held.popleft()
             if held.event is not None:
@@ -233,32 +231,24 @@ class OutputGate:
             case TextEnd(choice=choice, kind=kind):
                 self._flush((choice, kind, None))
             case Finish(choice=choice):
-                for stream in [s for s in self._fed if s[0] == choice]:
+                for stream in [s for s in self.guard.streams() if s[0] == choice]:
                     self._flush(stream)
             case StreamEnd() | StreamError():
                 self._settle(self.guard.flush_all().values())
 
     def _feed(self, stream: StreamKey, text: str, needs: list[tuple[StreamKey, int]]) -> None:
         choice, kind, tool_key = stream
-        release = self.guard.feed(text, choice=choice, kind=kind, tool_key=tool_key)
-        self._fed[stream] = self._fed.get(stream, 0) + len(text)
-        needs.append((stream, self._fed[stream]))
-        self._settle([release], stream)
+        self._settle([self.guard.feed(text, choice=choice, kind=kind, tool_key=tool_key)])
+        needs.append((stream, self.guard.progress(stream)[0]))  # released up to here: the event may go
 
     def _flush(self, stream: StreamKey) -> None:
-        if stream in self._fed:
-            choice, kind, tool_key = stream
-            self._settle([self.guard.flush(choice=choice, kind=kind, tool_key=tool_key)], stream)
+        choice, kind, tool_key = stream
+        self._settle([self.guard.flush(choice=choice, kind=kind, tool_key=tool_key)])
 
-    def _settle(self, releases: Iterable[Release], stream: StreamKey | None = None) -> None:
-        """Count released text and collect verdicts; ``stream`` None: every stream flushed."""
+    def _settle(self, releases: Iterable[Release]) -> None:
+        """Collect the verdicts; the guard counts what it released."""
         for release in releases:
             self.verdicts.extend(release.verdicts)
-        if stream is not None:
-            for release in releases:
-                self._cleared[stream] = self._cleared.get(stream, 0) + len(release.text)
-        elif self.guard.blocked is None:
-            self._cleared.update(self._fed)  # flush_all released every stream to its end
         self.blocked = self.guard.blocked
 
     def _deliver(self, event: SSEEvent) -> None:

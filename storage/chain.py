@@ -33,7 +33,7 @@ from typing import Any
 
 import orjson
 
-from storage.schema import exchanges
+from storage.schema import IN_PROGRESS, exchanges
 
 GENESIS = "0" * 64  # the prev_hash of a chain's first record
 ERASED = "[erased]"  # what erased content is replaced with
@@ -42,7 +42,6 @@ CONTENT_COLUMNS = ("request_body", "output_text", "output", "tool_calls", "deliv
 FIELD_COLUMNS = tuple(
     str(c.name) for c in exchanges.columns if c.name not in CHAIN_COLUMNS and c.name not in CONTENT_COLUMNS
 )
-IN_PROGRESS = "in_progress"
 
 
 def content_hash(value: Any) -> str:
@@ -50,15 +49,16 @@ def content_hash(value: Any) -> str:
     return hashlib.sha256(orjson.dumps(value, option=orjson.OPT_SORT_KEYS)).hexdigest()
 
 
-def _time(value: datetime) -> str:
-    """``YYYY-MM-DDTHH:MM:SS.ffffffZ`` in UTC (``isoformat``: several times faster than ``strftime``)."""
+def utc_text(value: datetime) -> str:
+    """``YYYY-MM-DDTHH:MM:SS.ffffffZ`` in UTC, as records and checkpoints write times
+    (``isoformat``: several times faster than ``strftime``); a naive time is UTC."""
     if value.tzinfo is not None and value.utcoffset():
         value = value.astimezone(UTC)
     return value.replace(tzinfo=None).isoformat(timespec="microseconds") + "Z"
 
 
 def _field(value: Any) -> Any:
-    return _time(value) if isinstance(value, datetime) else value
+    return utc_text(value) if isinstance(value, datetime) else value
 
 
 def canonical(row: dict[str, Any], content_hashes: dict[str, str], chain_id: str, prev_hash: str) -> bytes:

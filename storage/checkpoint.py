@@ -35,7 +35,7 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-from storage.chain import Head
+from storage.chain import Head, utc_text
 
 FORMAT = "llm-audit-checkpoint/1"
 
@@ -105,7 +105,7 @@ def write_checkpoint(directory: Path, key: Ed25519PrivateKey, heads: dict[str, H
     now = (now or datetime.now(UTC)).astimezone(UTC)
     doc = {
         "format": FORMAT,
-        "created_at": now.strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
+        "created_at": utc_text(now),
         "key_id": key_id(key.public_key()),
         "chains": {chain: {"seq": head.seq, "hash": head.hash} for chain, head in sorted(heads.items())},
     }

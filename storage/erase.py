@@ -20,9 +20,9 @@ from datetime import UTC, datetime
 from sqlalchemy import Engine, case, insert, literal, update
 from sqlalchemy.exc import SQLAlchemyError
 
-from storage.chain import CONTENT_COLUMNS, ERASED, IN_PROGRESS
+from storage.chain import CONTENT_COLUMNS, ERASED
 from storage.database import DatabaseError, first_line
-from storage.schema import erasure_log, exchanges
+from storage.schema import IN_PROGRESS, erasure_log, exchanges
 
 
 def erase_user(engine: Engine, user_id: str, *, actor: str, now: datetime | None = None) -> int:

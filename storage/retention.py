@@ -31,7 +31,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.sql.elements import ColumnElement
 
 from storage.database import DatabaseError, first_line
-from storage.schema import chains, exchanges, purge_log
+from storage.schema import IN_PROGRESS, chains, exchanges, purge_log
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +41,6 @@ _AGE = re.compile(r"(\d+)([hdw])")
 _AGE_UNITS = {"h": "hours", "d": "days", "w": "weeks"}
 _DATE = re.compile(r"\d{4}-\d{2}-\d{2}")
 _DATETIME = re.compile(r"\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}(:\d{2}(\.\d{1,6})?)?(Z|[+-]\d{2}:?\d{2})")
-IN_PROGRESS = "in_progress"  # the writer's status for an exchange that has not ended
 
 
 class RetentionError(ValueError):

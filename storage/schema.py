@@ -37,6 +37,8 @@ from sqlalchemy.dialects.postgresql import JSONB
 
 metadata = MetaData()
 
+IN_PROGRESS = "in_progress"  # the status of an exchange's write-ahead row, until it ends
+
 Json = JSON().with_variant(JSONB(), "postgresql")
 Time = DateTime(timezone=True)
 

@@ -27,9 +27,9 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine, func, select
 
-from storage.chain import GENESIS, IN_PROGRESS, Head, check_record
+from storage.chain import GENESIS, Head, check_record
 from storage.checkpoint import Checkpoint
-from storage.schema import chains, exchanges
+from storage.schema import IN_PROGRESS, chains, exchanges
 
 MAX_PROBLEMS = 20  # per chain: the first ones are what matters
 

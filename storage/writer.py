@@ -43,7 +43,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from storage.chain import CHAIN_COLUMNS, GENESIS, Chain, Head, is_sealed
 from storage.checkpoint import Checkpointer, CheckpointError
 from storage.database import DatabaseError, first_line
-from storage.schema import chains, exchanges
+from storage.schema import IN_PROGRESS, chains, exchanges
 from storage.spool import Spool
 
 log = logging.getLogger(__name__)
@@ -239,7 +239,7 @@ class AuditWriter:
             conn.execute(self._upsert, rows)
             if head is not None:
                 self._advance_head(conn, head)
-        self.written += sum(1 for row in rows if row["status"] != "in_progress")  # final records
+        self.written += sum(1 for row in rows if row["status"] != IN_PROGRESS)  # final records
         if sum(len(row.get("output_text") or "") for row in rows) > _TRIM_AFTER:
             _release_memory()
         if head is not None and head.seq > self.committed.seq:
@@ -275,12 +275,12 @@ class AuditWriter:
         try:
             with self.engine.begin() as conn:
                 open_rows = conn.execute(
-                    select(exchanges).where(c.status == "in_progress", c.proxy_instance == self.instance,
+                    select(exchanges).where(c.status == IN_PROGRESS, c.proxy_instance == self.instance,
                                             c.started_at < self.started).order_by(c.started_at)
                 ).mappings().all()
                 for row in open_rows:
                     sealed = self.chain.seal(dict(row) | {"status": "interrupted"})
-                    conn.execute(update(exchanges).where(c.id == row["id"], c.status == "in_progress").values(
+                    conn.execute(update(exchanges).where(c.id == row["id"], c.status == IN_PROGRESS).values(
                         {name: sealed[name] for name in
                          ("status", "chain_id", "chain_seq", "prev_hash", "record_hash", "content_hashes")}))
                 if open_rows:
@@ -302,7 +302,7 @@ def _upsert_statement(engine: Engine):
     return stmt.on_conflict_do_update(
         index_elements=[exchanges.c.id],
         set_={c.name: stmt.excluded[c.name] for c in exchanges.columns if c.name != "id"},
-        where=exchanges.c.status == "in_progress",
+        where=exchanges.c.status == IN_PROGRESS,
     )
 
 

@@ -153,11 +153,8 @@ class OpenAIChatNormalizer(JsonEventNormalizer):
         self._meta(obj, out)
         if "error" in obj or event.event == "error" or obj.get("object") == "error":
             _error(obj, out)
-        choices = obj.get("choices")
-        if isinstance(choices, list):
-            for position, choice in enumerate(choices):
-                if isinstance(choice, dict):
-                    self._chunk_choice(choice, position, out)
+        for position, choice in _choices(obj):
+            self._chunk_choice(choice, position, out)
         _usage(obj, out)
         return out
 
@@ -249,11 +246,8 @@ class OpenAIChatNormalizer(JsonEventNormalizer):
         self._meta(response, out)
         if "error" in response or response.get("object") == "error":
             _error(response, out)
-        choices = response.get("choices")
-        if isinstance(choices, list):
-            for position, choice in enumerate(choices):
-                if isinstance(choice, dict):
-                    self._response_choice(choice, position, out)
+        for position, choice in _choices(response):
+            self._response_choice(choice, position, out)
         _usage(response, out)
         return out
 
@@ -340,6 +334,14 @@ def _call_fields(call: dict[str, Any]) -> tuple[str | None, str | None, str]:
         # an object where the API has a JSON string (some compatible servers): keep it as JSON
         arguments = "" if arguments is None else orjson.dumps(arguments, default=str).decode()
     return call_id, name, arguments
+
+
+def _choices(obj: dict[str, Any]) -> list[tuple[int, dict[str, Any]]]:
+    """``(position, choice)`` for each choice object of a chunk or a response."""
+    choices = obj.get("choices")
+    if not isinstance(choices, list):
+        return []
+    return [(position, choice) for position, choice in enumerate(choices) if isinstance(choice, dict)]
 
 
 def _usage(obj: dict[str, Any], out: list[Event]) -> None:

@@ -198,6 +198,15 @@ class OutputGuard:
         """The end of the response: :meth:`flush` every stream seen, by its key."""
         return {key: self.flush(choice=key[0], kind=key[1], tool_key=key[2]) for key in list(self._streams)}
 
+    def streams(self) -> list[StreamKey]:
+        """The streams seen so far."""
+        return list(self._streams)
+
+    def progress(self, key: StreamKey) -> tuple[int, int]:
+        """How many characters of a stream were fed, and how many released."""
+        stream = self._streams.get(key)
+        return (stream.scanner.length, stream.scanner.released) if stream is not None else (0, 0)
+
     def _stream(self, key: StreamKey) -> _Stream:
         stream = self._streams.get(key)
         if stream is None:

@@ -93,6 +93,16 @@ class StreamScanner:
         self.blocked: Verdict | None = None
 
     @property
+    def length(self) -> int:
+        """Characters fed so far."""
+        return self._length
+
+    @property
+    def released(self) -> int:
+        """Characters released so far (the first ``released`` of the stream)."""
+        return self._released
+
+    @property
     def hold(self) -> int:
         """The most characters this scanner holds back between checks."""
         return max([self._extra_hold] + [t.hold for t in self._holding])

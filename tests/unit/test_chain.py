@@ -28,7 +28,7 @@ from storage.checkpoint import CheckpointError, load_or_create_key, public_key_p
 from storage.database import open_engine
 from storage.erase import erase_user
 from storage.retention import purge
-from storage.schema import chains, exchanges
+from storage.schema import chains, erasure_log, exchanges, purge_log
 from storage.spool import Spool
 from storage.verify import verify
 from storage.writer import AuditWriter, _postgres_safe
@@ -206,7 +206,7 @@ def test_a_tail_removed_after_a_checkpoint_is_caught_only_with_it(engine, tmp_pa
 def test_a_forged_checkpoint_and_a_wrong_key_are_refused(engine, tmp_path, url):
     seeded(engine, tmp_path, 2)
     directory = checkpoint_now(engine, tmp_path)
-    other = load_or_create_key(tmp_path / "other.pem")
+    load_or_create_key(tmp_path / "other.pem")  # another key, and its .pub
     out = llm_audit("--db", url, "verify", "--checkpoints", str(directory), "--public-key",
                     str(public_key_path(tmp_path / "other.pem")))
     assert out.returncode == 2 and "signature does not match" in out.stderr and len(out.stderr.splitlines()) == 1
@@ -216,7 +216,6 @@ def test_a_forged_checkpoint_and_a_wrong_key_are_refused(engine, tmp_path, url):
     path.write_bytes(orjson.dumps(doc))
     with pytest.raises(CheckpointError, match="signature does not match"):
         read_checkpoints(directory, load_or_create_key(tmp_path / "key.pem").public_key())
-    assert other is not None
 
 
 def test_purge_and_erase_keep_the_chain_verifiable(engine, tmp_path):
@@ -226,8 +225,14 @@ def test_purge_and_erase_keep_the_chain_verifiable(engine, tmp_path):
     result = purge(engine, datetime.now(UTC) - timedelta(days=200), dry_run=False, actor="test", older_than="200d")
     assert result.count == 4
     with engine.connect() as conn:
-        assert conn.execute(select(chains.c.start_seq)).scalar() == 5
+        start = conn.execute(select(chains.c.start_seq, chains.c.start_prev_hash)).one()
+        starts = conn.execute(select(purge_log.c.chain_starts)).scalar()
+    assert start.start_seq == 5 and start.start_prev_hash != GENESIS
+    assert starts == {INSTANCE: {"seq": 5, "prev_hash": start.start_prev_hash}}  # the purge is logged
     assert erase_user(engine, "bob", actor="test") == 1
+    with engine.connect() as conn:  # and so is the erasure
+        assert [tuple(r) for r in conn.execute(select(erasure_log.c.actor, erasure_log.c.user_id,
+                                                       erasure_log.c.erased_count))] == [("test", "bob", 1)]
     with engine.connect() as conn:
         erased = conn.execute(select(exchanges)).mappings().one()
     assert (erased["output_text"], erased["request_body"], erased["erased_at"] is not None) == ("[erased]", "[erased]", True)

@@ -72,7 +72,7 @@ def test_the_proxy_role_writes_but_cannot_change_or_delete_and_the_purge_role_ca
     old = datetime.now(UTC) - timedelta(days=400)
     for i in range(3):  # the chain's first records, old enough to purge
         writer.submit(finished(i, ended=old).to_row())
-    r = ExchangeRecord(dialect="llm-stream", proxy_instance="px", started_at=time.time())
+    r = ExchangeRecord(dialect="llm-stream", proxy_instance="px", started_at=time.time(), user_id="bob")
     writer.submit(r.to_row())  # the write-ahead open record
     r.terminal_seen = True
     r.finish(OUTCOME_COMPLETE)
@@ -96,9 +96,9 @@ def test_the_proxy_role_writes_but_cannot_change_or_delete_and_the_purge_role_ca
     engine = open_engine(purge_url)
     assert purge(engine, datetime.now(UTC) - timedelta(days=200), dry_run=False, actor="purger",
                  older_than="200d").count == 3
-    assert erase_user(engine, "alice", actor="purger") == 0  # the old ones were alice's, and are gone
+    assert erase_user(engine, "bob", actor="purger") == 1  # a final record: the trigger lets this role change it
     report = verify(engine)
-    assert report.ok and report.chains[0].start == 4
+    assert report.ok and report.chains[0].start == 4 and report.chains[0].erased == 1
     engine.dispose()
 
 
