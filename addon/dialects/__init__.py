@@ -73,10 +73,10 @@ class Normalizer(ABC):
         """
         if http_status >= 400:
             return error_body_events(body)
-        obj = json_object(body)
-        if obj is None:
+        doc, finding = load_body_json(body)
+        if not isinstance(doc, dict):
             return [Finding("response_invalid_json", "the response body is not one JSON object")]
-        return [*self.on_response(obj), StreamEnd()]
+        return [*([finding] if finding else []), *self.on_response(doc), StreamEnd()]
 
     def on_response(self, response: dict[str, Any]) -> list[Event]:
         """Common events for a complete JSON response (a non-streamed answer)."""
@@ -218,6 +218,31 @@ def parse_json_body(body: bytes) -> tuple[Any, Finding | None]:
         return None, Finding("request_invalid_json", str(e)[:200])
 
 
+def load_body_json(body: bytes) -> tuple[Any, Finding | None]:
+    """A whole response body as JSON, read as the client's SDK would read it.
+
+    orjson refuses bytes that are not UTF-8; the SDKs decode with replacement, so a body
+    with a stray invalid byte is read again with U+FFFD in its place (and a finding),
+    rather than losing all its text. ``(None, None)`` when it is not JSON at all.
+    """
+    if not body:
+        return None, None
+    try:
+        return orjson.loads(body), None
+    except orjson.JSONDecodeError:
+        pass
+    try:
+        body.decode("utf-8")
+        return None, None  # valid UTF-8: simply not JSON
+    except UnicodeDecodeError as e:
+        where = e.start
+    try:
+        doc = orjson.loads(body.decode("utf-8", "replace"))
+    except orjson.JSONDecodeError:
+        return None, None
+    return doc, Finding("response_invalid_utf8", f"invalid UTF-8 at byte {where}; read with U+FFFD")
+
+
 def media_type(value: str) -> tuple[str, dict[str, str]]:
     """Split ``type/subtype; a=b; c="d"`` into the lower-case type and its parameters.
 
@@ -252,13 +277,18 @@ def error_body_events(body: bytes) -> list[Event]:
     Recognises ``{"error": {"code"|"type", "message"}}``, ``{"error": "text"}``,
     ``{"code", "message"}`` and RFC 9457 problem objects (``type``/``title``/``detail``).
     """
-    try:
-        obj = orjson.loads(body) if body else None
-    except orjson.JSONDecodeError:
+    obj, finding = load_body_json(body)
+    if obj is None and body:
         text = body[:500].decode("utf-8", "replace")
         return [StreamError(None, text or None), Finding("response_invalid_json", "error body is not JSON")]
+    findings = [finding] if finding else []
     if not isinstance(obj, dict):
-        return [StreamError(None, None)]
+        return [StreamError(None, None), *findings]
+    return [*_error_object_events(obj), *findings]
+
+
+def _error_object_events(obj: dict[str, Any]) -> list[Event]:
+    """The error of a parsed error body."""
     err = obj.get("error", obj)
     if isinstance(err, str):
         return [StreamError(None, err)]

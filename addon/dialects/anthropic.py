@@ -158,7 +158,9 @@ class AnthropicNormalizer(JsonEventNormalizer):
         if message is None:
             return []
         out: list[Event] = [ResponseMeta(model=str_field(message, "model"), response_id=str_field(message, "id"))]
-        usage = self._merge_usage(message.get("usage"))
+        # message_start's output_tokens is a preliminary count (1, or a few): only
+        # message_delta's is final, so a stream cut before it records no output count.
+        usage = self._merge_usage(message.get("usage"), final=False)
         if usage is not None:
             out.append(usage)
         return out
@@ -235,18 +237,23 @@ class AnthropicNormalizer(JsonEventNormalizer):
     def _error(self, obj: dict[str, Any]) -> list[Event]:
         return [_error_event(obj.get("error"))]
 
-    def _merge_usage(self, usage: Any) -> Usage | None:
-        """Merge one usage object into the counts so far; the resulting Usage, if any."""
+    def _merge_usage(self, usage: Any, final: bool = True) -> Usage | None:
+        """Merge one usage object into the counts so far; the resulting Usage, if any.
+
+        ``final=False`` (``message_start``) leaves out the output counts, which are
+        preliminary there.
+        """
         if not isinstance(usage, dict):
             return None
         counts = self.usage
         changed = False
-        for name in ("input_tokens", "output_tokens", "cache_read_input_tokens", "cache_creation_input_tokens"):
+        names = _USAGE_NAMES if final else _INPUT_USAGE_NAMES
+        for name in names:
             value = int_field(usage, name)
             if value is not None:
                 counts[name] = value
                 changed = True
-        details = _dict(usage, "output_tokens_details")
+        details = _dict(usage, "output_tokens_details") if final else None
         thinking = int_field(details, "thinking_tokens") if details is not None else None
         if thinking is not None:
             counts["thinking_tokens"] = thinking
@@ -300,6 +307,10 @@ class AnthropicNormalizer(JsonEventNormalizer):
             if merged is not None:
                 out.append(merged)
         return out
+
+
+_INPUT_USAGE_NAMES = ("input_tokens", "cache_read_input_tokens", "cache_creation_input_tokens")
+_USAGE_NAMES = ("output_tokens", *_INPUT_USAGE_NAMES)
 
 
 def _key(index: int | None) -> str:

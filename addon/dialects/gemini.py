@@ -47,6 +47,7 @@ from addon.dialects import (
     RequestView,
     error_body_events,
     int_field,
+    load_body_json,
     names,
     register,
     str_field,
@@ -354,11 +355,8 @@ class GeminiNormalizer(JsonEventNormalizer):
     def on_body(self, body: bytes, http_status: int) -> list[Event]:
         if http_status >= 400:
             return gemini_error_body_events(body)
-        try:
-            doc: Any = orjson.loads(body)
-        except orjson.JSONDecodeError:
-            doc = None
-        out: list[Event] = []
+        doc, finding = load_body_json(body)
+        out: list[Event] = [finding] if finding else []
         if isinstance(doc, dict):  # generateContent: one whole response
             self._chunk(doc, out)
             self._close_all(out)

@@ -302,10 +302,11 @@ def test_message_delta_repeating_input_and_cache_counts_is_merged_with_message_s
     assert row["reasoning_output_tokens"] == 20
 
 
-def test_message_start_output_tokens_placeholder_is_used_only_without_any_message_delta():
+def test_message_start_output_tokens_are_preliminary_and_never_recorded_as_final():
     body = start(usage={"input_tokens": 7, "output_tokens": 3}) + block_start(0, {"type": "text", "text": ""}) + text(0, "a")
     row = audit(body, outcome=OUTCOME_UPSTREAM_ABORTED)
-    assert (row["input_tokens"], row["output_tokens"]) == (7, 3)
+    assert (row["input_tokens"], row["output_tokens"]) == (7, None)
+    assert row["usage_source"] == "provider"  # the input count is real
 
 
 def test_usage_absent_is_null_never_zero():
@@ -558,7 +559,7 @@ def test_wrong_types_in_events_never_raise(data):
     row = audit(body)
     assert "audit_internal_error" not in codes(row)
     assert row["status"] == "completed"
-    assert row["output_tokens"] == 1
+    assert row["output_tokens"] is None  # message_start's count is preliminary; no message_delta gave one
 
 
 def test_data_that_is_not_a_json_object_is_a_finding():
@@ -688,7 +689,8 @@ def test_shared_anthropic_recordings_match_their_expected_extraction(name):
     usage = expected["usage"]
     cached = (usage.get("cache_read_input_tokens") or 0) + (usage.get("cache_creation_input_tokens") or 0)
     assert row["input_tokens"] == usage["input_tokens"] + cached
-    assert row["output_tokens"] == usage.get("output_tokens", usage["output_tokens_at_start"])
+    # only message_delta's output count is final; message_start's is preliminary
+    assert row["output_tokens"] == usage.get("output_tokens")
     assert row["cache_read_input_tokens"] == usage.get("cache_read_input_tokens")
     assert row["cache_write_input_tokens"] == usage.get("cache_creation_input_tokens")
     error = expected["error"]

@@ -785,3 +785,17 @@ def test_shared_recording_matches_its_expected_extraction(name):
     assert (row["input_tokens"], row["output_tokens"]) == (usage["input_tokens"], usage["output_tokens"])
     assert row["reasoning_output_tokens"] == usage.get("reasoning_tokens")
     assert row["cache_read_input_tokens"] == usage.get("cached_tokens")
+
+
+def test_non_streamed_json_with_an_invalid_utf8_byte_keeps_its_text_and_status():
+    body = orjson.dumps({"id": "c", "model": "m", "choices": [{"index": 0, "finish_reason": "stop",
+                                                               "message": {"content": "caf\u00e9 ok"}}]})
+    broken = body.replace("é".encode(), b"\xe9")  # Latin-1 where UTF-8 belongs
+    row = audit_json(broken)
+    assert row["status"] == "completed" and row["output_text"] == "caf\ufffd ok"
+    assert codes(row) == ["response_invalid_utf8"] and row["finish_reasons"] == ["stop"]
+
+
+def test_an_http_error_body_with_invalid_utf8_keeps_its_message():
+    row = audit_json(b'{"error": {"code": "x", "message": "bad \xff input"}}', status=400)
+    assert (row["status"], row["error_code"], row["error_message"]) == ("failed", "x", "bad \ufffd input")
