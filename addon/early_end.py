@@ -1,4 +1,5 @@
-"""Ending a streamed response early and cleanly: the one place that uses mitmproxy's private API.
+"""Ending a streamed response early and cleanly, and telling which peer broke an
+exchange: the one place that uses mitmproxy's private API.
 
 mitmproxy 12.3 has no public way to finish a response while the upstream is still
 sending (``flow.kill()`` is ignored in transit; returning ``b""`` from the stream
@@ -15,6 +16,12 @@ through mitmproxy's normal ``send_response(already_streamed=True)`` path (so the
 ``response`` hook fires, not ``error``). The technique is the one checked in
 ``shared/reference/early-termination.md``; mitmproxy is pinned to 12.3.x in
 ``pyproject.toml`` and ``tests/e2e/test_early_end.py`` proves it per protocol.
+
+Which peer broke an exchange: mitmproxy's ``error`` hook gets only a message, and on
+HTTP/2 the message is the same ("stream reset by client (CANCEL)") whether the client or
+the upstream reset the stream. :func:`install_error_side` notes the side on the flow
+(``flow.metadata["llm_audit_error_from"]``: ``client`` or ``upstream``) from the kind of
+protocol error mitmproxy handles, before its ``error`` hook runs.
 """
 
 from __future__ import annotations
@@ -23,11 +30,18 @@ import functools
 
 from mitmproxy import http
 from mitmproxy.proxy.layers import http as httplayer
-from mitmproxy.proxy.layers.http import ErrorCode, HttpStream, RequestProtocolError, ResponseData
+from mitmproxy.proxy.layers.http import (
+    ErrorCode,
+    HttpStream,
+    RequestProtocolError,
+    ResponseData,
+    ResponseProtocolError,
+)
 
 METADATA_KEY = "llm_audit_end_stream"
 _ENDED = "_llm_audit_ended_early"  # on the HttpStream: the early end happened
 _PATCHED = "_llm_audit_patched"  # on the patched method
+ERROR_SIDE_KEY = "llm_audit_error_from"
 
 
 def end_after_this_chunk(flow: http.HTTPFlow) -> None:
@@ -58,3 +72,31 @@ def install() -> None:
 
     setattr(state_stream_response_body, _PATCHED, True)
     HttpStream.state_stream_response_body = state_stream_response_body  # type: ignore[method-assign]
+
+
+def error_side(flow: http.HTTPFlow) -> str | None:
+    """``client`` or ``upstream``: whose protocol error ended this flow, when known."""
+    side = flow.metadata.get(ERROR_SIDE_KEY)
+    return side if side in ("client", "upstream") else None
+
+
+def install_error_side() -> None:
+    """Patch ``HttpStream.handle_protocol_error`` once per process (idempotent).
+
+    A ``RequestProtocolError`` comes from the client's side of the stream, a
+    ``ResponseProtocolError`` from the upstream's; the first one seen on a flow counts
+    (mitmproxy then cancels the other side, which raises no second error hook).
+    """
+    original = HttpStream.handle_protocol_error
+    if getattr(original, _PATCHED, False):
+        return
+
+    @functools.wraps(original)
+    def handle_protocol_error(self: HttpStream, event):
+        flow = getattr(self, "flow", None)
+        if flow is not None and ERROR_SIDE_KEY not in flow.metadata:
+            flow.metadata[ERROR_SIDE_KEY] = "upstream" if isinstance(event, ResponseProtocolError) else "client"
+        return (yield from original(self, event))
+
+    setattr(handle_protocol_error, _PATCHED, True)
+    HttpStream.handle_protocol_error = handle_protocol_error  # type: ignore[method-assign]

@@ -41,6 +41,9 @@ CODES: dict[str, str] = {
     "undeclared_tool": "A tool call names a tool the request did not declare (llm-stream draft section 8.2).",
     # response side, any dialect
     "response_invalid_json": "A response body that should be JSON is not one JSON object.",
+    "response_invalid_utf8": "A JSON response body holds bytes that are not UTF-8; it was read with U+FFFD in their place.",
+    "response_refused": "mitmproxy refused the upstream's response (e.g. Content-Length with chunked, or over "
+    "body_size_limit); the client got mitmproxy's error.",
     "body_too_large": "A non-stream response body exceeded the size kept for reading; it passed unread.",
     "tool_call_truncated": "A tool call was cut off (token limit or stream end); its arguments are kept as received.",
     "event_id_invalid": "An SSE event id is not the integer the protocol requires (LMSP: integers from 1).",

@@ -23,6 +23,7 @@ aborted stream fires ``error`` (not ``response``); on shutdown ``done`` runs bef
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import socket
 from pathlib import Path
@@ -78,6 +79,7 @@ DEFAULT_MAX_EVENT_BYTES = 8 * 1024 * 1024
 CHECKPOINT_OPTIONS = ("llm_audit_signing_key", "llm_audit_checkpoints", "llm_audit_checkpoint_every",
                       "llm_audit_checkpoint_minutes")
 DEFAULT_VIEW_BYTES = 4 * 1024 * 1024
+START_GRACE = 1.0  # seconds after loading by which the addon must be recording
 
 
 @dataclass(slots=True)
@@ -133,10 +135,17 @@ class LLMAudit:
         self.instance = socket.gethostname()
         self.max_event_bytes = DEFAULT_MAX_EVENT_BYTES
         self.view_bytes = DEFAULT_VIEW_BYTES
+        self.configured = False  # mitmproxy called configure (it does not when it refused an option)
+        self.problem: str | None = None  # why the addon cannot record, when known
+        self._watchdog: asyncio.Task | None = None
+        self.running_ = False  # the proxy is serving traffic
 
     # -- options ------------------------------------------------------------------------
 
     def load(self, loader: Loader) -> None:
+        early_end.install_error_side()
+        self._refuse_repeated_options(loader.master.options)
+        self._watch_start(loader.master)
         loader.add_option(
             "llm_audit_db",
             str,
@@ -228,6 +237,44 @@ class LLMAudit:
             "saved flows); a longer one is not kept. 0: none is kept.",
         )
 
+    def _refuse_repeated_options(self, options: Any) -> None:
+        """An llm-audit option given twice makes mitmproxy drop the whole addon without a
+        word ("Received multiple values" is raised after ``load``, and swallowed): the
+        proxy would serve traffic unaudited. Say so first; an error at start-up stops it."""
+        for name, value in getattr(options, "deferred", {}).items():
+            values = getattr(value, "val", None)
+            if name.startswith(("llm_audit_", "llm_rules", "llm_filter")) and isinstance(values, list) \
+                    and len(values) > 1 and name != "llm_filters":
+                self.problem = f"{name} is set more than once ({', '.join(repr(v) for v in values)})"
+                log.error(f"llm-audit: {self.problem}; set it once (with --set or in config.yaml, not both)")
+
+    def _watch_start(self, master: Any) -> None:
+        """Stop the proxy if, shortly after start, the addon is not configured and recording.
+
+        Whatever the cause (an option mitmproxy refused, a ``configure`` that failed), a
+        proxy that passes traffic without recording it must not run silently.
+        """
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return  # not under a running proxy (tests that drive the addon by hand)
+        self._watchdog = loop.create_task(self._check_recording(master))
+
+    async def _check_recording(self, master: Any) -> None:
+        await asyncio.sleep(START_GRACE)
+        if self.writer is not None and self.configured:
+            return
+        self._stop_unrecorded(self.problem or ("mitmproxy did not configure the addon; see the lines above"
+                                               if not self.configured else "no audit database is open; see the lines above"),
+                              master)
+
+    def _stop_unrecorded(self, cause: str, master: Any = None) -> None:
+        """The one line that says the proxy is not recording, then stop it."""
+        from mitmproxy import ctx
+
+        log.error(f"llm-audit: not recording: {cause}. The proxy stops so that no traffic passes unaudited.")
+        (master or ctx.master).shutdown()
+
     def configure(self, updated: set[str]) -> None:
         """Apply option changes.
 
@@ -238,6 +285,7 @@ class LLMAudit:
         """
         from mitmproxy import ctx
 
+        self.configured = True
         if "llm_audit_max_event_bytes" in updated:
             if ctx.options.llm_audit_max_event_bytes < 1024:
                 log.error(
@@ -260,6 +308,8 @@ class LLMAudit:
             spool = ctx.options.llm_audit_spool or str(default_spool_path(self.instance))
             self._open_database(ctx.options.llm_audit_db or default_url(), Path(spool).expanduser(),
                                 self._checkpointer(ctx.options))
+            if self.writer is None and self.running_:
+                self._stop_unrecorded("the audit database could not be opened after an option change; see the line above")
         if updated & {"llm_audit_db", "llm_audit_spool", "llm_audit_instance", "llm_audit_retention_days"}:
             self._schedule_retention(ctx.options.llm_audit_retention_days)
         if updated & {"llm_rules", "llm_filters", "llm_filter_failure"}:
@@ -313,14 +363,16 @@ class LLMAudit:
                             seconds=max(options.llm_audit_checkpoint_minutes, 0) * 60.0)
 
     def _open_database(self, url: str, spool_path: Path, checkpointer: Checkpointer | None) -> None:
-        if self.writer is not None:
-            self.writer.close()  # releases the spool, which the new writer may reuse
-            self.writer = None
+        """Open the database and its writer; a URL that does not work leaves the writer
+        in force as it was (at run time, the previous database goes on recording)."""
         try:
             engine = open_engine(url)
         except DatabaseError as e:
-            log.error(f"llm-audit: {e}")
+            log.error(f"llm-audit: {e}" + ("; still recording to the previous database" if self.writer else ""))
             return
+        if self.writer is not None:
+            self.writer.close()  # releases the spool, which the new writer may reuse
+            self.writer = None
         try:
             spool = Spool(spool_path)
         except (SpoolLocked, OSError) as e:
@@ -341,6 +393,8 @@ class LLMAudit:
     def running(self) -> None:
         """Under mitmweb, show the comments the addon writes in the flow list."""
         from mitmproxy import ctx
+
+        self.running_ = True
 
         show_comment_column(ctx.options)
 
@@ -379,10 +433,18 @@ class LLMAudit:
         record = audit.record
         try:
             outcome = abort_side(flow)
-            if audit.auditor is not None and outcome == OUTCOME_UPSTREAM_ABORTED:
+            message = flow.error.msg if flow.error else None
+            if outcome == OUTCOME_CLIENT_ABORTED and _client_had_everything(record):
+                outcome = OUTCOME_COMPLETE  # it hung up after the terminal event: nothing was lost
+            if audit.auditor is not None and outcome != OUTCOME_CLIENT_ABORTED:
                 audit.auditor.end(cut_by_upstream=True)
-            if flow.response is None and outcome == OUTCOME_UPSTREAM_ABORTED:
-                record.error_code, record.error_message = "upstream_error", flow.error.msg if flow.error else None
+            if flow.response is not None and record.http_status is None:
+                _response_into_record(record, flow.response)  # refused before the responseheaders hook
+            if message and _refused_by_mitmproxy(message):
+                record.error_code, record.error_message = "response_refused", message
+                record.add_finding("response_refused", message[:300])
+            elif flow.response is None and outcome == OUTCOME_UPSTREAM_ABORTED:
+                record.error_code, record.error_message = "upstream_error", message
         except Exception as e:  # noqa: BLE001 - the record is written whatever happens
             log.exception("llm-audit: failed to settle an aborted exchange")
             record.add_finding("audit_internal_error", f"{type(e).__name__}: {e}"[:300])
@@ -664,11 +726,14 @@ def abort_side(flow: http.HTTPFlow) -> str:
     """Who cut an exchange that ended in mitmproxy's ``error`` hook.
 
     mitmproxy's error messages do not say which side failed on HTTP/2 ("stream reset by
-    client" is used for resets from either peer), so the connection states decide
-    first: a peer whose socket is no longer readable hung up. An HTTP/2 reset with
-    CANCEL is a client giving up (that is what clients send when they stop reading);
-    other reset codes come from a failing upstream.
+    client" is used for resets from either peer), so the kind of protocol error mitmproxy
+    handled decides (:func:`addon.early_end.install_error_side`). Without it (errors
+    mitmproxy raises outside that path), the connection states decide: a peer whose
+    socket is no longer readable hung up; then the message.
     """
+    side = early_end.error_side(flow)
+    if side is not None:
+        return OUTCOME_UPSTREAM_ABORTED if side == "upstream" else OUTCOME_CLIENT_ABORTED
     message = flow.error.msg if flow.error else ""
     server_gone = flow.server_conn is not None and not (flow.server_conn.state & ConnectionState.CAN_READ)
     client_gone = not (flow.client_conn.state & ConnectionState.CAN_READ)
@@ -679,6 +744,18 @@ def abort_side(flow: http.HTTPFlow) -> str:
     if "reset" in message:
         return OUTCOME_CLIENT_ABORTED if "CANCEL" in message else OUTCOME_UPSTREAM_ABORTED
     return OUTCOME_UPSTREAM_ABORTED
+
+
+def _client_had_everything(record: ExchangeRecord) -> bool:
+    """The dialect's terminal event was read and every upstream byte was passed on: a
+    client that closes now (the openai SDK does, right after ``[DONE]``) lost nothing."""
+    return record.terminal_seen and record.status != "blocked" and record.bytes_to_client >= record.bytes_from_upstream
+
+
+def _refused_by_mitmproxy(message: str) -> bool:
+    """mitmproxy itself refused the upstream's response (request-smuggling checks such as
+    Content-Length together with chunked, or its ``body_size_limit``)."""
+    return ("from server, refusing" in message) or "body exceeds mitmproxy's body_size_limit" in message
 
 
 def _response_into_record(record: ExchangeRecord, resp: http.Response) -> None:

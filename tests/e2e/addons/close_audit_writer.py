@@ -1,0 +1,17 @@
+"""A test addon: closes llm-audit's database writer once the proxy runs, as if the
+database had been lost without a word, to prove the addon then stops the proxy.
+
+Loaded with ``-s`` after the addon by tests/e2e/test_recorder_guard.py.
+"""
+
+from mitmproxy import ctx
+
+
+class CloseAuditWriter:
+    def running(self) -> None:
+        audit = ctx.master.addons.get("llmaudit")
+        audit.writer.close()
+        audit.writer = None
+
+
+addons = [CloseAuditWriter()]
