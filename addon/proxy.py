@@ -35,7 +35,7 @@ from mitmproxy import http
 from mitmproxy.addonmanager import Loader
 from mitmproxy.connection import ConnectionState
 
-from addon import early_end
+from addon import early_end, printed_output
 from addon.auditor import StreamAuditor, summary_into_record
 from addon.contentview import annotate, show_comment_column
 from addon.dialects import (
@@ -144,6 +144,7 @@ class LLMAudit:
 
     def load(self, loader: Loader) -> None:
         early_end.install_error_side()
+        printed_output.install(loader.master.addons.get("dumper"))  # mitmdump's flow lines show no credential
         self._refuse_repeated_options(loader.master.options)
         self._watch_start(loader.master)
         loader.add_option(

@@ -1,8 +1,22 @@
-"""Keep credentials out of the database.
+"""Keep credentials out of the database, the spool and the proxy's output.
 
-Credential headers (and Gemini-style ``?key=`` query parameters) are replaced by a
-fingerprint: a short SHA-256 prefix of the secret, enough to tell keys apart and to
-correlate exchanges made with the same key, useless for recovering it.
+A header or query parameter is a credential when
+
+1. its name is one of :data:`CREDENTIAL_HEADERS` / :data:`CREDENTIAL_QUERY_PARAMS`
+   (names that are credentials but do not say so, like ``cookie`` or Azure Functions'
+   ``?code=``), or
+2. a word of its name (split at ``-``, ``_`` and ``.``) is a credential word
+   (:data:`CREDENTIAL_WORDS`: key, token, secret, password, signature, ...), or starts
+   with ``auth`` or ends with ``key``, ``token``, ``secret`` or ``password``
+   (``Ocp-Apim-Subscription-Key``, ``cf-aig-authorization``, ``x-functions-key``,
+   ``accessToken``, Azure SAS ``sig``), or
+3. its value holds something the ``secrets`` detector recognises (an OpenAI, Anthropic,
+   Google, AWS, GitHub, Slack or Stripe key, a JWT, a private key), whatever the name.
+
+Its value is replaced by a fingerprint: a short SHA-256 prefix of the secret, enough to
+tell keys apart and to correlate exchanges made with the same key, useless for
+recovering it. Over-matching a harmless name costs only that header's value in the
+audit (its fingerprint stays); under-matching would store a key.
 """
 
 from __future__ import annotations
@@ -12,24 +26,30 @@ import re
 from collections.abc import Iterable
 from urllib.parse import parse_qsl, urlencode
 
-# Header names whose values are credentials, matched as whole lower-case names...
-CREDENTIAL_HEADERS = frozenset(
-    {
-        "authorization",
-        "proxy-authorization",
-        "x-api-key",
-        "api-key",
-        "x-goog-api-key",
-        "cookie",
-        "set-cookie",
-    }
-)
-# ...or by a word inside the name (x-openrouter-token, x-custom-secret, ...).
-CREDENTIAL_NAME = re.compile(r"(?:^|[-_])(?:api[-_]?key|token|secret|password|auth)(?:$|[-_])", re.I)
-CREDENTIAL_QUERY_PARAMS = frozenset({"key", "api_key", "apikey", "access_token", "token"})
+from addon.filters.detectors import secrets_matcher
+
+# Names whose words look like a credential's but whose values are identifiers the audit
+# keeps (an idempotency key names a request; a WebSocket key is a public nonce).
+NOT_CREDENTIALS = frozenset({"idempotency-key", "x-idempotency-key", "sec-websocket-key", "sec-websocket-accept"})
+# Names that are credentials although no word in them says so.
+CREDENTIAL_HEADERS = frozenset({"cookie", "set-cookie", "x-amz-security-token", "x-csrf-token"})
+CREDENTIAL_QUERY_PARAMS = frozenset({"code", "sig", "signature", "x-amz-signature", "x-amz-credential",
+                                     "x-amz-security-token"})
+# A name with one of these words (or a word starting with "auth", or ending with one of
+# CREDENTIAL_SUFFIXES) is a credential.
+CREDENTIAL_WORDS = frozenset({
+    "key", "apikey", "token", "secret", "secrets", "password", "passwd", "pwd", "passphrase", "auth",
+    "authorization", "authentication", "signature", "sig", "credential", "credentials", "bearer", "jwt",
+    "cookie", "sas", "otp", "private",
+})
+CREDENTIAL_SUFFIXES = ("key", "token", "secret", "password")
+_WORD = re.compile(r"[-_.\s]+")
+_CAMEL = re.compile(r"(?<=[a-z0-9])(?=[A-Z])")
 # Headers that identify the credential used, in order of preference.
-KEY_HEADERS = ("x-api-key", "api-key", "x-goog-api-key", "authorization")
+KEY_HEADERS = ("x-api-key", "api-key", "x-goog-api-key", "ocp-apim-subscription-key", "cf-aig-authorization",
+               "x-functions-key", "authorization")
 SCHEMES = ("bearer ", "basic ", "token ")
+_SECRETS = secrets_matcher().regex
 
 
 def fingerprint(secret: str) -> str:
@@ -40,9 +60,28 @@ def fingerprint(secret: str) -> str:
     return "sha256:" + hashlib.sha256(value.encode("utf-8", "surrogateescape")).hexdigest()[:16]
 
 
+def is_credential_name(name: str) -> bool:
+    """Rules 1 and 2 of the module docstring, for a header or query parameter name."""
+    words = [w for w in _WORD.split(_CAMEL.sub("-", name).lower()) if w]
+    return any(w in CREDENTIAL_WORDS or w.startswith("auth") or w.endswith(CREDENTIAL_SUFFIXES) for w in words)
+
+
 def is_credential_header(name: str) -> bool:
     lower = name.lower()
-    return lower in CREDENTIAL_HEADERS or CREDENTIAL_NAME.search(lower) is not None
+    return lower in CREDENTIAL_HEADERS or (lower not in NOT_CREDENTIALS and is_credential_name(lower))
+
+
+def is_credential_param(name: str) -> bool:
+    return name.lower() in CREDENTIAL_QUERY_PARAMS or is_credential_name(name)
+
+
+def holds_secret(value: str) -> bool:
+    """Rule 3: the value carries a credential the ``secrets`` detector knows."""
+    return _SECRETS.search(value) is not None
+
+
+def redacted(value: str) -> str:
+    return f"[redacted {fingerprint(value)}]"
 
 
 def redact_headers(fields: Iterable[tuple[str, str]]) -> dict[str, str]:
@@ -50,8 +89,8 @@ def redact_headers(fields: Iterable[tuple[str, str]]) -> dict[str, str]:
     out: dict[str, str] = {}
     for name, value in fields:
         lower = name.lower()
-        if is_credential_header(lower):
-            value = f"[redacted {fingerprint(value)}]"
+        if is_credential_header(lower) or holds_secret(value):
+            value = redacted(value)
         out[lower] = f"{out[lower]}, {value}" if lower in out else value
     return out
 
@@ -61,9 +100,19 @@ def redact_query(query: str) -> str:
     if not query:
         return query
     pairs = parse_qsl(query, keep_blank_values=True)
-    if not any(k.lower() in CREDENTIAL_QUERY_PARAMS for k, _ in pairs):
+    marks = [is_credential_param(k) or holds_secret(v) for k, v in pairs]
+    if not any(marks):
         return query
-    return urlencode([(k, f"[redacted {fingerprint(v)}]" if k.lower() in CREDENTIAL_QUERY_PARAMS else v) for k, v in pairs])
+    return urlencode([(k, redacted(v) if mark else v) for (k, v), mark in zip(pairs, marks)])
+
+
+def redact_url(url: str) -> str:
+    """A URL with the credentials in its query fingerprinted (for what the proxy prints)."""
+    base, sep, rest = url.partition("?")
+    if not sep:
+        return url
+    query, hash_sep, fragment = rest.partition("#")
+    return f"{base}?{redact_query(query)}{hash_sep}{fragment}"
 
 
 def api_key_fingerprint(headers: dict[str, str], query: str) -> str | None:
@@ -73,6 +122,6 @@ def api_key_fingerprint(headers: dict[str, str], query: str) -> str | None:
         if value:
             return fingerprint(value)
     for k, v in parse_qsl(query, keep_blank_values=True):
-        if k.lower() in CREDENTIAL_QUERY_PARAMS and v:
+        if v and is_credential_param(k):
             return fingerprint(v)
     return None

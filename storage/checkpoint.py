@@ -36,6 +36,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 from storage.chain import Head, utc_text
+from storage.files import private_dir
 
 FORMAT = "llm-audit-checkpoint/1"
 
@@ -69,7 +70,7 @@ def load_or_create_key(path: Path) -> Ed25519PrivateKey:
             raise CheckpointError(f"the signing key {path} is not an Ed25519 key")
         return key
     key = Ed25519PrivateKey.generate()
-    path.parent.mkdir(parents=True, exist_ok=True)
+    private_dir(path.parent)
     pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
                             serialization.NoEncryption())
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)

@@ -19,6 +19,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 
 from storage import migrations
+from storage.files import private_file, warn_if_readable
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +48,7 @@ def _json_dumps(value: object) -> str:
     return orjson.dumps(value).decode()
 
 
-def open_engine(url: str, *, migrate: bool = True, hint: str = PROXY_HINT) -> Engine:
+def open_engine(url: str, *, migrate: bool = True, create: bool = True, hint: str = PROXY_HINT) -> Engine:
     """An engine for ``url``, its schema upgraded to this version's, or a :class:`DatabaseError`.
 
     Connecting here, once, turns a wrong URL or an unreachable server into one clear
@@ -55,6 +56,8 @@ def open_engine(url: str, *, migrate: bool = True, hint: str = PROXY_HINT) -> En
     schema alone (``llm-audit db current``, and ``db upgrade``, which reports what it
     did through :func:`upgrade_schema`). ``hint`` ends the messages that a different
     URL would fix: it names the option of whoever asked (proxy or command).
+    ``create=False`` (the read-only commands) refuses an SQLite file that does not exist
+    or is empty instead of creating one.
     """
     try:
         parsed = make_url(url)
@@ -64,10 +67,10 @@ def open_engine(url: str, *, migrate: bool = True, hint: str = PROXY_HINT) -> En
     if parsed.get_backend_name() == "sqlite" and parsed.database not in (None, "", ":memory:"):
         path = Path(parsed.database).expanduser()
         parsed = parsed.set(database=str(path))
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-        except OSError as e:
-            raise DatabaseError(f"cannot create {path.parent} for the audit database ({e.strerror}); {hint}") from None
+        if create:
+            _create_private(path, hint)
+        elif not path.is_file() or path.stat().st_size == 0:
+            raise DatabaseError(f"there is no audit database at {path}; {hint}")
     if parsed.get_backend_name() == "postgresql" and "connect_timeout" not in parsed.query:
         # libpq waits for an unreachable host for as long as TCP does (minutes)
         connect_args["connect_timeout"] = CONNECT_TIMEOUT
@@ -102,6 +105,15 @@ def open_engine(url: str, *, migrate: bool = True, hint: str = PROXY_HINT) -> En
     return engine
 
 
+def _create_private(path: Path, hint: str) -> None:
+    """Create the SQLite file owner-only (SQLite gives its WAL and SHM the same mode)."""
+    try:
+        if not private_file(path):
+            warn_if_readable(path, f"restrict it with: chmod 600 {path}")
+    except OSError as e:
+        raise DatabaseError(f"cannot create the audit database {path} ({e.strerror}); {hint}") from None
+
+
 def open_reader(url: str, *, hint: str = PROXY_HINT) -> Engine:
     """An engine for reading ``url``: upgraded as by :func:`open_engine` when its schema is
     behind, else left alone.
@@ -110,9 +122,12 @@ def open_reader(url: str, *, hint: str = PROXY_HINT) -> Engine:
     reader of an up-to-date database skips it, so ``llm-audit list`` never queues behind
     the proxy's writer, and a PostgreSQL role that may only read can use the commands.
     """
-    engine = open_engine(url, migrate=False, hint=hint)
+    engine = open_engine(url, migrate=False, create=False, hint=hint)
     try:
-        behind = migrations.current(engine) != migrations.head()
+        revision = migrations.current(engine)
+        if revision is None:
+            raise DatabaseError(f"{engine.url.render_as_string()!r} holds no audit database (no schema); {hint}")
+        behind = revision != migrations.head()
         if behind:
             upgrade_schema(engine)
     except SQLAlchemyError as e:

@@ -19,6 +19,8 @@ from typing import Any
 
 import orjson
 
+from storage.files import open_private
+
 # Row fields stored as ISO 8601 strings in the spool and turned back into datetimes.
 TIME_FIELDS = ("started_at", "first_chunk_at", "ended_at")
 
@@ -39,8 +41,7 @@ class Spool:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self._file = open(path, "ab+")  # noqa: SIM115 - held open for the proxy's lifetime
+        self._file = open_private(path, "ab+")  # held open for the proxy's lifetime; 0600: it holds prompts
         try:
             fcntl.flock(self._file.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

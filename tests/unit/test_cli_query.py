@@ -15,6 +15,7 @@ import io
 import os
 import pty
 import random
+import sqlite3
 import re
 import subprocess
 import sys
@@ -485,7 +486,24 @@ def assert_one_line_error(status: int, out: str, err: str, *fragments: str) -> N
     ],
 )
 def test_errors_are_one_line_with_status_2(tmp_path, args, fragments):
+    open_engine(f"sqlite:///{tmp_path / 'audit.db'}").dispose()
     assert_one_line_error(*run("--db", f"sqlite:///{tmp_path / 'audit.db'}", *args), *fragments)
+
+
+@pytest.mark.parametrize("command", [["list"], ["show", "x"], ["stats"], ["export"]])
+@pytest.mark.parametrize("state", ["missing", "empty file", "no schema"])
+def test_a_read_only_command_never_creates_a_database(tmp_path, command, state):
+    folder = tmp_path / "nowhere"
+    path = folder / "audit.db"
+    if state != "missing":
+        folder.mkdir()
+        path.touch()
+    if state == "no schema":
+        sqlite3.connect(path).execute("CREATE TABLE t (x)").connection.close()
+    status, out, err = run("--db", f"sqlite:///{path}", *command)
+    fragment = "holds no audit database" if state == "no schema" else "there is no audit database at"
+    assert_one_line_error(status, out, err, fragment)
+    assert folder.exists() == (state != "missing") and (not path.exists() or state != "missing")
 
 
 @pytest.mark.parametrize("command", [["list"], ["show", "x"], ["stats"], ["export"]])
@@ -507,6 +525,7 @@ def test_a_database_that_fails_while_reading_is_one_line(tmp_path):
     (["list", "--since", "2025-13-45"], "llm-audit list: error: argument --since: '2025-13-45' is not a valid date"),
 ])  # fmt: skip
 def test_the_console_script_fails_in_one_line_with_status_2(tmp_path, args, fragment):
+    open_engine(f"sqlite:///{tmp_path / 'audit.db'}").dispose()
     proc = llm_audit("--db", f"sqlite:///{tmp_path / 'audit.db'}", *args)
     assert_one_line_error(proc.returncode, proc.stdout, proc.stderr, fragment)
 
@@ -522,7 +541,8 @@ def test_reads_the_proxys_database_and_llm_audit_db(tmp_path):
     other = tmp_path / "other.db"
     from_env = llm_audit("list", "--format", "jsonl", env={"XDG_DATA_HOME": str(tmp_path),
                                                            "LLM_AUDIT_DB": f"sqlite:///{other}"})
-    assert (from_env.returncode, from_env.stdout) == (0, "")
+    assert from_env.returncode == 2 and f"there is no audit database at {other}" in from_env.stderr
+    assert not other.exists()  # a read-only command creates nothing
 
 
 def test_piped_into_a_reader_that_stops_early(tmp_path):
