@@ -19,7 +19,10 @@ CODES: dict[str, str] = {
     "termination_not_sent": "A content filter cut a compressed stream: the dialect's closing events could not be "
     "appended (the upstream ignored Accept-Encoding: identity); the stream just ends.",
     # request side
-    "request_invalid_json": "The request body is not valid JSON; it was forwarded unchanged.",
+    "request_invalid_json": "The request body is not JSON even to a lenient reader; it was forwarded unchanged "
+    "(stored as text) or, with request filters, handled by llm_filter_failure.",
+    "request_lenient_json": "The request body is JSON only as Python servers read it (NaN, Infinity, 1e400, a lone "
+    "surrogate escape, a byte order mark); it was read that way.",
     "request_missing_field": "The request envelope lacks a REQUIRED field (llm-stream draft section 4.2).",
     "request_invalid_field": "A request envelope field has the wrong type or value.",
     # llm-stream event envelope (draft section 5)

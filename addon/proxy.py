@@ -39,6 +39,7 @@ from addon import early_end, printed_output
 from addon.auditor import StreamAuditor, summary_into_record
 from addon.contentview import annotate, show_comment_column
 from addon.dialects import (
+    UNREADABLE,
     Dialect,
     Normalizer,
     RequestSummary,
@@ -51,6 +52,7 @@ from addon.dialects.blocking import block_message
 from addon.events import Finding
 from addon.filters.api import BLOCK, RequestContext, Verdict
 from addon.filters.engine import FILTER_ERROR, FilterSet
+from addon.filters.messages import Message
 from addon.filters.loader import FilterFiles
 from addon.filters.rules import RulesError, load_rules
 from addon.output_gate import OutputGate
@@ -526,12 +528,19 @@ class LLMAudit:
         handles) follows the failure policy too: ``closed`` blocks, ``open`` forwards.
         """
         try:
-            context = RequestContext.from_body(
-                dialect.name, record.request_body if isinstance(record.request_body, (dict, list)) else None,
-                tools=summary.declared_tools or frozenset(), user_id=summary.user_id, session_id=summary.session_id,
-                request_id=summary.request_id, client_address=record.client_address,
-            )
-            verdicts = filters.check_request(context)
+            fields = dict(tools=summary.declared_tools or frozenset(), user_id=summary.user_id,
+                          session_id=summary.session_id, request_id=summary.request_id,
+                          client_address=record.client_address)
+            body = record.request_body
+            if isinstance(body, str):  # not JSON to any reader: its raw text is checked, and the policy decides
+                context = RequestContext(dialect.name, None, (Message("user", body),), **fields)
+                verdicts = filters.check_request(context)
+                if filters.request_rules or filters.filters:
+                    verdicts.append(_unreadable_verdict(filters.failure))
+            else:
+                context = RequestContext.from_body(dialect.name, body if isinstance(body, (dict, list)) else None,
+                                                   **fields)
+                verdicts = filters.check_request(context)
         except Exception as e:  # noqa: BLE001 - our bug must not decide the policy
             log.exception("llm-audit: checking a request failed")
             action = BLOCK if filters.failure == "closed" else "flag"
@@ -576,11 +585,12 @@ class LLMAudit:
             proxy_instance=self.instance,
             api_key_fingerprint=api_key_fingerprint({k.lower(): v for k, v in req.headers.items(multi=True)}, query),
             request_headers=redact_headers(req.headers.items(multi=True)),
-            request_body=body_json if finding is None else content.decode("utf-8", "replace"),
+            request_body=content.decode("utf-8", "replace") if body_json is UNREADABLE else body_json,
         )
         if finding is not None:
             record.apply(finding)
-        summary = dialect.summarize(body_json, RequestView(req.method, path, query, req.headers))
+        readable = None if body_json is UNREADABLE else body_json
+        summary = dialect.summarize(readable, RequestView(req.method, path, query, req.headers))
         summary.user_id = summary.user_id or proxy_user(flow)
         summary_into_record(record, summary)
         return record, summary
@@ -745,6 +755,12 @@ def abort_side(flow: http.HTTPFlow) -> str:
     if "reset" in message:
         return OUTCOME_CLIENT_ABORTED if "CANCEL" in message else OUTCOME_UPSTREAM_ABORTED
     return OUTCOME_UPSTREAM_ABORTED
+
+
+def _unreadable_verdict(failure: str) -> Verdict:
+    """A request body no reader understands cannot be checked: ``llm_filter_failure`` decides."""
+    return Verdict(BLOCK if failure == "closed" else "flag", FILTER_ERROR,
+                   "the request body is not JSON; it cannot be checked", filter="llm-audit", location="request")
 
 
 def _client_had_everything(record: ExchangeRecord) -> bool:

@@ -50,6 +50,7 @@ import asyncio
 import base64
 import contextlib
 import dataclasses
+import json
 import re
 import socket
 import time
@@ -248,11 +249,16 @@ async def _read_body(receive: Receive) -> bytes | None:
 
 
 def _load_request(body: bytes) -> dict[str, Any]:
-    """The JSON request object; anything else (invalid JSON, a list) becomes ``{}``."""
+    """The JSON request object, read as the Python servers that host models read it
+    (``json.loads``: ``NaN``, ``Infinity``, a byte order mark are accepted); anything
+    else (invalid JSON, a list) becomes ``{}``."""
     try:
         parsed = orjson.loads(body)
     except orjson.JSONDecodeError:
-        return {}
+        try:
+            parsed = json.loads(body)
+        except (ValueError, RecursionError):
+            return {}
     return parsed if isinstance(parsed, dict) else {}
 
 

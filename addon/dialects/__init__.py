@@ -17,6 +17,7 @@ Everything here is sans-IO: no mitmproxy, no database.
 from __future__ import annotations
 
 import importlib
+import json
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -192,12 +193,17 @@ def detect_request(request: RequestView, body: Callable[[], Any]) -> Dialect | N
     """The first registered dialect that recognises this request, if any.
 
     ``body`` parses the request body on demand, so requests no dialect matches by
-    line and headers cost only the header checks.
+    line and headers cost only the header checks. A body that is not JSON at all
+    (:data:`UNREADABLE`) is claimed by the first dialect whose line and headers match.
     """
+    by_line = None
     for dialect in REGISTRY:
-        if dialect.matches(request) and dialect.accepts_body(body(), request):
-            return dialect
-    return None
+        if dialect.matches(request):
+            if dialect.accepts_body(body(), request):
+                return dialect
+            by_line = by_line or dialect
+    # A body that cannot be read must not hide an exchange: the request line decides.
+    return by_line if by_line is not None and body() is UNREADABLE else None
 
 
 def detect_response(first_event: SSEEvent) -> Dialect | None:
@@ -208,14 +214,38 @@ def detect_response(first_event: SSEEvent) -> Dialect | None:
     return None
 
 
+class _Unreadable:
+    """The parsed value of a request body that is not JSON even to a lenient reader."""
+
+    def __repr__(self) -> str:
+        return "UNREADABLE"
+
+
+UNREADABLE: Any = _Unreadable()
+
+
 def parse_json_body(body: bytes) -> tuple[Any, Finding | None]:
-    """Parse a request body; ``(None, finding)`` when it is not JSON."""
+    """Parse a request body as the servers that host models read it.
+
+    orjson is strict; the Python servers in front of many models (vLLM, FastAPI and
+    Starlette, llama-cpp-python) read request bodies with the standard library's
+    ``json.loads``, which also accepts ``NaN``, ``Infinity``, numbers beyond a double
+    (``1e400``), lone surrogate escapes (``\\ud800``) and a UTF-8 byte order mark. A
+    body only that reader accepts is read the same way (duplicate keys: the last wins,
+    in both readers), with a ``request_lenient_json`` finding, so nothing the upstream
+    will act on escapes the audit and the filters. ``(UNREADABLE, finding)`` when it is
+    JSON to neither.
+    """
     if not body:
         return None, None
     try:
         return orjson.loads(body), None
     except orjson.JSONDecodeError as e:
-        return None, Finding("request_invalid_json", str(e)[:200])
+        strict_error = str(e)[:200]
+    try:
+        return json.loads(body), Finding("request_lenient_json", f"read as Python servers read it ({strict_error})")
+    except (ValueError, RecursionError):  # (JSONDecodeError and UnicodeDecodeError are ValueErrors)
+        return UNREADABLE, Finding("request_invalid_json", strict_error)
 
 
 def load_body_json(body: bytes) -> tuple[Any, Finding | None]:
