@@ -99,7 +99,7 @@ class FilterSet:
         for rule in self.request_rules:
             hits = ((i, hit) for i, message in enumerate(ctx.messages) for hit in rule.find(message.text))
             limit = 1 if rule.action == BLOCK else MAX_HITS_PER_RULE  # one hit is enough to block
-            verdicts.extend(rule.verdict(hit, 0, f"messages[{i}]") for i, hit in islice(hits, limit))
+            verdicts.extend(rule.verdict(hit, hit.start, f"messages[{i}]") for i, hit in islice(hits, limit))
         for name, f in self.filters:
             found, _ = self.call(name, lambda f=f: f.check_request(ctx), "request")
             verdicts.extend(found)
