@@ -152,10 +152,10 @@ class OpenAIChatNormalizer(JsonEventNormalizer):
         out: list[Event] = []
         self._meta(obj, out)
         if "error" in obj or event.event == "error" or obj.get("object") == "error":
-            _error(obj, out)
-        for position, choice in _choices(obj):
+            add_error(obj, out)
+        for position, choice in choices_of(obj):
             self._chunk_choice(choice, position, out)
-        _usage(obj, out)
+        add_usage(obj, out)
         return out
 
     def _meta(self, obj: dict[str, Any], out: list[Event]) -> None:
@@ -170,7 +170,7 @@ class OpenAIChatNormalizer(JsonEventNormalizer):
             out.append(ResponseMeta(model=model, response_id=response_id, created=int_field(obj, "created")))
 
     def _chunk_choice(self, choice: dict[str, Any], position: int, out: list[Event]) -> None:
-        index = _index(choice, position)
+        index = choice_index(choice, position)
         self.finished.setdefault(index, False)
         delta = choice.get("delta")
         if not isinstance(delta, dict):
@@ -181,7 +181,7 @@ class OpenAIChatNormalizer(JsonEventNormalizer):
             if isinstance(tool_calls, list):
                 for j, call in enumerate(tool_calls):
                     if isinstance(call, dict):
-                        self._tool_fragment(index, _index(call, j), call, out)
+                        self._tool_fragment(index, choice_index(call, j), call, out)
             function_call = delta.get("function_call")  # legacy functions API
             if isinstance(function_call, dict):
                 self._tool_fragment(index, -1, {"function": function_call}, out)
@@ -245,14 +245,14 @@ class OpenAIChatNormalizer(JsonEventNormalizer):
         out: list[Event] = []
         self._meta(response, out)
         if "error" in response or response.get("object") == "error":
-            _error(response, out)
-        for position, choice in _choices(response):
+            add_error(response, out)
+        for position, choice in choices_of(response):
             self._response_choice(choice, position, out)
-        _usage(response, out)
+        add_usage(response, out)
         return out
 
     def _response_choice(self, choice: dict[str, Any], position: int, out: list[Event]) -> None:
-        index = _index(choice, position)
+        index = choice_index(choice, position)
         reason = choice.get("finish_reason")
         reason = reason if isinstance(reason, str) and reason else None
         complete = reason not in TRUNCATING_FINISHES  # the same rule as for streams
@@ -275,10 +275,10 @@ class OpenAIChatNormalizer(JsonEventNormalizer):
             out.append(Finish(reason, choice=index))
 
 
-# -- field readers shared by chunks and whole responses ------------------------------------
+# -- field readers shared by chunks and whole responses (and the legacy Completions dialect) -----
 
 
-def _index(obj: dict[str, Any], position: int) -> int:
+def choice_index(obj: dict[str, Any], position: int) -> int:
     """``obj["index"]``, or its position in the list when a server leaves it out."""
     index = obj.get("index")
     return index if isinstance(index, int) and not isinstance(index, bool) and index >= 0 else position
@@ -336,7 +336,7 @@ def _call_fields(call: dict[str, Any]) -> tuple[str | None, str | None, str]:
     return call_id, name, arguments
 
 
-def _choices(obj: dict[str, Any]) -> list[tuple[int, dict[str, Any]]]:
+def choices_of(obj: dict[str, Any]) -> list[tuple[int, dict[str, Any]]]:
     """``(position, choice)`` for each choice object of a chunk or a response."""
     choices = obj.get("choices")
     if not isinstance(choices, list):
@@ -344,7 +344,7 @@ def _choices(obj: dict[str, Any]) -> list[tuple[int, dict[str, Any]]]:
     return [(position, choice) for position, choice in enumerate(choices) if isinstance(choice, dict)]
 
 
-def _usage(obj: dict[str, Any], out: list[Event]) -> None:
+def add_usage(obj: dict[str, Any], out: list[Event]) -> None:
     usage = obj.get("usage")
     if not isinstance(usage, dict):
         groq = obj.get("x_groq")  # Groq's own place for streamed usage
@@ -369,7 +369,7 @@ def _usage(obj: dict[str, Any], out: list[Event]) -> None:
     )
 
 
-def _error(obj: dict[str, Any], out: list[Event]) -> None:
+def add_error(obj: dict[str, Any], out: list[Event]) -> None:
     """``{"error": {...}}``, ``{"error": "text"}`` or a top-level error object (vLLM)."""
     err = obj.get("error", obj)
     if err is None:

@@ -61,7 +61,7 @@ import hashlib
 from dataclasses import asdict, dataclass
 from typing import Any, Literal, Protocol, runtime_checkable
 
-from addon.filters.messages import Message, extract_messages
+from addon.filters.messages import Message, extract_messages, token_prompts
 
 __all__ = [
     "ALLOW",
@@ -132,7 +132,8 @@ class RequestContext:
     declared tools. ``user_id``, ``session_id`` and ``request_id`` come from the
     request's metadata when it has them. ``client_address`` is the client's IP address;
     ``user`` is who the proxy knows the client as (its proxy user name, or the
-    fingerprint of its API key), ``None`` when unknown.
+    fingerprint of its API key), ``None`` when unknown. ``unreadable`` names what the
+    model reads that no filter can (a legacy Completions prompt of token ids).
     """
 
     dialect: str
@@ -144,11 +145,13 @@ class RequestContext:
     request_id: str | None = None
     client_address: str | None = None
     user: str | None = None
+    unreadable: tuple[str, ...] = ()
 
     @classmethod
     def from_body(cls, dialect: str, body: Any, **fields: Any) -> RequestContext:
         """A context whose ``messages`` are read from ``body``; other fields as given."""
-        return cls(dialect, body, tuple(extract_messages(body)), **fields)
+        unreadable = ("prompt: token ids",) if token_prompts(body) else ()
+        return cls(dialect, body, tuple(extract_messages(body)), **fields, unreadable=unreadable)
 
 
 _JOIN_EVERY = 1024

@@ -96,6 +96,12 @@ class FilterSet:
     def check_request(self, ctx: RequestContext) -> list[Verdict]:
         """Every verdict about a request; the proxy blocks it if any is ``block``."""
         verdicts: list[Verdict] = []
+        if ctx.unreadable and (self.request_rules or self.filters):
+            # Text the model reads and no check can: the failure policy decides, as for a
+            # filter that could not run.
+            blocking = self.filters or any(r.action == BLOCK for r in self.request_rules)
+            verdict = self._error("llm-audit", f"cannot be checked: {', '.join(ctx.unreadable)}", "request")
+            verdicts.append(verdict if blocking else replace(verdict, action=FLAG))
         for rule in self.request_rules:
             hits = ((i, hit) for i, message in enumerate(ctx.messages) for hit in rule.find(message.text))
             limit = 1 if rule.action == BLOCK else MAX_HITS_PER_RULE  # one hit is enough to block
