@@ -13,7 +13,11 @@ What the chunks carry and the traps of the compatible servers:
 
 - ``choices[i].delta`` holds the increment of choice ``i`` (``n > 1`` interleaves
   choices): ``content`` is answer text, ``refusal`` a refusal, ``reasoning_content``
-  (llama.cpp, DeepSeek, vLLM) or ``reasoning`` (OpenRouter, newer vLLM) is reasoning.
+  (llama.cpp, DeepSeek, vLLM) or ``reasoning`` (OpenRouter, newer vLLM) is reasoning
+  (vLLM sends both with the same text, read once; when they differ, both are read:
+  clients show either). ``content`` may be a list of parts; a part of a type not known
+  here is read as answer text (all its strings), with a finding, since a client may
+  show it.
 - ``delta.tool_calls[j]`` are fragments keyed by the call's ``index`` within its
   choice: the first carries ``id``, ``type`` and ``function.name``, later ones only
   ``index`` and a piece of ``function.arguments``; parallel calls interleave.
@@ -85,6 +89,9 @@ FILTER = "content_filter"  # the finish reason and Azure's error code for filter
 # Finish reasons that cut whatever was open: the token limit, and a content filter.
 TRUNCATING_FINISHES = frozenset({"length", FILTER})
 DONE = "[DONE]"
+# Content part types that carry media or references, not text a person reads.
+MEDIA_PARTS = frozenset({"image_url", "input_audio", "audio", "image", "file"})
+MAX_PART_DEPTH = 6
 
 
 class OpenAIChat(Dialect):
@@ -286,11 +293,12 @@ def choice_index(obj: dict[str, Any], position: int) -> int:
 
 def _texts(part: dict[str, Any], choice: int, out: list[Event]) -> None:
     """Answer, reasoning and refusal text of a delta or a message."""
-    reasoning = part.get("reasoning_content")
-    if not (isinstance(reasoning, str) and reasoning):
-        reasoning = part.get("reasoning")  # vLLM sends both with the same text: keep one
+    reasoning, other = part.get("reasoning_content"), part.get("reasoning")
     if isinstance(reasoning, str) and reasoning:
         out.append(TextDelta(reasoning, choice, "reasoning"))
+    # vLLM sends both with the same text: read once; different texts are both shown somewhere
+    if isinstance(other, str) and other and other != reasoning:
+        out.append(TextDelta(other, choice, "reasoning"))
     content = part.get("content")
     if isinstance(content, str):
         if content:
@@ -299,6 +307,8 @@ def _texts(part: dict[str, Any], choice: int, out: list[Event]) -> None:
         for item in content:
             if isinstance(item, dict):
                 _content_part(item, choice, out)
+            elif isinstance(item, str) and item:  # not the API's shape, but text a client may show
+                out.append(TextDelta(item, choice))
     refusal = part.get("refusal")
     if isinstance(refusal, str) and refusal:
         out.append(TextDelta(refusal, choice, "refusal"))
@@ -306,10 +316,12 @@ def _texts(part: dict[str, Any], choice: int, out: list[Event]) -> None:
 
 def _content_part(item: dict[str, Any], choice: int, out: list[Event]) -> None:
     kind = item.get("type")
-    if kind == "text" and isinstance(item.get("text"), str) and item["text"]:
-        out.append(TextDelta(item["text"], choice))
-    elif kind == "refusal" and isinstance(item.get("refusal"), str) and item["refusal"]:
-        out.append(TextDelta(item["refusal"], choice, "refusal"))
+    if kind == "text" and isinstance(item.get("text"), str):
+        if item["text"]:
+            out.append(TextDelta(item["text"], choice))
+    elif kind == "refusal" and isinstance(item.get("refusal"), str):
+        if item["refusal"]:
+            out.append(TextDelta(item["refusal"], choice, "refusal"))
     elif kind == "thinking":
         thinking = item.get("thinking")
         parts = thinking if isinstance(thinking, list) else [{"text": thinking}]
@@ -317,6 +329,28 @@ def _content_part(item: dict[str, Any], choice: int, out: list[Event]) -> None:
             text = p.get("text") if isinstance(p, dict) else None
             if isinstance(text, str) and text:
                 out.append(TextDelta(text, choice, "reasoning"))
+    elif kind not in MEDIA_PARTS:
+        strings: list[str] = []
+        _strings(item, strings, 0)
+        if strings:
+            out.append(Finding("unknown_content_part", f"type {str(kind)[:40]!r}: read as answer text"))
+            out.extend(TextDelta(s, choice) for s in strings)
+
+
+def _strings(value: Any, out: list[str], depth: int) -> None:
+    """Every non-empty string in a part of unknown shape but its ``type`` (bounded depth)."""
+    if depth > MAX_PART_DEPTH:
+        return
+    if isinstance(value, str):
+        if value:
+            out.append(value)
+    elif isinstance(value, list):
+        for v in value:
+            _strings(v, out, depth + 1)
+    elif isinstance(value, dict):
+        for key, v in value.items():
+            if key not in ("type", "id", "index"):
+                _strings(v, out, depth + 1)
 
 
 def _call_fields(call: dict[str, Any]) -> tuple[str | None, str | None, str]:

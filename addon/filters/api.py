@@ -201,7 +201,9 @@ class OutputPiece:
 
     ``choice`` is the alternative answer (0 unless the client asked for several);
     ``kind`` is ``text``, ``reasoning``, ``refusal`` or ``tool_arguments`` (then
-    ``tool_key`` names the tool call being assembled). ``text`` is the new piece;
+    ``tool_key`` names the tool call being assembled), or one of the strings that arrive
+    whole: ``tool_name`` (with its ``tool_key``), ``error`` (the upstream's error
+    message) and ``final_text`` (a final text that disagrees with the streamed deltas). ``text`` is the new piece;
     ``end`` is the length of the stream's text including it. ``final`` marks the call
     made once a stream is over, with ``text == ""``, before its held-back tail is
     released: the last chance to block.
@@ -212,7 +214,7 @@ class OutputPiece:
     """
 
     choice: int
-    kind: Literal["text", "reasoning", "refusal", "tool_arguments"]
+    kind: Literal["text", "reasoning", "refusal", "tool_arguments", "tool_name", "error", "final_text"]
     text: str
     end: int
     tool_key: str | None = None
