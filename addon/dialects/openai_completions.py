@@ -59,7 +59,8 @@ from addon.dialects.blocking import (
     unfinished,
     unix_now,
 )
-from addon.dialects.openai_chat import DONE, FILTER, PATH_SUFFIX as CHAT_SUFFIX, add_error, add_usage, choice_index, choices_of
+from addon.dialects.openai_chat import DONE, FILTER, add_error, add_usage, choice_index, choices_of
+from addon.dialects.openai_chat import PATH_SUFFIX as CHAT_SUFFIX
 from addon.events import Event, Finding, Finish, ResponseMeta, TextDelta
 from addon.filters.messages import token_prompts
 from addon.sse import SSEEvent
