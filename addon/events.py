@@ -52,6 +52,21 @@ class TextEnd:
 
 
 @dataclass(frozen=True, slots=True)
+class ShownText:
+    """Text a client may show a person that is not part of the record's output.
+
+    A Responses stream's final text that disagrees with its deltas, say: the record keeps
+    the deltas (what a streaming client showed), while a client reading the final event
+    shows this. The record ignores it; the output filters check it (``kind`` names it in
+    their verdicts' location) like any other text.
+    """
+
+    text: str
+    choice: int = 0
+    kind: str = "final_text"
+
+
+@dataclass(frozen=True, slots=True)
 class ToolCallDelta:
     """A fragment of a tool call, assembled by ``key``.
 
@@ -124,4 +139,7 @@ class Finding:
     detail: str = ""
 
 
-Event = ResponseMeta | TextDelta | TextEnd | ToolCallDelta | Finish | Usage | StreamError | StreamEnd | Replayed | Finding
+Event = (
+    ResponseMeta | TextDelta | TextEnd | ShownText | ToolCallDelta | Finish | Usage | StreamError | StreamEnd | Replayed
+    | Finding
+)

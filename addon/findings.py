@@ -25,6 +25,7 @@ CODES: dict[str, str] = {
     "surrogate escape, a byte order mark); it was read that way.",
     "request_missing_field": "The request envelope lacks a REQUIRED field (llm-stream draft section 4.2).",
     "request_invalid_field": "A request envelope field has the wrong type or value.",
+    "request_token_prompt": "A legacy Completions prompt is token ids, which the request filters cannot read.",
     # llm-stream event envelope (draft section 5)
     "invalid_json": "An event's data is not exactly one JSON object (draft section 5.1).",
     "first_event_not_stream_start": "The first event is not stream.start (draft section 5.3.1).",
@@ -51,5 +52,8 @@ CODES: dict[str, str] = {
     "tool_call_truncated": "A tool call was cut off (token limit or stream end); its arguments are kept as received.",
     "event_id_invalid": "An SSE event id is not the integer the protocol requires (LMSP: integers from 1).",
     "event_id_not_increasing": "SSE event ids did not strictly increase.",
+    "final_text_mismatch": "A stream's final text (Responses *.done, response.completed) differs from its deltas; "
+    "the deltas are recorded, the final text was checked by the output filters.",
+    "unknown_content_part": "A content part of a type the dialect does not know; its strings were read as answer text.",
 }
 

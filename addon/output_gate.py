@@ -33,7 +33,7 @@ from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from addon.events import Event, Finish, StreamEnd, StreamError, TextDelta, TextEnd, ToolCallDelta
+from addon.events import Event, Finish, ShownText, StreamEnd, StreamError, TextDelta, TextEnd, ToolCallDelta
 from addon.dialects import Normalizer
 from addon.filters.api import BLOCK, FLAG, Verdict
 from addon.filters.engine import FILTER_ERROR, OutputGuard, Release, StreamKey
@@ -219,10 +219,16 @@ class OutputGate:
     # -- internals ------------------------------------------------------------------------
 
     def _check(self, ev: Event, needs: list[tuple[StreamKey, int]]) -> None:
+        """Feed the guard every string of ``ev`` a client may show a person: text of any
+        kind, a tool call's name and arguments, an error's message."""
         match ev:
             case TextDelta(text=text, choice=choice, kind=kind):
                 self._feed((choice, kind, None), text, needs)
-            case ToolCallDelta(key=key, arguments=arguments, choice=choice, complete=complete):
+            case ShownText(text=text, choice=choice, kind=kind):
+                self._whole((choice, kind, None), text, needs)
+            case ToolCallDelta(key=key, arguments=arguments, name=name, choice=choice, complete=complete):
+                if name:
+                    self._whole((choice, "tool_name", key), name, needs)
                 stream = (choice, "tool_arguments", key)
                 if arguments:
                     self._feed(stream, arguments, needs)
@@ -233,13 +239,22 @@ class OutputGate:
             case Finish(choice=choice):
                 for stream in [s for s in self.guard.streams() if s[0] == choice]:
                     self._flush(stream)
-            case StreamEnd() | StreamError():
+            case StreamError(message=message):
+                if message:
+                    self._whole((0, "error", None), message, needs)
+                self._settle(self.guard.flush_all().values())
+            case StreamEnd():
                 self._settle(self.guard.flush_all().values())
 
     def _feed(self, stream: StreamKey, text: str, needs: list[tuple[StreamKey, int]]) -> None:
         choice, kind, tool_key = stream
         self._settle([self.guard.feed(text, choice=choice, kind=kind, tool_key=tool_key)])
         needs.append((stream, self.guard.progress(stream)[0]))  # released up to here: the event may go
+
+    def _whole(self, stream: StreamKey, text: str, needs: list[tuple[StreamKey, int]]) -> None:
+        """A string that arrives whole (a name, a message): checked and released at once."""
+        self._feed(stream, text, needs)
+        self._flush(stream)
 
     def _flush(self, stream: StreamKey) -> None:
         choice, kind, tool_key = stream

@@ -7,6 +7,7 @@ answered in its API's format and shaped by the
 * ``POST /v1/llm/stream``, and any POST with ``Content-Type:
   application/llm-request+json`` whatever the path: llm-stream SSE.
 * ``POST …/chat/completions``: OpenAI Chat Completions.
+* ``POST …/completions`` (not ``…/chat/completions``): OpenAI legacy Completions.
 * ``POST …/responses`` (not under ``/lmsp/``): OpenAI Responses.
 * ``POST …/v1/messages``: Anthropic Messages.
 * ``POST …/models/{model}:streamGenerateContent`` (SSE with ``?alt=sse``, a
@@ -176,6 +177,8 @@ def route(method: str, path: str, query: str, content_type: str) -> Route | None
         return Route(DIALECTS["llm-stream"], stream=True)
     if path.endswith("/chat/completions"):
         return Route(DIALECTS["openai-chat"])
+    if path.endswith("/completions"):
+        return Route(DIALECTS["openai-completions"])
     if path.endswith("/lmsp/v1/responses"):
         return Route(DIALECTS["lmsp"])
     if path.endswith("/responses") and "/lmsp/" not in path:

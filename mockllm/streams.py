@@ -136,13 +136,13 @@ def served_model(request: dict[str, Any], scenario: Scenario) -> str:
     return model if isinstance(model, str) and model else DEFAULT_MODEL
 
 
-_PROMPT_KEYS = frozenset({"content", "text", "input", "instructions", "system"})
+_PROMPT_KEYS = frozenset({"content", "text", "input", "instructions", "system", "prompt"})
 
 
 def prompt_tokens(request: Any) -> int:
     """A deterministic stand-in for input tokens: words in prompt-like strings.
 
-    Walking every ``content``/``text``/``input``/``instructions``/``system``
+    Walking every ``content``/``text``/``input``/``instructions``/``system``/``prompt``
     key, whatever the nesting, makes the count work for all dialects'
     request shapes without knowing them.
     """
@@ -659,6 +659,84 @@ def openai_chat_completion(request: dict[str, Any], scenario: Scenario) -> dict[
     return completion | {"service_tier": "default", "system_fingerprint": SYSTEM_FINGERPRINT}
 
 
+# --- OpenAI legacy Completions --------------------------------------------------------
+
+
+def _completion_choices(request: dict[str, Any], generation: Generation) -> int:
+    """Choices of a Completions answer: ``n`` per prompt of a batch (a list of strings)."""
+    prompt = request.get("prompt")
+    batch = len(prompt) if isinstance(prompt, list) and prompt and all(isinstance(p, str) for p in prompt) else 1
+    return generation.choices * batch
+
+
+def _completion_logprobs(request: dict[str, Any], text: str, offset: int) -> dict[str, Any] | None:
+    """The ``logprobs`` of one text piece when the request asks for them (one token per piece)."""
+    if _request_int(request.get("logprobs")) is None:
+        return None
+    return {"tokens": [text], "token_logprobs": [-0.25], "top_logprobs": [{text: -0.25}], "text_offset": [offset]}
+
+
+def openai_completions_chunks(request: dict[str, Any], scenario: Scenario) -> list[bytes]:
+    """``text_completion`` chunks as OpenAI streams them for ``POST /v1/completions``.
+
+    Each chunk carries one choice's text piece (choices interleave); the last one of a
+    choice has the ``finish_reason``; then, with ``stream_options.include_usage``, a
+    ``choices: []`` chunk with the usage, and ``data: [DONE]``. An error replaces the
+    final chunks with ``data: {"error": {...}}``. Reasoning, refusals and tools have no
+    place in this API and are not sent.
+    """
+    generation = _chat_generation(request, scenario)
+    choices = _completion_choices(request, generation)
+    include_usage = scenario.usage and _dict(request.get("stream_options")).get("include_usage") is True
+    head = {"id": f"cmpl-{generation.digest}", "object": "text_completion", "created": CREATED,
+            "model": generation.model, "system_fingerprint": SYSTEM_FINGERPRINT}
+    finish = None if generation.stop == "error" else _CHAT_FINISH_REASONS.get(generation.stop, "stop")
+    offsets = [sum(map(len, generation.texts[:k])) for k in range(len(generation.texts))]
+    per_choice = [
+        [(text, offset, None) for text, offset in zip(generation.texts, offsets)]
+        + ([("", len(generation.text), finish)] if finish else [])
+        for _ in range(choices)
+    ]
+    items = [
+        sse_event(None, {**head, "choices": [{"text": text, "index": choice, "finish_reason": reason,
+                                             "logprobs": _completion_logprobs(request, text, offset)}]}, scenario)
+        for choice, (text, offset, reason) in _round_robin(per_choice)
+    ]
+    if generation.error is not None:
+        return [*items, sse_event(None, {"error": _openai_error(generation.error, "server_error")}, scenario)]
+    if include_usage:
+        items.append(sse_event(None, {**head, "choices": [], "usage": _completion_usage(generation, choices)}, scenario))
+    return with_end(items, sse_event(None, b"[DONE]", scenario), scenario)
+
+
+def _completion_usage(generation: Generation, choices: int) -> dict[str, Any]:
+    completion = len(generation.texts) * choices
+    return {"prompt_tokens": generation.input_tokens, "completion_tokens": completion,
+            "total_tokens": generation.input_tokens + completion}
+
+
+def openai_completion(request: dict[str, Any], scenario: Scenario) -> dict[str, Any]:
+    """The ``text_completion`` object of a request that does not stream."""
+    generation = _chat_generation(request, scenario)
+    choices = _completion_choices(request, generation)
+    logprobs = _completion_logprobs(request, generation.text, 0)
+    completion: dict[str, Any] = {
+        "id": f"cmpl-{generation.digest}",
+        "object": "text_completion",
+        "created": CREATED,
+        "model": generation.model,
+        "system_fingerprint": SYSTEM_FINGERPRINT,
+        "choices": [
+            {"text": generation.text, "index": choice, "logprobs": logprobs,
+             "finish_reason": _CHAT_FINISH_REASONS.get(generation.stop, "stop")}
+            for choice in range(choices)
+        ],
+    }
+    if scenario.usage:
+        completion["usage"] = _completion_usage(generation, choices)
+    return completion
+
+
 # --- OpenAI Responses -----------------------------------------------------------------
 
 _ITEM_PREFIXES = {"reasoning": "rs", "text": "msg", "tool_call": "fc"}
@@ -1171,6 +1249,7 @@ DIALECTS: dict[str, Dialect] = {
     for dialect in (
         Dialect("llm-stream", llm_stream_events, None, llm_stream_error_body),
         Dialect("openai-chat", openai_chat_chunks, openai_chat_completion, openai_error_body),
+        Dialect("openai-completions", openai_completions_chunks, openai_completion, openai_error_body),
         Dialect("openai-responses", openai_responses_events, openai_response, openai_error_body),
         Dialect("anthropic", anthropic_events, anthropic_message, anthropic_error_body),
         Dialect("gemini", gemini_sse_events, gemini_response, gemini_error_body),

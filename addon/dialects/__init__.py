@@ -368,7 +368,9 @@ def int_field(obj: Mapping[str, Any], name: str) -> int | None:
 
 
 
-BUILTIN_DIALECTS = ("llm_stream", "lmsp", "openai_responses", "openai_chat", "anthropic", "gemini")
+BUILTIN_DIALECTS = (
+    "llm_stream", "lmsp", "openai_responses", "openai_chat", "openai_completions", "anthropic", "gemini",
+)
 
 
 def _load_builtin_dialects() -> None:

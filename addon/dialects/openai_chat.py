@@ -13,7 +13,11 @@ What the chunks carry and the traps of the compatible servers:
 
 - ``choices[i].delta`` holds the increment of choice ``i`` (``n > 1`` interleaves
   choices): ``content`` is answer text, ``refusal`` a refusal, ``reasoning_content``
-  (llama.cpp, DeepSeek, vLLM) or ``reasoning`` (OpenRouter, newer vLLM) is reasoning.
+  (llama.cpp, DeepSeek, vLLM) or ``reasoning`` (OpenRouter, newer vLLM) is reasoning
+  (vLLM sends both with the same text, read once; when they differ, both are read:
+  clients show either). ``content`` may be a list of parts; a part of a type not known
+  here is read as answer text (all its strings), with a finding, since a client may
+  show it.
 - ``delta.tool_calls[j]`` are fragments keyed by the call's ``index`` within its
   choice: the first carries ``id``, ``type`` and ``function.name``, later ones only
   ``index`` and a piece of ``function.arguments``; parallel calls interleave.
@@ -85,6 +89,9 @@ FILTER = "content_filter"  # the finish reason and Azure's error code for filter
 # Finish reasons that cut whatever was open: the token limit, and a content filter.
 TRUNCATING_FINISHES = frozenset({"length", FILTER})
 DONE = "[DONE]"
+# Content part types that carry media or references, not text a person reads.
+MEDIA_PARTS = frozenset({"image_url", "input_audio", "audio", "image", "file"})
+MAX_PART_DEPTH = 6
 
 
 class OpenAIChat(Dialect):
@@ -152,10 +159,10 @@ class OpenAIChatNormalizer(JsonEventNormalizer):
         out: list[Event] = []
         self._meta(obj, out)
         if "error" in obj or event.event == "error" or obj.get("object") == "error":
-            _error(obj, out)
-        for position, choice in _choices(obj):
+            add_error(obj, out)
+        for position, choice in choices_of(obj):
             self._chunk_choice(choice, position, out)
-        _usage(obj, out)
+        add_usage(obj, out)
         return out
 
     def _meta(self, obj: dict[str, Any], out: list[Event]) -> None:
@@ -170,7 +177,7 @@ class OpenAIChatNormalizer(JsonEventNormalizer):
             out.append(ResponseMeta(model=model, response_id=response_id, created=int_field(obj, "created")))
 
     def _chunk_choice(self, choice: dict[str, Any], position: int, out: list[Event]) -> None:
-        index = _index(choice, position)
+        index = choice_index(choice, position)
         self.finished.setdefault(index, False)
         delta = choice.get("delta")
         if not isinstance(delta, dict):
@@ -181,7 +188,7 @@ class OpenAIChatNormalizer(JsonEventNormalizer):
             if isinstance(tool_calls, list):
                 for j, call in enumerate(tool_calls):
                     if isinstance(call, dict):
-                        self._tool_fragment(index, _index(call, j), call, out)
+                        self._tool_fragment(index, choice_index(call, j), call, out)
             function_call = delta.get("function_call")  # legacy functions API
             if isinstance(function_call, dict):
                 self._tool_fragment(index, -1, {"function": function_call}, out)
@@ -245,14 +252,14 @@ class OpenAIChatNormalizer(JsonEventNormalizer):
         out: list[Event] = []
         self._meta(response, out)
         if "error" in response or response.get("object") == "error":
-            _error(response, out)
-        for position, choice in _choices(response):
+            add_error(response, out)
+        for position, choice in choices_of(response):
             self._response_choice(choice, position, out)
-        _usage(response, out)
+        add_usage(response, out)
         return out
 
     def _response_choice(self, choice: dict[str, Any], position: int, out: list[Event]) -> None:
-        index = _index(choice, position)
+        index = choice_index(choice, position)
         reason = choice.get("finish_reason")
         reason = reason if isinstance(reason, str) and reason else None
         complete = reason not in TRUNCATING_FINISHES  # the same rule as for streams
@@ -275,10 +282,10 @@ class OpenAIChatNormalizer(JsonEventNormalizer):
             out.append(Finish(reason, choice=index))
 
 
-# -- field readers shared by chunks and whole responses ------------------------------------
+# -- field readers shared by chunks and whole responses (and the legacy Completions dialect) -----
 
 
-def _index(obj: dict[str, Any], position: int) -> int:
+def choice_index(obj: dict[str, Any], position: int) -> int:
     """``obj["index"]``, or its position in the list when a server leaves it out."""
     index = obj.get("index")
     return index if isinstance(index, int) and not isinstance(index, bool) and index >= 0 else position
@@ -286,11 +293,12 @@ def _index(obj: dict[str, Any], position: int) -> int:
 
 def _texts(part: dict[str, Any], choice: int, out: list[Event]) -> None:
     """Answer, reasoning and refusal text of a delta or a message."""
-    reasoning = part.get("reasoning_content")
-    if not (isinstance(reasoning, str) and reasoning):
-        reasoning = part.get("reasoning")  # vLLM sends both with the same text: keep one
+    reasoning, other = part.get("reasoning_content"), part.get("reasoning")
     if isinstance(reasoning, str) and reasoning:
         out.append(TextDelta(reasoning, choice, "reasoning"))
+    # vLLM sends both with the same text: read once; different texts are both shown somewhere
+    if isinstance(other, str) and other and other != reasoning:
+        out.append(TextDelta(other, choice, "reasoning"))
     content = part.get("content")
     if isinstance(content, str):
         if content:
@@ -299,6 +307,8 @@ def _texts(part: dict[str, Any], choice: int, out: list[Event]) -> None:
         for item in content:
             if isinstance(item, dict):
                 _content_part(item, choice, out)
+            elif isinstance(item, str) and item:  # not the API's shape, but text a client may show
+                out.append(TextDelta(item, choice))
     refusal = part.get("refusal")
     if isinstance(refusal, str) and refusal:
         out.append(TextDelta(refusal, choice, "refusal"))
@@ -306,10 +316,12 @@ def _texts(part: dict[str, Any], choice: int, out: list[Event]) -> None:
 
 def _content_part(item: dict[str, Any], choice: int, out: list[Event]) -> None:
     kind = item.get("type")
-    if kind == "text" and isinstance(item.get("text"), str) and item["text"]:
-        out.append(TextDelta(item["text"], choice))
-    elif kind == "refusal" and isinstance(item.get("refusal"), str) and item["refusal"]:
-        out.append(TextDelta(item["refusal"], choice, "refusal"))
+    if kind == "text" and isinstance(item.get("text"), str):
+        if item["text"]:
+            out.append(TextDelta(item["text"], choice))
+    elif kind == "refusal" and isinstance(item.get("refusal"), str):
+        if item["refusal"]:
+            out.append(TextDelta(item["refusal"], choice, "refusal"))
     elif kind == "thinking":
         thinking = item.get("thinking")
         parts = thinking if isinstance(thinking, list) else [{"text": thinking}]
@@ -317,6 +329,28 @@ def _content_part(item: dict[str, Any], choice: int, out: list[Event]) -> None:
             text = p.get("text") if isinstance(p, dict) else None
             if isinstance(text, str) and text:
                 out.append(TextDelta(text, choice, "reasoning"))
+    elif kind not in MEDIA_PARTS:
+        strings: list[str] = []
+        _strings(item, strings, 0)
+        if strings:
+            out.append(Finding("unknown_content_part", f"type {str(kind)[:40]!r}: read as answer text"))
+            out.extend(TextDelta(s, choice) for s in strings)
+
+
+def _strings(value: Any, out: list[str], depth: int) -> None:
+    """Every non-empty string in a part of unknown shape but its ``type`` (bounded depth)."""
+    if depth > MAX_PART_DEPTH:
+        return
+    if isinstance(value, str):
+        if value:
+            out.append(value)
+    elif isinstance(value, list):
+        for v in value:
+            _strings(v, out, depth + 1)
+    elif isinstance(value, dict):
+        for key, v in value.items():
+            if key not in ("type", "id", "index"):
+                _strings(v, out, depth + 1)
 
 
 def _call_fields(call: dict[str, Any]) -> tuple[str | None, str | None, str]:
@@ -336,7 +370,7 @@ def _call_fields(call: dict[str, Any]) -> tuple[str | None, str | None, str]:
     return call_id, name, arguments
 
 
-def _choices(obj: dict[str, Any]) -> list[tuple[int, dict[str, Any]]]:
+def choices_of(obj: dict[str, Any]) -> list[tuple[int, dict[str, Any]]]:
     """``(position, choice)`` for each choice object of a chunk or a response."""
     choices = obj.get("choices")
     if not isinstance(choices, list):
@@ -344,7 +378,7 @@ def _choices(obj: dict[str, Any]) -> list[tuple[int, dict[str, Any]]]:
     return [(position, choice) for position, choice in enumerate(choices) if isinstance(choice, dict)]
 
 
-def _usage(obj: dict[str, Any], out: list[Event]) -> None:
+def add_usage(obj: dict[str, Any], out: list[Event]) -> None:
     usage = obj.get("usage")
     if not isinstance(usage, dict):
         groq = obj.get("x_groq")  # Groq's own place for streamed usage
@@ -369,7 +403,7 @@ def _usage(obj: dict[str, Any], out: list[Event]) -> None:
     )
 
 
-def _error(obj: dict[str, Any], out: list[Event]) -> None:
+def add_error(obj: dict[str, Any], out: list[Event]) -> None:
     """``{"error": {...}}``, ``{"error": "text"}`` or a top-level error object (vLLM)."""
     err = obj.get("error", obj)
     if err is None:

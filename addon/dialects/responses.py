@@ -30,7 +30,11 @@ What the stream carries, and how it maps to the common events:
   response repeat the whole text or arguments. They are never appended again: they are
   compared with what the deltas gave and only fill in what is missing (all of it when
   no delta came, the tail when the deltas stopped short). When they disagree with the
-  deltas, the deltas are kept (they are what a streaming client showed).
+  deltas, the deltas are kept (they are what a streaming client showed), the finding
+  ``final_text_mismatch`` says so, and the final text goes to the output filters as
+  :class:`~addon.events.ShownText` (what a client reading the final event shows:
+  ``response.output_text``, ``get_final_response()``), so it is checked before the event
+  carrying it is released.
 - Final events (``response.completed``, ``.incomplete``, ``.failed``; dialects add
   more) give usage, the stop reason (the response ``status``, or
   ``incomplete_details.reason`` such as ``max_output_tokens``), errors, and end the
@@ -55,6 +59,7 @@ from addon.events import (
     Finding,
     Finish,
     ResponseMeta,
+    ShownText,
     StreamEnd,
     TextEnd,
     StreamError,
@@ -168,6 +173,7 @@ class ResponsesNormalizer(JsonEventNormalizer):
         self.opened: set[str] = set()  # items announced in this stream
         self.item_at: dict[int, str] = {}  # output_index -> item id
         self.undeclared: set[str] = set()  # calls already reported as undeclared
+        self.disagreeing: set[tuple[tuple[str, str, int], int]] = set()  # (part, hash of a final text) seen
 
     # -- dispatch -------------------------------------------------------------------------
 
@@ -350,7 +356,24 @@ class ResponsesNormalizer(JsonEventNormalizer):
         if have != full and full.startswith(have):
             out.append(TextDelta(full[len(have) :], 0, kind))
             have = full
+        elif have != full:
+            # a part this stream did not open, whose final text ends with its deltas, is the
+            # tail of a resumed stream: no disagreement, but the whole text is still checked
+            resumed = key[0] not in self.opened and full.endswith(have)
+            self._disagreement(key, full, kind, out, finding=not resumed)
         self.parts[key] = [have]  # kept as one string: later repeats compare cheaply
+
+    def _disagreement(self, key: tuple[str, str, int], full: str, kind: str, out: list[Event], finding: bool) -> None:
+        """A final text that is not what the deltas said: each different one is checked, the
+        first one of a part is a finding."""
+        seen = (key, hash(full))
+        if seen in self.disagreeing:
+            return
+        if finding and not any(k == key for k, _ in self.disagreeing):
+            out.append(Finding("final_text_mismatch", f"{kind} of {key[0]}: the final text differs from the deltas"))
+        self.disagreeing.add(seen)
+        if full:
+            out.append(ShownText(full, 0, "final_text"))
 
     def _settle_call(self, item_id: str, full: Any, item: dict[str, Any] | None, whole: bool, out: list[Event]) -> None:
         """A call's whole arguments: fill in what is missing and mark it complete."""

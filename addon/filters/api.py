@@ -61,7 +61,7 @@ import hashlib
 from dataclasses import asdict, dataclass
 from typing import Any, Literal, Protocol, runtime_checkable
 
-from addon.filters.messages import Message, extract_messages
+from addon.filters.messages import Message, extract_messages, token_prompts
 
 __all__ = [
     "ALLOW",
@@ -132,7 +132,8 @@ class RequestContext:
     declared tools. ``user_id``, ``session_id`` and ``request_id`` come from the
     request's metadata when it has them. ``client_address`` is the client's IP address;
     ``user`` is who the proxy knows the client as (its proxy user name, or the
-    fingerprint of its API key), ``None`` when unknown.
+    fingerprint of its API key), ``None`` when unknown. ``unreadable`` names what the
+    model reads that no filter can (a legacy Completions prompt of token ids).
     """
 
     dialect: str
@@ -144,11 +145,13 @@ class RequestContext:
     request_id: str | None = None
     client_address: str | None = None
     user: str | None = None
+    unreadable: tuple[str, ...] = ()
 
     @classmethod
     def from_body(cls, dialect: str, body: Any, **fields: Any) -> RequestContext:
         """A context whose ``messages`` are read from ``body``; other fields as given."""
-        return cls(dialect, body, tuple(extract_messages(body)), **fields)
+        unreadable = ("prompt: token ids",) if token_prompts(body) else ()
+        return cls(dialect, body, tuple(extract_messages(body)), **fields, unreadable=unreadable)
 
 
 _JOIN_EVERY = 1024
@@ -198,7 +201,9 @@ class OutputPiece:
 
     ``choice`` is the alternative answer (0 unless the client asked for several);
     ``kind`` is ``text``, ``reasoning``, ``refusal`` or ``tool_arguments`` (then
-    ``tool_key`` names the tool call being assembled). ``text`` is the new piece;
+    ``tool_key`` names the tool call being assembled), or one of the strings that arrive
+    whole: ``tool_name`` (with its ``tool_key``), ``error`` (the upstream's error
+    message) and ``final_text`` (a final text that disagrees with the streamed deltas). ``text`` is the new piece;
     ``end`` is the length of the stream's text including it. ``final`` marks the call
     made once a stream is over, with ``text == ""``, before its held-back tail is
     released: the last chance to block.
@@ -209,7 +214,7 @@ class OutputPiece:
     """
 
     choice: int
-    kind: Literal["text", "reasoning", "refusal", "tool_arguments"]
+    kind: Literal["text", "reasoning", "refusal", "tool_arguments", "tool_name", "error", "final_text"]
     text: str
     end: int
     tool_key: str | None = None

@@ -96,10 +96,16 @@ class FilterSet:
     def check_request(self, ctx: RequestContext) -> list[Verdict]:
         """Every verdict about a request; the proxy blocks it if any is ``block``."""
         verdicts: list[Verdict] = []
+        if ctx.unreadable and (self.request_rules or self.filters):
+            # Text the model reads and no check can: the failure policy decides, as for a
+            # filter that could not run.
+            blocking = self.filters or any(r.action == BLOCK for r in self.request_rules)
+            verdict = self._error("llm-audit", f"cannot be checked: {', '.join(ctx.unreadable)}", "request")
+            verdicts.append(verdict if blocking else replace(verdict, action=FLAG))
         for rule in self.request_rules:
             hits = ((i, hit) for i, message in enumerate(ctx.messages) for hit in rule.find(message.text))
             limit = 1 if rule.action == BLOCK else MAX_HITS_PER_RULE  # one hit is enough to block
-            verdicts.extend(rule.verdict(hit, 0, f"messages[{i}]") for i, hit in islice(hits, limit))
+            verdicts.extend(rule.verdict(hit, hit.start, f"messages[{i}]") for i, hit in islice(hits, limit))
         for name, f in self.filters:
             found, _ = self.call(name, lambda f=f: f.check_request(ctx), "request")
             verdicts.extend(found)
@@ -139,8 +145,10 @@ class _Stream:
     def __init__(self, key: StreamKey, fs: FilterSet) -> None:
         choice, kind, tool_key = key
         self.key = key
-        if kind == "tool_arguments":
-            self.location = f"output.tool_calls[{tool_key}].arguments"
+        if kind in ("tool_arguments", "tool_name"):
+            self.location = f"output.tool_calls[{tool_key}].{'arguments' if kind == 'tool_arguments' else 'name'}"
+        elif kind == "error":
+            self.location = "output.error.message"
         else:
             self.location = f"output.choices[{choice}].{kind}"
         self.scanner = StreamScanner(fs.response_rules, extra_hold=fs.filter_hold, location=self.location)
@@ -150,8 +158,10 @@ class _Stream:
 class OutputGuard:
     """Checks one exchange's output, stream by stream, and says what may be released.
 
-    A stream is one choice's ``text``, ``reasoning`` or ``refusal``, or one tool call's
-    arguments (``kind="tool_arguments"`` with its ``tool_key``). Feed each piece as it
+    A stream is one choice's ``text``, ``reasoning`` or ``refusal``, one tool call's
+    arguments or name (``kind="tool_arguments"`` / ``"tool_name"`` with its ``tool_key``),
+    the upstream's error message (``kind="error"``) or a final text that disagrees with
+    the deltas (``kind="final_text"``). Feed each piece as it
     arrives and send only the released text; call :meth:`flush` when a stream ends (a
     content block closes, a tool call completes) or :meth:`flush_all` at the end of the
     response. Once :attr:`blocked` is set, nothing more is released anywhere: the proxy

@@ -11,7 +11,11 @@ and compatible servers):
 - Anthropic ``system`` and ``messages`` with content blocks (text, thinking,
   ``tool_use`` input, ``tool_result`` content);
 - Gemini ``systemInstruction`` and ``contents[].parts[]`` (text, ``functionCall`` args,
-  ``functionResponse``).
+  ``functionResponse``);
+- legacy Completions ``prompt`` (a string, or a batch of strings: one message each) and
+  ``suffix`` (the text after the insertion point, which the model reads too). A prompt
+  of token ids cannot be read without the model's tokenizer: :func:`token_prompts` says
+  so, and the request filters treat it as text they could not check.
 
 The parts of one message are joined with newlines. Tool arguments and results are part
 of the text: they go upstream like any other words. Images, audio and other binary parts
@@ -61,6 +65,12 @@ def extract_messages(body: Any) -> list[Message]:
         if isinstance(items, list):
             for item in items:
                 _add_item(out, item)
+    prompt = body.get("prompt")  # legacy Completions
+    for item in prompt if isinstance(prompt, list) else [prompt]:
+        if isinstance(item, str):
+            _add(out, "user", item)
+    if isinstance(body.get("suffix"), str):
+        _add(out, "user", body["suffix"])
     items = body.get("input")  # Responses, LMSP
     if isinstance(items, str):
         _add(out, "user", items)
@@ -68,6 +78,15 @@ def extract_messages(body: Any) -> list[Message]:
         for item in items:
             _add_item(out, item)
     return out
+
+
+def token_prompts(body: Any) -> bool:
+    """Whether a Completions body's ``prompt`` holds token ids (a list of integers, or of
+    lists of them): text the model reads that no filter can."""
+    prompt = body.get("prompt") if isinstance(body, dict) else None
+    if not isinstance(prompt, list):
+        return False
+    return any(isinstance(p, int) or (isinstance(p, list) and p) for p in prompt)
 
 
 def _add_item(out: list[Message], item: Any) -> None:

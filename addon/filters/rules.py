@@ -11,6 +11,8 @@ One ``[[rule]]`` table per rule::
     action = "block"             # block | flag: required
     window = 80                  # optional: characters held back, see below
     reason = "internal host name"  # optional: recorded with the verdict
+    normalize = true             # default: match on the normalised text (see below)
+    confusables = false          # opt-in: also read lookalike letters of other scripts as Latin
 
     [[rule]]
     id = "code-names"
@@ -39,6 +41,15 @@ nothing is held back and a match is reported (and still stops the stream) when s
 A smaller window than the default lets the start of a longer match through. ``flag``
 rules never hold text back.
 
+Every rule matches on a normalised view of the text (:mod:`addon.filters.normalize`):
+default-ignorable characters (zero-width joiners, soft hyphens, ...) removed and NFKC
+applied (fullwidth letters, ligatures, ...), so ``Night\u200djar`` and ``Ｎightjar`` match
+the keyword ``Nightjar``; keywords are normalised the same way. ``normalize = false``
+matches the raw text. ``confusables = true`` also reads Cyrillic, Greek and Armenian
+lookalikes of Latin letters (``і``, ``о``, ``ο``) as those letters; it is opt-in because
+it rewrites honest Cyrillic and Greek text too. Positions in verdicts are in the
+original text.
+
 TOML and not YAML: ``tomllib`` is in the standard library, TOML has no implicit typing
 (YAML reads ``no`` as false), literal strings ``'...'`` hold regular expressions
 without doubled backslashes, and its syntax errors carry the line. Any error in the file
@@ -55,6 +66,7 @@ from pathlib import Path
 from typing import Any, Literal, NoReturn
 
 from addon.filters.api import Verdict, match_hash
+from addon.filters.normalize import DEFAULT_VIEW, fold
 from addon.filters.detectors import (
     MAX_SPAN,
     PII,
@@ -72,7 +84,7 @@ ACTIONS = ("block", "flag")
 DEFAULT_REGEX_SPAN = 256  # the longest match an unbounded pattern is assumed to make
 FILTER_NAME = "rules"  # the ``filter`` of every verdict a rule gives
 
-_COMMON_KEYS = {"id", "kind", "scope", "action", "window", "reason"}
+_COMMON_KEYS = {"id", "kind", "scope", "action", "window", "reason", "normalize", "confusables"}
 _KIND_KEYS = {
     "regex": {"pattern", "case_sensitive"},
     "keywords": {"keywords", "case_sensitive"},
@@ -106,6 +118,7 @@ class Rule:
     matchers: tuple[Matcher, ...]
     window: int | None = None  # None: each matcher's own hold
     reason: str = ""
+    view: str = DEFAULT_VIEW  # how the text is read: addon.filters.normalize.VIEWS
 
     @property
     def on_request(self) -> bool:
@@ -122,16 +135,23 @@ class Rule:
         return matcher.hold if self.window is None else self.window
 
     def find(self, text: str) -> Iterator[Hit]:
-        """Every hit in a complete text (a request message)."""
+        """Every hit in a complete text (a request message), matched on the rule's view;
+        ``start`` and ``end`` are offsets in ``text``, ``text`` the view's match."""
+        view, where = fold(text, self.view)
         for matcher in self.matchers:
-            yield from matcher.find(text)
+            for hit in matcher.find(view):
+                if where is None:
+                    yield hit
+                else:
+                    yield Hit(where[hit.start], where[hit.end - 1] + 1, hit.label, hit.text)
 
-    def verdict(self, hit: Hit, offset: int = 0, location: str = "") -> Verdict:
-        """The verdict for a hit found ``offset`` characters into the checked text."""
+    def verdict(self, hit: Hit, position: int, location: str = "") -> Verdict:
+        """The verdict for a hit at ``position`` of the original text (the hash is of the
+        normalised match, so evasions of one word share its hash)."""
         reason = self.reason or _DEFAULT_REASONS[self.kind]
         if hit.label:
             reason = f"{reason} ({hit.label})"
-        return Verdict(self.action, self.id, reason, offset + hit.start, match_hash(hit.text), FILTER_NAME, location)
+        return Verdict(self.action, self.id, reason, position, match_hash(hit.text), FILTER_NAME, location)
 
 
 def load_rules(path: str | Path) -> list[Rule]:
@@ -272,16 +292,24 @@ class _Entry:
         if window is not None and not 0 <= window <= MAX_SPAN:
             self.fail("window", f"'window' must be between 0 and {MAX_SPAN}, not {window}")
         reason = self.get("reason", str, "")
+        view = self._view()
         match kind:
             case "regex":
                 matchers = self._regex(window)
             case "keywords":
-                matchers = self._keywords()
+                matchers = self._keywords(view)
             case "secrets":
                 matchers = (secrets_matcher(self.strings("types", SECRET_TYPES)),)
             case _:
                 matchers = tuple(PII[t] for t in self.strings("types", PII_TYPES))
-        return Rule(rule_id, kind, action, scope, matchers, window, reason)
+        return Rule(rule_id, kind, action, scope, matchers, window, reason, view)
+
+    def _view(self) -> str:
+        normalize = self.get("normalize", bool, True)
+        confusables = self.get("confusables", bool, False)
+        if confusables and not normalize:
+            self.fail("confusables", "'confusables' needs the normalised text: drop 'normalize = false'")
+        return "confusables" if confusables else "nfkc" if normalize else "raw"
 
     def _regex(self, window: int | None) -> tuple[Matcher, ...]:
         pattern = self.get("pattern", str)
@@ -296,10 +324,14 @@ class _Entry:
         # A pattern's own bound wins; an unbounded one is scanned as far as the window.
         return (Matcher(regex, high or window or DEFAULT_REGEX_SPAN),)
 
-    def _keywords(self) -> tuple[Matcher, ...]:
-        words = sorted(self.strings("keywords"), key=len, reverse=True)
-        if not words:
+    def _keywords(self, view: str) -> tuple[Matcher, ...]:
+        given = self.strings("keywords")
+        if not given:
             self.fail(None, "missing 'keywords'")
+        # A keyword is read the way the text is: "Ｎightjar" in the file is "Nightjar".
+        words = sorted(dict.fromkeys(fold(w, view)[0] for w in given), key=len, reverse=True)
+        if not words[-1].strip():
+            self.fail("keywords", "a keyword is only invisible characters")
         flags = 0 if self.get("case_sensitive", bool, False) else re.IGNORECASE
         # One alternation, longest first, with word edges that also work for words
         # that start or end with punctuation ("C++").

@@ -23,6 +23,14 @@ scanning per character instead of a full overlap per piece. The price is that te
 released in steps: a blocking rule holds between ``hold`` and ``hold + step - 1``
 characters.
 
+Views. Rules match on a normalised view of the text (:mod:`addon.filters.normalize`:
+invisible characters removed, NFKC, optionally confusables), so spans, holds and steps
+count view characters, and invisible characters cost no window. Positions and the
+release are in original characters: each view character knows the original character
+it came from, a view's release point is the original offset of its first unreleasable
+view character, and the invisible characters inside a match lie between its first and
+last view characters, so they are held with it.
+
 Guarantee: no character of a match of a blocking rule is released, however the text is
 cut, as long as the rule's window covers its longest match. Limits: an unbounded regex
 longer than its window may leak its start; a regex that looks further than one
@@ -33,11 +41,13 @@ the overlap.
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from addon.filters.api import BLOCK, Verdict
 from addon.filters.detectors import Matcher
+from addon.filters.normalize import Fold, folder
 from addon.filters.rules import Rule
 
 CONTEXT = 32  # characters kept before a check's overlap, for lookbehinds and \b
@@ -62,34 +72,136 @@ class _Track:
         return max(self.resume, self.checked - self.matcher.span - self.matcher.lookahead)
 
 
+class _View:
+    """One way of reading the stream (see :mod:`addon.filters.normalize`) and the tracks
+    of the rules that read it that way.
+
+    ``buf`` holds the view's text from ``base`` on (view offsets); ``where`` the original
+    offset of each of its characters, or ``None`` while the view is the original text
+    itself (ASCII, or text no fold changes: the common case costs no map). ``safe`` is the
+    original offset up to which this view's blocking tracks allow a release.
+    """
+
+    __slots__ = ("fold", "tracks", "holding", "buf", "base", "length", "where", "next_check", "safe", "keep_back",
+                 "trim_at")
+
+    def __init__(self, fold: Fold | None, tracks: list[_Track]) -> None:
+        self.fold = fold
+        self.tracks = tracks
+        self.holding = [t for t in tracks if t.hold > 0]
+        self.buf = ""
+        self.base = 0
+        self.length = 0
+        self.where: array[int] | None = None
+        self.next_check = 0
+        self.safe = 0
+        # the next check's release point can be this far back from the view's end
+        self.keep_back = max((t.hold for t in self.holding), default=0)
+        # The most text the checks and the release can still need; the buffer is cut
+        # back to it once it has grown to twice that, so each character is copied a
+        # bounded number of times.
+        needs = [t.matcher.span + t.matcher.lookahead + t.step + t.hold for t in tracks]
+        self.trim_at = 2 * (max(needs, default=0) + CONTEXT)
+
+    def add(self, text: str, start: int) -> None:
+        """A piece of the stream that starts at original offset ``start``."""
+        view, where = (text, None) if self.fold is None else self.fold(text)
+        if where is not None and self.where is None:
+            self.where = array("q", range(self.base, self.base + len(self.buf)))  # the same offsets so far
+        if self.where is not None:
+            self.where.extend(range(start, start + len(text)) if where is None else [start + w for w in where])
+        self.buf += view
+        self.length += len(view)
+
+    def original(self, index: int, end: int) -> int:
+        """The original offset of the view's character at ``index``; ``end`` past the view's end.
+
+        Before ``base`` (a finished block, all of it released): 0, which releases nothing.
+        """
+        if index >= self.length:
+            return end
+        if index < self.base:
+            return 0
+        return index if self.where is None else self.where[index - self.base]
+
+    def check(self, final: bool, end: int, location: str) -> tuple[list[Verdict], Verdict | None]:
+        """Run the due tracks; the verdicts (positions in the original text) and the first block."""
+        verdicts: list[Verdict] = []
+        blocked: Verdict | None = None
+        base, buf = self.base, self.buf
+        for t in self.tracks:
+            if t.hits >= MAX_HITS_PER_RULE or (not final and self.length - t.checked < t.step):
+                continue
+            # Candidates ending closer than ``lookahead`` to the end are not final yet.
+            limit = self.length if final else self.length - t.matcher.lookahead
+            for m in t.matcher.regex.finditer(buf, t.scan_from() - base):
+                if base + m.end() > limit:
+                    break
+                t.resume = base + m.end()
+                hit = t.matcher.hit(m)
+                if hit is None:
+                    continue
+                verdict = t.rule.verdict(hit, self.original(base + hit.start, end), location)
+                verdicts.append(verdict)
+                t.hits += 1
+                if verdict.action == BLOCK:
+                    blocked = blocked or verdict
+                    break
+                if t.hits >= MAX_HITS_PER_RULE:
+                    break
+            t.checked = self.length
+        self.next_check = min((t.checked + t.step for t in self._active()), default=1 << 62)
+        if self.holding:
+            self.safe = self.original(max(0, min(t.checked - t.hold for t in self.holding)), end)
+        return verdicts, blocked
+
+    def end_block(self) -> None:
+        """The block is over: no match spans it and what follows."""
+        self.buf, self.base, self.where = "", self.length, None if self.where is None else array("q")
+        for t in self.tracks:
+            t.checked = t.resume = self.length
+        self.next_check = self.length
+
+    def trim(self) -> None:
+        """Drop the text no check (and no release point) will look at again."""
+        if len(self.buf) <= self.trim_at:
+            return
+        keep = min([self.length - self.keep_back] + [t.scan_from() - CONTEXT for t in self._active()])
+        if keep > self.base:
+            cut = keep - self.base
+            self.buf = self.buf[cut:]
+            if self.where is not None:
+                del self.where[:cut]
+            self.base = keep
+
+    def _active(self) -> list[_Track]:
+        return [t for t in self.tracks if t.hits < MAX_HITS_PER_RULE]
+
+
 class StreamScanner:
     """Checks one stream's text against rules and releases what is safe to send.
 
     ``extra_hold`` holds back at least that many characters whatever the rules need
     (user filters' windows). ``location`` is written into the verdicts; positions count
-    from the stream's start.
+    from the stream's start, in original characters. Each rule reads the stream through
+    its view (:attr:`Rule.view`); the release is in original characters: a character is
+    released once every view has passed all view characters it contributes to, and
+    invisible characters inside a match are held with it.
     """
 
     def __init__(self, rules: Sequence[Rule], *, extra_hold: int = 0, location: str = "") -> None:
-        self._tracks = [
-            _Track(rule, m, rule.hold(m), max(MIN_STEP, (m.span + m.lookahead) // 4), 0, 0)
-            for rule in rules
-            for m in rule.matchers
-        ]
-        self._holding = [t for t in self._tracks if t.hold > 0]
+        by_view: dict[str, list[_Track]] = {}
+        for rule in rules:
+            for m in rule.matchers:
+                track = _Track(rule, m, rule.hold(m), max(MIN_STEP, (m.span + m.lookahead) // 4), 0, 0)
+                by_view.setdefault(rule.view, []).append(track)
+        self._views = [_View(folder(view), tracks) for view, tracks in by_view.items()]
+        self._holding = [v for v in self._views if v.holding]
         self._extra_hold = extra_hold
         self._location = location
-        self._buf = ""  # the stream's text from ``_base`` on
-        self._base = 0
+        self._pending = ""  # original text fed and not released yet
         self._length = 0  # characters fed so far
         self._released = 0
-        self._safe = 0  # what the holding tracks allow to release, as of their last check
-        self._next_check = 0
-        # The most text the checks and the release can still need; the buffer is cut
-        # back to it once it has grown to twice that, so each character is copied a
-        # bounded number of times.
-        needs = [t.matcher.span + t.matcher.lookahead + t.step + t.hold for t in self._tracks]
-        self._trim_at = 2 * (max(needs, default=0) + extra_hold + CONTEXT)
         self.blocked: Verdict | None = None
 
     @property
@@ -104,8 +216,8 @@ class StreamScanner:
 
     @property
     def hold(self) -> int:
-        """The most characters this scanner holds back between checks."""
-        return max([self._extra_hold] + [t.hold for t in self._holding])
+        """The most characters (of a view) this scanner holds back between checks."""
+        return max([self._extra_hold] + [v.keep_back for v in self._holding])
 
     def feed(self, text: str) -> tuple[str, list[Verdict]]:
         """Add a piece; return the text that may be released now and any new verdicts.
@@ -114,15 +226,20 @@ class StreamScanner:
         """
         if self.blocked is not None or not text:
             return "", []
-        self._buf += text
+        start = self._length
+        self._pending += text
         self._length += len(text)
-        verdicts = self._check(final=False) if self._length >= self._next_check else []
+        verdicts: list[Verdict] = []
+        for view in self._views:
+            view.add(text, start)
+            if view.length >= view.next_check:
+                self._check(view, False, verdicts)
         target = self._length - self._extra_hold
         if self._holding:
-            target = min(target, self._safe)
+            target = min([target] + [v.safe for v in self._holding])
         released = self._release(target)
-        if len(self._buf) > self._trim_at:
-            self._trim()
+        for view in self._views:
+            view.trim()
         return released, verdicts
 
     def flush(self) -> tuple[str, list[Verdict]]:
@@ -133,55 +250,23 @@ class StreamScanner:
         """
         if self.blocked is not None:
             return "", []
-        verdicts = self._check(final=True)
+        verdicts: list[Verdict] = []
+        for view in self._views:
+            self._check(view, True, verdicts)
         released = self._release(self._length)
-        self._buf, self._base = "", self._length
-        for t in self._tracks:
-            t.checked = t.resume = self._length
-        self._next_check = self._length
+        for view in self._views:
+            view.end_block()
         return released, verdicts
 
-    def _check(self, final: bool) -> list[Verdict]:
-        verdicts: list[Verdict] = []
-        base, buf = self._base, self._buf
-        for t in self._tracks:
-            if t.hits >= MAX_HITS_PER_RULE or (not final and self._length - t.checked < t.step):
-                continue
-            # Candidates ending closer than ``lookahead`` to the end are not final yet.
-            limit = self._length if final else self._length - t.matcher.lookahead
-            for m in t.matcher.regex.finditer(buf, t.scan_from() - base):
-                if base + m.end() > limit:
-                    break
-                t.resume = base + m.end()
-                hit = t.matcher.hit(m)
-                if hit is None:
-                    continue
-                verdict = t.rule.verdict(hit, base, self._location)
-                verdicts.append(verdict)
-                t.hits += 1
-                if verdict.action == BLOCK:
-                    self.blocked = self.blocked or verdict
-                    break
-                if t.hits >= MAX_HITS_PER_RULE:
-                    break
-            t.checked = self._length
-        self._next_check = min((t.checked + t.step for t in self._active()), default=1 << 62)
-        self._safe = min((t.checked - t.hold for t in self._holding), default=0)
-        return verdicts
-
-    def _active(self) -> list[_Track]:
-        return [t for t in self._tracks if t.hits < MAX_HITS_PER_RULE]
+    def _check(self, view: _View, final: bool, verdicts: list[Verdict]) -> None:
+        found, blocked = view.check(final, self._length, self._location)
+        verdicts.extend(found)
+        self.blocked = self.blocked or blocked
 
     def _release(self, target: int) -> str:
         if self.blocked is not None or target <= self._released:
             return ""
-        out = self._buf[self._released - self._base : target - self._base]
+        cut = target - self._released
+        out, self._pending = self._pending[:cut], self._pending[cut:]
         self._released = target
         return out
-
-    def _trim(self) -> None:
-        """Drop the text that is released and that no check will look at again."""
-        keep = min([self._released] + [t.scan_from() - CONTEXT for t in self._active()])
-        if keep > self._base:
-            self._buf = self._buf[keep - self._base :]
-            self._base = keep

@@ -46,6 +46,7 @@ from addon.dialects import (
     llm_stream,
     lmsp,
     openai_chat,
+    openai_completions,
     openai_responses,
 )
 from addon.dialects import anthropic as anthropic_dialect
@@ -60,6 +61,7 @@ from mockllm.streams import (
     llm_stream_events,
     lmsp_events,
     openai_chat_chunks,
+    openai_completions_chunks,
     openai_responses_events,
 )
 
@@ -182,6 +184,13 @@ CASES = {
             {**TEXT_CUTS, "mid_tool": (b'"arguments"', 3, False)},  # after the first fragment
         ),
         Case(
+            openai_completions.DIALECT,
+            view("/v1/completions"),
+            {"model": "gpt-3.5-turbo-instruct", "prompt": "Say hi", "stream": True},
+            openai_completions_chunks,
+            dict(TEXT_CUTS),  # no tools in this API
+        ),
+        Case(
             openai_responses.DIALECT,
             view("/v1/responses"),
             {"model": "gpt-5", "input": "hi", "stream": True, "tools": RESPONSES_TOOLS},
@@ -277,6 +286,7 @@ def test_every_registered_dialect_is_tested() -> None:
 BLOCKED_STREAM_RECORD = {
     "llm-stream": ("content_filtered", [], []),
     "openai-chat": ("content_filter", [], []),
+    "openai-completions": ("content_filter", [], []),
     "openai-responses": ("content_filtered", ["failed"], []),
     "anthropic-messages": ("invalid_request_error", [], ["missing_stream_end"]),  # as every Anthropic error stream
     "gemini": ("SAFETY", ["SAFETY"], []),
@@ -285,6 +295,7 @@ BLOCKED_STREAM_RECORD = {
 BLOCKED_BODY_CODE = {
     "llm-stream": "content_filtered",
     "openai-chat": "content_filter",
+    "openai-completions": "content_filter",
     "openai-responses": "content_filtered",
     "anthropic-messages": "invalid_request_error",
     "gemini": "INVALID_ARGUMENT",
@@ -466,6 +477,7 @@ def cut_stream(case: Case, cut_name: str, scenario: Scenario = SCENARIO) -> tupl
 CUT_RECORD: dict[str, tuple[str, str | None, str, dict[str, list[str]]]] = {
     "llm-stream": ("failed", "content_filtered", "content_filter", {}),
     "openai-chat": ("completed", None, "content_filter", {"mid_tool": ["tool_call_truncated"]}),
+    "openai-completions": ("completed", None, "content_filter", {}),
     "openai-responses": ("failed", "content_filtered", "failed", {"mid_tool": ["tool_call_truncated"]}),
     "anthropic-messages": ("failed", "invalid_request_error", "", {"mid_tool": ["tool_call_truncated"]}),
     "gemini": ("completed", None, "SAFETY", {}),
@@ -582,6 +594,28 @@ def chat_sdk(url: str, cut_name: str) -> None:
     assert (completion.choices[0].message.content or "") == PARTIAL_TEXT[cut_name]
 
 
+def completions_sdk(url: str, cut_name: str) -> None:
+    client = openai_client(url)
+    chunks = list(client.completions.create(model="gpt-3.5-turbo-instruct", prompt="Say hi", stream=True))
+    text = "".join(c.text for chunk in chunks for c in chunk.choices)
+    assert (text, chunks[-1].choices[0].finish_reason) == (PARTIAL_TEXT[cut_name], "content_filter")
+
+
+def test_openai_completions_sdk_raises_the_block_as_api_error_in_a_stream_and_bad_request_without(
+    upstream: Upstream,
+) -> None:
+    case = CASES["openai-completions"]
+    client = openai_client(upstream.serve(blocked(case, streaming=True)))
+    with pytest.raises(openai.APIError) as raised:
+        for _ in client.completions.create(model="gpt-3.5-turbo-instruct", prompt="hi", stream=True):
+            pass
+    assert (raised.value.code, raised.value.message) == ("content_filter", MESSAGE)
+    client = openai_client(upstream.serve(blocked(case, streaming=False)))
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.completions.create(model="gpt-3.5-turbo-instruct", prompt="hi")
+    assert (refused.value.status_code, refused.value.code) == (400, "content_filter")
+
+
 def responses_sdk(url: str, cut_name: str) -> None:
     client = openai_client(url)
     events = list(client.responses.create(model="gpt-5", input="hi", tools=RESPONSES_TOOLS, stream=True))
@@ -649,6 +683,7 @@ def lmsp_client(body: bytes, cut_name: str) -> None:
 
 SDK_CHECKS: dict[str, Callable[[str, str], None]] = {
     "openai-chat": chat_sdk,
+    "openai-completions": completions_sdk,
     "openai-responses": responses_sdk,
     "anthropic-messages": anthropic_sdk,
     "gemini": gemini_sdk,

@@ -217,3 +217,23 @@ def test_the_flow_list_comment(usage, status, line):
     record = ExchangeRecord(dialect="openai-chat", request_model="gpt-4o", status=status)
     record.usage.update(usage)
     assert contentview.summary_line(record) == line
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_a_legacy_completions_exchange_shows_its_prompt_and_every_choice(stream):
+    case = Case("openai-completions", "/v1/completions", {
+        "model": "gpt-3.5-turbo-instruct", "stream": stream, "prompt": ["Weather in Vienna?", "And Graz?"],
+        "stream_options": {"include_usage": True}})
+    mock = DIALECTS[case.mock]
+    body = (b"".join(mock.stream(case.body, Scenario.parse(""))) if stream
+            else orjson.dumps(mock.body(case.body, Scenario.parse(""))))
+    f = flow_for(case, response=body, content_type=None if stream else "application/json")
+    row = expected_row(f, case)
+    request = render(f, f.request)
+    assert request.view_name == "LLM stream" and "\nuser\n  Weather in Vienna?" in request.text
+    assert "\nuser\n  And Graz?" in request.text
+    result = render(f, f.response)
+    assert result.view_name == "LLM stream", result.text
+    assert result.text.startswith("openai-completions response · completed")
+    assert row["output_text"] in result.text and len(row["output"]["choices"]) == 2
+    assert f"usage       input {row['input_tokens']} · output {row['output_tokens']}" in result.text

@@ -259,4 +259,88 @@ def test_the_buffer_stays_small_when_no_rule_checks_any_more():
         scanner.feed(f"user{i}@example.com ")
     for _ in range(10_000):
         scanner.feed("plain text ")
-    assert len(scanner._buf) <= scanner._trim_at
+    assert all(len(view.buf) <= view.trim_at for view in scanner._views) and not scanner._pending
+
+
+# -- evasion by invisible and lookalike characters ----------------------------------------
+
+ZWJ, SHY, ZWSP, WJ = "\u200d", "\u00ad", "\u200b", "\u2060"
+
+
+def interleave(word: str, invisible: str) -> str:
+    """``word`` with ``invisible`` between every two letters."""
+    return invisible.join(word)
+
+
+EVASIONS = [
+    f"the {interleave('Nightjar', ZWJ)} plan",
+    f"the {interleave('Nightjar', SHY)} plan",
+    f"the {interleave('nightjar', ZWSP + WJ)} plan",
+    "the Ｎｉｇｈｔｊａｒ plan",  # fullwidth
+    f"the {interleave('Ｎｉｇｈｔｊａｒ', ZWJ)} plan",
+    "the ﬁxed Nigh\ufe0ftjar plan",  # a ligature before (two view characters from one), a variation selector inside
+    f"{ZWJ * 40}Night{SHY * 300}jar",  # more invisible characters than the window
+    f"it is Project\u00a0{interleave('Bluebird', ZWJ)}",  # a no-break space between the words
+    f"ssh db-7.corp.{interleave('example', SHY)}.com now",
+]
+
+
+def test_every_evasion_has_one_blocking_match_in_the_original_text():
+    for text in EVASIONS:
+        [(rule_id, position, _)] = whole(BLOCKING, text)
+        assert text[position] in "NnＮPsd", (text, position)
+
+
+def test_an_evasion_cut_at_any_single_position_never_leaks():
+    for text in EVASIONS:
+        for cut in range(len(text) + 1):
+            check_stream(BLOCKING, text, [cut])
+
+
+def test_an_evasion_cut_at_any_two_positions_never_leaks():
+    for text in EVASIONS:
+        if len(text) > 60:
+            continue
+        for i in range(len(text) + 1):
+            for j in range(i, len(text) + 1):
+                check_stream(BLOCKING, text, [i, j])
+
+
+def test_an_evasion_in_one_character_pieces_never_leaks():
+    for text in EVASIONS:
+        check_stream(BLOCKING, text, range(1, len(text)))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.sampled_from(["a ", "Night", "jar", ZWJ, SHY, "Ｎ", "ｊａｒ", " x", "\u00a0", "ﬁ"]), max_size=20),
+       st.lists(st.integers(0, 200), max_size=8))
+def test_random_text_with_invisible_characters_never_leaks(parts, cuts):
+    text = "".join(parts)
+    check_stream(BLOCKING, text, [c for c in cuts if c <= len(text)])
+
+
+def test_invisible_characters_do_not_count_towards_the_window():
+    # A thousand invisible characters inside the word: the window still covers the match.
+    text = "the Night" + ZWJ * 1000 + "jar plan"
+    released, verdicts, _ = run(BLOCKING, text, range(1, len(text)))
+    assert [v.position for v in verdicts if v.action == "block"] == [4] and "the ".startswith(released)
+
+
+def test_normalize_false_matches_the_raw_text_only():
+    [raw] = parse_rules('[[rule]]\nid = "k"\nkind = "keywords"\nkeywords = ["nightjar"]\naction = "block"\n'
+                        "normalize = false")
+    assert whole([raw], f"{interleave('Nightjar', ZWJ)}") == []
+    assert [p for _, p, _ in whole([raw], "a Nightjar")] == [2]
+
+
+CONFUSABLE = parse_rules('[[rule]]\nid = "k"\nkind = "keywords"\nkeywords = ["nightjar"]\naction = "block"\n'
+                         "confusables = true")
+
+
+def test_confusable_letters_match_only_when_opted_in():
+    text = "the N\u0456ghtj\u0430r plan"  # Cyrillic і and а
+    assert whole(BLOCKING, text) == []
+    assert [p for _, p, _ in whole(CONFUSABLE, text)] == [4]
+    for cut in range(len(text) + 1):
+        check_stream(CONFUSABLE, text, [cut])
+    check_stream(CONFUSABLE, text, range(1, len(text)))

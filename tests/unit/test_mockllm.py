@@ -1089,7 +1089,7 @@ def test_stream_flag_errors_and_unknown_routes(plain: tuple[str, Path | None]) -
         problem = c.post(f"{url}/lmsp/v1/responses?status=503", json=LMSP_REQUEST)
         gzipped = c.post(f"{url}/v1/responses?gzip=1&events=2", json=RESPONSES_REQUEST)
         assert c.get(f"{url}/v1/chat/completions").status_code == 404
-        assert c.post(f"{url}/v1/completions", json=CHAT_REQUEST).status_code == 404
+        assert c.post(f"{url}/v1/embeddings", json=CHAT_REQUEST).status_code == 404
     assert failed.status_code == 500 and failed.json()["error"]["type"] == "overloaded_error"
     assert limited.status_code == 429 and limited.json()["error"]["code"] == "rate_limit_exceeded"
     assert problem.status_code == 503 and problem.headers["content-type"] == "application/problem+json"

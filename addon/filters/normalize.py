@@ -1,0 +1,121 @@
+"""The text rules match on: what a person reads, not how it was encoded.
+
+A keyword rule for ``Nightjar`` must not be defeated by ``Night\\u200djar`` (a zero-width
+joiner), ``Night\\u00adjar`` (a soft hyphen) or ``Ｎｉｇｈｔｊａｒ`` (fullwidth letters): a
+reader, and a model, sees the same word. So rules match on a *view* of the text:
+
+- ``raw``: the text as it is (a rule with ``normalize = false``);
+- ``nfkc`` (the default): Unicode default-ignorable code points removed
+  (:data:`DEFAULT_IGNORABLE`), then each character in compatibility normal form NFKC
+  (fullwidth and halfwidth forms, ligatures such as ``ﬁ``, mathematical alphanumerics
+  such as ``𝐍``, superscripts, the Kelvin sign, no-break and other spaces become the
+  plain characters);
+- ``confusables`` (opt-in, ``confusables = true``): ``nfkc``, then letters of other
+  scripts that look like Latin letters (Cyrillic ``і``, ``о``, Greek ``ο``, ...) become
+  those letters (:data:`CONFUSABLES`). Opt-in because it also rewrites honest Cyrillic
+  and Greek text, so a rule for a Latin word may then match inside it.
+
+Each character is mapped on its own, never together with its neighbours, so the view of
+a stream is the same however the stream is cut into pieces, and every character of the
+view knows the original character it came from: :func:`fold` returns, for each
+character of the view, its offset in the original text. That is what lets the hold-back
+scanner release original characters and report original positions while matching on
+the view (:mod:`addon.filters.window`). The price of mapping character by character:
+NFKC's canonical composition across characters is not done (``e`` + U+0301 stays two
+characters), which matters for no evasion by invisible characters, as U+0301 is visible.
+
+Why not a library: the default-ignorable list is a short, stable table from Unicode's
+``DerivedCoreProperties.txt`` (``unicodedata`` does not expose the property), NFKC is
+``unicodedata.normalize``, and the confusables kept are the few dozen lookalikes of Latin
+letters from ``confusables.txt`` that are single characters; the full table (and the
+``confusable_homoglyphs`` package built on it) maps to multi-character skeletons that
+would break the one-character-at-a-time mapping.
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+from collections.abc import Callable
+from functools import lru_cache
+
+# Default_Ignorable_Code_Point (Unicode 15.1 DerivedCoreProperties.txt): characters a
+# renderer shows as nothing unless it supports them: soft hyphen, combining grapheme
+# joiner, Arabic letter mark, Hangul fillers, Khmer inherent vowels, Mongolian variation
+# selectors, zero-width space / non-joiner / joiner, direction marks and embeddings, word
+# joiner and invisible operators, variation selectors, the BOM, shorthand format
+# controls, musical symbol formatting, and the tag characters.
+DEFAULT_IGNORABLE: tuple[tuple[int, int], ...] = (
+    (0x00AD, 0x00AD), (0x034F, 0x034F), (0x061C, 0x061C), (0x115F, 0x1160),
+    (0x17B4, 0x17B5), (0x180B, 0x180F), (0x200B, 0x200F), (0x202A, 0x202E),
+    (0x2060, 0x206F), (0x3164, 0x3164), (0xFE00, 0xFE0F), (0xFEFF, 0xFEFF),
+    (0xFFA0, 0xFFA0), (0xFFF0, 0xFFF8), (0x1BCA0, 0x1BCA3), (0x1D173, 0x1D17A),
+    (0xE0000, 0xE0FFF),
+)  # fmt: skip
+_IGNORABLE = re.compile("[" + "".join(f"\\U{lo:08x}-\\U{hi:08x}" for lo, hi in DEFAULT_IGNORABLE) + "]")
+
+# Single characters of other scripts that read as a Latin letter (a subset of Unicode's
+# confusables.txt: Cyrillic, Greek, Armenian and Latin-extended lookalikes).
+CONFUSABLES: dict[str, str] = {
+    **dict.fromkeys("аɑα", "a"), **dict.fromkeys("сϲ", "c"), "ԁ": "d", **dict.fromkeys("еҽ", "e"),
+    "ɡ": "g", "һ": "h", **dict.fromkeys("іιıӏ", "i"), **dict.fromkeys("јϳ", "j"), **dict.fromkeys("кκ", "k"),
+    "ո": "n", **dict.fromkeys("оοօ", "o"), **dict.fromkeys("рρ", "p"), "ԛ": "q", "ѕ": "s",
+    **dict.fromkeys("υս", "u"), **dict.fromkeys("νѵ", "v"), **dict.fromkeys("ԝѡ", "w"), "х": "x",
+    **dict.fromkeys("уү", "y"),
+    **dict.fromkeys("АΑ", "A"), **dict.fromkeys("ВΒ", "B"), **dict.fromkeys("СϹ", "C"), **dict.fromkeys("ЕΕ", "E"),
+    **dict.fromkeys("НΗ", "H"), **dict.fromkeys("ІΙӀ", "I"), "Ј": "J", **dict.fromkeys("КΚ", "K"),
+    **dict.fromkeys("МΜ", "M"), "Ν": "N", **dict.fromkeys("ОΟ", "O"), **dict.fromkeys("РΡ", "P"), "Ѕ": "S",
+    **dict.fromkeys("ТΤ", "T"), **dict.fromkeys("ХΧ", "X"), **dict.fromkeys("ҮΥ", "Y"), "Ζ": "Z",
+}  # fmt: skip
+
+VIEWS = ("raw", "nfkc", "confusables")
+DEFAULT_VIEW = "nfkc"
+
+# A view of a text: the view and, for each of its characters, the offset in the text of
+# the character it came from; ``None`` when the view is the text itself.
+Folded = tuple[str, list[int] | None]
+Fold = Callable[[str], Folded]
+
+
+@lru_cache(maxsize=8192)
+def _nfkc_char(ch: str) -> str:
+    if _IGNORABLE.match(ch):
+        return ""
+    return _IGNORABLE.sub("", unicodedata.normalize("NFKC", ch))
+
+
+@lru_cache(maxsize=8192)
+def _confusable_char(ch: str) -> str:
+    return "".join(CONFUSABLES.get(c, c) for c in _nfkc_char(ch))
+
+
+def _folder(one: Callable[[str], str]) -> Fold:
+    def fold(text: str) -> Folded:
+        if text.isascii():  # nothing to do for ASCII: the common case, kept cheap
+            return text, None
+        out: list[str] = []
+        where: list[int] = []
+        for i, ch in enumerate(text):
+            mapped = ch if ch < "\x80" else one(ch)
+            out.append(mapped)
+            where.extend([i] * len(mapped))
+        view = "".join(out)
+        return (text, None) if view == text else (view, where)
+
+    return fold
+
+
+nfkc_fold: Fold = _folder(_nfkc_char)
+confusables_fold: Fold = _folder(_confusable_char)
+_FOLDS: dict[str, Fold | None] = {"raw": None, "nfkc": nfkc_fold, "confusables": confusables_fold}
+
+
+def folder(view: str) -> Fold | None:
+    """The fold of a view (``None`` for ``raw``: the text is its own view)."""
+    return _FOLDS[view]
+
+
+def fold(text: str, view: str = DEFAULT_VIEW) -> Folded:
+    """``text`` seen through ``view``, with each view character's offset in ``text``."""
+    f = _FOLDS[view]
+    return (text, None) if f is None else f(text)

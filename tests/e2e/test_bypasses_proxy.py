@@ -1,0 +1,250 @@
+"""Nothing slips past the audit or the filters (issue 14), end to end.
+
+A real mitmdump with a rules file blocking a code word in requests and responses, the
+mock upstream over HTTP/1.1 and HTTP/2 with TLS, the official ``openai`` SDK, both
+database backends. Each case got through before:
+
+- the legacy Completions API (``client.completions.create``), streamed and not: now
+  recorded (text, choices, usage, finish reasons), its prompt checked, its output cut;
+- the word hidden by invisible characters or fullwidth letters, in a request and in an
+  answer;
+- strings outside the answer text (reasoning under both names, a tool call's name, an
+  error message, an unknown content part, a Responses final text that differs from the
+  deltas), sent as exact upstream bytes (the mock's ``raw``).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import ssl
+import uuid
+from typing import Any
+
+import httpx
+import openai
+import orjson
+import pytest
+
+from conftest import BACKENDS, Proxy, new_database, start_proxy, wait_for
+
+pytestmark = pytest.mark.e2e
+
+WORD = "Nightjar"
+RULES = f"""
+[[rule]]
+id = "no-code-name"
+kind = "keywords"
+keywords = ["{WORD}"]
+action = "block"
+reason = "internal code name"
+"""
+ZWJ, SHY = "\u200d", "\u00ad"
+MOCK_TEXT = "tök0 tök1 tök2 tök3 tök4"  # the mock's default answer
+INSTRUCT = "gpt-3.5-turbo-instruct"
+
+
+@pytest.fixture(scope="module", params=BACKENDS)
+def guarded(request, tmp_path_factory, upstreams) -> Proxy:
+    tmp = tmp_path_factory.mktemp("bypasses")
+    rules = tmp / "rules.toml"
+    rules.write_text(RULES)
+    p = start_proxy(tmp, "--set", f"llm_rules={rules}", upstream_ca=upstreams["h2"].ca,
+                    **new_database(request, request.param, tmp))
+    yield p
+    p.process.stop()
+
+
+@pytest.fixture(params=["h1", "h2"])
+def transport(request) -> str:
+    return request.param
+
+
+def client(proxy: Proxy, up, transport: str) -> openai.OpenAI:
+    http = httpx.Client(proxy=proxy.url, verify=ssl.create_default_context(cafile=str(proxy.ca)),
+                        http2=transport == "h2", timeout=30)
+    return openai.OpenAI(base_url=f"{up.url}/v1", api_key="sk-test", max_retries=0, http_client=http)
+
+
+def mock(scenario: str = "") -> tuple[str, dict[str, str]]:
+    mock_id = uuid.uuid4().hex
+    return mock_id, {"x-mock-id": mock_id, **({"x-mock": scenario} if scenario else {})}
+
+
+def raw(body: bytes) -> str:
+    return "raw=" + base64.urlsafe_b64encode(body).decode()
+
+
+def seen_by_sdk(items: list[Any]) -> str:
+    """Everything the SDK handed the application, as text."""
+    return "\n".join(i.model_dump_json() for i in items)
+
+
+def assert_request_blocked(proxy: Proxy, up, mock_id: str, rule_id: str = "no-code-name") -> dict:
+    row = proxy.mock_row(mock_id)
+    assert (row["status"], row["error_code"]) == ("blocked", "content_filtered")
+    assert [v["rule_id"] for v in row["verdicts"] if v["action"] == "block"] == [rule_id]
+    assert up.received(mock_id) == {}, "a blocked request never reaches the upstream"
+    return row
+
+
+def assert_output_blocked(proxy: Proxy, mock_id: str, location: str) -> dict:
+    row = proxy.mock_row(mock_id)
+    assert (row["status"], row["error_code"]) == ("blocked", "content_filtered")
+    assert [(v["rule_id"], v["location"]) for v in row["verdicts"]] == [("no-code-name", location)]
+    assert WORD not in orjson.dumps(row["verdicts"]).decode() and WORD not in row["error_message"]
+    return row
+
+
+# -- the legacy Completions API -------------------------------------------------------------
+
+
+def test_legacy_completions_streamed_and_not_are_recorded_with_the_official_sdk(guarded, upstreams, transport):
+    up = upstreams[transport]
+    c = client(guarded, up, transport)
+    mock_id, headers = mock()
+    chunks = list(c.completions.create(model=INSTRUCT, prompt="Say this is a test", stream=True, max_tokens=20,
+                                       stream_options={"include_usage": True}, extra_headers=headers))
+    text = "".join(ch.text for chunk in chunks for ch in chunk.choices)
+    assert text == MOCK_TEXT and chunks[-1].usage is not None
+    row = guarded.mock_row(mock_id)
+    assert (row["dialect"], row["status"], row["output_text"], row["finish_reasons"]) == (
+        "openai-completions", "completed", MOCK_TEXT, ["stop"])
+    assert (row["request_model"], row["response_model"], row["output_tokens"]) == (
+        INSTRUCT, INSTRUCT, chunks[-1].usage.completion_tokens)
+
+    mock_id, headers = mock()
+    completion = c.completions.create(model=INSTRUCT, prompt=["one", "two"], n=2, logprobs=1, extra_headers=headers)
+    assert [ch.text for ch in completion.choices] == [MOCK_TEXT] * 4
+    row = guarded.mock_row(mock_id)
+    assert (row["dialect"], row["streamed"], row["status"]) == ("openai-completions", False, "completed")
+    assert [ch["text"] for ch in row["output"]["choices"]] == [MOCK_TEXT] * 4, "logprobs never doubled the text"
+    assert row["input_tokens"] == completion.usage.prompt_tokens
+
+
+def test_legacy_completions_output_is_cut_with_content_filter(guarded, upstreams, transport):
+    up = upstreams[transport]
+    text = f"Sure, the plan is called {WORD} and " + "it goes on " * 20
+    mock_id, headers = mock("events=40&delay=0.02&text=" + text.replace(" ", "+"))
+    chunks = list(client(guarded, up, transport).completions.create(
+        model=INSTRUCT, prompt="What is the plan?", stream=True, extra_headers=headers))
+    shown = "".join(ch.text for chunk in chunks for ch in chunk.choices)
+    assert WORD[:3] not in shown and text.startswith(shown)
+    assert chunks[-1].choices[0].finish_reason == "content_filter"
+    row = assert_output_blocked(guarded, mock_id, "output.choices[0].text")
+    assert row["delivered_text"] == shown and WORD in row["output_text"]
+    sent = wait_for(lambda: (s := up.sent(mock_id)) and (s["disconnected"] or s["completed"]) and s, timeout=5,
+                    what="the upstream's stream to end")
+    assert sent["disconnected"] and not sent["completed"]
+
+
+@pytest.mark.parametrize("prompt", [f"Tell me about {WORD}", ["fine", f"about {ZWJ.join(WORD)}"],
+                                    "about ＮＩＧＨＴＪＡＲ"])
+def test_legacy_completions_prompts_are_checked_streamed_and_not(guarded, upstreams, prompt):
+    up = upstreams["h1"]
+    c = client(guarded, up, "h1")
+    mock_id, headers = mock()
+    with pytest.raises(openai.APIError) as raised:
+        for _ in c.completions.create(model=INSTRUCT, prompt=prompt, stream=True, extra_headers=headers):
+            pass
+    assert raised.value.code == "content_filter"
+    assert_request_blocked(guarded, up, mock_id)
+    mock_id, headers = mock()
+    with pytest.raises(openai.BadRequestError):
+        c.completions.create(model=INSTRUCT, prompt=prompt, extra_headers=headers)
+    assert_request_blocked(guarded, up, mock_id)
+
+
+def test_a_token_id_prompt_that_no_filter_can_read_is_refused_under_the_closed_policy(guarded, upstreams):
+    up = upstreams["h1"]
+    mock_id, headers = mock()
+    with pytest.raises(openai.BadRequestError):
+        client(guarded, up, "h1").completions.create(model=INSTRUCT, prompt=[[464, 5044, 1110]], extra_headers=headers)
+    row = assert_request_blocked(guarded, up, mock_id, rule_id="filter_error")
+    assert "request_token_prompt" in [f["code"] for f in row["findings"]]
+
+
+# -- invisible characters in a request ------------------------------------------------------
+
+
+@pytest.mark.parametrize("word", [ZWJ.join(WORD), SHY.join(WORD), "Ｎｉｇｈｔｊａｒ"])
+def test_a_chat_request_hiding_the_word_is_blocked(guarded, upstreams, transport, word):
+    up = upstreams[transport]
+    mock_id, headers = mock()
+    with pytest.raises(openai.APIError) as raised:
+        for _ in client(guarded, up, transport).chat.completions.create(
+                model="gpt-4o", messages=[{"role": "user", "content": f"Tell me about {word}."}], stream=True,
+                extra_headers=headers):
+            pass
+    assert raised.value.code == "content_filter"
+    assert_request_blocked(guarded, up, mock_id)
+
+
+# -- strings outside the answer text, as exact upstream bytes -------------------------------
+
+HEAD = {"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 1, "model": "gpt-4o"}
+
+
+def chat(*deltas: dict, error: dict | None = None, finish: str = "stop") -> bytes:
+    chunks = [HEAD | {"choices": [{"index": 0, "delta": d, "finish_reason": None}]} for d in deltas]
+    chunks += [{"error": error}] if error else [HEAD | {"choices": [{"index": 0, "delta": {}, "finish_reason": finish}]}]
+    return b"".join(f"data: {json.dumps(c)}\n\n".encode() for c in chunks) + (b"" if error else b"data: [DONE]\n\n")
+
+
+CALL = {"index": 0, "id": "call_1", "type": "function", "function": {"name": WORD, "arguments": ""}}
+CHAT_BYPASSES = {
+    "evasive answer": (chat({"content": "the Ni"}, {"content": f"g{ZWJ}h{SHY}t"}, {"content": "jar plan"}),
+                       "output.choices[0].text"),
+    "reasoning under both names": (chat({"reasoning_content": "I think", "reasoning": f"of {WORD}"},
+                                        {"content": "Done."}), "output.choices[0].reasoning"),
+    "tool name": (chat({"role": "assistant", "content": None}, {"tool_calls": [CALL]}, finish="tool_calls"),
+                  "output.tool_calls[0.0].name"),
+    "error message": (chat({"content": "Hi"}, error={"message": f"about {WORD}", "type": "server_error"}),
+                      "output.error.message"),
+    "unknown content part": (chat({"content": [{"type": "output_text", "text": f"the {WORD} plan"}]}),
+                             "output.choices[0].text"),
+}
+
+
+@pytest.mark.parametrize("case", CHAT_BYPASSES)
+def test_chat_strings_outside_the_answer_are_checked(guarded, upstreams, transport, case):
+    body, location = CHAT_BYPASSES[case]
+    up = upstreams[transport]
+    mock_id, headers = mock(raw(body))
+    chunks = list(client(guarded, up, transport).chat.completions.create(
+        model="gpt-4o", messages=[{"role": "user", "content": "hi"}], stream=True, extra_headers=headers))
+    assert WORD not in seen_by_sdk(chunks) and "Nigh" not in seen_by_sdk(chunks)
+    assert chunks[-1].choices[0].finish_reason == "content_filter"
+    assert_output_blocked(guarded, mock_id, location)
+
+
+def responses_stream(final_text: str) -> bytes:
+    created = {"id": "resp_1", "object": "response", "created_at": 1, "status": "in_progress", "model": "gpt-5",
+               "output": []}
+    item = {"id": "msg_1", "type": "message", "role": "assistant", "status": "in_progress", "content": []}
+    ref = {"item_id": "msg_1", "output_index": 0, "content_index": 0}
+    done_item = item | {"status": "completed",
+                        "content": [{"type": "output_text", "text": final_text, "annotations": []}]}
+    events = [
+        ("response.created", {"response": created}),
+        ("response.output_item.added", {"output_index": 0, "item": item}),
+        ("response.output_text.delta", ref | {"delta": "Hello", "logprobs": []}),
+        ("response.output_text.delta", ref | {"delta": " there", "logprobs": []}),
+        ("response.output_text.done", ref | {"text": final_text, "logprobs": []}),
+        ("response.output_item.done", {"output_index": 0, "item": done_item}),
+        ("response.completed", {"response": created | {"status": "completed", "output": [done_item]}}),
+    ]
+    return b"".join(f"event: {t}\ndata: {json.dumps({'type': t, 'sequence_number': i, **d})}\n\n".encode()
+                    for i, (t, d) in enumerate(events))
+
+
+def test_a_responses_final_text_that_differs_from_its_deltas_is_checked(guarded, upstreams, transport):
+    up = upstreams[transport]
+    mock_id, headers = mock(raw(responses_stream(f"the {WORD} plan")))
+    events = list(client(guarded, up, transport).responses.create(model="gpt-5", input="hi", stream=True,
+                                                                   extra_headers=headers))
+    assert WORD not in seen_by_sdk(events)
+    assert events[-1].type == "response.failed" and events[-1].response.error.code == "content_filtered"
+    row = assert_output_blocked(guarded, mock_id, "output.choices[0].final_text")
+    assert row["output_text"] == "Hello there"
+    assert "final_text_mismatch" in [f["code"] for f in row["findings"]]
