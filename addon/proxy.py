@@ -533,14 +533,12 @@ class LLMAudit:
                           client_address=record.client_address)
             body = record.request_body
             if isinstance(body, str):  # not JSON to any reader: its raw text is checked, and the policy decides
-                context = RequestContext(dialect.name, None, (Message("user", body),), **fields)
-                verdicts = filters.check_request(context)
-                if filters.request_rules or filters.filters:
-                    verdicts.append(_unreadable_verdict(filters.failure))
+                context = RequestContext(dialect.name, None, (Message("user", body),), **fields,
+                                         unreadable=("the body is not JSON",))
             else:
                 context = RequestContext.from_body(dialect.name, body if isinstance(body, (dict, list)) else None,
                                                    **fields)
-                verdicts = filters.check_request(context)
+            verdicts = filters.check_request(context)
         except Exception as e:  # noqa: BLE001 - our bug must not decide the policy
             log.exception("llm-audit: checking a request failed")
             action = BLOCK if filters.failure == "closed" else "flag"
@@ -755,12 +753,6 @@ def abort_side(flow: http.HTTPFlow) -> str:
     if "reset" in message:
         return OUTCOME_CLIENT_ABORTED if "CANCEL" in message else OUTCOME_UPSTREAM_ABORTED
     return OUTCOME_UPSTREAM_ABORTED
-
-
-def _unreadable_verdict(failure: str) -> Verdict:
-    """A request body no reader understands cannot be checked: ``llm_filter_failure`` decides."""
-    return Verdict(BLOCK if failure == "closed" else "flag", FILTER_ERROR,
-                   "the request body is not JSON; it cannot be checked", filter="llm-audit", location="request")
 
 
 def _client_had_everything(record: ExchangeRecord) -> bool:

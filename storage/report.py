@@ -457,16 +457,27 @@ def json_document(value: Any) -> str:
     return orjson.dumps(value, option=orjson.OPT_INDENT_2).decode() + "\n"
 
 
+# A cell a spreadsheet would run as a formula (CWE-1236): its text starts with one of these.
+FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+# Control characters other than line feed and tab, shown escaped (\x1b) in CSV cells.
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
 def _csv_cell(value: Any) -> str:
+    """One CSV cell: recorded text is hostile, so a cell that would start a formula is
+    prefixed with ``'`` (the OWASP rule; spreadsheets then show it as text) and control
+    characters are escaped; numbers are left as they are."""
     if value is None:
         return ""
     if isinstance(value, bool):
         return "true" if value else "false"
+    if isinstance(value, int | float):
+        return str(value)
     if isinstance(value, datetime):
         return value.isoformat()
-    if isinstance(value, dict | list):
-        return orjson.dumps(value).decode()
-    return str(value)
+    text = orjson.dumps(value).decode() if isinstance(value, dict | list) else str(value)
+    text = _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
+    return "'" + text if text.startswith(FORMULA_STARTS) else text
 
 
 # -- progress -----------------------------------------------------------------------------------

@@ -85,8 +85,8 @@ def test_a_body_no_reader_understands_is_recorded_and_blocked_when_filters_check
     row = guarded.mock_row(mock_id)
     assert (row["status"], row["dialect"]) == ("blocked", "openai-chat")
     assert [f["code"] for f in row["findings"]] == ["request_invalid_json"]
-    assert [(v["action"], v["rule_id"]) for v in row["verdicts"]] == [("block", "no-project-nightjar"),
-                                                                     ("block", "filter_error")]
+    assert [(v["action"], v["rule_id"]) for v in row["verdicts"]] == [("block", "filter_error"),
+                                                                     ("block", "no-project-nightjar")]
     assert row["request_body"].startswith('{"model": "m"')
     assert upstreams["h1"].received(mock_id) == {}
 

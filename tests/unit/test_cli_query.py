@@ -226,14 +226,17 @@ def test_json_jsonl_and_csv_carry_the_same_rows(url):
 
 
 def _csv(value) -> str:
-    """What a JSON value looks like in the CSV (times are already ISO text in the JSON)."""
+    """What a JSON value looks like in the CSV (times are already ISO text in the JSON):
+    control characters escaped, a cell that would start a formula prefixed with ``'``."""
     if value is None:
         return ""
     if isinstance(value, bool):
         return "true" if value else "false"
-    if isinstance(value, dict | list):
-        return orjson.dumps(value).decode()
-    return str(value)
+    if isinstance(value, int | float):
+        return str(value)
+    text = orjson.dumps(value).decode() if isinstance(value, dict | list) else str(value)
+    text = re.sub(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]", lambda m: f"\\x{ord(m.group()):02x}", text)
+    return "'" + text if text.startswith(("=", "+", "-", "@", "\t")) else text
 
 
 def test_table_fits_the_width_and_shows_no_control_characters(url):
@@ -567,3 +570,23 @@ def test_synthetic_database_script_fills_a_database(tmp_path):
     assert proc.returncode == 0, proc.stderr
     [total] = stats_json(url)
     assert total["exchanges"] == 1200 and total["input_tokens"] > 0 and total["errors"] > 0
+
+
+def test_csv_cells_never_run_as_formulas_nor_carry_raw_control_characters(tmp_path):
+    url = f"sqlite:///{tmp_path / 'audit.db'}"
+    engine = open_engine(url)
+    hostile = ["=HYPERLINK(\"http://evil\")", "+1", "-2+3", "@SUM(A1)", "\tx", "a\x1b[31mb\rc\x00d"]
+    with engine.begin() as conn:
+        for i, text in enumerate(hostile):
+            conn.execute(insert(exchanges), [exchange(f"h-{i}", at(1 + i), ttfc_ms=-5, output_text=text,
+                                                      user_id=text)])
+    engine.dispose()
+    status, out, err = run("--db", url, "export", "--format", "csv")
+    assert status == 0, err
+    rows = list(csv.DictReader(io.StringIO(out)))
+    by_id = {r["id"]: r for r in rows}
+    for i, text in enumerate(hostile[:5]):
+        assert by_id[f"h-{i}"]["user_id"] == "'" + text  # shown as text by a spreadsheet
+    assert by_id["h-5"]["user_id"] == "a\\x1b[31mb\\x0dc\\x00d"
+    assert not re.search(r"[\x00-\x08\x0b-\x1f\x7f]", out.replace("\n", ""))
+    assert by_id["h-0"]["time_to_first_chunk_ms"] == "-5"  # numbers stay numbers
