@@ -21,6 +21,11 @@ import orjson
 from storage.spool import safe_name
 
 MIN_INTERVAL = 1.0  # seconds between two writes of the file
+FLOWING, STUCK, NOT_RUNNING = 0, 1, 3  # the exit statuses of ``llm-audit status``
+
+
+class StatusError(Exception):
+    """No status file can be read; the message is one line."""
 
 
 def status_path(folder: Path, instance: str) -> Path:
@@ -74,3 +79,28 @@ def pid_alive(pid: int) -> bool:
     except (OverflowError, ValueError):
         return False
     return True
+
+
+def verdict(doc: dict[str, Any], running: bool) -> tuple[int, str]:
+    """(exit status, one line) for a status document; ``running``: its pid is alive.
+
+    Records flow when the proxy runs, its writer thread is alive and nothing waits in the
+    spool or in memory; they are stuck when the thread is dead or records wait (the
+    database does not take them); the proxy is not running when it stopped or its
+    process is gone.
+    """
+    who = f"proxy {doc.get('instance')} (pid {doc.get('pid')})"
+    counts = (f"{doc.get('written', 0)} written, {doc.get('spooled', 0)} in the spool, "
+              f"{doc.get('quarantined', 0)} quarantined, {doc.get('held', 0)} held in memory; "
+              f"last write {doc.get('last_write') or 'none yet'}")
+    error = f" (last error: {doc['last_error']})" if doc.get("last_error") else ""
+    if doc.get("stopped"):
+        return NOT_RUNNING, f"{who}: not running (stopped at {doc.get('updated')}); {counts}"
+    if not running:
+        return NOT_RUNNING, f"{who}: not running (the process is gone; last update {doc.get('updated')}); {counts}"
+    if not doc.get("writer_alive"):
+        return STUCK, f"{who}: records are stuck: the writer thread is not running{error}; {counts}"
+    if doc.get("spooled") or doc.get("held"):
+        waiting = (doc.get("spooled") or 0) + (doc.get("held") or 0)
+        return STUCK, f"{who}: records are stuck: {waiting} wait for the database{error}; {counts}"
+    return FLOWING, f"{who}: records flow; {counts}"

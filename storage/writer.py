@@ -240,32 +240,35 @@ class AuditWriter:
 
     def _salvage(self) -> None:
         """Put the rows of an interrupted step back, first in line, and the chain's head where
-        it was before them (none of them was written or spooled: they are sealed anew). A row
-        that failed :data:`STRIKES` times is quarantined instead."""
+        it was before them (none of them was written or spooled: they are sealed anew). They
+        are tried one at a time; a row that failed alone :data:`STRIKES` times is quarantined."""
         rows, self._inflight = self._inflight, []
         if not rows:
             return
         self.chain.head = self._inflight_head
-        again = []
-        for row in rows:
-            key = row.get("id") if isinstance(row, dict) else id(row)
-            self._strikes[key] = strikes = self._strikes.get(key, 0) + 1
-            if strikes < STRIKES:
-                again.append(row)
-            else:
-                del self._strikes[key]
-                self._quarantine_row(row, f"the writer failed on it {STRIKES} times ({self.last_error})")
-        self._retry.extendleft(reversed(again))
+        if len(rows) > 1:  # tried again one at a time: only the failing row counts strikes
+            self._retry.extendleft(reversed(rows))
+            return
+        row = rows[0]
+        key = row.get("id") if isinstance(row, dict) else id(row)
+        self._strikes[key] = strikes = self._strikes.get(key, 0) + 1
+        if strikes < STRIKES:
+            self._retry.appendleft(row)
+        else:
+            del self._strikes[key]
+            self._quarantine_row(row, f"the writer failed on it {STRIKES} times ({self.last_error})")
 
     def _next_batch(self, stopping: bool) -> tuple[list[Any], bool]:
         """Whatever is queued now, up to ``batch_size`` rows, without waiting for more: a
         row is written as soon as it is there, and rows that queue while a write runs go
         together into the next one. Waits at most a second for the first row, so a waiting
         spool is retried even when no traffic comes."""
+        if self._retry:  # rows of a step that failed: one at a time, so one row's failure is its own
+            batch = [self._retry.popleft()]
+            self._inflight, self._inflight_head = batch, self.chain.head
+            return batch, stopping
         batch: list[Any] = []
-        while self._retry and len(batch) < self.batch_size:
-            batch.append(self._retry.popleft())
-        wait = not batch and not stopping
+        wait = not stopping
         while len(batch) < self.batch_size:
             try:
                 item = self._queue.get(timeout=1.0) if wait else self._queue.get_nowait()
@@ -387,8 +390,15 @@ class AuditWriter:
                            max_bytes=self.max_value_bytes)
 
     def _seal(self, p: Prepared) -> dict[str, Any]:
-        """The prepared row, sealed into the chain when final."""
-        return self.chain.seal(p.row, p.hashes)
+        """The prepared row, sealed into the chain when final; a row that cannot be sealed
+        (never a prepared one) is sealed as its minimal row."""
+        try:
+            return self.chain.seal(p.row, p.hashes)
+        except Exception as e:  # noqa: BLE001 - the chain's head moved only if the seal succeeded
+            reason = f"it could not be sealed: {type(e).__name__}: {e}"[:300]
+            log.error("llm-audit: record %s: %s; a minimal row of it is written", p.row.get("id"), reason)
+            small = self._prepare(minimal_row(p.row, reason))
+            return self.chain.seal(small.row, small.hashes)
 
     def _spool(self, rows: list[dict[str, Any]]) -> None:
         rows, self._held = self._held + rows, []
@@ -541,7 +551,8 @@ class AuditWriter:
         every :data:`HEARTBEAT` seconds while records come."""
         doc = {"pid": os.getpid(), "instance": self.instance, "started": self.started,
                "database": self.engine.url.render_as_string(), "written": self.written,
-               "spooled": self.spool.records, "quarantined": self.quarantined, "held": self._in_memory(),
+               "spooled": self.spool.records, "quarantined": self.quarantined, "held": len(self._held),
+               "queued": self._in_memory() - len(self._held),
                "last_write": self.last_write, "last_error": self.last_error, "writer_alive": alive,
                "stopped": stopped}
         try:
