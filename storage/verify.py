@@ -153,15 +153,19 @@ def _quarantined_records(conn: Connection) -> dict[str, dict[int, dict[str, Any]
 
 def _fill(kept: dict[int, dict[str, Any]], first: int, last: int, prev: str, after: str | None) -> list | None:
     """The quarantined records ``first..last`` when they fill the gap exactly: each one there,
-    linking to ``prev`` and to each other, the last being what ``after`` links to; else None."""
+    linking to ``prev`` and to each other, the last being what ``after`` links to (the last
+    one's own hash may be lost with the end of its torn line); else None."""
     if not kept or last - first >= MAX_GAP:
         return None
     records = [kept.get(seq) for seq in range(first, last + 1)]
     link = prev
     for record in records:
-        if record is None or record["prev_hash"] != link or not record["record_hash"]:
+        if record is None or record["prev_hash"] != link:
             return None
-        link = record["record_hash"]
+        # a line torn before its record_hash: what the next record links to stands for it
+        link = record["record_hash"] or (after if record is records[-1] else None)
+        if link is None:
+            return None
     return records if after is None or link == after else None
 
 

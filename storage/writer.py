@@ -452,7 +452,9 @@ class AuditWriter:
         self._unrecorded.append(entry)
         what = (f"record {entry.chain_seq} of chain {entry.chain_id}" if entry.chain_seq is not None
                 else f"record {entry.record_id or '(id unknown)'}")
-        log.error("llm-audit: %s is quarantined in %s: %s", what, self.quarantine.path, reason)
+        # a warning, not an error: mitmdump exits when an error is logged while it starts,
+        # and a spool quarantined at start must not keep the proxy from running
+        log.warning("llm-audit: %s is quarantined in %s: %s", what, self.quarantine.path, reason)
 
     def _recover(self, force: bool = False) -> None:
         """Replay the spool, write held rows, record quarantined ones, then mark what an
