@@ -286,7 +286,7 @@ def _sanitize(name: str, value: Any, notes: _Notes) -> Any:
                              "integers": f"{n} integers beyond 64 bits stored as their decimal text",
                              "objects": f"{n} values that are not JSON stored as their text"}[what])
     if depth > MAX_DEPTH:
-        text = _deep_json(clean)
+        text = json_text(clean)
         notes.add(name, f"nested {depth} levels deep, more than the {MAX_DEPTH} stored as JSON: stored as its JSON "
                         f"text ({len(text)} characters, sha256 {hashlib.sha256(text.encode()).hexdigest()})")
         return text
@@ -316,8 +316,9 @@ def _clean_leaf(value: Any, counts: dict[str, int]) -> Any:
     return _clean_str(_text_of(value), counts)
 
 
-def _deep_json(value: Any) -> str:
-    """JSON text of a clean value however deep (orjson stops at 254 levels), iteratively."""
+def json_text(value: Any) -> str:
+    """JSON text of a value however deep (orjson stops at 254 levels), iteratively; a leaf
+    orjson refuses is written as its text (U+FFFD for lone surrogates)."""
     out: list[str] = []
     stack: list[Any] = [value]
     while stack:
@@ -327,18 +328,25 @@ def _deep_json(value: Any) -> str:
         elif isinstance(item, dict):
             parts: list[Any] = []
             for i, (k, v) in enumerate(item.items()):
-                parts += [_Raw(("," if i else "") + orjson.dumps(k).decode() + ":"), v]
+                parts += [_Raw(("," if i else "") + _leaf_json(k if isinstance(k, str) else _text_of(k)) + ":"), v]
             stack += [_Raw("}"), *reversed(parts)]
             out.append("{")
-        elif isinstance(item, list):
+        elif isinstance(item, list | tuple):
             parts = []
             for i, v in enumerate(item):
                 parts += [_Raw(","), v] if i else [v]
             stack += [_Raw("]"), *reversed(parts)]
             out.append("[")
         else:
-            out.append(orjson.dumps(item).decode())
+            out.append(_leaf_json(item))
     return "".join(out)
+
+
+def _leaf_json(value: Any) -> str:
+    try:
+        return orjson.dumps(value).decode()
+    except TypeError:
+        return orjson.dumps(_valid_text(_text_of(value))).decode()
 
 
 @dataclass(slots=True)
