@@ -76,27 +76,57 @@ class _Notes:
 
 
 def prepare(row: dict[str, Any], *, postgres: bool, max_bytes: int = MAX_VALUE_BYTES) -> Prepared:
-    """The row as it can be stored on this backend (a copy when anything changed; see the module)."""
+    """The row as it can be stored on this backend (a copy when anything changed; see the module).
+
+    Values that are plainly fine (an integer in range, a short ASCII string, a time, a
+    boolean, NULL) are passed by type without a call: this loop runs for every column of
+    every row. JSON and text columns are checked by serializing them, which also gives the
+    content hashes.
+    """
     notes = _Notes()
-    out: dict[str, Any] = {}
     hashes: dict[str, str] = {}
+    changed: dict[str, Any] = {}
+    dropped: list[str] = []
     for name, value in row.items():
-        check = _CHECKS.get(name)
-        if check is None:
+        kind = type(value)
+        if kind is str:
+            chars = _STR_CHARS.get(name)
+            if chars is not None and len(value) <= chars and value.isascii() and not (postgres and "\x00" in value):
+                continue
+        elif kind is int:
+            bounds = _INT_BOUNDS.get(name)
+            if bounds is not None and bounds[0] <= value <= bounds[1]:
+                continue
+        elif value is None:
+            if name in _SPECS:
+                continue
+        elif kind is datetime or kind is bool:
+            if _PLAIN.get(name) is kind:
+                continue
+        spec = _SPECS.get(name)
+        if spec is None:
+            dropped.append(name)
             notes.add(name, f"not a column of exchanges; dropped ({_digest_note(value)})")
             continue
         if value is None:
-            out[name] = None
             continue
-        value, encoded = check(name, value, notes, postgres, max_bytes)
-        out[name] = value
-        if encoded is not None and name in CONTENT_COLUMNS:
+        check, content = spec
+        stored, encoded = check(name, value, notes, postgres, max_bytes)
+        if content and encoded is not None:
             hashes[name] = hashlib.sha256(encoded).hexdigest()
+        if stored is not value:
+            changed[name] = stored
     for name in CONTENT_COLUMNS:
-        if out.get(name) is None:
-            hashes[name] = _NULL_HASH
-    _required(out, notes)
+        if name not in hashes:
+            hashes[name] = _NULL_HASH  # only NULL content has no hash by now
+    out = row
+    if changed or dropped:
+        out = {k: v for k, v in row.items() if k not in dropped} | changed
+    if any(out.get(name) is None for name in _REQUIRED):
+        out = dict(out) if out is row else out
+        _required(out, notes)
     if notes.items:
+        out = dict(out) if out is row else out
         findings = out.get("findings")
         findings = list(findings) if isinstance(findings, list) else []
         findings += [{"code": REDUCED, "detail": item} for item in notes.items]
@@ -116,7 +146,7 @@ def minimal_row(row: dict[str, Any], reason: str) -> dict[str, Any]:
 
 def _required(out: dict[str, Any], notes: _Notes) -> None:
     """The NOT NULL columns: a row without them is given a placeholder, and says so."""
-    for name, default in (("id", None), ("status", "failed"), ("dialect", "unknown"), ("streamed", False)):
+    for name, default in _REQUIRED.items():
         if out.get(name) is None:
             value = uuid.uuid4().hex if name == "id" else default
             notes.add(name, f"missing; stored {value!r}")
@@ -125,7 +155,8 @@ def _required(out: dict[str, Any], notes: _Notes) -> None:
 
 # -- the checks, one per column type ------------------------------------------------------------
 # Each takes (column, value, notes, postgres, max_bytes) and returns (stored value, its JSON
-# bytes when they were made, for the content hash).
+# bytes when they were made, for the content hash). :func:`prepare` calls them for the
+# values its fast path does not pass.
 
 
 def _check_json(name: str, value: Any, notes: _Notes, postgres: bool, max_bytes: int) -> tuple[Any, bytes]:
@@ -177,8 +208,6 @@ def _check_text(name: str, value: Any, notes: _Notes, postgres: bool, max_bytes:
 
 def _check_string(chars: int) -> Callable[..., tuple[Any, bytes | None]]:
     def check(name: str, value: Any, notes: _Notes, postgres: bool, max_bytes: int) -> tuple[Any, bytes | None]:
-        if type(value) is str and len(value) <= chars and value.isascii() and not (postgres and "\x00" in value):
-            return value, None
         return _check_text(name, value, notes, postgres, max_bytes, chars)
     return check
 
@@ -187,8 +216,6 @@ def _check_int(bounds: tuple[int, int]) -> Callable[..., tuple[Any, None]]:
     low, high = bounds
 
     def check(name: str, value: Any, notes: _Notes, postgres: bool, max_bytes: int) -> tuple[Any, None]:
-        if type(value) is int and low <= value <= high:
-            return value, None
         if isinstance(value, int) and not isinstance(value, bool):
             notes.add(name, f"{_int_text(value)} does not fit the column ({low}..{high}); stored NULL")
         else:
@@ -198,42 +225,45 @@ def _check_int(bounds: tuple[int, int]) -> Callable[..., tuple[Any, None]]:
 
 
 def _check_time(name: str, value: Any, notes: _Notes, postgres: bool, max_bytes: int) -> tuple[Any, None]:
-    if isinstance(value, datetime):
-        return value, None
     notes.add(name, f"a {type(value).__name__}, not a time; stored NULL")
     return None, None
 
 
 def _check_bool(name: str, value: Any, notes: _Notes, postgres: bool, max_bytes: int) -> tuple[Any, None]:
-    if isinstance(value, bool):
-        return value, None
     notes.add(name, f"a {type(value).__name__}, not a boolean; stored {bool(value)}")
     return bool(value), None
 
 
-def _checks() -> dict[str, Callable[..., tuple[Any, bytes | None]]]:
-    """Each column's check, by its type in :data:`storage.schema.exchanges`."""
-    checks: dict[str, Callable[..., tuple[Any, bytes | None]]] = {}
+def _specs() -> dict[str, tuple[Callable[..., tuple[Any, bytes | None]], bool]]:
+    """Each column's (check, is content), by its type in :data:`storage.schema.exchanges`."""
+    specs = {}
     for column in exchanges.columns:
         kind = column.type
         if isinstance(kind, JSON):
-            checks[column.name] = _check_json
+            check = _check_json
         elif isinstance(kind, DateTime):
-            checks[column.name] = _check_time
+            check = _check_time
         elif isinstance(kind, Boolean):
-            checks[column.name] = _check_bool
-        elif isinstance(kind, BigInteger):
-            checks[column.name] = _check_int(_INT64)
-        elif isinstance(kind, Integer):
-            checks[column.name] = _check_int(_INT32)
+            check = _check_bool
+        elif isinstance(kind, Integer):  # BigInteger is one
+            check = _check_int(_INT64 if isinstance(kind, BigInteger) else _INT32)
         elif isinstance(kind, String) and kind.length:
-            checks[column.name] = _check_string(kind.length)
+            check = _check_string(kind.length)
         else:
-            checks[column.name] = _check_text
-    return checks
+            check = _check_text
+        specs[column.name] = (check, column.name in CONTENT_COLUMNS)
+    return specs
 
 
-_CHECKS = _checks()
+_SPECS = _specs()
+# the fast path of :func:`prepare`: string columns' lengths, integer columns' ranges, and
+# the type a time or boolean column takes as it is (NULL for the others)
+_STR_CHARS = {c.name: c.type.length for c in exchanges.columns if isinstance(c.type, String) and c.type.length}
+_INT_BOUNDS = {c.name: _INT64 if isinstance(c.type, BigInteger) else _INT32
+               for c in exchanges.columns if isinstance(c.type, Integer)}
+_PLAIN = {c.name: datetime if isinstance(c.type, DateTime) else bool
+          for c in exchanges.columns if isinstance(c.type, DateTime | Boolean)}
+_REQUIRED = {"id": None, "status": "failed", "dialect": "unknown", "streamed": False}  # NOT NULL: placeholders
 
 
 # -- reductions --------------------------------------------------------------------------------
