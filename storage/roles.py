@@ -42,6 +42,7 @@ GRANT USAGE ON SCHEMA public TO {proxy}, {purge};
 GRANT SELECT ON alembic_version, exchange_view TO {proxy}, {purge};
 GRANT SELECT, INSERT, UPDATE ON exchanges, chains TO {proxy};
 GRANT SELECT, INSERT ON quarantine TO {proxy};
+GRANT SELECT ON quarantine TO {purge};
 GRANT USAGE ON SEQUENCE quarantine_id_seq TO {proxy};
 GRANT SELECT, UPDATE, DELETE ON exchanges TO {purge};
 GRANT SELECT, INSERT, UPDATE ON chains, purge_log, erasure_log TO {purge};
