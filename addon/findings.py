@@ -16,6 +16,9 @@ CODES: dict[str, str] = {
     "decode_failed": "The Content-Encoding could not be decoded for inspection; the bytes passed through unchanged.",
     "audit_internal_error": "The auditor itself failed on this exchange; traffic was not affected.",
     "proxy_shutdown": "The proxy shut down while the exchange was still open.",
+    "stored_reduced": "A value the database cannot hold as it is was reduced before the record was sealed "
+    "(cut to a size, stored as JSON text, characters replaced, ...); the detail names the column, what was done "
+    "and, for cut values, the full length and the SHA-256 of the whole.",
     "termination_not_sent": "A content filter cut a compressed stream: the dialect's closing events could not be "
     "appended (the upstream ignored Accept-Encoding: identity); the stream just ends.",
     # request side

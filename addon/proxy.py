@@ -470,9 +470,7 @@ class LLMAudit:
             self.retention = None
         if self.writer is not None:
             self.writer.close()
-            log.info(
-                f"llm-audit: {self.writer.written} audit records written, {self.writer.spool.records} wait in the spool"
-            )
+            log.info(self.writer.summary())
             self.writer = None
 
     # -- internals ----------------------------------------------------------------------

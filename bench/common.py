@@ -29,6 +29,7 @@ class Sizes:
     writer_exchanges: int  # exchanges written into SQLite
     writer_exchanges_pg: int  # exchanges written into PostgreSQL
     spool_records: int  # records replayed from the spool
+    durable_seconds: float  # how long the submit-to-durable latency load runs
     idle_streams: int  # idle open streams for the memory section
     big_stream_bytes: int  # the one big stream of the memory section
     query_rows: int  # exchanges in the database the query section reads
@@ -48,6 +49,7 @@ FULL = Sizes(
     writer_exchanges=50_000,
     writer_exchanges_pg=20_000,
     spool_records=100_000,
+    durable_seconds=30.0,
     idle_streams=1000,
     big_stream_bytes=200 * 1024 * 1024,
     query_rows=1_000_000,
@@ -67,6 +69,7 @@ SMOKE = Sizes(
     writer_exchanges=300,
     writer_exchanges_pg=100,
     spool_records=500,
+    durable_seconds=2.0,
     idle_streams=20,
     big_stream_bytes=2 * 1024 * 1024,
     query_rows=2_000,

@@ -68,6 +68,11 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
     if isinstance(writer, dict) and "exchanges_per_s" in writer.get("sqlite", {}):
         rate = writer["sqlite"]["exchanges_per_s"]
         add("writer", ">= 5,000 exchanges/s into SQLite", f"{rate:,.0f}/s", rate >= 5000)
+    for backend in ("sqlite", "postgresql"):
+        r = writer.get(f"{backend}_durable", {}) if isinstance(writer, dict) else {}
+        if "p99_ms" in r:
+            add(f"crash window ({backend})", f"a final record durable within {r['target_ms']:.0f} ms at p99 "
+                f"({r['streams']} streams)", f"p99 {r['p99_ms']:.1f} ms", r["p99_ms"] <= r["target_ms"])
     memory = results.get("memory", {})
     if isinstance(memory, dict) and "summary" in memory:
         per_byte = memory["summary"]["big_added_per_text_byte"]

@@ -11,13 +11,20 @@ whose final row is in the database per second, from the first submit to the last
 Spool replay: records appended to a spool file, then a writer started on an empty
 database replays them (as after an outage or a restart); timed until the spool is empty.
 
+Crash window: submit-to-durable latency of final records under a load like 20 concurrent
+streams (each opens an exchange, streams for 50 to 300 ms, then hands over its final row);
+a record is durable when the transaction holding it has committed. The target is 50 ms at
+p99: what a crash of the proxy can lose.
+
 Sealing: what tamper evidence costs per record (``storage.chain.Chain.seal``: the content
 hashes, the canonical serialization, SHA-256), the same final rows sealed in a loop.
 """
 
 from __future__ import annotations
 
+import random
 import sys
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -28,14 +35,17 @@ import orjson
 from addon.auditor import StreamAuditor, summary_into_record
 from addon.record import ExchangeRecord
 from addon.redact import redact_headers
-from bench.common import ROOT, Sizes
+from bench.common import ROOT, Sizes, percentile
 from bench.workloads import APIS, stream_items
 from storage.chain import Chain, Head
 from storage.database import open_engine
+from storage.prepare import prepare
 from storage.spool import Spool
 from storage.writer import AuditWriter
 
 API = APIS["openai-chat"]
+DURABLE_STREAMS = 20
+DURABLE_TARGET_MS = 50.0
 ANSWER_DELTAS = 300
 LAG = 1000  # exchanges between an open row and its final row
 
@@ -131,6 +141,52 @@ def replay(url: str, folder: Path, count: int) -> dict[str, Any]:
             "spool_bytes_per_record": spool_bytes / count}
 
 
+class _TimedWriter(AuditWriter):
+    """An AuditWriter that notes when each final record's transaction committed."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.durable: dict[str, float] = {}  # before the thread starts
+        super().__init__(*args, **kwargs)
+
+    def _write(self, batch: list[dict[str, Any]]) -> None:
+        super()._write(batch)
+        now = time.perf_counter()
+        for row in batch:
+            if row["status"] != "in_progress":
+                self.durable.setdefault(row["id"], now)
+
+
+def durable(url: str, folder: Path, seconds: float) -> dict[str, Any]:
+    """Submit-to-durable latency (ms) of final records from :data:`DURABLE_STREAMS` concurrent streams."""
+    opened, final = template_rows()
+    writer = _TimedWriter(open_engine(url), Spool(folder / f"durable-{uuid.uuid4().hex[:8]}.jsonl"), "bench")
+    _wait(lambda: writer._recovered, 60)
+    submitted: dict[str, float] = {}
+    until = time.perf_counter() + seconds
+
+    def stream(seed: int) -> None:
+        rng = random.Random(seed)
+        while time.perf_counter() < until:
+            rid = uuid.uuid4().hex
+            writer.submit(dict(opened, id=rid))
+            time.sleep(rng.uniform(0.05, 0.3))
+            submitted[rid] = time.perf_counter()
+            writer.submit(dict(final, id=rid))
+
+    threads = [threading.Thread(target=stream, args=(i,)) for i in range(DURABLE_STREAMS)]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        _wait(lambda: len(writer.durable) >= len(submitted), 60)
+    finally:
+        writer.close()
+    ms = [(writer.durable[rid] - at) * 1000 for rid, at in submitted.items()]
+    return {"streams": DURABLE_STREAMS, "records": len(ms), "p50_ms": percentile(ms, 50),
+            "p99_ms": percentile(ms, 99), "max_ms": max(ms), "target_ms": DURABLE_TARGET_MS}
+
+
 def _postgres(folder: Path):
     """A throwaway PostgreSQL server (tests/pgserver.py), or the reason there is none."""
     sys.path.insert(0, str(ROOT / "tests"))
@@ -145,16 +201,29 @@ def _postgres(folder: Path):
 
 
 def sealing(count: int) -> dict[str, Any]:
-    """Microseconds per record to seal a realistic final row into a chain (median of 5 rounds)."""
+    """Microseconds per record to seal a realistic final row into a chain, and to prepare it
+    (:func:`storage.prepare.prepare`) and seal it with the content hashes the preparation
+    made, as the writer does (median of 5 rounds)."""
     _, final = template_rows()
-    rounds = []
-    for _ in range(5):
-        chain = Chain("bench", Head())
-        started = time.perf_counter()
-        for _ in range(count):
-            chain.seal(final)
-        rounds.append((time.perf_counter() - started) / count)
-    return {"records": count, "us_per_record": sorted(rounds)[2] * 1e6}
+
+    def seal_only(chain: Chain) -> None:
+        chain.seal(final)
+
+    def prepare_and_seal(chain: Chain) -> None:
+        p = prepare(final, postgres=False)
+        chain.seal(p.row, p.hashes)
+
+    out: dict[str, Any] = {"records": count}
+    for name, step in (("us_per_record", seal_only), ("prepared_us_per_record", prepare_and_seal)):
+        rounds = []
+        for _ in range(5):
+            chain = Chain("bench", Head())
+            started = time.perf_counter()
+            for _ in range(count):
+                step(chain)
+            rounds.append((time.perf_counter() - started) / count)
+        out[name] = sorted(rounds)[2] * 1e6
+    return out
 
 
 def measure(sizes: Sizes, tmp: Path) -> dict[str, Any]:
@@ -164,14 +233,16 @@ def measure(sizes: Sizes, tmp: Path) -> dict[str, Any]:
         "sealing": sealing(max(sizes.writer_exchanges // 10, 100)),
         "sqlite": sustained(f"sqlite:///{folder / 'sustained.db'}", folder, sizes.writer_exchanges),
         "sqlite_replay": replay(f"sqlite:///{folder / 'replay.db'}", folder, sizes.spool_records),
+        "sqlite_durable": durable(f"sqlite:///{folder / 'durable.db'}", folder, sizes.durable_seconds),
     }
     server, problem = _postgres(folder)
     if server is None:
-        out["postgresql"] = out["postgresql_replay"] = {"skipped": problem}
+        out["postgresql"] = out["postgresql_replay"] = out["postgresql_durable"] = {"skipped": problem}
         return out
     try:
         out["postgresql"] = sustained(server.create_database(), folder, sizes.writer_exchanges_pg)
         out["postgresql_replay"] = replay(server.create_database(), folder, sizes.spool_records)
+        out["postgresql_durable"] = durable(server.create_database(), folder, sizes.durable_seconds)
     finally:
         server.destroy()
     return out
@@ -192,7 +263,15 @@ def table(result: dict[str, Any]) -> list[str]:
         else:
             lines.append(f"  {backend:<10} spool replay: {r['records']} records in {r['seconds']:.2f} s "
                          f"({r['records_per_s']:.0f} records/s)")
+        r = result.get(f"{backend}_durable", {"skipped": "not measured"})
+        if "skipped" in r:
+            lines.append(f"  {backend:<10} submit to durable: skipped ({r['skipped']})")
+        else:
+            lines.append(f"  {backend:<10} submit to durable: p50 {r['p50_ms']:.1f} ms, p99 {r['p99_ms']:.1f} ms "
+                         f"(target p99 <= {r['target_ms']:.0f} ms; max {r['max_ms']:.1f} ms; {r['streams']} "
+                         f"concurrent streams, {r['records']} final records)")
     if "sealing" in result:
         lines.append(f"  hash chain: {result['sealing']['us_per_record']:.1f} µs per record to seal "
-                     f"(content hashes, canonical form, SHA-256; {result['sealing']['records']} records)")
+                     f"(content hashes, canonical form, SHA-256; {result['sealing']['records']} records); "
+                     f"prepared and sealed as the writer does: {result['sealing']['prepared_us_per_record']:.1f} µs")
     return lines

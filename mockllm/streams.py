@@ -146,16 +146,18 @@ def prompt_tokens(request: Any) -> int:
     key, whatever the nesting, makes the count work for all dialects'
     request shapes without knowing them.
     """
-    if isinstance(request, list):
-        return sum(prompt_tokens(item) for item in request)
-    if not isinstance(request, dict):
-        return 0
     total = 0
-    for key, value in request.items():
-        if key in _PROMPT_KEYS and isinstance(value, str):
-            total += len(value.split())
-        else:
-            total += prompt_tokens(value)
+    stack = [request]  # iterative: a request nested thousands of levels deep is counted too
+    while stack:
+        item = stack.pop()
+        if isinstance(item, list):
+            stack.extend(item)
+        elif isinstance(item, dict):
+            for key, value in item.items():
+                if key in _PROMPT_KEYS and isinstance(value, str):
+                    total += len(value.split())
+                else:
+                    stack.append(value)
     return total
 
 

@@ -39,6 +39,7 @@ GENESIS = "0" * 64  # the prev_hash of a chain's first record
 ERASED = "[erased]"  # what erased content is replaced with
 CHAIN_COLUMNS = ("chain_id", "chain_seq", "prev_hash", "record_hash", "content_hashes", "erased_at")
 CONTENT_COLUMNS = ("request_body", "output_text", "output", "tool_calls", "delivered_text")
+_FIRST = ("chain_id", "chain_seq", "prev_hash", "record_hash", "id")  # a sealed row's first keys
 FIELD_COLUMNS = tuple(
     str(c.name) for c in exchanges.columns if c.name not in CHAIN_COLUMNS and c.name not in CONTENT_COLUMNS
 )
@@ -98,13 +99,20 @@ class Chain:
         self.chain_id = chain_id
         self.head = head
 
-    def seal(self, row: dict[str, Any]) -> dict[str, Any]:
-        """A sealed copy of a final row (rows in progress, and sealed ones, are returned as they are)."""
+    def seal(self, row: dict[str, Any], hashes: dict[str, str] | None = None) -> dict[str, Any]:
+        """A sealed copy of a final row (rows in progress, and sealed ones, are returned as they are).
+
+        ``hashes`` are the content hashes when the caller already has them (the writer's
+        preparation serializes every content column once). The chain's columns and the id
+        come first in the copy, so that a spool line cut short still names its record.
+        """
         if row["status"] == IN_PROGRESS or is_sealed(row):
             return row
-        hashes = {name: content_hash(row.get(name)) for name in CONTENT_COLUMNS}
+        if hashes is None:
+            hashes = {name: content_hash(row.get(name)) for name in CONTENT_COLUMNS}
         digest = record_hash(row, hashes, self.chain_id, self.head.hash)
-        sealed = dict(row)
+        sealed = dict.fromkeys(_FIRST)
+        sealed.update(row)
         sealed.update(chain_id=self.chain_id, chain_seq=self.head.seq + 1, prev_hash=self.head.hash,
                       record_hash=digest, content_hashes=hashes)
         self.head = Head(self.head.seq + 1, digest)

@@ -19,11 +19,15 @@ from __future__ import annotations
 import argparse
 import getpass
 import os
+import socket
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any, NoReturn
+
+import orjson
 
 from sqlalchemy import Connection
 from sqlalchemy.exc import SQLAlchemyError
@@ -71,6 +75,8 @@ from storage.retention import (
     purge,
 )
 from storage.roles import RoleError
+from storage.spool import default_state_dir
+from storage.status import StatusError, pid_alive, read_status, status_path, verdict
 
 PROG = "llm-audit"
 EXIT_ERROR = 2
@@ -87,6 +93,7 @@ examples:
   {PROG} db upgrade
   {PROG} --db postgresql+psycopg://audit@db.example/audit db current
   {PROG} purge --older-than 365d --dry-run
+  {PROG} status
   {PROG} <command> --help
 """
 
@@ -184,6 +191,20 @@ examples:
   {PROG} --db sqlite:///audit.db db current
 """
 
+STATUS_EXAMPLES = f"""\
+Reads the status file the proxy's writer keeps beside its spool (status-INSTANCE.json,
+updated about once a second while something changes); needs no database access.
+Exit status: 0 records flow; 1 records are stuck (the writer thread is not running, or
+records wait in the spool or in memory because the database does not take them); 3 the
+proxy is not running (it stopped, or its process is gone); 2 no status file could be read.
+
+examples:
+  {PROG} status                                   # this host's proxy, default spool folder
+  {PROG} status --instance proxy-a --spool-dir /var/lib/llm-audit
+  {PROG} status /var/lib/llm-audit/status-proxy-a.json --format json
+  (defaults: --spool-dir {default_state_dir()}, --instance {socket.gethostname()})
+"""
+
 PURGE_EXAMPLES = f"""\
 AGE is Nh, Nd or Nw (hours, days, weeks); DATE is an ISO 8601 date (midnight UTC) or
 a date and time with its UTC offset. Exchanges that ended before the cut-off are
@@ -264,6 +285,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=_positive_int, default=1000, metavar="N",
                    help="rows deleted per transaction (default: 1000); smaller batches hold the lock for less time")
 
+    p = _add(commands, "status", _cmd_status, "tell whether the proxy's records flow", STATUS_EXAMPLES, leaf)
+    p.add_argument("path", nargs="?", type=Path, metavar="FILE", help="the status file (default: from the options below)")
+    p.add_argument("--spool-dir", type=Path, default=default_state_dir(), metavar="DIR",
+                   help="the folder of the proxy's spool (llm_audit_spool), where its status file is")
+    p.add_argument("--instance", default=socket.gethostname(), metavar="NAME",
+                   help="the proxy's llm_audit_instance (default: this host's name)")
+    p.add_argument("--format", choices=("text", "json"), default="text")
+
     p = _add(commands, "hosts", _cmd_hosts, "print an --allow-hosts expression for the inference API hosts",
              HOSTS_EXAMPLES, {**leaf, "parents": []})
     p.add_argument("--extra", metavar="FILE", default=os.environ.get(EXTRA_HOSTS_ENV) or None,
@@ -342,7 +371,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.run(args)
-    except (DatabaseError, RetentionError, QueryError, CheckpointError, RoleError) as e:
+    except (DatabaseError, RetentionError, QueryError, CheckpointError, RoleError, StatusError) as e:
         print(f"{PROG}: {e}", file=sys.stderr)
         return EXIT_ERROR
     except BrokenPipeError:
@@ -501,6 +530,27 @@ def _actor() -> str:
         return getpass.getuser()
     except (KeyError, OSError):  # no name for this uid (e.g. in a container)
         return f"uid {os.getuid()}"
+
+
+# -- status -----------------------------------------------------------------------------------
+
+
+def _cmd_status(args: argparse.Namespace) -> int:
+    path = args.path or status_path(args.spool_dir.expanduser(), args.instance)
+    try:
+        doc = read_status(path)
+    except FileNotFoundError:
+        raise StatusError(f"no status file {path}: no proxy with this instance and spool folder has run "
+                          "(give --instance and --spool-dir, or the file)") from None
+    except (OSError, ValueError) as e:
+        raise StatusError(f"cannot read the status file {path}: {e}") from None
+    code, line = verdict(doc, pid_alive(int(doc["pid"])) if isinstance(doc["pid"], int) else False)
+    if args.format == "json":
+        sys.stdout.write(orjson.dumps({"exit": code, "verdict": line, "status": doc}, option=orjson.OPT_INDENT_2)
+                         .decode() + "\n")
+    else:
+        print(line)
+    return code
 
 
 # -- hosts ------------------------------------------------------------------------------------

@@ -48,8 +48,10 @@ examples:
 
 VERIFY_EXAMPLES = """\
 Recomputes every hash chain; with --checkpoints also compares them with the signed
-checkpoints. Prints one verdict line per chain, then the problems found. Exit status:
-0 all chains check out, 1 tampering found, 2 the check could not run.
+checkpoints. Prints one verdict line per chain, then the records the proxy quarantined
+(where they fill a gap of their chain exactly: "record N of chain X is quarantined in
+FILE: reason"), then the problems found. Exit status: 0 all chains check out (quarantined
+records included), 1 tampering found, 2 the check could not run.
 
 examples:
   llm-audit verify
@@ -150,6 +152,8 @@ def _cmd_verify(args: argparse.Namespace) -> int:
         if report.unchained:
             print(f"records in no chain: {len(report.unchained)}{'+' if len(report.unchained) >= 20 else ''}")
         for chain in report.chains:
+            for line in chain.quarantine_lines():
+                print(f"  {line}")
             for problem in chain.problems:
                 print(f"  {chain.chain_id}: {problem.line()}")
         for problem in report.unchained:

@@ -4,7 +4,7 @@
 below. Log-in roles are then made members of one of the two group roles:
 
 - the proxy role may insert exchanges and complete its own write-ahead rows, and keep
-  its chain's head in ``chains``; it cannot delete anything, and a trigger stops it from
+  its chain's head in ``chains``, and list what it quarantines in ``quarantine``; it cannot delete anything, and a trigger stops it from
   changing a final record (its upsert already only updates rows in progress);
 - the purge role may delete exchanges (``llm-audit purge``), erase content
   (``llm-audit erase``) and write ``purge_log`` / ``erasure_log``.
@@ -41,6 +41,9 @@ END $$;
 GRANT USAGE ON SCHEMA public TO {proxy}, {purge};
 GRANT SELECT ON alembic_version, exchange_view TO {proxy}, {purge};
 GRANT SELECT, INSERT, UPDATE ON exchanges, chains TO {proxy};
+GRANT SELECT, INSERT ON quarantine TO {proxy};
+GRANT SELECT ON quarantine TO {purge};
+GRANT USAGE ON SEQUENCE quarantine_id_seq TO {proxy};
 GRANT SELECT, UPDATE, DELETE ON exchanges TO {purge};
 GRANT SELECT, INSERT, UPDATE ON chains, purge_log, erasure_log TO {purge};
 GRANT USAGE ON SEQUENCE purge_log_id_seq, erasure_log_id_seq TO {purge};

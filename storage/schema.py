@@ -1,6 +1,7 @@
 """The audit database schema, in SQLAlchemy Core.
 
-One row per exchange in ``exchanges``; one row per purge in ``purge_log``; one flat row per
+One row per exchange in ``exchanges``; one row per purge in ``purge_log``; one row per
+quarantined record in ``quarantine``; one flat row per
 exchange in the view ``exchange_view`` (for ``llm-audit`` and analysts). Column
 names follow the project's issues and, where one exists, the OpenTelemetry GenAI
 attribute they mirror (``request_model`` ~ ``gen_ai.request.model``, ``input_tokens`` ~
@@ -145,6 +146,25 @@ erasure_log = Table(
     Column("user_id", String(255), nullable=False, comment="The data subject whose content was erased."),
     Column("erased_count", BigInteger, nullable=False, comment="Exchanges whose content was erased."),
     comment="Every erasure of a user's content (data-subject requests).",
+)
+
+quarantine = Table(
+    "quarantine",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("quarantined_at", Time, nullable=False, comment="When the record was quarantined (UTC)."),
+    Column("reason", Text, nullable=False, comment="Why it could be written nowhere as it was."),
+    Column("file", Text, nullable=False, comment="The quarantine file that keeps the raw line."),
+    Column("size", BigInteger, nullable=False, comment="Bytes of the raw line."),
+    Column("sha256", String(64), nullable=False, comment="SHA-256 of the raw line."),
+    Column("chain_id", String(255), comment="The record's hash chain, when it could be read from the line."),
+    Column("chain_seq", BigInteger, comment="Its position in the chain, when known."),
+    Column("prev_hash", String(64), comment="Its prev_hash, when known."),
+    Column("record_hash", String(64), comment="Its record_hash, when known."),
+    Column("record_id", String(64), comment="The exchange id, when known."),
+    Index("ux_quarantine_file_sha256", "file", "sha256", unique=True),
+    Index("ix_quarantine_chain_id_chain_seq", "chain_id", "chain_seq"),
+    comment="Records kept in a quarantine file instead of exchanges: unreadable spool lines, rows refused even reduced.",
 )
 
 views = MetaData()

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import fcntl
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -27,9 +27,18 @@ TIME_FIELDS = ("started_at", "first_chunk_at", "ended_at")
 
 def default_spool_path(instance: str) -> Path:
     """``$XDG_STATE_HOME/llm-audit/spool-INSTANCE.jsonl`` (``~/.local/state/...`` by default)."""
+    return default_state_dir() / f"spool-{safe_name(instance)}.jsonl"
+
+
+def default_state_dir() -> Path:
+    """``$XDG_STATE_HOME/llm-audit`` (``~/.local/state/llm-audit`` by default): spools, status files."""
     state_home = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
-    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in instance) or "proxy"
-    return Path(state_home) / "llm-audit" / f"spool-{safe}.jsonl"
+    return Path(state_home) / "llm-audit"
+
+
+def safe_name(instance: str) -> str:
+    """An instance name as it can appear in a file name."""
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in instance) or "proxy"
 
 
 class SpoolLocked(Exception):
@@ -47,7 +56,20 @@ class Spool:
         except BlockingIOError:
             self._file.close()
             raise SpoolLocked(f"{path} is in use by another llm-audit proxy; give each proxy its own llm_audit_spool") from None
+        self._end_torn_line()
         self.records = sum(1 for _ in self._lines())
+
+    def _end_torn_line(self) -> None:
+        """A line a crash cut short gets its newline, so the next append starts a line of its own."""
+        size = self.size
+        if size:
+            with open(self.path, "rb") as f:
+                f.seek(size - 1)
+                torn = f.read(1) != b"\n"
+            if torn:
+                self._file.write(b"\n")
+                self._file.flush()
+                os.fsync(self._file.fileno())
 
     @property
     def size(self) -> int:
@@ -71,17 +93,16 @@ class Spool:
             raise
         self.records += len(rows)
 
-    def read(self, batch_size: int) -> Iterator[list[dict[str, Any]]]:
-        """The spooled rows in order, in batches; a torn last line is skipped."""
+    def read(self, batch_size: int, unreadable: Callable[[bytes, str], None]) -> Iterator[list[dict[str, Any]]]:
+        """The spooled rows in order, in batches. A line that cannot be read back (torn by a
+        crash, corrupted) is handed to ``unreadable`` with the reason, never skipped silently."""
         batch: list[dict[str, Any]] = []
         for line in self._lines():
             try:
-                row = orjson.loads(line)
-            except orjson.JSONDecodeError:
+                row = _row(line)
+            except (ValueError, TypeError, AttributeError) as e:  # orjson.JSONDecodeError is a ValueError
+                unreadable(line.rstrip(b"\r\n"), f"unreadable spool line ({str(e).splitlines()[0][:200]})")
                 continue
-            for name in TIME_FIELDS:
-                if row.get(name):
-                    row[name] = datetime.fromisoformat(row[name])
             batch.append(row)
             if len(batch) >= batch_size:
                 yield batch
@@ -100,8 +121,20 @@ class Spool:
         self._file.close()
 
     def _lines(self) -> Iterator[bytes]:
+        """The file's non-empty lines (a last line without its newline is torn)."""
         self._file.flush()
         with open(self.path, "rb") as f:
             for line in f:
                 if line.strip():
                     yield line
+
+
+def _row(line: bytes) -> dict[str, Any]:
+    """One spooled row, its times turned back into datetimes; raises ValueError or TypeError."""
+    row = orjson.loads(line)
+    if not isinstance(row, dict) or not isinstance(row.get("id"), str):
+        raise ValueError("not a row")
+    for name in TIME_FIELDS:
+        if row.get(name):
+            row[name] = datetime.fromisoformat(row[name])
+    return row

@@ -17,6 +17,11 @@ be the previous record's hash). What breaks is named:
   ``truncated``: the chain ends before a checkpointed number (its tail was removed).
 
 Purges move a chain's start (recorded in ``chains``): a chain is checked from there.
+
+A gap that records in the ``quarantine`` table fill exactly (their numbers, and their
+``prev_hash`` / ``record_hash`` linking with the neighbours) is no tampering: the writer
+kept those records in a quarantine file (:mod:`storage.quarantine`), and the report names
+them ("record N of chain X is quarantined in FILE: reason") instead.
 """
 
 from __future__ import annotations
@@ -29,9 +34,10 @@ from sqlalchemy import Connection, Engine, func, select
 
 from storage.chain import GENESIS, Head, check_record
 from storage.checkpoint import Checkpoint
-from storage.schema import IN_PROGRESS, chains, exchanges
+from storage.schema import IN_PROGRESS, chains, exchanges, quarantine
 
 MAX_PROBLEMS = 20  # per chain: the first ones are what matters
+MAX_GAP = 10_000  # the longest gap looked up in the quarantine
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +62,7 @@ class ChainReport:
     last: Head = field(default_factory=Head)
     problems: list[Problem] = field(default_factory=list)
     checkpoints: int = 0  # checkpoints that named this chain and were compared
+    quarantined: list[dict[str, Any]] = field(default_factory=list)  # quarantine rows that fill gaps
 
     @property
     def ok(self) -> bool:
@@ -68,6 +75,7 @@ class ChainReport:
     def verdict(self) -> str:
         span = f"records {self.start}..{self.last.seq}" if self.records else "no records"
         extra = f", {self.erased} erased" if self.erased else ""
+        extra += f", {len(self.quarantined)} quarantined" if self.quarantined else ""
         signed = f", {self.checkpoints} checkpoints matched" if self.checkpoints and self.ok else ""
         if self.ok:
             return f"chain {self.chain_id}: OK, {span}{extra}{signed}"
@@ -77,7 +85,14 @@ class ChainReport:
         return {"chain_id": self.chain_id, "ok": self.ok, "start_seq": self.start, "records": self.records,
                 "erased": self.erased, "head_seq": self.last.seq, "head_hash": self.last.hash,
                 "checkpoints_matched": self.checkpoints if self.ok else None,
-                "problems": [_problem_dict(p) for p in self.problems]}
+                "problems": [_problem_dict(p) for p in self.problems],
+                "quarantined": [{"seq": q["chain_seq"], "id": q["record_id"], "file": q["file"], "reason": q["reason"]}
+                                for q in self.quarantined]}
+
+    def quarantine_lines(self) -> list[str]:
+        """One line per quarantined record of the chain."""
+        return [f"record {q['chain_seq']} of chain {self.chain_id} is quarantined in {q['file']}: {q['reason']}"
+                for q in self.quarantined]
 
 
 def _problem_dict(p: Problem) -> dict[str, Any]:
@@ -101,14 +116,20 @@ def verify(engine: Engine, checkpoints: Sequence[Checkpoint] = ()) -> Report:
         ids = set(known) | {cp_chain for cp in checkpoints for cp_chain in cp.heads}
         ids |= {r[0] for r in conn.execute(select(exchanges.c.chain_id).where(exchanges.c.chain_id.is_not(None))
                                            .group_by(exchanges.c.chain_id))}
+        held = _quarantined_records(conn)
         reports = []
         for chain_id in sorted(ids):
             row = known.get(chain_id)
             start, start_prev, head = (row.start_seq, row.start_prev_hash, row.head_seq) if row else (1, GENESIS, 0)
-            report = _verify_chain(conn, chain_id, start, start_prev, checkpoints)
+            kept = held.get(chain_id, {})
+            report = _verify_chain(conn, chain_id, start, start_prev, checkpoints, kept)
             if head > report.last.seq and report.ok:
-                report.add("deleted", report.last.seq + 1, None, f"records {report.last.seq + 1}..{head} are missing "
-                           f"(the chains table says the chain reached {head})")
+                gap = _fill(kept, report.last.seq + 1, head, report.last.hash, row.head_hash)
+                if gap is None:
+                    report.add("deleted", report.last.seq + 1, None, f"records {report.last.seq + 1}..{head} are "
+                               f"missing (the chains table says the chain reached {head})")
+                else:
+                    report.quarantined += gap
             reports.append(report)
         return Report(reports, _unchained(conn))
 
@@ -118,6 +139,34 @@ def _unchained(conn: Connection) -> list[Problem]:
     c = exchanges.c
     rows = conn.execute(select(c.id).where(c.chain_id.is_(None), c.status != IN_PROGRESS).limit(MAX_PROBLEMS)).all()
     return [Problem("inserted", None, None, r.id, f"final record {r.id} is in no chain") for r in rows]
+
+
+def _quarantined_records(conn: Connection) -> dict[str, dict[int, dict[str, Any]]]:
+    """The quarantine table's records with a known place: {chain: {seq: row}}."""
+    q = quarantine.c
+    found: dict[str, dict[int, dict[str, Any]]] = {}
+    for row in conn.execute(select(quarantine).where(q.chain_id.is_not(None), q.chain_seq.is_not(None))
+                            .order_by(q.id)).mappings():
+        found.setdefault(row["chain_id"], {})[row["chain_seq"]] = dict(row)
+    return found
+
+
+def _fill(kept: dict[int, dict[str, Any]], first: int, last: int, prev: str, after: str | None) -> list | None:
+    """The quarantined records ``first..last`` when they fill the gap exactly: each one there,
+    linking to ``prev`` and to each other, the last being what ``after`` links to (the last
+    one's own hash may be lost with the end of its torn line); else None."""
+    if not kept or last - first >= MAX_GAP:
+        return None
+    records = [kept.get(seq) for seq in range(first, last + 1)]
+    link = prev
+    for record in records:
+        if record is None or record["prev_hash"] != link:
+            return None
+        # a line torn before its record_hash: what the next record links to stands for it
+        link = record["record_hash"] or (after if record is records[-1] else None)
+        if link is None:
+            return None
+    return records if after is None or link == after else None
 
 
 def _rows(conn: Connection, chain_id: str, start: int) -> Iterator[dict[str, Any]]:
@@ -130,7 +179,7 @@ def _rows(conn: Connection, chain_id: str, start: int) -> Iterator[dict[str, Any
 
 
 def _verify_chain(conn: Connection, chain_id: str, start: int, start_prev: str,
-                  checkpoints: Sequence[Checkpoint]) -> ChainReport:
+                  checkpoints: Sequence[Checkpoint], kept: dict[int, dict[str, Any]]) -> ChainReport:
     report = ChainReport(chain_id, start=start, last=Head(start - 1, start_prev))
     signed = [(cp, cp.heads[chain_id]) for cp in checkpoints if chain_id in cp.heads]
     wanted = {head.seq for _, head in signed}
@@ -145,8 +194,12 @@ def _verify_chain(conn: Connection, chain_id: str, start: int, start_prev: str,
             report.add("inserted", seq, rid, f"a second record numbered {seq}")
             continue
         if seq > expected:
-            missing = f"{expected}" if seq == expected + 1 else f"{expected}..{seq - 1}"
-            report.add("deleted", expected, None, f"records {missing} are missing from the chain")
+            gap = _fill(kept, expected, seq - 1, prev, row["prev_hash"])
+            if gap is None:
+                missing = f"{expected}" if seq == expected + 1 else f"{expected}..{seq - 1}"
+                report.add("deleted", expected, None, f"records {missing} are missing from the chain")
+            else:
+                report.quarantined += gap
         elif row["prev_hash"] != prev:
             _broken_link(conn, report, chain_id, row)
         if seq in wanted:

@@ -1,19 +1,33 @@
-"""The background writer: records in from the proxy, batched upserts out to the database.
+"""The background writer: records in from the proxy, upserts out to the database.
 
 mitmproxy's event loop only ever calls :meth:`AuditWriter.submit`, which puts a row on
-a queue and returns. A single thread drains the queue in batches (up to ``batch_size``
-rows, or whatever arrived within ``max_delay``) and writes each batch in one
-transaction.
+a queue and returns. A single thread drains the queue: whatever rows are queued are
+written at once, in one transaction (up to ``batch_size``); under load rows queue while a
+write runs, so the next transaction takes them together (group commit forms by itself,
+and a final record is durable within milliseconds of its exchange's end).
 
 Nothing is lost:
 
 * Rows are upserted by id, and a row is only ever updated while it is still
   ``in_progress``: the write-ahead open record of an exchange is completed by its final
   record, and a late or repeated open record can never undo a final one.
+* Every row is prepared first (:mod:`storage.prepare`): what the backend cannot hold
+  (any nesting depth, any size, lone surrogates, huge integers, U+0000 on PostgreSQL) is
+  reduced, with a ``stored_reduced`` finding, before the row is sealed.
 * When a write fails (the database is down, the disk is full, ...), the batch goes to
   the :class:`~storage.spool.Spool`, fsync'd. While the spool holds anything, new rows
   are appended to it too, so the order is kept; the spool is replayed in order, then
   emptied, as soon as the database answers again (also after a restart).
+* One record's trouble stays its own: a batch that fails while the database answers (a
+  write that changes nothing tells) is written row by row; a row refused alone is
+  reduced to a minimal row (:func:`storage.prepare.minimal_row`), sealed in its place;
+  refused even then, or a sealed row from the spool refused alone (changing it would
+  break its seal), it is quarantined (:mod:`storage.quarantine`), as is a spool line
+  that cannot be read back. Replay never blocks behind one row.
+* The thread survives anything: a failing step is logged and its rows are tried again
+  (a row failing :data:`STRIKES` times is quarantined). Should the thread die anyway,
+  the next :meth:`~AuditWriter.submit` logs it as an error and starts a new one, with
+  the rows it held put back first.
 * At start, rows this proxy instance left ``in_progress`` when it was killed are marked
   ``interrupted`` (after the spool is replayed, so spooled final records win).
 
@@ -21,43 +35,51 @@ Every final record is sealed into this instance's hash chain (:mod:`storage.chai
 here, on the writer thread, in the order records are handed over and before it goes to
 the database or the spool, so spooled records keep their place in the chain. The
 ``chains`` table follows the head in the same transaction, and a
-:class:`~storage.checkpoint.Checkpointer` signs the head of what is committed.
+:class:`~storage.checkpoint.Checkpointer` signs the head of what is committed. A status
+file (:mod:`storage.status`) tells ``llm-audit status`` whether records flow.
 """
 
 from __future__ import annotations
 
 import ctypes
 import logging
+import os
 import queue
-import re
 import threading
 import time
+from collections import deque
+from collections.abc import Callable
 from datetime import datetime, timezone
 from typing import Any
 
 import orjson
-from sqlalchemy import JSON, Engine, select, update
+from sqlalchemy import Engine, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import SQLAlchemyError
 
 from storage.chain import CHAIN_COLUMNS, GENESIS, Chain, Head, is_sealed
 from storage.checkpoint import Checkpointer, CheckpointError
 from storage.database import DatabaseError, first_line
+from storage.prepare import MAX_VALUE_BYTES, Prepared, minimal_row, prepare
+from storage.quarantine import Entry, Quarantine, recover
 from storage.schema import IN_PROGRESS, chains, exchanges
-from storage.spool import Spool
+from storage.schema import quarantine as quarantine_table
+from storage.spool import Spool, safe_name
+from storage.status import StatusFile, status_path
 
 log = logging.getLogger(__name__)
 
 _STOP = object()
-_JSON_COLUMNS = frozenset(c.name for c in exchanges.columns if isinstance(c.type, JSON))
-_ESCAPED_NUL = re.compile(rb"(?<!\\)((?:\\\\)*)\\u0000")
 RETRY_MIN, RETRY_MAX = 0.5, 5.0
+STRIKES = 3  # unexpected failures of one row before it is quarantined
+HEARTBEAT = 600.0  # seconds between two "recording" log lines while records come
 _TRIM_AFTER = 16 * 1024 * 1024  # characters of output in one batch after which freed memory is handed back
 _UNSEALED = dict.fromkeys(CHAIN_COLUMNS)  # an open record's chain columns (one statement needs every key)
 
 
 class AuditWriter:
-    """Writes exchange rows off the event loop, in batches, spooling what cannot be written."""
+    """Writes exchange rows off the event loop, spooling what cannot be written now and
+    quarantining what can be written nowhere; one record's trouble never stops the others."""
 
     def __init__(
         self,
@@ -65,41 +87,59 @@ class AuditWriter:
         spool: Spool,
         instance: str,
         batch_size: int = 500,
-        max_delay: float = 0.05,
         checkpointer: Checkpointer | None = None,
+        max_value_bytes: int = MAX_VALUE_BYTES,
     ) -> None:
         self.engine = engine
         self.spool = spool
         self.instance = instance
         self.batch_size = batch_size
-        self.max_delay = max_delay
+        self.max_value_bytes = max_value_bytes
         self.written = 0  # final records (open records are not counted)
+        self.quarantined = 0  # records quarantined by this run
         self.started = datetime.now(timezone.utc)
+        self.last_write: datetime | None = None
+        self.last_error: str | None = None
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        self._held: list[dict[str, Any]] = []  # rows neither the database nor the spool took
+        self._retry: deque[Any] = deque()  # rows put back after an unexpected failure: first in line
+        self._strikes: dict[Any, int] = {}  # unexpected failures per record id
+        self._inflight: list[Any] = []  # the rows the thread works on, neither written nor spooled yet
+        self._inflight_head = Head()  # the chain's head before them
+        self._held: list[dict[str, Any]] = []  # sealed rows neither the database nor the spool took
         self._upsert = _upsert_statement(engine)
         self._insert = {"sqlite": sqlite.insert, "postgresql": postgresql.insert}[engine.dialect.name]
         self._postgres = engine.dialect.name == "postgresql"
+        self.quarantine = Quarantine(spool.path.with_name(f"quarantine-{safe_name(instance)}.jsonl"))
+        self._unrecorded: list[Entry] = list(self.quarantine.entries())  # not known in the quarantine table yet
+        self.status = StatusFile(status_path(spool.path.parent, instance))
+        self._status_failed = False
         self.chain = Chain(instance, self._chain_head())
         self.committed = self.chain.head  # the chain's head as far as the database has it
         self.checkpointer = checkpointer
         self._retry_at = 0.0
         self._backoff = RETRY_MIN
         self._recovered = False  # interrupted rows of an earlier run marked
-        self._thread = threading.Thread(target=self._run, name="llm-audit-writer", daemon=True)
-        self._thread.start()
+        self._closing = False
+        self._death: str | None = None  # why the last writer thread ended, until a new one starts
+        self._beat = (time.monotonic(), 0)  # the last heartbeat: when, and the records written then
+        self._thread = self._start_thread()
 
     def submit(self, row: dict[str, Any]) -> None:
-        """Queue a row; never blocks."""
+        """Queue a row; never blocks. A writer thread found dead is restarted, loudly."""
         self._queue.put(row)
+        if not self._thread.is_alive() and not self._closing:
+            self._restart()
 
     @property
     def pending(self) -> int:
-        """Rows not yet in the database: queued, spooled or held."""
-        return self._queue.qsize() + self.spool.records + len(self._held)
+        """Rows not yet in the database: queued, in the works, spooled or held."""
+        return self._in_memory() + self.spool.records
 
     def close(self, timeout: float = 30.0) -> None:
         """Write everything queued (to the database, else the spool), then stop."""
+        if not self._thread.is_alive():
+            self._restart()
+        self._closing = True
         self._queue.put(_STOP)
         self._thread.join(timeout)
         if self._thread.is_alive():
@@ -109,14 +149,28 @@ class AuditWriter:
                 "llm-audit: %d records wait in the spool %s (%d bytes); they are written at the next start",
                 self.spool.records, self.spool.path, self.spool.size,
             )
-        if self._held:
-            log.error("llm-audit: %d records could be written neither to the database nor to the spool", len(self._held))
+        if self._in_memory():
+            log.error("llm-audit: %d records could be written neither to the database nor to the spool",
+                      self._in_memory())
+        if self.quarantined:
+            log.warning("llm-audit: %d records were quarantined in %s (listed in the quarantine table)",
+                        self.quarantined, self.quarantine.path)
         self._checkpoint(final=True)
+        self._report(force=True, alive=False, stopped=True)
         self.spool.close()
         self.engine.dispose()
 
+    def summary(self) -> str:
+        """Where every record went, for the shutdown line."""
+        return (f"llm-audit: {self.written} audit records written, {self.spool.records} wait in the spool, "
+                f"{self.quarantined} quarantined, {self._in_memory()} held in memory")
+
+    def _in_memory(self) -> int:
+        return self._queue.qsize() + len(self._retry) + len(self._inflight) + len(self._held)
+
     def _chain_head(self) -> Head:
-        """Where this instance's chain goes on: the furthest of the database and the spool."""
+        """Where this instance's chain goes on: the furthest of the database and the spool
+        (counting spool lines that can no longer be read, as far as their place is known)."""
         c = exchanges.c
         try:
             with self.engine.connect() as conn:
@@ -127,61 +181,224 @@ class AuditWriter:
         except SQLAlchemyError as e:
             raise DatabaseError(f"cannot read the hash chain's head: {first_line(e)}") from None
         heads = [Head(), *(Head(r[0], r[1]) for r in (known, last) if r is not None)]
-        for rows in self.spool.read(self.batch_size):
+
+        def torn(raw: bytes, _reason: str) -> None:
+            found = recover(raw)
+            if found.get("chain_id") == self.instance and "chain_seq" in found and "record_hash" in found:
+                heads.append(Head(found["chain_seq"], found["record_hash"]))
+
+        for rows in self.spool.read(self.batch_size, torn):
             heads += [Head(r["chain_seq"], r["record_hash"]) for r in rows
                       if is_sealed(r) and r.get("chain_id") == self.instance]
         return max(heads, key=lambda h: h.seq)
 
     # -- the writer thread --------------------------------------------------------------
 
+    def _start_thread(self) -> threading.Thread:
+        thread = threading.Thread(target=self._run, name="llm-audit-writer", daemon=True)
+        thread.start()
+        return thread
+
+    def _restart(self) -> None:
+        log.error("llm-audit: the writer thread died (%s); starting a new one (%d records wait in memory, none lost)",
+                  self._death or "reason unknown", self._in_memory())
+        self._death = None
+        self._thread = self._start_thread()
+
     def _run(self) -> None:
-        self._recover()
+        try:
+            self._serve()
+        except BaseException as e:  # noqa: BLE001 - reported here, restarted by the next submit
+            self._salvage()
+            self._death = self.last_error = f"{type(e).__name__}: {e}"[:300]
+            log.error("llm-audit: the writer thread stopped: %s", self._death)
+            self._report(force=True, alive=False)
+
+    def _serve(self) -> None:
+        self._guarded(self._recover)
         stopping = False
         while True:
             batch, stopping = self._next_batch(stopping)
             if batch:
-                self._store(batch)
+                self._guarded(self._store, batch)
                 del batch  # not kept alive while the queue is waited on
-            elif self.spool or not self._recovered:
-                self._recover()
-            if stopping and self._queue.empty():
-                self._recover(force=True)
+            elif self.spool or self._held or self._unrecorded or not self._recovered:
+                self._guarded(self._recover)
+            self._report()
+            if stopping and self._queue.empty() and not self._retry:
+                self._guarded(self._recover, True)
                 return
 
-    def _next_batch(self, stopping: bool) -> tuple[list[dict[str, Any]], bool]:
-        """What the queue yields within ``max_delay`` (waiting at most a second for the first
-        row, so a waiting spool is retried even when no traffic comes)."""
-        batch: list[dict[str, Any]] = []
-        deadline = None
+    def _guarded(self, step: Callable[..., None], *args: Any) -> None:
+        """Run one step; whatever it raises is logged and its rows are tried again."""
+        try:
+            step(*args)
+        except Exception as e:  # noqa: BLE001 - the writer must survive anything
+            self.last_error = f"{type(e).__name__}: {e}"[:300]
+            log.exception("llm-audit: the writer failed (%s); its records are tried again", self.last_error)
+            self._salvage()
+
+    def _salvage(self) -> None:
+        """Put the rows of an interrupted step back, first in line, and the chain's head where
+        it was before them (none of them was written or spooled: they are sealed anew). They
+        are tried one at a time; a row that failed alone :data:`STRIKES` times is quarantined."""
+        rows, self._inflight = self._inflight, []
+        if not rows:
+            return
+        self.chain.head = self._inflight_head
+        if len(rows) > 1:  # tried again one at a time: only the failing row counts strikes
+            self._retry.extendleft(reversed(rows))
+            return
+        row = rows[0]
+        key = row.get("id") if isinstance(row, dict) else id(row)
+        self._strikes[key] = strikes = self._strikes.get(key, 0) + 1
+        if strikes < STRIKES:
+            self._retry.appendleft(row)
+        else:
+            del self._strikes[key]
+            self._quarantine_row(row, f"the writer failed on it {STRIKES} times ({self.last_error})")
+
+    def _next_batch(self, stopping: bool) -> tuple[list[Any], bool]:
+        """Whatever is queued now, up to ``batch_size`` rows, without waiting for more: a
+        row is written as soon as it is there, and rows that queue while a write runs go
+        together into the next one. Waits at most a second for the first row, so a waiting
+        spool is retried even when no traffic comes."""
+        if self._retry:  # rows of a step that failed: one at a time, so one row's failure is its own
+            batch = [self._retry.popleft()]
+            self._inflight, self._inflight_head = batch, self.chain.head
+            return batch, stopping
+        batch: list[Any] = []
+        wait = not stopping
         while len(batch) < self.batch_size:
             try:
-                if stopping:
-                    item = self._queue.get_nowait()
-                elif deadline is None:
-                    item = self._queue.get(timeout=1.0)
-                else:
-                    item = self._queue.get(timeout=max(deadline - time.monotonic(), 0))
+                item = self._queue.get(timeout=1.0) if wait else self._queue.get_nowait()
             except queue.Empty:
                 break
+            wait = False
             if item is _STOP:
                 stopping = True
                 continue
             batch.append(item)
-            deadline = deadline or time.monotonic() + self.max_delay
+        self._inflight, self._inflight_head = batch, self.chain.head
         return batch, stopping
 
-    def _store(self, batch: list[dict[str, Any]]) -> None:
-        """Seal the final records, then to the database when nothing waits before this
-        batch, else behind it in the spool."""
-        batch = [self._seal(row) for row in batch]
-        if not self.spool and not self._held and time.monotonic() >= self._retry_at:
-            try:
-                self._write(batch)
+    def _store(self, batch: list[Any]) -> None:
+        """Prepare and seal the rows, then to the database when nothing waits before them,
+        else behind it in the spool."""
+        prepared = [self._prepare(row) for row in batch]
+        if self.spool or self._held or time.monotonic() < self._retry_at:
+            self._spool([self._seal(p) for p in prepared])
+            self._inflight = []
+            self._recover()
+            return
+        sealed = [self._seal(p) for p in prepared]
+        try:
+            self._write(sealed)
+        except Exception as e:  # noqa: BLE001 - a database refusal, or a row the driver cannot bind
+            self._isolate(batch, prepared, sealed, e)
+        self._inflight = []
+
+    def _isolate(self, batch: list[Any], prepared: list[Prepared], sealed: list[dict[str, Any]],
+                 error: Exception) -> None:
+        """A batch failed: spool it when the database does not answer; else write its rows
+        one by one, so that a row the database refuses affects that row alone."""
+        if not self._answers():
+            self._failed(error)
+            self._spool(sealed)
+            return
+        log.warning("llm-audit: a write of %d records failed while the database answers (%s); writing them one by one",
+                    len(batch), first_line(error))
+        self.chain.head = self._inflight_head
+        for i, p in enumerate(prepared):
+            if not self._write_one(p):
+                self._spool([self._seal(q) for q in prepared[i:]])
                 return
-            except SQLAlchemyError as e:
-                self._failed(e)
-        self._spool(batch)
-        self._recover()
+            self._inflight, self._inflight_head = batch[i + 1:], self.chain.head
+
+    def _write_one(self, p: Prepared) -> bool:
+        """Write one fresh row; refused, its minimal row (sealed in its place); refused too,
+        quarantine it. False when the database stopped answering (nothing of it written)."""
+        mark = self.chain.head
+        refusal = self._try_write(self._seal(p))
+        if refusal is None:
+            return True
+        self.chain.head = mark
+        if not self._answers():
+            return False
+        reason = first_line(refusal)
+        refusal = self._try_write(self._seal(self._prepare(minimal_row(p.row, reason))))
+        if refusal is None:
+            log.error("llm-audit: record %s was refused by the database (%s); a minimal row of it is written",
+                      p.row.get("id"), reason)
+            return True
+        self.chain.head = mark
+        if not self._answers():
+            return False
+        self._quarantine_row(self._seal(p), f"refused by the database, also reduced to a minimal row: {reason}")
+        return True
+
+    def _replay(self, rows: list[dict[str, Any]]) -> None:
+        """Write rows from the spool or memory, already sealed: together, else one by one. A
+        sealed row refused alone is quarantined (changing it would break its seal), an open
+        row is reduced first. Raises the database's error when it stops answering."""
+        try:
+            self._write(rows)
+            return
+        except Exception as e:  # noqa: BLE001
+            if not self._answers():
+                raise
+            log.warning("llm-audit: replaying %d records failed while the database answers (%s); one by one",
+                        len(rows), first_line(e))
+        for row in rows:
+            refusal = self._try_write(row)
+            if refusal is None:
+                continue
+            if not self._answers():
+                raise refusal
+            reason = first_line(refusal)
+            if not is_sealed(row) and self._try_write(self._prepare(minimal_row(row, reason)).row) is None:
+                continue
+            self._quarantine_row(row, f"refused by the database: {reason}")
+
+    def _try_write(self, row: dict[str, Any]) -> Exception | None:
+        try:
+            self._write([row])
+        except Exception as e:  # noqa: BLE001
+            return e
+        return None
+
+    def _answers(self) -> bool:
+        """Whether the database takes a write now (one that changes nothing): tells a row it
+        refuses from a database that refuses everything (down, locked, read-only)."""
+        try:
+            with self.engine.begin() as conn:
+                conn.execute(update(chains).where(chains.c.chain_id == self.instance)
+                             .values(head_seq=chains.c.head_seq))
+        except Exception:  # noqa: BLE001
+            return False
+        return True
+
+    def _prepare(self, row: Any) -> Prepared:
+        """The row as the backend can store it (:func:`storage.prepare.prepare`); a row that
+        cannot even be prepared becomes its minimal row."""
+        try:
+            return prepare(row, postgres=self._postgres, max_bytes=self.max_value_bytes)
+        except Exception as e:  # noqa: BLE001
+            reason = f"it could not be prepared: {type(e).__name__}: {e}"[:300]
+            log.error("llm-audit: a record %s; a minimal row of it is written", reason)
+            return prepare(minimal_row(row if isinstance(row, dict) else {}, reason), postgres=self._postgres,
+                           max_bytes=self.max_value_bytes)
+
+    def _seal(self, p: Prepared) -> dict[str, Any]:
+        """The prepared row, sealed into the chain when final; a row that cannot be sealed
+        (never a prepared one) is sealed as its minimal row."""
+        try:
+            return self.chain.seal(p.row, p.hashes)
+        except Exception as e:  # noqa: BLE001 - the chain's head moved only if the seal succeeded
+            reason = f"it could not be sealed: {type(e).__name__}: {e}"[:300]
+            log.error("llm-audit: record %s: %s; a minimal row of it is written", p.row.get("id"), reason)
+            small = self._prepare(minimal_row(p.row, reason))
+            return self.chain.seal(small.row, small.hashes)
 
     def _spool(self, rows: list[dict[str, Any]]) -> None:
         rows, self._held = self._held + rows, []
@@ -192,42 +409,105 @@ class AuditWriter:
             self._held = rows
             log.error("llm-audit: cannot write the spool %s (%s); %d records held in memory", self.spool.path, e, len(rows))
             return
-        if was_empty:
+        except TypeError:  # a row orjson refuses (never a prepared one): the others go on
+            self._spool_each(rows)
+        if was_empty and self.spool:
             log.warning("llm-audit: spooling to %s until the database is back", self.spool.path)
         elif self.spool.records // 1000 > (self.spool.records - len(rows)) // 1000:
             log.warning("llm-audit: the spool holds %d records (%d bytes)", self.spool.records, self.spool.size)
 
+    def _spool_each(self, rows: list[dict[str, Any]]) -> None:
+        for i, row in enumerate(rows):
+            try:
+                self.spool.append([row])
+            except TypeError as e:
+                self._quarantine_row(row, f"cannot be written to the spool: {e}")
+            except OSError:
+                self._held += rows[i:]
+                log.error("llm-audit: cannot write the spool %s; %d records held in memory", self.spool.path,
+                          len(rows) - i)
+                return
+
+    def _quarantine_row(self, row: Any, reason: str) -> None:
+        """Keep a row that can be written nowhere in the quarantine file (held in memory when
+        even that fails)."""
+        try:
+            raw = orjson.dumps(row, option=orjson.OPT_NON_STR_KEYS, default=repr)
+        except TypeError:
+            raw = repr(row).encode("utf-8", "backslashreplace")
+        try:
+            self._quarantine_line(raw, reason)
+        except OSError as e:
+            log.error("llm-audit: cannot write the quarantine file %s (%s); the record is held in memory",
+                      self.quarantine.path, e)
+            if isinstance(row, dict):
+                self._held.append(row)
+
+    def _quarantine_line(self, raw: bytes, reason: str) -> None:
+        """Quarantine one line (raises OSError); the quarantine table learns of it next."""
+        entry = self.quarantine.add(raw, reason)
+        if entry is None:
+            return  # kept already (a replay cut short saw it before)
+        self.quarantined += 1
+        self._unrecorded.append(entry)
+        what = (f"record {entry.chain_seq} of chain {entry.chain_id}" if entry.chain_seq is not None
+                else f"record {entry.record_id or '(id unknown)'}")
+        # a warning, not an error: mitmdump exits when an error is logged while it starts,
+        # and a spool quarantined at start must not keep the proxy from running
+        log.warning("llm-audit: %s is quarantined in %s: %s", what, self.quarantine.path, reason)
+
     def _recover(self, force: bool = False) -> None:
-        """Replay the spool, then mark what an earlier run left open, when the database answers."""
+        """Replay the spool, write held rows, record quarantined ones, then mark what an
+        earlier run left open, when the database answers."""
         if not force and time.monotonic() < self._retry_at:
             return
         try:
             if self.spool:
                 replayed = 0
-                for rows in self.spool.read(self.batch_size):
-                    self._write(rows)
+                for rows in self.spool.read(self.batch_size, self._quarantine_line):
+                    self._replay(rows)
                     replayed += len(rows)
                 self.spool.clear()
                 log.info("llm-audit: replayed %d records from the spool into the database", replayed)
             if self._held:
-                self._write(self._held)
-                self._held = []
+                held, self._held = self._held, []
+                try:
+                    self._replay(held)
+                except Exception:
+                    self._held = held + self._held
+                    raise
+            self._record_quarantine()
             if not self._recovered:
                 self._mark_interrupted()
                 self._recovered = True
             self._backoff = RETRY_MIN
-        except SQLAlchemyError as e:
+        except OSError as e:  # the quarantine file: the spool is kept until it can be written
+            log.error("llm-audit: cannot write the quarantine file %s (%s); the spool is kept", self.quarantine.path, e)
+            self._failed(e)
+        except Exception as e:  # noqa: BLE001 - the database's error: retried later
             self._failed(e)
 
-    def _failed(self, error: SQLAlchemyError) -> None:
-        reason = str(getattr(error, "orig", None) or error).strip().splitlines()[0]
+    def _record_quarantine(self) -> None:
+        """Put the quarantined lines in the ``quarantine`` table, and let this chain's head
+        move past a quarantined record of it, so that ``verify`` sees (and names) the gap."""
+        if not self._unrecorded:
+            return
+        entries = self._unrecorded
+        ours = [e for e in entries if e.chain_id == self.instance and e.chain_seq and e.record_hash]
+        stmt = self._insert(quarantine_table).on_conflict_do_nothing(index_elements=["file", "sha256"])
+        with self.engine.begin() as conn:
+            conn.execute(stmt, [e.as_row() for e in entries])
+            if ours:
+                last = max(ours, key=lambda e: e.chain_seq)
+                self._advance_head(conn, Head(last.chain_seq, last.record_hash))
+        self._unrecorded = self._unrecorded[len(entries):]
+
+    def _failed(self, error: Exception) -> None:
+        reason = first_line(error)
+        self.last_error = reason
         log.warning("llm-audit: database write failed (%s); retrying in %.1fs", reason, self._backoff)
         self._retry_at = time.monotonic() + self._backoff
         self._backoff = min(self._backoff * 2, RETRY_MAX)
-
-    def _seal(self, row: dict[str, Any]) -> dict[str, Any]:
-        """The row as stored (PostgreSQL-safe), sealed into the chain when final."""
-        return self.chain.seal(_postgres_safe(row) if self._postgres else row)
 
     def _write(self, batch: list[dict[str, Any]]) -> None:
         # The same record may be queued twice in one batch (open, then final): keep the
@@ -240,6 +520,7 @@ class AuditWriter:
             if head is not None:
                 self._advance_head(conn, head)
         self.written += sum(1 for row in rows if row["status"] != IN_PROGRESS)  # final records
+        self.last_write = datetime.now(timezone.utc)
         if sum(len(row.get("output_text") or "") for row in rows) > _TRIM_AFTER:
             _release_memory()
         if head is not None and head.seq > self.committed.seq:
@@ -266,6 +547,30 @@ class AuditWriter:
             return
         if path is not None:
             log.info("llm-audit: checkpoint %s (chain %s at %d)", path, self.instance, self.committed.seq)
+
+    def _report(self, force: bool = False, alive: bool = True, stopped: bool = False) -> None:
+        """Keep the status file current (at most about once a second), and log a heartbeat
+        every :data:`HEARTBEAT` seconds while records come."""
+        doc = {"pid": os.getpid(), "instance": self.instance, "started": self.started,
+               "database": self.engine.url.render_as_string(), "written": self.written,
+               "spooled": self.spool.records, "quarantined": self.quarantined, "held": len(self._held),
+               "queued": self._in_memory() - len(self._held),
+               "last_write": self.last_write, "last_error": self.last_error, "writer_alive": alive,
+               "stopped": stopped}
+        try:
+            self.status.update(doc, force=force)
+            self._status_failed = False
+        except OSError as e:
+            if not self._status_failed:
+                log.warning("llm-audit: cannot write the status file %s (%s)", self.status.path, e)
+            self._status_failed = True
+        at, written = self._beat
+        now = time.monotonic()
+        if now - at >= HEARTBEAT and self.written > written:
+            log.info("llm-audit: recording: %d records written in the last %.0f minutes (%d in all), %d in the spool, "
+                     "%d quarantined", self.written - written, (now - at) / 60, self.written, self.spool.records,
+                     self.quarantined)
+            self._beat = (now, self.written)
 
     def _mark_interrupted(self) -> None:
         """Rows this instance left open before this run started were cut by a crash: they
@@ -304,27 +609,6 @@ def _upsert_statement(engine: Engine):
         set_={c.name: stmt.excluded[c.name] for c in exchanges.columns if c.name != "id"},
         where=exchanges.c.status == IN_PROGRESS,
     )
-
-
-def _postgres_safe(row: dict[str, Any]) -> dict[str, Any]:
-    """PostgreSQL text and jsonb cannot hold U+0000: store U+FFFD in its place.
-
-    Only rows that contain one are copied, so the common case costs a scan.
-    """
-    out = None
-    for name, value in row.items():
-        fixed = value
-        if isinstance(value, str):
-            if "\x00" in value:
-                fixed = value.replace("\x00", "\ufffd")
-        elif name in _JSON_COLUMNS and value is not None:
-            encoded = orjson.dumps(value)
-            if b"\\u0000" in encoded:
-                fixed = orjson.loads(_ESCAPED_NUL.sub(rb"\1\\ufffd", encoded))
-        if fixed is not value:
-            out = out or dict(row)
-            out[name] = fixed
-    return out or row
 
 
 def _release_memory() -> None:

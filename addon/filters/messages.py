@@ -29,6 +29,8 @@ from typing import Any
 
 import orjson
 
+from storage.prepare import json_text
+
 # Keys holding text the model reads: a string, or nested parts, blocks and calls.
 _TEXT_KEYS = (
     "text", "thinking", "refusal", "arguments", "output",
@@ -121,4 +123,13 @@ def _collect(value: Any, parts: list[str], depth: int) -> None:
                 _collect(value[key], parts, depth + 1)
         for key in _JSON_KEYS:
             if isinstance(value.get(key), dict | list):
-                parts.append(orjson.dumps(value[key]).decode())
+                parts.append(_json(value[key]))
+
+
+def _json(value: Any) -> str:
+    """The JSON text of a structured field, however deeply nested (orjson writes 254 levels
+    at most: deeper tool input must still be checked, not make the request unaudited)."""
+    try:
+        return orjson.dumps(value).decode()
+    except TypeError:
+        return json_text(value)

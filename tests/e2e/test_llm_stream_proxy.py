@@ -210,7 +210,8 @@ def test_giant_event_passes_unchanged_and_the_rest_of_the_stream_is_audited(prox
 
 
 def test_nul_characters_pass_unchanged_and_are_recorded(proxy, upstreams):
-    """U+0000 in the prompt and the answer: SQLite keeps it, PostgreSQL (which cannot) gets U+FFFD."""
+    """U+0000 in the prompt and the answer: SQLite keeps it, PostgreSQL (which cannot) gets
+    U+FFFD, and a stored_reduced finding per column says so."""
     up = upstreams["h1"]
     delta = b'{"v":"1.0","seq":1,"type":"content.delta","index":0,"role":"assistant","delta":{"text":"a\\u0000b"}}'
     stop = b'{"v":"1.0","seq":2,"type":"content.stop","index":0,"stop_reason":"end_turn"}'
@@ -221,7 +222,10 @@ def test_nul_characters_pass_unchanged_and_are_recorded(proxy, upstreams):
     assert ex.body == body and up.received(ex.id)["body"] == orjson.dumps(request)
     row = proxy.row(request_id)
     nul = "\x00" if proxy.backend == "sqlite" else "\ufffd"
-    assert row["status"] == "completed" and row["findings"] == []
+    reduced = [] if proxy.backend == "sqlite" else [
+        {"code": "stored_reduced", "detail": f"{column}: 1 U+0000 characters stored as U+FFFD (PostgreSQL cannot "
+                                             "hold U+0000)"} for column in ("request_body", "output_text", "output")]
+    assert row["status"] == "completed" and row["findings"] == reduced
     assert row["output_text"] == f"a{nul}b"
     assert row["output"]["choices"][0]["text"] == f"a{nul}b"
     assert row["request_body"]["messages"] == [{"role": "user", "content": f"x{nul}y"}]

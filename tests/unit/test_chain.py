@@ -31,11 +31,17 @@ from storage.retention import purge
 from storage.schema import chains, erasure_log, exchanges, purge_log
 from storage.spool import Spool
 from storage.verify import verify
-from storage.writer import AuditWriter, _postgres_safe
+from storage.prepare import prepare
+from storage.writer import AuditWriter
 from test_writer import engine_for
 
 BIN = Path(sys.executable).parent
 INSTANCE = "proxy-a"
+
+
+def _storable(row: dict) -> dict:
+    """A row as the writer would store it on either backend (rows inserted by hand here)."""
+    return prepare(row, postgres=True).row
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
@@ -66,7 +72,7 @@ def record(i: int, user: str = "alice", ended: datetime | None = None) -> dict:
 
 
 def write(engine, rows: list[dict], tmp_path: Path, instance: str = INSTANCE) -> None:
-    writer = AuditWriter(engine, Spool(tmp_path / f"spool-{instance}.jsonl"), instance, max_delay=0.01)
+    writer = AuditWriter(engine, Spool(tmp_path / f"spool-{instance}.jsonl"), instance)
     for row in rows:
         writer.submit(row)
     writer.close()
@@ -139,12 +145,12 @@ def test_a_deleted_record_is_named(engine, tmp_path):
 def test_a_forged_record_is_named_inserted(engine, tmp_path):
     rows = seeded(engine, tmp_path)
     forged = record(99) | {"id": "f" * 32}
-    sql(engine, insert(exchanges).values(_postgres_safe(forged)))  # an INSERT by hand: in no chain
+    sql(engine, insert(exchanges).values(_storable(forged)))  # an INSERT by hand: in no chain
     assert first_problem(engine) == ("inserted", None)
     sql(engine, delete(exchanges).where(exchanges.c.id == forged["id"]))
 
     # one made to fit: it links to record 4 and takes number 5; the real 5 now links past it
-    sealed = Chain(INSTANCE, Head(4, rows[3]["record_hash"])).seal(_postgres_safe(forged))
+    sealed = Chain(INSTANCE, Head(4, rows[3]["record_hash"])).seal(_storable(forged))
     sql(engine, update(exchanges).where(exchanges.c.chain_seq >= 5).values(chain_seq=exchanges.c.chain_seq + 1))
     sql(engine, insert(exchanges).values(sealed))
     assert first_problem(engine) == ("inserted", 5)
@@ -246,7 +252,7 @@ def test_records_spooled_during_an_outage_keep_their_place_in_the_chain(tmp_path
     db = tmp_path / "audit.db"
     engine = engine_for(db)  # fails fast while the database is locked
     spool = Spool(tmp_path / "spool.jsonl")
-    writer = AuditWriter(engine, spool, INSTANCE, max_delay=0.01)
+    writer = AuditWriter(engine, spool, INSTANCE)
     writer.submit(record(0))
     deadline = time.monotonic() + 10
     while writer.written < 1:
@@ -271,7 +277,7 @@ def test_records_spooled_during_an_outage_keep_their_place_in_the_chain(tmp_path
 def test_interrupted_records_are_sealed_when_marked(engine, tmp_path):
     open_row = record(0) | {"status": "in_progress", "ended_at": None}
     open_row["started_at"] = datetime.now(UTC) - timedelta(minutes=5)
-    sql(engine, insert(exchanges).values(_postgres_safe(open_row)))
+    sql(engine, insert(exchanges).values(_storable(open_row)))
     write(engine, [record(1)], tmp_path)
     with engine.connect() as conn:
         statuses = dict(conn.execute(select(exchanges.c.status, exchanges.c.chain_seq)).all())

@@ -68,7 +68,7 @@ def test_the_proxy_role_writes_but_cannot_change_or_delete_and_the_purge_role_ca
     purge_url = as_user(database, login_role(postgres, database, "llm_audit_purge"))
 
     engine = open_engine(proxy_url)
-    writer = AuditWriter(engine, Spool(tmp_path / "spool.jsonl"), "px", max_delay=0.01)
+    writer = AuditWriter(engine, Spool(tmp_path / "spool.jsonl"), "px")
     old = datetime.now(UTC) - timedelta(days=400)
     for i in range(3):  # the chain's first records, old enough to purge
         writer.submit(finished(i, ended=old).to_row())

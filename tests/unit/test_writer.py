@@ -19,7 +19,7 @@ from sqlalchemy import create_engine, event, select
 from addon.record import OUTCOME_COMPLETE, ExchangeRecord
 from storage.schema import exchanges, metadata
 from storage.spool import Spool, SpoolLocked
-from storage.writer import AuditWriter, _postgres_safe
+from storage.writer import AuditWriter
 
 
 def engine_for(path: Path):
@@ -161,21 +161,3 @@ def test_a_spool_file_is_used_by_one_proxy_only(tmp_path):
     Spool(tmp_path / "spool.jsonl").close()
 
 
-def test_a_torn_last_line_is_skipped_on_replay(tmp_path):
-    spool = Spool(tmp_path / "spool.jsonl")
-    spool.append([{"id": "a", "started_at": "2026-11-29T10:00:00+00:00"}])
-    with open(tmp_path / "spool.jsonl", "ab") as f:
-        f.write(b'{"id": "b", "start')
-    assert [r["id"] for batch in spool.read(10) for r in batch] == ["a"]
-    assert next(iter(spool.read(10)))[0]["started_at"] == datetime(2026, 11, 29, 10, tzinfo=timezone.utc)
-
-
-def test_postgres_rows_replace_nul_characters_everywhere():
-    row = {"id": "x", "output_text": "a\x00b", "request_body": {"messages": ["c\x00d", "keep \\u0000 text"]},
-           "findings": [], "event_count": 3}
-    safe = _postgres_safe(row)
-    assert safe["output_text"] == "a\ufffdb"
-    assert safe["request_body"] == {"messages": ["c\ufffdd", "keep \\u0000 text"]}
-    assert row["output_text"] == "a\x00b", "the record itself is not changed"
-    clean = {"id": "y", "output_text": "fine", "findings": []}
-    assert _postgres_safe(clean) is clean

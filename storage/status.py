@@ -1,0 +1,106 @@
+"""The writer's status file: whether records flow, for ``llm-audit status`` and monitoring.
+
+The writer thread keeps a small JSON file beside its spool (``status-INSTANCE.json``, mode
+0600, replaced atomically, at most about once a second and only when something changed):
+its pid and instance, when it started, how many records it wrote, how many wait in the
+spool or in memory, how many it quarantined, when it last wrote and the last error, and
+whether the writer thread is alive. A reader needs no database access to see that a
+proxy has stopped recording.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from storage.spool import safe_name
+
+MIN_INTERVAL = 1.0  # seconds between two writes of the file
+FLOWING, STUCK, NOT_RUNNING = 0, 1, 3  # the exit statuses of ``llm-audit status``
+
+
+class StatusError(Exception):
+    """No status file can be read; the message is one line."""
+
+
+def status_path(folder: Path, instance: str) -> Path:
+    """``FOLDER/status-INSTANCE.json``: where the writer of ``instance`` keeps its status."""
+    return folder / f"status-{safe_name(instance)}.json"
+
+
+class StatusFile:
+    """Writes a status document, atomically and not too often."""
+
+    def __init__(self, path: Path, min_interval: float = MIN_INTERVAL) -> None:
+        self.path = path
+        self.min_interval = min_interval
+        self._last: dict[str, Any] | None = None
+        self._at = 0.0
+
+    def update(self, doc: dict[str, Any], force: bool = False) -> bool:
+        """Write ``doc`` (plus the time) when it changed and the last write is old enough;
+        True when written. Raises OSError."""
+        now = time.monotonic()
+        if not force and (doc == self._last or now - self._at < self.min_interval):
+            return False
+        data = orjson.dumps(doc | {"updated": datetime.now(UTC)}, option=orjson.OPT_INDENT_2 | orjson.OPT_UTC_Z)
+        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            os.write(fd, data + b"\n")
+        finally:
+            os.close(fd)
+        os.replace(tmp, self.path)
+        self._last, self._at = dict(doc), now
+        return True
+
+
+def read_status(path: Path) -> dict[str, Any]:
+    """The status document at ``path``; raises OSError or ValueError (not a status file)."""
+    doc = orjson.loads(path.read_bytes())
+    if not isinstance(doc, dict) or "pid" not in doc or "writer_alive" not in doc:
+        raise ValueError("not an llm-audit status file")
+    return doc
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether a process with this id exists (ours or another user's)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    except (OverflowError, ValueError):
+        return False
+    return True
+
+
+def verdict(doc: dict[str, Any], running: bool) -> tuple[int, str]:
+    """(exit status, one line) for a status document; ``running``: its pid is alive.
+
+    Records flow when the proxy runs, its writer thread is alive and nothing waits in the
+    spool or in memory; they are stuck when the thread is dead or records wait (the
+    database does not take them); the proxy is not running when it stopped or its
+    process is gone.
+    """
+    who = f"proxy {doc.get('instance')} (pid {doc.get('pid')})"
+    counts = (f"{doc.get('written', 0)} written, {doc.get('spooled', 0)} in the spool, "
+              f"{doc.get('quarantined', 0)} quarantined, {doc.get('held', 0)} held in memory; "
+              f"last write {doc.get('last_write') or 'none yet'}")
+    error = f" (last error: {doc['last_error']})" if doc.get("last_error") else ""
+    if doc.get("stopped"):
+        return NOT_RUNNING, f"{who}: not running (stopped at {doc.get('updated')}); {counts}"
+    if not running:
+        return NOT_RUNNING, f"{who}: not running (the process is gone; last update {doc.get('updated')}); {counts}"
+    if not doc.get("writer_alive"):
+        return STUCK, f"{who}: records are stuck: the writer thread is not running{error}; {counts}"
+    if doc.get("spooled") or doc.get("held"):
+        waiting = (doc.get("spooled") or 0) + (doc.get("held") or 0)
+        return STUCK, f"{who}: records are stuck: {waiting} wait for the database{error}; {counts}"
+    return FLOWING, f"{who}: records flow; {counts}"
