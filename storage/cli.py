@@ -350,10 +350,19 @@ def _group_keys(value: str) -> list[str]:
     return keys
 
 
+MAX_COUNT = 2**63 - 1  # the largest LIMIT and OFFSET a database takes
+
+
 def _count(value: str) -> int:
     if not value.isdigit():
         raise argparse.ArgumentTypeError(f"{value!r} is not a whole number of 0 or more")
-    return int(value)
+    return _bounded(value, int(value))
+
+
+def _bounded(value: str, n: int) -> int:
+    if n > MAX_COUNT:
+        raise argparse.ArgumentTypeError(f"{value!r} is too large (at most {MAX_COUNT})")
+    return n
 
 
 def _positive_int(value: str) -> int:
@@ -363,7 +372,7 @@ def _positive_int(value: str) -> int:
         n = 0
     if n < 1:
         raise argparse.ArgumentTypeError(f"{value!r} is not a positive whole number")
-    return n
+    return _bounded(value, n)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -382,6 +391,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         note = " (a purge's purge_log row counts what it deleted)" if args.run is _cmd_purge else ""
         print(f"{PROG}: interrupted{note}", file=sys.stderr)
         return 130
+    except OSError as e:  # a file or folder named on the command line
+        print(f"{PROG}: {e.strerror or e}{f': {e.filename}' if e.filename else ''}", file=sys.stderr)
+        return EXIT_ERROR
+    except (ValueError, TypeError, LookupError, OverflowError) as e:
+        # Values the schema does not allow (SQLite keeps any text in any column): the
+        # database was written by something else. One line, never a traceback.
+        print(f"{PROG}: a stored value cannot be read ({type(e).__name__}: {_one_line(e)}); the database holds "
+              f"data llm-audit did not write: run '{PROG} verify'", file=sys.stderr)
+        return EXIT_ERROR
+
+
+def _one_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return (text.splitlines()[0] if text else type(error).__name__)[:200]
 
 
 def _url(args: argparse.Namespace) -> str:

@@ -19,6 +19,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from storage.chain import Head
 from storage.checkpoint import (
+    CheckpointError,
     default_checkpoint_dir,
     default_key_path,
     load_or_create_key,
@@ -27,7 +28,7 @@ from storage.checkpoint import (
     read_checkpoints,
     write_checkpoint,
 )
-from storage.database import DatabaseError, first_line, open_engine
+from storage.database import DatabaseError, first_line, open_engine, open_reader
 from storage.erase import erase_user
 from storage.roles import DEFAULT_PROXY_ROLE, DEFAULT_PURGE_ROLE, roles_sql
 from storage.schema import exchanges
@@ -104,15 +105,17 @@ def add_commands(commands: argparse._SubParsersAction, db_commands: argparse._Su
     p.add_argument("--apply", action="store_true", help="run the SQL on --db instead of printing it")
 
 
-def _engine(args: argparse.Namespace):
+def _engine(args: argparse.Namespace, *, reading: bool = False):
+    """The engine for ``--db``; ``reading``: the command only reads, so a missing or empty
+    database is an error, never a new file."""
     from storage.cli import HINT, _url  # the shared --db handling
 
-    return open_engine(_url(args), hint=HINT)
+    return open_reader(_url(args), hint=HINT) if reading else open_engine(_url(args), hint=HINT)
 
 
 def _cmd_checkpoint(args: argparse.Namespace) -> int:
     key = load_or_create_key(args.key)
-    engine = _engine(args)
+    engine = _engine(args, reading=True)
     c = exchanges.c
     try:
         with engine.connect() as conn:
@@ -125,7 +128,11 @@ def _cmd_checkpoint(args: argparse.Namespace) -> int:
     finally:
         engine.dispose()
     heads = {r.chain_id: Head(r.chain_seq, r.record_hash) for r in rows}
-    path = write_checkpoint(args.dir, key, heads)
+    try:
+        path = write_checkpoint(args.dir, key, heads)
+    except OSError as e:
+        raise CheckpointError(f"cannot write a checkpoint in {args.dir} ({e.strerror}); name a writable folder "
+                              "with --dir DIR") from None
     print(f"{path}: {len(heads)} chains signed ({', '.join(f'{k} at {h.seq}' for k, h in sorted(heads.items()))})")
     return 0
 
@@ -135,7 +142,7 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     if args.checkpoints is not None:
         public = load_public_key(args.public_key or public_key_path(default_key_path()))
         checkpoints = read_checkpoints(args.checkpoints, public)
-    engine = _engine(args)
+    engine = _engine(args, reading=True)
     try:
         report = verify(engine, checkpoints)
     except SQLAlchemyError as e:

@@ -30,11 +30,13 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import Connection, Engine, func, select
+from sqlalchemy import JSON, Connection, DateTime, Engine, String, func, select, type_coerce
 
 from storage.chain import GENESIS, Head, check_record
 from storage.checkpoint import Checkpoint
 from storage.schema import IN_PROGRESS, chains, exchanges, quarantine
+
+UNREADABLE_KEY = "_unreadable"  # on a row read by verify: the columns whose stored text cannot be decoded
 
 MAX_PROBLEMS = 20  # per chain: the first ones are what matters
 MAX_GAP = 10_000  # the longest gap looked up in the quarantine
@@ -170,12 +172,30 @@ def _fill(kept: dict[int, dict[str, Any]], first: int, last: int, prev: str, aft
 
 
 def _rows(conn: Connection, chain_id: str, start: int) -> Iterator[dict[str, Any]]:
-    """The chain's records from its start (a purge in progress may have left older ones)."""
+    """The chain's records from its start (a purge in progress may have left older ones).
+
+    SQLite keeps whatever text a writer puts in a JSON or time column, so there those
+    columns are read as text and decoded here, row by row: a value that cannot be read
+    is tampering with that record (``UNREADABLE_KEY`` names it), not a failure of
+    ``verify``.
+    """
     c = exchanges.c
+    sqlite = conn.dialect.name == "sqlite"
+    decoded = [col for col in exchanges.columns if sqlite and isinstance(col.type, (JSON, DateTime))]
+    columns = [type_coerce(col, String).label(col.name) if col in decoded else col for col in exchanges.columns]
+    processors = {col.name: col.type.dialect_impl(conn.dialect).result_processor(conn.dialect, None)
+                  for col in decoded}
     result = conn.execution_options(stream_results=True, yield_per=1000).execute(
-        select(exchanges).where(c.chain_id == chain_id, c.chain_seq >= start).order_by(c.chain_seq, c.id))
+        select(*columns).where(c.chain_id == chain_id, c.chain_seq >= start).order_by(c.chain_seq, c.id))
     for row in result.mappings():
-        yield dict(row)
+        record = dict(row)
+        for name, process in processors.items():
+            if record[name] is not None and process is not None:
+                try:
+                    record[name] = process(record[name])
+                except (ValueError, TypeError) as e:
+                    record.setdefault(UNREADABLE_KEY, []).append(f"{name}: {type(e).__name__}")
+        yield record
 
 
 def _verify_chain(conn: Connection, chain_id: str, start: int, start_prev: str,
@@ -187,7 +207,8 @@ def _verify_chain(conn: Connection, chain_id: str, start: int, start_prev: str,
     expected, prev = start, start_prev
     for row in _rows(conn, chain_id, start):
         seq, rid = row["chain_seq"], row["id"]
-        problem = check_record(row)
+        problem = check_record(row) if UNREADABLE_KEY not in row else \
+            f"stored values cannot be read ({', '.join(row[UNREADABLE_KEY])})"
         if problem:
             report.add("modified", seq, rid, problem)
         if seq < expected:

@@ -297,3 +297,26 @@ def test_the_canonical_form_is_stable():
         b'"status":"completed","streamed":true},"prev":"' + GENESIS.encode() + b'"}')
     assert record_hash(row, {"output_text": "ab"}, "p", GENESIS) == \
         "a76a9dc401a1b771e3adc6ec6f924fa3c2726380dc1a235abc0a0b5746ae7383"
+
+
+@pytest.mark.parametrize("column, text", [("output", "{not json"), ("started_at", "yesterday"),
+                                          ("input_tokens", "many"), ("findings", "[1,")])
+def test_values_sqlite_cannot_check_are_named_as_tampering_and_the_cli_never_crashes(tmp_path, column, text):
+    """SQLite keeps any text in any column: an insider's garbage is a modified record,
+    and every read-only command answers in one line instead of a traceback."""
+    url = f"sqlite:///{tmp_path / 'audit.db'}"
+    engine = open_engine(url)
+    rows = seeded(engine, tmp_path, 4)
+    engine.dispose()
+    con = sqlite3.connect(tmp_path / "audit.db")
+    con.execute(f"UPDATE exchanges SET {column} = ? WHERE id = ?", (text, rows[1]["id"]))
+    con.commit()
+    con.close()
+    out = llm_audit("--db", url, "verify")
+    assert out.returncode == 1 and "TAMPERED" in out.stdout and rows[1]["id"] in out.stdout, out
+    assert "Traceback" not in out.stderr
+    for command in (["list"], ["export"], ["export", "--format", "csv"], ["show", rows[1]["id"]], ["stats"]):
+        run = llm_audit("--db", url, *command)
+        assert run.returncode in (0, 2) and "Traceback" not in run.stderr, (command, run)
+        if run.returncode == 2:
+            assert len(run.stderr.splitlines()) == 1 and run.stderr.startswith("llm-audit: "), run.stderr
