@@ -320,3 +320,20 @@ def test_values_sqlite_cannot_check_are_named_as_tampering_and_the_cli_never_cra
         assert run.returncode in (0, 2) and "Traceback" not in run.stderr, (command, run)
         if run.returncode == 2:
             assert len(run.stderr.splitlines()) == 1 and run.stderr.startswith("llm-audit: "), run.stderr
+
+
+@pytest.mark.parametrize("state", ["missing", "empty"])
+def test_verify_of_a_missing_or_empty_database_is_an_error_and_creates_nothing(tmp_path, state):
+    path = tmp_path / "audit.db"
+    if state == "empty":
+        path.touch()
+    out = llm_audit("--db", f"sqlite:///{path}", "verify")
+    assert (out.returncode, out.stdout) == (2, "") and out.stderr.startswith("llm-audit: there is no audit database")
+    assert path.exists() == (state == "empty") and (not path.exists() or path.stat().st_size == 0)
+
+
+def test_a_checkpoint_into_an_impossible_folder_is_one_line(engine, tmp_path, url):
+    seeded(engine, tmp_path, 2)
+    out = llm_audit("--db", url, "checkpoint", "--key", str(tmp_path / "key.pem"), "--dir", "/proc/no/such/dir")
+    assert out.returncode == 2 and len(out.stderr.splitlines()) == 1 and "Traceback" not in out.stderr
+    assert "cannot write a checkpoint in /proc/no/such/dir" in out.stderr
