@@ -318,6 +318,8 @@ class StreamAuditor:
         if record is None or self._limits_reported:
             return
         self._limits_reported = True
+        if not (record.content_truncated or self.too_large or self._over_budget):
+            return
         raw = f"{record.bytes_from_upstream} bytes from the upstream, sha256 {self.sha256.hexdigest()}"
         decoded = self.decoder.decoded if self.decoder is not None and self.decoder.encoded else None
         if record.content_truncated or self.too_large:
