@@ -126,7 +126,7 @@ class StreamAuditor:
         if record is not None:
             if record.first_chunk_at is None:
                 record.first_chunk_at = now or time.time()
-        self.bytes_in(chunk)
+        self._bytes_in(chunk)
         if self.stopped:
             return b""
         gate = self.gate
@@ -146,7 +146,7 @@ class StreamAuditor:
             self.record.bytes_to_client += len(out)
         return out
 
-    def bytes_in(self, chunk: bytes) -> None:
+    def _bytes_in(self, chunk: bytes) -> None:
         """Count and hash raw bytes from the upstream (before any claim: the hash covers
         the whole body)."""
         if self.record is not None:
