@@ -126,7 +126,10 @@ class StreamAuditor:
         if record is not None:
             if record.first_chunk_at is None:
                 record.first_chunk_at = now or time.time()
-        self._bytes_in(chunk)
+            record.bytes_from_upstream += len(chunk)
+            self.sha256.update(chunk)  # (before any claim too: the hash covers the whole body)
+        elif self.on_claim is not None:
+            self.sha256.update(chunk)
         if self.stopped:
             return b""
         gate = self.gate
@@ -145,15 +148,6 @@ class StreamAuditor:
         if self.record is not None:
             self.record.bytes_to_client += len(out)
         return out
-
-    def _bytes_in(self, chunk: bytes) -> None:
-        """Count and hash raw bytes from the upstream (before any claim: the hash covers
-        the whole body)."""
-        if self.record is not None:
-            self.record.bytes_from_upstream += len(chunk)
-        elif self.on_claim is None:
-            return
-        self.sha256.update(chunk)
 
     def drain(self, seconds: float = CALL_SECONDS) -> bool:
         """Work off the backlog for about ``seconds``; whether some of it is left."""

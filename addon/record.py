@@ -213,10 +213,11 @@ class ExchangeRecord:
         """
         size = len(piece) if piece.isascii() else len(piece.encode("utf-8", "surrogatepass"))
         self.content_bytes += size
-        room = self.content_limit - self.content_kept
-        if size <= room:
-            self.content_kept += size
+        kept = self.content_kept + size
+        if kept <= self.content_limit:
+            self.content_kept = kept
             return piece
+        room = self.content_limit - self.content_kept
         if room <= 0:
             return ""
         cut = piece.encode("utf-8", "surrogatepass")[:room].decode("utf-8", "ignore")
