@@ -1,4 +1,4 @@
-"""Section 6: limits per exchange. Compression bombs must not starve other flows, and a
+"""Section 7: limits per exchange. Compression bombs must not starve other flows, and a
 very long stream must not grow the proxy.
 
 One audit proxy (pinned to its core, the mock on the other) is measured:
@@ -119,7 +119,7 @@ def _measure(sizes: Sizes, mock: Mock, proxy: Proxy) -> dict[str, Any]:
 
 
 def table(result: dict[str, Any]) -> list[str]:
-    lines = ["6. Limits per exchange (one audit proxy; a probe of 3-event streams beside each load)",
+    lines = ["7. Limits per exchange (one audit proxy; a probe of 3-event streams beside each load)",
              f"  probe on an idle proxy: median {result['idle_probe_ms']:.1f} ms",
              "  load              wire KB  load s  probes  probe max ms  p99 ms  target  proxy RSS peak MiB  target"]
     for b in result["bombs"]:
