@@ -3,8 +3,19 @@
 Event streams are read as they pass:
 bytes ─▶ Content-Encoding decoder ─▶ SSE parser ─▶ dialect normalizer ─▶ record
 Any other body of an inference exchange (a JSON answer, an error, Gemini's streamed
-JSON array) is forwarded as it arrives too, and a copy, bounded in size, is read whole
-at the end: bytes ─▶ copy ─▶ decoder ─▶ normalizer ``on_body`` ─▶ record.
+JSON array) is forwarded as it arrives too, decoded as it passes into a buffer bounded
+by the record cap, and read whole at the end: bytes ─▶ decoder ─▶ buffer ─▶ normalizer
+``on_body`` ─▶ record.
+
+What one exchange may cost is bounded. The record keeps at most ``max_record_bytes`` of
+content (:class:`~addon.record.ExchangeRecord` counts the rest; a SHA-256 of the raw
+upstream bytes is kept, cheaply, so that what was not kept can still be identified). A
+compressed body is decoded in slices: per stream-callable call at most ``CALL_SECONDS``
+of decoding and parsing, the rest waits as encoded bytes (a backlog) for the next call
+or, once the body has ended, for :meth:`StreamAuditor.drain` in slices the proxy
+schedules on the event loop; and per exchange at most what :data:`DECODE_BUDGET`
+allows, after which inspection stops (finding ``inspection_stopped``) while the bytes
+keep passing unchanged. Neither changes what is read, only when.
 
 With output content filters, an :class:`~addon.output_gate.OutputGate` sits on the
 event path: :meth:`StreamAuditor.feed` then returns only the bytes whose text the
@@ -19,16 +30,17 @@ the filter failure policy decides whether they still may).
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import time
 from collections.abc import Callable
 
-from addon.decoding import Decoder, make_decoder
+from addon.decoding import DecodeBudget, Decoder, DecodeError, make_decoder
 from addon.dialects import Dialect, Normalizer, RequestSummary, detect_response
 from addon.dialects.blocking import FILTERED_CODE, block_message
 from addon.events import Event, StreamEnd
 from addon.output_gate import OutputGate
-from addon.record import ExchangeRecord
+from addon.record import DEFAULT_MAX_RECORD_BYTES, ExchangeRecord
 from addon.sse import SSEEvent, SSEParser
 
 log = logging.getLogger(__name__)
@@ -36,8 +48,17 @@ log = logging.getLogger(__name__)
 # How much of an unclaimed event stream is read looking for its first event before the
 # auditor gives up and lets it pass uninspected.
 SNIFF_LIMIT = 64 * 1024
-# The largest non-stream body kept for reading at the end.
-DEFAULT_MAX_BODY_BYTES = 64 * 1024 * 1024
+# Decoded bytes read from the decoder at a time, and the time one stream-callable call
+# may spend decoding and parsing a compressed body (checked after every slice): what
+# another flow can wait for this one.
+SLICE = 16 * 1024
+CALL_SECONDS = 0.005
+# What one exchange may decode: a compressed body decoding to more than 100 times its
+# size (past the first 16 MiB), or to more than 1 GiB, is a bomb, not an answer.
+DECODE_BUDGET = DecodeBudget(max_decoded=1024 * 1024 * 1024, ratio=100, floor=16 * 1024 * 1024)
+# Encoded bytes allowed to wait for decoding: an upstream sending faster than the
+# auditor decodes stops being inspected rather than being held in memory.
+MAX_BACKLOG = 16 * 1024 * 1024
 
 
 class StreamAuditor:
@@ -57,7 +78,7 @@ class StreamAuditor:
         on_claim: Callable[[Dialect], tuple[ExchangeRecord, Normalizer]] | None = None,
         *,
         event_stream: bool = True,
-        max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+        max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES,
         gate: OutputGate | None = None,
     ) -> None:
         self.record = record
@@ -65,13 +86,19 @@ class StreamAuditor:
         self.on_claim = on_claim
         self.parser = SSEParser(max_event_bytes=max_event_bytes)
         self.event_stream = event_stream
-        self.max_body_bytes = max_body_bytes
-        self.body: bytearray | None = None if event_stream else bytearray()  # the raw copy
+        self.max_record_bytes = max_record_bytes
+        if record is not None:
+            record.content_limit = max_record_bytes
+        self.body: bytearray | None = None if event_stream else bytearray()  # the decoded body so far
         self.decoder: Decoder | None = make_decoder(content_encoding)
+        self.sha256 = hashlib.sha256()  # of every raw byte from the upstream
         self.sniffed_bytes = 0  # decoded bytes read while no dialect has claimed the stream
         self.ignored = False  # sniffing decided this stream is not ours
         self.failed = False  # the auditor broke; bytes still pass
-        self.too_large = False  # a non-stream body over max_body_bytes: passed unread
+        self.too_large = False  # a non-stream body over max_record_bytes: passed unread
+        self.halted: str | None = None  # why inspection stopped (a bomb, bad encoding); bytes still pass
+        self._over_budget = False  # halted by the decode budget (reported at the end, with the sizes)
+        self._limits_reported = False
         self._reported_findings = 0
         self.gate = gate
         self.stopped = False  # a filter blocked: the stream is to end after what feed returned
@@ -83,7 +110,12 @@ class StreamAuditor:
 
     @property
     def active(self) -> bool:
-        return not (self.ignored or self.failed or self.decoder is None)
+        return not (self.ignored or self.failed or self.halted or self.decoder is None)
+
+    @property
+    def pending(self) -> bool:
+        """Encoded bytes wait to be decoded and read (see :meth:`drain`)."""
+        return self.active and self.decoder.encoded and not self.decoder.drained()
 
     def feed(self, chunk: bytes, now: float | None = None) -> bytes:
         """Inspect one chunk from the upstream; return the bytes the client gets now.
@@ -95,20 +127,32 @@ class StreamAuditor:
             if record.first_chunk_at is None:
                 record.first_chunk_at = now or time.time()
             record.bytes_from_upstream += len(chunk)
+            self.sha256.update(chunk)  # (before any claim too: the hash covers the whole body)
+        elif self.on_claim is not None:
+            self.sha256.update(chunk)
         if self.stopped:
             return b""
         gate = self.gate
         if gate is not None:
             gate.add_raw(chunk)
         if self.active:
-            if self.body is not None:
-                self._keep(chunk)
+            if self.decoder.encoded:
+                self.decoder.feed(chunk)
+                # A gate holding bytes needs each chunk read before the next one (the
+                # bytes it releases are counted per raw chunk): it reads within the
+                # exchange's decode budget, not per call.
+                self._work(None if gate is not None and gate.holds else CALL_SECONDS)
             else:
-                self._inspect(chunk)
+                self._read(chunk)
         out = chunk if gate is None else self._gated(gate.release())
-        if record is not None:
-            record.bytes_to_client += len(out)
+        if self.record is not None:
+            self.record.bytes_to_client += len(out)
         return out
+
+    def drain(self, seconds: float = CALL_SECONDS) -> bool:
+        """Work off the backlog for about ``seconds``; whether some of it is left."""
+        self._work(seconds)
+        return self.pending
 
     def finish(self) -> bytes:
         """The upstream's body is complete: the bytes the client still gets.
@@ -117,6 +161,7 @@ class StreamAuditor:
         """
         if self.gate is None or self.stopped:
             return b""
+        self._work(None)  # the gate decides on everything before the body may end
         out = self._gated(self.gate.finish())
         if self.record is not None:
             self.record.bytes_to_client += len(out)
@@ -128,20 +173,55 @@ class StreamAuditor:
         self.record = self.normalizer = self.gate = self.decoder = self.body = None
         self.parser = SSEParser()
 
-    def _inspect(self, chunk: bytes) -> None:
-        gate = self.gate
+    def _work(self, seconds: float | None) -> None:
+        """Decode and read the backlog, slice by slice, for up to ``seconds`` (None: all
+        of it, within the exchange's decode budget)."""
+        if not self.pending:
+            return
+        decoder = self.decoder
+        deadline = None if seconds is None else time.perf_counter() + seconds
         try:
-            data = self.decoder.decode(chunk)
-            while data:
-                self.sniffed_bytes += len(data)
-                if gate is None:
-                    self._dispatch(self.parser.feed(data))
-                else:
-                    gate.add_decoded(len(data))
-                    self._frame(gate, data)
-                data = self.decoder.decode(b"") if self.active else b""
+            while data := decoder.read(SLICE):
+                reason = DECODE_BUDGET.exceeded(decoder.decoded, decoder.taken)
+                if reason is not None:
+                    self._halt("inspection_stopped", reason)
+                    return
+                self._read(data)
+                if not self.active or (deadline is not None and time.perf_counter() >= deadline):
+                    break
+            if self.pending and decoder.backlog > MAX_BACKLOG:
+                self._halt("inspection_stopped", f"over {MAX_BACKLOG} encoded bytes wait to be decoded")
+        except DecodeError as e:
+            self._halt("decode_failed", str(e)[:300])
         except Exception as e:  # noqa: BLE001 - the traffic must never see our bugs
             self._fail(e)
+
+    def _read(self, data: bytes) -> None:
+        """Read decoded bytes: keep a body's, parse a stream's."""
+        if self.body is not None:
+            self._keep(data)
+            return
+        gate = self.gate
+        try:
+            self.sniffed_bytes += len(data)
+            if gate is None:
+                self._dispatch(self.parser.feed(data))
+            else:
+                gate.add_decoded(len(data))
+                self._frame(gate, data)
+        except Exception as e:  # noqa: BLE001 - the traffic must never see our bugs
+            self._fail(e)
+
+    def _halt(self, code: str, reason: str) -> None:
+        """Stop inspecting: the rest passes unread (with a gate, the failure policy decides)."""
+        self.halted = reason
+        if self.record is not None and code == "decode_failed":
+            self.record.add_finding(code, reason)
+        self._over_budget = code == "inspection_stopped"
+        if self.gate is not None:
+            self.gate.unreadable(f"the body cannot be inspected: {reason}")
+        self.body = None
+        self.parser = SSEParser()
 
     def _frame(self, gate: OutputGate, data: bytes) -> None:
         """Parse event by event, so the gate knows where each event's bytes end."""
@@ -188,13 +268,27 @@ class StreamAuditor:
             return out
 
     def end(self, cut_by_upstream: bool = False) -> None:
-        """The body is over: flush the parser and run the dialect's end checks."""
-        if self.too_large and not cut_by_upstream:
+        """The body is over: read what waits, flush the parser, run the dialect's end
+        checks, and note what the limits left out.
+
+        The proxy works the backlog off with :meth:`drain` first; what is left is read
+        here at once (within the decode budget).
+        """
+        self._work(None)
+        try:
+            self._settle(cut_by_upstream)
+        finally:
+            self.report_limits()
+
+    def _settle(self, cut_by_upstream: bool) -> None:
+        if (self.too_large or self.halted) and not cut_by_upstream and self.record is not None:
             self.record.apply(StreamEnd())  # HTTP says the body is whole; it was only not read
         if self.gate is not None and self.record is not None and self.gate.framer is not None:
             delivered = self.gate.delivered_text
             if delivered != (self.record.output_text or ""):
                 self.record.delivered_text = delivered
+        if self.gate is not None and self.gate.verdicts:
+            self._gated(b"", terminate=False)  # verdicts of text read after the body ended
         if self.stopped or not self.active:
             return  # (a stream a filter stopped did not end by itself: nothing to check)
         if self.body is not None:
@@ -211,26 +305,42 @@ class StreamAuditor:
         except Exception as e:  # noqa: BLE001
             self._fail(e)
 
-    def _keep(self, chunk: bytes) -> None:
-        if len(self.body) + len(chunk) > self.max_body_bytes:
-            self.record.add_finding("body_too_large", f"over {self.max_body_bytes} bytes; not read")
+    def report_limits(self) -> None:
+        """Findings for what the limits kept out of the record, with the true sizes and
+        the SHA-256 of the raw body (as far as it came); once, when the exchange ends."""
+        record = self.record
+        if record is None or self._limits_reported:
+            return
+        self._limits_reported = True
+        if not (record.content_truncated or self.too_large or self._over_budget):
+            return
+        raw = f"{record.bytes_from_upstream} bytes from the upstream, sha256 {self.sha256.hexdigest()}"
+        decoded = self.decoder.decoded if self.decoder is not None and self.decoder.encoded else None
+        if record.content_truncated or self.too_large:
+            what = (f"body over {self.max_record_bytes} bytes not kept" if self.too_large else
+                    f"kept {record.content_kept} of {record.content_bytes} content bytes")
+            record.add_finding("content_truncated", f"{what} (cap {self.max_record_bytes}); {raw}")
+        if self._over_budget:
+            sizes = f"; {decoded} bytes decoded" if decoded is not None else ""
+            record.add_finding("inspection_stopped", f"{self.halted}{sizes}; {raw}")
+
+    def _keep(self, data: bytes) -> None:
+        if len(self.body) + len(data) > self.max_record_bytes:
+            self.record.add_finding("body_too_large", f"over {self.max_record_bytes} bytes; not read")
             self.body = None
             self.too_large = self.ignored = True
         else:
-            self.body += chunk
+            self.body += data
 
     def _read_body(self) -> None:
         try:
-            parts = [self.decoder.decode(bytes(self.body))]
-            while parts[-1]:
-                parts.append(self.decoder.decode(b""))
-            events = self.normalizer.on_body(b"".join(parts), self.record.http_status or 0)
+            events = self.normalizer.on_body(bytes(self.body), self.record.http_status or 0)
             for ev in events:
                 self.record.apply(ev)
             if self.gate is not None:
                 self.gate.on_body(events)
                 self._gated(b"", terminate=False)  # the proxy replaces a blocked body whole
-        except Exception as e:  # noqa: BLE001 - a body the decoder or the dialect cannot read
+        except Exception as e:  # noqa: BLE001 - a body the dialect cannot read
             self._fail(e)
 
     def _dispatch(self, events: list[SSEEvent], end: int = 0) -> None:

@@ -128,7 +128,7 @@ def read_response(flow: http.HTTPFlow, data: bytes) -> ExchangeRecord:
     event_stream = media_type(response.headers.get("content-type", ""))[0] == "text/event-stream"
     # The whole body is in memory already: no event needs skipping to bound it.
     auditor = StreamAuditor(record, dialect.normalizer(summary), None, max(len(data) + 1, 1024),
-                            event_stream=event_stream, max_body_bytes=len(data) + 1)
+                            event_stream=event_stream, max_record_bytes=len(data) + 1)
     auditor.feed(data)
     auditor.end()
     record.finish(OUTCOME_COMPLETE)

@@ -1,10 +1,17 @@
-"""Incremental Content-Encoding decoders, for inspection only.
+"""Bounded, incremental Content-Encoding decoders, for inspection only.
 
 mitmproxy hands the stream callable the body still content-encoded. The proxy forwards
 those bytes untouched (never re-encoding, never asking upstream for another encoding)
-and decodes a copy here so the auditor can read it. Output per input chunk is capped so
-a compression bomb cannot blow up memory in one call: the caller keeps calling
-``decode(b"")`` until it returns nothing, feeding each piece on as it comes.
+and decodes a copy here so the auditor can read it.
+
+A compressed body can inflate a thousandfold (a 1.6 KB brotli body to 1 GiB), and the
+auditor runs on mitmproxy's event loop, so nothing here decodes more than asked for:
+:meth:`Decoder.feed` only queues the encoded bytes, :meth:`Decoder.read` returns at most
+``limit`` decoded bytes and does work in proportion to that, and the caller decides how
+much to read per call and when to stop (:class:`DecodeBudget`). Each coding consumes its
+input in small steps, so a backlog of encoded bytes is never copied whole per call.
+Concatenated gzip members and zstd frames are read one after the other, as the
+standard tools do. The output does not depend on how the input was split.
 """
 
 from __future__ import annotations
@@ -13,75 +20,287 @@ import zlib
 from collections.abc import Callable
 
 import brotli
-import zstandard
+from backports import zstd
 
-MAX_OUTPUT_PER_CALL = 4 * 1024 * 1024
-
-
-class Decoder:
-    """Decodes one body incrementally; a chain of codings is applied in reverse order."""
-
-    def __init__(self, steps: list[Callable[[bytes], bytes]]) -> None:
-        self.steps = steps
-
-    def decode(self, data: bytes) -> bytes:
-        for step in self.steps:
-            data = step(data)
-        return data
+# Encoded bytes handed to a decompressor per step: small, so that the backlog kept
+# here, not inside the decompressor, holds what is not decoded yet.
+IN_STEP = 16 * 1024
 
 
-def _zlib_step(wbits: int) -> Callable[[bytes], bytes]:
-    d = zlib.decompressobj(wbits)
-
-    def step(data: bytes) -> bytes:
-        return d.decompress(d.unconsumed_tail + data, MAX_OUTPUT_PER_CALL)
-
-    return step
+class DecodeError(Exception):
+    """The body is not valid in its Content-Encoding."""
 
 
-def _brotli_step() -> Callable[[bytes], bytes]:
-    d = brotli.Decompressor()
-    return d.process
+class Stage:
+    """One coding: encoded bytes queued by :meth:`feed`, decoded by :meth:`read`."""
+
+    def __init__(self) -> None:
+        self._in = bytearray()
+        self._pos = 0  # how much of _in is consumed
+
+    @property
+    def backlog(self) -> int:
+        """Encoded bytes queued and not yet handed to the decompressor."""
+        return len(self._in) - self._pos
+
+    def feed(self, data: bytes) -> None:
+        if self._pos and self._pos >= len(self._in) // 2:  # compact now and then, not per read
+            del self._in[: self._pos]
+            self._pos = 0
+        self._in += data
+
+    def _take(self, size: int = IN_STEP) -> bytes:
+        piece = bytes(self._in[self._pos : self._pos + size])
+        self._pos += len(piece)
+        return piece
+
+    def _give_back(self, data: bytes) -> None:
+        """Bytes taken but not consumed (after the end of a member or frame) go back to
+        the front of the queue (inserted: they may predate a compaction)."""
+        if data:
+            self._in[self._pos : self._pos] = data
+
+    def read(self, limit: int) -> bytes:
+        """At most ``limit`` decoded bytes; ``b""`` when it needs more input.
+
+        A step may decode nothing (a gzip member's trailer, a zstd frame's end), so
+        steps repeat until there is output or nothing left to work on.
+        """
+        while (out := self._step(limit)) is not None:
+            if out:
+                return out
+        return b""
+
+    def _step(self, limit: int) -> bytes | None:
+        """One step of at most ``limit`` bytes; None: nothing to work on without more input."""
+        raise NotImplementedError
+
+    def drained(self) -> bool:
+        """Whether everything fed so far has been decoded and read."""
+        raise NotImplementedError
 
 
-def _zstd_step() -> Callable[[bytes], bytes]:
-    d = zstandard.ZstdDecompressor().decompressobj()
-    return d.decompress
+class IdentityStage(Stage):
+    """No coding: the bytes as they are (the caller reads them in the same slices)."""
+
+    def _step(self, limit: int) -> bytes | None:
+        return self._take(limit) or None
+
+    def drained(self) -> bool:
+        return self.backlog == 0
 
 
-def _deflate_step() -> Callable[[bytes], bytes]:
-    """zlib-wrapped deflate, falling back to raw deflate on the first chunk."""
-    state: dict[str, Callable[[bytes], bytes]] = {}
+class ZlibStage(Stage):
+    """gzip (members one after the other) or zlib/raw deflate."""
 
-    def step(data: bytes) -> bytes:
-        if "inner" not in state:
-            if not data:
-                return b""
-            wrapped = (data[0] & 0x0F) == 8 and len(data) > 1 and ((data[0] << 8) | data[1]) % 31 == 0
-            state["inner"] = _zlib_step(zlib.MAX_WBITS if wrapped else -zlib.MAX_WBITS)
-        return state["inner"](data)
+    def __init__(self, wbits: int) -> None:
+        super().__init__()
+        self.wbits = wbits
+        self._d = zlib.decompressobj(wbits)
+        self._more = False  # the last read filled its limit: output may be waiting
 
-    return step
+    def _step(self, limit: int) -> bytes | None:
+        d = self._d
+        piece = d.unconsumed_tail or self._take()
+        if not piece and not self._more:
+            return None
+        try:
+            out = d.decompress(piece, limit)
+        except zlib.error as e:
+            raise DecodeError(f"{self.name}: {e}") from None
+        self._more = len(out) >= limit
+        if d.eof:  # unused_data: all that follows the member (a stale unconsumed_tail too)
+            rest = d.unused_data
+            self._d = zlib.decompressobj(self.wbits)
+            if rest and self.wbits & 16 and not rest.startswith(b"\x1f\x8b"):
+                if rest.strip(b"\0"):  # gzip(1) ignores zero padding after the last member
+                    raise DecodeError("gzip: trailing garbage after the last member")
+                rest = b""
+            if rest and not self.wbits & 16:
+                raise DecodeError("deflate: data after the end of the stream")
+            self._give_back(rest)
+        return out
+
+    @property
+    def name(self) -> str:
+        return "gzip" if self.wbits & 16 else "deflate"
+
+    def drained(self) -> bool:
+        return self.backlog == 0 and not self._d.unconsumed_tail and not self._more
 
 
-_STEPS: dict[str, Callable[[], Callable[[bytes], bytes]]] = {
-    "gzip": lambda: _zlib_step(zlib.MAX_WBITS | 16),
-    "x-gzip": lambda: _zlib_step(zlib.MAX_WBITS | 16),
-    # "deflate" is zlib-wrapped by the standard, raw in some servers: auto-detect both.
-    "deflate": _deflate_step,
-    "br": _brotli_step,
-    "zstd": _zstd_step,
+class DeflateStage(ZlibStage):
+    """``deflate``: zlib-wrapped by the standard, raw in some servers; the first two
+    bytes tell which."""
+
+    def __init__(self) -> None:
+        super().__init__(zlib.MAX_WBITS)
+        self._detected = False
+
+    def _step(self, limit: int) -> bytes | None:
+        if not self._detected:
+            if self.backlog < 2:
+                return None
+            head = self._in[self._pos : self._pos + 2]
+            wrapped = (head[0] & 0x0F) == 8 and ((head[0] << 8) | head[1]) % 31 == 0
+            self.wbits = zlib.MAX_WBITS if wrapped else -zlib.MAX_WBITS
+            self._d = zlib.decompressobj(self.wbits)
+            self._detected = True
+        return super()._step(limit)
+
+    def drained(self) -> bool:
+        return self.backlog == 0 if not self._detected else super().drained()
+
+
+class BrotliStage(Stage):
+    """br: ``output_buffer_limit`` bounds each call; after a full buffer only empty
+    input may follow until the decompressor accepts more."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._d = brotli.Decompressor()
+        self._out = b""  # the buffer grows in blocks past the limit: the excess waits here
+        self._more = False  # the last call filled its limit: output may be waiting
+
+    def _step(self, limit: int) -> bytes | None:
+        if self._out:
+            out, self._out = self._out[:limit], self._out[limit:]
+            return out
+        d = self._d
+        try:
+            piece = self._take() if d.can_accept_more_data() else b""
+            if d.is_finished():
+                if piece.strip(b"\0"):
+                    raise DecodeError("br: data after the end of the stream")
+                self._more = False
+                return None
+            out = d.process(piece, output_buffer_limit=limit)
+        except brotli.error as e:
+            raise DecodeError(f"br: {e}") from None
+        self._more = len(out) >= limit
+        if not out and not piece:
+            return None
+        out, self._out = out[:limit], out[limit:]
+        return out
+
+    def drained(self) -> bool:
+        return self.backlog == 0 and not self._out and not self._more
+
+
+class ZstdStage(Stage):
+    """zstd: one decompressor per frame (a body may hold several)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._d = zstd.ZstdDecompressor()
+
+    def _step(self, limit: int) -> bytes | None:
+        d = self._d
+        if d.needs_input:
+            piece = self._take()
+            if not piece:
+                return None
+        else:
+            piece = b""
+        try:
+            out = d.decompress(piece, max_length=limit)
+        except zstd.ZstdError as e:
+            raise DecodeError(f"zstd: {e}") from None
+        if d.eof:
+            self._give_back(d.unused_data)
+            self._d = zstd.ZstdDecompressor()
+        return out
+
+    def drained(self) -> bool:
+        return self.backlog == 0 and self._d.needs_input
+
+
+_STAGES: dict[str, Callable[[], Stage]] = {
+    "gzip": lambda: ZlibStage(zlib.MAX_WBITS | 16),
+    "x-gzip": lambda: ZlibStage(zlib.MAX_WBITS | 16),
+    "deflate": DeflateStage,
+    "br": BrotliStage,
+    "zstd": ZstdStage,
 }
 
 
+class Decoder:
+    """Decodes one body incrementally through its chain of codings (the last one
+    applied by the server is undone first)."""
+
+    def __init__(self, stages: list[Stage]) -> None:
+        self.stages = stages or [IdentityStage()]
+        self.encoded = not isinstance(self.stages[0], IdentityStage)
+        self.fed = 0  # encoded bytes queued so far
+        self.decoded = 0  # decoded bytes returned so far
+
+    def feed(self, data: bytes) -> None:
+        """Queue encoded bytes (no decoding happens here)."""
+        self.stages[0].feed(data)
+        self.fed += len(data)
+
+    @property
+    def taken(self) -> int:
+        """Encoded bytes handed to the decompressor so far."""
+        return self.fed - self.stages[0].backlog
+
+    @property
+    def backlog(self) -> int:
+        """Encoded bytes queued, not yet decoded."""
+        return self.stages[0].backlog
+
+    def read(self, limit: int) -> bytes:
+        """At most ``limit`` decoded bytes; ``b""`` once everything fed is decoded."""
+        out = self._read(len(self.stages) - 1, limit)
+        self.decoded += len(out)
+        return out
+
+    def _read(self, index: int, limit: int) -> bytes:
+        stage = self.stages[index]
+        while True:
+            out = stage.read(limit)
+            if out or index == 0:
+                return out
+            more = self._read(index - 1, limit)
+            if not more:
+                return b""
+            stage.feed(more)
+
+    def drained(self) -> bool:
+        """Whether every byte fed so far has been decoded and read."""
+        return all(stage.drained() for stage in self.stages)
+
+
 def make_decoder(content_encoding: str | None) -> Decoder | None:
-    """A decoder for the header value, ``Decoder([])`` for identity, ``None`` if unknown."""
+    """A decoder for the header value (identity included), ``None`` if a coding is unknown."""
     codings = [c.strip().lower() for c in (content_encoding or "").split(",") if c.strip()]
-    codings = [c for c in codings if c != "identity"]
-    steps = []
-    for coding in reversed(codings):
-        factory = _STEPS.get(coding)
+    stages = []
+    for coding in reversed([c for c in codings if c != "identity"]):
+        factory = _STAGES.get(coding)
         if factory is None:
             return None
-        steps.append(factory())
-    return Decoder(steps)
+        stages.append(factory())
+    return Decoder(stages)
+
+
+class DecodeBudget:
+    """What one exchange may decode: a compression bomb stops here, not in memory.
+
+    Decoding stops once the decoded size passes ``max_decoded``, or passes ``floor``
+    while being more than ``ratio`` times the encoded bytes read; ordinary
+    compressed text stays far below both (a stream of JSON events compresses some 5 to
+    20 times).
+    """
+
+    def __init__(self, max_decoded: int, ratio: int, floor: int) -> None:
+        self.max_decoded = max_decoded
+        self.ratio = ratio
+        self.floor = floor
+
+    def exceeded(self, decoded: int, encoded: int) -> str | None:
+        """Why decoding must stop now, or None."""
+        if decoded > self.max_decoded:
+            return f"decoded size over {self.max_decoded} bytes"
+        if decoded > self.floor and decoded > self.ratio * encoded:
+            return f"compression ratio over {self.ratio}:1 ({decoded} bytes from {encoded})"
+        return None

@@ -51,7 +51,11 @@ CODES: dict[str, str] = {
     "response_invalid_utf8": "A JSON response body holds bytes that are not UTF-8; it was read with U+FFFD in their place.",
     "response_refused": "mitmproxy refused the upstream's response (e.g. Content-Length with chunked, or over "
     "body_size_limit); the client got mitmproxy's error.",
-    "body_too_large": "A non-stream response body exceeded the size kept for reading; it passed unread.",
+    "body_too_large": "A non-stream response body exceeded llm_audit_max_record_bytes decoded; it passed unread.",
+    "content_truncated": "The exchange carried more content than llm_audit_max_record_bytes: the record keeps what "
+    "fits; the detail gives the kept and true sizes and the SHA-256 of the raw upstream body.",
+    "inspection_stopped": "Decoding the body would exceed the exchange's decode budget (a compression bomb): "
+    "inspection stopped there, the bytes passed unchanged; the detail gives the reason, sizes and SHA-256.",
     "tool_call_truncated": "A tool call was cut off (token limit or stream end); its arguments are kept as received.",
     "event_id_invalid": "An SSE event id is not the integer the protocol requires (LMSP: integers from 1).",
     "event_id_not_increasing": "SSE event ids did not strictly increase.",

@@ -129,7 +129,8 @@ class OutputGate:
     def add_decoded(self, size: int) -> None:
         """The last raw chunk decoded to ``size`` more bytes."""
         self._decoded += size
-        self._raw[-1][1] = self._decoded
+        if self._raw:  # (without holding, what was read may come after its chunk went out)
+            self._raw[-1][1] = self._decoded
 
     def on_event(self, event: SSEEvent | None, common: Iterable[Event], end: int) -> None:
         """A block of the stream is complete: check the output it carries.

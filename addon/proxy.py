@@ -57,6 +57,7 @@ from addon.filters.loader import FilterFiles
 from addon.filters.rules import RulesError, load_rules
 from addon.output_gate import OutputGate
 from addon.record import (
+    DEFAULT_MAX_RECORD_BYTES,
     OUTCOME_CLIENT_ABORTED,
     OUTCOME_COMPLETE,
     OUTCOME_UPSTREAM_ABORTED,
@@ -97,11 +98,11 @@ class FlowAudit:
     summary: RequestSummary | None = None
     view: RequestView | None = None
     held_body: bool = False  # the response body is held whole to be checked (not streamed)
-    copy: BodyCopy | None = None  # what the client received of an event stream, for mitmproxy's views
+    copy: BodyCopy | None = None  # what the client received of a streamed body, for mitmproxy's views
 
 
 class BodyCopy:
-    """A copy of the event stream a client received, handed to mitmproxy when the stream
+    """A copy of the streamed body a client received, handed to mitmproxy when the body
     ends: mitmproxy keeps no body of a streamed response, and its content views need one.
 
     A stream longer than ``limit`` bytes is not kept at all (``data`` becomes ``None``):
@@ -136,11 +137,13 @@ class LLMAudit:
         self.flows: dict[str, FlowAudit] = {}
         self.instance = socket.gethostname()
         self.max_event_bytes = DEFAULT_MAX_EVENT_BYTES
+        self.max_record_bytes = DEFAULT_MAX_RECORD_BYTES
         self.view_bytes = DEFAULT_VIEW_BYTES
         self.configured = False  # mitmproxy called configure (it does not when it refused an option)
         self.problem: str | None = None  # why the addon cannot record, when known
         self._watchdog: asyncio.Task | None = None
         self.running_ = False  # the proxy is serving traffic
+        self.draining: dict[asyncio.Task, ExchangeRecord] = {}  # records waiting for their backlog to be read
 
     # -- options ------------------------------------------------------------------------
 
@@ -162,6 +165,14 @@ class LLMAudit:
             DEFAULT_MAX_EVENT_BYTES,
             "Largest SSE line or event the auditor inspects; larger ones pass through "
             "uninspected and are recorded as a finding.",
+        )
+        loader.add_option(
+            "llm_audit_max_record_bytes",
+            int,
+            DEFAULT_MAX_RECORD_BYTES,
+            "Most content one exchange's record keeps (answer text, reasoning, tool arguments, "
+            "a non-stream body read whole; bytes); beyond it the record keeps what fits, the true "
+            "sizes and the SHA-256 of the raw body (finding content_truncated).",
         )
         loader.add_option(
             "llm_audit_instance",
@@ -236,7 +247,7 @@ class LLMAudit:
             "llm_audit_view_bytes",
             int,
             DEFAULT_VIEW_BYTES,
-            "Largest event stream kept for mitmproxy's own views (the LLM stream content view, "
+            "Largest streamed body kept for mitmproxy's own views (the LLM stream content view, "
             "saved flows); a longer one is not kept. 0: none is kept.",
         )
 
@@ -297,6 +308,14 @@ class LLMAudit:
                 )
             else:
                 self.max_event_bytes = ctx.options.llm_audit_max_event_bytes
+        if "llm_audit_max_record_bytes" in updated:
+            if ctx.options.llm_audit_max_record_bytes < 1024:
+                log.error(
+                    "llm-audit: llm_audit_max_record_bytes must be at least 1024 (bytes), got "
+                    f"{ctx.options.llm_audit_max_record_bytes}; fix it with --set llm_audit_max_record_bytes=33554432"
+                )
+            else:
+                self.max_record_bytes = ctx.options.llm_audit_max_record_bytes
         if "llm_audit_view_bytes" in updated:
             if ctx.options.llm_audit_view_bytes < 0:
                 log.error(
@@ -419,6 +438,12 @@ class LLMAudit:
         audit = self.flows.pop(flow.id, None)
         if audit is None or audit.record is None:
             return
+        if audit.auditor is not None and audit.auditor.pending and not audit.held_body:
+            self._after_backlog(audit, lambda: self._record_complete(flow, audit))
+        else:
+            self._record_complete(flow, audit)
+
+    def _record_complete(self, flow: http.HTTPFlow, audit: FlowAudit) -> None:
         try:
             self._complete(flow, audit)
         except Exception as e:  # noqa: BLE001
@@ -433,14 +458,27 @@ class LLMAudit:
         audit = self.flows.pop(flow.id, None)
         if audit is None or audit.record is None:
             return
+        try:
+            outcome = abort_side(flow)  # now: the connection states tell it only while the flow ends
+        except Exception:  # noqa: BLE001 - the record is written whatever happens
+            log.exception("llm-audit: failed to tell who cut an exchange")
+            outcome = OUTCOME_UPSTREAM_ABORTED
+        if audit.auditor is not None and audit.auditor.pending:
+            self._after_backlog(audit, lambda: self._record_aborted(flow, audit, outcome))
+        else:
+            self._record_aborted(flow, audit, outcome)
+
+    def _record_aborted(self, flow: http.HTTPFlow, audit: FlowAudit, outcome: str) -> None:
         record = audit.record
         try:
-            outcome = abort_side(flow)
             message = flow.error.msg if flow.error else None
             if outcome == OUTCOME_CLIENT_ABORTED and _client_had_everything(record):
                 outcome = OUTCOME_COMPLETE  # it hung up after the terminal event: nothing was lost
-            if audit.auditor is not None and outcome != OUTCOME_CLIENT_ABORTED:
-                audit.auditor.end(cut_by_upstream=True)
+            if audit.auditor is not None:
+                if outcome != OUTCOME_CLIENT_ABORTED:
+                    audit.auditor.end(cut_by_upstream=True)
+                else:
+                    audit.auditor.report_limits()
             if flow.response is not None and record.http_status is None:
                 _response_into_record(record, flow.response)  # refused before the responseheaders hook
             if message and _refused_by_mitmproxy(message):
@@ -465,6 +503,12 @@ class LLMAudit:
                 audit.record.finish(OUTCOME_CLIENT_ABORTED)
                 self._submit(audit.record)
         self.flows.clear()
+        for task, record in self.draining.items():  # ended, but their backlog was not read yet
+            task.cancel()
+            record.add_finding("proxy_shutdown", "the proxy stopped while the body was still being read")
+            record.finish(OUTCOME_COMPLETE)
+            self._submit(record)
+        self.draining.clear()
         if self.retention is not None:
             self.retention.close()
             self.retention = None
@@ -474,6 +518,22 @@ class LLMAudit:
             self.writer = None
 
     # -- internals ----------------------------------------------------------------------
+
+    def _after_backlog(self, audit: FlowAudit, settle: Callable[[], None]) -> None:
+        """Settle an ended exchange once its backlog of encoded bytes is read, in slices
+        scheduled on the event loop: the hook returns at once, so the client's end of
+        stream is not delayed and other flows run between the slices."""
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # no event loop (a test driving the hooks): end() reads it all
+            settle()
+            return
+        task = loop.create_task(_drain(audit.auditor, settle))
+        self.draining[task] = audit.record
+        task.add_done_callback(self._drained)
+
+    def _drained(self, task: asyncio.Task) -> None:
+        self.draining.pop(task, None)
 
     def _open(self, flow: http.HTTPFlow) -> None:
         if flow.response is not None:
@@ -604,17 +664,18 @@ class LLMAudit:
             _response_into_record(audit.record, resp)
             audit.auditor = StreamAuditor(
                 audit.record, audit.normalizer, encoding, self.max_event_bytes, event_stream=event_stream,
-                gate=_output_gate(audit, event_stream, encoding),
+                max_record_bytes=self.max_record_bytes, gate=_output_gate(audit, event_stream, encoding),
             )
             if audit.filters is not None and audit.filters.may_block_output and not event_stream:
                 audit.held_body = True  # checked whole in the response hook, before the client gets it
                 return
         elif event_stream:
             audit = self.flows[flow.id] = FlowAudit(None, None)
-            audit.auditor = StreamAuditor(None, None, encoding, self.max_event_bytes, on_claim=self._claimer(flow, audit))
+            audit.auditor = StreamAuditor(None, None, encoding, self.max_event_bytes, on_claim=self._claimer(flow, audit),
+                                          max_record_bytes=self.max_record_bytes)
         else:
             return
-        if event_stream and self.view_bytes:
+        if self.view_bytes:
             audit.copy = BodyCopy(self.view_bytes)
         flow.response.stream = _tap(flow, audit.auditor, audit.copy)
 
@@ -639,11 +700,6 @@ class LLMAudit:
                 if auditor.stopped:
                     block = auditor.gate.blocked
                     self._answer_blocked(flow, audit.record, audit.dialect, audit.summary, audit.view, block)
-            elif auditor.body is not None and flow.response.raw_content is None:
-                # A kept copy of a streamed JSON body lets mitmproxy's own views show it.
-                # (A body mitmproxy has is left alone: an addon's own answer, whose bytes
-                # are yet to be sent, or one kept by store_streamed_bodies.)
-                flow.response.raw_content = bytes(auditor.body)
         audit.record.finish(OUTCOME_COMPLETE)
 
     def _show(self, flow: http.HTTPFlow, audit: FlowAudit) -> None:
@@ -664,6 +720,13 @@ class LLMAudit:
             log.error("llm-audit: no database configured; record %s dropped", record.id)
             return
         self.writer.submit(record.to_row())
+
+
+async def _drain(auditor: StreamAuditor, settle: Callable[[], None]) -> None:
+    """Read a backlog a slice at a time, yielding to the event loop between slices."""
+    while auditor.drain():
+        await asyncio.sleep(0)
+    settle()
 
 
 def _release(audit: FlowAudit) -> None:

@@ -31,6 +31,10 @@ from addon.events import (
 # counted, so a stream of a million broken events cannot grow the record without bound.
 FINDINGS_PER_CODE = 20
 
+# The most content (answer text, reasoning, refusals, tool arguments: UTF-8 bytes) one
+# record keeps; the proxy's llm_audit_max_record_bytes sets it per exchange.
+DEFAULT_MAX_RECORD_BYTES = 32 * 1024 * 1024
+
 # Outcomes the proxy adapter reports when an exchange ends.
 OUTCOME_COMPLETE = "complete"  # the body ended as HTTP defines it
 OUTCOME_CLIENT_ABORTED = "client_aborted"
@@ -152,6 +156,10 @@ class ExchangeRecord:
     delivered_text: str | None = None  # set when a content filter made it differ from the output
     findings: list[dict[str, str]] = field(default_factory=list)
     verdicts: list[dict[str, Any]] = field(default_factory=list)
+    # the cap on kept content, and the true size of all the content the exchange carried
+    content_limit: int = DEFAULT_MAX_RECORD_BYTES
+    content_bytes: int = 0
+    content_kept: int = 0
     _finding_counts: dict[str, int] = field(default_factory=dict)
 
     # -- accumulation -------------------------------------------------------------------
@@ -161,7 +169,8 @@ class ExchangeRecord:
         match event:
             case TextDelta(text=text, choice=choice, kind=kind):
                 c = self._choice(choice)
-                (c.text if kind == "text" else c.reasoning if kind == "reasoning" else c.refusal).append(text)
+                if text := self._fit(text):
+                    (c.text if kind == "text" else c.reasoning if kind == "reasoning" else c.refusal).append(text)
             case ToolCallDelta():
                 self._tool_fragment(event)
             case Finish(reason=reason, choice=choice):
@@ -192,6 +201,29 @@ class ExchangeRecord:
         if n <= FINDINGS_PER_CODE:
             self.findings.append({"code": code, "detail": detail})
 
+    @property
+    def content_truncated(self) -> bool:
+        return self.content_kept < self.content_bytes
+
+    def _fit(self, piece: str) -> str:
+        """What of ``piece`` the cap leaves room for; its size counts either way.
+
+        Bounds the memory of one exchange by the cap, not by the stream's length, while
+        the metadata (usage, finish reasons, errors) keeps being read.
+        """
+        size = len(piece) if piece.isascii() else len(piece.encode("utf-8", "surrogatepass"))
+        self.content_bytes += size
+        kept = self.content_kept + size
+        if kept <= self.content_limit:
+            self.content_kept = kept
+            return piece
+        room = self.content_limit - self.content_kept
+        if room <= 0:
+            return ""
+        cut = piece.encode("utf-8", "surrogatepass")[:room].decode("utf-8", "ignore")
+        self.content_kept += len(cut.encode("utf-8", "surrogatepass"))
+        return cut
+
     def _choice(self, index: int) -> Choice:
         c = self.choices.get(index)
         if c is None:
@@ -204,8 +236,8 @@ class ExchangeRecord:
             call = self.tool_calls[d.key] = ToolCall(key=d.key, choice=d.choice)
         call.id = call.id or d.id
         call.name = call.name or d.name
-        if d.arguments:
-            call.arguments.append(d.arguments)
+        if d.arguments and (arguments := self._fit(d.arguments)):
+            call.arguments.append(arguments)
         call.complete = call.complete or d.complete
 
     # -- outcome ------------------------------------------------------------------------

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench import memory, overhead, parsing, profile, query, report, writes
+from bench import limits, memory, overhead, parsing, profile, query, report, writes
 from bench.common import FULL, ROOT, SMOKE, Sizes
 
 SECTIONS: dict[str, tuple[Callable[[Sizes, Path], dict[str, Any]], Callable[[dict[str, Any]], list[str]]]] = {
@@ -31,6 +31,7 @@ SECTIONS: dict[str, tuple[Callable[[Sizes, Path], dict[str, Any]], Callable[[dic
     "writer": (writes.measure, writes.table),
     "memory": (memory.measure, memory.table),
     "query": (query.measure, query.table),
+    "limits": (limits.measure, limits.table),
 }
 
 

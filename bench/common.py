@@ -33,6 +33,8 @@ class Sizes:
     idle_streams: int  # idle open streams for the memory section
     big_stream_bytes: int  # the one big stream of the memory section
     query_rows: int  # exchanges in the database the query section reads
+    bomb_mib: tuple[int, ...]  # decoded sizes of the limits section's compression bombs
+    long_stream_bytes: int  # the limits section's very long stream
 
 
 FULL = Sizes(
@@ -53,6 +55,8 @@ FULL = Sizes(
     idle_streams=1000,
     big_stream_bytes=200 * 1024 * 1024,
     query_rows=1_000_000,
+    bomb_mib=(256, 1024),
+    long_stream_bytes=300 * 1024 * 1024,
 )
 
 SMOKE = Sizes(
@@ -73,6 +77,8 @@ SMOKE = Sizes(
     idle_streams=20,
     big_stream_bytes=2 * 1024 * 1024,
     query_rows=2_000,
+    bomb_mib=(32,),
+    long_stream_bytes=4 * 1024 * 1024,
 )
 
 

@@ -78,6 +78,16 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
         per_byte = memory["summary"]["big_added_per_text_byte"]
         add("memory", "bounded by the text the audit keeps (<= 2 bytes of RSS per text byte at peak: "
             "the text, and once more while its row is written)", f"{per_byte:.2f} bytes per text byte", per_byte <= 2)
+    limits = results.get("limits", {})
+    if isinstance(limits, dict) and "summary" in limits:
+        wait = limits["summary"]["probe_max_ms"]
+        add("bombs: other flows", "no other flow waits more than 100 ms while gzip/br/zstd bombs pass",
+            f"slowest probe {wait:.0f} ms", wait <= 100)
+        rss = limits["summary"]["bomb_rss_peak"] / (1024 * 1024)
+        add("bombs: proxy memory", "proxy RSS under 300 MB while bombs pass", f"peak {rss:.0f} MiB", rss < 300)
+        long_rss = limits["long"]["rss_peak"] / (1024 * 1024)
+        add("long stream: proxy memory", "proxy RSS under 300 MB during a 300 MB stream (default record cap)",
+            f"peak {long_rss:.0f} MiB", long_rss < 300)
     return out
 
 

@@ -60,6 +60,15 @@ def _text(value: str) -> str:
     return value
 
 
+CODINGS = ("gzip", "deflate", "br", "zstd")
+
+
+def _coding(value: str) -> str:
+    if value not in CODINGS:
+        raise ValueError(f"expected one of {', '.join(CODINGS)}")
+    return value
+
+
 def _base64url(value: str) -> bytes:
     """Decode base64url, tolerating stripped ``=`` padding (common in URLs)."""
     try:
@@ -118,7 +127,18 @@ class Scenario:
     status: int = _param(200, _int(200, 599))
     """HTTP status; ``>= 400`` replies with a JSON problem body instead of a stream."""
     gzip: bool = _param(False, _flag)
-    """Gzip the body incrementally (sync-flushed per event)."""
+    """Gzip the body incrementally (sync-flushed per event); the same as ``encoding=gzip``."""
+    encoding: str | None = _param(None, _coding)
+    """Content-Encoding of the body, applied per write: ``gzip`` and ``deflate`` sync-flushed,
+    ``br`` flushed, ``zstd`` one frame per write (so a body holds many frames)."""
+    bomb: int | None = _param(None, _int(1, 4096))
+    """A compression bomb: this many MiB of spaces right after the first write (in an
+    event stream inside one SSE comment, ``:`` … ``\n\n``; after a JSON answer as
+    trailing whitespace), compressed with ``encoding`` into a few KB. Made once per
+    body off the server's event loop and kept."""
+    repeat: int | None = _param(None, _int(1))
+    """Write the body's second item (a text delta, in a stream) this many more times:
+    very long streams, made as they are written."""
     crlf: bool = _param(False, _flag)
     """Use CRLF line ends in the SSE framing."""
     comment: bool = _param(False, _flag)
@@ -140,7 +160,12 @@ class Scenario:
     stamp: bool = _param(False, _flag)
     """Start each text delta with ``@`` and the wall-clock time of its write in
     nanoseconds (``time.time_ns()``, 19 digits), for measuring per-event delay
-    (``scripts/bench``); not with ``gzip``, whose bytes cannot be stamped."""
+    (``scripts/bench``); not with an ``encoding``, whose bytes cannot be stamped."""
+
+    @property
+    def coding(self) -> str | None:
+        """The body's Content-Encoding, if any."""
+        return self.encoding or ("gzip" if self.gzip else None)
 
     @classmethod
     def parse(cls, query: str = "", header: str | None = None) -> Scenario:

@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import hashlib
 import contextlib
 import dataclasses
 import json
@@ -103,6 +104,11 @@ _LMSP_TASK_EVENTS_PATH = re.compile(r"/lmsp/v1/tasks/([^/]+)/events$")
 _H2_DRAIN_TIMEOUT = 5.0
 
 
+# What an exchange keeps of a very long body for /_mock/* (its size and hash cover all).
+KEEP_BODY = 16 * 1024 * 1024
+KEEP_CHUNKS = 100_000
+
+
 @dataclass
 class Exchange:
     """One request and everything written in reply, for ``/_mock/*`` inspection."""
@@ -117,14 +123,25 @@ class Exchange:
     disconnected: bool = False
     """The client went away before the body was complete."""
 
+    size: int = 0
+    """Bytes written in all (``body`` keeps the first ``KEEP_BODY`` of them)."""
+    sha256: Any = field(default_factory=hashlib.sha256)
+    """Of every byte written, for comparing with what a client received."""
+
     def wrote(self, data: bytes) -> None:
         """Record a body write; called right after ``await send()`` returned."""
-        self.chunks.append((time.time(), len(data)))
-        self.body += data
+        if len(self.chunks) < KEEP_CHUNKS:
+            self.chunks.append((time.time(), len(data)))
+        if len(self.body) < KEEP_BODY:
+            self.body += data[: KEEP_BODY - len(self.body)]
+        self.size += len(data)
+        self.sha256.update(data)
 
     def sent(self) -> dict[str, Any]:
         return {
             "chunks": self.chunks,
+            "size": self.size,
+            "sha256": self.sha256.hexdigest(),
             "body_b64": base64.b64encode(self.body).decode(),
             "first_write": self.chunks[0][0] if self.chunks else None,
             "last_write": self.chunks[-1][0] if self.chunks else None,
@@ -378,10 +395,15 @@ class MockLLM:
         if reply.content_type == "text/event-stream":
             headers.append((b"cache-control", b"no-cache"))
         headers.append(id_header)
-        if scenario.gzip:
-            headers.append((b"content-encoding", b"gzip"))
+        if scenario.coding is not None:
+            headers.append((b"content-encoding", scenario.coding.encode()))
+        event_stream = reply.content_type == "text/event-stream"
+        if scenario.bomb:  # compressing the bomb takes a while: not on the event loop
+            plan = await asyncio.to_thread(plan_body, reply.items, scenario, event_stream)
+        else:
+            plan = plan_body(reply.items, scenario, event_stream)
         await send({"type": "http.response.start", "status": reply.status, "headers": headers})
-        await self._stream(plan_body(reply.items, scenario), scenario, receive, recording_send, exchange)
+        await self._stream(plan, scenario, receive, recording_send, exchange)
 
     def _reply(self, found: Route, scenario: Scenario, body: bytes, query: str, last_event_id: str | None) -> Reply:
         """What to answer, before pacing, truncation and gzip."""
@@ -454,7 +476,7 @@ class MockLLM:
                 if disconnected.is_set() or (pause and await _disconnected_within(disconnected, pause)):
                     exchange.disconnected = True
                     return
-                if scenario.stamp and not scenario.gzip:
+                if scenario.stamp and scenario.coding is None:
                     data = stamp(data, time.time_ns())
                 await send({"type": "http.response.body", "body": data, "more_body": True})
             if plan.complete:

@@ -25,14 +25,17 @@ chunks.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from http import HTTPStatus
 from typing import Any, Literal
 
+import brotli
 import orjson
+from backports import zstd
 
 from .scenario import Scenario
 
@@ -213,34 +216,99 @@ def raw_chunks(scenario: Scenario) -> list[bytes]:
 class BodyPlan:
     """The body as the server must write it."""
 
-    writes: list[bytes]
-    """One item per write; the server paces between them."""
+    writes: Iterable[bytes]
+    """One item per write; the server paces between them (made lazily for ``repeat``)."""
     complete: bool
     """False: abort the transport after the writes instead of ending the body."""
 
 
-def plan_body(items: list[bytes], scenario: Scenario) -> BodyPlan:
-    """Apply truncation and gzip to a list of events (or raw chunks).
+BOMB_PIECE = b" " * (1 << 20)
 
-    With gzip every item is compressed and ``Z_SYNC_FLUSH``-ed on its own, so
-    each write is decodable as soon as it arrives and the stream keeps
-    streaming; the gzip trailer is appended to the last write of a complete
-    body and is missing from a truncated one, like a real upstream dying.
+
+def plan_body(items: list[bytes], scenario: Scenario, event_stream: bool = True) -> BodyPlan:
+    """Apply truncation, repetition, the bomb and the Content-Encoding to a list of
+    events (or raw chunks).
+
+    Every item is compressed and flushed on its own (``zstd``: one frame each), so
+    each write is decodable as soon as it arrives and the stream keeps streaming;
+    the gzip trailer is appended to the last write of a complete body and is missing
+    from a truncated one, like a real upstream dying.
     """
     complete = scenario.truncate_after is None
     if scenario.truncate_after is not None:
         items = items[: scenario.truncate_after]
-    if not scenario.gzip:
-        return BodyPlan(list(items), complete)
-    compressor = zlib.compressobj(wbits=31)  # 31: gzip container
-    writes = [compressor.compress(item) + compressor.flush(zlib.Z_SYNC_FLUSH) for item in items]
+    if scenario.bomb:
+        return BodyPlan(_bombed(tuple(items), scenario.coding, scenario.bomb, event_stream, complete), complete)
+    writes: Iterable[bytes] = items
+    if scenario.repeat and len(items) > 1:
+        writes = _repeated(items, scenario.repeat)
+    if scenario.coding is not None:
+        writes = _encoded(writes, Encoder(scenario.coding), complete)
+    return BodyPlan(writes if scenario.repeat else list(writes), complete)
+
+
+def _repeated(items: list[bytes], times: int) -> Iterator[bytes]:
+    yield items[0]
+    for _ in range(times + 1):
+        yield items[1]
+    yield from items[2:]
+
+
+def _encoded(writes: Iterable[bytes], encoder: Encoder, complete: bool) -> Iterator[bytes]:
+    """Each write compressed and flushed; the coding's end appended to the last one."""
+    previous = None
+    for item in writes:
+        if previous is not None:
+            yield previous
+        previous = encoder.write(item)
+    last = (previous or b"") + (encoder.end() if complete else b"")
+    if last:
+        yield last
+
+
+@functools.lru_cache(maxsize=8)
+def _bombed(items: tuple[bytes, ...], coding: str | None, mib: int, event_stream: bool, complete: bool) -> list[bytes]:
+    """The writes of a body with a bomb after its first item (kept: made once per body)."""
+    encoder = Encoder(coding)
+    writes = [encoder.write(item) for item in items[:1]]
+    head, tail = (b":", b"\n\n") if event_stream else (b"", b"")
+    writes.append(encoder.write_pieces([head, *([BOMB_PIECE] * mib), tail]))
+    writes += [encoder.write(item) for item in items[1:]]
     if complete:
-        trailer = compressor.flush()
-        if writes:
-            writes[-1] += trailer
-        else:
-            writes.append(trailer)
-    return BodyPlan(writes, complete)
+        writes[-1] += encoder.end()
+    return [w for w in writes if w]
+
+
+class Encoder:
+    """One body's Content-Encoding, applied write by write."""
+
+    def __init__(self, coding: str | None) -> None:
+        self.coding = coding
+        if coding in ("gzip", "deflate"):
+            self._z = zlib.compressobj(wbits=31 if coding == "gzip" else zlib.MAX_WBITS)
+        elif coding == "br":
+            self._br = brotli.Compressor(quality=5)
+
+    def write(self, data: bytes) -> bytes:
+        return self.write_pieces([data])
+
+    def write_pieces(self, pieces: list[bytes]) -> bytes:
+        """The pieces as one flushed write (a zstd frame of its own)."""
+        if self.coding in ("gzip", "deflate"):
+            return b"".join(self._z.compress(p) for p in pieces) + self._z.flush(zlib.Z_SYNC_FLUSH)
+        if self.coding == "br":
+            return b"".join(self._br.process(p) for p in pieces) + self._br.flush()
+        if self.coding == "zstd":
+            c = zstd.ZstdCompressor()
+            return b"".join(c.compress(p) for p in pieces) + c.flush()
+        return b"".join(pieces)
+
+    def end(self) -> bytes:
+        if self.coding in ("gzip", "deflate"):
+            return self._z.flush()
+        if self.coding == "br":
+            return self._br.finish()
+        return b""
 
 
 # --- the abstract answer ----------------------------------------------------

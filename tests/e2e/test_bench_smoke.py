@@ -14,7 +14,7 @@ import orjson
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-SECTIONS = ("parsing", "proxy", "filters", "writer", "memory", "query")
+SECTIONS = ("parsing", "proxy", "filters", "writer", "memory", "query", "limits")
 
 
 @pytest.mark.e2e

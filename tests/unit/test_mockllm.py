@@ -1152,3 +1152,30 @@ def test_lmsp_task_events_resume(plain: tuple[str, Path | None]) -> None:
 def split_events(body: bytes) -> list[bytes]:
     """The framed events of an LF-framed SSE body."""
     return [block + b"\n\n" for block in body.split(b"\n\n") if block]
+
+
+@pytest.mark.parametrize("coding", ["gzip", "deflate", "br", "zstd"])
+def test_plan_encodes_every_coding_and_carries_a_bomb(coding: str) -> None:
+    from addon.decoding import make_decoder
+
+    items = expected("events=3")
+    for scenario in (Scenario(encoding=coding), Scenario(encoding=coding, bomb=2)):
+        writes = list(plan_body(items, scenario).writes)
+        decoder = make_decoder(coding)
+        out = bytearray()
+        for write in writes:
+            decoder.feed(write)
+            while data := decoder.read(1 << 20):
+                out += data
+        bomb = b":" + b" " * (2 << 20) + b"\n\n" if scenario.bomb else b""
+        assert bytes(out) == items[0] + bomb + b"".join(items[1:])
+        if scenario.bomb:
+            assert sum(map(len, writes)) < 64 * 1024
+
+
+def test_plan_repeats_the_second_item_lazily() -> None:
+    items = expected("events=3")
+    writes = plan_body(items, Scenario(repeat=1000)).writes
+    assert not isinstance(writes, list)
+    body = list(writes)
+    assert len(body) == len(items) + 1000 and body.count(items[1]) == 1001
