@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import json
 import zlib
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -387,6 +388,15 @@ def _take(parts: list[str], budget: int | None) -> tuple[list[str], int | None]:
     return kept, budget - len(kept)
 
 
+
+def _canonical(request: dict[str, Any]) -> bytes:
+    """The request's bytes for the digest; a request only Python's json reads (a lone
+    surrogate, NaN) is written by that reader too, as a server like vLLM would accept it."""
+    try:
+        return orjson.dumps(request, option=orjson.OPT_SORT_KEYS)
+    except TypeError:
+        return json.dumps(request, sort_keys=True).encode()
+
 def generate(request: dict[str, Any], scenario: Scenario, *, max_tokens: Any = None, choices: Any = None) -> Generation:
     """The answer to ``request`` under ``scenario``.
 
@@ -425,7 +435,7 @@ def generate(request: dict[str, Any], scenario: Scenario, *, max_tokens: Any = N
             stop = "max_tokens"
         else:
             stop = "tool_use" if calls else "end"
-    digest = hashlib.sha256(orjson.dumps(request, option=orjson.OPT_SORT_KEYS) + repr(scenario).encode())
+    digest = hashlib.sha256(_canonical(request) + repr(scenario).encode())
     return Generation(
         digest=digest.hexdigest()[:24],
         model=served_model(request, scenario),

@@ -77,13 +77,13 @@ def test_no_credential_is_stored_spooled_signed_or_printed(tmp_path, upstreams, 
         lock.execute("BEGIN EXCLUSIVE")  # the writer cannot write: records go to the spool
         try:
             second = send(proxy, url, spooled)
-            wait_for(lambda: spool.exists() and second.encode() in spool.read_bytes(), timeout=20,
+            wait_for(lambda: spool.exists() and second.encode() in spool.read_bytes(), timeout=90,
                      what="the record spooled")
             spool_bytes = spool.read_bytes()
         finally:
             lock.execute("ROLLBACK")
             lock.close()
-        proxy.mock_row(second, timeout=30)  # replayed once the database is free again
+        proxy.mock_row(second, timeout=90)  # replayed once the database is free again
         assert_nothing_leaks(tmp_path, {**stored, **spooled}, must_hold=[db, Path(f"{db}-wal")])  # WAL and all
     finally:
         proxy.process.stop()
