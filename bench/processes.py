@@ -158,7 +158,10 @@ def start_proxy(tmp: Path, variant: str, *, rules: Path | None = None, cpus: set
             args += ["--set", f"llm_rules={rules}"]
     args += extra or []
     log = folder / "mitmdump.log"
-    env = os.environ | {"XDG_STATE_HOME": str(folder / "state"), "PYTHONUNBUFFERED": "1"}
+    # its own state and data folders: the benchmark never writes spools, signing keys or
+    # checkpoints into the user's own
+    env = os.environ | {"XDG_STATE_HOME": str(folder / "state"), "XDG_DATA_HOME": str(folder / "data"),
+                        "PYTHONUNBUFFERED": "1"}
     with log.open("wb") as out:
         proc = subprocess.Popen([str(BIN / "mitmdump"), *args], cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, env=env)
