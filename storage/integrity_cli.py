@@ -35,6 +35,7 @@ from storage.schema import exchanges
 from storage.verify import verify
 
 EXIT_TAMPERED = 1
+EXIT_UNCOVERED = 3  # no tampering found, but records that no checkpoint covers
 
 CHECKPOINT_EXAMPLES = f"""\
 Signs the head of every hash chain in the database with the Ed25519 key (created on
@@ -51,8 +52,13 @@ VERIFY_EXAMPLES = """\
 Recomputes every hash chain; with --checkpoints also compares them with the signed
 checkpoints. Prints one verdict line per chain, then the records the proxy quarantined
 (where they fill a gap of their chain exactly: "record N of chain X is quarantined in
-FILE: reason"), then the problems found. Exit status: 0 all chains check out (quarantined
-records included), 1 tampering found, 2 the check could not run.
+FILE: reason"), then the problems found. With --checkpoints, only chains that a checkpoint
+signed by a trusted key (--public-key, repeatable) names are accepted, and records no
+checkpoint covers are named ("not yet covered by a checkpoint: records N..M"); a folder
+without checkpoints is an error. Exit status: 0 all chains check out (quarantined
+records included) and, with --checkpoints, every record is covered; 1 tampering found;
+2 the check could not run; 3 no tampering found, but some records are not covered by a
+checkpoint (a chain no checkpoint names, or records after its last checkpoint).
 
 examples:
   llm-audit verify
@@ -91,8 +97,9 @@ def add_commands(commands: argparse._SubParsersAction, db_commands: argparse._Su
 
     p = add(commands, "verify", _cmd_verify, "check the hash chains for tampering", VERIFY_EXAMPLES, leaf)
     p.add_argument("--checkpoints", type=Path, metavar="DIR", help="also compare with the signed checkpoints here")
-    p.add_argument("--public-key", type=Path, metavar="FILE",
-                   help=f"the key the checkpoints are signed with (default: {public_key_path(default_key_path())})")
+    p.add_argument("--public-key", type=Path, metavar="FILE", action="append",
+                   help="a key the checkpoints may be signed with; repeat for several (default: "
+                        f"{public_key_path(default_key_path())})")
     p.add_argument("--format", choices=("text", "json"), default="text")
 
     p = add(commands, "erase", _cmd_erase, "erase a user's content, keeping the chains verifiable",
@@ -140,8 +147,8 @@ def _cmd_checkpoint(args: argparse.Namespace) -> int:
 def _cmd_verify(args: argparse.Namespace) -> int:
     checkpoints = []
     if args.checkpoints is not None:
-        public = load_public_key(args.public_key or public_key_path(default_key_path()))
-        checkpoints = read_checkpoints(args.checkpoints, public)
+        keys = [load_public_key(path) for path in args.public_key or [public_key_path(default_key_path())]]
+        checkpoints = read_checkpoints(args.checkpoints, keys)
     engine = _engine(args, reading=True)
     try:
         report = verify(engine, checkpoints)
@@ -150,7 +157,7 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     finally:
         engine.dispose()
     if args.format == "json":
-        doc = {"ok": report.ok, "checkpoints": len(checkpoints), "chains": [c.as_dict() for c in report.chains],
+        doc = {"ok": report.ok, "covered": report.covered, "checkpoints": len(checkpoints), "chains": [c.as_dict() for c in report.chains],
                "unchained": [{"id": p.record_id, "detail": p.detail} for p in report.unchained]}
         sys.stdout.write(orjson.dumps(doc, option=orjson.OPT_INDENT_2).decode() + "\n")
     else:
@@ -163,11 +170,15 @@ def _cmd_verify(args: argparse.Namespace) -> int:
                 print(f"  {line}")
             for problem in chain.problems:
                 print(f"  {chain.chain_id}: {problem.line()}")
+            if chain.ok and (line := chain.coverage_line()):
+                print(f"  {line}")
         for problem in report.unchained:
             print(f"  {problem.line()}")
         if not report.chains and not report.unchained:
             print("no chains: no final records yet")
-    return 0 if report.ok else EXIT_TAMPERED
+    if not report.ok:
+        return EXIT_TAMPERED
+    return 0 if report.covered else EXIT_UNCOVERED
 
 
 def _cmd_erase(args: argparse.Namespace) -> int:

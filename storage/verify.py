@@ -16,6 +16,11 @@ be the previous record's hash). What breaks is named:
   signed hash (the chain was rebuilt consistently from some point on), and
   ``truncated``: the chain ends before a checkpointed number (its tail was removed).
 
+With checkpoints, records no checkpoint covers are reported, not passed: a chain no
+checkpoint names ("no checkpoint signed by a trusted key names this chain") and the
+records after a chain's last checkpoint ("not yet covered by a checkpoint: records
+N..M").
+
 Purges move a chain's start (recorded in ``chains``): a chain is checked from there.
 
 A gap that records in the ``quarantine`` table fill exactly (their numbers, and their
@@ -64,11 +69,30 @@ class ChainReport:
     last: Head = field(default_factory=Head)
     problems: list[Problem] = field(default_factory=list)
     checkpoints: int = 0  # checkpoints that named this chain and were compared
+    signed: bool = False  # checkpoints were given: records they do not cover are reported
+    covered: int = 0  # the last record a matching checkpoint signed
     quarantined: list[dict[str, Any]] = field(default_factory=list)  # quarantine rows that fill gaps
 
     @property
     def ok(self) -> bool:
         return not self.problems
+
+    @property
+    def uncovered(self) -> tuple[int, int] | None:
+        """The records no checkpoint covers (first, last), when checkpoints were given."""
+        if not self.signed or not self.records or self.last.seq <= self.covered:
+            return None
+        return max(self.start, self.covered + 1), self.last.seq
+
+    def coverage_line(self) -> str | None:
+        """What checkpoints leave uncovered, in words (None: nothing, or no checkpoints given)."""
+        span = self.uncovered
+        if span is None:
+            return None
+        records = f"record {span[0]}" if span[0] == span[1] else f"records {span[0]}..{span[1]}"
+        if not self.checkpoints:
+            return f"{self.chain_id}: no checkpoint signed by a trusted key names this chain: {records} are not covered"
+        return f"{self.chain_id}: not yet covered by a checkpoint: {records}"
 
     def add(self, kind: str, seq: int | None, record_id: str | None, detail: str) -> None:
         if len(self.problems) < MAX_PROBLEMS:
@@ -79,6 +103,8 @@ class ChainReport:
         extra = f", {self.erased} erased" if self.erased else ""
         extra += f", {len(self.quarantined)} quarantined" if self.quarantined else ""
         signed = f", {self.checkpoints} checkpoints matched" if self.checkpoints and self.ok else ""
+        if self.ok and self.signed and not self.checkpoints and self.records:
+            return f"chain {self.chain_id}: NOT SIGNED, {span}{extra}: no checkpoint names it"
         if self.ok:
             return f"chain {self.chain_id}: OK, {span}{extra}{signed}"
         return f"chain {self.chain_id}: TAMPERED, first problem: {self.problems[0].line()}"
@@ -87,6 +113,7 @@ class ChainReport:
         return {"chain_id": self.chain_id, "ok": self.ok, "start_seq": self.start, "records": self.records,
                 "erased": self.erased, "head_seq": self.last.seq, "head_hash": self.last.hash,
                 "checkpoints_matched": self.checkpoints if self.ok else None,
+                "uncovered": dict(zip(("first", "last"), self.uncovered)) if self.uncovered else None,
                 "problems": [_problem_dict(p) for p in self.problems],
                 "quarantined": [{"seq": q["chain_seq"], "id": q["record_id"], "file": q["file"], "reason": q["reason"]}
                                 for q in self.quarantined]}
@@ -110,9 +137,17 @@ class Report:
     def ok(self) -> bool:
         return not self.unchained and all(c.ok for c in self.chains)
 
+    @property
+    def covered(self) -> bool:
+        """Every record is covered by a checkpoint (true when none were given)."""
+        return all(c.uncovered is None for c in self.chains)
+
 
 def verify(engine: Engine, checkpoints: Sequence[Checkpoint] = ()) -> Report:
-    """Check every chain in the database (and every chain a checkpoint names)."""
+    """Check every chain in the database (and every chain a checkpoint names). With
+    checkpoints, records none covers are reported (:attr:`ChainReport.uncovered`): an
+    insider can add a consistent chain, or records after the last checkpoint, and only
+    the signature tells them from the proxy's."""
     with engine.connect() as conn:
         known = {r.chain_id: r for r in conn.execute(select(chains))}
         ids = set(known) | {cp_chain for cp in checkpoints for cp_chain in cp.heads}
@@ -200,7 +235,7 @@ def _rows(conn: Connection, chain_id: str, start: int) -> Iterator[dict[str, Any
 
 def _verify_chain(conn: Connection, chain_id: str, start: int, start_prev: str,
                   checkpoints: Sequence[Checkpoint], kept: dict[int, dict[str, Any]]) -> ChainReport:
-    report = ChainReport(chain_id, start=start, last=Head(start - 1, start_prev))
+    report = ChainReport(chain_id, start=start, last=Head(start - 1, start_prev), signed=bool(checkpoints))
     signed = [(cp, cp.heads[chain_id]) for cp in checkpoints if chain_id in cp.heads]
     wanted = {head.seq for _, head in signed}
     seen: dict[int, str] = {}  # record hashes at checkpointed numbers
@@ -265,3 +300,4 @@ def _compare_checkpoints(report: ChainReport, signed: list[tuple[Checkpoint, Hea
                        f"({checkpoint.created_at}): the chain was rewritten at or before record {head.seq}")
             return
         report.checkpoints += 1
+        report.covered = max(report.covered, head.seq)

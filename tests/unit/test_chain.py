@@ -215,7 +215,10 @@ def test_a_forged_checkpoint_and_a_wrong_key_are_refused(engine, tmp_path, url):
     load_or_create_key(tmp_path / "other.pem")  # another key, and its .pub
     out = llm_audit("--db", url, "verify", "--checkpoints", str(directory), "--public-key",
                     str(public_key_path(tmp_path / "other.pem")))
-    assert out.returncode == 2 and "signature does not match" in out.stderr and len(out.stderr.splitlines()) == 1
+    assert out.returncode == 2 and "which is not a trusted key" in out.stderr and len(out.stderr.splitlines()) == 1
+    both = llm_audit("--db", url, "verify", "--checkpoints", str(directory), "--public-key",
+                     str(public_key_path(tmp_path / "other.pem")), "--public-key", str(public_key_path(tmp_path / "key.pem")))
+    assert both.returncode == 0, both  # a rotated key: either one is trusted
     [path] = directory.glob("checkpoint-*.json")
     doc = orjson.loads(path.read_bytes())
     doc["chains"][INSTANCE]["seq"] = 1
@@ -337,3 +340,49 @@ def test_a_checkpoint_into_an_impossible_folder_is_one_line(engine, tmp_path, ur
     out = llm_audit("--db", url, "checkpoint", "--key", str(tmp_path / "key.pem"), "--dir", "/proc/no/such/dir")
     assert out.returncode == 2 and len(out.stderr.splitlines()) == 1 and "Traceback" not in out.stderr
     assert "cannot write a checkpoint in /proc/no/such/dir" in out.stderr
+
+
+def signed_verify(url: str, tmp_path: Path, *extra: str) -> subprocess.CompletedProcess:
+    """``llm-audit verify`` against the checkpoints of :func:`checkpoint_now`."""
+    return llm_audit("--db", url, "verify", "--checkpoints", str(tmp_path / "checkpoints"), "--public-key",
+                     str(public_key_path(tmp_path / "key.pem")), *extra)
+
+
+@pytest.mark.parametrize("state", ["missing", "empty"])
+def test_attack_6_a_checkpoint_folder_without_checkpoints_is_an_error(engine, tmp_path, url, state):
+    seeded(engine, tmp_path, 2)
+    load_or_create_key(tmp_path / "key.pem")
+    if state == "empty":
+        (tmp_path / "checkpoints").mkdir()
+    out = signed_verify(url, tmp_path)
+    assert (out.returncode, out.stdout) == (2, ""), out
+    assert len(out.stderr.splitlines()) == 1
+    assert ("no checkpoints in" if state == "empty" else "no checkpoint directory") in out.stderr
+
+
+def test_attack_4_a_chain_no_checkpoint_names_is_reported(engine, tmp_path, url):
+    seeded(engine, tmp_path, 3)
+    checkpoint_now(engine, tmp_path)
+    write(engine, [record(20) | {"proxy_instance": "proxy-b"}, record(21) | {"proxy_instance": "proxy-b"}],
+          tmp_path, instance="proxy-b")  # consistent, as an insider with the canonical form builds it
+    assert llm_audit("--db", url, "verify").returncode == 0  # the chains alone cannot tell
+    out = signed_verify(url, tmp_path)
+    assert out.returncode == 3, out
+    assert "chain proxy-b: NOT SIGNED, records 1..2: no checkpoint names it" in out.stdout
+    assert "  proxy-b: no checkpoint signed by a trusted key names this chain: records 1..2 are not covered" \
+        in out.stdout
+    assert f"chain {INSTANCE}: OK, records 1..3, 1 checkpoints matched" in out.stdout
+
+
+def test_attack_5_records_after_the_last_checkpoint_are_reported_not_yet_covered(engine, tmp_path, url):
+    seeded(engine, tmp_path, 3)
+    checkpoint_now(engine, tmp_path)
+    write(engine, [record(10), record(11)], tmp_path)  # appended after the checkpoint
+    out = signed_verify(url, tmp_path)
+    assert out.returncode == 3, out
+    assert out.stdout.splitlines() == [f"chain {INSTANCE}: OK, records 1..5, 1 checkpoints matched",
+                                       f"  {INSTANCE}: not yet covered by a checkpoint: records 4..5"]
+    doc = orjson.loads(signed_verify(url, tmp_path, "--format", "json").stdout)
+    assert (doc["ok"], doc["covered"], doc["chains"][0]["uncovered"]) == (True, False, {"first": 4, "last": 5})
+    checkpoint_now(engine, tmp_path)  # the next checkpoint covers them
+    assert signed_verify(url, tmp_path).returncode == 0
