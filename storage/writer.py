@@ -113,8 +113,11 @@ class AuditWriter:
         self._unrecorded: list[Entry] = list(self.quarantine.entries())  # not known in the quarantine table yet
         self.status = StatusFile(status_path(spool.path.parent, instance))
         self._status_failed = False
-        self.chain = Chain(instance, self._chain_head())
-        self.committed = self.chain.head  # the chain's head as far as the database has it
+        stored, head = self._chain_head()
+        self.chain = Chain(instance, head)
+        # the chain's head as far as the database has it: a checkpoint never signs a
+        # record that lives only in the spool (verify would call its absence a truncation)
+        self.committed = stored
         self.checkpointer = checkpointer
         self._retry_at = 0.0
         self._backoff = RETRY_MIN
@@ -168,9 +171,10 @@ class AuditWriter:
     def _in_memory(self) -> int:
         return self._queue.qsize() + len(self._retry) + len(self._inflight) + len(self._held)
 
-    def _chain_head(self) -> Head:
-        """Where this instance's chain goes on: the furthest of the database and the spool
-        (counting spool lines that can no longer be read, as far as their place is known)."""
+    def _chain_head(self) -> tuple[Head, Head]:
+        """The chain's head in the database, and where this instance's chain goes on: the
+        furthest of the database and the spool (counting spool lines that can no longer be
+        read, as far as their place is known)."""
         c = exchanges.c
         try:
             with self.engine.connect() as conn:
@@ -181,6 +185,7 @@ class AuditWriter:
         except SQLAlchemyError as e:
             raise DatabaseError(f"cannot read the hash chain's head: {first_line(e)}") from None
         heads = [Head(), *(Head(r[0], r[1]) for r in (known, last) if r is not None)]
+        stored = Head(last[0], last[1]) if last is not None else Head()
 
         def torn(raw: bytes, _reason: str) -> None:
             found = recover(raw)
@@ -190,7 +195,7 @@ class AuditWriter:
         for rows in self.spool.read(self.batch_size, torn):
             heads += [Head(r["chain_seq"], r["record_hash"]) for r in rows
                       if is_sealed(r) and r.get("chain_id") == self.instance]
-        return max(heads, key=lambda h: h.seq)
+        return stored, max(heads, key=lambda h: h.seq)
 
     # -- the writer thread --------------------------------------------------------------
 

@@ -24,7 +24,7 @@ from sqlalchemy import delete, insert, select, update
 
 from addon.record import OUTCOME_COMPLETE, ExchangeRecord
 from storage.chain import GENESIS, Chain, Head, canonical, record_hash
-from storage.checkpoint import CheckpointError, load_or_create_key, public_key_path, read_checkpoints, write_checkpoint
+from storage.checkpoint import Checkpointer, CheckpointError, load_or_create_key, public_key_path, read_checkpoints, write_checkpoint
 from storage.database import open_engine
 from storage.erase import erase_user
 from storage.retention import purge
@@ -386,3 +386,26 @@ def test_attack_5_records_after_the_last_checkpoint_are_reported_not_yet_covered
     assert (doc["ok"], doc["covered"], doc["chains"][0]["uncovered"]) == (True, False, {"first": 4, "last": 5})
     checkpoint_now(engine, tmp_path)  # the next checkpoint covers them
     assert signed_verify(url, tmp_path).returncode == 0
+
+
+def test_attack_8_a_restart_with_a_spool_not_yet_replayed_signs_only_what_the_database_holds(tmp_path):
+    """The shutdown checkpoint of a run that could not replay its spool names the last
+    record in the database, not the spool's: verify must not see a truncation."""
+    db = tmp_path / "audit.db"
+    open_engine(f"sqlite:///{db}").dispose()  # the schema, as the proxy creates it
+    write(engine_for(db), [record(0), record(1)], tmp_path)
+    blocker = sqlite3.connect(db, timeout=0)
+    blocker.execute("BEGIN EXCLUSIVE")  # the database refuses writes from here on (readers still read)
+    write(engine_for(db), [record(i) for i in range(2, 5)], tmp_path)  # spooled: 3..5
+    assert Spool(tmp_path / f"spool-{INSTANCE}.jsonl").records == 3
+    key = load_or_create_key(tmp_path / "key.pem")
+    checkpointer = Checkpointer(tmp_path / "checkpoints", key, INSTANCE, every=1, seconds=0)
+    writer = AuditWriter(engine_for(db), Spool(tmp_path / f"spool-{INSTANCE}.jsonl"), INSTANCE,
+                         checkpointer=checkpointer)
+    writer.close(timeout=5)  # the spool still cannot be replayed
+    blocker.rollback()
+    blocker.close()
+    [checkpoint] = read_checkpoints(tmp_path / "checkpoints", key.public_key())
+    assert checkpoint.heads[INSTANCE].seq == 2
+    out = signed_verify(f"sqlite:///{db}", tmp_path)
+    assert (out.returncode, out.stdout) == (0, f"chain {INSTANCE}: OK, records 1..2, 1 checkpoints matched\n"), out
