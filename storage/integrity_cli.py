@@ -32,6 +32,7 @@ from storage.database import DatabaseError, first_line, open_engine, open_reader
 from storage.erase import erase_user
 from storage.roles import DEFAULT_PROXY_ROLE, DEFAULT_PURGE_ROLE, roles_sql
 from storage.schema import exchanges
+from storage.statements import Signer, read_statements
 from storage.verify import verify
 
 EXIT_TAMPERED = 1
@@ -69,7 +70,9 @@ examples:
 ERASE_EXAMPLES = """\
 Replaces the content (request body, output, tool calls) of every final exchange of the
 user with an erasure marker, keeping the content hashes: the hash chains still verify,
-and verify counts the records as erased. The erasure is logged in erasure_log.
+and verify counts the records as erased. The erasure is logged in erasure_log and
+signed (erasure-<time>.json in --dir, with --key): verify --checkpoints accepts an
+erased record only against such a statement.
 
 examples:
   llm-audit erase --user alice@example.com
@@ -105,11 +108,25 @@ def add_commands(commands: argparse._SubParsersAction, db_commands: argparse._Su
     p = add(commands, "erase", _cmd_erase, "erase a user's content, keeping the chains verifiable",
             ERASE_EXAMPLES, leaf)
     p.add_argument("--user", required=True, metavar="ID", help="the user_id whose content is erased")
+    add_signer_options(p, "erasure")
 
     p = add(db_commands, "roles", _cmd_db_roles, "least-privilege roles on PostgreSQL", ROLES_EXAMPLES, leaf)
     p.add_argument("--proxy-role", default=DEFAULT_PROXY_ROLE, metavar="NAME")
     p.add_argument("--purge-role", default=DEFAULT_PURGE_ROLE, metavar="NAME")
     p.add_argument("--apply", action="store_true", help="run the SQL on --db instead of printing it")
+
+
+def add_signer_options(p: argparse.ArgumentParser, what: str) -> None:
+    """``--key`` and ``--dir`` of a command that signs a statement of what it did."""
+    p.add_argument("--key", type=Path, default=default_key_path(), metavar="FILE",
+                   help=f"the Ed25519 key that signs the {what} statement (default: {default_key_path()})")
+    p.add_argument("--dir", type=Path, default=default_checkpoint_dir(), metavar="DIR",
+                   help=f"where the signed {what} statement goes, beside the checkpoints "
+                        f"(default: {default_checkpoint_dir()})")
+
+
+def signer(args: argparse.Namespace) -> Signer:
+    return Signer.load(args.dir, args.key)
 
 
 def _engine(args: argparse.Namespace, *, reading: bool = False):
@@ -145,13 +162,14 @@ def _cmd_checkpoint(args: argparse.Namespace) -> int:
 
 
 def _cmd_verify(args: argparse.Namespace) -> int:
-    checkpoints = []
+    checkpoints, statements = [], None
     if args.checkpoints is not None:
         keys = [load_public_key(path) for path in args.public_key or [public_key_path(default_key_path())]]
         checkpoints = read_checkpoints(args.checkpoints, keys)
+        statements = read_statements(args.checkpoints, keys)
     engine = _engine(args, reading=True)
     try:
-        report = verify(engine, checkpoints)
+        report = verify(engine, checkpoints, statements)
     except SQLAlchemyError as e:
         raise DatabaseError(f"cannot read the chains: {first_line(e)}") from None
     finally:
@@ -184,12 +202,14 @@ def _cmd_verify(args: argparse.Namespace) -> int:
 def _cmd_erase(args: argparse.Namespace) -> int:
     from storage.cli import _actor
 
+    sign = signer(args)
     engine = _engine(args)
     try:
-        count = erase_user(engine, args.user, actor=_actor())
+        count = erase_user(engine, args.user, actor=_actor(), signer=sign)
     finally:
         engine.dispose()
-    print(f"erased the content of {count} exchanges of user {args.user!r} (logged in erasure_log)")
+    print(f"erased the content of {count} exchanges of user {args.user!r} (logged in erasure_log, "
+          f"signed in {args.dir})")
     return 0
 
 

@@ -22,6 +22,10 @@ records after a chain's last checkpoint ("not yet covered by a checkpoint: recor
 N..M").
 
 Purges move a chain's start (recorded in ``chains``): a chain is checked from there.
+With the signed statements beside the checkpoints (:mod:`storage.statements`), a start
+that no signed purge set, or one a purge inside the retention floor set, is ``purged``
+(tampering), and an erased record (whose content must be the erasure marker in any case)
+that no signed erasure names is ``modified``.
 
 A gap that records in the ``quarantine`` table fill exactly (their numbers, and their
 ``prev_hash`` / ``record_hash`` linking with the neighbours) is no tampering: the writer
@@ -33,12 +37,15 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy import JSON, Connection, DateTime, Engine, String, func, select, type_coerce
 
-from storage.chain import GENESIS, Head, check_record
+from storage.chain import CONTENT_COLUMNS, ERASED, GENESIS, Head, check_record, content_hash, utc_text
 from storage.checkpoint import Checkpoint
+from storage.retention import MIN_RETENTION
+from storage.statements import SignedStart, Statements
 from storage.schema import IN_PROGRESS, chains, exchanges, quarantine
 
 UNREADABLE_KEY = "_unreadable"  # on a row read by verify: the columns whose stored text cannot be decoded
@@ -49,7 +56,7 @@ MAX_GAP = 10_000  # the longest gap looked up in the quarantine
 
 @dataclass(frozen=True, slots=True)
 class Problem:
-    kind: str  # modified | deleted | inserted | reordered | rewritten | truncated
+    kind: str  # modified | deleted | inserted | reordered | rewritten | truncated | purged
     chain_id: str | None
     seq: int | None
     record_id: str | None
@@ -143,11 +150,13 @@ class Report:
         return all(c.uncovered is None for c in self.chains)
 
 
-def verify(engine: Engine, checkpoints: Sequence[Checkpoint] = ()) -> Report:
+def verify(engine: Engine, checkpoints: Sequence[Checkpoint] = (), statements: Statements | None = None) -> Report:
     """Check every chain in the database (and every chain a checkpoint names). With
     checkpoints, records none covers are reported (:attr:`ChainReport.uncovered`): an
     insider can add a consistent chain, or records after the last checkpoint, and only
-    the signature tells them from the proxy's."""
+    the signature tells them from the proxy's. With ``statements`` (the signed erasures
+    and purges beside the checkpoints), an erased record and a moved chain start must
+    each have one."""
     with engine.connect() as conn:
         known = {r.chain_id: r for r in conn.execute(select(chains))}
         ids = set(known) | {cp_chain for cp in checkpoints for cp_chain in cp.heads}
@@ -159,7 +168,9 @@ def verify(engine: Engine, checkpoints: Sequence[Checkpoint] = ()) -> Report:
             row = known.get(chain_id)
             start, start_prev, head = (row.start_seq, row.start_prev_hash, row.head_seq) if row else (1, GENESIS, 0)
             kept = held.get(chain_id, {})
-            report = _verify_chain(conn, chain_id, start, start_prev, checkpoints, kept)
+            report = _verify_chain(conn, chain_id, start, start_prev, checkpoints, kept, statements)
+            if statements is not None:
+                _check_start(report, start_prev, statements.starts.get(chain_id, []))
             if head > report.last.seq and report.ok:
                 gap = _fill(kept, report.last.seq + 1, head, report.last.hash, row.head_hash)
                 if gap is None:
@@ -234,7 +245,8 @@ def _rows(conn: Connection, chain_id: str, start: int) -> Iterator[dict[str, Any
 
 
 def _verify_chain(conn: Connection, chain_id: str, start: int, start_prev: str,
-                  checkpoints: Sequence[Checkpoint], kept: dict[int, dict[str, Any]]) -> ChainReport:
+                  checkpoints: Sequence[Checkpoint], kept: dict[int, dict[str, Any]],
+                  statements: Statements | None) -> ChainReport:
     report = ChainReport(chain_id, start=start, last=Head(start - 1, start_prev), signed=bool(checkpoints))
     signed = [(cp, cp.heads[chain_id]) for cp in checkpoints if chain_id in cp.heads]
     wanted = {head.seq for _, head in signed}
@@ -244,6 +256,8 @@ def _verify_chain(conn: Connection, chain_id: str, start: int, start_prev: str,
         seq, rid = row["chain_seq"], row["id"]
         problem = check_record(row) if UNREADABLE_KEY not in row else \
             f"stored values cannot be read ({', '.join(row[UNREADABLE_KEY])})"
+        if problem is None and row["erased_at"] is not None:
+            problem = _erasure_problem(row, statements)
         if problem:
             report.add("modified", seq, rid, problem)
         if seq < expected:
@@ -266,6 +280,34 @@ def _verify_chain(conn: Connection, chain_id: str, start: int, start_prev: str,
         expected, prev = seq + 1, row["record_hash"]
     _compare_checkpoints(report, signed, seen)
     return report
+
+
+def _erasure_problem(row: dict[str, Any], statements: Statements | None) -> str | None:
+    """What is wrong with an erased record: content other than the erasure marker, or
+    (with signed statements) no statement that erased this record, by number and hash."""
+    changed = [name for name in CONTENT_COLUMNS if row.get(name) not in (ERASED, None)
+               or (row.get(name) is None and row["content_hashes"].get(name) != content_hash(None))]
+    if changed:
+        return f"it is marked erased, but its content ({', '.join(changed)}) is not the erasure marker"
+    if statements is not None and \
+            statements.erased.get(row["chain_id"], {}).get(row["chain_seq"]) != row["record_hash"]:
+        return "it is marked erased, but no signed erasure statement names it"
+    return None
+
+
+def _check_start(report: ChainReport, start_prev: str, signed: list[SignedStart]) -> None:
+    """A chain that begins after record 1 lost its first records: only a signed purge with
+    a cut-off outside the retention floor may have moved its start there."""
+    if report.start <= 1:
+        return
+    match = next((s for s in reversed(signed) if (s.seq, s.prev_hash) == (report.start, start_prev)), None)
+    if match is None:
+        report.add("purged", report.start, None, f"the chain starts at record {report.start}, but no signed purge "
+                   f"statement moved its start there: records {1 if report.start == 2 else f'1..{report.start - 1}'} "
+                   "were removed")
+    elif utc_text(datetime.fromisoformat(match.cutoff) + MIN_RETENTION) > match.created_at:
+        report.add("purged", report.start, None, f"purge statement {match.file} ({match.created_at}) removed "
+                   f"records that ended after {match.cutoff}, inside the {MIN_RETENTION.days}-day retention floor")
 
 
 def _broken_link(conn: Connection, report: ChainReport, chain_id: str, row: dict[str, Any]) -> None:

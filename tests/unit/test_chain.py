@@ -23,7 +23,7 @@ import pytest
 from sqlalchemy import delete, insert, select, update
 
 from addon.record import OUTCOME_COMPLETE, ExchangeRecord
-from storage.chain import GENESIS, Chain, Head, canonical, record_hash
+from storage.chain import CONTENT_COLUMNS, GENESIS, Chain, Head, canonical, record_hash
 from storage.checkpoint import Checkpointer, CheckpointError, load_or_create_key, public_key_path, read_checkpoints, write_checkpoint
 from storage.database import open_engine
 from storage.erase import erase_user
@@ -409,3 +409,78 @@ def test_attack_8_a_restart_with_a_spool_not_yet_replayed_signs_only_what_the_da
     assert checkpoint.heads[INSTANCE].seq == 2
     out = signed_verify(f"sqlite:///{db}", tmp_path)
     assert (out.returncode, out.stdout) == (0, f"chain {INSTANCE}: OK, records 1..2, 1 checkpoints matched\n"), out
+
+
+def signed(tmp_path: Path) -> list[str]:
+    """The options that make ``erase`` and ``purge`` sign beside :func:`checkpoint_now`'s checkpoints."""
+    return ["--key", str(tmp_path / "key.pem"), "--dir", str(tmp_path / "checkpoints")]
+
+
+def test_a_signed_erasure_verifies_and_show_marks_it(engine, tmp_path, url):
+    write(engine, [record(0), record(1, user="bob"), record(2)], tmp_path)
+    with engine.connect() as conn:
+        rows = [dict(r) for r in conn.execute(select(exchanges).order_by(exchanges.c.chain_seq)).mappings()]
+    checkpoint_now(engine, tmp_path)
+    out = llm_audit("--db", url, "erase", "--user", "bob", *signed(tmp_path))
+    assert out.returncode == 0 and "signed in" in out.stdout, out
+    assert list((tmp_path / "checkpoints").glob("erasure-*.json"))
+    ok = signed_verify(url, tmp_path)
+    assert (ok.returncode, ok.stdout) == (0, f"chain {INSTANCE}: OK, records 1..3, 1 erased, 1 checkpoints matched\n"), ok
+    show = llm_audit("--db", url, "show", rows[1]["id"])
+    assert show.returncode == 0 and "ERASED at " in show.stdout, show
+
+
+@pytest.mark.parametrize("forgery", ["rewritten content", "marker without a statement"])
+def test_attack_1_an_erasure_without_a_signed_statement_is_named(engine, tmp_path, url, forgery):
+    rows = seeded(engine, tmp_path, 3)
+    checkpoint_now(engine, tmp_path)
+    if forgery == "marker without a statement":  # every content column, as llm-audit erase leaves it
+        content = {name: "[erased]" for name in CONTENT_COLUMNS if rows[1][name] is not None}
+    else:
+        content = {"request_body": "a forged prompt", "output_text": "a forged answer"}
+    sql(engine, update(exchanges).where(exchanges.c.id == rows[1]["id"]).values(erased_at=datetime.now(UTC), **content))
+    out = signed_verify(url, tmp_path)
+    assert out.returncode == 1, out
+    detail = "no signed erasure statement names it" if forgery == "marker without a statement" else \
+        "its content (request_body, output_text, output, tool_calls) is not the erasure marker"
+    assert f"{INSTANCE}: modified: record 2 (id {rows[1]['id']}): it is marked erased, but {detail}" in out.stdout
+    if forgery == "rewritten content":  # caught without checkpoints too, and show says it is erased
+        assert llm_audit("--db", url, "verify").returncode == 1
+        assert "ERASED at " in llm_audit("--db", url, "show", rows[1]["id"]).stdout
+
+
+def old_records(engine, tmp_path, n: int = 3) -> list[dict]:
+    old = datetime.now(UTC) - timedelta(days=400)
+    write(engine, [record(i, ended=old + timedelta(minutes=i)) for i in range(n)] + [record(9)], tmp_path)
+    with engine.connect() as conn:
+        return [dict(r) for r in conn.execute(select(exchanges).order_by(exchanges.c.chain_seq)).mappings()]
+
+
+def test_a_signed_purge_verifies(engine, tmp_path, url):
+    old_records(engine, tmp_path)
+    checkpoint_now(engine, tmp_path)
+    out = llm_audit("--db", url, "purge", "--older-than", "200d", *signed(tmp_path))
+    assert out.returncode == 0 and out.stdout.startswith("deleted 3 "), out
+    ok = signed_verify(url, tmp_path)
+    assert (ok.returncode, ok.stdout) == (0, f"chain {INSTANCE}: OK, records 4..4, 1 checkpoints matched\n"), ok
+
+
+def test_attack_3_a_forged_purge_is_named(engine, tmp_path, url):
+    rows = seeded(engine, tmp_path, 4)  # minutes old
+    checkpoint_now(engine, tmp_path)
+    sql(engine, delete(exchanges).where(exchanges.c.chain_seq <= 2))
+    sql(engine, update(chains).values(start_seq=3, start_prev_hash=rows[1]["record_hash"]))
+    assert llm_audit("--db", url, "verify").returncode == 0  # the chain alone cannot tell
+    out = signed_verify(url, tmp_path)
+    assert out.returncode == 1, out
+    assert (f"  {INSTANCE}: purged: at 3: the chain starts at record 3, but no signed purge statement moved its "
+            "start there: records 1..2 were removed") in out.stdout
+
+
+def test_attack_3_a_signed_purge_inside_the_retention_floor_is_named(engine, tmp_path, url):
+    old_records(engine, tmp_path)
+    checkpoint_now(engine, tmp_path)
+    out = llm_audit("--db", url, "purge", "--older-than", "1h", "--force", *signed(tmp_path))
+    assert out.returncode == 0, out
+    out = signed_verify(url, tmp_path)
+    assert out.returncode == 1 and "inside the 183-day retention floor" in out.stdout, out
