@@ -58,6 +58,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import SQLAlchemyError
 
 from storage.chain import CHAIN_COLUMNS, GENESIS, Chain, Head, is_sealed
+from storage.adoption import is_own, load_or_create_secret, open_mac
 from storage.checkpoint import Checkpointer, CheckpointError
 from storage.database import DatabaseError, first_line
 from storage.prepare import MAX_VALUE_BYTES, Prepared, minimal_row, prepare
@@ -74,7 +75,8 @@ RETRY_MIN, RETRY_MAX = 0.5, 5.0
 STRIKES = 3  # unexpected failures of one row before it is quarantined
 HEARTBEAT = 600.0  # seconds between two "recording" log lines while records come
 _TRIM_AFTER = 16 * 1024 * 1024  # characters of output in one batch after which freed memory is handed back
-_UNSEALED = dict.fromkeys(CHAIN_COLUMNS)  # an open record's chain columns (one statement needs every key)
+# an open record's chain columns and adoption proof (one statement needs every key)
+_UNSEALED = dict.fromkeys((*CHAIN_COLUMNS, "open_mac"))
 
 
 class AuditWriter:
@@ -113,6 +115,7 @@ class AuditWriter:
         self._unrecorded: list[Entry] = list(self.quarantine.entries())  # not known in the quarantine table yet
         self.status = StatusFile(status_path(spool.path.parent, instance))
         self._status_failed = False
+        self._secret = load_or_create_secret(spool.path.with_name(f"adoption-{safe_name(instance)}.key"))
         stored, head = self._chain_head()
         self.chain = Chain(instance, head)
         # the chain's head as far as the database has it: a checkpoint never signs a
@@ -397,6 +400,8 @@ class AuditWriter:
     def _seal(self, p: Prepared) -> dict[str, Any]:
         """The prepared row, sealed into the chain when final; a row that cannot be sealed
         (never a prepared one) is sealed as its minimal row."""
+        if p.row["status"] == IN_PROGRESS:  # the proof that this proxy opened it (storage/adoption.py)
+            return p.row | {"open_mac": open_mac(self._secret, self.instance, p.row)}
         try:
             return self.chain.seal(p.row, p.hashes)
         except Exception as e:  # noqa: BLE001 - the chain's head moved only if the seal succeeded
@@ -579,7 +584,8 @@ class AuditWriter:
 
     def _mark_interrupted(self) -> None:
         """Rows this instance left open before this run started were cut by a crash: they
-        become final (``interrupted``) and are sealed into the chain."""
+        become final (``interrupted``) and are sealed into the chain, when they prove they
+        are its own (:mod:`storage.adoption`); others are reported, never sealed."""
         c = exchanges.c
         before = self.chain.head
         try:
@@ -588,6 +594,8 @@ class AuditWriter:
                     select(exchanges).where(c.status == IN_PROGRESS, c.proxy_instance == self.instance,
                                             c.started_at < self.started).order_by(c.started_at)
                 ).mappings().all()
+                foreign = [row for row in open_rows if not is_own(self._secret, self.instance, row)]
+                open_rows = [row for row in open_rows if row not in foreign]
                 for row in open_rows:
                     sealed = self.chain.seal(dict(row) | {"status": "interrupted"})
                     conn.execute(update(exchanges).where(c.id == row["id"], c.status == IN_PROGRESS).values(
@@ -601,6 +609,10 @@ class AuditWriter:
         if open_rows:
             self.committed = self.chain.head
             log.warning("llm-audit: marked %d exchanges left open by an earlier run as interrupted", len(open_rows))
+        if foreign:
+            log.warning("llm-audit: %d exchanges in progress under this instance (first: %s) were not opened by this "
+                        "proxy (their open_mac does not check out): left open, not sealed into the chain; inserted "
+                        "by hand, or opened with another adoption secret", len(foreign), foreign[0]["id"])
 
 
 def _upsert_statement(engine: Engine):

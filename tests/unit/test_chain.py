@@ -280,7 +280,7 @@ def test_records_spooled_during_an_outage_keep_their_place_in_the_chain(tmp_path
 def test_interrupted_records_are_sealed_when_marked(engine, tmp_path):
     open_row = record(0) | {"status": "in_progress", "ended_at": None}
     open_row["started_at"] = datetime.now(UTC) - timedelta(minutes=5)
-    sql(engine, insert(exchanges).values(_storable(open_row)))
+    write(engine, [open_row], tmp_path)  # the proxy opened it, then died
     write(engine, [record(1)], tmp_path)
     with engine.connect() as conn:
         statuses = dict(conn.execute(select(exchanges.c.status, exchanges.c.chain_seq)).all())
@@ -484,3 +484,24 @@ def test_attack_3_a_signed_purge_inside_the_retention_floor_is_named(engine, tmp
     assert out.returncode == 0, out
     out = signed_verify(url, tmp_path)
     assert out.returncode == 1 and "inside the 183-day retention floor" in out.stdout, out
+
+
+def test_attack_2_an_open_row_the_proxy_did_not_open_is_never_sealed_or_signed(engine, tmp_path, url, caplog):
+    seeded(engine, tmp_path, 2)
+    forged = record(5) | {"status": "in_progress", "ended_at": None, "started_at": datetime.now(UTC) - timedelta(minutes=5)}
+    sql(engine, insert(exchanges).values(_storable(forged)))  # an insider's row under the proxy's instance
+    stolen = record(6) | {"status": "in_progress", "ended_at": None, "started_at": datetime.now(UTC) - timedelta(minutes=5),
+                          "open_mac": "0" * 64}
+    sql(engine, insert(exchanges).values(_storable(stolen)))
+    key = load_or_create_key(tmp_path / "key.pem")
+    writer = AuditWriter(engine, Spool(tmp_path / f"spool-{INSTANCE}.jsonl"), INSTANCE,
+                         checkpointer=Checkpointer(tmp_path / "checkpoints", key, INSTANCE, every=1, seconds=0))
+    writer.submit(record(3))
+    writer.close()
+    with engine.connect() as conn:
+        statuses = dict(conn.execute(select(exchanges.c.id, exchanges.c.status)).all())
+    assert (statuses[forged["id"]], statuses[stolen["id"]]) == ("in_progress", "in_progress")
+    assert f"2 exchanges in progress under this instance (first: {forged['id']}) were not opened by this proxy" \
+        in caplog.text or f"(first: {stolen['id']})" in caplog.text
+    out = signed_verify(url, tmp_path)
+    assert (out.returncode, out.stdout) == (0, f"chain {INSTANCE}: OK, records 1..3, 1 checkpoints matched\n"), out
