@@ -11,6 +11,9 @@ be the previous record's hash). What breaks is named:
 - ``deleted``: numbers are missing in the chain;
 - ``inserted``: a record that links past others (those are inserted), two records with
   one number, or a final record in no chain;
+- ``forked``: two records with one number that link to the same record: two writers
+  sealed into one chain (two proxies with one instance name, despite the lease of
+  :mod:`storage.lease`);
 - ``reordered``: a record links to a record that comes after it (records swapped);
 - with checkpoints, ``rewritten``: the record at a checkpointed number does not have the
   signed hash (the chain was rebuilt consistently from some point on), and
@@ -56,7 +59,7 @@ MAX_GAP = 10_000  # the longest gap looked up in the quarantine
 
 @dataclass(frozen=True, slots=True)
 class Problem:
-    kind: str  # modified | deleted | inserted | reordered | rewritten | truncated | purged
+    kind: str  # modified | deleted | inserted | forked | reordered | rewritten | truncated | purged
     chain_id: str | None
     seq: int | None
     record_id: str | None
@@ -159,7 +162,9 @@ def verify(engine: Engine, checkpoints: Sequence[Checkpoint] = (), statements: S
     each have one."""
     with engine.connect() as conn:
         known = {r.chain_id: r for r in conn.execute(select(chains))}
-        ids = set(known) | {cp_chain for cp in checkpoints for cp_chain in cp.heads}
+        # a row a proxy made for its lease before it wrote anything is no chain yet
+        ids = {k for k, r in known.items() if r.head_seq or r.start_seq > 1}
+        ids |= {cp_chain for cp in checkpoints for cp_chain in cp.heads}
         ids |= {r[0] for r in conn.execute(select(exchanges.c.chain_id).where(exchanges.c.chain_id.is_not(None))
                                            .group_by(exchanges.c.chain_id))}
         held = _quarantined_records(conn)
@@ -251,7 +256,7 @@ def _verify_chain(conn: Connection, chain_id: str, start: int, start_prev: str,
     signed = [(cp, cp.heads[chain_id]) for cp in checkpoints if chain_id in cp.heads]
     wanted = {head.seq for _, head in signed}
     seen: dict[int, str] = {}  # record hashes at checkpointed numbers
-    expected, prev = start, start_prev
+    expected, prev, parent = start, start_prev, None  # parent: what the last record links to
     for row in _rows(conn, chain_id, start):
         seq, rid = row["chain_seq"], row["id"]
         problem = check_record(row) if UNREADABLE_KEY not in row else \
@@ -261,7 +266,12 @@ def _verify_chain(conn: Connection, chain_id: str, start: int, start_prev: str,
         if problem:
             report.add("modified", seq, rid, problem)
         if seq < expected:
-            report.add("inserted", seq, rid, f"a second record numbered {seq}")
+            if seq == expected - 1 and row["prev_hash"] == parent:
+                report.add("forked", seq, rid, f"a second record numbered {seq} links to the same record as the "
+                           f"first: two writers sealed into this chain from record {seq} on (two proxies with one "
+                           "llm_audit_instance?)")
+            else:
+                report.add("inserted", seq, rid, f"a second record numbered {seq}")
             continue
         if seq > expected:
             gap = _fill(kept, expected, seq - 1, prev, row["prev_hash"])
@@ -277,7 +287,7 @@ def _verify_chain(conn: Connection, chain_id: str, start: int, start_prev: str,
         report.records += 1
         report.erased += row["erased_at"] is not None
         report.last = Head(seq, row["record_hash"])
-        expected, prev = seq + 1, row["record_hash"]
+        expected, prev, parent = seq + 1, row["record_hash"], row["prev_hash"]
     _compare_checkpoints(report, signed, seen)
     return report
 

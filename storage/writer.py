@@ -60,6 +60,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from storage.chain import CHAIN_COLUMNS, GENESIS, Chain, Head, is_sealed
 from storage.adoption import is_own, load_or_create_secret, open_mac
 from storage.checkpoint import Checkpointer, CheckpointError
+from storage.lease import RENEW_EVERY, LeaseHeld, claim, holder_name, release, renew
 from storage.database import DatabaseError, first_line
 from storage.prepare import MAX_VALUE_BYTES, Prepared, minimal_row, prepare
 from storage.quarantine import Entry, Quarantine, recover
@@ -116,6 +117,9 @@ class AuditWriter:
         self.status = StatusFile(status_path(spool.path.parent, instance))
         self._status_failed = False
         self._secret = load_or_create_secret(spool.path.with_name(f"adoption-{safe_name(instance)}.key"))
+        self._holder = holder_name(self.started)
+        self._leased = self._claim()  # a proxy already recording under this name: refused here
+        self._lease_at = time.monotonic()
         stored, head = self._chain_head()
         self.chain = Chain(instance, head)
         # the chain's head as far as the database has it: a checkpoint never signs a
@@ -173,6 +177,37 @@ class AuditWriter:
 
     def _in_memory(self) -> int:
         return self._queue.qsize() + len(self._retry) + len(self._inflight) + len(self._held)
+
+    def _claim(self) -> bool:
+        """Take the chain's lease (:mod:`storage.lease`): another live proxy holding it
+        raises :class:`~storage.lease.LeaseHeld`; a database that cannot take the write
+        now (locked, say) only delays it to the heartbeat, as spooling delays records."""
+        try:
+            claim(self.engine, self.instance, self._holder)
+        except LeaseHeld:
+            raise
+        except DatabaseError as e:
+            log.warning("llm-audit: %s; retried at the next heartbeat", e)
+            return False
+        return True
+
+    def _heartbeat(self) -> None:
+        """Renew the lease every :data:`~storage.lease.RENEW_EVERY` seconds (take it, when
+        the start could not); a lease found taken over is logged as the error it is."""
+        if time.monotonic() - self._lease_at < RENEW_EVERY:
+            return
+        self._lease_at = time.monotonic()
+        try:
+            if not self._leased:
+                self._leased = self._claim()
+            elif not renew(self.engine, self.instance, self._holder):
+                log.error("llm-audit: another proxy took over the lease on chain %r after this one missed its "
+                          "heartbeats; the chain may fork: stop one of them", self.instance)
+                self._leased = False
+        except LeaseHeld as e:
+            log.error("llm-audit: %s", e)
+        except SQLAlchemyError as e:
+            log.warning("llm-audit: cannot renew the lease on chain %r (%s)", self.instance, first_line(e))
 
     def _chain_head(self) -> tuple[Head, Head]:
         """The chain's head in the database, and where this instance's chain goes on: the
@@ -233,8 +268,10 @@ class AuditWriter:
             elif self.spool or self._held or self._unrecorded or not self._recovered:
                 self._guarded(self._recover)
             self._report()
+            self._heartbeat()
             if stopping and self._queue.empty() and not self._retry:
                 self._guarded(self._recover, True)
+                self._guarded(release, self.engine, self.instance, self._holder)
                 return
 
     def _guarded(self, step: Callable[..., None], *args: Any) -> None:

@@ -27,6 +27,7 @@ from storage.chain import CONTENT_COLUMNS, GENESIS, Chain, Head, canonical, reco
 from storage.checkpoint import Checkpointer, CheckpointError, load_or_create_key, public_key_path, read_checkpoints, write_checkpoint
 from storage.database import open_engine
 from storage.erase import erase_user
+from storage.lease import LeaseHeld
 from storage.retention import purge
 from storage.schema import chains, erasure_log, exchanges, purge_log
 from storage.spool import Spool
@@ -505,3 +506,35 @@ def test_attack_2_an_open_row_the_proxy_did_not_open_is_never_sealed_or_signed(e
         in caplog.text or f"(first: {stolen['id']})" in caplog.text
     out = signed_verify(url, tmp_path)
     assert (out.returncode, out.stdout) == (0, f"chain {INSTANCE}: OK, records 1..3, 1 checkpoints matched\n"), out
+
+
+def test_attack_7_a_second_writer_under_a_name_in_use_is_refused_and_a_stale_lease_is_taken_over(engine, tmp_path):
+    first = AuditWriter(engine, Spool(tmp_path / "a.jsonl"), INSTANCE)
+    try:
+        with pytest.raises(LeaseHeld, match=r"another proxy \(.+\) records into this database as instance "
+                                            r"'proxy-a' .*give this proxy its own name with --set llm_audit_instance=NAME"):
+            AuditWriter(engine, Spool(tmp_path / "b.jsonl"), INSTANCE)
+    finally:
+        first.close()
+    sql(engine, update(chains).values(lease_holder="elsewhere pid 1 since 2026-01-01T00:00:00Z #abc",
+                                      lease_until=datetime.now(UTC) - timedelta(seconds=1)))  # lapsed
+    write(engine, [record(0)], tmp_path)  # taken over
+    with engine.connect() as conn:
+        assert conn.execute(select(chains.c.lease_holder)).scalar() is None  # and released at close
+    assert verify(engine).ok
+
+
+def test_attack_7_a_chain_forked_anyway_is_reported_as_a_fork_where_it_forked(engine, tmp_path, url):
+    seeded(engine, tmp_path, 3)
+    a = AuditWriter(engine, Spool(tmp_path / "a.jsonl"), INSTANCE)
+    sql(engine, update(chains).values(lease_holder=None))  # an insider clears the lease
+    b = AuditWriter(engine, Spool(tmp_path / "b.jsonl"), INSTANCE)
+    a.submit(record(10))
+    a.close()
+    b.submit(record(11))
+    b.close()
+    out = llm_audit("--db", url, "verify")
+    assert out.returncode == 1, out
+    assert f"{INSTANCE}: forked: record 4 (id " in out.stdout
+    assert ("links to the same record as the first: two writers sealed into this chain from record 4 on (two "
+            "proxies with one llm_audit_instance?)") in out.stdout
