@@ -121,11 +121,15 @@ def write_signed(directory: Path, key: Ed25519PrivateKey, prefix: str, doc: dict
 
 
 def write_checkpoint(directory: Path, key: Ed25519PrivateKey, heads: dict[str, Head],
-                     now: datetime | None = None) -> Path:
-    """Sign the heads and write them to a new file in ``directory``; its path."""
+                     now: datetime | None = None, unvouched: dict[str, tuple[int, int]] | None = None) -> Path:
+    """Sign the heads and write them to a new file in ``directory``; its path.
+    ``unvouched``: per chain, records the signer found in the database but did not write
+    (see :class:`Checkpointer`); the checkpoint says so, and ``verify`` reports them."""
     now = (now or datetime.now(UTC)).astimezone(UTC)
     doc = {"format": FORMAT,
            "chains": {chain: {"seq": head.seq, "hash": head.hash} for chain, head in sorted(heads.items())}}
+    if unvouched:
+        doc["unvouched"] = {chain: {"first": a, "last": b} for chain, (a, b) in sorted(unvouched.items())}
     return write_signed(directory, key, "checkpoint", doc, now)
 
 
@@ -136,6 +140,7 @@ class Checkpoint:
     path: Path
     created_at: str
     heads: dict[str, Head]
+    unvouched: dict[str, tuple[int, int]]  # records its signer found in the database but did not write
 
 
 def trusted(keys: Ed25519PublicKey | Sequence[Ed25519PublicKey]) -> dict[str, Ed25519PublicKey]:
@@ -179,9 +184,10 @@ def read_checkpoints(directory: Path, keys: Ed25519PublicKey | Sequence[Ed25519P
     for path, doc in read_signed(directory, "checkpoint", FORMAT, keys):
         try:
             heads = {chain: Head(int(h["seq"]), str(h["hash"])) for chain, h in doc["chains"].items()}
+            unvouched = {chain: (int(u["first"]), int(u["last"])) for chain, u in doc.get("unvouched", {}).items()}
         except (ValueError, KeyError, TypeError, AttributeError) as e:
             raise CheckpointError(f"{path}: not a valid checkpoint ({e})") from None
-        out.append(Checkpoint(path, doc["created_at"], heads))
+        out.append(Checkpoint(path, doc["created_at"], heads, unvouched))
     if not out:
         raise CheckpointError(f"no checkpoints in {directory}: there is nothing to compare the chains with "
                               "(name the folder the proxy writes them to)")
@@ -192,7 +198,10 @@ class Checkpointer:
     """The proxy's own checkpoints: its chain's head every ``every`` records or ``seconds``.
 
     Called by the writer thread with the head of what the database has committed, so a
-    checkpoint never names a record that is only in the spool.
+    checkpoint never names a record that is only in the spool. ``unvouched``: records the
+    writer found at the end of its chain in the database at start, after the last head
+    it wrote itself (an insider's consistent append, or records committed just before a
+    crash): every checkpoint of this run names them, so none signs them in silently.
     """
 
     def __init__(self, directory: Path, key: Ed25519PrivateKey, chain_id: str, *, every: int, seconds: float,
@@ -200,6 +209,7 @@ class Checkpointer:
         self.directory, self.key, self.chain_id = directory, key, chain_id
         self.every, self.seconds, self._clock = every, seconds, clock
         self._signed = Head()  # the head of the last checkpoint
+        self.unvouched: tuple[int, int] | None = None
         self._at = clock()
 
     def committed(self, head: Head, *, final: bool = False) -> Path | None:
@@ -211,6 +221,7 @@ class Checkpointer:
         due = final or (self.every and new >= self.every) or (self.seconds and self._clock() - self._at >= self.seconds)
         if not due:
             return None
-        path = write_checkpoint(self.directory, self.key, {self.chain_id: head})
+        path = write_checkpoint(self.directory, self.key, {self.chain_id: head},
+                                unvouched={self.chain_id: self.unvouched} if self.unvouched else None)
         self._signed, self._at = head, self._clock()
         return path

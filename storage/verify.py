@@ -19,6 +19,9 @@ be the previous record's hash). What breaks is named:
   signed hash (the chain was rebuilt consistently from some point on), and
   ``truncated``: the chain ends before a checkpointed number (its tail was removed).
 
+Records a proxy's checkpoints name as found in the database, not written by it, at its
+restart are ``unvouched``.
+
 With checkpoints, records no checkpoint covers are reported, not passed: a chain no
 checkpoint names ("no checkpoint signed by a trusted key names this chain") and the
 records after a chain's last checkpoint ("not yet covered by a checkpoint: records
@@ -59,7 +62,7 @@ MAX_GAP = 10_000  # the longest gap looked up in the quarantine
 
 @dataclass(frozen=True, slots=True)
 class Problem:
-    kind: str  # modified | deleted | inserted | forked | reordered | rewritten | truncated | purged
+    kind: str  # modified | deleted | inserted | forked | reordered | rewritten | truncated | purged | unvouched
     chain_id: str | None
     seq: int | None
     record_id: str | None
@@ -289,7 +292,24 @@ def _verify_chain(conn: Connection, chain_id: str, start: int, start_prev: str,
         report.last = Head(seq, row["record_hash"])
         expected, prev, parent = seq + 1, row["record_hash"], row["prev_hash"]
     _compare_checkpoints(report, signed, seen)
+    _unvouched(report, checkpoints)
     return report
+
+
+def _unvouched(report: ChainReport, checkpoints: Sequence[Checkpoint]) -> None:
+    """Records a proxy found at the end of its chain at start without having written them
+    (its checkpoints name them): never taken as covered."""
+    spans = {}
+    for cp in checkpoints:
+        if report.chain_id in cp.unvouched:
+            spans.setdefault(cp.unvouched[report.chain_id], cp)
+    for (first, last), cp in sorted(spans.items()):
+        if last < report.start:
+            continue  # purged since
+        records = f"record {first} was" if first == last else f"records {first}..{last} were"
+        report.add("unvouched", first, None, f"{records} in the database when the proxy restarted, but it had "
+                   f"not written them (checkpoint {cp.path.name} says so): forged while it was stopped, or "
+                   "committed just before a crash")
 
 
 def _erasure_problem(row: dict[str, Any], statements: Statements | None) -> str | None:

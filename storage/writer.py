@@ -60,6 +60,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from storage.chain import CHAIN_COLUMNS, GENESIS, Chain, Head, is_sealed
 from storage.adoption import is_own, load_or_create_secret, open_mac
 from storage.checkpoint import Checkpointer, CheckpointError
+from storage.headfile import HeadFile
 from storage.lease import RENEW_EVERY, LeaseHeld, claim, holder_name, release, renew
 from storage.database import DatabaseError, first_line
 from storage.prepare import MAX_VALUE_BYTES, Prepared, minimal_row, prepare
@@ -126,6 +127,8 @@ class AuditWriter:
         # record that lives only in the spool (verify would call its absence a truncation)
         self.committed = stored
         self.checkpointer = checkpointer
+        self._head_file = HeadFile(spool.path.with_name(f"head-{safe_name(instance)}.json"))
+        self._vouch(stored)
         self._retry_at = 0.0
         self._backoff = RETRY_MIN
         self._recovered = False  # interrupted rows of an earlier run marked
@@ -177,6 +180,18 @@ class AuditWriter:
 
     def _in_memory(self) -> int:
         return self._queue.qsize() + len(self._retry) + len(self._inflight) + len(self._held)
+
+    def _vouch(self, stored: Head) -> None:
+        """Compare the database's head with the last one this proxy wrote itself: records
+        beyond it are not its own as far as it knows, and its checkpoints say so."""
+        known = self._head_file.load()
+        if known is None or stored.seq <= known.seq:
+            return
+        log.warning("llm-audit: records %d..%d of chain %r are in the database, but this proxy last wrote record %d: "
+                    "its checkpoints name them as not written by it (verify reports them)",
+                    known.seq + 1, stored.seq, self.instance, known.seq)
+        if self.checkpointer is not None:
+            self.checkpointer.unvouched = (known.seq + 1, stored.seq)
 
     def _claim(self) -> bool:
         """Take the chain's lease (:mod:`storage.lease`): another live proxy holding it
@@ -572,6 +587,7 @@ class AuditWriter:
             _release_memory()
         if head is not None and head.seq > self.committed.seq:
             self.committed = head
+            self._head_file.save(head)
             self._checkpoint()
 
     def _advance_head(self, conn, head: Head) -> None:
@@ -645,6 +661,7 @@ class AuditWriter:
             raise
         if open_rows:
             self.committed = self.chain.head
+            self._head_file.save(self.committed)
             log.warning("llm-audit: marked %d exchanges left open by an earlier run as interrupted", len(open_rows))
         if foreign:
             log.warning("llm-audit: %d exchanges in progress under this instance (first: %s) were not opened by this "

@@ -538,3 +538,26 @@ def test_attack_7_a_chain_forked_anyway_is_reported_as_a_fork_where_it_forked(en
     assert f"{INSTANCE}: forked: record 4 (id " in out.stdout
     assert ("links to the same record as the first: two writers sealed into this chain from record 4 on (two "
             "proxies with one llm_audit_instance?)") in out.stdout
+
+
+def test_attack_5_records_appended_while_the_proxy_was_stopped_are_not_signed_in_at_its_restart(engine, tmp_path, url):
+    key = load_or_create_key(tmp_path / "key.pem")
+
+    def run(rows: list[dict]) -> None:
+        writer = AuditWriter(engine, Spool(tmp_path / f"spool-{INSTANCE}.jsonl"), INSTANCE,
+                             checkpointer=Checkpointer(tmp_path / "checkpoints", key, INSTANCE, every=1, seconds=0))
+        for row in rows:
+            writer.submit(row)
+        writer.close()
+
+    run([record(0), record(1)])
+    with engine.connect() as conn:
+        rows = [dict(r) for r in conn.execute(select(exchanges).order_by(exchanges.c.chain_seq)).mappings()]
+    forged = Chain(INSTANCE, Head(rows[-1]["chain_seq"], rows[-1]["record_hash"])).seal(record(7))
+    sql(engine, insert(exchanges).values(_storable(forged)))  # consistent, by the canonical form
+    sql(engine, update(chains).values(head_seq=3, head_hash=forged["record_hash"]))
+    run([record(2)])  # the proxy restarts and goes on after it
+    out = signed_verify(url, tmp_path)
+    assert out.returncode == 1, out
+    assert (f"  {INSTANCE}: unvouched: at 3: record 3 was in the database when the proxy restarted, but it had not "
+            "written them") in out.stdout
