@@ -40,7 +40,9 @@ EXIT_UNCOVERED = 3  # no tampering found, but records that no checkpoint covers
 
 CHECKPOINT_EXAMPLES = f"""\
 Signs the head of every hash chain in the database with the Ed25519 key (created on
-first use, its public half next to it as .pub) and writes a checkpoint file. Ship the
+first use, its public half next to it as .pub) and writes a checkpoint file. It signs
+what the database holds, so it first verifies the chains against the checkpoints and
+statements already in --dir and refuses to sign over tampering they reveal. Ship the
 files and the public key somewhere the database's administrators cannot rewrite.
 
 examples:
@@ -137,11 +139,25 @@ def _engine(args: argparse.Namespace, *, reading: bool = False):
     return open_reader(_url(args), hint=HINT) if reading else open_engine(_url(args), hint=HINT)
 
 
+def _refuse_tampered(engine, args: argparse.Namespace, key) -> None:
+    """A checkpoint signs what the database holds: never over tampering that the
+    checkpoints and statements already in ``--dir`` reveal (a new folder has none)."""
+    if not list(args.dir.glob("checkpoint-*.json")):
+        return
+    public = key.public_key()
+    report = verify(engine, read_checkpoints(args.dir, public), read_statements(args.dir, public))
+    bad = next((chain for chain in report.chains if not chain.ok), None)
+    if bad is not None:
+        raise CheckpointError(f"refusing to sign: chain {bad.chain_id} does not verify against the checkpoints in "
+                              f"{args.dir} ({bad.problems[0].line()}); see llm-audit verify --checkpoints {args.dir}")
+
+
 def _cmd_checkpoint(args: argparse.Namespace) -> int:
     key = load_or_create_key(args.key)
     engine = _engine(args, reading=True)
     c = exchanges.c
     try:
+        _refuse_tampered(engine, args, key)
         with engine.connect() as conn:
             last = select(c.chain_id, func.max(c.chain_seq).label("seq")).where(c.chain_id.is_not(None)) \
                 .group_by(c.chain_id).subquery()

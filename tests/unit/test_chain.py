@@ -561,3 +561,15 @@ def test_attack_5_records_appended_while_the_proxy_was_stopped_are_not_signed_in
     assert out.returncode == 1, out
     assert (f"  {INSTANCE}: unvouched: at 3: record 3 was in the database when the proxy restarted, but it had not "
             "written them") in out.stdout
+
+
+def test_llm_audit_checkpoint_refuses_to_sign_over_tampering(engine, tmp_path, url):
+    rows = seeded(engine, tmp_path, 4)
+    sign = ["--db", url, "checkpoint", "--key", str(tmp_path / "key.pem"), "--dir", str(tmp_path / "checkpoints")]
+    assert llm_audit(*sign).returncode == 0
+    sql(engine, delete(exchanges).where(exchanges.c.chain_seq <= 2))  # a forged purge
+    sql(engine, update(chains).values(start_seq=3, start_prev_hash=rows[1]["record_hash"]))
+    out = llm_audit(*sign)
+    assert out.returncode == 2 and len(out.stderr.splitlines()) == 1, out
+    assert f"refusing to sign: chain {INSTANCE} does not verify against the checkpoints in" in out.stderr
+    assert len(list((tmp_path / "checkpoints").glob("checkpoint-*.json"))) == 1
