@@ -224,8 +224,8 @@ def _cmd_erase(args: argparse.Namespace) -> int:
         count = erase_user(engine, args.user, actor=_actor(), signer=sign)
     finally:
         engine.dispose()
-    print(f"erased the content of {count} exchanges of user {args.user!r} (logged in erasure_log, "
-          f"signed in {args.dir})")
+    signed = f", signed in {args.dir}" if count else ""
+    print(f"erased the content of {count} exchanges of user {args.user!r} (logged in erasure_log{signed})")
     return 0
 
 

@@ -99,6 +99,7 @@ def read_statements(directory: Path, keys: Ed25519PublicKey | Sequence[Ed25519Pu
             raise CheckpointError(f"{path}: not a valid erasure statement ({e})") from None
     for path, doc in read_signed(directory, "purge", PURGE_FORMAT, keys):
         try:
+            datetime.fromisoformat(str(doc["cutoff"]))  # compared with the floor by verify
             for chain_id, start in doc["chains"].items():
                 out.starts.setdefault(chain_id, []).append(SignedStart(
                     int(start["seq"]), str(start["prev_hash"]), str(doc["cutoff"]), doc["created_at"], path.name))
