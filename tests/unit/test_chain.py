@@ -573,3 +573,30 @@ def test_llm_audit_checkpoint_refuses_to_sign_over_tampering(engine, tmp_path, u
     assert out.returncode == 2 and len(out.stderr.splitlines()) == 1, out
     assert f"refusing to sign: chain {INSTANCE} does not verify against the checkpoints in" in out.stderr
     assert len(list((tmp_path / "checkpoints").glob("checkpoint-*.json"))) == 1
+
+
+def test_attack_8_on_postgresql_a_restart_that_cannot_replay_signs_only_what_the_database_holds(postgres, tmp_path):
+    """As on SQLite above, the database refusing writes (read-only) while reads go on."""
+    url = postgres.create_database()
+    name = url.rsplit("/", 1)[1]
+    engine = open_engine(url)
+    write(engine, [record(0), record(1)], tmp_path)
+    engine.dispose()
+    sql_on = open_engine(postgres.url_for("postgres"))
+    with sql_on.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        conn.exec_driver_sql(f'ALTER DATABASE "{name}" SET default_transaction_read_only = on')
+    try:
+        write(open_engine(url), [record(i) for i in range(2, 5)], tmp_path)  # spooled: 3..5
+        assert Spool(tmp_path / f"spool-{INSTANCE}.jsonl").records == 3
+        key = load_or_create_key(tmp_path / "key.pem")
+        writer = AuditWriter(open_engine(url), Spool(tmp_path / f"spool-{INSTANCE}.jsonl"), INSTANCE,
+                             checkpointer=Checkpointer(tmp_path / "checkpoints", key, INSTANCE, every=1, seconds=0))
+        writer.close(timeout=5)
+    finally:
+        with sql_on.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+            conn.exec_driver_sql(f'ALTER DATABASE "{name}" SET default_transaction_read_only = off')
+        sql_on.dispose()
+    [checkpoint] = read_checkpoints(tmp_path / "checkpoints", key.public_key())
+    assert checkpoint.heads[INSTANCE].seq == 2
+    out = signed_verify(url, tmp_path)
+    assert (out.returncode, out.stdout) == (0, f"chain {INSTANCE}: OK, records 1..2, 1 checkpoints matched\n"), out
