@@ -7,6 +7,12 @@ command for the exit status and output) must name the first problem: modified,
 deleted, inserted, reordered, and, only with signed checkpoints, a chain rewritten
 consistently from the middle or a tail removed. Purge and erase keep it green; a wrong
 public key or a forged checkpoint is refused.
+
+The ``test_attack_N`` tests are the insider's attacks of issue 15, each asserting the
+line ``verify`` prints: a forged erasure (1), an open row planted for the proxy to adopt
+(2), a forged purge (3), a chain no checkpoint names (4), records after the last
+checkpoint (5), a checkpoint folder without checkpoints (6), two writers on one chain
+(7), a checkpoint at a restart whose spool cannot be replayed (8).
 """
 
 from __future__ import annotations
