@@ -23,11 +23,12 @@ or syslog; keep the private key where database administrators cannot read it.
 from __future__ import annotations
 
 import base64
-import time
 import hashlib
 import os
+import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from collections.abc import Sequence
 from pathlib import Path
 
 import orjson
@@ -100,27 +101,36 @@ def _signed_part(doc: dict) -> bytes:
     return orjson.dumps({k: v for k, v in doc.items() if k != "signature"}, option=orjson.OPT_SORT_KEYS)
 
 
-def write_checkpoint(directory: Path, key: Ed25519PrivateKey, heads: dict[str, Head],
-                     now: datetime | None = None) -> Path:
-    """Sign the heads and write them to a new file in ``directory``; its path."""
-    now = (now or datetime.now(UTC)).astimezone(UTC)
-    doc = {
-        "format": FORMAT,
-        "created_at": utc_text(now),
-        "key_id": key_id(key.public_key()),
-        "chains": {chain: {"seq": head.seq, "hash": head.hash} for chain, head in sorted(heads.items())},
-    }
+def write_signed(directory: Path, key: Ed25519PrivateKey, prefix: str, doc: dict, now: datetime) -> Path:
+    """Sign ``doc`` (adding ``created_at``, ``key_id`` and ``signature``) and write it whole
+    to ``directory/<prefix>-<time>.json``; its path. Checkpoints and the signed statements
+    of purges and erasures (:mod:`storage.statements`) share this format."""
+    doc = dict(doc, created_at=utc_text(now), key_id=key_id(key.public_key()))
     doc["signature"] = base64.b64encode(key.sign(_signed_part(doc))).decode()
     directory.mkdir(parents=True, exist_ok=True)
-    stamp = now.strftime("%Y%m%dT%H%M%S%fZ")
-    path = directory / f"checkpoint-{stamp}.json"
+    path = directory / f"{prefix}-{now.strftime('%Y%m%dT%H%M%S%fZ')}.json"
+    while path.exists():  # two in one microsecond: never overwrite signed evidence
+        path = path.with_name(path.stem + "-1.json")
     tmp = path.with_suffix(".tmp")
     with open(tmp, "wb") as f:
         f.write(orjson.dumps(doc, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS))
         f.flush()
         os.fsync(f.fileno())
-    tmp.rename(path)  # a checkpoint is whole or absent
+    tmp.rename(path)  # a signed file is whole or absent
     return path
+
+
+def write_checkpoint(directory: Path, key: Ed25519PrivateKey, heads: dict[str, Head],
+                     now: datetime | None = None, unvouched: dict[str, tuple[int, int]] | None = None) -> Path:
+    """Sign the heads and write them to a new file in ``directory``; its path.
+    ``unvouched``: per chain, records the signer found in the database but did not write
+    (see :class:`Checkpointer`); the checkpoint says so, and ``verify`` reports them."""
+    now = (now or datetime.now(UTC)).astimezone(UTC)
+    doc = {"format": FORMAT,
+           "chains": {chain: {"seq": head.seq, "hash": head.hash} for chain, head in sorted(heads.items())}}
+    if unvouched:
+        doc["unvouched"] = {chain: {"first": a, "last": b} for chain, (a, b) in sorted(unvouched.items())}
+    return write_signed(directory, key, "checkpoint", doc, now)
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,35 +140,68 @@ class Checkpoint:
     path: Path
     created_at: str
     heads: dict[str, Head]
+    unvouched: dict[str, tuple[int, int]]  # records its signer found in the database but did not write
 
 
-def read_checkpoints(directory: Path, public: Ed25519PublicKey) -> list[Checkpoint]:
-    """Every ``checkpoint-*.json`` in ``directory``, oldest first; a file that is not a
-    checkpoint signed by ``public`` raises :class:`CheckpointError` naming it."""
+def trusted(keys: Ed25519PublicKey | Sequence[Ed25519PublicKey]) -> dict[str, Ed25519PublicKey]:
+    """The trusted public keys by key id (one key, or several: a key may be rotated)."""
+    return {key_id(k): k for k in ([keys] if isinstance(keys, Ed25519PublicKey) else keys)}
+
+
+def read_signed(directory: Path, prefix: str, fmt: str,
+                keys: Ed25519PublicKey | Sequence[Ed25519PublicKey]) -> list[tuple[Path, dict]]:
+    """Every ``<prefix>-*.json`` in ``directory`` whose signature one of ``keys`` checks,
+    oldest first; a file that is not one raises :class:`CheckpointError` naming it (a file
+    an insider replaced must stop the check, not be skipped)."""
     if not directory.is_dir():
         raise CheckpointError(f"no checkpoint directory {directory}")
+    by_id = trusted(keys)
     out = []
-    for path in sorted(directory.glob("checkpoint-*.json")):
+    for path in sorted(directory.glob(f"{prefix}-*.json")):
         try:
             doc = orjson.loads(path.read_bytes())
             signature = base64.b64decode(doc["signature"], validate=True)
-            if doc.get("format") != FORMAT:
+            if doc.get("format") != fmt:
                 raise ValueError(f"format {doc.get('format')!r}")
+            public = by_id.get(doc.get("key_id"))
+            if public is None:
+                raise CheckpointError(f"{path}: signed by key {doc.get('key_id')}, which is not a trusted key "
+                                      "(name it with --public-key)")
             public.verify(signature, _signed_part(doc))
-            heads = {chain: Head(int(h["seq"]), str(h["hash"])) for chain, h in doc["chains"].items()}
+            str(doc["created_at"])
         except InvalidSignature:
             raise CheckpointError(f"{path}: the signature does not match (forged, altered, or another key)") from None
         except (ValueError, KeyError, TypeError, AttributeError, orjson.JSONDecodeError) as e:
+            raise CheckpointError(f"{path}: not a valid {prefix} file ({e})") from None
+        out.append((path, doc))
+    return sorted(out, key=lambda item: item[1]["created_at"])
+
+
+def read_checkpoints(directory: Path, keys: Ed25519PublicKey | Sequence[Ed25519PublicKey]) -> list[Checkpoint]:
+    """Every checkpoint in ``directory``, oldest first (see :func:`read_signed`). None at
+    all is an error: a check against nothing must not pass for one against checkpoints."""
+    out = []
+    for path, doc in read_signed(directory, "checkpoint", FORMAT, keys):
+        try:
+            heads = {chain: Head(int(h["seq"]), str(h["hash"])) for chain, h in doc["chains"].items()}
+            unvouched = {chain: (int(u["first"]), int(u["last"])) for chain, u in doc.get("unvouched", {}).items()}
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
             raise CheckpointError(f"{path}: not a valid checkpoint ({e})") from None
-        out.append(Checkpoint(path, doc["created_at"], heads))
-    return sorted(out, key=lambda c: c.created_at)
+        out.append(Checkpoint(path, doc["created_at"], heads, unvouched))
+    if not out:
+        raise CheckpointError(f"no checkpoints in {directory}: there is nothing to compare the chains with "
+                              "(name the folder the proxy writes them to)")
+    return out
 
 
 class Checkpointer:
     """The proxy's own checkpoints: its chain's head every ``every`` records or ``seconds``.
 
     Called by the writer thread with the head of what the database has committed, so a
-    checkpoint never names a record that is only in the spool.
+    checkpoint never names a record that is only in the spool. ``unvouched``: records the
+    writer found at the end of its chain in the database at start, after the last head
+    it wrote itself (an insider's consistent append, or records committed just before a
+    crash): every checkpoint of this run names them, so none signs them in silently.
     """
 
     def __init__(self, directory: Path, key: Ed25519PrivateKey, chain_id: str, *, every: int, seconds: float,
@@ -166,6 +209,7 @@ class Checkpointer:
         self.directory, self.key, self.chain_id = directory, key, chain_id
         self.every, self.seconds, self._clock = every, seconds, clock
         self._signed = Head()  # the head of the last checkpoint
+        self.unvouched: tuple[int, int] | None = None
         self._at = clock()
 
     def committed(self, head: Head, *, final: bool = False) -> Path | None:
@@ -177,6 +221,7 @@ class Checkpointer:
         due = final or (self.every and new >= self.every) or (self.seconds and self._clock() - self._at >= self.seconds)
         if not due:
             return None
-        path = write_checkpoint(self.directory, self.key, {self.chain_id: head})
+        path = write_checkpoint(self.directory, self.key, {self.chain_id: head},
+                                unvouched={self.chain_id: self.unvouched} if self.unvouched else None)
         self._signed, self._at = head, self._clock()
         return path

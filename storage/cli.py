@@ -284,6 +284,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"allow a cut-off less than {MIN_RETENTION.days} days (six months) ago")
     p.add_argument("--batch-size", type=_positive_int, default=1000, metavar="N",
                    help="rows deleted per transaction (default: 1000); smaller batches hold the lock for less time")
+    integrity_cli.add_signer_options(p, "purge")
 
     p = _add(commands, "status", _cmd_status, "tell whether the proxy's records flow", STATUS_EXAMPLES, leaf)
     p.add_argument("path", nargs="?", type=Path, metavar="FILE", help="the status file (default: from the options below)")
@@ -535,8 +536,9 @@ def _cmd_purge(args: argparse.Namespace) -> int:
         raise RetentionError(f"{e}; give an older cut-off, or --force to purge anyway") from None
     engine = open_engine(_url(args), hint=HINT)
     try:
+        signer = None if args.dry_run else integrity_cli.signer(args)
         result = purge(engine, cutoff, dry_run=args.dry_run, actor=_actor(), older_than=args.older_than,
-                       batch_size=args.batch_size)
+                       batch_size=args.batch_size, signer=signer)
     finally:
         engine.dispose()
     what = f"exchanges that ended before {result.cutoff.isoformat()} from {engine.url.render_as_string()}"

@@ -7,7 +7,10 @@ set. Their content hashes stay:
 they are what the hash chain holds, so ``llm-audit verify`` still checks every record
 and reports erased ones as erased, not tampered. Everything else stays (the user id,
 times, model, token counts), so the audit trail shows that exchanges happened and were
-erased. Each erasure is recorded in ``erasure_log``.
+erased. Each erasure is recorded in ``erasure_log`` and, given a
+:class:`~storage.statements.Signer`, signed (the numbers and hashes of the records erased)
+before it commits: ``verify --checkpoints`` accepts an erased record only against such a
+statement, so an insider cannot pass a rewrite off as an erasure.
 
 Exchanges still in progress are left alone (they are not final yet); run the erasure
 again once they have ended.
@@ -17,23 +20,30 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from sqlalchemy import Engine, case, insert, literal, update
+from sqlalchemy import Engine, case, insert, literal, select, update
 from sqlalchemy.exc import SQLAlchemyError
 
 from storage.chain import CONTENT_COLUMNS, ERASED
 from storage.database import DatabaseError, first_line
 from storage.schema import IN_PROGRESS, erasure_log, exchanges
+from storage.statements import Signer
 
 
-def erase_user(engine: Engine, user_id: str, *, actor: str, now: datetime | None = None) -> int:
+def erase_user(engine: Engine, user_id: str, *, actor: str, now: datetime | None = None,
+               signer: Signer | None = None) -> int:
     """Erase the content of ``user_id``'s final exchanges; how many were erased."""
     now = now or datetime.now(UTC)
     c = exchanges.c
+    which = (c.user_id == user_id, c.status != IN_PROGRESS, c.erased_at.is_(None))
     try:
         with engine.begin() as conn:
+            if signer is not None:
+                records = conn.execute(select(c.chain_id, c.chain_seq, c.record_hash)
+                                       .where(*which, c.chain_id.is_not(None)).with_for_update()).all()
+                if records:
+                    signer.erasure(user_id, [tuple(r) for r in records], now)
             count = conn.execute(
-                update(exchanges)
-                .where(c.user_id == user_id, c.status != IN_PROGRESS, c.erased_at.is_(None))
+                update(exchanges).where(*which)
                 .values({name: _erased(name) for name in CONTENT_COLUMNS} | {"erased_at": now})
             ).rowcount
             conn.execute(insert(erasure_log).values(erased_at=now, actor=actor, user_id=user_id, erased_count=count))

@@ -289,6 +289,9 @@ def exchange_text(r: dict[str, Any], width: int, style: Style) -> str:
     page = _Page(width, style)
     status = r["status"] + (f" (HTTP {r['http_status']})" if r["http_status"] else "")
     page.lines.append(style.bold(f"exchange {r['id']}") + "  " + style.status(status, r["status"]))
+    if r.get("erased_at") is not None:  # the reader must not take what follows for what was said
+        page.lines.append(style.bold(f"ERASED at {r['erased_at']}: the content below is the erasure marker, "
+                                     "not what was sent or answered"))
     _overview(page, r)
     _request(page, r["request_body"])
     _output(page, r)

@@ -32,6 +32,7 @@ from sqlalchemy.sql.elements import ColumnElement
 
 from storage.database import DatabaseError, first_line
 from storage.schema import IN_PROGRESS, chains, exchanges, purge_log
+from storage.statements import Signer
 
 log = logging.getLogger(__name__)
 
@@ -113,6 +114,7 @@ def purge(
     actor: str,
     older_than: str,
     batch_size: int = 1000,
+    signer: Signer | None = None,
 ) -> PurgeResult:
     """Delete the exchanges that ended before ``cutoff`` (see the module docstring).
 
@@ -125,7 +127,9 @@ def purge(
     each chain is cut just before its first record that is not old enough (a record
     sealed late, e.g. one marked ``interrupted`` at a restart, waits for the next purge
     with the records after it). The chain's new start is recorded in ``chains`` and in
-    the purge's ``purge_log`` row before anything is deleted.
+    the purge's ``purge_log`` row before anything is deleted, and, given a ``signer``,
+    in a signed purge statement (:mod:`storage.statements`), without which
+    ``verify --checkpoints`` calls the moved start tampering.
     """
     if cutoff.tzinfo is None:
         raise ValueError("cutoff must be an aware datetime")
@@ -144,6 +148,8 @@ def purge(
     try:
         with engine.begin() as conn:
             starts = {cut.chain_id: {"seq": cut.last + 1, "prev_hash": cut.last_hash} for cut in cuts}
+            if signer is not None and starts:
+                signer.purge(cutoff, starts, datetime.now(UTC))
             log_id = conn.execute(
                 insert(purge_log).values(
                     purged_at=datetime.now(UTC), actor=actor, cutoff=cutoff, older_than=older_than, deleted_count=0,

@@ -103,6 +103,7 @@ exchanges = Table(
     Column("record_hash", String(64), comment="SHA-256 of the canonical serialization of the record (storage/chain.py)."),
     Column("content_hashes", Json, comment="SHA-256 of each content column; they stand for erased content."),
     Column("erased_at", Time, comment="When llm-audit erase replaced the content with an erasure marker."),
+    Column("open_mac", String(64), comment="HMAC of the write-ahead row by the proxy that opened it (storage/adoption.py)."),
     Index("ix_exchanges_started_at", "started_at"),
     Index("ix_exchanges_ended_at", "ended_at"),
     Index("ix_exchanges_chain_id_chain_seq", "chain_id", "chain_seq"),
@@ -134,6 +135,8 @@ chains = Table(
     Column("head_hash", String(64), nullable=False, comment="record_hash of the last record written."),
     Column("start_seq", BigInteger, nullable=False, comment="chain_seq of the first record kept (after purges)."),
     Column("start_prev_hash", String(64), nullable=False, comment="record_hash of the last record purged."),
+    Column("lease_holder", String(255), comment="The proxy process writing this chain (host, pid, start)."),
+    Column("lease_until", Time, comment="Until when its lease runs; renewed by its heartbeat."),
     comment="Each hash chain's head, and where it begins after purges.",
 )
 

@@ -11,12 +11,27 @@ be the previous record's hash). What breaks is named:
 - ``deleted``: numbers are missing in the chain;
 - ``inserted``: a record that links past others (those are inserted), two records with
   one number, or a final record in no chain;
+- ``forked``: two records with one number that link to the same record: two writers
+  sealed into one chain (two proxies with one instance name, despite the lease of
+  :mod:`storage.lease`);
 - ``reordered``: a record links to a record that comes after it (records swapped);
 - with checkpoints, ``rewritten``: the record at a checkpointed number does not have the
   signed hash (the chain was rebuilt consistently from some point on), and
   ``truncated``: the chain ends before a checkpointed number (its tail was removed).
 
+Records a proxy's checkpoints name as found in the database, not written by it, at its
+restart are ``unvouched``.
+
+With checkpoints, records no checkpoint covers are reported, not passed: a chain no
+checkpoint names ("no checkpoint signed by a trusted key names this chain") and the
+records after a chain's last checkpoint ("not yet covered by a checkpoint: records
+N..M").
+
 Purges move a chain's start (recorded in ``chains``): a chain is checked from there.
+With the signed statements beside the checkpoints (:mod:`storage.statements`), a start
+that no signed purge set, or one a purge inside the retention floor set, is ``purged``
+(tampering), and an erased record (whose content must be the erasure marker in any case)
+that no signed erasure names is ``modified``.
 
 A gap that records in the ``quarantine`` table fill exactly (their numbers, and their
 ``prev_hash`` / ``record_hash`` linking with the neighbours) is no tampering: the writer
@@ -28,12 +43,15 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy import JSON, Connection, DateTime, Engine, String, func, select, type_coerce
 
-from storage.chain import GENESIS, Head, check_record
+from storage.chain import CONTENT_COLUMNS, ERASED, GENESIS, Head, check_record, content_hash, utc_text
 from storage.checkpoint import Checkpoint
+from storage.retention import MIN_RETENTION
+from storage.statements import SignedStart, Statements
 from storage.schema import IN_PROGRESS, chains, exchanges, quarantine
 
 UNREADABLE_KEY = "_unreadable"  # on a row read by verify: the columns whose stored text cannot be decoded
@@ -44,7 +62,7 @@ MAX_GAP = 10_000  # the longest gap looked up in the quarantine
 
 @dataclass(frozen=True, slots=True)
 class Problem:
-    kind: str  # modified | deleted | inserted | reordered | rewritten | truncated
+    kind: str  # modified | deleted | inserted | forked | reordered | rewritten | truncated | purged | unvouched
     chain_id: str | None
     seq: int | None
     record_id: str | None
@@ -64,11 +82,30 @@ class ChainReport:
     last: Head = field(default_factory=Head)
     problems: list[Problem] = field(default_factory=list)
     checkpoints: int = 0  # checkpoints that named this chain and were compared
+    signed: bool = False  # checkpoints were given: records they do not cover are reported
+    covered: int = 0  # the last record a matching checkpoint signed
     quarantined: list[dict[str, Any]] = field(default_factory=list)  # quarantine rows that fill gaps
 
     @property
     def ok(self) -> bool:
         return not self.problems
+
+    @property
+    def uncovered(self) -> tuple[int, int] | None:
+        """The records no checkpoint covers (first, last), when checkpoints were given."""
+        if not self.signed or not self.records or self.last.seq <= self.covered:
+            return None
+        return max(self.start, self.covered + 1), self.last.seq
+
+    def coverage_line(self) -> str | None:
+        """What checkpoints leave uncovered, in words (None: nothing, or no checkpoints given)."""
+        span = self.uncovered
+        if span is None:
+            return None
+        records = f"record {span[0]}" if span[0] == span[1] else f"records {span[0]}..{span[1]}"
+        if not self.checkpoints:
+            return f"{self.chain_id}: no checkpoint signed by a trusted key names this chain: {records} are not covered"
+        return f"{self.chain_id}: not yet covered by a checkpoint: {records}"
 
     def add(self, kind: str, seq: int | None, record_id: str | None, detail: str) -> None:
         if len(self.problems) < MAX_PROBLEMS:
@@ -79,6 +116,8 @@ class ChainReport:
         extra = f", {self.erased} erased" if self.erased else ""
         extra += f", {len(self.quarantined)} quarantined" if self.quarantined else ""
         signed = f", {self.checkpoints} checkpoints matched" if self.checkpoints and self.ok else ""
+        if self.ok and self.signed and not self.checkpoints and self.records:
+            return f"chain {self.chain_id}: NOT SIGNED, {span}{extra}: no checkpoint names it"
         if self.ok:
             return f"chain {self.chain_id}: OK, {span}{extra}{signed}"
         return f"chain {self.chain_id}: TAMPERED, first problem: {self.problems[0].line()}"
@@ -87,6 +126,7 @@ class ChainReport:
         return {"chain_id": self.chain_id, "ok": self.ok, "start_seq": self.start, "records": self.records,
                 "erased": self.erased, "head_seq": self.last.seq, "head_hash": self.last.hash,
                 "checkpoints_matched": self.checkpoints if self.ok else None,
+                "uncovered": dict(zip(("first", "last"), self.uncovered)) if self.uncovered else None,
                 "problems": [_problem_dict(p) for p in self.problems],
                 "quarantined": [{"seq": q["chain_seq"], "id": q["record_id"], "file": q["file"], "reason": q["reason"]}
                                 for q in self.quarantined]}
@@ -110,12 +150,24 @@ class Report:
     def ok(self) -> bool:
         return not self.unchained and all(c.ok for c in self.chains)
 
+    @property
+    def covered(self) -> bool:
+        """Every record is covered by a checkpoint (true when none were given)."""
+        return all(c.uncovered is None for c in self.chains)
 
-def verify(engine: Engine, checkpoints: Sequence[Checkpoint] = ()) -> Report:
-    """Check every chain in the database (and every chain a checkpoint names)."""
+
+def verify(engine: Engine, checkpoints: Sequence[Checkpoint] = (), statements: Statements | None = None) -> Report:
+    """Check every chain in the database (and every chain a checkpoint names). With
+    checkpoints, records none covers are reported (:attr:`ChainReport.uncovered`): an
+    insider can add a consistent chain, or records after the last checkpoint, and only
+    the signature tells them from the proxy's. With ``statements`` (the signed erasures
+    and purges beside the checkpoints), an erased record and a moved chain start must
+    each have one."""
     with engine.connect() as conn:
         known = {r.chain_id: r for r in conn.execute(select(chains))}
-        ids = set(known) | {cp_chain for cp in checkpoints for cp_chain in cp.heads}
+        # a row a proxy made for its lease before it wrote anything is no chain yet
+        ids = {k for k, r in known.items() if r.head_seq or r.start_seq > 1}
+        ids |= {cp_chain for cp in checkpoints for cp_chain in cp.heads}
         ids |= {r[0] for r in conn.execute(select(exchanges.c.chain_id).where(exchanges.c.chain_id.is_not(None))
                                            .group_by(exchanges.c.chain_id))}
         held = _quarantined_records(conn)
@@ -124,7 +176,9 @@ def verify(engine: Engine, checkpoints: Sequence[Checkpoint] = ()) -> Report:
             row = known.get(chain_id)
             start, start_prev, head = (row.start_seq, row.start_prev_hash, row.head_seq) if row else (1, GENESIS, 0)
             kept = held.get(chain_id, {})
-            report = _verify_chain(conn, chain_id, start, start_prev, checkpoints, kept)
+            report = _verify_chain(conn, chain_id, start, start_prev, checkpoints, kept, statements)
+            if statements is not None:
+                _check_start(report, start_prev, statements.starts.get(chain_id, []))
             if head > report.last.seq and report.ok:
                 gap = _fill(kept, report.last.seq + 1, head, report.last.hash, row.head_hash)
                 if gap is None:
@@ -199,20 +253,28 @@ def _rows(conn: Connection, chain_id: str, start: int) -> Iterator[dict[str, Any
 
 
 def _verify_chain(conn: Connection, chain_id: str, start: int, start_prev: str,
-                  checkpoints: Sequence[Checkpoint], kept: dict[int, dict[str, Any]]) -> ChainReport:
-    report = ChainReport(chain_id, start=start, last=Head(start - 1, start_prev))
+                  checkpoints: Sequence[Checkpoint], kept: dict[int, dict[str, Any]],
+                  statements: Statements | None) -> ChainReport:
+    report = ChainReport(chain_id, start=start, last=Head(start - 1, start_prev), signed=bool(checkpoints))
     signed = [(cp, cp.heads[chain_id]) for cp in checkpoints if chain_id in cp.heads]
     wanted = {head.seq for _, head in signed}
     seen: dict[int, str] = {}  # record hashes at checkpointed numbers
-    expected, prev = start, start_prev
+    expected, prev, parent = start, start_prev, None  # parent: what the last record links to
     for row in _rows(conn, chain_id, start):
         seq, rid = row["chain_seq"], row["id"]
         problem = check_record(row) if UNREADABLE_KEY not in row else \
             f"stored values cannot be read ({', '.join(row[UNREADABLE_KEY])})"
+        if problem is None and row["erased_at"] is not None:
+            problem = _erasure_problem(row, statements)
         if problem:
             report.add("modified", seq, rid, problem)
         if seq < expected:
-            report.add("inserted", seq, rid, f"a second record numbered {seq}")
+            if seq == expected - 1 and row["prev_hash"] == parent:
+                report.add("forked", seq, rid, f"a second record numbered {seq} links to the same record as the "
+                           f"first: two writers sealed into this chain from record {seq} on (two proxies with one "
+                           "llm_audit_instance?)")
+            else:
+                report.add("inserted", seq, rid, f"a second record numbered {seq}")
             continue
         if seq > expected:
             gap = _fill(kept, expected, seq - 1, prev, row["prev_hash"])
@@ -228,9 +290,54 @@ def _verify_chain(conn: Connection, chain_id: str, start: int, start_prev: str,
         report.records += 1
         report.erased += row["erased_at"] is not None
         report.last = Head(seq, row["record_hash"])
-        expected, prev = seq + 1, row["record_hash"]
+        expected, prev, parent = seq + 1, row["record_hash"], row["prev_hash"]
     _compare_checkpoints(report, signed, seen)
+    _unvouched(report, checkpoints)
     return report
+
+
+def _unvouched(report: ChainReport, checkpoints: Sequence[Checkpoint]) -> None:
+    """Records a proxy found at the end of its chain at start without having written them
+    (its checkpoints name them): never taken as covered."""
+    spans = {}
+    for cp in checkpoints:
+        if report.chain_id in cp.unvouched:
+            spans.setdefault(cp.unvouched[report.chain_id], cp)
+    for (first, last), cp in sorted(spans.items()):
+        if last < report.start:
+            continue  # purged since
+        records = f"record {first} was" if first == last else f"records {first}..{last} were"
+        report.add("unvouched", first, None, f"{records} in the database when the proxy restarted, but it had "
+                   f"not written them (checkpoint {cp.path.name} says so): forged while it was stopped, or "
+                   "committed just before a crash")
+
+
+def _erasure_problem(row: dict[str, Any], statements: Statements | None) -> str | None:
+    """What is wrong with an erased record: content other than the erasure marker, or
+    (with signed statements) no statement that erased this record, by number and hash."""
+    changed = [name for name in CONTENT_COLUMNS if row.get(name) not in (ERASED, None)
+               or (row.get(name) is None and row["content_hashes"].get(name) != content_hash(None))]
+    if changed:
+        return f"it is marked erased, but its content ({', '.join(changed)}) is not the erasure marker"
+    if statements is not None and \
+            statements.erased.get(row["chain_id"], {}).get(row["chain_seq"]) != row["record_hash"]:
+        return "it is marked erased, but no signed erasure statement names it"
+    return None
+
+
+def _check_start(report: ChainReport, start_prev: str, signed: list[SignedStart]) -> None:
+    """A chain that begins after record 1 lost its first records: only a signed purge with
+    a cut-off outside the retention floor may have moved its start there."""
+    if report.start <= 1:
+        return
+    match = next((s for s in reversed(signed) if (s.seq, s.prev_hash) == (report.start, start_prev)), None)
+    if match is None:
+        report.add("purged", report.start, None, f"the chain starts at record {report.start}, but no signed purge "
+                   f"statement moved its start there: records {1 if report.start == 2 else f'1..{report.start - 1}'} "
+                   "were removed")
+    elif utc_text(datetime.fromisoformat(match.cutoff) + MIN_RETENTION) > match.created_at:
+        report.add("purged", report.start, None, f"purge statement {match.file} ({match.created_at}) removed "
+                   f"records that ended after {match.cutoff}, inside the {MIN_RETENTION.days}-day retention floor")
 
 
 def _broken_link(conn: Connection, report: ChainReport, chain_id: str, row: dict[str, Any]) -> None:
@@ -265,3 +372,4 @@ def _compare_checkpoints(report: ChainReport, signed: list[tuple[Checkpoint, Hea
                        f"({checkpoint.created_at}): the chain was rewritten at or before record {head.seq}")
             return
         report.checkpoints += 1
+        report.covered = max(report.covered, head.seq)

@@ -58,7 +58,10 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import SQLAlchemyError
 
 from storage.chain import CHAIN_COLUMNS, GENESIS, Chain, Head, is_sealed
+from storage.adoption import is_own, load_or_create_secret, open_mac
 from storage.checkpoint import Checkpointer, CheckpointError
+from storage.headfile import HeadFile
+from storage.lease import RENEW_EVERY, LeaseHeld, claim, holder_name, release, renew
 from storage.database import DatabaseError, first_line
 from storage.prepare import MAX_VALUE_BYTES, Prepared, minimal_row, prepare
 from storage.quarantine import Entry, Quarantine, recover
@@ -74,7 +77,8 @@ RETRY_MIN, RETRY_MAX = 0.5, 5.0
 STRIKES = 3  # unexpected failures of one row before it is quarantined
 HEARTBEAT = 600.0  # seconds between two "recording" log lines while records come
 _TRIM_AFTER = 16 * 1024 * 1024  # characters of output in one batch after which freed memory is handed back
-_UNSEALED = dict.fromkeys(CHAIN_COLUMNS)  # an open record's chain columns (one statement needs every key)
+# an open record's chain columns and adoption proof (one statement needs every key)
+_UNSEALED = dict.fromkeys((*CHAIN_COLUMNS, "open_mac"))
 
 
 class AuditWriter:
@@ -113,9 +117,18 @@ class AuditWriter:
         self._unrecorded: list[Entry] = list(self.quarantine.entries())  # not known in the quarantine table yet
         self.status = StatusFile(status_path(spool.path.parent, instance))
         self._status_failed = False
-        self.chain = Chain(instance, self._chain_head())
-        self.committed = self.chain.head  # the chain's head as far as the database has it
+        self._secret = load_or_create_secret(spool.path.with_name(f"adoption-{safe_name(instance)}.key"))
+        self._holder = holder_name(self.started)
+        self._leased = self._claim()  # a proxy already recording under this name: refused here
+        self._lease_at = time.monotonic()
+        stored, head = self._chain_head()
+        self.chain = Chain(instance, head)
+        # the chain's head as far as the database has it: a checkpoint never signs a
+        # record that lives only in the spool (verify would call its absence a truncation)
+        self.committed = stored
         self.checkpointer = checkpointer
+        self._head_file = HeadFile(spool.path.with_name(f"head-{safe_name(instance)}.json"))
+        self._vouch(stored)
         self._retry_at = 0.0
         self._backoff = RETRY_MIN
         self._recovered = False  # interrupted rows of an earlier run marked
@@ -168,9 +181,53 @@ class AuditWriter:
     def _in_memory(self) -> int:
         return self._queue.qsize() + len(self._retry) + len(self._inflight) + len(self._held)
 
-    def _chain_head(self) -> Head:
-        """Where this instance's chain goes on: the furthest of the database and the spool
-        (counting spool lines that can no longer be read, as far as their place is known)."""
+    def _vouch(self, stored: Head) -> None:
+        """Compare the database's head with the last one this proxy wrote itself: records
+        beyond it are not its own as far as it knows, and its checkpoints say so."""
+        known = self._head_file.load()
+        if known is None or stored.seq <= known.seq:
+            return
+        log.warning("llm-audit: records %d..%d of chain %r are in the database, but this proxy last wrote record %d: "
+                    "its checkpoints name them as not written by it (verify reports them)",
+                    known.seq + 1, stored.seq, self.instance, known.seq)
+        if self.checkpointer is not None:
+            self.checkpointer.unvouched = (known.seq + 1, stored.seq)
+
+    def _claim(self) -> bool:
+        """Take the chain's lease (:mod:`storage.lease`): another live proxy holding it
+        raises :class:`~storage.lease.LeaseHeld`; a database that cannot take the write
+        now (locked, say) only delays it to the heartbeat, as spooling delays records."""
+        try:
+            claim(self.engine, self.instance, self._holder)
+        except LeaseHeld:
+            raise
+        except DatabaseError as e:
+            log.warning("llm-audit: %s; retried at the next heartbeat", e)
+            return False
+        return True
+
+    def _heartbeat(self) -> None:
+        """Renew the lease every :data:`~storage.lease.RENEW_EVERY` seconds (take it, when
+        the start could not); a lease found taken over is logged as the error it is."""
+        if time.monotonic() - self._lease_at < RENEW_EVERY:
+            return
+        self._lease_at = time.monotonic()
+        try:
+            if not self._leased:
+                self._leased = self._claim()
+            elif not renew(self.engine, self.instance, self._holder):
+                log.error("llm-audit: another proxy took over the lease on chain %r after this one missed its "
+                          "heartbeats; the chain may fork: stop one of them", self.instance)
+                self._leased = False
+        except LeaseHeld as e:
+            log.error("llm-audit: %s", e)
+        except SQLAlchemyError as e:
+            log.warning("llm-audit: cannot renew the lease on chain %r (%s)", self.instance, first_line(e))
+
+    def _chain_head(self) -> tuple[Head, Head]:
+        """The chain's head in the database, and where this instance's chain goes on: the
+        furthest of the database and the spool (counting spool lines that can no longer be
+        read, as far as their place is known)."""
         c = exchanges.c
         try:
             with self.engine.connect() as conn:
@@ -181,6 +238,7 @@ class AuditWriter:
         except SQLAlchemyError as e:
             raise DatabaseError(f"cannot read the hash chain's head: {first_line(e)}") from None
         heads = [Head(), *(Head(r[0], r[1]) for r in (known, last) if r is not None)]
+        stored = Head(last[0], last[1]) if last is not None else Head()
 
         def torn(raw: bytes, _reason: str) -> None:
             found = recover(raw)
@@ -190,7 +248,7 @@ class AuditWriter:
         for rows in self.spool.read(self.batch_size, torn):
             heads += [Head(r["chain_seq"], r["record_hash"]) for r in rows
                       if is_sealed(r) and r.get("chain_id") == self.instance]
-        return max(heads, key=lambda h: h.seq)
+        return stored, max(heads, key=lambda h: h.seq)
 
     # -- the writer thread --------------------------------------------------------------
 
@@ -225,8 +283,10 @@ class AuditWriter:
             elif self.spool or self._held or self._unrecorded or not self._recovered:
                 self._guarded(self._recover)
             self._report()
+            self._heartbeat()
             if stopping and self._queue.empty() and not self._retry:
                 self._guarded(self._recover, True)
+                self._guarded(release, self.engine, self.instance, self._holder)
                 return
 
     def _guarded(self, step: Callable[..., None], *args: Any) -> None:
@@ -392,6 +452,8 @@ class AuditWriter:
     def _seal(self, p: Prepared) -> dict[str, Any]:
         """The prepared row, sealed into the chain when final; a row that cannot be sealed
         (never a prepared one) is sealed as its minimal row."""
+        if p.row["status"] == IN_PROGRESS:  # the proof that this proxy opened it (storage/adoption.py)
+            return p.row | {"open_mac": open_mac(self._secret, self.instance, p.row)}
         try:
             return self.chain.seal(p.row, p.hashes)
         except Exception as e:  # noqa: BLE001 - the chain's head moved only if the seal succeeded
@@ -525,6 +587,7 @@ class AuditWriter:
             _release_memory()
         if head is not None and head.seq > self.committed.seq:
             self.committed = head
+            self._head_file.save(head)
             self._checkpoint()
 
     def _advance_head(self, conn, head: Head) -> None:
@@ -574,7 +637,8 @@ class AuditWriter:
 
     def _mark_interrupted(self) -> None:
         """Rows this instance left open before this run started were cut by a crash: they
-        become final (``interrupted``) and are sealed into the chain."""
+        become final (``interrupted``) and are sealed into the chain, when they prove they
+        are its own (:mod:`storage.adoption`); others are reported, never sealed."""
         c = exchanges.c
         before = self.chain.head
         try:
@@ -583,6 +647,8 @@ class AuditWriter:
                     select(exchanges).where(c.status == IN_PROGRESS, c.proxy_instance == self.instance,
                                             c.started_at < self.started).order_by(c.started_at)
                 ).mappings().all()
+                foreign = [row for row in open_rows if not is_own(self._secret, self.instance, row)]
+                open_rows = [row for row in open_rows if row not in foreign]
                 for row in open_rows:
                     sealed = self.chain.seal(dict(row) | {"status": "interrupted"})
                     conn.execute(update(exchanges).where(c.id == row["id"], c.status == IN_PROGRESS).values(
@@ -595,7 +661,12 @@ class AuditWriter:
             raise
         if open_rows:
             self.committed = self.chain.head
+            self._head_file.save(self.committed)
             log.warning("llm-audit: marked %d exchanges left open by an earlier run as interrupted", len(open_rows))
+        if foreign:
+            log.warning("llm-audit: %d exchanges in progress under this instance (first: %s) were not opened by this "
+                        "proxy (their open_mac does not check out): left open, not sealed into the chain; inserted "
+                        "by hand, or opened with another adoption secret", len(foreign), foreign[0]["id"])
 
 
 def _upsert_statement(engine: Engine):

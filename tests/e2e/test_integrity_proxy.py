@@ -7,13 +7,14 @@ half checks the log, on both backends, and names a tail removed afterwards.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import uuid
 
 import pytest
 from sqlalchemy import create_engine, text
 
-from conftest import BIN, new_database, start_proxy
+from conftest import BIN, ROOT, new_database, start_proxy
 
 pytestmark = pytest.mark.e2e
 
@@ -50,3 +51,24 @@ def test_the_proxy_seals_and_signs_and_verify_catches_a_removed_tail(request, tm
     assert verify(db["db_url"]).returncode == 0  # the chain alone cannot tell
     cut = verify(db["db_url"], *signed)
     assert cut.returncode == 1 and "truncated" in cut.stdout and "records after 4 were removed" in cut.stdout, cut
+
+
+def test_a_second_proxy_with_an_instance_name_in_use_is_refused_with_one_line(request, tmp_path, backend):
+    """Two proxies (each with its own spool, as on two hosts) and one instance name on one
+    database would fork the chain: the second is refused at start, naming the fix."""
+    db = new_database(request, backend, tmp_path)
+    first = start_proxy(tmp_path / "first", "--set", "llm_audit_instance=twin", **db)
+    try:
+        second = tmp_path / "second"
+        proc = subprocess.run(
+            [str(BIN / "mitmdump"), "--listen-host", "127.0.0.1", "--listen-port", "0", "--set",
+             f"confdir={second / 'mitm'}", "-s", str(ROOT / "addon" / "llm_audit.py"), "--set",
+             f"llm_audit_db={db['db_url']}", "--set", "llm_audit_instance=twin"],
+            capture_output=True, text=True, timeout=60,
+            env=os.environ | {"XDG_STATE_HOME": str(second / "state"), "XDG_DATA_HOME": str(second / "data")})
+    finally:
+        assert first.process.stop() == 0
+    out = proc.stdout + proc.stderr
+    lines = [line for line in out.splitlines() if "records into this database as instance 'twin'" in line]
+    assert proc.returncode != 0 and len(lines) == 1 and "--set llm_audit_instance=NAME" in lines[0], out
+    assert "Traceback" not in out

@@ -7,6 +7,12 @@ command for the exit status and output) must name the first problem: modified,
 deleted, inserted, reordered, and, only with signed checkpoints, a chain rewritten
 consistently from the middle or a tail removed. Purge and erase keep it green; a wrong
 public key or a forged checkpoint is refused.
+
+The ``test_attack_N`` tests are the insider's attacks of issue 15, each asserting the
+line ``verify`` prints: a forged erasure (1), an open row planted for the proxy to adopt
+(2), a forged purge (3), a chain no checkpoint names (4), records after the last
+checkpoint (5), a checkpoint folder without checkpoints (6), two writers on one chain
+(7), a checkpoint at a restart whose spool cannot be replayed (8).
 """
 
 from __future__ import annotations
@@ -23,10 +29,11 @@ import pytest
 from sqlalchemy import delete, insert, select, update
 
 from addon.record import OUTCOME_COMPLETE, ExchangeRecord
-from storage.chain import GENESIS, Chain, Head, canonical, record_hash
-from storage.checkpoint import CheckpointError, load_or_create_key, public_key_path, read_checkpoints, write_checkpoint
+from storage.chain import CONTENT_COLUMNS, GENESIS, Chain, Head, canonical, record_hash
+from storage.checkpoint import Checkpointer, CheckpointError, load_or_create_key, public_key_path, read_checkpoints, write_checkpoint
 from storage.database import open_engine
 from storage.erase import erase_user
+from storage.lease import LeaseHeld
 from storage.retention import purge
 from storage.schema import chains, erasure_log, exchanges, purge_log
 from storage.spool import Spool
@@ -215,7 +222,10 @@ def test_a_forged_checkpoint_and_a_wrong_key_are_refused(engine, tmp_path, url):
     load_or_create_key(tmp_path / "other.pem")  # another key, and its .pub
     out = llm_audit("--db", url, "verify", "--checkpoints", str(directory), "--public-key",
                     str(public_key_path(tmp_path / "other.pem")))
-    assert out.returncode == 2 and "signature does not match" in out.stderr and len(out.stderr.splitlines()) == 1
+    assert out.returncode == 2 and "which is not a trusted key" in out.stderr and len(out.stderr.splitlines()) == 1
+    both = llm_audit("--db", url, "verify", "--checkpoints", str(directory), "--public-key",
+                     str(public_key_path(tmp_path / "other.pem")), "--public-key", str(public_key_path(tmp_path / "key.pem")))
+    assert both.returncode == 0, both  # a rotated key: either one is trusted
     [path] = directory.glob("checkpoint-*.json")
     doc = orjson.loads(path.read_bytes())
     doc["chains"][INSTANCE]["seq"] = 1
@@ -277,7 +287,7 @@ def test_records_spooled_during_an_outage_keep_their_place_in_the_chain(tmp_path
 def test_interrupted_records_are_sealed_when_marked(engine, tmp_path):
     open_row = record(0) | {"status": "in_progress", "ended_at": None}
     open_row["started_at"] = datetime.now(UTC) - timedelta(minutes=5)
-    sql(engine, insert(exchanges).values(_storable(open_row)))
+    write(engine, [open_row], tmp_path)  # the proxy opened it, then died
     write(engine, [record(1)], tmp_path)
     with engine.connect() as conn:
         statuses = dict(conn.execute(select(exchanges.c.status, exchanges.c.chain_seq)).all())
@@ -337,3 +347,262 @@ def test_a_checkpoint_into_an_impossible_folder_is_one_line(engine, tmp_path, ur
     out = llm_audit("--db", url, "checkpoint", "--key", str(tmp_path / "key.pem"), "--dir", "/proc/no/such/dir")
     assert out.returncode == 2 and len(out.stderr.splitlines()) == 1 and "Traceback" not in out.stderr
     assert "cannot write a checkpoint in /proc/no/such/dir" in out.stderr
+
+
+def signed_verify(url: str, tmp_path: Path, *extra: str) -> subprocess.CompletedProcess:
+    """``llm-audit verify`` against the checkpoints of :func:`checkpoint_now`."""
+    return llm_audit("--db", url, "verify", "--checkpoints", str(tmp_path / "checkpoints"), "--public-key",
+                     str(public_key_path(tmp_path / "key.pem")), *extra)
+
+
+@pytest.mark.parametrize("state", ["missing", "empty"])
+def test_attack_6_a_checkpoint_folder_without_checkpoints_is_an_error(engine, tmp_path, url, state):
+    seeded(engine, tmp_path, 2)
+    load_or_create_key(tmp_path / "key.pem")
+    if state == "empty":
+        (tmp_path / "checkpoints").mkdir()
+    out = signed_verify(url, tmp_path)
+    assert (out.returncode, out.stdout) == (2, ""), out
+    assert len(out.stderr.splitlines()) == 1
+    assert ("no checkpoints in" if state == "empty" else "no checkpoint directory") in out.stderr
+
+
+def test_attack_4_a_chain_no_checkpoint_names_is_reported(engine, tmp_path, url):
+    seeded(engine, tmp_path, 3)
+    checkpoint_now(engine, tmp_path)
+    write(engine, [record(20) | {"proxy_instance": "proxy-b"}, record(21) | {"proxy_instance": "proxy-b"}],
+          tmp_path, instance="proxy-b")  # consistent, as an insider with the canonical form builds it
+    assert llm_audit("--db", url, "verify").returncode == 0  # the chains alone cannot tell
+    out = signed_verify(url, tmp_path)
+    assert out.returncode == 3, out
+    assert "chain proxy-b: NOT SIGNED, records 1..2: no checkpoint names it" in out.stdout
+    assert "  proxy-b: no checkpoint signed by a trusted key names this chain: records 1..2 are not covered" \
+        in out.stdout
+    assert f"chain {INSTANCE}: OK, records 1..3, 1 checkpoints matched" in out.stdout
+
+
+def test_attack_5_records_after_the_last_checkpoint_are_reported_not_yet_covered(engine, tmp_path, url):
+    seeded(engine, tmp_path, 3)
+    checkpoint_now(engine, tmp_path)
+    write(engine, [record(10), record(11)], tmp_path)  # appended after the checkpoint
+    out = signed_verify(url, tmp_path)
+    assert out.returncode == 3, out
+    assert out.stdout.splitlines() == [f"chain {INSTANCE}: OK, records 1..5, 1 checkpoints matched",
+                                       f"  {INSTANCE}: not yet covered by a checkpoint: records 4..5"]
+    doc = orjson.loads(signed_verify(url, tmp_path, "--format", "json").stdout)
+    assert (doc["ok"], doc["covered"], doc["chains"][0]["uncovered"]) == (True, False, {"first": 4, "last": 5})
+    checkpoint_now(engine, tmp_path)  # the next checkpoint covers them
+    assert signed_verify(url, tmp_path).returncode == 0
+
+
+def test_attack_8_a_restart_with_a_spool_not_yet_replayed_signs_only_what_the_database_holds(tmp_path):
+    """The shutdown checkpoint of a run that could not replay its spool names the last
+    record in the database, not the spool's: verify must not see a truncation."""
+    db = tmp_path / "audit.db"
+    open_engine(f"sqlite:///{db}").dispose()  # the schema, as the proxy creates it
+    write(engine_for(db), [record(0), record(1)], tmp_path)
+    blocker = sqlite3.connect(db, timeout=0)
+    blocker.execute("BEGIN EXCLUSIVE")  # the database refuses writes from here on (readers still read)
+    write(engine_for(db), [record(i) for i in range(2, 5)], tmp_path)  # spooled: 3..5
+    assert Spool(tmp_path / f"spool-{INSTANCE}.jsonl").records == 3
+    key = load_or_create_key(tmp_path / "key.pem")
+    checkpointer = Checkpointer(tmp_path / "checkpoints", key, INSTANCE, every=1, seconds=0)
+    writer = AuditWriter(engine_for(db), Spool(tmp_path / f"spool-{INSTANCE}.jsonl"), INSTANCE,
+                         checkpointer=checkpointer)
+    writer.close(timeout=5)  # the spool still cannot be replayed
+    blocker.rollback()
+    blocker.close()
+    [checkpoint] = read_checkpoints(tmp_path / "checkpoints", key.public_key())
+    assert checkpoint.heads[INSTANCE].seq == 2
+    out = signed_verify(f"sqlite:///{db}", tmp_path)
+    assert (out.returncode, out.stdout) == (0, f"chain {INSTANCE}: OK, records 1..2, 1 checkpoints matched\n"), out
+
+
+def signed(tmp_path: Path) -> list[str]:
+    """The options that make ``erase`` and ``purge`` sign beside :func:`checkpoint_now`'s checkpoints."""
+    return ["--key", str(tmp_path / "key.pem"), "--dir", str(tmp_path / "checkpoints")]
+
+
+def test_a_signed_erasure_verifies_and_show_marks_it(engine, tmp_path, url):
+    write(engine, [record(0), record(1, user="bob"), record(2)], tmp_path)
+    with engine.connect() as conn:
+        rows = [dict(r) for r in conn.execute(select(exchanges).order_by(exchanges.c.chain_seq)).mappings()]
+    checkpoint_now(engine, tmp_path)
+    out = llm_audit("--db", url, "erase", "--user", "bob", *signed(tmp_path))
+    assert out.returncode == 0 and "signed in" in out.stdout, out
+    assert list((tmp_path / "checkpoints").glob("erasure-*.json"))
+    ok = signed_verify(url, tmp_path)
+    assert (ok.returncode, ok.stdout) == (0, f"chain {INSTANCE}: OK, records 1..3, 1 erased, 1 checkpoints matched\n"), ok
+    show = llm_audit("--db", url, "show", rows[1]["id"])
+    assert show.returncode == 0 and "ERASED at " in show.stdout, show
+
+
+@pytest.mark.parametrize("forgery", ["rewritten content", "marker without a statement"])
+def test_attack_1_an_erasure_without_a_signed_statement_is_named(engine, tmp_path, url, forgery):
+    rows = seeded(engine, tmp_path, 3)
+    checkpoint_now(engine, tmp_path)
+    if forgery == "marker without a statement":  # every content column, as llm-audit erase leaves it
+        content = {name: "[erased]" for name in CONTENT_COLUMNS if rows[1][name] is not None}
+    else:
+        content = {"request_body": "a forged prompt", "output_text": "a forged answer"}
+    sql(engine, update(exchanges).where(exchanges.c.id == rows[1]["id"]).values(erased_at=datetime.now(UTC), **content))
+    out = signed_verify(url, tmp_path)
+    assert out.returncode == 1, out
+    detail = "no signed erasure statement names it" if forgery == "marker without a statement" else \
+        "its content (request_body, output_text, output, tool_calls) is not the erasure marker"
+    assert f"{INSTANCE}: modified: record 2 (id {rows[1]['id']}): it is marked erased, but {detail}" in out.stdout
+    if forgery == "rewritten content":  # caught without checkpoints too, and show says it is erased
+        assert llm_audit("--db", url, "verify").returncode == 1
+        assert "ERASED at " in llm_audit("--db", url, "show", rows[1]["id"]).stdout
+
+
+def old_records(engine, tmp_path, n: int = 3) -> list[dict]:
+    old = datetime.now(UTC) - timedelta(days=400)
+    write(engine, [record(i, ended=old + timedelta(minutes=i)) for i in range(n)] + [record(9)], tmp_path)
+    with engine.connect() as conn:
+        return [dict(r) for r in conn.execute(select(exchanges).order_by(exchanges.c.chain_seq)).mappings()]
+
+
+def test_a_signed_purge_verifies(engine, tmp_path, url):
+    old_records(engine, tmp_path)
+    checkpoint_now(engine, tmp_path)
+    out = llm_audit("--db", url, "purge", "--older-than", "200d", *signed(tmp_path))
+    assert out.returncode == 0 and out.stdout.startswith("deleted 3 "), out
+    ok = signed_verify(url, tmp_path)
+    assert (ok.returncode, ok.stdout) == (0, f"chain {INSTANCE}: OK, records 4..4, 1 checkpoints matched\n"), ok
+
+
+def test_attack_3_a_forged_purge_is_named(engine, tmp_path, url):
+    rows = seeded(engine, tmp_path, 4)  # minutes old
+    checkpoint_now(engine, tmp_path)
+    sql(engine, delete(exchanges).where(exchanges.c.chain_seq <= 2))
+    sql(engine, update(chains).values(start_seq=3, start_prev_hash=rows[1]["record_hash"]))
+    assert llm_audit("--db", url, "verify").returncode == 0  # the chain alone cannot tell
+    out = signed_verify(url, tmp_path)
+    assert out.returncode == 1, out
+    assert (f"  {INSTANCE}: purged: at 3: the chain starts at record 3, but no signed purge statement moved its "
+            "start there: records 1..2 were removed") in out.stdout
+
+
+def test_attack_3_a_signed_purge_inside_the_retention_floor_is_named(engine, tmp_path, url):
+    old_records(engine, tmp_path)
+    checkpoint_now(engine, tmp_path)
+    out = llm_audit("--db", url, "purge", "--older-than", "1h", "--force", *signed(tmp_path))
+    assert out.returncode == 0, out
+    out = signed_verify(url, tmp_path)
+    assert out.returncode == 1 and "inside the 183-day retention floor" in out.stdout, out
+
+
+def test_attack_2_an_open_row_the_proxy_did_not_open_is_never_sealed_or_signed(engine, tmp_path, url, caplog):
+    seeded(engine, tmp_path, 2)
+    forged = record(5) | {"status": "in_progress", "ended_at": None, "started_at": datetime.now(UTC) - timedelta(minutes=5)}
+    sql(engine, insert(exchanges).values(_storable(forged)))  # an insider's row under the proxy's instance
+    stolen = record(6) | {"status": "in_progress", "ended_at": None, "started_at": datetime.now(UTC) - timedelta(minutes=5),
+                          "open_mac": "0" * 64}
+    sql(engine, insert(exchanges).values(_storable(stolen)))
+    key = load_or_create_key(tmp_path / "key.pem")
+    writer = AuditWriter(engine, Spool(tmp_path / f"spool-{INSTANCE}.jsonl"), INSTANCE,
+                         checkpointer=Checkpointer(tmp_path / "checkpoints", key, INSTANCE, every=1, seconds=0))
+    writer.submit(record(3))
+    writer.close()
+    with engine.connect() as conn:
+        statuses = dict(conn.execute(select(exchanges.c.id, exchanges.c.status)).all())
+    assert (statuses[forged["id"]], statuses[stolen["id"]]) == ("in_progress", "in_progress")
+    assert f"2 exchanges in progress under this instance (first: {forged['id']}) were not opened by this proxy" \
+        in caplog.text or f"(first: {stolen['id']})" in caplog.text
+    out = signed_verify(url, tmp_path)
+    assert (out.returncode, out.stdout) == (0, f"chain {INSTANCE}: OK, records 1..3, 1 checkpoints matched\n"), out
+
+
+def test_attack_7_a_second_writer_under_a_name_in_use_is_refused_and_a_stale_lease_is_taken_over(engine, tmp_path):
+    first = AuditWriter(engine, Spool(tmp_path / "a.jsonl"), INSTANCE)
+    try:
+        with pytest.raises(LeaseHeld, match=r"another proxy \(.+\) records into this database as instance "
+                                            r"'proxy-a' .*give this proxy its own name with --set llm_audit_instance=NAME"):
+            AuditWriter(engine, Spool(tmp_path / "b.jsonl"), INSTANCE)
+    finally:
+        first.close()
+    sql(engine, update(chains).values(lease_holder="elsewhere pid 1 since 2026-01-01T00:00:00Z #abc",
+                                      lease_until=datetime.now(UTC) - timedelta(seconds=1)))  # lapsed
+    write(engine, [record(0)], tmp_path)  # taken over
+    with engine.connect() as conn:
+        assert conn.execute(select(chains.c.lease_holder)).scalar() is None  # and released at close
+    assert verify(engine).ok
+
+
+def test_attack_7_a_chain_forked_anyway_is_reported_as_a_fork_where_it_forked(engine, tmp_path, url):
+    seeded(engine, tmp_path, 3)
+    a = AuditWriter(engine, Spool(tmp_path / "a.jsonl"), INSTANCE)
+    sql(engine, update(chains).values(lease_holder=None))  # an insider clears the lease
+    b = AuditWriter(engine, Spool(tmp_path / "b.jsonl"), INSTANCE)
+    a.submit(record(10))
+    a.close()
+    b.submit(record(11))
+    b.close()
+    out = llm_audit("--db", url, "verify")
+    assert out.returncode == 1, out
+    assert f"{INSTANCE}: forked: record 4 (id " in out.stdout
+    assert ("links to the same record as the first: two writers sealed into this chain from record 4 on (two "
+            "proxies with one llm_audit_instance?)") in out.stdout
+
+
+def test_attack_5_records_appended_while_the_proxy_was_stopped_are_not_signed_in_at_its_restart(engine, tmp_path, url):
+    key = load_or_create_key(tmp_path / "key.pem")
+
+    def run(rows: list[dict]) -> None:
+        writer = AuditWriter(engine, Spool(tmp_path / f"spool-{INSTANCE}.jsonl"), INSTANCE,
+                             checkpointer=Checkpointer(tmp_path / "checkpoints", key, INSTANCE, every=1, seconds=0))
+        for row in rows:
+            writer.submit(row)
+        writer.close()
+
+    run([record(0), record(1)])
+    with engine.connect() as conn:
+        rows = [dict(r) for r in conn.execute(select(exchanges).order_by(exchanges.c.chain_seq)).mappings()]
+    forged = Chain(INSTANCE, Head(rows[-1]["chain_seq"], rows[-1]["record_hash"])).seal(record(7))
+    sql(engine, insert(exchanges).values(_storable(forged)))  # consistent, by the canonical form
+    sql(engine, update(chains).values(head_seq=3, head_hash=forged["record_hash"]))
+    run([record(2)])  # the proxy restarts and goes on after it
+    out = signed_verify(url, tmp_path)
+    assert out.returncode == 1, out
+    assert (f"  {INSTANCE}: unvouched: at 3: record 3 was in the database when the proxy restarted, but it had not "
+            "written them") in out.stdout
+
+
+def test_llm_audit_checkpoint_refuses_to_sign_over_tampering(engine, tmp_path, url):
+    rows = seeded(engine, tmp_path, 4)
+    sign = ["--db", url, "checkpoint", "--key", str(tmp_path / "key.pem"), "--dir", str(tmp_path / "checkpoints")]
+    assert llm_audit(*sign).returncode == 0
+    sql(engine, delete(exchanges).where(exchanges.c.chain_seq <= 2))  # a forged purge
+    sql(engine, update(chains).values(start_seq=3, start_prev_hash=rows[1]["record_hash"]))
+    out = llm_audit(*sign)
+    assert out.returncode == 2 and len(out.stderr.splitlines()) == 1, out
+    assert f"refusing to sign: chain {INSTANCE} does not verify against the checkpoints in" in out.stderr
+    assert len(list((tmp_path / "checkpoints").glob("checkpoint-*.json"))) == 1
+
+
+def test_attack_8_on_postgresql_a_restart_that_cannot_replay_signs_only_what_the_database_holds(postgres, tmp_path):
+    """As on SQLite above, the database refusing writes (read-only) while reads go on."""
+    url = postgres.create_database()
+    name = url.rsplit("/", 1)[1]
+    engine = open_engine(url)
+    write(engine, [record(0), record(1)], tmp_path)
+    engine.dispose()
+    sql_on = open_engine(postgres.url_for("postgres"))
+    with sql_on.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        conn.exec_driver_sql(f'ALTER DATABASE "{name}" SET default_transaction_read_only = on')
+    try:
+        write(open_engine(url), [record(i) for i in range(2, 5)], tmp_path)  # spooled: 3..5
+        assert Spool(tmp_path / f"spool-{INSTANCE}.jsonl").records == 3
+        key = load_or_create_key(tmp_path / "key.pem")
+        writer = AuditWriter(open_engine(url), Spool(tmp_path / f"spool-{INSTANCE}.jsonl"), INSTANCE,
+                             checkpointer=Checkpointer(tmp_path / "checkpoints", key, INSTANCE, every=1, seconds=0))
+        writer.close(timeout=5)
+    finally:
+        with sql_on.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+            conn.exec_driver_sql(f'ALTER DATABASE "{name}" SET default_transaction_read_only = off')
+        sql_on.dispose()
+    [checkpoint] = read_checkpoints(tmp_path / "checkpoints", key.public_key())
+    assert checkpoint.heads[INSTANCE].seq == 2
+    out = signed_verify(url, tmp_path)
+    assert (out.returncode, out.stdout) == (0, f"chain {INSTANCE}: OK, records 1..2, 1 checkpoints matched\n"), out

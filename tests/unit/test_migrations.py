@@ -38,7 +38,8 @@ from storage.verify import verify
 
 BIN = Path(sys.executable).parent
 ADDED_SINCE_0001 = {"bytes_from_upstream", "delivered_text",  # by 0002
-                    "chain_id", "chain_seq", "prev_hash", "record_hash", "content_hashes", "erased_at"}  # by 0004
+                    "chain_id", "chain_seq", "prev_hash", "record_hash", "content_hashes", "erased_at",  # by 0004
+                    "open_mac"}  # by 0006
 INDEXED_IN_0001 = ("started_at", "ended_at", "user_id", "request_model", "status")  # one column each
 
 

@@ -124,10 +124,12 @@ def test_spool_left_by_an_earlier_run_is_replayed_at_start(db, tmp_path):
 def test_rows_left_open_by_a_killed_run_are_marked_interrupted(db, tmp_path):
     engine = engine_for(db)
     before = datetime.now(timezone.utc) - timedelta(minutes=1)
+    killed = writer_for(db, tmp_path)  # opens its write-ahead row, then dies with it open
+    killed.submit(record(status_final=False).to_row() | {"id": "mine", "started_at": before, "output_text": "partial"})
+    killed.close()
     with engine.begin() as conn:
-        for rid, instance in (("mine", "test"), ("other", "elsewhere")):
-            conn.execute(exchanges.insert().values(id=rid, status="in_progress", dialect="llm-stream", streamed=True,
-                                                   proxy_instance=instance, started_at=before, output_text="partial"))
+        conn.execute(exchanges.insert().values(id="other", status="in_progress", dialect="llm-stream", streamed=True,
+                                               proxy_instance="elsewhere", started_at=before, output_text="partial"))
     writer = writer_for(db, tmp_path)
     wait_until(lambda: rows(db)["mine"] == "interrupted")
     writer.close()
@@ -138,10 +140,9 @@ def test_rows_left_open_by_a_killed_run_are_marked_interrupted(db, tmp_path):
 
 def test_final_records_in_the_spool_win_over_interrupted_marking(db, tmp_path):
     r = record(status_final=False)
-    engine = engine_for(db)
-    with engine.begin() as conn:
-        row = r.to_row() | {"started_at": datetime.now(timezone.utc) - timedelta(minutes=1)}
-        conn.execute(exchanges.insert().values(**row))
+    killed = writer_for(db, tmp_path)
+    killed.submit(r.to_row() | {"started_at": datetime.now(timezone.utc) - timedelta(minutes=1)})
+    killed.close()
     r.terminal_seen = True
     r.finish(OUTCOME_COMPLETE)
     spool = Spool(tmp_path / "spool.jsonl")
