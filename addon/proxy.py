@@ -74,6 +74,7 @@ from storage.checkpoint import (
 from storage.database import DatabaseError, default_url, open_engine
 from storage.retention import MIN_RETENTION, DailyPurge
 from storage.spool import Spool, SpoolLocked, default_spool_path
+from storage.statements import Signer
 from storage.writer import AuditWriter
 
 log = logging.getLogger(__name__)
@@ -368,7 +369,9 @@ class LLMAudit:
                 f"set it to {MIN_RETENTION.days} or more (or purge by hand with llm-audit purge --force)"
             )
         elif days and self.writer is not None:
-            self.retention = DailyPurge(self.writer.engine, days, actor=f"proxy {self.instance}")
+            checkpointer = self.writer.checkpointer  # its key and folder sign each purge
+            signer = Signer(checkpointer.directory, checkpointer.key) if checkpointer is not None else None
+            self.retention = DailyPurge(self.writer.engine, days, actor=f"proxy {self.instance}", signer=signer)
 
     def _checkpointer(self, options: Any) -> Checkpointer | None:
         """Signs this proxy's chain head; None (and an error line) when the key is unusable."""

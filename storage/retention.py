@@ -255,14 +255,16 @@ class DailyPurge:
 
     Runs on its own thread (a purge takes many short transactions; the proxy's event
     loop and the writer never wait for it), first shortly after start, then every
-    ``interval`` seconds. Failures are logged and retried at the next run.
+    ``interval`` seconds. Failures are logged and retried at the next run. With a
+    ``signer`` (the proxy's checkpoint key and folder) each purge is a signed statement
+    that ``verify --checkpoints`` accepts.
     """
 
     FIRST_RUN_DELAY = 5.0
     INTERVAL = 24 * 3600.0
 
-    def __init__(self, engine: Engine, days: int, actor: str) -> None:
-        self.engine, self.days, self.actor = engine, days, actor
+    def __init__(self, engine: Engine, days: int, actor: str, signer: Signer | None = None) -> None:
+        self.engine, self.days, self.actor, self.signer = engine, days, actor, signer
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="llm-audit-retention", daemon=True)
         self._thread.start()
@@ -277,7 +279,8 @@ class DailyPurge:
             delay = self.INTERVAL
             cutoff = datetime.now(UTC) - timedelta(days=self.days)
             try:
-                result = purge(self.engine, cutoff, dry_run=False, actor=self.actor, older_than=f"{self.days}d")
+                result = purge(self.engine, cutoff, dry_run=False, actor=self.actor, older_than=f"{self.days}d",
+                               signer=self.signer)
             except DatabaseError as e:
                 log.warning("llm-audit: automatic retention failed (%s); retrying in a day", e)
                 continue

@@ -34,12 +34,14 @@ from storage.checkpoint import Checkpointer, CheckpointError, load_or_create_key
 from storage.database import open_engine
 from storage.erase import erase_user
 from storage.lease import LeaseHeld
-from storage.retention import purge
+from storage.retention import DailyPurge, purge
 from storage.schema import chains, erasure_log, exchanges, purge_log
 from storage.spool import Spool
+from storage.statements import Signer
 from storage.verify import verify
 from storage.prepare import prepare
 from storage.writer import AuditWriter
+from conftest import wait_for
 from test_writer import engine_for
 
 BIN = Path(sys.executable).parent
@@ -606,3 +608,17 @@ def test_attack_8_on_postgresql_a_restart_that_cannot_replay_signs_only_what_the
     assert checkpoint.heads[INSTANCE].seq == 2
     out = signed_verify(url, tmp_path)
     assert (out.returncode, out.stdout) == (0, f"chain {INSTANCE}: OK, records 1..2, 1 checkpoints matched\n"), out
+
+
+def test_the_proxys_daily_purge_is_signed_and_verifies(engine, tmp_path, url, monkeypatch):
+    old_records(engine, tmp_path)
+    checkpoint_now(engine, tmp_path)
+    monkeypatch.setattr(DailyPurge, "FIRST_RUN_DELAY", 0.01)
+    daily = DailyPurge(engine, 200, actor="proxy test",
+                       signer=Signer(tmp_path / "checkpoints", load_or_create_key(tmp_path / "key.pem")))
+    try:
+        wait_for(lambda: list((tmp_path / "checkpoints").glob("purge-*.json")), what="a signed purge statement")
+    finally:
+        daily.close()
+    ok = signed_verify(url, tmp_path)
+    assert (ok.returncode, ok.stdout) == (0, f"chain {INSTANCE}: OK, records 4..4, 1 checkpoints matched\n"), ok
