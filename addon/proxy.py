@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import shlex
 import socket
 from pathlib import Path
 from collections.abc import Callable, Iterable, Sequence
@@ -81,7 +82,7 @@ log = logging.getLogger(__name__)
 
 DEFAULT_MAX_EVENT_BYTES = 8 * 1024 * 1024
 CHECKPOINT_OPTIONS = ("llm_audit_signing_key", "llm_audit_checkpoints", "llm_audit_checkpoint_every",
-                      "llm_audit_checkpoint_minutes")
+                      "llm_audit_checkpoint_minutes", "llm_audit_checkpoint_command")
 DEFAULT_VIEW_BYTES = 4 * 1024 * 1024
 START_GRACE = 1.0  # seconds after loading by which the addon must be recording
 
@@ -245,6 +246,13 @@ class LLMAudit:
             "With both 0, only at shutdown and with llm-audit checkpoint.",
         )
         loader.add_option(
+            "llm_audit_checkpoint_command",
+            str,
+            "",
+            "Command run with each new checkpoint file's path appended, to keep a copy where the "
+            "database's administrators cannot rewrite it (e.g. 'logger -t llm-audit -f' for syslog).",
+        )
+        loader.add_option(
             "llm_audit_view_bytes",
             int,
             DEFAULT_VIEW_BYTES,
@@ -384,8 +392,13 @@ class LLMAudit:
         except (CheckpointError, OSError) as e:
             log.error(f"llm-audit: {e}; fix it or set another key with --set llm_audit_signing_key=FILE")
             return None
+        try:
+            command = shlex.split(options.llm_audit_checkpoint_command)
+        except ValueError as e:
+            log.error(f"llm-audit: llm_audit_checkpoint_command cannot be read ({e}); quote it as a shell would")
+            return None
         return Checkpointer(directory, key, self.instance, every=max(options.llm_audit_checkpoint_every, 0),
-                            seconds=max(options.llm_audit_checkpoint_minutes, 0) * 60.0)
+                            seconds=max(options.llm_audit_checkpoint_minutes, 0) * 60.0, command=command)
 
     def _open_database(self, url: str, spool_path: Path, checkpointer: Checkpointer | None) -> None:
         """Open the database and its writer; a URL that does not work leaves the writer

@@ -24,11 +24,13 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import logging
 import os
+import subprocess
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from collections.abc import Sequence
 from pathlib import Path
 
 import orjson
@@ -39,7 +41,10 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 from storage.chain import Head, utc_text
 from storage.files import private_dir
 
+log = logging.getLogger(__name__)
+
 FORMAT = "llm-audit-checkpoint/1"
+COMMAND_TIMEOUT = 30  # seconds a checkpoint command may take
 
 
 class CheckpointError(Exception):
@@ -205,9 +210,10 @@ class Checkpointer:
     """
 
     def __init__(self, directory: Path, key: Ed25519PrivateKey, chain_id: str, *, every: int, seconds: float,
-                 clock=time.monotonic) -> None:
+                 clock=time.monotonic, command: Sequence[str] = ()) -> None:
         self.directory, self.key, self.chain_id = directory, key, chain_id
         self.every, self.seconds, self._clock = every, seconds, clock
+        self.command = tuple(command)  # run with each checkpoint's path: a copy out of the administrators' reach
         self._signed = Head()  # the head of the last checkpoint
         self.unvouched: tuple[int, int] | None = None
         self._at = clock()
@@ -224,4 +230,20 @@ class Checkpointer:
         path = write_checkpoint(self.directory, self.key, {self.chain_id: head},
                                 unvouched={self.chain_id: self.unvouched} if self.unvouched else None)
         self._signed, self._at = head, self._clock()
+        if self.command:
+            self._hand_over(path)
         return path
+
+    def _hand_over(self, path: Path) -> None:
+        """Run the checkpoint command with the new file (``logger -t llm-audit -f`` sends it
+        to syslog, ``scp`` or an object store's client to a write-once place). On the
+        writer thread, never the proxy's event loop; a failure is logged, the checkpoint
+        stays in its folder."""
+        try:
+            done = subprocess.run([*self.command, str(path)], capture_output=True, timeout=COMMAND_TIMEOUT)
+        except (OSError, subprocess.TimeoutExpired) as e:
+            log.warning("llm-audit: the checkpoint command failed for %s: %s", path, e)
+            return
+        if done.returncode != 0:
+            detail = done.stderr.decode("utf-8", "replace").strip().splitlines()[-1:] or [""]
+            log.warning("llm-audit: the checkpoint command exited %d for %s: %s", done.returncode, path, detail[0])

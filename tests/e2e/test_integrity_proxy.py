@@ -26,7 +26,10 @@ def verify(db_url: str, *args: str) -> subprocess.CompletedProcess:
 
 def test_the_proxy_seals_and_signs_and_verify_catches_a_removed_tail(request, tmp_path, upstreams, backend):
     db = new_database(request, backend, tmp_path)
-    proxy = start_proxy(tmp_path, "--set", "llm_audit_instance=sealer", "--set", "llm_audit_checkpoint_every=2", **db)
+    elsewhere = tmp_path / "write-once"  # where llm_audit_checkpoint_command copies each checkpoint
+    elsewhere.mkdir()
+    proxy = start_proxy(tmp_path, "--set", "llm_audit_instance=sealer", "--set", "llm_audit_checkpoint_every=2",
+                        "--set", f"llm_audit_checkpoint_command=cp -t '{elsewhere}'", **db)
     try:
         with proxy.client() as client:
             for _ in range(5):
@@ -38,7 +41,8 @@ def test_the_proxy_seals_and_signs_and_verify_catches_a_removed_tail(request, tm
     key_dir = tmp_path / "data" / "llm-audit"  # the proxy's $XDG_DATA_HOME (see conftest.start_proxy)
     signed = ["--checkpoints", str(key_dir / "checkpoints"), "--public-key", str(key_dir / "signing-key.pub")]
     assert "checkpoint" in proxy.process.output and (key_dir / "signing-key.pem").stat().st_mode & 0o077 == 0
-    assert list((key_dir / "checkpoints").glob("checkpoint-*.json"))
+    written = sorted((key_dir / "checkpoints").glob("checkpoint-*.json"))
+    assert written and [p.read_bytes() for p in written] == [p.read_bytes() for p in sorted(elsewhere.iterdir())]
 
     ok = verify(db["db_url"], *signed)
     assert ok.returncode == 0 and ok.stdout.startswith("chain sealer: OK, records 1..5"), ok
