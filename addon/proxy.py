@@ -84,6 +84,10 @@ DEFAULT_MAX_EVENT_BYTES = 8 * 1024 * 1024
 CHECKPOINT_OPTIONS = ("llm_audit_signing_key", "llm_audit_checkpoints", "llm_audit_checkpoint_every",
                       "llm_audit_checkpoint_minutes", "llm_audit_checkpoint_command")
 DEFAULT_VIEW_BYTES = 4 * 1024 * 1024
+# Byte-size options: (option, attribute, smallest value); a smaller one is refused in one line.
+SIZE_OPTIONS = (("llm_audit_max_event_bytes", "max_event_bytes", 1024),
+                ("llm_audit_max_record_bytes", "max_record_bytes", 1024),
+                ("llm_audit_view_bytes", "view_bytes", 0))
 START_GRACE = 1.0  # seconds after loading by which the addon must be recording
 
 
@@ -309,30 +313,9 @@ class LLMAudit:
         from mitmproxy import ctx
 
         self.configured = True
-        if "llm_audit_max_event_bytes" in updated:
-            if ctx.options.llm_audit_max_event_bytes < 1024:
-                log.error(
-                    "llm-audit: llm_audit_max_event_bytes must be at least 1024 (bytes), got "
-                    f"{ctx.options.llm_audit_max_event_bytes}; fix it with --set llm_audit_max_event_bytes=8388608"
-                )
-            else:
-                self.max_event_bytes = ctx.options.llm_audit_max_event_bytes
-        if "llm_audit_max_record_bytes" in updated:
-            if ctx.options.llm_audit_max_record_bytes < 1024:
-                log.error(
-                    "llm-audit: llm_audit_max_record_bytes must be at least 1024 (bytes), got "
-                    f"{ctx.options.llm_audit_max_record_bytes}; fix it with --set llm_audit_max_record_bytes=33554432"
-                )
-            else:
-                self.max_record_bytes = ctx.options.llm_audit_max_record_bytes
-        if "llm_audit_view_bytes" in updated:
-            if ctx.options.llm_audit_view_bytes < 0:
-                log.error(
-                    "llm-audit: llm_audit_view_bytes must be 0 or more (bytes), got "
-                    f"{ctx.options.llm_audit_view_bytes}; fix it with --set llm_audit_view_bytes=4194304"
-                )
-            else:
-                self.view_bytes = ctx.options.llm_audit_view_bytes
+        for name, attribute, minimum in SIZE_OPTIONS:
+            if name in updated and (value := _size_option(ctx.options, name, minimum)) is not None:
+                setattr(self, attribute, value)
         if "llm_audit_instance" in updated:
             self.instance = ctx.options.llm_audit_instance or socket.gethostname()
         if updated & {"llm_audit_db", "llm_audit_spool", "llm_audit_instance", *CHECKPOINT_OPTIONS}:
@@ -830,6 +813,16 @@ def abort_side(flow: http.HTTPFlow) -> str:
     if "reset" in message:
         return OUTCOME_CLIENT_ABORTED if "CANCEL" in message else OUTCOME_UPSTREAM_ABORTED
     return OUTCOME_UPSTREAM_ABORTED
+
+
+def _size_option(options: Any, name: str, minimum: int) -> int | None:
+    """The option's value, or None (and the line naming the fix) when it is below ``minimum``."""
+    value = getattr(options, name)
+    if value >= minimum:
+        return value
+    log.error(f"llm-audit: {name} must be at least {minimum} (bytes), got {value}; "
+              f"fix it with --set {name}={options.default(name)}")
+    return None
 
 
 def _client_had_everything(record: ExchangeRecord) -> bool:

@@ -47,8 +47,9 @@ def _read_request(conn: socket.socket) -> bytes:
 
 
 @contextmanager
-def h1_server(respond: Callable[[socket.socket, bytes], None]) -> Iterator[str]:
-    """A plain HTTP/1.1 server; ``respond(conn, request)`` writes the answer. Yields its URL."""
+def _serving(handle: Callable[[socket.socket], None]) -> Iterator[int]:
+    """Accept connections on a free port of 127.0.0.1, each handled by ``handle`` in its
+    own thread, until the block ends. Yields the port."""
     sock = socket.create_server(("127.0.0.1", 0))
     stop = threading.Event()
 
@@ -61,23 +62,31 @@ def h1_server(respond: Callable[[socket.socket, bytes], None]) -> Iterator[str]:
                 continue
             except OSError:
                 return
-            threading.Thread(target=_answer, args=(conn,), daemon=True).start()
+            threading.Thread(target=handle, args=(conn,), daemon=True).start()
 
-    def _answer(conn: socket.socket) -> None:
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        yield sock.getsockname()[1]
+    finally:
+        stop.set()
+        sock.close()
+        thread.join(2)
+
+
+@contextmanager
+def h1_server(respond: Callable[[socket.socket, bytes], None]) -> Iterator[str]:
+    """A plain HTTP/1.1 server; ``respond(conn, request)`` writes the answer. Yields its URL."""
+
+    def answer(conn: socket.socket) -> None:
         with conn:
             try:
                 respond(conn, _read_request(conn))
             except OSError:
                 pass  # the proxy hung up: that is what some tests want
 
-    thread = threading.Thread(target=serve, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
-    finally:
-        stop.set()
-        sock.close()
-        thread.join(2)
+    with _serving(answer) as port:
+        yield f"http://127.0.0.1:{port}"
 
 
 @contextmanager
@@ -89,19 +98,7 @@ def h2_reset_server(tmp: Path, headers: list[tuple[str, str]], data: bytes,
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.load_cert_chain(certs.cert, certs.key)
     context.set_alpn_protocols(["h2"])
-    sock = socket.create_server(("127.0.0.1", 0))
     stop = threading.Event()
-
-    def serve() -> None:
-        sock.settimeout(0.2)
-        while not stop.is_set():
-            try:
-                raw, _ = sock.accept()
-            except TimeoutError:
-                continue
-            except OSError:
-                return
-            threading.Thread(target=_connection, args=(raw,), daemon=True).start()
 
     def _connection(raw: socket.socket) -> None:
         try:
@@ -124,11 +121,8 @@ def h2_reset_server(tmp: Path, headers: list[tuple[str, str]], data: bytes,
         except (OSError, ssl.SSLError, h2.exceptions.ProtocolError):
             pass
 
-    thread = threading.Thread(target=serve, daemon=True)
-    thread.start()
     try:
-        yield f"https://localhost:{sock.getsockname()[1]}", certs.ca
+        with _serving(_connection) as port:
+            yield f"https://localhost:{port}", certs.ca
     finally:
-        stop.set()
-        sock.close()
-        thread.join(2)
+        stop.set()  # ends connections still open
