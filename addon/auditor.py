@@ -37,7 +37,7 @@ from collections.abc import Callable
 
 from addon.decoding import DecodeBudget, Decoder, DecodeError, make_decoder
 from addon.dialects import Dialect, Normalizer, RequestSummary, detect_response
-from addon.dialects.blocking import FILTERED_CODE, block_message
+from addon.dialects.blocking import block_message
 from addon.events import Event, StreamEnd
 from addon.output_gate import OutputGate
 from addon.record import DEFAULT_MAX_RECORD_BYTES, ExchangeRecord
@@ -251,21 +251,27 @@ class StreamAuditor:
         if gate.blocked is None:
             return out
         self.stopped = True
-        if record is not None:
-            verdict = gate.blocked
-            record.status, record.error_code = "blocked", FILTERED_CODE
-            record.error_message = block_message(verdict.rule_id, verdict.reason)
-        if not terminate:
+        verdict = gate.blocked
+        message = block_message(verdict.rule_id, verdict.reason)
+        if not terminate:  # a held body: the proxy replaces it whole and says what the client got
+            if record is not None:
+                record.block(message)
             return out
         if not gate.split_raw:
             if record is not None:
+                record.block(message)
                 record.add_finding("termination_not_sent", "the response body is compressed")
             return out
         try:
-            return out + gate.termination()
+            ending = gate.termination()
         except Exception as e:  # noqa: BLE001 - a clean end without the dialect's events still beats a hang
             self._fail(e)
+            if record is not None:
+                record.block(message)
             return out
+        if record is not None:  # (no ending: the client already had the upstream's own)
+            record.block(message, gate.forwarded.filter_stop_reason if ending else None)
+        return out + ending
 
     def end(self, cut_by_upstream: bool = False) -> None:
         """The body is over: read what waits, flush the parser, run the dialect's end

@@ -611,12 +611,28 @@ class LLMAudit:
         """Answer in the dialect's own terms for a blocked exchange (the request, or a held body)."""
         answer = dialect.blocked_response(summary, view, block.rule_id, block.reason, streaming=bool(summary.stream))
         flow.response = http.Response.make(answer.status, answer.body, dict(answer.headers))
-        record.status = "blocked"
-        record.error_code, record.error_message = "content_filtered", block_message(block.rule_id, block.reason)
+        record.block(block_message(block.rule_id, block.reason))
         record.bytes_to_client = len(answer.body)
         if record.http_status is None:  # a request blocked before it went upstream
             record.http_status = answer.status
             record.response_headers = dict(answer.headers)
+
+    def _replace_held(self, flow: http.HTTPFlow, audit: FlowAudit, block: Verdict) -> None:
+        """Replace a held answer a content filter blocked with the API's own filtered
+        outcome (else the dialect's error answer); the record says what the client got:
+        its status when it differs from the upstream's, none of the answer's text, and
+        the stop reason it read."""
+        record = audit.record
+        filtered = audit.normalizer.filtered_body(block.rule_id, block.reason)
+        answer = filtered or audit.dialect.blocked_response(audit.summary, audit.view, block.rule_id, block.reason,
+                                                             streaming=bool(audit.summary.stream))
+        flow.response = http.Response.make(answer.status, answer.body, dict(answer.headers))
+        record.block(block_message(block.rule_id, block.reason),
+                     audit.normalizer.filter_stop_reason if filtered is not None else None)
+        record.bytes_to_client = len(answer.body)
+        record.delivered_text = ""
+        if answer.status != record.http_status:
+            record.client_status = answer.status
 
     def _start_record(
         self, flow: http.HTTPFlow, dialect: Dialect, parsed: tuple[Any, Finding | None] | None = None
@@ -695,10 +711,8 @@ class LLMAudit:
             if audit.held_body:
                 auditor.feed(flow.response.raw_content or b"")
             auditor.end()
-            if audit.held_body:
-                if auditor.stopped:
-                    block = auditor.gate.blocked
-                    self._answer_blocked(flow, audit.record, audit.dialect, audit.summary, audit.view, block)
+            if audit.held_body and auditor.stopped:
+                self._replace_held(flow, audit, auditor.gate.blocked)
         audit.record.finish(OUTCOME_COMPLETE)
 
     def _show(self, flow: http.HTTPFlow, audit: FlowAudit) -> None:
@@ -741,9 +755,11 @@ def _output_gate(audit: FlowAudit, event_stream: bool, encoding: str | None) -> 
     filters = audit.filters
     if filters is None:
         return None
+    forwarded = audit.dialect.normalizer(audit.summary)
+    forwarded.keeps_delivered = True  # it reads only what the client gets: its termination may repeat it
     return OutputGate(
         filters.output_guard(),
-        audit.dialect.normalizer(audit.summary),
+        forwarded,
         holds=event_stream and filters.may_block_output,
         split_raw=encoding is None or encoding.strip().lower() in ("", "identity"),
         failure=filters.failure,

@@ -31,6 +31,8 @@ from addon.events import (
 # counted, so a stream of a million broken events cannot grow the record without bound.
 FINDINGS_PER_CODE = 20
 
+BLOCKED_CODE = "content_filtered"  # error_code of an exchange a content filter stopped
+
 # The most content (answer text, reasoning, refusals, tool arguments: UTF-8 bytes) one
 # record keeps; the proxy's llm_audit_max_record_bytes sets it per exchange.
 DEFAULT_MAX_RECORD_BYTES = 32 * 1024 * 1024
@@ -154,6 +156,8 @@ class ExchangeRecord:
     bytes_to_client: int = 0
     bytes_from_upstream: int = 0
     delivered_text: str | None = None  # set when a content filter made it differ from the output
+    client_status: int | None = None  # the proxy's status when it replaced an answer the upstream sent
+    client_finish_reason: str | None = None  # the stop reason the client got when a filter ended the answer
     findings: list[dict[str, str]] = field(default_factory=list)
     verdicts: list[dict[str, Any]] = field(default_factory=list)
     # the cap on kept content, and the true size of all the content the exchange carried
@@ -247,6 +251,13 @@ class ExchangeRecord:
         c = self.choices.get(0)
         return "".join(c.text) if c else ""
 
+    def block(self, message: str, finish_reason: str | None = None) -> None:
+        """A content filter stopped this exchange; ``finish_reason``: the stop reason the
+        proxy's answer gave the client (none when it got an error), which is then the
+        record's ``finish_reasons``: the record says what the client got."""
+        self.status, self.error_code, self.error_message = "blocked", BLOCKED_CODE, message
+        self.client_finish_reason = finish_reason
+
     def finish(self, outcome: str, ended_at: float | None = None) -> None:
         """Settle the status once the exchange is over.
 
@@ -312,7 +323,8 @@ class ExchangeRecord:
             "output_text": output_text,
             "output": {"choices": choices, "tool_calls": tool_calls},
             "tool_calls": [t.as_dict() for t in self.tool_calls.values()],
-            "finish_reasons": [c["finish_reason"] for c in choices if c["finish_reason"] is not None],
+            "finish_reasons": [self.client_finish_reason] if self.client_finish_reason is not None else
+                              [c["finish_reason"] for c in choices if c["finish_reason"] is not None],
             "input_tokens": self.usage.get("input_tokens"),
             "output_tokens": self.usage.get("output_tokens"),
             "cache_read_input_tokens": self.usage.get("cache_read_input_tokens"),
@@ -328,6 +340,7 @@ class ExchangeRecord:
             "bytes_to_client": self.bytes_to_client,
             "bytes_from_upstream": self.bytes_from_upstream,
             "delivered_text": self.delivered_text,
+            "client_status": self.client_status,
         }
 
 

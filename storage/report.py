@@ -284,10 +284,18 @@ class _Page:
                 prefix = lead + " " * len(first)
 
 
+def _http_status(r: dict[str, Any]) -> str:
+    """`` (HTTP 200)``; when the proxy replaced the upstream's answer, both statuses."""
+    client, upstream = r.get("client_status"), r["http_status"]
+    if client is not None and client != upstream:
+        return f" (HTTP {client} to the client; the upstream sent {upstream})"
+    return f" (HTTP {upstream})" if upstream else ""
+
+
 def exchange_text(r: dict[str, Any], width: int, style: Style) -> str:
     """``show``: the whole exchange, request to outcome."""
     page = _Page(width, style)
-    status = r["status"] + (f" (HTTP {r['http_status']})" if r["http_status"] else "")
+    status = r["status"] + _http_status(r)
     page.lines.append(style.bold(f"exchange {r['id']}") + "  " + style.status(status, r["status"]))
     if r.get("erased_at") is not None:  # the reader must not take what follows for what was said
         page.lines.append(style.bold(f"ERASED at {r['erased_at']}: the content below is the erasure marker, "
@@ -378,7 +386,9 @@ def _output(page: _Page, r: dict[str, Any]) -> None:
         page.heading("tool calls")
         for call in calls:
             cut = "" if call.get("complete", True) else " (cut off; arguments as received)"
-            page.lines.append(f"  {one_line(str(call.get('name')))} " + page.style.dim(f"id {call.get('id')}") + cut)
+            call_id = call.get("id")  # Gemini's calls have none: nothing to print then
+            shown_id = " " + page.style.dim(f"id {one_line(str(call_id))}") if call_id is not None else ""
+            page.lines.append(f"  {one_line(str(call.get('name')))}" + shown_id + cut)
             page.text(_arguments(call.get("arguments")), indent=4)
 
 

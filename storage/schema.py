@@ -96,6 +96,11 @@ exchanges = Table(
         "delivered_text", Text,
         comment="Answer text the client received, when a content filter made it differ from output_text; else NULL.",
     ),
+    Column(
+        "client_status", Integer,
+        comment="HTTP status the client received when the proxy replaced the upstream's answer "
+                "(a blocked held answer); NULL when the client got http_status.",
+    ),
     # tamper evidence (storage/chain.py): set when the record is final
     Column("chain_id", String(255), comment="Hash chain of the writer that sealed the final record (its instance)."),
     Column("chain_seq", BigInteger, comment="Position in its chain: 1, 2, 3, ..."),
@@ -218,6 +223,7 @@ exchange_view = Table(
     Column("output_text", Text),
     Column("delivered_text", Text),
     Column("client_text", Text, comment="What the client received: delivered_text, else output_text."),
+    Column("client_status", Integer, comment="HTTP status the client received: client_status, else http_status."),
     Column("request_body", Json, comment="The request body (JSON)."),
     Column("event_count", Integer),
     Column("bytes_to_client", BigInteger),

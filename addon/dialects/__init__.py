@@ -58,6 +58,15 @@ class RequestSummary:
 class Normalizer(ABC):
     """Turns one response of a dialect into common events. One instance per exchange."""
 
+    #: The stop reason a client reads when a content filter ends this dialect's answer
+    #: (what :meth:`termination` and :meth:`filtered_body` carry); the record's
+    #: ``finish_reasons`` of a blocked exchange.
+    filter_stop_reason: str = "content_filter"
+    #: Set by the output gate on the normalizer that reads what the client received: a
+    #: dialect whose termination repeats the output so far (a final response object)
+    #: keeps it then, and only then (the recording normalizer must not hold a copy).
+    keeps_delivered: bool = False
+
     @abstractmethod
     def on_event(self, event: SSEEvent) -> list[Event]:
         """Common events for one SSE event of a streamed response."""
@@ -82,6 +91,16 @@ class Normalizer(ABC):
     def on_response(self, response: dict[str, Any]) -> list[Event]:
         """Common events for a complete JSON response (a non-streamed answer)."""
         return []
+
+    def filtered_body(self, rule_id: str, reason: str) -> BlockedResponse | None:
+        """The answer that replaces a held, non-streamed body a content filter blocked.
+
+        Built from the body this normalizer read: the API's own filtered outcome (HTTP
+        200, the answer's id, model and usage, none of its content) where the API has
+        one; ``None`` where it has none, and the dialect's error answer
+        (:meth:`Dialect.blocked_response`) is sent instead.
+        """
+        return None
 
     @abstractmethod
     def termination(self, rule_id: str, reason: str) -> bytes:

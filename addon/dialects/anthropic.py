@@ -19,15 +19,20 @@ Anthropic reports separately (``input_tokens`` + ``cache_read_input_tokens`` +
 ``cache_creation_input_tokens``). ``output_tokens`` in ``message_start`` is a placeholder;
 the cumulative value of the last ``message_delta`` replaces it.
 
-When a content filter stops an exchange, the client gets the error Anthropic itself
-sends when its filter blocks output: ``invalid_request_error`` with a message (here the
-rule and reason). A stream being cut ends with that ``event: error`` right after the last
-forwarded event, as Anthropic's own mid-stream errors do (no ``content_block_stop`` for
-the open block: its content is not whole); the SDK raises ``APIStatusError`` with the
-error as ``body``, after the text received so far. A request blocked before it went
-upstream gets the same ``error`` event as its whole stream (a ``message_start`` first
-would have to invent a message's token usage) or, when it did not ask for a stream, the
-error as JSON with HTTP 400 (``BadRequestError``).
+When a content filter stops an answer, it ends as Anthropic ends an answer its own
+safety classifier stopped: ``stop_reason: "refusal"``, with ``stop_details`` (``type``
+``refusal``, the rule and reason as ``explanation``). A stream being cut gets
+``content_block_stop`` for each open text or thinking block, ``message_delta`` with
+that stop reason and the output count so far, and ``message_stop``; a ``message_start``
+of its own first when none was forwarded. An open tool-use block is left open: its
+input is cut, and a client closing it would run the tool with it (SDKs keep it as
+partial input; the stop reason says why). The SDKs' stream helpers finish normally
+(``get_final_message()``, ``finalMessage()``), and the Vercel AI SDK reports
+``finishReason: "content-filter"``. A held non-streamed answer is replaced by the same
+message with no content (HTTP 200, its id, model and usage). A request blocked before
+it went upstream gets that refused stream when it asked for one (message id fresh,
+usage 0: nothing was generated), else Anthropic's error JSON with HTTP 400
+(``invalid_request_error``, ``BadRequestError``).
 """
 
 from __future__ import annotations
@@ -49,7 +54,7 @@ from addon.dialects import (
     register,
     str_field,
 )
-from addon.dialects.blocking import block_message, event_stream, json_response, sse_event
+from addon.dialects.blocking import block_message, event_stream, json_response, random_id, sse_event
 from addon.events import (
     Event,
     Finish,
@@ -67,7 +72,8 @@ from addon.sse import SSEEvent
 # (web_search, code_execution, ...) and MCP connector calls. All stream their input as
 # input_json_delta fragments and are recorded as tool calls.
 TOOL_BLOCKS = frozenset({"tool_use", "server_tool_use", "mcp_tool_use"})
-FILTER_ERROR_TYPE = "invalid_request_error"  # Anthropic's type for "Output blocked by content filtering policy"
+FILTER_ERROR_TYPE = "invalid_request_error"  # Anthropic's type for a request refused on policy
+REFUSAL = "refusal"  # the stop reason of an answer Anthropic's classifiers stopped
 
 
 class AnthropicMessages(Dialect):
@@ -114,7 +120,7 @@ class AnthropicMessages(Dialect):
         )
 
     def normalizer(self, request: RequestSummary) -> Normalizer:
-        return AnthropicNormalizer()
+        return AnthropicNormalizer(request.model)
 
     def blocked_response(self, summary: RequestSummary, request_view: RequestView, rule_id: str, reason: str,
                          streaming: bool) -> BlockedResponse:
@@ -135,8 +141,12 @@ def _dict(obj: Any, name: str) -> dict[str, Any] | None:
 class AnthropicNormalizer(JsonEventNormalizer):
     """Reads Messages stream events (and whole message objects) into common events."""
 
-    def __init__(self) -> None:
+    filter_stop_reason = REFUSAL
+
+    def __init__(self, model: str | None = None) -> None:
         super().__init__()
+        self.model = model  # asked for: names a message the proxy has to start itself
+        self.message: dict[str, Any] | None = None  # message_start's message, or the whole message read
         self.usage: dict[str, int] = {}  # Anthropic's raw counts, merged as they arrive
         self.tool_blocks: dict[int | None, Any] = {}  # block index -> input of content_block_start
         self.json_seen: set[int | None] = set()  # tool blocks that streamed a non-empty fragment
@@ -157,6 +167,7 @@ class AnthropicNormalizer(JsonEventNormalizer):
         message = _dict(obj, "message")
         if message is None:
             return []
+        self.message = message
         out: list[Event] = [ResponseMeta(model=str_field(message, "model"), response_id=str_field(message, "id"))]
         # message_start's output_tokens is a preliminary count (1, or a few): only
         # message_delta's is final, so a stream cut before it records no output count.
@@ -261,16 +272,36 @@ class AnthropicNormalizer(JsonEventNormalizer):
         return _usage(counts) if changed else None
 
     def termination(self, rule_id: str, reason: str) -> bytes:
-        """The ``error`` event of a block, after whatever was read."""
+        """A refusal after whatever was read: open text blocks closed, ``message_delta``
+        (``refusal``), ``message_stop``; preceded by a ``message_start`` when none was read."""
         if self.ended:
             return b""
-        return sse_event(_filter_error(rule_id, reason), "error")
+        events: list[dict[str, Any]] = []
+        if self.message is None:
+            events.append({"type": "message_start", "message": _new_message(self.model)})
+        events += [{"type": "content_block_stop", "index": i} for i in sorted(self.text_blocks, key=_block_order)]
+        events.append({
+            "type": "message_delta",
+            "delta": {"stop_reason": REFUSAL, "stop_sequence": None, "stop_details": _refusal_details(rule_id, reason)},
+            "usage": {"output_tokens": self.usage.get("output_tokens", 0)},
+        })
+        events.append({"type": "message_stop"})
+        return b"".join(sse_event(e, e["type"]) for e in events)
+
+    def filtered_body(self, rule_id: str, reason: str) -> BlockedResponse | None:
+        """The message read, refused: no content, its id, model and usage."""
+        if self.message is None or self.message.get("type") != "message":
+            return None
+        refused = self.message | {"content": [], "stop_reason": REFUSAL, "stop_sequence": None,
+                                  "stop_details": _refusal_details(rule_id, reason)}
+        return json_response(refused, status=200)
 
     # -- whole message ------------------------------------------------------------------
 
     def on_response(self, response: dict[str, Any]) -> list[Event]:
         if response.get("type") == "error":
             return [_error_event(response.get("error"))]
+        self.message = response
         out: list[Event] = [ResponseMeta(model=str_field(response, "model"), response_id=str_field(response, "id"))]
         reason = str_field(response, "stop_reason")
         content = response.get("content")
@@ -311,6 +342,22 @@ class AnthropicNormalizer(JsonEventNormalizer):
 
 _INPUT_USAGE_NAMES = ("input_tokens", "cache_read_input_tokens", "cache_creation_input_tokens")
 _USAGE_NAMES = ("output_tokens", *_INPUT_USAGE_NAMES)
+
+
+def _new_message(model: str | None) -> dict[str, Any]:
+    """The message of a ``message_start`` the proxy sends itself: nothing generated."""
+    return {"id": random_id("msg_"), "type": "message", "role": "assistant", "model": model or "",
+            "content": [], "stop_reason": None, "stop_sequence": None,
+            "usage": {"input_tokens": 0, "output_tokens": 0}}
+
+
+def _refusal_details(rule_id: str, reason: str) -> dict[str, Any]:
+    """``stop_details`` of a refusal by a content filter: the rule and reason, never the text."""
+    return {"type": REFUSAL, "category": None, "explanation": block_message(rule_id, reason)}
+
+
+def _block_order(index: int | None) -> int:
+    return -1 if index is None else index
 
 
 def _key(index: int | None) -> str:

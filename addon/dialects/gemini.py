@@ -22,7 +22,10 @@ Vertex clients), the rule and reason; google-genai reports
 before it went upstream gets what Gemini sends for a blocked prompt, one chunk with
 ``promptFeedback.blockReason: "SAFETY"`` and the rule and reason as
 ``blockReasonMessage`` (google-genai: ``prompt_feedback.block_reason``), as an event
-stream with ``alt=sse`` or as a one-element JSON array without; a blocked
+stream with ``alt=sse`` or as a one-element JSON array without. A held answer
+(``generateContent``, or a JSON-array stream read whole) is replaced by the answer read
+with each candidate emptied and finished ``SAFETY`` (HTTP 200, its model version,
+response id and usage), in the same shape (object or array). A blocked
 ``generateContent`` gets Google's error JSON, HTTP 400 ``INVALID_ARGUMENT``
 (google-genai raises ``ClientError``). Events are framed with CRLF, as Google frames
 them.
@@ -304,6 +307,8 @@ def _encode_args(args: Any) -> str:
 class GeminiNormalizer(JsonEventNormalizer):
     """Turns ``GenerateContentResponse`` chunks (SSE events or a JSON array) into events."""
 
+    filter_stop_reason = SAFETY
+
     def __init__(self, sse: bool = True) -> None:
         super().__init__()
         self.sse = sse  # an event stream (alt=sse), else a JSON array
@@ -314,6 +319,8 @@ class GeminiNormalizer(JsonEventNormalizer):
         self.open_calls: dict[int, _OpenCall] = {}  # candidate -> call still streaming
         self.meta: tuple[str | None, str | None] = (None, None)
         self.usage: Usage | None = None
+        self.answer: dict[str, Any] | None = None  # a whole response read (an array's last element)
+        self.array = False  # the whole body read was a JSON array
 
     # -- event streams (alt=sse) ----------------------------------------------------------
 
@@ -350,6 +357,23 @@ class GeminiNormalizer(JsonEventNormalizer):
             return sse_event(final, newline=CRLF)
         return (b"," if self.chunks else b"[") + orjson.dumps(final) + b"]"
 
+    def filtered_body(self, rule_id: str, reason: str) -> BlockedResponse | None:
+        """The answer read, each candidate emptied and finished ``SAFETY``, in its shape."""
+        answer = self.answer
+        if answer is None or answer.get("error") is not None:
+            return None
+        message = block_message(rule_id, reason)
+        final: dict[str, Any] = {
+            "candidates": [{"finishReason": SAFETY, "finishMessage": message, "index": i}
+                           for i in sorted(self.candidates) or [0]]
+        }
+        for name in ("usageMetadata", "modelVersion", "responseId"):
+            if answer.get(name) is not None:
+                final[name] = answer[name]
+        if self.array:
+            return json_response([final], 200, ARRAY_MEDIA_TYPE)
+        return json_response(final, status=200)
+
     # -- whole bodies: generateContent, a streamed JSON array, an HTTP error ----------------
 
     def on_body(self, body: bytes, http_status: int) -> list[Event]:
@@ -358,6 +382,7 @@ class GeminiNormalizer(JsonEventNormalizer):
         doc, finding = load_body_json(body)
         out: list[Event] = [finding] if finding else []
         if isinstance(doc, dict):  # generateContent: one whole response
+            self.answer, self.array = doc, False
             self._chunk(doc, out)
             self._close_all(out)
             out.append(StreamEnd())
@@ -369,8 +394,10 @@ class GeminiNormalizer(JsonEventNormalizer):
             if parsed is None:
                 return [Finding("response_invalid_json", "the response body is neither a JSON object nor an array")]
             elements, cut = parsed
+        self.array = True
         for element in elements:
             if isinstance(element, dict):
+                self.answer = element
                 self._chunk(element, out)
             else:
                 out.append(Finding("response_invalid_json", "a response array element is not a JSON object"))

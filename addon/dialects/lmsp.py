@@ -37,7 +37,11 @@ Each replayed event is reported as :class:`Replayed`, so the record counts it in
 When a content filter stops an exchange, the response fails: ``response.failed`` whose
 ``error`` is a problem object (``about:blank``, status 400, ``code``
 ``content_filtered``, the rule and reason as ``detail``), its event id following the
-last one and its ``response_id`` the stream's. A request blocked before it went
+last one and its ``response_id`` the stream's, carrying the response's ``output`` as the
+client received it (LMSP defines ``content_filtered`` as an error code, and no
+content-filter reason for ``incomplete``, so a filtered response is a failed one). A
+held synchronous answer is replaced by the problem document (HTTP 400), as a failed
+synchronous request is answered. A request blocked before it went
 upstream gets ``response.created`` (id 1) and ``response.failed`` (id 2) for a new
 response when it asked for a stream, else the problem document itself with HTTP 400
 (``application/problem+json``), as section 6.2 answers failed synchronous requests.
@@ -224,6 +228,7 @@ class LMSPNormalizer(ResponsesNormalizer):
     """LMSP events: Responses reading, event id checks and replay skipping."""
 
     FINAL_EVENTS = ResponsesNormalizer.FINAL_EVENTS | {"response.cancelled", "error"}
+    filter_stop_reason = "failed"  # LMSP's outcome for a filter: a failed response, code content_filtered
 
     def __init__(self, tasks: TaskProgress | None, task_id: str | None, resume_after: int | None,
                  declared_tools: frozenset[str] | None = None) -> None:
@@ -303,8 +308,9 @@ class LMSPNormalizer(ResponsesNormalizer):
         return out
 
     def termination(self, rule_id: str, reason: str) -> bytes:
-        """``response.failed`` with the block's problem object, ids continuing; a
-        response no event named yet is created first (a new ``resp_`` id)."""
+        """``response.failed`` with the block's problem object and the output the client
+        received (open items marked ``incomplete``), ids continuing; a response no event
+        named yet is created first (a new ``resp_`` id)."""
         if self.ended:
             return b""
         response_id = self.response_id
@@ -312,7 +318,8 @@ class LMSPNormalizer(ResponsesNormalizer):
         if response_id is None:
             response_id = random_id("resp_")
             events.append(("response.created", {"status": "in_progress"}))
-        events.append(("response.failed", {"status": "failed", "error": filter_problem(rule_id, reason)}))
+        events.append(("response.failed", {"status": "failed", "error": filter_problem(rule_id, reason),
+                                           "output": self.output_so_far(), "usage": None}))
         first_id = (self.last_id or 0) + 1
         return b"".join(
             sse_event({"response_id": response_id, **fields}, kind, event_id=first_id + n)

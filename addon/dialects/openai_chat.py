@@ -35,7 +35,9 @@ When a content filter stops an exchange: a stream being cut ends the way Azure O
 output filter ends one, with a chunk per unfinished choice carrying ``finish_reason:
 "content_filter"`` (and, in Azure's ``content_filter_results.custom_blocklists`` shape,
 the rule id), then ``[DONE]``; the SDK reports ``finish_reason == "content_filter"`` (its
-parsing helpers raise ``ContentFilterFinishReasonError``). A request blocked before it
+parsing helpers raise ``ContentFilterFinishReasonError``). A held non-streamed answer is
+replaced the same way: HTTP 200, the ``chat.completion`` with its id, model and usage,
+each choice's message emptied and finished with ``content_filter``. A request blocked before it
 went upstream is refused with an error: ``{"error": {..., "code": "content_filter"}}``
 (Azure's code for filtered prompts) as HTTP 400, or, for a streaming request, as the
 one chunk of the stream followed by ``[DONE]``, which the SDK raises as ``APIError``
@@ -132,6 +134,11 @@ class OpenAIChat(Dialect):
         return json_response(error)
 
 
+def filter_results(rule_id: str) -> dict[str, Any]:
+    """Azure's ``content_filter_results`` naming the rule as a custom blocklist."""
+    return {"custom_blocklists": {"filtered": True, "details": [{"filtered": True, "id": rule_id}]}}
+
+
 def _tool_names(body: dict[str, Any]) -> frozenset[str]:
     """Names from ``tools[].function.name`` (``custom.name``) and legacy ``functions[].name``."""
     tools = body.get("tools")
@@ -152,6 +159,7 @@ class OpenAIChatNormalizer(JsonEventNormalizer):
         self.reused: int = 0
         self.created: int | None = None  # of the chunks, repeated by a termination chunk
         self.finished: dict[int, bool] = {}  # choice -> a finish_reason was read
+        self.answer: dict[str, Any] | None = None  # a whole chat.completion read
 
     # -- streamed chunks ----------------------------------------------------------------
 
@@ -233,7 +241,7 @@ class OpenAIChatNormalizer(JsonEventNormalizer):
             "created": self.created or unix_now(),
             "model": model if isinstance(model, str) else "",
         }
-        results = {"custom_blocklists": {"filtered": True, "details": [{"filtered": True, "id": rule_id}]}}
+        results = filter_results(rule_id)
         chunks = []
         for index in unfinished(self.finished):
             choice = {
@@ -248,7 +256,19 @@ class OpenAIChatNormalizer(JsonEventNormalizer):
 
     # -- a whole chat.completion ----------------------------------------------------------
 
+    def filtered_body(self, rule_id: str, reason: str) -> BlockedResponse | None:
+        """The ``chat.completion`` read, each choice emptied and finished ``content_filter``."""
+        answer = self.answer
+        if answer is None or "error" in answer:
+            return None
+        message = {"role": "assistant", "content": None, "refusal": None}
+        choices = [{"index": choice_index(c, i), "message": message, "logprobs": None, "finish_reason": FILTER,
+                    "content_filter_results": filter_results(rule_id)} for i, c in choices_of(answer)]
+        return json_response(answer | {"choices": choices or [{"index": 0, "message": message, "logprobs": None,
+                                                               "finish_reason": FILTER}]}, status=200)
+
     def on_response(self, response: dict[str, Any]) -> list[Event]:
+        self.answer = response
         out: list[Event] = []
         self._meta(response, out)
         if "error" in response or response.get("object") == "error":

@@ -118,6 +118,7 @@ class OpenAICompletionsNormalizer(JsonEventNormalizer):
 
     def __init__(self) -> None:
         super().__init__()
+        self.answer: dict[str, Any] | None = None  # a whole text_completion read
         self.meta: tuple[Any, Any] = (None, None)  # (id, model) last reported
         self.created: int | None = None  # of the chunks, repeated by a termination chunk
         self.finished: dict[int, bool] = {}  # choice -> a finish_reason was read
@@ -135,7 +136,18 @@ class OpenAICompletionsNormalizer(JsonEventNormalizer):
         return out
 
     def on_response(self, response: dict[str, Any]) -> list[Event]:
+        self.answer = response
         return self.on_json(SSEEvent(), response)
+
+    def filtered_body(self, rule_id: str, reason: str) -> BlockedResponse | None:
+        """The ``text_completion`` read, each choice emptied and finished ``content_filter``."""
+        answer = self.answer
+        if answer is None or "error" in answer:
+            return None
+        choices = [{"text": "", "index": choice_index(c, i), "logprobs": None, "finish_reason": FILTER}
+                   for i, c in choices_of(answer)]
+        return json_response(answer | {"choices": choices or [{"text": "", "index": 0, "logprobs": None,
+                                                               "finish_reason": FILTER}]}, status=200)
 
     def _meta(self, obj: dict[str, Any], out: list[Event]) -> None:
         response_id, model = obj.get("id"), obj.get("model")

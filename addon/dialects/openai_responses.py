@@ -24,14 +24,19 @@ whose first event has a higher one is a continuation (``GET ...?stream=true&
 starting_after=N``); final events are ``response.completed``, ``.incomplete`` and
 ``.failed``; an ``error`` event is not final (``response.failed`` usually follows).
 
-When a content filter stops an exchange, the response fails: ``response.failed`` with
-``error.code`` ``content_filtered``, its sequence number continuing the stream's and its
-response the one the stream announced (the SDK's stream helper insists on the same id).
-That response carries no ``output``, so the SDK's helper fills in the items streamed so
-far. A request blocked before it went upstream gets ``response.created`` and
-``response.failed`` (sequence numbers 0 and 1, a fresh ``resp_`` id, empty output) when
-it asked for a stream, else OpenAI's error JSON with code ``content_filtered`` and HTTP
-400 (``BadRequestError`` in the SDK).
+When a content filter stops an answer, the response ends the way OpenAI ends one its own
+content filter stopped: ``incomplete``, with ``incomplete_details.reason``
+``content_filter``. A stream gets ``response.incomplete``, its sequence number continuing
+the stream's, carrying the whole response the stream announced (the SDK helpers insist
+on the same id) with ``output`` as the client received it (open items marked
+``incomplete``; see :meth:`~addon.dialects.responses.ResponsesNormalizer.output_so_far`),
+so the Node SDK's ``finalResponse()`` and the Vercel AI SDK (``finishReason:
+"content-filter"``) read it. A held non-streamed answer is replaced by that response
+object (HTTP 200, no output). The rule and reason stay in the audit record: an
+incomplete response has no place for a message. A request blocked before it went
+upstream gets ``response.created`` and ``response.incomplete`` (sequence numbers 0 and
+1, a fresh ``resp_`` id, empty output) when it asked for a stream, else OpenAI's error
+JSON with code ``content_filtered`` and HTTP 400 (``BadRequestError`` in the SDK).
 """
 
 from __future__ import annotations
@@ -68,6 +73,7 @@ from addon.sse import SSEEvent
 PATH_SUFFIX = "/responses"
 LMSP_SEGMENT = "/lmsp/"
 RESPONSE_ID_PREFIX = "resp"
+FILTER_REASON = "content_filter"  # incomplete_details.reason of OpenAI's own content filter
 
 
 class OpenAIResponses(Dialect):
@@ -157,26 +163,39 @@ class OpenAIResponsesNormalizer(ResponsesNormalizer):
             self.response = response
         return super().on_json(event, obj)
 
+    def on_response(self, response: dict[str, Any]) -> list[Event]:
+        self.response = response
+        return super().on_response(response)
+
     def termination(self, rule_id: str, reason: str) -> bytes:
-        """``response.failed`` for the response the stream announced (its last lifecycle
-        snapshot, failed, without ``output``); when none was announced, a new response
-        is created first."""
+        """``response.incomplete`` (``content_filter``) for the response the stream
+        announced, with the output the client received; when none was announced, a new
+        response is created first."""
         if self.ended:
             return b""
-        error = {"code": FILTERED_CODE, "message": block_message(rule_id, reason)}
         events: list[tuple[str, dict[str, Any]]] = []
-        if self.response is None:
-            created = _new_response(self.model)
-            events.append(("response.created", created))
-            failed = created | {"status": "failed", "error": error}
-        else:
-            failed = {k: v for k, v in self.response.items() if k != "output"} | {"status": "failed", "error": error}
-        events.append(("response.failed", failed))
+        response = self.response
+        if response is None:
+            response = _new_response(self.model)
+            events.append(("response.created", response))
+        events.append(("response.incomplete", _filtered(response, self.output_so_far())))
         seq = 0 if self.last_seq is None else self.last_seq + 1
         return b"".join(
             sse_event({"type": kind, "sequence_number": seq + n, "response": response}, kind)
             for n, (kind, response) in enumerate(events)
         )
+
+    def filtered_body(self, rule_id: str, reason: str) -> BlockedResponse | None:
+        """The answer read, as an ``incomplete`` response with no output."""
+        if self.response is None or self.response.get("object") != "response":
+            return None
+        return json_response(_filtered(self.response, []), status=200)
+
+
+def _filtered(response: dict[str, Any], output: list[dict[str, Any]]) -> dict[str, Any]:
+    """``response`` as one a content filter stopped, with ``output``."""
+    return response | {"status": "incomplete", "incomplete_details": {"reason": FILTER_REASON},
+                       "error": None, "output": output}
 
 
 def _new_response(model: str | None) -> dict[str, Any]:

@@ -174,6 +174,10 @@ class ResponsesNormalizer(JsonEventNormalizer):
         self.item_at: dict[int, str] = {}  # output_index -> item id
         self.undeclared: set[str] = set()  # calls already reported as undeclared
         self.disagreeing: set[tuple[tuple[str, str, int], int]] = set()  # (part, hash of a final text) seen
+        # What the client received, kept only when keeps_delivered (see output_so_far):
+        self.items: dict[int, dict[str, Any]] = {}  # output_index -> item as added, or as done
+        self.items_done: set[int] = set()
+        self.part_types: dict[tuple[str, int], str] = {}  # (item id, content_index) -> part type
 
     # -- dispatch -------------------------------------------------------------------------
 
@@ -280,6 +284,8 @@ class ResponsesNormalizer(JsonEventNormalizer):
         if not isinstance(item, dict):
             return
         index = int_field(obj, "output_index")
+        if self.keeps_delivered:
+            self._keep_item(index, item, done=False)
         item_id = str_field(item, "id")
         if item_id is None:
             item_id = self.item_at.get(index or 0) or f"#{index or 0}"
@@ -299,7 +305,52 @@ class ResponsesNormalizer(JsonEventNormalizer):
     def _item_done(self, obj: dict[str, Any], out: list[Event]) -> None:
         item = obj.get("item")
         if isinstance(item, dict):
+            if self.keeps_delivered:
+                self._keep_item(int_field(obj, "output_index"), item, done=True)
             self._settle_item(item, int_field(obj, "output_index"), None, out)
+
+    def _part_added(self, obj: dict[str, Any], out: list[Event]) -> None:
+        """``response.content_part.added``: which kind of part (text or refusal) an open
+        message item has at each index, for :meth:`output_so_far`."""
+        part = obj.get("part")
+        if self.keeps_delivered and isinstance(part, dict) and isinstance(part.get("type"), str):
+            self.part_types[(self._item_id(obj), int_field(obj, "content_index") or 0)] = part["type"]
+
+    # -- what the client received (the output gate's normalizer) --------------------------
+
+    def _keep_item(self, index: int | None, item: dict[str, Any], done: bool) -> None:
+        if index is None:  # no output_index: the item of the same id, else the next place
+            item_id = item.get("id")
+            index = next((i for i, kept in self.items.items() if item_id and kept.get("id") == item_id),
+                         len(self.items))
+        self.items[index] = item
+        if done:
+            self.items_done.add(index)
+
+    def output_so_far(self) -> list[dict[str, Any]]:
+        """The response's ``output`` as the client received it, for a final response
+        object the proxy sends: each finished item as its done event gave it, each open
+        one rebuilt from its deltas and marked ``incomplete`` (a call's cut arguments
+        stay cut: the status says the call is not whole). Needs :attr:`keeps_delivered`."""
+        return [self.items[i] if i in self.items_done else self._open_item(i, self.items[i])
+                for i in sorted(self.items)]
+
+    def _open_item(self, index: int, item: dict[str, Any]) -> dict[str, Any]:
+        item_id = str_field(item, "id") or self.item_at.get(index) or f"#{index}"
+        rebuilt = dict(item, status="incomplete")
+        kind = item.get("type")
+        if kind in CALL_PAYLOAD:
+            rebuilt[CALL_PAYLOAD[kind]] = "".join(self.arguments.get(item_id, ()))
+        elif kind == "message":
+            rebuilt["content"] = [_part(self.part_types.get((item_id, i), "output_text"), text)
+                                  for i, text in self._texts(item_id, "content")]
+        elif kind == "reasoning":
+            rebuilt["summary"] = [{"type": "summary_text", "text": text} for _, text in self._texts(item_id, "summary")]
+        return rebuilt
+
+    def _texts(self, item_id: str, space: str) -> list[tuple[int, str]]:
+        return sorted((i, "".join(got)) for (owner, where, i), got in self.parts.items()
+                      if owner == item_id and where == space)
 
     def _output(self, output: Any, status: str | None, out: list[Event]) -> None:
         """Settle every item of a whole response's ``output``.
@@ -476,6 +527,13 @@ class ResponsesNormalizer(JsonEventNormalizer):
         self._settle_call(self._item_id(obj), obj.get("input"), None, True, out)
 
 
+def _part(part_type: str, text: str) -> dict[str, Any]:
+    """A message content part as a final response object carries it."""
+    if part_type == "refusal":
+        return {"type": "refusal", "refusal": text}
+    return {"type": "output_text", "text": text, "annotations": []}
+
+
 def _stop_reason(resp: dict[str, Any], status: str) -> str:
     """The provider's stop reason: ``incomplete_details.reason`` when incomplete, else
     the status (``completed``, ``failed``, ``cancelled``)."""
@@ -500,6 +558,7 @@ _HANDLERS = {
     "response.reasoning_summary_text.done": ResponsesNormalizer._summary_done,
     "response.reasoning_text.delta": ResponsesNormalizer._reasoning_delta,
     "response.reasoning_text.done": ResponsesNormalizer._reasoning_done,
+    "response.content_part.added": ResponsesNormalizer._part_added,
     "response.content_part.done": ResponsesNormalizer._part_done,
     "response.reasoning_summary_part.done": ResponsesNormalizer._part_done,
     "response.function_call_arguments.delta": ResponsesNormalizer._arguments_delta,

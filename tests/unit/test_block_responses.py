@@ -33,8 +33,9 @@ from google import genai
 from google.genai import errors as genai_errors
 from google.genai import types as genai_types
 from openai.types.chat import ChatCompletionChunk
-from openai.types.responses import ResponseCreatedEvent, ResponseFailedEvent
-from pydantic import ValidationError
+from anthropic.types import RawMessageStreamEvent
+from openai.types.responses import ResponseCreatedEvent, ResponseIncompleteEvent
+from pydantic import TypeAdapter
 
 from addon.auditor import StreamAuditor, summary_into_record
 from addon.dialects import (
@@ -239,12 +240,13 @@ class Reader:
     """The proxy's pipeline for one response: record, normalizer, auditor."""
 
     def __init__(self, case: Case, *, event_stream: bool = True, status: int = 200,
-                 request_view: RequestView | None = None) -> None:
+                 request_view: RequestView | None = None, keeps_delivered: bool = False) -> None:
         request_view = request_view or case.view
         self.record = ExchangeRecord(dialect=case.name, streamed=event_stream, http_status=status)
         summary = case.dialect.summarize(case.request, request_view)
         summary_into_record(self.record, summary)
         self.normalizer: Normalizer = case.dialect.normalizer(summary)
+        self.normalizer.keeps_delivered = keeps_delivered  # as the output gate's normalizer
         self.auditor = StreamAuditor(self.record, self.normalizer, None, 8 * 1024 * 1024, event_stream=event_stream)
 
     def feed(self, body: bytes) -> Reader:
@@ -282,15 +284,17 @@ def test_every_registered_dialect_is_tested() -> None:
 
 # -- a request blocked before it goes upstream: our record ------------------------------------------
 
-# dialect -> (error_code, finish_reasons, findings) of the blocked streaming answer
+# dialect -> (status, error_code, finish_reasons) of the blocked streaming answer, read by a
+# proxy behind this one: an error where the API refuses a request with one, else the API's
+# own filtered outcome (Responses: incomplete, content_filter; Anthropic: a refusal)
 BLOCKED_STREAM_RECORD = {
-    "llm-stream": ("content_filtered", [], []),
-    "openai-chat": ("content_filter", [], []),
-    "openai-completions": ("content_filter", [], []),
-    "openai-responses": ("content_filtered", ["failed"], []),
-    "anthropic-messages": ("invalid_request_error", [], ["missing_stream_end"]),  # as every Anthropic error stream
-    "gemini": ("SAFETY", ["SAFETY"], []),
-    "lmsp": ("content_filtered", ["failed"], []),
+    "llm-stream": ("failed", "content_filtered", []),
+    "openai-chat": ("failed", "content_filter", []),
+    "openai-completions": ("failed", "content_filter", []),
+    "openai-responses": ("completed", None, ["content_filter"]),
+    "anthropic-messages": ("completed", None, ["refusal"]),
+    "gemini": ("failed", "SAFETY", ["SAFETY"]),
+    "lmsp": ("failed", "content_filtered", ["failed"]),
 }
 BLOCKED_BODY_CODE = {
     "llm-stream": "content_filtered",
@@ -309,10 +313,13 @@ def test_blocked_streaming_request_is_an_event_stream_our_pipeline_reads_as_the_
     answer = blocked(case, streaming=True)
     assert (answer.status, dict(answer.headers)["content-type"]) == (200, "text/event-stream")
     row = read(case, answer.body)
-    code, finish_reasons, findings = BLOCKED_STREAM_RECORD[name]
-    assert (row["status"], row["error_code"], row["error_message"]) == ("failed", code, MESSAGE)
-    assert (row["finish_reasons"], codes(row), row["output_text"]) == (finish_reasons, findings, "")
-    assert row["input_tokens"] is None and row["usage_source"] == "none"  # nothing made up
+    status, code, finish_reasons = BLOCKED_STREAM_RECORD[name]
+    assert (row["status"], row["error_code"], row["error_message"]) == (status, code, code and MESSAGE)
+    assert (row["finish_reasons"], codes(row), row["output_text"]) == (finish_reasons, [], "")
+    if name == "anthropic-messages":  # its message_start must carry usage: nothing was generated
+        assert (row["input_tokens"], row["output_tokens"]) == (0, 0)
+    else:
+        assert row["input_tokens"] is None and row["usage_source"] == "none"  # nothing made up
 
 
 @pytest.mark.parametrize("name", CASES)
@@ -366,11 +373,11 @@ def test_blocked_gemini_stream_without_alt_sse_is_a_json_array_with_the_prompt_f
 
 def test_what_the_proxy_makes_validates_against_the_sdks_models() -> None:
     """The SDKs parse leniently; their pydantic models are the strict reading of each API."""
-    created, failed = sse_events(blocked(CASES["openai-responses"], streaming=True).body)
+    created, incomplete = sse_events(blocked(CASES["openai-responses"], streaming=True).body)
     ResponseCreatedEvent.model_validate_json(created.data)
-    with pytest.raises(ValidationError) as invalid:  # the SDK itself reads it (see below); its model lists
-        ResponseFailedEvent.model_validate_json(failed.data)  # only OpenAI's own codes, not content_filtered
-    assert [error["loc"] for error in invalid.value.errors()] == [("response", "error", "code")]
+    ResponseIncompleteEvent.model_validate_json(incomplete.data)  # content_filter is one of OpenAI's reasons
+    for event in sse_events(blocked(CASES["anthropic-messages"], streaming=True).body):
+        TypeAdapter(RawMessageStreamEvent).validate_json(event.data)  # the refusal, strictly typed
     for event in sse_events(blocked(CASES["gemini"], streaming=True).body):
         genai_types.GenerateContentResponse.model_validate_json(event.data)
     for name in ("openai-chat", "gemini"):
@@ -401,21 +408,21 @@ def test_openai_chat_sdk_raises_the_block_as_api_error_in_a_stream_and_bad_reque
         400, "content_filter", f"Error code: 400 - {MESSAGE}")
 
 
-def test_openai_responses_sdk_sees_the_created_response_fail_with_content_filtered(upstream: Upstream) -> None:
+def test_openai_responses_sdk_sees_the_created_response_incomplete_by_content_filter(upstream: Upstream) -> None:
     case = CASES["openai-responses"]
     client = openai_client(upstream.serve(blocked(case, streaming=True)))
     events = list(client.responses.create(model="gpt-5", input="hi", stream=True))
-    assert [e.type for e in events] == ["response.created", "response.failed"]
+    assert [e.type for e in events] == ["response.created", "response.incomplete"]
     assert [e.sequence_number for e in events] == [0, 1]
-    failed = events[1].response
-    assert failed.id == events[0].response.id and failed.status == "failed" and failed.output == []
-    assert failed.error is not None and (failed.error.code, failed.error.message) == ("content_filtered", MESSAGE)
+    final = events[1].response
+    assert final.id == events[0].response.id and final.status == "incomplete" and final.output == []
+    assert final.incomplete_details is not None and final.incomplete_details.reason == "content_filter"
 
     with client.responses.stream(model="gpt-5", input="hi") as stream:
         helper_events = list(stream)
-        with pytest.raises(RuntimeError, match=r"response\.completed"):  # the SDK's answer to any failed response
+        with pytest.raises(RuntimeError, match=r"response\.completed"):  # the SDK's answer to any incomplete response
             stream.get_final_response()
-    assert helper_events[-1].type == "response.failed"
+    assert helper_events[-1].type == "response.incomplete"
 
     client = openai_client(upstream.serve(blocked(case, streaming=False)))
     with pytest.raises(openai.BadRequestError) as refused:
@@ -423,19 +430,21 @@ def test_openai_responses_sdk_sees_the_created_response_fail_with_content_filter
     assert (refused.value.code, refused.value.type) == ("content_filtered", "invalid_request_error")
 
 
-def test_anthropic_sdk_raises_the_error_event_and_the_400(upstream: Upstream) -> None:
+def refusal_explanation(message: anthropic.types.Message) -> str | None:
+    details = message.stop_details
+    return details.explanation if details is not None else None
+
+
+def test_anthropic_sdk_sees_a_refusal_in_a_stream_and_the_400_without(upstream: Upstream) -> None:
     case = CASES["anthropic-messages"]
     body = {"type": "error", "error": {"type": "invalid_request_error", "message": MESSAGE}}
     client = anthropic_client(upstream.serve(blocked(case, streaming=True)))
-    with pytest.raises(anthropic.APIStatusError) as raised:
-        for _ in client.messages.create(model="claude", max_tokens=10, messages=MESSAGES, stream=True):
-            pass
-    assert (type(raised.value), raised.value.body) == (anthropic.APIStatusError, body)
-    with pytest.raises(anthropic.APIStatusError) as raised, client.messages.stream(
-        model="claude", max_tokens=10, messages=MESSAGES
-    ) as stream:
-        list(stream.text_stream)
-    assert raised.value.body == body
+    events = list(client.messages.create(model="claude", max_tokens=10, messages=MESSAGES, stream=True))
+    assert [e.type for e in events] == ["message_start", "message_delta", "message_stop"]
+    with client.messages.stream(model="claude", max_tokens=10, messages=MESSAGES) as stream:
+        message = stream.get_final_message()
+    assert (message.stop_reason, message.content, message.model) == ("refusal", [], case.request["model"])
+    assert refusal_explanation(message) == MESSAGE
 
     client = anthropic_client(upstream.serve(blocked(case, streaming=False)))
     with pytest.raises(anthropic.BadRequestError) as refused:
@@ -468,7 +477,7 @@ def cut_stream(case: Case, cut_name: str, scenario: Scenario = SCENARIO) -> tupl
     """(the bytes forwarded before the cut, the termination, the record of both) for ``case``."""
     items = case.stream(case.request, scenario)
     prefix = b"".join(cut(items, *case.cuts[cut_name]))
-    reader = Reader(case).feed(prefix)
+    reader = Reader(case, keeps_delivered=True).feed(prefix)
     tail = reader.normalizer.termination(RULE, REASON)
     return prefix, tail, reader.feed(tail).row()  # the proxy's record reads what the client got
 
@@ -478,8 +487,8 @@ CUT_RECORD: dict[str, tuple[str, str | None, str, dict[str, list[str]]]] = {
     "llm-stream": ("failed", "content_filtered", "content_filter", {}),
     "openai-chat": ("completed", None, "content_filter", {"mid_tool": ["tool_call_truncated"]}),
     "openai-completions": ("completed", None, "content_filter", {}),
-    "openai-responses": ("failed", "content_filtered", "failed", {"mid_tool": ["tool_call_truncated"]}),
-    "anthropic-messages": ("failed", "invalid_request_error", "", {"mid_tool": ["tool_call_truncated"]}),
+    "openai-responses": ("completed", None, "content_filter", {"mid_tool": ["tool_call_truncated"]}),
+    "anthropic-messages": ("completed", None, "refusal", {"mid_tool": ["tool_call_truncated"]}),
     "gemini": ("completed", None, "SAFETY", {}),
     "lmsp": ("failed", "content_filtered", "failed", {"mid_tool": ["tool_call_truncated"]}),
 }
@@ -489,10 +498,7 @@ CUT_RECORD: dict[str, tuple[str, str | None, str, dict[str, list[str]]]] = {
 def test_termination_makes_a_cut_stream_well_formed_for_our_normalizer(name: str, cut_name: str) -> None:
     _, _, row = cut_stream(CASES[name], cut_name)
     status, code, finish, findings = CUT_RECORD[name]
-    expected_findings = list(findings.get(cut_name, []))
-    if name == "anthropic-messages":
-        expected_findings.insert(0, "missing_stream_end")  # Anthropic ends a stream with its error event
-    assert codes(row) == expected_findings
+    assert codes(row) == list(findings.get(cut_name, []))
     assert (row["status"], row["error_code"], row["output_text"]) == (status, code, PARTIAL_TEXT[cut_name])
     if code is not None:
         assert row["error_message"] == MESSAGE
@@ -620,17 +626,18 @@ def responses_sdk(url: str, cut_name: str) -> None:
     client = openai_client(url)
     events = list(client.responses.create(model="gpt-5", input="hi", tools=RESPONSES_TOOLS, stream=True))
     assert [e.sequence_number for e in events] == list(range(len(events)))
-    failed = events[-1]
-    assert failed.type == "response.failed" and failed.response.id == events[0].response.id  # type: ignore[union-attr]
-    error = failed.response.error  # type: ignore[union-attr]
-    assert error is not None and (error.code, error.message) == ("content_filtered", MESSAGE)
+    final = events[-1]
+    assert final.type == "response.incomplete" and final.response.id == events[0].response.id  # type: ignore[union-attr]
+    details = final.response.incomplete_details  # type: ignore[union-attr]
+    assert details is not None and details.reason == "content_filter"
     assert "".join(e.delta for e in events if e.type == "response.output_text.delta") == PARTIAL_TEXT[cut_name]
+    assert final.response.output_text == PARTIAL_TEXT[cut_name]  # type: ignore[union-attr]  # the output is carried
 
     with client.responses.stream(model="gpt-5", input="hi", tools=RESPONSES_TOOLS) as stream:
         last = list(stream)[-1]
-        with pytest.raises(RuntimeError, match=r"response\.completed"):
+        with pytest.raises(RuntimeError, match=r"response\.completed"):  # as for every incomplete response
             stream.get_final_response()
-    assert last.type == "response.failed"
+    assert last.type == "response.incomplete"
     output = last.response.output  # type: ignore[union-attr]
     messages = [item for item in output if item.type == "message"]
     texts = [part.text for item in messages for part in item.content]  # type: ignore[union-attr]
@@ -642,13 +649,16 @@ def responses_sdk(url: str, cut_name: str) -> None:
 def anthropic_sdk(url: str, cut_name: str) -> None:
     client = anthropic_client(url)
     received: list[str] = []
-    with pytest.raises(anthropic.APIStatusError) as raised, client.messages.stream(
+    with client.messages.stream(
         model="claude-sonnet-4", max_tokens=1024, messages=MESSAGES, tools=ANTHROPIC_TOOLS
     ) as stream:
         for text in stream.text_stream:
             received.append(text)
+        message = stream.get_final_message()
     assert "".join(received) == PARTIAL_TEXT[cut_name]
-    assert raised.value.body == {"type": "error", "error": {"type": "invalid_request_error", "message": MESSAGE}}
+    assert (message.stop_reason, refusal_explanation(message)) == ("refusal", MESSAGE)
+    texts = [block.text for block in message.content if block.type == "text"]
+    assert "".join(texts) == PARTIAL_TEXT[cut_name]
 
 
 def gemini_sdk(url: str, cut_name: str) -> None:
@@ -728,7 +738,7 @@ def test_gemini_termination_of_a_streamed_vertex_function_call(upstream: Upstrea
             "willContinue": True}}]}, "index": 0}]},
     ]
     prefix = b"".join(b"data: " + orjson.dumps(c) + b"\r\n\r\n" for c in chunks)
-    reader = Reader(case).feed(prefix)
+    reader = Reader(case, keeps_delivered=True).feed(prefix)
     tail = reader.normalizer.termination(RULE, REASON)
     row = reader.feed(tail).row()
     assert (row["status"], row["finish_reasons"], codes(row)) == ("completed", ["SAFETY"], ["tool_call_truncated"])

@@ -39,7 +39,8 @@ from storage.verify import verify
 BIN = Path(sys.executable).parent
 ADDED_SINCE_0001 = {"bytes_from_upstream", "delivered_text",  # by 0002
                     "chain_id", "chain_seq", "prev_hash", "record_hash", "content_hashes", "erased_at",  # by 0004
-                    "open_mac"}  # by 0006
+                    "open_mac",  # by 0006
+                    "client_status"}  # by 0007
 INDEXED_IN_0001 = ("started_at", "ended_at", "user_id", "request_model", "status")  # one column each
 
 

@@ -140,8 +140,10 @@ def test_a_final_text_that_disagrees_with_the_deltas_is_checked_before_its_relea
     row = assert_blocked_everywhere(body, "output.choices[0].final_text")
     assert row["output_text"] == "Hello there", "the record keeps what a streaming client showed"
     assert "final_text_mismatch" in codes(row)
-    events = [e.event for e in sse_events(b"".join(gated(RESPONSES, body, [], BLOCKING)[0]))]
-    assert where not in events and "response.failed" in events
+    sent = b"".join(gated(RESPONSES, body, [], BLOCKING)[0])
+    events = [e.event for e in sse_events(sent)]
+    assert where not in events and "response.incomplete" in events
+    assert WORD.encode() not in sent, "the final response carries the output the client had, not the held text"
 
 
 def test_a_final_text_that_differs_harmlessly_is_a_finding_and_passes():
