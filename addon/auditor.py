@@ -259,7 +259,7 @@ class StreamAuditor:
             return out
         if not gate.split_raw:
             if record is not None:
-                record.block(message)
+                record.block(message, [])
                 record.add_finding("termination_not_sent", "the response body is compressed")
             return out
         try:
@@ -267,10 +267,10 @@ class StreamAuditor:
         except Exception as e:  # noqa: BLE001 - a clean end without the dialect's events still beats a hang
             self._fail(e)
             if record is not None:
-                record.block(message)
+                record.block(message, [])
             return out
-        if record is not None:  # (no ending: the client already had the upstream's own)
-            record.block(message, gate.forwarded.filter_stop_reason if ending else None)
+        if record is not None:  # (no ending: the client already had the upstream's own end)
+            record.block(message, [gate.forwarded.filter_stop_reason] if ending else None)
         return out + ending
 
     def end(self, cut_by_upstream: bool = False) -> None:

@@ -628,7 +628,7 @@ class LLMAudit:
                                                              streaming=bool(audit.summary.stream))
         flow.response = http.Response.make(answer.status, answer.body, dict(answer.headers))
         record.block(block_message(block.rule_id, block.reason),
-                     audit.normalizer.filter_stop_reason if filtered is not None else None)
+                     [audit.normalizer.filter_stop_reason] if filtered is not None else [])
         record.bytes_to_client = len(answer.body)
         record.delivered_text = ""
         if answer.status != record.http_status:

@@ -157,7 +157,7 @@ class ExchangeRecord:
     bytes_from_upstream: int = 0
     delivered_text: str | None = None  # set when a content filter made it differ from the output
     client_status: int | None = None  # the proxy's status when it replaced an answer the upstream sent
-    client_finish_reason: str | None = None  # the stop reason the client got when a filter ended the answer
+    client_finish_reasons: list[str] | None = None  # the stop reasons the client got when a filter ended the answer
     findings: list[dict[str, str]] = field(default_factory=list)
     verdicts: list[dict[str, Any]] = field(default_factory=list)
     # the cap on kept content, and the true size of all the content the exchange carried
@@ -251,12 +251,13 @@ class ExchangeRecord:
         c = self.choices.get(0)
         return "".join(c.text) if c else ""
 
-    def block(self, message: str, finish_reason: str | None = None) -> None:
-        """A content filter stopped this exchange; ``finish_reason``: the stop reason the
-        proxy's answer gave the client (none when it got an error), which is then the
-        record's ``finish_reasons``: the record says what the client got."""
+    def block(self, message: str, finish_reasons: list[str] | None = None) -> None:
+        """A content filter stopped this exchange. ``finish_reasons``: the stop reasons the
+        proxy's answer gave the client (``[]`` when it got an error or a cut stream), which
+        are then the record's ``finish_reasons``, so that the record says what the client
+        got; ``None`` keeps the upstream's (the client had them)."""
         self.status, self.error_code, self.error_message = "blocked", BLOCKED_CODE, message
-        self.client_finish_reason = finish_reason
+        self.client_finish_reasons = finish_reasons
 
     def finish(self, outcome: str, ended_at: float | None = None) -> None:
         """Settle the status once the exchange is over.
@@ -323,7 +324,7 @@ class ExchangeRecord:
             "output_text": output_text,
             "output": {"choices": choices, "tool_calls": tool_calls},
             "tool_calls": [t.as_dict() for t in self.tool_calls.values()],
-            "finish_reasons": [self.client_finish_reason] if self.client_finish_reason is not None else
+            "finish_reasons": self.client_finish_reasons if self.client_finish_reasons is not None else
                               [c["finish_reason"] for c in choices if c["finish_reason"] is not None],
             "input_tokens": self.usage.get("input_tokens"),
             "output_tokens": self.usage.get("output_tokens"),

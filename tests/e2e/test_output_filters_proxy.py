@@ -75,8 +75,9 @@ def http_client(proxy: Proxy, transport: str, lib: Any = httpx) -> Any:
                       http2=transport == "h2", timeout=30)
 
 
-def assert_stopped(proxy: Proxy, up, mock_id: str, shown: str) -> dict:
-    """The record of a stream blocked mid-way, and the upstream told to stop."""
+def assert_stopped(proxy: Proxy, up, mock_id: str, shown: str, finish: str) -> dict:
+    """The record of a stream blocked mid-way, and the upstream told to stop; ``finish``:
+    the stop reason the client received, which the record's ``finish_reasons`` repeat."""
     assert WORD not in shown and TEXT.startswith(shown) and len(shown) <= SHOWN_AT_MOST
     row = proxy.mock_row(mock_id)
     assert (row["status"], row["error_code"]) == ("blocked", "content_filtered")
@@ -86,6 +87,7 @@ def assert_stopped(proxy: Proxy, up, mock_id: str, shown: str) -> dict:
     assert WORD not in orjson.dumps(row["verdicts"]).decode() and WORD not in row["error_message"]
     assert WORD in row["output_text"], "the record keeps what the upstream sent"
     assert (row["delivered_text"] or "") == shown
+    assert (row["finish_reasons"], row["client_status"]) == ([finish], None)
     assert row["bytes_to_client"] < row["bytes_from_upstream"]
     sent = wait_for(lambda: (s := up.sent(mock_id)) and (s["disconnected"] or s["completed"]) and s,
                     timeout=5, what="the upstream's stream to end")
@@ -108,35 +110,64 @@ def test_openai_chat_stream_finishes_with_content_filter(guarded, upstreams, tra
                                                      extra_headers=headers))
     shown = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert chunks[-1].choices[0].finish_reason == "content_filter"
-    assert_stopped(guarded, up, mock_id, shown)
+    assert_stopped(guarded, up, mock_id, shown, "content_filter")
 
 
-def test_openai_responses_stream_ends_with_response_failed(guarded, upstreams, transport):
+def test_openai_chat_stream_helper_raises_its_content_filter_error(guarded, upstreams, transport):
+    up = upstreams[transport]
+    mock_id, headers = ids()
+    with http_client(guarded, transport) as http:
+        client = openai.OpenAI(base_url=f"{up.url}/v1", api_key="sk-test", max_retries=0, http_client=http)
+        with pytest.raises(openai.ContentFilterFinishReasonError) as filtered, client.chat.completions.stream(
+                model="gpt-4o", messages=MESSAGES, extra_headers=headers) as stream:
+            stream.get_final_completion()  # the SDK's own outcome of a content_filter finish
+    final = filtered.value.completion
+    assert final.choices[0].finish_reason == "content_filter"
+    assert_stopped(guarded, up, mock_id, final.choices[0].message.content or "", "content_filter")
+
+
+def test_openai_responses_stream_ends_incomplete_by_content_filter(guarded, upstreams, transport):
     up = upstreams[transport]
     mock_id, headers = ids()
     with http_client(guarded, transport) as http:
         client = openai.OpenAI(base_url=f"{up.url}/v1", api_key="sk-test", max_retries=0, http_client=http)
         events = list(client.responses.create(model="gpt-5", input="hi", stream=True, extra_headers=headers))
     shown = "".join(e.delta for e in events if e.type == "response.output_text.delta")
-    assert events[-1].type == "response.failed"
-    assert events[-1].response.error.code == "content_filtered"
+    final = events[-1]
+    assert final.type == "response.incomplete" and final.response.incomplete_details.reason == "content_filter"
+    assert final.response.output_text == shown, "the final response carries the output the client had"
     assert [e.sequence_number for e in events] == list(range(len(events)))
-    assert_stopped(guarded, up, mock_id, shown)
+    assert_stopped(guarded, up, mock_id, shown, "content_filter")
 
 
-def test_anthropic_stream_raises_the_error_event(guarded, upstreams, transport):
+def test_openai_responses_stream_helper_ends_on_the_incomplete_response(guarded, upstreams, transport):
+    up = upstreams[transport]
+    mock_id, headers = ids()
+    with http_client(guarded, transport) as http:
+        client = openai.OpenAI(base_url=f"{up.url}/v1", api_key="sk-test", max_retries=0, http_client=http)
+        with client.responses.stream(model="gpt-5", input="hi", extra_headers=headers) as stream:
+            events = list(stream)
+            with pytest.raises(RuntimeError, match=r"response\.completed"):  # as for any incomplete response
+                stream.get_final_response()
+    final = events[-1]
+    assert final.type == "response.incomplete" and final.response.incomplete_details.reason == "content_filter"
+    assert_stopped(guarded, up, mock_id, final.response.output_text, "content_filter")
+
+
+def test_anthropic_stream_ends_with_a_refusal(guarded, upstreams, transport):
     up = upstreams[transport]
     mock_id, headers = ids()
     shown = ""
     with http_client(guarded, transport, httpx2) as http:
         client = anthropic.Anthropic(base_url=up.url, api_key="sk-ant-test", max_retries=0, http_client=http)
-        with pytest.raises(anthropic.APIStatusError) as raised:
-            with client.messages.stream(model="claude-sonnet-4", max_tokens=100, messages=MESSAGES,
-                                        extra_headers=headers) as stream:
-                for text in stream.text_stream:
-                    shown += text
-    assert raised.value.body["error"]["type"] == "invalid_request_error"
-    assert_stopped(guarded, up, mock_id, shown)
+        with client.messages.stream(model="claude-sonnet-4", max_tokens=100, messages=MESSAGES,
+                                    extra_headers=headers) as stream:
+            for text in stream.text_stream:
+                shown += text
+            message = stream.get_final_message()
+    assert message.stop_reason == "refusal" and "no-code-name" in message.stop_details.explanation
+    assert "".join(b.text for b in message.content if b.type == "text") == shown
+    assert_stopped(guarded, up, mock_id, shown, "refusal")
 
 
 def test_gemini_stream_ends_with_a_safety_finish(guarded, upstreams, transport):
@@ -147,7 +178,7 @@ def test_gemini_stream_ends_with_a_safety_finish(guarded, upstreams, transport):
             model="gemini-2.5-flash", contents="hi"))
     shown = "".join(c.text or "" for c in chunks)
     assert chunks[-1].candidates[0].finish_reason == genai_types.FinishReason.SAFETY
-    assert_stopped(guarded, up, mock_id, shown)
+    assert_stopped(guarded, up, mock_id, shown, "SAFETY")
 
 
 def sse(body: bytes) -> list[tuple[str, dict]]:
@@ -170,7 +201,7 @@ def test_llm_stream_closes_the_block_errors_and_ends_with_seq_continuing(guarded
     assert [kind for kind, _ in events[-3:]] == ["content.stop", "error", "stream.end"]
     assert (events[-3][1]["stop_reason"], events[-2][1]["code"]) == ("content_filter", "content_filtered")
     shown = "".join(d["delta"]["text"] for kind, d in events if kind == "content.delta")
-    assert_stopped(guarded, up, mock_id, shown)
+    assert_stopped(guarded, up, mock_id, shown, "content_filter")
 
 
 def test_lmsp_stream_ends_with_response_failed(guarded, upstreams, transport):
@@ -182,20 +213,70 @@ def test_lmsp_stream_ends_with_response_failed(guarded, upstreams, transport):
     events = sse(body)
     assert events[-1][0] == "response.failed" and events[-1][1]["error"]["code"] == "content_filtered"
     shown = "".join(d["delta"] for kind, d in events if kind == "response.output_text.delta")
-    assert_stopped(guarded, up, mock_id, shown)
+    [item] = events[-1][1]["output"]  # the output the client had, its open message marked incomplete
+    assert (item["status"], "".join(p["text"] for p in item["content"])) == ("incomplete", shown)
+    assert_stopped(guarded, up, mock_id, shown, "failed")
 
 
-def test_a_non_streamed_answer_with_the_word_is_replaced_by_the_apis_refusal(guarded, upstreams):
+def assert_replaced(proxy: Proxy, mock_id: str, finish: str | None, client_status: int | None = None) -> dict:
+    """The record of a held answer replaced: the upstream's text kept, the client's outcome stated."""
+    row = proxy.mock_row(mock_id)
+    assert (row["status"], row["http_status"], row["streamed"]) == ("blocked", 200, False)
+    assert (row["client_status"], row["delivered_text"]) == (client_status, "")
+    assert row["finish_reasons"] == ([finish] if finish else [])
+    assert WORD in row["output_text"] and row["bytes_to_client"] < row["bytes_from_upstream"]
+    return row
+
+
+def test_a_held_chat_answer_is_replaced_by_a_content_filter_finish(guarded, upstreams):
     up = upstreams["h1"]
     mock_id, headers = ids()
     with http_client(guarded, "h1") as http:
         client = openai.OpenAI(base_url=f"{up.url}/v1", api_key="sk-test", max_retries=0, http_client=http)
-        with pytest.raises(openai.BadRequestError) as refused:
-            client.chat.completions.create(model="gpt-4o", messages=MESSAGES, extra_headers=headers)
-    assert refused.value.code == "content_filter" and WORD not in str(refused.value)
-    row = guarded.mock_row(mock_id)
-    assert (row["status"], row["http_status"], row["streamed"]) == ("blocked", 200, False)
-    assert WORD in row["output_text"] and row["delivered_text"] is None
+        answer = client.chat.completions.create(model="gpt-4o", messages=MESSAGES, extra_headers=headers)
+    assert (answer.choices[0].finish_reason, answer.choices[0].message.content) == ("content_filter", None)
+    assert answer.usage is not None and answer.usage.total_tokens > 0, "the usage the upstream reported"
+    assert_replaced(guarded, mock_id, "content_filter")
+
+
+def test_a_held_responses_answer_is_replaced_by_an_incomplete_response(guarded, upstreams):
+    up = upstreams["h1"]
+    mock_id, headers = ids()
+    with http_client(guarded, "h1") as http:
+        client = openai.OpenAI(base_url=f"{up.url}/v1", api_key="sk-test", max_retries=0, http_client=http)
+        answer = client.responses.create(model="gpt-5", input="hi", extra_headers=headers)
+    assert (answer.status, answer.incomplete_details.reason, answer.output_text) == (
+        "incomplete", "content_filter", "")
+    assert_replaced(guarded, mock_id, "content_filter")
+
+
+def test_a_held_anthropic_message_is_replaced_by_a_refusal(guarded, upstreams):
+    up = upstreams["h1"]
+    mock_id, headers = ids()
+    with http_client(guarded, "h1", httpx2) as http:
+        client = anthropic.Anthropic(base_url=up.url, api_key="sk-ant-test", max_retries=0, http_client=http)
+        message = client.messages.create(model="claude-sonnet-4", max_tokens=100, messages=MESSAGES,
+                                         extra_headers=headers)
+    assert (message.stop_reason, message.content) == ("refusal", [])
+    assert_replaced(guarded, mock_id, "refusal")
+
+
+def test_a_held_gemini_answer_is_replaced_by_a_safety_finish(guarded, upstreams):
+    up = upstreams["h1"]
+    mock_id, headers = ids()
+    with http_client(guarded, "h1") as http:
+        answer = genai_client(up.url, http, headers).models.generate_content(model="gemini-2.5-flash", contents="hi")
+    assert answer.candidates[0].finish_reason == genai_types.FinishReason.SAFETY and not answer.text
+    assert_replaced(guarded, mock_id, "SAFETY")
+
+
+def test_a_held_lmsp_answer_is_replaced_by_the_problem_document_and_the_record_says_400(guarded, upstreams):
+    up = upstreams["h1"]
+    mock_id, headers = ids()
+    with http_client(guarded, "h1") as http:
+        resp = http.post(f"{up.url}/lmsp/v1/responses", json={"model": "m", "input": "hi"}, headers=headers)
+    assert (resp.status_code, resp.json()["code"]) == (400, "content_filtered") and WORD not in resp.text
+    assert_replaced(guarded, mock_id, None, client_status=400)
 
 
 def test_a_clean_stream_passes_byte_for_byte_next_to_a_blocked_one_on_one_connection(guarded, upstreams):
