@@ -2,7 +2,7 @@
  * llm-audit's Node preload: sends the built-in fetch() through HTTPS_PROXY / HTTP_PROXY.
  *
  * Node's fetch() ignores the proxy variables unless Node itself honours
- * NODE_USE_ENV_PROXY=1 (22.21+, 24.0+) and it is set; on Node 20 a tool that uses
+ * NODE_USE_ENV_PROXY=1 (22.21+, 24+) and it is set; on Node 20 a tool that uses
  * fetch (the openai, @anthropic-ai/sdk, @google/genai and Vercel AI SDKs do) would
  * reach the API directly and never be audited. Loaded first with
  * NODE_OPTIONS=--import=/path/to/llm-audit-proxy.mjs, this installs undici's
@@ -14,8 +14,8 @@
  * It never stops the tool it is loaded into: every Node process on the workstation
  * loads it, so when it cannot do its work it says so in one line on stderr and lets
  * the tool run (its fetch() then goes direct, as without the preload).
- * node:http / node:https (axios, got, node-fetch 2) are not its business: on Node
- * 22.21+ and 24.5+ NODE_USE_ENV_PROXY=1 covers them; see docs/node-clients.md.
+ * node:http / node:https (got, node-fetch 2, https.request) are not its business: on
+ * Node 22.21+ and 24.5+ NODE_USE_ENV_PROXY=1 covers them; see docs/node-clients.md.
  */
 
 import { fileURLToPath } from "node:url";
@@ -53,7 +53,7 @@ async function install() {
   try {
     undici = await import("undici");
   } catch (error) {
-    warn(`undici is not installed beside ${fileURLToPath(import.meta.url)} (scripts/node-preload installs it)`, error);
+    warn(`undici could not be loaded from beside ${fileURLToPath(import.meta.url)} (scripts/node-preload installs it)`, error);
     return;
   }
   try {

@@ -96,7 +96,7 @@ def assert_recorded(proxy: Proxy, client: str, text: str, mock_id: str) -> None:
 
 def assert_went_direct(proxy: Proxy, upstream: Upstream, mock_id: str) -> None:
     """The mock answered it, and the proxy never saw it: an exchange sent through the proxy
-    afterwards is recorded (the recorder writes in order), this one is not."""
+    afterwards is recorded (one writer thread drains a FIFO queue), this one is not."""
     assert upstream.received(mock_id), "the call did not reach the mock"
     later = uuid.uuid4().hex
     with proxy.client() as c:
@@ -117,13 +117,15 @@ def test_node_20_sdk_through_the_preload_is_recorded(node20, proxy, h2, trusted,
 
 @pytest.mark.parametrize("client", SDKS)
 def test_node_20_sdk_without_the_preload_bypasses_the_proxy(node20, proxy, h2, trusted, client):
-    """What the README warns of: HTTPS_PROXY alone, the call succeeds and nothing is recorded."""
-    text, mock_id = call(node20, client, h2, environment(proxy, trusted, NODE_USE_ENV_PROXY="1"))
+    """What the README warns of: HTTPS_PROXY (and NODE_USE_ENV_PROXY=1, which Node 20 does not
+    know) and no preload: the call succeeds and nothing is recorded."""
+    _, mock_id = call(node20, client, h2, environment(proxy, trusted, NODE_USE_ENV_PROXY="1"))
     assert_went_direct(proxy, h2, mock_id)
 
 
 def test_node_20_https_request_is_not_the_preloads_business(node20, proxy, h2, trusted, preload):
-    """node:https (axios, got, node-fetch 2) still goes direct on Node 20, preload or not."""
+    """node:https (got, node-fetch 2, a plain https.request: clients without proxy support
+    of their own) still goes direct on Node 20, preload or not."""
     _, mock_id = call(node20, "node-https", h2, environment(proxy, trusted, NODE_OPTIONS=preload, NODE_USE_ENV_PROXY="1"))
     assert_went_direct(proxy, h2, mock_id)
 
@@ -143,22 +145,42 @@ def test_node_24_without_the_switch_bypasses_the_proxy(node, node24, proxy, h2, 
 
 
 @pytest.mark.parametrize("client", ["openai-chat", "node-https"])
-def test_node_24_with_both_lines_node_proxies_and_the_preload_steps_aside(node, node24, proxy, h2, trusted, preload,
-                                                                           client):
-    """The two lines scripts/node-preload prints, on a Node that honours the switch."""
+def test_node_24_with_both_lines_scripts_node_preload_prints_is_recorded(node, node24, proxy, h2, trusted, preload,
+                                                                          client):
     env = environment(proxy, trusted, NODE_OPTIONS=preload, NODE_USE_ENV_PROXY="1")
     text, mock_id = call(node, client, h2, env, binary=node24)
     assert_recorded(proxy, client, text, mock_id)
 
 
+def test_node_24_with_the_switch_the_preload_steps_aside(node, node24, proxy, h2, trusted, tmp_path):
+    """Node's own dispatcher is already there when the preload runs: it does not even look
+    for undici (a copy without it says nothing), and Node's proxying records the call."""
+    env = environment(proxy, trusted, NODE_OPTIONS=f"--import={lone_preload(tmp_path)}", NODE_USE_ENV_PROXY="1")
+    mock_id, stderr = run_with_stderr(node, h2, env, binary=node24)
+    assert stderr == ""
+    proxy.mock_row(mock_id)
+
+
+def test_node_24_preload_without_the_switch_sends_fetch_through_the_proxy(node, node24, proxy, h2, trusted, preload):
+    text, mock_id = call(node, "openai-chat", h2, environment(proxy, trusted, NODE_OPTIONS=preload), binary=node24)
+    assert_recorded(proxy, "openai-chat", text, mock_id)
+
+
 # -- the preload never stops a tool -----------------------------------------------------------
 
 
-def run_with_stderr(node: Node, upstream: Upstream, env: dict[str, str]) -> tuple[str, str]:
+def lone_preload(tmp: Path) -> Path:
+    """The preload copied without the undici that scripts/node-preload installs beside it."""
+    lone = tmp / "llm-audit-proxy.mjs"
+    lone.write_text((ROOT / "node-preload" / "llm-audit-proxy.mjs").read_text())
+    return lone
+
+
+def run_with_stderr(node: Node, upstream: Upstream, env: dict[str, str], binary: Path | None = None) -> tuple[str, str]:
     """The openai-chat client, run as Node.run does, but keeping stderr: (mock id, stderr)."""
     mock_id = uuid.uuid4().hex
     config = f'{{"client": "openai-chat", "baseURL": "{upstream.url}", "mockId": "{mock_id}"}}'
-    done = subprocess.run([node.binary, str(NODE_DIR / "proxy_clients.mjs"), config], capture_output=True, text=True,
+    done = subprocess.run([str(binary or node.binary), str(NODE_DIR / "proxy_clients.mjs"), config], capture_output=True, text=True,
                           timeout=60, cwd=NODE_DIR, env=env)
     assert done.returncode == 0, done.stderr
     return mock_id, done.stderr
@@ -171,10 +193,9 @@ def test_preload_without_proxy_variables_does_nothing(node20, proxy, h2, trusted
 
 
 def test_preload_without_undici_says_so_in_one_line_and_the_tool_runs(node20, proxy, h2, trusted, tmp_path):
-    lone = tmp_path / "llm-audit-proxy.mjs"  # copied without the undici scripts/node-preload installs beside it
-    lone.write_text((ROOT / "node-preload" / "llm-audit-proxy.mjs").read_text())
+    lone = lone_preload(tmp_path)
     mock_id, stderr = run_with_stderr(node20, h2, environment(proxy, trusted, NODE_OPTIONS=f"--import={lone}"))
-    assert stderr.startswith("llm-audit node preload: fetch() is NOT sent through the proxy: undici is not installed")
+    assert stderr.startswith("llm-audit node preload: fetch() is NOT sent through the proxy: undici could not be loaded")
     assert stderr.count("\n") == 1 and str(lone) in stderr
     assert_went_direct(proxy, h2, mock_id)
 

@@ -57,8 +57,8 @@ async function vercelOpenai(c) {
 }
 
 /**
- * Node's own https.request, as axios, got and node-fetch 2 use it: not fetch(), so not
- * the preload's business (a Chat Completions call, not streamed).
+ * Node's own https.request, which got and node-fetch 2 are built on: not fetch(), so
+ * not the preload's business (a Chat Completions call, not streamed).
  * @param {Config} c @returns {Promise<string>}
  */
 function nodeHttps(c) {
