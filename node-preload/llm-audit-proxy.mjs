@@ -25,7 +25,7 @@ const PROXY_VARIABLES = ["https_proxy", "HTTPS_PROXY", "http_proxy", "HTTP_PROXY
 // the global dispatcher that fetch() uses.
 const GLOBAL_DISPATCHER = Symbol.for("undici.globalDispatcher.1");
 
-/** @returns {boolean} whether any proxy variable is set (no proxy: nothing to do, and undici is not even loaded) */
+/** @returns {boolean} whether a proxy variable is set (if not, undici is not even loaded) */
 function proxyConfigured() {
   return PROXY_VARIABLES.some((name) => Boolean(process.env[name]));
 }
@@ -41,10 +41,13 @@ function dispatcherChosen() {
   return globalThis[GLOBAL_DISPATCHER] !== undefined;
 }
 
-/** @param {string} why @param {unknown} error */
+/**
+ * One line on stderr: the tool must not be stopped, nor its bypass go unsaid.
+ * @param {string} why @param {unknown} error
+ */
 function warn(why, error) {
-  const text = error instanceof Error ? `${error.name}: ${error.message}` : String(error);
-  process.stderr.write(`llm-audit node preload: fetch() is NOT sent through the proxy: ${why} (${text.split("\n", 1)[0]})\n`);
+  const text = (error instanceof Error ? `${error.name}: ${error.message}` : String(error)).split("\n", 1)[0];
+  process.stderr.write(`llm-audit node preload: fetch() is NOT sent through the proxy: ${why} (${text})\n`);
 }
 
 async function install() {
@@ -53,7 +56,8 @@ async function install() {
   try {
     undici = await import("undici");
   } catch (error) {
-    warn(`undici could not be loaded from beside ${fileURLToPath(import.meta.url)} (scripts/node-preload installs it)`, error);
+    const here = fileURLToPath(import.meta.url);
+    warn(`undici could not be loaded from beside ${here} (scripts/node-preload installs it)`, error);
     return;
   }
   try {

@@ -15,6 +15,7 @@ import subprocess
 import uuid
 from pathlib import Path
 
+import orjson
 import pytest
 
 from conftest import NODE_DIR, ROOT, Node, Proxy, Upstream
@@ -80,7 +81,8 @@ def environment(proxy: Proxy, trusted: Path, **more: str) -> dict[str, str]:
     return {"HTTPS_PROXY": proxy.url, "NODE_EXTRA_CA_CERTS": str(trusted), **more}
 
 
-def call(node: Node, client: str, upstream: Upstream, env: dict[str, str], binary: Path | None = None) -> tuple[str, str]:
+def call(node: Node, client: str, upstream: Upstream, env: dict[str, str],
+         binary: Path | None = None) -> tuple[str, str]:
     """Run ``client`` once: (the text it got, its mock id)."""
     mock_id = uuid.uuid4().hex
     out = node.run("proxy_clients.mjs", {"client": client, "baseURL": upstream.url, "mockId": mock_id}, env=env,
@@ -91,7 +93,8 @@ def call(node: Node, client: str, upstream: Upstream, env: dict[str, str], binar
 
 def assert_recorded(proxy: Proxy, client: str, text: str, mock_id: str) -> None:
     row = proxy.mock_row(mock_id)
-    assert (row["dialect"], row["status"], row["output_text"]) == (DIALECTS.get(client, "openai-chat"), "completed", text)
+    dialect = DIALECTS.get(client, "openai-chat")  # node-https posts a Chat Completions request
+    assert (row["dialect"], row["status"], row["output_text"]) == (dialect, "completed", text)
 
 
 def assert_went_direct(proxy: Proxy, upstream: Upstream, mock_id: str) -> None:
@@ -126,7 +129,8 @@ def test_node_20_sdk_without_the_preload_bypasses_the_proxy(node20, proxy, h2, t
 def test_node_20_https_request_is_not_the_preloads_business(node20, proxy, h2, trusted, preload):
     """node:https (got, node-fetch 2, a plain https.request: clients without proxy support
     of their own) still goes direct on Node 20, preload or not."""
-    _, mock_id = call(node20, "node-https", h2, environment(proxy, trusted, NODE_OPTIONS=preload, NODE_USE_ENV_PROXY="1"))
+    env = environment(proxy, trusted, NODE_OPTIONS=preload, NODE_USE_ENV_PROXY="1")
+    _, mock_id = call(node20, "node-https", h2, env)
     assert_went_direct(proxy, h2, mock_id)
 
 
@@ -176,12 +180,13 @@ def lone_preload(tmp: Path) -> Path:
     return lone
 
 
-def run_with_stderr(node: Node, upstream: Upstream, env: dict[str, str], binary: Path | None = None) -> tuple[str, str]:
+def run_with_stderr(node: Node, upstream: Upstream, env: dict[str, str],
+                    binary: Path | None = None) -> tuple[str, str]:
     """The openai-chat client, run as Node.run does, but keeping stderr: (mock id, stderr)."""
     mock_id = uuid.uuid4().hex
-    config = f'{{"client": "openai-chat", "baseURL": "{upstream.url}", "mockId": "{mock_id}"}}'
-    done = subprocess.run([str(binary or node.binary), str(NODE_DIR / "proxy_clients.mjs"), config], capture_output=True, text=True,
-                          timeout=60, cwd=NODE_DIR, env=env)
+    config = orjson.dumps({"client": "openai-chat", "baseURL": upstream.url, "mockId": mock_id}).decode()
+    done = subprocess.run([str(binary or node.binary), str(NODE_DIR / "proxy_clients.mjs"), config],
+                          capture_output=True, text=True, timeout=60, cwd=NODE_DIR, env=env)
     assert done.returncode == 0, done.stderr
     return mock_id, done.stderr
 
@@ -195,7 +200,8 @@ def test_preload_without_proxy_variables_does_nothing(node20, proxy, h2, trusted
 def test_preload_without_undici_says_so_in_one_line_and_the_tool_runs(node20, proxy, h2, trusted, tmp_path):
     lone = lone_preload(tmp_path)
     mock_id, stderr = run_with_stderr(node20, h2, environment(proxy, trusted, NODE_OPTIONS=f"--import={lone}"))
-    assert stderr.startswith("llm-audit node preload: fetch() is NOT sent through the proxy: undici could not be loaded")
+    assert stderr.startswith("llm-audit node preload: fetch() is NOT sent through the proxy: "
+                             "undici could not be loaded")
     assert stderr.count("\n") == 1 and str(lone) in stderr
     assert_went_direct(proxy, h2, mock_id)
 
@@ -203,6 +209,7 @@ def test_preload_without_undici_says_so_in_one_line_and_the_tool_runs(node20, pr
 def test_preload_with_a_proxy_url_undici_refuses_says_so_and_the_tool_runs(node20, proxy, h2, trusted, preload):
     env = environment(proxy, trusted, NODE_OPTIONS=preload) | {"HTTPS_PROXY": "not a url"}
     mock_id, stderr = run_with_stderr(node20, h2, env)
-    assert stderr.startswith("llm-audit node preload: fetch() is NOT sent through the proxy: the proxy variables were refused")
+    assert stderr.startswith("llm-audit node preload: fetch() is NOT sent through the proxy: "
+                             "the proxy variables were refused")
     assert stderr.count("\n") == 1
     assert_went_direct(proxy, h2, mock_id)

@@ -19,37 +19,47 @@ const PROMPT = "What is the weather in Vienna?";
 
 /** @typedef {{client: string, baseURL: string, mockId: string}} Config */
 
+/** @param {Config} c @returns {OpenAI} */
+function openai(c) {
+  return new OpenAI({ baseURL: `${c.baseURL}/v1`, apiKey: "sk-test", defaultHeaders: { "x-mock-id": c.mockId } });
+}
+
 /** @param {Config} c @returns {Promise<string>} */
 async function openaiChat(c) {
-  const client = new OpenAI({ baseURL: `${c.baseURL}/v1`, apiKey: "sk-test", defaultHeaders: { "x-mock-id": c.mockId } });
-  const stream = client.chat.completions.stream({ model: "gpt-4o-mini", messages: [{ role: "user", content: PROMPT }] });
+  const messages = [{ role: "user", content: PROMPT }];
+  const stream = openai(c).chat.completions.stream({ model: "gpt-4o-mini", messages });
   return (await stream.finalChatCompletion()).choices[0].message.content ?? "";
 }
 
 /** @param {Config} c @returns {Promise<string>} */
 async function openaiResponses(c) {
-  const client = new OpenAI({ baseURL: `${c.baseURL}/v1`, apiKey: "sk-test", defaultHeaders: { "x-mock-id": c.mockId } });
-  return (await client.responses.stream({ model: "gpt-4o-mini", input: PROMPT }).finalResponse()).output_text;
+  return (await openai(c).responses.stream({ model: "gpt-4o-mini", input: PROMPT }).finalResponse()).output_text;
 }
 
 /** @param {Config} c @returns {Promise<string>} */
 async function anthropic(c) {
   const client = new Anthropic({ baseURL: c.baseURL, apiKey: "sk-ant-test", defaultHeaders: { "x-mock-id": c.mockId } });
-  const stream = client.messages.stream({ model: "claude-sonnet-4-5", max_tokens: 256, messages: [{ role: "user", content: PROMPT }] });
+  const messages = [{ role: "user", content: PROMPT }];
+  const stream = client.messages.stream({ model: "claude-sonnet-4-5", max_tokens: 256, messages });
   return stream.finalText();
 }
 
 /** @param {Config} c @returns {Promise<string>} */
 async function genai(c) {
-  const client = new GoogleGenAI({ apiKey: "test-key", httpOptions: { baseUrl: c.baseURL, headers: { "x-mock-id": c.mockId } } });
+  const httpOptions = { baseUrl: c.baseURL, headers: { "x-mock-id": c.mockId } };
+  const client = new GoogleGenAI({ apiKey: "test-key", httpOptions });
+  const stream = await client.models.generateContentStream({ model: "gemini-2.5-flash", contents: PROMPT });
   let text = "";
-  for await (const chunk of await client.models.generateContentStream({ model: "gemini-2.5-flash", contents: PROMPT })) {
+  for await (const chunk of stream) {
     text += chunk.text ?? "";
   }
   return text;
 }
 
-/** The Vercel AI SDK's streamText with its OpenAI provider (the Responses API by default). @param {Config} c @returns {Promise<string>} */
+/**
+ * The Vercel AI SDK's streamText with its OpenAI provider (the Responses API by default).
+ * @param {Config} c @returns {Promise<string>}
+ */
 async function vercelOpenai(c) {
   const provider = createOpenAI({ baseURL: `${c.baseURL}/v1`, apiKey: "sk-test", headers: { "x-mock-id": c.mockId } });
   const result = streamText({ model: provider("gpt-4o-mini"), prompt: PROMPT });
