@@ -57,6 +57,12 @@ from addon.sse import SSEEvent, SSEParser
 from mockllm.scenario import Scenario
 from mockllm.streams import (
     anthropic_events,
+    anthropic_message,
+    gemini_response,
+    lmsp_response,
+    openai_chat_completion,
+    openai_completion,
+    openai_response,
     gemini_json_stream,
     gemini_sse_events,
     llm_stream_events,
@@ -768,3 +774,63 @@ def test_gemini_termination_continues_or_makes_the_json_array(cut_name: str) -> 
     row = read(case, prefix + tail, event_stream=False, request_view=array_view)
     assert (row["status"], row["output_text"], row["finish_reasons"], codes(row)) == (
         "completed", PARTIAL_TEXT[cut_name], ["SAFETY"], [])
+
+
+# -- a held, non-streamed answer replaced ------------------------------------------------------------
+
+# dialect -> the mock's whole answer, and (finish_reasons, status) our pipeline reads in the replacement
+WHOLE = {
+    "openai-chat": (openai_chat_completion, ["content_filter"], "completed"),
+    "openai-completions": (openai_completion, ["content_filter"], "completed"),
+    "openai-responses": (openai_response, ["content_filter"], "completed"),
+    "anthropic-messages": (anthropic_message, ["refusal"], "completed"),
+    "gemini": (gemini_response, ["SAFETY"], "completed"),
+}
+
+
+def filtered(name: str) -> tuple[BlockedResponse | None, dict[str, Any]]:
+    """(the replacement of the mock's whole answer, the answer), as the proxy makes it."""
+    case = CASES[name]
+    request = case.request | {"stream": False}
+    answer = WHOLE[name][0](request, Scenario.parse("")) if name in WHOLE else (
+        lmsp_response(request, Scenario.parse("")) if name == "lmsp" else {"version": "1.0"})
+    reader = Reader(case, event_stream=False).feed(orjson.dumps(answer))
+    reader.auditor.end()
+    return reader.normalizer.filtered_body(RULE, REASON), answer
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_a_held_answer_is_replaced_by_the_apis_filtered_answer_with_its_id_and_usage(name: str) -> None:
+    replacement, answer = filtered(name)
+    if name not in WHOLE:  # llm-stream and LMSP define no filtered answer: the proxy sends their error
+        assert replacement is None
+        return
+    assert replacement is not None and replacement.status == 200
+    row = read(CASES[name], replacement.body, event_stream=False)
+    _, finish_reasons, status = WHOLE[name]
+    assert (row["status"], row["finish_reasons"], row["output_text"], row["tool_calls"]) == (
+        status, finish_reasons, "", [])
+    replaced = orjson.loads(replacement.body)
+    for key in ("id", "model", "usage", "usageMetadata", "responseId", "modelVersion"):
+        assert replaced.get(key) == answer.get(key), key  # the answer's own ids and billed usage
+    assert TEXT.encode() not in replacement.body and "tök" not in replacement.body.decode()
+
+
+def test_the_sdks_read_a_replaced_answer_as_their_apis_filtered_answer(upstream: Upstream) -> None:
+    client = openai_client(upstream.serve(filtered("openai-chat")[0]))
+    chat = client.chat.completions.create(model="gpt-4o", messages=MESSAGES)
+    assert (chat.choices[0].finish_reason, chat.choices[0].message.content) == ("content_filter", None)
+    client = openai_client(upstream.serve(filtered("openai-completions")[0]))
+    completion = client.completions.create(model="gpt-3.5-turbo-instruct", prompt="hi")
+    assert (completion.choices[0].finish_reason, completion.choices[0].text) == ("content_filter", "")
+    client = openai_client(upstream.serve(filtered("openai-responses")[0]))
+    response = client.responses.create(model="gpt-5", input="hi")
+    assert (response.status, response.incomplete_details.reason, response.output_text) == (  # type: ignore[union-attr]
+        "incomplete", "content_filter", "")
+    message = anthropic_client(upstream.serve(filtered("anthropic-messages")[0])).messages.create(
+        model="claude", max_tokens=10, messages=MESSAGES)
+    assert (message.stop_reason, message.content, refusal_explanation(message)) == ("refusal", [], MESSAGE)
+    with genai_client(upstream.serve(filtered("gemini")[0])) as gclient:
+        answer = gclient.models.generate_content(model=GEMINI_MODEL, contents="hi")
+    assert answer.candidates is not None and answer.candidates[0].finish_reason == genai_types.FinishReason.SAFETY
+    assert not answer.text  # (finishMessage, which names the rule, reaches Vertex clients only)
