@@ -306,6 +306,23 @@ def test_show_outcomes_findings_and_verdicts(url):
     assert "cut sh\\x1b[31mort 東京" in cut and "\x1b" not in cut
 
 
+def test_show_says_what_the_client_got_and_prints_no_id_a_call_does_not_have(tmp_path):
+    url = f"sqlite:///{tmp_path / 'audit.db'}"
+    engine = open_engine(url)
+    with engine.begin() as conn:
+        conn.execute(insert(exchanges), [exchange(
+            "held-1", at(6), ttfc_ms=10, dialect="lmsp", status="blocked", http_status=200, client_status=400,
+            output_text="The secret", delivered_text="", error_code="content_filtered")])
+        conn.execute(insert(exchanges), [exchange(
+            "gem-1", at(7), ttfc_ms=10, dialect="gemini", http_status=200,
+            tool_calls=[{"id": None, "name": "get_weather", "arguments": '{"city":"Vienna"}'}])])
+    engine.dispose()
+    _, held, _ = run("--db", url, "show", "held-1")
+    assert held.startswith("exchange held-1  blocked (HTTP 400 to the client; the upstream sent 200)\n")
+    _, gem, _ = run("--db", url, "show", "gem-1")
+    assert "\ntool calls\n  get_weather\n" in gem and "None" not in gem
+
+
 def test_show_json_is_the_whole_record(url):
     status, out, _ = run("--db", url, "show", "bob-2", "--format", "json")
     assert status == 0
