@@ -75,7 +75,7 @@ def tunnel_certificate(proxy_url: str, host: str, port: int, cafile: Path) -> di
 # -- workstation ---------------------------------------------------------------------------------
 
 NODE_CLIENT = r"""
-// Node's own fetch ignores HTTPS_PROXY (before Node 24): tunnel by hand, as proxy agents do.
+// Node's own fetch ignores HTTPS_PROXY unless NODE_USE_ENV_PROXY=1 (Node 22.21+, 24+): tunnel by hand, as proxy agents do.
 const http = require("http"), tls = require("tls");
 const proxy = new URL(process.env.HTTPS_PROXY), target = new URL(process.argv[1]);
 const [body, mockId] = [process.argv[2], process.argv[3]];
