@@ -54,7 +54,7 @@ from addon.dialects import (
     register,
     str_field,
 )
-from addon.dialects.blocking import block_message, event_stream, json_response, random_id, sse_event
+from addon.dialects.blocking import block_message, event_stream, json_response, kept, random_id, sse_event
 from addon.events import (
     Event,
     Finish,
@@ -292,8 +292,9 @@ class AnthropicNormalizer(JsonEventNormalizer):
         """The message read, refused: no content, its id, model and usage."""
         if self.message is None or self.message.get("type") != "message":
             return None
-        refused = self.message | {"content": [], "stop_reason": REFUSAL, "stop_sequence": None,
-                                  "stop_details": _refusal_details(rule_id, reason)}
+        refused = kept(self.message, ("id", "type", "role", "model", "usage")) | {
+            "content": [], "stop_reason": REFUSAL, "stop_sequence": None,
+            "stop_details": _refusal_details(rule_id, reason)}
         return json_response(refused, status=200)
 
     # -- whole message ------------------------------------------------------------------

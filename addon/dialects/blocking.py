@@ -84,6 +84,13 @@ def openai_error(message: str, code: str) -> dict[str, Any]:
     return {"message": message, "type": "invalid_request_error", "param": None, "code": code}
 
 
+def kept(answer: Mapping[str, Any], names: tuple[str, ...]) -> dict[str, Any]:
+    """The named fields of a blocked answer, for the filtered answer that replaces it:
+    its ids, model and usage, never a field that could carry the blocked text (an
+    upstream may put text anywhere; only the fields named are known to hold none)."""
+    return {name: answer[name] for name in names if name in answer}
+
+
 def random_id(prefix: str) -> str:
     """A fresh id in a vendor's style, e.g. ``resp_`` + 32 hex digits."""
     return prefix + uuid.uuid4().hex

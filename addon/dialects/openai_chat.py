@@ -67,6 +67,7 @@ from addon.dialects.blocking import (
     block_message,
     event_stream,
     json_response,
+    kept,
     openai_error,
     random_id,
     sse_event,
@@ -132,6 +133,10 @@ class OpenAIChat(Dialect):
         if streaming:
             return event_stream(sse_event(error) + sse_event(DONE))
         return json_response(error)
+
+
+# The fields of a chat.completion a filtered answer repeats (see blocking.kept).
+ANSWER_FIELDS = ("id", "object", "created", "model", "usage", "system_fingerprint", "service_tier")
 
 
 def filter_results(rule_id: str) -> dict[str, Any]:
@@ -264,7 +269,7 @@ class OpenAIChatNormalizer(JsonEventNormalizer):
         message = {"role": "assistant", "content": None, "refusal": None}
         choices = [{"index": choice_index(c, i), "message": message, "logprobs": None, "finish_reason": FILTER,
                     "content_filter_results": filter_results(rule_id)} for i, c in choices_of(answer)]
-        return json_response(answer | {"choices": choices or [{"index": 0, "message": message, "logprobs": None,
+        return json_response(kept(answer, ANSWER_FIELDS) | {"choices": choices or [{"index": 0, "message": message, "logprobs": None,
                                                                "finish_reason": FILTER}]}, status=200)
 
     def on_response(self, response: dict[str, Any]) -> list[Event]:

@@ -53,13 +53,14 @@ from addon.dialects.blocking import (
     block_message,
     event_stream,
     json_response,
+    kept,
     openai_error,
     random_id,
     sse_event,
     unfinished,
     unix_now,
 )
-from addon.dialects.openai_chat import DONE, FILTER, add_error, add_usage, choice_index, choices_of
+from addon.dialects.openai_chat import ANSWER_FIELDS, DONE, FILTER, add_error, add_usage, choice_index, choices_of
 from addon.dialects.openai_chat import PATH_SUFFIX as CHAT_SUFFIX
 from addon.events import Event, Finding, Finish, ResponseMeta, TextDelta
 from addon.filters.messages import token_prompts
@@ -146,7 +147,7 @@ class OpenAICompletionsNormalizer(JsonEventNormalizer):
             return None
         choices = [{"text": "", "index": choice_index(c, i), "logprobs": None, "finish_reason": FILTER}
                    for i, c in choices_of(answer)]
-        return json_response(answer | {"choices": choices or [{"text": "", "index": 0, "logprobs": None,
+        return json_response(kept(answer, ANSWER_FIELDS) | {"choices": choices or [{"text": "", "index": 0, "logprobs": None,
                                                                "finish_reason": FILTER}]}, status=200)
 
     def _meta(self, obj: dict[str, Any], out: list[Event]) -> None:

@@ -61,6 +61,7 @@ from addon.dialects.blocking import (
     block_message,
     event_stream,
     json_response,
+    kept,
     openai_error,
     random_id,
     sse_event,
@@ -74,6 +75,8 @@ PATH_SUFFIX = "/responses"
 LMSP_SEGMENT = "/lmsp/"
 RESPONSE_ID_PREFIX = "resp"
 FILTER_REASON = "content_filter"  # incomplete_details.reason of OpenAI's own content filter
+# The fields of a held response its filtered replacement repeats (see blocking.kept).
+ANSWER_FIELDS = ("id", "object", "created_at", "model", "usage", "parallel_tool_calls", "tool_choice", "tools")
 
 
 class OpenAIResponses(Dialect):
@@ -189,7 +192,7 @@ class OpenAIResponsesNormalizer(ResponsesNormalizer):
         """The answer read, as an ``incomplete`` response with no output."""
         if self.response is None or self.response.get("object") != "response":
             return None
-        return json_response(_filtered(self.response, []), status=200)
+        return json_response(_filtered(kept(self.response, ANSWER_FIELDS), []), status=200)
 
 
 def _filtered(response: dict[str, Any], output: list[dict[str, Any]]) -> dict[str, Any]:
