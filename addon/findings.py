@@ -59,6 +59,8 @@ CODES: dict[str, str] = {
     "tool_call_truncated": "A tool call was cut off (token limit or stream end); its arguments are kept as received.",
     "event_id_invalid": "An SSE event id is not the integer the protocol requires (LMSP: integers from 1).",
     "event_id_not_increasing": "SSE event ids did not strictly increase.",
+    "message_start_content": "An Anthropic message_start carried content blocks (Anthropic sends none): the SDKs' "
+    "final message starts from them, so they were recorded and checked by the output filters.",
     "final_text_mismatch": "A stream's final text (Responses *.done, response.completed) differs from its deltas; "
     "the deltas are recorded, the final text was checked by the output filters.",
     "unknown_content_part": "A content part of a type the dialect does not know; its strings were read as answer text.",

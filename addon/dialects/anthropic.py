@@ -37,6 +37,7 @@ usage 0: nothing was generated), else Anthropic's error JSON with HTTP 400
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import orjson
@@ -57,6 +58,7 @@ from addon.dialects import (
 from addon.dialects.blocking import block_message, event_stream, json_response, kept, random_id, sse_event
 from addon.events import (
     Event,
+    Finding,
     Finish,
     ResponseMeta,
     StreamEnd,
@@ -168,7 +170,15 @@ class AnthropicNormalizer(JsonEventNormalizer):
         if message is None:
             return []
         self.message = message
-        out: list[Event] = [ResponseMeta(model=str_field(message, "model"), response_id=str_field(message, "id"))]
+        out: list[Event] = []
+        content = message.get("content")
+        if isinstance(content, list) and content:
+            # Never sent by Anthropic (it starts with "content": []), but the SDKs' final
+            # message starts from it: read and checked like any block, and reported.
+            out.append(Finding("message_start_content",
+                               f"{len(content)} content block(s) in message_start; the SDKs show them"))
+            out += _whole_blocks(content, False, _start_key)
+        out.append(ResponseMeta(model=str_field(message, "model"), response_id=str_field(message, "id")))
         # message_start's output_tokens is a preliminary count (1, or a few): only
         # message_delta's is final, so a stream cut before it records no output count.
         usage = self._merge_usage(message.get("usage"), final=False)
@@ -306,30 +316,7 @@ class AnthropicNormalizer(JsonEventNormalizer):
         out: list[Event] = [ResponseMeta(model=str_field(response, "model"), response_id=str_field(response, "id"))]
         reason = str_field(response, "stop_reason")
         content = response.get("content")
-        blocks = content if isinstance(content, list) else []
-        for i, block in enumerate(blocks):
-            if not isinstance(block, dict):
-                continue
-            kind = block.get("type")
-            if kind == "text":
-                text = block.get("text")
-                if isinstance(text, str) and text:
-                    out.append(TextDelta(text))
-            elif kind == "thinking":
-                text = block.get("thinking")
-                if isinstance(text, str) and text:
-                    out.append(TextDelta(text, kind="reasoning"))
-            elif kind in TOOL_BLOCKS:
-                value = block.get("input")
-                arguments = _compact_json(value) if value is not None else ""
-                # A tool_use cut by max_tokens is the last block; the API documents it as
-                # incomplete (retry with a higher max_tokens), so it is not marked whole.
-                cut = reason == "max_tokens" and i == len(blocks) - 1
-                out.append(
-                    ToolCallDelta(
-                        _key(i), arguments, id=str_field(block, "id"), name=str_field(block, "name"), complete=not cut
-                    )
-                )
+        out += _whole_blocks(content if isinstance(content, list) else [], reason == "max_tokens", _key)
         if reason is not None:
             out.append(Finish(reason))
         out.extend(_refusal(response.get("stop_details")))
@@ -359,6 +346,33 @@ def _refusal_details(rule_id: str, reason: str) -> dict[str, Any]:
 
 def _block_order(index: int | None) -> int:
     return -1 if index is None else index
+
+
+def _whole_blocks(blocks: list[Any], cut_last: bool, key: Callable[[int], str]) -> list[Event]:
+    """Events for whole content blocks (a non-streamed message, or a message_start that
+    carries content); ``cut_last``: the message stopped at max_tokens, so a tool call in
+    the last block is not whole (the API documents it as incomplete)."""
+    out: list[Event] = []
+    for i, block in enumerate(blocks):
+        if not isinstance(block, dict):
+            continue
+        kind = block.get("type")
+        if kind in ("text", "thinking"):
+            text = block.get(kind)
+            if isinstance(text, str) and text:
+                out.append(TextDelta(text, kind="text" if kind == "text" else "reasoning"))
+        elif kind in TOOL_BLOCKS:
+            value = block.get("input")
+            arguments = _compact_json(value) if value is not None else ""
+            whole = not (cut_last and i == len(blocks) - 1)
+            out.append(ToolCallDelta(key(i), arguments, id=str_field(block, "id"), name=str_field(block, "name"),
+                                     complete=whole))
+    return out
+
+
+def _start_key(index: int) -> str:
+    """Blocks of a message_start: numbered apart from the streamed blocks' indexes."""
+    return f"start{index}"
 
 
 def _key(index: int | None) -> str:

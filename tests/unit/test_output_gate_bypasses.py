@@ -151,3 +151,21 @@ def test_a_final_text_that_differs_harmlessly_is_a_finding_and_passes():
     sent, row, _ = gated(RESPONSES, body, [], BLOCKING)
     assert b"".join(sent) == body
     assert (row["status"], codes(row), row["output_text"]) == ("completed", ["final_text_mismatch"], "Hello there")
+
+
+def anthropic(*events: dict) -> bytes:
+    return b"".join(f"event: {e['type']}\ndata: {json.dumps(e)}\n\n".encode() for e in events)
+
+
+def test_text_an_anthropic_message_start_carries_is_checked_and_recorded():
+    # The SDKs' final message starts from message_start's message, content included
+    start = {"id": "msg_1", "type": "message", "role": "assistant", "model": "m", "stop_reason": None,
+             "content": [{"type": "text", "text": f"the {WORD} plan"}], "usage": {"input_tokens": 1, "output_tokens": 1}}
+    body = anthropic({"type": "message_start", "message": start},
+                     {"type": "message_delta", "delta": {"stop_reason": "end_turn"}, "usage": {"output_tokens": 3}},
+                     {"type": "message_stop"})
+    for cuts in [[], byte_at_a_time(body), *some_cuts(body, seed=7)]:
+        sent, row, _ = gated(CASES["anthropic-messages"], body, cuts, BLOCKING)
+        assert WORD[:4].encode() not in b"".join(sent), cuts
+        assert row["status"] == "blocked" and "message_start_content" in codes(row)
+        assert WORD in row["output_text"], "the record has the text the SDKs would have shown"
