@@ -245,7 +245,13 @@ class ResponsesNormalizer(JsonEventNormalizer):
         )
 
     def _lifecycle(self, obj: dict[str, Any], out: list[Event]) -> None:
-        out.append(self._meta(self._response(obj)))
+        resp = self._response(obj)
+        out.append(self._meta(resp))
+        output = resp.get("output")
+        if isinstance(output, list) and output:
+            # Empty in OpenAI's and LMSP's streams, but the SDKs' response snapshot is this
+            # object: whatever it holds is read (and checked) as a final response's is.
+            self._output(output, str_field(resp, "status"), out)
 
     def _final(self, kind: str, obj: dict[str, Any], out: list[Event]) -> None:
         resp = self._response(obj)

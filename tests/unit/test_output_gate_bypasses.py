@@ -169,3 +169,13 @@ def test_text_an_anthropic_message_start_carries_is_checked_and_recorded():
         assert WORD[:4].encode() not in b"".join(sent), cuts
         assert row["status"] == "blocked" and "message_start_content" in codes(row)
         assert WORD in row["output_text"], "the record has the text the SDKs would have shown"
+
+
+def test_output_a_responses_lifecycle_event_carries_is_checked():
+    # The SDKs' response snapshot is the lifecycle event's response, output included
+    created = {"id": "resp_1", "object": "response", "status": "in_progress", "model": "m",
+               "output": [message(f"the {WORD} plan")]}
+    body = responses(("response.created", {"response": created}),
+                     ("response.completed", {"response": created | {"status": "completed", "output": []}}))
+    row = assert_blocked_everywhere(body, "output.choices[0].text")
+    assert WORD in row["output_text"]
