@@ -56,6 +56,7 @@ from addon.filters.engine import FILTER_ERROR, FilterSet
 from addon.filters.messages import Message
 from addon.filters.loader import FilterFiles
 from addon.filters.rules import RulesError, load_rules
+from addon.hosts import server_name
 from addon.output_gate import OutputGate
 from addon.record import (
     DEFAULT_MAX_RECORD_BYTES,
@@ -626,11 +627,12 @@ class LLMAudit:
         content = req.get_content(strict=False) or b""
         body_json, finding = parsed or parse_json_body(content)
         path, _, query = req.path.partition("?")
+        host = server_name(req.host, flow.client_conn.sni, req.host_header)
         record = ExchangeRecord(
             dialect=dialect.name,
-            provider=dialect.provider_for(req.host),
+            provider=dialect.provider_for(host),
             started_at=req.timestamp_start,
-            server_address=req.host,
+            server_address=host,
             server_port=req.port,
             http_method=req.method,
             url_path=path,
