@@ -57,6 +57,7 @@ from addon.filters.messages import Message
 from addon.filters.loader import FilterFiles
 from addon.filters.rules import RulesError, load_rules
 from addon.hosts import server_name
+from addon.local_user import is_transparent, local_user
 from addon.output_gate import OutputGate
 from addon.record import (
     DEFAULT_MAX_RECORD_BYTES,
@@ -648,7 +649,7 @@ class LLMAudit:
             record.apply(finding)
         readable = None if body_json is UNREADABLE else body_json
         summary = dialect.summarize(readable, RequestView(req.method, path, query, req.headers))
-        summary.user_id = summary.user_id or proxy_user(flow)
+        summary.user_id = summary.user_id or proxy_user(flow) or redirected_user(flow)
         summary_into_record(record, summary)
         return record, summary
 
@@ -791,6 +792,14 @@ def proxy_user(flow: http.HTTPFlow) -> str | None:
     if isinstance(auth, tuple | list) and auth and isinstance(auth[0], str) and auth[0]:
         return auth[0]
     return None
+
+
+def redirected_user(flow: http.HTTPFlow) -> str | None:
+    """The local user whose connection transparent capture redirected here, for
+    exchanges whose request names none (:mod:`addon.local_user`)."""
+    if not is_transparent(flow.client_conn.proxy_mode):
+        return None
+    return local_user(flow.client_conn.peername, flow.server_conn.address)
 
 
 def abort_side(flow: http.HTTPFlow) -> str:

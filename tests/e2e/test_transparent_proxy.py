@@ -202,6 +202,7 @@ def assert_recorded(proxy: Proxy, providers: Providers, namespace: Namespace, mo
     assert (row["server_address"], row["server_port"], row["dialect"], row["status"]) == (host, 443, dialect,
                                                                                           "completed")
     assert row["request_model"] == model
+    assert row["user_id"] == "nobody"  # the owner of the client's socket
     assert row["output_text"] == seen["text"] and seen["text"]
     received = dict(providers.received(namespace, mock_id).get("headers", []))
     assert received.get("host", "").split(":")[0] == host, received
