@@ -33,6 +33,7 @@ import pytest
 from sqlalchemy.engine import make_url
 
 from conftest import BIN, ROOT, Node, Process, Proxy, new_database, start_proxy, wait_for
+from test_deploy import environment_file, exec_start
 
 pytestmark = pytest.mark.e2e
 
@@ -129,17 +130,22 @@ class Providers:
         return orjson.loads(run(namespace.exec(str(BIN / "python"), "-c", ask, url, str(self.ca))).stdout)
 
 
-@pytest.fixture(scope="module")
-def providers(namespace: Namespace, tmp_path_factory) -> Iterator[Providers]:
-    tmp = tmp_path_factory.mktemp("providers")
+def start_providers(namespace: Namespace, tmp: Path) -> Providers:
+    """The mock upstream on the providers' address in ``namespace``, with a certificate for their names."""
     ready, certs = tmp / "url", tmp / "certs"
     names = [arg for host in PROVIDER_HOSTS for arg in ("--cert-name", host)]
     process = Process.start(namespace.exec(str(BIN / "python"), "-m", "mockllm", "--tls", "--host", PROVIDERS_ADDRESS,
                                            "--port", "443", "--cert-dir", str(certs), *names,
                                            "--ready-file", str(ready)))
     wait_for(ready.exists, what=f"mock-llm in the namespace:\n{process.output}")
-    yield Providers(process, certs / "ca.pem")
-    process.stop()
+    return Providers(process, certs / "ca.pem")
+
+
+@pytest.fixture(scope="module")
+def providers(namespace: Namespace, tmp_path_factory) -> Iterator[Providers]:
+    up = start_providers(namespace, tmp_path_factory.mktemp("providers"))
+    yield up
+    up.process.stop()
 
 
 @pytest.fixture(scope="module")
@@ -157,8 +163,8 @@ def database_in_namespace(db_url: str, pg) -> str:
     if pg is None:
         return db_url
     url = make_url(db_url)
-    return url.set(host="", query={"host": str(pg.socket_dir), "port": str(url.port)}).set(port=None) \
-        .render_as_string(hide_password=False)
+    socket_url = url.set(host=None, port=None, query={"host": str(pg.socket_dir), "port": str(url.port)})
+    return socket_url.render_as_string(hide_password=False)
 
 
 def start_transparent_proxy(request, backend: str, tmp: Path, namespace: Namespace, providers: Providers) -> Proxy:
@@ -194,14 +200,22 @@ print(json.dumps({"text": answer.output_text, "model": answer.model, "base_url":
 """
 
 
+def python_client(namespace: Namespace, mock_id: str, ca: Path) -> dict:
+    """The Python ``openai`` SDK as ``nobody``, trusting the CA by ``SSL_CERT_FILE`` only: what it got."""
+    done = run(namespace.as_nobody(str(BIN / "python"), "-c", PYTHON_CLIENT, mock_id, read_anything=True),
+               env=client_env(SSL_CERT_FILE=str(ca)), cwd="/")
+    return orjson.loads(done.stdout.strip().splitlines()[-1])
+
+
 def assert_recorded(proxy: Proxy, providers: Providers, namespace: Namespace, mock_id: str, host: str,
                     dialect: str, model: str, seen: dict) -> None:
-    """The exchange's row names the provider's host, its dialect, model and the text the
-    client got; the mock answered that very request."""
+    """The exchange's row names the provider's host, its dialect, the models and the text
+    the client got, and the local user; the mock answered that very request."""
     row = proxy.mock_row(mock_id)
     assert (row["server_address"], row["server_port"], row["dialect"], row["status"]) == (host, 443, dialect,
                                                                                           "completed")
     assert row["request_model"] == model
+    assert row["response_model"] == seen["model"] and seen["model"]  # what the SDK reported
     assert row["user_id"] == "nobody"  # the owner of the client's socket
     assert row["output_text"] == seen["text"] and seen["text"]
     received = dict(providers.received(namespace, mock_id).get("headers", []))
@@ -220,9 +234,7 @@ def test_tools_with_no_proxy_settings_are_audited_by_transparent_capture(
         ids = {sdk: uuid.uuid4().hex for sdk in ("openai", "anthropic", "gemini", "python")}
         seen = node.run("transparent.mjs", {"ids": ids}, env=client_env(NODE_EXTRA_CA_CERTS=str(ca)),
                         prefix=namespace.as_nobody())
-        python = run(namespace.as_nobody(str(BIN / "python"), "-c", PYTHON_CLIENT, ids["python"], read_anything=True),
-                     env=client_env(SSL_CERT_FILE=str(ca)), cwd="/")
-        seen["python"] = orjson.loads(python.stdout.strip().splitlines()[-1])
+        seen["python"] = python_client(namespace, ids["python"], ca)
         assert seen["python"]["base_url"] == "https://api.openai.com/v1/"
 
         assert_recorded(proxy, providers, namespace, ids["openai"], "api.openai.com", "openai-chat", "gpt-4o",
@@ -352,16 +364,60 @@ def test_errors_name_the_missing_iptables(tmp_path: Path):
 UNIT = ROOT / "scripts" / "llm-audit-transparent.service"
 
 
+def installed(source: Path, target: Path, tmp: Path, *replacements: tuple[str, str]) -> Path:
+    """``source`` as installed from this checkout: ``/opt/llm-audit`` is the checkout, its
+    ``/var/lib/llm-audit`` and ``/etc/llm-audit`` are folders in ``tmp``."""
+    text = source.read_text()
+    for old, new in (("/opt/llm-audit", str(ROOT)), ("/var/lib/llm-audit", str(tmp / "state")),
+                     ("/etc/llm-audit", str(tmp / "etc")), *replacements):
+        text = text.replace(old, new)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(text)
+    return target
+
+
 def test_the_transparent_unit_verifies(tmp_path: Path):
-    """The unit as installed from this checkout (``/opt/llm-audit`` is the checkout)."""
     if not shutil.which("systemd-analyze"):
         pytest.skip("systemd-analyze is not installed (the systemd package)")
-    unit = tmp_path / UNIT.name
-    text = UNIT.read_text()
-    for old, new in (("/opt/llm-audit", str(ROOT)), ("/var/lib/llm-audit", str(tmp_path / "state")),
-                     ("/etc/llm-audit", str(tmp_path / "etc"))):
-        text = text.replace(old, new)
-    unit.write_text(text)
+    unit = installed(UNIT, tmp_path / UNIT.name, tmp_path)
     done = subprocess.run(["systemd-analyze", "verify", str(unit)], capture_output=True, text=True, timeout=60,
                           check=False)
     assert (done.returncode, done.stdout + done.stderr) == (0, "")
+
+
+def test_the_units_commands_apply_the_rules_run_the_proxy_and_remove_the_rules(bare_namespace: Namespace,
+                                                                               tmp_path: Path):
+    """ExecStartPre, ExecStart and ExecStopPost run in turn with the two environment files,
+    as systemd would (in a namespace of their own; the service's user is root here, and the
+    selection ``nobody``): the rules come and go with the proxy, which records a tool that
+    has no proxy settings into the database of ``llm-audit.env``."""
+    ns = bare_namespace
+    providers = start_providers(ns, tmp_path / "providers")
+    unit = installed(UNIT, tmp_path / UNIT.name, tmp_path, ("--proxy-user llm-audit", "--proxy-user root"))
+    env = environment_file(installed(ROOT / "scripts" / "llm-audit.env", tmp_path / "etc" / "llm-audit.env", tmp_path))
+    env |= environment_file(installed(ROOT / "scripts" / "llm-audit-transparent.env", tmp_path / "etc" / "transparent.env",
+                                      tmp_path, ("--group ai-tools", "--user nobody")))
+    env["LLM_AUDIT_ARGS"] += f" --set ssl_verify_upstream_trusted_ca={providers.ca}"  # the mock's CA, not the world's
+    (tmp_path / "state").mkdir()
+    environment = os.environ | {"PYTHONUNBUFFERED": "1"} | env
+    proxy = None
+    try:
+        run(ns.exec(*exec_start(unit, env, "ExecStartPre")), env=environment)
+        assert run(ns.exec(str(TRANSPARENT), "status")).stdout.rstrip().endswith("scripts/transparent: up")
+        process = Process.start(ns.exec(*exec_start(unit, env)), env=environment)
+        proxy = Proxy("", env["LLM_AUDIT_DB"], Path(env["LLM_AUDIT_CONFDIR"]), process)
+        process.wait_line(r"Transparent Proxy listening at \[::1\]:8081", timeout=120)
+        ca = readable_copy(proxy.ca)
+        mock_id = uuid.uuid4().hex
+        seen = python_client(ns, mock_id, ca)
+        shutil.rmtree(ca.parent)
+        row = proxy.mock_row(mock_id)
+        assert (row["server_address"], row["user_id"], row["output_text"]) == ("api.openai.com", "nobody", seen["text"])
+        assert process.stop() == 0
+    finally:
+        if proxy is not None:
+            proxy.process.stop()
+        providers.process.stop()
+        run(ns.exec(*exec_start(unit, env, "ExecStopPost")), env=environment)
+    status = subprocess.run(ns.exec(str(TRANSPARENT), "status"), capture_output=True, text=True, check=False)
+    assert status.returncode == 3, status.stdout
