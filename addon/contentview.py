@@ -47,6 +47,7 @@ from addon.dialects import (
     parse_json_body,
 )
 from addon.filters.messages import extract_messages
+from addon.hosts import server_name
 from addon.record import OUTCOME_COMPLETE, ExchangeRecord
 from addon.sse import SSEParser
 
@@ -122,7 +123,8 @@ def read_response(flow: http.HTTPFlow, data: bytes) -> ExchangeRecord:
     if dialect is None:
         raise ValueError("not an inference exchange")
     summary = dialect.summarize(body(), view)
-    record = ExchangeRecord(dialect=dialect.name, provider=dialect.provider_for(flow.request.host),
+    record = ExchangeRecord(dialect=dialect.name, provider=dialect.provider_for(
+        server_name(flow.request.host, flow.client_conn.sni, flow.request.host_header)),
                             http_status=response.status_code)
     summary_into_record(record, summary)
     event_stream = media_type(response.headers.get("content-type", ""))[0] == "text/event-stream"

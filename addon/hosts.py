@@ -18,6 +18,7 @@ from a file with one host pattern per line:
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from pathlib import Path
 
@@ -25,6 +26,37 @@ from addon.dialects.providers import HOSTS, host_regex
 
 EXTRA_HOSTS_ENV = "LLM_AUDIT_EXTRA_HOSTS"
 _PATTERN = re.compile(r"(?P<host>[a-z0-9*](?:[a-z0-9.*-]*[a-z0-9*])?)(?::(?P<port>[0-9]{1,5}))?", re.IGNORECASE)
+
+
+def server_name(host: str, sni: str | None, host_header: str | None) -> str:
+    """The name of the server a client asked for, as the records give it (``server_address``).
+
+    A request's ``host`` is that name in the regular and reverse modes. In transparent and
+    local capture mode it is only the address the connection was intercepted on: the name
+    is then the TLS SNI (which mitmproxy checked the upstream's certificate against), else
+    the ``Host`` header; the address stays when the client named no host.
+    """
+    if not _is_address(host):
+        return host
+    for name in (sni, _authority_host(host_header or "")):
+        if name and not _is_address(name):
+            return name.lower().rstrip(".")
+    return host
+
+
+def _is_address(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
+
+
+def _authority_host(authority: str) -> str:
+    """``host`` of a ``Host`` header ``host[:port]`` or ``[v6]:port``."""
+    if authority.startswith("["):
+        return authority[1:].partition("]")[0]
+    return authority.partition(":")[0]
 
 
 class HostsError(ValueError):

@@ -56,6 +56,8 @@ from addon.filters.engine import FILTER_ERROR, FilterSet
 from addon.filters.messages import Message
 from addon.filters.loader import FilterFiles
 from addon.filters.rules import RulesError, load_rules
+from addon.hosts import server_name
+from addon.local_user import is_transparent, local_user
 from addon.output_gate import OutputGate
 from addon.record import (
     DEFAULT_MAX_RECORD_BYTES,
@@ -642,11 +644,12 @@ class LLMAudit:
         content = req.get_content(strict=False) or b""
         body_json, finding = parsed or parse_json_body(content)
         path, _, query = req.path.partition("?")
+        host = server_name(req.host, flow.client_conn.sni, req.host_header)
         record = ExchangeRecord(
             dialect=dialect.name,
-            provider=dialect.provider_for(req.host),
+            provider=dialect.provider_for(host),
             started_at=req.timestamp_start,
-            server_address=req.host,
+            server_address=host,
             server_port=req.port,
             http_method=req.method,
             url_path=path,
@@ -662,7 +665,7 @@ class LLMAudit:
             record.apply(finding)
         readable = None if body_json is UNREADABLE else body_json
         summary = dialect.summarize(readable, RequestView(req.method, path, query, req.headers))
-        summary.user_id = summary.user_id or proxy_user(flow)
+        summary.user_id = summary.user_id or proxy_user(flow) or redirected_user(flow)
         summary_into_record(record, summary)
         return record, summary
 
@@ -805,6 +808,14 @@ def proxy_user(flow: http.HTTPFlow) -> str | None:
     if isinstance(auth, tuple | list) and auth and isinstance(auth[0], str) and auth[0]:
         return auth[0]
     return None
+
+
+def redirected_user(flow: http.HTTPFlow) -> str | None:
+    """The local user whose connection transparent capture redirected here, for
+    exchanges whose request names none (:mod:`addon.local_user`)."""
+    if not is_transparent(flow.client_conn.proxy_mode):
+        return None
+    return local_user(flow.client_conn.peername, flow.server_conn.address)
 
 
 def abort_side(flow: http.HTTPFlow) -> str:

@@ -29,6 +29,11 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--cert-dir", type=Path, help="where to write ca.pem/cert.pem/key.pem (default: a temp dir)"
     )
+    parser.add_argument(
+        "--cert-name", action="append", default=[], metavar="NAME",
+        help="with --tls: a further host name (or IP address) the certificate is valid for, "
+        "e.g. api.openai.com; repeatable",
+    )
     parser.add_argument("--ready-file", type=Path, help="file to write the URL to once listening")
     return parser.parse_args(argv)
 
@@ -40,7 +45,7 @@ def _write_atomically(path: Path, text: str) -> None:
 
 
 async def _run(args: argparse.Namespace, cert_dir: Path | None) -> None:
-    paths = certs.generate(cert_dir) if cert_dir is not None else None
+    paths = certs.generate(cert_dir, tuple(args.cert_name)) if cert_dir is not None else None
     sock = listen(args.host, args.port)
     port = sock.getsockname()[1]
     host = f"[{args.host}]" if ":" in args.host else args.host

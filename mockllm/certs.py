@@ -37,10 +37,25 @@ def _name(common_name: str) -> x509.Name:
     return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
 
 
-def generate(directory: Path) -> CertPaths:
+def _subject_names(names: tuple[str, ...]) -> list[x509.GeneralName]:
+    """``localhost``, ``127.0.0.1``, ``::1`` and ``names`` (host names or IP addresses) as SANs."""
+    result: list[x509.GeneralName] = []
+    for name in ("localhost", "127.0.0.1", "::1", *names):
+        try:
+            entry: x509.GeneralName = x509.IPAddress(ipaddress.ip_address(name))
+        except ValueError:
+            entry = x509.DNSName(name)
+        if entry not in result:
+            result.append(entry)
+    return result
+
+
+def generate(directory: Path, names: tuple[str, ...] = ()) -> CertPaths:
     """Create ``ca.pem``, ``cert.pem`` and ``key.pem`` in ``directory``.
 
-    The leaf is valid for ``localhost``, ``127.0.0.1`` and ``::1``. EC P-256
+    The leaf is valid for ``localhost``, ``127.0.0.1`` and ``::1``, and for ``names``:
+    a test that routes a provider's real host (``api.openai.com``) to the mock gives it
+    here, so that clients with their default base URL verify the mock as that host. EC P-256
     keys are used because they are generated in milliseconds (RSA-2048 would
     noticeably slow down start-up, which must stay under a second).
     ``cert.pem`` holds the leaf followed by the CA so servers send the chain.
@@ -89,13 +104,7 @@ def generate(directory: Path) -> CertPaths:
         .not_valid_after(not_after)
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
         .add_extension(
-            x509.SubjectAlternativeName(
-                [
-                    x509.DNSName("localhost"),
-                    x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
-                    x509.IPAddress(ipaddress.ip_address("::1")),
-                ]
-            ),
+            x509.SubjectAlternativeName(_subject_names(names)),
             critical=False,
         )
         .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)

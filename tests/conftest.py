@@ -402,7 +402,7 @@ def start_proxy(tmp: Path, *args: str, upstream_ca: Path | None = None, db_url: 
     # touch the user's own)
     own = {"PYTHONUNBUFFERED": "1", "XDG_STATE_HOME": str(tmp / "state"), "XDG_DATA_HOME": str(tmp / "data")}
     process = Process.start(cmd, env=os.environ | own | (env or {}))
-    m = process.wait_line(r"proxy listening at .*:(\d+)", timeout=120)
+    m = process.wait_line(r"(?i)proxy listening at .*:(\d+)", timeout=120)  # "Transparent Proxy listening"
     return Proxy(f"http://127.0.0.1:{m.group(1)}", db_url, confdir, process, pg)
 
 

@@ -292,11 +292,12 @@ def environment_file(path: Path) -> dict[str, str]:
     return dict(line.split("=", 1) for line in lines if line and not line.startswith("#"))
 
 
-def exec_start(unit: Path, env: dict[str, str]) -> list[str]:
-    """The unit's ExecStart as systemd runs it: ``${VAR}`` one word, ``$VAR`` split at spaces."""
-    line = next(line for line in unit.read_text().splitlines() if line.startswith("ExecStart="))
+def exec_start(unit: Path, env: dict[str, str], key: str = "ExecStart") -> list[str]:
+    """The unit's ExecStart (or ``key``: ExecStartPre, ...) as systemd runs it: ``${VAR}``
+    one word, ``$VAR`` split at spaces; a leading ``+`` (full privileges) dropped."""
+    line = next(line for line in unit.read_text().splitlines() if line.startswith(f"{key}="))
     words = []
-    for word in shlex.split(line.removeprefix("ExecStart=")):
+    for word in shlex.split(line.removeprefix(f"{key}=").removeprefix("+")):
         if word.startswith("$") and not word.startswith("${"):
             words += env[word[1:]].split()
             continue

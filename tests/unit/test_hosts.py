@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from addon.dialects.providers import HOSTS, provider_for_host
-from addon.hosts import HostsError, allow_hosts_expression, known_hosts, read_extra_hosts
+from addon.hosts import HostsError, allow_hosts_expression, known_hosts, read_extra_hosts, server_name
 from storage.cli import main
 
 # One host of each pattern in the table, '*' filled in as a resource name or region would be.
@@ -102,3 +102,16 @@ def test_cli_errors_are_one_line_with_status_2(tmp_path: Path, capsys):
     assert main(["hosts", "--extra", str(tmp_path / "missing")]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("llm-audit: cannot read the hosts file") and "No such file" in err
+
+
+@pytest.mark.parametrize(("host", "sni", "host_header", "expected"), [
+    ("api.openai.com", "other.example", "other.example", "api.openai.com"),  # regular mode: the request's own
+    ("203.0.113.10", "api.openai.com", "203.0.113.10:443", "api.openai.com"),  # transparent, TLS: the SNI
+    ("203.0.113.10", None, "API.Anthropic.com.:443", "api.anthropic.com"),  # no SNI: the Host header
+    ("2001:db8::10", None, "[2001:db8::10]:443", "2001:db8::10"),  # the client named no host
+    ("2001:db8::10", "", "generativelanguage.googleapis.com", "generativelanguage.googleapis.com"),
+    ("10.0.0.5", None, None, "10.0.0.5"),
+])
+def test_server_name_is_the_name_the_client_asked_for_not_the_intercepted_address(host, sni, host_header, expected):
+    """Transparent capture intercepts an address: the record names the host (and provider) the client meant."""
+    assert server_name(host, sni, host_header) == expected

@@ -1179,3 +1179,17 @@ def test_plan_repeats_the_second_item_lazily() -> None:
     assert not isinstance(writes, list)
     body = list(writes)
     assert len(body) == len(items) + 1000 and body.count(items[1]) == 1001
+
+
+def test_cert_names_add_hosts_and_addresses_to_the_leaf(tmp_path: Path) -> None:
+    """``--cert-name`` lets the mock stand in for a provider's real host (the transparent
+    capture test routes ``api.openai.com`` to it): the leaf names it besides localhost."""
+    from cryptography import x509
+
+    from mockllm.certs import generate
+
+    paths = generate(tmp_path, ("api.openai.com", "api.anthropic.com", "203.0.113.10", "localhost"))
+    leaf = x509.load_pem_x509_certificates(paths.cert.read_bytes())[0]
+    san = leaf.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert san.get_values_for_type(x509.DNSName) == ["localhost", "api.openai.com", "api.anthropic.com"]
+    assert [str(a) for a in san.get_values_for_type(x509.IPAddress)] == ["127.0.0.1", "::1", "203.0.113.10"]
