@@ -24,6 +24,7 @@ aborted stream fires ``error`` (not ``response``); on shutdown ``done`` runs bef
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import shlex
 import socket
@@ -813,9 +814,18 @@ def proxy_user(flow: http.HTTPFlow) -> str | None:
 def redirected_user(flow: http.HTTPFlow) -> str | None:
     """The local user whose connection transparent capture redirected here, for
     exchanges whose request names none (:mod:`addon.local_user`)."""
-    if not is_transparent(flow.client_conn.proxy_mode):
+    conn = flow.client_conn
+    if not is_transparent(conn.proxy_mode):
         return None
-    return local_user(flow.client_conn.peername, flow.server_conn.address)
+    return _connection_user(conn.id, conn.peername, flow.server_conn.address)
+
+
+@functools.lru_cache(maxsize=4096)
+def _connection_user(connection_id: str, peer: tuple | None, destination: tuple | None) -> str | None:
+    """:func:`local_user`, once per client connection (its owner never changes): the
+    ``/proc`` tables are read on the event loop, so not again for every request an
+    HTTP/2 or keep-alive connection carries."""
+    return local_user(peer, destination)
 
 
 def abort_side(flow: http.HTTPFlow) -> str:

@@ -244,7 +244,8 @@ def test_a_responses_final_text_that_differs_from_its_deltas_is_checked(guarded,
     events = list(client(guarded, up, transport).responses.create(model="gpt-5", input="hi", stream=True,
                                                                    extra_headers=headers))
     assert WORD not in seen_by_sdk(events)
-    assert events[-1].type == "response.failed" and events[-1].response.error.code == "content_filtered"
+    assert events[-1].type == "response.incomplete" and events[-1].response.incomplete_details.reason == "content_filter"
+    assert events[-1].response.output_text == "Hello there", "the final response carries what the client had"
     row = assert_output_blocked(guarded, mock_id, "output.choices[0].final_text")
     assert row["output_text"] == "Hello there"
     assert "final_text_mismatch" in [f["code"] for f in row["findings"]]

@@ -80,24 +80,25 @@ def test_openai_chat_stream_and_non_stream_are_refused_as_the_api_does(guarded, 
     assert_blocked(guarded, up, mock_id, streamed=False)
 
 
-def test_openai_responses_stream_ends_with_response_failed(guarded, upstreams, transport):
+def test_openai_responses_stream_ends_incomplete_by_content_filter(guarded, upstreams, transport):
     up = upstreams[transport]
     mock_id, hdrs = headers()
     events = list(openai_client(guarded, up.url, transport).responses.create(model="gpt-5", input=FORBIDDEN, stream=True,
                                                                    extra_headers=hdrs))
-    assert events[-1].type == "response.failed"
+    assert events[-1].type == "response.incomplete"
+    assert events[-1].response.incomplete_details.reason == "content_filter"
     assert_blocked(guarded, up, mock_id, streamed=True)
 
 
-def test_anthropic_stream_raises_the_sdk_error(guarded, upstreams, transport):
+def test_anthropic_stream_is_a_refusal(guarded, upstreams, transport):
     up = upstreams[transport]
     mock_id, hdrs = headers()
     http = httpx2.Client(proxy=guarded.url, verify=ssl.create_default_context(cafile=str(guarded.ca)), timeout=30,
                          http2=transport == "h2")
     client = anthropic.Anthropic(base_url=up.url, api_key="sk-ant-test", max_retries=0, http_client=http)
-    with pytest.raises(anthropic.APIStatusError):
-        with client.messages.stream(model="claude-mock-1", max_tokens=100, messages=PROMPT, extra_headers=hdrs) as s:
-            list(s.text_stream)
+    with client.messages.stream(model="claude-mock-1", max_tokens=100, messages=PROMPT, extra_headers=hdrs) as s:
+        message = s.get_final_message()
+    assert (message.stop_reason, message.content) == ("refusal", [])
     assert_blocked(guarded, up, mock_id, streamed=True)
 
 
