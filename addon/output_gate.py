@@ -108,6 +108,7 @@ class OutputGate:
                  failure: str) -> None:
         self.guard = guard
         self.forwarded = forwarded
+        forwarded.keeps_delivered = True  # it reads only what the client gets: its termination may repeat it
         self.holds = holds
         self.split_raw = split_raw
         self.failure = failure

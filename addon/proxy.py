@@ -759,11 +759,9 @@ def _output_gate(audit: FlowAudit, event_stream: bool, encoding: str | None) -> 
     filters = audit.filters
     if filters is None:
         return None
-    forwarded = audit.dialect.normalizer(audit.summary)
-    forwarded.keeps_delivered = True  # it reads only what the client gets: its termination may repeat it
     return OutputGate(
         filters.output_guard(),
-        forwarded,
+        audit.dialect.normalizer(audit.summary),
         holds=event_stream and filters.may_block_output,
         split_raw=encoding is None or encoding.strip().lower() in ("", "identity"),
         failure=filters.failure,

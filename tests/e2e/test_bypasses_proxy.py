@@ -245,7 +245,9 @@ def test_a_responses_final_text_that_differs_from_its_deltas_is_checked(guarded,
                                                                    extra_headers=headers))
     assert WORD not in seen_by_sdk(events)
     assert events[-1].type == "response.incomplete" and events[-1].response.incomplete_details.reason == "content_filter"
-    assert events[-1].response.output_text == "Hello there", "the final response carries what the client had"
+    shown = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    assert events[-1].response.output_text == shown, "the final response carries what the client had"
+    assert [item.id for item in events[-1].response.output] == ["msg_1"]
     row = assert_output_blocked(guarded, mock_id, "output.choices[0].final_text")
     assert row["output_text"] == "Hello there"
     assert "final_text_mismatch" in [f["code"] for f in row["findings"]]
