@@ -198,7 +198,13 @@ def columns_table(name: str) -> str:
 def tables_table() -> str:
     from storage.schema import exchange_view, metadata as tables
 
-    rows = [[f"`{t.name}`", "table", t.comment or ""] for t in tables.sorted_tables]
+    import storage.schema
+
+    # A table without a comment: what the module's docstring says of it ("One row per
+    # exchange in ``exchanges``").
+    docstring = " ".join((storage.schema.__doc__ or "").split())
+    said = {name: what.strip().capitalize() + "." for what, name in re.findall(r"([^;.:]+?) in ``(\w+)``", docstring)}
+    rows = [[f"`{t.name}`", "table", t.comment or said.get(t.name, "")] for t in tables.sorted_tables]
     rows.append([f"`{exchange_view.name}`", "view", exchange_view.comment or ""])
     return table(["name", "kind", "what it holds"], rows)
 
@@ -251,9 +257,20 @@ def _commands(parser: argparse.ArgumentParser, prefix: str = "") -> Iterator[tup
 
 
 def _arguments(parser: argparse.ArgumentParser) -> str:
+    """The arguments a command takes; a group of them (the filters) by its title."""
+    grouped = {
+        id(a): g.title for g in parser._action_groups if g.title not in (None, "positional arguments", "options",
+                                                                           "optional arguments")
+        for a in g._group_actions
+    }
     shown = []
     for a in parser._actions:
         if isinstance(a, argparse._HelpAction | argparse._SubParsersAction):
+            continue
+        if id(a) in grouped:
+            title = f"the {grouped[id(a)]} (`{'`, `'.join(max(x.option_strings, key=len) for x in parser._actions if grouped.get(id(x)) == grouped[id(a)])}`)"
+            if title not in shown:
+                shown.append(title)
             continue
         if a.option_strings:
             flag = max(a.option_strings, key=len)
