@@ -221,7 +221,7 @@ def cli_parser() -> argparse.ArgumentParser:
     """The root parser of the ``llm-audit`` console script, found through its entry point
     and caught as its ``main`` starts parsing (so it does not matter where it is built)."""
     (entry,) = [e for e in metadata.entry_points(group="console_scripts") if e.name == "llm-audit"]
-    main: Callable[[list[str]], Any] = entry.load()
+    main: Callable[..., Any] = entry.load()
     original = argparse.ArgumentParser.parse_known_args
 
     def capture(self: argparse.ArgumentParser, *args: Any, **kwargs: Any) -> Any:
@@ -229,7 +229,14 @@ def cli_parser() -> argparse.ArgumentParser:
 
     argparse.ArgumentParser.parse_known_args = capture  # type: ignore[method-assign]
     try:
-        main([])
+        try:
+            main([])
+        except TypeError:  # a main() that takes no arguments reads sys.argv
+            saved, sys.argv = sys.argv, ["llm-audit"]
+            try:
+                main()
+            finally:
+                sys.argv = saved
     except _Captured as captured:
         return captured.parser
     finally:
@@ -292,24 +299,30 @@ def cli_table() -> str:
 # -- modules that import mitmproxy --------------------------------------------------------------
 
 
-def mitmproxy_importers() -> list[tuple[str, list[str]]]:
+def mitmproxy_importers() -> list[tuple[str, list[str], str]]:
+    """Each module of the project's packages that imports mitmproxy: its path, what it
+    imports, and the first paragraph of its docstring."""
     found = []
     for package in PACKAGES:
         for path in sorted((ROOT / package).rglob("*.py")) if (ROOT / package).is_dir() else ():
             names = set()
-            for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            tree = ast.parse(path.read_text(), str(path))
+            for node in ast.walk(tree):
                 if isinstance(node, ast.Import):
                     names |= {a.name for a in node.names if a.name.split(".")[0] == "mitmproxy"}
                 elif isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").split(".")[0] == "mitmproxy":
                     names |= {f"{node.module}.{a.name}" for a in node.names}
             if names:
-                found.append((path.relative_to(ROOT).as_posix(), sorted(names)))
+                summary = (ast.get_docstring(tree) or "").split("\n\n")[0]
+                found.append((path.relative_to(ROOT).as_posix(), sorted(names), summary))
     return found
 
 
 def mitmproxy_imports_table() -> str:
-    rows = [[f"`{path}`", ", ".join(f"`{n}`" for n in names)] for path, names in mitmproxy_importers()]
-    return table(["module", "what it imports from mitmproxy"], rows)
+    rows = [
+        [f"`{path}`", summary, ", ".join(f"`{n}`" for n in names)] for path, names, summary in mitmproxy_importers()
+    ]
+    return table(["module", "what it is (its docstring)", "what it imports from mitmproxy"], rows)
 
 
 # -- the pages ----------------------------------------------------------------------------------
