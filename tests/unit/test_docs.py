@@ -120,3 +120,13 @@ def test_the_cli_table_names_every_command():
     assert "<!-- generated: cli -->" in DATABASE
     commands = [label for label, _, _ in _generate._commands(_generate.cli_parser())]
     assert {"list (alias search)", "show", "stats", "export", "verify", "db upgrade"} <= set(commands)
+
+
+def test_the_readme_is_an_entry_point_that_opens_with_the_two_commands():
+    readme = (ROOT / "README.md").read_text()
+    assert len(readme.splitlines()) < 300
+    first_block = readme.split("```sh\n", 1)[1].split("```", 1)[0]
+    assert first_block.splitlines() == [  # CI (.ci/run) runs the second; keep them as they are
+        "scripts/proxy    # run mitmdump with the addon on 127.0.0.1:8080, recording to SQLite",
+        "scripts/test     # run the whole test suite",
+    ]
