@@ -220,8 +220,10 @@ class _Captured(Exception):
 def cli_parser() -> argparse.ArgumentParser:
     """The root parser of the ``llm-audit`` console script, found through its entry point
     and caught as its ``main`` starts parsing (so it does not matter where it is built)."""
-    (entry,) = [e for e in metadata.entry_points(group="console_scripts") if e.name == "llm-audit"]
-    main: Callable[..., Any] = entry.load()
+    entries = list(metadata.entry_points(group="console_scripts", name="llm-audit"))
+    if not entries:
+        raise RuntimeError("the llm-audit console script is not installed: run scripts/test once (it installs it)")
+    main: Callable[..., Any] = entries[0].load()
     original = argparse.ArgumentParser.parse_known_args
 
     def capture(self: argparse.ArgumentParser, *args: Any, **kwargs: Any) -> Any:
