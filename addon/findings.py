@@ -2,8 +2,8 @@
 
 Findings are stored with each exchange (``findings`` column: a JSON list of
 ``{code, detail}``) and are meant to be queried, so a code never changes meaning once
-released. The README's findings table documents them; a test checks that every code
-here appears there.
+released. docs/findings.md lists them, generated from this table (docs/_generate.py);
+a test fails when that page is stale.
 """
 
 CODES: dict[str, str] = {

@@ -1,6 +1,7 @@
 """The mitmproxy adapter: options, hooks and the per-flow stream tap.
 
-This is the only module that knows mitmproxy. For each flow it
+It holds the hooks; the other modules that import mitmproxy are its helpers (listed,
+generated, in docs/architecture.md). For each flow it
 
 1. ``request``: asks the dialect registry whether this is inference traffic (headers
    first, the body only when a dialect's headers/path match), opens a record and runs
