@@ -225,6 +225,8 @@ def assert_replaced(proxy: Proxy, mock_id: str, finish: str | None, client_statu
     assert (row["client_status"], row["delivered_text"]) == (client_status, "")
     assert row["finish_reasons"] == ([finish] if finish else [])
     assert WORD in row["output_text"] and row["bytes_to_client"] < row["bytes_from_upstream"]
+    [view] = proxy.sql("SELECT client_text, client_status FROM exchange_view WHERE id = ?", (row["id"],))
+    assert view == {"client_text": "", "client_status": client_status or 200}, "what the client got"
     return row
 
 
