@@ -1,13 +1,16 @@
-"""``show``'s page: the whole exchange, request to outcome, wrapped to the terminal."""
+"""``show``'s page: the whole exchange, request to outcome, wrapped to the terminal.
+
+What each part says comes from :mod:`exchange.transcript`, as in mitmproxy's view of the
+same exchange; this module only lays it out: a header, the exchange's metadata (which
+only the database knows: timings, client, transfer), then sections of indented text.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
-import orjson
-
-from addon.filters.messages import extract_messages
 from cli.terminal import Style, display_width, one_line, timestamp, visible, wrap
+from exchange import transcript
 
 
 class _Page:
@@ -64,10 +67,7 @@ def _overview(page: _Page, r: dict[str, Any]) -> None:
     timing = [f"first chunk after {_duration(r['time_to_first_chunk_ms'])}" if r["time_to_first_chunk_ms"] is not None
               else "no response body", f"took {_duration(r['duration_ms'])}" if r["duration_ms"] is not None else ""]
     page.field("timing", " · ".join(t for t in timing if t))
-    model = r["request_model"] or "-"
-    if r["response_model"] and r["response_model"] != r["request_model"]:
-        model += f" (served by {r['response_model']})"
-    page.field("model", model)
+    page.field("model", transcript.model_line(r) or "-")
     protocol = [r["dialect"], f"provider {r['provider']}" if r["provider"] else "",
                 "streamed" if r["streamed"] else "not streamed"]
     page.field("protocol", " · ".join(p for p in protocol if p))
@@ -82,12 +82,9 @@ def _overview(page: _Page, r: dict[str, Any]) -> None:
 
 def _request(page: _Page, body: Any) -> None:
     page.heading("request")
-    if not isinstance(body, dict):
-        page.text("(not JSON)" if body is None else body if isinstance(body, str) else _pretty(body), indent=2)
-        return
-    messages, tools = extract_messages(body), _declared_tools(body)
+    messages, tools = transcript.conversation(body), transcript.declared_tools(body)
     if not messages and not tools:  # a shape no dialect has: as it is
-        page.text(_pretty(body), indent=2)
+        page.text(transcript.body_text(body), indent=2)
     for message in messages:
         page.lines.append("  " + page.style.dim(message.role))
         page.text(message.text, indent=4)
@@ -97,94 +94,53 @@ def _request(page: _Page, body: Any) -> None:
             page.text(f"{name} - {description}" if description else name, indent=4)
 
 
-def _declared_tools(body: dict[str, Any]) -> list[tuple[str, str]]:
-    """(name, description) of each tool a request declares, whatever its API's shape
-    (OpenAI ``tools[].function``, Responses and Anthropic ``tools[]``, Gemini
-    ``tools[].functionDeclarations[]``, legacy ``functions[]``)."""
-    specs: list[Any] = []
-    for key in ("tools", "functions"):
-        for item in body.get(key) if isinstance(body.get(key), list) else []:
-            if isinstance(item, dict):
-                specs += [item, item.get("function"), item.get("custom")]
-                for nested in ("functionDeclarations", "function_declarations"):
-                    specs += item.get(nested) if isinstance(item.get(nested), list) else []
-    return [(spec["name"], one_line(spec.get("description") if isinstance(spec.get("description"), str) else ""))
-            for spec in specs if isinstance(spec, dict) and isinstance(spec.get("name"), str)]
-
-
 def _output(page: _Page, r: dict[str, Any]) -> None:
-    output = r["output"] if isinstance(r["output"], dict) else {}
-    choices = [c for c in output.get("choices") or [] if isinstance(c, dict)]
     page.heading("output")
-    if not r["output_text"] and not any(c.get(part) for c in choices for part in ("text", "reasoning", "refusal")):
+    if not transcript.has_output(r):
         page.text("(none)", indent=2)
-    for choice in choices or [{"index": 0, "text": r["output_text"]}]:
-        label = f"choice {choice.get('index')}" if len(choices) > 1 else ""
-        stop = f"finish reason {choice['finish_reason']}" if choice.get("finish_reason") else ""
-        if label or stop:
-            page.lines.append("  " + page.style.dim(" · ".join(x for x in (label, stop) if x)))
-        for part, name in (("reasoning", "reasoning"), ("refusal", "refusal")):
-            if choice.get(part):
-                page.lines.append("  " + page.style.dim(name))
-                page.text(choice[part], indent=4)
-        if choice.get("text"):
-            page.text(choice["text"], indent=2)
+    choices = transcript.choices(r)
+    for choice in choices:
+        _choice(page, choice, numbered=len(choices) > 1)
     if r["delivered_text"] is not None:
         page.heading("delivered to the client (a content filter changed the output)")
         page.text(r["delivered_text"], indent=2)
-    calls = [c for c in output.get("tool_calls") or r["tool_calls"] or [] if isinstance(c, dict)]
+    calls = transcript.tool_calls(r)
     if calls:
         page.heading("tool calls")
         for call in calls:
-            cut = "" if call.get("complete", True) else " (cut off; arguments as received)"
-            call_id = call.get("id")  # Gemini's calls have none: nothing to print then
-            shown_id = " " + page.style.dim(f"id {one_line(str(call_id))}") if call_id is not None else ""
-            page.lines.append(f"  {one_line(str(call.get('name')))}" + shown_id + cut)
-            page.text(_arguments(call.get("arguments")), indent=4)
+            shown_id = " " + page.style.dim(f"id {one_line(call.id)}") if call.id else ""  # Gemini's have none
+            page.lines.append(f"  {one_line(call.name)}" + shown_id + ("" if call.complete else transcript.CUT_OFF))
+            page.text(call.arguments, indent=4)
 
 
-def _arguments(arguments: Any) -> str:
-    """Tool call arguments pretty-printed when they are JSON, else as received."""
-    if isinstance(arguments, str):
-        try:
-            return _pretty(orjson.loads(arguments))
-        except orjson.JSONDecodeError:
-            return arguments
-    return _pretty(arguments)
-
-
-def _pretty(value: Any) -> str:
-    return orjson.dumps(value, option=orjson.OPT_INDENT_2).decode()
+def _choice(page: _Page, choice: transcript.Choice, *, numbered: bool) -> None:
+    label = f"choice {choice.index}" if numbered else ""
+    stop = f"finish reason {choice.finish_reason}" if choice.finish_reason else ""
+    if label or stop:
+        page.lines.append("  " + page.style.dim(" · ".join(x for x in (label, stop) if x)))
+    for text, name in ((choice.reasoning, "reasoning"), (choice.refusal, "refusal")):
+        if text:
+            page.lines.append("  " + page.style.dim(name))
+            page.text(text, indent=4)
+    if choice.text:
+        page.text(choice.text, indent=2)
 
 
 def _usage(page: _Page, r: dict[str, Any]) -> None:
     page.heading("usage")
-    if r["usage_source"] != "provider":
-        page.text("none reported by the upstream", indent=2)
-        return
-    parts = [("input", "input_tokens"), ("output", "output_tokens"), ("cache read", "cache_read_input_tokens"),
-             ("cache write", "cache_write_input_tokens"), ("reasoning", "reasoning_output_tokens"),
-             ("total", "total_tokens")]
-    page.text(" · ".join(f"{label} {r[name]}" for label, name in parts if r[name] is not None), indent=2)
+    page.text(transcript.usage_line(r), indent=2)
 
 
 def _problems(page: _Page, r: dict[str, Any]) -> None:
-    if r["error_code"] or r["error_message"]:
+    if error := transcript.error_line(r):
         page.heading("error")
-        page.text(f"{r['error_code'] or 'error'}: {r['error_message'] or ''}", indent=2)
-    findings = [f for f in r["findings"] or [] if isinstance(f, dict)]
-    if findings:
-        page.heading("findings")
-        for f in findings:
-            page.text(f"{f.get('code')}  {f.get('detail') or ''}", indent=2)
-    verdicts = [v for v in r["verdicts"] or [] if isinstance(v, dict)]
-    if verdicts:
-        page.heading("filter verdicts")
-        for v in verdicts:
-            position = f"at {v['position']}" if v.get("position") is not None else None
-            where = ", ".join(str(x) for x in (v.get("filter"), v.get("location"), position, v.get("match_hash")) if x)
-            verdict = f"{v.get('action')}  {v.get('rule_id')}  {v.get('reason') or ''}"
-            page.text(verdict + (f" ({where})" if where else ""), indent=2)
+        page.text(error, indent=2)
+    for title, lines in (("findings", transcript.finding_lines(r["findings"])),
+                         ("filter verdicts", transcript.verdict_lines(r["verdicts"]))):
+        if lines:
+            page.heading(title)
+            for line in lines:
+                page.text(line, indent=2)
     parts = [("events", "event_count"), ("bytes to the client", "bytes_to_client"),
              ("bytes from the upstream", "bytes_from_upstream")]
     page.heading("transfer")

@@ -31,7 +31,7 @@ from cli import main as cli
 from storage.database import open_engine
 from storage.query import FIELDS, STATS_FIELDS, Filters, iter_exchanges
 from cli.formats import Progress
-from cli.terminal import display_width
+from cli.terminal import display_width, visible
 from storage.schema import exchange_view, exchanges
 from storage.synth import fill
 
@@ -322,6 +322,10 @@ def test_show_says_what_the_client_got_and_prints_no_id_a_call_does_not_have(tmp
     assert held.startswith("exchange held-1  blocked (HTTP 400 to the client; the upstream sent 200)\n")
     _, gem, _ = run("--db", url, "show", "gem-1")
     assert "\ntool calls\n  get_weather\n" in gem and "None" not in gem
+
+
+def test_bidirectional_overrides_and_control_characters_are_shown_escaped():
+    assert visible("pay \u202eevil\u2066 \x1b[2J\tand\n") == "pay \\u202eevil\\u2066 \\x1b[2J\tand\n"
 
 
 def test_show_json_is_the_whole_record(url):
