@@ -12,7 +12,9 @@ reads it:
   refusal, tool calls with pretty-printed arguments, usage, the error, and the audit's
   status, findings and content-filter verdicts.
 
-The response is read by the audit's own pipeline (dialect registry, normalizer,
+What each part of the exchange says (a choice, a tool call, the usage, a verdict) is
+written by :mod:`exchange.transcript`, as for ``llm-audit show``: the two views lay it
+out differently but cannot disagree. The response is read by the audit's own pipeline (dialect registry, normalizer,
 :class:`~addon.auditor.StreamAuditor`, :class:`~addon.record.ExchangeRecord`), so the
 view and the database agree on what an exchange said, and no dialect is known here.
 What only the proxy knew at the time (the record id and status, findings about the
@@ -31,7 +33,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-import orjson
 from mitmproxy import contentviews, http
 from mitmproxy.contentviews import Metadata
 from mitmproxy.options import Options
@@ -46,10 +47,10 @@ from addon.dialects import (
     media_type,
     parse_json_body,
 )
-from addon.filters.messages import extract_messages
 from addon.hosts import server_name
 from addon.record import OUTCOME_COMPLETE, ExchangeRecord
 from addon.sse import SSEParser
+from exchange import transcript
 
 METADATA_KEY = "llm_audit"
 BLOCKED_MARKER = ":no_entry:"  # ⛔ in mitmweb and the console
@@ -172,13 +173,13 @@ def request_text(request: http.Request, audit: dict[str, Any]) -> str:
     text.field("user", summary.user_id)
     text.field("session", summary.session_id)
     text.field("request id", summary.request_id)
-    text.field("tools", ", ".join(sorted(summary.declared_tools or ())))
-    messages = extract_messages(body())
+    text.field("tools", ", ".join(dict.fromkeys(name for name, _ in transcript.declared_tools(body()))))
+    messages = transcript.conversation(body())
     for message in messages:
         text.section(message.role, message.text)
     if not messages:
-        text.section("body", _pretty(body()) if body() is not None else "(not JSON)")
-    _verdicts(text, [v for v in audit.get("verdicts") or () if not _is_output(v)])
+        text.section("body", transcript.body_text(body()))
+    _verdicts(text, [v for v in audit.get("verdicts") or () if not transcript.is_output_verdict(v)])
     return str(text)
 
 
@@ -186,77 +187,42 @@ def response_text(flow: http.HTTPFlow, data: bytes, audit: dict[str, Any]) -> st
     """The response as the audit reads it: answer, reasoning, tool calls, usage, problems."""
     record = read_response(flow, data)
     row = record.to_row()
-    status = audit.get("status") or record.status
-    text = _Text(f"{record.dialect} response · {status}")
-    model = row["response_model"] or row["request_model"]
-    if row["response_model"] and row["request_model"] and row["response_model"] != row["request_model"]:
-        model = f"{row['request_model']} (served by {row['response_model']})"
-    text.field("model", model)
+    text = _Text(f"{record.dialect} response · {audit.get('status') or record.status}")
+    text.field("model", transcript.model_line(row))
     text.field("record", f"{audit['id']} (llm-audit show {audit['id'][:12]})" if audit.get("id") else None)
-    text.field("usage", _usage(row))
+    text.field("usage", transcript.usage_line(row))
     text.field("response id", row["response_id"])
-    _choices(text, row["output"]["choices"])
-    for call in row["output"]["tool_calls"]:
-        title = f"tool call {call['name']}" + (f" ({call['id']})" if call["id"] else "")
-        cut = "" if call["complete"] else " (cut off; arguments as received)"
-        text.section(title + cut, _arguments(call["arguments"]))
-    if row["error_code"] or row["error_message"]:
-        text.section("error", f"{row['error_code'] or 'error'}: {row['error_message'] or ''}")
-    findings = audit["findings"] if "findings" in audit else row["findings"]
-    if findings:
-        text.section("findings", "\n".join(f"{f.get('code')}  {f.get('detail') or ''}".rstrip() for f in findings))
-    _verdicts(text, [v for v in audit.get("verdicts") or () if _is_output(v)])
+    _choices(text, transcript.choices(row))
+    for call in transcript.tool_calls(row):
+        title = f"tool call {call.name}" + (f" ({call.id})" if call.id else "")
+        text.section(title + ("" if call.complete else transcript.CUT_OFF), call.arguments)
+    if error := transcript.error_line(row):
+        text.section("error", error)
+    if findings := transcript.finding_lines(audit["findings"] if "findings" in audit else row["findings"]):
+        text.section("findings", "\n".join(findings))
+    _verdicts(text, [v for v in audit.get("verdicts") or () if transcript.is_output_verdict(v)])
     return str(text)
 
 
-def _choices(text: _Text, choices: list[dict[str, Any]]) -> None:
+def _choices(text: _Text, choices: list[transcript.Choice]) -> None:
     for choice in choices:
-        suffix = f" (choice {choice['index']})" if len(choices) > 1 else ""
-        for part in ("reasoning", "refusal"):
-            if choice.get(part):
-                text.section(part + suffix, choice[part])
-        if choice["text"] or not (choice.get("reasoning") or choice.get("refusal")):
-            text.section("answer" + suffix, choice["text"])
-        if choice["finish_reason"]:
-            text.block(f"(finish reason: {choice['finish_reason']})", 2)
+        suffix = f" (choice {choice.index})" if len(choices) > 1 else ""
+        for part, said in (("reasoning", choice.reasoning), ("refusal", choice.refusal)):
+            if said:
+                text.section(part + suffix, said)
+        if choice.text or not (choice.reasoning or choice.refusal):
+            text.section("answer" + suffix, choice.text)
+        if choice.finish_reason:
+            text.block(f"(finish reason: {choice.finish_reason})", 2)
 
 
 def _verdicts(text: _Text, verdicts: list[dict[str, Any]]) -> None:
-    if not verdicts:
-        return
-    lines = []
-    for v in verdicts:
-        place = (v.get("filter"), v.get("location"), v.get("position"))
-        where = ", ".join(str(x) for x in place if x not in (None, ""))
-        lines.append(f"{v.get('action')}  {v.get('rule_id')}  {v.get('reason') or ''}".rstrip()
-                     + (f"  ({where})" if where else ""))
-    text.section("filter verdicts", "\n".join(lines))
-
-
-def _is_output(verdict: Any) -> bool:
-    return isinstance(verdict, dict) and str(verdict.get("location") or "").startswith("output")
+    if lines := transcript.verdict_lines(verdicts):
+        text.section("filter verdicts", "\n".join(lines))
 
 
 def _streaming(summary: RequestSummary) -> str | None:
     return {True: "stream", False: "no stream"}.get(summary.stream)
-
-
-def _usage(row: dict[str, Any]) -> str:
-    parts = (("input", "input_tokens"), ("output", "output_tokens"), ("reasoning", "reasoning_output_tokens"),
-             ("cache read", "cache_read_input_tokens"), ("cache write", "cache_write_input_tokens"))
-    return " · ".join(f"{label} {row[name]}" for label, name in parts if row[name] is not None) or "none reported"
-
-
-def _arguments(arguments: str) -> str:
-    """Tool call arguments pretty-printed when they are JSON, else as received."""
-    try:
-        return _pretty(orjson.loads(arguments))
-    except orjson.JSONDecodeError:
-        return arguments
-
-
-def _pretty(value: Any) -> str:
-    return orjson.dumps(value, option=orjson.OPT_INDENT_2).decode()
 
 
 # -- the flow list -------------------------------------------------------------------------------

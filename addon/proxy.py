@@ -55,7 +55,6 @@ from addon.dialects.blocking import block_message
 from addon.events import Finding
 from addon.filters.api import BLOCK, RequestContext, Verdict
 from addon.filters.engine import FILTER_ERROR, FilterSet
-from addon.filters.messages import Message
 from addon.filters.loader import FilterFiles
 from addon.filters.rules import RulesError, load_rules
 from addon.hosts import server_name
@@ -69,6 +68,7 @@ from addon.record import (
     ExchangeRecord,
 )
 from addon.redact import api_key_fingerprint, redact_headers, redact_query
+from exchange.messages import Message
 from storage.checkpoint import (
     Checkpointer,
     CheckpointError,

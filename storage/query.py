@@ -4,7 +4,7 @@ Everything here reads ``exchange_view`` (:data:`storage.schema.exchange_view`), 
 row per exchange that migration 0003 creates with the same columns on SQLite and
 PostgreSQL: the commands answer alike on both backends, and their field names are the
 view's column names (:data:`FIELDS`), so scripts and the SQL surface share one
-vocabulary. Nothing here prints; :mod:`storage.report` presents the rows.
+vocabulary. Nothing here prints; the ``llm-audit`` command (:mod:`cli`) presents the rows.
 
 Both backends merge a plain view like this one into the query, so filters on its plain
 columns (time range, user, model, status) use the indexes of ``exchanges``; the derived

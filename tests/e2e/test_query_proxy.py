@@ -5,7 +5,7 @@ A proxy with a rules file records a handful of real exchanges from the mock upst
 upstream error, a stream without its terminal event, a request a rule blocks); then
 the real console script lists, shows, counts and exports them, and its output is parsed
 back and checked against the rows. The filters run in this process through
-``storage.cli.main`` (the same code without the script's start-up each time), which
+``cli.main.main`` (the same code without the script's start-up each time), which
 keeps the module fast.
 """
 
@@ -25,7 +25,7 @@ import orjson
 import pytest
 from conftest import BACKENDS, BIN, ROOT, Proxy, Upstream, new_database, start_proxy
 
-from storage import cli
+from cli import main as cli
 
 pytestmark = pytest.mark.e2e
 

@@ -2,7 +2,7 @@
 
 Rows are written with SQLAlchemy as the proxy's writer would, one small data set per
 backend with a known answer to every question. Most commands run in-process through
-:func:`storage.cli.main` (the same code as the console script, without its half-second
+:func:`cli.main.main` (the same code as the console script, without its half-second
 start-up); what depends on the process (exit statuses, one-line errors, a terminal's
 colours, piped output) runs the real ``llm-audit`` as a subprocess.
 """
@@ -27,10 +27,11 @@ import orjson
 import pytest
 from sqlalchemy import insert, select
 
-from storage import cli
+from cli import main as cli
 from storage.database import open_engine
 from storage.query import FIELDS, STATS_FIELDS, Filters, iter_exchanges
-from storage.report import Progress, display_width
+from cli.formats import Progress
+from cli.terminal import display_width, visible
 from storage.schema import exchange_view, exchanges
 from storage.synth import fill
 
@@ -321,6 +322,10 @@ def test_show_says_what_the_client_got_and_prints_no_id_a_call_does_not_have(tmp
     assert held.startswith("exchange held-1  blocked (HTTP 400 to the client; the upstream sent 200)\n")
     _, gem, _ = run("--db", url, "show", "gem-1")
     assert "\ntool calls\n  get_weather\n" in gem and "None" not in gem
+
+
+def test_bidirectional_overrides_and_control_characters_are_shown_escaped():
+    assert visible("pay \u202eevil\u2066 \x1b[2J\tand\n") == "pay \\u202eevil\\u2066 \\x1b[2J\tand\n"
 
 
 def test_show_json_is_the_whole_record(url):

@@ -195,10 +195,11 @@ def test_what_the_proxy_recorded_is_shown_with_the_stream():
     assert response.startswith("openai-chat response · blocked")
     assert f"record      {record.id} (llm-audit show {record.id[:12]})" in response
     assert "\nfindings\n  missing_stream_end  the stream ended without its terminal event" in response
-    assert "block  internal-hosts  internal host name  (rules, output.choices[0].text, 12)" in response
+    # the verdict line is exchange.transcript's, the same as llm-audit show prints
+    assert "block  internal-hosts  internal host name (rules, output.choices[0].text, at 12, sha256:cd)" in response
     assert "code-names" not in response
     request = render(f, f.request).text
-    assert "flag  code-names  (rules, request, 3)" in request and "internal-hosts" not in request
+    assert "flag  code-names (rules, request, at 3, sha256:ab)" in request and "internal-hosts" not in request
 
 
 def test_a_comment_the_user_wrote_is_kept():

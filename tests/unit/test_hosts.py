@@ -14,7 +14,7 @@ import pytest
 
 from addon.dialects.providers import HOSTS, provider_for_host
 from addon.hosts import HostsError, allow_hosts_expression, known_hosts, read_extra_hosts, server_name
-from storage.cli import main
+from cli.main import main
 
 # One host of each pattern in the table, '*' filled in as a resource name or region would be.
 EXAMPLES = [(pattern.replace("*", "us-east-1"), provider) for pattern, provider in HOSTS]

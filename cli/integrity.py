@@ -1,0 +1,268 @@
+"""Tamper evidence and retention: ``checkpoint``, ``verify``, ``erase`` and ``purge``.
+
+``verify`` exits 1 when a chain does not check out, 3 when no tampering is found but
+records are not covered by a checkpoint; the others fail as one line with status 2
+(:func:`cli.common.run`). ``erase`` and ``purge`` sign a statement of what they did
+with the checkpoints' key, so that ``verify --checkpoints`` can tell them from tampering.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+
+import orjson
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from sqlalchemy import Engine, func, select
+from sqlalchemy.exc import SQLAlchemyError
+
+from cli.common import PROG, Commands, actor, engine, positive_int
+from storage.chain import Head
+from storage.checkpoint import (
+    CheckpointError,
+    default_checkpoint_dir,
+    default_key_path,
+    load_or_create_key,
+    load_public_key,
+    public_key_path,
+    read_checkpoints,
+    write_checkpoint,
+)
+from storage.database import DatabaseError, first_line
+from storage.erase import erase_user
+from storage.retention import MIN_RETENTION, RetentionError, check_cutoff, parse_cutoff, purge
+from storage.schema import exchanges
+from storage.statements import Signer, read_statements
+from storage.verify import Report, verify
+
+EXIT_TAMPERED = 1
+EXIT_UNCOVERED = 3  # no tampering found, but records that no checkpoint covers
+
+CHECKPOINT_EXAMPLES = f"""\
+Signs the head of every hash chain in the database with the Ed25519 key (created on
+first use, its public half next to it as .pub) and writes a checkpoint file. It signs
+what the database holds, so it first verifies the chains against the checkpoints and
+statements already in --dir and refuses to sign over tampering they reveal. Ship the
+files and the public key somewhere the database's administrators cannot rewrite.
+
+examples:
+  llm-audit checkpoint
+  llm-audit checkpoint --dir /srv/audit-checkpoints --key /etc/llm-audit/signing-key.pem
+  (defaults: --key {default_key_path()}, --dir {default_checkpoint_dir()})
+"""
+
+VERIFY_EXAMPLES = """\
+Recomputes every hash chain; with --checkpoints also compares them with the signed
+checkpoints. Prints one verdict line per chain, then the records the proxy quarantined
+(where they fill a gap of their chain exactly: "record N of chain X is quarantined in
+FILE: reason"), then the problems found. With --checkpoints, only chains that a checkpoint
+signed by a trusted key (--public-key, repeatable) names are accepted, and records no
+checkpoint covers are named ("not yet covered by a checkpoint: records N..M"); a folder
+without checkpoints is an error. Exit status: 0 all chains check out (quarantined
+records included) and, with --checkpoints, every record is covered; 1 tampering found;
+2 the check could not run; 3 no tampering found, but some records are not covered by a
+checkpoint (a chain no checkpoint names, or records after its last checkpoint).
+
+examples:
+  llm-audit verify
+  llm-audit verify --checkpoints ~/.local/share/llm-audit/checkpoints
+  llm-audit verify --checkpoints /srv/audit-checkpoints --public-key signing-key.pub --format json
+"""
+
+ERASE_EXAMPLES = """\
+Replaces the content (request body, output, tool calls) of every final exchange of the
+user with an erasure marker, keeping the content hashes: the hash chains still verify,
+and verify counts the records as erased. The erasure is logged in erasure_log and
+signed (erasure-<time>.json in --dir, with --key): verify --checkpoints accepts an
+erased record only against such a statement.
+
+examples:
+  llm-audit erase --user alice@example.com
+"""
+
+PURGE_EXAMPLES = f"""\
+AGE is Nh, Nd or Nw (hours, days, weeks); DATE is an ISO 8601 date (midnight UTC) or
+a date and time with its UTC offset. Exchanges that ended before the cut-off are
+deleted (those a crash interrupted count from their start); exchanges still in
+progress never are. Rows go in batches, so the proxy keeps writing meanwhile. Every
+purge is recorded in the purge_log table (who, when, cut-off, count).
+
+A cut-off less than {MIN_RETENTION.days} days ago is refused without --force: the EU AI Act
+(Article 26(6)) asks deployers to keep logs for at least six months.
+
+examples:
+  {PROG} purge --older-than 365d --dry-run     # how many would go
+  {PROG} purge --older-than 365d
+  {PROG} purge --older-than 2025-01-01
+  {PROG} purge --older-than 2025-01-01T00:00:00+01:00
+  {PROG} purge --older-than 30d --force        # below six months: only when you must
+"""
+
+
+def add_commands(commands: Commands) -> None:
+    """Register ``checkpoint``, ``verify``, ``erase`` and ``purge``."""
+    p = commands.add("checkpoint", _cmd_checkpoint, "sign the heads of the hash chains", CHECKPOINT_EXAMPLES)
+    p.add_argument("--key", type=Path, default=default_key_path(), metavar="FILE", help="the Ed25519 signing key")
+    p.add_argument("--dir", type=Path, default=default_checkpoint_dir(), metavar="DIR",
+                   help="where checkpoint files go")
+
+    p = commands.add("verify", _cmd_verify, "check the hash chains for tampering", VERIFY_EXAMPLES)
+    p.add_argument("--checkpoints", type=Path, metavar="DIR", help="also compare with the signed checkpoints here")
+    p.add_argument("--public-key", type=Path, metavar="FILE", action="append",
+                   help="a key the checkpoints may be signed with; repeat for several (default: "
+                        f"{public_key_path(default_key_path())})")
+    p.add_argument("--format", choices=("text", "json"), default="text")
+
+    p = commands.add("erase", _cmd_erase, "erase a user's content, keeping the chains verifiable", ERASE_EXAMPLES)
+    p.add_argument("--user", required=True, metavar="ID", help="the user_id whose content is erased")
+    _add_signer_options(p, "erasure")
+
+    p = commands.add("purge", _cmd_purge, "delete exchanges that ended before a cut-off", PURGE_EXAMPLES)
+    p.add_argument("--older-than", required=True, metavar="AGE|DATE",
+                   help="the cut-off: an age (365d, 27w, 12h) or a date (2025-01-31)")
+    p.add_argument("--dry-run", action="store_true", help="count what would be deleted; delete and record nothing")
+    p.add_argument("--force", action="store_true",
+                   help=f"allow a cut-off less than {MIN_RETENTION.days} days (six months) ago")
+    p.add_argument("--batch-size", type=positive_int, default=1000, metavar="N",
+                   help="rows deleted per transaction (default: 1000); smaller batches hold the lock for less time")
+    _add_signer_options(p, "purge")
+    p.set_defaults(interrupted_note=" (a purge's purge_log row counts what it deleted)")
+
+
+def _add_signer_options(p: argparse.ArgumentParser, what: str) -> None:
+    """``--key`` and ``--dir`` of a command that signs a statement of what it did."""
+    p.add_argument("--key", type=Path, default=default_key_path(), metavar="FILE",
+                   help=f"the Ed25519 key that signs the {what} statement (default: {default_key_path()})")
+    p.add_argument("--dir", type=Path, default=default_checkpoint_dir(), metavar="DIR",
+                   help=f"where the signed {what} statement goes, beside the checkpoints "
+                        f"(default: {default_checkpoint_dir()})")
+
+
+def _signer(args: argparse.Namespace) -> Signer:
+    return Signer.load(args.dir, args.key)
+
+
+def _refuse_tampered(db: Engine, args: argparse.Namespace, key: Ed25519PrivateKey) -> None:
+    """A checkpoint signs what the database holds: never over tampering that the
+    checkpoints and statements already in ``--dir`` reveal (a new folder has none)."""
+    if not list(args.dir.glob("checkpoint-*.json")):
+        return
+    public = key.public_key()
+    report = verify(db, read_checkpoints(args.dir, public), read_statements(args.dir, public))
+    bad = next((chain for chain in report.chains if not chain.ok), None)
+    if bad is not None:
+        raise CheckpointError(f"refusing to sign: chain {bad.chain_id} does not verify against the checkpoints in "
+                              f"{args.dir} ({bad.problems[0].line()}); see {PROG} verify --checkpoints {args.dir}")
+
+
+def _chain_heads(db: Engine) -> dict[str, Head]:
+    """The last record of every hash chain: what a checkpoint signs."""
+    c = exchanges.c
+    last = select(c.chain_id, func.max(c.chain_seq).label("seq")).where(c.chain_id.is_not(None)) \
+        .group_by(c.chain_id).subquery()
+    with db.connect() as conn:
+        rows = conn.execute(select(c.chain_id, c.chain_seq, c.record_hash).join(
+            last, (c.chain_id == last.c.chain_id) & (c.chain_seq == last.c.seq))).all()
+    return {r.chain_id: Head(r.chain_seq, r.record_hash) for r in rows}
+
+
+def _cmd_checkpoint(args: argparse.Namespace) -> int:
+    key = load_or_create_key(args.key)
+    with engine(args, reading=True) as db:
+        try:
+            _refuse_tampered(db, args, key)
+            heads = _chain_heads(db)
+        except SQLAlchemyError as e:
+            raise DatabaseError(f"cannot read the chains: {first_line(e)}") from None
+    try:
+        path = write_checkpoint(args.dir, key, heads)
+    except OSError as e:
+        raise CheckpointError(f"cannot write a checkpoint in {args.dir} ({e.strerror}); name a writable folder "
+                              "with --dir DIR") from None
+    print(f"{path}: {len(heads)} chains signed ({', '.join(f'{k} at {h.seq}' for k, h in sorted(heads.items()))})")
+    return 0
+
+
+def _cmd_verify(args: argparse.Namespace) -> int:
+    checkpoints, statements = [], None
+    if args.checkpoints is not None:
+        keys = [load_public_key(path) for path in args.public_key or [public_key_path(default_key_path())]]
+        checkpoints = read_checkpoints(args.checkpoints, keys)
+        statements = read_statements(args.checkpoints, keys)
+    with engine(args, reading=True) as db:
+        try:
+            report = verify(db, checkpoints, statements)
+        except SQLAlchemyError as e:
+            raise DatabaseError(f"cannot read the chains: {first_line(e)}") from None
+    if args.format == "json":
+        _print_json(report, len(checkpoints))
+    else:
+        _print_verdicts(report)
+    if not report.ok:
+        return EXIT_TAMPERED
+    return 0 if report.covered else EXIT_UNCOVERED
+
+
+def _print_json(report: Report, checkpoints: int) -> None:
+    doc = {"ok": report.ok, "covered": report.covered, "checkpoints": checkpoints,
+           "chains": [c.as_dict() for c in report.chains],
+           "unchained": [{"id": p.record_id, "detail": p.detail} for p in report.unchained]}
+    sys.stdout.write(orjson.dumps(doc, option=orjson.OPT_INDENT_2).decode() + "\n")
+
+
+def _print_verdicts(report: Report) -> None:
+    """One verdict line per chain, then what each chain's records say, then the problems."""
+    for chain in report.chains:
+        print(chain.verdict())
+    if report.unchained:
+        print(f"records in no chain: {len(report.unchained)}{'+' if len(report.unchained) >= 20 else ''}")
+    for chain in report.chains:
+        for line in chain.quarantine_lines():
+            print(f"  {line}")
+        for problem in chain.problems:
+            print(f"  {chain.chain_id}: {problem.line()}")
+        if chain.ok and (line := chain.coverage_line()):
+            print(f"  {line}")
+    for problem in report.unchained:
+        print(f"  {problem.line()}")
+    if not report.chains and not report.unchained:
+        print("no chains: no final records yet")
+
+
+def _cmd_erase(args: argparse.Namespace) -> int:
+    sign = _signer(args)
+    with engine(args) as db:
+        count = erase_user(db, args.user, actor=actor(), signer=sign)
+    signed = f", signed in {args.dir}" if count else ""
+    print(f"erased the content of {count} exchanges of user {args.user!r} (logged in erasure_log{signed})")
+    return 0
+
+
+def _cmd_purge(args: argparse.Namespace) -> int:
+    cutoff = _cutoff(args)
+    with engine(args) as db:
+        signer = None if args.dry_run else _signer(args)
+        result = purge(db, cutoff, dry_run=args.dry_run, actor=actor(), older_than=args.older_than,
+                       batch_size=args.batch_size, signer=signer)
+    what = f"exchanges that ended before {result.cutoff.isoformat()} from {db.url.render_as_string()}"
+    if result.dry_run:
+        print(f"would delete {result.count} {what} (dry run: nothing deleted, nothing recorded)")
+    else:
+        print(f"deleted {result.count} {what} (purge_log id {result.log_id})")
+    return 0
+
+
+def _cutoff(args: argparse.Namespace) -> datetime:
+    """``--older-than`` as a moment, refused when too recent without ``--force``."""
+    now = datetime.now(UTC)
+    try:
+        cutoff = parse_cutoff(args.older_than, now)
+    except RetentionError as e:
+        raise RetentionError(f"--older-than {e}") from None
+    try:
+        check_cutoff(cutoff, now, force=args.force)
+    except RetentionError as e:
+        raise RetentionError(f"{e}; give an older cut-off, or --force to purge anyway") from None
+    return cutoff

@@ -1,0 +1,9 @@
+"""What an exchange said, read and rendered without I/O, for every view of it.
+
+The proxy's content view in mitmproxy (:mod:`addon.contentview`), the content filters
+(:mod:`addon.filters`) and ``llm-audit show`` (:mod:`cli.show`) all read the same
+things, so they read them here: :mod:`exchange.messages` (the conversation in a request
+body, in any dialect's shape) and :mod:`exchange.transcript` (each part of an exchange
+as the text a person reads). It sits above :mod:`storage` and below both ``addon`` and
+``cli``, so neither the proxy nor the command has to import the other.
+"""

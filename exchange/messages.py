@@ -1,0 +1,135 @@
+"""The conversation in a request body, as plain ``(role, text)`` messages.
+
+Filters, mitmproxy's view and ``llm-audit show`` should not have to know six body shapes
+to read what a client sends, so this reads them all by shape rather than by dialect (the
+same shapes travel behind gateways and compatible servers):
+
+- OpenAI Chat and llm-stream ``messages``: ``content`` a string or a list of parts,
+  assistant ``tool_calls``;
+- OpenAI Responses and LMSP ``instructions`` and ``input`` (a string or a list of
+  messages and items such as ``function_call`` / ``function_call_output``);
+- Anthropic ``system`` and ``messages`` with content blocks (text, thinking,
+  ``tool_use`` input, ``tool_result`` content);
+- Gemini ``systemInstruction`` and ``contents[].parts[]`` (text, ``functionCall`` args,
+  ``functionResponse``);
+- legacy Completions ``prompt`` (a string, or a batch of strings: one message each) and
+  ``suffix`` (the text after the insertion point, which the model reads too). A prompt
+  of token ids cannot be read without the model's tokenizer: :func:`token_prompts` says
+  so, and the request filters treat it as text they could not check.
+
+The parts of one message are joined with newlines. Tool arguments and results are part
+of the text: they go upstream like any other words. Images, audio and other binary parts
+are skipped.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from storage.prepare import json_text
+
+# Keys holding text the model reads: a string, or nested parts, blocks and calls.
+_TEXT_KEYS = (
+    "text", "thinking", "refusal", "arguments", "output",
+    "content", "parts", "tool_calls", "function", "functionCall", "functionResponse", "summary",
+)  # fmt: skip
+# Keys holding structured tool arguments or results (JSON-encoded into the text).
+_JSON_KEYS = ("input", "args", "response")
+# Item types of the Responses API that carry no role of their own.
+_ITEM_ROLES = {"function_call": "assistant", "function_call_output": "tool", "reasoning": "assistant"}
+# Gemini's role names, mapped to the common ones.
+_ROLES = {"model": "assistant", "function": "tool"}
+_MAX_DEPTH = 8
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """One message of the conversation: who said it and its text."""
+
+    role: str
+    text: str
+
+
+def extract_messages(body: Any) -> list[Message]:
+    """The messages of a request body, system prompts first; ``[]`` for other bodies."""
+    if not isinstance(body, dict):
+        return []
+    out: list[Message] = []
+    _add(out, "system", body.get("system"))  # Anthropic
+    _add(out, "system", body.get("instructions"))  # Responses, LMSP
+    for key in ("systemInstruction", "system_instruction"):  # Gemini
+        _add(out, "system", body.get(key))
+    for key in ("messages", "contents"):  # Chat, llm-stream, Anthropic; Gemini
+        items = body.get(key)
+        if isinstance(items, list):
+            for item in items:
+                _add_item(out, item)
+    prompt = body.get("prompt")  # legacy Completions
+    for item in prompt if isinstance(prompt, list) else [prompt]:
+        if isinstance(item, str):
+            _add(out, "user", item)
+    if isinstance(body.get("suffix"), str):
+        _add(out, "user", body["suffix"])
+    items = body.get("input")  # Responses, LMSP
+    if isinstance(items, str):
+        _add(out, "user", items)
+    elif isinstance(items, list):
+        for item in items:
+            _add_item(out, item)
+    return out
+
+
+def token_prompts(body: Any) -> bool:
+    """Whether a Completions body's ``prompt`` holds token ids (a list of integers, or of
+    lists of them): text the model reads that no filter can."""
+    prompt = body.get("prompt") if isinstance(body, dict) else None
+    if not isinstance(prompt, list):
+        return False
+    return any(isinstance(p, int) or (isinstance(p, list) and p) for p in prompt)
+
+
+def _add_item(out: list[Message], item: Any) -> None:
+    if isinstance(item, str):
+        _add(out, "user", item)
+    elif isinstance(item, dict):
+        role, kind = item.get("role"), item.get("type")
+        if not isinstance(role, str):
+            role = _ITEM_ROLES.get(kind, "user") if isinstance(kind, str) else "user"
+        _add(out, _ROLES.get(role, role), item)
+
+
+def _add(out: list[Message], role: str, value: Any) -> None:
+    parts: list[str] = []
+    _collect(value, parts, 0)
+    text = "\n".join(p for p in parts if p)
+    if text:
+        out.append(Message(role, text))
+
+
+def _collect(value: Any, parts: list[str], depth: int) -> None:
+    if depth > _MAX_DEPTH:
+        return
+    if isinstance(value, str):
+        parts.append(value)
+    elif isinstance(value, list):
+        for v in value:
+            _collect(v, parts, depth + 1)
+    elif isinstance(value, dict):
+        for key in _TEXT_KEYS:
+            if key in value:
+                _collect(value[key], parts, depth + 1)
+        for key in _JSON_KEYS:
+            if isinstance(value.get(key), dict | list):
+                parts.append(_json(value[key]))
+
+
+def _json(value: Any) -> str:
+    """The JSON text of a structured field, however deeply nested (orjson writes 254 levels
+    at most: deeper tool input must still be checked, not make the request unaudited)."""
+    try:
+        return orjson.dumps(value).decode()
+    except TypeError:
+        return json_text(value)
