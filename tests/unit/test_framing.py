@@ -2,13 +2,22 @@
 
 from __future__ import annotations
 
+import json
+
 import orjson
 import pytest
 
+from addon.auditor import StreamAuditor, summary_into_record
+from addon.dialects import RequestView
+from addon.dialects.gemini import DIALECT as GEMINI
+from addon.filters.engine import FilterSet
+from addon.filters.rules import parse_rules
 from addon.framing import FRAMINGS, Message, select
 from addon.framing.json_array import JSON_ARRAY_WRITER, JSONArrayReader
 from addon.framing.sse import SSEEvent, SSEReader, SSEWriter
 from addon.framing.whole import WholeReader
+from addon.output_gate import OutputGate
+from addon.record import OUTCOME_COMPLETE, ExchangeRecord
 
 LIMIT = 1 << 20
 
@@ -117,3 +126,68 @@ def test_registry_selects_by_media_type_then_what_the_dialect_expects() -> None:
     assert select("application/json", 400, "json-array").name == "whole"  # an error body
     assert select("application/json", 200, "sse").name == "whole"  # a JSON answer
     assert select("application/json", 200, None).name == "whole"
+
+
+# -- Gemini's JSON array through the output gate --------------------------------------------------
+
+BLOCK = FilterSet(parse_rules("""
+[[rule]]
+id = "no-code-name"
+kind = "keywords"
+keywords = ["Nightjar"]
+scope = "response"
+action = "block"
+reason = "internal code name"
+"""), failure="closed")
+STREAM_VIEW = RequestView("POST", "/v1beta/models/gemini-2.5-flash:streamGenerateContent", "", {})
+
+
+def gemini_array(texts: list[str]) -> bytes:
+    """A streamed JSON array as Google writes it: indented elements, ``,\\r\\n`` between."""
+    elements = [{"candidates": [{"content": {"role": "model", "parts": [{"text": t}]}, "index": 0}],
+                 "modelVersion": "gemini-2.5-flash", "responseId": "r-1"} for t in texts]
+    elements[-1]["candidates"][0]["finishReason"] = "STOP"
+    return ("[" + ",\r\n".join(json.dumps(e, indent=2) for e in elements) + "]").encode()
+
+
+def gated_gemini(body: bytes, cuts: list[int]) -> tuple[bytes, dict]:
+    """What the client gets of ``body`` fed at ``cuts`` through a blocking gate, and the row."""
+    record = ExchangeRecord(dialect="gemini", streamed=True, http_status=200)
+    summary = GEMINI.summarize({"contents": []}, STREAM_VIEW)
+    summary_into_record(record, summary)
+    gate = OutputGate(BLOCK.output_guard(), GEMINI.normalizer(summary), holds=True, split_raw=True, failure="closed")
+    framing = select("application/json; charset=UTF-8", 200, GEMINI.normalizer(summary).framing)
+    auditor = StreamAuditor(record, GEMINI.normalizer(summary), None, LIMIT, gate=gate, framing=framing)
+    bounds = [0, *cuts, len(body)]
+    sent = [auditor.feed(body[a:b]) for a, b in zip(bounds, bounds[1:]) if b > a and not auditor.stopped]
+    sent.append(auditor.finish())
+    auditor.end()
+    record.finish(OUTCOME_COMPLETE)
+    return b"".join(sent), record.to_row()
+
+
+def texts_of(elements: list[dict]) -> list[str]:
+    return [p.get("text", "") for e in elements for c in e["candidates"] for p in c.get("content", {}).get("parts", [])]
+
+
+@pytest.mark.parametrize("dirty_at", [0, 2])
+def test_a_gemini_json_array_is_cut_at_the_element_with_the_word_and_closed_with_safety(dirty_at: int) -> None:
+    texts = ["Hello, ", "the plan ", "is called ", "and more ", "until the end."]
+    texts[dirty_at] += "Nightjar "
+    body = gemini_array(texts)
+    for cuts in [[], list(range(7, len(body), 7)), list(range(1, len(body)))]:
+        received, row = gated_gemini(body, cuts)
+        elements = orjson.loads(received)  # a valid array: ",{final}]" continuing it, or "[{final}]"
+        shown = "".join(texts_of(elements[:-1]))  # (the guard's window may hold an element back)
+        assert "".join(texts[:dirty_at]).startswith(shown) and shown.startswith("Hello, " if dirty_at else "")
+        assert elements[-1]["candidates"] == [{
+            "finishReason": "SAFETY", "index": 0,
+            "finishMessage": "Blocked by content filter rule 'no-code-name': internal code name"}]
+        assert (row["status"], row["finish_reasons"], row["delivered_text"] or "") == ("blocked", ["SAFETY"], shown)
+
+
+def test_a_clean_gemini_json_array_passes_byte_for_byte_through_the_gate() -> None:
+    body = gemini_array(["Hello, ", "all ", "is fine."]) + b"\r\n"
+    for cuts in [[], list(range(1, len(body)))]:
+        received, row = gated_gemini(body, cuts)
+        assert received == body and row["status"] == "completed"
