@@ -1,11 +1,11 @@
 """The per-exchange pipeline: response bytes in, a filled exchange record out.
 
-Event streams are read as they pass:
-bytes ─▶ Content-Encoding decoder ─▶ SSE parser ─▶ dialect normalizer ─▶ record
-Any other body of an inference exchange (a JSON answer, an error, Gemini's streamed
-JSON array) is forwarded as it arrives too, decoded as it passes into a buffer bounded
-by the record cap, and read whole at the end: bytes ─▶ decoder ─▶ buffer ─▶ normalizer
-``on_body`` ─▶ record.
+Bodies are read as they pass, by the reader of the exchange's framing
+(:mod:`addon.framing`: an event stream, Gemini's streamed JSON array, a whole body):
+bytes ─▶ Content-Encoding decoder ─▶ framing reader ─▶ dialect normalizer ─▶ record.
+A streamed framing's frames go to the normalizer's ``on_event`` as they complete; a
+whole body (a JSON answer, an error) is kept by its reader, bounded by the record cap,
+and read at the end by the normalizer's ``on_body``.
 
 What one exchange may cost is bounded. The record keeps at most ``max_record_bytes`` of
 content (:class:`~addon.record.ExchangeRecord` counts the rest; a SHA-256 of the raw
@@ -33,15 +33,15 @@ from __future__ import annotations
 import hashlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from addon.decoding import DecodeBudget, Decoder, DecodeError, make_decoder
 from addon.dialects import Dialect, Normalizer, RequestSummary, detect_response
 from addon.dialects.blocking import block_message
 from addon.events import Event, StreamEnd
+from addon.framing import Frame, Framing, select
 from addon.output_gate import OutputGate
 from addon.record import DEFAULT_MAX_RECORD_BYTES, ExchangeRecord
-from addon.sse import SSEEvent, SSEParser
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +67,9 @@ class StreamAuditor:
     With a ``normalizer`` the dialect is known from the request. Without one the
     auditor sniffs: the first SSE event decides, through the registry, whether the
     stream is inference traffic (``on_claim`` is then called to create the record).
+    ``framing`` is the proxy's choice (:func:`addon.framing.select`); without it,
+    ``event_stream`` says whether the body is an event stream, and the dialect's expected
+    framing and the record's status decide otherwise.
     """
 
     def __init__(
@@ -80,16 +83,16 @@ class StreamAuditor:
         event_stream: bool = True,
         max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES,
         gate: OutputGate | None = None,
+        framing: Framing | None = None,
     ) -> None:
         self.record = record
         self.normalizer = normalizer
         self.on_claim = on_claim
-        self.parser = SSEParser(max_event_bytes=max_event_bytes)
-        self.event_stream = event_stream
+        self.framing = framing or _framing_of(event_stream, normalizer, record)
+        self.reader = self.framing.reader(max_event_bytes, max_record_bytes)
         self.max_record_bytes = max_record_bytes
         if record is not None:
             record.content_limit = max_record_bytes
-        self.body: bytearray | None = None if event_stream else bytearray()  # the decoded body so far
         self.decoder: Decoder | None = make_decoder(content_encoding)
         self.sha256 = hashlib.sha256()  # of every raw byte from the upstream
         self.sniffed_bytes = 0  # decoded bytes read while no dialect has claimed the stream
@@ -162,16 +165,20 @@ class StreamAuditor:
         if self.gate is None or self.stopped:
             return b""
         self._work(None)  # the gate decides on everything before the body may end
-        out = self._gated(self.gate.finish())
+        out = self._gated(self.gate.finish(self.reader.only_padding_held))
         if self.record is not None:
             self.record.bytes_to_client += len(out)
         return out
 
     def release(self) -> None:
         """The exchange is recorded: drop what it kept (the record and its text, the
-        parser, the gate); anything fed later passes through untouched."""
-        self.record = self.normalizer = self.gate = self.decoder = self.body = None
-        self.parser = SSEParser()
+        reader, the gate); anything fed later passes through untouched."""
+        self.record = self.normalizer = self.gate = self.decoder = None
+        self._fresh_reader()
+
+    def _fresh_reader(self) -> None:
+        """A reader holding nothing (and keeping no whole body): what it held is let go."""
+        self.reader = self.framing.reader(self.max_event_bytes, 0)
 
     def _work(self, seconds: float | None) -> None:
         """Decode and read the backlog, slice by slice, for up to ``seconds`` (None: all
@@ -197,20 +204,35 @@ class StreamAuditor:
             self._fail(e)
 
     def _read(self, data: bytes) -> None:
-        """Read decoded bytes: keep a body's, parse a stream's."""
-        if self.body is not None:
-            self._keep(data)
-            return
+        """Read decoded bytes: the reader keeps a whole body, or frames a stream."""
         gate = self.gate
         try:
+            if not self.framing.streamed:
+                self.reader.feed(data)
+                self._check_reader()
+                return
             self.sniffed_bytes += len(data)
             if gate is None:
-                self._dispatch(self.parser.feed(data))
+                self._dispatch(self.reader.feed(data))
             else:
                 gate.add_decoded(len(data))
                 self._frame(gate, data)
+            if self.reader.unreadable is not None:
+                self._check_reader()
         except Exception as e:  # noqa: BLE001 - the traffic must never see our bugs
             self._fail(e)
+
+    def _check_reader(self) -> None:
+        """Take the reader's findings; a body it cannot read is passed (or, held, judged) unread."""
+        self._collect_reader_findings()
+        reason = self.reader.unreadable
+        if reason is None or self.ignored:
+            return
+        if not self.framing.streamed:  # a whole body over the record cap
+            self.too_large = self.ignored = True
+        elif self.gate is not None:
+            self.gate.unreadable(f"the body cannot be inspected: {reason}")
+            self.ignored = True
 
     def _halt(self, code: str, reason: str) -> None:
         """Stop inspecting: the rest passes unread (with a gate, the failure policy decides)."""
@@ -220,25 +242,23 @@ class StreamAuditor:
         self._over_budget = code == "inspection_stopped"
         if self.gate is not None:
             self.gate.unreadable(f"the body cannot be inspected: {reason}")
-        self.body = None
-        self.parser = SSEParser()
+        self._fresh_reader()
 
     def _frame(self, gate: OutputGate, data: bytes) -> None:
-        """Parse event by event, so the gate knows where each event's bytes end."""
-        framer = gate.framer
-        if framer is None:  # the gate does not hold bytes back: parse as usual
-            self._dispatch(self.parser.feed(data))
+        """Read frame by frame, so the gate knows where each frame's bytes end."""
+        reader = self.reader
+        if not gate.holds:  # the gate does not hold bytes back: read as usual
+            self._dispatch(reader.feed(data))
             return
-        for piece, end in framer.feed(data):
-            events = self.parser.feed(piece)
-            if events:
-                self._dispatch(events, end)
-            else:  # a comment or a stray blank line: its bytes still go in order
+        for frame, end in reader.feed_bounded(data):
+            if frame is not None:
+                self._dispatch((frame,), end)
+            else:  # bytes without a frame (an SSE comment): they still go in order
                 gate.on_event(None, (), end)
-        if framer.pending > self.max_event_bytes:
+        if reader.held > self.max_event_bytes:
             gate.unreadable(f"an event over {self.max_event_bytes} bytes cannot be checked")
-            if gate.framer is None:  # let through unchecked (llm_filter_failure=open)
-                self._dispatch(self.parser.feed(framer.rest()))
+            if not gate.holds:  # let through unchecked (llm_filter_failure=open)
+                self._dispatch(reader.unbound())
 
     def _gated(self, out: bytes, terminate: bool = True) -> bytes:
         """Take the gate's verdicts; once it blocks, end the stream with the termination."""
@@ -289,7 +309,7 @@ class StreamAuditor:
     def _settle(self, cut_by_upstream: bool) -> None:
         if (self.too_large or self.halted) and not cut_by_upstream and self.record is not None:
             self.record.apply(StreamEnd())  # HTTP says the body is whole; it was only not read
-        if self.gate is not None and self.record is not None and self.gate.framer is not None:
+        if self.gate is not None and self.record is not None and self.gate.holds:
             delivered = self.gate.delivered_text
             if delivered != (self.record.output_text or ""):
                 self.record.delivered_text = delivered
@@ -297,17 +317,20 @@ class StreamAuditor:
             self._gated(b"", terminate=False)  # verdicts of text read after the body ended
         if self.stopped or not self.active:
             return  # (a stream a filter stopped did not end by itself: nothing to check)
-        if self.body is not None:
+        if not self.framing.streamed:
             self._read_body()
             return
         try:
-            self._dispatch(self.parser.end())
-            self._collect_parser_findings()
+            reader = self.reader
+            self._dispatch(reader.end())
+            self._collect_reader_findings()
+            inside = reader.pending_event
             if self.record is not None and self.normalizer is not None:
-                for ev in self.normalizer.on_end():
+                for ev in self.normalizer.on_end(cut=inside):
                     self.record.apply(ev)
-                if self.parser.pending_event and not cut_by_upstream:
-                    self.record.add_finding("sse_incomplete_event", "the body ended inside an event")
+                incomplete = self.framing.incomplete
+                if inside and incomplete is not None and not cut_by_upstream:
+                    self.record.add_finding(*incomplete)
         except Exception as e:  # noqa: BLE001
             self._fail(e)
 
@@ -330,27 +353,21 @@ class StreamAuditor:
             sizes = f"; {decoded} bytes decoded" if decoded is not None else ""
             record.add_finding("inspection_stopped", f"{self.halted}{sizes}; {raw}")
 
-    def _keep(self, data: bytes) -> None:
-        if len(self.body) + len(data) > self.max_record_bytes:
-            self.record.add_finding("body_too_large", f"over {self.max_record_bytes} bytes; not read")
-            self.body = None
-            self.too_large = self.ignored = True
-        else:
-            self.body += data
-
     def _read_body(self) -> None:
+        """The whole body's one frame, read by the dialect (a JSON answer, an error)."""
         try:
-            events = self.normalizer.on_body(bytes(self.body), self.record.http_status or 0)
-            for ev in events:
-                self.record.apply(ev)
-            if self.gate is not None:
-                self.gate.on_body(events)
-                self._gated(b"", terminate=False)  # the proxy replaces a blocked body whole
+            for frame in self.reader.end():
+                events = self.normalizer.on_body(frame.raw, self.record.http_status or 0)
+                for ev in events:
+                    self.record.apply(ev)
+                if self.gate is not None:
+                    self.gate.on_body(events)
+                    self._gated(b"", terminate=False)  # the proxy replaces a blocked body whole
         except Exception as e:  # noqa: BLE001 - a body the dialect cannot read
             self._fail(e)
 
-    def _dispatch(self, events: list[SSEEvent], end: int = 0) -> None:
-        """Normalize and record parsed events; with a gate, check them (``end``: where they end)."""
+    def _dispatch(self, events: Iterable[Frame], end: int = 0) -> None:
+        """Normalize and record frames; with a gate, check them (``end``: where they end)."""
         gate = self.gate
         for event in events:
             if self.normalizer is None and not self._claim(event):
@@ -364,9 +381,9 @@ class StreamAuditor:
                 gate.on_event(event, common, end)
         if self.normalizer is None and self.sniffed_bytes > SNIFF_LIMIT:
             self.ignored = True
-        self._collect_parser_findings()
+        self._collect_reader_findings()
 
-    def _claim(self, first_event: SSEEvent) -> bool:
+    def _claim(self, first_event: Frame) -> bool:
         dialect = detect_response(first_event) if self.on_claim else None
         if dialect is None:
             self.ignored = True
@@ -374,8 +391,8 @@ class StreamAuditor:
         self.record, self.normalizer = self.on_claim(dialect)
         return True
 
-    def _collect_parser_findings(self) -> None:
-        findings = self.parser.findings
+    def _collect_reader_findings(self) -> None:
+        findings = self.reader.findings
         if self.record is not None and len(findings) > self._reported_findings:
             for code, detail in findings[self._reported_findings :]:
                 self.record.add_finding(code, detail)
@@ -389,6 +406,14 @@ class StreamAuditor:
             self.record.add_finding("audit_internal_error", detail)
         if self.gate is not None:
             self.gate.unreadable(f"the audit failed: {detail}")
+
+
+def _framing_of(event_stream: bool, normalizer: Normalizer | None, record: ExchangeRecord | None) -> Framing:
+    """The framing when the caller names none: an event stream, else what the dialect
+    expects for the record's status (a whole body when nothing is known)."""
+    status = record.http_status if record is not None and record.http_status is not None else 200
+    expected = normalizer.framing if normalizer is not None else None
+    return select("text/event-stream" if event_stream else "", status, expected)
 
 
 def summary_into_record(record: ExchangeRecord, summary: RequestSummary) -> None:

@@ -49,7 +49,7 @@ from addon.dialects import (
 )
 from addon.hosts import server_name
 from addon.record import OUTCOME_COMPLETE, ExchangeRecord
-from addon.sse import SSEParser
+from addon.framing.sse import SSEParser
 from exchange import transcript
 
 METADATA_KEY = "llm_audit"

@@ -7,7 +7,7 @@ a test fails when that page is stale.
 """
 
 CODES: dict[str, str] = {
-    # SSE layer (addon.sse)
+    # SSE layer (addon.framing.sse)
     "sse_line_too_long": "A single SSE line exceeded the size limit; it was skipped (bytes still passed through).",
     "sse_event_too_long": "A single SSE event exceeded the size limit; it was skipped (bytes still passed through).",
     "sse_invalid_utf8": "The stream contained bytes that are not valid UTF-8; they were read as U+FFFD.",

@@ -8,9 +8,9 @@ event as soon as all the text it carries is released. Nothing is re-encoded, so 
 stream that is never blocked reaches the client byte for byte as it left the upstream,
 only later by what the window needs.
 
-How bytes map to text. The decoded body is cut after every blank line (:class:`Framer`)
-and each piece is fed to the SSE parser on its own, so each piece completes at most one
-event and the gate knows the offset where every event ends. An event's text pieces are
+How bytes map to text. The exchange's framing reader (:mod:`addon.framing`) reports the
+decoded offset where every frame ends (an SSE event's blank line, a JSON-array element's
+last byte); the gate holds and releases by those boundaries. A frame's text pieces are
 positions in the guard's streams; once every one of them is released (and every event
 before it), the bytes up to the event's end may go. Without a Content-Encoding a raw
 chunk is cut at that offset; a compressed chunk goes whole once all it decodes to may
@@ -28,7 +28,6 @@ Sans-IO: bytes and events in, bytes out; the proxy sends them and ends the strea
 
 from __future__ import annotations
 
-import re
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -37,62 +36,14 @@ from addon.events import Event, Finish, ShownText, StreamEnd, StreamError, TextD
 from addon.dialects import Normalizer
 from addon.filters.api import BLOCK, FLAG, Verdict
 from addon.filters.engine import FILTER_ERROR, OutputGuard, Release, StreamKey
-from addon.sse import SSEEvent
-
-# Two line ends in a row: a blank line, which ends an SSE block. A CR followed by an LF
-# is one line end; a CR at the very end of the buffer counts as one too (if an LF
-# follows in the next chunk, the parser swallows it as the rest of that CRLF).
-_BLANK_LINE = re.compile(rb"(?:\r\n|\r(?!\n)|\n)(?:\r\n|\r(?!\n)|\n)")
-
-
-class Framer:
-    """Cuts a decoded event stream after each blank line.
-
-    Every piece returned ends with a blank line and holds no other, so the SSE parser
-    completes at most one event per piece, at its end. ``offset`` is the number of
-    decoded bytes returned so far; :attr:`pending` is how many wait for their blank line.
-    """
-
-    def __init__(self) -> None:
-        self._buf = b""
-        self.offset = 0
-
-    @property
-    def pending(self) -> int:
-        return len(self._buf)
-
-    def feed(self, data: bytes) -> list[tuple[bytes, int]]:
-        """The pieces ``data`` completes, each with the offset where it ends."""
-        # Search only where a blank line can newly complete: the last 3 bytes held may
-        # begin one ("\r\n\r" + "\n").
-        start = max(0, len(self._buf) - 3)
-        buf = self._buf + data if self._buf else data
-        pieces = []
-        pos = 0
-        while (m := _BLANK_LINE.search(buf, start)) is not None:
-            pieces.append((buf[pos : m.end()], self.offset + m.end()))
-            pos = start = m.end()
-        self._buf = buf[pos:]
-        self.offset += pos
-        return pieces
-
-    @property
-    def only_line_ends_pending(self) -> bool:
-        """Whether what waits is just line ends (the LF of a CRLF cut after its CR, say)."""
-        return not self._buf.strip(b"\r\n")
-
-    def rest(self) -> bytes:
-        """Give up framing: the bytes held, to be parsed as they are."""
-        rest, self._buf = self._buf, b""
-        return rest
-
+from addon.framing import Frame
 
 @dataclass(slots=True)
 class _Held:
-    """A completed event the client has not received yet (``event`` None: a comment block)."""
+    """A completed frame the client has not received yet (``event`` None: bytes without one)."""
 
-    end: int  # decoded offset just after the event's blank line
-    event: SSEEvent | None
+    end: int  # decoded offset just past the frame
+    event: Frame | None
     needs: list[tuple[StreamKey, int]] | None  # stream positions the guard must release first (None: never)
 
 
@@ -112,7 +63,6 @@ class OutputGate:
         self.holds = holds
         self.split_raw = split_raw
         self.failure = failure
-        self.framer = Framer() if holds else None
         self.verdicts: list[Verdict] = []  # new verdicts, taken by the auditor
         self.delivered: list[str] = []  # choice 0's answer text as the client received it
         self.blocked: Verdict | None = None
@@ -133,8 +83,8 @@ class OutputGate:
         if self._raw:  # (without holding, what was read may come after its chunk went out)
             self._raw[-1][1] = self._decoded
 
-    def on_event(self, event: SSEEvent | None, common: Iterable[Event], end: int) -> None:
-        """A block of the stream is complete: check the output it carries.
+    def on_event(self, event: Frame | None, common: Iterable[Event], end: int) -> None:
+        """A frame of the stream is complete: check the output it carries.
 
         Once blocked, later events are not kept: nothing after the blocking one goes out.
         """
@@ -170,7 +120,6 @@ class OutputGate:
         self.verdicts.append(verdict)
         if verdict.action == FLAG:
             self.holds = False
-            self.framer = None
             self._held.clear()
         else:
             self.blocked = verdict
@@ -196,16 +145,17 @@ class OutputGate:
             self._free = max(self._free, held.end)
         return self._take(self._free)
 
-    def finish(self) -> bytes:
+    def finish(self, only_padding_held: bool = False) -> bytes:
         """The body is over: a last check of every stream, then what may still go.
 
-        Bytes after the last complete event (a cut-off event) are not released: no
+        Bytes after the last complete frame (a cut-off event) are not released: no
         filter has seen the text they carry, and an event source discards them anyway.
+        ``only_padding_held``: the reader says what follows carries nothing (line ends).
         """
         if self.blocked is None:
             self._settle(self.guard.flush_all().values())
         out = self.release()
-        if self.blocked is None and not self._held and self.framer is not None and self.framer.only_line_ends_pending:
+        if self.blocked is None and not self._held and self.holds and only_padding_held:
             out += self._take(self._decoded)
         return out
 
@@ -268,7 +218,7 @@ class OutputGate:
             self.verdicts.extend(release.verdicts)
         self.blocked = self.guard.blocked
 
-    def _deliver(self, event: SSEEvent) -> None:
+    def _deliver(self, event: Frame) -> None:
         for ev in self.forwarded.on_event(event):
             if isinstance(ev, TextDelta) and ev.choice == 0 and ev.kind == "text":
                 self.delivered.append(ev.text)

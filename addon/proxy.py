@@ -59,6 +59,7 @@ from addon.filters.loader import FilterFiles
 from addon.filters.rules import RulesError, load_rules
 from addon.hosts import server_name
 from addon.local_user import is_transparent, local_user
+from addon.framing import select
 from addon.output_gate import OutputGate
 from addon.record import (
     DEFAULT_MAX_RECORD_BYTES,
@@ -673,23 +674,29 @@ class LLMAudit:
 
     def _attach_tap(self, flow: http.HTTPFlow) -> None:
         """Stream the response through a tap: every body of an inference exchange, and
-        every event stream (an unrecognised one may still be claimed by its first event)."""
+        every event stream (an unrecognised one may still be claimed by its first event).
+
+        The framing (:func:`addon.framing.select`) decides how the body is read: a
+        streamed framing frame by frame as it flows (held frame by frame when filters may
+        block), a whole body at its end (held whole when filters may block).
+        """
         resp = flow.response
         audit = self.flows.get(flow.id)
         if audit is not None and audit.record is not None and audit.record.status == "blocked":
             return  # the proxy's own answer to a blocked request: nothing to read
-        event_stream = media_type(resp.headers.get("content-type", ""))[0] == "text/event-stream"
+        content_type = resp.headers.get("content-type", "")
         encoding = resp.headers.get("content-encoding")
         if audit is not None:
+            framing = select(content_type, resp.status_code, audit.normalizer.framing)
             _response_into_record(audit.record, resp)
             audit.auditor = StreamAuditor(
-                audit.record, audit.normalizer, encoding, self.max_event_bytes, event_stream=event_stream,
-                max_record_bytes=self.max_record_bytes, gate=_output_gate(audit, event_stream, encoding),
+                audit.record, audit.normalizer, encoding, self.max_event_bytes, framing=framing,
+                max_record_bytes=self.max_record_bytes, gate=_output_gate(audit, framing.streamed, encoding),
             )
-            if audit.filters is not None and audit.filters.may_block_output and not event_stream:
+            if audit.filters is not None and audit.filters.may_block_output and not framing.streamed:
                 audit.held_body = True  # checked whole in the response hook, before the client gets it
                 return
-        elif event_stream:
+        elif media_type(content_type)[0] == "text/event-stream":
             audit = self.flows[flow.id] = FlowAudit(None, None)
             audit.auditor = StreamAuditor(None, None, encoding, self.max_event_bytes, on_claim=self._claimer(flow, audit),
                                           max_record_bytes=self.max_record_bytes)
@@ -755,7 +762,7 @@ def _release(audit: FlowAudit) -> None:
     audit.record = audit.normalizer = audit.auditor = None
 
 
-def _output_gate(audit: FlowAudit, event_stream: bool, encoding: str | None) -> OutputGate | None:
+def _output_gate(audit: FlowAudit, streamed: bool, encoding: str | None) -> OutputGate | None:
     """The gate between upstream and client when content filters check the output."""
     filters = audit.filters
     if filters is None:
@@ -763,7 +770,7 @@ def _output_gate(audit: FlowAudit, event_stream: bool, encoding: str | None) -> 
     return OutputGate(
         filters.output_guard(),
         audit.dialect.normalizer(audit.summary),
-        holds=event_stream and filters.may_block_output,
+        holds=streamed and filters.may_block_output,
         split_raw=encoding is None or encoding.strip().lower() in ("", "identity"),
         failure=filters.failure,
     )

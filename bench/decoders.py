@@ -1,6 +1,6 @@
 """The SSE decoders compared, each behind one function: chunks in, events out.
 
-* ``llm-audit``: :class:`addon.sse.SSEParser`, fed chunk by chunk as the proxy does.
+* ``llm-audit``: :class:`addon.framing.sse.SSEParser`, fed chunk by chunk as the proxy does.
 * ``httpx-sse``: its public API, ``EventSource(response).iter_sse()`` over an
   ``httpx.Response`` whose stream yields the chunks: what an application using it runs.
 * ``httpx-sse (decoder only)``: the same line and event decoders without httpx around
@@ -17,7 +17,7 @@ import codecs
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from addon.sse import SSEParser
+from addon.framing.sse import SSEParser
 
 Decode = Callable[[list[bytes]], list[tuple[str, str, str]]]
 

@@ -28,7 +28,8 @@ import orjson
 from addon.dialects.blocking import BlockedResponse
 from addon.dialects.providers import provider_for_host
 from addon.events import Event, Finding, StreamEnd, StreamError
-from addon.sse import SSEEvent
+from addon.framing import Frame, Writer
+from addon.framing.sse import SSE_WRITER
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,13 +67,21 @@ class Normalizer(ABC):
     #: dialect whose termination repeats the output so far (a final response object)
     #: keeps it then, and only then (the recording normalizer must not hold a copy).
     keeps_delivered: bool = False
+    #: The framing (:mod:`addon.framing`) this dialect's successful answers are streamed in
+    #: when the media type does not say (an event stream always is read as one).
+    framing: str = "sse"
+    #: Encodes :meth:`ending` for the client: the writer of the framing the stream is in.
+    writer: Writer = SSE_WRITER
 
     @abstractmethod
-    def on_event(self, event: SSEEvent) -> list[Event]:
-        """Common events for one SSE event of a streamed response."""
+    def on_event(self, event: Frame) -> list[Event]:
+        """Common events for one frame of a streamed response (an SSE event, an array element)."""
 
-    def on_end(self) -> list[Event]:
-        """Conformance checks once the streamed body is over (cleanly or cut by upstream)."""
+    def on_end(self, cut: bool = False) -> list[Event]:
+        """Conformance checks once the streamed body is over (cleanly or cut by upstream).
+
+        ``cut``: the body ended inside a frame (a JSON array never closed).
+        """
         return []
 
     def on_body(self, body: bytes, http_status: int) -> list[Event]:
@@ -103,18 +112,27 @@ class Normalizer(ABC):
         return None
 
     @abstractmethod
-    def termination(self, rule_id: str, reason: str) -> bytes:
-        """The bytes that end this response's stream because a content filter cut it.
+    def ending(self, rule_id: str, reason: str) -> list[Frame]:
+        """The frames that end this response's stream because a content filter cut it.
 
         They continue from what this normalizer has read, which must be what the client
         received, in the stream's own dialect: the events that dialect uses for a
         filtered or failed generation, then its clean end (sequence numbers and event
         ids continuing, open blocks closed where the dialect closes them), so that the
         client's SDK reports the filtered or failed outcome rather than a broken
-        connection. Empty once the terminal event has been read. Pure: the normalizer
+        connection. None once the terminal event has been read. Pure: the normalizer
         does not change (feed the bytes through the auditor if the record should read
         them).
         """
+
+    def termination(self, rule_id: str, reason: str) -> bytes:
+        """:meth:`ending` as bytes, encoded by the framing's writer (:attr:`writer`)."""
+        return self.writer.encode(self.ending(rule_id, reason), self.continues)
+
+    @property
+    def continues(self) -> bool:
+        """Whether frames of this body were read (a JSON array's ending then continues it)."""
+        return True
 
 
 class JsonEventNormalizer(Normalizer):
@@ -129,7 +147,7 @@ class JsonEventNormalizer(Normalizer):
     def __init__(self) -> None:
         self.ended = False
 
-    def on_event(self, event: SSEEvent) -> list[Event]:
+    def on_event(self, event: Frame) -> list[Event]:
         out: list[Event] = []
         if self.ended:
             out.append(Finding("event_after_stream_end", f"{event.event!r} after the terminal event"))
@@ -146,14 +164,14 @@ class JsonEventNormalizer(Normalizer):
         return out
 
     @abstractmethod
-    def on_json(self, event: SSEEvent, obj: dict[str, Any]) -> list[Event]:
-        """Common events for one SSE event whose data is the JSON object ``obj``."""
+    def on_json(self, event: Frame, obj: dict[str, Any]) -> list[Event]:
+        """Common events for one frame whose data is the JSON object ``obj``."""
 
     def on_done(self) -> list[Event]:
         """The ``data: [DONE]`` sentinel (OpenAI Chat Completions and compatibles)."""
         return [StreamEnd()]
 
-    def on_end(self) -> list[Event]:
+    def on_end(self, cut: bool = False) -> list[Event]:
         if self.ended:
             return []
         return [Finding("missing_stream_end", "the stream ended without its terminal event")]
@@ -177,7 +195,7 @@ class Dialect(ABC):
         """Confirm a line-and-headers match with the parsed body (``None`` if not JSON)."""
         return True
 
-    def sniff(self, first_event: SSEEvent) -> bool:
+    def sniff(self, first_event: Frame) -> bool:
         """Claim an event stream whose request was not recognised, by its first event."""
         return False
 
@@ -225,7 +243,7 @@ def detect_request(request: RequestView, body: Callable[[], Any]) -> Dialect | N
     return by_line if by_line is not None and body() is UNREADABLE else None
 
 
-def detect_response(first_event: SSEEvent) -> Dialect | None:
+def detect_response(first_event: Frame) -> Dialect | None:
     """The dialect that claims an unrecognised event stream by its first event."""
     for dialect in REGISTRY:
         if dialect.sniff(first_event):

@@ -55,7 +55,7 @@ from addon.dialects import (
     register,
     str_field,
 )
-from addon.dialects.blocking import block_message, event_stream, json_response, kept, random_id, sse_event
+from addon.dialects.blocking import block_message, event_stream, frame, json_response, kept, random_id
 from addon.events import (
     Event,
     Finding,
@@ -68,7 +68,7 @@ from addon.events import (
     ToolCallDelta,
     Usage,
 )
-from addon.sse import SSEEvent
+from addon.framing import Frame
 
 # Content blocks that are tool invocations: client tools, Anthropic-run server tools
 # (web_search, code_execution, ...) and MCP connector calls. All stream their input as
@@ -103,7 +103,7 @@ class AnthropicMessages(Dialect):
             and "max_tokens" in body
         )
 
-    def sniff(self, first_event: SSEEvent) -> bool:
+    def sniff(self, first_event: Frame) -> bool:
         if first_event.event not in ("message_start", "message") or "message_start" not in first_event.data:
             return False
         obj = json_object(first_event.data)
@@ -156,7 +156,7 @@ class AnthropicNormalizer(JsonEventNormalizer):
 
     # -- stream -------------------------------------------------------------------------
 
-    def on_json(self, event: SSEEvent, obj: dict[str, Any]) -> list[Event]:
+    def on_json(self, event: Frame, obj: dict[str, Any]) -> list[Event]:
         kind = obj.get("type")
         if not isinstance(kind, str):
             kind = event.event
@@ -281,11 +281,11 @@ class AnthropicNormalizer(JsonEventNormalizer):
             changed = True
         return _usage(counts) if changed else None
 
-    def termination(self, rule_id: str, reason: str) -> bytes:
+    def ending(self, rule_id: str, reason: str) -> list[Frame]:
         """A refusal after whatever was read: open text blocks closed, ``message_delta``
         (``refusal``), ``message_stop``; preceded by a ``message_start`` when none was read."""
         if self.ended:
-            return b""
+            return []
         events: list[dict[str, Any]] = []
         if self.message is None:
             events.append({"type": "message_start", "message": _new_message(self.model)})
@@ -296,7 +296,7 @@ class AnthropicNormalizer(JsonEventNormalizer):
             "usage": {"output_tokens": self.usage.get("output_tokens", 0)},
         })
         events.append({"type": "message_stop"})
-        return b"".join(sse_event(e, e["type"]) for e in events)
+        return [frame(e, e["type"]) for e in events]
 
     def filtered_body(self, rule_id: str, reason: str) -> BlockedResponse | None:
         """The message read, refused: no content, its id, model and usage."""

@@ -30,6 +30,8 @@ from typing import Any
 
 import orjson
 
+from addon.framing import Message
+
 BLOCKED_STATUS = 400
 FILTERED_CODE = "content_filtered"  # llm-stream draft section 5.3.6; LMSP and Responses use it too
 SSE_HEADERS = (("content-type", "text/event-stream"), ("cache-control", "no-cache"))
@@ -66,6 +68,13 @@ def sse_event(data: Mapping[str, Any] | str, event: str | None = None, *, event_
         lines.append(b"event: " + event.encode())
     lines.append(b"data: " + (data.encode() if isinstance(data, str) else orjson.dumps(data)))
     return newline.join(lines) + newline + newline
+
+
+def frame(data: Mapping[str, Any] | str, event: str = "message", *, event_id: int | None = None) -> Message:
+    """One frame a dialect appends to a stream it cut, for its framing's writer to encode:
+    ``data`` a JSON object (compact JSON) or a literal string (OpenAI's ``[DONE]``)."""
+    text = data if isinstance(data, str) else orjson.dumps(data).decode()
+    return Message(text, event, "" if event_id is None else str(event_id))
 
 
 def event_stream(body: bytes) -> BlockedResponse:

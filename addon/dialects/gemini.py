@@ -59,6 +59,7 @@ from addon.dialects.blocking import (
     BLOCKED_STATUS,
     block_message,
     event_stream,
+    frame,
     json_response,
     sse_event,
     unfinished,
@@ -74,7 +75,9 @@ from addon.events import (
     ToolCallDelta,
     Usage,
 )
-from addon.sse import SSEEvent
+from addon.framing import Frame, Writer
+from addon.framing.json_array import JSON_ARRAY_WRITER
+from addon.framing.sse import SSEWriter
 
 GENERATE = "generateContent"
 STREAM_GENERATE = "streamGenerateContent"
@@ -139,7 +142,8 @@ class Gemini(Dialect):
         )
 
     def normalizer(self, request: RequestSummary) -> Normalizer:
-        return GeminiNormalizer(request.sse if isinstance(request, GeminiRequestSummary) else True)
+        sse = request.sse if isinstance(request, GeminiRequestSummary) else True
+        return GeminiNormalizer(sse, streamed=bool(request.stream))
 
     def blocked_response(self, summary: RequestSummary, request_view: RequestView, rule_id: str, reason: str,
                          streaming: bool) -> BlockedResponse:
@@ -309,9 +313,13 @@ class GeminiNormalizer(JsonEventNormalizer):
 
     filter_stop_reason = SAFETY
 
-    def __init__(self, sse: bool = True) -> None:
+    def __init__(self, sse: bool = True, streamed: bool = True) -> None:
         super().__init__()
         self.sse = sse  # an event stream (alt=sse), else a JSON array
+        # Google frames events with CRLF; without alt=sse a stream is a JSON array.
+        self.writer: Writer = GEMINI_SSE_WRITER if sse else JSON_ARRAY_WRITER
+        if streamed and not sse:
+            self.framing = "json-array"  # streamGenerateContent without alt=sse
         self.chunks = 0  # GenerateContentResponse objects read
         self.candidates: dict[int, bool] = {}  # candidate index -> it has a finishReason
         self.finished = False  # a finishReason (or a blocked prompt) was seen
@@ -324,25 +332,24 @@ class GeminiNormalizer(JsonEventNormalizer):
 
     # -- event streams (alt=sse) ----------------------------------------------------------
 
-    def on_json(self, event: SSEEvent, obj: dict[str, Any]) -> list[Event]:
+    def on_json(self, event: Frame, obj: dict[str, Any]) -> list[Event]:
         out: list[Event] = []
         self._chunk(obj, out)
         return out
 
-    def on_end(self) -> list[Event]:
-        return self._end(cut=False)
+    def on_end(self, cut: bool = False) -> list[Event]:
+        return self._end(cut=cut and not self.sse)
 
-    def termination(self, rule_id: str, reason: str) -> bytes:
+    def ending(self, rule_id: str, reason: str) -> list[Frame]:
         """A last chunk finishing each unfinished candidate (see :func:`unfinished`) with
         ``SAFETY``, with the stream's model version and response id.
 
-        In the JSON-array form it continues the array when chunks were read (``,`` …
-        ``]``) and is the whole array otherwise. The normalizer reads that form only
-        when the body ends, so a proxy cutting it mid-way must have the normalizer read
-        the elements the client received first.
+        The writer frames it: an SSE event with CRLF, or in the JSON-array form an
+        element continuing the array when chunks were read (``,`` … ``]``), else the
+        whole array.
         """
         if self.ended:
-            return b""
+            return []
         message = block_message(rule_id, reason)
         final: dict[str, Any] = {
             "candidates": [{"finishReason": SAFETY, "finishMessage": message, "index": i}
@@ -353,9 +360,11 @@ class GeminiNormalizer(JsonEventNormalizer):
             final["modelVersion"] = model
         if response_id:
             final["responseId"] = response_id
-        if self.sse:
-            return sse_event(final, newline=CRLF)
-        return (b"," if self.chunks else b"[") + orjson.dumps(final) + b"]"
+        return [frame(final)]
+
+    @property
+    def continues(self) -> bool:
+        return self.chunks > 0
 
     def filtered_body(self, rule_id: str, reason: str) -> BlockedResponse | None:
         """The answer read, each candidate emptied and finished ``SAFETY``, in its shape."""
@@ -587,4 +596,5 @@ def _array_prefix(body: bytes) -> tuple[list[Any], bool] | None:
         elements.append(value)
 
 
+GEMINI_SSE_WRITER = SSEWriter(CRLF)
 DIALECT = register(Gemini())

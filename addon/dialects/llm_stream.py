@@ -33,7 +33,7 @@ from addon.dialects import (
     register,
     str_field,
 )
-from addon.dialects.blocking import FILTERED_CODE, block_message, event_stream, json_response, sse_event, unix_now
+from addon.dialects.blocking import FILTERED_CODE, block_message, event_stream, frame, json_response, unix_now
 from addon.events import (
     Event,
     Finding,
@@ -45,7 +45,7 @@ from addon.events import (
     ToolCallDelta,
     Usage,
 )
-from addon.sse import SSEEvent
+from addon.framing import Frame
 
 REQUEST_MEDIA_TYPE = "application/llm-request+json"
 PROFILE = "llm-stream-1.0"
@@ -85,7 +85,7 @@ class LLMStream(Dialect):
             )
         return False
 
-    def sniff(self, first_event: SSEEvent) -> bool:
+    def sniff(self, first_event: Frame) -> bool:
         if first_event.event not in ("stream.start", "message"):
             return False
         obj = json_object(first_event.data)
@@ -139,7 +139,7 @@ class LLMStreamNormalizer(Normalizer):
         self.errored = False  # an error event was read (the draft allows one per stream)
         self.open_blocks: set[int] = set()
 
-    def on_event(self, event: SSEEvent) -> list[Event]:
+    def on_event(self, event: Frame) -> list[Event]:
         out: list[Event] = []
         obj = json_object(event.data)
         first = not self.seen_any
@@ -166,7 +166,7 @@ class LLMStreamNormalizer(Normalizer):
         handler(self, obj, out)
         return out
 
-    def on_end(self) -> list[Event]:
+    def on_end(self, cut: bool = False) -> list[Event]:
         out: list[Event] = []
         if not self.ended:
             out.append(Finding("missing_stream_end", "the body ended without stream.end"))
@@ -174,14 +174,14 @@ class LLMStreamNormalizer(Normalizer):
             out.append(Finding("missing_content_stop", f"content block {index}"))
         return out
 
-    def termination(self, rule_id: str, reason: str) -> bytes:
+    def ending(self, rule_id: str, reason: str) -> list[Frame]:
         """``content.stop`` (``content_filter``) for each open block, ``error``
         (``content_filtered``; left out when the stream already had its one error),
         ``stream.end``; preceded by ``stream.start`` when none was read. The request id is
         echoed as section 4.6 asks; the model of a ``stream.start`` of the proxy's own is
         the one asked for (``""`` when unknown)."""
         if self.ended:
-            return b""
+            return []
         echo = {"request_id": self.request_id} if self.request_id else {}
         events: list[tuple[str, dict[str, Any]]] = []
         if not self.seen_any:
@@ -191,14 +191,14 @@ class LLMStreamNormalizer(Normalizer):
             events.append(("error", {"code": FILTERED_CODE, "message": block_message(rule_id, reason)}))
         events.append(("stream.end", echo))
         seq = 0 if self.last_seq is None else self.last_seq + 1
-        return b"".join(
-            sse_event({"v": VERSION, "seq": seq + n, "type": kind, **fields}, kind)
+        return [
+            frame({"v": VERSION, "seq": seq + n, "type": kind, **fields}, kind)
             for n, (kind, fields) in enumerate(events)
-        )
+        ]
 
     # -- envelope -----------------------------------------------------------------------
 
-    def _check_envelope(self, event: SSEEvent, obj: dict[str, Any], kind: Any, out: list[Event]) -> None:
+    def _check_envelope(self, event: Frame, obj: dict[str, Any], kind: Any, out: list[Event]) -> None:
         if "v" not in obj:
             out.append(Finding("version_mismatch", "v is missing"))
         elif obj["v"] != VERSION:

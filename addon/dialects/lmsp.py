@@ -71,13 +71,13 @@ from addon.dialects.blocking import (
     FILTERED_CODE,
     block_message,
     event_stream,
+    frame,
     json_response,
     random_id,
-    sse_event,
 )
 from addon.dialects.responses import ResponsesNormalizer, problem_error
 from addon.events import Event, Finding, Replayed, ResponseMeta, TextDelta, ToolCallDelta, Usage
-from addon.sse import SSEEvent
+from addon.framing import Frame
 
 PREFIX = "/lmsp/v1/"
 TASK_MEMORY = 10_000  # tasks whose audited event ids are remembered
@@ -146,7 +146,7 @@ class LMSP(Dialect):
             return _task_of_events(route) is not None or _response_of(route) is not None
         return False
 
-    def sniff(self, first_event: SSEEvent) -> bool:
+    def sniff(self, first_event: Frame) -> bool:
         if first_event.event != "response.created":
             return False
         obj = json_object(first_event.data)
@@ -243,14 +243,14 @@ class LMSPNormalizer(ResponsesNormalizer):
         self.meta_seen = False
         self.response_id: str | None = None  # every event's data names it
 
-    def event_type(self, event: SSEEvent, obj: dict[str, Any]) -> str:
+    def event_type(self, event: Frame, obj: dict[str, Any]) -> str:
         """The SSE event name; the data's ``type`` only when the event has none."""
         if event.event != "message":
             return event.event
         kind = obj.get("type")
         return kind if isinstance(kind, str) else event.event
 
-    def on_event(self, event: SSEEvent) -> list[Event]:
+    def on_event(self, event: Frame) -> list[Event]:
         findings: list[Event] = []
         n = self._check_id(event, findings)
         replayed = self.audited_before is not None and n is not None and n <= self.audited_before
@@ -262,7 +262,7 @@ class LMSPNormalizer(ResponsesNormalizer):
             self.tasks.advance(self.task_id, n)
         return findings + out if findings else out
 
-    def _check_id(self, event: SSEEvent, findings: list[Event]) -> int | None:
+    def _check_id(self, event: Frame, findings: list[Event]) -> int | None:
         n = event_id(event.id)
         if not self.seen_any:
             self.seen_any = True
@@ -295,7 +295,7 @@ class LMSPNormalizer(ResponsesNormalizer):
             findings.append(Finding("event_id_not_increasing", f"id {n} after {last}"))
         return n
 
-    def on_json(self, event: SSEEvent, obj: dict[str, Any]) -> list[Event]:
+    def on_json(self, event: Frame, obj: dict[str, Any]) -> list[Event]:
         out = super().on_json(event, obj)
         if not self.meta_seen:
             # A resumed stream may not replay response.created: any event names the response.
@@ -307,12 +307,12 @@ class LMSPNormalizer(ResponsesNormalizer):
                     out.append(ResponseMeta(response_id=response_id))
         return out
 
-    def termination(self, rule_id: str, reason: str) -> bytes:
+    def ending(self, rule_id: str, reason: str) -> list[Frame]:
         """``response.failed`` with the block's problem object and the output the client
         received (open items marked ``incomplete``), ids continuing; a response no event
         named yet is created first (a new ``resp_`` id)."""
         if self.ended:
-            return b""
+            return []
         response_id = self.response_id
         events: list[tuple[str, dict[str, Any]]] = []
         if response_id is None:
@@ -321,10 +321,10 @@ class LMSPNormalizer(ResponsesNormalizer):
         events.append(("response.failed", {"status": "failed", "error": filter_problem(rule_id, reason),
                                            "output": self.output_so_far(), "usage": None}))
         first_id = (self.last_id or 0) + 1
-        return b"".join(
-            sse_event({"response_id": response_id, **fields}, kind, event_id=first_id + n)
+        return [
+            frame({"response_id": response_id, **fields}, kind, event_id=first_id + n)
             for n, (kind, fields) in enumerate(events)
-        )
+        ]
 
     def on_body(self, body: bytes, http_status: int) -> list[Event]:
         """Error bodies are problem documents (``410`` + ``event_history_expired``)."""

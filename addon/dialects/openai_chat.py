@@ -66,6 +66,7 @@ from addon.dialects import (
 from addon.dialects.blocking import (
     block_message,
     event_stream,
+    frame,
     json_response,
     kept,
     openai_error,
@@ -84,7 +85,7 @@ from addon.events import (
     ToolCallDelta,
     Usage,
 )
-from addon.sse import SSEEvent
+from addon.framing import Frame
 
 PATH_SUFFIX = "/chat/completions"
 CHUNK_OBJECT = "chat.completion.chunk"
@@ -107,7 +108,7 @@ class OpenAIChat(Dialect):
     def accepts_body(self, body: Any, request: RequestView) -> bool:
         return isinstance(body, dict) and isinstance(body.get("messages"), list)
 
-    def sniff(self, first_event: SSEEvent) -> bool:
+    def sniff(self, first_event: Frame) -> bool:
         if CHUNK_OBJECT not in first_event.data:  # skip parsing streams that cannot be ours
             return False
         obj = json_object(first_event.data)
@@ -168,7 +169,7 @@ class OpenAIChatNormalizer(JsonEventNormalizer):
 
     # -- streamed chunks ----------------------------------------------------------------
 
-    def on_json(self, event: SSEEvent, obj: dict[str, Any]) -> list[Event]:
+    def on_json(self, event: Frame, obj: dict[str, Any]) -> list[Event]:
         out: list[Event] = []
         self._meta(obj, out)
         if "error" in obj or event.event == "error" or obj.get("object") == "error":
@@ -231,14 +232,14 @@ class OpenAIChatNormalizer(JsonEventNormalizer):
             slot[1] = call_id
         out.append(ToolCallDelta(slot[0], arguments, id=call_id, name=name, choice=choice))
 
-    def termination(self, rule_id: str, reason: str) -> bytes:
+    def ending(self, rule_id: str, reason: str) -> list[Frame]:
         """A ``content_filter`` chunk per unfinished choice (see :func:`unfinished`), then
         ``[DONE]``. The chunks repeat the stream's id, model and created; a choice the
         stream never showed is introduced with ``role: assistant``. A chunk has a place
         for the rule id (Azure's ``content_filter_results``) but none for the reason,
         which stays in the audit record."""
         if self.ended:
-            return b""
+            return []
         response_id, model = self.meta
         head = {
             "id": response_id if isinstance(response_id, str) and response_id else random_id("chatcmpl-"),
@@ -256,8 +257,8 @@ class OpenAIChatNormalizer(JsonEventNormalizer):
                 "finish_reason": FILTER,
                 "content_filter_results": results,
             }
-            chunks.append(sse_event(head | {"choices": [choice]}))
-        return b"".join(chunks) + sse_event(DONE)
+            chunks.append(frame(head | {"choices": [choice]}))
+        return [*chunks, frame(DONE)]
 
     # -- a whole chat.completion ----------------------------------------------------------
 

@@ -7,7 +7,7 @@ whose path ends with ``/completions`` but not ``/chat/completions`` (that is
 :mod:`addon.dialects.openai_chat`) and whose JSON body is an object with a ``prompt``.
 The prompt is a string, a list of strings (a batch: one completion each, ``n`` times),
 a list of token ids or a list of token-id lists (which no filter can read: see
-:mod:`addon.filters.messages`). An event stream nobody recognised is claimed when its
+:mod:`exchange.messages`). An event stream nobody recognised is claimed when its
 first chunk says ``"object": "text_completion"``.
 
 Streamed responses are ``data:`` lines with one ``text_completion`` object each and end
@@ -52,6 +52,7 @@ from addon.dialects import (
 from addon.dialects.blocking import (
     block_message,
     event_stream,
+    frame,
     json_response,
     kept,
     openai_error,
@@ -63,8 +64,8 @@ from addon.dialects.blocking import (
 from addon.dialects.openai_chat import ANSWER_FIELDS, DONE, FILTER, add_error, add_usage, choice_index, choices_of
 from addon.dialects.openai_chat import PATH_SUFFIX as CHAT_SUFFIX
 from addon.events import Event, Finding, Finish, ResponseMeta, TextDelta
-from addon.filters.messages import token_prompts
-from addon.sse import SSEEvent
+from exchange.messages import token_prompts
+from addon.framing import Frame, Message
 
 PATH_SUFFIX = "/completions"
 OBJECT = "text_completion"
@@ -83,7 +84,7 @@ class OpenAICompletions(Dialect):
     def accepts_body(self, body: Any, request: RequestView) -> bool:
         return isinstance(body, dict) and "prompt" in body
 
-    def sniff(self, first_event: SSEEvent) -> bool:
+    def sniff(self, first_event: Frame) -> bool:
         if OBJECT not in first_event.data:  # skip parsing streams that cannot be ours
             return False
         obj = json_object(first_event.data)
@@ -124,7 +125,7 @@ class OpenAICompletionsNormalizer(JsonEventNormalizer):
         self.created: int | None = None  # of the chunks, repeated by a termination chunk
         self.finished: dict[int, bool] = {}  # choice -> a finish_reason was read
 
-    def on_json(self, event: SSEEvent, obj: dict[str, Any]) -> list[Event]:
+    def on_json(self, event: Frame, obj: dict[str, Any]) -> list[Event]:
         out: list[Event] = []
         self._meta(obj, out)
         if "error" in obj or event.event == "error" or obj.get("object") == "error":
@@ -138,7 +139,7 @@ class OpenAICompletionsNormalizer(JsonEventNormalizer):
 
     def on_response(self, response: dict[str, Any]) -> list[Event]:
         self.answer = response
-        return self.on_json(SSEEvent(), response)
+        return self.on_json(Message(), response)
 
     def filtered_body(self, rule_id: str, reason: str) -> BlockedResponse | None:
         """The ``text_completion`` read, each choice emptied and finished ``content_filter``."""
@@ -171,12 +172,12 @@ class OpenAICompletionsNormalizer(JsonEventNormalizer):
             self.finished[index] = True
             out.append(Finish(reason, choice=index))
 
-    def termination(self, rule_id: str, reason: str) -> bytes:
+    def ending(self, rule_id: str, reason: str) -> list[Frame]:
         """A ``content_filter`` chunk per unfinished choice (see :func:`unfinished`), then
         ``[DONE]``, repeating the stream's id, model and created. The chunk has no place
         for the rule or the reason, which stay in the audit record."""
         if self.ended:
-            return b""
+            return []
         response_id, model = self.meta
         head = {
             "id": response_id if isinstance(response_id, str) and response_id else random_id("cmpl-"),
@@ -185,10 +186,10 @@ class OpenAICompletionsNormalizer(JsonEventNormalizer):
             "model": model if isinstance(model, str) else "",
         }
         chunks = [
-            sse_event(head | {"choices": [{"text": "", "index": index, "logprobs": None, "finish_reason": FILTER}]})
+            frame(head | {"choices": [{"text": "", "index": index, "logprobs": None, "finish_reason": FILTER}]})
             for index in unfinished(self.finished)
         ]
-        return b"".join(chunks) + sse_event(DONE)
+        return [*chunks, frame(DONE)]
 
 
 DIALECT = register(OpenAICompletions())

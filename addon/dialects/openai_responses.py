@@ -60,16 +60,16 @@ from addon.dialects.blocking import (
     FILTERED_CODE,
     block_message,
     event_stream,
+    frame,
     json_response,
     kept,
     openai_error,
     random_id,
-    sse_event,
     unix_now,
 )
 from addon.dialects.responses import ResponsesNormalizer
 from addon.events import Event
-from addon.sse import SSEEvent
+from addon.framing import Frame
 
 PATH_SUFFIX = "/responses"
 LMSP_SEGMENT = "/lmsp/"
@@ -99,7 +99,7 @@ class OpenAIResponses(Dialect):
             return True  # a retrieve: the path's response id was the confirmation
         return isinstance(body, dict) and ("input" in body or "model" in body)
 
-    def sniff(self, first_event: SSEEvent) -> bool:
+    def sniff(self, first_event: Frame) -> bool:
         if first_event.event not in ("response.created", "message"):
             return False
         obj = json_object(first_event.data)
@@ -154,7 +154,7 @@ class OpenAIResponsesNormalizer(ResponsesNormalizer):
         self.last_seq: int | None = None
         self.response: dict[str, Any] | None = None  # the response of the last lifecycle event
 
-    def on_json(self, event: SSEEvent, obj: dict[str, Any]) -> list[Event]:
+    def on_json(self, event: Frame, obj: dict[str, Any]) -> list[Event]:
         seq = int_field(obj, "sequence_number")
         if self.first:
             self.first = False
@@ -170,12 +170,12 @@ class OpenAIResponsesNormalizer(ResponsesNormalizer):
         self.response = response
         return super().on_response(response)
 
-    def termination(self, rule_id: str, reason: str) -> bytes:
+    def ending(self, rule_id: str, reason: str) -> list[Frame]:
         """``response.incomplete`` (``content_filter``) for the response the stream
         announced, with the output the client received; when none was announced, a new
         response is created first."""
         if self.ended:
-            return b""
+            return []
         events: list[tuple[str, dict[str, Any]]] = []
         response = self.response
         if response is None:
@@ -183,10 +183,10 @@ class OpenAIResponsesNormalizer(ResponsesNormalizer):
             events.append(("response.created", response))
         events.append(("response.incomplete", _filtered(response, self.output_so_far())))
         seq = 0 if self.last_seq is None else self.last_seq + 1
-        return b"".join(
-            sse_event({"type": kind, "sequence_number": seq + n, "response": response}, kind)
+        return [
+            frame({"type": kind, "sequence_number": seq + n, "response": response}, kind)
             for n, (kind, response) in enumerate(events)
-        )
+        ]
 
     def filtered_body(self, rule_id: str, reason: str) -> BlockedResponse | None:
         """The answer read, as an ``incomplete`` response with no output."""

@@ -67,7 +67,7 @@ from addon.events import (
     ToolCallDelta,
     Usage,
 )
-from addon.sse import SSEEvent
+from addon.framing import Frame
 
 # Statuses after which a response no longer changes (a stop reason).
 FINAL_STATUSES = frozenset({"completed", "incomplete", "failed", "cancelled"})
@@ -181,17 +181,17 @@ class ResponsesNormalizer(JsonEventNormalizer):
 
     # -- dispatch -------------------------------------------------------------------------
 
-    def on_event(self, event: SSEEvent) -> list[Event]:
+    def on_event(self, event: Frame) -> list[Event]:
         if event.data == "[DONE]":
             return []  # not part of the protocol; some gateways append it: ignore
         return super().on_event(event)
 
-    def event_type(self, event: SSEEvent, obj: dict[str, Any]) -> str:
+    def event_type(self, event: Frame, obj: dict[str, Any]) -> str:
         """The event's type: the JSON ``type`` (OpenAI), else the SSE event name."""
         kind = obj.get("type")
         return kind if isinstance(kind, str) else event.event
 
-    def on_json(self, event: SSEEvent, obj: dict[str, Any]) -> list[Event]:
+    def on_json(self, event: Frame, obj: dict[str, Any]) -> list[Event]:
         kind = self.event_type(event, obj)
         out: list[Event] = []
         if kind in self.FINAL_EVENTS:
@@ -206,10 +206,10 @@ class ResponsesNormalizer(JsonEventNormalizer):
             handler(self, obj, out)
         return out  # unknown event types are ignored: vendors add new ones all the time
 
-    def on_end(self) -> list[Event]:
+    def on_end(self, cut: bool = False) -> list[Event]:
         if not self.ended and self.errored:
             return []  # the error says why the stream stopped
-        return super().on_end()
+        return super().on_end(cut)
 
     def on_response(self, response: dict[str, Any]) -> list[Event]:
         """A whole response object (non-streamed answer, or a retrieved response)."""

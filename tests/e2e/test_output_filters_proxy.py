@@ -181,6 +181,25 @@ def test_gemini_stream_ends_with_a_safety_finish(guarded, upstreams, transport):
     assert_stopped(guarded, up, mock_id, shown, "SAFETY")
 
 
+def test_a_gemini_json_array_stream_is_cut_mid_stream_and_ends_with_a_safety_element(guarded, upstreams, transport):
+    """Without alt=sse the stream is one JSON array: read element by element as it flows,
+    cut at the element carrying the word, and closed with a SAFETY element and ``]``."""
+    up = upstreams[transport]
+    mock_id, headers = ids()
+    with http_client(guarded, transport) as http:
+        resp = http.post(f"{up.url}/v1beta/models/gemini-2.5-flash:streamGenerateContent",
+                         headers=headers | {"x-goog-api-key": "gemini-test-key"},
+                         json={"contents": [{"role": "user", "parts": [{"text": "hi"}]}]})
+    assert resp.status_code == 200
+    elements = orjson.loads(resp.content)  # a valid JSON array, however it was cut
+    final = elements[-1]["candidates"][0]
+    assert (final["finishReason"], final["finishMessage"]) == (
+        "SAFETY", "Blocked by content filter rule 'no-code-name': internal code name")
+    shown = "".join(p.get("text", "") for e in elements[:-1] for c in e.get("candidates", [])
+                    for p in c.get("content", {}).get("parts", []))
+    assert_stopped(guarded, up, mock_id, shown, "SAFETY")
+
+
 def sse(body: bytes) -> list[tuple[str, dict]]:
     blocks = [b for b in body.replace(b"\r\n", b"\n").split(b"\n\n") if b.strip()]
     out = []

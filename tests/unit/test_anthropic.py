@@ -16,7 +16,7 @@ import pytest
 from addon.dialects import RequestView, detect_request, detect_response
 from addon.dialects.anthropic import DIALECT
 from addon.record import OUTCOME_COMPLETE, OUTCOME_UPSTREAM_ABORTED
-from addon.sse import SSEEvent
+from addon.framing.sse import SSEEvent
 from pipeline import audit_bytes
 
 SHARED_STREAMS = Path(__file__).resolve().parents[2].parent / "shared" / "reference" / "streams"

@@ -53,7 +53,7 @@ from addon.dialects import (
 from addon.dialects import anthropic as anthropic_dialect
 from addon.dialects.blocking import BlockedResponse
 from addon.record import OUTCOME_COMPLETE, ExchangeRecord
-from addon.sse import SSEEvent, SSEParser
+from addon.framing.sse import SSEEvent, SSEParser
 from mockllm.scenario import Scenario
 from mockllm.streams import (
     anthropic_events,

@@ -17,7 +17,7 @@ import pytest
 from addon.dialects import RequestView, detect_request, detect_response
 from addon.dialects.lmsp import DIALECT, LMSP, TaskProgress, event_id
 from addon.record import OUTCOME_CLIENT_ABORTED, OUTCOME_COMPLETE, OUTCOME_UPSTREAM_ABORTED
-from addon.sse import SSEEvent
+from addon.framing.sse import SSEEvent
 from pipeline import audit_bytes
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "responses"

@@ -20,7 +20,7 @@ from addon.filters.api import RequestContext
 from addon.filters.engine import FilterSet
 from addon.filters.rules import parse_rules
 from addon.record import OUTCOME_COMPLETE, OUTCOME_UPSTREAM_ABORTED
-from addon.sse import SSEEvent, SSEParser
+from addon.framing.sse import SSEEvent, SSEParser
 from pipeline import audit_bytes
 
 PATH = "/v1/completions"

@@ -20,7 +20,7 @@ from addon.auditor import StreamAuditor, summary_into_record
 from addon.dialects import RequestView, detect_request, detect_response
 from addon.dialects.openai_responses import DIALECT
 from addon.record import OUTCOME_COMPLETE, OUTCOME_UPSTREAM_ABORTED, ExchangeRecord
-from addon.sse import SSEEvent
+from addon.framing.sse import SSEEvent
 from pipeline import audit_bytes, comparable_row
 
 SHARED_STREAMS = Path(__file__).resolve().parents[2].parent / "shared" / "reference" / "streams"

@@ -17,7 +17,6 @@ from __future__ import annotations
 import gzip
 import random
 import zlib
-from itertools import accumulate
 from typing import Any
 
 import orjson
@@ -28,9 +27,9 @@ from addon.auditor import StreamAuditor, summary_into_record
 from addon.filters.api import BaseFilter, OutputPiece, Verdict
 from addon.filters.engine import FILTER_ERROR, FilterSet
 from addon.filters.rules import parse_rules
-from addon.output_gate import Framer, OutputGate
+from addon.output_gate import OutputGate
 from addon.record import OUTCOME_COMPLETE, ExchangeRecord
-from addon.sse import SSEParser
+from addon.framing.sse import SSEParser, SSEReader
 from mockllm.scenario import Scenario
 
 WORD = "Nightjar"
@@ -258,7 +257,7 @@ def test_a_user_filter_blocks_mid_stream_and_the_client_gets_what_was_checked_be
     assert [v["rule_id"] for v in row["verdicts"]] == ["too-long"] and row["status"] == "blocked"
 
 
-# -- the framer -----------------------------------------------------------------------------------
+# -- the SSE reader's boundaries ------------------------------------------------------------------
 
 FRAMED = [
     b"data: a\n\ndata: b\n\n",
@@ -270,17 +269,17 @@ FRAMED = [
 
 
 @pytest.mark.parametrize("body", FRAMED)
-def test_framer_pieces_each_end_one_event_at_any_chunking(body: bytes) -> None:
+def test_sse_reader_reports_each_event_at_the_blank_line_ending_it_at_any_chunking(body: bytes) -> None:
     whole = SSEParser()
     expected = whole.feed(body) + whole.end()
     for cuts in [[], byte_at_a_time(body), *([i] for i in range(1, len(body)))]:
-        framer, parser, events = Framer(), SSEParser(), []
+        reader = SSEReader()
         bounds = [0, *cuts, len(body)]
-        pieces = [p for a, b in zip(bounds, bounds[1:]) for p in framer.feed(body[a:b])]
-        for piece, _ in pieces:
-            got = parser.feed(piece)
-            assert len(got) <= 1
-            events += got
-        assert b"".join(p for p, _ in pieces) + framer.rest() == body
-        assert [end for _, end in pieces] == list(accumulate(len(p) for p, _ in pieces))
+        bounded = [p for a, b in zip(bounds, bounds[1:]) for p in reader.feed_bounded(body[a:b])]
+        ends = [end for _, end in bounded]
+        assert ends == sorted(set(ends)) and all(body[:end].endswith((b"\n\n", b"\r\r", b"\n\r\n", b"\r\n\r\n",
+                                                                       b"\r\n\n", b"\r\r\n", b"\n\r"))
+                                                 for end in ends)
+        assert (ends[-1] if ends else 0) + reader.held == len(body)
+        events = [frame for frame, _ in bounded if frame is not None] + list(reader.unbound())
         assert events == expected

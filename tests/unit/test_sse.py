@@ -1,4 +1,4 @@
-"""Tests for addon.sse: the WHATWG event-stream parser.
+"""Tests for addon.framing.sse: the WHATWG event-stream parser.
 
 Three layers:
 
@@ -24,8 +24,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import addon.sse as sse_module
-from addon.sse import DEFAULT_MAX_EVENT_BYTES, SSEEvent, SSEParser
+import addon.framing.sse as sse_module
+from addon.framing.sse import DEFAULT_MAX_EVENT_BYTES, SSEEvent, SSEParser
 
 REPO = Path(__file__).resolve().parents[2]
 SHARED_REFERENCE = REPO.parent / "shared" / "reference"
@@ -738,13 +738,14 @@ def test_id_of_unterminated_block_does_not_leak_into_next_body():
 
 
 def test_module_uses_only_the_standard_library():
-    import addon.sse
+    import addon.framing.sse
 
-    tree = ast.parse(Path(addon.sse.__file__).read_text(encoding="utf-8"))
+    tree = ast.parse(Path(addon.framing.sse.__file__).read_text(encoding="utf-8"))
     imported = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             imported |= {alias.name.split(".")[0] for alias in node.names}
         elif isinstance(node, ast.ImportFrom):
-            imported.add((node.module or "").split(".")[0])
-    assert imported <= set(sys.stdlib_module_names) | {"__future__"}, imported
+            module = node.module or ""
+            imported.add(module if module == "addon.framing" else module.split(".")[0])
+    assert imported <= set(sys.stdlib_module_names) | {"__future__", "addon.framing"}, imported

@@ -35,7 +35,9 @@ Design constraints, and how they are met:
 * The parser never raises on bad input: problems are appended to :attr:`SSEParser.findings`
   as ``(code, detail)`` tuples using the stable codes of :mod:`addon.findings`.
 
-Standard library only: this module is sans-IO and must not import mitmproxy.
+It is the SSE framing of :mod:`addon.framing`: :class:`SSEReader` adds the boundaries the
+output gate releases bytes by, :class:`SSEWriter` encodes the events a dialect appends to a
+stream it cut. Standard library and :mod:`addon.framing` only: sans-IO, no mitmproxy.
 """
 
 from __future__ import annotations
@@ -47,7 +49,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import repeat as _repeat
 
-__all__ = ["DEFAULT_MAX_EVENT_BYTES", "SSEEvent", "SSEParser"]
+from addon.framing import Frame, Framing, register
+
+__all__ = ["DEFAULT_MAX_EVENT_BYTES", "SSEEvent", "SSEParser", "SSEReader", "SSEWriter"]
 
 DEFAULT_MAX_EVENT_BYTES = 8 * 1024 * 1024
 
@@ -713,3 +717,93 @@ class SSEParser:
         self._skip_event = skip_event
         self._in_block = in_block
         self.events_dispatched += dispatched
+
+
+# Two line ends in a row: a blank line, which ends an SSE block. A CR followed by an LF
+# is one line end; a CR at the very end of the buffer counts as one too (if an LF
+# follows in the next chunk, the parser swallows it as the rest of that CRLF).
+_BLANK_LINE = re.compile(rb"(?:\r\n|\r(?!\n)|\n)(?:\r\n|\r(?!\n)|\n)")
+
+
+class SSEReader(SSEParser):
+    """The parser as a framing reader: :meth:`feed_bounded` also says where each event ends.
+
+    Bounded reading cuts the decoded bytes after each blank line and parses each piece on
+    its own, so each piece completes at most one event, at its end: that end is the
+    event's boundary. :meth:`feed` (no boundaries) is the parser's own, unchanged.
+    """
+
+    __slots__ = ("_buf", "_offset")
+    unreadable = None  # every body can be read as an event stream
+
+    def __init__(self, max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES) -> None:
+        super().__init__(max_event_bytes)
+        self._buf = b""  # bytes after the last blank line, bounded reading only
+        self._offset = 0  # decoded bytes up to the last boundary reported
+
+    def feed_bounded(self, data: bytes) -> list[tuple[Frame | None, int]]:
+        """Events ``data`` completes with their end offsets (``None``: a block without one)."""
+        # Search only where a blank line can newly complete: the last 3 bytes held may
+        # begin one ("\r\n\r" + "\n").
+        start = max(0, len(self._buf) - 3)
+        buf = self._buf + data if self._buf else data
+        out: list[tuple[Frame | None, int]] = []
+        pos = 0
+        while (m := _BLANK_LINE.search(buf, start)) is not None:
+            end = m.end()
+            events = self.feed(buf[pos:end])
+            out.append((events[0] if events else None, self._offset + end))
+            pos = start = end
+        self._buf = buf[pos:]
+        self._offset += pos
+        return out
+
+    @property
+    def held(self) -> int:
+        return len(self._buf)
+
+    @property
+    def only_padding_held(self) -> bool:
+        """What waits is just line ends (the LF of a CRLF cut after its CR, say)."""
+        return not self._buf.strip(b"\r\n")
+
+    def unbound(self) -> list[SSEEvent]:
+        rest, self._buf = self._buf, b""
+        return self.feed(rest)
+
+
+class SSEWriter:
+    """Encodes frames as SSE events: an ``id:`` line when the frame has an id, an
+    ``event:`` line unless the type is the default ``message``, one ``data:`` line.
+
+    ``newline``: the line end, LF, or CRLF for a dialect whose servers frame with it
+    (Gemini). Dialects build data as compact JSON, which never holds a line break.
+    """
+
+    __slots__ = ("newline",)
+
+    def __init__(self, newline: bytes = b"\n") -> None:
+        self.newline = newline
+
+    def encode(self, frames: Sequence[Frame], continues: bool = True) -> bytes:
+        return b"".join(map(self._event, frames))
+
+    def _event(self, frame: Frame) -> bytes:
+        nl = self.newline
+        lines = [b"id: " + frame.id.encode()] if frame.id else []
+        if frame.event != "message":
+            lines.append(b"event: " + frame.event.encode())
+        lines.append(b"data: " + frame.data.encode())
+        return nl.join(lines) + nl + nl
+
+
+SSE_WRITER = SSEWriter()
+
+
+def reader(max_event_bytes: int, max_record_bytes: int) -> SSEReader:
+    """A reader for one event stream (events are bounded by ``max_event_bytes`` alone)."""
+    return SSEReader(max_event_bytes)
+
+
+FRAMING = register(Framing("sse", reader, SSE_WRITER, streamed=True, media_types=("text/event-stream",),
+                           incomplete=("sse_incomplete_event", "the body ended inside an event")))
