@@ -75,6 +75,9 @@ FINAL_STATUSES = frozenset({"completed", "incomplete", "failed", "cancelled"})
 UNFINISHED_ITEM_STATUSES = frozenset({"incomplete", "in_progress", "queued"})
 # Output item types that are calls the client executes, and where their payload is.
 CALL_PAYLOAD = {"function_call": "arguments", "custom_tool_call": "input"}
+# Output item type -> the fields that carry its text, which output_so_far rebuilds from the deltas.
+TEXT_PAYLOAD = {"message": ("content",), "reasoning": ("summary", "content"),
+                **{kind: (field,) for kind, field in CALL_PAYLOAD.items()}}
 # Content part type -> (field holding the text, common TextDelta kind).
 PART_TEXT = {
     "output_text": ("text", "text"),
@@ -175,8 +178,9 @@ class ResponsesNormalizer(JsonEventNormalizer):
         self.undeclared: set[str] = set()  # calls already reported as undeclared
         self.disagreeing: set[tuple[tuple[str, str, int], int]] = set()  # (part, hash of a final text) seen
         # What the client received, kept only when keeps_delivered (see output_so_far):
-        self.items: dict[int, dict[str, Any]] = {}  # output_index -> item as added, or as done
+        self.items: dict[int, dict[str, Any]] = {}  # output_index -> item as added or done, text left out
         self.items_done: set[int] = set()
+        self.item_places: dict[str, int] = {}  # item id -> its output_index
         self.part_types: dict[tuple[str, int], str] = {}  # (item id, content_index) -> part type
 
     # -- dispatch -------------------------------------------------------------------------
@@ -325,38 +329,49 @@ class ResponsesNormalizer(JsonEventNormalizer):
     # -- what the client received (the output gate's normalizer) --------------------------
 
     def _keep_item(self, index: int | None, item: dict[str, Any], done: bool) -> None:
+        """Keep an item's place and fields, not its text: the deltas in :attr:`parts` and
+        :attr:`arguments` hold that once (settled to the done event's where it adds to them)."""
+        item_id = item.get("id")
         if index is None:  # no output_index: the item of the same id, else the next place
-            item_id = item.get("id")
-            index = next((i for i, kept in self.items.items() if item_id and kept.get("id") == item_id),
-                         len(self.items))
-        self.items[index] = item
+            index = self.item_places.get(item_id, len(self.items)) if isinstance(item_id, str) else len(self.items)
+        if isinstance(item_id, str):
+            self.item_places[item_id] = index
+        payload = TEXT_PAYLOAD.get(item.get("type"))
+        self.items[index] = {k: v for k, v in item.items() if k not in payload} if payload else item
         if done:
             self.items_done.add(index)
 
     def output_so_far(self) -> list[dict[str, Any]]:
         """The response's ``output`` as the client received it, for a final response
-        object the proxy sends: each finished item as its done event gave it, each open
-        one rebuilt from its deltas and marked ``incomplete`` (a call's cut arguments
-        stay cut: the status says the call is not whole). Needs :attr:`keeps_delivered`."""
-        return [self.items[i] if i in self.items_done else self._open_item(i, self.items[i])
-                for i in sorted(self.items)]
+        object the proxy sends: each item with the text its deltas and done events gave,
+        an item not done marked ``incomplete`` (a call's cut arguments stay cut: the
+        status says the call is not whole). Needs :attr:`keeps_delivered`. One pass over
+        the parts, however many items and parts the stream had."""
+        texts: dict[tuple[str, str], list[tuple[int, str]]] = {}
+        for (owner, where, i), got in self.parts.items():
+            texts.setdefault((owner, where), []).append((i, "".join(got)))
+        return [self._rebuilt(i, self.items[i], texts) for i in sorted(self.items)]
 
-    def _open_item(self, index: int, item: dict[str, Any]) -> dict[str, Any]:
+    def _rebuilt(self, index: int, item: dict[str, Any], texts: dict[tuple[str, str], list[tuple[int, str]]]
+                 ) -> dict[str, Any]:
         item_id = str_field(item, "id") or self.item_at.get(index) or f"#{index}"
-        rebuilt = dict(item, status="incomplete")
+        rebuilt = item if index in self.items_done else dict(item, status="incomplete")
         kind = item.get("type")
+        if kind not in TEXT_PAYLOAD:
+            return rebuilt  # an item of another type is kept whole
+        rebuilt = dict(rebuilt)
         if kind in CALL_PAYLOAD:
             rebuilt[CALL_PAYLOAD[kind]] = "".join(self.arguments.get(item_id, ()))
         elif kind == "message":
             rebuilt["content"] = [_part(self.part_types.get((item_id, i), "output_text"), text)
-                                  for i, text in self._texts(item_id, "content")]
-        elif kind == "reasoning":
-            rebuilt["summary"] = [{"type": "summary_text", "text": text} for _, text in self._texts(item_id, "summary")]
+                                  for i, text in sorted(texts.get((item_id, "content"), ()))]
+        else:
+            rebuilt["summary"] = [{"type": "summary_text", "text": text}
+                                  for _, text in sorted(texts.get((item_id, "summary"), ()))]
+            reasoning = sorted(texts.get((item_id, "reasoning"), ()))
+            if reasoning:
+                rebuilt["content"] = [{"type": "reasoning_text", "text": text} for _, text in reasoning]
         return rebuilt
-
-    def _texts(self, item_id: str, space: str) -> list[tuple[int, str]]:
-        return sorted((i, "".join(got)) for (owner, where, i), got in self.parts.items()
-                      if owner == item_id and where == space)
 
     def _output(self, output: Any, status: str | None, out: list[Event]) -> None:
         """Settle every item of a whole response's ``output``.

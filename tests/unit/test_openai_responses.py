@@ -18,7 +18,7 @@ import pytest
 
 from addon.auditor import StreamAuditor, summary_into_record
 from addon.dialects import RequestView, detect_request, detect_response
-from addon.dialects.openai_responses import DIALECT
+from addon.dialects.openai_responses import DIALECT, OpenAIResponsesNormalizer
 from addon.record import OUTCOME_COMPLETE, OUTCOME_UPSTREAM_ABORTED, ExchangeRecord
 from addon.framing.sse import SSEEvent
 from pipeline import audit_bytes, comparable_row
@@ -746,3 +746,32 @@ def test_shared_openai_responses_recordings_match_their_expected_extraction(name
     assert (row["error_code"], row["error_message"]) == (error.get("code"), error.get("message"))
     assert row["event_count"] == expected["sse_events"]
     assert row["findings"] == []
+
+
+def test_the_output_so_far_is_rebuilt_from_what_the_gates_normalizer_read():
+    """The output a termination carries: finished items as done, open ones incomplete with
+    their deltas, items of other types whole, an item without output_index by its id."""
+    n = OpenAIResponsesNormalizer()
+    n.keeps_delivered = True
+    message = {"id": "msg_1", "type": "message", "role": "assistant", "status": "in_progress", "content": []}
+    call = {"id": "fc_1", "type": "function_call", "call_id": "call_1", "name": "f", "arguments": "",
+            "status": "in_progress"}
+    search = {"id": "ws_1", "type": "web_search_call", "status": "completed", "action": {"query": "q"}}
+    events = [
+        ("response.output_item.added", {"output_index": 0, "item": message}),
+        ("response.output_text.delta", {"item_id": "msg_1", "output_index": 0, "content_index": 0, "delta": "Hi "}),
+        ("response.output_text.delta", {"item_id": "msg_1", "output_index": 0, "content_index": 0, "delta": "you"}),
+        ("response.output_item.done", {"output_index": 0, "item": message | {
+            "status": "completed", "content": [{"type": "output_text", "text": "Hi you", "annotations": []}]}}),
+        ("response.output_item.done", {"item": search}),  # no output_index: the next place
+        ("response.output_item.added", {"output_index": 2, "item": call}),
+        ("response.function_call_arguments.delta", {"item_id": "fc_1", "output_index": 2, "delta": '{"a'}),
+    ]
+    for kind, data in events:
+        n.on_event(SSEEvent(event=kind, data=orjson.dumps({"type": kind, **data}).decode()))
+    assert n.output_so_far() == [
+        message | {"status": "completed", "content": [{"type": "output_text", "text": "Hi you", "annotations": []}]},
+        search,
+        call | {"status": "incomplete", "arguments": '{"a'},
+    ]
+    assert "content" not in n.items[0], "the text is kept once, in the deltas"
