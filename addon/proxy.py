@@ -628,7 +628,12 @@ class LLMAudit:
         its status when it differs from the upstream's, none of the answer's text, and
         the stop reason it read."""
         record = audit.record
-        filtered = audit.normalizer.filtered_body(block.rule_id, block.reason)
+        try:
+            filtered = audit.normalizer.filtered_body(block.rule_id, block.reason)
+        except Exception as e:  # noqa: BLE001 - our bug must not let the blocked answer through
+            log.exception("llm-audit: making the filtered answer failed; the dialect's error is sent")
+            record.add_finding("audit_internal_error", f"filtered answer: {type(e).__name__}: {e}"[:300])
+            filtered = None
         answer = filtered or audit.dialect.blocked_response(audit.summary, audit.view, block.rule_id, block.reason,
                                                              streaming=bool(audit.summary.stream))
         flow.response = http.Response.make(answer.status, answer.body, dict(answer.headers))

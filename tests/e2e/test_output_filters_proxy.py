@@ -25,7 +25,7 @@ import orjson
 import pytest
 from google.genai import types as genai_types
 
-from conftest import BACKENDS, Proxy, new_database, start_proxy, wait_for
+from conftest import BACKENDS, ROOT, Proxy, new_database, start_proxy, wait_for
 from test_sdks_proxy import MESSAGES, genai_client
 
 pytestmark = pytest.mark.e2e
@@ -258,6 +258,25 @@ def test_a_held_chat_answer_is_replaced_by_a_content_filter_finish(guarded, upst
     assert (answer.choices[0].finish_reason, answer.choices[0].message.content) == ("content_filter", None)
     assert answer.usage is not None and answer.usage.total_tokens > 0, "the usage the upstream reported"
     assert_replaced(guarded, mock_id, "content_filter")
+
+
+def test_a_filtered_answer_that_cannot_be_made_is_the_dialects_error_never_the_held_answer(tmp_path, upstreams):
+    rules = tmp_path / "rules.toml"
+    rules.write_text(RULES)
+    fault = ROOT / "tests" / "e2e" / "addons" / "filtered_body_fault.py"
+    proxy = start_proxy(tmp_path, "-s", str(fault), "--set", f"llm_rules={rules}")
+    try:
+        up = upstreams["h1"]
+        mock_id, headers = ids()
+        with http_client(proxy, "h1") as http:
+            client = openai.OpenAI(base_url=f"{up.url}/v1", api_key="sk-test", max_retries=0, http_client=http)
+            with pytest.raises(openai.BadRequestError) as refused:
+                client.chat.completions.create(model="gpt-4o", messages=MESSAGES, extra_headers=headers)
+        assert refused.value.code == "content_filter" and WORD not in str(refused.value.body)
+        row = assert_replaced(proxy, mock_id, None, client_status=400)
+        assert [f["code"] for f in row["findings"]] == ["audit_internal_error"]
+    finally:
+        proxy.process.stop()
 
 
 def test_a_held_responses_answer_is_replaced_by_an_incomplete_response(guarded, upstreams):
