@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
+from addon.dialects.blocking import FILTERED_CODE
 from addon.events import (
     Event,
     Finding,
@@ -30,8 +31,6 @@ from addon.events import (
 # At most this many findings of one code keep their detail; later ones are only
 # counted, so a stream of a million broken events cannot grow the record without bound.
 FINDINGS_PER_CODE = 20
-
-BLOCKED_CODE = "content_filtered"  # error_code of an exchange a content filter stopped
 
 # The most content (answer text, reasoning, refusals, tool arguments: UTF-8 bytes) one
 # record keeps; the proxy's llm_audit_max_record_bytes sets it per exchange.
@@ -256,7 +255,7 @@ class ExchangeRecord:
         proxy's answer gave the client (``[]`` when it got an error or a cut stream), which
         are then the record's ``finish_reasons``, so that the record says what the client
         got; ``None`` keeps the upstream's (the client had them)."""
-        self.status, self.error_code, self.error_message = "blocked", BLOCKED_CODE, message
+        self.status, self.error_code, self.error_message = "blocked", FILTERED_CODE, message
         self.client_finish_reasons = finish_reasons
 
     def finish(self, outcome: str, ended_at: float | None = None) -> None:

@@ -46,6 +46,7 @@ with that code; a finish reason alone could not say which rule refused the reque
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import orjson
@@ -138,6 +139,16 @@ class OpenAIChat(Dialect):
 
 # The fields of a chat.completion a filtered answer repeats (see blocking.kept).
 ANSWER_FIELDS = ("id", "object", "created", "model", "usage", "system_fingerprint", "service_tier")
+
+
+def filtered_answer(answer: dict[str, Any] | None, choice: Callable[[int], dict[str, Any]]) -> BlockedResponse | None:
+    """A whole answer of the Chat or legacy Completions API as its content filter leaves
+    it (HTTP 200): its id, model and usage, and ``choice(index)`` for each of its choices
+    (choice 0 when it had none); ``None`` for no answer or an error answer."""
+    if answer is None or "error" in answer:
+        return None
+    indices = [choice_index(c, i) for i, c in choices_of(answer)] or [0]
+    return json_response(kept(answer, ANSWER_FIELDS) | {"choices": [choice(i) for i in indices]}, status=200)
 
 
 def filter_results(rule_id: str) -> dict[str, Any]:
@@ -264,14 +275,10 @@ class OpenAIChatNormalizer(JsonEventNormalizer):
 
     def filtered_body(self, rule_id: str, reason: str) -> BlockedResponse | None:
         """The ``chat.completion`` read, each choice emptied and finished ``content_filter``."""
-        answer = self.answer
-        if answer is None or "error" in answer:
-            return None
         message = {"role": "assistant", "content": None, "refusal": None}
-        choices = [{"index": choice_index(c, i), "message": message, "logprobs": None, "finish_reason": FILTER,
-                    "content_filter_results": filter_results(rule_id)} for i, c in choices_of(answer)]
-        return json_response(kept(answer, ANSWER_FIELDS) | {"choices": choices or [{"index": 0, "message": message, "logprobs": None,
-                                                               "finish_reason": FILTER}]}, status=200)
+        return filtered_answer(self.answer, lambda index: {
+            "index": index, "message": message, "logprobs": None, "finish_reason": FILTER,
+            "content_filter_results": filter_results(rule_id)})
 
     def on_response(self, response: dict[str, Any]) -> list[Event]:
         self.answer = response

@@ -61,7 +61,7 @@ from addon.dialects.blocking import (
     unfinished,
     unix_now,
 )
-from addon.dialects.openai_chat import ANSWER_FIELDS, DONE, FILTER, add_error, add_usage, choice_index, choices_of
+from addon.dialects.openai_chat import DONE, FILTER, add_error, add_usage, choice_index, choices_of, filtered_answer
 from addon.dialects.openai_chat import PATH_SUFFIX as CHAT_SUFFIX
 from addon.events import Event, Finding, Finish, ResponseMeta, TextDelta
 from exchange.messages import token_prompts
@@ -143,13 +143,8 @@ class OpenAICompletionsNormalizer(JsonEventNormalizer):
 
     def filtered_body(self, rule_id: str, reason: str) -> BlockedResponse | None:
         """The ``text_completion`` read, each choice emptied and finished ``content_filter``."""
-        answer = self.answer
-        if answer is None or "error" in answer:
-            return None
-        choices = [{"text": "", "index": choice_index(c, i), "logprobs": None, "finish_reason": FILTER}
-                   for i, c in choices_of(answer)]
-        return json_response(kept(answer, ANSWER_FIELDS) | {"choices": choices or [{"text": "", "index": 0, "logprobs": None,
-                                                               "finish_reason": FILTER}]}, status=200)
+        return filtered_answer(self.answer, lambda index: {
+            "text": "", "index": index, "logprobs": None, "finish_reason": FILTER})
 
     def _meta(self, obj: dict[str, Any], out: list[Event]) -> None:
         response_id, model = obj.get("id"), obj.get("model")
