@@ -54,7 +54,6 @@ from addon.dialects.blocking import (
     event_stream,
     frame,
     json_response,
-    kept,
     openai_error,
     random_id,
     sse_event,
