@@ -406,6 +406,21 @@ def start_proxy(tmp: Path, *args: str, upstream_ca: Path | None = None, db_url: 
     return Proxy(f"http://127.0.0.1:{m.group(1)}", db_url, confdir, process, pg)
 
 
+def guarded_proxy(request: pytest.FixtureRequest, tmp_path_factory, rules: str | Path, name: str,
+                  upstreams: dict[str, Upstream] | None = None) -> Iterator[Proxy]:
+    """A proxy with content-filter rules (a rules file, or the text of one) recording to
+    ``request.param``'s backend: the body of a test module's ``guarded`` fixture
+    (``yield from guarded_proxy(...)``)."""
+    tmp = tmp_path_factory.mktemp(name)
+    if isinstance(rules, str):
+        (tmp / "rules.toml").write_text(rules)
+        rules = tmp / "rules.toml"
+    p = start_proxy(tmp, "--set", f"llm_rules={rules}", upstream_ca=upstreams["h2"].ca if upstreams else None,
+                    **new_database(request, request.param, tmp))
+    yield p
+    p.process.stop()
+
+
 @pytest.fixture(scope="module", params=BACKENDS)
 def proxy(request, tmp_path_factory, upstreams) -> Iterator[Proxy]:
     """A mitmdump with the addon, shared by a test module, recording to each backend in turn.

@@ -15,6 +15,8 @@ database backends. Each case got through before:
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import base64
 import json
 import ssl
@@ -26,7 +28,7 @@ import openai
 import orjson
 import pytest
 
-from conftest import BACKENDS, Proxy, new_database, start_proxy, wait_for
+from conftest import BACKENDS, guarded_proxy, Proxy, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -45,14 +47,8 @@ INSTRUCT = "gpt-3.5-turbo-instruct"
 
 
 @pytest.fixture(scope="module", params=BACKENDS)
-def guarded(request, tmp_path_factory, upstreams) -> Proxy:
-    tmp = tmp_path_factory.mktemp("bypasses")
-    rules = tmp / "rules.toml"
-    rules.write_text(RULES)
-    p = start_proxy(tmp, "--set", f"llm_rules={rules}", upstream_ca=upstreams["h2"].ca,
-                    **new_database(request, request.param, tmp))
-    yield p
-    p.process.stop()
+def guarded(request, tmp_path_factory, upstreams) -> Iterator[Proxy]:
+    yield from guarded_proxy(request, tmp_path_factory, RULES, "bypasses", upstreams)
 
 
 @pytest.fixture(params=["h1", "h2"])

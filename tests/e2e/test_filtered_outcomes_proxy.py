@@ -12,11 +12,13 @@ test_output_filters_proxy.py.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import uuid
 
 import pytest
 
-from conftest import BACKENDS, Node, Proxy, new_database, start_proxy
+from conftest import BACKENDS, guarded_proxy, Node, Proxy
 from test_node_proxy import preload  # noqa: F401 - the fixture: scripts/node-preload into a fresh folder
 from test_output_filters_proxy import DIRTY, RULES, TEXT, WORD
 
@@ -40,14 +42,8 @@ TABLE = {
 
 
 @pytest.fixture(scope="module", params=BACKENDS)
-def guarded(request, tmp_path_factory, upstreams) -> Proxy:
-    tmp = tmp_path_factory.mktemp("filtered-outcomes")
-    rules = tmp / "rules.toml"
-    rules.write_text(RULES)
-    p = start_proxy(tmp, "--set", f"llm_rules={rules}", upstream_ca=upstreams["h2"].ca,
-                    **new_database(request, request.param, tmp))
-    yield p
-    p.process.stop()
+def guarded(request, tmp_path_factory, upstreams) -> Iterator[Proxy]:
+    yield from guarded_proxy(request, tmp_path_factory, RULES, "filtered-outcomes", upstreams)
 
 
 def run(node: Node, guarded: Proxy, upstreams, preload: str, client: str, scenario: str) -> tuple[dict, dict]:  # noqa: F811

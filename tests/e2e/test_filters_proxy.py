@@ -7,6 +7,8 @@ upstream, the official SDKs, and the audit rows read with plain SQL on both back
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import ssl
 import subprocess
 import time
@@ -20,7 +22,7 @@ import orjson
 import pytest
 from google.genai import types as genai_types
 
-from conftest import BACKENDS, BIN, ROOT, Proxy, new_database, start_proxy
+from conftest import BACKENDS, BIN, ROOT, guarded_proxy, Proxy, start_proxy
 from test_sdks_proxy import MESSAGES, genai_client
 
 pytestmark = pytest.mark.e2e
@@ -31,12 +33,8 @@ PROMPT: list[Any] = [{"role": "user", "content": FORBIDDEN}]
 
 
 @pytest.fixture(scope="module", params=BACKENDS)
-def guarded(request, tmp_path_factory, upstreams) -> Proxy:
-    tmp = tmp_path_factory.mktemp("filters")
-    p = start_proxy(tmp, "--set", f"llm_rules={RULES}", upstream_ca=upstreams["h2"].ca,
-                    **new_database(request, request.param, tmp))
-    yield p
-    p.process.stop()
+def guarded(request, tmp_path_factory, upstreams) -> Iterator[Proxy]:
+    yield from guarded_proxy(request, tmp_path_factory, RULES, "filters", upstreams)
 
 
 def headers() -> tuple[str, dict[str, str]]:

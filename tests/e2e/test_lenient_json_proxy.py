@@ -10,12 +10,14 @@ filters, follows ``llm_filter_failure``.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import uuid
 
 import orjson
 import pytest
 
-from conftest import BACKENDS, ROOT, Proxy, new_database, start_proxy
+from conftest import BACKENDS, ROOT, guarded_proxy, new_database, Proxy, start_proxy
 
 pytestmark = pytest.mark.e2e
 
@@ -35,11 +37,8 @@ def chat_body(prompt: str, extra: bytes, stream: bool, bom: bool = False) -> byt
 
 
 @pytest.fixture(scope="module", params=BACKENDS)
-def guarded(request, tmp_path_factory) -> Proxy:
-    tmp = tmp_path_factory.mktemp("lenient")
-    p = start_proxy(tmp, "--set", f"llm_rules={RULES}", **new_database(request, request.param, tmp))
-    yield p
-    p.process.stop()
+def guarded(request, tmp_path_factory) -> Iterator[Proxy]:
+    yield from guarded_proxy(request, tmp_path_factory, RULES, "lenient")
 
 
 def post(proxy: Proxy, url: str, body: bytes, scenario: str = "events=3") -> tuple[str, object]:

@@ -11,6 +11,8 @@ proxy pass byte for byte, also next to a blocked stream on one HTTP/2 connection
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import base64
 import ssl
 import threading
@@ -25,7 +27,7 @@ import orjson
 import pytest
 from google.genai import types as genai_types
 
-from conftest import BACKENDS, ROOT, Proxy, new_database, start_proxy, wait_for
+from conftest import BACKENDS, ROOT, guarded_proxy, Proxy, start_proxy, wait_for
 from test_sdks_proxy import MESSAGES, genai_client
 
 pytestmark = pytest.mark.e2e
@@ -55,14 +57,8 @@ SHOWN_AT_MOST = TEXT.index(WORD)
 
 
 @pytest.fixture(scope="module", params=BACKENDS)
-def guarded(request, tmp_path_factory, upstreams) -> Proxy:
-    tmp = tmp_path_factory.mktemp("output-filters")
-    rules = tmp / "rules.toml"
-    rules.write_text(RULES)
-    p = start_proxy(tmp, "--set", f"llm_rules={rules}", upstream_ca=upstreams["h2"].ca,
-                    **new_database(request, request.param, tmp))
-    yield p
-    p.process.stop()
+def guarded(request, tmp_path_factory, upstreams) -> Iterator[Proxy]:
+    yield from guarded_proxy(request, tmp_path_factory, RULES, "output-filters", upstreams)
 
 
 @pytest.fixture(params=["h1", "h2"])
