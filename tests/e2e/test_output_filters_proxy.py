@@ -71,6 +71,11 @@ def http_client(proxy: Proxy, transport: str, lib: Any = httpx) -> Any:
                       http2=transport == "h2", timeout=30)
 
 
+def openai_sdk(up, http: httpx.Client) -> openai.OpenAI:
+    """The openai SDK for the mock ``up``, over ``http`` (through the proxy)."""
+    return openai.OpenAI(base_url=f"{up.url}/v1", api_key="sk-test", max_retries=0, http_client=http)
+
+
 def assert_stopped(proxy: Proxy, up, mock_id: str, shown: str, finish: str) -> dict:
     """The record of a stream blocked mid-way, and the upstream told to stop; ``finish``:
     the stop reason the client received, which the record's ``finish_reasons`` repeat."""
@@ -101,7 +106,7 @@ def test_openai_chat_stream_finishes_with_content_filter(guarded, upstreams, tra
     up = upstreams[transport]
     mock_id, headers = ids()
     with http_client(guarded, transport) as http:
-        client = openai.OpenAI(base_url=f"{up.url}/v1", api_key="sk-test", max_retries=0, http_client=http)
+        client = openai_sdk(up, http)
         chunks = list(client.chat.completions.create(model="gpt-4o", messages=MESSAGES, stream=True,
                                                      extra_headers=headers))
     shown = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
@@ -113,7 +118,7 @@ def test_openai_chat_stream_helper_raises_its_content_filter_error(guarded, upst
     up = upstreams[transport]
     mock_id, headers = ids()
     with http_client(guarded, transport) as http:
-        client = openai.OpenAI(base_url=f"{up.url}/v1", api_key="sk-test", max_retries=0, http_client=http)
+        client = openai_sdk(up, http)
         with pytest.raises(openai.ContentFilterFinishReasonError) as filtered, client.chat.completions.stream(
                 model="gpt-4o", messages=MESSAGES, extra_headers=headers) as stream:
             stream.get_final_completion()  # the SDK's own outcome of a content_filter finish
@@ -126,7 +131,7 @@ def test_openai_responses_stream_ends_incomplete_by_content_filter(guarded, upst
     up = upstreams[transport]
     mock_id, headers = ids()
     with http_client(guarded, transport) as http:
-        client = openai.OpenAI(base_url=f"{up.url}/v1", api_key="sk-test", max_retries=0, http_client=http)
+        client = openai_sdk(up, http)
         events = list(client.responses.create(model="gpt-5", input="hi", stream=True, extra_headers=headers))
     shown = "".join(e.delta for e in events if e.type == "response.output_text.delta")
     final = events[-1]
@@ -140,7 +145,7 @@ def test_openai_responses_stream_helper_ends_on_the_incomplete_response(guarded,
     up = upstreams[transport]
     mock_id, headers = ids()
     with http_client(guarded, transport) as http:
-        client = openai.OpenAI(base_url=f"{up.url}/v1", api_key="sk-test", max_retries=0, http_client=http)
+        client = openai_sdk(up, http)
         with client.responses.stream(model="gpt-5", input="hi", extra_headers=headers) as stream:
             events = list(stream)
             with pytest.raises(RuntimeError, match=r"response\.completed"):  # as for any incomplete response
@@ -249,7 +254,7 @@ def test_a_held_chat_answer_is_replaced_by_a_content_filter_finish(guarded, upst
     up = upstreams["h1"]
     mock_id, headers = ids()
     with http_client(guarded, "h1") as http:
-        client = openai.OpenAI(base_url=f"{up.url}/v1", api_key="sk-test", max_retries=0, http_client=http)
+        client = openai_sdk(up, http)
         answer = client.chat.completions.create(model="gpt-4o", messages=MESSAGES, extra_headers=headers)
     assert (answer.choices[0].finish_reason, answer.choices[0].message.content) == ("content_filter", None)
     assert answer.usage is not None and answer.usage.total_tokens > 0, "the usage the upstream reported"
@@ -265,7 +270,7 @@ def test_a_filtered_answer_that_cannot_be_made_is_the_dialects_error_never_the_h
         up = upstreams["h1"]
         mock_id, headers = ids()
         with http_client(proxy, "h1") as http:
-            client = openai.OpenAI(base_url=f"{up.url}/v1", api_key="sk-test", max_retries=0, http_client=http)
+            client = openai_sdk(up, http)
             with pytest.raises(openai.BadRequestError) as refused:
                 client.chat.completions.create(model="gpt-4o", messages=MESSAGES, extra_headers=headers)
         assert refused.value.code == "content_filter" and WORD not in str(refused.value.body)
@@ -279,7 +284,7 @@ def test_a_held_responses_answer_is_replaced_by_an_incomplete_response(guarded, 
     up = upstreams["h1"]
     mock_id, headers = ids()
     with http_client(guarded, "h1") as http:
-        client = openai.OpenAI(base_url=f"{up.url}/v1", api_key="sk-test", max_retries=0, http_client=http)
+        client = openai_sdk(up, http)
         answer = client.responses.create(model="gpt-5", input="hi", extra_headers=headers)
     assert (answer.status, answer.incomplete_details.reason, answer.output_text) == (
         "incomplete", "content_filter", "")
@@ -378,7 +383,7 @@ def test_a_failing_output_filter_stops_or_passes_the_stream_by_policy(tmp_path, 
     try:
         mock_id = uuid.uuid4().hex
         with http_client(proxy, "h1") as http:
-            client = openai.OpenAI(base_url=f"{up.url}/v1", api_key="sk-test", max_retries=0, http_client=http)
+            client = openai_sdk(up, http)
             chunks = list(client.chat.completions.create(
                 model="gpt-4o", messages=MESSAGES, stream=True,
                 extra_headers={"x-mock": "events=20&text=" + TEXT.replace(" ", "+"), "x-mock-id": mock_id}))
@@ -403,7 +408,7 @@ def test_a_blocked_tool_call_argument_stops_the_stream(tmp_path, upstreams):
     try:
         up, mock_id = upstreams["h1"], uuid.uuid4().hex
         with http_client(proxy, "h1") as http:
-            client = openai.OpenAI(base_url=f"{up.url}/v1", api_key="sk-test", max_retries=0, http_client=http)
+            client = openai_sdk(up, http)
             chunks = list(client.chat.completions.create(
                 model="gpt-4o", messages=MESSAGES, stream=True,
                 extra_headers={"x-mock": "tool=get_weather&delay=0.02", "x-mock-id": mock_id}))
