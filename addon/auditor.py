@@ -35,7 +35,7 @@ import logging
 import time
 from collections.abc import Callable, Iterable
 
-from addon.decoding import DecodeBudget, Decoder, DecodeError, make_decoder
+from addon.decoding import DecodeBudget, DecodeError, Decoder, make_decoder
 from addon.dialects import Dialect, Normalizer, RequestSummary, detect_response
 from addon.dialects.blocking import block_message
 from addon.events import Event, StreamEnd
@@ -346,8 +346,11 @@ class StreamAuditor:
         raw = f"{record.bytes_from_upstream} bytes from the upstream, sha256 {self.sha256.hexdigest()}"
         decoded = self.decoder.decoded if self.decoder is not None and self.decoder.encoded else None
         if record.content_truncated or self.too_large:
-            what = (f"body over {self.max_record_bytes} bytes not kept" if self.too_large else
-                    f"kept {record.content_kept} of {record.content_bytes} content bytes")
+            what = (
+                f"body over {self.max_record_bytes} bytes not kept"
+                if self.too_large
+                else f"kept {record.content_kept} of {record.content_bytes} content bytes"
+            )
             record.add_finding("content_truncated", f"{what} (cap {self.max_record_bytes}); {raw}")
         if self._over_budget:
             sizes = f"; {decoded} bytes decoded" if decoded is not None else ""

@@ -47,9 +47,9 @@ from addon.dialects import (
     media_type,
     parse_json_body,
 )
+from addon.framing.sse import SSEParser
 from addon.hosts import server_name
 from addon.record import OUTCOME_COMPLETE, ExchangeRecord
-from addon.framing.sse import SSEParser
 from exchange import transcript
 
 METADATA_KEY = "llm_audit"
@@ -124,14 +124,22 @@ def read_response(flow: http.HTTPFlow, data: bytes) -> ExchangeRecord:
     if dialect is None:
         raise ValueError("not an inference exchange")
     summary = dialect.summarize(body(), view)
-    record = ExchangeRecord(dialect=dialect.name, provider=dialect.provider_for(
-        server_name(flow.request.host, flow.client_conn.sni, flow.request.host_header)),
-                            http_status=response.status_code)
+    record = ExchangeRecord(
+        dialect=dialect.name,
+        provider=dialect.provider_for(server_name(flow.request.host, flow.client_conn.sni, flow.request.host_header)),
+        http_status=response.status_code,
+    )
     summary_into_record(record, summary)
     event_stream = media_type(response.headers.get("content-type", ""))[0] == "text/event-stream"
     # The whole body is in memory already: no event needs skipping to bound it.
-    auditor = StreamAuditor(record, dialect.normalizer(summary), None, max(len(data) + 1, 1024),
-                            event_stream=event_stream, max_record_bytes=len(data) + 1)
+    auditor = StreamAuditor(
+        record,
+        dialect.normalizer(summary),
+        None,
+        max(len(data) + 1, 1024),
+        event_stream=event_stream,
+        max_record_bytes=len(data) + 1,
+    )
     auditor.feed(data)
     auditor.end()
     record.finish(OUTCOME_COMPLETE)

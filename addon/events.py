@@ -140,6 +140,15 @@ class Finding:
 
 
 Event = (
-    ResponseMeta | TextDelta | TextEnd | ShownText | ToolCallDelta | Finish | Usage | StreamError | StreamEnd | Replayed
+    ResponseMeta
+    | TextDelta
+    | TextEnd
+    | ShownText
+    | ToolCallDelta
+    | Finish
+    | Usage
+    | StreamError
+    | StreamEnd
+    | Replayed
     | Finding
 )

@@ -65,4 +65,3 @@ CODES: dict[str, str] = {
     "the deltas are recorded, the final text was checked by the output filters.",
     "unknown_content_part": "A content part of a type the dialect does not know; its strings were read as answer text.",
 }
-

@@ -14,8 +14,8 @@ try:
 except ModuleNotFoundError:
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from addon import contentview  # noqa: E402
-from addon.proxy import LLMAudit  # noqa: E402
+from addon import contentview
+from addon.proxy import LLMAudit
 
 contentview.register()
 addons = [LLMAudit()]

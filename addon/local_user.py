@@ -69,12 +69,12 @@ def _proc_address(address: ipaddress.IPv4Address | ipaddress.IPv6Address, port: 
     """``address:port`` as ``/proc/net/tcp*`` writes it: the address as 32-bit words in
     the host's byte order, in hexadecimal, and the port in hexadecimal."""
     packed = address.packed
-    words = b"".join(int.from_bytes(packed[i:i + 4], "big").to_bytes(4, sys.byteorder)
-                     for i in range(0, len(packed), 4))
+    words = b"".join(
+        int.from_bytes(packed[i : i + 4], "big").to_bytes(4, sys.byteorder) for i in range(0, len(packed), 4)
+    )
     return f"{words.hex().upper()}:{port:04X}"
 
 
 def is_transparent(mode: object) -> bool:
     """Whether a connection came in by transparent mode (the kernel redirected it here)."""
     return getattr(mode, "type_name", None) == "transparent"
-

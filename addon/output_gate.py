@@ -32,11 +32,12 @@ from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from addon.events import Event, Finish, ShownText, StreamEnd, StreamError, TextDelta, TextEnd, ToolCallDelta
 from addon.dialects import Normalizer
+from addon.events import Event, Finish, ShownText, StreamEnd, StreamError, TextDelta, TextEnd, ToolCallDelta
 from addon.filters.api import BLOCK, FLAG, Verdict
 from addon.filters.engine import FILTER_ERROR, OutputGuard, Release, StreamKey
 from addon.framing import Frame
+
 
 @dataclass(slots=True)
 class _Held:
@@ -55,8 +56,9 @@ class OutputGate:
     Content-Encoding, so raw offsets are decoded offsets and chunks may be cut.
     """
 
-    def __init__(self, guard: OutputGuard, forwarded: Normalizer, *, holds: bool, split_raw: bool,
-                 failure: str) -> None:
+    def __init__(
+        self, guard: OutputGuard, forwarded: Normalizer, *, holds: bool, split_raw: bool, failure: str
+    ) -> None:
         self.guard = guard
         self.forwarded = forwarded
         forwarded.keeps_delivered = True  # it reads only what the client gets: its termination may repeat it
@@ -115,8 +117,9 @@ class OutputGate:
         """
         if self.blocked is not None or not self.holds:
             return
-        verdict = Verdict(FLAG if self.failure == "open" else BLOCK, FILTER_ERROR, reason, filter="llm-audit",
-                          location="output")
+        verdict = Verdict(
+            FLAG if self.failure == "open" else BLOCK, FILTER_ERROR, reason, filter="llm-audit", location="output"
+        )
         self.verdicts.append(verdict)
         if verdict.action == FLAG:
             self.holds = False

@@ -19,7 +19,7 @@ from typing import Any
 
 from mitmproxy.utils import strutils
 
-from addon.redact import is_credential_header, holds_secret, redact_query, redacted
+from addon.redact import holds_secret, is_credential_header, redact_query, redacted
 
 _PATCHED = "_llm_audit_redacting"
 # A query string in printed text: up to white space, an escape sequence or a fragment.

@@ -29,9 +29,9 @@ import functools
 import logging
 import shlex
 import socket
-from pathlib import Path
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from mitmproxy import http
@@ -57,9 +57,9 @@ from addon.filters.api import BLOCK, RequestContext, Verdict
 from addon.filters.engine import FILTER_ERROR, FilterSet
 from addon.filters.loader import FilterFiles
 from addon.filters.rules import RulesError, load_rules
+from addon.framing import select
 from addon.hosts import server_name
 from addon.local_user import is_transparent, local_user
-from addon.framing import select
 from addon.output_gate import OutputGate
 from addon.record import (
     DEFAULT_MAX_RECORD_BYTES,
@@ -86,13 +86,20 @@ from storage.writer import AuditWriter
 log = logging.getLogger(__name__)
 
 DEFAULT_MAX_EVENT_BYTES = 8 * 1024 * 1024
-CHECKPOINT_OPTIONS = ("llm_audit_signing_key", "llm_audit_checkpoints", "llm_audit_checkpoint_every",
-                      "llm_audit_checkpoint_minutes", "llm_audit_checkpoint_command")
+CHECKPOINT_OPTIONS = (
+    "llm_audit_signing_key",
+    "llm_audit_checkpoints",
+    "llm_audit_checkpoint_every",
+    "llm_audit_checkpoint_minutes",
+    "llm_audit_checkpoint_command",
+)
 DEFAULT_VIEW_BYTES = 4 * 1024 * 1024
 # Byte-size options: (option, attribute, smallest value); a smaller one is refused in one line.
-SIZE_OPTIONS = (("llm_audit_max_event_bytes", "max_event_bytes", 1024),
-                ("llm_audit_max_record_bytes", "max_record_bytes", 1024),
-                ("llm_audit_view_bytes", "view_bytes", 0))
+SIZE_OPTIONS = (
+    ("llm_audit_max_event_bytes", "max_event_bytes", 1024),
+    ("llm_audit_max_record_bytes", "max_record_bytes", 1024),
+    ("llm_audit_view_bytes", "view_bytes", 0),
+)
 START_GRACE = 1.0  # seconds after loading by which the addon must be recording
 
 
@@ -275,8 +282,12 @@ class LLMAudit:
         proxy would serve traffic unaudited. Say so first; an error at start-up stops it."""
         for name, value in getattr(options, "deferred", {}).items():
             values = getattr(value, "val", None)
-            if name.startswith(("llm_audit_", "llm_rules", "llm_filter")) and isinstance(values, list) \
-                    and len(values) > 1 and name != "llm_filters":
+            if (
+                name.startswith(("llm_audit_", "llm_rules", "llm_filter"))
+                and isinstance(values, list)
+                and len(values) > 1
+                and name != "llm_filters"
+            ):
                 self.problem = f"{name} is set more than once ({', '.join(repr(v) for v in values)})"
                 log.error(f"llm-audit: {self.problem}; set it once (with --set or in config.yaml, not both)")
 
@@ -296,9 +307,15 @@ class LLMAudit:
         await asyncio.sleep(START_GRACE)
         if self.writer is not None and self.configured:
             return
-        self._stop_unrecorded(self.problem or ("mitmproxy did not configure the addon; see the lines above"
-                                               if not self.configured else "no audit database is open; see the lines above"),
-                              master)
+        self._stop_unrecorded(
+            self.problem
+            or (
+                "mitmproxy did not configure the addon; see the lines above"
+                if not self.configured
+                else "no audit database is open; see the lines above"
+            ),
+            master,
+        )
 
     def _stop_unrecorded(self, cause: str, master: Any = None) -> None:
         """The one line that says the proxy is not recording, then stop it."""
@@ -325,10 +342,13 @@ class LLMAudit:
             self.instance = ctx.options.llm_audit_instance or socket.gethostname()
         if updated & {"llm_audit_db", "llm_audit_spool", "llm_audit_instance", *CHECKPOINT_OPTIONS}:
             spool = ctx.options.llm_audit_spool or str(default_spool_path(self.instance))
-            self._open_database(ctx.options.llm_audit_db or default_url(), Path(spool).expanduser(),
-                                self._checkpointer(ctx.options))
+            self._open_database(
+                ctx.options.llm_audit_db or default_url(), Path(spool).expanduser(), self._checkpointer(ctx.options)
+            )
             if self.writer is None and self.running_:
-                self._stop_unrecorded("the audit database could not be opened after an option change; see the line above")
+                self._stop_unrecorded(
+                    "the audit database could not be opened after an option change; see the line above"
+                )
         if updated & {"llm_audit_db", "llm_audit_spool", "llm_audit_instance", "llm_audit_retention_days"}:
             self._schedule_retention(ctx.options.llm_audit_retention_days)
         if updated & {"llm_rules", "llm_filters", "llm_filter_failure"}:
@@ -371,10 +391,14 @@ class LLMAudit:
 
     def _checkpointer(self, options: Any) -> Checkpointer | None:
         """Signs this proxy's chain head; None (and an error line) when the key is unusable."""
-        key_path = Path(options.llm_audit_signing_key).expanduser() if options.llm_audit_signing_key \
-            else default_key_path()
-        directory = Path(options.llm_audit_checkpoints).expanduser() if options.llm_audit_checkpoints \
+        key_path = (
+            Path(options.llm_audit_signing_key).expanduser() if options.llm_audit_signing_key else default_key_path()
+        )
+        directory = (
+            Path(options.llm_audit_checkpoints).expanduser()
+            if options.llm_audit_checkpoints
             else default_checkpoint_dir()
+        )
         try:
             key = load_or_create_key(key_path)
         except (CheckpointError, OSError) as e:
@@ -385,8 +409,14 @@ class LLMAudit:
         except ValueError as e:
             log.error(f"llm-audit: llm_audit_checkpoint_command cannot be read ({e}); quote it as a shell would")
             return None
-        return Checkpointer(directory, key, self.instance, every=max(options.llm_audit_checkpoint_every, 0),
-                            seconds=max(options.llm_audit_checkpoint_minutes, 0) * 60.0, command=command)
+        return Checkpointer(
+            directory,
+            key,
+            self.instance,
+            every=max(options.llm_audit_checkpoint_every, 0),
+            seconds=max(options.llm_audit_checkpoint_minutes, 0) * 60.0,
+            command=command,
+        )
 
     def _open_database(self, url: str, spool_path: Path, checkpointer: Checkpointer | None) -> None:
         """Open the database and its writer; a URL that does not work leaves the writer
@@ -429,13 +459,13 @@ class LLMAudit:
     def request(self, flow: http.HTTPFlow) -> None:
         try:
             self._open(flow)
-        except Exception:  # noqa: BLE001 - auditing must never break a request
+        except Exception:  # auditing must never break a request
             log.exception("llm-audit: failed to inspect a request; it is forwarded unaudited")
 
     def responseheaders(self, flow: http.HTTPFlow) -> None:
         try:
             self._attach_tap(flow)
-        except Exception:  # noqa: BLE001
+        except Exception:  # the record is written whatever happens
             log.exception("llm-audit: failed to inspect a response; it is forwarded unaudited")
 
     def response(self, flow: http.HTTPFlow) -> None:
@@ -450,7 +480,7 @@ class LLMAudit:
     def _record_complete(self, flow: http.HTTPFlow, audit: FlowAudit) -> None:
         try:
             self._complete(flow, audit)
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:  # the record is written whatever happens
             log.exception("llm-audit: failed to finish a record")
             audit.record.add_finding("audit_internal_error", f"{type(e).__name__}: {e}"[:300])
             audit.record.finish(OUTCOME_COMPLETE)
@@ -464,7 +494,7 @@ class LLMAudit:
             return
         try:
             outcome = abort_side(flow)  # now: the connection states tell it only while the flow ends
-        except Exception:  # noqa: BLE001 - the record is written whatever happens
+        except Exception:  # the record is written; this is only the UI
             log.exception("llm-audit: failed to tell who cut an exchange")
             outcome = OUTCOME_UPSTREAM_ABORTED
         if audit.auditor is not None and audit.auditor.pending:
@@ -490,7 +520,7 @@ class LLMAudit:
                 record.add_finding("response_refused", message[:300])
             elif flow.response is None and outcome == OUTCOME_UPSTREAM_ABORTED:
                 record.error_code, record.error_message = "upstream_error", message
-        except Exception as e:  # noqa: BLE001 - the record is written whatever happens
+        except Exception as e:  # our bug must not decide the policy
             log.exception("llm-audit: failed to settle an aborted exchange")
             record.add_finding("audit_internal_error", f"{type(e).__name__}: {e}"[:300])
             outcome = OUTCOME_UPSTREAM_ABORTED
@@ -590,28 +620,40 @@ class LLMAudit:
         handles) follows the failure policy too: ``closed`` blocks, ``open`` forwards.
         """
         try:
-            fields = dict(tools=summary.declared_tools or frozenset(), user_id=summary.user_id,
-                          session_id=summary.session_id, request_id=summary.request_id,
-                          client_address=record.client_address)
+            fields = dict(
+                tools=summary.declared_tools or frozenset(),
+                user_id=summary.user_id,
+                session_id=summary.session_id,
+                request_id=summary.request_id,
+                client_address=record.client_address,
+            )
             body = record.request_body
             if isinstance(body, str):  # not JSON to any reader: its raw text is checked, and the policy decides
-                context = RequestContext(dialect.name, None, (Message("user", body),), **fields,
-                                         unreadable=("the body is not JSON",))
+                context = RequestContext(
+                    dialect.name, None, (Message("user", body),), **fields, unreadable=("the body is not JSON",)
+                )
             else:
-                context = RequestContext.from_body(dialect.name, body if isinstance(body, (dict, list)) else None,
-                                                   **fields)
+                context = RequestContext.from_body(
+                    dialect.name, body if isinstance(body, (dict, list)) else None, **fields
+                )
             verdicts = filters.check_request(context)
-        except Exception as e:  # noqa: BLE001 - our bug must not decide the policy
+        except Exception as e:  # our bug must not let the blocked answer through
             log.exception("llm-audit: checking a request failed")
             action = BLOCK if filters.failure == "closed" else "flag"
-            verdicts = [Verdict(action, FILTER_ERROR, f"{type(e).__name__}: {e}"[:300], filter="llm-audit",
-                                location="request")]
+            verdicts = [
+                Verdict(action, FILTER_ERROR, f"{type(e).__name__}: {e}"[:300], filter="llm-audit", location="request")
+            ]
         record.verdicts.extend(v.as_dict() for v in verdicts)
         return next((v for v in verdicts if v.action == BLOCK), None)
 
     def _answer_blocked(
-        self, flow: http.HTTPFlow, record: ExchangeRecord, dialect: Dialect, summary: RequestSummary,
-        view: RequestView, block: Verdict,
+        self,
+        flow: http.HTTPFlow,
+        record: ExchangeRecord,
+        dialect: Dialect,
+        summary: RequestSummary,
+        view: RequestView,
+        block: Verdict,
     ) -> None:
         """Answer in the dialect's own terms for a blocked exchange (the request, or a held body)."""
         answer = dialect.blocked_response(summary, view, block.rule_id, block.reason, streaming=bool(summary.stream))
@@ -630,15 +672,18 @@ class LLMAudit:
         record = audit.record
         try:
             filtered = audit.normalizer.filtered_body(block.rule_id, block.reason)
-        except Exception as e:  # noqa: BLE001 - our bug must not let the blocked answer through
+        except Exception as e:
             log.exception("llm-audit: making the filtered answer failed; the dialect's error is sent")
             record.add_finding("audit_internal_error", f"filtered answer: {type(e).__name__}: {e}"[:300])
             filtered = None
-        answer = filtered or audit.dialect.blocked_response(audit.summary, audit.view, block.rule_id, block.reason,
-                                                             streaming=bool(audit.summary.stream))
+        answer = filtered or audit.dialect.blocked_response(
+            audit.summary, audit.view, block.rule_id, block.reason, streaming=bool(audit.summary.stream)
+        )
         flow.response = http.Response.make(answer.status, answer.body, dict(answer.headers))
-        record.block(block_message(block.rule_id, block.reason),
-                     [audit.normalizer.filter_stop_reason] if filtered is not None else [])
+        record.block(
+            block_message(block.rule_id, block.reason),
+            [audit.normalizer.filter_stop_reason] if filtered is not None else [],
+        )
         record.bytes_to_client = len(answer.body)
         record.delivered_text = ""
         if answer.status != record.http_status:
@@ -695,16 +740,27 @@ class LLMAudit:
             framing = select(content_type, resp.status_code, audit.normalizer.framing)
             _response_into_record(audit.record, resp)
             audit.auditor = StreamAuditor(
-                audit.record, audit.normalizer, encoding, self.max_event_bytes, framing=framing,
-                max_record_bytes=self.max_record_bytes, gate=_output_gate(audit, framing.streamed, encoding),
+                audit.record,
+                audit.normalizer,
+                encoding,
+                self.max_event_bytes,
+                framing=framing,
+                max_record_bytes=self.max_record_bytes,
+                gate=_output_gate(audit, framing.streamed, encoding),
             )
             if audit.filters is not None and audit.filters.may_block_output and not framing.streamed:
                 audit.held_body = True  # checked whole in the response hook, before the client gets it
                 return
         elif media_type(content_type)[0] == "text/event-stream":
             audit = self.flows[flow.id] = FlowAudit(None, None)
-            audit.auditor = StreamAuditor(None, None, encoding, self.max_event_bytes, on_claim=self._claimer(flow, audit),
-                                          max_record_bytes=self.max_record_bytes)
+            audit.auditor = StreamAuditor(
+                None,
+                None,
+                encoding,
+                self.max_event_bytes,
+                on_claim=self._claimer(flow, audit),
+                max_record_bytes=self.max_record_bytes,
+            )
         else:
             return
         if self.view_bytes:
@@ -742,7 +798,7 @@ class LLMAudit:
             if copy is not None and copy.data is not None and flow.response and flow.response.raw_content is None:
                 flow.response.raw_content = bytes(copy.data)
             annotate(flow, audit.record)
-        except Exception:  # noqa: BLE001 - the record is written; this is only the UI
+        except Exception:  # StreamAuditor guards itself; this is the last line
             log.exception("llm-audit: failed to annotate a flow")
 
     def _submit(self, record: ExchangeRecord) -> None:
@@ -797,7 +853,7 @@ def _tap(flow: http.HTTPFlow, auditor: StreamAuditor, copy: BodyCopy | None) -> 
             out = auditor.feed(chunk) if chunk else auditor.finish()
             if auditor.stopped and chunk:
                 early_end.end_after_this_chunk(flow)
-        except Exception:  # noqa: BLE001 - StreamAuditor guards itself; this is the last line
+        except Exception:
             log.exception("llm-audit: stream tap failed")
             out = chunk if auditor.gate is None else b""
         if copy is not None and out:
@@ -868,8 +924,10 @@ def _size_option(options: Any, name: str, minimum: int) -> int | None:
     value = getattr(options, name)
     if value >= minimum:
         return value
-    log.error(f"llm-audit: {name} must be at least {minimum} (bytes), got {value}; "
-              f"fix it with --set {name}={options.default(name)}")
+    log.error(
+        f"llm-audit: {name} must be at least {minimum} (bytes), got {value}; "
+        f"fix it with --set {name}={options.default(name)}"
+    )
     return None
 
 

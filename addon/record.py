@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 import uuid
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from addon.dialects.blocking import FILTERED_CODE
@@ -323,8 +323,9 @@ class ExchangeRecord:
             "output_text": output_text,
             "output": {"choices": choices, "tool_calls": tool_calls},
             "tool_calls": [t.as_dict() for t in self.tool_calls.values()],
-            "finish_reasons": self.client_finish_reasons if self.client_finish_reasons is not None else
-                              [c["finish_reason"] for c in choices if c["finish_reason"] is not None],
+            "finish_reasons": self.client_finish_reasons
+            if self.client_finish_reasons is not None
+            else [c["finish_reason"] for c in choices if c["finish_reason"] is not None],
             "input_tokens": self.usage.get("input_tokens"),
             "output_tokens": self.usage.get("output_tokens"),
             "cache_read_input_tokens": self.usage.get("cache_read_input_tokens"),
@@ -346,4 +347,4 @@ class ExchangeRecord:
 
 def _ts(t: float | None) -> datetime | None:
     """Epoch seconds to an aware UTC datetime (the storage layer's time type)."""
-    return None if t is None else datetime.fromtimestamp(t, tz=timezone.utc)
+    return None if t is None else datetime.fromtimestamp(t, tz=UTC)

@@ -33,21 +33,50 @@ from addon.filters.detectors import secrets_matcher
 NOT_CREDENTIALS = frozenset({"idempotency-key", "x-idempotency-key", "sec-websocket-key", "sec-websocket-accept"})
 # Names that are credentials although no word in them says so.
 CREDENTIAL_HEADERS = frozenset({"cookie", "set-cookie", "x-amz-security-token", "x-csrf-token"})
-CREDENTIAL_QUERY_PARAMS = frozenset({"code", "sig", "signature", "x-amz-signature", "x-amz-credential",
-                                     "x-amz-security-token"})
+CREDENTIAL_QUERY_PARAMS = frozenset(
+    {"code", "sig", "signature", "x-amz-signature", "x-amz-credential", "x-amz-security-token"}
+)
 # A name with one of these words (or a word starting with "auth", or ending with one of
 # CREDENTIAL_SUFFIXES) is a credential.
-CREDENTIAL_WORDS = frozenset({
-    "key", "apikey", "token", "secret", "secrets", "password", "passwd", "pwd", "passphrase", "auth",
-    "authorization", "authentication", "signature", "sig", "credential", "credentials", "bearer", "jwt",
-    "cookie", "sas", "otp", "private",
-})
+CREDENTIAL_WORDS = frozenset(
+    {
+        "key",
+        "apikey",
+        "token",
+        "secret",
+        "secrets",
+        "password",
+        "passwd",
+        "pwd",
+        "passphrase",
+        "auth",
+        "authorization",
+        "authentication",
+        "signature",
+        "sig",
+        "credential",
+        "credentials",
+        "bearer",
+        "jwt",
+        "cookie",
+        "sas",
+        "otp",
+        "private",
+    }
+)
 CREDENTIAL_SUFFIXES = ("key", "token", "secret", "password")
 _WORD = re.compile(r"[-_.\s]+")
 _CAMEL = re.compile(r"(?<=[a-z0-9])(?=[A-Z])")
 # Headers that identify the credential used, in order of preference.
-KEY_HEADERS = ("x-api-key", "api-key", "x-goog-api-key", "ocp-apim-subscription-key", "cf-aig-authorization",
-               "x-functions-key", "authorization")
+KEY_HEADERS = (
+    "x-api-key",
+    "api-key",
+    "x-goog-api-key",
+    "ocp-apim-subscription-key",
+    "cf-aig-authorization",
+    "x-functions-key",
+    "authorization",
+)
 SCHEMES = ("bearer ", "basic ", "token ")
 _SECRETS = secrets_matcher().regex
 

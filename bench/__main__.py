@@ -38,10 +38,16 @@ SECTIONS: dict[str, tuple[Callable[[Sizes, Path], dict[str, Any]], Callable[[dic
 def _args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="scripts/bench", description=__doc__.split("\n\n")[0])
     parser.add_argument("--smoke", action="store_true", help="tiny sizes: checks that every section works")
-    parser.add_argument("--out", type=Path, default=ROOT / "bench-results" / "results.json", help="the JSON file of results")
+    parser.add_argument(
+        "--out", type=Path, default=ROOT / "bench-results" / "results.json", help="the JSON file of results"
+    )
     parser.add_argument("--only", default="", help=f"comma-separated sections of {', '.join(SECTIONS)}")
-    parser.add_argument("--profile", type=Path, metavar="DIR",
-                        help="also profile the audit pipelines (pyinstrument) and the audit proxy (py-spy) into DIR")
+    parser.add_argument(
+        "--profile",
+        type=Path,
+        metavar="DIR",
+        help="also profile the audit pipelines (pyinstrument) and the audit proxy (py-spy) into DIR",
+    )
     return parser.parse_args(argv)
 
 
@@ -49,10 +55,18 @@ def filters_view(proxy: dict[str, Any]) -> dict[str, Any]:
     """Section 3 out of the proxy loads: what 100 regex rules + secrets add over the plain audit."""
     if "levels" not in proxy:
         return proxy
-    return {"rules": "100 regex rules + secrets detector, scope both, action block (bench/rules.py)",
-            "levels": [{"concurrency": lv["concurrency"], "filters_vs_audit": lv["vs_plain"]["filters/audit"],
-                        "filters": lv["variants"]["filters"], "audit": lv["variants"]["audit"]}
-                       for lv in proxy["levels"]]}
+    return {
+        "rules": "100 regex rules + secrets detector, scope both, action block (bench/rules.py)",
+        "levels": [
+            {
+                "concurrency": lv["concurrency"],
+                "filters_vs_audit": lv["vs_plain"]["filters/audit"],
+                "filters": lv["variants"]["filters"],
+                "audit": lv["variants"]["audit"],
+            }
+            for lv in proxy["levels"]
+        ],
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -64,10 +78,18 @@ def main(argv: list[str] | None = None) -> int:
         print(f"scripts/bench: unknown section {', '.join(unknown)} (known: {', '.join(SECTIONS)})", file=sys.stderr)
         return 2
     command = "scripts/bench" + "".join(f" {shlex.quote(a)}" for a in (argv if argv is not None else sys.argv[1:]))
-    document: dict[str, Any] = {"command": command, "date": report.now(), "smoke": args.smoke,
-                                "machine": report.machine(), "sizes": sizes.__dict__, "results": {}}
-    header = (f"{command}  ({document['date']}, {document['machine']['cores']} cores: "
-              f"{document['machine']['cpu'] or 'unknown CPU'}, load {document['machine']['load_average_at_start'][0]:.2f})")
+    document: dict[str, Any] = {
+        "command": command,
+        "date": report.now(),
+        "smoke": args.smoke,
+        "machine": report.machine(),
+        "sizes": sizes.__dict__,
+        "results": {},
+    }
+    header = (
+        f"{command}  ({document['date']}, {document['machine']['cores']} cores: "
+        f"{document['machine']['cpu'] or 'unknown CPU'}, load {document['machine']['load_average_at_start'][0]:.2f})"
+    )
     print(header, flush=True)
     failed = False
     with tempfile.TemporaryDirectory(prefix="llm-audit-bench-") as tmp:

@@ -45,13 +45,24 @@ class StreamResult:
 
 def build_request(target: Target, path: str, headers: dict[str, str], body: bytes) -> bytes:
     host = target.origin.removeprefix("http://")
-    lines = [f"POST {target.request_target(path)} HTTP/1.1", f"Host: {host}", f"Content-Length: {len(body)}",
-             "Connection: close", *(f"{k}: {v}" for k, v in headers.items())]
+    lines = [
+        f"POST {target.request_target(path)} HTTP/1.1",
+        f"Host: {host}",
+        f"Content-Length: {len(body)}",
+        "Connection: close",
+        *(f"{k}: {v}" for k, v in headers.items()),
+    ]
     return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
 
 
-async def stream(target: Target, request: bytes, *, timeout: float = 300.0, hold: asyncio.Event | None = None,
-                 on_first_byte: asyncio.Event | None = None) -> StreamResult:
+async def stream(
+    target: Target,
+    request: bytes,
+    *,
+    timeout: float = 300.0,
+    hold: asyncio.Event | None = None,
+    on_first_byte: asyncio.Event | None = None,
+) -> StreamResult:
     """Send ``request`` and read the streamed answer to its end (or until ``hold`` is set).
 
     ``hold``: an idle-stream client stops reading once it has seen the first body
@@ -76,8 +87,13 @@ async def stream(target: Target, request: bytes, *, timeout: float = 300.0, hold
     return result
 
 
-async def _read(reader: asyncio.StreamReader, result: StreamResult, sent_at: float,
-                hold: asyncio.Event | None, on_first_byte: asyncio.Event | None) -> None:
+async def _read(
+    reader: asyncio.StreamReader,
+    result: StreamResult,
+    sent_at: float,
+    hold: asyncio.Event | None,
+    on_first_byte: asyncio.Event | None,
+) -> None:
     head = b""
     while b"\r\n\r\n" not in head:
         data = await reader.read(READ_SIZE)
@@ -105,7 +121,7 @@ async def _read(reader: asyncio.StreamReader, result: StreamResult, sent_at: flo
             for m in STAMP.finditer(scan):
                 delays.append(now - int(m[1]))
                 end = m.end()
-            carry = scan[max(end, len(scan) - STAMP_LEN):]
+            carry = scan[max(end, len(scan) - STAMP_LEN) :]
             tail = (tail + body)[-16:]
         body = await reader.read(READ_SIZE)
         if not body:

@@ -103,4 +103,8 @@ def available() -> dict[str, Callable[[list[bytes]], list[Any]] | None]:
 
 def as_whatwg(event: Any) -> dict[str, str]:
     """An event as a WHATWG ``MessageEvent`` shows it (type defaulting to "message", id "")."""
-    return {"event": getattr(event, "event", None) or "message", "data": event.data, "id": getattr(event, "id", None) or ""}
+    return {
+        "event": getattr(event, "event", None) or "message",
+        "data": event.data,
+        "id": getattr(event, "id", None) or "",
+    }

@@ -60,8 +60,9 @@ def _target(mock: Mock, proxy: Proxy) -> Target:
 
 async def _hold_idle(target: Target, count: int, proxy: Proxy) -> tuple[int, int]:
     """Open ``count`` streams, wait until each has its first event, read RSS, close them all."""
-    request = build_request(target, API.target, API.headers | {"x-mock": f"events=2&delay={IDLE_WAIT}"},
-                            request_bytes(API))
+    request = build_request(
+        target, API.target, API.headers | {"x-mock": f"events=2&delay={IDLE_WAIT}"}, request_bytes(API)
+    )
     hold = asyncio.Event()
     arrived = [asyncio.Event() for _ in range(count)]
 
@@ -91,8 +92,9 @@ def _rows_completed(proxy: Proxy) -> int:
 def _big(mock: Mock, proxy: Proxy, nbytes: int) -> dict[str, Any]:
     events = max(1, nbytes // BIG_EVENT_TEXT)
     target = _target(mock, proxy)
-    request = build_request(target, API.target, API.headers | {"x-mock": f"events={events}&size={BIG_EVENT_TEXT}"},
-                            request_bytes(API))
+    request = build_request(
+        target, API.target, API.headers | {"x-mock": f"events={events}&size={BIG_EVENT_TEXT}"}, request_bytes(API)
+    )
     rows_before = _rows_completed(proxy)
     before = proxy.rss()
     with Sampler(proxy) as sampler:
@@ -132,8 +134,13 @@ def _variant(sizes: Sizes, tmp: Path, mock: Mock, variant: str, cpus: set[int]) 
         time.sleep(0.5)
         before = proxy.rss()
         rss_open, opened = asyncio.run(_hold_idle(target, sizes.idle_streams, proxy))
-        idle = {"streams": sizes.idle_streams, "opened": opened, "rss_before": before, "rss_open": rss_open,
-                "per_stream": (rss_open - before) / sizes.idle_streams}
+        idle = {
+            "streams": sizes.idle_streams,
+            "opened": opened,
+            "rss_before": before,
+            "rss_open": rss_open,
+            "per_stream": (rss_open - before) / sizes.idle_streams,
+        }
         time.sleep(1.0)
         return {"idle": idle, "big": _big(mock, proxy, sizes.big_stream_bytes)}
     finally:
@@ -150,7 +157,8 @@ def measure(sizes: Sizes, tmp: Path) -> dict[str, Any]:
     plain, audit = out["plain"], out["audit"]
     out["summary"] = {
         "idle_added_per_stream": audit["idle"]["per_stream"] - plain["idle"]["per_stream"],
-        "big_added_per_text_byte": (audit["big"]["peak_growth"] - plain["big"]["peak_growth"]) / audit["big"]["text_bytes"],
+        "big_added_per_text_byte": (audit["big"]["peak_growth"] - plain["big"]["peak_growth"])
+        / audit["big"]["text_bytes"],
     }
     return out
 
@@ -160,12 +168,18 @@ def table(result: dict[str, Any]) -> list[str]:
     lines = ["5. Memory (proxy RSS)"]
     for variant in ("plain", "audit"):
         i, b = result[variant]["idle"], result[variant]["big"]
-        lines.append(f"  {variant:<6} {i['opened']}/{i['streams']} idle streams: {i['rss_before'] / mb:.0f} -> "
-                     f"{i['rss_open'] / mb:.0f} MiB ({i['per_stream'] / 1024:.1f} KiB/stream)")
-        lines.append(f"  {variant:<6} one {b['text_bytes'] / mb:.0f} MiB stream: peak +{b['peak_growth'] / mb:.0f} MiB "
-                     f"({b['peak_growth_per_text_byte']:.2f} x text), +{b['retained_after'] / mb:.0f} MiB after, "
-                     f"{b['body_bytes'] / mb / b['seconds']:.1f} MiB/s")
+        lines.append(
+            f"  {variant:<6} {i['opened']}/{i['streams']} idle streams: {i['rss_before'] / mb:.0f} -> "
+            f"{i['rss_open'] / mb:.0f} MiB ({i['per_stream'] / 1024:.1f} KiB/stream)"
+        )
+        lines.append(
+            f"  {variant:<6} one {b['text_bytes'] / mb:.0f} MiB stream: peak +{b['peak_growth'] / mb:.0f} MiB "
+            f"({b['peak_growth_per_text_byte']:.2f} x text), +{b['retained_after'] / mb:.0f} MiB after, "
+            f"{b['body_bytes'] / mb / b['seconds']:.1f} MiB/s"
+        )
     s = result["summary"]
-    lines.append(f"  audit adds {s['idle_added_per_stream'] / 1024:.1f} KiB per idle stream and "
-                 f"{s['big_added_per_text_byte']:.2f} bytes per byte of streamed text at peak")
+    lines.append(
+        f"  audit adds {s['idle_added_per_stream'] / 1024:.1f} KiB per idle stream and "
+        f"{s['big_added_per_text_byte']:.2f} bytes per byte of streamed text at peak"
+    )
     return lines

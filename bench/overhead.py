@@ -51,8 +51,12 @@ def measure(sizes: Sizes, tmp: Path) -> dict[str, Any]:
             proxy.stop()  # SIGTERM: the addon writes everything queued before it exits
         mock.stop()
     recorded = {v: _recorded(p) for v, p in proxies.items() if p.db_url}
-    return {"levels": levels, "recorded": recorded, "pinned": {"proxy": sorted(proxy_cpus), "others": sorted(other_cpus)},
-            "summary": summarize(levels)}
+    return {
+        "levels": levels,
+        "recorded": recorded,
+        "pinned": {"proxy": sorted(proxy_cpus), "others": sorted(other_cpus)},
+        "summary": summarize(levels),
+    }
 
 
 def _target(mock: Mock, proxy: Proxy | None) -> Target:
@@ -124,7 +128,7 @@ def _level(sizes: Sizes, mock: Mock, proxies: dict[str, Proxy], count: int) -> d
     spread = max(sizes.paced_delay, count * 0.01)
     runs: dict[str, dict[str, list[dict[str, Any]]]] = {v: {"paced": [], "bulk": []} for v in VARIANTS}
     for run in range(sizes.proxy_runs):
-        order = VARIANTS[run % len(VARIANTS):] + VARIANTS[: run % len(VARIANTS)]
+        order = VARIANTS[run % len(VARIANTS) :] + VARIANTS[: run % len(VARIANTS)]
         for variant in order:
             runs[variant]["paced"].append(_load(mock, proxies[variant], count, paced, spread))
             runs[variant]["bulk"].append(_load(mock, proxies[variant], count, bulk, 0.0))
@@ -185,10 +189,14 @@ def summarize(levels: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def table(result: dict[str, Any]) -> list[str]:
-    head = (f"{'streams':>7} {'load':<6} {'variant':<8} {'MB/s':>7} {'CPU s/GB':>9} {'vs plain':>8} "
-            f"{'delay p50':>9} {'p99 ms':>7} {'+p99 ms':>7} {'TTFC p50':>8} {'+TTFC':>6} {'fail':>4}")
-    lines = ["2./3. Proxy overhead (medians over runs; paced = small deltas at a model's pace, bulk = 1 KiB deltas flat out)",
-             head]
+    head = (
+        f"{'streams':>7} {'load':<6} {'variant':<8} {'MB/s':>7} {'CPU s/GB':>9} {'vs plain':>8} "
+        f"{'delay p50':>9} {'p99 ms':>7} {'+p99 ms':>7} {'TTFC p50':>8} {'+TTFC':>6} {'fail':>4}"
+    )
+    lines = [
+        "2./3. Proxy overhead (medians over runs; paced = small deltas at a model's pace, bulk = 1 KiB deltas flat out)",
+        head,
+    ]
     for lv in result["levels"]:
         for load in ("paced", "bulk"):
             for variant in VARIANTS:
@@ -197,13 +205,19 @@ def table(result: dict[str, Any]) -> list[str]:
                 cpu_vs = f"{vs['cpu_ratio']:.2f}x" if vs else "-"
                 p99_add = f"{vs['delay_p99_added_ms']:+.2f}" if vs else "-"
                 ttfc_add = f"{vs['ttfc_p50_added_ms']:+.2f}" if vs else "-"
-                lines.append(f"{lv['concurrency']:>7} {load:<6} {variant:<8} {m['MB_per_s']:7.1f} {m['cpu_s_per_GB']:9.1f}"
-                             f" {cpu_vs:>8} {m['delay_ms_p50']:9.2f} {m['delay_ms_p99']:7.2f} {p99_add:>7}"
-                             f" {m['ttfc_ms_p50']:8.2f} {ttfc_add:>6} {m['failed']:>4}")
+                lines.append(
+                    f"{lv['concurrency']:>7} {load:<6} {variant:<8} {m['MB_per_s']:7.1f} {m['cpu_s_per_GB']:9.1f}"
+                    f" {cpu_vs:>8} {m['delay_ms_p50']:9.2f} {m['delay_ms_p99']:7.2f} {p99_add:>7}"
+                    f" {m['ttfc_ms_p50']:8.2f} {ttfc_add:>6} {m['failed']:>4}"
+                )
         d = lv["direct_paced"]
-        lines.append(f"{lv['concurrency']:>7} {'paced':<6} {'direct':<8} {d['MB_per_s']:7.1f} {'-':>9} {'-':>8}"
-                     f" {d['delay_ms_p50']:9.2f} {d['delay_ms_p99']:7.2f} {'-':>7} {d['ttfc_ms_p50']:8.2f} {'-':>6} {d['failed']:>4}")
+        lines.append(
+            f"{lv['concurrency']:>7} {'paced':<6} {'direct':<8} {d['MB_per_s']:7.1f} {'-':>9} {'-':>8}"
+            f" {d['delay_ms_p50']:9.2f} {d['delay_ms_p99']:7.2f} {'-':>7} {d['ttfc_ms_p50']:8.2f} {'-':>6} {d['failed']:>4}"
+        )
     s = result["summary"]
-    lines.append(f"audit vs plain, worst level: CPU {s['audit_cpu_added_max']:+.1%}, p99 per-event delay "
-                 f"{s['audit_delay_p99_added_ms_max']:+.2f} ms; rows recorded: {result['recorded']}")
+    lines.append(
+        f"audit vs plain, worst level: CPU {s['audit_cpu_added_max']:+.1%}, p99 per-event delay "
+        f"{s['audit_delay_p99_added_ms_max']:+.2f} ms; rows recorded: {result['recorded']}"
+    )
     return lines

@@ -36,8 +36,13 @@ def workloads(sizes: Sizes) -> list[tuple[str, str, list[bytes]]]:
     n = sizes.parse_events
     out = [(f"{name} deltas", name, stream_items(api, events=n)) for name, api in APIS.items()]
     out.append(("llm-stream deltas, CRLF", "llm-stream", stream_items(APIS["llm-stream"], events=n, crlf=True)))
-    out.append(("huge events", "llm-stream",
-                stream_items(APIS["llm-stream"], events=sizes.huge_events, size=sizes.huge_event_bytes)))
+    out.append(
+        (
+            "huge events",
+            "llm-stream",
+            stream_items(APIS["llm-stream"], events=sizes.huge_events, size=sizes.huge_event_bytes),
+        )
+    )
     return out
 
 
@@ -120,7 +125,10 @@ def correctness(impls: dict[str, Any]) -> dict[str, Any]:
         passed, failed = 0, []
         for vector in vectors:
             data = bytes.fromhex(vector["input_hex"]) if "input_hex" in vector else vector["input"].encode()
-            ok = all(_events_match(fn, chunks, vector["expected"]) for chunks in ([data], [data[i:i + 1] for i in range(len(data))]))
+            ok = all(
+                _events_match(fn, chunks, vector["expected"])
+                for chunks in ([data], [data[i : i + 1] for i in range(len(data))])
+            )
             if ok:
                 passed += 1
             else:
@@ -140,7 +148,9 @@ def _events_match(fn, chunks: list[bytes], expected: list[dict[str, str]]) -> bo
 def table(result: dict[str, Any]) -> list[str]:
     """Text lines: MB/s per decoder per workload and chunking, and the correctness counts."""
     impls = ["llm-audit", *PEERS, "llm-audit + normalizer"]
-    head = f"{'workload':<26} {'chunks':>6} {'events':>7} " + " ".join(f"{_short(i):>11}" for i in impls) + "   ours/best"
+    head = (
+        f"{'workload':<26} {'chunks':>6} {'events':>7} " + " ".join(f"{_short(i):>11}" for i in impls) + "   ours/best"
+    )
     lines = ["1. Parsing (MB/s; median of runs)", head]
     for row in result["rows"]:
         cells = " ".join(f"{row[i]['MB_per_s']:11.1f}" if "MB_per_s" in row.get(i, {}) else f"{'-':>11}" for i in impls)
@@ -148,16 +158,24 @@ def table(result: dict[str, Any]) -> list[str]:
         lines.append(f"{row['workload']:<26} {row['chunks']:>6} {row['events'] or 0:>7} {cells}   {vs:>8}")
     s = result["summary"]
     if s["median_vs_best_peer"] is not None:
-        lines.append(f"parser vs fastest peer: median {s['median_vs_best_peer']:.2f}x, min {s['min_vs_best_peer']:.2f}x,"
-                     f" {s['rows_at_2x']}/{s['rows']} rows at >= 2x")
+        lines.append(
+            f"parser vs fastest peer: median {s['median_vs_best_peer']:.2f}x, min {s['min_vs_best_peer']:.2f}x,"
+            f" {s['rows_at_2x']}/{s['rows']} rows at >= 2x"
+        )
     c = result["correctness"]
     if "skipped" in c:
         lines.append(f"WHATWG vectors: skipped ({c['skipped']})")
     else:
-        parts = [f"{_short(i)} {c[i]['passed']}/{c['vectors']}" for i in c if isinstance(c[i], dict) and "passed" in c[i]]
+        parts = [
+            f"{_short(i)} {c[i]['passed']}/{c['vectors']}" for i in c if isinstance(c[i], dict) and "passed" in c[i]
+        ]
         lines.append("WHATWG vectors passed (whole and byte by byte): " + ", ".join(parts))
     return lines
 
 
 def _short(impl: str) -> str:
-    return {"httpx-sse (decoder only)": "httpx-sse*", "llm-audit + normalizer": "ours+norm", "llm-audit": "llm-audit"}.get(impl, impl)
+    return {
+        "httpx-sse (decoder only)": "httpx-sse*",
+        "llm-audit + normalizer": "ours+norm",
+        "llm-audit": "llm-audit",
+    }.get(impl, impl)

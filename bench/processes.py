@@ -134,8 +134,9 @@ def start_mock(tmp: Path, cpus: set[int] | None = None) -> Mock:
     return Mock(proc, log, port)
 
 
-def start_proxy(tmp: Path, variant: str, *, rules: Path | None = None, cpus: set[int] | None = None,
-                extra: list[str] | None = None) -> Proxy:
+def start_proxy(
+    tmp: Path, variant: str, *, rules: Path | None = None, cpus: set[int] | None = None, extra: list[str] | None = None
+) -> Proxy:
     """mitmdump in one of three variants, on a free port, output quiet.
 
     ``plain``: streaming turned on for event streams, nothing else (what anyone
@@ -160,11 +161,20 @@ def start_proxy(tmp: Path, variant: str, *, rules: Path | None = None, cpus: set
     log = folder / "mitmdump.log"
     # its own state and data folders: the benchmark never writes spools, signing keys or
     # checkpoints into the user's own
-    env = os.environ | {"XDG_STATE_HOME": str(folder / "state"), "XDG_DATA_HOME": str(folder / "data"),
-                        "PYTHONUNBUFFERED": "1"}
+    env = os.environ | {
+        "XDG_STATE_HOME": str(folder / "state"),
+        "XDG_DATA_HOME": str(folder / "data"),
+        "PYTHONUNBUFFERED": "1",
+    }
     with log.open("wb") as out:
-        proc = subprocess.Popen([str(BIN / "mitmdump"), *args], cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, env=env)
+        proc = subprocess.Popen(
+            [str(BIN / "mitmdump"), *args],
+            cwd=ROOT,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=env,
+        )
     if cpus:
         pin(proc.pid, cpus)
     proxy = Proxy(proc, log, variant, port, db_url, args)

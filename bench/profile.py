@@ -70,9 +70,26 @@ def proxy(sizes: Sizes, folder: Path, tmp: Path, variant: str = "audit") -> dict
         overhead._warm_up(mock, {variant: server})
         count = max(sizes.concurrency)
         duration = int(sizes.paced_events * sizes.paced_delay + 3)
-        spy = subprocess.Popen([py_spy, "record", "--pid", str(server.pid), "--format", "raw", "--rate", "200",
-                                "--nonblocking", "--duration", str(duration), "--output", str(raw)],
-                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        spy = subprocess.Popen(
+            [
+                py_spy,
+                "record",
+                "--pid",
+                str(server.pid),
+                "--format",
+                "raw",
+                "--rate",
+                "200",
+                "--nonblocking",
+                "--duration",
+                str(duration),
+                "--output",
+                str(raw),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         paced = f"events={sizes.paced_events}&delay={sizes.paced_delay}&stamp=1"
         overhead._load(mock, server, count, paced, sizes.paced_delay)
         _, err = spy.communicate(timeout=duration + 60)

@@ -28,8 +28,9 @@ CLI = Path(sys.executable).parent / "llm-audit"
 
 
 def _run(args: list[str], timeout: float = 3600) -> subprocess.CompletedProcess:
-    return subprocess.run(args, check=False, cwd=ROOT, capture_output=True, text=True, timeout=timeout,
-                          stdin=subprocess.DEVNULL)
+    return subprocess.run(
+        args, check=False, cwd=ROOT, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL
+    )
 
 
 def _help(args: list[str]) -> str:
@@ -77,17 +78,28 @@ def _sample_values(path: Path) -> dict[str, str]:
         model = con.execute("SELECT request_model FROM exchanges WHERE request_model IS NOT NULL LIMIT 1").fetchone()
         newest = con.execute("SELECT max(started_at) FROM exchanges").fetchone()[0]
     end = datetime.fromisoformat(str(newest)[:19]) if newest else datetime.now()
-    return {"user": user[0] if user else "", "model": model[0] if model else "",
-            "since": (end - timedelta(days=7)).date().isoformat(), "until": end.date().isoformat()}
+    return {
+        "user": user[0] if user else "",
+        "model": model[0] if model else "",
+        "since": (end - timedelta(days=7)).date().isoformat(),
+        "until": end.date().isoformat(),
+    }
 
 
 def commands(values: dict[str, str]) -> dict[str, list[str]]:
     """The timed commands, built from the options ``list --help`` offers."""
     text = _help([str(CLI), "list"])
-    opts = {key: _option(text, *names) for key, names in {
-        "user": ("--user",), "model": ("--model",), "status": ("--status",), "since": ("--since",),
-        "until": ("--until",), "limit": ("--limit", "-n"),
-    }.items()}
+    opts = {
+        key: _option(text, *names)
+        for key, names in {
+            "user": ("--user",),
+            "model": ("--model",),
+            "status": ("--status",),
+            "since": ("--since",),
+            "until": ("--until",),
+            "limit": ("--limit", "-n"),
+        }.items()
+    }
     limit = [opts["limit"], "50"] if opts["limit"] else []
     out = {"list (newest)": ["list", *limit]}
     if opts["user"] and opts["since"]:
@@ -123,16 +135,23 @@ def _timed(args: list[str], runs: int) -> dict[str, Any]:
         done = _run(args, timeout=600)
         times.append(time.perf_counter() - started)
     assert done is not None
-    return {"args": args[1:], "seconds": median(times), "exit": done.returncode,
-            "output_lines": len(done.stdout.splitlines()), "error": done.stderr.strip()[-300:] if done.returncode else None}
+    return {
+        "args": args[1:],
+        "seconds": median(times),
+        "exit": done.returncode,
+        "output_lines": len(done.stdout.splitlines()),
+        "error": done.stderr.strip()[-300:] if done.returncode else None,
+    }
 
 
 def table(result: dict[str, Any]) -> list[str]:
     lines = ["6. Query (llm-audit on a synthetic database; median wall time per command)"]
     if "skipped" in result:
         return [*lines, f"  skipped: {result['skipped']}"]
-    lines.append(f"  {result['rows']} exchanges generated in {result['generate_s']:.1f} s; "
-                 f"'llm-audit --help' alone takes {result['startup_floor']['seconds'] * 1000:.0f} ms")
+    lines.append(
+        f"  {result['rows']} exchanges generated in {result['generate_s']:.1f} s; "
+        f"'llm-audit --help' alone takes {result['startup_floor']['seconds'] * 1000:.0f} ms"
+    )
     for name, r in result["commands"].items():
         status = "" if r["exit"] == 0 else f"  (exit {r['exit']}: {r['error']})"
         lines.append(f"  {name:<24} {r['seconds'] * 1000:8.0f} ms  {r['output_lines']} lines{status}")

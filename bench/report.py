@@ -19,8 +19,14 @@ def machine() -> dict[str, Any]:
     """What the numbers depend on: cores, CPU, load, versions."""
     cpu = ""
     try:
-        cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                    if line.startswith("model name")), "")
+        cpu = next(
+            (
+                line.split(":", 1)[1].strip()
+                for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")
+            ),
+            "",
+        )
     except OSError:
         pass
     return {
@@ -51,9 +57,13 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
     parsing = results.get("parsing", {})
     s = parsing.get("summary") if isinstance(parsing, dict) else None
     if s and s.get("min_vs_best_peer") is not None:
-        add("parser throughput", ">= 2x the fastest peer (httpx-sse, openai), every workload and chunking",
+        add(
+            "parser throughput",
+            ">= 2x the fastest peer (httpx-sse, openai), every workload and chunking",
             f"median {s['median_vs_best_peer']:.2f}x, min {s['min_vs_best_peer']:.2f}x, "
-            f"{s['rows_at_2x']}/{s['rows']} rows at >= 2x", s["min_vs_best_peer"] >= 2)
+            f"{s['rows_at_2x']}/{s['rows']} rows at >= 2x",
+            s["min_vs_best_peer"] >= 2,
+        )
         c = parsing["correctness"]
         if "vectors" in c:
             ours = c["llm-audit"]["passed"]
@@ -71,23 +81,40 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
     for backend in ("sqlite", "postgresql"):
         r = writer.get(f"{backend}_durable", {}) if isinstance(writer, dict) else {}
         if "p99_ms" in r:
-            add(f"crash window ({backend})", f"a final record durable within {r['target_ms']:.0f} ms at p99 "
-                f"({r['streams']} streams)", f"p99 {r['p99_ms']:.1f} ms", r["p99_ms"] <= r["target_ms"])
+            add(
+                f"crash window ({backend})",
+                f"a final record durable within {r['target_ms']:.0f} ms at p99 ({r['streams']} streams)",
+                f"p99 {r['p99_ms']:.1f} ms",
+                r["p99_ms"] <= r["target_ms"],
+            )
     memory = results.get("memory", {})
     if isinstance(memory, dict) and "summary" in memory:
         per_byte = memory["summary"]["big_added_per_text_byte"]
-        add("memory", "bounded by the text the audit keeps (<= 2 bytes of RSS per text byte at peak: "
-            "the text, and once more while its row is written)", f"{per_byte:.2f} bytes per text byte", per_byte <= 2)
+        add(
+            "memory",
+            "bounded by the text the audit keeps (<= 2 bytes of RSS per text byte at peak: "
+            "the text, and once more while its row is written)",
+            f"{per_byte:.2f} bytes per text byte",
+            per_byte <= 2,
+        )
     limits = results.get("limits", {})
     if isinstance(limits, dict) and "summary" in limits:
         wait = limits["summary"]["probe_max_ms"]
-        add("bombs: other flows", "no other flow waits more than 100 ms while gzip/br/zstd bombs pass",
-            f"slowest probe {wait:.0f} ms", wait <= 100)
+        add(
+            "bombs: other flows",
+            "no other flow waits more than 100 ms while gzip/br/zstd bombs pass",
+            f"slowest probe {wait:.0f} ms",
+            wait <= 100,
+        )
         rss = limits["summary"]["bomb_rss_peak"] / (1024 * 1024)
         add("bombs: proxy memory", "proxy RSS under 300 MB while bombs pass", f"peak {rss:.0f} MiB", rss < 300)
         long_rss = limits["long"]["rss_peak"] / (1024 * 1024)
-        add("long stream: proxy memory", "proxy RSS under 300 MB during a 300 MB stream (default record cap)",
-            f"peak {long_rss:.0f} MiB", long_rss < 300)
+        add(
+            "long stream: proxy memory",
+            "proxy RSS under 300 MB during a 300 MB stream (default record cap)",
+            f"peak {long_rss:.0f} MiB",
+            long_rss < 300,
+        )
     return out
 
 

@@ -24,8 +24,10 @@ def rules_toml(count: int = 100) -> str:
     parts = []
     for i in range(count):
         pattern = _KINDS[i % len(_KINDS)].format(i=i)
-        parts.append(f"[[rule]]\nid = \"bench-regex-{i:03d}\"\nkind = \"regex\"\npattern = '{pattern}'\n"
-                     "scope = \"both\"\naction = \"block\"\n")
+        parts.append(
+            f'[[rule]]\nid = "bench-regex-{i:03d}"\nkind = "regex"\npattern = \'{pattern}\'\n'
+            'scope = "both"\naction = "block"\n'
+        )
     parts.append('[[rule]]\nid = "bench-secrets"\nkind = "secrets"\nscope = "both"\naction = "block"\n')
     return "\n".join(parts)
 

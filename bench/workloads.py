@@ -57,22 +57,57 @@ class Api:
 
 JSON = {"content-type": "application/json"}
 APIS: dict[str, Api] = {
-    "llm-stream": Api("llm-stream", "/v1/llm/stream", "", {"content-type": "application/llm-request+json"},
-                      {"version": "1.0", "stream": True, "model": "bench-model", "messages": MESSAGES}),
-    "openai-chat": Api("openai-chat", "/v1/chat/completions", "", JSON,
-                       {"model": "gpt-bench", "stream": True, "stream_options": {"include_usage": True},
-                        "messages": MESSAGES}),
-    "openai-responses": Api("openai-responses", "/v1/responses", "", JSON,
-                            {"model": "gpt-bench", "stream": True, "instructions": SYSTEM_PROMPT,
-                             "input": USER_PROMPT}),
-    "anthropic": Api("anthropic", "/v1/messages", "", JSON | {"anthropic-version": "2023-06-01"},
-                     {"model": "claude-bench", "stream": True, "max_tokens": 10_000_000, "system": SYSTEM_PROMPT,
-                      "messages": MESSAGES[1:]}),
-    "gemini": Api("gemini", "/v1beta/models/gemini-bench:streamGenerateContent", "alt=sse", JSON,
-                  {"systemInstruction": {"parts": [{"text": SYSTEM_PROMPT}]},
-                   "contents": [{"role": "user", "parts": [{"text": USER_PROMPT}]}]}),
-    "lmsp": Api("lmsp", "/lmsp/v1/responses", "", JSON,
-                {"model": "lmsp-bench", "stream": True, "instructions": SYSTEM_PROMPT, "input": USER_PROMPT}),
+    "llm-stream": Api(
+        "llm-stream",
+        "/v1/llm/stream",
+        "",
+        {"content-type": "application/llm-request+json"},
+        {"version": "1.0", "stream": True, "model": "bench-model", "messages": MESSAGES},
+    ),
+    "openai-chat": Api(
+        "openai-chat",
+        "/v1/chat/completions",
+        "",
+        JSON,
+        {"model": "gpt-bench", "stream": True, "stream_options": {"include_usage": True}, "messages": MESSAGES},
+    ),
+    "openai-responses": Api(
+        "openai-responses",
+        "/v1/responses",
+        "",
+        JSON,
+        {"model": "gpt-bench", "stream": True, "instructions": SYSTEM_PROMPT, "input": USER_PROMPT},
+    ),
+    "anthropic": Api(
+        "anthropic",
+        "/v1/messages",
+        "",
+        JSON | {"anthropic-version": "2023-06-01"},
+        {
+            "model": "claude-bench",
+            "stream": True,
+            "max_tokens": 10_000_000,
+            "system": SYSTEM_PROMPT,
+            "messages": MESSAGES[1:],
+        },
+    ),
+    "gemini": Api(
+        "gemini",
+        "/v1beta/models/gemini-bench:streamGenerateContent",
+        "alt=sse",
+        JSON,
+        {
+            "systemInstruction": {"parts": [{"text": SYSTEM_PROMPT}]},
+            "contents": [{"role": "user", "parts": [{"text": USER_PROMPT}]}],
+        },
+    ),
+    "lmsp": Api(
+        "lmsp",
+        "/lmsp/v1/responses",
+        "",
+        JSON,
+        {"model": "lmsp-bench", "stream": True, "instructions": SYSTEM_PROMPT, "input": USER_PROMPT},
+    ),
 }
 
 

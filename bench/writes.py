@@ -55,11 +55,27 @@ def template_rows() -> tuple[dict[str, Any], dict[str, Any]]:
     dialect = API.addon_dialect()
     now = time.time()
     record = ExchangeRecord(
-        dialect=dialect.name, provider="openai", started_at=now, server_address="api.openai.com", server_port=443,
-        http_method="POST", url_path=API.path, url_query="", http_version="HTTP/1.1", client_address="10.1.2.3",
-        proxy_instance="bench", api_key_fingerprint="sha256:0123456789abcdef", request_body=API.body,
-        request_headers=redact_headers([("content-type", "application/json"), ("authorization", "Bearer sk-bench"),
-                                        ("user-agent", "OpenAI/Python 2.1.0"), ("accept", "text/event-stream")]),
+        dialect=dialect.name,
+        provider="openai",
+        started_at=now,
+        server_address="api.openai.com",
+        server_port=443,
+        http_method="POST",
+        url_path=API.path,
+        url_query="",
+        http_version="HTTP/1.1",
+        client_address="10.1.2.3",
+        proxy_instance="bench",
+        api_key_fingerprint="sha256:0123456789abcdef",
+        request_body=API.body,
+        request_headers=redact_headers(
+            [
+                ("content-type", "application/json"),
+                ("authorization", "Bearer sk-bench"),
+                ("user-agent", "OpenAI/Python 2.1.0"),
+                ("accept", "text/event-stream"),
+            ]
+        ),
     )
     summary = dialect.summarize(API.body, API.view())
     summary_into_record(record, summary)
@@ -137,8 +153,12 @@ def replay(url: str, folder: Path, count: int) -> dict[str, Any]:
         seconds = time.perf_counter() - started
     finally:
         writer.close()
-    return {"records": count, "seconds": seconds, "records_per_s": count / seconds,
-            "spool_bytes_per_record": spool_bytes / count}
+    return {
+        "records": count,
+        "seconds": seconds,
+        "records_per_s": count / seconds,
+        "spool_bytes_per_record": spool_bytes / count,
+    }
 
 
 class _TimedWriter(AuditWriter):
@@ -183,8 +203,14 @@ def durable(url: str, folder: Path, seconds: float) -> dict[str, Any]:
     finally:
         writer.close()
     ms = [(writer.durable[rid] - at) * 1000 for rid, at in submitted.items()]
-    return {"streams": DURABLE_STREAMS, "records": len(ms), "p50_ms": percentile(ms, 50),
-            "p99_ms": percentile(ms, 99), "max_ms": max(ms), "target_ms": DURABLE_TARGET_MS}
+    return {
+        "streams": DURABLE_STREAMS,
+        "records": len(ms),
+        "p50_ms": percentile(ms, 50),
+        "p99_ms": percentile(ms, 99),
+        "max_ms": max(ms),
+        "target_ms": DURABLE_TARGET_MS,
+    }
 
 
 def _postgres(folder: Path):
@@ -255,23 +281,31 @@ def table(result: dict[str, Any]) -> list[str]:
         if "skipped" in r:
             lines.append(f"  {backend:<10} sustained: skipped ({r['skipped']})")
         else:
-            lines.append(f"  {backend:<10} sustained: {r['exchanges_per_s']:8.0f} exchanges/s "
-                         f"({r['exchanges']} exchanges in {r['seconds']:.2f} s, ~{r['row_bytes'] / 1000:.1f} kB rows)")
+            lines.append(
+                f"  {backend:<10} sustained: {r['exchanges_per_s']:8.0f} exchanges/s "
+                f"({r['exchanges']} exchanges in {r['seconds']:.2f} s, ~{r['row_bytes'] / 1000:.1f} kB rows)"
+            )
         r = result[f"{backend}_replay"]
         if "skipped" in r:
             lines.append(f"  {backend:<10} spool replay: skipped ({r['skipped']})")
         else:
-            lines.append(f"  {backend:<10} spool replay: {r['records']} records in {r['seconds']:.2f} s "
-                         f"({r['records_per_s']:.0f} records/s)")
+            lines.append(
+                f"  {backend:<10} spool replay: {r['records']} records in {r['seconds']:.2f} s "
+                f"({r['records_per_s']:.0f} records/s)"
+            )
         r = result.get(f"{backend}_durable", {"skipped": "not measured"})
         if "skipped" in r:
             lines.append(f"  {backend:<10} submit to durable: skipped ({r['skipped']})")
         else:
-            lines.append(f"  {backend:<10} submit to durable: p50 {r['p50_ms']:.1f} ms, p99 {r['p99_ms']:.1f} ms "
-                         f"(target p99 <= {r['target_ms']:.0f} ms; max {r['max_ms']:.1f} ms; {r['streams']} "
-                         f"concurrent streams, {r['records']} final records)")
+            lines.append(
+                f"  {backend:<10} submit to durable: p50 {r['p50_ms']:.1f} ms, p99 {r['p99_ms']:.1f} ms "
+                f"(target p99 <= {r['target_ms']:.0f} ms; max {r['max_ms']:.1f} ms; {r['streams']} "
+                f"concurrent streams, {r['records']} final records)"
+            )
     if "sealing" in result:
-        lines.append(f"  hash chain: {result['sealing']['us_per_record']:.1f} µs per record to seal "
-                     f"(content hashes, canonical form, SHA-256; {result['sealing']['records']} records); "
-                     f"prepared and sealed as the writer does: {result['sealing']['prepared_us_per_record']:.1f} µs")
+        lines.append(
+            f"  hash chain: {result['sealing']['us_per_record']:.1f} µs per record to seal "
+            f"(content hashes, canonical form, SHA-256; {result['sealing']['records']} records); "
+            f"prepared and sealed as the writer does: {result['sealing']['prepared_us_per_record']:.1f} µs"
+        )
     return lines

@@ -50,7 +50,9 @@ def db_option() -> argparse.ArgumentParser:
     keeps a later parser from overwriting an earlier value with its default."""
     parser = OneLineParser(add_help=False)
     parser.add_argument(
-        "--db", metavar="URL", default=argparse.SUPPRESS,
+        "--db",
+        metavar="URL",
+        default=argparse.SUPPRESS,
         help="SQLAlchemy URL of the audit database (default: $LLM_AUDIT_DB, else the proxy's SQLite file)",
     )
     return parser
@@ -64,14 +66,25 @@ class Commands:
     subparsers: argparse._SubParsersAction
     parents: Sequence[argparse.ArgumentParser] = field(default_factory=tuple)
 
-    def add(self, name: str, run: Command, summary: str, epilog: str, *,
-            parents: Sequence[argparse.ArgumentParser] | None = None,
-            aliases: Sequence[str] = ()) -> argparse.ArgumentParser:
+    def add(
+        self,
+        name: str,
+        run: Command,
+        summary: str,
+        epilog: str,
+        *,
+        parents: Sequence[argparse.ArgumentParser] | None = None,
+        aliases: Sequence[str] = (),
+    ) -> argparse.ArgumentParser:
         """A subcommand's parser, with its help, description and examples, that runs ``run``;
         ``parents`` replaces the default ones (``[]``: a command without ``--db``)."""
         parser = self.subparsers.add_parser(
-            name, help=summary, description=summary[0].upper() + summary[1:] + ".", epilog=epilog,
-            aliases=aliases, parents=list(self.parents if parents is None else parents),
+            name,
+            help=summary,
+            description=summary[0].upper() + summary[1:] + ".",
+            epilog=epilog,
+            aliases=aliases,
+            parents=list(self.parents if parents is None else parents),
             formatter_class=argparse.RawDescriptionHelpFormatter,
         )
         parser.set_defaults(run=run)
@@ -80,8 +93,12 @@ class Commands:
     def group(self, name: str, summary: str, epilog: str, title: str) -> Commands:
         """A command of subcommands (``db upgrade``, ...), with the same parents."""
         parser = self.subparsers.add_parser(
-            name, help=summary, description=summary[0].upper() + summary[1:] + ".", epilog=epilog,
-            parents=list(self.parents), formatter_class=argparse.RawDescriptionHelpFormatter,
+            name,
+            help=summary,
+            description=summary[0].upper() + summary[1:] + ".",
+            epilog=epilog,
+            parents=list(self.parents),
+            formatter_class=argparse.RawDescriptionHelpFormatter,
         )
         subparsers = parser.add_subparsers(title=title, metavar=f"<{title[:-1]}>", required=True)
         return Commands(subparsers, self.parents)
@@ -137,7 +154,8 @@ def reading(args: argparse.Namespace) -> Iterator[Connection]:
                 yield conn
         except SQLAlchemyError as e:
             raise DatabaseError(
-                f"cannot read the audit database {opened.url.render_as_string()!r}: {first_line(e)}") from None
+                f"cannot read the audit database {opened.url.render_as_string()!r}: {first_line(e)}"
+            ) from None
 
 
 def actor() -> str:
@@ -172,8 +190,10 @@ def run(args: argparse.Namespace) -> int:
     except (ValueError, TypeError, LookupError, OverflowError) as e:
         # Values the schema does not allow (SQLite keeps any text in any column): the
         # database was written by something else. One line, never a traceback.
-        return fail(f"a stored value cannot be read ({type(e).__name__}: {_first_line(e)}); the database holds "
-                    f"data llm-audit did not write: run '{PROG} verify'")
+        return fail(
+            f"a stored value cannot be read ({type(e).__name__}: {_first_line(e)}); the database holds "
+            f"data llm-audit did not write: run '{PROG} verify'"
+        )
 
 
 def _first_line(error: BaseException) -> str:

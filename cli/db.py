@@ -45,7 +45,6 @@ examples:
 """
 
 
-
 def add_commands(commands: Commands) -> None:
     """Register ``db`` and its subcommands."""
     db = commands.group("db", "the database schema", DB_EXAMPLES, "db commands")

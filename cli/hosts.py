@@ -12,10 +12,15 @@ from cli.common import Commands, fail
 
 def add_commands(commands: Commands) -> None:
     """Register ``hosts``; it needs no database, so it takes no ``--db``."""
-    p = commands.add("hosts", _cmd_hosts, "print an --allow-hosts expression for the inference API hosts",
-                     HOSTS_EXAMPLES, parents=[])
-    p.add_argument("--extra", metavar="FILE", default=os.environ.get(EXTRA_HOSTS_ENV) or None,
-                   help=f"a file of more hosts, one per line (default: ${EXTRA_HOSTS_ENV})")
+    p = commands.add(
+        "hosts", _cmd_hosts, "print an --allow-hosts expression for the inference API hosts", HOSTS_EXAMPLES, parents=[]
+    )
+    p.add_argument(
+        "--extra",
+        metavar="FILE",
+        default=os.environ.get(EXTRA_HOSTS_ENV) or None,
+        help=f"a file of more hosts, one per line (default: ${EXTRA_HOSTS_ENV})",
+    )
     p.add_argument("--list", action="store_true", help="print the host patterns, one a line, instead")
 
 

@@ -105,14 +105,20 @@ def add_commands(commands: Commands) -> None:
     """Register ``checkpoint``, ``verify``, ``erase`` and ``purge``."""
     p = commands.add("checkpoint", _cmd_checkpoint, "sign the heads of the hash chains", CHECKPOINT_EXAMPLES)
     p.add_argument("--key", type=Path, default=default_key_path(), metavar="FILE", help="the Ed25519 signing key")
-    p.add_argument("--dir", type=Path, default=default_checkpoint_dir(), metavar="DIR",
-                   help="where checkpoint files go")
+    p.add_argument(
+        "--dir", type=Path, default=default_checkpoint_dir(), metavar="DIR", help="where checkpoint files go"
+    )
 
     p = commands.add("verify", _cmd_verify, "check the hash chains for tampering", VERIFY_EXAMPLES)
     p.add_argument("--checkpoints", type=Path, metavar="DIR", help="also compare with the signed checkpoints here")
-    p.add_argument("--public-key", type=Path, metavar="FILE", action="append",
-                   help="a key the checkpoints may be signed with; repeat for several (default: "
-                        f"{public_key_path(default_key_path())})")
+    p.add_argument(
+        "--public-key",
+        type=Path,
+        metavar="FILE",
+        action="append",
+        help="a key the checkpoints may be signed with; repeat for several (default: "
+        f"{public_key_path(default_key_path())})",
+    )
     p.add_argument("--format", choices=("text", "json"), default="text")
 
     p = commands.add("erase", _cmd_erase, "erase a user's content, keeping the chains verifiable", ERASE_EXAMPLES)
@@ -120,24 +126,43 @@ def add_commands(commands: Commands) -> None:
     _add_signer_options(p, "erasure")
 
     p = commands.add("purge", _cmd_purge, "delete exchanges that ended before a cut-off", PURGE_EXAMPLES)
-    p.add_argument("--older-than", required=True, metavar="AGE|DATE",
-                   help="the cut-off: an age (365d, 27w, 12h) or a date (2025-01-31)")
+    p.add_argument(
+        "--older-than",
+        required=True,
+        metavar="AGE|DATE",
+        help="the cut-off: an age (365d, 27w, 12h) or a date (2025-01-31)",
+    )
     p.add_argument("--dry-run", action="store_true", help="count what would be deleted; delete and record nothing")
-    p.add_argument("--force", action="store_true",
-                   help=f"allow a cut-off less than {MIN_RETENTION.days} days (six months) ago")
-    p.add_argument("--batch-size", type=positive_int, default=1000, metavar="N",
-                   help="rows deleted per transaction (default: 1000); smaller batches hold the lock for less time")
+    p.add_argument(
+        "--force", action="store_true", help=f"allow a cut-off less than {MIN_RETENTION.days} days (six months) ago"
+    )
+    p.add_argument(
+        "--batch-size",
+        type=positive_int,
+        default=1000,
+        metavar="N",
+        help="rows deleted per transaction (default: 1000); smaller batches hold the lock for less time",
+    )
     _add_signer_options(p, "purge")
     p.set_defaults(interrupted_note=" (a purge's purge_log row counts what it deleted)")
 
 
 def _add_signer_options(p: argparse.ArgumentParser, what: str) -> None:
     """``--key`` and ``--dir`` of a command that signs a statement of what it did."""
-    p.add_argument("--key", type=Path, default=default_key_path(), metavar="FILE",
-                   help=f"the Ed25519 key that signs the {what} statement (default: {default_key_path()})")
-    p.add_argument("--dir", type=Path, default=default_checkpoint_dir(), metavar="DIR",
-                   help=f"where the signed {what} statement goes, beside the checkpoints "
-                        f"(default: {default_checkpoint_dir()})")
+    p.add_argument(
+        "--key",
+        type=Path,
+        default=default_key_path(),
+        metavar="FILE",
+        help=f"the Ed25519 key that signs the {what} statement (default: {default_key_path()})",
+    )
+    p.add_argument(
+        "--dir",
+        type=Path,
+        default=default_checkpoint_dir(),
+        metavar="DIR",
+        help=f"where the signed {what} statement goes, beside the checkpoints (default: {default_checkpoint_dir()})",
+    )
 
 
 def _signer(args: argparse.Namespace) -> Signer:
@@ -153,18 +178,27 @@ def _refuse_tampered(db: Engine, args: argparse.Namespace, key: Ed25519PrivateKe
     report = verify(db, read_checkpoints(args.dir, public), read_statements(args.dir, public))
     bad = next((chain for chain in report.chains if not chain.ok), None)
     if bad is not None:
-        raise CheckpointError(f"refusing to sign: chain {bad.chain_id} does not verify against the checkpoints in "
-                              f"{args.dir} ({bad.problems[0].line()}); see {PROG} verify --checkpoints {args.dir}")
+        raise CheckpointError(
+            f"refusing to sign: chain {bad.chain_id} does not verify against the checkpoints in "
+            f"{args.dir} ({bad.problems[0].line()}); see {PROG} verify --checkpoints {args.dir}"
+        )
 
 
 def _chain_heads(db: Engine) -> dict[str, Head]:
     """The last record of every hash chain: what a checkpoint signs."""
     c = exchanges.c
-    last = select(c.chain_id, func.max(c.chain_seq).label("seq")).where(c.chain_id.is_not(None)) \
-        .group_by(c.chain_id).subquery()
+    last = (
+        select(c.chain_id, func.max(c.chain_seq).label("seq"))
+        .where(c.chain_id.is_not(None))
+        .group_by(c.chain_id)
+        .subquery()
+    )
     with db.connect() as conn:
-        rows = conn.execute(select(c.chain_id, c.chain_seq, c.record_hash).join(
-            last, (c.chain_id == last.c.chain_id) & (c.chain_seq == last.c.seq))).all()
+        rows = conn.execute(
+            select(c.chain_id, c.chain_seq, c.record_hash).join(
+                last, (c.chain_id == last.c.chain_id) & (c.chain_seq == last.c.seq)
+            )
+        ).all()
     return {r.chain_id: Head(r.chain_seq, r.record_hash) for r in rows}
 
 
@@ -179,8 +213,9 @@ def _cmd_checkpoint(args: argparse.Namespace) -> int:
     try:
         path = write_checkpoint(args.dir, key, heads)
     except OSError as e:
-        raise CheckpointError(f"cannot write a checkpoint in {args.dir} ({e.strerror}); name a writable folder "
-                              "with --dir DIR") from None
+        raise CheckpointError(
+            f"cannot write a checkpoint in {args.dir} ({e.strerror}); name a writable folder with --dir DIR"
+        ) from None
     print(f"{path}: {len(heads)} chains signed ({', '.join(f'{k} at {h.seq}' for k, h in sorted(heads.items()))})")
     return 0
 
@@ -206,9 +241,13 @@ def _cmd_verify(args: argparse.Namespace) -> int:
 
 
 def _print_json(report: Report, checkpoints: int) -> None:
-    doc = {"ok": report.ok, "covered": report.covered, "checkpoints": checkpoints,
-           "chains": [c.as_dict() for c in report.chains],
-           "unchained": [{"id": p.record_id, "detail": p.detail} for p in report.unchained]}
+    doc = {
+        "ok": report.ok,
+        "covered": report.covered,
+        "checkpoints": checkpoints,
+        "chains": [c.as_dict() for c in report.chains],
+        "unchained": [{"id": p.record_id, "detail": p.detail} for p in report.unchained],
+    }
     sys.stdout.write(orjson.dumps(doc, option=orjson.OPT_INDENT_2).decode() + "\n")
 
 
@@ -244,8 +283,15 @@ def _cmd_purge(args: argparse.Namespace) -> int:
     cutoff = _cutoff(args)
     with engine(args) as db:
         signer = None if args.dry_run else _signer(args)
-        result = purge(db, cutoff, dry_run=args.dry_run, actor=actor(), older_than=args.older_than,
-                       batch_size=args.batch_size, signer=signer)
+        result = purge(
+            db,
+            cutoff,
+            dry_run=args.dry_run,
+            actor=actor(),
+            older_than=args.older_than,
+            batch_size=args.batch_size,
+            signer=signer,
+        )
     what = f"exchanges that ended before {result.cutoff.isoformat()} from {db.url.render_as_string()}"
     if result.dry_run:
         print(f"would delete {result.count} {what} (dry run: nothing deleted, nothing recorded)")

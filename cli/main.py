@@ -40,8 +40,13 @@ GROUPS = (query, db, integrity, status, hosts)
 def build_parser() -> argparse.ArgumentParser:
     """The parser; each leaf sets ``run`` to its ``_cmd_*`` function."""
     parents = [db_option()]
-    parser = OneLineParser(prog=PROG, description="Query and look after the audit database of the llm-audit proxy.",
-                           epilog=MAIN_EXAMPLES, parents=parents, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = OneLineParser(
+        prog=PROG,
+        description="Query and look after the audit database of the llm-audit proxy.",
+        epilog=MAIN_EXAMPLES,
+        parents=parents,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     commands = Commands(parser.add_subparsers(title="commands", metavar="<command>", required=True), parents)
     for group in GROUPS:
         group.add_commands(commands)

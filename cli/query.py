@@ -100,31 +100,50 @@ examples:
   {PROG} export --since 1d | gzip > today.jsonl.gz
 """
 
+
 def add_commands(commands: Commands) -> None:
     """Register ``list``/``search``, ``show``, ``stats`` and ``export``."""
     queries = [*commands.parents, _filter_options()]
     formats = ("table", *MACHINE_FORMATS)
-    p = commands.add("list", _cmd_list, "list exchanges, newest first", LIST_EXAMPLES, parents=queries,
-                     aliases=["search"])
+    p = commands.add(
+        "list", _cmd_list, "list exchanges, newest first", LIST_EXAMPLES, parents=queries, aliases=["search"]
+    )
     p.add_argument("--limit", type=positive_int, default=50, metavar="N", help="exchanges per page (default: 50)")
-    p.add_argument("--offset", type=whole_number, default=0, metavar="N", help="skip the N newest matches (the next page)")
-    p.add_argument("--format", choices=formats, default="table",
-                   help="table (default) for a person; json, jsonl or csv for scripts")
+    p.add_argument(
+        "--offset", type=whole_number, default=0, metavar="N", help="skip the N newest matches (the next page)"
+    )
+    p.add_argument(
+        "--format",
+        choices=formats,
+        default="table",
+        help="table (default) for a person; json, jsonl or csv for scripts",
+    )
 
     p = commands.add("show", _cmd_show, "show one exchange in full", SHOW_EXAMPLES)
     p.add_argument("id", metavar="ID", help="the exchange id, or a unique start of it")
-    p.add_argument("--format", choices=("text", "json"), default="text",
-                   help="text (default) for a person; json: the whole record")
+    p.add_argument(
+        "--format", choices=("text", "json"), default="text", help="text (default) for a person; json: the whole record"
+    )
 
-    p = commands.add("stats", _cmd_stats, "count exchanges and sum tokens, per group", STATS_EXAMPLES,
-                     parents=queries)
-    p.add_argument("--by", type=_group_keys, action="extend", default=[], metavar="KEY",
-                   help=f"group by {', '.join(GROUP_KEYS)} (repeat or comma-separate for several)")
-    p.add_argument("--format", choices=formats, default="table",
-                   help="table (default) for a person; json, jsonl or csv for scripts")
+    p = commands.add("stats", _cmd_stats, "count exchanges and sum tokens, per group", STATS_EXAMPLES, parents=queries)
+    p.add_argument(
+        "--by",
+        type=_group_keys,
+        action="extend",
+        default=[],
+        metavar="KEY",
+        help=f"group by {', '.join(GROUP_KEYS)} (repeat or comma-separate for several)",
+    )
+    p.add_argument(
+        "--format",
+        choices=formats,
+        default="table",
+        help="table (default) for a person; json, jsonl or csv for scripts",
+    )
 
-    p = commands.add("export", _cmd_export, "write exchanges for other tools, streamed", EXPORT_EXAMPLES,
-                     parents=queries)
+    p = commands.add(
+        "export", _cmd_export, "write exchanges for other tools, streamed", EXPORT_EXAMPLES, parents=queries
+    )
     p.add_argument("--format", choices=("jsonl", "csv"), default="jsonl", help="jsonl (default) or csv")
 
 
@@ -168,9 +187,18 @@ def _group_keys(value: str) -> list[str]:
 
 def _filters(args: argparse.Namespace) -> Filters:
     return Filters(
-        since=args.since, until=args.until, models=args.models, providers=args.providers, dialects=args.dialects,
-        users=args.users, sessions=args.sessions, clients=args.clients, statuses=args.statuses,
-        findings=args.findings, blocked=args.blocked, contains=args.contains,
+        since=args.since,
+        until=args.until,
+        models=args.models,
+        providers=args.providers,
+        dialects=args.dialects,
+        users=args.users,
+        sessions=args.sessions,
+        clients=args.clients,
+        statuses=args.statuses,
+        findings=args.findings,
+        blocked=args.blocked,
+        contains=args.contains,
     )
 
 

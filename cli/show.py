@@ -52,8 +52,11 @@ def exchange_text(r: dict[str, Any], width: int, style: Style) -> str:
     status = r["status"] + _http_status(r)
     page.lines.append(style.bold(f"exchange {r['id']}") + "  " + style.status(status, r["status"]))
     if r.get("erased_at") is not None:  # the reader must not take what follows for what was said
-        page.lines.append(style.bold(f"ERASED at {r['erased_at']}: the content below is the erasure marker, "
-                                     "not what was sent or answered"))
+        page.lines.append(
+            style.bold(
+                f"ERASED at {r['erased_at']}: the content below is the erasure marker, not what was sent or answered"
+            )
+        )
     _overview(page, r)
     _request(page, r["request_body"])
     _output(page, r)
@@ -64,19 +67,34 @@ def exchange_text(r: dict[str, Any], width: int, style: Style) -> str:
 
 def _overview(page: _Page, r: dict[str, Any]) -> None:
     page.field("started", f"{timestamp(r['started_at'], precise=True)} UTC" if r["started_at"] else None)
-    timing = [f"first chunk after {_duration(r['time_to_first_chunk_ms'])}" if r["time_to_first_chunk_ms"] is not None
-              else "no response body", f"took {_duration(r['duration_ms'])}" if r["duration_ms"] is not None else ""]
+    timing = [
+        f"first chunk after {_duration(r['time_to_first_chunk_ms'])}"
+        if r["time_to_first_chunk_ms"] is not None
+        else "no response body",
+        f"took {_duration(r['duration_ms'])}" if r["duration_ms"] is not None else "",
+    ]
     page.field("timing", " · ".join(t for t in timing if t))
     page.field("model", transcript.model_line(r) or "-")
-    protocol = [r["dialect"], f"provider {r['provider']}" if r["provider"] else "",
-                "streamed" if r["streamed"] else "not streamed"]
+    protocol = [
+        r["dialect"],
+        f"provider {r['provider']}" if r["provider"] else "",
+        "streamed" if r["streamed"] else "not streamed",
+    ]
     page.field("protocol", " · ".join(p for p in protocol if p))
     port = f":{r['server_port']}" if r["server_port"] else ""
     query = f"?{r['url_query']}" if r["url_query"] else ""
     page.field("upstream", f"{r['http_method'] or ''} {r['server_address'] or ''}{port}{r['url_path'] or ''}{query}")
-    for label, name in (("client", "client_address"), ("user agent", "user_agent"), ("user", "user_id"),
-                        ("session", "session_id"), ("request id", "request_id"), ("response id", "response_id"),
-                        ("task", "task_id"), ("api key", "api_key_fingerprint"), ("proxy", "proxy_instance")):
+    for label, name in (
+        ("client", "client_address"),
+        ("user agent", "user_agent"),
+        ("user", "user_id"),
+        ("session", "session_id"),
+        ("request id", "request_id"),
+        ("response id", "response_id"),
+        ("task", "task_id"),
+        ("api key", "api_key_fingerprint"),
+        ("proxy", "proxy_instance"),
+    ):
         page.field(label, r[name])
 
 
@@ -135,14 +153,19 @@ def _problems(page: _Page, r: dict[str, Any]) -> None:
     if error := transcript.error_line(r):
         page.heading("error")
         page.text(error, indent=2)
-    for title, lines in (("findings", transcript.finding_lines(r["findings"])),
-                         ("filter verdicts", transcript.verdict_lines(r["verdicts"]))):
+    for title, lines in (
+        ("findings", transcript.finding_lines(r["findings"])),
+        ("filter verdicts", transcript.verdict_lines(r["verdicts"])),
+    ):
         if lines:
             page.heading(title)
             for line in lines:
                 page.text(line, indent=2)
-    parts = [("events", "event_count"), ("bytes to the client", "bytes_to_client"),
-             ("bytes from the upstream", "bytes_from_upstream")]
+    parts = [
+        ("events", "event_count"),
+        ("bytes to the client", "bytes_to_client"),
+        ("bytes from the upstream", "bytes_from_upstream"),
+    ]
     page.heading("transfer")
     page.text(" · ".join(f"{r[name]} {label}" for label, name in parts if r[name] is not None) or "-", indent=2)
 

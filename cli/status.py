@@ -32,11 +32,22 @@ examples:
 def add_commands(commands: Commands) -> None:
     """Register ``status``."""
     p = commands.add("status", _cmd_status, "tell whether the proxy's records flow", STATUS_EXAMPLES)
-    p.add_argument("path", nargs="?", type=Path, metavar="FILE", help="the status file (default: from the options below)")
-    p.add_argument("--spool-dir", type=Path, default=default_state_dir(), metavar="DIR",
-                   help="the folder of the proxy's spool (llm_audit_spool), where its status file is")
-    p.add_argument("--instance", default=socket.gethostname(), metavar="NAME",
-                   help="the proxy's llm_audit_instance (default: this host's name)")
+    p.add_argument(
+        "path", nargs="?", type=Path, metavar="FILE", help="the status file (default: from the options below)"
+    )
+    p.add_argument(
+        "--spool-dir",
+        type=Path,
+        default=default_state_dir(),
+        metavar="DIR",
+        help="the folder of the proxy's spool (llm_audit_spool), where its status file is",
+    )
+    p.add_argument(
+        "--instance",
+        default=socket.gethostname(),
+        metavar="NAME",
+        help="the proxy's llm_audit_instance (default: this host's name)",
+    )
     p.add_argument("--format", choices=("text", "json"), default="text")
 
 
@@ -45,14 +56,17 @@ def _cmd_status(args: argparse.Namespace) -> int:
     try:
         doc = read_status(path)
     except FileNotFoundError:
-        raise StatusError(f"no status file {path}: no proxy with this instance and spool folder has run "
-                          "(give --instance and --spool-dir, or the file)") from None
+        raise StatusError(
+            f"no status file {path}: no proxy with this instance and spool folder has run "
+            "(give --instance and --spool-dir, or the file)"
+        ) from None
     except (OSError, ValueError) as e:
         raise StatusError(f"cannot read the status file {path}: {e}") from None
     code, line = verdict(doc, pid_alive(int(doc["pid"])) if isinstance(doc["pid"], int) else False)
     if args.format == "json":
-        sys.stdout.write(orjson.dumps({"exit": code, "verdict": line, "status": doc}, option=orjson.OPT_INDENT_2)
-                         .decode() + "\n")
+        sys.stdout.write(
+            orjson.dumps({"exit": code, "verdict": line, "status": doc}, option=orjson.OPT_INDENT_2).decode() + "\n"
+        )
     else:
         print(line)
     return code

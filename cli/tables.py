@@ -76,6 +76,7 @@ def _narrowed(columns: Sequence[Column], width: int) -> list[int] | None:
 
 def exchanges_table(rows: Sequence[dict[str, Any]], width: int, style: Style) -> str:
     """``list`` for a person: time, id, who, which model, how it ended, tokens, the output's first words."""
+
     def cells(fn: Callable[[dict[str, Any]], Any]) -> list[str]:
         return [one_line(str(v)) if (v := fn(r)) is not None else "-" for r in rows]
 
@@ -108,19 +109,21 @@ def _snippet(row: dict[str, Any]) -> str:
 
 def stats_table(rows: Sequence[dict[str, Any]], by: Sequence[str], width: int, style: Style) -> str:
     """``stats`` for a person: the group keys, then the counts and sums right-aligned."""
+
     def cells(name: str) -> list[str]:
         return [_or_dash(r[name]) for r in rows]
 
-    keys = [Column(key, [one_line(str(r[key])) if r[key] is not None else "-" for r in rows], min_width=8,
-                   keep=9) for key in by]
+    keys = [
+        Column(key, [one_line(str(r[key])) if r[key] is not None else "-" for r in rows], min_width=8, keep=9)
+        for key in by
+    ]
     numbers = [
         ("exchanges", "exchanges"), ("with_usage", "with usage"), ("input_tokens", "input"),
         ("output_tokens", "output"), ("cache_read_input_tokens", "cached"), ("reasoning_output_tokens", "reasoning"),
         ("errors", "errors"), ("blocks", "blocks"), ("time_to_first_chunk_p50_ms", "ttfc p50 ms"),
         ("time_to_first_chunk_p95_ms", "ttfc p95 ms"),
     ]  # fmt: skip
-    return table([*keys, *(Column(header, cells(name), right=True, keep=8) for name, header in numbers)],
-                 width, style)
+    return table([*keys, *(Column(header, cells(name), right=True, keep=8) for name, header in numbers)], width, style)
 
 
 def _or_dash(value: Any) -> str:

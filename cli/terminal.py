@@ -89,7 +89,7 @@ def clip(text: str, width: int) -> str:
     """``text`` cut to ``width`` columns, with an ellipsis when something was cut."""
     if _fitting(text, 0, width) == len(text):
         return text
-    return text[:_fitting(text, 0, width - 1)] + ELLIPSIS if width > 0 else ""
+    return text[: _fitting(text, 0, width - 1)] + ELLIPSIS if width > 0 else ""
 
 
 def pad(text: str, width: int, right: bool = False) -> str:
@@ -106,7 +106,7 @@ def wrap(line: str, width: int) -> list[str]:
             pieces.append(line[start:space])
             start = space + 1
         else:
-            pieces.append(line[start:max(end, start + 1)])
+            pieces.append(line[start : max(end, start + 1)])
             start = max(end, start + 1)
     pieces.append(line[start:])
     return pieces

@@ -87,8 +87,9 @@ def options() -> list[dict[str, Any]]:
     for path in sorted((ROOT / "addon").rglob("*.py")):
         tree = ast.parse(path.read_text(), str(path))
         for node in ast.walk(tree):
-            if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
-                    and node.func.attr == "add_option"):
+            if not (
+                isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "add_option"
+            ):
                 continue
             module = _module_name(path)
             args = list(node.args)
@@ -99,15 +100,17 @@ def options() -> list[dict[str, Any]]:
             default = default or keywords.get("default")
             help_ = help_ or keywords.get("help")
             choices = keywords.get("choices")
-            found.append({
-                "name": _literal(name, module),
-                "type": ast.unparse(typespec),
-                "default": _literal(default, module),
-                "help": _literal(help_, module),
-                "choices": _literal(choices, module) if choices is not None else None,
-                "where": path.relative_to(ROOT).as_posix(),
-                "line": node.lineno,
-            })
+            found.append(
+                {
+                    "name": _literal(name, module),
+                    "type": ast.unparse(typespec),
+                    "default": _literal(default, module),
+                    "help": _literal(help_, module),
+                    "choices": _literal(choices, module) if choices is not None else None,
+                    "where": path.relative_to(ROOT).as_posix(),
+                    "line": node.lineno,
+                }
+            )
     found.sort(key=lambda o: (o["where"], o["line"]))
     return found
 
@@ -154,7 +157,8 @@ def findings_table() -> str:
 
 
 def _schema_table(name: str) -> Any:
-    from storage.schema import exchange_view, metadata as tables
+    from storage.schema import exchange_view
+    from storage.schema import metadata as tables
 
     if name == exchange_view.name:
         return exchange_view
@@ -166,7 +170,7 @@ def _type(column: Any) -> str:
         return "time (UTC)"
     try:
         return str(column.type.compile()).lower()
-    except Exception:  # a type without a generic SQL name (JSON variants)
+    except Exception:  # noqa: BLE001 - a type without a generic SQL name (JSON variants) raises its own kinds
         return type(column.type).__name__.lower()
 
 
@@ -196,9 +200,9 @@ def columns_table(name: str) -> str:
 
 
 def tables_table() -> str:
-    from storage.schema import exchange_view, metadata as tables
-
     import storage.schema
+    from storage.schema import exchange_view
+    from storage.schema import metadata as tables
 
     # A table without a comment: what the module's docstring says of it ("One row per
     # exchange in ``exchanges``").
@@ -268,8 +272,9 @@ def _commands(parser: argparse.ArgumentParser, prefix: str = "") -> Iterator[tup
 def _arguments(parser: argparse.ArgumentParser) -> str:
     """The arguments a command takes; a group of them (the filters) by its title."""
     grouped = {
-        id(a): g.title for g in parser._action_groups if g.title not in (None, "positional arguments", "options",
-                                                                           "optional arguments")
+        id(a): g.title
+        for g in parser._action_groups
+        if g.title not in (None, "positional arguments", "options", "optional arguments")
         for a in g._group_actions
     }
     shown = []
@@ -292,9 +297,7 @@ def _arguments(parser: argparse.ArgumentParser) -> str:
 
 
 def cli_table() -> str:
-    rows = [
-        [f"`llm-audit {label}`", help_, _arguments(sub)] for label, help_, sub in _commands(cli_parser())
-    ]
+    rows = [[f"`llm-audit {label}`", help_, _arguments(sub)] for label, help_, sub in _commands(cli_parser())]
     return table(["command", "what it does", "arguments"], rows)
 
 
@@ -312,7 +315,11 @@ def mitmproxy_importers() -> list[tuple[str, list[str], str]]:
             for node in ast.walk(tree):
                 if isinstance(node, ast.Import):
                     names |= {a.name for a in node.names if a.name.split(".")[0] == "mitmproxy"}
-                elif isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").split(".")[0] == "mitmproxy":
+                elif (
+                    isinstance(node, ast.ImportFrom)
+                    and node.level == 0
+                    and (node.module or "").split(".")[0] == "mitmproxy"
+                ):
                     names |= {f"{node.module}.{a.name}" for a in node.names}
             if names:
                 summary = (ast.get_docstring(tree) or "").split("\n\n")[0]

@@ -31,24 +31,60 @@ class Request:
 
 
 REQUESTS = [
-    Request("OpenAI Chat, streamed, reasoning + tool call", "/v1/chat/completions", {
-        "model": "gpt-4o", "stream": True, "stream_options": {"include_usage": True}, "messages": [QUESTION],
-        "tools": [{"type": "function", "function": {"name": "get_weather", "parameters": WEATHER_TOOL}}],
-    }, "reasoning=1&tool=get_weather&delay=0.05"),
-    Request("Anthropic Messages, streamed", "/v1/messages", {
-        "model": "claude-sonnet-4-5", "max_tokens": 512, "stream": True, "messages": [QUESTION],
-    }, "thinking=1&delay=0.05", {"anthropic-version": "2023-06-01"}),
-    Request("Gemini, streamed (SSE)", "/v1beta/models/gemini-2.5-flash:streamGenerateContent?alt=sse", {
-        "contents": [{"role": "user", "parts": [{"text": QUESTION["content"]}]}],
-    }, "delay=0.05"),
+    Request(
+        "OpenAI Chat, streamed, reasoning + tool call",
+        "/v1/chat/completions",
+        {
+            "model": "gpt-4o",
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            "messages": [QUESTION],
+            "tools": [{"type": "function", "function": {"name": "get_weather", "parameters": WEATHER_TOOL}}],
+        },
+        "reasoning=1&tool=get_weather&delay=0.05",
+    ),
+    Request(
+        "Anthropic Messages, streamed",
+        "/v1/messages",
+        {
+            "model": "claude-sonnet-4-5",
+            "max_tokens": 512,
+            "stream": True,
+            "messages": [QUESTION],
+        },
+        "thinking=1&delay=0.05",
+        {"anthropic-version": "2023-06-01"},
+    ),
+    Request(
+        "Gemini, streamed (SSE)",
+        "/v1beta/models/gemini-2.5-flash:streamGenerateContent?alt=sse",
+        {
+            "contents": [{"role": "user", "parts": [{"text": QUESTION["content"]}]}],
+        },
+        "delay=0.05",
+    ),
     Request("OpenAI Responses, one JSON answer", "/v1/responses", {"model": "gpt-5", "input": QUESTION["content"]}),
-    Request("llm-stream", "/v1/llm/stream", {
-        "version": "1.0", "stream": True, "model": "demo", "messages": [QUESTION],
-        "metadata": {"user_id": "ana", "session_id": "demo-session"},
-    }, "delay=0.05", {"content-type": "application/llm-request+json"}),
-    Request("OpenAI Chat, blocked by a rule", "/v1/chat/completions", {
-        "model": "gpt-4o", "messages": [{"role": "user", "content": "Summarise the Project Nightjar roadmap."}],
-    }),
+    Request(
+        "llm-stream",
+        "/v1/llm/stream",
+        {
+            "version": "1.0",
+            "stream": True,
+            "model": "demo",
+            "messages": [QUESTION],
+            "metadata": {"user_id": "ana", "session_id": "demo-session"},
+        },
+        "delay=0.05",
+        {"content-type": "application/llm-request+json"},
+    ),
+    Request(
+        "OpenAI Chat, blocked by a rule",
+        "/v1/chat/completions",
+        {
+            "model": "gpt-4o",
+            "messages": [{"role": "user", "content": "Summarise the Project Nightjar roadmap."}],
+        },
+    ),
 ]
 
 

@@ -75,8 +75,11 @@ def declared_tools(body: Any) -> list[tuple[str, str]]:
                 specs += [item, item.get("function"), item.get("custom")]
                 for nested in ("functionDeclarations", "function_declarations"):
                     specs += item.get(nested) if isinstance(item.get(nested), list) else []
-    return [(spec["name"], " ".join(spec["description"].split()) if isinstance(spec.get("description"), str) else "")
-            for spec in specs if isinstance(spec, dict) and isinstance(spec.get("name"), str)]
+    return [
+        (spec["name"], " ".join(spec["description"].split()) if isinstance(spec.get("description"), str) else "")
+        for spec in specs
+        if isinstance(spec, dict) and isinstance(spec.get("name"), str)
+    ]
 
 
 def body_text(body: Any) -> str:
@@ -107,8 +110,13 @@ def choices(row: Row) -> list[Choice]:
 
 
 def _choice(c: dict[str, Any]) -> Choice:
-    return Choice(c.get("index"), _text(c.get("text")), _text(c.get("reasoning")), _text(c.get("refusal")),
-                  _text(c.get("finish_reason")))
+    return Choice(
+        c.get("index"),
+        _text(c.get("text")),
+        _text(c.get("reasoning")),
+        _text(c.get("refusal")),
+        _text(c.get("finish_reason")),
+    )
 
 
 def _text(value: Any) -> str:
@@ -124,9 +132,16 @@ def tool_calls(row: Row) -> list[ToolCall]:
     """The output's tool calls (the ``tool_calls`` column when the output has none)."""
     output = row.get("output") if isinstance(row.get("output"), dict) else {}
     calls = output.get("tool_calls") or row.get("tool_calls") or []
-    return [ToolCall(str(c.get("name")), None if c.get("id") in (None, "") else str(c["id"]),
-                     arguments_text(c.get("arguments")), c.get("complete", True) is not False)
-            for c in calls if isinstance(c, dict)]
+    return [
+        ToolCall(
+            str(c.get("name")),
+            None if c.get("id") in (None, "") else str(c["id"]),
+            arguments_text(c.get("arguments")),
+            c.get("complete", True) is not False,
+        )
+        for c in calls
+        if isinstance(c, dict)
+    ]
 
 
 def usage_line(row: Row) -> str:

@@ -26,11 +26,12 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0, help="0 picks a free port")
     parser.add_argument("--tls", action="store_true", help="HTTPS with ALPN h2 and http/1.1")
+    parser.add_argument("--cert-dir", type=Path, help="where to write ca.pem/cert.pem/key.pem (default: a temp dir)")
     parser.add_argument(
-        "--cert-dir", type=Path, help="where to write ca.pem/cert.pem/key.pem (default: a temp dir)"
-    )
-    parser.add_argument(
-        "--cert-name", action="append", default=[], metavar="NAME",
+        "--cert-name",
+        action="append",
+        default=[],
+        metavar="NAME",
         help="with --tls: a further host name (or IP address) the certificate is valid for, "
         "e.g. api.openai.com; repeatable",
     )
@@ -68,9 +69,7 @@ def main(argv: list[str] | None = None) -> None:
     with ExitStack() as stack:
         cert_dir: Path | None = None
         if args.tls:
-            cert_dir = args.cert_dir or Path(
-                stack.enter_context(tempfile.TemporaryDirectory(prefix="mock-llm-"))
-            )
+            cert_dir = args.cert_dir or Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="mock-llm-")))
         asyncio.run(_run(args, cert_dir))
 
 

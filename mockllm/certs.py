@@ -61,7 +61,7 @@ def generate(directory: Path, names: tuple[str, ...] = ()) -> CertPaths:
     ``cert.pem`` holds the leaf followed by the CA so servers send the chain.
     """
     directory.mkdir(parents=True, exist_ok=True)
-    now = datetime.datetime.now(datetime.timezone.utc)
+    now = datetime.datetime.now(datetime.UTC)
     not_before, not_after = now - _BACKDATE, now + _VALIDITY
 
     ca_key = ec.generate_private_key(ec.SECP256R1())
@@ -108,9 +108,7 @@ def generate(directory: Path, names: tuple[str, ...] = ()) -> CertPaths:
             critical=False,
         )
         .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
-        .add_extension(
-            x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False
-        )
+        .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False)
         .sign(ca_key, hashes.SHA256())
     )
 

@@ -49,9 +49,9 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import hashlib
 import contextlib
 import dataclasses
+import hashlib
 import json
 import re
 import socket
@@ -358,9 +358,7 @@ class MockLLM:
                 "path": bytes(scope["raw_path"]).decode("latin-1"),
                 "query": bytes(scope["query_string"]).decode("latin-1"),
                 "http_version": scope["http_version"],
-                "headers": [
-                    [bytes(k).decode("latin-1"), bytes(v).decode("latin-1")] for k, v in scope["headers"]
-                ],
+                "headers": [[bytes(k).decode("latin-1"), bytes(v).decode("latin-1")] for k, v in scope["headers"]],
                 "body_b64": base64.b64encode(body).decode(),
             }
         )
@@ -460,9 +458,7 @@ class MockLLM:
         return Reply(200, "text/event-stream", [framed for _, framed in wanted])
 
     @staticmethod
-    async def _stream(
-        plan: BodyPlan, scenario: Scenario, receive: Receive, send: Send, exchange: Exchange
-    ) -> None:
+    async def _stream(plan: BodyPlan, scenario: Scenario, receive: Receive, send: Send, exchange: Exchange) -> None:
         """Write the planned body with the scenario's pacing, then end or abort it.
 
         A watcher consumes ``receive()`` so a client that goes away stops the
@@ -549,7 +545,7 @@ async def serve(
     so that is where we announce readiness.
     """
     # ProtocolWrapper looks the class up in this module at each new connection.
-    setattr(hypercorn.protocol, "H2Protocol", _AbortingH2Protocol)
+    hypercorn.protocol.H2Protocol = _AbortingH2Protocol
     config = Config()
     config.bind = [f"fd://{sock.detach()}"]
     config.loglevel = "WARNING"

@@ -388,7 +388,6 @@ def _take(parts: list[str], budget: int | None) -> tuple[list[str], int | None]:
     return kept, budget - len(kept)
 
 
-
 def _canonical(request: dict[str, Any]) -> bytes:
     """The request's bytes for the digest; a request only Python's json reads (a lone
     surrogate, NaN) is written by that reader too, as a server like vLLM would accept it."""
@@ -396,6 +395,7 @@ def _canonical(request: dict[str, Any]) -> bytes:
         return orjson.dumps(request, option=orjson.OPT_SORT_KEYS)
     except TypeError:
         return json.dumps(request, sort_keys=True).encode()
+
 
 def generate(request: dict[str, Any], scenario: Scenario, *, max_tokens: Any = None, choices: Any = None) -> Generation:
     """The answer to ``request`` under ``scenario``.
@@ -768,8 +768,13 @@ def openai_completions_chunks(request: dict[str, Any], scenario: Scenario) -> li
     generation = _chat_generation(request, scenario)
     choices = _completion_choices(request, generation)
     include_usage = scenario.usage and _dict(request.get("stream_options")).get("include_usage") is True
-    head = {"id": f"cmpl-{generation.digest}", "object": "text_completion", "created": CREATED,
-            "model": generation.model, "system_fingerprint": SYSTEM_FINGERPRINT}
+    head = {
+        "id": f"cmpl-{generation.digest}",
+        "object": "text_completion",
+        "created": CREATED,
+        "model": generation.model,
+        "system_fingerprint": SYSTEM_FINGERPRINT,
+    }
     finish = None if generation.stop == "error" else _CHAT_FINISH_REASONS.get(generation.stop, "stop")
     offsets = [sum(map(len, generation.texts[:k])) for k in range(len(generation.texts))]
     per_choice = [
@@ -778,21 +783,39 @@ def openai_completions_chunks(request: dict[str, Any], scenario: Scenario) -> li
         for _ in range(choices)
     ]
     items = [
-        sse_event(None, {**head, "choices": [{"text": text, "index": choice, "finish_reason": reason,
-                                             "logprobs": _completion_logprobs(request, text, offset)}]}, scenario)
+        sse_event(
+            None,
+            {
+                **head,
+                "choices": [
+                    {
+                        "text": text,
+                        "index": choice,
+                        "finish_reason": reason,
+                        "logprobs": _completion_logprobs(request, text, offset),
+                    }
+                ],
+            },
+            scenario,
+        )
         for choice, (text, offset, reason) in _round_robin(per_choice)
     ]
     if generation.error is not None:
         return [*items, sse_event(None, {"error": _openai_error(generation.error, "server_error")}, scenario)]
     if include_usage:
-        items.append(sse_event(None, {**head, "choices": [], "usage": _completion_usage(generation, choices)}, scenario))
+        items.append(
+            sse_event(None, {**head, "choices": [], "usage": _completion_usage(generation, choices)}, scenario)
+        )
     return with_end(items, sse_event(None, b"[DONE]", scenario), scenario)
 
 
 def _completion_usage(generation: Generation, choices: int) -> dict[str, Any]:
     completion = len(generation.texts) * choices
-    return {"prompt_tokens": generation.input_tokens, "completion_tokens": completion,
-            "total_tokens": generation.input_tokens + completion}
+    return {
+        "prompt_tokens": generation.input_tokens,
+        "completion_tokens": completion,
+        "total_tokens": generation.input_tokens + completion,
+    }
 
 
 def openai_completion(request: dict[str, Any], scenario: Scenario) -> dict[str, Any]:
@@ -807,8 +830,12 @@ def openai_completion(request: dict[str, Any], scenario: Scenario) -> dict[str, 
         "model": generation.model,
         "system_fingerprint": SYSTEM_FINGERPRINT,
         "choices": [
-            {"text": generation.text, "index": choice, "logprobs": logprobs,
-             "finish_reason": _CHAT_FINISH_REASONS.get(generation.stop, "stop")}
+            {
+                "text": generation.text,
+                "index": choice,
+                "logprobs": logprobs,
+                "finish_reason": _CHAT_FINISH_REASONS.get(generation.stop, "stop"),
+            }
             for choice in range(choices)
         ],
     }

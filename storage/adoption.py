@@ -38,8 +38,14 @@ def load_or_create_secret(path: Path) -> bytes:
 def open_mac(secret: bytes, instance: str, row: dict[str, Any]) -> str:
     """The HMAC of a write-ahead row's identity and request (see the module docstring)."""
     started = row.get("started_at")
-    message = "\n".join((instance, str(row.get("id")), utc_text(started) if isinstance(started, datetime) else "",
-                         content_hash(row.get("request_body"))))
+    message = "\n".join(
+        (
+            instance,
+            str(row.get("id")),
+            utc_text(started) if isinstance(started, datetime) else "",
+            content_hash(row.get("request_body")),
+        )
+    )
     return hmac.new(secret, message.encode(), hashlib.sha256).hexdigest()
 
 

@@ -113,8 +113,13 @@ class Chain:
         digest = record_hash(row, hashes, self.chain_id, self.head.hash)
         sealed = dict.fromkeys(_FIRST)
         sealed.update(row)
-        sealed.update(chain_id=self.chain_id, chain_seq=self.head.seq + 1, prev_hash=self.head.hash,
-                      record_hash=digest, content_hashes=hashes)
+        sealed.update(
+            chain_id=self.chain_id,
+            chain_seq=self.head.seq + 1,
+            prev_hash=self.head.hash,
+            record_hash=digest,
+            content_hashes=hashes,
+        )
         self.head = Head(self.head.seq + 1, digest)
         return sealed
 

@@ -77,13 +77,13 @@ def load_or_create_key(path: Path) -> Ed25519PrivateKey:
         return key
     key = Ed25519PrivateKey.generate()
     private_dir(path.parent)
-    pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                            serialization.NoEncryption())
+    pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "wb") as f:
         f.write(pem)
     public_key_path(path).write_bytes(
-        key.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo))
+        key.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+    )
     return key
 
 
@@ -125,14 +125,21 @@ def write_signed(directory: Path, key: Ed25519PrivateKey, prefix: str, doc: dict
     return path
 
 
-def write_checkpoint(directory: Path, key: Ed25519PrivateKey, heads: dict[str, Head],
-                     now: datetime | None = None, unvouched: dict[str, tuple[int, int]] | None = None) -> Path:
+def write_checkpoint(
+    directory: Path,
+    key: Ed25519PrivateKey,
+    heads: dict[str, Head],
+    now: datetime | None = None,
+    unvouched: dict[str, tuple[int, int]] | None = None,
+) -> Path:
     """Sign the heads and write them to a new file in ``directory``; its path.
     ``unvouched``: per chain, records the signer found in the database but did not write
     (see :class:`Checkpointer`); the checkpoint says so, and ``verify`` reports them."""
     now = (now or datetime.now(UTC)).astimezone(UTC)
-    doc = {"format": FORMAT,
-           "chains": {chain: {"seq": head.seq, "hash": head.hash} for chain, head in sorted(heads.items())}}
+    doc = {
+        "format": FORMAT,
+        "chains": {chain: {"seq": head.seq, "hash": head.hash} for chain, head in sorted(heads.items())},
+    }
     if unvouched:
         doc["unvouched"] = {chain: {"first": a, "last": b} for chain, (a, b) in sorted(unvouched.items())}
     return write_signed(directory, key, "checkpoint", doc, now)
@@ -153,8 +160,9 @@ def trusted(keys: Ed25519PublicKey | Sequence[Ed25519PublicKey]) -> dict[str, Ed
     return {key_id(k): k for k in ([keys] if isinstance(keys, Ed25519PublicKey) else keys)}
 
 
-def read_signed(directory: Path, prefix: str, fmt: str,
-                keys: Ed25519PublicKey | Sequence[Ed25519PublicKey]) -> list[tuple[Path, dict]]:
+def read_signed(
+    directory: Path, prefix: str, fmt: str, keys: Ed25519PublicKey | Sequence[Ed25519PublicKey]
+) -> list[tuple[Path, dict]]:
     """Every ``<prefix>-*.json`` in ``directory`` whose signature one of ``keys`` checks,
     oldest first; a file that is not one raises :class:`CheckpointError` naming it (a file
     an insider replaced must stop the check, not be skipped)."""
@@ -170,8 +178,9 @@ def read_signed(directory: Path, prefix: str, fmt: str,
                 raise ValueError(f"format {doc.get('format')!r}")
             public = by_id.get(doc.get("key_id"))
             if public is None:
-                raise CheckpointError(f"{path}: signed by key {doc.get('key_id')}, which is not a trusted key "
-                                      "(name it with --public-key)")
+                raise CheckpointError(
+                    f"{path}: signed by key {doc.get('key_id')}, which is not a trusted key (name it with --public-key)"
+                )
             public.verify(signature, _signed_part(doc))
             str(doc["created_at"])
         except InvalidSignature:
@@ -194,8 +203,10 @@ def read_checkpoints(directory: Path, keys: Ed25519PublicKey | Sequence[Ed25519P
             raise CheckpointError(f"{path}: not a valid checkpoint ({e})") from None
         out.append(Checkpoint(path, doc["created_at"], heads, unvouched))
     if not out:
-        raise CheckpointError(f"no checkpoints in {directory}: there is nothing to compare the chains with "
-                              "(name the folder the proxy writes them to)")
+        raise CheckpointError(
+            f"no checkpoints in {directory}: there is nothing to compare the chains with "
+            "(name the folder the proxy writes them to)"
+        )
     return out
 
 
@@ -209,8 +220,17 @@ class Checkpointer:
     crash): every checkpoint of this run names them, so none signs them in silently.
     """
 
-    def __init__(self, directory: Path, key: Ed25519PrivateKey, chain_id: str, *, every: int, seconds: float,
-                 clock=time.monotonic, command: Sequence[str] = ()) -> None:
+    def __init__(
+        self,
+        directory: Path,
+        key: Ed25519PrivateKey,
+        chain_id: str,
+        *,
+        every: int,
+        seconds: float,
+        clock=time.monotonic,
+        command: Sequence[str] = (),
+    ) -> None:
         self.directory, self.key, self.chain_id = directory, key, chain_id
         self.every, self.seconds, self._clock = every, seconds, clock
         self.command = tuple(command)  # run with each checkpoint's path: a copy out of the administrators' reach
@@ -227,8 +247,12 @@ class Checkpointer:
         due = final or (self.every and new >= self.every) or (self.seconds and self._clock() - self._at >= self.seconds)
         if not due:
             return None
-        path = write_checkpoint(self.directory, self.key, {self.chain_id: head},
-                                unvouched={self.chain_id: self.unvouched} if self.unvouched else None)
+        path = write_checkpoint(
+            self.directory,
+            self.key,
+            {self.chain_id: head},
+            unvouched={self.chain_id: self.unvouched} if self.unvouched else None,
+        )
         self._signed, self._at = head, self._clock()
         if self.command:
             self._hand_over(path)

@@ -132,7 +132,9 @@ def open_reader(url: str, *, hint: str = PROXY_HINT) -> Engine:
             upgrade_schema(engine)
     except SQLAlchemyError as e:
         engine.dispose()
-        raise DatabaseError(f"cannot read the schema revision of {engine.url.render_as_string()!r}: {first_line(e)}") from None
+        raise DatabaseError(
+            f"cannot read the schema revision of {engine.url.render_as_string()!r}: {first_line(e)}"
+        ) from None
     except DatabaseError:
         engine.dispose()
         raise

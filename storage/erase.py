@@ -29,8 +29,9 @@ from storage.schema import IN_PROGRESS, erasure_log, exchanges
 from storage.statements import Signer
 
 
-def erase_user(engine: Engine, user_id: str, *, actor: str, now: datetime | None = None,
-               signer: Signer | None = None) -> int:
+def erase_user(
+    engine: Engine, user_id: str, *, actor: str, now: datetime | None = None, signer: Signer | None = None
+) -> int:
     """Erase the content of ``user_id``'s final exchanges; how many were erased."""
     now = now or datetime.now(UTC)
     c = exchanges.c
@@ -38,12 +39,16 @@ def erase_user(engine: Engine, user_id: str, *, actor: str, now: datetime | None
     try:
         with engine.begin() as conn:
             if signer is not None:
-                records = conn.execute(select(c.chain_id, c.chain_seq, c.record_hash)
-                                       .where(*which, c.chain_id.is_not(None)).with_for_update()).all()
+                records = conn.execute(
+                    select(c.chain_id, c.chain_seq, c.record_hash)
+                    .where(*which, c.chain_id.is_not(None))
+                    .with_for_update()
+                ).all()
                 if records:
                     signer.erasure(user_id, [tuple(r) for r in records], now)
             count = conn.execute(
-                update(exchanges).where(*which)
+                update(exchanges)
+                .where(*which)
                 .values({name: _erased(name) for name in CONTENT_COLUMNS} | {"erased_at": now})
             ).rowcount
             conn.execute(insert(erasure_log).values(erased_at=now, actor=actor, user_id=user_id, erased_count=count))

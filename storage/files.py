@@ -43,7 +43,7 @@ def private_file(path: Path) -> bool:
 def open_private(path: Path, mode: str = "ab+"):
     """``open(path, mode)``, the file created 0600 when it is new (a spool, a log)."""
     private_file(path)
-    return open(path, mode)  # noqa: SIM115 - the caller owns the file object
+    return open(path, mode)
 
 
 def warn_if_readable(path: Path, fix: str) -> bool:
@@ -53,7 +53,8 @@ def warn_if_readable(path: Path, fix: str) -> bool:
     except OSError:
         return False
     if mode & (stat.S_IRWXG | stat.S_IRWXO):
-        log.warning(f"llm-audit: {path} holds prompts and is readable by other users (mode "
-                    f"{stat.S_IMODE(mode):04o}); {fix}")
+        log.warning(
+            f"llm-audit: {path} holds prompts and is readable by other users (mode {stat.S_IMODE(mode):04o}); {fix}"
+        )
         return True
     return False

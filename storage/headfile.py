@@ -34,8 +34,11 @@ class HeadFile:
         except FileNotFoundError:
             return None
         except (OSError, ValueError, KeyError, TypeError, orjson.JSONDecodeError) as e:
-            log.warning("llm-audit: cannot read %s (%s); the records at the end of the chain are not checked "
-                        "against it", self.path, e)
+            log.warning(
+                "llm-audit: cannot read %s (%s); the records at the end of the chain are not checked against it",
+                self.path,
+                e,
+            )
             return None
 
     def save(self, head: Head) -> None:

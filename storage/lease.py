@@ -27,6 +27,7 @@ from storage.database import DatabaseError, first_line
 from storage.schema import chains
 from storage.status import pid_alive
 
+
 class LeaseHeld(DatabaseError):
     """Another live proxy holds the chain's lease; the message names the fix."""
 
@@ -38,8 +39,10 @@ RENEW_EVERY = 15.0  # seconds between heartbeats
 def holder_name(started: datetime) -> str:
     """Who holds a lease: this host, process, its start and a random tag (two writers of
     one process, as in the tests, are two holders)."""
-    return (f"{socket.gethostname()} pid {os.getpid()} since {started.astimezone(UTC):%Y-%m-%dT%H:%M:%SZ} "
-            f"#{secrets.token_hex(3)}")
+    return (
+        f"{socket.gethostname()} pid {os.getpid()} since {started.astimezone(UTC):%Y-%m-%dT%H:%M:%SZ} "
+        f"#{secrets.token_hex(3)}"
+    )
 
 
 def _dead_here(holder: str | None) -> bool:
@@ -57,15 +60,20 @@ def claim(engine: Engine, chain_id: str, holder: str, now: datetime | None = Non
     insert = {"sqlite": sqlite.insert, "postgresql": postgresql.insert}[engine.dialect.name]
     try:
         with engine.begin() as conn:
-            conn.execute(insert(chains).values(chain_id=chain_id, head_seq=0, head_hash=GENESIS, start_seq=1,
-                                               start_prev_hash=GENESIS).on_conflict_do_nothing(index_elements=["chain_id"]))
+            conn.execute(
+                insert(chains)
+                .values(chain_id=chain_id, head_seq=0, head_hash=GENESIS, start_seq=1, start_prev_hash=GENESIS)
+                .on_conflict_do_nothing(index_elements=["chain_id"])
+            )
             free = or_(c.lease_holder.is_(None), c.lease_until < now, c.lease_holder == holder)
             take = update(chains).values(lease_holder=holder, lease_until=now + LEASE)
             other = None
             if not conn.execute(take.where(c.chain_id == chain_id, free)).rowcount:
                 other = conn.execute(select(c.lease_holder, c.lease_until).where(c.chain_id == chain_id)).one()
-                if _dead_here(other.lease_holder) and conn.execute(take.where(
-                        c.chain_id == chain_id, c.lease_holder == other.lease_holder)).rowcount:
+                if (
+                    _dead_here(other.lease_holder)
+                    and conn.execute(take.where(c.chain_id == chain_id, c.lease_holder == other.lease_holder)).rowcount
+                ):
                     other = None
     except SQLAlchemyError as e:
         raise DatabaseError(f"cannot take the lease on the hash chain {chain_id!r}: {first_line(e)}") from None
@@ -74,7 +82,8 @@ def claim(engine: Engine, chain_id: str, holder: str, now: datetime | None = Non
             f"another proxy ({other.lease_holder}) records into this database as instance {chain_id!r} (its lease "
             f"runs until {other.lease_until:%Y-%m-%dT%H:%M:%SZ}); give this proxy its own name with "
             f"--set llm_audit_instance=NAME, or stop the other one (a lease it left behind lapses "
-            f"{int(LEASE.total_seconds())} s after its last heartbeat)")
+            f"{int(LEASE.total_seconds())} s after its last heartbeat)"
+        )
 
 
 def renew(engine: Engine, chain_id: str, holder: str) -> bool:
@@ -82,12 +91,20 @@ def renew(engine: Engine, chain_id: str, holder: str) -> bool:
     it lapsed). Database errors propagate (the caller retries at the next heartbeat)."""
     now = datetime.now(UTC)
     with engine.begin() as conn:
-        return bool(conn.execute(update(chains).where(chains.c.chain_id == chain_id, chains.c.lease_holder == holder)
-                                 .values(lease_until=now + LEASE)).rowcount)
+        return bool(
+            conn.execute(
+                update(chains)
+                .where(chains.c.chain_id == chain_id, chains.c.lease_holder == holder)
+                .values(lease_until=now + LEASE)
+            ).rowcount
+        )
 
 
 def release(engine: Engine, chain_id: str, holder: str) -> None:
     """Give the lease up at shutdown, so the next start need not wait for it to lapse."""
     with engine.begin() as conn:
-        conn.execute(update(chains).where(chains.c.chain_id == chain_id, chains.c.lease_holder == holder)
-                     .values(lease_holder=None, lease_until=None))
+        conn.execute(
+            update(chains)
+            .where(chains.c.chain_id == chain_id, chains.c.lease_holder == holder)
+            .values(lease_holder=None, lease_until=None)
+        )

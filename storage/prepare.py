@@ -50,8 +50,22 @@ _NULL_HASH = hashlib.sha256(b"null").hexdigest()
 _ESCAPED_NUL = re.compile(rb"(?<!\\)((?:\\\\)*)\\u0000")
 _INT32 = (-(2**31), 2**31 - 1)
 _INT64 = (-(2**63), 2**63 - 1)
-_MINIMAL = ("id", "started_at", "first_chunk_at", "ended_at", "status", "dialect", "provider", "proxy_instance",
-            "streamed", "http_method", "http_status", "request_model", "user_id", "session_id")
+_MINIMAL = (
+    "id",
+    "started_at",
+    "first_chunk_at",
+    "ended_at",
+    "status",
+    "dialect",
+    "provider",
+    "proxy_instance",
+    "streamed",
+    "http_method",
+    "http_status",
+    "request_model",
+    "user_id",
+    "session_id",
+)
 
 
 @dataclass(slots=True)
@@ -138,8 +152,7 @@ def minimal_row(row: dict[str, Any], reason: str) -> dict[str, Any]:
     """What is kept of a row the database refused even after :func:`prepare`: who, when,
     its status, and a finding with the reason and the SHA-256 of what was refused."""
     kept = {name: row.get(name) for name in _MINIMAL if name in row}
-    detail = (f"the database refused the record ({reason}); kept only {', '.join(kept)}; "
-              f"{_digest_note(row)}")
+    detail = f"the database refused the record ({reason}); kept only {', '.join(kept)}; {_digest_note(row)}"
     kept["findings"] = [{"code": REDUCED, "detail": detail}]
     return kept
 
@@ -166,7 +179,9 @@ def _check_json(name: str, value: Any, notes: _Notes, postgres: bool, max_bytes:
         value = _sanitize(name, value, notes)
         encoded = orjson.dumps(value, option=_SORTED)
     if postgres and b"\\u0000" in encoded:
-        notes.add(name, f"{encoded.count(b'\\u0000')} U+0000 characters stored as U+FFFD (PostgreSQL cannot hold U+0000)")
+        notes.add(
+            name, f"{encoded.count(b'\\u0000')} U+0000 characters stored as U+FFFD (PostgreSQL cannot hold U+0000)"
+        )
         encoded = _ESCAPED_NUL.sub(rb"\1\\ufffd", encoded)
         value = orjson.loads(encoded)
         encoded = orjson.dumps(value, option=_SORTED)
@@ -176,8 +191,9 @@ def _check_json(name: str, value: Any, notes: _Notes, postgres: bool, max_bytes:
     return value, encoded
 
 
-def _check_text(name: str, value: Any, notes: _Notes, postgres: bool, max_bytes: int,
-                chars: int | None = None) -> tuple[Any, bytes | None]:
+def _check_text(
+    name: str, value: Any, notes: _Notes, postgres: bool, max_bytes: int, chars: int | None = None
+) -> tuple[Any, bytes | None]:
     if not isinstance(value, str):
         notes.add(name, f"a {type(value).__name__}, not text; stored as its text")
         value = _text_of(value)
@@ -196,8 +212,11 @@ def _check_text(name: str, value: Any, notes: _Notes, postgres: bool, max_bytes:
         encoded = orjson.dumps(value) if encoded is not None else None
     if chars is not None and len(value) > chars:
         whole = value.encode()
-        notes.add(name, f"{len(value)} characters, longer than the column's {chars}: kept the first {chars}; "
-                        f"sha256 of the whole: {hashlib.sha256(whole).hexdigest()}")
+        notes.add(
+            name,
+            f"{len(value)} characters, longer than the column's {chars}: kept the first {chars}; "
+            f"sha256 of the whole: {hashlib.sha256(whole).hexdigest()}",
+        )
         value = value[:chars]
         encoded = orjson.dumps(value) if encoded is not None else None
     if encoded is not None and len(encoded) > max_bytes:
@@ -209,6 +228,7 @@ def _check_text(name: str, value: Any, notes: _Notes, postgres: bool, max_bytes:
 def _check_string(chars: int) -> Callable[..., tuple[Any, bytes | None]]:
     def check(name: str, value: Any, notes: _Notes, postgres: bool, max_bytes: int) -> tuple[Any, bytes | None]:
         return _check_text(name, value, notes, postgres, max_bytes, chars)
+
     return check
 
 
@@ -221,6 +241,7 @@ def _check_int(bounds: tuple[int, int]) -> Callable[..., tuple[Any, None]]:
         else:
             notes.add(name, f"a {type(value).__name__}, not an integer; stored NULL")
         return None, None
+
     return check
 
 
@@ -259,10 +280,16 @@ _SPECS = _specs()
 # the fast path of :func:`prepare`: string columns' lengths, integer columns' ranges, and
 # the type a time or boolean column takes as it is (NULL for the others)
 _STR_CHARS = {c.name: c.type.length for c in exchanges.columns if isinstance(c.type, String) and c.type.length}
-_INT_BOUNDS = {c.name: _INT64 if isinstance(c.type, BigInteger) else _INT32
-               for c in exchanges.columns if isinstance(c.type, Integer)}
-_PLAIN = {c.name: datetime if isinstance(c.type, DateTime) else bool
-          for c in exchanges.columns if isinstance(c.type, DateTime | Boolean)}
+_INT_BOUNDS = {
+    c.name: _INT64 if isinstance(c.type, BigInteger) else _INT32
+    for c in exchanges.columns
+    if isinstance(c.type, Integer)
+}
+_PLAIN = {
+    c.name: datetime if isinstance(c.type, DateTime) else bool
+    for c in exchanges.columns
+    if isinstance(c.type, DateTime | Boolean)
+}
 _REQUIRED = {"id": None, "status": "failed", "dialect": "unknown", "streamed": False}  # NOT NULL: placeholders
 
 
@@ -272,8 +299,11 @@ _REQUIRED = {"id": None, "status": "failed", "dialect": "unknown", "streamed": F
 def _cut(name: str, text: str, whole: bytes, notes: _Notes, max_bytes: int, what: str) -> str:
     """The first ``max_bytes`` bytes of ``text`` (whole UTF-8 characters), noted with the whole's length and hash."""
     kept = whole[:max_bytes].decode("utf-8", "ignore")
-    notes.add(name, f"{len(whole)} bytes, over the {max_bytes} stored: kept the first {len(kept.encode())} bytes of "
-                    f"{what}; sha256 of the whole: {hashlib.sha256(whole).hexdigest()}")
+    notes.add(
+        name,
+        f"{len(whole)} bytes, over the {max_bytes} stored: kept the first {len(kept.encode())} bytes of "
+        f"{what}; sha256 of the whole: {hashlib.sha256(whole).hexdigest()}",
+    )
     return kept
 
 
@@ -311,14 +341,22 @@ def _sanitize(name: str, value: Any, notes: _Notes) -> Any:
     clean = root[0]
     for what, n in counts.items():
         if n:
-            notes.add(name, {"surrogates": f"{n} strings with lone surrogates: U+FFFD in their place",
-                             "keys": f"{n} keys that are not strings turned into strings",
-                             "integers": f"{n} integers beyond 64 bits stored as their decimal text",
-                             "objects": f"{n} values that are not JSON stored as their text"}[what])
+            notes.add(
+                name,
+                {
+                    "surrogates": f"{n} strings with lone surrogates: U+FFFD in their place",
+                    "keys": f"{n} keys that are not strings turned into strings",
+                    "integers": f"{n} integers beyond 64 bits stored as their decimal text",
+                    "objects": f"{n} values that are not JSON stored as their text",
+                }[what],
+            )
     if depth > MAX_DEPTH:
         text = json_text(clean)
-        notes.add(name, f"nested {depth} levels deep, more than the {MAX_DEPTH} stored as JSON: stored as its JSON "
-                        f"text ({len(text)} characters, sha256 {hashlib.sha256(text.encode()).hexdigest()})")
+        notes.add(
+            name,
+            f"nested {depth} levels deep, more than the {MAX_DEPTH} stored as JSON: stored as its JSON "
+            f"text ({len(text)} characters, sha256 {hashlib.sha256(text.encode()).hexdigest()})",
+        )
         return text
     return clean
 

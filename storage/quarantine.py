@@ -61,8 +61,10 @@ def recover(raw: bytes) -> dict[str, Any]:
     except orjson.JSONDecodeError:
         row = None
     if isinstance(row, dict):
-        found = {"record_id": row.get("id"), **{k: row.get(k) for k in ("chain_id", "chain_seq", "prev_hash",
-                                                                         "record_hash")}}
+        found = {
+            "record_id": row.get("id"),
+            **{k: row.get(k) for k in ("chain_id", "chain_seq", "prev_hash", "record_hash")},
+        }
     else:
         found = {}
         for name, pattern in _RECOVER.items():

@@ -171,9 +171,7 @@ def get_exchange(conn: Connection, id_or_prefix: str) -> dict[str, Any]:
     if len(rows) > 1:
         raise QueryError(f"{id_or_prefix!r} is the start of several exchange ids; give more of it")
     record = plain(rows[0])
-    derived = conn.execute(
-        select(*(view[name] for name in DERIVED_FIELDS)).where(view.id == record["id"])
-    ).one()
+    derived = conn.execute(select(*(view[name] for name in DERIVED_FIELDS)).where(view.id == record["id"])).one()
     return record | plain(derived)
 
 
@@ -213,12 +211,14 @@ def stats(conn: Connection, filters: Filters, by: Sequence[str]) -> list[dict[st
         .where(*filters.conditions())
         .group_by(*keys)
     )  # fmt: skip
-    rows = {tuple(row[:len(by)]): dict(row._mapping) for row in conn.execute(totals)}
+    rows = {tuple(row[: len(by)]): dict(row._mapping) for row in conn.execute(totals)}
     for group, values in _percentiles(conn, filters, by).items():
         rows[group].update(values)
     fields = (*by, *STATS_FIELDS)
-    ordered = sorted(({name: row.get(name) for name in fields} for row in rows.values()),
-                     key=lambda r: -(r["input_tokens"] + r["output_tokens"]))
+    ordered = sorted(
+        ({name: row.get(name) for name in fields} for row in rows.values()),
+        key=lambda r: -(r["input_tokens"] + r["output_tokens"]),
+    )
     return sorted(ordered, key=lambda r: r["day"] or "") if "day" in by else ordered
 
 
@@ -250,7 +250,7 @@ def _percentiles(conn: Connection, filters: Filters, by: Sequence[str]) -> dict[
     wanted = [ranked.c.nth == (ranked.c.n * p + 99) // 100 for p in PERCENTILES]  # ceil(p * n / 100)
     out: dict[tuple, dict[str, int]] = {}
     for row in conn.execute(select(ranked).where(or_(*wanted))):
-        group = tuple(row[:len(by)])
+        group = tuple(row[: len(by)])
         for p in PERCENTILES:
             if row.nth == (row.n * p + 99) // 100:
                 out.setdefault(group, {})[f"time_to_first_chunk_p{p}_ms"] = row.ttfc

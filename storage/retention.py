@@ -152,7 +152,11 @@ def purge(
                 signer.purge(cutoff, starts, datetime.now(UTC))
             log_id = conn.execute(
                 insert(purge_log).values(
-                    purged_at=datetime.now(UTC), actor=actor, cutoff=cutoff, older_than=older_than, deleted_count=0,
+                    purged_at=datetime.now(UTC),
+                    actor=actor,
+                    cutoff=cutoff,
+                    older_than=older_than,
+                    deleted_count=0,
                     chain_starts=starts,
                 )
             ).inserted_primary_key[0]
@@ -191,18 +195,26 @@ def _chain_cuts(conn: Connection, cutoff: datetime) -> list[_Cut]:
     """Where each chain is cut: before its first record that is not old enough."""
     c = exchanges.c
     starts = {r.chain_id: r.start_seq for r in conn.execute(select(chains.c.chain_id, chains.c.start_seq))}
-    first_kept = dict(conn.execute(
-        select(c.chain_id, func.min(c.chain_seq)).where(c.chain_id.is_not(None), not_(_old(cutoff)))
-        .group_by(c.chain_id)).all())
-    last_seq = dict(conn.execute(
-        select(c.chain_id, func.max(c.chain_seq)).where(c.chain_id.is_not(None)).group_by(c.chain_id)).all())
+    first_kept = dict(
+        conn.execute(
+            select(c.chain_id, func.min(c.chain_seq))
+            .where(c.chain_id.is_not(None), not_(_old(cutoff)))
+            .group_by(c.chain_id)
+        ).all()
+    )
+    last_seq = dict(
+        conn.execute(
+            select(c.chain_id, func.max(c.chain_seq)).where(c.chain_id.is_not(None)).group_by(c.chain_id)
+        ).all()
+    )
     cuts = []
     for chain_id, top in sorted(last_seq.items()):
         last = first_kept[chain_id] - 1 if chain_id in first_kept else top
         if last < starts.get(chain_id, 1):
             continue
-        last_hash = conn.execute(select(c.record_hash).where(c.chain_id == chain_id, c.chain_seq == last)
-                                 .limit(1)).scalar()
+        last_hash = conn.execute(
+            select(c.record_hash).where(c.chain_id == chain_id, c.chain_seq == last).limit(1)
+        ).scalar()
         if last_hash is not None:
             cuts.append(_Cut(chain_id, last, last_hash))
     return cuts
@@ -224,8 +236,7 @@ def _batches(cutoff: datetime, cuts: list[_Cut]) -> list[tuple[ColumnElement[boo
 def _move_start(conn: Connection, cut: _Cut) -> None:
     values = {"start_seq": cut.last + 1, "start_prev_hash": cut.last_hash}
     if not conn.execute(update(chains).where(chains.c.chain_id == cut.chain_id).values(values)).rowcount:
-        conn.execute(insert(chains).values(chain_id=cut.chain_id, head_seq=cut.last, head_hash=cut.last_hash,
-                                           **values))
+        conn.execute(insert(chains).values(chain_id=cut.chain_id, head_seq=cut.last, head_hash=cut.last_hash, **values))
 
 
 def _delete_batch(
@@ -279,8 +290,9 @@ class DailyPurge:
             delay = self.INTERVAL
             cutoff = datetime.now(UTC) - timedelta(days=self.days)
             try:
-                result = purge(self.engine, cutoff, dry_run=False, actor=self.actor, older_than=f"{self.days}d",
-                               signer=self.signer)
+                result = purge(
+                    self.engine, cutoff, dry_run=False, actor=self.actor, older_than=f"{self.days}d", signer=self.signer
+                )
             except DatabaseError as e:
                 log.warning("llm-audit: automatic retention failed (%s); retrying in a day", e)
                 continue

@@ -50,7 +50,12 @@ exchanges = Table(
     Column("started_at", Time, comment="When the request started (UTC)."),
     Column("first_chunk_at", Time, comment="When the first response body byte arrived (UTC)."),
     Column("ended_at", Time, comment="When the exchange ended (UTC)."),
-    Column("status", String(32), nullable=False, comment="in_progress, completed, failed, blocked, client_aborted, upstream_aborted, interrupted."),
+    Column(
+        "status",
+        String(32),
+        nullable=False,
+        comment="in_progress, completed, failed, blocked, client_aborted, upstream_aborted, interrupted.",
+    ),
     Column("dialect", String(32), nullable=False, comment="Protocol: llm-stream, openai-chat, ..."),
     Column("provider", String(64), comment="gen_ai.provider.name when known."),
     Column("server_address", String(255), comment="Upstream host."),
@@ -87,28 +92,40 @@ exchanges = Table(
     Column("error_code", String(255)),
     Column("error_message", Text),
     Column("findings", Json, comment="List of {code, detail}."),
-    Column("verdicts", Json, comment="Content-filter verdicts: {action, rule_id, reason, filter, position, match_hash, ...}."),
+    Column(
+        "verdicts",
+        Json,
+        comment="Content-filter verdicts: {action, rule_id, reason, filter, position, match_hash, ...}.",
+    ),
     Column("event_count", Integer, comment="SSE events dispatched (not counting replayed ones)."),
     Column("replayed_events", Integer, comment="Events of a resumed stream that an earlier exchange already audited."),
     Column("bytes_to_client", BigInteger, comment="Body bytes forwarded to the client."),
     Column("bytes_from_upstream", BigInteger, comment="Body bytes received from the upstream."),
     Column(
-        "delivered_text", Text,
+        "delivered_text",
+        Text,
         comment="Answer text the client received, when a content filter made it differ from output_text; else NULL.",
     ),
     Column(
-        "client_status", Integer,
+        "client_status",
+        Integer,
         comment="HTTP status the client received when the proxy replaced the upstream's answer "
-                "(a blocked held answer); NULL when the client got http_status.",
+        "(a blocked held answer); NULL when the client got http_status.",
     ),
     # tamper evidence (storage/chain.py): set when the record is final
     Column("chain_id", String(255), comment="Hash chain of the writer that sealed the final record (its instance)."),
     Column("chain_seq", BigInteger, comment="Position in its chain: 1, 2, 3, ..."),
-    Column("prev_hash", String(64), comment="record_hash of the record before it in the chain (64 zeros for the first)."),
-    Column("record_hash", String(64), comment="SHA-256 of the canonical serialization of the record (storage/chain.py)."),
+    Column(
+        "prev_hash", String(64), comment="record_hash of the record before it in the chain (64 zeros for the first)."
+    ),
+    Column(
+        "record_hash", String(64), comment="SHA-256 of the canonical serialization of the record (storage/chain.py)."
+    ),
     Column("content_hashes", Json, comment="SHA-256 of each content column; they stand for erased content."),
     Column("erased_at", Time, comment="When llm-audit erase replaced the content with an erasure marker."),
-    Column("open_mac", String(64), comment="HMAC of the write-ahead row by the proxy that opened it (storage/adoption.py)."),
+    Column(
+        "open_mac", String(64), comment="HMAC of the write-ahead row by the proxy that opened it (storage/adoption.py)."
+    ),
     Index("ix_exchanges_started_at", "started_at"),
     Index("ix_exchanges_ended_at", "ended_at"),
     Index("ix_exchanges_chain_id_chain_seq", "chain_id", "chain_seq"),
@@ -218,7 +235,11 @@ exchange_view = Table(
     Column("error_code", String(255)),
     Column("error_message", Text),
     Column("finding_codes", Text, comment="Distinct finding codes, sorted, comma-separated; NULL when none."),
-    Column("verdict_rules", Text, comment="Distinct rule ids of content-filter verdicts, sorted, comma-separated; NULL when none."),
+    Column(
+        "verdict_rules",
+        Text,
+        comment="Distinct rule ids of content-filter verdicts, sorted, comma-separated; NULL when none.",
+    ),
     Column("tool_call_count", Integer, comment="Number of tool calls in the output."),
     Column("output_text", Text),
     Column("delivered_text", Text),

@@ -55,7 +55,9 @@ class Spool:
             fcntl.flock(self._file.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             self._file.close()
-            raise SpoolLocked(f"{path} is in use by another llm-audit proxy; give each proxy its own llm_audit_spool") from None
+            raise SpoolLocked(
+                f"{path} is in use by another llm-audit proxy; give each proxy its own llm_audit_spool"
+            ) from None
         self._end_torn_line()
         self.records = sum(1 for _ in self._lines())
 

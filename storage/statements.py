@@ -64,8 +64,10 @@ class Signer:
         try:
             return write_signed(self.directory, self.key, prefix, doc, now)
         except OSError as e:
-            raise CheckpointError(f"cannot write the signed {prefix} statement in {self.directory} ({e.strerror}); "
-                                  "nothing was changed: name a writable folder with --dir DIR") from None
+            raise CheckpointError(
+                f"cannot write the signed {prefix} statement in {self.directory} ({e.strerror}); "
+                "nothing was changed: name a writable folder with --dir DIR"
+            ) from None
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,8 +103,11 @@ def read_statements(directory: Path, keys: Ed25519PublicKey | Sequence[Ed25519Pu
         try:
             datetime.fromisoformat(str(doc["cutoff"]))  # compared with the floor by verify
             for chain_id, start in doc["chains"].items():
-                out.starts.setdefault(chain_id, []).append(SignedStart(
-                    int(start["seq"]), str(start["prev_hash"]), str(doc["cutoff"]), doc["created_at"], path.name))
+                out.starts.setdefault(chain_id, []).append(
+                    SignedStart(
+                        int(start["seq"]), str(start["prev_hash"]), str(doc["cutoff"]), doc["created_at"], path.name
+                    )
+                )
         except (ValueError, KeyError, TypeError, AttributeError) as e:
             raise CheckpointError(f"{path}: not a valid purge statement ({e})") from None
     return out

@@ -90,9 +90,11 @@ def verdict(doc: dict[str, Any], running: bool) -> tuple[int, str]:
     process is gone.
     """
     who = f"proxy {doc.get('instance')} (pid {doc.get('pid')})"
-    counts = (f"{doc.get('written', 0)} written, {doc.get('spooled', 0)} in the spool, "
-              f"{doc.get('quarantined', 0)} quarantined, {doc.get('held', 0)} held in memory; "
-              f"last write {doc.get('last_write') or 'none yet'}")
+    counts = (
+        f"{doc.get('written', 0)} written, {doc.get('spooled', 0)} in the spool, "
+        f"{doc.get('quarantined', 0)} quarantined, {doc.get('held', 0)} held in memory; "
+        f"last write {doc.get('last_write') or 'none yet'}"
+    )
     error = f" (last error: {doc['last_error']})" if doc.get("last_error") else ""
     if doc.get("stopped"):
         return NOT_RUNNING, f"{who}: not running (stopped at {doc.get('updated')}); {counts}"

@@ -39,13 +39,30 @@ DIALECTS: dict[str, tuple[float, list[tuple[str | None, str]], list[str]]] = {
     "llm-stream": (0.07, [(None, "llm.internal.example")], ["local-llama-70b", "local-qwen-32b"]),
     "lmsp": (0.03, [("lmsp", "agents.internal.example")], ["agent-large", "agent-small"]),
 }  # fmt: skip
-PATHS = {"openai-chat": "/v1/chat/completions", "anthropic-messages": "/v1/messages", "openai-responses": "/v1/responses",
-         "gemini": "/v1beta/models/gemini:streamGenerateContent", "llm-stream": "/v1/llm/stream",
-         "lmsp": "/lmsp/v1/responses"}
-STATUSES = [("completed", 0.92), ("failed", 0.03), ("upstream_aborted", 0.02), ("client_aborted", 0.02),
-            ("blocked", 0.007), ("interrupted", 0.003)]
-USER_AGENTS = ["OpenAI/Python 1.99.1", "Anthropic/Python 0.70.0", "google-genai-sdk/1.40.0", "curl/8.5.0",
-               "vscode-copilot/1.250", "internal-agent/2.3"]
+PATHS = {
+    "openai-chat": "/v1/chat/completions",
+    "anthropic-messages": "/v1/messages",
+    "openai-responses": "/v1/responses",
+    "gemini": "/v1beta/models/gemini:streamGenerateContent",
+    "llm-stream": "/v1/llm/stream",
+    "lmsp": "/lmsp/v1/responses",
+}
+STATUSES = [
+    ("completed", 0.92),
+    ("failed", 0.03),
+    ("upstream_aborted", 0.02),
+    ("client_aborted", 0.02),
+    ("blocked", 0.007),
+    ("interrupted", 0.003),
+]
+USER_AGENTS = [
+    "OpenAI/Python 1.99.1",
+    "Anthropic/Python 0.70.0",
+    "google-genai-sdk/1.40.0",
+    "curl/8.5.0",
+    "vscode-copilot/1.250",
+    "internal-agent/2.3",
+]
 WORDS = [
     "the", "a", "report", "summary", "customer", "invoice", "contract", "draft", "review", "code", "test",
     "function", "error", "log", "data", "table", "query", "result", "meeting", "plan", "budget", "risk", "policy",
@@ -73,12 +90,32 @@ def rows(n: int, days: int, seed: int, end: datetime) -> Iterator[dict[str, Any]
         user = rnd.choices(users, user_weights)[0] if rnd.random() > 0.1 else None
         status = rnd.choices([s for s, _ in STATUSES], [w for _, w in STATUSES])[0]
         started = start + step * i + timedelta(milliseconds=rnd.randrange(1000))
-        yield _row(rnd, f"{rnd.getrandbits(128):032x}", dialect, provider, server, model, user, status, started,
-                   workstation.get(user or "", "10.20.0.1"))
+        yield _row(
+            rnd,
+            f"{rnd.getrandbits(128):032x}",
+            dialect,
+            provider,
+            server,
+            model,
+            user,
+            status,
+            started,
+            workstation.get(user or "", "10.20.0.1"),
+        )
 
 
-def _row(rnd: random.Random, id: str, dialect: str, provider: str | None, server: str, model: str, user: str | None,
-         status: str, started: datetime, client: str) -> dict[str, Any]:
+def _row(
+    rnd: random.Random,
+    id: str,
+    dialect: str,
+    provider: str | None,
+    server: str,
+    model: str,
+    user: str | None,
+    status: str,
+    started: datetime,
+    client: str,
+) -> dict[str, Any]:
     prompt = " ".join(rnd.choices(WORDS, k=rnd.randrange(5, 40)))
     answer = " ".join(rnd.choices(WORDS, k=rnd.randrange(20, 80))) if status != "blocked" else ""
     reported = status not in ("blocked", "interrupted") and not (dialect == "openai-chat" and rnd.random() < 0.3)
@@ -150,7 +187,9 @@ def _insert(engine, batch: list[dict[str, Any]]) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="scripts/synth-db", description="Fill an audit database with synthetic exchanges.")
+    parser = argparse.ArgumentParser(
+        prog="scripts/synth-db", description="Fill an audit database with synthetic exchanges."
+    )
     parser.add_argument("--db", required=True, metavar="URL", help="SQLAlchemy URL (rows are added to what is there)")
     parser.add_argument("--rows", type=int, default=1_000_000, help="exchanges to add (default: 1000000)")
     parser.add_argument("--days", type=int, default=365, help="spread over the last N days (default: 365)")

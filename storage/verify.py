@@ -51,8 +51,8 @@ from sqlalchemy import JSON, Connection, DateTime, Engine, String, func, select,
 from storage.chain import CONTENT_COLUMNS, ERASED, GENESIS, Head, check_record, content_hash, utc_text
 from storage.checkpoint import Checkpoint
 from storage.retention import MIN_RETENTION
-from storage.statements import SignedStart, Statements
 from storage.schema import IN_PROGRESS, chains, exchanges, quarantine
+from storage.statements import SignedStart, Statements
 
 UNREADABLE_KEY = "_unreadable"  # on a row read by verify: the columns whose stored text cannot be decoded
 
@@ -123,18 +123,29 @@ class ChainReport:
         return f"chain {self.chain_id}: TAMPERED, first problem: {self.problems[0].line()}"
 
     def as_dict(self) -> dict[str, Any]:
-        return {"chain_id": self.chain_id, "ok": self.ok, "start_seq": self.start, "records": self.records,
-                "erased": self.erased, "head_seq": self.last.seq, "head_hash": self.last.hash,
-                "checkpoints_matched": self.checkpoints if self.ok else None,
-                "uncovered": dict(zip(("first", "last"), self.uncovered)) if self.uncovered else None,
-                "problems": [_problem_dict(p) for p in self.problems],
-                "quarantined": [{"seq": q["chain_seq"], "id": q["record_id"], "file": q["file"], "reason": q["reason"]}
-                                for q in self.quarantined]}
+        return {
+            "chain_id": self.chain_id,
+            "ok": self.ok,
+            "start_seq": self.start,
+            "records": self.records,
+            "erased": self.erased,
+            "head_seq": self.last.seq,
+            "head_hash": self.last.hash,
+            "checkpoints_matched": self.checkpoints if self.ok else None,
+            "uncovered": dict(zip(("first", "last"), self.uncovered)) if self.uncovered else None,
+            "problems": [_problem_dict(p) for p in self.problems],
+            "quarantined": [
+                {"seq": q["chain_seq"], "id": q["record_id"], "file": q["file"], "reason": q["reason"]}
+                for q in self.quarantined
+            ],
+        }
 
     def quarantine_lines(self) -> list[str]:
         """One line per quarantined record of the chain."""
-        return [f"record {q['chain_seq']} of chain {self.chain_id} is quarantined in {q['file']}: {q['reason']}"
-                for q in self.quarantined]
+        return [
+            f"record {q['chain_seq']} of chain {self.chain_id} is quarantined in {q['file']}: {q['reason']}"
+            for q in self.quarantined
+        ]
 
 
 def _problem_dict(p: Problem) -> dict[str, Any]:
@@ -168,8 +179,12 @@ def verify(engine: Engine, checkpoints: Sequence[Checkpoint] = (), statements: S
         # a row a proxy made for its lease before it wrote anything is no chain yet
         ids = {k for k, r in known.items() if r.head_seq or r.start_seq > 1}
         ids |= {cp_chain for cp in checkpoints for cp_chain in cp.heads}
-        ids |= {r[0] for r in conn.execute(select(exchanges.c.chain_id).where(exchanges.c.chain_id.is_not(None))
-                                           .group_by(exchanges.c.chain_id))}
+        ids |= {
+            r[0]
+            for r in conn.execute(
+                select(exchanges.c.chain_id).where(exchanges.c.chain_id.is_not(None)).group_by(exchanges.c.chain_id)
+            )
+        }
         held = _quarantined_records(conn)
         reports = []
         for chain_id in sorted(ids):
@@ -182,8 +197,13 @@ def verify(engine: Engine, checkpoints: Sequence[Checkpoint] = (), statements: S
             if head > report.last.seq and report.ok:
                 gap = _fill(kept, report.last.seq + 1, head, report.last.hash, row.head_hash)
                 if gap is None:
-                    report.add("deleted", report.last.seq + 1, None, f"records {report.last.seq + 1}..{head} are "
-                               f"missing (the chains table says the chain reached {head})")
+                    report.add(
+                        "deleted",
+                        report.last.seq + 1,
+                        None,
+                        f"records {report.last.seq + 1}..{head} are "
+                        f"missing (the chains table says the chain reached {head})",
+                    )
                 else:
                     report.quarantined += gap
             reports.append(report)
@@ -201,8 +221,9 @@ def _quarantined_records(conn: Connection) -> dict[str, dict[int, dict[str, Any]
     """The quarantine table's records with a known place: {chain: {seq: row}}."""
     q = quarantine.c
     found: dict[str, dict[int, dict[str, Any]]] = {}
-    for row in conn.execute(select(quarantine).where(q.chain_id.is_not(None), q.chain_seq.is_not(None))
-                            .order_by(q.id)).mappings():
+    for row in conn.execute(
+        select(quarantine).where(q.chain_id.is_not(None), q.chain_seq.is_not(None)).order_by(q.id)
+    ).mappings():
         found.setdefault(row["chain_id"], {})[row["chain_seq"]] = dict(row)
     return found
 
@@ -237,10 +258,10 @@ def _rows(conn: Connection, chain_id: str, start: int) -> Iterator[dict[str, Any
     sqlite = conn.dialect.name == "sqlite"
     decoded = [col for col in exchanges.columns if sqlite and isinstance(col.type, (JSON, DateTime))]
     columns = [type_coerce(col, String).label(col.name) if col in decoded else col for col in exchanges.columns]
-    processors = {col.name: col.type.dialect_impl(conn.dialect).result_processor(conn.dialect, None)
-                  for col in decoded}
+    processors = {col.name: col.type.dialect_impl(conn.dialect).result_processor(conn.dialect, None) for col in decoded}
     result = conn.execution_options(stream_results=True, yield_per=1000).execute(
-        select(*columns).where(c.chain_id == chain_id, c.chain_seq >= start).order_by(c.chain_seq, c.id))
+        select(*columns).where(c.chain_id == chain_id, c.chain_seq >= start).order_by(c.chain_seq, c.id)
+    )
     for row in result.mappings():
         record = dict(row)
         for name, process in processors.items():
@@ -252,9 +273,15 @@ def _rows(conn: Connection, chain_id: str, start: int) -> Iterator[dict[str, Any
         yield record
 
 
-def _verify_chain(conn: Connection, chain_id: str, start: int, start_prev: str,
-                  checkpoints: Sequence[Checkpoint], kept: dict[int, dict[str, Any]],
-                  statements: Statements | None) -> ChainReport:
+def _verify_chain(
+    conn: Connection,
+    chain_id: str,
+    start: int,
+    start_prev: str,
+    checkpoints: Sequence[Checkpoint],
+    kept: dict[int, dict[str, Any]],
+    statements: Statements | None,
+) -> ChainReport:
     report = ChainReport(chain_id, start=start, last=Head(start - 1, start_prev), signed=bool(checkpoints))
     signed = [(cp, cp.heads[chain_id]) for cp in checkpoints if chain_id in cp.heads]
     wanted = {head.seq for _, head in signed}
@@ -262,17 +289,25 @@ def _verify_chain(conn: Connection, chain_id: str, start: int, start_prev: str,
     expected, prev, parent = start, start_prev, None  # parent: what the last record links to
     for row in _rows(conn, chain_id, start):
         seq, rid = row["chain_seq"], row["id"]
-        problem = check_record(row) if UNREADABLE_KEY not in row else \
-            f"stored values cannot be read ({', '.join(row[UNREADABLE_KEY])})"
+        problem = (
+            check_record(row)
+            if UNREADABLE_KEY not in row
+            else f"stored values cannot be read ({', '.join(row[UNREADABLE_KEY])})"
+        )
         if problem is None and row["erased_at"] is not None:
             problem = _erasure_problem(row, statements)
         if problem:
             report.add("modified", seq, rid, problem)
         if seq < expected:
             if seq == expected - 1 and row["prev_hash"] == parent:
-                report.add("forked", seq, rid, f"a second record numbered {seq} links to the same record as the "
-                           f"first: two writers sealed into this chain from record {seq} on (two proxies with one "
-                           "llm_audit_instance?)")
+                report.add(
+                    "forked",
+                    seq,
+                    rid,
+                    f"a second record numbered {seq} links to the same record as the "
+                    f"first: two writers sealed into this chain from record {seq} on (two proxies with one "
+                    "llm_audit_instance?)",
+                )
             else:
                 report.add("inserted", seq, rid, f"a second record numbered {seq}")
             continue
@@ -307,20 +342,31 @@ def _unvouched(report: ChainReport, checkpoints: Sequence[Checkpoint]) -> None:
         if last < report.start:
             continue  # purged since
         records = f"record {first} was" if first == last else f"records {first}..{last} were"
-        report.add("unvouched", first, None, f"{records} in the database when the proxy restarted, but it had "
-                   f"not written them (checkpoint {cp.path.name} says so): forged while it was stopped, or "
-                   "committed just before a crash")
+        report.add(
+            "unvouched",
+            first,
+            None,
+            f"{records} in the database when the proxy restarted, but it had "
+            f"not written them (checkpoint {cp.path.name} says so): forged while it was stopped, or "
+            "committed just before a crash",
+        )
 
 
 def _erasure_problem(row: dict[str, Any], statements: Statements | None) -> str | None:
     """What is wrong with an erased record: content other than the erasure marker, or
     (with signed statements) no statement that erased this record, by number and hash."""
-    changed = [name for name in CONTENT_COLUMNS if row.get(name) not in (ERASED, None)
-               or (row.get(name) is None and row["content_hashes"].get(name) != content_hash(None))]
+    changed = [
+        name
+        for name in CONTENT_COLUMNS
+        if row.get(name) not in (ERASED, None)
+        or (row.get(name) is None and row["content_hashes"].get(name) != content_hash(None))
+    ]
     if changed:
         return f"it is marked erased, but its content ({', '.join(changed)}) is not the erasure marker"
-    if statements is not None and \
-            statements.erased.get(row["chain_id"], {}).get(row["chain_seq"]) != row["record_hash"]:
+    if (
+        statements is not None
+        and statements.erased.get(row["chain_id"], {}).get(row["chain_seq"]) != row["record_hash"]
+    ):
         return "it is marked erased, but no signed erasure statement names it"
     return None
 
@@ -332,28 +378,45 @@ def _check_start(report: ChainReport, start_prev: str, signed: list[SignedStart]
         return
     match = next((s for s in reversed(signed) if (s.seq, s.prev_hash) == (report.start, start_prev)), None)
     if match is None:
-        report.add("purged", report.start, None, f"the chain starts at record {report.start}, but no signed purge "
-                   f"statement moved its start there: records {1 if report.start == 2 else f'1..{report.start - 1}'} "
-                   "were removed")
+        report.add(
+            "purged",
+            report.start,
+            None,
+            f"the chain starts at record {report.start}, but no signed purge "
+            f"statement moved its start there: records {1 if report.start == 2 else f'1..{report.start - 1}'} "
+            "were removed",
+        )
     elif utc_text(datetime.fromisoformat(match.cutoff) + MIN_RETENTION) > match.created_at:
-        report.add("purged", report.start, None, f"purge statement {match.file} ({match.created_at}) removed "
-                   f"records that ended after {match.cutoff}, inside the {MIN_RETENTION.days}-day retention floor")
+        report.add(
+            "purged",
+            report.start,
+            None,
+            f"purge statement {match.file} ({match.created_at}) removed "
+            f"records that ended after {match.cutoff}, inside the {MIN_RETENTION.days}-day retention floor",
+        )
 
 
 def _broken_link(conn: Connection, report: ChainReport, chain_id: str, row: dict[str, Any]) -> None:
     """A record that does not link to the one before it: find what it links to."""
     seq, rid = row["chain_seq"], row["id"]
     c = exchanges.c
-    target = conn.execute(select(func.min(c.chain_seq)).where(c.chain_id == chain_id,
-                                                              c.record_hash == row["prev_hash"])).scalar()
+    target = conn.execute(
+        select(func.min(c.chain_seq)).where(c.chain_id == chain_id, c.record_hash == row["prev_hash"])
+    ).scalar()
     if target is None:
-        report.add("modified", seq - 1, None,
-                   f"record {seq} links to a hash no record has: record {seq - 1} was changed and re-hashed")
+        report.add(
+            "modified",
+            seq - 1,
+            None,
+            f"record {seq} links to a hash no record has: record {seq - 1} was changed and re-hashed",
+        )
     elif target > seq:
         report.add("reordered", seq, rid, f"it links to record {target}, which comes after it")
     else:
         inserted = f"{target + 1}" if target + 1 == seq - 1 else f"{target + 1}..{seq - 1}"
-        report.add("inserted", target + 1, None, f"record {seq} links to record {target}: records {inserted} were inserted")
+        report.add(
+            "inserted", target + 1, None, f"record {seq} links to record {target}: records {inserted} were inserted"
+        )
 
 
 def _compare_checkpoints(report: ChainReport, signed: list[tuple[Checkpoint, Head]], seen: dict[int, str]) -> None:
@@ -361,15 +424,23 @@ def _compare_checkpoints(report: ChainReport, signed: list[tuple[Checkpoint, Hea
         if head.seq < report.start:
             continue  # purged since
         if head.seq > report.last.seq:
-            report.add("truncated", report.last.seq + 1, None,
-                       f"the chain ends at record {report.last.seq}, but checkpoint {checkpoint.path.name} "
-                       f"({checkpoint.created_at}) signed record {head.seq}: the records after "
-                       f"{report.last.seq} were removed")
+            report.add(
+                "truncated",
+                report.last.seq + 1,
+                None,
+                f"the chain ends at record {report.last.seq}, but checkpoint {checkpoint.path.name} "
+                f"({checkpoint.created_at}) signed record {head.seq}: the records after "
+                f"{report.last.seq} were removed",
+            )
             return
         if seen.get(head.seq) != head.hash:
-            report.add("rewritten", head.seq, None,
-                       f"record {head.seq} differs from checkpoint {checkpoint.path.name} "
-                       f"({checkpoint.created_at}): the chain was rewritten at or before record {head.seq}")
+            report.add(
+                "rewritten",
+                head.seq,
+                None,
+                f"record {head.seq} differs from checkpoint {checkpoint.path.name} "
+                f"({checkpoint.created_at}): the chain was rewritten at or before record {head.seq}",
+            )
             return
         report.checkpoints += 1
         report.covered = max(report.covered, head.seq)

@@ -49,7 +49,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 import orjson
@@ -57,12 +57,12 @@ from sqlalchemy import Engine, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import SQLAlchemyError
 
-from storage.chain import CHAIN_COLUMNS, GENESIS, Chain, Head, is_sealed
 from storage.adoption import is_own, load_or_create_secret, open_mac
+from storage.chain import CHAIN_COLUMNS, GENESIS, Chain, Head, is_sealed
 from storage.checkpoint import Checkpointer, CheckpointError
+from storage.database import DatabaseError, first_line
 from storage.headfile import HeadFile
 from storage.lease import RENEW_EVERY, LeaseHeld, claim, holder_name, release, renew
-from storage.database import DatabaseError, first_line
 from storage.prepare import MAX_VALUE_BYTES, Prepared, minimal_row, prepare
 from storage.quarantine import Entry, Quarantine, recover
 from storage.schema import IN_PROGRESS, chains, exchanges
@@ -101,7 +101,7 @@ class AuditWriter:
         self.max_value_bytes = max_value_bytes
         self.written = 0  # final records (open records are not counted)
         self.quarantined = 0  # records quarantined by this run
-        self.started = datetime.now(timezone.utc)
+        self.started = datetime.now(UTC)
         self.last_write: datetime | None = None
         self.last_error: str | None = None
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
@@ -160,14 +160,20 @@ class AuditWriter:
         if self.spool:
             log.warning(
                 "llm-audit: %d records wait in the spool %s (%d bytes); they are written at the next start",
-                self.spool.records, self.spool.path, self.spool.size,
+                self.spool.records,
+                self.spool.path,
+                self.spool.size,
             )
         if self._in_memory():
-            log.error("llm-audit: %d records could be written neither to the database nor to the spool",
-                      self._in_memory())
+            log.error(
+                "llm-audit: %d records could be written neither to the database nor to the spool", self._in_memory()
+            )
         if self.quarantined:
-            log.warning("llm-audit: %d records were quarantined in %s (listed in the quarantine table)",
-                        self.quarantined, self.quarantine.path)
+            log.warning(
+                "llm-audit: %d records were quarantined in %s (listed in the quarantine table)",
+                self.quarantined,
+                self.quarantine.path,
+            )
         self._checkpoint(final=True)
         self._report(force=True, alive=False, stopped=True)
         self.spool.close()
@@ -175,8 +181,10 @@ class AuditWriter:
 
     def summary(self) -> str:
         """Where every record went, for the shutdown line."""
-        return (f"llm-audit: {self.written} audit records written, {self.spool.records} wait in the spool, "
-                f"{self.quarantined} quarantined, {self._in_memory()} held in memory")
+        return (
+            f"llm-audit: {self.written} audit records written, {self.spool.records} wait in the spool, "
+            f"{self.quarantined} quarantined, {self._in_memory()} held in memory"
+        )
 
     def _in_memory(self) -> int:
         return self._queue.qsize() + len(self._retry) + len(self._inflight) + len(self._held)
@@ -187,9 +195,14 @@ class AuditWriter:
         known = self._head_file.load()
         if known is None or stored.seq <= known.seq:
             return
-        log.warning("llm-audit: records %d..%d of chain %r are in the database, but this proxy last wrote record %d: "
-                    "its checkpoints name them as not written by it (verify reports them)",
-                    known.seq + 1, stored.seq, self.instance, known.seq)
+        log.warning(
+            "llm-audit: records %d..%d of chain %r are in the database, but this proxy last wrote record %d: "
+            "its checkpoints name them as not written by it (verify reports them)",
+            known.seq + 1,
+            stored.seq,
+            self.instance,
+            known.seq,
+        )
         if self.checkpointer is not None:
             self.checkpointer.unvouched = (known.seq + 1, stored.seq)
 
@@ -216,8 +229,11 @@ class AuditWriter:
             if not self._leased:
                 self._leased = self._claim()
             elif not renew(self.engine, self.instance, self._holder):
-                log.error("llm-audit: another proxy took over the lease on chain %r after this one missed its "
-                          "heartbeats; the chain may fork: stop one of them", self.instance)
+                log.error(
+                    "llm-audit: another proxy took over the lease on chain %r after this one missed its "
+                    "heartbeats; the chain may fork: stop one of them",
+                    self.instance,
+                )
                 self._leased = False
         except LeaseHeld as e:
             log.error("llm-audit: %s", e)
@@ -231,10 +247,15 @@ class AuditWriter:
         c = exchanges.c
         try:
             with self.engine.connect() as conn:
-                known = conn.execute(select(chains.c.head_seq, chains.c.head_hash)
-                                     .where(chains.c.chain_id == self.instance)).first()
-                last = conn.execute(select(c.chain_seq, c.record_hash).where(c.chain_id == self.instance)
-                                    .order_by(c.chain_seq.desc()).limit(1)).first()
+                known = conn.execute(
+                    select(chains.c.head_seq, chains.c.head_hash).where(chains.c.chain_id == self.instance)
+                ).first()
+                last = conn.execute(
+                    select(c.chain_seq, c.record_hash)
+                    .where(c.chain_id == self.instance)
+                    .order_by(c.chain_seq.desc())
+                    .limit(1)
+                ).first()
         except SQLAlchemyError as e:
             raise DatabaseError(f"cannot read the hash chain's head: {first_line(e)}") from None
         heads = [Head(), *(Head(r[0], r[1]) for r in (known, last) if r is not None)]
@@ -246,8 +267,11 @@ class AuditWriter:
                 heads.append(Head(found["chain_seq"], found["record_hash"]))
 
         for rows in self.spool.read(self.batch_size, torn):
-            heads += [Head(r["chain_seq"], r["record_hash"]) for r in rows
-                      if is_sealed(r) and r.get("chain_id") == self.instance]
+            heads += [
+                Head(r["chain_seq"], r["record_hash"])
+                for r in rows
+                if is_sealed(r) and r.get("chain_id") == self.instance
+            ]
         return stored, max(heads, key=lambda h: h.seq)
 
     # -- the writer thread --------------------------------------------------------------
@@ -258,8 +282,11 @@ class AuditWriter:
         return thread
 
     def _restart(self) -> None:
-        log.error("llm-audit: the writer thread died (%s); starting a new one (%d records wait in memory, none lost)",
-                  self._death or "reason unknown", self._in_memory())
+        log.error(
+            "llm-audit: the writer thread died (%s); starting a new one (%d records wait in memory, none lost)",
+            self._death or "reason unknown",
+            self._in_memory(),
+        )
         self._death = None
         self._thread = self._start_thread()
 
@@ -293,7 +320,7 @@ class AuditWriter:
         """Run one step; whatever it raises is logged and its rows are tried again."""
         try:
             step(*args)
-        except Exception as e:  # noqa: BLE001 - the writer must survive anything
+        except Exception as e:  # the writer must survive anything
             self.last_error = f"{type(e).__name__}: {e}"[:300]
             log.exception("llm-audit: the writer failed (%s); its records are tried again", self.last_error)
             self._salvage()
@@ -358,22 +385,26 @@ class AuditWriter:
             self._isolate(batch, prepared, sealed, e)
         self._inflight = []
 
-    def _isolate(self, batch: list[Any], prepared: list[Prepared], sealed: list[dict[str, Any]],
-                 error: Exception) -> None:
+    def _isolate(
+        self, batch: list[Any], prepared: list[Prepared], sealed: list[dict[str, Any]], error: Exception
+    ) -> None:
         """A batch failed: spool it when the database does not answer; else write its rows
         one by one, so that a row the database refuses affects that row alone."""
         if not self._answers():
             self._failed(error)
             self._spool(sealed)
             return
-        log.warning("llm-audit: a write of %d records failed while the database answers (%s); writing them one by one",
-                    len(batch), first_line(error))
+        log.warning(
+            "llm-audit: a write of %d records failed while the database answers (%s); writing them one by one",
+            len(batch),
+            first_line(error),
+        )
         self.chain.head = self._inflight_head
         for i, p in enumerate(prepared):
             if not self._write_one(p):
                 self._spool([self._seal(q) for q in prepared[i:]])
                 return
-            self._inflight, self._inflight_head = batch[i + 1:], self.chain.head
+            self._inflight, self._inflight_head = batch[i + 1 :], self.chain.head
 
     def _write_one(self, p: Prepared) -> bool:
         """Write one fresh row; refused, its minimal row (sealed in its place); refused too,
@@ -388,8 +419,11 @@ class AuditWriter:
         reason = first_line(refusal)
         refusal = self._try_write(self._seal(self._prepare(minimal_row(p.row, reason))))
         if refusal is None:
-            log.error("llm-audit: record %s was refused by the database (%s); a minimal row of it is written",
-                      p.row.get("id"), reason)
+            log.error(
+                "llm-audit: record %s was refused by the database (%s); a minimal row of it is written",
+                p.row.get("id"),
+                reason,
+            )
             return True
         self.chain.head = mark
         if not self._answers():
@@ -404,11 +438,14 @@ class AuditWriter:
         try:
             self._write(rows)
             return
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:  # a database refusal, or a row the driver cannot bind
             if not self._answers():
                 raise
-            log.warning("llm-audit: replaying %d records failed while the database answers (%s); one by one",
-                        len(rows), first_line(e))
+            log.warning(
+                "llm-audit: replaying %d records failed while the database answers (%s); one by one",
+                len(rows),
+                first_line(e),
+            )
         for row in rows:
             refusal = self._try_write(row)
             if refusal is None:
@@ -432,8 +469,9 @@ class AuditWriter:
         refuses from a database that refuses everything (down, locked, read-only)."""
         try:
             with self.engine.begin() as conn:
-                conn.execute(update(chains).where(chains.c.chain_id == self.instance)
-                             .values(head_seq=chains.c.head_seq))
+                conn.execute(
+                    update(chains).where(chains.c.chain_id == self.instance).values(head_seq=chains.c.head_seq)
+                )
         except Exception:  # noqa: BLE001
             return False
         return True
@@ -446,8 +484,11 @@ class AuditWriter:
         except Exception as e:  # noqa: BLE001
             reason = f"it could not be prepared: {type(e).__name__}: {e}"[:300]
             log.error("llm-audit: a record %s; a minimal row of it is written", reason)
-            return prepare(minimal_row(row if isinstance(row, dict) else {}, reason), postgres=self._postgres,
-                           max_bytes=self.max_value_bytes)
+            return prepare(
+                minimal_row(row if isinstance(row, dict) else {}, reason),
+                postgres=self._postgres,
+                max_bytes=self.max_value_bytes,
+            )
 
     def _seal(self, p: Prepared) -> dict[str, Any]:
         """The prepared row, sealed into the chain when final; a row that cannot be sealed
@@ -469,7 +510,9 @@ class AuditWriter:
             self.spool.append(rows)
         except OSError as e:
             self._held = rows
-            log.error("llm-audit: cannot write the spool %s (%s); %d records held in memory", self.spool.path, e, len(rows))
+            log.error(
+                "llm-audit: cannot write the spool %s (%s); %d records held in memory", self.spool.path, e, len(rows)
+            )
             return
         except TypeError:  # a row orjson refuses (never a prepared one): the others go on
             self._spool_each(rows)
@@ -486,8 +529,9 @@ class AuditWriter:
                 self._quarantine_row(row, f"cannot be written to the spool: {e}")
             except OSError:
                 self._held += rows[i:]
-                log.error("llm-audit: cannot write the spool %s; %d records held in memory", self.spool.path,
-                          len(rows) - i)
+                log.error(
+                    "llm-audit: cannot write the spool %s; %d records held in memory", self.spool.path, len(rows) - i
+                )
                 return
 
     def _quarantine_row(self, row: Any, reason: str) -> None:
@@ -500,8 +544,11 @@ class AuditWriter:
         try:
             self._quarantine_line(raw, reason)
         except OSError as e:
-            log.error("llm-audit: cannot write the quarantine file %s (%s); the record is held in memory",
-                      self.quarantine.path, e)
+            log.error(
+                "llm-audit: cannot write the quarantine file %s (%s); the record is held in memory",
+                self.quarantine.path,
+                e,
+            )
             if isinstance(row, dict):
                 self._held.append(row)
 
@@ -512,8 +559,11 @@ class AuditWriter:
             return  # kept already (a replay cut short saw it before)
         self.quarantined += 1
         self._unrecorded.append(entry)
-        what = (f"record {entry.chain_seq} of chain {entry.chain_id}" if entry.chain_seq is not None
-                else f"record {entry.record_id or '(id unknown)'}")
+        what = (
+            f"record {entry.chain_seq} of chain {entry.chain_id}"
+            if entry.chain_seq is not None
+            else f"record {entry.record_id or '(id unknown)'}"
+        )
         # a warning, not an error: mitmdump exits when an error is logged while it starts,
         # and a spool quarantined at start must not keep the proxy from running
         log.warning("llm-audit: %s is quarantined in %s: %s", what, self.quarantine.path, reason)
@@ -562,7 +612,7 @@ class AuditWriter:
             if ours:
                 last = max(ours, key=lambda e: e.chain_seq)
                 self._advance_head(conn, Head(last.chain_seq, last.record_hash))
-        self._unrecorded = self._unrecorded[len(entries):]
+        self._unrecorded = self._unrecorded[len(entries) :]
 
     def _failed(self, error: Exception) -> None:
         reason = first_line(error)
@@ -582,7 +632,7 @@ class AuditWriter:
             if head is not None:
                 self._advance_head(conn, head)
         self.written += sum(1 for row in rows if row["status"] != IN_PROGRESS)  # final records
-        self.last_write = datetime.now(timezone.utc)
+        self.last_write = datetime.now(UTC)
         if sum(len(row.get("output_text") or "") for row in rows) > _TRIM_AFTER:
             _release_memory()
         if head is not None and head.seq > self.committed.seq:
@@ -592,13 +642,16 @@ class AuditWriter:
 
     def _advance_head(self, conn, head: Head) -> None:
         """Move the ``chains`` row of this instance to ``head`` (never backwards)."""
-        stmt = self._insert(chains).values(chain_id=self.instance, head_seq=head.seq, head_hash=head.hash,
-                                           start_seq=1, start_prev_hash=GENESIS)
-        conn.execute(stmt.on_conflict_do_update(
-            index_elements=[chains.c.chain_id],
-            set_={"head_seq": stmt.excluded.head_seq, "head_hash": stmt.excluded.head_hash},
-            where=chains.c.head_seq < stmt.excluded.head_seq,
-        ))
+        stmt = self._insert(chains).values(
+            chain_id=self.instance, head_seq=head.seq, head_hash=head.hash, start_seq=1, start_prev_hash=GENESIS
+        )
+        conn.execute(
+            stmt.on_conflict_do_update(
+                index_elements=[chains.c.chain_id],
+                set_={"head_seq": stmt.excluded.head_seq, "head_hash": stmt.excluded.head_hash},
+                where=chains.c.head_seq < stmt.excluded.head_seq,
+            )
+        )
 
     def _checkpoint(self, final: bool = False) -> None:
         if self.checkpointer is None:
@@ -614,12 +667,21 @@ class AuditWriter:
     def _report(self, force: bool = False, alive: bool = True, stopped: bool = False) -> None:
         """Keep the status file current (at most about once a second), and log a heartbeat
         every :data:`HEARTBEAT` seconds while records come."""
-        doc = {"pid": os.getpid(), "instance": self.instance, "started": self.started,
-               "database": self.engine.url.render_as_string(), "written": self.written,
-               "spooled": self.spool.records, "quarantined": self.quarantined, "held": len(self._held),
-               "queued": self._in_memory() - len(self._held),
-               "last_write": self.last_write, "last_error": self.last_error, "writer_alive": alive,
-               "stopped": stopped}
+        doc = {
+            "pid": os.getpid(),
+            "instance": self.instance,
+            "started": self.started,
+            "database": self.engine.url.render_as_string(),
+            "written": self.written,
+            "spooled": self.spool.records,
+            "quarantined": self.quarantined,
+            "held": len(self._held),
+            "queued": self._in_memory() - len(self._held),
+            "last_write": self.last_write,
+            "last_error": self.last_error,
+            "writer_alive": alive,
+            "stopped": stopped,
+        }
         try:
             self.status.update(doc, force=force)
             self._status_failed = False
@@ -630,9 +692,15 @@ class AuditWriter:
         at, written = self._beat
         now = time.monotonic()
         if now - at >= HEARTBEAT and self.written > written:
-            log.info("llm-audit: recording: %d records written in the last %.0f minutes (%d in all), %d in the spool, "
-                     "%d quarantined", self.written - written, (now - at) / 60, self.written, self.spool.records,
-                     self.quarantined)
+            log.info(
+                "llm-audit: recording: %d records written in the last %.0f minutes (%d in all), %d in the spool, "
+                "%d quarantined",
+                self.written - written,
+                (now - at) / 60,
+                self.written,
+                self.spool.records,
+                self.quarantined,
+            )
             self._beat = (now, self.written)
 
     def _mark_interrupted(self) -> None:
@@ -643,17 +711,36 @@ class AuditWriter:
         before = self.chain.head
         try:
             with self.engine.begin() as conn:
-                open_rows = conn.execute(
-                    select(exchanges).where(c.status == IN_PROGRESS, c.proxy_instance == self.instance,
-                                            c.started_at < self.started).order_by(c.started_at)
-                ).mappings().all()
+                open_rows = (
+                    conn.execute(
+                        select(exchanges)
+                        .where(c.status == IN_PROGRESS, c.proxy_instance == self.instance, c.started_at < self.started)
+                        .order_by(c.started_at)
+                    )
+                    .mappings()
+                    .all()
+                )
                 foreign = [row for row in open_rows if not is_own(self._secret, self.instance, row)]
                 open_rows = [row for row in open_rows if row not in foreign]
                 for row in open_rows:
                     sealed = self.chain.seal(dict(row) | {"status": "interrupted"})
-                    conn.execute(update(exchanges).where(c.id == row["id"], c.status == IN_PROGRESS).values(
-                        {name: sealed[name] for name in
-                         ("status", "chain_id", "chain_seq", "prev_hash", "record_hash", "content_hashes")}))
+                    conn.execute(
+                        update(exchanges)
+                        .where(c.id == row["id"], c.status == IN_PROGRESS)
+                        .values(
+                            {
+                                name: sealed[name]
+                                for name in (
+                                    "status",
+                                    "chain_id",
+                                    "chain_seq",
+                                    "prev_hash",
+                                    "record_hash",
+                                    "content_hashes",
+                                )
+                            }
+                        )
+                    )
                 if open_rows:
                     self._advance_head(conn, self.chain.head)
         except SQLAlchemyError:
@@ -664,9 +751,13 @@ class AuditWriter:
             self._head_file.save(self.committed)
             log.warning("llm-audit: marked %d exchanges left open by an earlier run as interrupted", len(open_rows))
         if foreign:
-            log.warning("llm-audit: %d exchanges in progress under this instance (first: %s) were not opened by this "
-                        "proxy (their open_mac does not check out): left open, not sealed into the chain; inserted "
-                        "by hand, or opened with another adoption secret", len(foreign), foreign[0]["id"])
+            log.warning(
+                "llm-audit: %d exchanges in progress under this instance (first: %s) were not opened by this "
+                "proxy (their open_mac does not check out): left open, not sealed into the chain; inserted "
+                "by hand, or opened with another adoption secret",
+                len(foreign),
+                foreign[0]["id"],
+            )
 
 
 def _upsert_statement(engine: Engine):

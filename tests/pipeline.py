@@ -16,9 +16,19 @@ from addon.record import OUTCOME_COMPLETE, OUTCOME_UPSTREAM_ABORTED, ExchangeRec
 MAX_EVENT_BYTES = 8 * 1024 * 1024
 
 
-def audit_bytes(dialect: Dialect, body: bytes, chunks: list[int] | None = None, *, request: Any,
-                request_view: RequestView, encoding: str | None = None, outcome: str = OUTCOME_COMPLETE,
-                event_stream: bool = True, status: int = 200, **record_fields: Any) -> dict:
+def audit_bytes(
+    dialect: Dialect,
+    body: bytes,
+    chunks: list[int] | None = None,
+    *,
+    request: Any,
+    request_view: RequestView,
+    encoding: str | None = None,
+    outcome: str = OUTCOME_COMPLETE,
+    event_stream: bool = True,
+    status: int = 200,
+    **record_fields: Any,
+) -> dict:
     """Feed ``body`` split at the ``chunks`` offsets; return the row without ids and times."""
     record = ExchangeRecord(dialect=dialect.name, streamed=event_stream, http_status=status, **record_fields)
     summary = dialect.summarize(request, request_view)

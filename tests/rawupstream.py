@@ -36,8 +36,9 @@ def _read_request(conn: socket.socket) -> bytes:
             return data
         data += piece
     head, _, body = data.partition(b"\r\n\r\n")
-    length = next((int(line.split(b":", 1)[1]) for line in head.split(b"\r\n")
-                   if line.lower().startswith(b"content-length:")), 0)
+    length = next(
+        (int(line.split(b":", 1)[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length:")), 0
+    )
     while len(body) < length:
         piece = conn.recv(65536)
         if not piece:
@@ -90,8 +91,12 @@ def h1_server(respond: Callable[[socket.socket, bytes], None]) -> Iterator[str]:
 
 
 @contextmanager
-def h2_reset_server(tmp: Path, headers: list[tuple[str, str]], data: bytes,
-                    error_code: h2.errors.ErrorCodes = h2.errors.ErrorCodes.CANCEL) -> Iterator[tuple[str, Path]]:
+def h2_reset_server(
+    tmp: Path,
+    headers: list[tuple[str, str]],
+    data: bytes,
+    error_code: h2.errors.ErrorCodes = h2.errors.ErrorCodes.CANCEL,
+) -> Iterator[tuple[str, Path]]:
     """An HTTPS HTTP/2 server that answers every stream with ``headers`` and ``data``,
     then resets the stream with ``error_code``. Yields its URL and its CA file."""
     certs = generate(tmp / "h2-reset-certs")

@@ -208,8 +208,9 @@ class Dialect(ABC):
         """A fresh normalizer for one response."""
 
     @abstractmethod
-    def blocked_response(self, summary: RequestSummary, request_view: RequestView, rule_id: str, reason: str,
-                         streaming: bool) -> BlockedResponse:
+    def blocked_response(
+        self, summary: RequestSummary, request_view: RequestView, rule_id: str, reason: str, streaming: bool
+    ) -> BlockedResponse:
         """The whole answer to a request a content filter blocked before it went upstream.
 
         ``streaming``: the client asked for a stream and gets HTTP 200 with an event
@@ -404,9 +405,14 @@ def int_field(obj: Mapping[str, Any], name: str) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
-
 BUILTIN_DIALECTS = (
-    "llm_stream", "lmsp", "openai_responses", "openai_chat", "openai_completions", "anthropic", "gemini",
+    "llm_stream",
+    "lmsp",
+    "openai_responses",
+    "openai_chat",
+    "openai_completions",
+    "anthropic",
+    "gemini",
 )
 
 

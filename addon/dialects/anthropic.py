@@ -62,9 +62,9 @@ from addon.events import (
     Finish,
     ResponseMeta,
     StreamEnd,
-    TextEnd,
     StreamError,
     TextDelta,
+    TextEnd,
     ToolCallDelta,
     Usage,
 )
@@ -124,8 +124,9 @@ class AnthropicMessages(Dialect):
     def normalizer(self, request: RequestSummary) -> Normalizer:
         return AnthropicNormalizer(request.model)
 
-    def blocked_response(self, summary: RequestSummary, request_view: RequestView, rule_id: str, reason: str,
-                         streaming: bool) -> BlockedResponse:
+    def blocked_response(
+        self, summary: RequestSummary, request_view: RequestView, rule_id: str, reason: str, streaming: bool
+    ) -> BlockedResponse:
         if streaming:
             return event_stream(self.normalizer(summary).termination(rule_id, reason))
         return json_response(_filter_error(rule_id, reason))
@@ -175,8 +176,11 @@ class AnthropicNormalizer(JsonEventNormalizer):
         if isinstance(content, list) and content:
             # Never sent by Anthropic (it starts with "content": []), but the SDKs' final
             # message starts from it: read and checked like any block, and reported.
-            out.append(Finding("message_start_content",
-                               f"{len(content)} content block(s) in message_start; the SDKs show them"))
+            out.append(
+                Finding(
+                    "message_start_content", f"{len(content)} content block(s) in message_start; the SDKs show them"
+                )
+            )
             out += _whole_blocks(content, False, _start_key)
         out.append(ResponseMeta(model=str_field(message, "model"), response_id=str_field(message, "id")))
         # message_start's output_tokens is a preliminary count (1, or a few): only
@@ -290,11 +294,17 @@ class AnthropicNormalizer(JsonEventNormalizer):
         if self.message is None:
             events.append({"type": "message_start", "message": _new_message(self.model)})
         events += [{"type": "content_block_stop", "index": i} for i in sorted(self.text_blocks, key=_block_order)]
-        events.append({
-            "type": "message_delta",
-            "delta": {"stop_reason": REFUSAL, "stop_sequence": None, "stop_details": _refusal_details(rule_id, reason)},
-            "usage": {"output_tokens": self.usage.get("output_tokens", 0)},
-        })
+        events.append(
+            {
+                "type": "message_delta",
+                "delta": {
+                    "stop_reason": REFUSAL,
+                    "stop_sequence": None,
+                    "stop_details": _refusal_details(rule_id, reason),
+                },
+                "usage": {"output_tokens": self.usage.get("output_tokens", 0)},
+            }
+        )
         events.append({"type": "message_stop"})
         return [frame(e, e["type"]) for e in events]
 
@@ -303,8 +313,11 @@ class AnthropicNormalizer(JsonEventNormalizer):
         if self.message is None or self.message.get("type") != "message":
             return None
         refused = kept(self.message, ("id", "type", "role", "model", "usage")) | {
-            "content": [], "stop_reason": REFUSAL, "stop_sequence": None,
-            "stop_details": _refusal_details(rule_id, reason)}
+            "content": [],
+            "stop_reason": REFUSAL,
+            "stop_sequence": None,
+            "stop_details": _refusal_details(rule_id, reason),
+        }
         return json_response(refused, status=200)
 
     # -- whole message ------------------------------------------------------------------
@@ -334,9 +347,16 @@ _USAGE_NAMES = ("output_tokens", *_INPUT_USAGE_NAMES)
 
 def _new_message(model: str | None) -> dict[str, Any]:
     """The message of a ``message_start`` the proxy sends itself: nothing generated."""
-    return {"id": random_id("msg_"), "type": "message", "role": "assistant", "model": model or "",
-            "content": [], "stop_reason": None, "stop_sequence": None,
-            "usage": {"input_tokens": 0, "output_tokens": 0}}
+    return {
+        "id": random_id("msg_"),
+        "type": "message",
+        "role": "assistant",
+        "model": model or "",
+        "content": [],
+        "stop_reason": None,
+        "stop_sequence": None,
+        "usage": {"input_tokens": 0, "output_tokens": 0},
+    }
 
 
 def _refusal_details(rule_id: str, reason: str) -> dict[str, Any]:
@@ -365,8 +385,11 @@ def _whole_blocks(blocks: list[Any], cut_last: bool, key: Callable[[int], str]) 
             value = block.get("input")
             arguments = _compact_json(value) if value is not None else ""
             whole = not (cut_last and i == len(blocks) - 1)
-            out.append(ToolCallDelta(key(i), arguments, id=str_field(block, "id"), name=str_field(block, "name"),
-                                     complete=whole))
+            out.append(
+                ToolCallDelta(
+                    key(i), arguments, id=str_field(block, "id"), name=str_field(block, "name"), complete=whole
+                )
+            )
     return out
 
 

@@ -56,8 +56,9 @@ def block_message(rule_id: str, reason: str) -> str:
     return f"{head}: {reason}" if reason else head
 
 
-def sse_event(data: Mapping[str, Any] | str, event: str | None = None, *, event_id: int | None = None,
-              newline: bytes = b"\n") -> bytes:
+def sse_event(
+    data: Mapping[str, Any] | str, event: str | None = None, *, event_id: int | None = None, newline: bytes = b"\n"
+) -> bytes:
     """One SSE event: optional ``id:`` and ``event:`` lines and one ``data:`` line.
 
     ``data`` is a JSON object, or a literal string (OpenAI's ``[DONE]``). Compact JSON
@@ -82,8 +83,9 @@ def event_stream(body: bytes) -> BlockedResponse:
     return BlockedResponse(200, list(SSE_HEADERS), body)
 
 
-def json_response(obj: Mapping[str, Any] | list[Any], status: int = BLOCKED_STATUS,
-                  content_type: str = "application/json") -> BlockedResponse:
+def json_response(
+    obj: Mapping[str, Any] | list[Any], status: int = BLOCKED_STATUS, content_type: str = "application/json"
+) -> BlockedResponse:
     """A JSON answer: an error document (HTTP 400 by default) or a 200 body."""
     return BlockedResponse(status, [("content-type", content_type)], orjson.dumps(obj))
 

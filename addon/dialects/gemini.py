@@ -145,8 +145,9 @@ class Gemini(Dialect):
         sse = request.sse if isinstance(request, GeminiRequestSummary) else True
         return GeminiNormalizer(sse, streamed=bool(request.stream))
 
-    def blocked_response(self, summary: RequestSummary, request_view: RequestView, rule_id: str, reason: str,
-                         streaming: bool) -> BlockedResponse:
+    def blocked_response(
+        self, summary: RequestSummary, request_view: RequestView, rule_id: str, reason: str, streaming: bool
+    ) -> BlockedResponse:
         message = block_message(rule_id, reason)
         if not streaming:
             return json_response({"error": {"code": BLOCKED_STATUS, "message": message, "status": "INVALID_ARGUMENT"}})
@@ -352,8 +353,9 @@ class GeminiNormalizer(JsonEventNormalizer):
             return []
         message = block_message(rule_id, reason)
         final: dict[str, Any] = {
-            "candidates": [{"finishReason": SAFETY, "finishMessage": message, "index": i}
-                           for i in unfinished(self.candidates)]
+            "candidates": [
+                {"finishReason": SAFETY, "finishMessage": message, "index": i} for i in unfinished(self.candidates)
+            ]
         }
         model, response_id = self.meta
         if model:
@@ -373,8 +375,9 @@ class GeminiNormalizer(JsonEventNormalizer):
             return None
         message = block_message(rule_id, reason)
         final: dict[str, Any] = {
-            "candidates": [{"finishReason": SAFETY, "finishMessage": message, "index": i}
-                           for i in sorted(self.candidates) or [0]]
+            "candidates": [
+                {"finishReason": SAFETY, "finishMessage": message, "index": i} for i in sorted(self.candidates) or [0]
+            ]
         }
         for name in ("usageMetadata", "modelVersion", "responseId"):
             if answer.get(name) is not None:

@@ -50,9 +50,7 @@ from addon.framing import Frame
 REQUEST_MEDIA_TYPE = "application/llm-request+json"
 PROFILE = "llm-stream-1.0"
 VERSION = "1.0"
-EVENT_TYPES = frozenset(
-    {"stream.start", "content.delta", "content.stop", "tool.call", "usage", "error", "stream.end"}
-)
+EVENT_TYPES = frozenset({"stream.start", "content.delta", "content.stop", "tool.call", "usage", "error", "stream.end"})
 SEQ_LIMIT = 2**53  # draft section 8.4: beyond the safe integer range of JSON
 
 # REQUIRED fields per event type, beyond v/seq/type (draft section 5.3).
@@ -109,8 +107,9 @@ class LLMStream(Dialect):
     def normalizer(self, request: RequestSummary) -> Normalizer:
         return LLMStreamNormalizer(request.declared_tools, request.model, request.request_id)
 
-    def blocked_response(self, summary: RequestSummary, request_view: RequestView, rule_id: str, reason: str,
-                         streaming: bool) -> BlockedResponse:
+    def blocked_response(
+        self, summary: RequestSummary, request_view: RequestView, rule_id: str, reason: str, streaming: bool
+    ) -> BlockedResponse:
         if streaming:
             return event_stream(self.normalizer(summary).termination(rule_id, reason))
         return json_response({"error": {"code": FILTERED_CODE, "message": block_message(rule_id, reason)}})
@@ -119,7 +118,7 @@ class LLMStream(Dialect):
 def _envelope_findings(body: dict[str, Any]) -> list[Finding]:
     findings = [Finding("request_missing_field", name) for name in ENVELOPE_REQUIRED if name not in body]
     if "version" in body and body["version"] != VERSION:
-        findings.append(Finding("request_invalid_field", f"version is {body['version']!r}, not \"1.0\""))
+        findings.append(Finding("request_invalid_field", f'version is {body["version"]!r}, not "1.0"'))
     if "messages" in body and not isinstance(body["messages"], list):
         findings.append(Finding("request_invalid_field", "messages is not an array"))
     return findings
@@ -128,8 +127,9 @@ def _envelope_findings(body: dict[str, Any]) -> list[Finding]:
 class LLMStreamNormalizer(Normalizer):
     """Extracts llm-stream events and checks the envelope, seq and lifecycle rules."""
 
-    def __init__(self, declared_tools: frozenset[str] | None, model: str | None = None,
-                 request_id: str | None = None) -> None:
+    def __init__(
+        self, declared_tools: frozenset[str] | None, model: str | None = None, request_id: str | None = None
+    ) -> None:
         self.declared_tools = declared_tools
         self.model = model  # asked for: names a stream.start the proxy has to send itself
         self.request_id = request_id  # metadata.request_id, echoed in what the proxy sends

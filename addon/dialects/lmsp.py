@@ -188,8 +188,9 @@ class LMSP(Dialect):
         tasks = self.tasks if request.task_id else None
         return LMSPNormalizer(tasks, request.task_id, resume_after, request.declared_tools)
 
-    def blocked_response(self, summary: RequestSummary, request_view: RequestView, rule_id: str, reason: str,
-                         streaming: bool) -> BlockedResponse:
+    def blocked_response(
+        self, summary: RequestSummary, request_view: RequestView, rule_id: str, reason: str, streaming: bool
+    ) -> BlockedResponse:
         if streaming:
             return event_stream(self.normalizer(summary).termination(rule_id, reason))
         return json_response(filter_problem(rule_id, reason), BLOCKED_STATUS, PROBLEM_MEDIA_TYPE)
@@ -198,8 +199,13 @@ class LMSP(Dialect):
 def filter_problem(rule_id: str, reason: str) -> dict[str, Any]:
     """The RFC 9457 problem object of a block, with LMSP's machine-readable ``code``."""
     detail = block_message(rule_id, reason)
-    return {"type": "about:blank", "title": "Bad Request", "status": BLOCKED_STATUS, "detail": detail,
-            "code": FILTERED_CODE}
+    return {
+        "type": "about:blank",
+        "title": "Bad Request",
+        "status": BLOCKED_STATUS,
+        "detail": detail,
+        "code": FILTERED_CODE,
+    }
 
 
 def _route(path: str) -> str | None:
@@ -230,8 +236,13 @@ class LMSPNormalizer(ResponsesNormalizer):
     FINAL_EVENTS = ResponsesNormalizer.FINAL_EVENTS | {"response.cancelled", "error"}
     filter_stop_reason = "failed"  # LMSP's outcome for a filter: a failed response, code content_filtered
 
-    def __init__(self, tasks: TaskProgress | None, task_id: str | None, resume_after: int | None,
-                 declared_tools: frozenset[str] | None = None) -> None:
+    def __init__(
+        self,
+        tasks: TaskProgress | None,
+        task_id: str | None,
+        resume_after: int | None,
+        declared_tools: frozenset[str] | None = None,
+    ) -> None:
         super().__init__(declared_tools)
         self.tasks = tasks
         self.task_id = task_id
@@ -318,8 +329,17 @@ class LMSPNormalizer(ResponsesNormalizer):
         if response_id is None:
             response_id = random_id("resp_")
             events.append(("response.created", {"status": "in_progress"}))
-        events.append(("response.failed", {"status": "failed", "error": filter_problem(rule_id, reason),
-                                           "output": self.output_so_far(), "usage": None}))
+        events.append(
+            (
+                "response.failed",
+                {
+                    "status": "failed",
+                    "error": filter_problem(rule_id, reason),
+                    "output": self.output_so_far(),
+                    "usage": None,
+                },
+            )
+        )
         first_id = (self.last_id or 0) + 1
         return [
             frame({"response_id": response_id, **fields}, kind, event_id=first_id + n)

@@ -129,8 +129,9 @@ class OpenAIChat(Dialect):
     def normalizer(self, request: RequestSummary) -> Normalizer:
         return OpenAIChatNormalizer(request.declared_tools)
 
-    def blocked_response(self, summary: RequestSummary, request_view: RequestView, rule_id: str, reason: str,
-                         streaming: bool) -> BlockedResponse:
+    def blocked_response(
+        self, summary: RequestSummary, request_view: RequestView, rule_id: str, reason: str, streaming: bool
+    ) -> BlockedResponse:
         error = {"error": openai_error(block_message(rule_id, reason), FILTER)}
         if streaming:
             return event_stream(sse_event(error) + sse_event(DONE))
@@ -159,7 +160,9 @@ def filter_results(rule_id: str) -> dict[str, Any]:
 def _tool_names(body: dict[str, Any]) -> frozenset[str]:
     """Names from ``tools[].function.name`` (``custom.name``) and legacy ``functions[].name``."""
     tools = body.get("tools")
-    specs = [t.get("function") or t.get("custom") for t in tools if isinstance(t, dict)] if isinstance(tools, list) else []
+    specs = (
+        [t.get("function") or t.get("custom") for t in tools if isinstance(t, dict)] if isinstance(tools, list) else []
+    )
     return frozenset(names(specs) | names(body.get("functions")))
 
 
@@ -276,9 +279,16 @@ class OpenAIChatNormalizer(JsonEventNormalizer):
     def filtered_body(self, rule_id: str, reason: str) -> BlockedResponse | None:
         """The ``chat.completion`` read, each choice emptied and finished ``content_filter``."""
         message = {"role": "assistant", "content": None, "refusal": None}
-        return filtered_answer(self.answer, lambda index: {
-            "index": index, "message": message, "logprobs": None, "finish_reason": FILTER,
-            "content_filter_results": filter_results(rule_id)})
+        return filtered_answer(
+            self.answer,
+            lambda index: {
+                "index": index,
+                "message": message,
+                "logprobs": None,
+                "finish_reason": FILTER,
+                "content_filter_results": filter_results(rule_id),
+            },
+        )
 
     def on_response(self, response: dict[str, Any]) -> list[Event]:
         self.answer = response

@@ -63,8 +63,8 @@ from addon.dialects.blocking import (
 from addon.dialects.openai_chat import DONE, FILTER, add_error, add_usage, choice_index, choices_of, filtered_answer
 from addon.dialects.openai_chat import PATH_SUFFIX as CHAT_SUFFIX
 from addon.events import Event, Finding, Finish, ResponseMeta, TextDelta
-from exchange.messages import token_prompts
 from addon.framing import Frame, Message
+from exchange.messages import token_prompts
 
 PATH_SUFFIX = "/completions"
 OBJECT = "text_completion"
@@ -100,14 +100,16 @@ class OpenAICompletions(Dialect):
         )
         if token_prompts(body):
             summary.findings.append(
-                Finding("request_token_prompt", "the prompt is token ids: the request filters cannot read it"))
+                Finding("request_token_prompt", "the prompt is token ids: the request filters cannot read it")
+            )
         return summary
 
     def normalizer(self, request: RequestSummary) -> Normalizer:
         return OpenAICompletionsNormalizer()
 
-    def blocked_response(self, summary: RequestSummary, request_view: RequestView, rule_id: str, reason: str,
-                         streaming: bool) -> BlockedResponse:
+    def blocked_response(
+        self, summary: RequestSummary, request_view: RequestView, rule_id: str, reason: str, streaming: bool
+    ) -> BlockedResponse:
         error = {"error": openai_error(block_message(rule_id, reason), FILTER)}
         if streaming:
             return event_stream(sse_event(error) + sse_event(DONE))
@@ -142,8 +144,9 @@ class OpenAICompletionsNormalizer(JsonEventNormalizer):
 
     def filtered_body(self, rule_id: str, reason: str) -> BlockedResponse | None:
         """The ``text_completion`` read, each choice emptied and finished ``content_filter``."""
-        return filtered_answer(self.answer, lambda index: {
-            "text": "", "index": index, "logprobs": None, "finish_reason": FILTER})
+        return filtered_answer(
+            self.answer, lambda index: {"text": "", "index": index, "logprobs": None, "finish_reason": FILTER}
+        )
 
     def _meta(self, obj: dict[str, Any], out: list[Event]) -> None:
         response_id, model = obj.get("id"), obj.get("model")

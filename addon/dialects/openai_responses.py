@@ -128,8 +128,9 @@ class OpenAIResponses(Dialect):
     def normalizer(self, request: RequestSummary) -> Normalizer:
         return OpenAIResponsesNormalizer(request.declared_tools, request.model)
 
-    def blocked_response(self, summary: RequestSummary, request_view: RequestView, rule_id: str, reason: str,
-                         streaming: bool) -> BlockedResponse:
+    def blocked_response(
+        self, summary: RequestSummary, request_view: RequestView, rule_id: str, reason: str, streaming: bool
+    ) -> BlockedResponse:
         if streaming:
             return event_stream(self.normalizer(summary).termination(rule_id, reason))
         return json_response({"error": openai_error(block_message(rule_id, reason), FILTERED_CODE)})
@@ -197,8 +198,12 @@ class OpenAIResponsesNormalizer(ResponsesNormalizer):
 
 def _filtered(response: dict[str, Any], output: list[dict[str, Any]]) -> dict[str, Any]:
     """``response`` as one a content filter stopped, with ``output``."""
-    return response | {"status": "incomplete", "incomplete_details": {"reason": FILTER_REASON},
-                       "error": None, "output": output}
+    return response | {
+        "status": "incomplete",
+        "incomplete_details": {"reason": FILTER_REASON},
+        "error": None,
+        "output": output,
+    }
 
 
 def _new_response(model: str | None) -> dict[str, Any]:

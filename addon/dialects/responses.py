@@ -61,9 +61,9 @@ from addon.events import (
     ResponseMeta,
     ShownText,
     StreamEnd,
-    TextEnd,
     StreamError,
     TextDelta,
+    TextEnd,
     ToolCallDelta,
     Usage,
 )
@@ -76,8 +76,11 @@ UNFINISHED_ITEM_STATUSES = frozenset({"incomplete", "in_progress", "queued"})
 # Output item types that are calls the client executes, and where their payload is.
 CALL_PAYLOAD = {"function_call": "arguments", "custom_tool_call": "input"}
 # Output item type -> the fields that carry its text, which output_so_far rebuilds from the deltas.
-TEXT_PAYLOAD = {"message": ("content",), "reasoning": ("summary", "content"),
-                **{kind: (field,) for kind, field in CALL_PAYLOAD.items()}}
+TEXT_PAYLOAD = {
+    "message": ("content",),
+    "reasoning": ("summary", "content"),
+    **{kind: (field,) for kind, field in CALL_PAYLOAD.items()},
+}
 # Content part type -> (field holding the text, common TextDelta kind).
 PART_TEXT = {
     "output_text": ("text", "text"),
@@ -160,9 +163,7 @@ class ResponsesNormalizer(JsonEventNormalizer):
     fill nothing in.
     """
 
-    FINAL_EVENTS: ClassVar[frozenset[str]] = frozenset(
-        {"response.completed", "response.incomplete", "response.failed"}
-    )
+    FINAL_EVENTS: ClassVar[frozenset[str]] = frozenset({"response.completed", "response.incomplete", "response.failed"})
 
     def __init__(self, declared_tools: frozenset[str] | None = None) -> None:
         super().__init__()
@@ -352,8 +353,9 @@ class ResponsesNormalizer(JsonEventNormalizer):
             texts.setdefault((owner, where), []).append((i, "".join(got)))
         return [self._rebuilt(i, self.items[i], texts) for i in sorted(self.items)]
 
-    def _rebuilt(self, index: int, item: dict[str, Any], texts: dict[tuple[str, str], list[tuple[int, str]]]
-                 ) -> dict[str, Any]:
+    def _rebuilt(
+        self, index: int, item: dict[str, Any], texts: dict[tuple[str, str], list[tuple[int, str]]]
+    ) -> dict[str, Any]:
         item_id = str_field(item, "id") or self.item_at.get(index) or f"#{index}"
         rebuilt = item if index in self.items_done else dict(item, status="incomplete")
         kind = item.get("type")
@@ -363,11 +365,14 @@ class ResponsesNormalizer(JsonEventNormalizer):
         if kind in CALL_PAYLOAD:
             rebuilt[CALL_PAYLOAD[kind]] = "".join(self.arguments.get(item_id, ()))
         elif kind == "message":
-            rebuilt["content"] = [_part(self.part_types.get((item_id, i), "output_text"), text)
-                                  for i, text in sorted(texts.get((item_id, "content"), ()))]
+            rebuilt["content"] = [
+                _part(self.part_types.get((item_id, i), "output_text"), text)
+                for i, text in sorted(texts.get((item_id, "content"), ()))
+            ]
         else:
-            rebuilt["summary"] = [{"type": "summary_text", "text": text}
-                                  for _, text in sorted(texts.get((item_id, "summary"), ()))]
+            rebuilt["summary"] = [
+                {"type": "summary_text", "text": text} for _, text in sorted(texts.get((item_id, "summary"), ()))
+            ]
             reasoning = sorted(texts.get((item_id, "reasoning"), ()))
             if reasoning:
                 rebuilt["content"] = [{"type": "reasoning_text", "text": text} for _, text in reasoning]
@@ -399,9 +404,7 @@ class ResponsesNormalizer(JsonEventNormalizer):
             self._settle_parts(item_id, "reasoning", item.get("content"), out)
         elif kind in CALL_PAYLOAD:
             item_status = item.get("status")
-            whole = item_status not in UNFINISHED_ITEM_STATUSES and not (
-                item_status is None and status == "incomplete"
-            )
+            whole = item_status not in UNFINISHED_ITEM_STATUSES and not (item_status is None and status == "incomplete")
             args = item.get(CALL_PAYLOAD[kind])
             self._settle_call(item_id, args, item, whole, out)
 
@@ -461,8 +464,9 @@ class ResponsesNormalizer(JsonEventNormalizer):
             call_id, name = str_field(item, "call_id"), str_field(item, "name")
         self._call(item_id, tail, call_id, name, whole, out)
 
-    def _call(self, item_id: str, arguments: str, call_id: str | None, name: str | None, whole: bool,
-              out: list[Event]) -> None:
+    def _call(
+        self, item_id: str, arguments: str, call_id: str | None, name: str | None, whole: bool, out: list[Event]
+    ) -> None:
         """A call fragment; a name the request did not declare is reported once per call."""
         if name is not None and self.declared_tools is not None and name not in self.declared_tools:
             if item_id not in self.undeclared:

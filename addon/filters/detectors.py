@@ -237,7 +237,7 @@ def _iban_span(m: re.Match[str]) -> tuple[int, int] | None:
     if n is None:
         return None
     seen = 0
-    for end, ch in enumerate(text, 1):
+    for end, ch in enumerate(text, 1):  # noqa: B007 - `end` is read after the loop
         seen += ch != " "
         if seen == n:
             break

@@ -66,7 +66,6 @@ from pathlib import Path
 from typing import Any, Literal, NoReturn
 
 from addon.filters.api import Verdict, match_hash
-from addon.filters.normalize import DEFAULT_VIEW, fold
 from addon.filters.detectors import (
     MAX_SPAN,
     PII,
@@ -77,6 +76,7 @@ from addon.filters.detectors import (
     regex_width,
     secrets_matcher,
 )
+from addon.filters.normalize import DEFAULT_VIEW, fold
 
 KINDS = ("regex", "keywords", "secrets", "pii")
 SCOPES = ("request", "response", "both")

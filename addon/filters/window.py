@@ -82,8 +82,19 @@ class _View:
     original offset up to which this view's blocking tracks allow a release.
     """
 
-    __slots__ = ("fold", "tracks", "holding", "buf", "base", "length", "where", "next_check", "safe", "keep_back",
-                 "trim_at")
+    __slots__ = (
+        "fold",
+        "tracks",
+        "holding",
+        "buf",
+        "base",
+        "length",
+        "where",
+        "next_check",
+        "safe",
+        "keep_back",
+        "trim_at",
+    )
 
     def __init__(self, fold: Fold | None, tracks: list[_Track]) -> None:
         self.fold = fold

@@ -36,8 +36,21 @@ class JSONArrayReader:
     """Decoded bytes of a JSON array in, its elements out (``Message(data, "element")``)."""
 
     __slots__ = (
-        "max_event_bytes", "findings", "frames_read", "unreadable", "_state", "_depth", "_in_string",
-        "_escape", "_scalar", "_pieces", "_size", "_skip", "_offset", "_boundary", "_ended_inside",
+        "max_event_bytes",
+        "findings",
+        "frames_read",
+        "unreadable",
+        "_state",
+        "_depth",
+        "_in_string",
+        "_escape",
+        "_scalar",
+        "_pieces",
+        "_size",
+        "_skip",
+        "_offset",
+        "_boundary",
+        "_ended_inside",
         "_invalid_utf8",
     )
 
@@ -212,8 +225,11 @@ class JSONArrayReader:
             if not self._invalid_utf8:
                 self._invalid_utf8 = True
                 self.findings.append(
-                    ("response_invalid_utf8", f"invalid UTF-8 at about byte {self._boundary - len(raw) + exc.start}"
-                     " of the body; read with U+FFFD")
+                    (
+                        "response_invalid_utf8",
+                        f"invalid UTF-8 at about byte {self._boundary - len(raw) + exc.start}"
+                        " of the body; read with U+FFFD",
+                    )
                 )
             text = raw.decode("utf-8", "replace")
         return Message(text, "element")

@@ -216,8 +216,15 @@ class SSEParser:
         if (
             type(chunk) is bytes
             and chunk[-2:] == b"\n\n"
-            and not (self._undecoded or self._bom_pending or self._skip_lf or self._skip_line
-                     or self._pending or self._in_block or self._skip_event)
+            and not (
+                self._undecoded
+                or self._bom_pending
+                or self._skip_lf
+                or self._skip_line
+                or self._pending
+                or self._in_block
+                or self._skip_event
+            )
         ):
             # The common case, first: a live stream's chunk that is one whole event, at a
             # block start with nothing held back. A chunk ending in LF holds no cut
@@ -317,11 +324,7 @@ class SSEParser:
             self._pending = []
             self._pending_len = 0
             self._pending_fresh = 0
-            if (
-                text[-2:] == "\n\n"
-                and not (self._in_block or self._skip_event)
-                and len(text) <= self.max_event_bytes
-            ):
+            if text[-2:] == "\n\n" and not (self._in_block or self._skip_event) and len(text) <= self.max_event_bytes:
                 # A large event that took several chunks, completed by this one.
                 ev = self._one_block(text)
                 if ev is not None:
@@ -406,9 +409,7 @@ class SSEParser:
         held back from earlier chunks.
         """
         offset = self._bytes_fed - len(self._undecoded) + exc.start
-        self.findings.append(
-            ("sse_invalid_utf8", f"invalid UTF-8 at about byte {offset} of the body; read as U+FFFD")
-        )
+        self.findings.append(("sse_invalid_utf8", f"invalid UTF-8 at about byte {offset} of the body; read as U+FFFD"))
         self._errors = "replace"
         return _utf8_decode(data, "replace", final)
 
@@ -444,11 +445,7 @@ class SSEParser:
         return self._ended_inside_event or self._inside_event()
 
     def _inside_event(self) -> bool:
-        return bool(
-            self._in_block
-            or self._skip_event
-            or (self._pending_len and self._pending[0][:1] != ":")
-        )
+        return bool(self._in_block or self._skip_event or (self._pending_len and self._pending[0][:1] != ":"))
 
     # ------------------------------------------------------------------ text -> events
 
@@ -478,7 +475,7 @@ class SSEParser:
             pos = _blank_line_end(text, 0, end)
             if pos < 0:
                 return 0
-            self._interpret(text[:pos - 1].split("\n"), events)
+            self._interpret(text[: pos - 1].split("\n"), events)
         # Blank lines between blocks change nothing in this (clean) state.
         m = _NOT_LF_SEARCH(text, pos, end)
         pos = m.start() if m is not None else end
@@ -805,5 +802,13 @@ def reader(max_event_bytes: int, max_record_bytes: int) -> SSEReader:
     return SSEReader(max_event_bytes)
 
 
-FRAMING = register(Framing("sse", reader, SSE_WRITER, streamed=True, media_types=("text/event-stream",),
-                           incomplete=("sse_incomplete_event", "the body ended inside an event")))
+FRAMING = register(
+    Framing(
+        "sse",
+        reader,
+        SSE_WRITER,
+        streamed=True,
+        media_types=("text/event-stream",),
+        incomplete=("sse_incomplete_event", "the body ended inside an event"),
+    )
+)

@@ -21,8 +21,15 @@ SECTIONS = ("parsing", "proxy", "filters", "writer", "memory", "query", "limits"
 @pytest.mark.timeout(300)
 def test_bench_smoke_writes_every_section(tmp_path: Path) -> None:
     out = tmp_path / "results.json"
-    done = subprocess.run([sys.executable, "-m", "bench", "--smoke", "--out", str(out)], check=False, cwd=ROOT,
-                          capture_output=True, text=True, timeout=280, stdin=subprocess.DEVNULL)
+    done = subprocess.run(
+        [sys.executable, "-m", "bench", "--smoke", "--out", str(out)],
+        check=False,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=280,
+        stdin=subprocess.DEVNULL,
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     document = orjson.loads(out.read_bytes())
     assert document["smoke"] is True and document["machine"]["cores"] >= 1

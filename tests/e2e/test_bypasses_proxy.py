@@ -15,20 +15,18 @@ database backends. Each case got through before:
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import base64
 import json
 import ssl
 import uuid
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import openai
 import orjson
 import pytest
-
-from conftest import BACKENDS, guarded_proxy, Proxy, wait_for
+from conftest import BACKENDS, Proxy, guarded_proxy, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -57,8 +55,9 @@ def transport(request) -> str:
 
 
 def client(proxy: Proxy, up, transport: str) -> openai.OpenAI:
-    http = httpx.Client(proxy=proxy.url, verify=ssl.create_default_context(cafile=str(proxy.ca)),
-                        http2=transport == "h2", timeout=30)
+    http = httpx.Client(
+        proxy=proxy.url, verify=ssl.create_default_context(cafile=str(proxy.ca)), http2=transport == "h2", timeout=30
+    )
     return openai.OpenAI(base_url=f"{up.url}/v1", api_key="sk-test", max_retries=0, http_client=http)
 
 
@@ -99,15 +98,30 @@ def test_legacy_completions_streamed_and_not_are_recorded_with_the_official_sdk(
     up = upstreams[transport]
     c = client(guarded, up, transport)
     mock_id, headers = mock()
-    chunks = list(c.completions.create(model=INSTRUCT, prompt="Say this is a test", stream=True, max_tokens=20,
-                                       stream_options={"include_usage": True}, extra_headers=headers))
+    chunks = list(
+        c.completions.create(
+            model=INSTRUCT,
+            prompt="Say this is a test",
+            stream=True,
+            max_tokens=20,
+            stream_options={"include_usage": True},
+            extra_headers=headers,
+        )
+    )
     text = "".join(ch.text for chunk in chunks for ch in chunk.choices)
     assert text == MOCK_TEXT and chunks[-1].usage is not None
     row = guarded.mock_row(mock_id)
     assert (row["dialect"], row["status"], row["output_text"], row["finish_reasons"]) == (
-        "openai-completions", "completed", MOCK_TEXT, ["stop"])
+        "openai-completions",
+        "completed",
+        MOCK_TEXT,
+        ["stop"],
+    )
     assert (row["request_model"], row["response_model"], row["output_tokens"]) == (
-        INSTRUCT, INSTRUCT, chunks[-1].usage.completion_tokens)
+        INSTRUCT,
+        INSTRUCT,
+        chunks[-1].usage.completion_tokens,
+    )
 
     mock_id, headers = mock()
     completion = c.completions.create(model=INSTRUCT, prompt=["one", "two"], n=2, logprobs=1, extra_headers=headers)
@@ -122,20 +136,27 @@ def test_legacy_completions_output_is_cut_with_content_filter(guarded, upstreams
     up = upstreams[transport]
     text = f"Sure, the plan is called {WORD} and " + "it goes on " * 20
     mock_id, headers = mock("events=40&delay=0.02&text=" + text.replace(" ", "+"))
-    chunks = list(client(guarded, up, transport).completions.create(
-        model=INSTRUCT, prompt="What is the plan?", stream=True, extra_headers=headers))
+    chunks = list(
+        client(guarded, up, transport).completions.create(
+            model=INSTRUCT, prompt="What is the plan?", stream=True, extra_headers=headers
+        )
+    )
     shown = "".join(ch.text for chunk in chunks for ch in chunk.choices)
     assert WORD[:3] not in shown and text.startswith(shown)
     assert chunks[-1].choices[0].finish_reason == "content_filter"
     row = assert_output_blocked(guarded, mock_id, "output.choices[0].text")
     assert row["delivered_text"] == shown and WORD in row["output_text"]
-    sent = wait_for(lambda: (s := up.sent(mock_id)) and (s["disconnected"] or s["completed"]) and s, timeout=5,
-                    what="the upstream's stream to end")
+    sent = wait_for(
+        lambda: (s := up.sent(mock_id)) and (s["disconnected"] or s["completed"]) and s,
+        timeout=5,
+        what="the upstream's stream to end",
+    )
     assert sent["disconnected"] and not sent["completed"]
 
 
-@pytest.mark.parametrize("prompt", [f"Tell me about {WORD}", ["fine", f"about {ZWJ.join(WORD)}"],
-                                    "about ＮＩＧＨＴＪＡＲ"])
+@pytest.mark.parametrize(
+    "prompt", [f"Tell me about {WORD}", ["fine", f"about {ZWJ.join(WORD)}"], "about ＮＩＧＨＴＪＡＲ"]
+)
 def test_legacy_completions_prompts_are_checked_streamed_and_not(guarded, upstreams, prompt):
     up = upstreams["h1"]
     c = client(guarded, up, "h1")
@@ -169,8 +190,11 @@ def test_a_chat_request_hiding_the_word_is_blocked(guarded, upstreams, transport
     mock_id, headers = mock()
     with pytest.raises(openai.APIError) as raised:
         for _ in client(guarded, up, transport).chat.completions.create(
-                model="gpt-4o", messages=[{"role": "user", "content": f"Tell me about {word}."}], stream=True,
-                extra_headers=headers):
+            model="gpt-4o",
+            messages=[{"role": "user", "content": f"Tell me about {word}."}],
+            stream=True,
+            extra_headers=headers,
+        ):
             pass
     assert raised.value.code == "content_filter"
     assert_request_blocked(guarded, up, mock_id)
@@ -183,22 +207,34 @@ HEAD = {"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 1, "mo
 
 def chat(*deltas: dict, error: dict | None = None, finish: str = "stop") -> bytes:
     chunks = [HEAD | {"choices": [{"index": 0, "delta": d, "finish_reason": None}]} for d in deltas]
-    chunks += [{"error": error}] if error else [HEAD | {"choices": [{"index": 0, "delta": {}, "finish_reason": finish}]}]
+    chunks += (
+        [{"error": error}] if error else [HEAD | {"choices": [{"index": 0, "delta": {}, "finish_reason": finish}]}]
+    )
     return b"".join(f"data: {json.dumps(c)}\n\n".encode() for c in chunks) + (b"" if error else b"data: [DONE]\n\n")
 
 
 CALL = {"index": 0, "id": "call_1", "type": "function", "function": {"name": WORD, "arguments": ""}}
 CHAT_BYPASSES = {
-    "evasive answer": (chat({"content": "the Ni"}, {"content": f"g{ZWJ}h{SHY}t"}, {"content": "jar plan"}),
-                       "output.choices[0].text"),
-    "reasoning under both names": (chat({"reasoning_content": "I think", "reasoning": f"of {WORD}"},
-                                        {"content": "Done."}), "output.choices[0].reasoning"),
-    "tool name": (chat({"role": "assistant", "content": None}, {"tool_calls": [CALL]}, finish="tool_calls"),
-                  "output.tool_calls[0.0].name"),
-    "error message": (chat({"content": "Hi"}, error={"message": f"about {WORD}", "type": "server_error"}),
-                      "output.error.message"),
-    "unknown content part": (chat({"content": [{"type": "output_text", "text": f"the {WORD} plan"}]}),
-                             "output.choices[0].text"),
+    "evasive answer": (
+        chat({"content": "the Ni"}, {"content": f"g{ZWJ}h{SHY}t"}, {"content": "jar plan"}),
+        "output.choices[0].text",
+    ),
+    "reasoning under both names": (
+        chat({"reasoning_content": "I think", "reasoning": f"of {WORD}"}, {"content": "Done."}),
+        "output.choices[0].reasoning",
+    ),
+    "tool name": (
+        chat({"role": "assistant", "content": None}, {"tool_calls": [CALL]}, finish="tool_calls"),
+        "output.tool_calls[0.0].name",
+    ),
+    "error message": (
+        chat({"content": "Hi"}, error={"message": f"about {WORD}", "type": "server_error"}),
+        "output.error.message",
+    ),
+    "unknown content part": (
+        chat({"content": [{"type": "output_text", "text": f"the {WORD} plan"}]}),
+        "output.choices[0].text",
+    ),
 }
 
 
@@ -207,20 +243,31 @@ def test_chat_strings_outside_the_answer_are_checked(guarded, upstreams, transpo
     body, location = CHAT_BYPASSES[case]
     up = upstreams[transport]
     mock_id, headers = mock(raw(body))
-    chunks = list(client(guarded, up, transport).chat.completions.create(
-        model="gpt-4o", messages=[{"role": "user", "content": "hi"}], stream=True, extra_headers=headers))
+    chunks = list(
+        client(guarded, up, transport).chat.completions.create(
+            model="gpt-4o", messages=[{"role": "user", "content": "hi"}], stream=True, extra_headers=headers
+        )
+    )
     assert WORD not in seen_by_sdk(chunks) and "Nigh" not in seen_by_sdk(chunks)
     assert chunks[-1].choices[0].finish_reason == "content_filter"
     assert_output_blocked(guarded, mock_id, location)
 
 
 def responses_stream(final_text: str) -> bytes:
-    created = {"id": "resp_1", "object": "response", "created_at": 1, "status": "in_progress", "model": "gpt-5",
-               "output": []}
+    created = {
+        "id": "resp_1",
+        "object": "response",
+        "created_at": 1,
+        "status": "in_progress",
+        "model": "gpt-5",
+        "output": [],
+    }
     item = {"id": "msg_1", "type": "message", "role": "assistant", "status": "in_progress", "content": []}
     ref = {"item_id": "msg_1", "output_index": 0, "content_index": 0}
-    done_item = item | {"status": "completed",
-                        "content": [{"type": "output_text", "text": final_text, "annotations": []}]}
+    done_item = item | {
+        "status": "completed",
+        "content": [{"type": "output_text", "text": final_text, "annotations": []}],
+    }
     events = [
         ("response.created", {"response": created}),
         ("response.output_item.added", {"output_index": 0, "item": item}),
@@ -230,17 +277,22 @@ def responses_stream(final_text: str) -> bytes:
         ("response.output_item.done", {"output_index": 0, "item": done_item}),
         ("response.completed", {"response": created | {"status": "completed", "output": [done_item]}}),
     ]
-    return b"".join(f"event: {t}\ndata: {json.dumps({'type': t, 'sequence_number': i, **d})}\n\n".encode()
-                    for i, (t, d) in enumerate(events))
+    return b"".join(
+        f"event: {t}\ndata: {json.dumps({'type': t, 'sequence_number': i, **d})}\n\n".encode()
+        for i, (t, d) in enumerate(events)
+    )
 
 
 def test_a_responses_final_text_that_differs_from_its_deltas_is_checked(guarded, upstreams, transport):
     up = upstreams[transport]
     mock_id, headers = mock(raw(responses_stream(f"the {WORD} plan")))
-    events = list(client(guarded, up, transport).responses.create(model="gpt-5", input="hi", stream=True,
-                                                                   extra_headers=headers))
+    events = list(
+        client(guarded, up, transport).responses.create(model="gpt-5", input="hi", stream=True, extra_headers=headers)
+    )
     assert WORD not in seen_by_sdk(events)
-    assert events[-1].type == "response.incomplete" and events[-1].response.incomplete_details.reason == "content_filter"
+    assert (
+        events[-1].type == "response.incomplete" and events[-1].response.incomplete_details.reason == "content_filter"
+    )
     shown = "".join(e.delta for e in events if e.type == "response.output_text.delta")
     assert events[-1].response.output_text == shown, "the final response carries what the client had"
     assert [item.id for item in events[-1].response.output] == ["msg_1"]

@@ -16,14 +16,22 @@ from pathlib import Path
 
 import orjson
 import pytest
-
 from conftest import start_proxy, wait_for
 
 pytestmark = pytest.mark.e2e
 
 OPENAI_KEY = "sk-proj-" + "A1b2C3d4E5" * 7 + "Abcd" + "T3BlbkFJ" + "Z9y8X7w6V5" * 7 + "Wxyz"
-HEADERS = ("ocp-apim-subscription-key", "cf-aig-authorization", "x-functions-key", "authorization", "x-api-key",
-           "x-goog-api-key", "api-key", "x-amz-security-token", "cookie")
+HEADERS = (
+    "ocp-apim-subscription-key",
+    "cf-aig-authorization",
+    "x-functions-key",
+    "authorization",
+    "x-api-key",
+    "x-goog-api-key",
+    "api-key",
+    "x-amz-security-token",
+    "cookie",
+)
 PARAMS = ("api-key", "sig", "key", "code", "access_token")
 
 
@@ -36,12 +44,17 @@ def send(proxy, url: str, secrets: dict[str, str]) -> str:
     mock_id = uuid.uuid4().hex
     headers = {name: secrets[name] for name in HEADERS}
     headers["authorization"] = f"Bearer {secrets['authorization']}"
-    headers |= {"x-innocent-name": f"prefix {OPENAI_KEY} suffix", "content-type": "application/llm-request+json",
-                "x-mock-id": mock_id}
+    headers |= {
+        "x-innocent-name": f"prefix {OPENAI_KEY} suffix",
+        "content-type": "application/llm-request+json",
+        "x-mock-id": mock_id,
+    }
     query = "&".join(f"{name}={secrets[name]}" for name in PARAMS)
     body = {"version": "1.0", "stream": True, "model": "m", "messages": [{"role": "user", "content": "hi"}]}
     with proxy.client() as client:
-        assert client.post(f"{url}/v1/llm/stream?{query}", content=orjson.dumps(body), headers=headers).status_code == 200
+        assert (
+            client.post(f"{url}/v1/llm/stream?{query}", content=orjson.dumps(body), headers=headers).status_code == 200
+        )
     return mock_id
 
 
@@ -60,8 +73,15 @@ def assert_nothing_leaks(tmp_path: Path, secrets: dict[str, str], must_hold: lis
 def test_no_credential_is_stored_spooled_signed_or_printed(tmp_path, upstreams, flow_detail):
     db = tmp_path / "audit.db"
     spool = tmp_path / "spool.jsonl"
-    proxy = start_proxy(tmp_path, "--set", f"flow_detail={flow_detail}", "--set", f"llm_audit_spool={spool}",
-                        "--set", "llm_audit_checkpoint_every=1")
+    proxy = start_proxy(
+        tmp_path,
+        "--set",
+        f"flow_detail={flow_detail}",
+        "--set",
+        f"llm_audit_spool={spool}",
+        "--set",
+        "llm_audit_checkpoint_every=1",
+    )
     url = upstreams["h1"].url
     stored, spooled = secrets_for("db"), secrets_for("spool")
     try:
@@ -77,8 +97,9 @@ def test_no_credential_is_stored_spooled_signed_or_printed(tmp_path, upstreams, 
         lock.execute("BEGIN EXCLUSIVE")  # the writer cannot write: records go to the spool
         try:
             second = send(proxy, url, spooled)
-            wait_for(lambda: spool.exists() and second.encode() in spool.read_bytes(), timeout=90,
-                     what="the record spooled")
+            wait_for(
+                lambda: spool.exists() and second.encode() in spool.read_bytes(), timeout=90, what="the record spooled"
+            )
             spool_bytes = spool.read_bytes()
         finally:
             lock.execute("ROLLBACK")
@@ -117,8 +138,10 @@ def test_prompt_files_are_private_whatever_the_umask(tmp_path, upstreams):
         os.chmod(db, 0o644)
         again = start_proxy(tmp_path / "data", set_db=True, db_url=f"sqlite:///{db}")
         try:
-            again.process.wait_line(r"audit\.db holds prompts and is readable by other users \(mode 0644\); "
-                                    r"restrict it with: chmod 600 ")
+            again.process.wait_line(
+                r"audit\.db holds prompts and is readable by other users \(mode 0644\); "
+                r"restrict it with: chmod 600 "
+            )
         finally:
             again.process.stop()
     finally:

@@ -10,7 +10,6 @@ import subprocess
 from pathlib import Path
 
 import pytest
-
 from conftest import ROOT
 
 pytestmark = pytest.mark.e2e
@@ -31,13 +30,19 @@ def processes_mentioning(text: str) -> list[str]:
 
 def test_the_demo_shows_the_whole_thing_and_cleans_up(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("LLM_AUDIT_")} | {"TMPDIR": str(tmp_path)}
-    done = subprocess.run([str(ROOT / "scripts" / "demo")], env=env, capture_output=True, text=True, timeout=300,
-                          check=False)
+    done = subprocess.run(
+        [str(ROOT / "scripts" / "demo")], env=env, capture_output=True, text=True, timeout=300, check=False
+    )
     out = done.stdout
     assert done.returncode == 0, f"{out}\n{done.stderr}"
 
-    for label in ("OpenAI Chat, streamed", "Anthropic Messages, streamed", "Gemini, streamed (SSE)",
-                  "OpenAI Responses, one JSON answer", "llm-stream"):
+    for label in (
+        "OpenAI Chat, streamed",
+        "Anthropic Messages, streamed",
+        "Gemini, streamed (SSE)",
+        "OpenAI Responses, one JSON answer",
+        "llm-stream",
+    ):
         assert re.search(rf"^  {re.escape(label)}.* HTTP 200, \d+ bytes$", out, re.MULTILINE), label
     assert re.search(r"blocked by a rule +HTTP 400, \d+ bytes: Blocked by content filter rule 'code-names'", out)
 

@@ -26,7 +26,6 @@ import httpx
 import openai
 import orjson
 import pytest
-
 from conftest import BIN, ROOT, Process, Proxy, Upstream, new_database, start_proxy
 
 pytestmark = pytest.mark.e2e
@@ -114,22 +113,39 @@ def test_workstation_clients_go_through_the_proxy_by_their_environment(runtime, 
     body = orjson.dumps(CHAT).decode()
     ca = str(proxy.ca)
     if runtime == "python-sdk":  # httpx: the OpenAI, Anthropic and Google SDKs, most Python tools
-        out = run_client([sys.executable, "-c", PYTHON_OPENAI_CLIENT, base_url, mock_id],
-                         client_env(HTTPS_PROXY=proxy.url, SSL_CERT_FILE=ca))
+        out = run_client(
+            [sys.executable, "-c", PYTHON_OPENAI_CLIENT, base_url, mock_id],
+            client_env(HTTPS_PROXY=proxy.url, SSL_CERT_FILE=ca),
+        )
     elif runtime == "python-requests":
-        out = run_client([sys.executable, "-c", PYTHON_REQUESTS_CLIENT, base_url, mock_id],
-                         client_env(HTTPS_PROXY=proxy.url, REQUESTS_CA_BUNDLE=ca))
+        out = run_client(
+            [sys.executable, "-c", PYTHON_REQUESTS_CLIENT, base_url, mock_id],
+            client_env(HTTPS_PROXY=proxy.url, REQUESTS_CA_BUNDLE=ca),
+        )
     elif runtime == "curl":
         if not shutil.which("curl"):
             pytest.skip("curl is not installed")
-        out = run_client(["curl", "-sSf", f"{base_url}/chat/completions", "-H", "content-type: application/json",
-                          "-H", f"x-mock-id: {mock_id}", "-d", body],
-                         client_env(HTTPS_PROXY=proxy.url, CURL_CA_BUNDLE=ca))
+        out = run_client(
+            [
+                "curl",
+                "-sSf",
+                f"{base_url}/chat/completions",
+                "-H",
+                "content-type: application/json",
+                "-H",
+                f"x-mock-id: {mock_id}",
+                "-d",
+                body,
+            ],
+            client_env(HTTPS_PROXY=proxy.url, CURL_CA_BUNDLE=ca),
+        )
     else:
         if not shutil.which("node"):
             pytest.skip("node is not installed")
-        out = run_client(["node", "-e", NODE_CLIENT, f"{base_url}/chat/completions", body, mock_id],
-                         client_env(HTTPS_PROXY=proxy.url, NODE_EXTRA_CA_CERTS=ca))
+        out = run_client(
+            ["node", "-e", NODE_CLIENT, f"{base_url}/chat/completions", body, mock_id],
+            client_env(HTTPS_PROXY=proxy.url, NODE_EXTRA_CA_CERTS=ca),
+        )
     row = proxy.mock_row(mock_id)
     assert (row["dialect"], row["status"], row["server_address"]) == ("openai-chat", "completed", "localhost")
     assert row["output_text"] and row["output_text"] in out
@@ -138,8 +154,9 @@ def test_workstation_clients_go_through_the_proxy_by_their_environment(runtime, 
 # -- decrypting only inference traffic ------------------------------------------------------------
 
 
-def test_llm_hosts_only_decrypts_the_inference_hosts_and_passes_any_other_through(request, backend, tmp_path,
-                                                                                 upstreams):
+def test_llm_hosts_only_decrypts_the_inference_hosts_and_passes_any_other_through(
+    request, backend, tmp_path, upstreams
+):
     """``scripts/proxy --llm-hosts-only`` with a user's hosts file naming ``localhost``:
     the mock by that name is decrypted and audited; the same server by its address is
     another host, so the client gets the server's own certificate and nothing is recorded,
@@ -147,8 +164,14 @@ def test_llm_hosts_only_decrypts_the_inference_hosts_and_passes_any_other_throug
     hosts = tmp_path / "hosts"
     hosts.write_text("# inference endpoints of our own\nlocalhost\n")
     upstream = upstreams["h2"]
-    p = start_proxy(tmp_path, "--llm-hosts-only", upstream_ca=upstream.ca, launcher=[str(ROOT / "scripts" / "proxy")],
-                    env={"LLM_AUDIT_EXTRA_HOSTS": str(hosts)}, **new_database(request, backend, tmp_path))
+    p = start_proxy(
+        tmp_path,
+        "--llm-hosts-only",
+        upstream_ca=upstream.ca,
+        launcher=[str(ROOT / "scripts" / "proxy")],
+        env={"LLM_AUDIT_EXTRA_HOSTS": str(hosts)},
+        **new_database(request, backend, tmp_path),
+    )
     try:
         port = urlsplit(upstream.url).port
         assert issuer(tunnel_certificate(p.url, "localhost", port, p.ca)) == "mitmproxy"
@@ -157,14 +180,16 @@ def test_llm_hosts_only_decrypts_the_inference_hosts_and_passes_any_other_throug
         passed_through = uuid.uuid4().hex
         verify_upstream = ssl.create_default_context(cafile=str(upstream.ca))  # not the proxy's CA
         with httpx.Client(proxy=p.url, verify=verify_upstream, timeout=30) as client:
-            answer = client.post(f"{upstream.url}/v1/chat/completions", json=CHAT,
-                                 headers={"x-mock-id": passed_through})
+            answer = client.post(
+                f"{upstream.url}/v1/chat/completions", json=CHAT, headers={"x-mock-id": passed_through}
+            )
         assert answer.status_code == 200 and answer.json()["choices"][0]["message"]["content"]
 
         audited = uuid.uuid4().hex
         with p.client() as client:
-            answer = client.post(f"{localhost_url(upstream)}/v1/chat/completions", json=CHAT,
-                                 headers={"x-mock-id": audited})
+            answer = client.post(
+                f"{localhost_url(upstream)}/v1/chat/completions", json=CHAT, headers={"x-mock-id": audited}
+            )
         row = p.mock_row(audited)  # records are written in order: the first would be there by now
         assert (row["server_address"], row["status"]) == ("localhost", "completed")
         assert row["output_text"] == answer.json()["choices"][0]["message"]["content"]
@@ -182,28 +207,54 @@ def test_team_proxy_attributes_exchanges_to_the_authenticated_user(request, back
     user in ``user_id`` unless the request's own metadata names one, plus the client
     address and the site (``llm_audit_instance``); without credentials nothing passes."""
     htpasswd = tmp_path / "htpasswd"
-    htpasswd.write_text("".join(f"{user}:{bcrypt.hashpw(password.encode(), bcrypt.gensalt(4)).decode()}\n"
-                                for user, password in (("alice", "alice-pw"), ("bob", "bob-pw"))))
-    p = start_proxy(tmp_path, "--set", f"proxyauth=@{htpasswd}", "--set", "llm_audit_instance=vienna-office",
-                    upstream_ca=upstreams["h2"].ca, **new_database(request, backend, tmp_path))
+    htpasswd.write_text(
+        "".join(
+            f"{user}:{bcrypt.hashpw(password.encode(), bcrypt.gensalt(4)).decode()}\n"
+            for user, password in (("alice", "alice-pw"), ("bob", "bob-pw"))
+        )
+    )
+    p = start_proxy(
+        tmp_path,
+        "--set",
+        f"proxyauth=@{htpasswd}",
+        "--set",
+        "llm_audit_instance=vienna-office",
+        upstream_ca=upstreams["h2"].ca,
+        **new_database(request, backend, tmp_path),
+    )
     try:
         ca = ssl.create_default_context(cafile=str(p.ca))
         port = urlsplit(p.url).port
         ids = {name: uuid.uuid4().hex for name in ("anonymous", "alice", "bob", "carol")}
 
         with httpx.Client(proxy=p.url, timeout=30) as anonymous:
-            refused = anonymous.post(f"{upstreams['h1'].url}/v1/chat/completions", json=CHAT,
-                                     headers={"x-mock-id": ids["anonymous"]})
+            refused = anonymous.post(
+                f"{upstreams['h1'].url}/v1/chat/completions", json=CHAT, headers={"x-mock-id": ids["anonymous"]}
+            )
         assert refused.status_code == 407
         with httpx.Client(proxy=f"http://alice:alice-pw@127.0.0.1:{port}", verify=ca, timeout=30) as alice:
-            alice.post(f"{upstreams['h2'].url}/v1/chat/completions", json=CHAT,  # HTTPS: a CONNECT tunnel
-                       headers={"x-mock-id": ids["alice"]}).raise_for_status()
+            alice.post(
+                f"{upstreams['h2'].url}/v1/chat/completions",
+                json=CHAT,  # HTTPS: a CONNECT tunnel
+                headers={"x-mock-id": ids["alice"]},
+            ).raise_for_status()
         with httpx.Client(proxy=f"http://bob:bob-pw@127.0.0.1:{port}", timeout=30) as bob:
-            bob.post(f"{upstreams['h1'].url}/v1/chat/completions", json=CHAT,  # plain HTTP
-                     headers={"x-mock-id": ids["bob"]}).raise_for_status()
-            bob.post(f"{upstreams['h1'].url}/v1/llm/stream", headers={"x-mock-id": ids["carol"]}, json={
-                "version": "1.0", "stream": True, "model": "demo", "messages": CHAT["messages"],
-                "metadata": {"user_id": "carol"}}).raise_for_status()
+            bob.post(
+                f"{upstreams['h1'].url}/v1/chat/completions",
+                json=CHAT,  # plain HTTP
+                headers={"x-mock-id": ids["bob"]},
+            ).raise_for_status()
+            bob.post(
+                f"{upstreams['h1'].url}/v1/llm/stream",
+                headers={"x-mock-id": ids["carol"]},
+                json={
+                    "version": "1.0",
+                    "stream": True,
+                    "model": "demo",
+                    "messages": CHAT["messages"],
+                    "metadata": {"user_id": "carol"},
+                },
+            ).raise_for_status()
 
         for name in ("alice", "bob", "carol"):
             row = p.mock_row(ids[name])
@@ -221,9 +272,23 @@ def test_team_proxy_attributes_exchanges_to_the_authenticated_user(request, back
 def start_gateway(tmp: Path, upstream: Upstream, db_url: str, pg=None) -> Proxy:
     """``mitmdump --mode reverse:UPSTREAM`` with the addon, on a free port."""
     confdir = tmp / "mitm"
-    cmd = [str(BIN / "mitmdump"), "--mode", f"reverse:{upstream.url}", "--listen-host", "127.0.0.1",
-           "--listen-port", "0", "-s", str(ROOT / "addon" / "llm_audit.py"), "--set", f"confdir={confdir}",
-           "--set", f"llm_audit_db={db_url}", "--set", f"ssl_verify_upstream_trusted_ca={upstream.ca}"]
+    cmd = [
+        str(BIN / "mitmdump"),
+        "--mode",
+        f"reverse:{upstream.url}",
+        "--listen-host",
+        "127.0.0.1",
+        "--listen-port",
+        "0",
+        "-s",
+        str(ROOT / "addon" / "llm_audit.py"),
+        "--set",
+        f"confdir={confdir}",
+        "--set",
+        f"llm_audit_db={db_url}",
+        "--set",
+        f"ssl_verify_upstream_trusted_ca={upstream.ca}",
+    ]
     env = os.environ | {"PYTHONUNBUFFERED": "1", "XDG_STATE_HOME": str(tmp / "state")}
     process = Process.start(cmd, env=env)
     m = process.wait_line(r"reverse proxy to \S+ listening at [\d.]+:(\d+)", timeout=120)
@@ -239,9 +304,12 @@ def test_gateway_in_reverse_mode_for_clients_that_only_take_a_base_url(request, 
         mock_id = uuid.uuid4().hex
         with httpx.Client(trust_env=False, timeout=30) as http:
             client = openai.OpenAI(base_url=f"{gateway.url}/v1", api_key="sk-test", max_retries=0, http_client=http)
-            with client.chat.completions.stream(model="gpt-4o", messages=CHAT["messages"],
-                                                stream_options={"include_usage": True},
-                                                extra_headers={"x-mock-id": mock_id}) as stream:
+            with client.chat.completions.stream(
+                model="gpt-4o",
+                messages=CHAT["messages"],
+                stream_options={"include_usage": True},
+                extra_headers={"x-mock-id": mock_id},
+            ) as stream:
                 text = "".join(e.delta for e in stream if e.type == "content.delta")
                 final = stream.get_final_completion()
         row = gateway.mock_row(mock_id)
@@ -281,8 +349,9 @@ def test_the_systemd_unit_verifies(tmp_path):
     if not shutil.which("systemd-analyze"):
         pytest.skip("systemd-analyze is not installed (the systemd package)")
     unit, _ = service_files(tmp_path)
-    done = subprocess.run(["systemd-analyze", "verify", str(unit)], capture_output=True, text=True, timeout=60,
-                          check=False)
+    done = subprocess.run(
+        ["systemd-analyze", "verify", str(unit)], capture_output=True, text=True, timeout=60, check=False
+    )
     assert (done.returncode, done.stdout + done.stderr) == (0, "")
 
 
@@ -318,8 +387,9 @@ def test_the_service_records_to_the_database_and_spool_of_its_environment_file(t
         port = process.wait_line(r"proxy listening at .*:(\d+)", timeout=120).group(1)
         mock_id = uuid.uuid4().hex
         with httpx.Client(proxy=f"http://127.0.0.1:{port}", timeout=30) as client:  # plain HTTP is always seen
-            client.post(f"{upstreams['h1'].url}/v1/chat/completions", json=CHAT,
-                        headers={"x-mock-id": mock_id}).raise_for_status()
+            client.post(
+                f"{upstreams['h1'].url}/v1/chat/completions", json=CHAT, headers={"x-mock-id": mock_id}
+            ).raise_for_status()
         tls = upstreams["h2"]  # --llm-hosts-only: a host that is no inference API passes through
         certificate = tunnel_certificate(f"http://127.0.0.1:{port}", "127.0.0.1", urlsplit(tls.url).port, tls.ca)
         assert issuer(certificate) == "mock-llm test CA"

@@ -15,34 +15,42 @@ import uuid
 
 import httpx
 import pytest
-
 from conftest import ROOT, Proxy, start_proxy, wait_for
 
 pytestmark = pytest.mark.e2e
 
 INJECTED = b'event: error\ndata: {"type":"error","code":"content_filtered"}\n\n'
 # 20 paced events of 4 characters each (the mock splits the text evenly); the 4th is the marker
-SCENARIO = "events=20&delay=0.25&text=" + "".join(["aaaa", "bbbb", "cccc", "STOP", *(c * 4 for c in "defghijklmnopqrs")])
+SCENARIO = "events=20&delay=0.25&text=" + "".join(
+    ["aaaa", "bbbb", "cccc", "STOP", *(c * 4 for c in "defghijklmnopqrs")]
+)
 
 
 @pytest.fixture(scope="module")
 def stopper(tmp_path_factory, upstreams) -> Proxy:
-    p = start_proxy(tmp_path_factory.mktemp("early-end"), "-s", str(ROOT / "tests" / "e2e" / "addons" / "stop_at_marker.py"),
-                    upstream_ca=upstreams["h2"].ca)
+    p = start_proxy(
+        tmp_path_factory.mktemp("early-end"),
+        "-s",
+        str(ROOT / "tests" / "e2e" / "addons" / "stop_at_marker.py"),
+        upstream_ca=upstreams["h2"].ca,
+    )
     yield p
     p.process.stop()
 
 
 def client(proxy: Proxy, http2: bool) -> httpx.Client:
-    return httpx.Client(proxy=proxy.url, verify=ssl.create_default_context(cafile=str(proxy.ca)), http2=http2,
-                        timeout=30)
+    return httpx.Client(
+        proxy=proxy.url, verify=ssl.create_default_context(cafile=str(proxy.ca)), http2=http2, timeout=30
+    )
 
 
 def post(c: httpx.Client, url: str, scenario: str, mock_id: str) -> tuple[bytes, float, str]:
     start = time.monotonic()
-    resp = c.post(f"{url}/v1/llm/stream", headers={"content-type": "application/llm-request+json",
-                                                    "x-mock": scenario, "x-mock-id": mock_id},
-                  content=b'{"version":"1.0","stream":true,"model":"m","messages":[]}')
+    resp = c.post(
+        f"{url}/v1/llm/stream",
+        headers={"content-type": "application/llm-request+json", "x-mock": scenario, "x-mock-id": mock_id},
+        content=b'{"version":"1.0","stream":true,"model":"m","messages":[]}',
+    )
     return resp.content, time.monotonic() - start, resp.http_version
 
 
@@ -58,8 +66,11 @@ def test_stream_ends_cleanly_at_the_marker_and_the_upstream_stops(stopper, upstr
     assert body.endswith(INJECTED) and b"STOP" not in body and b'"text":"cccc"' in body
     assert elapsed < 0.25 * 4 + 1.0, "the client's stream must end within a second of the block"
     assert again.endswith(b'"type":"stream.end"}\n\n'), "the next request on the same connection is whole"
-    sent = wait_for(lambda: (s := up.sent(mock_id)) and (s.get("disconnected") or s.get("aborted")) and s,
-                    timeout=5, what="the upstream to see the stream cancelled")
+    sent = wait_for(
+        lambda: (s := up.sent(mock_id)) and (s.get("disconnected") or s.get("aborted")) and s,
+        timeout=5,
+        what="the upstream to see the stream cancelled",
+    )
     assert not sent["completed"] and len(sent["chunks"]) < 10
 
 
@@ -67,11 +78,14 @@ def test_other_streams_on_the_same_http2_connection_carry_on(stopper, upstreams)
     up = upstreams["h2"]
     results: dict[str, bytes] = {}
     with client(stopper, http2=True) as c:
+
         def run(name: str, scenario: str) -> None:
             results[name] = post(c, up.url, scenario, uuid.uuid4().hex + name)[0]
 
-        threads = [threading.Thread(target=run, args=("blocked", SCENARIO)),
-                   threading.Thread(target=run, args=("other", "events=12&delay=0.2"))]
+        threads = [
+            threading.Thread(target=run, args=("blocked", SCENARIO)),
+            threading.Thread(target=run, args=("other", "events=12&delay=0.2")),
+        ]
         for t in threads:
             t.start()
         for t in threads:

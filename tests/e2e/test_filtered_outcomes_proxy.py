@@ -12,14 +12,11 @@ test_output_filters_proxy.py.
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterator
 
-import uuid
-
 import pytest
-
-from conftest import BACKENDS, guarded_proxy, Node, Proxy
-from test_node_proxy import preload  # noqa: F401 - the fixture: scripts/node-preload into a fresh folder
+from conftest import BACKENDS, Node, Proxy, guarded_proxy
 from test_output_filters_proxy import DIRTY, RULES, TEXT, WORD
 
 pytestmark = pytest.mark.e2e
@@ -46,19 +43,27 @@ def guarded(request, tmp_path_factory, upstreams) -> Iterator[Proxy]:
     yield from guarded_proxy(request, tmp_path_factory, RULES, "filtered-outcomes", upstreams)
 
 
-def run(node: Node, guarded: Proxy, upstreams, preload: str, client: str, scenario: str) -> tuple[dict, dict]:  # noqa: F811
+def run(node: Node, guarded: Proxy, upstreams, preload: str, client: str, scenario: str) -> tuple[dict, dict]:
     """The client's report and the exchange's record."""
     mock_id = uuid.uuid4().hex
-    env = {"HTTPS_PROXY": guarded.url, "NODE_EXTRA_CA_CERTS": str(guarded.ca), "NODE_OPTIONS": preload,
-           "PATH": "/usr/bin:/bin"}
-    seen = node.run("filtered.mjs", {"client": client, "baseURL": upstreams["h2"].url,
-                                     "headers": {"x-mock": scenario, "x-mock-id": mock_id}}, env=env)
+    env = {
+        "HTTPS_PROXY": guarded.url,
+        "NODE_EXTRA_CA_CERTS": str(guarded.ca),
+        "NODE_OPTIONS": preload,
+        "PATH": "/usr/bin:/bin",
+    }
+    seen = node.run(
+        "filtered.mjs",
+        {"client": client, "baseURL": upstreams["h2"].url, "headers": {"x-mock": scenario, "x-mock-id": mock_id}},
+        env=env,
+    )
     return seen, guarded.mock_row(mock_id)
 
 
 @pytest.mark.parametrize("client", TABLE)
 def test_a_stopped_stream_is_the_apis_filtered_outcome_with_the_text_before_the_word(
-        node, guarded, upstreams, preload, client):  # noqa: F811
+    node, guarded, upstreams, preload, client
+):
     seen, row = run(node, guarded, upstreams, preload, f"{client}-stream", DIRTY)
     outcome, finish_reasons = TABLE[client]
     assert "error" not in seen, seen
@@ -68,11 +73,15 @@ def test_a_stopped_stream_is_the_apis_filtered_outcome_with_the_text_before_the_
 
 
 @pytest.mark.parametrize("client", TABLE)
-def test_a_held_answer_is_the_apis_filtered_outcome_with_no_text(node, guarded, upstreams, preload, client):  # noqa: F811
+def test_a_held_answer_is_the_apis_filtered_outcome_with_no_text(node, guarded, upstreams, preload, client):
     seen, row = run(node, guarded, upstreams, preload, client, WHOLE)
     outcome, finish_reasons = TABLE[client]
     assert "error" not in seen, seen
     assert (seen["outcome"], seen["text"]) == (outcome, "")
     assert (row["status"], row["finish_reasons"], row["delivered_text"], row["client_status"]) == (
-        "blocked", finish_reasons, "", None)
+        "blocked",
+        finish_reasons,
+        "",
+        None,
+    )
     assert WORD in row["output_text"], "the record keeps what the upstream sent"

@@ -7,12 +7,11 @@ upstream, the official SDKs, and the audit rows read with plain SQL on both back
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import ssl
 import subprocess
 import time
 import uuid
+from collections.abc import Iterator
 from typing import Any
 
 import anthropic
@@ -20,9 +19,8 @@ import httpx2
 import openai
 import orjson
 import pytest
+from conftest import BACKENDS, BIN, ROOT, Proxy, guarded_proxy, start_proxy
 from google.genai import types as genai_types
-
-from conftest import BACKENDS, BIN, ROOT, guarded_proxy, Proxy, start_proxy
 from test_sdks_proxy import MESSAGES, genai_client
 
 pytestmark = pytest.mark.e2e
@@ -53,8 +51,9 @@ def assert_blocked(proxy: Proxy, up, mock_id: str, streamed: bool) -> dict:
 
 
 def openai_client(proxy: Proxy, url: str, transport: str = "h1") -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{url}/v1", api_key="sk-test", max_retries=0,
-                         http_client=proxy.client(http2=transport == "h2"))
+    return openai.OpenAI(
+        base_url=f"{url}/v1", api_key="sk-test", max_retries=0, http_client=proxy.client(http2=transport == "h2")
+    )
 
 
 @pytest.fixture(params=["h1", "h2"])
@@ -67,22 +66,28 @@ def test_openai_chat_stream_and_non_stream_are_refused_as_the_api_does(guarded, 
     mock_id, hdrs = headers()
     with pytest.raises(openai.APIError) as error:
         for _ in openai_client(guarded, up.url, transport).chat.completions.create(
-                model="gpt-4o", messages=PROMPT, stream=True, extra_headers=hdrs):
+            model="gpt-4o", messages=PROMPT, stream=True, extra_headers=hdrs
+        ):
             pass
     assert error.value.code == "content_filter"
     assert_blocked(guarded, up, mock_id, streamed=True)
 
     mock_id, hdrs = headers()
     with pytest.raises(openai.BadRequestError):
-        openai_client(guarded, up.url, transport).chat.completions.create(model="gpt-4o", messages=PROMPT, extra_headers=hdrs)
+        openai_client(guarded, up.url, transport).chat.completions.create(
+            model="gpt-4o", messages=PROMPT, extra_headers=hdrs
+        )
     assert_blocked(guarded, up, mock_id, streamed=False)
 
 
 def test_openai_responses_stream_ends_incomplete_by_content_filter(guarded, upstreams, transport):
     up = upstreams[transport]
     mock_id, hdrs = headers()
-    events = list(openai_client(guarded, up.url, transport).responses.create(model="gpt-5", input=FORBIDDEN, stream=True,
-                                                                   extra_headers=hdrs))
+    events = list(
+        openai_client(guarded, up.url, transport).responses.create(
+            model="gpt-5", input=FORBIDDEN, stream=True, extra_headers=hdrs
+        )
+    )
     assert events[-1].type == "response.incomplete"
     assert events[-1].response.incomplete_details.reason == "content_filter"
     assert_blocked(guarded, up, mock_id, streamed=True)
@@ -91,8 +96,12 @@ def test_openai_responses_stream_ends_incomplete_by_content_filter(guarded, upst
 def test_anthropic_stream_is_a_refusal(guarded, upstreams, transport):
     up = upstreams[transport]
     mock_id, hdrs = headers()
-    http = httpx2.Client(proxy=guarded.url, verify=ssl.create_default_context(cafile=str(guarded.ca)), timeout=30,
-                         http2=transport == "h2")
+    http = httpx2.Client(
+        proxy=guarded.url,
+        verify=ssl.create_default_context(cafile=str(guarded.ca)),
+        timeout=30,
+        http2=transport == "h2",
+    )
     client = anthropic.Anthropic(base_url=up.url, api_key="sk-ant-test", max_retries=0, http_client=http)
     with client.messages.stream(model="claude-mock-1", max_tokens=100, messages=PROMPT, extra_headers=hdrs) as s:
         message = s.get_final_message()
@@ -104,8 +113,11 @@ def test_gemini_stream_reports_a_safety_block(guarded, upstreams, transport):
     up = upstreams[transport]
     mock_id, hdrs = headers()
     with guarded.client(http2=transport == "h2") as http:
-        chunks = list(genai_client(up.url, http, hdrs).models.generate_content_stream(
-            model="gemini-2.5-flash", contents=FORBIDDEN))
+        chunks = list(
+            genai_client(up.url, http, hdrs).models.generate_content_stream(
+                model="gemini-2.5-flash", contents=FORBIDDEN
+            )
+        )
     assert chunks[0].prompt_feedback.block_reason == genai_types.BlockedReason.SAFETY
     assert_blocked(guarded, up, mock_id, streamed=True)
 
@@ -115,8 +127,11 @@ def test_llm_stream_gets_start_error_end(guarded, upstreams, transport):
     mock_id, hdrs = headers()
     body = {"version": "1.0", "stream": True, "model": "m", "messages": PROMPT}
     with guarded.client(http2=transport == "h2") as c:
-        resp = c.post(f"{up.url}/v1/llm/stream", content=orjson.dumps(body),
-                      headers=hdrs | {"content-type": "application/llm-request+json"})
+        resp = c.post(
+            f"{up.url}/v1/llm/stream",
+            content=orjson.dumps(body),
+            headers=hdrs | {"content-type": "application/llm-request+json"},
+        )
     kinds = [line.split(": ", 1)[1] for line in resp.text.splitlines() if line.startswith("event: ")]
     assert kinds == ["stream.start", "error", "stream.end"] and '"content_filtered"' in resp.text
     assert_blocked(guarded, up, mock_id, streamed=True)
@@ -126,8 +141,9 @@ def test_lmsp_stream_ends_with_response_failed_and_a_plain_request_gets_a_proble
     up = upstreams[transport]
     mock_id, hdrs = headers()
     with guarded.client(http2=transport == "h2") as c:
-        resp = c.post(f"{up.url}/lmsp/v1/responses", json={"model": "m", "input": FORBIDDEN, "stream": True},
-                      headers=hdrs)
+        resp = c.post(
+            f"{up.url}/lmsp/v1/responses", json={"model": "m", "input": FORBIDDEN, "stream": True}, headers=hdrs
+        )
     events = [line.split(": ", 1)[1] for line in resp.text.splitlines() if line.startswith("event: ")]
     assert events[-1] == "response.failed" and '"content_filtered"' in resp.text
     assert_blocked(guarded, up, mock_id, streamed=True)
@@ -144,8 +160,12 @@ def test_flagged_request_passes_and_is_recorded_without_the_match(guarded, upstr
     up = upstreams["h1"]
     mock_id, hdrs = headers()
     prompt = [{"role": "user", "content": "Mail the summary to jane.doe@example.org please."}]
-    text = openai_client(guarded, up.url).chat.completions.create(
-        model="gpt-4o", messages=prompt, extra_headers=hdrs).choices[0].message.content
+    text = (
+        openai_client(guarded, up.url)
+        .chat.completions.create(model="gpt-4o", messages=prompt, extra_headers=hdrs)
+        .choices[0]
+        .message.content
+    )
     row = guarded.mock_row(mock_id)
     assert row["status"] == "completed" and row["output_text"] == text
     [verdict] = row["verdicts"]
@@ -157,8 +177,9 @@ def test_flagged_request_passes_and_is_recorded_without_the_match(guarded, upstr
 
 def test_unfiltered_request_has_no_verdicts(guarded, upstreams):
     mock_id, hdrs = headers()
-    openai_client(guarded, upstreams["h1"].url).chat.completions.create(model="gpt-4o", messages=MESSAGES,
-                                                                         extra_headers=hdrs)
+    openai_client(guarded, upstreams["h1"].url).chat.completions.create(
+        model="gpt-4o", messages=MESSAGES, extra_headers=hdrs
+    )
     assert guarded.mock_row(mock_id)["verdicts"] == []
 
 
@@ -166,28 +187,40 @@ def test_a_rules_file_with_an_error_stops_the_proxy_with_its_line(tmp_path):
     rules = tmp_path / "rules.toml"
     rules.write_text('[[rule]]\nid = "x"\nkind = "regex"\npattern = "(unclosed"\naction = "block"\n')
     proc = subprocess.run(
-        [str(BIN / "mitmdump"), "--listen-port", "0", "--set", f"confdir={tmp_path}",
-         "--set", f"llm_audit_db=sqlite:///{tmp_path / 'audit.db'}", "-s", str(ROOT / "addon" / "llm_audit.py"),
-         "--set", f"llm_rules={rules}"],
-        capture_output=True, text=True, timeout=60, env={"XDG_STATE_HOME": str(tmp_path / "state"), "PATH": "/usr/bin:/bin",
-                                                         "HOME": str(tmp_path)},
+        [
+            str(BIN / "mitmdump"),
+            "--listen-port",
+            "0",
+            "--set",
+            f"confdir={tmp_path}",
+            "--set",
+            f"llm_audit_db=sqlite:///{tmp_path / 'audit.db'}",
+            "-s",
+            str(ROOT / "addon" / "llm_audit.py"),
+            "--set",
+            f"llm_rules={rules}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"XDG_STATE_HOME": str(tmp_path / "state"), "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)},
     )
     out = proc.stdout + proc.stderr
     assert proc.returncode != 0 and "Traceback" not in out
     assert [line for line in out.splitlines() if f"{rules}:4" in line and "llm-audit:" in line], out
 
 
-BROKEN_FILTER = '''
+BROKEN_FILTER = """
 def check_request(ctx):
     raise RuntimeError("this filter is broken")
-'''
-WORKING_FILTER = '''
+"""
+WORKING_FILTER = """
 from addon.filters.api import BLOCK, Verdict
 
 def check_request(ctx):
     if any("launch codes" in m.text for m in ctx.messages):
         return Verdict(BLOCK, "no-launch-codes", "asks for launch codes")
-'''
+"""
 
 
 @pytest.mark.parametrize("policy, status, action", [("closed", "blocked", "block"), ("open", "completed", "flag")])

@@ -12,30 +12,44 @@ import subprocess
 import uuid
 
 import pytest
-from sqlalchemy import create_engine, text
-
 from conftest import BIN, ROOT, new_database, start_proxy
+from sqlalchemy import create_engine, text
 
 pytestmark = pytest.mark.e2e
 
 
 def verify(db_url: str, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([str(BIN / "llm-audit"), "--db", db_url, "verify", *args], capture_output=True, text=True,
-                          timeout=60)
+    return subprocess.run(
+        [str(BIN / "llm-audit"), "--db", db_url, "verify", *args], capture_output=True, text=True, timeout=60
+    )
 
 
 def test_the_proxy_seals_and_signs_and_verify_catches_a_removed_tail(request, tmp_path, upstreams, backend):
     db = new_database(request, backend, tmp_path)
     elsewhere = tmp_path / "write-once"  # where llm_audit_checkpoint_command copies each checkpoint
     elsewhere.mkdir()
-    proxy = start_proxy(tmp_path, "--set", "llm_audit_instance=sealer", "--set", "llm_audit_checkpoint_every=2",
-                        "--set", f"llm_audit_checkpoint_command=cp -t '{elsewhere}'", **db)
+    proxy = start_proxy(
+        tmp_path,
+        "--set",
+        "llm_audit_instance=sealer",
+        "--set",
+        "llm_audit_checkpoint_every=2",
+        "--set",
+        f"llm_audit_checkpoint_command=cp -t '{elsewhere}'",
+        **db,
+    )
     try:
         with proxy.client() as client:
             for _ in range(5):
-                client.post(f"{upstreams['h1'].url}/v1/llm/stream", content=b'{"version":"1.0","model":"m"}',
-                            headers={"content-type": "application/llm-request+json", "x-mock-id": uuid.uuid4().hex,
-                                     "accept": 'text/event-stream; profile="llm-stream-1.0"'})
+                client.post(
+                    f"{upstreams['h1'].url}/v1/llm/stream",
+                    content=b'{"version":"1.0","model":"m"}',
+                    headers={
+                        "content-type": "application/llm-request+json",
+                        "x-mock-id": uuid.uuid4().hex,
+                        "accept": 'text/event-stream; profile="llm-stream-1.0"',
+                    },
+                )
     finally:
         assert proxy.process.stop() == 0
     key_dir = tmp_path / "data" / "llm-audit"  # the proxy's $XDG_DATA_HOME (see conftest.start_proxy)
@@ -65,11 +79,26 @@ def test_a_second_proxy_with_an_instance_name_in_use_is_refused_with_one_line(re
     try:
         second = tmp_path / "second"
         proc = subprocess.run(
-            [str(BIN / "mitmdump"), "--listen-host", "127.0.0.1", "--listen-port", "0", "--set",
-             f"confdir={second / 'mitm'}", "-s", str(ROOT / "addon" / "llm_audit.py"), "--set",
-             f"llm_audit_db={db['db_url']}", "--set", "llm_audit_instance=twin"],
-            capture_output=True, text=True, timeout=60,
-            env=os.environ | {"XDG_STATE_HOME": str(second / "state"), "XDG_DATA_HOME": str(second / "data")})
+            [
+                str(BIN / "mitmdump"),
+                "--listen-host",
+                "127.0.0.1",
+                "--listen-port",
+                "0",
+                "--set",
+                f"confdir={second / 'mitm'}",
+                "-s",
+                str(ROOT / "addon" / "llm_audit.py"),
+                "--set",
+                f"llm_audit_db={db['db_url']}",
+                "--set",
+                "llm_audit_instance=twin",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=os.environ | {"XDG_STATE_HOME": str(second / "state"), "XDG_DATA_HOME": str(second / "data")},
+        )
     finally:
         assert first.process.stop() == 0
     out = proc.stdout + proc.stderr

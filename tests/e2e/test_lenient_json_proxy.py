@@ -10,14 +10,12 @@ filters, follows ``llm_filter_failure``.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import uuid
+from collections.abc import Iterator
 
 import orjson
 import pytest
-
-from conftest import BACKENDS, ROOT, guarded_proxy, new_database, Proxy, start_proxy
+from conftest import BACKENDS, ROOT, Proxy, guarded_proxy, new_database, start_proxy
 
 pytestmark = pytest.mark.e2e
 
@@ -31,8 +29,11 @@ LENIENT = {
 
 
 def chat_body(prompt: str, extra: bytes, stream: bool, bom: bool = False) -> bytes:
-    body = (b'{"model": "m", "stream": %s, %s, "messages": [{"role": "user", "content": %s}]}'
-            % (b"true" if stream else b"false", extra, orjson.dumps(prompt)))
+    body = b'{"model": "m", "stream": %s, %s, "messages": [{"role": "user", "content": %s}]}' % (
+        b"true" if stream else b"false",
+        extra,
+        orjson.dumps(prompt),
+    )
     return (b"\xef\xbb\xbf" if bom else b"") + body
 
 
@@ -44,8 +45,11 @@ def guarded(request, tmp_path_factory) -> Iterator[Proxy]:
 def post(proxy: Proxy, url: str, body: bytes, scenario: str = "events=3") -> tuple[str, object]:
     mock_id = uuid.uuid4().hex
     with proxy.client() as client:
-        resp = client.post(f"{url}/v1/chat/completions", content=body,
-                           headers={"content-type": "application/json", "x-mock-id": mock_id, "x-mock": scenario})
+        resp = client.post(
+            f"{url}/v1/chat/completions",
+            content=body,
+            headers={"content-type": "application/json", "x-mock-id": mock_id, "x-mock": scenario},
+        )
     return mock_id, resp
 
 
@@ -55,8 +59,11 @@ CASES = [*LENIENT.items(), ("byte order mark", b'"temperature": 0.5')]
 @pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
 @pytest.mark.parametrize("name, extra", CASES, ids=[c[0] for c in CASES])
 def test_a_lenient_request_with_a_blocked_keyword_never_reaches_the_upstream(guarded, upstreams, name, extra, stream):
-    mock_id, resp = post(guarded, upstreams["h1"].url,
-                         chat_body("Tell me about Project Nightjar", extra, stream, bom=name == "byte order mark"))
+    mock_id, resp = post(
+        guarded,
+        upstreams["h1"].url,
+        chat_body("Tell me about Project Nightjar", extra, stream, bom=name == "byte order mark"),
+    )
     assert resp.status_code == (200 if stream else 400)
     row = guarded.mock_row(mock_id)
     assert (row["status"], row["dialect"]) == ("blocked", "openai-chat")
@@ -84,8 +91,10 @@ def test_a_body_no_reader_understands_is_recorded_and_blocked_when_filters_check
     row = guarded.mock_row(mock_id)
     assert (row["status"], row["dialect"]) == ("blocked", "openai-chat")
     assert [f["code"] for f in row["findings"]] == ["request_invalid_json"]
-    assert [(v["action"], v["rule_id"]) for v in row["verdicts"]] == [("block", "filter_error"),
-                                                                     ("block", "no-project-nightjar")]
+    assert [(v["action"], v["rule_id"]) for v in row["verdicts"]] == [
+        ("block", "filter_error"),
+        ("block", "no-project-nightjar"),
+    ]
     assert row["request_body"].startswith('{"model": "m"')
     assert upstreams["h1"].received(mock_id) == {}
 

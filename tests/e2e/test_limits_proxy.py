@@ -22,9 +22,7 @@ import httpx
 import orjson
 import psutil
 import pytest
-
-from conftest import BIN, Proxy, Upstream, new_database, start_proxy
-from conftest import BACKENDS
+from conftest import BACKENDS, BIN, Proxy, Upstream, new_database, start_proxy
 
 pytestmark = pytest.mark.e2e
 
@@ -36,8 +34,13 @@ MIB = 1024 * 1024
 def capped(request, tmp_path_factory, upstreams) -> Iterator[Proxy]:
     """A proxy whose records keep at most 4 MiB of content."""
     tmp = tmp_path_factory.mktemp(f"limits-{request.param}")
-    p = start_proxy(tmp, "--set", f"llm_audit_max_record_bytes={CAP}", upstream_ca=upstreams["h2"].ca,
-                    **new_database(request, request.param, tmp))
+    p = start_proxy(
+        tmp,
+        "--set",
+        f"llm_audit_max_record_bytes={CAP}",
+        upstream_ca=upstreams["h2"].ca,
+        **new_database(request, request.param, tmp),
+    )
     yield p
     p.process.stop()
 
@@ -45,8 +48,9 @@ def capped(request, tmp_path_factory, upstreams) -> Iterator[Proxy]:
 class Call:
     """One OpenAI chat request through the proxy; the client reads the raw (still encoded) bytes."""
 
-    def __init__(self, proxy: Proxy, upstream: Upstream, scenario: str, *, stream: bool = True,
-                 http2: bool = False) -> None:
+    def __init__(
+        self, proxy: Proxy, upstream: Upstream, scenario: str, *, stream: bool = True, http2: bool = False
+    ) -> None:
         self.id = uuid.uuid4().hex
         body = {"model": "mock-model", "messages": [{"role": "user", "content": "Hi"}], "stream": stream}
         if stream:
@@ -57,9 +61,12 @@ class Call:
         started = time.perf_counter()
         with proxy.client(http2=http2) as client:
             try:
-                with client.stream("POST", f"{upstream.url}/v1/chat/completions", content=orjson.dumps(body),
-                                   headers={"content-type": "application/json", "x-mock-id": self.id,
-                                            "x-mock": scenario}) as resp:
+                with client.stream(
+                    "POST",
+                    f"{upstream.url}/v1/chat/completions",
+                    content=orjson.dumps(body),
+                    headers={"content-type": "application/json", "x-mock-id": self.id, "x-mock": scenario},
+                ) as resp:
                     self.status = resp.status_code
                     for chunk in resp.iter_raw():
                         self.sha256.update(chunk)
@@ -122,11 +129,14 @@ def test_a_json_answer_beyond_the_cap_passes_unread_with_its_sizes(capped, upstr
 @pytest.mark.parametrize("stream", [True, False], ids=["sse", "json"])
 def test_a_bomb_stops_inspection_and_other_flows_are_served(capped, upstreams, coding, http2, stream):
     upstream = upstreams["h2" if http2 else "h1"]
-    bomb, probes = probe_while(capped, upstream, lambda: Call(capped, upstream, f"encoding={coding}&bomb=256",
-                                                              stream=stream, http2=http2))
+    bomb, probes = probe_while(
+        capped, upstream, lambda: Call(capped, upstream, f"encoding={coding}&bomb=256", stream=stream, http2=http2)
+    )
     assert bomb.status == 200 and bomb.unchanged(upstream) and bomb.size < 1 * MIB
     worst = max(p.seconds for p in probes)
-    print(f"{coding} bomb ({'sse' if stream else 'json'}): {len(probes)} probes, the slowest took {worst * 1000:.0f} ms")
+    print(
+        f"{coding} bomb ({'sse' if stream else 'json'}): {len(probes)} probes, the slowest took {worst * 1000:.0f} ms"
+    )
     assert worst < 5.0  # a sanity bound; the 100 ms target is measured by scripts/bench
     row = capped.mock_row(bomb.id, timeout=60)
     assert row["status"] == "completed", row["findings"]
@@ -169,8 +179,9 @@ def test_a_300_mb_stream_leaves_the_proxy_memory_bounded(capped, upstreams):
         done.set()
         sampler.join()
     assert call.size > 300 * MIB and call.unchanged(upstream)
-    print(f"300 MB stream: proxy RSS {peak[0] / MIB:.0f} MiB before, peak {max(peak) / MIB:.0f} MiB, "
-          f"{call.seconds:.1f} s")
+    print(
+        f"300 MB stream: proxy RSS {peak[0] / MIB:.0f} MiB before, peak {max(peak) / MIB:.0f} MiB, {call.seconds:.1f} s"
+    )
     assert max(peak) < 400 * MIB
     row = capped.mock_row(call.id, timeout=60)
     assert row["status"] == "completed" and row["output_tokens"] is not None
@@ -180,6 +191,7 @@ def test_a_300_mb_stream_leaves_the_proxy_memory_bounded(capped, upstreams):
 def test_the_log_verifies_after_all_of_it(capped, upstreams):
     probe = Call(capped, upstreams["h1"], "events=3")
     assert capped.mock_row(probe.id)["status"] == "completed"
-    verify = subprocess.run([str(BIN / "llm-audit"), "--db", capped.db_url, "verify"], capture_output=True,
-                            text=True, timeout=120)
+    verify = subprocess.run(
+        [str(BIN / "llm-audit"), "--db", capped.db_url, "verify"], capture_output=True, text=True, timeout=120
+    )
     assert verify.returncode == 0 and ": OK" in verify.stdout, verify

@@ -20,9 +20,8 @@ from datetime import UTC, datetime, timedelta
 import httpx
 import orjson
 import pytest
-from sqlalchemy.engine import make_url
-
 from conftest import BIN, ROOT, Proxy, Upstream, new_database, start_proxy, wait_for
+from sqlalchemy.engine import make_url
 
 pytestmark = pytest.mark.e2e
 
@@ -49,9 +48,18 @@ def transport(request) -> str:
 class Exchange:
     """One request through the proxy, with what the client saw."""
 
-    def __init__(self, proxy: Proxy, upstream: Upstream, transport: str, scenario: str = "", *,
-                 body: bytes | None = None, headers: dict | None = None, path: str = "/v1/llm/stream",
-                 read_events: int | None = None):
+    def __init__(
+        self,
+        proxy: Proxy,
+        upstream: Upstream,
+        transport: str,
+        scenario: str = "",
+        *,
+        body: bytes | None = None,
+        headers: dict | None = None,
+        path: str = "/v1/llm/stream",
+        read_events: int | None = None,
+    ):
         self.id = uuid.uuid4().hex
         self.chunk_times: list[float] = []
         self.chunks: list[bytes] = []
@@ -92,8 +100,11 @@ def test_client_gets_upstream_bytes_unchanged_and_row_is_complete(proxy, upstrea
     assert ex.body == sent["body"]
 
     row = proxy.row(ex.id)
-    text = "".join(orjson.loads(line[6:])["delta"]["text"] for line in sent["body"].decode().split("\n")
-                   if line.startswith("data: ") and '"content.delta"' in line)
+    text = "".join(
+        orjson.loads(line[6:])["delta"]["text"]
+        for line in sent["body"].decode().split("\n")
+        if line.startswith("data: ") and '"content.delta"' in line
+    )
     assert row["status"] == "completed"
     assert row["dialect"] == "llm-stream"
     assert row["output_text"] == text and not text.isascii()
@@ -180,9 +191,17 @@ END = b'event: stream.end\ndata: {"v":"1.0","seq":%d,"type":"stream.end"}\n\n'
 @pytest.mark.parametrize(
     "body, code",
     [
-        (START + b'event: content.delta\ndata: {"v":"1.0","seq":1,"type":"content.delta"\n\n' + END % 2, "invalid_json"),
-        (START + b'event: content.delta\ndata: {"v":"1.0","seq":1,"type":"content.delta","index":0,"role":"assistant","delta":{"text":"\xff\xfe"}}\n\n'
-         + b'event: content.stop\ndata: {"v":"1.0","seq":2,"type":"content.stop","index":0,"stop_reason":"end_turn"}\n\n' + END % 3, "sse_invalid_utf8"),
+        (
+            START + b'event: content.delta\ndata: {"v":"1.0","seq":1,"type":"content.delta"\n\n' + END % 2,
+            "invalid_json",
+        ),
+        (
+            START
+            + b'event: content.delta\ndata: {"v":"1.0","seq":1,"type":"content.delta","index":0,"role":"assistant","delta":{"text":"\xff\xfe"}}\n\n'
+            + b'event: content.stop\ndata: {"v":"1.0","seq":2,"type":"content.stop","index":0,"stop_reason":"end_turn"}\n\n'
+            + END % 3,
+            "sse_invalid_utf8",
+        ),
         (START + END % 5, "seq_gap"),
     ],
     ids=["invalid-json", "invalid-utf8", "seq-gap"],
@@ -215,16 +234,26 @@ def test_nul_characters_pass_unchanged_and_are_recorded(proxy, upstreams):
     up = upstreams["h1"]
     delta = b'{"v":"1.0","seq":1,"type":"content.delta","index":0,"role":"assistant","delta":{"text":"a\\u0000b"}}'
     stop = b'{"v":"1.0","seq":2,"type":"content.stop","index":0,"stop_reason":"end_turn"}'
-    body = START + b"event: content.delta\ndata: " + delta + b"\n\nevent: content.stop\ndata: " + stop + b"\n\n" + END % 3
+    body = (
+        START + b"event: content.delta\ndata: " + delta + b"\n\nevent: content.stop\ndata: " + stop + b"\n\n" + END % 3
+    )
     request_id = uuid.uuid4().hex
     request = envelope(request_id, messages=[{"role": "user", "content": "x\x00y"}])
     ex = Exchange(proxy, up, "h1", raw(body), body=orjson.dumps(request))
     assert ex.body == body and up.received(ex.id)["body"] == orjson.dumps(request)
     row = proxy.row(request_id)
     nul = "\x00" if proxy.backend == "sqlite" else "\ufffd"
-    reduced = [] if proxy.backend == "sqlite" else [
-        {"code": "stored_reduced", "detail": f"{column}: 1 U+0000 characters stored as U+FFFD (PostgreSQL cannot "
-                                             "hold U+0000)"} for column in ("request_body", "output_text", "output")]
+    reduced = (
+        []
+        if proxy.backend == "sqlite"
+        else [
+            {
+                "code": "stored_reduced",
+                "detail": f"{column}: 1 U+0000 characters stored as U+FFFD (PostgreSQL cannot hold U+0000)",
+            }
+            for column in ("request_body", "output_text", "output")
+        ]
+    )
     assert row["status"] == "completed" and row["findings"] == reduced
     assert row["output_text"] == f"a{nul}b"
     assert row["output"]["choices"][0]["text"] == f"a{nul}b"
@@ -245,8 +274,13 @@ def test_request_body_that_is_not_json_is_forwarded_unchanged_and_recorded(proxy
 
 def test_credentials_never_reach_the_database(proxy, upstreams):
     secret = "sk-test-" + uuid.uuid4().hex
-    ex = Exchange(proxy, upstreams["h1"], "h1", "events=2",
-                  headers={"authorization": f"Bearer {secret}", "x-api-key": secret + "-2"})
+    ex = Exchange(
+        proxy,
+        upstreams["h1"],
+        "h1",
+        "events=2",
+        headers={"authorization": f"Bearer {secret}", "x-api-key": secret + "-2"},
+    )
     row = proxy.row(ex.id)
     assert row["api_key_fingerprint"].startswith("sha256:")
     headers = row["request_headers"]
@@ -255,14 +289,17 @@ def test_credentials_never_reach_the_database(proxy, upstreams):
     if proxy.backend == "sqlite":
         files = list(proxy.db_path.parent.glob("audit.db*"))
     else:  # every column of every table, as text; then the server's own files
-        tables = [r["table_name"] for r in proxy.sql(
-            "SELECT table_name FROM information_schema.tables WHERE table_schema = 'public'")]
+        tables = [
+            r["table_name"]
+            for r in proxy.sql("SELECT table_name FROM information_schema.tables WHERE table_schema = 'public'")
+        ]
         assert "exchanges" in tables
         for table in tables:
             hits = proxy.sql(f'SELECT count(*) AS n FROM "{table}" AS t WHERE CAST(t AS text) LIKE ?', (f"%{secret}%",))
             assert hits == [{"n": 0}], table
-        assert proxy.sql("SELECT count(*) AS n FROM exchanges AS t WHERE CAST(t AS text) LIKE ?",
-                         (f"%{ex.id}%",)) == [{"n": 1}], "the row-to-text search must find what is there"
+        assert proxy.sql("SELECT count(*) AS n FROM exchanges AS t WHERE CAST(t AS text) LIKE ?", (f"%{ex.id}%",)) == [
+            {"n": 1}
+        ], "the row-to-text search must find what is there"
         files = proxy.pg.disk_files(make_url(proxy.db_url).database)
     contents = {path: path.read_bytes() for path in files}
     assert any(ex.id.encode() in data for data in contents.values()), "the files must hold the row"
@@ -293,8 +330,12 @@ def test_shutdown_writes_finished_exchanges_and_open_streams_as_aborted(request,
     proxy = start_proxy(tmp_path, **new_database(request, backend, tmp_path))
     done = Exchange(proxy, up, "h1", "events=2")
     live_id = "live-" + done.id
-    live = threading.Thread(target=Exchange, args=(proxy, up, "h1", "events=100&delay=0.1"),
-                            kwargs={"headers": {"x-mock-id": live_id}}, daemon=True)
+    live = threading.Thread(
+        target=Exchange,
+        args=(proxy, up, "h1", "events=100&delay=0.1"),
+        kwargs={"headers": {"x-mock-id": live_id}},
+        daemon=True,
+    )
     live.start()
     wait_for(lambda: up.sent(live_id).get("chunks", [])[2:], what="the live stream to be under way")
     assert proxy.process.stop(signal.SIGTERM) == 0, proxy.process.output
@@ -317,9 +358,20 @@ def test_shutdown_writes_finished_exchanges_and_open_streams_as_aborted(request,
 )
 def test_bad_options_stop_the_proxy_with_one_clear_line(tmp_path, option, message):
     proc = subprocess.run(
-        [str(BIN / "mitmdump"), "--listen-port", "0", "--set", f"confdir={tmp_path}",
-         "-s", str(ROOT / "addon" / "llm_audit.py"), "--set", option],
-        capture_output=True, text=True, timeout=60,
+        [
+            str(BIN / "mitmdump"),
+            "--listen-port",
+            "0",
+            "--set",
+            f"confdir={tmp_path}",
+            "-s",
+            str(ROOT / "addon" / "llm_audit.py"),
+            "--set",
+            option,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert proc.returncode != 0
     out = proc.stdout + proc.stderr
@@ -331,9 +383,21 @@ def test_missing_postgresql_database_stops_the_proxy_with_one_clear_line(tmp_pat
     """A reachable server without the database named in the URL."""
     url = postgres.url_for("no_such_database")
     proc = subprocess.run(
-        [str(BIN / "mitmdump"), "--listen-port", "0", "--set", f"confdir={tmp_path}",
-         "-s", str(ROOT / "addon" / "llm_audit.py"), "--set", f"llm_audit_db={url}"],
-        capture_output=True, text=True, timeout=60, check=False,
+        [
+            str(BIN / "mitmdump"),
+            "--listen-port",
+            "0",
+            "--set",
+            f"confdir={tmp_path}",
+            "-s",
+            str(ROOT / "addon" / "llm_audit.py"),
+            "--set",
+            f"llm_audit_db={url}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
     )
     assert proc.returncode != 0
     out = proc.stdout + proc.stderr
@@ -347,12 +411,18 @@ def test_readme_proxy_command_records_to_the_default_database(request, tmp_path,
     xdg = {"XDG_DATA_HOME": str(tmp_path / "xdg")}
     if backend == "sqlite":
         default_db = tmp_path / "xdg" / "llm-audit" / "audit.db"
-        proxy = start_proxy(tmp_path, launcher=[str(ROOT / "scripts" / "proxy")], db_path=default_db,
-                            env=xdg | {"LLM_AUDIT_DB": ""})
+        proxy = start_proxy(
+            tmp_path, launcher=[str(ROOT / "scripts" / "proxy")], db_path=default_db, env=xdg | {"LLM_AUDIT_DB": ""}
+        )
     else:
         db = new_database(request, backend, tmp_path)
-        proxy = start_proxy(tmp_path, launcher=[str(ROOT / "scripts" / "proxy")], set_db=False, **db,
-                            env=xdg | {"LLM_AUDIT_DB": db["db_url"]})
+        proxy = start_proxy(
+            tmp_path,
+            launcher=[str(ROOT / "scripts" / "proxy")],
+            set_db=False,
+            **db,
+            env=xdg | {"LLM_AUDIT_DB": db["db_url"]},
+        )
     try:
         assert "127.0.0.1" in proxy.process.wait_line(r"proxy listening at (\S+)").group(1)
         ex = Exchange(proxy, upstreams["h1"], "h1", "events=3")

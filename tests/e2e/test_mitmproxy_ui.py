@@ -19,11 +19,11 @@ from pathlib import Path
 
 import httpx
 import pytest
+from conftest import BIN, ROOT, Process, Proxy, new_database, start_proxy, wait_for
 from mitmproxy import contentviews, io
 from mitmproxy.test import taddons
 
 from addon import contentview
-from conftest import BIN, ROOT, Proxy, Process, new_database, start_proxy, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -36,15 +36,24 @@ scope = "response"
 action = "block"
 reason = "internal code name"
 """
-CHAT = {"model": "gpt-4o", "stream": True, "stream_options": {"include_usage": True},
-        "messages": [{"role": "user", "content": "Weather in Vienna?"}]}
-ANTHROPIC = {"model": "claude-sonnet-4-5", "max_tokens": 256, "stream": True,
-             "messages": [{"role": "user", "content": "Weather in Vienna?"}]}
+CHAT = {
+    "model": "gpt-4o",
+    "stream": True,
+    "stream_options": {"include_usage": True},
+    "messages": [{"role": "user", "content": "Weather in Vienna?"}],
+}
+ANTHROPIC = {
+    "model": "claude-sonnet-4-5",
+    "max_tokens": 256,
+    "stream": True,
+    "messages": [{"role": "user", "content": "Weather in Vienna?"}],
+}
 VIEW_BYTES = 20_000
 
 
-def received(client: httpx.Client, url: str, body: dict, scenario: str, mock_id: str,
-             headers: dict[str, str] | None = None) -> bytes:
+def received(
+    client: httpx.Client, url: str, body: dict, scenario: str, mock_id: str, headers: dict[str, str] | None = None
+) -> bytes:
     """The response body bytes as they reached the client (still content-encoded)."""
     headers = {"x-mock": scenario, "x-mock-id": mock_id} | (headers or {})
     with client.stream("POST", url, json=body, headers=headers) as response:
@@ -67,23 +76,46 @@ def test_saved_flows_hold_what_the_client_received_with_comment_and_marker(reque
     rules = tmp_path / "rules.toml"
     rules.write_text(RULES)
     flows_file = tmp_path / "flows.mitm"
-    p = start_proxy(tmp_path, "-w", str(flows_file), "--set", f"llm_rules={rules}",
-                    "--set", f"llm_audit_view_bytes={VIEW_BYTES}", upstream_ca=upstreams["h2"].ca,
-                    **new_database(request, backend, tmp_path))
+    p = start_proxy(
+        tmp_path,
+        "-w",
+        str(flows_file),
+        "--set",
+        f"llm_rules={rules}",
+        "--set",
+        f"llm_audit_view_bytes={VIEW_BYTES}",
+        upstream_ca=upstreams["h2"].ca,
+        **new_database(request, backend, tmp_path),
+    )
     ids = {name: uuid.uuid4().hex for name in ("h2", "gzip", "blocked", "big", "not-llm")}
     h1, h2 = upstreams["h1"].url, upstreams["h2"].url
     try:
         with p.client(http2=True) as client:
             got = {"h2": received(client, f"{h2}/v1/chat/completions", CHAT, "reasoning=1&tool=get_weather", ids["h2"])}
         with p.client() as client:
-            got["gzip"] = received(client, f"{h1}/v1/messages", ANTHROPIC, "gzip=1&events=8", ids["gzip"],
-                                   {"anthropic-version": "2023-06-01"})
-            got["blocked"] = received(client, f"{h1}/v1/chat/completions", CHAT,
-                                      "text=The plan is called Project Nightjar, keep it quiet&events=10",
-                                      ids["blocked"])
+            got["gzip"] = received(
+                client,
+                f"{h1}/v1/messages",
+                ANTHROPIC,
+                "gzip=1&events=8",
+                ids["gzip"],
+                {"anthropic-version": "2023-06-01"},
+            )
+            got["blocked"] = received(
+                client,
+                f"{h1}/v1/chat/completions",
+                CHAT,
+                "text=The plan is called Project Nightjar, keep it quiet&events=10",
+                ids["blocked"],
+            )
             got["big"] = received(client, f"{h1}/v1/chat/completions", CHAT, "events=10&size=4000", ids["big"])
-            got["not-llm"] = received(client, f"{h1}/v1/chat/completions", {"stream": True},  # no messages
-                                      "raw=ZGF0YTogaGVsbG8KCg", ids["not-llm"])  # "data: hello\n\n", no dialect's
+            got["not-llm"] = received(
+                client,
+                f"{h1}/v1/chat/completions",
+                {"stream": True},  # no messages
+                "raw=ZGF0YTogaGVsbG8KCg",
+                ids["not-llm"],
+            )  # "data: hello\n\n", no dialect's
         rows = {name: p.mock_row(mock_id) for name, mock_id in ids.items() if name != "not-llm"}
     finally:
         assert p.process.stop() == 0
@@ -133,8 +165,15 @@ def free_port() -> int:
 
 def page_text(browser: str, url: str, profile: Path) -> str:
     """The page's text after its scripts ran (headless Chromium, ``--dump-dom``)."""
-    args = [browser, "--headless", "--disable-gpu", f"--user-data-dir={profile}", "--virtual-time-budget=10000",
-            "--dump-dom", url]
+    args = [
+        browser,
+        "--headless",
+        "--disable-gpu",
+        f"--user-data-dir={profile}",
+        "--virtual-time-budget=10000",
+        "--dump-dom",
+        url,
+    ]
     if os.geteuid() == 0:
         args.insert(1, "--no-sandbox")  # Chromium refuses to run as root with its sandbox
     done = subprocess.run(args, capture_output=True, text=True, timeout=90, check=False)
@@ -149,10 +188,25 @@ def test_mitmweb_in_headless_chromium_shows_the_transcript_of_a_stream(tmp_path,
     password, web_port = uuid.uuid4().hex, free_port()
     db_url = f"sqlite:///{tmp_path / 'audit.db'}"
     process = Process.start(
-        [str(BIN / "mitmweb"), "--listen-host", "127.0.0.1", "--listen-port", "0",
-         "-s", str(ROOT / "addon" / "llm_audit.py"), "--set", f"confdir={tmp_path / 'mitm'}",
-         "--set", f"llm_audit_db={db_url}", "--set", "web_open_browser=false",
-         "--set", f"web_port={web_port}", "--set", f"web_password={password}"],
+        [
+            str(BIN / "mitmweb"),
+            "--listen-host",
+            "127.0.0.1",
+            "--listen-port",
+            "0",
+            "-s",
+            str(ROOT / "addon" / "llm_audit.py"),
+            "--set",
+            f"confdir={tmp_path / 'mitm'}",
+            "--set",
+            f"llm_audit_db={db_url}",
+            "--set",
+            "web_open_browser=false",
+            "--set",
+            f"web_port={web_port}",
+            "--set",
+            f"web_password={password}",
+        ],
         env=os.environ | {"PYTHONUNBUFFERED": "1", "XDG_STATE_HOME": str(tmp_path / "state")},
     )
     try:
@@ -161,17 +215,24 @@ def test_mitmweb_in_headless_chromium_shows_the_transcript_of_a_stream(tmp_path,
         proxy = Proxy(f"http://127.0.0.1:{proxy_port}", db_url, tmp_path / "mitm", process)
         mock_id = uuid.uuid4().hex
         with proxy.client() as client:
-            received(client, f"{upstreams['h1'].url}/v1/chat/completions", CHAT, "reasoning=1&tool=get_weather",
-                     mock_id)
+            received(
+                client, f"{upstreams['h1'].url}/v1/chat/completions", CHAT, "reasoning=1&tool=get_weather", mock_id
+            )
         row = proxy.mock_row(mock_id)
 
         api = httpx.Client(base_url=f"http://127.0.0.1:{web_port}", headers={"authorization": f"Bearer {password}"})
         with api:
-            flow_id = wait_for(lambda: next((f["id"] for f in api.get("/flows").json() if f["comment"]), None),
-                               what="the flow in mitmweb")
+            flow_id = wait_for(
+                lambda: next((f["id"] for f in api.get("/flows").json() if f["comment"]), None),
+                what="the flow in mitmweb",
+            )
         url = f"http://127.0.0.1:{web_port}/?token={password}#/flows/{flow_id}/response"
-        text = wait_for(lambda: (t := page_text(browser, url, tmp_path / "chromium")) and row["output_text"] in t and t,
-                        timeout=120, interval=1, what="the transcript in mitmweb's page")
+        text = wait_for(
+            lambda: (t := page_text(browser, url, tmp_path / "chromium")) and row["output_text"] in t and t,
+            timeout=120,
+            interval=1,
+            what="the transcript in mitmweb's page",
+        )
         assert "LLM stream" in text  # the view mitmweb chose for the response
         assert "openai-chat response · completed" in text
         assert re.search(r"reasoning \S", text) and '"city": "Vienna"' in text

@@ -17,7 +17,6 @@ from pathlib import Path
 
 import orjson
 import pytest
-
 from conftest import NODE_DIR, ROOT, Node, Proxy, Upstream
 
 pytestmark = pytest.mark.e2e
@@ -31,19 +30,6 @@ DIALECTS = {
     "vercel-openai": "openai-responses",  # @ai-sdk/openai's default model is the Responses API
 }
 SDKS = list(DIALECTS)
-
-
-@pytest.fixture(scope="module")
-def preload(tmp_path_factory) -> str:
-    """The NODE_OPTIONS value ``scripts/node-preload`` prints, for a fresh install."""
-    dest = tmp_path_factory.mktemp("node-preload")
-    done = subprocess.run([str(ROOT / "scripts" / "node-preload"), str(dest)], capture_output=True, text=True,
-                          timeout=300)
-    assert done.returncode == 0, done.stderr
-    lines = done.stdout.splitlines()
-    assert lines == ["export NODE_USE_ENV_PROXY=1",
-                     f'export NODE_OPTIONS="--import={dest}/llm-audit-proxy.mjs${{NODE_OPTIONS:+ $NODE_OPTIONS}}"']
-    return f"--import={dest}/llm-audit-proxy.mjs"
 
 
 @pytest.fixture(scope="module")
@@ -81,12 +67,17 @@ def environment(proxy: Proxy, trusted: Path, **more: str) -> dict[str, str]:
     return {"HTTPS_PROXY": proxy.url, "NODE_EXTRA_CA_CERTS": str(trusted), **more}
 
 
-def call(node: Node, client: str, upstream: Upstream, env: dict[str, str],
-         binary: Path | None = None) -> tuple[str, str]:
+def call(
+    node: Node, client: str, upstream: Upstream, env: dict[str, str], binary: Path | None = None
+) -> tuple[str, str]:
     """Run ``client`` once: (the text it got, its mock id)."""
     mock_id = uuid.uuid4().hex
-    out = node.run("proxy_clients.mjs", {"client": client, "baseURL": upstream.url, "mockId": mock_id}, env=env,
-                   binary=str(binary) if binary else None)
+    out = node.run(
+        "proxy_clients.mjs",
+        {"client": client, "baseURL": upstream.url, "mockId": mock_id},
+        env=env,
+        binary=str(binary) if binary else None,
+    )
     assert out["text"], out
     return out["text"], mock_id
 
@@ -103,8 +94,11 @@ def assert_went_direct(proxy: Proxy, upstream: Upstream, mock_id: str) -> None:
     assert upstream.received(mock_id), "the call did not reach the mock"
     later = uuid.uuid4().hex
     with proxy.client() as c:
-        c.post(f"{upstream.url}/v1/chat/completions", headers={"x-mock-id": later},
-               json={"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}]})
+        c.post(
+            f"{upstream.url}/v1/chat/completions",
+            headers={"x-mock-id": later},
+            json={"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}]},
+        )
     proxy.mock_row(later)
     assert proxy.rows(header={"x-mock-id": mock_id}) == []
 
@@ -149,8 +143,9 @@ def test_node_24_without_the_switch_bypasses_the_proxy(node, node24, proxy, h2, 
 
 
 @pytest.mark.parametrize("client", ["openai-chat", "node-https"])
-def test_node_24_with_both_lines_scripts_node_preload_prints_is_recorded(node, node24, proxy, h2, trusted, preload,
-                                                                          client):
+def test_node_24_with_both_lines_scripts_node_preload_prints_is_recorded(
+    node, node24, proxy, h2, trusted, preload, client
+):
     env = environment(proxy, trusted, NODE_OPTIONS=preload, NODE_USE_ENV_PROXY="1")
     text, mock_id = call(node, client, h2, env, binary=node24)
     assert_recorded(proxy, client, text, mock_id)
@@ -180,13 +175,18 @@ def lone_preload(tmp: Path) -> Path:
     return lone
 
 
-def run_with_stderr(node: Node, upstream: Upstream, env: dict[str, str],
-                    binary: Path | None = None) -> tuple[str, str]:
+def run_with_stderr(node: Node, upstream: Upstream, env: dict[str, str], binary: Path | None = None) -> tuple[str, str]:
     """The openai-chat client, run as Node.run does, but keeping stderr: (mock id, stderr)."""
     mock_id = uuid.uuid4().hex
     config = orjson.dumps({"client": "openai-chat", "baseURL": upstream.url, "mockId": mock_id}).decode()
-    done = subprocess.run([str(binary or node.binary), str(NODE_DIR / "proxy_clients.mjs"), config],
-                          capture_output=True, text=True, timeout=60, cwd=NODE_DIR, env=env)
+    done = subprocess.run(
+        [str(binary or node.binary), str(NODE_DIR / "proxy_clients.mjs"), config],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=NODE_DIR,
+        env=env,
+    )
     assert done.returncode == 0, done.stderr
     return mock_id, done.stderr
 
@@ -200,8 +200,9 @@ def test_preload_without_proxy_variables_does_nothing(node20, proxy, h2, trusted
 def test_preload_without_undici_says_so_in_one_line_and_the_tool_runs(node20, proxy, h2, trusted, tmp_path):
     lone = lone_preload(tmp_path)
     mock_id, stderr = run_with_stderr(node20, h2, environment(proxy, trusted, NODE_OPTIONS=f"--import={lone}"))
-    assert stderr.startswith("llm-audit node preload: fetch() is NOT sent through the proxy: "
-                             "undici could not be loaded")
+    assert stderr.startswith(
+        "llm-audit node preload: fetch() is NOT sent through the proxy: undici could not be loaded"
+    )
     assert stderr.count("\n") == 1 and str(lone) in stderr
     assert_went_direct(proxy, h2, mock_id)
 
@@ -209,7 +210,8 @@ def test_preload_without_undici_says_so_in_one_line_and_the_tool_runs(node20, pr
 def test_preload_with_a_proxy_url_undici_refuses_says_so_and_the_tool_runs(node20, proxy, h2, trusted, preload):
     env = environment(proxy, trusted, NODE_OPTIONS=preload) | {"HTTPS_PROXY": "not a url"}
     mock_id, stderr = run_with_stderr(node20, h2, env)
-    assert stderr.startswith("llm-audit node preload: fetch() is NOT sent through the proxy: "
-                             "the proxy variables were refused")
+    assert stderr.startswith(
+        "llm-audit node preload: fetch() is NOT sent through the proxy: the proxy variables were refused"
+    )
     assert stderr.count("\n") == 1
     assert_went_direct(proxy, h2, mock_id)

@@ -11,12 +11,11 @@ proxy pass byte for byte, also next to a blocked stream on one HTTP/2 connection
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import base64
 import ssl
 import threading
 import uuid
+from collections.abc import Iterator
 from typing import Any
 
 import anthropic
@@ -25,9 +24,8 @@ import httpx2
 import openai
 import orjson
 import pytest
+from conftest import BACKENDS, ROOT, Proxy, guarded_proxy, start_proxy, wait_for
 from google.genai import types as genai_types
-
-from conftest import BACKENDS, ROOT, guarded_proxy, Proxy, start_proxy, wait_for
 from test_sdks_proxy import MESSAGES, genai_client
 
 pytestmark = pytest.mark.e2e
@@ -67,8 +65,9 @@ def transport(request) -> str:
 
 
 def http_client(proxy: Proxy, transport: str, lib: Any = httpx) -> Any:
-    return lib.Client(proxy=proxy.url, verify=ssl.create_default_context(cafile=str(proxy.ca)),
-                      http2=transport == "h2", timeout=30)
+    return lib.Client(
+        proxy=proxy.url, verify=ssl.create_default_context(cafile=str(proxy.ca)), http2=transport == "h2", timeout=30
+    )
 
 
 def openai_sdk(up, http: httpx.Client) -> openai.OpenAI:
@@ -84,14 +83,20 @@ def assert_stopped(proxy: Proxy, up, mock_id: str, shown: str, finish: str) -> d
     assert (row["status"], row["error_code"]) == ("blocked", "content_filtered")
     [verdict] = [v for v in row["verdicts"] if v["action"] == "block"]
     assert (verdict["rule_id"], verdict["position"], verdict["location"]) == (
-        "no-code-name", TEXT.index(WORD), "output.choices[0].text")
+        "no-code-name",
+        TEXT.index(WORD),
+        "output.choices[0].text",
+    )
     assert WORD not in orjson.dumps(row["verdicts"]).decode() and WORD not in row["error_message"]
     assert WORD in row["output_text"], "the record keeps what the upstream sent"
     assert (row["delivered_text"] or "") == shown
     assert (row["finish_reasons"], row["client_status"]) == ([finish], None)
     assert row["bytes_to_client"] < row["bytes_from_upstream"]
-    sent = wait_for(lambda: (s := up.sent(mock_id)) and (s["disconnected"] or s["completed"]) and s,
-                    timeout=5, what="the upstream's stream to end")
+    sent = wait_for(
+        lambda: (s := up.sent(mock_id)) and (s["disconnected"] or s["completed"]) and s,
+        timeout=5,
+        what="the upstream's stream to end",
+    )
     assert sent["disconnected"] and not sent["completed"], "the upstream must be told to stop"
     assert len(sent["chunks"]) < 40
     return row
@@ -107,8 +112,9 @@ def test_openai_chat_stream_finishes_with_content_filter(guarded, upstreams, tra
     mock_id, headers = ids()
     with http_client(guarded, transport) as http:
         client = openai_sdk(up, http)
-        chunks = list(client.chat.completions.create(model="gpt-4o", messages=MESSAGES, stream=True,
-                                                     extra_headers=headers))
+        chunks = list(
+            client.chat.completions.create(model="gpt-4o", messages=MESSAGES, stream=True, extra_headers=headers)
+        )
     shown = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert chunks[-1].choices[0].finish_reason == "content_filter"
     assert_stopped(guarded, up, mock_id, shown, "content_filter")
@@ -119,8 +125,10 @@ def test_openai_chat_stream_helper_raises_its_content_filter_error(guarded, upst
     mock_id, headers = ids()
     with http_client(guarded, transport) as http:
         client = openai_sdk(up, http)
-        with pytest.raises(openai.ContentFilterFinishReasonError) as filtered, client.chat.completions.stream(
-                model="gpt-4o", messages=MESSAGES, extra_headers=headers) as stream:
+        with (
+            pytest.raises(openai.ContentFilterFinishReasonError) as filtered,
+            client.chat.completions.stream(model="gpt-4o", messages=MESSAGES, extra_headers=headers) as stream,
+        ):
             stream.get_final_completion()  # the SDK's own outcome of a content_filter finish
     final = filtered.value.completion
     assert final.choices[0].finish_reason == "content_filter"
@@ -161,8 +169,9 @@ def test_anthropic_stream_ends_with_a_refusal(guarded, upstreams, transport):
     shown = ""
     with http_client(guarded, transport, httpx2) as http:
         client = anthropic.Anthropic(base_url=up.url, api_key="sk-ant-test", max_retries=0, http_client=http)
-        with client.messages.stream(model="claude-sonnet-4", max_tokens=100, messages=MESSAGES,
-                                    extra_headers=headers) as stream:
+        with client.messages.stream(
+            model="claude-sonnet-4", max_tokens=100, messages=MESSAGES, extra_headers=headers
+        ) as stream:
             for text in stream.text_stream:
                 shown += text
             message = stream.get_final_message()
@@ -175,8 +184,9 @@ def test_gemini_stream_ends_with_a_safety_finish(guarded, upstreams, transport):
     up = upstreams[transport]
     mock_id, headers = ids()
     with http_client(guarded, transport) as http:
-        chunks = list(genai_client(up.url, http, headers).models.generate_content_stream(
-            model="gemini-2.5-flash", contents="hi"))
+        chunks = list(
+            genai_client(up.url, http, headers).models.generate_content_stream(model="gemini-2.5-flash", contents="hi")
+        )
     shown = "".join(c.text or "" for c in chunks)
     assert chunks[-1].candidates[0].finish_reason == genai_types.FinishReason.SAFETY
     assert_stopped(guarded, up, mock_id, shown, "SAFETY")
@@ -188,16 +198,24 @@ def test_a_gemini_json_array_stream_is_cut_mid_stream_and_ends_with_a_safety_ele
     up = upstreams[transport]
     mock_id, headers = ids()
     with http_client(guarded, transport) as http:
-        resp = http.post(f"{up.url}/v1beta/models/gemini-2.5-flash:streamGenerateContent",
-                         headers=headers | {"x-goog-api-key": "gemini-test-key"},
-                         json={"contents": [{"role": "user", "parts": [{"text": "hi"}]}]})
+        resp = http.post(
+            f"{up.url}/v1beta/models/gemini-2.5-flash:streamGenerateContent",
+            headers=headers | {"x-goog-api-key": "gemini-test-key"},
+            json={"contents": [{"role": "user", "parts": [{"text": "hi"}]}]},
+        )
     assert resp.status_code == 200
     elements = orjson.loads(resp.content)  # a valid JSON array, however it was cut
     final = elements[-1]["candidates"][0]
     assert (final["finishReason"], final["finishMessage"]) == (
-        "SAFETY", "Blocked by content filter rule 'no-code-name': internal code name")
-    shown = "".join(p.get("text", "") for e in elements[:-1] for c in e.get("candidates", [])
-                    for p in c.get("content", {}).get("parts", []))
+        "SAFETY",
+        "Blocked by content filter rule 'no-code-name': internal code name",
+    )
+    shown = "".join(
+        p.get("text", "")
+        for e in elements[:-1]
+        for c in e.get("candidates", [])
+        for p in c.get("content", {}).get("parts", [])
+    )
     assert_stopped(guarded, up, mock_id, shown, "SAFETY")
 
 
@@ -214,8 +232,11 @@ def test_llm_stream_closes_the_block_errors_and_ends_with_seq_continuing(guarded
     up = upstreams[transport]
     mock_id, headers = ids()
     with http_client(guarded, transport) as http:
-        body = http.post(f"{up.url}/v1/llm/stream", content=b'{"version":"1.0","stream":true,"model":"m",'
-                         b'"messages":[]}', headers=headers | {"content-type": "application/llm-request+json"}).content
+        body = http.post(
+            f"{up.url}/v1/llm/stream",
+            content=b'{"version":"1.0","stream":true,"model":"m","messages":[]}',
+            headers=headers | {"content-type": "application/llm-request+json"},
+        ).content
     events = sse(body)
     assert [d["seq"] for _, d in events] == list(range(len(events)))
     assert [kind for kind, _ in events[-3:]] == ["content.stop", "error", "stream.end"]
@@ -228,8 +249,9 @@ def test_lmsp_stream_ends_with_response_failed(guarded, upstreams, transport):
     up = upstreams[transport]
     mock_id, headers = ids()
     with http_client(guarded, transport) as http:
-        body = http.post(f"{up.url}/lmsp/v1/responses", json={"model": "m", "input": "hi", "stream": True},
-                         headers=headers).content
+        body = http.post(
+            f"{up.url}/lmsp/v1/responses", json={"model": "m", "input": "hi", "stream": True}, headers=headers
+        ).content
     events = sse(body)
     assert events[-1][0] == "response.failed" and events[-1][1]["error"]["code"] == "content_filtered"
     shown = "".join(d["delta"] for kind, d in events if kind == "response.output_text.delta")
@@ -286,8 +308,7 @@ def test_a_held_responses_answer_is_replaced_by_an_incomplete_response(guarded, 
     with http_client(guarded, "h1") as http:
         client = openai_sdk(up, http)
         answer = client.responses.create(model="gpt-5", input="hi", extra_headers=headers)
-    assert (answer.status, answer.incomplete_details.reason, answer.output_text) == (
-        "incomplete", "content_filter", "")
+    assert (answer.status, answer.incomplete_details.reason, answer.output_text) == ("incomplete", "content_filter", "")
     assert_replaced(guarded, mock_id, "content_filter")
 
 
@@ -296,8 +317,9 @@ def test_a_held_anthropic_message_is_replaced_by_a_refusal(guarded, upstreams):
     mock_id, headers = ids()
     with http_client(guarded, "h1", httpx2) as http:
         client = anthropic.Anthropic(base_url=up.url, api_key="sk-ant-test", max_retries=0, http_client=http)
-        message = client.messages.create(model="claude-sonnet-4", max_tokens=100, messages=MESSAGES,
-                                         extra_headers=headers)
+        message = client.messages.create(
+            model="claude-sonnet-4", max_tokens=100, messages=MESSAGES, extra_headers=headers
+        )
     assert (message.stop_reason, message.content) == ("refusal", [])
     assert_replaced(guarded, mock_id, "refusal")
 
@@ -326,14 +348,18 @@ def test_a_clean_stream_passes_byte_for_byte_next_to_a_blocked_one_on_one_connec
 
     def run(client: httpx.Client, name: str, scenario: str) -> None:
         mock_id = uuid.uuid4().hex
-        resp = client.post(f"{up.url}/v1/llm/stream", content=b'{"version":"1.0","stream":true,"model":"m"}',
-                           headers={"content-type": "application/llm-request+json", "x-mock": scenario,
-                                    "x-mock-id": mock_id})
+        resp = client.post(
+            f"{up.url}/v1/llm/stream",
+            content=b'{"version":"1.0","stream":true,"model":"m"}',
+            headers={"content-type": "application/llm-request+json", "x-mock": scenario, "x-mock-id": mock_id},
+        )
         results[name] = (resp.content, mock_id)
 
     with http_client(guarded, "h2") as http:
-        threads = [threading.Thread(target=run, args=(http, name, scenario))
-                   for name, scenario in (("blocked", DIRTY), ("clean", CLEAN.replace("delay=0.02", "delay=0.1")))]
+        threads = [
+            threading.Thread(target=run, args=(http, name, scenario))
+            for name, scenario in (("blocked", DIRTY), ("clean", CLEAN.replace("delay=0.02", "delay=0.1")))
+        ]
         for t in threads:
             t.start()
         for t in threads:
@@ -346,32 +372,41 @@ def test_a_clean_stream_passes_byte_for_byte_next_to_a_blocked_one_on_one_connec
     assert guarded.mock_row(results["blocked"][1])["status"] == "blocked"
 
 
-
-
 def test_a_word_cut_across_network_chunks_of_every_size_never_leaks(guarded, upstreams):
     up = upstreams["h1"]
     with httpx.Client(timeout=30) as direct:  # the upstream's own bytes, not through the proxy
-        body = direct.post(f"{up.url}/v1/llm/stream", content=b'{"version":"1.0","stream":true,"model":"m"}',
-                           headers={"content-type": "application/llm-request+json",
-                                    "x-mock": "events=40&text=" + TEXT.replace(" ", "+")}).content
+        body = direct.post(
+            f"{up.url}/v1/llm/stream",
+            content=b'{"version":"1.0","stream":true,"model":"m"}',
+            headers={
+                "content-type": "application/llm-request+json",
+                "x-mock": "events=40&text=" + TEXT.replace(" ", "+"),
+            },
+        ).content
     # sent raw in writes of 1, 3 and 7 bytes
     upstream_body = base64.urlsafe_b64encode(body).decode()
     for size in (1, 3, 7):
         mock_id = uuid.uuid4().hex
         with http_client(guarded, "h1") as http:
-            got = http.post(f"{up.url}/v1/llm/stream", content=b'{"version":"1.0","stream":true,"model":"m"}',
-                            headers={"content-type": "application/llm-request+json", "x-mock-id": mock_id,
-                                     "x-mock": f"raw={upstream_body}&chunk={size}"}).content
+            got = http.post(
+                f"{up.url}/v1/llm/stream",
+                content=b'{"version":"1.0","stream":true,"model":"m"}',
+                headers={
+                    "content-type": "application/llm-request+json",
+                    "x-mock-id": mock_id,
+                    "x-mock": f"raw={upstream_body}&chunk={size}",
+                },
+            ).content
         shown = "".join(d["delta"]["text"] for kind, d in sse(got) if kind == "content.delta")
         assert WORD[:2] not in shown.removeprefix("Sure. The plan you ask about is called ")
         assert len(shown) <= SHOWN_AT_MOST and guarded.mock_row(mock_id)["status"] == "blocked"
 
 
-FAILING_OUTPUT_FILTER = '''
+FAILING_OUTPUT_FILTER = """
 def check_output(piece):
     if piece.end > 30:
         raise RuntimeError("this output filter is broken")
-'''
+"""
 
 
 @pytest.mark.parametrize("policy", ["closed", "open"])
@@ -384,13 +419,19 @@ def test_a_failing_output_filter_stops_or_passes_the_stream_by_policy(tmp_path, 
         mock_id = uuid.uuid4().hex
         with http_client(proxy, "h1") as http:
             client = openai_sdk(up, http)
-            chunks = list(client.chat.completions.create(
-                model="gpt-4o", messages=MESSAGES, stream=True,
-                extra_headers={"x-mock": "events=20&text=" + TEXT.replace(" ", "+"), "x-mock-id": mock_id}))
+            chunks = list(
+                client.chat.completions.create(
+                    model="gpt-4o",
+                    messages=MESSAGES,
+                    stream=True,
+                    extra_headers={"x-mock": "events=20&text=" + TEXT.replace(" ", "+"), "x-mock-id": mock_id},
+                )
+            )
         shown = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
         row = proxy.mock_row(mock_id)
         assert [(v["rule_id"], v["action"]) for v in row["verdicts"]] == [
-            ("filter_error", "block" if policy == "closed" else "flag")]
+            ("filter_error", "block" if policy == "closed" else "flag")
+        ]
         if policy == "closed":
             assert row["status"] == "blocked" and chunks[-1].choices[0].finish_reason == "content_filter"
             assert len(shown) <= 30
@@ -402,18 +443,25 @@ def test_a_failing_output_filter_stops_or_passes_the_stream_by_policy(tmp_path, 
 
 def test_a_blocked_tool_call_argument_stops_the_stream(tmp_path, upstreams):
     rules = tmp_path / "rules.toml"
-    rules.write_text('[[rule]]\nid = "no-vienna"\nkind = "keywords"\nkeywords = ["Vienna"]\nscope = "response"\n'
-                     'action = "block"\n')
+    rules.write_text(
+        '[[rule]]\nid = "no-vienna"\nkind = "keywords"\nkeywords = ["Vienna"]\nscope = "response"\naction = "block"\n'
+    )
     proxy = start_proxy(tmp_path, "--set", f"llm_rules={rules}")
     try:
         up, mock_id = upstreams["h1"], uuid.uuid4().hex
         with http_client(proxy, "h1") as http:
             client = openai_sdk(up, http)
-            chunks = list(client.chat.completions.create(
-                model="gpt-4o", messages=MESSAGES, stream=True,
-                extra_headers={"x-mock": "tool=get_weather&delay=0.02", "x-mock-id": mock_id}))
-        arguments = "".join(call.function.arguments or "" for c in chunks if c.choices
-                            for call in c.choices[0].delta.tool_calls or [])
+            chunks = list(
+                client.chat.completions.create(
+                    model="gpt-4o",
+                    messages=MESSAGES,
+                    stream=True,
+                    extra_headers={"x-mock": "tool=get_weather&delay=0.02", "x-mock-id": mock_id},
+                )
+            )
+        arguments = "".join(
+            call.function.arguments or "" for c in chunks if c.choices for call in c.choices[0].delta.tool_calls or []
+        )
         assert "Vie" not in arguments and chunks[-1].choices[0].finish_reason == "content_filter"
         row = proxy.mock_row(mock_id)
         assert row["status"] == "blocked" and row["verdicts"][0]["location"].startswith("output.tool_calls[")

@@ -42,8 +42,14 @@ class Recorded:
 
     def llm_audit(self, *args: str) -> subprocess.CompletedProcess:
         environ = {k: v for k, v in os.environ.items() if k != "LLM_AUDIT_DB"} | {"COLUMNS": "120"}
-        return subprocess.run([str(BIN / "llm-audit"), "--db", self.proxy.db_url, *args], check=False,
-                              capture_output=True, text=True, timeout=60, env=environ)
+        return subprocess.run(
+            [str(BIN / "llm-audit"), "--db", self.proxy.db_url, *args],
+            check=False,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=environ,
+        )
 
     def json(self, *args: str) -> list[dict]:
         proc = self.llm_audit(*args, "--format", "jsonl")
@@ -68,21 +74,30 @@ def send(proxy: Proxy, up: Upstream, path: str, body: dict, scenario: str = "", 
     """One request through the proxy; returns the id of its final record."""
     mock_id = uuid.uuid4().hex
     with proxy.client() as client:
-        client.post(f"{up.url}{path}", content=orjson.dumps(body),
-                    headers={"x-mock": scenario, "x-mock-id": mock_id, **(headers or {})})
+        client.post(
+            f"{up.url}{path}",
+            content=orjson.dumps(body),
+            headers={"x-mock": scenario, "x-mock-id": mock_id, **(headers or {})},
+        )
     return proxy.mock_row(mock_id)["id"]
 
 
 def llm_stream(user: str, text: str, **metadata: str) -> dict:
-    return {"version": "1.0", "stream": True, "model": "m-alpha", "metadata": {"user_id": user, **metadata},
-            "messages": [{"role": "user", "content": text}]}
+    return {
+        "version": "1.0",
+        "stream": True,
+        "model": "m-alpha",
+        "metadata": {"user_id": user, **metadata},
+        "messages": [{"role": "user", "content": text}],
+    }
 
 
 @pytest.fixture(scope="module", params=BACKENDS)
 def recorded(request, tmp_path_factory, upstreams) -> Iterator[Recorded]:
     tmp = tmp_path_factory.mktemp(f"query-{request.param}")
-    proxy = start_proxy(tmp, "--set", f"llm_rules={RULES}", upstream_ca=upstreams["h2"].ca,
-                        **new_database(request, request.param, tmp))
+    proxy = start_proxy(
+        tmp, "--set", f"llm_rules={RULES}", upstream_ca=upstreams["h2"].ca, **new_database(request, request.param, tmp)
+    )
     up = upstreams["h1"]
     chat = {
         "model": "gpt-4o", "stream": True, "stream_options": {"include_usage": True}, "user": "bob",
@@ -90,21 +105,47 @@ def recorded(request, tmp_path_factory, upstreams) -> Iterator[Recorded]:
         "tools": [{"type": "function", "function": {"name": "get_weather", "description": "Current weather",
                                                     "parameters": {"type": "object"}}}],
     }  # fmt: skip
-    claude = {"model": "claude-mock-1", "max_tokens": 100, "stream": True, "metadata": {"user_id": "alice"},
-              "system": "You are terse.", "messages": [{"role": "user", "content": "Think, then greet."}]}
+    claude = {
+        "model": "claude-mock-1",
+        "max_tokens": 100,
+        "stream": True,
+        "metadata": {"user_id": "alice"},
+        "system": "You are terse.",
+        "messages": [{"role": "user", "content": "Think, then greet."}],
+    }
     try:
         ids = {
-            "hello": send(proxy, up, "/v1/llm/stream", llm_stream("alice", "Hello there", session_id="s-1"),
-                          "events=3&text=General Kenobi", LLM_STREAM),
+            "hello": send(
+                proxy,
+                up,
+                "/v1/llm/stream",
+                llm_stream("alice", "Hello there", session_id="s-1"),
+                "events=3&text=General Kenobi",
+                LLM_STREAM,
+            ),
             "tool": send(proxy, up, "/v1/chat/completions", chat, "reasoning&tool=get_weather"),
-            "thinking": send(proxy, up, "/v1/messages", claude, "thinking&events=2",
-                             {"anthropic-version": "2023-06-01"}),
-            "error": send(proxy, up, "/v1/llm/stream", llm_stream("carol", "fail please"),
-                          "error=overloaded&error_after=1", LLM_STREAM),
+            "thinking": send(
+                proxy, up, "/v1/messages", claude, "thinking&events=2", {"anthropic-version": "2023-06-01"}
+            ),
+            "error": send(
+                proxy,
+                up,
+                "/v1/llm/stream",
+                llm_stream("carol", "fail please"),
+                "error=overloaded&error_after=1",
+                LLM_STREAM,
+            ),
             "cut": send(proxy, up, "/v1/llm/stream", llm_stream("carol", "end early"), "no_end", LLM_STREAM),
-            "blocked": send(proxy, up, "/v1/chat/completions",
-                            {"model": "gpt-4o", "user": "bob",
-                             "messages": [{"role": "user", "content": "All about Project Nightjar, please."}]}),
+            "blocked": send(
+                proxy,
+                up,
+                "/v1/chat/completions",
+                {
+                    "model": "gpt-4o",
+                    "user": "bob",
+                    "messages": [{"role": "user", "content": "All about Project Nightjar, please."}],
+                },
+            ),
         }
         yield Recorded(proxy, ids)
     finally:
@@ -122,12 +163,16 @@ def test_list_formats_parse_back_to_the_recorded_rows(recorded):
     db = {r["id"]: r for r in recorded.proxy.rows()}
     for row, csv_row in zip(rows, as_csv, strict=True):
         stored = db[row["id"]]
-        assert (row["status"], row["request_model"], row["user_id"]) == \
-            (stored["status"], stored["request_model"], stored["user_id"])
+        assert (row["status"], row["request_model"], row["user_id"]) == (
+            stored["status"],
+            stored["request_model"],
+            stored["user_id"],
+        )
         assert row["output_text"] == stored["output_text"] == (csv_row["output_text"] or stored["output_text"])
         assert row["request_body"] == stored["request_body"]
         assert row["time_to_first_chunk_ms"] == (
-            None if stored["first_chunk_at"] is None else whole_ms(stored["first_chunk_at"] - stored["started_at"]))
+            None if stored["first_chunk_at"] is None else whole_ms(stored["first_chunk_at"] - stored["started_at"])
+        )
         assert csv_row["status"] == row["status"] and csv_row["started_at"] == row["started_at"]
     tool = next(r for r in rows if r["id"] == recorded.ids["tool"])
     assert (tool["tool_call_count"], tool["provider"], tool["dialect"]) == (1, "openai", "openai-chat")
@@ -156,10 +201,18 @@ def test_filters_find_the_recorded_cases(recorded):
 def test_show_reads_like_the_exchange_and_json_is_the_record(recorded):
     tool = recorded.llm_audit("show", recorded.ids["tool"][:10])
     assert tool.returncode == 0, tool.stderr
-    for expected in ("completed (HTTP 200)", "model       gpt-4o", "user        bob", "first chunk after ",
-                     "\nrequest\n  system\n    Answer briefly.\n  user\n    Weather in Vienna?",
-                     "  tools\n    get_weather - Current weather", "\n  reasoning\n    ",
-                     "\ntool calls\n  get_weather id ", '\n      "city": "Vienna"\n', "\nusage\n  input "):
+    for expected in (
+        "completed (HTTP 200)",
+        "model       gpt-4o",
+        "user        bob",
+        "first chunk after ",
+        "\nrequest\n  system\n    Answer briefly.\n  user\n    Weather in Vienna?",
+        "  tools\n    get_weather - Current weather",
+        "\n  reasoning\n    ",
+        "\ntool calls\n  get_weather id ",
+        '\n      "city": "Vienna"\n',
+        "\nusage\n  input ",
+    ):
         assert expected in tool.stdout, (expected, tool.stdout)
     blocked = recorded.llm_audit("show", recorded.ids["blocked"]).stdout
     assert "blocked (HTTP 400)" in blocked and "\nfilter verdicts\n  block  no-project-nightjar  " in blocked
@@ -179,7 +232,8 @@ def test_stats_count_what_was_recorded(recorded):
     assert (by_user["bob"]["blocks"], by_user["carol"]["errors"]) == (1, 1)
     assert by_user["alice"]["time_to_first_chunk_p50_ms"] is not None
     assert by_user["alice"]["input_tokens"] == sum(
-        r["input_tokens"] or 0 for r in recorded.proxy.rows("user_id = ?", ("alice",)))
+        r["input_tokens"] or 0 for r in recorded.proxy.rows("user_id = ?", ("alice",))
+    )
     by_day_status = recorded.json("stats", "--by", "day", "--by", "status", "--since", "1d")
     assert sum(r["exchanges"] for r in by_day_status) == 6
     assert {r["status"] for r in by_day_status} == {"completed", "failed", "upstream_aborted", "blocked"}
@@ -195,8 +249,10 @@ def test_export_streams_every_exchange_oldest_first(recorded):
 
 
 def test_errors_are_one_line_with_status_2(recorded):
-    for args, fragment in ((["show", "f" * 32], "no exchange with the id"),
-                           (["stats", "--since", "2026-02-30"], "is not a valid date")):
+    for args, fragment in (
+        (["show", "f" * 32], "no exchange with the id"),
+        (["stats", "--since", "2026-02-30"], "is not a valid date"),
+    ):
         proc = recorded.llm_audit(*args)
         assert (proc.returncode, proc.stdout) == (2, ""), proc
         assert len(proc.stderr.splitlines()) == 1 and fragment in proc.stderr, proc.stderr

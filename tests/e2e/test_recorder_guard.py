@@ -20,7 +20,6 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import orjson
 import pytest
-
 from conftest import BIN, ROOT, new_database, start_proxy, wait_for
 from rawupstream import h1_server, h2_reset_server
 
@@ -31,8 +30,12 @@ SSE = [("content-type", "text/event-stream")]
 
 
 def chunk_event(text: str) -> bytes:
-    data = {"id": "c1", "object": "chat.completion.chunk", "model": "m",
-            "choices": [{"index": 0, "delta": {"content": text}, "finish_reason": None}]}
+    data = {
+        "id": "c1",
+        "object": "chat.completion.chunk",
+        "model": "m",
+        "choices": [{"index": 0, "delta": {"content": text}, "finish_reason": None}],
+    }
     return b"data: " + orjson.dumps(data) + b"\n\n"
 
 
@@ -42,21 +45,39 @@ def chunked(*pieces: bytes) -> bytes:
 
 def post_chat(proxy, url: str, request_id: str, stream: bool = True, **kwargs) -> httpx.Response:
     with proxy.client(**kwargs) as client:
-        return client.post(f"{url}/v1/chat/completions", json=CHAT | {"stream": stream},
-                           headers={"x-mock-id": request_id})
+        return client.post(
+            f"{url}/v1/chat/completions", json=CHAT | {"stream": stream}, headers={"x-mock-id": request_id}
+        )
 
 
 # -- the proxy never runs unaudited -----------------------------------------------------------------
 
 
 def test_an_option_given_twice_stops_the_proxy_with_one_line(tmp_path):
-    cmd = [str(BIN / "mitmdump"), "--listen-host", "127.0.0.1", "--listen-port", "0", "--set",
-           f"confdir={tmp_path / 'mitm'}", "-s", str(ROOT / "addon" / "llm_audit.py"),
-           "--set", f"llm_audit_db=sqlite:///{tmp_path / 'audit.db'}",
-           "--set", "llm_audit_instance=a", "--set", "llm_audit_instance=b"]
-    run = subprocess.run(cmd, capture_output=True, text=True, timeout=60,
-                         env={"XDG_DATA_HOME": str(tmp_path / "d"), "XDG_STATE_HOME": str(tmp_path / "s"),
-                              "PATH": str(BIN)})
+    cmd = [
+        str(BIN / "mitmdump"),
+        "--listen-host",
+        "127.0.0.1",
+        "--listen-port",
+        "0",
+        "--set",
+        f"confdir={tmp_path / 'mitm'}",
+        "-s",
+        str(ROOT / "addon" / "llm_audit.py"),
+        "--set",
+        f"llm_audit_db=sqlite:///{tmp_path / 'audit.db'}",
+        "--set",
+        "llm_audit_instance=a",
+        "--set",
+        "llm_audit_instance=b",
+    ]
+    run = subprocess.run(
+        cmd,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"XDG_DATA_HOME": str(tmp_path / "d"), "XDG_STATE_HOME": str(tmp_path / "s"), "PATH": str(BIN)},
+    )
     assert run.returncode == 1, run
     lines = [line for line in (run.stdout + run.stderr).splitlines() if "llm-audit:" in line]
     assert len(lines) == 1 and "llm_audit_instance is set more than once ('a', 'b'); set it once" in lines[0], run
@@ -89,8 +110,10 @@ def test_a_response_mitmproxy_refuses_is_recorded_with_the_reason(request, tmp_p
     body = b'{"choices": []}'
 
     def respond(conn: socket.socket, _request: bytes) -> None:
-        conn.sendall(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n"
-                     b"transfer-encoding: chunked\r\n\r\n" % len(body) + chunked(body) + b"0\r\n\r\n")
+        conn.sendall(
+            b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n"
+            b"transfer-encoding: chunked\r\n\r\n" % len(body) + chunked(body) + b"0\r\n\r\n"
+        )
 
     with h1_server(respond) as url:
         proxy = start_proxy(tmp_path, **new_database(request, backend, tmp_path))
@@ -107,13 +130,21 @@ def test_a_response_mitmproxy_refuses_is_recorded_with_the_reason(request, tmp_p
 
 
 def test_a_json_answer_with_invalid_utf8_keeps_its_text_and_status(request, tmp_path, backend):
-    body = orjson.dumps({"id": "c", "model": "m", "choices": [
-        {"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": "caf\u00e9"}}]})
+    body = orjson.dumps(
+        {
+            "id": "c",
+            "model": "m",
+            "choices": [
+                {"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": "caf\u00e9"}}
+            ],
+        }
+    )
     body = body.replace("é".encode(), b"\xe9")
 
     def respond(conn: socket.socket, _request: bytes) -> None:
-        conn.sendall(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s"
-                     % (len(body), body))
+        conn.sendall(
+            b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body)
+        )
 
     with h1_server(respond) as url:
         proxy = start_proxy(tmp_path, **new_database(request, backend, tmp_path))
@@ -131,8 +162,10 @@ def test_a_client_that_closes_right_after_done_is_completed(request, tmp_path, b
     """The openai SDK closes as soon as it reads ``[DONE]``, before the body's end arrives."""
 
     def respond(conn: socket.socket, _request: bytes) -> None:
-        conn.sendall(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
-                     + chunked(chunk_event("all"), b"data: [DONE]\n\n"))
+        conn.sendall(
+            b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+            + chunked(chunk_event("all"), b"data: [DONE]\n\n")
+        )
         time.sleep(1.0)  # the end of the body comes late: the client is gone by then
         conn.sendall(b"0\r\n\r\n")
 
@@ -143,9 +176,12 @@ def test_a_client_that_closes_right_after_done_is_completed(request, tmp_path, b
             for _ in range(4):  # it used to depend on a race
                 rid = uuid.uuid4().hex
                 ids.append(rid)
-                with proxy.client() as client, client.stream(
-                        "POST", f"{url}/v1/chat/completions", json=CHAT | {"stream": True},
-                        headers={"x-mock-id": rid}) as resp:
+                with (
+                    proxy.client() as client,
+                    client.stream(
+                        "POST", f"{url}/v1/chat/completions", json=CHAT | {"stream": True}, headers={"x-mock-id": rid}
+                    ) as resp,
+                ):
                     for line in resp.iter_lines():
                         if line == "data: [DONE]":
                             break
@@ -172,11 +208,22 @@ def test_kill_9_under_load_loses_no_exchange_a_client_saw_complete(request, tmp_
             while not stop.is_set():
                 rid = uuid.uuid4().hex
                 try:
-                    resp = client.post(f"{upstreams['h1'].url}/v1/llm/stream", content=orjson.dumps(
-                        {"version": "1.0", "stream": True, "model": "mock-model",
-                         "messages": [{"role": "user", "content": "hi"}]}),
-                        headers={"content-type": "application/llm-request+json", "x-mock": "events=5&delay=0.01",
-                                 "x-mock-id": rid})
+                    resp = client.post(
+                        f"{upstreams['h1'].url}/v1/llm/stream",
+                        content=orjson.dumps(
+                            {
+                                "version": "1.0",
+                                "stream": True,
+                                "model": "mock-model",
+                                "messages": [{"role": "user", "content": "hi"}],
+                            }
+                        ),
+                        headers={
+                            "content-type": "application/llm-request+json",
+                            "x-mock": "events=5&delay=0.01",
+                            "x-mock-id": rid,
+                        },
+                    )
                 except httpx.HTTPError:
                     return
                 if b"stream.end" in resp.content:
@@ -196,14 +243,19 @@ def test_kill_9_under_load_loses_no_exchange_a_client_saw_complete(request, tmp_
         assert len(settled) >= 100
 
         def recorded() -> set[str]:
-            rows = restarted.sql(f"SELECT {restarted.header_sql('x-mock-id')} AS mock_id FROM exchanges "
-                                 "WHERE status = 'completed'")
+            rows = restarted.sql(
+                f"SELECT {restarted.header_sql('x-mock-id')} AS mock_id FROM exchanges WHERE status = 'completed'"
+            )
             return {r["mock_id"] for r in rows}
 
-        wait_for(lambda: set(settled) <= recorded(), timeout=30,
-                 what=f"every settled exchange completed ({len(set(settled) - recorded())} missing)")
-        check = subprocess.run([str(BIN / "llm-audit"), "--db", db["db_url"], "verify"], capture_output=True,
-                               text=True, timeout=120)
+        wait_for(
+            lambda: set(settled) <= recorded(),
+            timeout=30,
+            what=f"every settled exchange completed ({len(set(settled) - recorded())} missing)",
+        )
+        check = subprocess.run(
+            [str(BIN / "llm-audit"), "--db", db["db_url"], "verify"], capture_output=True, text=True, timeout=120
+        )
         assert check.returncode == 0, check
     finally:
         restarted.process.stop()

@@ -21,11 +21,10 @@ import httpx2  # the anthropic SDK's HTTP client library
 import openai
 import orjson
 import pytest
+from conftest import Proxy, Upstream
 from google import genai
 from google.genai import errors as genai_errors
 from google.genai import types as genai_types
-
-from conftest import Proxy, Upstream
 
 pytestmark = pytest.mark.e2e
 
@@ -51,8 +50,9 @@ class Route:
         proxy = self.proxy.url if via_proxy else None
         return lib.Client(proxy=proxy, verify=verify, http2=self.transport == "h2", timeout=30)
 
-    def both(self, call: Callable[[httpx.Client, dict[str, str]], Any], scenario: str = "",
-             lib: Any = httpx) -> tuple[Any, Any, str]:
+    def both(
+        self, call: Callable[[httpx.Client, dict[str, str]], Any], scenario: str = "", lib: Any = httpx
+    ) -> tuple[Any, Any, str]:
         """``call`` run directly and through the proxy: (direct result, proxied result, mock id)."""
         results = []
         for via_proxy in (False, True):
@@ -85,7 +85,10 @@ def test_openai_chat_stream_helper_through_the_proxy(route):
     def call(http, headers):
         client = openai.OpenAI(base_url=f"{route.url}/v1", api_key="sk-test", max_retries=0, http_client=http)
         with client.chat.completions.stream(
-            model="gpt-4o", messages=MESSAGES, tools=CHAT_TOOLS, stream_options={"include_usage": True},
+            model="gpt-4o",
+            messages=MESSAGES,
+            tools=CHAT_TOOLS,
+            stream_options={"include_usage": True},
             extra_headers=headers,
         ) as stream:
             deltas = "".join(e.delta for e in stream if e.type == "content.delta")
@@ -95,8 +98,9 @@ def test_openai_chat_stream_helper_through_the_proxy(route):
     message = final.choices[0].message
     assert text == direct_text == message.content and text
     tool_calls = [(c.id, c.function.name, orjson.loads(c.function.arguments)) for c in message.tool_calls]
-    assert [c[1:] for c in tool_calls] == [(c.function.name, orjson.loads(c.function.arguments))
-                                          for c in direct.choices[0].message.tool_calls]
+    assert [c[1:] for c in tool_calls] == [
+        (c.function.name, orjson.loads(c.function.arguments)) for c in direct.choices[0].message.tool_calls
+    ]
 
     row = route.row(mock_id)
     assert (row["dialect"], row["provider"], row["status"]) == ("openai-chat", "openai", "completed")
@@ -112,8 +116,13 @@ def test_openai_chat_stream_helper_through_the_proxy(route):
 def test_openai_chat_without_usage_requested_records_null_usage(route):
     def call(http, headers):
         client = openai.OpenAI(base_url=f"{route.url}/v1", api_key="sk-test", max_retries=0, http_client=http)
-        return "".join(c.choices[0].delta.content or "" for c in client.chat.completions.create(
-            model="gpt-4o", messages=MESSAGES, stream=True, extra_headers=headers) if c.choices)
+        return "".join(
+            c.choices[0].delta.content or ""
+            for c in client.chat.completions.create(
+                model="gpt-4o", messages=MESSAGES, stream=True, extra_headers=headers
+            )
+            if c.choices
+        )
 
     direct, text, mock_id = route.both(call)
     row = route.row(mock_id)
@@ -125,19 +134,25 @@ def test_openai_chat_without_usage_requested_records_null_usage(route):
 def test_openai_chat_non_streamed_choices_and_parallel_tool_calls(route):
     def call(http, headers):
         client = openai.OpenAI(base_url=f"{route.url}/v1", api_key="sk-test", max_retries=0, http_client=http)
-        return client.chat.completions.create(model="gpt-4o", messages=MESSAGES, tools=CHAT_TOOLS, n=2,
-                                              extra_headers=headers)
+        return client.chat.completions.create(
+            model="gpt-4o", messages=MESSAGES, tools=CHAT_TOOLS, n=2, extra_headers=headers
+        )
 
     direct, completion, mock_id = route.both(call, "tool=get_weather&tools=2")
     assert completion.model_dump(exclude={"id"}) == direct.model_dump(exclude={"id"})
     row = route.row(mock_id)
     assert (row["status"], row["streamed"]) == ("completed", False)
-    sdk_calls = [(c.id, c.function.name, orjson.loads(c.function.arguments))
-                 for choice in completion.choices for c in choice.message.tool_calls]
+    sdk_calls = [
+        (c.id, c.function.name, orjson.loads(c.function.arguments))
+        for choice in completion.choices
+        for c in choice.message.tool_calls
+    ]
     assert calls(row) == sdk_calls and len(sdk_calls) == 4
     assert row["finish_reasons"] == [c.finish_reason for c in completion.choices]
-    assert (row["input_tokens"], row["output_tokens"]) == (completion.usage.prompt_tokens,
-                                                           completion.usage.completion_tokens)
+    assert (row["input_tokens"], row["output_tokens"]) == (
+        completion.usage.prompt_tokens,
+        completion.usage.completion_tokens,
+    )
 
 
 def test_openai_chat_rate_limit_is_failed_with_the_error_code(route):
@@ -158,8 +173,9 @@ def test_openai_chat_error_mid_stream_keeps_the_partial_text(route):
         client = openai.OpenAI(base_url=f"{route.url}/v1", api_key="sk-test", max_retries=0, http_client=http)
         seen = []
         with pytest.raises(openai.APIError) as error:
-            for chunk in client.chat.completions.create(model="gpt-4o", messages=MESSAGES, stream=True,
-                                                        extra_headers=headers):
+            for chunk in client.chat.completions.create(
+                model="gpt-4o", messages=MESSAGES, stream=True, extra_headers=headers
+            ):
                 seen.append(chunk.choices[0].delta.content or "" if chunk.choices else "")
         return "".join(seen), error.value.code
 
@@ -175,16 +191,18 @@ def test_openai_chat_error_mid_stream_keeps_the_partial_text(route):
 def test_openai_responses_stream_helper_through_the_proxy(route):
     def call(http, headers):
         client = openai.OpenAI(base_url=f"{route.url}/v1", api_key="sk-test", max_retries=0, http_client=http)
-        with client.responses.stream(model="gpt-5", input="Weather in Vienna?", tools=RESPONSES_TOOLS,
-                                     extra_headers=headers) as stream:
+        with client.responses.stream(
+            model="gpt-5", input="Weather in Vienna?", tools=RESPONSES_TOOLS, extra_headers=headers
+        ) as stream:
             deltas = "".join(e.delta for e in stream if e.type == "response.output_text.delta")
             return deltas, stream.get_final_response()
 
     (direct_text, direct), (text, final), mock_id = route.both(call, "reasoning=1&tool=get_weather&tools=2")
     assert text == direct_text == final.output_text and text
     fn_calls = [(i.call_id, i.name, orjson.loads(i.arguments)) for i in final.output if i.type == "function_call"]
-    assert [c[1:] for c in fn_calls] == [(i.name, orjson.loads(i.arguments)) for i in direct.output
-                                        if i.type == "function_call"]
+    assert [c[1:] for c in fn_calls] == [
+        (i.name, orjson.loads(i.arguments)) for i in direct.output if i.type == "function_call"
+    ]
     summary = "".join(s.text for i in final.output if i.type == "reasoning" for s in i.summary)
 
     row = route.row(mock_id)
@@ -192,7 +210,10 @@ def test_openai_responses_stream_helper_through_the_proxy(route):
     assert calls(row) == fn_calls and len(fn_calls) == 2
     assert reasoning(row) == summary and summary
     assert (row["input_tokens"], row["output_tokens"], row["reasoning_output_tokens"]) == (
-        final.usage.input_tokens, final.usage.output_tokens, final.usage.output_tokens_details.reasoning_tokens)
+        final.usage.input_tokens,
+        final.usage.output_tokens,
+        final.usage.output_tokens_details.reasoning_tokens,
+    )
     assert (row["response_id"], row["response_model"]) == (final.id, final.model)
     assert row["findings"] == []
 
@@ -224,8 +245,9 @@ def test_openai_responses_failed_stream_and_non_streamed_answer(route):
 def test_anthropic_stream_helper_through_the_proxy(route):
     def call(http, headers):
         client = anthropic.Anthropic(base_url=route.url, api_key="sk-ant-test", max_retries=0, http_client=http)
-        with client.messages.stream(model="claude-mock-1", max_tokens=1024, messages=MESSAGES,
-                                    tools=ANTHROPIC_TOOLS, extra_headers=headers) as stream:
+        with client.messages.stream(
+            model="claude-mock-1", max_tokens=1024, messages=MESSAGES, tools=ANTHROPIC_TOOLS, extra_headers=headers
+        ) as stream:
             return "".join(stream.text_stream), stream.get_final_message()
 
     (direct_text, direct), (text, message), mock_id = route.both(call, "thinking=1&tool=get_weather&tools=2", httpx2)
@@ -242,7 +264,10 @@ def test_anthropic_stream_helper_through_the_proxy(route):
     cached = (usage.cache_read_input_tokens or 0) + (usage.cache_creation_input_tokens or 0)
     assert (row["input_tokens"], row["output_tokens"]) == (usage.input_tokens + cached, usage.output_tokens)
     assert (row["response_id"], row["response_model"], row["finish_reasons"]) == (
-        message.id, message.model, [message.stop_reason])
+        message.id,
+        message.model,
+        [message.stop_reason],
+    )
     assert row["findings"] == []
 
 
@@ -251,8 +276,9 @@ def test_anthropic_error_after_http_200_fails_the_exchange(route):
         client = anthropic.Anthropic(base_url=route.url, api_key="sk-ant-test", max_retries=0, http_client=http)
         seen = []
         with pytest.raises(anthropic.APIStatusError):
-            with client.messages.stream(model="claude-mock-1", max_tokens=1024, messages=MESSAGES,
-                                        extra_headers=headers) as stream:
+            with client.messages.stream(
+                model="claude-mock-1", max_tokens=1024, messages=MESSAGES, extra_headers=headers
+            ) as stream:
                 seen.extend(stream.text_stream)
         return "".join(seen)
 
@@ -265,8 +291,9 @@ def test_anthropic_error_after_http_200_fails_the_exchange(route):
 def test_anthropic_tool_call_cut_by_max_tokens_is_kept_with_a_finding(route):
     def call(http, headers):
         client = anthropic.Anthropic(base_url=route.url, api_key="sk-ant-test", max_retries=0, http_client=http)
-        with client.messages.stream(model="claude-mock-1", max_tokens=1024, messages=MESSAGES,
-                                    tools=ANTHROPIC_TOOLS, extra_headers=headers) as stream:
+        with client.messages.stream(
+            model="claude-mock-1", max_tokens=1024, messages=MESSAGES, tools=ANTHROPIC_TOOLS, extra_headers=headers
+        ) as stream:
             return stream.get_final_message().stop_reason
 
     direct, stop, mock_id = route.both(call, "tool=get_weather&truncate_tool=1", httpx2)
@@ -280,8 +307,9 @@ def test_anthropic_tool_call_cut_by_max_tokens_is_kept_with_a_finding(route):
 def test_anthropic_non_streamed_message(route):
     def call(http, headers):
         client = anthropic.Anthropic(base_url=route.url, api_key="sk-ant-test", max_retries=0, http_client=http)
-        return client.messages.create(model="claude-mock-1", max_tokens=1024, messages=MESSAGES,
-                                      tools=ANTHROPIC_TOOLS, extra_headers=headers)
+        return client.messages.create(
+            model="claude-mock-1", max_tokens=1024, messages=MESSAGES, tools=ANTHROPIC_TOOLS, extra_headers=headers
+        )
 
     direct, message, mock_id = route.both(call, "thinking=1&tool=get_weather", httpx2)
     assert [b.type for b in message.content] == [b.type for b in direct.content]
@@ -302,9 +330,13 @@ def genai_client(url: str, http: httpx.Client, headers: dict[str, str]) -> genai
 def test_gemini_stream_through_the_proxy(route):
     def call(http, headers):
         client = genai_client(route.url, http, headers)
-        chunks = list(client.models.generate_content_stream(
-            model="gemini-2.5-flash", contents="Weather in Vienna?",
-            config=genai_types.GenerateContentConfig(tools=GEMINI_TOOLS)))
+        chunks = list(
+            client.models.generate_content_stream(
+                model="gemini-2.5-flash",
+                contents="Weather in Vienna?",
+                config=genai_types.GenerateContentConfig(tools=GEMINI_TOOLS),
+            )
+        )
         parts = [p for c in chunks for p in c.candidates[0].content.parts]
         text = "".join(p.text for p in parts if p.text and not p.thought)
         thought = "".join(p.text for p in parts if p.text and p.thought)
@@ -320,15 +352,19 @@ def test_gemini_stream_through_the_proxy(route):
     assert (row["request_model"], row["response_model"]) == ("gemini-2.5-flash", last.model_version)
     meta = last.usage_metadata
     assert (row["input_tokens"], row["output_tokens"], row["reasoning_output_tokens"]) == (
-        meta.prompt_token_count, meta.candidates_token_count, meta.thoughts_token_count)
+        meta.prompt_token_count,
+        meta.candidates_token_count,
+        meta.thoughts_token_count,
+    )
     assert row["findings"] == [] and "gemini-test-key" not in str(row)
 
 
 def test_gemini_non_streamed_candidates_and_rate_limit(route):
     def call(http, headers):
         client = genai_client(route.url, http, headers)
-        return client.models.generate_content(model="gemini-2.5-flash", contents="hi",
-                                              config=genai_types.GenerateContentConfig(candidate_count=2))
+        return client.models.generate_content(
+            model="gemini-2.5-flash", contents="hi", config=genai_types.GenerateContentConfig(candidate_count=2)
+        )
 
     direct, response, mock_id = route.both(call)
     assert response.model_dump(exclude={"sdk_http_response"}) == direct.model_dump(exclude={"sdk_http_response"})
@@ -353,11 +389,15 @@ def test_gemini_json_array_stream_is_streamed_and_audited(proxy, upstreams):
     up = upstreams["h1"]
     mock_id = uuid.uuid4().hex
     times = []
-    with proxy.client() as client, client.stream(
-        "POST", f"{up.url}/v1beta/models/gemini-2.5-flash:streamGenerateContent",
-        json={"contents": [{"role": "user", "parts": [{"text": "hi"}]}]},
-        headers={"x-mock": "events=4&delay=0.3", "x-mock-id": mock_id, "x-goog-api-key": "secret-key"},
-    ) as resp:
+    with (
+        proxy.client() as client,
+        client.stream(
+            "POST",
+            f"{up.url}/v1beta/models/gemini-2.5-flash:streamGenerateContent",
+            json={"contents": [{"role": "user", "parts": [{"text": "hi"}]}]},
+            headers={"x-mock": "events=4&delay=0.3", "x-mock-id": mock_id, "x-goog-api-key": "secret-key"},
+        ) as resp,
+    ):
         body = b""
         for chunk in resp.iter_raw():
             body += chunk
@@ -366,8 +406,13 @@ def test_gemini_json_array_stream_is_streamed_and_audited(proxy, upstreams):
     assert body == sent["body"] and resp.headers["content-type"].startswith("application/json")
     assert times[0] < sent["last_write"] - 0.5, "the JSON array was held back"
     row = proxy.mock_row(mock_id)
-    text = "".join(p["text"] for item in orjson.loads(body) for c in item["candidates"]
-                   for p in c["content"]["parts"] if "text" in p)
+    text = "".join(
+        p["text"]
+        for item in orjson.loads(body)
+        for c in item["candidates"]
+        for p in c["content"]["parts"]
+        if "text" in p
+    )
     assert (row["status"], row["streamed"], row["output_text"]) == ("completed", True, text)
     assert row["api_key_fingerprint"].startswith("sha256:")
 
@@ -389,8 +434,11 @@ def test_lmsp_stream_and_a_resumed_task_are_audited_once(proxy, upstreams):
     headers = {"Idempotency-Key": "01J8M5T7Z2K4N6Q8S0V3X5B9DG", "LMSP-Version": "1.0"}
     mock_id = uuid.uuid4().hex
     with proxy.client() as client:
-        resp = client.post(f"{up.url}/lmsp/v1/responses", headers=headers | {"x-mock-id": mock_id},
-                           json={"model": "qwen3:14b", "input": "hi", "stream": True})
+        resp = client.post(
+            f"{up.url}/lmsp/v1/responses",
+            headers=headers | {"x-mock-id": mock_id},
+            json={"model": "qwen3:14b", "input": "hi", "stream": True},
+        )
     text = "".join(d["delta"] for _, e, d in lmsp_events(resp.content) if e == "response.output_text.delta")
     row = proxy.mock_row(mock_id)
     assert (row["dialect"], row["provider"], row["status"], row["output_text"]) == ("lmsp", "lmsp", "completed", text)
@@ -400,21 +448,26 @@ def test_lmsp_stream_and_a_resumed_task_are_audited_once(proxy, upstreams):
     task = f"task_{uuid.uuid4().hex[:8]}"
     first_id, second_id = uuid.uuid4().hex, uuid.uuid4().hex
     with proxy.client() as client:
-        with client.stream("GET", f"{up.url}/lmsp/v1/tasks/{task}/events",
-                           headers={"x-mock-id": first_id, "x-mock": "events=12&delay=0.1"}) as resp:
+        with client.stream(
+            "GET",
+            f"{up.url}/lmsp/v1/tasks/{task}/events",
+            headers={"x-mock-id": first_id, "x-mock": "events=12&delay=0.1"},
+        ) as resp:
             seen = b""
             for chunk in resp.iter_raw():  # the client drops after a few events
                 seen += chunk
                 if seen.count(b"\n\n") >= 4:
                     break
         last_id = lmsp_events(seen)[-1][0]
-        resumed = client.get(f"{up.url}/lmsp/v1/tasks/{task}/events",
-                             headers={"x-mock-id": second_id, "Last-Event-ID": last_id})
+        resumed = client.get(
+            f"{up.url}/lmsp/v1/tasks/{task}/events", headers={"x-mock-id": second_id, "Last-Event-ID": last_id}
+        )
     first, second = proxy.mock_row(first_id), proxy.mock_row(second_id)
     assert first["task_id"] == second["task_id"] == task
     assert first["status"] == "client_aborted" and second["status"] == "completed"
-    everything = "".join(d["delta"] for _, e, d in lmsp_events(seen + resumed.content)
-                         if e == "response.output_text.delta")
+    everything = "".join(
+        d["delta"] for _, e, d in lmsp_events(seen + resumed.content) if e == "response.output_text.delta"
+    )
     assert first["output_text"] + second["output_text"] == everything
     # events the proxy had already audited for the first exchange (the client had not read
     # them yet) come again after the resume point: counted as replayed, their text not again
@@ -425,14 +478,26 @@ def test_lmsp_synchronous_response_and_stored_retrieval(proxy, upstreams):
     up = upstreams["h1"]
     create_id, get_id = uuid.uuid4().hex, uuid.uuid4().hex
     with proxy.client() as client:
-        created = client.post(f"{up.url}/lmsp/v1/responses", headers={"x-mock-id": create_id, "x-mock": "tool=get_weather"},
-                              json={"model": "qwen3:14b", "input": "weather?", "store": True,
-                                    "tools": [{"type": "function", "name": "get_weather", "parameters": WEATHER}]}).json()
+        created = client.post(
+            f"{up.url}/lmsp/v1/responses",
+            headers={"x-mock-id": create_id, "x-mock": "tool=get_weather"},
+            json={
+                "model": "qwen3:14b",
+                "input": "weather?",
+                "store": True,
+                "tools": [{"type": "function", "name": "get_weather", "parameters": WEATHER}],
+            },
+        ).json()
         fetched = client.get(f"{up.url}/lmsp/v1/responses/{created['id']}", headers={"x-mock-id": get_id})
     assert fetched.status_code == 200
     for mock_id in (create_id, get_id):
         row = proxy.mock_row(mock_id)
-        assert (row["dialect"], row["status"], row["streamed"], row["response_id"]) == ("lmsp", "completed", False, created["id"])
+        assert (row["dialect"], row["status"], row["streamed"], row["response_id"]) == (
+            "lmsp",
+            "completed",
+            False,
+            created["id"],
+        )
         call = next(i for i in created["output"] if i["type"] == "function_call")
         assert row["tool_calls"] == [{"id": call["call_id"], "name": "get_weather", "arguments": call["arguments"]}]
 
@@ -441,8 +506,9 @@ def test_lmsp_expired_event_history_is_recorded(proxy, upstreams):
     up = upstreams["h1"]
     mock_id = uuid.uuid4().hex
     with proxy.client() as client:
-        resp = client.get(f"{up.url}/lmsp/v1/tasks/task_old/events?after=3",
-                          headers={"x-mock": "expired=1", "x-mock-id": mock_id})
+        resp = client.get(
+            f"{up.url}/lmsp/v1/tasks/task_old/events?after=3", headers={"x-mock": "expired=1", "x-mock-id": mock_id}
+        )
     assert resp.status_code == 410
     row = proxy.mock_row(mock_id)
     assert (row["status"], row["http_status"], row["error_code"]) == ("failed", 410, "event_history_expired")

@@ -14,13 +14,13 @@ import threading
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import httpx
 import orjson
 import pytest
-
 from conftest import BIN, ROOT, Proxy, Upstream, new_database, start_proxy, wait_for
+
 from storage.database import open_engine
 from storage.schema import exchanges
 
@@ -37,9 +37,11 @@ def stream(proxy: Proxy, up: Upstream, scenario: str = "events=3", mock_id: str 
     mock_id = mock_id or uuid.uuid4().hex
     body = {"version": "1.0", "stream": True, "model": "mock-model", "messages": [{"role": "user", "content": "hi"}]}
     with proxy.client() as client:
-        resp = client.post(f"{up.url}/v1/llm/stream", content=orjson.dumps(body),
-                           headers={"content-type": "application/llm-request+json", "x-mock": scenario,
-                                    "x-mock-id": mock_id})
+        resp = client.post(
+            f"{up.url}/v1/llm/stream",
+            content=orjson.dumps(body),
+            headers={"content-type": "application/llm-request+json", "x-mock": scenario, "x-mock-id": mock_id},
+        )
     return mock_id, resp.content
 
 
@@ -58,8 +60,9 @@ def test_many_concurrent_streams_each_get_exactly_one_complete_row(request, tmp_
     try:
         with ThreadPoolExecutor(max_workers=25) as pool:
             ids = [m for m, _ in pool.map(lambda _: stream(proxy, upstreams["h1"], "events=10&delay=0.02"), range(60))]
-        wait_for(lambda: all(s == ["completed"] for s in statuses(proxy, ids).values()), timeout=30,
-                 what="60 completed rows")
+        wait_for(
+            lambda: all(s == ["completed"] for s in statuses(proxy, ids).values()), timeout=30, what="60 completed rows"
+        )
         assert len(proxy.rows()) == 60
     finally:
         proxy.process.stop()
@@ -67,14 +70,23 @@ def test_many_concurrent_streams_each_get_exactly_one_complete_row(request, tmp_
 
 def test_two_proxies_write_to_one_postgresql_without_conflicts(request, tmp_path, upstreams, postgres):
     url = postgres.create_database()
-    proxies = [start_proxy(run_dir(tmp_path, name), "--set", f"llm_audit_instance={name}", db_url=url, pg=postgres)
-               for name in ("proxy-a", "proxy-b")]
+    proxies = [
+        start_proxy(run_dir(tmp_path, name), "--set", f"llm_audit_instance={name}", db_url=url, pg=postgres)
+        for name in ("proxy-a", "proxy-b")
+    ]
     try:
         with ThreadPoolExecutor(max_workers=20) as pool:
-            ids = [m for m, _ in pool.map(lambda i: stream(proxies[i % 2], upstreams["h1"], "events=5&delay=0.02"),
-                                          range(40))]
-        wait_for(lambda: all(s == ["completed"] for s in statuses(proxies[0], ids).values()), timeout=30,
-                 what="40 completed rows")
+            ids = [
+                m
+                for m, _ in pool.map(
+                    lambda i: stream(proxies[i % 2], upstreams["h1"], "events=5&delay=0.02"), range(40)
+                )
+            ]
+        wait_for(
+            lambda: all(s == ["completed"] for s in statuses(proxies[0], ids).values()),
+            timeout=30,
+            what="40 completed rows",
+        )
         by_instance = {r["proxy_instance"] for r in proxies[0].rows()}
         assert by_instance == {"proxy-a", "proxy-b"}
     finally:
@@ -116,17 +128,23 @@ def test_kill_9_marks_open_rows_interrupted_and_keeps_finished_ones(request, tmp
 
     restarted = start_proxy(run_dir(tmp_path, "run2"), *options, **db)
     try:
-        wait_for(lambda: restarted.mock_row(live, finished=False)["status"] == "interrupted", timeout=15,
-                 what="the live row marked interrupted")
+        wait_for(
+            lambda: restarted.mock_row(live, finished=False)["status"] == "interrupted",
+            timeout=15,
+            what="the live row marked interrupted",
+        )
         row = restarted.mock_row(live, finished=False)
         assert row["request_model"] == "mock-model" and row["proxy_instance"] == "crashy"
         assert all(s == ["completed"] for s in statuses(restarted, finished).values())
-        wait_for(lambda: "marked 1 exchanges left open by an earlier run as interrupted" in restarted.process.output,
-                 what="the interrupted rows logged")
+        wait_for(
+            lambda: "marked 1 exchanges left open by an earlier run as interrupted" in restarted.process.output,
+            what="the interrupted rows logged",
+        )
         # the crash broke nothing in the hash chain: the interrupted record is sealed after the finished ones
         assert row["chain_seq"] == 6
-        check = subprocess.run([str(BIN / "llm-audit"), "--db", db["db_url"], "verify"], capture_output=True,
-                               text=True, timeout=60)
+        check = subprocess.run(
+            [str(BIN / "llm-audit"), "--db", db["db_url"], "verify"], capture_output=True, text=True, timeout=60
+        )
         assert (check.returncode, check.stdout) == (0, "chain crashy: OK, records 1..6\n"), check
     finally:
         restarted.process.stop()
@@ -157,8 +175,11 @@ def test_postgresql_outage_is_bridged_by_the_spool(tmp_path, upstreams, postgres
         stop.set()
         runner.join()
     ids = [mock_id for mock_id, _ in results]
-    wait_for(lambda: all(s == ["completed"] for s in statuses(proxy, ids).values()), timeout=30,
-             what=f"{len(ids)} completed rows after the outage")
+    wait_for(
+        lambda: all(s == ["completed"] for s in statuses(proxy, ids).values()),
+        timeout=30,
+        what=f"{len(ids)} completed rows after the outage",
+    )
     for mock_id, body in results:  # the clients never noticed
         assert body == up.sent(mock_id)["body"]
     assert "replayed" in proxy.process.output
@@ -179,8 +200,11 @@ def test_spool_left_at_shutdown_is_replayed_at_the_next_start(tmp_path, upstream
         postgres.start()
     restarted = start_proxy(run_dir(tmp_path, "run2"), *options, db_url=url, pg=postgres)
     try:
-        wait_for(lambda: all(s == ["completed"] for s in statuses(restarted, ids).values()), timeout=20,
-                 what="spooled rows replayed")
+        wait_for(
+            lambda: all(s == ["completed"] for s in statuses(restarted, ids).values()),
+            timeout=20,
+            what="spooled rows replayed",
+        )
         assert (tmp_path / "spool.jsonl").stat().st_size == 0
     finally:
         restarted.process.stop()
@@ -189,12 +213,20 @@ def test_spool_left_at_shutdown_is_replayed_at_the_next_start(tmp_path, upstream
 def test_automatic_retention_purges_old_exchanges_daily(request, tmp_path, upstreams, backend):
     db = new_database(request, backend, tmp_path)
     engine = open_engine(db["db_url"])
-    now = datetime.now(timezone.utc)
+    now = datetime.now(UTC)
     with engine.begin() as conn:
         for rid, age in (("old", 200), ("young", 100)):
-            conn.execute(exchanges.insert().values(
-                id=rid, status="completed", dialect="llm-stream", streamed=True, proxy_instance="elsewhere",
-                started_at=now - timedelta(days=age), ended_at=now - timedelta(days=age)))
+            conn.execute(
+                exchanges.insert().values(
+                    id=rid,
+                    status="completed",
+                    dialect="llm-stream",
+                    streamed=True,
+                    proxy_instance="elsewhere",
+                    started_at=now - timedelta(days=age),
+                    ended_at=now - timedelta(days=age),
+                )
+            )
     engine.dispose()
     proxy = start_proxy(tmp_path, "--set", "llm_audit_retention_days=183", "--set", "llm_audit_instance=keeper", **db)
     try:
@@ -208,11 +240,26 @@ def test_automatic_retention_purges_old_exchanges_daily(request, tmp_path, upstr
 
 def test_retention_below_six_months_is_refused_at_start(tmp_path):
     proc = subprocess.run(
-        [str(BIN / "mitmdump"), "--listen-port", "0", "--set", f"confdir={tmp_path}",
-         "--set", f"llm_audit_db=sqlite:///{tmp_path / 'audit.db'}", "-s", str(ROOT / "addon" / "llm_audit.py"),
-         "--set", "llm_audit_retention_days=30"],
-        capture_output=True, text=True, timeout=60, env=os.environ | {"XDG_STATE_HOME": str(tmp_path / "state")},
+        [
+            str(BIN / "mitmdump"),
+            "--listen-port",
+            "0",
+            "--set",
+            f"confdir={tmp_path}",
+            "--set",
+            f"llm_audit_db=sqlite:///{tmp_path / 'audit.db'}",
+            "-s",
+            str(ROOT / "addon" / "llm_audit.py"),
+            "--set",
+            "llm_audit_retention_days=30",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=os.environ | {"XDG_STATE_HOME": str(tmp_path / "state")},
     )
     out = proc.stdout + proc.stderr
     assert proc.returncode != 0 and "Traceback" not in out
-    assert [line for line in out.splitlines() if "llm_audit_retention_days=30 would keep logs less than six months" in line]
+    assert [
+        line for line in out.splitlines() if "llm_audit_retention_days=30 would keep logs less than six months" in line
+    ]

@@ -30,9 +30,8 @@ from pathlib import Path
 
 import orjson
 import pytest
-from sqlalchemy.engine import make_url
-
 from conftest import BIN, ROOT, Node, Process, Proxy, new_database, start_proxy, wait_for
+from sqlalchemy.engine import make_url
 from test_deploy import environment_file, exec_start
 
 pytestmark = pytest.mark.e2e
@@ -48,8 +47,12 @@ def missing_requirement() -> str | None:
     """Why this machine cannot run the test, or ``None``."""
     if os.geteuid() != 0:
         return "transparent capture needs root (network namespaces, iptables): run the tests as root, as CI does"
-    for tool, fix in (("ip", "iproute2"), ("setpriv", "util-linux"), ("iptables", "iptables"),
-                      ("ip6tables", "iptables")):
+    for tool, fix in (
+        ("ip", "iproute2"),
+        ("setpriv", "util-linux"),
+        ("iptables", "iptables"),
+        ("ip6tables", "iptables"),
+    ):
         if shutil.which(tool) is None:
             return f"{tool} is not installed (apt-get install {fix}; scripts/test installs iptables when root)"
     done = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=False)
@@ -85,8 +88,12 @@ class Namespace:
 
     def iptables_rules(self) -> list[str]:
         """Every table, chain and rule of both families (iptables-save without its comments)."""
-        return [line for family in ("iptables-save", "ip6tables-save")
-                for line in run(self.exec(family)).stdout.splitlines() if not line.startswith("#")]
+        return [
+            line
+            for family in ("iptables-save", "ip6tables-save")
+            for line in run(self.exec(family)).stdout.splitlines()
+            if not line.startswith("#")
+        ]
 
 
 def create_namespace(name: str) -> Namespace:
@@ -124,8 +131,10 @@ class Providers:
 
     def received(self, namespace: Namespace, mock_id: str) -> dict:
         """What the mock received with ``x-mock-id: mock_id``, asked from inside the namespace."""
-        ask = ("import httpx, sys; r = httpx.get(sys.argv[1], verify=sys.argv[2]); "
-               "print(r.text if r.status_code == 200 else '{}')")
+        ask = (
+            "import httpx, sys; r = httpx.get(sys.argv[1], verify=sys.argv[2]); "
+            "print(r.text if r.status_code == 200 else '{}')"
+        )
         url = f"https://{PROVIDER_HOSTS[0]}/_mock/requests/{mock_id}"
         return orjson.loads(run(namespace.exec(str(BIN / "python"), "-c", ask, url, str(self.ca))).stdout)
 
@@ -134,9 +143,23 @@ def start_providers(namespace: Namespace, tmp: Path) -> Providers:
     """The mock upstream on the providers' address in ``namespace``, with a certificate for their names."""
     ready, certs = tmp / "url", tmp / "certs"
     names = [arg for host in PROVIDER_HOSTS for arg in ("--cert-name", host)]
-    process = Process.start(namespace.exec(str(BIN / "python"), "-m", "mockllm", "--tls", "--host", PROVIDERS_ADDRESS,
-                                           "--port", "443", "--cert-dir", str(certs), *names,
-                                           "--ready-file", str(ready)))
+    process = Process.start(
+        namespace.exec(
+            str(BIN / "python"),
+            "-m",
+            "mockllm",
+            "--tls",
+            "--host",
+            PROVIDERS_ADDRESS,
+            "--port",
+            "443",
+            "--cert-dir",
+            str(certs),
+            *names,
+            "--ready-file",
+            str(ready),
+        )
+    )
     wait_for(ready.exists, what=f"mock-llm in the namespace:\n{process.output}")
     return Providers(process, certs / "ca.pem")
 
@@ -151,8 +174,9 @@ def providers(namespace: Namespace, tmp_path_factory) -> Iterator[Providers]:
 @pytest.fixture(scope="module")
 def redirected(namespace: Namespace) -> Iterator[str]:
     """The shipped script's rules for user ``nobody``, taken down again at the end."""
-    up = run(namespace.exec(str(TRANSPARENT), "up", "--user", "nobody", "--proxy-user", "root",
-                            "--port", str(PROXY_PORT)))
+    up = run(
+        namespace.exec(str(TRANSPARENT), "up", "--user", "nobody", "--proxy-user", "root", "--port", str(PROXY_PORT))
+    )
     yield up.stdout
     run(namespace.exec(str(TRANSPARENT), "down"))
 
@@ -171,9 +195,19 @@ def start_transparent_proxy(request, backend: str, tmp: Path, namespace: Namespa
     """mitmdump with the addon in transparent mode, in the namespace, as root."""
     database = new_database(request, backend, tmp)
     launcher = namespace.exec(str(BIN / "mitmdump"), "-s", str(ROOT / "addon" / "llm_audit.py"))
-    return start_proxy(tmp, "--mode", f"transparent@127.0.0.1:{PROXY_PORT}", "--mode", f"transparent@::1:{PROXY_PORT}",
-                       "--set", f"llm_audit_db={database_in_namespace(database['db_url'], database.get('pg'))}",
-                       upstream_ca=providers.ca, launcher=launcher, set_db=False, **database)
+    return start_proxy(
+        tmp,
+        "--mode",
+        f"transparent@127.0.0.1:{PROXY_PORT}",
+        "--mode",
+        f"transparent@::1:{PROXY_PORT}",
+        "--set",
+        f"llm_audit_db={database_in_namespace(database['db_url'], database.get('pg'))}",
+        upstream_ca=providers.ca,
+        launcher=launcher,
+        set_db=False,
+        **database,
+    )
 
 
 def readable_copy(path: Path) -> Path:
@@ -202,18 +236,33 @@ print(json.dumps({"text": answer.output_text, "model": answer.model, "base_url":
 
 def python_client(namespace: Namespace, mock_id: str, ca: Path) -> dict:
     """The Python ``openai`` SDK as ``nobody``, trusting the CA by ``SSL_CERT_FILE`` only: what it got."""
-    done = run(namespace.as_nobody(str(BIN / "python"), "-c", PYTHON_CLIENT, mock_id, read_anything=True),
-               env=client_env(SSL_CERT_FILE=str(ca)), cwd="/")
+    done = run(
+        namespace.as_nobody(str(BIN / "python"), "-c", PYTHON_CLIENT, mock_id, read_anything=True),
+        env=client_env(SSL_CERT_FILE=str(ca)),
+        cwd="/",
+    )
     return orjson.loads(done.stdout.strip().splitlines()[-1])
 
 
-def assert_recorded(proxy: Proxy, providers: Providers, namespace: Namespace, mock_id: str, host: str,
-                    dialect: str, model: str, seen: dict) -> None:
+def assert_recorded(
+    proxy: Proxy,
+    providers: Providers,
+    namespace: Namespace,
+    mock_id: str,
+    host: str,
+    dialect: str,
+    model: str,
+    seen: dict,
+) -> None:
     """The exchange's row names the provider's host, its dialect, the models and the text
     the client got, and the local user; the mock answered that very request."""
     row = proxy.mock_row(mock_id)
-    assert (row["server_address"], row["server_port"], row["dialect"], row["status"]) == (host, 443, dialect,
-                                                                                          "completed")
+    assert (row["server_address"], row["server_port"], row["dialect"], row["status"]) == (
+        host,
+        443,
+        dialect,
+        "completed",
+    )
     assert row["request_model"] == model
     assert row["response_model"] == seen["model"] and seen["model"]  # what the SDK reported
     assert row["user_id"] == "nobody"  # the owner of the client's socket
@@ -223,8 +272,8 @@ def assert_recorded(proxy: Proxy, providers: Providers, namespace: Namespace, mo
 
 
 def test_tools_with_no_proxy_settings_are_audited_by_transparent_capture(
-        request, backend: str, tmp_path: Path, namespace: Namespace, providers: Providers, redirected: str,
-        node: Node):
+    request, backend: str, tmp_path: Path, namespace: Namespace, providers: Providers, redirected: str, node: Node
+):
     """The Node SDKs and the Python SDK, as user ``nobody``, with their default base URLs:
     every exchange reaches the mock through the proxy and is recorded as the provider's."""
     assert "redirected to port 8081" in redirected
@@ -232,22 +281,51 @@ def test_tools_with_no_proxy_settings_are_audited_by_transparent_capture(
     ca = readable_copy(proxy.ca)
     try:
         ids = {sdk: uuid.uuid4().hex for sdk in ("openai", "anthropic", "gemini", "python")}
-        seen = node.run("transparent.mjs", {"ids": ids}, env=client_env(NODE_EXTRA_CA_CERTS=str(ca)),
-                        prefix=namespace.as_nobody())
+        seen = node.run(
+            "transparent.mjs", {"ids": ids}, env=client_env(NODE_EXTRA_CA_CERTS=str(ca)), prefix=namespace.as_nobody()
+        )
         seen["python"] = python_client(namespace, ids["python"], ca)
         assert seen["python"]["base_url"] == "https://api.openai.com/v1/"
 
-        assert_recorded(proxy, providers, namespace, ids["openai"], "api.openai.com", "openai-chat", "gpt-4o",
-                        seen["openai"])
-        assert_recorded(proxy, providers, namespace, ids["anthropic"], "api.anthropic.com", "anthropic-messages",
-                        "claude-sonnet-4-5", seen["anthropic"])
-        assert_recorded(proxy, providers, namespace, ids["gemini"], "generativelanguage.googleapis.com", "gemini",
-                        "gemini-2.5-flash", seen["gemini"])
-        assert_recorded(proxy, providers, namespace, ids["python"], "api.openai.com", "openai-responses",
-                        "gpt-4.1-mini", seen["python"])
+        assert_recorded(
+            proxy, providers, namespace, ids["openai"], "api.openai.com", "openai-chat", "gpt-4o", seen["openai"]
+        )
+        assert_recorded(
+            proxy,
+            providers,
+            namespace,
+            ids["anthropic"],
+            "api.anthropic.com",
+            "anthropic-messages",
+            "claude-sonnet-4-5",
+            seen["anthropic"],
+        )
+        assert_recorded(
+            proxy,
+            providers,
+            namespace,
+            ids["gemini"],
+            "generativelanguage.googleapis.com",
+            "gemini",
+            "gemini-2.5-flash",
+            seen["gemini"],
+        )
+        assert_recorded(
+            proxy,
+            providers,
+            namespace,
+            ids["python"],
+            "api.openai.com",
+            "openai-responses",
+            "gpt-4.1-mini",
+            seen["python"],
+        )
         providers_of = {r["server_address"]: r["provider"] for r in proxy.rows()}
-        assert providers_of == {"api.openai.com": "openai", "api.anthropic.com": "anthropic",
-                                "generativelanguage.googleapis.com": "gcp.gemini"}
+        assert providers_of == {
+            "api.openai.com": "openai",
+            "api.anthropic.com": "anthropic",
+            "generativelanguage.googleapis.com": "gcp.gemini",
+        }
         assert len(proxy.rows()) == 4
     finally:
         proxy.process.stop()
@@ -277,8 +355,9 @@ with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
 """
 
 
-def test_udp_443_of_the_selected_user_is_rejected_so_http3_cannot_bypass_the_proxy(namespace: Namespace,
-                                                                                   redirected: str):
+def test_udp_443_of_the_selected_user_is_rejected_so_http3_cannot_bypass_the_proxy(
+    namespace: Namespace, redirected: str
+):
     """A QUIC server on the providers' address answers the proxy's user, and refuses
     ``nobody``: its clients fall back to TCP, which is redirected."""
     echo = Process.start(namespace.exec(str(BIN / "python"), "-c", UDP_ECHO, PROVIDERS_ADDRESS))
@@ -329,15 +408,21 @@ def test_down_removes_exactly_what_up_added_and_up_replaces_itself(bare_namespac
     assert ns.iptables_rules() == before
 
 
-@pytest.mark.parametrize(("args", "user", "message"), [
-    (["up", "--user", "no-such-user-x", "--proxy-user", "root"], None, "unknown user 'no-such-user-x': check the name"),
-    (["up", "--user", "nobody"], None, "unknown proxy user 'llm-audit': create it"),
-    (["up", "--proxy-user", "root"], None, "name whose traffic to redirect: --user NAME, --group NAME or --cgroup"),
-    (["up", "--cgroup", "no-such.slice", "--proxy-user", "root"], None, "no cgroup v2 path '/no-such.slice'"),
-    (["down"], NOBODY, "must run as root: sudo scripts/transparent down"),
-])
-def test_errors_are_one_line_naming_the_fix(bare_namespace: Namespace, args: list[str], user: int | None,
-                                           message: str):
+@pytest.mark.parametrize(
+    ("args", "user", "message"),
+    [
+        (
+            ["up", "--user", "no-such-user-x", "--proxy-user", "root"],
+            None,
+            "unknown user 'no-such-user-x': check the name",
+        ),
+        (["up", "--user", "nobody"], None, "unknown proxy user 'llm-audit': create it"),
+        (["up", "--proxy-user", "root"], None, "name whose traffic to redirect: --user NAME, --group NAME or --cgroup"),
+        (["up", "--cgroup", "no-such.slice", "--proxy-user", "root"], None, "no cgroup v2 path '/no-such.slice'"),
+        (["down"], NOBODY, "must run as root: sudo scripts/transparent down"),
+    ],
+)
+def test_errors_are_one_line_naming_the_fix(bare_namespace: Namespace, args: list[str], user: int | None, message: str):
     before = bare_namespace.iptables_rules()
     command = [str(TRANSPARENT), *args]
     if user is not None:
@@ -353,8 +438,13 @@ def test_errors_name_the_missing_iptables(tmp_path: Path):
     if os.geteuid() != 0:
         pytest.skip("the check for iptables comes after the one for root")
     (tmp_path / "id").symlink_to(shutil.which("id"))
-    done = subprocess.run([shutil.which("bash"), str(TRANSPARENT), "status"], capture_output=True, text=True,
-                          check=False, env={"PATH": str(tmp_path)})
+    done = subprocess.run(
+        [shutil.which("bash"), str(TRANSPARENT), "status"],
+        capture_output=True,
+        text=True,
+        check=False,
+        env={"PATH": str(tmp_path)},
+    )
     assert done.returncode == 2
     assert done.stderr.startswith("scripts/transparent: iptables not found: install it"), done.stderr
 
@@ -368,8 +458,12 @@ def installed(source: Path, target: Path, tmp: Path, *replacements: tuple[str, s
     """``source`` as installed from this checkout: ``/opt/llm-audit`` is the checkout, its
     ``/var/lib/llm-audit`` and ``/etc/llm-audit`` are folders in ``tmp``."""
     text = source.read_text()
-    for old, new in (("/opt/llm-audit", str(ROOT)), ("/var/lib/llm-audit", str(tmp / "state")),
-                     ("/etc/llm-audit", str(tmp / "etc")), *replacements):
+    for old, new in (
+        ("/opt/llm-audit", str(ROOT)),
+        ("/var/lib/llm-audit", str(tmp / "state")),
+        ("/etc/llm-audit", str(tmp / "etc")),
+        *replacements,
+    ):
         text = text.replace(old, new)
     target.parent.mkdir(parents=True, exist_ok=True)
     target.write_text(text)
@@ -380,13 +474,15 @@ def test_the_transparent_unit_verifies(tmp_path: Path):
     if not shutil.which("systemd-analyze"):
         pytest.skip("systemd-analyze is not installed (the systemd package)")
     unit = installed(UNIT, tmp_path / UNIT.name, tmp_path)
-    done = subprocess.run(["systemd-analyze", "verify", str(unit)], capture_output=True, text=True, timeout=60,
-                          check=False)
+    done = subprocess.run(
+        ["systemd-analyze", "verify", str(unit)], capture_output=True, text=True, timeout=60, check=False
+    )
     assert (done.returncode, done.stdout + done.stderr) == (0, "")
 
 
-def test_the_units_commands_apply_the_rules_run_the_proxy_and_remove_the_rules(bare_namespace: Namespace,
-                                                                               tmp_path: Path):
+def test_the_units_commands_apply_the_rules_run_the_proxy_and_remove_the_rules(
+    bare_namespace: Namespace, tmp_path: Path
+):
     """ExecStartPre, ExecStart and ExecStopPost run in turn with the two environment files,
     as systemd would (in a namespace of their own; the service's user is root here, and the
     selection ``nobody``): the rules come and go with the proxy, which records a tool that
@@ -395,8 +491,14 @@ def test_the_units_commands_apply_the_rules_run_the_proxy_and_remove_the_rules(b
     providers = start_providers(ns, tmp_path / "providers")
     unit = installed(UNIT, tmp_path / UNIT.name, tmp_path, ("--proxy-user llm-audit", "--proxy-user root"))
     env = environment_file(installed(ROOT / "scripts" / "llm-audit.env", tmp_path / "etc" / "llm-audit.env", tmp_path))
-    env |= environment_file(installed(ROOT / "scripts" / "llm-audit-transparent.env", tmp_path / "etc" / "transparent.env",
-                                      tmp_path, ("--group ai-tools", "--user nobody")))
+    env |= environment_file(
+        installed(
+            ROOT / "scripts" / "llm-audit-transparent.env",
+            tmp_path / "etc" / "transparent.env",
+            tmp_path,
+            ("--group ai-tools", "--user nobody"),
+        )
+    )
     env["LLM_AUDIT_ARGS"] += f" --set ssl_verify_upstream_trusted_ca={providers.ca}"  # the mock's CA, not the world's
     (tmp_path / "state").mkdir()
     environment = os.environ | {"PYTHONUNBUFFERED": "1"} | env

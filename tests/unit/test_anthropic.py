@@ -12,12 +12,12 @@ from pathlib import Path
 
 import orjson
 import pytest
+from pipeline import audit_bytes
 
 from addon.dialects import RequestView, detect_request, detect_response
 from addon.dialects.anthropic import DIALECT
-from addon.record import OUTCOME_COMPLETE, OUTCOME_UPSTREAM_ABORTED
 from addon.framing.sse import SSEEvent
-from pipeline import audit_bytes
+from addon.record import OUTCOME_COMPLETE, OUTCOME_UPSTREAM_ABORTED
 
 SHARED_STREAMS = Path(__file__).resolve().parents[2].parent / "shared" / "reference" / "streams"
 
@@ -45,8 +45,16 @@ def ev(type_: str, *, event: str | None = None, pad: str = "", **fields) -> byte
 
 def start(model="claude-sonnet-4-5-20250929", id_="msg_01", usage=None) -> bytes:
     usage = {"input_tokens": 12, "output_tokens": 1} if usage is None else usage
-    message = {"id": id_, "type": "message", "role": "assistant", "model": model, "content": [],
-               "stop_reason": None, "stop_sequence": None, "usage": usage}
+    message = {
+        "id": id_,
+        "type": "message",
+        "role": "assistant",
+        "model": model,
+        "content": [],
+        "stop_reason": None,
+        "stop_sequence": None,
+        "usage": usage,
+    }
     return ev("message_start", message=message)
 
 
@@ -71,8 +79,11 @@ def stop(index: int) -> bytes:
 
 
 def message_delta(reason: str | None = "end_turn", usage: dict | None = None, **delta) -> bytes:
-    return ev("message_delta", delta={"stop_reason": reason, "stop_sequence": None} | delta,
-              usage={"output_tokens": 9} if usage is None else usage)
+    return ev(
+        "message_delta",
+        delta={"stop_reason": reason, "stop_sequence": None} | delta,
+        usage={"output_tokens": 9} if usage is None else usage,
+    )
 
 
 PING = b'event: ping\ndata: {"type": "ping"}\n\n'
@@ -115,10 +126,28 @@ TOOL_STREAM = b"".join(
 )
 
 
-def audit(body: bytes, chunks: list[int] | None = None, *, request: dict | None = REQUEST, encoding=None,
-          outcome: str = OUTCOME_COMPLETE, event_stream: bool = True, status: int = 200) -> dict:
+def audit(
+    body: bytes,
+    chunks: list[int] | None = None,
+    *,
+    request: dict | None = REQUEST,
+    encoding=None,
+    outcome: str = OUTCOME_COMPLETE,
+    event_stream: bool = True,
+    status: int = 200,
+) -> dict:
     """Run ``body`` through the auditor split at ``chunks`` offsets; return the row."""
-    return audit_bytes(DIALECT, body, chunks, request=request, request_view=view(HEADERS), encoding=encoding, outcome=outcome, event_stream=event_stream, status=status)
+    return audit_bytes(
+        DIALECT,
+        body,
+        chunks,
+        request=request,
+        request_view=view(HEADERS),
+        encoding=encoding,
+        outcome=outcome,
+        event_stream=event_stream,
+        status=status,
+    )
 
 
 def answer(body: dict | bytes, status: int = 200) -> dict:
@@ -265,8 +294,14 @@ def test_record_is_the_same_for_random_splits_and_crlf_framing():
 def test_input_tokens_include_cache_reads_and_writes_and_last_message_delta_output_wins():
     body = b"".join(
         [
-            start(usage={"input_tokens": 10, "cache_read_input_tokens": 2000, "cache_creation_input_tokens": 300,
-                         "output_tokens": 1}),
+            start(
+                usage={
+                    "input_tokens": 10,
+                    "cache_read_input_tokens": 2000,
+                    "cache_creation_input_tokens": 300,
+                    "output_tokens": 1,
+                }
+            ),
             block_start(0, {"type": "text", "text": ""}),
             text(0, "hi"),
             message_delta(None, {"output_tokens": 5}),
@@ -285,14 +320,27 @@ def test_input_tokens_include_cache_reads_and_writes_and_last_message_delta_outp
 def test_message_delta_repeating_input_and_cache_counts_is_merged_with_message_start():
     body = b"".join(
         [
-            start(usage={"input_tokens": 16, "cache_read_input_tokens": 0, "cache_creation_input_tokens": 0,
-                         "output_tokens": 5}),
+            start(
+                usage={
+                    "input_tokens": 16,
+                    "cache_read_input_tokens": 0,
+                    "cache_creation_input_tokens": 0,
+                    "output_tokens": 5,
+                }
+            ),
             block_start(0, {"type": "text", "text": ""}),
             text(0, "x"),
             stop(0),
             # cumulative counts: cache_read updated, creation not repeated (kept from message_start)
-            message_delta("end_turn", {"input_tokens": 16, "cache_read_input_tokens": 100, "output_tokens": 38,
-                                       "output_tokens_details": {"thinking_tokens": 20}}),
+            message_delta(
+                "end_turn",
+                {
+                    "input_tokens": 16,
+                    "cache_read_input_tokens": 100,
+                    "output_tokens": 38,
+                    "output_tokens_details": {"thinking_tokens": 20},
+                },
+            ),
             MESSAGE_STOP,
         ]
     )
@@ -303,7 +351,11 @@ def test_message_delta_repeating_input_and_cache_counts_is_merged_with_message_s
 
 
 def test_message_start_output_tokens_are_preliminary_and_never_recorded_as_final():
-    body = start(usage={"input_tokens": 7, "output_tokens": 3}) + block_start(0, {"type": "text", "text": ""}) + text(0, "a")
+    body = (
+        start(usage={"input_tokens": 7, "output_tokens": 3})
+        + block_start(0, {"type": "text", "text": ""})
+        + text(0, "a")
+    )
     row = audit(body, outcome=OUTCOME_UPSTREAM_ABORTED)
     assert (row["input_tokens"], row["output_tokens"]) == (7, None)
     assert row["usage_source"] == "provider"  # the input count is real
@@ -413,8 +465,14 @@ def test_tool_call_cut_by_max_tokens_keeps_its_arguments_and_is_reported_truncat
     )
     row = audit(body)
     assert row["status"] == "completed"
-    assert calls(row) == [{"id": "toolu_1", "name": "make_file", "arguments": '{"filename": "taxes.txt", "lines": ["# TAX',
-                           "complete": False}]
+    assert calls(row) == [
+        {
+            "id": "toolu_1",
+            "name": "make_file",
+            "arguments": '{"filename": "taxes.txt", "lines": ["# TAX',
+            "complete": False,
+        }
+    ]
     assert row["finish_reasons"] == ["max_tokens"]
     assert codes(row) == ["tool_call_truncated"]
 
@@ -430,7 +488,11 @@ def test_server_tool_use_is_recorded_as_a_tool_call_and_its_result_block_ignored
             stop(1),
             block_start(2, {"type": "text", "text": ""}),
             text(2, "It is sunny."),
-            ev("content_block_delta", index=2, delta={"type": "citations_delta", "citation": {"type": "web_search_result_location"}}),
+            ev(
+                "content_block_delta",
+                index=2,
+                delta={"type": "citations_delta", "citation": {"type": "web_search_result_location"}},
+            ),
             stop(2),
             message_delta("end_turn"),
             MESSAGE_STOP,
@@ -452,8 +514,10 @@ def test_refusal_stop_reason_and_its_explanation_are_recorded():
             block_start(0, {"type": "text", "text": ""}),
             text(0, "I can"),
             stop(0),
-            message_delta("refusal", stop_details={"type": "refusal", "category": "cyber",
-                                                   "explanation": "Request could enable malware."}),
+            message_delta(
+                "refusal",
+                stop_details={"type": "refusal", "category": "cyber", "explanation": "Request could enable malware."},
+            ),
             MESSAGE_STOP,
         ]
     )
@@ -583,7 +647,12 @@ MESSAGE = {
     ],
     "stop_reason": "tool_use",
     "stop_sequence": None,
-    "usage": {"input_tokens": 50, "cache_read_input_tokens": 1000, "cache_creation_input_tokens": 0, "output_tokens": 70},
+    "usage": {
+        "input_tokens": 50,
+        "cache_read_input_tokens": 1000,
+        "cache_creation_input_tokens": 0,
+        "output_tokens": 70,
+    },
 }
 
 
@@ -593,8 +662,9 @@ def test_non_streamed_message_extracts_text_thinking_tool_call_usage_and_model()
     assert row["streamed"] is False
     assert row["output_text"] == "Let me look."
     assert row["output"]["choices"][0]["reasoning"] == "Need the weather."
-    assert calls(row) == [{"id": "toolu_9", "name": "get_weather", "arguments": '{"city":"Wien","units":["C","°"]}',
-                           "complete": True}]
+    assert calls(row) == [
+        {"id": "toolu_9", "name": "get_weather", "arguments": '{"city":"Wien","units":["C","°"]}', "complete": True}
+    ]
     assert (row["response_model"], row["response_id"]) == ("claude-sonnet-4-5-20250929", "msg_02")
     assert row["finish_reasons"] == ["tool_use"]
     assert (row["input_tokens"], row["output_tokens"], row["cache_read_input_tokens"]) == (1050, 70, 1000)
@@ -613,9 +683,16 @@ def test_non_streamed_tool_call_cut_by_max_tokens_is_reported_truncated():
 
 
 def test_non_streamed_refusal_is_recorded():
-    row = answer({"type": "message", "model": "m", "content": [], "stop_reason": "refusal",
-                  "stop_details": {"type": "refusal", "category": "bio", "explanation": None},
-                  "usage": {"input_tokens": 3, "output_tokens": 0}})
+    row = answer(
+        {
+            "type": "message",
+            "model": "m",
+            "content": [],
+            "stop_reason": "refusal",
+            "stop_details": {"type": "refusal", "category": "bio", "explanation": None},
+            "usage": {"input_tokens": 3, "output_tokens": 0},
+        }
+    )
     assert row["finish_reasons"] == ["refusal"]
     assert row["output"]["choices"][0]["refusal"] == "bio"
     assert (row["input_tokens"], row["output_tokens"]) == (3, 0)
@@ -630,14 +707,26 @@ def test_non_streamed_body_that_is_not_json_is_a_finding():
 @pytest.mark.parametrize(
     "status, body, expected",
     [
-        (529, b'{"type":"error","error":{"type":"overloaded_error","message":"Overloaded"},"request_id":"req_011"}',
-         ("overloaded_error", "Overloaded")),
-        (400, b'{"type":"error","error":{"type":"invalid_request_error","message":"max_tokens: Field required"}}',
-         ("invalid_request_error", "max_tokens: Field required")),
-        (429, b'{"type":"error","error":{"type":"rate_limit_error","message":"Number of request tokens has exceeded your per-minute rate limit"}}',
-         ("rate_limit_error", "Number of request tokens has exceeded your per-minute rate limit")),
-        (200, b'{"type":"error","error":{"type":"api_error","message":"Internal server error"}}',
-         ("api_error", "Internal server error")),
+        (
+            529,
+            b'{"type":"error","error":{"type":"overloaded_error","message":"Overloaded"},"request_id":"req_011"}',
+            ("overloaded_error", "Overloaded"),
+        ),
+        (
+            400,
+            b'{"type":"error","error":{"type":"invalid_request_error","message":"max_tokens: Field required"}}',
+            ("invalid_request_error", "max_tokens: Field required"),
+        ),
+        (
+            429,
+            b'{"type":"error","error":{"type":"rate_limit_error","message":"Number of request tokens has exceeded your per-minute rate limit"}}',
+            ("rate_limit_error", "Number of request tokens has exceeded your per-minute rate limit"),
+        ),
+        (
+            200,
+            b'{"type":"error","error":{"type":"api_error","message":"Internal server error"}}',
+            ("api_error", "Internal server error"),
+        ),
     ],
 )
 def test_http_error_bodies_fail_the_exchange_with_type_and_message(status, body, expected):

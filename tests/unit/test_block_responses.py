@@ -29,11 +29,11 @@ import anthropic
 import openai
 import orjson
 import pytest
+from anthropic.types import RawMessageStreamEvent
 from google import genai
 from google.genai import errors as genai_errors
 from google.genai import types as genai_types
 from openai.types.chat import ChatCompletionChunk
-from anthropic.types import RawMessageStreamEvent
 from openai.types.responses import ResponseCreatedEvent, ResponseIncompleteEvent
 from pydantic import TypeAdapter
 
@@ -52,23 +52,23 @@ from addon.dialects import (
 )
 from addon.dialects import anthropic as anthropic_dialect
 from addon.dialects.blocking import BlockedResponse
-from addon.record import OUTCOME_COMPLETE, ExchangeRecord
 from addon.framing.sse import SSEEvent, SSEParser
+from addon.record import OUTCOME_COMPLETE, ExchangeRecord
 from mockllm.scenario import Scenario
 from mockllm.streams import (
     anthropic_events,
     anthropic_message,
-    gemini_response,
-    lmsp_response,
-    openai_chat_completion,
-    openai_completion,
-    openai_response,
     gemini_json_stream,
+    gemini_response,
     gemini_sse_events,
     llm_stream_events,
     lmsp_events,
+    lmsp_response,
     openai_chat_chunks,
+    openai_chat_completion,
+    openai_completion,
     openai_completions_chunks,
+    openai_response,
     openai_responses_events,
 )
 
@@ -178,8 +178,14 @@ CASES = {
         Case(
             llm_stream.DIALECT,
             view("/v1/llm/stream", content_type="application/llm-request+json"),
-            {"version": "1.0", "stream": True, "model": "m", "messages": MESSAGES, "metadata": {"request_id": "r-1"},
-             "tools": [{"name": "get_weather", "description": "Weather.", "parameters": PARAMETERS}]},
+            {
+                "version": "1.0",
+                "stream": True,
+                "model": "m",
+                "messages": MESSAGES,
+                "metadata": {"request_id": "r-1"},
+                "tools": [{"name": "get_weather", "description": "Weather.", "parameters": PARAMETERS}],
+            },
             llm_stream_events,
             {**TEXT_CUTS, "mid_tool": (b"content.stop", 1, False)},  # after tool.call: its block is open
         ),
@@ -207,16 +213,23 @@ CASES = {
         Case(
             anthropic_dialect.DIALECT,
             view("/v1/messages"),
-            {"model": "claude-sonnet-4", "max_tokens": 1024, "messages": MESSAGES, "stream": True,
-             "tools": ANTHROPIC_TOOLS},
+            {
+                "model": "claude-sonnet-4",
+                "max_tokens": 1024,
+                "messages": MESSAGES,
+                "stream": True,
+                "tools": ANTHROPIC_TOOLS,
+            },
             anthropic_events,
             {**TEXT_CUTS, "mid_tool": (b"input_json_delta", 3, False)},  # the first fragment is ""
         ),
         Case(
             gemini.DIALECT,
             view(GEMINI_STREAM, "alt=sse"),
-            {"contents": [{"role": "user", "parts": [{"text": "hi"}]}],
-             "tools": [{"functionDeclarations": [{"name": "get_weather"}]}]},
+            {
+                "contents": [{"role": "user", "parts": [{"text": "hi"}]}],
+                "tools": [{"functionDeclarations": [{"name": "get_weather"}]}],
+            },
             gemini_sse_events,
             dict(TEXT_CUTS),  # Gemini sends whole function calls: see the Vertex test below
         ),
@@ -245,8 +258,15 @@ def cut(items: list[bytes], marker: bytes, nth: int, after: bool) -> list[bytes]
 class Reader:
     """The proxy's pipeline for one response: record, normalizer, auditor."""
 
-    def __init__(self, case: Case, *, event_stream: bool = True, status: int = 200,
-                 request_view: RequestView | None = None, keeps_delivered: bool = False) -> None:
+    def __init__(
+        self,
+        case: Case,
+        *,
+        event_stream: bool = True,
+        status: int = 200,
+        request_view: RequestView | None = None,
+        keeps_delivered: bool = False,
+    ) -> None:
         request_view = request_view or case.view
         self.record = ExchangeRecord(dialect=case.name, streamed=event_stream, http_status=status)
         summary = case.dialect.summarize(case.request, request_view)
@@ -336,14 +356,21 @@ def test_blocked_request_that_does_not_stream_is_the_dialects_error_json_with_40
     assert (answer.status, dict(answer.headers)["content-type"]) == (400, content_type)
     row = read(case, answer.body, event_stream=False, status=400)
     assert (row["status"], row["error_code"], row["error_message"], codes(row)) == (
-        "failed", BLOCKED_BODY_CODE[name], MESSAGE, [])
+        "failed",
+        BLOCKED_BODY_CODE[name],
+        MESSAGE,
+        [],
+    )
 
 
 def test_blocked_llm_stream_is_start_error_end_with_continuous_seq_and_the_request_id() -> None:
     events = sse_events(blocked(CASES["llm-stream"], streaming=True).body)
     data = [orjson.loads(e.data) for e in events]
     assert [(e.event, d["type"], d["seq"]) for e, d in zip(events, data, strict=True)] == [
-        ("stream.start", "stream.start", 0), ("error", "error", 1), ("stream.end", "stream.end", 2)]
+        ("stream.start", "stream.start", 0),
+        ("error", "error", 1),
+        ("stream.end", "stream.end", 2),
+    ]
     assert (data[0]["model"], data[0]["request_id"], data[2]["request_id"]) == ("m", "r-1", "r-1")
     assert (data[1]["code"], data[1]["message"]) == ("content_filtered", MESSAGE)
 
@@ -353,8 +380,13 @@ def test_blocked_lmsp_stream_numbers_its_events_from_1_and_fails_with_a_problem_
     data = [orjson.loads(e.data) for e in events]
     assert [(e.id, e.event) for e in events] == [("1", "response.created"), ("2", "response.failed")]
     assert data[0]["response_id"] == data[1]["response_id"] and data[0]["response_id"].startswith("resp_")
-    assert data[1]["error"] == {"type": "about:blank", "title": "Bad Request", "status": 400, "detail": MESSAGE,
-                                "code": "content_filtered"}
+    assert data[1]["error"] == {
+        "type": "about:blank",
+        "title": "Bad Request",
+        "status": 400,
+        "detail": MESSAGE,
+        "code": "content_filtered",
+    }
 
 
 def test_blocked_answers_get_fresh_ids() -> None:
@@ -400,10 +432,14 @@ def test_openai_chat_sdk_raises_the_block_as_api_error_in_a_stream_and_bad_reque
         for _ in client.chat.completions.create(model="gpt-4o", messages=MESSAGES, stream=True):
             pass
     assert (raised.value.code, raised.value.type, raised.value.message) == (
-        "content_filter", "invalid_request_error", MESSAGE)
-    with pytest.raises(openai.APIError) as raised, client.chat.completions.stream(
-        model="gpt-4o", messages=MESSAGES
-    ) as stream:
+        "content_filter",
+        "invalid_request_error",
+        MESSAGE,
+    )
+    with (
+        pytest.raises(openai.APIError) as raised,
+        client.chat.completions.stream(model="gpt-4o", messages=MESSAGES) as stream,
+    ):
         stream.until_done()
     assert raised.value.code == "content_filter"
 
@@ -411,7 +447,10 @@ def test_openai_chat_sdk_raises_the_block_as_api_error_in_a_stream_and_bad_reque
     with pytest.raises(openai.BadRequestError) as refused:
         client.chat.completions.create(model="gpt-4o", messages=MESSAGES)
     assert (refused.value.status_code, refused.value.code, refused.value.message) == (
-        400, "content_filter", f"Error code: 400 - {MESSAGE}")
+        400,
+        "content_filter",
+        f"Error code: 400 - {MESSAGE}",
+    )
 
 
 def test_openai_responses_sdk_sees_the_created_response_incomplete_by_content_filter(upstream: Upstream) -> None:
@@ -519,7 +558,10 @@ def test_llm_stream_termination_closes_the_open_block_and_continues_seq() -> Non
     last_seq = orjson.loads(sse_events(prefix)[-1].data)["seq"]
     data = [orjson.loads(e.data) for e in sse_events(tail)]
     assert [(d["type"], d["seq"]) for d in data] == [
-        ("content.stop", last_seq + 1), ("error", last_seq + 2), ("stream.end", last_seq + 3)]
+        ("content.stop", last_seq + 1),
+        ("error", last_seq + 2),
+        ("stream.end", last_seq + 3),
+    ]
     assert (data[0]["index"], data[0]["stop_reason"]) == (0, "content_filter")
     assert (data[1]["code"], data[1]["message"], data[2]["request_id"]) == ("content_filtered", MESSAGE, "r-1")
 
@@ -542,7 +584,10 @@ def test_lmsp_termination_continues_the_ids_and_names_the_response() -> None:
     failed = orjson.loads(after[0].data)
     assert failed["response_id"] == orjson.loads(before[0].data)["response_id"]
     assert (failed["status"], failed["error"]["code"], failed["error"]["detail"]) == (
-        "failed", "content_filtered", MESSAGE)
+        "failed",
+        "content_filtered",
+        MESSAGE,
+    )
 
 
 def test_gemini_termination_is_framed_with_crlf_and_keeps_model_and_response_id() -> None:
@@ -564,8 +609,9 @@ def test_termination_changes_nothing_in_the_normalizer(name: str) -> None:
     assert asked.normalizer.termination(RULE, REASON) == first
     not_asked = Reader(case).feed(b"".join(items))
     volatile = {"id", "started_at", "first_chunk_at", "ended_at"}
-    assert {k: v for k, v in asked.feed(b"".join(items[len(prefix):])).row().items() if k not in volatile} == {
-        k: v for k, v in not_asked.row().items() if k not in volatile}
+    assert {k: v for k, v in asked.feed(b"".join(items[len(prefix) :])).row().items() if k not in volatile} == {
+        k: v for k, v in not_asked.row().items() if k not in volatile
+    }
 
 
 @pytest.mark.parametrize("name", CASES)
@@ -595,9 +641,10 @@ def chat_sdk(url: str, cut_name: str) -> None:
     }
 
     # the stream helper hands out the text, then refuses to parse the filtered completion
-    with pytest.raises(openai.ContentFilterFinishReasonError) as filtered, client.chat.completions.stream(
-        model="gpt-4o", messages=MESSAGES, tools=CHAT_TOOLS
-    ) as stream:
+    with (
+        pytest.raises(openai.ContentFilterFinishReasonError) as filtered,
+        client.chat.completions.stream(model="gpt-4o", messages=MESSAGES, tools=CHAT_TOOLS) as stream,
+    ):
         deltas = [event.delta for event in stream if event.type == "content.delta"]
         stream.get_final_completion()
     assert "".join(deltas) == PARTIAL_TEXT[cut_name]
@@ -680,7 +727,11 @@ def llm_stream_client(body: bytes, cut_name: str) -> None:
     data = [orjson.loads(e.data) for e in sse_events(body)]
     assert [d["seq"] for d in data] == list(range(len(data)))
     assert (data[0]["type"], data[-1]["type"], data[-2]["type"], data[-2]["code"]) == (
-        "stream.start", "stream.end", "error", "content_filtered")
+        "stream.start",
+        "stream.end",
+        "error",
+        "content_filtered",
+    )
     text = "".join(d["delta"]["text"] for d in data if d["type"] == "content.delta")
     stops = [d["stop_reason"] for d in data if d["type"] == "content.stop"]
     assert (text, stops) == (PARTIAL_TEXT[cut_name], [] if cut_name == "before_text" else ["content_filter"])
@@ -737,11 +788,35 @@ def test_gemini_termination_of_a_streamed_vertex_function_call(upstream: Upstrea
     case = CASES["gemini"]
     chunks = [
         {"candidates": [{"content": {"role": "model", "parts": [{"text": "Let me look."}]}, "index": 0}]},
-        {"candidates": [{"content": {"role": "model", "parts": [
-            {"functionCall": {"name": "get_weather", "id": "fc-1", "willContinue": True}}]}, "index": 0}]},
-        {"candidates": [{"content": {"role": "model", "parts": [{"functionCall": {
-            "partialArgs": [{"jsonPath": "$.city", "stringValue": "Vi", "willContinue": True}],
-            "willContinue": True}}]}, "index": 0}]},
+        {
+            "candidates": [
+                {
+                    "content": {
+                        "role": "model",
+                        "parts": [{"functionCall": {"name": "get_weather", "id": "fc-1", "willContinue": True}}],
+                    },
+                    "index": 0,
+                }
+            ]
+        },
+        {
+            "candidates": [
+                {
+                    "content": {
+                        "role": "model",
+                        "parts": [
+                            {
+                                "functionCall": {
+                                    "partialArgs": [{"jsonPath": "$.city", "stringValue": "Vi", "willContinue": True}],
+                                    "willContinue": True,
+                                }
+                            }
+                        ],
+                    },
+                    "index": 0,
+                }
+            ]
+        },
     ]
     prefix = b"".join(b"data: " + orjson.dumps(c) + b"\r\n\r\n" for c in chunks)
     reader = Reader(case, keeps_delivered=True).feed(prefix)
@@ -773,7 +848,11 @@ def test_gemini_termination_continues_or_makes_the_json_array(cut_name: str) -> 
     assert elements[-1]["candidates"] == [{"finishReason": "SAFETY", "finishMessage": MESSAGE, "index": 0}]
     row = read(case, prefix + tail, event_stream=False, request_view=array_view)
     assert (row["status"], row["output_text"], row["finish_reasons"], codes(row)) == (
-        "completed", PARTIAL_TEXT[cut_name], ["SAFETY"], [])
+        "completed",
+        PARTIAL_TEXT[cut_name],
+        ["SAFETY"],
+        [],
+    )
 
 
 # -- a held, non-streamed answer replaced ------------------------------------------------------------
@@ -792,8 +871,11 @@ def filtered(name: str) -> tuple[BlockedResponse | None, dict[str, Any]]:
     """(the replacement of the mock's whole answer, the answer), as the proxy makes it."""
     case = CASES[name]
     request = case.request | {"stream": False}
-    answer = WHOLE[name][0](request, Scenario.parse("")) if name in WHOLE else (
-        lmsp_response(request, Scenario.parse("")) if name == "lmsp" else {"version": "1.0"})
+    answer = (
+        WHOLE[name][0](request, Scenario.parse(""))
+        if name in WHOLE
+        else (lmsp_response(request, Scenario.parse("")) if name == "lmsp" else {"version": "1.0"})
+    )
     answer["note"] = TEXT  # a field no reader knows, carrying the text: it must not reach the client
     reader = Reader(case, event_stream=False).feed(orjson.dumps(answer))
     reader.auditor.end()
@@ -810,7 +892,11 @@ def test_a_held_answer_is_replaced_by_the_apis_filtered_answer_with_its_id_and_u
     row = read(CASES[name], replacement.body, event_stream=False)
     _, finish_reasons, status = WHOLE[name]
     assert (row["status"], row["finish_reasons"], row["output_text"], row["tool_calls"]) == (
-        status, finish_reasons, "", [])
+        status,
+        finish_reasons,
+        "",
+        [],
+    )
     replaced = orjson.loads(replacement.body)
     for key in ("id", "model", "usage", "usageMetadata", "responseId", "modelVersion"):
         assert replaced.get(key) == answer.get(key), key  # the answer's own ids and billed usage
@@ -827,9 +913,13 @@ def test_the_sdks_read_a_replaced_answer_as_their_apis_filtered_answer(upstream:
     client = openai_client(upstream.serve(filtered("openai-responses")[0]))
     response = client.responses.create(model="gpt-5", input="hi")
     assert (response.status, response.incomplete_details.reason, response.output_text) == (  # type: ignore[union-attr]
-        "incomplete", "content_filter", "")
+        "incomplete",
+        "content_filter",
+        "",
+    )
     message = anthropic_client(upstream.serve(filtered("anthropic-messages")[0])).messages.create(
-        model="claude", max_tokens=10, messages=MESSAGES)
+        model="claude", max_tokens=10, messages=MESSAGES
+    )
     assert (message.stop_reason, message.content, refusal_explanation(message)) == ("refusal", [], MESSAGE)
     with genai_client(upstream.serve(filtered("gemini")[0])) as gclient:
         answer = gclient.models.generate_content(model=GEMINI_MODEL, contents="hi")

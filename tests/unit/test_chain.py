@@ -26,23 +26,30 @@ from pathlib import Path
 
 import orjson
 import pytest
+from conftest import wait_for
 from sqlalchemy import delete, insert, select, update
+from test_writer import engine_for
 
 from addon.record import OUTCOME_COMPLETE, ExchangeRecord
 from storage.chain import CONTENT_COLUMNS, GENESIS, Chain, Head, canonical, record_hash
-from storage.checkpoint import Checkpointer, CheckpointError, load_or_create_key, public_key_path, read_checkpoints, write_checkpoint
+from storage.checkpoint import (
+    Checkpointer,
+    CheckpointError,
+    load_or_create_key,
+    public_key_path,
+    read_checkpoints,
+    write_checkpoint,
+)
 from storage.database import open_engine
 from storage.erase import erase_user
 from storage.lease import LeaseHeld
+from storage.prepare import prepare
 from storage.retention import DailyPurge, purge
 from storage.schema import chains, erasure_log, exchanges, purge_log
 from storage.spool import Spool
 from storage.statements import Signer
 from storage.verify import verify
-from storage.prepare import prepare
 from storage.writer import AuditWriter
-from conftest import wait_for
-from test_writer import engine_for
 
 BIN = Path(sys.executable).parent
 INSTANCE = "proxy-a"
@@ -68,8 +75,14 @@ def engine(url):
 
 
 def record(i: int, user: str = "alice", ended: datetime | None = None) -> dict:
-    r = ExchangeRecord(dialect="openai-chat", proxy_instance=INSTANCE, started_at=time.time(), user_id=user,
-                       request_model="gpt-4o", request_body={"messages": [{"role": "user", "content": f"q{i}"}]})
+    r = ExchangeRecord(
+        dialect="openai-chat",
+        proxy_instance=INSTANCE,
+        started_at=time.time(),
+        user_id=user,
+        request_model="gpt-4o",
+        request_body={"messages": [{"role": "user", "content": f"q{i}"}]},
+    )
     r.choices[0] = r._choice(0)
     r.choices[0].text.append(f"answer {i} \x00 ü")
     r.terminal_seen = True
@@ -142,7 +155,11 @@ def test_edited_content_is_named(engine, tmp_path):
     sql(engine, update(exchanges).where(exchanges.c.id == rows[2]["id"]).values(output_text="something else"))
     report = verify(engine)
     problem = report.chains[0].problems[0]
-    assert (problem.kind, problem.seq, problem.detail) == ("modified", 3, "its content (output_text) does not match its hash")
+    assert (problem.kind, problem.seq, problem.detail) == (
+        "modified",
+        3,
+        "its content (output_text) does not match its hash",
+    )
 
 
 def test_a_deleted_record_is_named(engine, tmp_path):
@@ -179,14 +196,25 @@ def rewrite_from(engine, rows: list[dict], start: int) -> None:
     head = Head(start - 1, rows[start - 2]["record_hash"])
     chain = Chain(INSTANCE, head)
     for row in rows[start - 1 :]:
-        changed = {k: v for k, v in row.items() if k not in ("chain_id", "chain_seq", "prev_hash", "record_hash",
-                                                            "content_hashes", "erased_at")}
+        changed = {
+            k: v
+            for k, v in row.items()
+            if k not in ("chain_id", "chain_seq", "prev_hash", "record_hash", "content_hashes", "erased_at")
+        }
         if row["chain_seq"] == start:
             changed["output_text"] = "a nicer answer"
         sealed = chain.seal(changed)
-        sql(engine, update(exchanges).where(exchanges.c.id == row["id"]).values(
-            output_text=sealed["output_text"], prev_hash=sealed["prev_hash"], record_hash=sealed["record_hash"],
-            content_hashes=sealed["content_hashes"]))
+        sql(
+            engine,
+            update(exchanges)
+            .where(exchanges.c.id == row["id"])
+            .values(
+                output_text=sealed["output_text"],
+                prev_hash=sealed["prev_hash"],
+                record_hash=sealed["record_hash"],
+                content_hashes=sealed["content_hashes"],
+            ),
+        )
     sql(engine, update(chains).where(chains.c.chain_id == INSTANCE).values(head_hash=chain.head.hash))
 
 
@@ -213,8 +241,15 @@ def test_a_tail_removed_after_a_checkpoint_is_caught_only_with_it(engine, tmp_pa
     sql(engine, delete(exchanges).where(exchanges.c.chain_seq >= 7))
     sql(engine, update(chains).values(head_seq=6, head_hash=rows[5]["record_hash"]))  # covering the tracks
     assert first_problem(engine) is None
-    out = llm_audit("--db", url, "verify", "--checkpoints", str(directory), "--public-key",
-                    str(public_key_path(tmp_path / "key.pem")))
+    out = llm_audit(
+        "--db",
+        url,
+        "verify",
+        "--checkpoints",
+        str(directory),
+        "--public-key",
+        str(public_key_path(tmp_path / "key.pem")),
+    )
     assert out.returncode == 1 and "truncated" in out.stdout and "the records after 6 were removed" in out.stdout
 
 
@@ -222,11 +257,27 @@ def test_a_forged_checkpoint_and_a_wrong_key_are_refused(engine, tmp_path, url):
     seeded(engine, tmp_path, 2)
     directory = checkpoint_now(engine, tmp_path)
     load_or_create_key(tmp_path / "other.pem")  # another key, and its .pub
-    out = llm_audit("--db", url, "verify", "--checkpoints", str(directory), "--public-key",
-                    str(public_key_path(tmp_path / "other.pem")))
+    out = llm_audit(
+        "--db",
+        url,
+        "verify",
+        "--checkpoints",
+        str(directory),
+        "--public-key",
+        str(public_key_path(tmp_path / "other.pem")),
+    )
     assert out.returncode == 2 and "which is not a trusted key" in out.stderr and len(out.stderr.splitlines()) == 1
-    both = llm_audit("--db", url, "verify", "--checkpoints", str(directory), "--public-key",
-                     str(public_key_path(tmp_path / "other.pem")), "--public-key", str(public_key_path(tmp_path / "key.pem")))
+    both = llm_audit(
+        "--db",
+        url,
+        "verify",
+        "--checkpoints",
+        str(directory),
+        "--public-key",
+        str(public_key_path(tmp_path / "other.pem")),
+        "--public-key",
+        str(public_key_path(tmp_path / "key.pem")),
+    )
     assert both.returncode == 0, both  # a rotated key: either one is trusted
     [path] = directory.glob("checkpoint-*.json")
     doc = orjson.loads(path.read_bytes())
@@ -249,11 +300,17 @@ def test_purge_and_erase_keep_the_chain_verifiable(engine, tmp_path):
     assert starts == {INSTANCE: {"seq": 5, "prev_hash": start.start_prev_hash}}  # the purge is logged
     assert erase_user(engine, "bob", actor="test") == 1
     with engine.connect() as conn:  # and so is the erasure
-        assert [tuple(r) for r in conn.execute(select(erasure_log.c.actor, erasure_log.c.user_id,
-                                                       erasure_log.c.erased_count))] == [("test", "bob", 1)]
+        assert [
+            tuple(r)
+            for r in conn.execute(select(erasure_log.c.actor, erasure_log.c.user_id, erasure_log.c.erased_count))
+        ] == [("test", "bob", 1)]
     with engine.connect() as conn:
         erased = conn.execute(select(exchanges)).mappings().one()
-    assert (erased["output_text"], erased["request_body"], erased["erased_at"] is not None) == ("[erased]", "[erased]", True)
+    assert (erased["output_text"], erased["request_body"], erased["erased_at"] is not None) == (
+        "[erased]",
+        "[erased]",
+        True,
+    )
     checkpoints = read_checkpoints(directory, load_or_create_key(tmp_path / "key.pem").public_key())
     report = verify(engine, checkpoints)
     assert report.ok and (report.chains[0].records, report.chains[0].erased, report.chains[0].start) == (1, 1, 5)
@@ -299,20 +356,33 @@ def test_interrupted_records_are_sealed_when_marked(engine, tmp_path):
 
 def test_the_canonical_form_is_stable():
     """Records sealed today must verify forever: pin the serialization of one record."""
-    row = {"id": "x", "status": "completed", "dialect": "llm-stream", "streamed": True, "event_count": 3,
-           "started_at": datetime(2026, 1, 2, 3, 4, 5, 600000, tzinfo=UTC), "findings": [{"code": "c", "detail": ""}]}
+    row = {
+        "id": "x",
+        "status": "completed",
+        "dialect": "llm-stream",
+        "streamed": True,
+        "event_count": 3,
+        "started_at": datetime(2026, 1, 2, 3, 4, 5, 600000, tzinfo=UTC),
+        "findings": [{"code": "c", "detail": ""}],
+    }
     assert record_hash(row, {"output_text": "ab"}, "p", GENESIS) == record_hash(
-        row | {"provider": None}, {"output_text": "ab"}, "p", GENESIS)
+        row | {"provider": None}, {"output_text": "ab"}, "p", GENESIS
+    )
     assert canonical(row, {"output_text": "ab"}, "p", GENESIS) == (
         b'{"chain":"p","content":{"output_text":"ab"},"fields":{"dialect":"llm-stream","event_count":3,'
         b'"findings":[{"code":"c","detail":""}],"id":"x","started_at":"2026-01-02T03:04:05.600000Z",'
-        b'"status":"completed","streamed":true},"prev":"' + GENESIS.encode() + b'"}')
-    assert record_hash(row, {"output_text": "ab"}, "p", GENESIS) == \
-        "a76a9dc401a1b771e3adc6ec6f924fa3c2726380dc1a235abc0a0b5746ae7383"
+        b'"status":"completed","streamed":true},"prev":"' + GENESIS.encode() + b'"}'
+    )
+    assert (
+        record_hash(row, {"output_text": "ab"}, "p", GENESIS)
+        == "a76a9dc401a1b771e3adc6ec6f924fa3c2726380dc1a235abc0a0b5746ae7383"
+    )
 
 
-@pytest.mark.parametrize("column, text", [("output", "{not json"), ("started_at", "yesterday"),
-                                          ("input_tokens", "many"), ("findings", "[1,")])
+@pytest.mark.parametrize(
+    "column, text",
+    [("output", "{not json"), ("started_at", "yesterday"), ("input_tokens", "many"), ("findings", "[1,")],
+)
 def test_values_sqlite_cannot_check_are_named_as_tampering_and_the_cli_never_crashes(tmp_path, column, text):
     """SQLite keeps any text in any column: an insider's garbage is a modified record,
     and every read-only command answers in one line instead of a traceback."""
@@ -353,8 +423,16 @@ def test_a_checkpoint_into_an_impossible_folder_is_one_line(engine, tmp_path, ur
 
 def signed_verify(url: str, tmp_path: Path, *extra: str) -> subprocess.CompletedProcess:
     """``llm-audit verify`` against the checkpoints of :func:`checkpoint_now`."""
-    return llm_audit("--db", url, "verify", "--checkpoints", str(tmp_path / "checkpoints"), "--public-key",
-                     str(public_key_path(tmp_path / "key.pem")), *extra)
+    return llm_audit(
+        "--db",
+        url,
+        "verify",
+        "--checkpoints",
+        str(tmp_path / "checkpoints"),
+        "--public-key",
+        str(public_key_path(tmp_path / "key.pem")),
+        *extra,
+    )
 
 
 @pytest.mark.parametrize("state", ["missing", "empty"])
@@ -372,14 +450,19 @@ def test_attack_6_a_checkpoint_folder_without_checkpoints_is_an_error(engine, tm
 def test_attack_4_a_chain_no_checkpoint_names_is_reported(engine, tmp_path, url):
     seeded(engine, tmp_path, 3)
     checkpoint_now(engine, tmp_path)
-    write(engine, [record(20) | {"proxy_instance": "proxy-b"}, record(21) | {"proxy_instance": "proxy-b"}],
-          tmp_path, instance="proxy-b")  # consistent, as an insider with the canonical form builds it
+    write(
+        engine,
+        [record(20) | {"proxy_instance": "proxy-b"}, record(21) | {"proxy_instance": "proxy-b"}],
+        tmp_path,
+        instance="proxy-b",
+    )  # consistent, as an insider with the canonical form builds it
     assert llm_audit("--db", url, "verify").returncode == 0  # the chains alone cannot tell
     out = signed_verify(url, tmp_path)
     assert out.returncode == 3, out
     assert "chain proxy-b: NOT SIGNED, records 1..2: no checkpoint names it" in out.stdout
-    assert "  proxy-b: no checkpoint signed by a trusted key names this chain: records 1..2 are not covered" \
-        in out.stdout
+    assert (
+        "  proxy-b: no checkpoint signed by a trusted key names this chain: records 1..2 are not covered" in out.stdout
+    )
     assert f"chain {INSTANCE}: OK, records 1..3, 1 checkpoints matched" in out.stdout
 
 
@@ -389,8 +472,10 @@ def test_attack_5_records_after_the_last_checkpoint_are_reported_not_yet_covered
     write(engine, [record(10), record(11)], tmp_path)  # appended after the checkpoint
     out = signed_verify(url, tmp_path)
     assert out.returncode == 3, out
-    assert out.stdout.splitlines() == [f"chain {INSTANCE}: OK, records 1..5, 1 checkpoints matched",
-                                       f"  {INSTANCE}: not yet covered by a checkpoint: records 4..5"]
+    assert out.stdout.splitlines() == [
+        f"chain {INSTANCE}: OK, records 1..5, 1 checkpoints matched",
+        f"  {INSTANCE}: not yet covered by a checkpoint: records 4..5",
+    ]
     doc = orjson.loads(signed_verify(url, tmp_path, "--format", "json").stdout)
     assert (doc["ok"], doc["covered"], doc["chains"][0]["uncovered"]) == (True, False, {"first": 4, "last": 5})
     checkpoint_now(engine, tmp_path)  # the next checkpoint covers them
@@ -409,8 +494,9 @@ def test_attack_8_a_restart_with_a_spool_not_yet_replayed_signs_only_what_the_da
     assert Spool(tmp_path / f"spool-{INSTANCE}.jsonl").records == 3
     key = load_or_create_key(tmp_path / "key.pem")
     checkpointer = Checkpointer(tmp_path / "checkpoints", key, INSTANCE, every=1, seconds=0)
-    writer = AuditWriter(engine_for(db), Spool(tmp_path / f"spool-{INSTANCE}.jsonl"), INSTANCE,
-                         checkpointer=checkpointer)
+    writer = AuditWriter(
+        engine_for(db), Spool(tmp_path / f"spool-{INSTANCE}.jsonl"), INSTANCE, checkpointer=checkpointer
+    )
     writer.close(timeout=5)  # the spool still cannot be replayed
     blocker.rollback()
     blocker.close()
@@ -434,7 +520,10 @@ def test_a_signed_erasure_verifies_and_show_marks_it(engine, tmp_path, url):
     assert out.returncode == 0 and "signed in" in out.stdout, out
     assert list((tmp_path / "checkpoints").glob("erasure-*.json"))
     ok = signed_verify(url, tmp_path)
-    assert (ok.returncode, ok.stdout) == (0, f"chain {INSTANCE}: OK, records 1..3, 1 erased, 1 checkpoints matched\n"), ok
+    assert (ok.returncode, ok.stdout) == (
+        0,
+        f"chain {INSTANCE}: OK, records 1..3, 1 erased, 1 checkpoints matched\n",
+    ), ok
     show = llm_audit("--db", url, "show", rows[1]["id"])
     assert show.returncode == 0 and "ERASED at " in show.stdout, show
 
@@ -450,8 +539,11 @@ def test_attack_1_an_erasure_without_a_signed_statement_is_named(engine, tmp_pat
     sql(engine, update(exchanges).where(exchanges.c.id == rows[1]["id"]).values(erased_at=datetime.now(UTC), **content))
     out = signed_verify(url, tmp_path)
     assert out.returncode == 1, out
-    detail = "no signed erasure statement names it" if forgery == "marker without a statement" else \
-        "its content (request_body, output_text, output, tool_calls) is not the erasure marker"
+    detail = (
+        "no signed erasure statement names it"
+        if forgery == "marker without a statement"
+        else "its content (request_body, output_text, output, tool_calls) is not the erasure marker"
+    )
     assert f"{INSTANCE}: modified: record 2 (id {rows[1]['id']}): it is marked erased, but {detail}" in out.stdout
     if forgery == "rewritten content":  # caught without checkpoints too, and show says it is erased
         assert llm_audit("--db", url, "verify").returncode == 1
@@ -482,8 +574,10 @@ def test_attack_3_a_forged_purge_is_named(engine, tmp_path, url):
     assert llm_audit("--db", url, "verify").returncode == 0  # the chain alone cannot tell
     out = signed_verify(url, tmp_path)
     assert out.returncode == 1, out
-    assert (f"  {INSTANCE}: purged: at 3: the chain starts at record 3, but no signed purge statement moved its "
-            "start there: records 1..2 were removed") in out.stdout
+    assert (
+        f"  {INSTANCE}: purged: at 3: the chain starts at record 3, but no signed purge statement moved its "
+        "start there: records 1..2 were removed"
+    ) in out.stdout
 
 
 def test_attack_3_a_signed_purge_inside_the_retention_floor_is_named(engine, tmp_path, url):
@@ -497,21 +591,36 @@ def test_attack_3_a_signed_purge_inside_the_retention_floor_is_named(engine, tmp
 
 def test_attack_2_an_open_row_the_proxy_did_not_open_is_never_sealed_or_signed(engine, tmp_path, url, caplog):
     seeded(engine, tmp_path, 2)
-    forged = record(5) | {"status": "in_progress", "ended_at": None, "started_at": datetime.now(UTC) - timedelta(minutes=5)}
+    forged = record(5) | {
+        "status": "in_progress",
+        "ended_at": None,
+        "started_at": datetime.now(UTC) - timedelta(minutes=5),
+    }
     sql(engine, insert(exchanges).values(_storable(forged)))  # an insider's row under the proxy's instance
-    stolen = record(6) | {"status": "in_progress", "ended_at": None, "started_at": datetime.now(UTC) - timedelta(minutes=5),
-                          "open_mac": "0" * 64}
+    stolen = record(6) | {
+        "status": "in_progress",
+        "ended_at": None,
+        "started_at": datetime.now(UTC) - timedelta(minutes=5),
+        "open_mac": "0" * 64,
+    }
     sql(engine, insert(exchanges).values(_storable(stolen)))
     key = load_or_create_key(tmp_path / "key.pem")
-    writer = AuditWriter(engine, Spool(tmp_path / f"spool-{INSTANCE}.jsonl"), INSTANCE,
-                         checkpointer=Checkpointer(tmp_path / "checkpoints", key, INSTANCE, every=1, seconds=0))
+    writer = AuditWriter(
+        engine,
+        Spool(tmp_path / f"spool-{INSTANCE}.jsonl"),
+        INSTANCE,
+        checkpointer=Checkpointer(tmp_path / "checkpoints", key, INSTANCE, every=1, seconds=0),
+    )
     writer.submit(record(3))
     writer.close()
     with engine.connect() as conn:
         statuses = dict(conn.execute(select(exchanges.c.id, exchanges.c.status)).all())
     assert (statuses[forged["id"]], statuses[stolen["id"]]) == ("in_progress", "in_progress")
-    assert f"2 exchanges in progress under this instance (first: {forged['id']}) were not opened by this proxy" \
-        in caplog.text or f"(first: {stolen['id']})" in caplog.text
+    assert (
+        f"2 exchanges in progress under this instance (first: {forged['id']}) were not opened by this proxy"
+        in caplog.text
+        or f"(first: {stolen['id']})" in caplog.text
+    )
     out = signed_verify(url, tmp_path)
     assert (out.returncode, out.stdout) == (0, f"chain {INSTANCE}: OK, records 1..3, 1 checkpoints matched\n"), out
 
@@ -519,13 +628,21 @@ def test_attack_2_an_open_row_the_proxy_did_not_open_is_never_sealed_or_signed(e
 def test_attack_7_a_second_writer_under_a_name_in_use_is_refused_and_a_stale_lease_is_taken_over(engine, tmp_path):
     first = AuditWriter(engine, Spool(tmp_path / "a.jsonl"), INSTANCE)
     try:
-        with pytest.raises(LeaseHeld, match=r"another proxy \(.+\) records into this database as instance "
-                                            r"'proxy-a' .*give this proxy its own name with --set llm_audit_instance=NAME"):
+        with pytest.raises(
+            LeaseHeld,
+            match=r"another proxy \(.+\) records into this database as instance "
+            r"'proxy-a' .*give this proxy its own name with --set llm_audit_instance=NAME",
+        ):
             AuditWriter(engine, Spool(tmp_path / "b.jsonl"), INSTANCE)
     finally:
         first.close()
-    sql(engine, update(chains).values(lease_holder="elsewhere pid 1 since 2026-01-01T00:00:00Z #abc",
-                                      lease_until=datetime.now(UTC) - timedelta(seconds=1)))  # lapsed
+    sql(
+        engine,
+        update(chains).values(
+            lease_holder="elsewhere pid 1 since 2026-01-01T00:00:00Z #abc",
+            lease_until=datetime.now(UTC) - timedelta(seconds=1),
+        ),
+    )  # lapsed
     write(engine, [record(0)], tmp_path)  # taken over
     with engine.connect() as conn:
         assert conn.execute(select(chains.c.lease_holder)).scalar() is None  # and released at close
@@ -544,16 +661,22 @@ def test_attack_7_a_chain_forked_anyway_is_reported_as_a_fork_where_it_forked(en
     out = llm_audit("--db", url, "verify")
     assert out.returncode == 1, out
     assert f"{INSTANCE}: forked: record 4 (id " in out.stdout
-    assert ("links to the same record as the first: two writers sealed into this chain from record 4 on (two "
-            "proxies with one llm_audit_instance?)") in out.stdout
+    assert (
+        "links to the same record as the first: two writers sealed into this chain from record 4 on (two "
+        "proxies with one llm_audit_instance?)"
+    ) in out.stdout
 
 
 def test_attack_5_records_appended_while_the_proxy_was_stopped_are_not_signed_in_at_its_restart(engine, tmp_path, url):
     key = load_or_create_key(tmp_path / "key.pem")
 
     def run(rows: list[dict]) -> None:
-        writer = AuditWriter(engine, Spool(tmp_path / f"spool-{INSTANCE}.jsonl"), INSTANCE,
-                             checkpointer=Checkpointer(tmp_path / "checkpoints", key, INSTANCE, every=1, seconds=0))
+        writer = AuditWriter(
+            engine,
+            Spool(tmp_path / f"spool-{INSTANCE}.jsonl"),
+            INSTANCE,
+            checkpointer=Checkpointer(tmp_path / "checkpoints", key, INSTANCE, every=1, seconds=0),
+        )
         for row in rows:
             writer.submit(row)
         writer.close()
@@ -567,8 +690,10 @@ def test_attack_5_records_appended_while_the_proxy_was_stopped_are_not_signed_in
     run([record(2)])  # the proxy restarts and goes on after it
     out = signed_verify(url, tmp_path)
     assert out.returncode == 1, out
-    assert (f"  {INSTANCE}: unvouched: at 3: record 3 was in the database when the proxy restarted, but it had not "
-            "written them") in out.stdout
+    assert (
+        f"  {INSTANCE}: unvouched: at 3: record 3 was in the database when the proxy restarted, but it had not "
+        "written them"
+    ) in out.stdout
 
 
 def test_llm_audit_checkpoint_refuses_to_sign_over_tampering(engine, tmp_path, url):
@@ -597,8 +722,12 @@ def test_attack_8_on_postgresql_a_restart_that_cannot_replay_signs_only_what_the
         write(open_engine(url), [record(i) for i in range(2, 5)], tmp_path)  # spooled: 3..5
         assert Spool(tmp_path / f"spool-{INSTANCE}.jsonl").records == 3
         key = load_or_create_key(tmp_path / "key.pem")
-        writer = AuditWriter(open_engine(url), Spool(tmp_path / f"spool-{INSTANCE}.jsonl"), INSTANCE,
-                             checkpointer=Checkpointer(tmp_path / "checkpoints", key, INSTANCE, every=1, seconds=0))
+        writer = AuditWriter(
+            open_engine(url),
+            Spool(tmp_path / f"spool-{INSTANCE}.jsonl"),
+            INSTANCE,
+            checkpointer=Checkpointer(tmp_path / "checkpoints", key, INSTANCE, every=1, seconds=0),
+        )
         writer.close(timeout=5)
     finally:
         with sql_on.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
@@ -614,8 +743,12 @@ def test_the_proxys_daily_purge_is_signed_and_verifies(engine, tmp_path, url, mo
     old_records(engine, tmp_path)
     checkpoint_now(engine, tmp_path)
     monkeypatch.setattr(DailyPurge, "FIRST_RUN_DELAY", 0.01)
-    daily = DailyPurge(engine, 200, actor="proxy test",
-                       signer=Signer(tmp_path / "checkpoints", load_or_create_key(tmp_path / "key.pem")))
+    daily = DailyPurge(
+        engine,
+        200,
+        actor="proxy test",
+        signer=Signer(tmp_path / "checkpoints", load_or_create_key(tmp_path / "key.pem")),
+    )
     try:
         wait_for(lambda: list((tmp_path / "checkpoints").glob("purge-*.json")), what="a signed purge statement")
     finally:

@@ -48,8 +48,9 @@ def engine(url) -> Iterator[Engine]:
 
 def llm_audit(*args: str, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
     environ = {k: v for k, v in os.environ.items() if k != "LLM_AUDIT_DB"} | (env or {})
-    return subprocess.run([str(BIN / "llm-audit"), *args], check=False, capture_output=True, text=True,
-                          timeout=timeout, env=environ)
+    return subprocess.run(
+        [str(BIN / "llm-audit"), *args], check=False, capture_output=True, text=True, timeout=timeout, env=environ
+    )
 
 
 def assert_one_line_error(proc: subprocess.CompletedProcess, *fragments: str) -> None:
@@ -62,8 +63,15 @@ def assert_one_line_error(proc: subprocess.CompletedProcess, *fragments: str) ->
 
 def row(id: str, ended_at: datetime | None, *, status: str = "completed", started_at: datetime | None = None) -> dict:
     started = started_at or (ended_at - timedelta(seconds=3) if ended_at else datetime(2023, 1, 1, tzinfo=UTC))
-    return {"id": id, "status": status, "dialect": "llm-stream", "streamed": True,
-            "started_at": started, "ended_at": ended_at, "output_text": f"answer {id}"}
+    return {
+        "id": id,
+        "status": status,
+        "dialect": "llm-stream",
+        "streamed": True,
+        "started_at": started,
+        "ended_at": ended_at,
+        "output_text": f"answer {id}",
+    }
 
 
 def add(engine: Engine, rows: list[dict]) -> None:
@@ -88,15 +96,18 @@ def utc(value: datetime) -> datetime:
 
 @pytest.fixture
 def boundary_rows(engine) -> None:
-    add(engine, [
-        row("at-cutoff", CUTOFF),                                  # not before the cut-off: stays
-        row("just-before", CUTOFF - US),                           # goes
-        row("long-ago", datetime(2022, 5, 1, tzinfo=UTC)),         # goes
-        row("last-month", datetime.now(UTC) - timedelta(days=30)),  # stays unless forced
-        row("recent", datetime.now(UTC) - timedelta(minutes=5)),   # stays
-        row("open", None, status="in_progress"),                   # not ended, started 2023: stays
-        row("crashed", None, status="interrupted"),                # started 2023, never ended: goes
-    ])
+    add(
+        engine,
+        [
+            row("at-cutoff", CUTOFF),  # not before the cut-off: stays
+            row("just-before", CUTOFF - US),  # goes
+            row("long-ago", datetime(2022, 5, 1, tzinfo=UTC)),  # goes
+            row("last-month", datetime.now(UTC) - timedelta(days=30)),  # stays unless forced
+            row("recent", datetime.now(UTC) - timedelta(minutes=5)),  # stays
+            row("open", None, status="in_progress"),  # not ended, started 2023: stays
+            row("crashed", None, status="interrupted"),  # started 2023, never ended: goes
+        ],
+    )
 
 
 def test_purge_deletes_what_ended_before_the_cutoff_and_logs_it(url, engine, boundary_rows):
@@ -234,8 +245,10 @@ def test_default_database_is_the_proxys(tmp_path):
         (["purge"], ["--older-than"]),
         (["frobnicate"], ["invalid choice"]),
         (["--db", "nosuchdb://x", "purge", "--older-than", "365d"], ["cannot use 'nosuchdb://x'", "--db URL"]),
-        (["--db", "postgresql+psycopg://nobody@127.0.0.1:1/audit", "purge", "--older-than", "365d"],
-         ["cannot open the audit database", "--db URL or LLM_AUDIT_DB"]),
+        (
+            ["--db", "postgresql+psycopg://nobody@127.0.0.1:1/audit", "purge", "--older-than", "365d"],
+            ["cannot open the audit database", "--db URL or LLM_AUDIT_DB"],
+        ),
     ],
 )
 def test_errors_are_one_line_with_status_2(args, fragments, tmp_path):
@@ -250,8 +263,9 @@ def test_an_unresponsive_server_fails_fast():
         server.listen()
         port = server.getsockname()[1]
         started = time.monotonic()
-        proc = llm_audit("--db", f"postgresql+psycopg://nobody@127.0.0.1:{port}/audit", "purge", "--older-than", "365d",
-                         timeout=60)
+        proc = llm_audit(
+            "--db", f"postgresql+psycopg://nobody@127.0.0.1:{port}/audit", "purge", "--older-than", "365d", timeout=60
+        )
     assert time.monotonic() - started < 20
     assert_one_line_error(proc, "cannot open the audit database")
 

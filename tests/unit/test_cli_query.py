@@ -15,8 +15,8 @@ import io
 import os
 import pty
 import random
-import sqlite3
 import re
+import sqlite3
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -28,10 +28,10 @@ import pytest
 from sqlalchemy import insert, select
 
 from cli import main as cli
-from storage.database import open_engine
-from storage.query import FIELDS, STATS_FIELDS, Filters, iter_exchanges
 from cli.formats import Progress
 from cli.terminal import display_width, visible
+from storage.database import open_engine
+from storage.query import FIELDS, STATS_FIELDS, Filters, iter_exchanges
 from storage.schema import exchange_view, exchanges
 from storage.synth import fill
 
@@ -63,36 +63,108 @@ def usage(input_tokens: int, output_tokens: int, **more) -> dict:
 # One row per case; the tests below know every answer.
 ROWS = [
     exchange(
-        "alice-1", at(1), ttfc_ms=100, user_id="alice", session_id="s1",
-        request_body={"model": "gpt-4o", "user": "alice", "messages": [
-            {"role": "system", "content": "Answer in one sentence."},
-            {"role": "user", "content": "What is the Capital of France?"}],
-            "tools": [{"type": "function", "function": {"name": "lookup", "description": "Look a city up"}}]},
+        "alice-1",
+        at(1),
+        ttfc_ms=100,
+        user_id="alice",
+        session_id="s1",
+        request_body={
+            "model": "gpt-4o",
+            "user": "alice",
+            "messages": [
+                {"role": "system", "content": "Answer in one sentence."},
+                {"role": "user", "content": "What is the Capital of France?"},
+            ],
+            "tools": [{"type": "function", "function": {"name": "lookup", "description": "Look a city up"}}],
+        },
         output_text="Paris is the capital.",
-        output={"choices": [{"index": 0, "text": "Paris is the capital.", "reasoning": "France: Paris.",
-                             "finish_reason": "tool_calls"}],
-                "tool_calls": [{"id": "call_1", "name": "lookup", "arguments": '{"city":"Paris"}', "complete": True}]},
+        output={
+            "choices": [
+                {
+                    "index": 0,
+                    "text": "Paris is the capital.",
+                    "reasoning": "France: Paris.",
+                    "finish_reason": "tool_calls",
+                }
+            ],
+            "tool_calls": [{"id": "call_1", "name": "lookup", "arguments": '{"city":"Paris"}', "complete": True}],
+        },
         tool_calls=[{"id": "call_1", "name": "lookup", "arguments": '{"city":"Paris"}'}],
         **usage(100, 20, cache_read_input_tokens=10),
     ),
-    exchange("alice-2", at(2), ttfc_ms=300, user_id="alice", request_model="claude-x", provider="anthropic",
-             dialect="anthropic-messages", status="failed", http_status=529, error_code="overloaded",
-             error_message="Overloaded", findings=[{"code": "request_invalid_json", "detail": "not JSON"}],
-             request_body="this is { not json"),
-    exchange("bob-1", at(3), ttfc_ms=None, user_id="bob", client_address="10.0.0.2", status="blocked",
-             error_code="content_filtered", request_body={"messages": [{"role": "user", "content": "secret 50%"}]},
-             verdicts=[{"action": "block", "rule_id": "r1", "reason": "a secret", "filter": "rules"}]),
-    exchange("bob-2", at(4), ttfc_ms=200, user_id="bob", client_address="10.0.0.2", output_text="Nothing to see here",
-             delivered_text="Nothing", verdicts=[{"action": "flag", "rule_id": "r2", "reason": "flagged"}],
-             **usage(50, 5)),
-    exchange("anon-1", at(5), ttfc_ms=400, dialect="llm-stream", provider=None, client_address="10.0.0.3",
-             request_model="m-local", status="upstream_aborted", output_text="cut sh\x1b[31mort 東京",
-             findings=[{"code": "missing_stream_end", "detail": ""}, {"code": "invalid_json", "detail": "x"},
-                       {"code": "invalid_json", "detail": "y"}], **usage(10, 1)),
-    exchange("cut-1", at(6), ttfc_ms=500, user_id="carol", status="completed", output_text="held back",
-             verdicts=[{"action": "block", "rule_id": "r3", "reason": "output rule"}], **usage(7, 3)),
-    exchange("recent-1", NOW - timedelta(hours=2), ttfc_ms=50, user_id="dave", client_address="10.0.0.4",
-             output_text="fresh", **usage(1, 1, reasoning_output_tokens=1)),
+    exchange(
+        "alice-2",
+        at(2),
+        ttfc_ms=300,
+        user_id="alice",
+        request_model="claude-x",
+        provider="anthropic",
+        dialect="anthropic-messages",
+        status="failed",
+        http_status=529,
+        error_code="overloaded",
+        error_message="Overloaded",
+        findings=[{"code": "request_invalid_json", "detail": "not JSON"}],
+        request_body="this is { not json",
+    ),
+    exchange(
+        "bob-1",
+        at(3),
+        ttfc_ms=None,
+        user_id="bob",
+        client_address="10.0.0.2",
+        status="blocked",
+        error_code="content_filtered",
+        request_body={"messages": [{"role": "user", "content": "secret 50%"}]},
+        verdicts=[{"action": "block", "rule_id": "r1", "reason": "a secret", "filter": "rules"}],
+    ),
+    exchange(
+        "bob-2",
+        at(4),
+        ttfc_ms=200,
+        user_id="bob",
+        client_address="10.0.0.2",
+        output_text="Nothing to see here",
+        delivered_text="Nothing",
+        verdicts=[{"action": "flag", "rule_id": "r2", "reason": "flagged"}],
+        **usage(50, 5),
+    ),
+    exchange(
+        "anon-1",
+        at(5),
+        ttfc_ms=400,
+        dialect="llm-stream",
+        provider=None,
+        client_address="10.0.0.3",
+        request_model="m-local",
+        status="upstream_aborted",
+        output_text="cut sh\x1b[31mort 東京",
+        findings=[
+            {"code": "missing_stream_end", "detail": ""},
+            {"code": "invalid_json", "detail": "x"},
+            {"code": "invalid_json", "detail": "y"},
+        ],
+        **usage(10, 1),
+    ),
+    exchange(
+        "cut-1",
+        at(6),
+        ttfc_ms=500,
+        user_id="carol",
+        status="completed",
+        output_text="held back",
+        verdicts=[{"action": "block", "rule_id": "r3", "reason": "output rule"}],
+        **usage(7, 3),
+    ),
+    exchange(
+        "recent-1",
+        NOW - timedelta(hours=2),
+        ttfc_ms=50,
+        user_id="dave",
+        client_address="10.0.0.4",
+        output_text="fresh",
+        **usage(1, 1, reasoning_output_tokens=1),
+    ),
 ]
 OLDEST_FIRST = ["alice-1", "alice-2", "bob-1", "bob-2", "anon-1", "cut-1", "recent-1"]
 
@@ -148,8 +220,9 @@ def _environ(values: dict[str, str]) -> Iterator[None]:
 def llm_audit(*args: str, env: dict[str, str] | None = None, **kwargs) -> subprocess.CompletedProcess:
     """The real console script, as a user runs it."""
     environ = {k: v for k, v in os.environ.items() if k not in ("LLM_AUDIT_DB", "NO_COLOR")} | (env or {})
-    return subprocess.run([str(BIN / "llm-audit"), *args], check=False, capture_output=True, text=True,
-                          timeout=60, env=environ, **kwargs)
+    return subprocess.run(
+        [str(BIN / "llm-audit"), *args], check=False, capture_output=True, text=True, timeout=60, env=environ, **kwargs
+    )
 
 
 def ids(url: str, *args: str) -> list[str]:
@@ -170,7 +243,12 @@ def test_list_is_newest_first_with_the_views_fields(url):
     alice = next(r for r in rows if r["id"] == "alice-1")
     assert alice["started_at"] == "2026-03-01T10:00:00+00:00"
     assert (alice["duration_ms"], alice["time_to_first_chunk_ms"], alice["total_tokens"]) == (1500, 100, 120)
-    assert (alice["day"], alice["blocked"], alice["streamed"], alice["tool_call_count"]) == ("2026-03-01", False, True, 1)
+    assert (alice["day"], alice["blocked"], alice["streamed"], alice["tool_call_count"]) == (
+        "2026-03-01",
+        False,
+        True,
+        1,
+    )
     assert alice["request_body"]["messages"][1]["content"] == "What is the Capital of France?"
     assert alice["user_agent"] == "test-agent/1"
 
@@ -264,12 +342,24 @@ def test_a_full_page_says_how_to_get_the_next(url):
 def test_view_milliseconds_are_exact_and_alike_on_both_backends(empty_url):
     """Whole milliseconds rounded half away from zero, across second boundaries too."""
     start = datetime(2026, 3, 1, 23, 59, 59, 999_999, tzinfo=UTC)
-    cases = {"half": (7_500, 8), "below": (7_499, 7), "carry": (500, 1), "zero": (0, 0), "long": (86_400_000_001, 86_400_000)}
+    cases = {
+        "half": (7_500, 8),
+        "below": (7_499, 7),
+        "carry": (500, 1),
+        "zero": (0, 0),
+        "long": (86_400_000_001, 86_400_000),
+    }
     engine = open_engine(empty_url)
     with engine.begin() as conn:
         for id, (micros, _) in cases.items():
-            conn.execute(insert(exchanges), [exchange(id, start, ttfc_ms=None, took_ms=None,
-                                                      first_chunk_at=start + timedelta(microseconds=micros))])
+            conn.execute(
+                insert(exchanges),
+                [
+                    exchange(
+                        id, start, ttfc_ms=None, took_ms=None, first_chunk_at=start + timedelta(microseconds=micros)
+                    )
+                ],
+            )
         got = dict(conn.execute(select(exchange_view.c.id, exchange_view.c.time_to_first_chunk_ms)).all())
     engine.dispose()
     assert got == {id: ms for id, (_, ms) in cases.items()}
@@ -282,13 +372,18 @@ def test_show_reads_like_the_exchange(url):
     status, out, err = run("--db", url, "show", "alice-1", env={"COLUMNS": "100"})
     assert (status, err) == (0, "")
     assert out.startswith("exchange alice-1  completed\n")
-    for expected in ("  started     2026-03-01 10:00:00.000 UTC", "first chunk after 100 ms · took 1.500 s",
-                     "  user        alice", "  session     s1", "  user agent  test-agent/1",
-                     "\nrequest\n  system\n    Answer in one sentence.\n  user\n    What is the Capital of France?",
-                     "  tools\n    lookup - Look a city up",
-                     "\noutput\n  finish reason tool_calls\n  reasoning\n    France: Paris.\n  Paris is the capital.",
-                     '\ntool calls\n  lookup id call_1\n    {\n      "city": "Paris"\n    }',
-                     "\nusage\n  input 100 · output 20 · cache read 10 · total 120"):
+    for expected in (
+        "  started     2026-03-01 10:00:00.000 UTC",
+        "first chunk after 100 ms · took 1.500 s",
+        "  user        alice",
+        "  session     s1",
+        "  user agent  test-agent/1",
+        "\nrequest\n  system\n    Answer in one sentence.\n  user\n    What is the Capital of France?",
+        "  tools\n    lookup - Look a city up",
+        "\noutput\n  finish reason tool_calls\n  reasoning\n    France: Paris.\n  Paris is the capital.",
+        '\ntool calls\n  lookup id call_1\n    {\n      "city": "Paris"\n    }',
+        "\nusage\n  input 100 · output 20 · cache read 10 · total 120",
+    ):
         assert expected in out, (expected, out)
     assert all(display_width(line) <= 100 for line in out.splitlines())
 
@@ -311,12 +406,36 @@ def test_show_says_what_the_client_got_and_prints_no_id_a_call_does_not_have(tmp
     url = f"sqlite:///{tmp_path / 'audit.db'}"
     engine = open_engine(url)
     with engine.begin() as conn:
-        conn.execute(insert(exchanges), [exchange(
-            "held-1", at(6), ttfc_ms=10, dialect="lmsp", status="blocked", http_status=200, client_status=400,
-            output_text="The secret", delivered_text="", error_code="content_filtered")])
-        conn.execute(insert(exchanges), [exchange(
-            "gem-1", at(7), ttfc_ms=10, dialect="gemini", http_status=200,
-            tool_calls=[{"id": None, "name": "get_weather", "arguments": '{"city":"Vienna"}'}])])
+        conn.execute(
+            insert(exchanges),
+            [
+                exchange(
+                    "held-1",
+                    at(6),
+                    ttfc_ms=10,
+                    dialect="lmsp",
+                    status="blocked",
+                    http_status=200,
+                    client_status=400,
+                    output_text="The secret",
+                    delivered_text="",
+                    error_code="content_filtered",
+                )
+            ],
+        )
+        conn.execute(
+            insert(exchanges),
+            [
+                exchange(
+                    "gem-1",
+                    at(7),
+                    ttfc_ms=10,
+                    dialect="gemini",
+                    http_status=200,
+                    tool_calls=[{"id": None, "name": "get_weather", "arguments": '{"city":"Vienna"}'}],
+                )
+            ],
+        )
     engine.dispose()
     _, held, _ = run("--db", url, "show", "held-1")
     assert held.startswith("exchange held-1  blocked (HTTP 400 to the client; the upstream sent 200)\n")
@@ -370,8 +489,12 @@ def test_stats_totals(url):
 def test_stats_by_user(url):
     rows = {r["user"]: r for r in stats_json(url, "--by", "user")}
     assert list(rows) == ["alice", "bob", None, "carol", "dave"]  # most tokens first
-    assert {k: rows["alice"][k] for k in ("exchanges", "input_tokens", "errors", "blocks")} == \
-        {"exchanges": 2, "input_tokens": 100, "errors": 1, "blocks": 0}
+    assert {k: rows["alice"][k] for k in ("exchanges", "input_tokens", "errors", "blocks")} == {
+        "exchanges": 2,
+        "input_tokens": 100,
+        "errors": 1,
+        "blocks": 0,
+    }
     assert (rows["alice"]["time_to_first_chunk_p50_ms"], rows["alice"]["time_to_first_chunk_p95_ms"]) == (100, 300)
     assert (rows["bob"]["blocks"], rows["bob"]["time_to_first_chunk_p50_ms"]) == (1, 200)
     assert rows["carol"]["blocks"] == 1
@@ -380,8 +503,10 @@ def test_stats_by_user(url):
 def test_stats_by_several_keys_and_days(url):
     rows = stats_json(url, "--by", "day,status", "--by", "client", "--until", "2026-03-04")
     assert [(r["day"], r["status"], r["client"], r["exchanges"]) for r in rows] == [
-        ("2026-03-01", "completed", "10.0.0.1", 1), ("2026-03-02", "failed", "10.0.0.1", 1),
-        ("2026-03-03", "blocked", "10.0.0.2", 1)]
+        ("2026-03-01", "completed", "10.0.0.1", 1),
+        ("2026-03-02", "failed", "10.0.0.1", 1),
+        ("2026-03-03", "blocked", "10.0.0.2", 1),
+    ]
     assert rows[2]["time_to_first_chunk_p50_ms"] is None  # blocked: no response body
     assert list(rows[0]) == ["day", "status", "client", *STATS_FIELDS]
 
@@ -394,8 +519,24 @@ def test_stats_formats_and_table(url):
     _, as_jsonl, _ = run("--db", url, "stats", "--by", "provider", "--format", "jsonl")
     assert [orjson.loads(line)["provider"] for line in as_jsonl.splitlines()] == ["openai", None, "anthropic"]
     _, text, _ = run("--db", url, "stats", "--by", "model", env={"COLUMNS": "120"})
-    assert text.splitlines()[0].split() == ["model", "exchanges", "with", "usage", "input", "output", "cached",
-                                            "reasoning", "errors", "blocks", "ttfc", "p50", "ms", "ttfc", "p95", "ms"]
+    assert text.splitlines()[0].split() == [
+        "model",
+        "exchanges",
+        "with",
+        "usage",
+        "input",
+        "output",
+        "cached",
+        "reasoning",
+        "errors",
+        "blocks",
+        "ttfc",
+        "p50",
+        "ms",
+        "ttfc",
+        "p95",
+        "ms",
+    ]
     assert text.splitlines()[1].split()[:2] == ["gpt-4o", "5"]
 
 
@@ -533,8 +674,11 @@ def test_a_read_only_command_never_creates_a_database(tmp_path, command, state):
 
 @pytest.mark.parametrize("command", [["list"], ["show", "x"], ["stats"], ["export"]])
 def test_an_unreachable_database_is_one_line_with_status_2(command):
-    assert_one_line_error(*run("--db", "postgresql+psycopg://nobody@127.0.0.1:1/audit", *command),
-                          "cannot open the audit database", "--db URL or LLM_AUDIT_DB")
+    assert_one_line_error(
+        *run("--db", "postgresql+psycopg://nobody@127.0.0.1:1/audit", *command),
+        "cannot open the audit database",
+        "--db URL or LLM_AUDIT_DB",
+    )
 
 
 def test_a_database_that_fails_while_reading_is_one_line(tmp_path):
@@ -564,8 +708,9 @@ def test_reads_the_proxys_database_and_llm_audit_db(tmp_path):
     default = llm_audit("list", "--format", "jsonl", env={"XDG_DATA_HOME": str(tmp_path)})
     assert [orjson.loads(line)["id"] for line in default.stdout.splitlines()] == ["alice-1"]
     other = tmp_path / "other.db"
-    from_env = llm_audit("list", "--format", "jsonl", env={"XDG_DATA_HOME": str(tmp_path),
-                                                           "LLM_AUDIT_DB": f"sqlite:///{other}"})
+    from_env = llm_audit(
+        "list", "--format", "jsonl", env={"XDG_DATA_HOME": str(tmp_path), "LLM_AUDIT_DB": f"sqlite:///{other}"}
+    )
     assert from_env.returncode == 2 and f"there is no audit database at {other}" in from_env.stderr
     assert not other.exists()  # a read-only command creates nothing
 
@@ -573,8 +718,14 @@ def test_reads_the_proxys_database_and_llm_audit_db(tmp_path):
 def test_piped_into_a_reader_that_stops_early(tmp_path):
     url = f"sqlite:///{tmp_path / 'audit.db'}"
     fill(url, 3000, days=5, quiet=True)
-    proc = subprocess.run(f"'{BIN / 'llm-audit'}' --db '{url}' export | head -c 100", shell=True, check=False,
-                          capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        f"'{BIN / 'llm-audit'}' --db '{url}' export | head -c 100",
+        shell=True,
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert len(proc.stdout) == 100 and proc.stderr == ""
 
 
@@ -587,8 +738,21 @@ def test_help_shows_examples(args):
 
 def test_synthetic_database_script_fills_a_database(tmp_path):
     url = f"sqlite:///{tmp_path / 'synth.db'}"
-    proc = subprocess.run([str(Path(__file__).resolve().parents[2] / "scripts" / "synth-db"), "--db", url,
-                           "--rows", "1200", "--days", "3"], check=False, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [
+            str(Path(__file__).resolve().parents[2] / "scripts" / "synth-db"),
+            "--db",
+            url,
+            "--rows",
+            "1200",
+            "--days",
+            "3",
+        ],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr
     [total] = stats_json(url)
     assert total["exchanges"] == 1200 and total["input_tokens"] > 0 and total["errors"] > 0
@@ -597,11 +761,10 @@ def test_synthetic_database_script_fills_a_database(tmp_path):
 def test_csv_cells_never_run_as_formulas_nor_carry_raw_control_characters(tmp_path):
     url = f"sqlite:///{tmp_path / 'audit.db'}"
     engine = open_engine(url)
-    hostile = ["=HYPERLINK(\"http://evil\")", "+1", "-2+3", "@SUM(A1)", "\tx", "a\x1b[31mb\rc\x00d"]
+    hostile = ['=HYPERLINK("http://evil")', "+1", "-2+3", "@SUM(A1)", "\tx", "a\x1b[31mb\rc\x00d"]
     with engine.begin() as conn:
         for i, text in enumerate(hostile):
-            conn.execute(insert(exchanges), [exchange(f"h-{i}", at(1 + i), ttfc_ms=-5, output_text=text,
-                                                      user_id=text)])
+            conn.execute(insert(exchanges), [exchange(f"h-{i}", at(1 + i), ttfc_ms=-5, output_text=text, user_id=text)])
     engine.dispose()
     status, out, err = run("--db", url, "export", "--format", "csv")
     assert status == 0, err

@@ -15,13 +15,13 @@ import orjson
 import pytest
 from mitmproxy import contentviews
 from mitmproxy.test import taddons, tflow, tutils
+from pipeline import audit_bytes
 
 from addon import contentview
 from addon.dialects import RequestView, detect_request
 from addon.record import ExchangeRecord
 from mockllm.scenario import Scenario
 from mockllm.streams import DIALECTS, openai_chat_completion
-from pipeline import audit_bytes
 
 MESSAGES = [{"role": "system", "content": "Answer briefly."}, {"role": "user", "content": "Weather in Vienna?"}]
 SCENARIO = "reasoning=1&tool=get_weather&tools=2"
@@ -39,34 +39,82 @@ class Case:
 
 
 CASES = {
-    "llm-stream": Case("llm-stream", "/v1/llm/stream", {
-        "version": "1.0", "stream": True, "model": "demo", "messages": MESSAGES,
-        "tools": [{"name": "get_weather", "parameters": {"type": "object"}}], "metadata": {"user_id": "alice"},
-    }, (("content-type", "application/llm-request+json"),), reasoning=False),
-    "openai-chat": Case("openai-chat", "/v1/chat/completions", {
-        "model": "gpt-4o", "stream": True, "stream_options": {"include_usage": True}, "messages": MESSAGES,
-        "tools": [{"type": "function", "function": {"name": "get_weather", "parameters": {}}}],
-    }),
-    "openai-responses": Case("openai-responses", "/v1/responses", {
-        "model": "gpt-5", "stream": True, "instructions": "Answer briefly.", "input": "Weather in Vienna?",
-        "tools": [{"type": "function", "name": "get_weather", "parameters": {}}],
-    }),
-    "anthropic-messages": Case("anthropic", "/v1/messages", {
-        "model": "claude-sonnet-4-5", "max_tokens": 1024, "stream": True, "system": "Answer briefly.",
-        "messages": MESSAGES[1:], "tools": [{"name": "get_weather", "input_schema": {"type": "object"}}],
-    }, (("content-type", "application/json"), ("anthropic-version", "2023-06-01"))),
-    "gemini": Case("gemini", "/v1beta/models/gemini-2.5-flash:streamGenerateContent?alt=sse", {
-        "systemInstruction": {"parts": [{"text": "Answer briefly."}]},
-        "contents": [{"role": "user", "parts": [{"text": "Weather in Vienna?"}]}],
-        "tools": [{"functionDeclarations": [{"name": "get_weather"}]}],
-    }),
-    "gemini-json-array": Case("gemini-json", "/v1beta/models/gemini-2.5-flash:streamGenerateContent", {
-        "contents": [{"role": "user", "parts": [{"text": "Weather in Vienna?"}]}],
-    }),
-    "lmsp": Case("lmsp", "/lmsp/v1/responses", {
-        "model": "qwen3", "stream": True, "instructions": "Answer briefly.", "input": "Weather in Vienna?",
-        "tools": [{"type": "function", "name": "get_weather", "parameters": {}}],
-    }),
+    "llm-stream": Case(
+        "llm-stream",
+        "/v1/llm/stream",
+        {
+            "version": "1.0",
+            "stream": True,
+            "model": "demo",
+            "messages": MESSAGES,
+            "tools": [{"name": "get_weather", "parameters": {"type": "object"}}],
+            "metadata": {"user_id": "alice"},
+        },
+        (("content-type", "application/llm-request+json"),),
+        reasoning=False,
+    ),
+    "openai-chat": Case(
+        "openai-chat",
+        "/v1/chat/completions",
+        {
+            "model": "gpt-4o",
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            "messages": MESSAGES,
+            "tools": [{"type": "function", "function": {"name": "get_weather", "parameters": {}}}],
+        },
+    ),
+    "openai-responses": Case(
+        "openai-responses",
+        "/v1/responses",
+        {
+            "model": "gpt-5",
+            "stream": True,
+            "instructions": "Answer briefly.",
+            "input": "Weather in Vienna?",
+            "tools": [{"type": "function", "name": "get_weather", "parameters": {}}],
+        },
+    ),
+    "anthropic-messages": Case(
+        "anthropic",
+        "/v1/messages",
+        {
+            "model": "claude-sonnet-4-5",
+            "max_tokens": 1024,
+            "stream": True,
+            "system": "Answer briefly.",
+            "messages": MESSAGES[1:],
+            "tools": [{"name": "get_weather", "input_schema": {"type": "object"}}],
+        },
+        (("content-type", "application/json"), ("anthropic-version", "2023-06-01")),
+    ),
+    "gemini": Case(
+        "gemini",
+        "/v1beta/models/gemini-2.5-flash:streamGenerateContent?alt=sse",
+        {
+            "systemInstruction": {"parts": [{"text": "Answer briefly."}]},
+            "contents": [{"role": "user", "parts": [{"text": "Weather in Vienna?"}]}],
+            "tools": [{"functionDeclarations": [{"name": "get_weather"}]}],
+        },
+    ),
+    "gemini-json-array": Case(
+        "gemini-json",
+        "/v1beta/models/gemini-2.5-flash:streamGenerateContent",
+        {
+            "contents": [{"role": "user", "parts": [{"text": "Weather in Vienna?"}]}],
+        },
+    ),
+    "lmsp": Case(
+        "lmsp",
+        "/lmsp/v1/responses",
+        {
+            "model": "qwen3",
+            "stream": True,
+            "instructions": "Answer briefly.",
+            "input": "Weather in Vienna?",
+            "tools": [{"type": "function", "name": "get_weather", "parameters": {}}],
+        },
+    ),
 }
 
 
@@ -76,10 +124,15 @@ def flow_for(case: Case, scenario: str = SCENARIO, response: bytes | None = None
     if response is None:
         response = b"".join(mock.stream(case.body, Scenario.parse(scenario)))
     content_type = content_type or mock.stream_type
-    request = tutils.treq(method=b"POST", path=case.path.encode(), content=orjson.dumps(case.body),
-                          headers=[(k.encode(), v.encode()) for k, v in case.headers])
-    return tflow.tflow(req=request, resp=tutils.tresp(headers=[(b"content-type", content_type.encode())],
-                                                      content=response))
+    request = tutils.treq(
+        method=b"POST",
+        path=case.path.encode(),
+        content=orjson.dumps(case.body),
+        headers=[(k.encode(), v.encode()) for k, v in case.headers],
+    )
+    return tflow.tflow(
+        req=request, resp=tutils.tresp(headers=[(b"content-type", content_type.encode())], content=response)
+    )
 
 
 def expected_row(f, case: Case) -> dict:
@@ -164,8 +217,10 @@ def test_a_stream_claimed_by_its_first_event_is_shown_too():
 
 
 def test_other_flows_keep_mitmproxy_s_own_views():
-    f = tflow.tflow(req=tutils.treq(method=b"POST", path=b"/api/items", content=b'{"a": 1}'),
-                    resp=tutils.tresp(headers=[(b"content-type", b"application/json")], content=b'{"b": 2}'))
+    f = tflow.tflow(
+        req=tutils.treq(method=b"POST", path=b"/api/items", content=b'{"a": 1}'),
+        resp=tutils.tresp(headers=[(b"content-type", b"application/json")], content=b'{"b": 2}'),
+    )
     assert render(f, f.request).view_name != "LLM stream"
     assert render(f, f.response).view_name != "LLM stream"
     sse = tutils.tresp(headers=[(b"content-type", b"text/event-stream")], content=b"data: hello\n\n")
@@ -182,10 +237,24 @@ def test_what_the_proxy_recorded_is_shown_with_the_stream():
     record.usage.update(input_tokens=5, output_tokens=3)
     record.add_finding("missing_stream_end", "the stream ended without its terminal event")
     record.verdicts += [
-        {"action": "flag", "rule_id": "code-names", "reason": "", "filter": "rules", "position": 3,
-         "match_hash": "sha256:ab", "location": "request"},
-        {"action": "block", "rule_id": "internal-hosts", "reason": "internal host name", "filter": "rules",
-         "position": 12, "match_hash": "sha256:cd", "location": "output.choices[0].text"},
+        {
+            "action": "flag",
+            "rule_id": "code-names",
+            "reason": "",
+            "filter": "rules",
+            "position": 3,
+            "match_hash": "sha256:ab",
+            "location": "request",
+        },
+        {
+            "action": "block",
+            "rule_id": "internal-hosts",
+            "reason": "internal host name",
+            "filter": "rules",
+            "position": 12,
+            "match_hash": "sha256:cd",
+            "location": "output.choices[0].text",
+        },
     ]
     contentview.annotate(f, record)
     assert f.comment == "gpt-4o · 5→3 tok · blocked by internal-hosts"
@@ -209,11 +278,14 @@ def test_a_comment_the_user_wrote_is_kept():
     assert f.comment == "look at this one" and f.marked == ""
 
 
-@pytest.mark.parametrize(("usage", "status", "line"), [
-    ({}, "completed", "gpt-4o · completed"),
-    ({"input_tokens": 1234, "output_tokens": 567}, "completed", "gpt-4o · 1234→567 tok · completed"),
-    ({"input_tokens": 12}, "upstream_aborted", "gpt-4o · 12→? tok · upstream_aborted"),
-])
+@pytest.mark.parametrize(
+    ("usage", "status", "line"),
+    [
+        ({}, "completed", "gpt-4o · completed"),
+        ({"input_tokens": 1234, "output_tokens": 567}, "completed", "gpt-4o · 1234→567 tok · completed"),
+        ({"input_tokens": 12}, "upstream_aborted", "gpt-4o · 12→? tok · upstream_aborted"),
+    ],
+)
 def test_the_flow_list_comment(usage, status, line):
     record = ExchangeRecord(dialect="openai-chat", request_model="gpt-4o", status=status)
     record.usage.update(usage)
@@ -222,12 +294,22 @@ def test_the_flow_list_comment(usage, status, line):
 
 @pytest.mark.parametrize("stream", [True, False])
 def test_a_legacy_completions_exchange_shows_its_prompt_and_every_choice(stream):
-    case = Case("openai-completions", "/v1/completions", {
-        "model": "gpt-3.5-turbo-instruct", "stream": stream, "prompt": ["Weather in Vienna?", "And Graz?"],
-        "stream_options": {"include_usage": True}})
+    case = Case(
+        "openai-completions",
+        "/v1/completions",
+        {
+            "model": "gpt-3.5-turbo-instruct",
+            "stream": stream,
+            "prompt": ["Weather in Vienna?", "And Graz?"],
+            "stream_options": {"include_usage": True},
+        },
+    )
     mock = DIALECTS[case.mock]
-    body = (b"".join(mock.stream(case.body, Scenario.parse(""))) if stream
-            else orjson.dumps(mock.body(case.body, Scenario.parse(""))))
+    body = (
+        b"".join(mock.stream(case.body, Scenario.parse("")))
+        if stream
+        else orjson.dumps(mock.body(case.body, Scenario.parse("")))
+    )
     f = flow_for(case, response=body, content_type=None if stream else "application/json")
     row = expected_row(f, case)
     request = render(f, f.request)

@@ -53,8 +53,11 @@ def test_every_coding_decodes_whole(name: str) -> None:
 
 
 @settings(max_examples=25, deadline=None)
-@given(name=st.sampled_from(sorted(ENCODED)), cuts=st.lists(st.integers(min_value=0, max_value=200_000), max_size=12),
-       limit=st.integers(min_value=1, max_value=70_000))
+@given(
+    name=st.sampled_from(sorted(ENCODED)),
+    cuts=st.lists(st.integers(min_value=0, max_value=200_000), max_size=12),
+    limit=st.integers(min_value=1, max_value=70_000),
+)
 def test_any_split_and_any_limit_give_the_same_output(name: str, cuts: list[int], limit: int) -> None:
     data = ENCODED[name]
     bounds = sorted({min(c, len(data)) for c in cuts} | {0, len(data)})
@@ -107,12 +110,15 @@ def _bomb(coding: str, mib: int) -> bytes:
     return b"".join(c.compress(zeros) for _ in range(mib)) + c.flush()
 
 
-@pytest.mark.parametrize("coding,data", [
-    ("gzip", b"\x1f\x8b\x08\x00garbage-garbage"),
-    ("br", b"\xff\xff\xff\xff garbage"),
-    ("zstd", b"\x28\xb5\x2f\xfd garbage garbage"),
-    ("gzip", gzip.compress(b"ok") + b"trailing"),
-])
+@pytest.mark.parametrize(
+    "coding,data",
+    [
+        ("gzip", b"\x1f\x8b\x08\x00garbage-garbage"),
+        ("br", b"\xff\xff\xff\xff garbage"),
+        ("zstd", b"\x28\xb5\x2f\xfd garbage garbage"),
+        ("gzip", gzip.compress(b"ok") + b"trailing"),
+    ],
+)
 def test_bad_input_raises_decode_error(coding: str, data: bytes) -> None:
     decoder = make_decoder(coding)
     decoder.feed(data)

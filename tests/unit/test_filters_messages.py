@@ -171,6 +171,10 @@ def test_tool_input_nested_deeper_than_orjson_writes_is_still_checked():
     value: object = "the secret"
     for _ in range(1000):
         value = {"x": value}
-    texts = [m.text for m in extract_messages({"messages": [{"role": "user", "content": [
-        {"type": "tool_use", "name": "t", "input": value}]}]})]
+    texts = [
+        m.text
+        for m in extract_messages(
+            {"messages": [{"role": "user", "content": [{"type": "tool_use", "name": "t", "input": value}]}]}
+        )
+    ]
     assert len(texts) == 1 and '"the secret"' in texts[0] and texts[0].count('{"x":') == 1000

@@ -21,7 +21,9 @@ def test_invisible_characters_go_and_every_view_character_knows_its_origin():
 
 
 def test_compatibility_forms_become_the_plain_characters():
-    view, where = fold("Ｎｉ\u2163ﬁ\u00a0\U0001d40d\u212a")  # fullwidth, Roman numeral four, ligature, NBSP, bold N, Kelvin
+    view, where = fold(
+        "Ｎｉ\u2163ﬁ\u00a0\U0001d40d\u212a"
+    )  # fullwidth, Roman numeral four, ligature, NBSP, bold N, Kelvin
     assert view == "NiIVfi NK"
     assert where == [0, 1, 2, 2, 3, 3, 4, 5, 6]
 
@@ -61,10 +63,13 @@ def test_keywords_in_the_rules_file_are_normalised_too():
     assert [h.start for h in rule.find("a nightjar")] == [2]
 
 
-@pytest.mark.parametrize("extra, message", [
-    ('normalize = false\nconfusables = true', "'confusables' needs the normalised text"),
-    ('normalize = "yes"', "'normalize' must be true or false"),
-])
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        ("normalize = false\nconfusables = true", "'confusables' needs the normalised text"),
+        ('normalize = "yes"', "'normalize' must be true or false"),
+    ],
+)
 def test_bad_normalisation_options_are_refused_with_their_line(extra, message):
     with pytest.raises(RulesError) as e:
         parse_rules(f'[[rule]]\nid = "k"\nkind = "keywords"\nkeywords = ["x"]\naction = "block"\n{extra}')

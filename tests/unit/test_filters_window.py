@@ -312,8 +312,10 @@ def test_an_evasion_in_one_character_pieces_never_leaks():
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.lists(st.sampled_from(["a ", "Night", "jar", ZWJ, SHY, "Ｎ", "ｊａｒ", " x", "\u00a0", "ﬁ"]), max_size=20),
-       st.lists(st.integers(0, 200), max_size=8))
+@given(
+    st.lists(st.sampled_from(["a ", "Night", "jar", ZWJ, SHY, "Ｎ", "ｊａｒ", " x", "\u00a0", "ﬁ"]), max_size=20),
+    st.lists(st.integers(0, 200), max_size=8),
+)
 def test_random_text_with_invisible_characters_never_leaks(parts, cuts):
     text = "".join(parts)
     check_stream(BLOCKING, text, [c for c in cuts if c <= len(text)])
@@ -327,14 +329,16 @@ def test_invisible_characters_do_not_count_towards_the_window():
 
 
 def test_normalize_false_matches_the_raw_text_only():
-    [raw] = parse_rules('[[rule]]\nid = "k"\nkind = "keywords"\nkeywords = ["nightjar"]\naction = "block"\n'
-                        "normalize = false")
+    [raw] = parse_rules(
+        '[[rule]]\nid = "k"\nkind = "keywords"\nkeywords = ["nightjar"]\naction = "block"\nnormalize = false'
+    )
     assert whole([raw], f"{interleave('Nightjar', ZWJ)}") == []
     assert [p for _, p, _ in whole([raw], "a Nightjar")] == [2]
 
 
-CONFUSABLE = parse_rules('[[rule]]\nid = "k"\nkind = "keywords"\nkeywords = ["nightjar"]\naction = "block"\n'
-                         "confusables = true")
+CONFUSABLE = parse_rules(
+    '[[rule]]\nid = "k"\nkind = "keywords"\nkeywords = ["nightjar"]\naction = "block"\nconfusables = true'
+)
 
 
 def test_confusable_letters_match_only_when_opted_in():

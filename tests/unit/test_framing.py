@@ -22,12 +22,17 @@ from addon.record import OUTCOME_COMPLETE, ExchangeRecord
 LIMIT = 1 << 20
 
 
-def read_split(body: bytes, cuts: list[int], limit: int = LIMIT) -> tuple[list[tuple[str | None, int]], JSONArrayReader]:
+def read_split(
+    body: bytes, cuts: list[int], limit: int = LIMIT
+) -> tuple[list[tuple[str | None, int]], JSONArrayReader]:
     """Feed ``body`` cut at ``cuts``; the frames' data (None: a boundary alone) with their ends."""
     reader = JSONArrayReader(limit)
     bounds = [0, *cuts, len(body)]
-    out = [(None if f is None else f.data, end) for a, b in zip(bounds, bounds[1:])
-           for f, end in reader.feed_bounded(body[a:b])]
+    out = [
+        (None if f is None else f.data, end)
+        for a, b in zip(bounds, bounds[1:])
+        for f, end in reader.feed_bounded(body[a:b])
+    ]
     reader.end()
     return out, reader
 
@@ -80,10 +85,13 @@ def test_json_array_deep_nesting_is_one_element_and_never_raises() -> None:
     assert out[0] == (deep.decode(), len(deep) + 1) and reader.findings == []
 
 
-@pytest.mark.parametrize("body, reason", [
-    (b'{"a": 1}', "the response body is not a JSON array"),
-    (b"[1] x", "data after the end of the JSON array"),
-])
+@pytest.mark.parametrize(
+    "body, reason",
+    [
+        (b'{"a": 1}', "the response body is not a JSON array"),
+        (b"[1] x", "data after the end of the JSON array"),
+    ],
+)
 def test_json_array_bad_input_is_a_finding_and_the_rest_unreadable(body: bytes, reason: str) -> None:
     _, reader = read_split(body, [])
     assert reader.findings == [("response_invalid_json", reason)] and reader.unreadable == reason
@@ -130,7 +138,8 @@ def test_registry_selects_by_media_type_then_what_the_dialect_expects() -> None:
 
 # -- Gemini's JSON array through the output gate --------------------------------------------------
 
-BLOCK = FilterSet(parse_rules("""
+BLOCK = FilterSet(
+    parse_rules("""
 [[rule]]
 id = "no-code-name"
 kind = "keywords"
@@ -138,14 +147,22 @@ keywords = ["Nightjar"]
 scope = "response"
 action = "block"
 reason = "internal code name"
-"""), failure="closed")
+"""),
+    failure="closed",
+)
 STREAM_VIEW = RequestView("POST", "/v1beta/models/gemini-2.5-flash:streamGenerateContent", "", {})
 
 
 def gemini_array(texts: list[str]) -> bytes:
     """A streamed JSON array as Google writes it: indented elements, ``,\\r\\n`` between."""
-    elements = [{"candidates": [{"content": {"role": "model", "parts": [{"text": t}]}, "index": 0}],
-                 "modelVersion": "gemini-2.5-flash", "responseId": "r-1"} for t in texts]
+    elements = [
+        {
+            "candidates": [{"content": {"role": "model", "parts": [{"text": t}]}, "index": 0}],
+            "modelVersion": "gemini-2.5-flash",
+            "responseId": "r-1",
+        }
+        for t in texts
+    ]
     elements[-1]["candidates"][0]["finishReason"] = "STOP"
     return ("[" + ",\r\n".join(json.dumps(e, indent=2) for e in elements) + "]").encode()
 
@@ -180,9 +197,13 @@ def test_a_gemini_json_array_is_cut_at_the_element_with_the_word_and_closed_with
         elements = orjson.loads(received)  # a valid array: ",{final}]" continuing it, or "[{final}]"
         shown = "".join(texts_of(elements[:-1]))  # (the guard's window may hold an element back)
         assert "".join(texts[:dirty_at]).startswith(shown) and shown.startswith("Hello, " if dirty_at else "")
-        assert elements[-1]["candidates"] == [{
-            "finishReason": "SAFETY", "index": 0,
-            "finishMessage": "Blocked by content filter rule 'no-code-name': internal code name"}]
+        assert elements[-1]["candidates"] == [
+            {
+                "finishReason": "SAFETY",
+                "index": 0,
+                "finishMessage": "Blocked by content filter rule 'no-code-name': internal code name",
+            }
+        ]
         assert (row["status"], row["finish_reasons"], row["delivered_text"] or "") == ("blocked", ["SAFETY"], shown)
 
 

@@ -15,11 +15,11 @@ from pathlib import Path
 
 import orjson
 import pytest
+from pipeline import audit_bytes
 
 from addon.dialects import RequestView, detect_request
 from addon.dialects.gemini import DIALECT
 from addon.record import OUTCOME_COMPLETE, OUTCOME_UPSTREAM_ABORTED
-from pipeline import audit_bytes
 
 SHARED_STREAMS = Path(__file__).resolve().parents[2].parent / "shared" / "reference" / "streams"
 
@@ -37,8 +37,13 @@ REQUEST = {
 }
 
 
-def chunk(*candidates: dict, usage: dict | None = None, model: str = "gemini-2.5-flash-001",
-          response_id: str = "resp-1", **extra) -> dict:
+def chunk(
+    *candidates: dict,
+    usage: dict | None = None,
+    model: str = "gemini-2.5-flash-001",
+    response_id: str = "resp-1",
+    **extra,
+) -> dict:
     obj: dict = {"candidates": list(candidates)} if candidates else {}
     if usage is not None:
         obj["usageMetadata"] = usage
@@ -73,12 +78,30 @@ def array(*chunks: dict) -> bytes:
     return ("[" + ",\r\n".join(json.dumps(c, indent=2, ensure_ascii=False) for c in chunks) + "]").encode()
 
 
-def audit(body: bytes, chunks: list[int] | None = None, *, path: str = STUDIO_STREAM, request: dict | None = REQUEST,
-          event_stream: bool = True, status: int = 200, encoding: str | None = None,
-          outcome: str = OUTCOME_COMPLETE) -> dict:
+def audit(
+    body: bytes,
+    chunks: list[int] | None = None,
+    *,
+    path: str = STUDIO_STREAM,
+    request: dict | None = REQUEST,
+    event_stream: bool = True,
+    status: int = 200,
+    encoding: str | None = None,
+    outcome: str = OUTCOME_COMPLETE,
+) -> dict:
     """Run ``body`` through the auditor split at ``chunks`` offsets; return the row."""
     req = view(path)
-    return audit_bytes(DIALECT, body, chunks, request=request, request_view=req, encoding=encoding, outcome=outcome, event_stream=event_stream, status=status)
+    return audit_bytes(
+        DIALECT,
+        body,
+        chunks,
+        request=request,
+        request_view=req,
+        encoding=encoding,
+        outcome=outcome,
+        event_stream=event_stream,
+        status=status,
+    )
 
 
 def codes(row: dict) -> list[str]:
@@ -111,8 +134,12 @@ TEXT_ANSWER = "Das Wetter in Wien: 24°C, sonnig ☀️."
         (STUDIO_STREAM, "", "gemini-2.5-flash", True),
         (STUDIO_GENERATE, "key=[redacted]", "gemini-2.5-flash", False),
         (VERTEX_STREAM, "alt=sse", "gemini-2.5-pro", True),
-        ("/v1beta1/projects/p/locations/global/publishers/google/models/gemini-3-pro-preview:generateContent", "",
-         "gemini-3-pro-preview", False),
+        (
+            "/v1beta1/projects/p/locations/global/publishers/google/models/gemini-3-pro-preview:generateContent",
+            "",
+            "gemini-3-pro-preview",
+            False,
+        ),
         ("/v1beta/tunedModels/my-tuned-model:generateContent", "", "my-tuned-model", False),
         ("/gemini/v1beta/models/gemini-2.0-flash%3AstreamGenerateContent", "alt=sse", "gemini-2.0-flash", True),
     ],
@@ -187,7 +214,10 @@ def test_record_is_the_same_for_every_two_way_split_and_byte_at_a_time():
 def test_record_is_the_same_for_random_splits_and_lf_framing():
     body = TEXT + sse(chunk(cand({"functionCall": {"name": "get_time", "args": {"tz": "Europe/Vienna"}}})))
     whole = audit(body)
-    assert audit(body.replace(b"\r\n", b"\n")) == whole | {"bytes_to_client": len(body) - body.count(b"\r"), "bytes_from_upstream": len(body) - body.count(b"\r")}
+    assert audit(body.replace(b"\r\n", b"\n")) == whole | {
+        "bytes_to_client": len(body) - body.count(b"\r"),
+        "bytes_from_upstream": len(body) - body.count(b"\r"),
+    }
     rng = random.Random(11)
     for _ in range(200):
         cuts = sorted(rng.sample(range(1, len(body)), rng.randint(1, 12)))
@@ -198,8 +228,14 @@ def test_thought_parts_are_reasoning_not_answer_text_and_signatures_are_ignored(
     body = sse(
         chunk(cand({"text": "**Planning**\n\nThe user wants", "thought": True}), usage=usage(54, None, 62)),
         chunk(cand({"text": " the weather.", "thought": True})),
-        chunk(cand({"text": "It is sunny.", "thoughtSignature": "CiQBvj72+xCK"}, {"text": "", "thoughtSignature": "Ep"},
-                   finish="STOP"), usage=usage(54, 4, 62)),
+        chunk(
+            cand(
+                {"text": "It is sunny.", "thoughtSignature": "CiQBvj72+xCK"},
+                {"text": "", "thoughtSignature": "Ep"},
+                finish="STOP",
+            ),
+            usage=usage(54, 4, 62),
+        ),
     )
     row = audit(body)
     assert row["output_text"] == "It is sunny."
@@ -216,7 +252,9 @@ def test_several_candidates_keep_their_own_text_and_output_text_is_candidate_zer
     row = audit(body)
     assert row["output_text"] == "Eins zwei"
     assert [(c["index"], c["text"], c["finish_reason"]) for c in row["output"]["choices"]] == [
-        (0, "Eins zwei", "STOP"), (1, "One two", "MAX_TOKENS")]
+        (0, "Eins zwei", "STOP"),
+        (1, "One two", "MAX_TOKENS"),
+    ]
 
 
 def test_candidate_index_defaults_to_its_position_when_omitted():
@@ -227,7 +265,9 @@ def test_candidate_index_defaults_to_its_position_when_omitted():
 def test_usage_is_cumulative_and_the_last_report_wins():
     body = sse(
         chunk(cand({"text": "a"}), usage=usage(100, 1, 5, cachedContentTokenCount=80)),
-        chunk(cand({"text": "b"}, finish="STOP"), usage=usage(100, 2, 5, cachedContentTokenCount=80, totalTokenCount=107)),
+        chunk(
+            cand({"text": "b"}, finish="STOP"), usage=usage(100, 2, 5, cachedContentTokenCount=80, totalTokenCount=107)
+        ),
     )
     row = audit(body)
     assert (row["input_tokens"], row["output_tokens"], row["reasoning_output_tokens"]) == (100, 2, 5)
@@ -266,16 +306,25 @@ def test_max_tokens_finish_keeps_the_partial_answer():
 
 
 def test_safety_finish_is_recorded_with_the_text_before_it():
-    body = sse(chunk(cand({"text": "Here is how"})), chunk({"finishReason": "SAFETY", "index": 0,
-                                                              "safetyRatings": [{"category": "HARM", "blocked": True}]}))
+    body = sse(
+        chunk(cand({"text": "Here is how"})),
+        chunk({"finishReason": "SAFETY", "index": 0, "safetyRatings": [{"category": "HARM", "blocked": True}]}),
+    )
     row = audit(body)
     assert (row["output_text"], row["finish_reasons"], row["status"]) == ("Here is how", ["SAFETY"], "completed")
 
 
 def test_unknown_fields_and_part_types_are_ignored():
     body = sse(
-        chunk(cand({"executableCode": {"code": "print(1)"}}, {"inlineData": {"mimeType": "image/png", "data": "aW1n"}},
-                   {"text": "ok"}), groundingMetadata={}, newField=[1]),
+        chunk(
+            cand(
+                {"executableCode": {"code": "print(1)"}},
+                {"inlineData": {"mimeType": "image/png", "data": "aW1n"}},
+                {"text": "ok"},
+            ),
+            groundingMetadata={},
+            newField=[1],
+        ),
         chunk(cand({"text": "!"}, finish="STOP")),
     )
     row = audit(body)
@@ -315,8 +364,17 @@ def test_gzip_encoded_stream_is_read_through_the_decoder():
 
 
 def test_function_call_is_one_complete_call_with_compact_json_arguments():
-    body = sse(chunk(cand({"functionCall": {"name": "get_weather", "args": {"city": "Wien", "days": [1, 2]}},
-                           "thoughtSignature": "CiQBvj72"}, finish="STOP")))
+    body = sse(
+        chunk(
+            cand(
+                {
+                    "functionCall": {"name": "get_weather", "args": {"city": "Wien", "days": [1, 2]}},
+                    "thoughtSignature": "CiQBvj72",
+                },
+                finish="STOP",
+            )
+        )
+    )
     row = audit(body)
     assert row["tool_calls"] == [{"id": None, "name": "get_weather", "arguments": '{"city":"Wien","days":[1,2]}'}]
     assert row["output"]["tool_calls"][0]["complete"] is True
@@ -329,13 +387,22 @@ def test_function_call_id_is_kept_when_present_and_missing_args_give_an_empty_st
 
 
 def test_parallel_function_calls_in_one_chunk_are_separate_calls_in_order():
-    body = sse(chunk(
-        cand({"functionCall": {"name": "add", "args": {"b": 3, "a": 2}}, "thoughtSignature": "Clo"},
-             {"functionCall": {"name": "multiply", "args": {"a": 2, "b": 3}}},
-             {"functionCall": {"name": "add", "args": {"a": 2, "b": 3}}}, finish="STOP")))
+    body = sse(
+        chunk(
+            cand(
+                {"functionCall": {"name": "add", "args": {"b": 3, "a": 2}}, "thoughtSignature": "Clo"},
+                {"functionCall": {"name": "multiply", "args": {"a": 2, "b": 3}}},
+                {"functionCall": {"name": "add", "args": {"a": 2, "b": 3}}},
+                finish="STOP",
+            )
+        )
+    )
     row = audit(body)
     assert [(t["name"], t["arguments"]) for t in row["tool_calls"]] == [
-        ("add", '{"b":3,"a":2}'), ("multiply", '{"a":2,"b":3}'), ("add", '{"a":2,"b":3}')]
+        ("add", '{"b":3,"a":2}'),
+        ("multiply", '{"a":2,"b":3}'),
+        ("add", '{"a":2,"b":3}'),
+    ]
     assert all(t["complete"] for t in row["output"]["tool_calls"]) and row["findings"] == []
 
 
@@ -353,30 +420,64 @@ def streamed_call(last: dict | None = None) -> list[dict]:
     """Vertex streamFunctionCallArguments: name first, then partialArgs, strings in pieces."""
     return [
         chunk(cand({"functionCall": {"name": "get_weather", "id": "fc-7", "willContinue": True}})),
-        chunk(cand({"functionCall": {"partialArgs": [{"jsonPath": "$.city", "stringValue": "Wi", "willContinue": True}],
-                                     "willContinue": True}})),
-        chunk(cand({"functionCall": {"partialArgs": [{"jsonPath": "$.city", "stringValue": "en"},
-                                                     {"jsonPath": "$.days[0]", "numberValue": 1},
-                                                     {"jsonPath": "$.opts['metric units']", "boolValue": True}],
-                                     "willContinue": True}})),
+        chunk(
+            cand(
+                {
+                    "functionCall": {
+                        "partialArgs": [{"jsonPath": "$.city", "stringValue": "Wi", "willContinue": True}],
+                        "willContinue": True,
+                    }
+                }
+            )
+        ),
+        chunk(
+            cand(
+                {
+                    "functionCall": {
+                        "partialArgs": [
+                            {"jsonPath": "$.city", "stringValue": "en"},
+                            {"jsonPath": "$.days[0]", "numberValue": 1},
+                            {"jsonPath": "$.opts['metric units']", "boolValue": True},
+                        ],
+                        "willContinue": True,
+                    }
+                }
+            )
+        ),
         *([last] if last else []),
     ]
 
 
 def test_streamed_function_call_arguments_are_assembled_into_one_call():
-    end = chunk(cand({"functionCall": {"name": "get_weather", "partialArgs": [{"jsonPath": "$.note", "nullValue": "NULL_VALUE"}],
-                                       "willContinue": False}}, finish="STOP"))
+    end = chunk(
+        cand(
+            {
+                "functionCall": {
+                    "name": "get_weather",
+                    "partialArgs": [{"jsonPath": "$.note", "nullValue": "NULL_VALUE"}],
+                    "willContinue": False,
+                }
+            },
+            finish="STOP",
+        )
+    )
     row = audit(sse(*streamed_call(end), chunk(cand({"functionCall": {}}))))
-    assert row["tool_calls"] == [{"id": "fc-7", "name": "get_weather",
-                                  "arguments": '{"city":"Wien","days":[1],"opts":{"metric units":true},"note":null}'}]
+    assert row["tool_calls"] == [
+        {
+            "id": "fc-7",
+            "name": "get_weather",
+            "arguments": '{"city":"Wien","days":[1],"opts":{"metric units":true},"note":null}',
+        }
+    ]
     assert row["output"]["tool_calls"][0]["complete"] is True
     assert row["findings"] == [] and row["status"] == "completed"
 
 
 def test_streamed_function_call_cut_by_the_token_limit_is_kept_incomplete():
     row = audit(sse(*streamed_call(chunk(cand(finish="MAX_TOKENS")))))
-    assert row["tool_calls"] == [{"id": "fc-7", "name": "get_weather",
-                                  "arguments": '{"city":"Wien","days":[1],"opts":{"metric units":true}}'}]
+    assert row["tool_calls"] == [
+        {"id": "fc-7", "name": "get_weather", "arguments": '{"city":"Wien","days":[1],"opts":{"metric units":true}}'}
+    ]
     assert row["output"]["tool_calls"][0]["complete"] is False
     assert row["finish_reasons"] == ["MAX_TOKENS"]
     assert codes(row) == ["tool_call_truncated"]
@@ -393,15 +494,24 @@ def test_streamed_function_call_cut_by_the_end_of_the_stream_is_kept_incomplete(
 def test_a_whole_call_of_another_function_closes_a_streaming_one_as_truncated():
     body = sse(*streamed_call(chunk(cand({"functionCall": {"name": "get_time", "args": {}}}, finish="STOP"))))
     row = audit(body)
-    assert [(t["name"], t["complete"]) for t in row["output"]["tool_calls"]] == [("get_weather", False), ("get_time", True)]
+    assert [(t["name"], t["complete"]) for t in row["output"]["tool_calls"]] == [
+        ("get_weather", False),
+        ("get_time", True),
+    ]
 
 
 # -- errors and endings -------------------------------------------------------------------------
 
 
 def test_blocked_prompt_is_a_finish_and_an_error():
-    body = sse({"promptFeedback": {"blockReason": "PROHIBITED_CONTENT", "safetyRatings": []},
-                "usageMetadata": usage(8), "modelVersion": "gemini-2.5-flash", "responseId": "r"})
+    body = sse(
+        {
+            "promptFeedback": {"blockReason": "PROHIBITED_CONTENT", "safetyRatings": []},
+            "usageMetadata": usage(8),
+            "modelVersion": "gemini-2.5-flash",
+            "responseId": "r",
+        }
+    )
     row = audit(body)
     assert row["status"] == "failed"
     assert row["finish_reasons"] == ["PROHIBITED_CONTENT"]
@@ -415,10 +525,16 @@ def test_blocked_prompt_message_is_taken_when_given():
 
 
 def test_error_object_mid_stream_fails_the_exchange_with_the_status_name():
-    body = sse(chunk(cand({"text": "partial"})),
-               {"error": {"code": 500, "message": "Internal error encountered.", "status": "INTERNAL"}})
+    body = sse(
+        chunk(cand({"text": "partial"})),
+        {"error": {"code": 500, "message": "Internal error encountered.", "status": "INTERNAL"}},
+    )
     row = audit(body)
-    assert (row["status"], row["error_code"], row["error_message"]) == ("failed", "INTERNAL", "Internal error encountered.")
+    assert (row["status"], row["error_code"], row["error_message"]) == (
+        "failed",
+        "INTERNAL",
+        "Internal error encountered.",
+    )
     assert row["output_text"] == "partial"
 
 
@@ -439,15 +555,21 @@ def test_clean_end_of_body_without_a_finish_reason_is_upstream_aborted():
 def test_http_error_body_gives_the_status_name_and_message():
     body = b'{"error": {"code": 429, "message": "Resource has been exhausted.", "status": "RESOURCE_EXHAUSTED"}}'
     row = audit(body, event_stream=False, status=429)
-    assert (row["status"], row["error_code"], row["error_message"]) == ("failed", "RESOURCE_EXHAUSTED",
-                                                                        "Resource has been exhausted.")
+    assert (row["status"], row["error_code"], row["error_message"]) == (
+        "failed",
+        "RESOURCE_EXHAUSTED",
+        "Resource has been exhausted.",
+    )
 
 
 @pytest.mark.parametrize(
     "body, code, message",
     [
-        (b'[{"error": {"code": 400, "message": "API key not valid.", "status": "INVALID_ARGUMENT"}}]',
-         "INVALID_ARGUMENT", "API key not valid."),
+        (
+            b'[{"error": {"code": 400, "message": "API key not valid.", "status": "INVALID_ARGUMENT"}}]',
+            "INVALID_ARGUMENT",
+            "API key not valid.",
+        ),
         (b'{"error": {"code": 503, "message": "The model is overloaded."}}', "503", "The model is overloaded."),
         (b"<html>Bad Gateway</html>", None, "<html>Bad Gateway</html>"),
         (b'{"error": "plain text"}', None, "plain text"),
@@ -462,8 +584,13 @@ def test_http_error_bodies_of_other_shapes(body, code, message):
 
 
 GENERATED = chunk(
-    cand({"text": "Thinking about Vienna.", "thought": True}, {"text": "Calling the tool."},
-         {"functionCall": {"name": "get_weather", "args": {"city": "Wien"}}}, finish="STOP", index=0),
+    cand(
+        {"text": "Thinking about Vienna.", "thought": True},
+        {"text": "Calling the tool."},
+        {"functionCall": {"name": "get_weather", "args": {"city": "Wien"}}},
+        finish="STOP",
+        index=0,
+    ),
     usage=usage(20, 11, 40, cachedContentTokenCount=16),
 )
 
@@ -475,9 +602,17 @@ def test_generate_content_json_answer_is_complete():
     assert row["output_text"] == "Calling the tool."
     assert choice(row, 0)["reasoning"] == "Thinking about Vienna."
     assert row["tool_calls"] == [{"id": None, "name": "get_weather", "arguments": '{"city":"Wien"}'}]
-    assert (row["input_tokens"], row["output_tokens"], row["reasoning_output_tokens"], row["cache_read_input_tokens"]) == (
-        20, 11, 40, 16)
-    assert (row["response_model"], row["response_id"], row["finish_reasons"]) == ("gemini-2.5-flash-001", "resp-1", ["STOP"])
+    assert (
+        row["input_tokens"],
+        row["output_tokens"],
+        row["reasoning_output_tokens"],
+        row["cache_read_input_tokens"],
+    ) == (20, 11, 40, 16)
+    assert (row["response_model"], row["response_id"], row["finish_reasons"]) == (
+        "gemini-2.5-flash-001",
+        "resp-1",
+        ["STOP"],
+    )
 
 
 def test_response_that_is_not_json_is_a_finding():
@@ -496,8 +631,19 @@ def test_json_array_stream_gives_the_same_record_as_the_event_stream():
     body = array(*ARRAY_CHUNKS)
     row = audit(body, list(range(1, len(body), 5)), event_stream=False)
     expected = audit(sse(*ARRAY_CHUNKS))
-    for key in ("status", "output_text", "output", "tool_calls", "finish_reasons", "input_tokens", "output_tokens",
-                "reasoning_output_tokens", "response_model", "response_id", "findings"):
+    for key in (
+        "status",
+        "output_text",
+        "output",
+        "tool_calls",
+        "finish_reasons",
+        "input_tokens",
+        "output_tokens",
+        "reasoning_output_tokens",
+        "response_model",
+        "response_id",
+        "findings",
+    ):
         assert row[key] == expected[key], key
     assert row["status"] == "completed"
 
@@ -582,7 +728,10 @@ def _check_shared(row: dict, expected: dict) -> None:
     assert calls == [(t["id"], t["name"], t["args"]) for t in expected["tool_calls"]]
     usage_ = expected["usage"]
     assert (row["input_tokens"], row["output_tokens"], row["reasoning_output_tokens"]) == (
-        usage_["input_tokens"], usage_["output_tokens"], usage_["thoughts_tokens"])
+        usage_["input_tokens"],
+        usage_["output_tokens"],
+        usage_["thoughts_tokens"],
+    )
 
 
 SHARED_NAMES = sorted(p.name for p in SHARED_STREAMS.glob("gemini-*.sse")) if SHARED_STREAMS.exists() else []
@@ -609,8 +758,10 @@ def test_shared_gemini_recordings_match_their_expected_extraction(name):
 @pytest.mark.parametrize("name", SHARED_NAMES)
 def test_shared_gemini_recordings_as_a_json_array_give_the_same_extraction(name):
     expected, body, path, request = _shared(name)
-    chunks = [orjson.loads(line[len(b"data: "):]) for line in body.split(b"\r\n") if line.startswith(b"data: ")]
-    row = audit(b"[" + b",\n".join(orjson.dumps(c) for c in chunks) + b"]", path=path, request=request, event_stream=False)
+    chunks = [orjson.loads(line[len(b"data: ") :]) for line in body.split(b"\r\n") if line.startswith(b"data: ")]
+    row = audit(
+        b"[" + b",\n".join(orjson.dumps(c) for c in chunks) + b"]", path=path, request=request, event_stream=False
+    )
     _check_shared(row, expected)
 
 

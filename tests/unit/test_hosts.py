@@ -67,15 +67,31 @@ def test_user_additions_from_a_file(tmp_path: Path):
     extra = read_extra_hosts(hosts)
     assert extra == ["llm-gateway.corp.example", "*.inference.corp.example", "10.0.0.5:8443"]
     expression = allow_hosts_expression(extra)
-    for host_port in ("llm-gateway.corp.example:443", "eu.llm-gateway.corp.example:443",
-                      "gpu-1.inference.corp.example:8000", "10.0.0.5:8443", "api.openai.com:443"):
+    for host_port in (
+        "llm-gateway.corp.example:443",
+        "eu.llm-gateway.corp.example:443",
+        "gpu-1.inference.corp.example:8000",
+        "10.0.0.5:8443",
+        "api.openai.com:443",
+    ):
         assert allowed(expression, host_port), host_port
     for host_port in ("10.0.0.5:443", "inference.corp.example:443", "corp.example:443", "10.0.0.50:8443"):
         assert not allowed(expression, host_port), host_port
 
 
-@pytest.mark.parametrize("line", ["https://llm.example", "llm.example/v1", "*", "llm example", "-llm.example",
-                                  "llm.example:port", "llm.example:65536", "[::1]:8443"])
+@pytest.mark.parametrize(
+    "line",
+    [
+        "https://llm.example",
+        "llm.example/v1",
+        "*",
+        "llm example",
+        "-llm.example",
+        "llm.example:port",
+        "llm.example:65536",
+        "[::1]:8443",
+    ],
+)
 def test_a_line_that_is_not_a_host_is_refused_with_its_line_number(tmp_path: Path, line):
     hosts = tmp_path / "hosts"
     hosts.write_text(f"ok.example\n{line}\n")
@@ -104,14 +120,17 @@ def test_cli_errors_are_one_line_with_status_2(tmp_path: Path, capsys):
     assert err.count("\n") == 1 and err.startswith("llm-audit: cannot read the hosts file") and "No such file" in err
 
 
-@pytest.mark.parametrize(("host", "sni", "host_header", "expected"), [
-    ("api.openai.com", "other.example", "other.example", "api.openai.com"),  # regular mode: the request's own
-    ("203.0.113.10", "api.openai.com", "203.0.113.10:443", "api.openai.com"),  # transparent, TLS: the SNI
-    ("203.0.113.10", None, "API.Anthropic.com.:443", "api.anthropic.com"),  # no SNI: the Host header
-    ("2001:db8::10", None, "[2001:db8::10]:443", "2001:db8::10"),  # the client named no host
-    ("2001:db8::10", "", "generativelanguage.googleapis.com", "generativelanguage.googleapis.com"),
-    ("10.0.0.5", None, None, "10.0.0.5"),
-])
+@pytest.mark.parametrize(
+    ("host", "sni", "host_header", "expected"),
+    [
+        ("api.openai.com", "other.example", "other.example", "api.openai.com"),  # regular mode: the request's own
+        ("203.0.113.10", "api.openai.com", "203.0.113.10:443", "api.openai.com"),  # transparent, TLS: the SNI
+        ("203.0.113.10", None, "API.Anthropic.com.:443", "api.anthropic.com"),  # no SNI: the Host header
+        ("2001:db8::10", None, "[2001:db8::10]:443", "2001:db8::10"),  # the client named no host
+        ("2001:db8::10", "", "generativelanguage.googleapis.com", "generativelanguage.googleapis.com"),
+        ("10.0.0.5", None, None, "10.0.0.5"),
+    ],
+)
 def test_server_name_is_the_name_the_client_asked_for_not_the_intercepted_address(host, sni, host_header, expected):
     """Transparent capture intercepts an address: the record names the host (and provider) the client meant."""
     assert server_name(host, sni, host_header) == expected

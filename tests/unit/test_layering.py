@@ -78,7 +78,7 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
         path.append(node)
         for target in sorted(graph[node]):
             if state.get(target) == 1:
-                return [*path[path.index(target):], target]
+                return [*path[path.index(target) :], target]
             if target not in state and (cycle := visit(target)):
                 return cycle
         state[node] = 2
@@ -92,12 +92,18 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
 
 
 def test_importing_any_storage_module_imports_nothing_of_the_proxy():
-    storage = sorted(name for name in project_files() if name.split(".")[0] == "storage"
-                     and not name.startswith("storage.migrations."))  # alembic runs those itself
-    script = (f"import importlib, sys\nfor name in {storage!r}:\n    importlib.import_module(name)\n"
-              "print(sorted(m for m in sys.modules if m == 'addon' or m.startswith(('addon.', 'cli.', 'mitmproxy'))))")
-    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=60,
-                          check=True)
+    storage = sorted(
+        name
+        for name in project_files()
+        if name.split(".")[0] == "storage" and not name.startswith("storage.migrations.")
+    )  # alembic runs those itself
+    script = (
+        f"import importlib, sys\nfor name in {storage!r}:\n    importlib.import_module(name)\n"
+        "print(sorted(m for m in sys.modules if m == 'addon' or m.startswith(('addon.', 'cli.', 'mitmproxy'))))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=60, check=True
+    )
     assert done.stdout.strip() == "[]", f"importing storage imported {done.stdout.strip()}"
 
 
@@ -106,8 +112,13 @@ def test_no_storage_file_imports_the_proxy_or_the_command_even_inside_a_function
         if name.split(".")[0] != "storage":
             continue
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            targets = [a.name for a in node.names] if isinstance(node, ast.Import) else \
-                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            targets = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""]
+                if isinstance(node, ast.ImportFrom)
+                else []
+            )
             assert not [t for t in targets if t.split(".")[0] in ("addon", "cli")], f"{name} imports {targets}"
 
 

@@ -25,8 +25,9 @@ def body(scenario: str, *, json: bool = False) -> bytes:
     parsed = Scenario.parse(scenario)
     request = CASE.request | {"stream": not json, "stream_options": {"include_usage": True}}
     if json:
-        from mockllm.streams import openai_chat_completion
         import orjson
+
+        from mockllm.streams import openai_chat_completion
 
         items = [orjson.dumps(openai_chat_completion(request, parsed))]
     else:
@@ -34,14 +35,22 @@ def body(scenario: str, *, json: bool = False) -> bytes:
     return b"".join(plan_body(items, parsed, event_stream=not json).writes)
 
 
-def audit(data: bytes, encoding: str | None = None, cuts: list[int] | None = None, *, json: bool = False,
-          cap: int = CAP, outcome: str = OUTCOME_COMPLETE) -> tuple[ExchangeRecord, StreamAuditor]:
+def audit(
+    data: bytes,
+    encoding: str | None = None,
+    cuts: list[int] | None = None,
+    *,
+    json: bool = False,
+    cap: int = CAP,
+    outcome: str = OUTCOME_COMPLETE,
+) -> tuple[ExchangeRecord, StreamAuditor]:
     request = CASE.request | {"stream": not json, "stream_options": {"include_usage": True}}
     record = ExchangeRecord(dialect=CASE.name, streamed=not json, http_status=200)
     summary = CASE.dialect.summarize(request, CASE.view)
     summary_into_record(record, summary)
-    auditor = StreamAuditor(record, CASE.dialect.normalizer(summary), encoding, 1 << 20, event_stream=not json,
-                            max_record_bytes=cap)
+    auditor = StreamAuditor(
+        record, CASE.dialect.normalizer(summary), encoding, 1 << 20, event_stream=not json, max_record_bytes=cap
+    )
     bounds = [0, *(cuts or []), len(data)]
     for a, b in zip(bounds, bounds[1:]):
         if b > a:
@@ -110,8 +119,11 @@ def test_any_split_of_a_compressed_stream_gives_the_same_record(coding: str) -> 
     for _ in range(5):
         cuts = sorted(rnd.sample(range(1, len(data)), 30))
         record, _ = audit(data, coding, cuts, cap=1 << 20)
-        assert record.to_row() | {"id": None, "ended_at": None, "first_chunk_at": None} == \
-            whole.to_row() | {"id": None, "ended_at": None, "first_chunk_at": None}
+        assert record.to_row() | {"id": None, "ended_at": None, "first_chunk_at": None} == whole.to_row() | {
+            "id": None,
+            "ended_at": None,
+            "first_chunk_at": None,
+        }
     assert whole.status == "completed" and len(whole.output_text.encode()) == 300 * 300
 
 
@@ -149,8 +161,7 @@ def test_a_feed_leaves_a_backlog_for_later_and_drain_works_it_off() -> None:
 @pytest.mark.parametrize("failure,status", [("closed", "blocked"), ("open", None)])
 def test_with_a_holding_gate_a_bomb_follows_the_failure_policy(failure: str, status: str | None) -> None:
     data = body("events=3&encoding=gzip&bomb=64")
-    sent, row, auditor = gated(CASE, data, [len(data) // 2], FilterSet(BLOCK_RULES, failure=failure),
-                               encoding="gzip")
+    sent, row, auditor = gated(CASE, data, [len(data) // 2], FilterSet(BLOCK_RULES, failure=failure), encoding="gzip")
     assert auditor.halted
     verdicts = [v["rule_id"] for v in row["verdicts"]]
     assert "filter_error" in verdicts

@@ -14,12 +14,12 @@ from pathlib import Path
 
 import orjson
 import pytest
+from pipeline import audit_bytes
 
 from addon.dialects import RequestView, detect_request, detect_response
 from addon.dialects.llm_stream import DIALECT
-from addon.record import OUTCOME_COMPLETE, OUTCOME_UPSTREAM_ABORTED
 from addon.framing.sse import SSEEvent
-from pipeline import audit_bytes
+from addon.record import OUTCOME_COMPLETE, OUTCOME_UPSTREAM_ABORTED
 
 SHARED_STREAMS = Path(__file__).resolve().parents[2].parent / "shared" / "reference" / "streams"
 
@@ -58,10 +58,24 @@ COMPLETE = b"".join(
 )
 
 
-def audit(body: bytes, chunks: list[int] | None = None, *, request: dict | None = REQUEST, encoding=None,
-          outcome: str = OUTCOME_COMPLETE) -> dict:
+def audit(
+    body: bytes,
+    chunks: list[int] | None = None,
+    *,
+    request: dict | None = REQUEST,
+    encoding=None,
+    outcome: str = OUTCOME_COMPLETE,
+) -> dict:
     """Run ``body`` through the auditor split at ``chunks`` offsets; return the row."""
-    return audit_bytes(DIALECT, body, chunks, request=request, request_view=view({"content-type": "application/llm-request+json"}), encoding=encoding, outcome=outcome)
+    return audit_bytes(
+        DIALECT,
+        body,
+        chunks,
+        request=request,
+        request_view=view({"content-type": "application/llm-request+json"}),
+        encoding=encoding,
+        outcome=outcome,
+    )
 
 
 def codes(row: dict) -> list[str]:
@@ -81,7 +95,7 @@ def view(headers: dict[str, str], path: str = "/v1/generate") -> RequestView:
         {"Content-Type": "application/llm-request+json"},
         {"Content-Type": "Application/LLM-Request+JSON; version=1.0"},
         {"Content-Type": "application/json", "Accept": 'text/event-stream; profile="llm-stream-1.0"'},
-        {"Accept": 'application/json, text/event-stream;profile=llm-stream-1.0;q=0.9'},
+        {"Accept": "application/json, text/event-stream;profile=llm-stream-1.0;q=0.9"},
     ],
 )
 def test_llm_stream_request_is_detected_by_media_type_or_accept_profile(headers):
@@ -193,7 +207,12 @@ def test_error_event_fails_the_exchange_with_code_and_message():
 
 
 def test_usage_absent_is_null_never_zero():
-    body = ev(0, "stream.start", model="m", created=1) + delta(1, "x") + ev(2, "content.stop", index=0, stop_reason="end_turn") + ev(3, "stream.end")
+    body = (
+        ev(0, "stream.start", model="m", created=1)
+        + delta(1, "x")
+        + ev(2, "content.stop", index=0, stop_reason="end_turn")
+        + ev(3, "stream.end")
+    )
     row = audit(body)
     assert row["input_tokens"] is None and row["output_tokens"] is None and row["usage_source"] == "none"
 
@@ -246,13 +265,24 @@ def test_body_ending_inside_an_event_is_reported():
         (ev(0, "stream.start", model="m", created=1) + delta(1, "a") + delta(1, "b"), "seq_repeat"),
         (ev(0, "stream.start", model="m", created=1) + delta(2, "a") + delta(1, "b"), "seq_decrease"),
         (ev(0, "stream.start", model="m", created=1) + delta(2**53, "a"), "seq_exhausted"),
-        (ev(0, "stream.start", model="m", created=1) + ev(1, "usage", event="usage.report", input_tokens=1, output_tokens=1), "type_mismatch"),
+        (
+            ev(0, "stream.start", model="m", created=1)
+            + ev(1, "usage", event="usage.report", input_tokens=1, output_tokens=1),
+            "type_mismatch",
+        ),
         (ev(0, "stream.start", model="m", created=1).replace(b'"v": "1.0"', b'"v": "1.1"'), "version_mismatch"),
         (ev(0, "stream.start", model="m", created=1) + b"event: content.delta\ndata: {not json\n\n", "invalid_json"),
         (ev(0, "stream.start", model="m", created=1) + b"event: content.delta\ndata: [1, 2]\n\n", "invalid_json"),
-        (ev(0, "stream.start", model="m", created=1) + ev(1, "stream.end") + delta(2, "late"), "event_after_stream_end"),
+        (
+            ev(0, "stream.start", model="m", created=1) + ev(1, "stream.end") + delta(2, "late"),
+            "event_after_stream_end",
+        ),
         (ev(0, "stream.start", model="m", created=1) + delta(1, "a") + ev(2, "stream.end"), "missing_content_stop"),
-        (ev(0, "stream.start", model="m", created=1) + ev(1, "tool.call", index=0, id="c", name="rm_rf", arguments="{}"), "undeclared_tool"),
+        (
+            ev(0, "stream.start", model="m", created=1)
+            + ev(1, "tool.call", index=0, id="c", name="rm_rf", arguments="{}"),
+            "undeclared_tool",
+        ),
         (ev(None, "stream.start", model="m", created=1), "seq_invalid"),
         (ev(0, "stream.start", model="m"), "missing_field"),
         (ev(0, "stream.start", model="m", created=1) + ev(1, "content.thinking", text="x"), "unknown_event_type"),
@@ -285,7 +315,9 @@ def test_findings_of_one_code_are_capped_and_counted():
 
 
 @pytest.mark.skipif(not SHARED_STREAMS.exists(), reason="../shared/reference/streams not present")
-@pytest.mark.parametrize("name", ["llmstream-draft-complete-example.sse", "llmstream-draft-tool-call-example-as-printed.sse"])
+@pytest.mark.parametrize(
+    "name", ["llmstream-draft-complete-example.sse", "llmstream-draft-tool-call-example-as-printed.sse"]
+)
 def test_shared_llm_stream_recordings_match_their_expected_extraction(name):
     expected = orjson.loads((SHARED_STREAMS / "expected.json").read_bytes())[name]
     body = (SHARED_STREAMS / name).read_bytes()

@@ -13,12 +13,12 @@ from pathlib import Path
 
 import orjson
 import pytest
+from pipeline import audit_bytes
 
 from addon.dialects import RequestView, detect_request, detect_response
 from addon.dialects.lmsp import DIALECT, LMSP, TaskProgress, event_id
-from addon.record import OUTCOME_CLIENT_ABORTED, OUTCOME_COMPLETE, OUTCOME_UPSTREAM_ABORTED
 from addon.framing.sse import SSEEvent
-from pipeline import audit_bytes
+from addon.record import OUTCOME_CLIENT_ABORTED, OUTCOME_COMPLETE, OUTCOME_UPSTREAM_ABORTED
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "responses"
 SPEC_STREAM = (FIXTURES / "lmsp-spec-stream.sse").read_bytes()
@@ -37,7 +37,9 @@ REQUEST = {
 }
 
 
-def view(method: str = "POST", path: str = "/lmsp/v1/responses", query: str = "", headers: dict | None = None) -> RequestView:
+def view(
+    method: str = "POST", path: str = "/lmsp/v1/responses", query: str = "", headers: dict | None = None
+) -> RequestView:
     return RequestView(method, path, query, {k.lower(): v for k, v in (headers or {}).items()})
 
 
@@ -58,12 +60,29 @@ def delta(id_: int, text: str) -> bytes:
 # -- the pipeline ----------------------------------------------------------------------------------
 
 
-def run(body: bytes, chunks: list[int] | None = None, *, dialect: LMSP = DIALECT, request: dict | None = REQUEST,
-        request_view: RequestView | None = None, outcome: str = OUTCOME_COMPLETE, status: int = 200,
-        event_stream: bool = True) -> dict:
+def run(
+    body: bytes,
+    chunks: list[int] | None = None,
+    *,
+    dialect: LMSP = DIALECT,
+    request: dict | None = REQUEST,
+    request_view: RequestView | None = None,
+    outcome: str = OUTCOME_COMPLETE,
+    status: int = 200,
+    event_stream: bool = True,
+) -> dict:
     """Feed ``body`` split at ``chunks`` through the auditor with ``dialect``; return the row."""
-    return audit_bytes(dialect, body, chunks, request=request, request_view=request_view or view(), outcome=outcome,
-                       status=status, event_stream=event_stream, provider=dialect.provider_for("models.example.net"))
+    return audit_bytes(
+        dialect,
+        body,
+        chunks,
+        request=request,
+        request_view=request_view or view(),
+        outcome=outcome,
+        status=status,
+        event_stream=event_stream,
+        provider=dialect.provider_for("models.example.net"),
+    )
 
 
 def run_body(body: bytes, status: int = 200, **kwargs) -> dict:
@@ -198,7 +217,13 @@ def test_reasoning_summary_item_is_reasoning_not_answer_text():
             ev(1, "response.created", response_id=RESP_ID, status="in_progress"),
             ev(2, "response.output_item.added", response_id=RESP_ID, output_index=0, item=reasoning | {"summary": []}),
             ev(3, "response.output_item.done", response_id=RESP_ID, output_index=0, item=reasoning),
-            ev(4, "response.completed", response_id=RESP_ID, status="completed", usage={"input_tokens": 1, "output_tokens": 2}),
+            ev(
+                4,
+                "response.completed",
+                response_id=RESP_ID,
+                status="completed",
+                usage={"input_tokens": 1, "output_tokens": 2},
+            ),
         ]
     )
     row = run(body)
@@ -216,8 +241,12 @@ def start(n: int = 2) -> bytes:
 
 def test_response_incomplete_gives_its_reason_and_usage():
     body = start(3) + ev(
-        4, "response.incomplete", response_id=RESP_ID, status="incomplete",
-        incomplete_details={"reason": "max_output_tokens"}, usage={"input_tokens": 5, "output_tokens": 2},
+        4,
+        "response.incomplete",
+        response_id=RESP_ID,
+        status="incomplete",
+        incomplete_details={"reason": "max_output_tokens"},
+        usage={"input_tokens": 5, "output_tokens": 2},
     )
     row = run(body)
     assert (row["status"], row["finish_reasons"], row["output_tokens"]) == ("completed", ["max_output_tokens"], 2)
@@ -229,10 +258,19 @@ def test_response_cancelled_is_a_final_event():
 
 
 def test_response_failed_carries_a_problem_object():
-    problem = {"type": "https://lmsp.example/errors/model_crashed", "title": "Model crashed", "status": 500,
-               "detail": "The runtime stopped.", "code": "model_crashed"}
+    problem = {
+        "type": "https://lmsp.example/errors/model_crashed",
+        "title": "Model crashed",
+        "status": 500,
+        "detail": "The runtime stopped.",
+        "code": "model_crashed",
+    }
     row = run(start() + ev(3, "response.failed", response_id=RESP_ID, status="failed", error=problem))
-    assert (row["status"], row["error_code"], row["error_message"]) == ("failed", "model_crashed", "The runtime stopped.")
+    assert (row["status"], row["error_code"], row["error_message"]) == (
+        "failed",
+        "model_crashed",
+        "The runtime stopped.",
+    )
     assert row["findings"] == []
 
 
@@ -251,13 +289,32 @@ def test_problem_without_code_takes_the_last_segment_of_its_type():
 @pytest.mark.parametrize(
     "status, body, code",
     [
-        (410, {"type": "https://madeforagent.com/lmsp/errors/event_history_expired", "title": "Gone", "status": 410,
-               "detail": "Events before 2 are no longer kept.", "code": "event_history_expired"}, "event_history_expired"),
-        (410, {"type": "https://madeforagent.com/lmsp/errors/event_history_expired", "title": "Gone", "status": 410},
-         "event_history_expired"),
-        (404, {"type": "about:blank", "title": "Not found", "status": 404, "code": "response_not_found"}, "response_not_found"),
-        (400, {"error": {"type": "about:blank", "title": "Bad", "status": 400, "code": "unsupported_capability"}},
-         "unsupported_capability"),
+        (
+            410,
+            {
+                "type": "https://madeforagent.com/lmsp/errors/event_history_expired",
+                "title": "Gone",
+                "status": 410,
+                "detail": "Events before 2 are no longer kept.",
+                "code": "event_history_expired",
+            },
+            "event_history_expired",
+        ),
+        (
+            410,
+            {"type": "https://madeforagent.com/lmsp/errors/event_history_expired", "title": "Gone", "status": 410},
+            "event_history_expired",
+        ),
+        (
+            404,
+            {"type": "about:blank", "title": "Not found", "status": 404, "code": "response_not_found"},
+            "response_not_found",
+        ),
+        (
+            400,
+            {"error": {"type": "about:blank", "title": "Bad", "status": 400, "code": "unsupported_capability"}},
+            "unsupported_capability",
+        ),
     ],
 )
 def test_http_problem_documents_give_the_code(status, body, code):
@@ -279,7 +336,9 @@ def test_stream_cut_mid_way_keeps_partial_text():
 
 
 def test_unknown_events_are_ignored_and_events_after_the_final_one_reported():
-    body = SPEC_STREAM.replace(b"id: 5\n", ev(5, "response.audio.delta", response_id=RESP_ID, delta="AAAA") + b"id: 6\n")
+    body = SPEC_STREAM.replace(
+        b"id: 5\n", ev(5, "response.audio.delta", response_id=RESP_ID, delta="AAAA") + b"id: 6\n"
+    )
     body = body.replace(b"id: 6\nevent: response.completed", b"id: 7\nevent: response.completed")
     assert run(body)["findings"] == []
     assert "event_after_stream_end" in codes(run(SPEC_STREAM + delta(7, "late")))
@@ -291,14 +350,20 @@ def test_unknown_events_are_ignored_and_events_after_the_final_one_reported():
 @pytest.mark.parametrize(
     "body, expected",
     [
-        (ev(None, "response.created", response_id=RESP_ID) + ev(None, "response.completed", response_id=RESP_ID), "event_id_invalid"),
+        (
+            ev(None, "response.created", response_id=RESP_ID) + ev(None, "response.completed", response_id=RESP_ID),
+            "event_id_invalid",
+        ),
         (start() + ev("x3", "response.completed", response_id=RESP_ID), "event_id_invalid"),
         (start() + ev("3.0", "response.completed", response_id=RESP_ID), "event_id_invalid"),
         (ev(0, "response.created", response_id=RESP_ID), "event_id_invalid"),
         (ev(2, "response.created", response_id=RESP_ID), "event_id_invalid"),  # a fresh stream starts at 1
         (start(3) + delta(3, "again"), "event_id_not_increasing"),
         (start(3) + delta(2, "back"), "event_id_not_increasing"),
-        (start(2) + ev(None, "response.completed", response_id=RESP_ID), "event_id_not_increasing"),  # persists: 2 again
+        (
+            start(2) + ev(None, "response.completed", response_id=RESP_ID),
+            "event_id_not_increasing",
+        ),  # persists: 2 again
     ],
 )
 def test_event_id_problems_are_reported(body, expected):
@@ -336,17 +401,28 @@ def test_resumed_task_stream_does_not_count_replayed_events_twice():
     """Exchange 1 audits ids 1-4 and drops; the client resumes after 2: 3 and 4 come again."""
     dialect = LMSP()
     events = _spec_events()
-    first = run(b"".join(events[:4]), dialect=dialect, request=None, request_view=events_view("task_1"),
-                outcome=OUTCOME_CLIENT_ABORTED)
-    second = run(b"".join(events[2:]), dialect=dialect, request=None,
-                 request_view=events_view("task_1", headers={"Last-Event-ID": "2"}))
+    first = run(
+        b"".join(events[:4]),
+        dialect=dialect,
+        request=None,
+        request_view=events_view("task_1"),
+        outcome=OUTCOME_CLIENT_ABORTED,
+    )
+    second = run(
+        b"".join(events[2:]),
+        dialect=dialect,
+        request=None,
+        request_view=events_view("task_1", headers={"Last-Event-ID": "2"}),
+    )
     assert first["output_text"] == SPEC_TEXT and first["status"] == "client_aborted"
     assert second["output_text"] == ""  # 3 and 4 were audited by the first exchange; 5 repeats them whole
     assert (second["input_tokens"], second["output_tokens"]) == (28, 12)  # usage counted once, here
     assert first["input_tokens"] is None
     assert (second["status"], second["response_id"], second["finish_reasons"]) == ("completed", RESP_ID, ["completed"])
     assert (first["task_id"], second["task_id"]) == ("task_1", "task_1")
-    assert second["findings"] == [] and first["findings"] == [{"code": "missing_stream_end", "detail": "the stream ended without its terminal event"}]
+    assert second["findings"] == [] and first["findings"] == [
+        {"code": "missing_stream_end", "detail": "the stream ended without its terminal event"}
+    ]
     assert (second["event_count"], second["replayed_events"]) == (2, 2)  # ids 3 and 4 were audited before
 
 
@@ -354,8 +430,13 @@ def test_resumed_stream_counts_the_new_part_of_a_half_audited_item():
     """Exchange 1 audited ids 1-3 only; the client had 2: 3 is replayed, 4 is new."""
     dialect = LMSP()
     events = _spec_events()
-    first = run(b"".join(events[:3]), dialect=dialect, request=None, request_view=events_view("task_2"),
-                outcome=OUTCOME_CLIENT_ABORTED)
+    first = run(
+        b"".join(events[:3]),
+        dialect=dialect,
+        request=None,
+        request_view=events_view("task_2"),
+        outcome=OUTCOME_CLIENT_ABORTED,
+    )
     second = run(b"".join(events[2:]), dialect=dialect, request=None, request_view=events_view("task_2", "after=2"))
     assert first["output_text"] + second["output_text"] == SPEC_TEXT
     assert second["output_text"] == "service is a resident interface layer."
@@ -364,12 +445,19 @@ def test_resumed_stream_counts_the_new_part_of_a_half_audited_item():
 def test_resumed_stream_takes_a_function_call_whose_done_event_is_new():
     dialect = LMSP()
     events = [b + b"\n\n" for b in CALL_STREAM.split(b"\n\n") if b]
-    first = run(b"".join(events[:2]), dialect=dialect, request=None, request_view=events_view("task_3"),
-                outcome=OUTCOME_UPSTREAM_ABORTED)
+    first = run(
+        b"".join(events[:2]),
+        dialect=dialect,
+        request=None,
+        request_view=events_view("task_3"),
+        outcome=OUTCOME_UPSTREAM_ABORTED,
+    )
     second = run(b"".join(events[2:]), dialect=dialect, request=None, request_view=events_view("task_3", "after=2"))
     assert first["tool_calls"] == [{"id": "call_01J8M7B3N9T2V5X8Z1C4D7F0HM", "name": "get_weather", "arguments": ""}]
     assert "tool_call_truncated" in codes(first)  # the first exchange never saw it whole
-    assert second["tool_calls"] == [{"id": "call_01J8M7B3N9T2V5X8Z1C4D7F0HM", "name": "get_weather", "arguments": '{"city":"Hangzhou"}'}]
+    assert second["tool_calls"] == [
+        {"id": "call_01J8M7B3N9T2V5X8Z1C4D7F0HM", "name": "get_weather", "arguments": '{"city":"Hangzhou"}'}
+    ]
     assert second["findings"] == []
 
 
@@ -384,7 +472,9 @@ def test_a_stream_replayed_entirely_records_no_content_but_its_own_ending():
 def test_other_tasks_and_post_streams_are_not_skipped():
     dialect = LMSP()
     run(SPEC_STREAM, dialect=dialect, request=None, request_view=events_view("task_5"))
-    assert run(SPEC_STREAM, dialect=dialect, request=None, request_view=events_view("task_6"))["output_text"] == SPEC_TEXT
+    assert (
+        run(SPEC_STREAM, dialect=dialect, request=None, request_view=events_view("task_6"))["output_text"] == SPEC_TEXT
+    )
     assert run(SPEC_STREAM, dialect=dialect)["output_text"] == SPEC_TEXT
     assert run(SPEC_STREAM, dialect=dialect)["output_text"] == SPEC_TEXT  # POST streams cannot be resumed
 
@@ -447,8 +537,14 @@ def test_resumption_is_the_same_for_random_splits_and_crlf():
 
     def scenario(rng: random.Random | None) -> tuple[dict, dict]:
         dialect = LMSP()
-        cuts = (lambda body: sorted(rng.sample(range(1, len(body)), min(len(body) - 1, rng.randint(1, 15))))) if rng else (lambda body: None)
-        a = run(one, cuts(one), dialect=dialect, request=None, request_view=events_view("t"), outcome=OUTCOME_CLIENT_ABORTED)
+        cuts = (
+            (lambda body: sorted(rng.sample(range(1, len(body)), min(len(body) - 1, rng.randint(1, 15)))))
+            if rng
+            else (lambda body: None)
+        )
+        a = run(
+            one, cuts(one), dialect=dialect, request=None, request_view=events_view("t"), outcome=OUTCOME_CLIENT_ABORTED
+        )
         b = run(two, cuts(two), dialect=dialect, request=None, request_view=events_view("t", "after=2"))
         return a, b
 

@@ -35,11 +35,14 @@ def connection(family: int, listen_host: str, connect_host: str) -> Iterator[tup
                 yield peer[:2], target
 
 
-@pytest.mark.parametrize(("family", "listen_host", "connect_host"), [
-    (socket.AF_INET, "127.0.0.1", "127.0.0.1"),
-    (socket.AF_INET6, "::1", "::1"),
-    (socket.AF_INET6, "::", "127.0.0.1"),  # a dual-stack listener: the peer is ::ffff:127.0.0.1
-])
+@pytest.mark.parametrize(
+    ("family", "listen_host", "connect_host"),
+    [
+        (socket.AF_INET, "127.0.0.1", "127.0.0.1"),
+        (socket.AF_INET6, "::1", "::1"),
+        (socket.AF_INET6, "::", "127.0.0.1"),  # a dual-stack listener: the peer is ::ffff:127.0.0.1
+    ],
+)
 def test_the_owner_of_the_client_socket_is_found_by_both_addresses(family, listen_host, connect_host):
     if family == socket.AF_INET6 and not socket.has_ipv6:
         pytest.skip("no IPv6")

@@ -37,10 +37,18 @@ from storage.schema import exchange_view, exchanges, metadata, purge_log
 from storage.verify import verify
 
 BIN = Path(sys.executable).parent
-ADDED_SINCE_0001 = {"bytes_from_upstream", "delivered_text",  # by 0002
-                    "chain_id", "chain_seq", "prev_hash", "record_hash", "content_hashes", "erased_at",  # by 0004
-                    "open_mac",  # by 0006
-                    "client_status"}  # by 0007
+ADDED_SINCE_0001 = {
+    "bytes_from_upstream",
+    "delivered_text",  # by 0002
+    "chain_id",
+    "chain_seq",
+    "prev_hash",
+    "record_hash",
+    "content_hashes",
+    "erased_at",  # by 0004
+    "open_mac",  # by 0006
+    "client_status",
+}  # by 0007
 INDEXED_IN_0001 = ("started_at", "ended_at", "user_id", "request_model", "status")  # one column each
 
 
@@ -71,10 +79,16 @@ def bare_engine(url: str) -> Engine:
 
 
 def exchange(id: str, **values) -> dict:
-    return {"id": id, "status": "completed", "dialect": "llm-stream", "streamed": True,
-            "started_at": datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC),
-            "ended_at": datetime(2026, 1, 2, 3, 4, 6, tzinfo=UTC),
-            "request_body": {"messages": [{"role": "user", "content": "hi"}]}, "findings": []} | values
+    return {
+        "id": id,
+        "status": "completed",
+        "dialect": "llm-stream",
+        "streamed": True,
+        "started_at": datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC),
+        "ended_at": datetime(2026, 1, 2, 3, 4, 6, tzinfo=UTC),
+        "request_body": {"messages": [{"role": "user", "content": "hi"}]},
+        "findings": [],
+    } | values
 
 
 def test_empty_database_is_upgraded_to_head_and_equals_the_schema(empty_url):
@@ -121,8 +135,9 @@ def test_exchange_view_has_the_same_columns_on_both_backends(empty_url):
     engine = open_engine(empty_url)
     try:
         assert inspect(engine).get_view_names() == ["exchange_view"]
-        assert [c["name"] for c in inspect(engine).get_columns("exchange_view")] == \
-            [c.name for c in exchange_view.columns]
+        assert [c["name"] for c in inspect(engine).get_columns("exchange_view")] == [
+            c.name for c in exchange_view.columns
+        ]
     finally:
         engine.dispose()
 
@@ -134,8 +149,9 @@ def test_downgrade_to_0002_drops_the_view_and_restores_the_indexes(empty_url):
         with engine.begin() as conn:
             command.downgrade(migrations.config(conn), "0002")
         assert inspect(engine).get_view_names() == []
-        assert {i["name"] for i in inspect(engine).get_indexes("exchanges")} == \
-            {f"ix_exchanges_{column}" for column in INDEXED_IN_0001}
+        assert {i["name"] for i in inspect(engine).get_indexes("exchanges")} == {
+            f"ix_exchanges_{column}" for column in INDEXED_IN_0001
+        }
     finally:
         engine.dispose()
     engine = open_engine(empty_url)  # and up again
@@ -167,8 +183,15 @@ def test_database_created_before_migrations_is_adopted_and_stamped(empty_url):
 def test_database_created_before_migrations_with_other_columns_is_refused_and_left_alone(tmp_path):
     url = f"sqlite:///{tmp_path / 'audit.db'}"
     engine = bare_engine(url)
-    old = Table("exchanges", MetaData(), *(Column(c.name, c.type) for c in exchanges.columns
-                                           if c.name not in {"task_id", "replayed_events", *ADDED_SINCE_0001}))
+    old = Table(
+        "exchanges",
+        MetaData(),
+        *(
+            Column(c.name, c.type)
+            for c in exchanges.columns
+            if c.name not in {"task_id", "replayed_events", *ADDED_SINCE_0001}
+        ),
+    )
     old.create(engine)
     engine.dispose()
 

@@ -16,12 +16,12 @@ from pathlib import Path
 
 import orjson
 import pytest
+from pipeline import audit_bytes
 
 from addon.dialects import RequestView, detect_request, detect_response
 from addon.dialects.openai_chat import DIALECT
-from addon.record import OUTCOME_COMPLETE, OUTCOME_UPSTREAM_ABORTED
 from addon.framing.sse import SSEEvent
-from pipeline import audit_bytes
+from addon.record import OUTCOME_COMPLETE, OUTCOME_UPSTREAM_ABORTED
 
 SHARED_STREAMS = Path(__file__).resolve().parents[2].parent / "shared" / "reference" / "streams"
 PATH = "/v1/chat/completions"
@@ -105,13 +105,33 @@ TOOL = sse(
 
 
 def view(path: str = PATH, method: str = "POST", headers: dict[str, str] | None = None) -> RequestView:
-    return RequestView(method, path, "", {k.lower(): v for k, v in (headers or {"content-type": "application/json"}).items()})
+    return RequestView(
+        method, path, "", {k.lower(): v for k, v in (headers or {"content-type": "application/json"}).items()}
+    )
 
 
-def audit(body: bytes, chunks: list[int] | None = None, *, request: dict | None = REQUEST, encoding=None,
-          outcome: str = OUTCOME_COMPLETE, event_stream: bool = True, status: int = 200) -> dict:
+def audit(
+    body: bytes,
+    chunks: list[int] | None = None,
+    *,
+    request: dict | None = REQUEST,
+    encoding=None,
+    outcome: str = OUTCOME_COMPLETE,
+    event_stream: bool = True,
+    status: int = 200,
+) -> dict:
     """Run ``body`` through the auditor split at ``chunks`` offsets; return the row."""
-    return audit_bytes(DIALECT, body, chunks, request=request, request_view=view(), encoding=encoding, outcome=outcome, event_stream=event_stream, status=status)
+    return audit_bytes(
+        DIALECT,
+        body,
+        chunks,
+        request=request,
+        request_view=view(),
+        encoding=encoding,
+        outcome=outcome,
+        event_stream=event_stream,
+        status=status,
+    )
 
 
 def audit_json(obj: dict | bytes, status: int = 200, request: dict | None = REQUEST) -> dict:
@@ -227,7 +247,9 @@ def test_text_stream_extracts_text_model_id_finish_reason_and_detailed_usage():
     assert row["usage_source"] == "provider"
     assert row["event_count"] == 7
     assert row["findings"] == []
-    assert row["output"]["choices"] == [{"index": 0, "text": "Das Wetter in Wien: 24°C, sonnig ☀️.", "finish_reason": "stop"}]
+    assert row["output"]["choices"] == [
+        {"index": 0, "text": "Das Wetter in Wien: 24°C, sonnig ☀️.", "finish_reason": "stop"}
+    ]
 
 
 def test_record_is_the_same_for_every_two_way_split_and_byte_at_a_time():
@@ -261,14 +283,26 @@ def test_usage_null_on_every_chunk_is_ignored_and_the_real_usage_is_kept():
         chunk(choice(role="assistant", content=None), usage=None, obfuscation="ZvYJf", service_tier="default"),
         chunk(choice(content="Olá!"), usage=None, obfuscation="zu"),
         chunk(choice(finish="stop"), usage=None, obfuscation=""),
-        chunk(usage={"prompt_tokens": 20, "completion_tokens": 2, "total_tokens": 22,
-                     "prompt_tokens_details": {"cached_tokens": 0, "audio_tokens": 0},
-                     "completion_tokens_details": {"reasoning_tokens": 0}}, obfuscation="m"),
+        chunk(
+            usage={
+                "prompt_tokens": 20,
+                "completion_tokens": 2,
+                "total_tokens": 22,
+                "prompt_tokens_details": {"cached_tokens": 0, "audio_tokens": 0},
+                "completion_tokens_details": {"reasoning_tokens": 0},
+            },
+            obfuscation="m",
+        ),
         "[DONE]",
     )
     row = audit(body)
     assert row["output_text"] == "Olá!"
-    assert (row["input_tokens"], row["output_tokens"], row["cache_read_input_tokens"], row["reasoning_output_tokens"]) == (20, 2, 0, 0)
+    assert (
+        row["input_tokens"],
+        row["output_tokens"],
+        row["cache_read_input_tokens"],
+        row["reasoning_output_tokens"],
+    ) == (20, 2, 0, 0)
     assert row["findings"] == []
 
 
@@ -276,21 +310,37 @@ def test_usage_not_reported_is_null_never_zero():
     body = sse(chunk(choice(content="hi"), usage=None), chunk(choice(finish="stop"), usage=None), "[DONE]")
     row = audit(body)
     assert row["usage_source"] == "none"
-    assert [row[k] for k in ("input_tokens", "output_tokens", "cache_read_input_tokens", "reasoning_output_tokens")] == [None] * 4
+    assert [
+        row[k] for k in ("input_tokens", "output_tokens", "cache_read_input_tokens", "reasoning_output_tokens")
+    ] == [None] * 4
 
 
 def test_usage_without_details_leaves_the_detail_columns_null():
-    row = audit(sse(chunk(choice(content="x", finish="stop")), chunk(usage={"prompt_tokens": 5, "completion_tokens": 1}), "[DONE]"))
+    row = audit(
+        sse(
+            chunk(choice(content="x", finish="stop")),
+            chunk(usage={"prompt_tokens": 5, "completion_tokens": 1}),
+            "[DONE]",
+        )
+    )
     assert (row["input_tokens"], row["output_tokens"]) == (5, 1)
     assert (row["cache_read_input_tokens"], row["reasoning_output_tokens"]) == (None, None)
 
 
 def test_vendor_cache_fields_are_mapped_openrouter_write_deepseek_hit_groq_x_groq():
-    openrouter = {"prompt_tokens": 100, "completion_tokens": 5,
-                  "prompt_tokens_details": {"cached_tokens": 80, "cache_write_tokens": 20}}
+    openrouter = {
+        "prompt_tokens": 100,
+        "completion_tokens": 5,
+        "prompt_tokens_details": {"cached_tokens": 80, "cache_write_tokens": 20},
+    }
     row = audit(sse(chunk(choice(content="x", finish="stop"), usage=openrouter), "[DONE]"))
     assert (row["cache_read_input_tokens"], row["cache_write_input_tokens"]) == (80, 20)
-    deepseek = {"prompt_tokens": 100, "completion_tokens": 5, "prompt_cache_hit_tokens": 64, "prompt_cache_miss_tokens": 36}
+    deepseek = {
+        "prompt_tokens": 100,
+        "completion_tokens": 5,
+        "prompt_cache_hit_tokens": 64,
+        "prompt_cache_miss_tokens": 36,
+    }
     assert audit(sse(chunk(usage=deepseek), "[DONE]"))["cache_read_input_tokens"] == 64
     groq = chunk(choice(finish="stop"), x_groq={"id": "req_1", "usage": {"prompt_tokens": 7, "completion_tokens": 3}})
     row = audit(sse(groq, "[DONE]"))
@@ -298,8 +348,14 @@ def test_vendor_cache_fields_are_mapped_openrouter_write_deepseek_hit_groq_x_gro
 
 
 def test_empty_choices_chunks_do_not_crash_and_azure_filter_chunk_gives_no_empty_model():
-    azure_first = {"choices": [], "created": 0, "id": "", "model": "", "object": "",
-                   "prompt_filter_results": [{"prompt_index": 0, "content_filter_results": {}}]}
+    azure_first = {
+        "choices": [],
+        "created": 0,
+        "id": "",
+        "model": "",
+        "object": "",
+        "prompt_filter_results": [{"prompt_index": 0, "content_filter_results": {}}],
+    }
     body = sse(
         azure_first,
         chunk(choice(content="ok", finish=None) | {"content_filter_results": {"hate": {"filtered": False}}}),
@@ -309,7 +365,12 @@ def test_empty_choices_chunks_do_not_crash_and_azure_filter_chunk_gives_no_empty
         "[DONE]",
     )
     row = audit(body)
-    assert (row["status"], row["output_text"], row["response_model"], row["response_id"]) == ("completed", "ok", MODEL, CHUNK_ID)
+    assert (row["status"], row["output_text"], row["response_model"], row["response_id"]) == (
+        "completed",
+        "ok",
+        MODEL,
+        CHUNK_ID,
+    )
     assert row["findings"] == []
 
 
@@ -347,7 +408,11 @@ def test_several_choices_interleaved_keep_their_own_text_and_output_text_is_choi
 
 
 def test_choice_without_index_falls_back_to_its_position():
-    body = sse(chunk({"delta": {"content": "x"}}, {"delta": {"content": "y"}}), chunk({"delta": {}, "finish_reason": "stop"}), "[DONE]")
+    body = sse(
+        chunk({"delta": {"content": "x"}}, {"delta": {"content": "y"}}),
+        chunk({"delta": {}, "finish_reason": "stop"}),
+        "[DONE]",
+    )
     row = audit(body)
     assert texts(row) == ["x", "y"] and row["finish_reasons"] == ["stop"]
 
@@ -494,7 +559,7 @@ def test_clean_end_of_body_without_done_is_upstream_aborted():
 
 
 def test_text_cut_mid_stream_keeps_the_partial_text():
-    cut = TEXT.index("sonnig".encode())
+    cut = TEXT.index(b"sonnig")
     row = audit(TEXT[:cut], outcome=OUTCOME_UPSTREAM_ABORTED)
     assert row["status"] == "upstream_aborted"
     assert row["output_text"] == "Das Wetter in Wien: 24°C, "
@@ -504,16 +569,38 @@ def test_text_cut_mid_stream_keeps_the_partial_text():
 
 def test_servers_that_reuse_index_zero_for_every_call_are_told_apart_by_id():
     body = sse(
-        chunk(choice(tool_calls=[{"id": "call_x", "index": 0, "type": "function",
-                                  "function": {"name": "get_weather", "arguments": '{"city":"A"}'}}])),
-        chunk(choice(tool_calls=[{"id": "call_y", "index": 0, "type": "function",
-                                  "function": {"name": "get_time", "arguments": "{}"}}])),
+        chunk(
+            choice(
+                tool_calls=[
+                    {
+                        "id": "call_x",
+                        "index": 0,
+                        "type": "function",
+                        "function": {"name": "get_weather", "arguments": '{"city":"A"}'},
+                    }
+                ]
+            )
+        ),
+        chunk(
+            choice(
+                tool_calls=[
+                    {
+                        "id": "call_y",
+                        "index": 0,
+                        "type": "function",
+                        "function": {"name": "get_time", "arguments": "{}"},
+                    }
+                ]
+            )
+        ),
         chunk(choice(finish="tool_calls")),
         "[DONE]",
     )
     row = audit(body)
     assert [(t["id"], t["name"], t["arguments"]) for t in row["tool_calls"]] == [
-        ("call_x", "get_weather", '{"city":"A"}'), ("call_y", "get_time", "{}")]
+        ("call_x", "get_weather", '{"city":"A"}'),
+        ("call_y", "get_time", "{}"),
+    ]
     assert row["findings"] == []
 
 
@@ -551,15 +638,35 @@ def test_a_tool_the_request_did_not_declare_is_reported():
 
 
 def test_openrouter_comment_and_repeated_finish_chunk_are_not_the_end_and_usage_comes_from_the_second():
-    finish = {"index": 0, "delta": {"content": "", "role": "assistant"}, "finish_reason": "stop", "native_finish_reason": "end_turn"}
-    body = b": OPENROUTER PROCESSING\n\n" + sse(
-        chunk({"index": 0, "delta": {"content": "Olá! 👋", "role": "assistant"}, "finish_reason": None}, provider="Amazon Bedrock"),
-        chunk(finish, provider="Amazon Bedrock"),
-    ) + b": OPENROUTER PROCESSING\n\n" + sse(
-        chunk(finish, usage={"prompt_tokens": 16, "completion_tokens": 18, "cost": 0.0001,
-                             "prompt_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
-                             "completion_tokens_details": {"reasoning_tokens": 0}}),
-        "[DONE]",
+    finish = {
+        "index": 0,
+        "delta": {"content": "", "role": "assistant"},
+        "finish_reason": "stop",
+        "native_finish_reason": "end_turn",
+    }
+    body = (
+        b": OPENROUTER PROCESSING\n\n"
+        + sse(
+            chunk(
+                {"index": 0, "delta": {"content": "Olá! 👋", "role": "assistant"}, "finish_reason": None},
+                provider="Amazon Bedrock",
+            ),
+            chunk(finish, provider="Amazon Bedrock"),
+        )
+        + b": OPENROUTER PROCESSING\n\n"
+        + sse(
+            chunk(
+                finish,
+                usage={
+                    "prompt_tokens": 16,
+                    "completion_tokens": 18,
+                    "cost": 0.0001,
+                    "prompt_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
+                    "completion_tokens_details": {"reasoning_tokens": 0},
+                },
+            ),
+            "[DONE]",
+        )
     )
     row = audit(body)
     assert row["status"] == "completed"
@@ -584,19 +691,30 @@ def test_events_after_done_and_invalid_json_are_findings():
 
 
 def test_error_chunk_after_http_200_fails_the_exchange_with_code_and_message():
-    error = {"error": {"message": "The server had an error while processing your request.", "type": "server_error",
-                       "param": None, "code": None}}
+    error = {
+        "error": {
+            "message": "The server had an error while processing your request.",
+            "type": "server_error",
+            "param": None,
+            "code": None,
+        }
+    }
     row = audit(sse(chunk(choice(content="partial")), error, "[DONE]"))
     assert (row["status"], row["error_code"], row["error_message"]) == (
-        "failed", "server_error", "The server had an error while processing your request.")
+        "failed",
+        "server_error",
+        "The server had an error while processing your request.",
+    )
     assert row["output_text"] == "partial"
     row = audit(sse({"error": {"code": "rate_limit_exceeded", "type": "tokens", "message": "slow down"}}))
     assert (row["status"], row["error_code"], row["error_message"]) == ("failed", "rate_limit_exceeded", "slow down")
 
 
 def test_openrouter_mid_stream_error_chunk_has_numeric_code_and_finish_reason_error():
-    err = chunk({"index": 0, "delta": {"content": ""}, "finish_reason": "error"},
-                error={"code": 502, "message": "Provider returned error"})
+    err = chunk(
+        {"index": 0, "delta": {"content": ""}, "finish_reason": "error"},
+        error={"code": 502, "message": "Provider returned error"},
+    )
     row = audit(sse(chunk(choice(content="Hal")), err, "[DONE]"))
     assert (row["status"], row["error_code"], row["error_message"]) == ("failed", "502", "Provider returned error")
     assert row["finish_reasons"] == ["error"]
@@ -615,17 +733,43 @@ def test_error_as_plain_text_or_top_level_object_or_error_event():
 @pytest.mark.parametrize(
     "status, body, code, message",
     [
-        (401, {"error": {"message": "Incorrect API key provided.", "type": "invalid_request_error", "param": None,
-                         "code": "invalid_api_key"}}, "invalid_api_key", "Incorrect API key provided."),
-        (429, {"error": {"message": "Rate limit reached", "type": "requests", "code": None}}, "requests", "Rate limit reached"),
-        (400, [{"error": {"code": 400, "message": "bad", "status": "INVALID_ARGUMENT"}}], None, None),  # Gemini compat list
+        (
+            401,
+            {
+                "error": {
+                    "message": "Incorrect API key provided.",
+                    "type": "invalid_request_error",
+                    "param": None,
+                    "code": "invalid_api_key",
+                }
+            },
+            "invalid_api_key",
+            "Incorrect API key provided.",
+        ),
+        (
+            429,
+            {"error": {"message": "Rate limit reached", "type": "requests", "code": None}},
+            "requests",
+            "Rate limit reached",
+        ),
+        (
+            400,
+            [{"error": {"code": 400, "message": "bad", "status": "INVALID_ARGUMENT"}}],
+            None,
+            None,
+        ),  # Gemini compat list
         (404, {"error": "model 'llama9' not found"}, None, "model 'llama9' not found"),  # Ollama
         (500, b"<html>Internal Server Error</html>", None, "<html>Internal Server Error</html>"),
     ],
 )
 def test_http_error_bodies_give_the_error(status, body, code, message):
     row = audit_json(body if isinstance(body, bytes) else orjson.dumps(body), status=status)
-    assert (row["status"], row["http_status"], row["error_code"], row["error_message"]) == ("failed", status, code, message)
+    assert (row["status"], row["http_status"], row["error_code"], row["error_message"]) == (
+        "failed",
+        status,
+        code,
+        message,
+    )
 
 
 # -- non-streamed answers --------------------------------------------------------------------------
@@ -637,19 +781,38 @@ COMPLETION = {
     "created": 1727346170,
     "model": MODEL,
     "choices": [
-        {"index": 0, "message": {"role": "assistant", "content": "It is sunny.", "refusal": None, "annotations": []},
-         "logprobs": None, "finish_reason": "stop"},
-        {"index": 1, "message": {"role": "assistant", "content": None, "reasoning_content": "Use the tool.",
-                                 "tool_calls": [
-                                     {"id": "call_1", "type": "function",
-                                      "function": {"name": "get_weather", "arguments": '{"city":"Vienna"}'}},
-                                     {"id": "call_2", "type": "function",
-                                      "function": {"name": "get_time", "arguments": "{}"}}]},
-         "finish_reason": "tool_calls"},
+        {
+            "index": 0,
+            "message": {"role": "assistant", "content": "It is sunny.", "refusal": None, "annotations": []},
+            "logprobs": None,
+            "finish_reason": "stop",
+        },
+        {
+            "index": 1,
+            "message": {
+                "role": "assistant",
+                "content": None,
+                "reasoning_content": "Use the tool.",
+                "tool_calls": [
+                    {
+                        "id": "call_1",
+                        "type": "function",
+                        "function": {"name": "get_weather", "arguments": '{"city":"Vienna"}'},
+                    },
+                    {"id": "call_2", "type": "function", "function": {"name": "get_time", "arguments": "{}"}},
+                ],
+            },
+            "finish_reason": "tool_calls",
+        },
         {"index": 2, "message": {"role": "assistant", "content": None, "refusal": "I can't."}, "finish_reason": "stop"},
     ],
-    "usage": {"prompt_tokens": 19, "completion_tokens": 10, "total_tokens": 29,
-              "prompt_tokens_details": {"cached_tokens": 0}, "completion_tokens_details": {"reasoning_tokens": 4}},
+    "usage": {
+        "prompt_tokens": 19,
+        "completion_tokens": 10,
+        "total_tokens": 29,
+        "prompt_tokens_details": {"cached_tokens": 0},
+        "completion_tokens_details": {"reasoning_tokens": 4},
+    },
     "system_fingerprint": "fp_1",
 }
 
@@ -666,23 +829,56 @@ def test_non_streamed_completion_gives_text_reasoning_refusal_tool_calls_usage_a
         {"id": "call_2", "name": "get_time", "arguments": "{}"},
     ]
     assert row["finish_reasons"] == ["stop", "tool_calls", "stop"]
-    assert (row["input_tokens"], row["output_tokens"], row["cache_read_input_tokens"], row["reasoning_output_tokens"]) == (19, 10, 0, 4)
+    assert (
+        row["input_tokens"],
+        row["output_tokens"],
+        row["cache_read_input_tokens"],
+        row["reasoning_output_tokens"],
+    ) == (19, 10, 0, 4)
     assert row["findings"] == []
 
 
 def test_non_streamed_tool_call_cut_by_the_token_limit_is_truncated():
-    body = {"id": "c", "model": "m", "choices": [{"index": 0, "finish_reason": "length", "message": {
-        "role": "assistant", "tool_calls": [{"id": "call_1", "type": "function",
-                                             "function": {"name": "get_weather", "arguments": '{"ci'}}]}}]}
+    body = {
+        "id": "c",
+        "model": "m",
+        "choices": [
+            {
+                "index": 0,
+                "finish_reason": "length",
+                "message": {
+                    "role": "assistant",
+                    "tool_calls": [
+                        {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"ci'}}
+                    ],
+                },
+            }
+        ],
+    }
     row = audit_json(body)
     assert row["tool_calls"] == [{"id": "call_1", "name": "get_weather", "arguments": '{"ci'}]
     assert codes(row) == ["tool_call_truncated"]
 
 
 def test_non_streamed_legacy_function_call_custom_tool_and_missing_usage():
-    body = {"id": "c", "model": "m", "choices": [{"index": 0, "finish_reason": "function_call", "message": {
-        "role": "assistant", "content": None, "function_call": {"name": "legacy_fn", "arguments": "{}"},
-        "tool_calls": [{"id": "ct_1", "type": "custom", "custom": {"name": "grammar_tool", "input": "SELECT 1"}}]}}]}
+    body = {
+        "id": "c",
+        "model": "m",
+        "choices": [
+            {
+                "index": 0,
+                "finish_reason": "function_call",
+                "message": {
+                    "role": "assistant",
+                    "content": None,
+                    "function_call": {"name": "legacy_fn", "arguments": "{}"},
+                    "tool_calls": [
+                        {"id": "ct_1", "type": "custom", "custom": {"name": "grammar_tool", "input": "SELECT 1"}}
+                    ],
+                },
+            }
+        ],
+    }
     row = audit_json(body, request=None)
     assert row["tool_calls"] == [
         {"id": "ct_1", "name": "grammar_tool", "arguments": "SELECT 1"},
@@ -694,8 +890,16 @@ def test_non_streamed_legacy_function_call_custom_tool_and_missing_usage():
 def test_non_streamed_body_that_is_not_json_or_has_odd_types_does_not_crash():
     row = audit_json(b"not json at all")
     assert codes(row) == ["response_invalid_json"] and row["status"] == "upstream_aborted"
-    odd = {"id": 5, "model": ["m"], "choices": [None, {"index": "0", "message": "hi", "finish_reason": 3},
-                                              {"message": {"content": 7, "tool_calls": "x"}}], "usage": "lots"}
+    odd = {
+        "id": 5,
+        "model": ["m"],
+        "choices": [
+            None,
+            {"index": "0", "message": "hi", "finish_reason": 3},
+            {"message": {"content": 7, "tool_calls": "x"}},
+        ],
+        "usage": "lots",
+    }
     row = audit_json(odd)
     assert row["status"] == "completed" and row["findings"] == [] and row["tool_calls"] == []
 
@@ -715,9 +919,23 @@ def test_error_object_in_a_200_json_body_fails_the_exchange():
         {"choices": [None, 1, "x"]},
         {"choices": [{"index": True, "delta": "text"}]},
         {"choices": [{"index": 0, "delta": {"content": 5, "refusal": [], "reasoning": {}, "tool_calls": "x"}}]},
-        {"choices": [{"index": 0, "delta": {"tool_calls": [None, {"index": "a", "function": "f"}, {"function": {"arguments": 3}}]}}]},
+        {
+            "choices": [
+                {
+                    "index": 0,
+                    "delta": {"tool_calls": [None, {"index": "a", "function": "f"}, {"function": {"arguments": 3}}]},
+                }
+            ]
+        },
         {"choices": [{"index": 0, "delta": {"function_call": "x"}, "finish_reason": 7}]},
-        {"usage": {"prompt_tokens": "12", "completion_tokens": True, "prompt_tokens_details": [], "completion_tokens_details": 0}},
+        {
+            "usage": {
+                "prompt_tokens": "12",
+                "completion_tokens": True,
+                "prompt_tokens_details": [],
+                "completion_tokens_details": 0,
+            }
+        },
         {"id": {"x": 1}, "model": 7, "created": "now"},
         {"error": 42},
         {"x_groq": "no"},
@@ -748,7 +966,9 @@ def _shared_request(name: str) -> dict | None:
 
 @pytest.mark.skipif(not SHARED_STREAMS.exists(), reason="../shared/reference/streams not present")
 def test_every_shared_openai_chat_and_compat_recording_is_covered():
-    files = {p.name for p in SHARED_STREAMS.glob("openai-chat-*.sse")} | {p.name for p in SHARED_STREAMS.glob("openai-compat-*.sse")}
+    files = {p.name for p in SHARED_STREAMS.glob("openai-chat-*.sse")} | {
+        p.name for p in SHARED_STREAMS.glob("openai-compat-*.sse")
+    }
     assert set(_shared_names()) == files and len(files) == 11
 
 
@@ -778,7 +998,8 @@ def test_shared_recording_matches_its_expected_extraction(name):
     assert row["output_text"] == expected["choices"][0]["text"]
     expected_calls = [
         {"id": t["id"], "name": t["name"], "arguments": t["arguments"], "complete": True}
-        for c in expected["choices"] for t in c.get("tool_calls", [])
+        for c in expected["choices"]
+        for t in c.get("tool_calls", [])
     ]
     assert row["output"]["tool_calls"] == expected_calls
     usage = expected["usage"]
@@ -788,8 +1009,13 @@ def test_shared_recording_matches_its_expected_extraction(name):
 
 
 def test_non_streamed_json_with_an_invalid_utf8_byte_keeps_its_text_and_status():
-    body = orjson.dumps({"id": "c", "model": "m", "choices": [{"index": 0, "finish_reason": "stop",
-                                                               "message": {"content": "caf\u00e9 ok"}}]})
+    body = orjson.dumps(
+        {
+            "id": "c",
+            "model": "m",
+            "choices": [{"index": 0, "finish_reason": "stop", "message": {"content": "caf\u00e9 ok"}}],
+        }
+    )
     broken = body.replace("é".encode(), b"\xe9")  # Latin-1 where UTF-8 belongs
     row = audit_json(broken)
     assert row["status"] == "completed" and row["output_text"] == "caf\ufffd ok"

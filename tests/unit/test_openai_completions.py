@@ -13,19 +13,24 @@ from dataclasses import replace
 
 import orjson
 import pytest
+from pipeline import audit_bytes
 
 from addon.dialects import RequestView, detect_request, detect_response
 from addon.dialects.openai_completions import DIALECT
 from addon.filters.api import RequestContext
 from addon.filters.engine import FilterSet
 from addon.filters.rules import parse_rules
-from addon.record import OUTCOME_COMPLETE, OUTCOME_UPSTREAM_ABORTED
 from addon.framing.sse import SSEEvent, SSEParser
-from pipeline import audit_bytes
+from addon.record import OUTCOME_COMPLETE, OUTCOME_UPSTREAM_ABORTED
 
 PATH = "/v1/completions"
-REQUEST = {"model": "gpt-3.5-turbo-instruct", "prompt": "Say this is a test", "stream": True, "user": "u-1",
-           "stream_options": {"include_usage": True}}
+REQUEST = {
+    "model": "gpt-3.5-turbo-instruct",
+    "prompt": "Say this is a test",
+    "stream": True,
+    "user": "u-1",
+    "stream_options": {"include_usage": True},
+}
 HEAD = {"id": "cmpl-abc", "object": "text_completion", "created": 1727346170, "model": "gpt-3.5-turbo-instruct"}
 USAGE = {"prompt_tokens": 5, "completion_tokens": 7, "total_tokens": 12}
 
@@ -39,7 +44,9 @@ def choice(text: str = "", index: int = 0, finish: str | None = None, logprobs=N
 
 
 def sse(*events: dict | str) -> bytes:
-    return "".join(f"data: {e if isinstance(e, str) else json.dumps(e, ensure_ascii=False)}\n\n" for e in events).encode()
+    return "".join(
+        f"data: {e if isinstance(e, str) else json.dumps(e, ensure_ascii=False)}\n\n" for e in events
+    ).encode()
 
 
 def logprobs(token: str) -> dict:
@@ -60,10 +67,25 @@ def view(path: str = PATH, method: str = "POST") -> RequestView:
     return RequestView(method, path, "", {"content-type": "application/json"})
 
 
-def audit(body: bytes, chunks: list[int] | None = None, *, request=REQUEST, event_stream: bool = True,
-          status: int = 200, outcome: str = OUTCOME_COMPLETE) -> dict:
-    return audit_bytes(DIALECT, body, chunks, request=request, request_view=view(), event_stream=event_stream,
-                       status=status, outcome=outcome)
+def audit(
+    body: bytes,
+    chunks: list[int] | None = None,
+    *,
+    request=REQUEST,
+    event_stream: bool = True,
+    status: int = 200,
+    outcome: str = OUTCOME_COMPLETE,
+) -> dict:
+    return audit_bytes(
+        DIALECT,
+        body,
+        chunks,
+        request=request,
+        request_view=view(),
+        event_stream=event_stream,
+        status=status,
+        outcome=outcome,
+    )
 
 
 def codes(row: dict) -> list[str]:
@@ -73,17 +95,28 @@ def codes(row: dict) -> list[str]:
 # -- detection --------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("path", ["/v1/completions", "/completions", "/openai/deployments/instruct/completions",
-                                  "/v1/completions/", "/api/v1/completions"])
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/v1/completions",
+        "/completions",
+        "/openai/deployments/instruct/completions",
+        "/v1/completions/",
+        "/api/v1/completions",
+    ],
+)
 def test_post_to_a_completions_path_with_a_prompt_is_detected(path):
     for prompt in ("hi", ["a", "b"], [1, 2, 3], [[1, 2], [3]], ""):
-        assert detect_request(view(path), lambda: {"model": "m", "prompt": prompt}) is DIALECT
+        assert detect_request(view(path), lambda prompt=prompt: {"model": "m", "prompt": prompt}) is DIALECT
 
 
-@pytest.mark.parametrize("path, body, other", [
-    ("/v1/chat/completions", {"model": "m", "messages": [], "prompt": "x"}, "openai-chat"),
-    ("/v1/responses", {"model": "m", "input": "x", "prompt": {"id": "pmpt_1"}}, "openai-responses"),
-])
+@pytest.mark.parametrize(
+    "path, body, other",
+    [
+        ("/v1/chat/completions", {"model": "m", "messages": [], "prompt": "x"}, "openai-chat"),
+        ("/v1/responses", {"model": "m", "input": "x", "prompt": {"id": "pmpt_1"}}, "openai-responses"),
+    ],
+)
 def test_chat_completions_and_responses_are_not_stolen(path, body, other):
     assert detect_request(view(path), lambda: body).name == other
 
@@ -102,7 +135,11 @@ def test_an_unclaimed_stream_is_claimed_by_a_text_completion_first_chunk():
 def test_request_summary_reads_model_stream_user_and_flags_token_prompts():
     summary = DIALECT.summarize(REQUEST, view())
     assert (summary.model, summary.stream, summary.user_id, summary.findings) == (
-        "gpt-3.5-turbo-instruct", True, "u-1", [])
+        "gpt-3.5-turbo-instruct",
+        True,
+        "u-1",
+        [],
+    )
     assert [f.code for f in DIALECT.summarize({"prompt": [[101, 2023]]}, view()).findings] == ["request_token_prompt"]
     assert DIALECT.summarize(None, view()).model is None
 
@@ -114,10 +151,17 @@ def test_text_stream_gives_text_model_id_finish_reason_usage_and_no_logprobs_in_
     row = audit(TEXT)
     assert row["output_text"] == "\n\nThis is ä test."
     assert (row["response_model"], row["response_id"], row["finish_reasons"]) == (
-        "gpt-3.5-turbo-instruct", "cmpl-abc", ["stop"])
+        "gpt-3.5-turbo-instruct",
+        "cmpl-abc",
+        ["stop"],
+    )
     assert (row["input_tokens"], row["output_tokens"], row["usage_source"]) == (5, 7, "provider")
     assert (row["status"], row["dialect"], row["request_model"], codes(row)) == (
-        "completed", "openai-completions", "gpt-3.5-turbo-instruct", [])
+        "completed",
+        "openai-completions",
+        "gpt-3.5-turbo-instruct",
+        [],
+    )
 
 
 def test_the_record_is_the_same_for_every_split_and_byte_at_a_time():
@@ -131,17 +175,29 @@ def test_the_record_is_the_same_for_every_split_and_byte_at_a_time():
 
 
 def test_several_choices_and_a_batch_of_prompts_keep_their_own_text_and_finish():
-    body = sse(chunk(choice("A", 0)), chunk(choice("B", 1)), chunk(choice("a", 0, "stop")), chunk(choice("b", 1)),
-               chunk(choice("", 2, "length")), chunk(choice("!", 1, "stop")), "[DONE]")
+    body = sse(
+        chunk(choice("A", 0)),
+        chunk(choice("B", 1)),
+        chunk(choice("a", 0, "stop")),
+        chunk(choice("b", 1)),
+        chunk(choice("", 2, "length")),
+        chunk(choice("!", 1, "stop")),
+        "[DONE]",
+    )
     row = audit(body, request=REQUEST | {"prompt": ["x", "y", "z"]})
     assert [(c["index"], c["text"], c["finish_reason"]) for c in row["output"]["choices"]] == [
-        (0, "Aa", "stop"), (1, "Bb!", "stop"), (2, "", "length")]
+        (0, "Aa", "stop"),
+        (1, "Bb!", "stop"),
+        (2, "", "length"),
+    ]
     assert row["output_text"] == "Aa"
 
 
 def test_an_error_chunk_after_http_200_fails_the_exchange():
-    body = sse(chunk(choice("par")), {"error": {"message": "The server had an error", "type": "server_error",
-                                                 "code": "internal"}})
+    body = sse(
+        chunk(choice("par")),
+        {"error": {"message": "The server had an error", "type": "server_error", "code": "internal"}},
+    )
     row = audit(body)
     assert (row["status"], row["error_code"], row["error_message"]) == ("failed", "internal", "The server had an error")
 
@@ -152,18 +208,31 @@ def test_a_stream_cut_before_done_is_upstream_aborted_with_the_partial_text():
 
 
 def test_http_error_bodies_and_odd_chunks_never_raise():
-    row = audit(b'{"error": {"message": "Invalid prompt", "type": "invalid_request_error", "code": null}}',
-                event_stream=False, status=400)
-    assert (row["status"], row["error_code"], row["error_message"]) == ("failed", "invalid_request_error", "Invalid prompt")
-    odd = sse({"choices": "x"}, {"choices": [1, None, {"text": 5, "index": "a", "finish_reason": 3}]},
-              {"usage": [1]}, "not json", "[DONE]")
+    row = audit(
+        b'{"error": {"message": "Invalid prompt", "type": "invalid_request_error", "code": null}}',
+        event_stream=False,
+        status=400,
+    )
+    assert (row["status"], row["error_code"], row["error_message"]) == (
+        "failed",
+        "invalid_request_error",
+        "Invalid prompt",
+    )
+    odd = sse(
+        {"choices": "x"},
+        {"choices": [1, None, {"text": 5, "index": "a", "finish_reason": 3}]},
+        {"usage": [1]},
+        "not json",
+        "[DONE]",
+    )
     row = audit(odd)
     assert row["status"] == "completed" and codes(row) == ["invalid_json"]
 
 
 def test_a_non_streamed_completion_gives_text_choices_and_usage():
-    body = orjson.dumps(HEAD | {"choices": [choice("One", 0, "stop", logprobs("One")), choice("Two", 1, "length")],
-                                "usage": USAGE})
+    body = orjson.dumps(
+        HEAD | {"choices": [choice("One", 0, "stop", logprobs("One")), choice("Two", 1, "length")], "usage": USAGE}
+    )
     row = audit(body, event_stream=False, request=REQUEST | {"stream": False, "n": 2})
     assert [c["text"] for c in row["output"]["choices"]] == ["One", "Two"]
     assert (row["finish_reasons"], row["output_tokens"], row["status"]) == (["stop", "length"], 7, "completed")
@@ -192,7 +261,11 @@ def test_termination_finishes_each_unfinished_choice_with_content_filter_then_do
     assert done == "[DONE]"
     [only] = [orjson.loads(c) for c in chunks]
     assert (only["id"], only["object"], only["model"], only["created"]) == (
-        "cmpl-abc", "text_completion", "gpt-3.5-turbo-instruct", 1727346170)
+        "cmpl-abc",
+        "text_completion",
+        "gpt-3.5-turbo-instruct",
+        1727346170,
+    )
     assert only["choices"] == [{"text": "", "index": 0, "logprobs": None, "finish_reason": "content_filter"}]
     for data in events_of(sse("[DONE]")):
         normalizer.on_event(SSEEvent(data=data))
@@ -208,15 +281,19 @@ def test_the_termination_reads_back_as_a_filtered_stream():
     assert (row["status"], row["finish_reasons"], row["output_text"]) == ("completed", ["content_filter"], "A")
 
 
-RULES = parse_rules('[[rule]]\nid = "k"\nkind = "keywords"\nkeywords = ["Nightjar"]\naction = "block"\n'
-                    'scope = "request"')
+RULES = parse_rules(
+    '[[rule]]\nid = "k"\nkind = "keywords"\nkeywords = ["Nightjar"]\naction = "block"\nscope = "request"'
+)
 
 
-@pytest.mark.parametrize("body, where", [
-    ({"prompt": "Tell me about Nightjar"}, "messages[0]"),
-    ({"prompt": ["harmless", "Tell me about Night\u200djar"]}, "messages[1]"),
-    ({"prompt": "def f():", "suffix": "# Nightjar"}, "messages[1]"),
-])
+@pytest.mark.parametrize(
+    "body, where",
+    [
+        ({"prompt": "Tell me about Nightjar"}, "messages[0]"),
+        ({"prompt": ["harmless", "Tell me about Night\u200djar"]}, "messages[1]"),
+        ({"prompt": "def f():", "suffix": "# Nightjar"}, "messages[1]"),
+    ],
+)
 def test_request_rules_read_every_prompt_and_the_suffix(body, where):
     [verdict] = FilterSet(RULES, failure="closed").check_request(RequestContext.from_body("openai-completions", body))
     assert (verdict.action, verdict.rule_id, verdict.location) == ("block", "k", where)

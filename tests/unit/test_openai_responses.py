@@ -15,13 +15,13 @@ from pathlib import Path
 
 import orjson
 import pytest
+from pipeline import audit_bytes, comparable_row
 
 from addon.auditor import StreamAuditor, summary_into_record
 from addon.dialects import RequestView, detect_request, detect_response
 from addon.dialects.openai_responses import DIALECT, OpenAIResponsesNormalizer
-from addon.record import OUTCOME_COMPLETE, OUTCOME_UPSTREAM_ABORTED, ExchangeRecord
 from addon.framing.sse import SSEEvent
-from pipeline import audit_bytes, comparable_row
+from addon.record import OUTCOME_COMPLETE, OUTCOME_UPSTREAM_ABORTED, ExchangeRecord
 
 SHARED_STREAMS = Path(__file__).resolve().parents[2].parent / "shared" / "reference" / "streams"
 
@@ -88,7 +88,14 @@ def message(item_id: str = "msg_1", text: str | None = None, status: str = "comp
 
 
 def call(item_id: str, call_id: str, name: str, arguments: str, status: str = "completed") -> dict:
-    return {"id": item_id, "type": "function_call", "status": status, "arguments": arguments, "call_id": call_id, "name": name}
+    return {
+        "id": item_id,
+        "type": "function_call",
+        "status": status,
+        "arguments": arguments,
+        "call_id": call_id,
+        "name": name,
+    }
 
 
 def text_events(text_parts: list[str], item_id: str = "msg_1", index: int = 0) -> list[tuple[str, dict]]:
@@ -102,7 +109,13 @@ def text_events(text_parts: list[str], item_id: str = "msg_1", index: int = 0) -
             for d in text_parts
         ],
         e("response.output_text.done", item_id=item_id, output_index=index, content_index=0, text=full, logprobs=[]),
-        e("response.content_part.done", item_id=item_id, output_index=index, content_index=0, part=part | {"text": full}),
+        e(
+            "response.content_part.done",
+            item_id=item_id,
+            output_index=index,
+            content_index=0,
+            part=part | {"text": full},
+        ),
         e("response.output_item.done", output_index=index, item=message(item_id, full)),
     ]
 
@@ -133,7 +146,10 @@ ARGS = ['{"ci', 'ty": "Vie', 'nna"}']
 CALL_STREAM = stream(
     *CREATED,
     *call_events("fc_1", "call_1", "get_weather", ARGS),
-    e("response.completed", response=response("completed", [call("fc_1", "call_1", "get_weather", "".join(ARGS))], usage(58, 17))),
+    e(
+        "response.completed",
+        response=response("completed", [call("fc_1", "call_1", "get_weather", "".join(ARGS))], usage(58, 17)),
+    ),
 )
 
 SUMMARY = ["**Checking the weather**\n\n", "I should call get_weather."]
@@ -145,10 +161,25 @@ REASONING_DONE = REASONING_ITEM | {
 REASONING_STREAM = stream(
     *CREATED,
     e("response.output_item.added", output_index=0, item=REASONING_ITEM),
-    e("response.reasoning_summary_part.added", item_id="rs_1", output_index=0, summary_index=0, part={"type": "summary_text", "text": ""}),
-    *[e("response.reasoning_summary_text.delta", item_id="rs_1", output_index=0, summary_index=0, delta=d) for d in SUMMARY],
+    e(
+        "response.reasoning_summary_part.added",
+        item_id="rs_1",
+        output_index=0,
+        summary_index=0,
+        part={"type": "summary_text", "text": ""},
+    ),
+    *[
+        e("response.reasoning_summary_text.delta", item_id="rs_1", output_index=0, summary_index=0, delta=d)
+        for d in SUMMARY
+    ],
     e("response.reasoning_summary_text.done", item_id="rs_1", output_index=0, summary_index=0, text="".join(SUMMARY)),
-    e("response.reasoning_summary_part.done", item_id="rs_1", output_index=0, summary_index=0, part={"type": "summary_text", "text": "".join(SUMMARY)}),
+    e(
+        "response.reasoning_summary_part.done",
+        item_id="rs_1",
+        output_index=0,
+        summary_index=0,
+        part={"type": "summary_text", "text": "".join(SUMMARY)},
+    ),
     e("response.reasoning_text.delta", item_id="rs_1", output_index=0, content_index=0, delta="raw "),
     e("response.reasoning_text.delta", item_id="rs_1", output_index=0, content_index=0, delta="thought"),
     e("response.reasoning_text.done", item_id="rs_1", output_index=0, content_index=0, text="raw thought"),
@@ -169,7 +200,9 @@ REASONING_STREAM = stream(
 # -- the pipeline ----------------------------------------------------------------------------
 
 
-def view(method: str = "POST", path: str = "/v1/responses", query: str = "", headers: dict | None = None) -> RequestView:
+def view(
+    method: str = "POST", path: str = "/v1/responses", query: str = "", headers: dict | None = None
+) -> RequestView:
     return RequestView(method, path, query, {k.lower(): v for k, v in (headers or {}).items()})
 
 
@@ -180,13 +213,26 @@ def _record(request: dict | None, request_view: RequestView) -> tuple[ExchangeRe
     return record, DIALECT.normalizer(summary)
 
 
-
-
-def audit(body: bytes, chunks: list[int] | None = None, *, request: dict | None = REQUEST, encoding=None,
-          outcome: str = OUTCOME_COMPLETE, request_view: RequestView | None = None) -> dict:
+def audit(
+    body: bytes,
+    chunks: list[int] | None = None,
+    *,
+    request: dict | None = REQUEST,
+    encoding=None,
+    outcome: str = OUTCOME_COMPLETE,
+    request_view: RequestView | None = None,
+) -> dict:
     """Run an event stream split at ``chunks`` offsets through the auditor; return the row."""
-    return audit_bytes(DIALECT, body, chunks, request=request, request_view=request_view or view(), encoding=encoding,
-                       outcome=outcome, provider=DIALECT.provider_for("api.openai.com"))
+    return audit_bytes(
+        DIALECT,
+        body,
+        chunks,
+        request=request,
+        request_view=request_view or view(),
+        encoding=encoding,
+        outcome=outcome,
+        provider=DIALECT.provider_for("api.openai.com"),
+    )
 
 
 def audit_body(body: bytes | dict, status: int = 200, *, request: dict | None = REQUEST) -> dict:
@@ -240,7 +286,9 @@ def test_lmsp_paths_are_excluded_whatever_the_registration_order():
     assert not DIALECT.matches(view("GET", "/lmsp/v1/responses/resp_1"))
 
 
-@pytest.mark.parametrize("path", ["/v1/responses/resp_68d9303e", "/openai/v1/responses/resp_1", "/openai/responses/resp_x"])
+@pytest.mark.parametrize(
+    "path", ["/v1/responses/resp_68d9303e", "/openai/v1/responses/resp_1", "/openai/responses/resp_x"]
+)
 def test_get_of_a_stored_response_is_detected(path):
     assert detect_request(view("GET", path), lambda: None) is DIALECT
     assert detect_request(view("GET", path, "stream=true&starting_after=3"), lambda: None) is DIALECT
@@ -314,7 +362,11 @@ def test_text_stream_gives_text_model_id_usage_and_status_reason_once():
     assert row["output_text"] == TEXT  # the done events repeat it: not appended again
     assert (row["response_model"], row["response_id"], row["request_model"]) == (MODEL, "resp_1", "gpt-4o")
     assert (row["input_tokens"], row["output_tokens"]) == (42, 9)
-    assert (row["cache_read_input_tokens"], row["reasoning_output_tokens"], row["cache_write_input_tokens"]) == (5, 0, None)
+    assert (row["cache_read_input_tokens"], row["reasoning_output_tokens"], row["cache_write_input_tokens"]) == (
+        5,
+        0,
+        None,
+    )
     assert row["finish_reasons"] == ["completed"]
     assert row["user_id"] == "user-12345"
     assert row["event_count"] == 11 and row["findings"] == [] and row["tool_calls"] == []
@@ -373,7 +425,13 @@ def test_refusal_is_kept_as_refusal_not_answer_text():
         e("response.refusal.delta", item_id="msg_1", output_index=0, content_index=0, delta="I'm sorry, "),
         e("response.refusal.delta", item_id="msg_1", output_index=0, content_index=0, delta="I can't help with that."),
         e("response.refusal.done", item_id="msg_1", output_index=0, content_index=0, refusal=refusal),
-        e("response.content_part.done", item_id="msg_1", output_index=0, content_index=0, part=part | {"refusal": refusal}),
+        e(
+            "response.content_part.done",
+            item_id="msg_1",
+            output_index=0,
+            content_index=0,
+            part=part | {"refusal": refusal},
+        ),
         e("response.output_item.done", output_index=0, item=message(refusal=refusal)),
         e("response.completed", response=response("completed", [message(refusal=refusal)], usage(10, 8))),
     )
@@ -403,11 +461,17 @@ def test_a_call_to_a_tool_the_request_did_not_declare_is_reported_once():
     assert [(f["code"], f["detail"]) for f in row["findings"]] == [("undeclared_tool", "get_weather")]
     assert codes(audit(CALL_STREAM, request={"model": "gpt-4o", "input": "hi"})) == ["undeclared_tool"]
     # a retrieved response: what was declared is unknown, nothing is checked
-    assert codes(audit(CALL_STREAM, request=None, request_view=view("GET", "/v1/responses/resp_1", "stream=true"))) == []
+    assert (
+        codes(audit(CALL_STREAM, request=None, request_view=view("GET", "/v1/responses/resp_1", "stream=true"))) == []
+    )
 
 
 def test_usage_not_reported_is_null_never_zero():
-    body = stream(*CREATED, *text_events(["hi"]), e("response.completed", response=response("completed", [message("msg_1", "hi")])))
+    body = stream(
+        *CREATED,
+        *text_events(["hi"]),
+        e("response.completed", response=response("completed", [message("msg_1", "hi")])),
+    )
     row = audit(body)
     assert row["output_text"] == "hi"
     assert (row["input_tokens"], row["output_tokens"], row["reasoning_output_tokens"]) == (None, None, None)
@@ -415,7 +479,10 @@ def test_usage_not_reported_is_null_never_zero():
 
 
 def test_usage_without_details_leaves_cache_and_reasoning_null():
-    body = stream(*CREATED, e("response.completed", response=response("completed", usage=usage(3, 4, cached=None, reasoning=None))))
+    body = stream(
+        *CREATED,
+        e("response.completed", response=response("completed", usage=usage(3, 4, cached=None, reasoning=None))),
+    )
     row = audit(body)
     assert (row["input_tokens"], row["output_tokens"]) == (3, 4)
     assert (row["cache_read_input_tokens"], row["reasoning_output_tokens"]) == (None, None)
@@ -463,7 +530,9 @@ def test_done_events_that_disagree_with_the_deltas_leave_the_streamed_text():
 
 
 def test_final_response_output_fills_in_items_the_stream_never_showed():
-    final = response("completed", [message("msg_1", "Whole."), call("fc_1", "call_1", "get_weather", '{"city":"Wien"}')])
+    final = response(
+        "completed", [message("msg_1", "Whole."), call("fc_1", "call_1", "get_weather", '{"city":"Wien"}')]
+    )
     row = audit(stream(*CREATED, e("response.completed", response=final)))
     assert row["output_text"] == "Whole."
     assert row["tool_calls"] == [{"id": "call_1", "name": "get_weather", "arguments": '{"city":"Wien"}'}]
@@ -477,7 +546,10 @@ def test_arguments_done_fills_in_missing_argument_deltas_without_doubling():
         e("response.function_call_arguments.delta", item_id="fc_1", output_index=0, delta='{"city"'),
         e("response.function_call_arguments.done", item_id="fc_1", output_index=0, arguments='{"city":"Wien"}'),
         e("response.output_item.done", output_index=0, item=call("fc_1", "call_1", "get_weather", '{"city":"Wien"}')),
-        e("response.completed", response=response("completed", [call("fc_1", "call_1", "get_weather", '{"city":"Wien"}')])),
+        e(
+            "response.completed",
+            response=response("completed", [call("fc_1", "call_1", "get_weather", '{"city":"Wien"}')]),
+        ),
     )
     assert audit(body)["tool_calls"] == [{"id": "call_1", "name": "get_weather", "arguments": '{"city":"Wien"}'}]
 
@@ -509,20 +581,38 @@ def test_error_event_with_top_level_code_and_message_fails_the_exchange():
         e("error", code="server_error", message="The server had an error.", param=None),
     )
     row = audit(body)
-    assert (row["status"], row["error_code"], row["error_message"]) == ("failed", "server_error", "The server had an error.")
+    assert (row["status"], row["error_code"], row["error_message"]) == (
+        "failed",
+        "server_error",
+        "The server had an error.",
+    )
     assert row["output_text"] == "partial"
     assert "missing_stream_end" not in codes(row)  # the error says why it stopped
 
 
 def test_error_event_with_nested_error_object_then_response_failed():
-    err = {"type": "insufficient_quota", "code": "insufficient_quota", "message": "You exceeded your current quota.", "param": None}
+    err = {
+        "type": "insufficient_quota",
+        "code": "insufficient_quota",
+        "message": "You exceeded your current quota.",
+        "param": None,
+    }
     body = stream(
         *CREATED,
         e("error", error=err),
-        e("response.failed", response=response("failed", error={"code": "insufficient_quota", "message": "You exceeded your current quota."})),
+        e(
+            "response.failed",
+            response=response(
+                "failed", error={"code": "insufficient_quota", "message": "You exceeded your current quota."}
+            ),
+        ),
     )
     row = audit(body)
-    assert (row["status"], row["error_code"], row["error_message"]) == ("failed", "insufficient_quota", "You exceeded your current quota.")
+    assert (row["status"], row["error_code"], row["error_message"]) == (
+        "failed",
+        "insufficient_quota",
+        "You exceeded your current quota.",
+    )
     assert row["finish_reasons"] == ["failed"] and row["findings"] == []
 
 
@@ -533,7 +623,13 @@ def test_nested_error_without_code_uses_its_type():
 
 
 def test_response_failed_gives_the_error_of_the_response():
-    body = stream(*CREATED, e("response.failed", response=response("failed", error={"code": "rate_limit_exceeded", "message": "Slow down."})))
+    body = stream(
+        *CREATED,
+        e(
+            "response.failed",
+            response=response("failed", error={"code": "rate_limit_exceeded", "message": "Slow down."}),
+        ),
+    )
     row = audit(body)
     assert (row["status"], row["error_code"], row["error_message"]) == ("failed", "rate_limit_exceeded", "Slow down.")
 
@@ -546,9 +642,25 @@ def test_response_failed_without_an_error_object_still_fails():
 @pytest.mark.parametrize(
     "status, body, code, message",
     [
-        (400, {"error": {"message": "Unknown model.", "type": "invalid_request_error", "param": "model", "code": "model_not_found"}},
-         "model_not_found", "Unknown model."),
-        (429, {"error": {"message": "Quota.", "type": "insufficient_quota", "param": None, "code": None}}, "insufficient_quota", "Quota."),
+        (
+            400,
+            {
+                "error": {
+                    "message": "Unknown model.",
+                    "type": "invalid_request_error",
+                    "param": "model",
+                    "code": "model_not_found",
+                }
+            },
+            "model_not_found",
+            "Unknown model.",
+        ),
+        (
+            429,
+            {"error": {"message": "Quota.", "type": "insufficient_quota", "param": None, "code": None}},
+            "insufficient_quota",
+            "Quota.",
+        ),
         (500, b"upstream exploded", None, "upstream exploded"),
     ],
 )
@@ -598,7 +710,9 @@ def test_tool_call_cut_by_the_token_limit_is_kept_incomplete_with_the_finding():
 
 
 def test_events_after_the_final_event_are_reported():
-    body = TEXT_STREAM + stream(e("response.output_text.delta", item_id="msg_1", content_index=0, delta="late"), start=20)
+    body = TEXT_STREAM + stream(
+        e("response.output_text.delta", item_id="msg_1", content_index=0, delta="late"), start=20
+    )
     assert "event_after_stream_end" in codes(audit(body))
 
 
@@ -615,7 +729,9 @@ def test_unknown_events_comments_and_a_done_sentinel_are_ignored():
 
 
 def test_data_that_is_not_a_json_object_is_a_finding():
-    row = audit(stream(*CREATED) + b"event: response.output_text.delta\ndata: {broken\n\n" + TEXT_STREAM.split(b"\n\n", 2)[2])
+    row = audit(
+        stream(*CREATED) + b"event: response.output_text.delta\ndata: {broken\n\n" + TEXT_STREAM.split(b"\n\n", 2)[2]
+    )
     assert codes(row) == ["invalid_json"] and row["output_text"] == TEXT
 
 
@@ -651,7 +767,10 @@ def test_record_is_the_same_for_random_splits_crlf_framing_and_gzip():
         cuts = sorted(rng.sample(range(1, len(crlf)), rng.randint(1, 20)))
         assert audit(crlf, cuts) == whole | {"bytes_to_client": len(crlf), "bytes_from_upstream": len(crlf)}
     packed = gzip.compress(REASONING_STREAM)
-    assert audit(packed, list(range(1, len(packed), 5)), encoding="gzip") == whole | {"bytes_to_client": len(packed), "bytes_from_upstream": len(packed)}
+    assert audit(packed, list(range(1, len(packed), 5)), encoding="gzip") == whole | {
+        "bytes_to_client": len(packed),
+        "bytes_from_upstream": len(packed),
+    }
 
 
 # -- non-streamed responses ------------------------------------------------------------------------
@@ -668,7 +787,12 @@ def test_non_streamed_response_object_gives_every_output_item():
     assert row["output_text"] == "Sunny."
     assert row["output"]["choices"][0]["reasoning"] == "".join(SUMMARY) + "raw thought"
     assert row["tool_calls"] == [{"id": "call_1", "name": "get_weather", "arguments": '{"city":"Wien"}'}]
-    assert (row["input_tokens"], row["output_tokens"], row["cache_read_input_tokens"], row["reasoning_output_tokens"]) == (30, 70, 10, 50)
+    assert (
+        row["input_tokens"],
+        row["output_tokens"],
+        row["cache_read_input_tokens"],
+        row["reasoning_output_tokens"],
+    ) == (30, 70, 10, 50)
     assert (row["response_model"], row["response_id"], row["finish_reasons"]) == (MODEL, "resp_1", ["completed"])
     assert row["findings"] == []
 
@@ -754,15 +878,27 @@ def test_the_output_so_far_is_rebuilt_from_what_the_gates_normalizer_read():
     n = OpenAIResponsesNormalizer()
     n.keeps_delivered = True
     message = {"id": "msg_1", "type": "message", "role": "assistant", "status": "in_progress", "content": []}
-    call = {"id": "fc_1", "type": "function_call", "call_id": "call_1", "name": "f", "arguments": "",
-            "status": "in_progress"}
+    call = {
+        "id": "fc_1",
+        "type": "function_call",
+        "call_id": "call_1",
+        "name": "f",
+        "arguments": "",
+        "status": "in_progress",
+    }
     search = {"id": "ws_1", "type": "web_search_call", "status": "completed", "action": {"query": "q"}}
     events = [
         ("response.output_item.added", {"output_index": 0, "item": message}),
         ("response.output_text.delta", {"item_id": "msg_1", "output_index": 0, "content_index": 0, "delta": "Hi "}),
         ("response.output_text.delta", {"item_id": "msg_1", "output_index": 0, "content_index": 0, "delta": "you"}),
-        ("response.output_item.done", {"output_index": 0, "item": message | {
-            "status": "completed", "content": [{"type": "output_text", "text": "Hi you", "annotations": []}]}}),
+        (
+            "response.output_item.done",
+            {
+                "output_index": 0,
+                "item": message
+                | {"status": "completed", "content": [{"type": "output_text", "text": "Hi you", "annotations": []}]},
+            },
+        ),
         ("response.output_item.done", {"item": search}),  # no output_index: the next place
         ("response.output_item.added", {"output_index": 2, "item": call}),
         ("response.function_call_arguments.delta", {"item_id": "fc_1", "output_index": 2, "delta": '{"a'}),

@@ -27,9 +27,9 @@ from addon.auditor import StreamAuditor, summary_into_record
 from addon.filters.api import BaseFilter, OutputPiece, Verdict
 from addon.filters.engine import FILTER_ERROR, FilterSet
 from addon.filters.rules import parse_rules
+from addon.framing.sse import SSEParser, SSEReader
 from addon.output_gate import OutputGate
 from addon.record import OUTCOME_COMPLETE, ExchangeRecord
-from addon.framing.sse import SSEParser, SSEReader
 from mockllm.scenario import Scenario
 
 WORD = "Nightjar"
@@ -66,15 +66,27 @@ def body_of(case: Case, scenario: Scenario) -> bytes:
     return b"".join(case.stream(case.request, scenario))
 
 
-def gated(case: Case, body: bytes, cuts: list[int], filters: FilterSet, *, encoding: str | None = None,
-          max_event_bytes: int = 1 << 20) -> tuple[list[bytes], dict[str, Any], StreamAuditor]:
+def gated(
+    case: Case,
+    body: bytes,
+    cuts: list[int],
+    filters: FilterSet,
+    *,
+    encoding: str | None = None,
+    max_event_bytes: int = 1 << 20,
+) -> tuple[list[bytes], dict[str, Any], StreamAuditor]:
     """Feed ``body`` cut at ``cuts`` through an auditor with a gate: (what the client got
     per call, the record's row, the auditor)."""
     record = ExchangeRecord(dialect=case.name, streamed=True, http_status=200)
     summary = case.dialect.summarize(case.request, case.view)
     summary_into_record(record, summary)
-    gate = OutputGate(filters.output_guard(), case.dialect.normalizer(summary), holds=filters.may_block_output,
-                      split_raw=encoding is None, failure=filters.failure)
+    gate = OutputGate(
+        filters.output_guard(),
+        case.dialect.normalizer(summary),
+        holds=filters.may_block_output,
+        split_raw=encoding is None,
+        failure=filters.failure,
+    )
     auditor = StreamAuditor(record, case.dialect.normalizer(summary), encoding, max_event_bytes, gate=gate)
     bounds = [0, *cuts, len(body)]
     sent = [auditor.feed(body[a:b]) for a, b in zip(bounds, bounds[1:]) if b > a and not auditor.stopped]
@@ -137,7 +149,8 @@ def test_a_blocked_word_cut_across_events_never_reaches_the_client(name: str) ->
         assert full.startswith(shown) and len(shown) <= full.index(WORD), f"leaked {shown!r} with cuts {cuts}"
         assert (row["status"], row["error_code"]) == ("blocked", "content_filtered")
         assert [(v["action"], v["rule_id"], v["position"]) for v in row["verdicts"]] == [
-            ("block", "no-code-name", full.index(WORD))]
+            ("block", "no-code-name", full.index(WORD))
+        ]
         assert row["delivered_text"] == shown and row["output_text"].startswith(shown)
         assert row["bytes_to_client"] == len(received) and codes(row) == []
 
@@ -153,8 +166,12 @@ def test_what_the_client_gets_is_a_well_formed_filtered_stream(name: str) -> Non
 
 
 def test_llm_stream_seq_continues_from_the_last_event_the_client_got() -> None:
-    sent, _, _ = gated(CASES["llm-stream"], body_of(CASES["llm-stream"], DIRTY), byte_at_a_time(body_of(
-        CASES["llm-stream"], DIRTY)), BLOCKING)
+    sent, _, _ = gated(
+        CASES["llm-stream"],
+        body_of(CASES["llm-stream"], DIRTY),
+        byte_at_a_time(body_of(CASES["llm-stream"], DIRTY)),
+        BLOCKING,
+    )
     data = [orjson.loads(e.data) for e in sse_events(b"".join(sent))]
     assert [d["seq"] for d in data] == list(range(len(data)))
     assert [d["type"] for d in data[-3:]] == ["content.stop", "error", "stream.end"]
@@ -178,8 +195,9 @@ def test_the_text_held_at_the_end_of_an_anthropic_text_block_does_not_hold_the_t
     case = CASES["anthropic-messages"]
     events = case.stream(case.request, Scenario.parse("events=4&tool=get_weather"))
     stop = next(i for i, e in enumerate(events) if b"content_block_stop" in e)
-    fs = FilterSet(parse_rules('[[rule]]\nid = "x"\nkind = "regex"\npattern = "z{40}"\naction = "block"'),
-                   failure="closed")
+    fs = FilterSet(
+        parse_rules('[[rule]]\nid = "x"\nkind = "regex"\npattern = "z{40}"\naction = "block"'), failure="closed"
+    )
     sent, _, _ = gated(case, b"".join(events), [sum(map(len, events[: stop + 1]))], fs)
     assert sent[0] == b"".join(events[: stop + 1])  # the block's end released all its text at once
 
@@ -200,8 +218,10 @@ def test_flag_only_rules_change_nothing_on_the_wire(name: str) -> None:
 
 def test_release_first_rules_send_each_event_as_soon_as_it_is_whole() -> None:
     case = CASES["llm-stream"]
-    fs = FilterSet(parse_rules(f'[[rule]]\nid = "x"\nkind = "keywords"\nkeywords = ["{WORD}"]\nwindow = 0\n'
-                               'action = "block"'), failure="closed")
+    fs = FilterSet(
+        parse_rules(f'[[rule]]\nid = "x"\nkind = "keywords"\nkeywords = ["{WORD}"]\nwindow = 0\naction = "block"'),
+        failure="closed",
+    )
     events = case.stream(case.request, DIRTY)
     sent, row, _ = gated(case, b"".join(events), [sum(map(len, events[: i + 1])) for i in range(len(events))], fs)
     assert sent[0] == events[0] and sent[1] == events[1]  # nothing waits for the window
@@ -231,12 +251,14 @@ def test_a_compressed_stream_is_released_in_whole_chunks_and_cut_without_a_termi
 def test_an_event_too_large_to_check_follows_the_failure_policy(failure: str, status: str, passed: bool) -> None:
     case = CASES["llm-stream"]
     body = body_of(case, Scenario.parse("events=3&size=3000"))
-    sent, row, _ = gated(case, body, byte_at_a_time(body)[::100], FilterSet(BLOCK_RULES, failure=failure),
-                         max_event_bytes=2048)
+    sent, row, _ = gated(
+        case, body, byte_at_a_time(body)[::100], FilterSet(BLOCK_RULES, failure=failure), max_event_bytes=2048
+    )
     assert (b"".join(sent) == body) is passed
     assert row["status"] == status
     assert [(v["rule_id"], v["action"]) for v in row["verdicts"]] == [
-        (FILTER_ERROR, "block" if failure == "closed" else "flag")]
+        (FILTER_ERROR, "block" if failure == "closed" else "flag")
+    ]
 
 
 class BlockAfter(BaseFilter):
@@ -277,9 +299,10 @@ def test_sse_reader_reports_each_event_at_the_blank_line_ending_it_at_any_chunki
         bounds = [0, *cuts, len(body)]
         bounded = [p for a, b in zip(bounds, bounds[1:]) for p in reader.feed_bounded(body[a:b])]
         ends = [end for _, end in bounded]
-        assert ends == sorted(set(ends)) and all(body[:end].endswith((b"\n\n", b"\r\r", b"\n\r\n", b"\r\n\r\n",
-                                                                       b"\r\n\n", b"\r\r\n", b"\n\r"))
-                                                 for end in ends)
+        assert ends == sorted(set(ends)) and all(
+            body[:end].endswith((b"\n\n", b"\r\r", b"\n\r\n", b"\r\n\r\n", b"\r\n\n", b"\r\r\n", b"\n\r"))
+            for end in ends
+        )
         assert (ends[-1] if ends else 0) + reader.held == len(body)
         events = [frame for frame, _ in bounded if frame is not None] + list(reader.unbound())
         assert events == expected

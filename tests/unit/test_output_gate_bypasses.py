@@ -56,7 +56,9 @@ HEAD = {"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 1, "mo
 
 def chat(*deltas: dict, error: dict | None = None, finish: str = "stop") -> bytes:
     chunks = [HEAD | {"choices": [{"index": 0, "delta": d, "finish_reason": None}]} for d in deltas]
-    chunks += [{"error": error}] if error else [HEAD | {"choices": [{"index": 0, "delta": {}, "finish_reason": finish}]}]
+    chunks += (
+        [{"error": error}] if error else [HEAD | {"choices": [{"index": 0, "delta": {}, "finish_reason": finish}]}]
+    )
     return b"".join(f"data: {json.dumps(c)}\n\n".encode() for c in chunks) + (b"" if error else b"data: [DONE]\n\n")
 
 
@@ -73,8 +75,11 @@ def assert_blocked_everywhere(body: bytes, location: str, secret: str = WORD) ->
 
 
 def test_reasoning_under_both_names_is_checked_and_recorded():
-    body = chat({"role": "assistant", "content": ""},
-                {"reasoning_content": "I think", "reasoning": f" of {WORD}"}, {"content": "Done."})
+    body = chat(
+        {"role": "assistant", "content": ""},
+        {"reasoning_content": "I think", "reasoning": f" of {WORD}"},
+        {"content": "Done."},
+    )
     row = assert_blocked_everywhere(body, "output.choices[0].reasoning")
     assert row["output"]["choices"][0]["reasoning"] == f"I think of {WORD}"
     clean = chat({"reasoning_content": "I think", "reasoning": "I think"}, {"content": "Done."})
@@ -84,8 +89,12 @@ def test_reasoning_under_both_names_is_checked_and_recorded():
 
 def test_a_tool_calls_name_is_checked_and_stays_the_calls_name():
     call = {"index": 0, "id": "call_1", "type": "function", "function": {"name": WORD, "arguments": ""}}
-    body = chat({"role": "assistant", "content": None}, {"tool_calls": [call]},
-                {"tool_calls": [{"index": 0, "function": {"arguments": "{}"}}]}, finish="tool_calls")
+    body = chat(
+        {"role": "assistant", "content": None},
+        {"tool_calls": [call]},
+        {"tool_calls": [{"index": 0, "function": {"arguments": "{}"}}]},
+        finish="tool_calls",
+    )
     row = assert_blocked_everywhere(body, "output.tool_calls[0.0].name")
     assert row["output_text"] == "" and row["tool_calls"][0]["name"] == WORD
 
@@ -111,13 +120,20 @@ RESPONSES = CASES["openai-responses"]
 
 
 def responses(*events: tuple[str, dict]) -> bytes:
-    return b"".join(f"event: {t}\ndata: {json.dumps({'type': t, 'sequence_number': i, **d})}\n\n".encode()
-                    for i, (t, d) in enumerate(events))
+    return b"".join(
+        f"event: {t}\ndata: {json.dumps({'type': t, 'sequence_number': i, **d})}\n\n".encode()
+        for i, (t, d) in enumerate(events)
+    )
 
 
 def message(text: str) -> dict:
-    return {"id": "msg_1", "type": "message", "role": "assistant", "status": "completed",
-            "content": [{"type": "output_text", "text": text, "annotations": []}]}
+    return {
+        "id": "msg_1",
+        "type": "message",
+        "role": "assistant",
+        "status": "completed",
+        "content": [{"type": "output_text", "text": text, "annotations": []}],
+    }
 
 
 def response_stream(final_text: str, completed_text: str) -> bytes:
@@ -127,16 +143,18 @@ def response_stream(final_text: str, completed_text: str) -> bytes:
         ("response.output_item.added", {"output_index": 0, "item": message("") | {"content": []}}),
         ("response.output_text.delta", {"item_id": "msg_1", "output_index": 0, "content_index": 0, "delta": "Hello"}),
         ("response.output_text.delta", {"item_id": "msg_1", "output_index": 0, "content_index": 0, "delta": " there"}),
-        ("response.output_text.done", {"item_id": "msg_1", "output_index": 0, "content_index": 0,
-                                       "text": final_text}),
+        ("response.output_text.done", {"item_id": "msg_1", "output_index": 0, "content_index": 0, "text": final_text}),
         ("response.completed", {"response": created | {"status": "completed", "output": [message(completed_text)]}}),
     )
 
 
 @pytest.mark.parametrize("where", ["output_text.done", "response.completed"])
 def test_a_final_text_that_disagrees_with_the_deltas_is_checked_before_its_release(where: str):
-    body = response_stream(f"the {WORD} plan", "Hello there") if where == "output_text.done" else response_stream(
-        "Hello there", f"the {WORD} plan")
+    body = (
+        response_stream(f"the {WORD} plan", "Hello there")
+        if where == "output_text.done"
+        else response_stream("Hello there", f"the {WORD} plan")
+    )
     row = assert_blocked_everywhere(body, "output.choices[0].final_text")
     assert row["output_text"] == "Hello there", "the record keeps what a streaming client showed"
     assert "final_text_mismatch" in codes(row)
@@ -159,11 +177,20 @@ def anthropic(*events: dict) -> bytes:
 
 def test_text_an_anthropic_message_start_carries_is_checked_and_recorded():
     # The SDKs' final message starts from message_start's message, content included
-    start = {"id": "msg_1", "type": "message", "role": "assistant", "model": "m", "stop_reason": None,
-             "content": [{"type": "text", "text": f"the {WORD} plan"}], "usage": {"input_tokens": 1, "output_tokens": 1}}
-    body = anthropic({"type": "message_start", "message": start},
-                     {"type": "message_delta", "delta": {"stop_reason": "end_turn"}, "usage": {"output_tokens": 3}},
-                     {"type": "message_stop"})
+    start = {
+        "id": "msg_1",
+        "type": "message",
+        "role": "assistant",
+        "model": "m",
+        "stop_reason": None,
+        "content": [{"type": "text", "text": f"the {WORD} plan"}],
+        "usage": {"input_tokens": 1, "output_tokens": 1},
+    }
+    body = anthropic(
+        {"type": "message_start", "message": start},
+        {"type": "message_delta", "delta": {"stop_reason": "end_turn"}, "usage": {"output_tokens": 3}},
+        {"type": "message_stop"},
+    )
     for cuts in [[], byte_at_a_time(body), *some_cuts(body, seed=7)]:
         sent, row, _ = gated(CASES["anthropic-messages"], body, cuts, BLOCKING)
         assert WORD[:4].encode() not in b"".join(sent), cuts
@@ -173,9 +200,16 @@ def test_text_an_anthropic_message_start_carries_is_checked_and_recorded():
 
 def test_output_a_responses_lifecycle_event_carries_is_checked():
     # The SDKs' response snapshot is the lifecycle event's response, output included
-    created = {"id": "resp_1", "object": "response", "status": "in_progress", "model": "m",
-               "output": [message(f"the {WORD} plan")]}
-    body = responses(("response.created", {"response": created}),
-                     ("response.completed", {"response": created | {"status": "completed", "output": []}}))
+    created = {
+        "id": "resp_1",
+        "object": "response",
+        "status": "in_progress",
+        "model": "m",
+        "output": [message(f"the {WORD} plan")],
+    }
+    body = responses(
+        ("response.created", {"response": created}),
+        ("response.completed", {"response": created | {"status": "completed", "output": []}}),
+    )
     row = assert_blocked_everywhere(body, "output.choices[0].text")
     assert WORD in row["output_text"]

@@ -8,25 +8,68 @@ from addon.redact import api_key_fingerprint, is_credential_header, is_credentia
 OPENAI_KEY = "sk-proj-" + "A1b2C3d4E5" * 7 + "Abcd" + "T3BlbkFJ" + "Z9y8X7w6V5" * 7 + "Wxyz"
 
 
-@pytest.mark.parametrize("name", [
-    "Authorization", "Proxy-Authorization", "x-api-key", "api-key", "x-goog-api-key", "Ocp-Apim-Subscription-Key",
-    "cf-aig-authorization", "x-functions-key", "Cookie", "Set-Cookie", "x-openrouter-token", "X-Custom-Secret",
-    "x-db-password", "x-amz-security-token", "X-Auth", "x-signature", "accessToken", "X-Access-Token",
-])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "Authorization",
+        "Proxy-Authorization",
+        "x-api-key",
+        "api-key",
+        "x-goog-api-key",
+        "Ocp-Apim-Subscription-Key",
+        "cf-aig-authorization",
+        "x-functions-key",
+        "Cookie",
+        "Set-Cookie",
+        "x-openrouter-token",
+        "X-Custom-Secret",
+        "x-db-password",
+        "x-amz-security-token",
+        "X-Auth",
+        "x-signature",
+        "accessToken",
+        "X-Access-Token",
+    ],
+)
 def test_credential_headers(name):
     assert is_credential_header(name)
 
 
-@pytest.mark.parametrize("name", [
-    "content-type", "accept-encoding", "x-request-id", "x-claude-code-session-id", "anthropic-version",
-    "openai-organization", "user-agent", "x-stainless-lang", "keep-alive", "x-max-tokens",
-])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "content-type",
+        "accept-encoding",
+        "x-request-id",
+        "x-claude-code-session-id",
+        "anthropic-version",
+        "openai-organization",
+        "user-agent",
+        "x-stainless-lang",
+        "keep-alive",
+        "x-max-tokens",
+    ],
+)
 def test_ordinary_headers_are_kept(name):
     assert not is_credential_header(name)
 
 
-@pytest.mark.parametrize("name", ["key", "api-key", "api_key", "apikey", "sig", "code", "access_token", "token",
-                                  "X-Amz-Signature", "X-Amz-Credential", "subscription-key"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "key",
+        "api-key",
+        "api_key",
+        "apikey",
+        "sig",
+        "code",
+        "access_token",
+        "token",
+        "X-Amz-Signature",
+        "X-Amz-Credential",
+        "subscription-key",
+    ],
+)
 def test_credential_query_parameters(name):
     assert is_credential_param(name)
 

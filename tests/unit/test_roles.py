@@ -51,8 +51,13 @@ def login_role(postgres, database_url: str, group: str) -> str:
 
 
 def finished(i: int, ended: datetime | None = None) -> ExchangeRecord:
-    r = ExchangeRecord(dialect="llm-stream", proxy_instance="px", started_at=time.time(), user_id="alice",
-                       request_body={"messages": [{"role": "user", "content": f"q{i}"}]})
+    r = ExchangeRecord(
+        dialect="llm-stream",
+        proxy_instance="px",
+        started_at=time.time(),
+        user_id="alice",
+        request_body={"messages": [{"role": "user", "content": f"q{i}"}]},
+    )
     r.terminal_seen = True
     r.finish(OUTCOME_COMPLETE, ended_at=ended.timestamp() if ended else None)
     if ended:
@@ -61,8 +66,9 @@ def finished(i: int, ended: datetime | None = None) -> ExchangeRecord:
 
 
 def test_the_proxy_role_writes_but_cannot_change_or_delete_and_the_purge_role_can(postgres, database, tmp_path):
-    applied = subprocess.run([str(BIN / "llm-audit"), "--db", database, "db", "roles", "--apply"],
-                             capture_output=True, text=True, timeout=60)
+    applied = subprocess.run(
+        [str(BIN / "llm-audit"), "--db", database, "db", "roles", "--apply"], capture_output=True, text=True, timeout=60
+    )
     assert applied.returncode == 0, applied.stderr
     proxy_url = as_user(database, login_role(postgres, database, "llm_audit_proxy"))
     purge_url = as_user(database, login_role(postgres, database, "llm_audit_purge"))
@@ -94,8 +100,10 @@ def test_the_proxy_role_writes_but_cannot_change_or_delete_and_the_purge_role_ca
     engine.dispose()
 
     engine = open_engine(purge_url)
-    assert purge(engine, datetime.now(UTC) - timedelta(days=200), dry_run=False, actor="purger",
-                 older_than="200d").count == 3
+    assert (
+        purge(engine, datetime.now(UTC) - timedelta(days=200), dry_run=False, actor="purger", older_than="200d").count
+        == 3
+    )
     assert erase_user(engine, "bob", actor="purger") == 1  # a final record: the trigger lets this role change it
     report = verify(engine)
     assert report.ok and report.chains[0].start == 4 and report.chains[0].erased == 1
@@ -104,7 +112,9 @@ def test_the_proxy_role_writes_but_cannot_change_or_delete_and_the_purge_role_ca
 
 def test_roles_are_refused_on_sqlite_and_bad_names_in_one_line(tmp_path):
     url = f"sqlite:///{tmp_path / 'audit.db'}"
-    for args, fragment in ((["db", "roles", "--apply"], "PostgreSQL feature"),
-                           (["db", "roles", "--proxy-role", "Robert'); DROP"], "role name")):
+    for args, fragment in (
+        (["db", "roles", "--apply"], "PostgreSQL feature"),
+        (["db", "roles", "--proxy-role", "Robert'); DROP"], "role name"),
+    ):
         out = subprocess.run([str(BIN / "llm-audit"), "--db", url, *args], capture_output=True, text=True, timeout=60)
         assert out.returncode == 2 and fragment in out.stderr and len(out.stderr.splitlines()) == 1, out

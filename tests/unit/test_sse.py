@@ -57,7 +57,11 @@ def outcome(chunks, **kwargs):
     """Everything observable after parsing, for comparing chunkings."""
     parser, events = parse(chunks, **kwargs)
     return (
-        events, parser.last_event_id, parser.retry, parser.findings, parser.events_dispatched,
+        events,
+        parser.last_event_id,
+        parser.retry,
+        parser.findings,
+        parser.events_dispatched,
         parser.pending_event,
     )
 
@@ -226,8 +230,16 @@ def test_own_vector_file_covers_the_rules():
     assert len({v["name"] for v in vectors}) == len(vectors)
     for v in vectors:
         assert set(v) <= {
-            "name", "source", "input", "input_hex", "chunks", "chunks_hex",
-            "expected", "retry", "final_last_event_id", "notes",
+            "name",
+            "source",
+            "input",
+            "input_hex",
+            "chunks",
+            "chunks_hex",
+            "expected",
+            "retry",
+            "final_last_event_id",
+            "notes",
         }
         if "chunks" in v:
             assert "".join(v["chunks"]) == v["input"]
@@ -278,7 +290,12 @@ def _llm_stream(n_events: int, shape: str, newline: str = "\n") -> bytes:
     out = []
     for i in range(n_events):
         payload = json.dumps(
-            {"v": "1.0", "seq": i, "type": "content.delta", "delta": {"text": f" tok{i} ’é😀" if i % 7 == 0 else f" t{i}"}},
+            {
+                "v": "1.0",
+                "seq": i,
+                "type": "content.delta",
+                "delta": {"text": f" tok{i} ’é😀" if i % 7 == 0 else f" t{i}"},
+            },
             ensure_ascii=False,
             separators=(",", ":"),
         )
@@ -311,10 +328,21 @@ def test_one_block_per_chunk_of_any_size_matches_reference_parser():
     the blocks it must leave to the generic path, fed one block per chunk and in slices."""
     big = "x" * 5000
     blocks = [
-        f"data: {big}\n\n", f"event: a\ndata: {big}\n\n", f"id: 7\nevent: b\ndata: {big}\n\n",
-        f"id: 8\ndata: {big}\n\n", "data:no-space\n\n", f"event: \ndata: {big}\n\n", "id: 9\n\n",
-        "event: only\n\n", "id: a\0b\ndata: nul id\n\n", f": comment\ndata: {big}\n\n", "retry: 5\ndata: r\n\n",
-        f"data: {big}\ndata: second\n\n", "event:tight\ndata: t\n\n", f"data: {big}\r\n\r\n", "id:x\ndata: y\n\n",
+        f"data: {big}\n\n",
+        f"event: a\ndata: {big}\n\n",
+        f"id: 7\nevent: b\ndata: {big}\n\n",
+        f"id: 8\ndata: {big}\n\n",
+        "data:no-space\n\n",
+        f"event: \ndata: {big}\n\n",
+        "id: 9\n\n",
+        "event: only\n\n",
+        "id: a\0b\ndata: nul id\n\n",
+        f": comment\ndata: {big}\n\n",
+        "retry: 5\ndata: r\n\n",
+        f"data: {big}\ndata: second\n\n",
+        "event:tight\ndata: t\n\n",
+        f"data: {big}\r\n\r\n",
+        "id:x\ndata: y\n\n",
     ]
     body = "".join(blocks).encode()
     expected = reference_parse(body)
@@ -333,11 +361,41 @@ def test_accepts_bytearray_and_memoryview_chunks():
 
 # Byte fragments that make SSE-ish bodies with every tricky spot nearby.
 FRAGMENTS = [
-    b"data", b"event", b"id", b"retry", b"Data", b"foo", b":", b" ", b"  ", b"\t",
-    b"\r", b"\n", b"\r\n", b"\n\n", b"\r\n\r\n", b"x", b"42", b"-1", b"\x00",
-    b"\xef\xbb\xbf", b"\xef\xbf\xbd", b"\xc3\xa9", b"\xf0\x9f\x98\x80", b"\xe2\x80\xa8",
-    b"\xc2\x85", b"\xff", b"\xe2\x82", b"\xc3", b"data: ", b"event: ", b"id: ", b"retry: ",
-    b"data: x\n\n", b"event: e\ndata: {\"a\": 1}\n\n", b"id: 7\nevent: e\ndata: y\n\n",
+    b"data",
+    b"event",
+    b"id",
+    b"retry",
+    b"Data",
+    b"foo",
+    b":",
+    b" ",
+    b"  ",
+    b"\t",
+    b"\r",
+    b"\n",
+    b"\r\n",
+    b"\n\n",
+    b"\r\n\r\n",
+    b"x",
+    b"42",
+    b"-1",
+    b"\x00",
+    b"\xef\xbb\xbf",
+    b"\xef\xbf\xbd",
+    b"\xc3\xa9",
+    b"\xf0\x9f\x98\x80",
+    b"\xe2\x80\xa8",
+    b"\xc2\x85",
+    b"\xff",
+    b"\xe2\x82",
+    b"\xc3",
+    b"data: ",
+    b"event: ",
+    b"id: ",
+    b"retry: ",
+    b"data: x\n\n",
+    b'event: e\ndata: {"a": 1}\n\n',
+    b"id: 7\nevent: e\ndata: y\n\n",
 ]
 
 sse_bodies = st.lists(st.sampled_from(FRAGMENTS), max_size=60).map(b"".join)
@@ -345,7 +403,7 @@ cut_lists = st.lists(st.integers(min_value=0, max_value=10_000), max_size=12)
 
 # Field values for structured bodies: anything but CR and LF.
 values = st.text(
-    alphabet=st.sampled_from(list("ab {}\":,\t\x00\u2028\u0085\ufeff\ufffd\xe9\U0001f600") + [" "]),
+    alphabet=st.sampled_from(list('ab {}":,\t\x00\u2028\u0085\ufeff\ufffd\xe9\U0001f600') + [" "]),
     max_size=12,
 )
 
@@ -364,9 +422,12 @@ def uniform_runs(draw):
             lines = draw(
                 st.lists(
                     st.one_of(
-                        st.builds(lambda n, sep, v: f"{n}{sep}{v}",
-                                  st.sampled_from(["data", "event", "id", "retry", "x", ""]),
-                                  st.sampled_from([":", ": ", ":  ", ""]), values),
+                        st.builds(
+                            lambda n, sep, v: f"{n}{sep}{v}",
+                            st.sampled_from(["data", "event", "id", "retry", "x", ""]),
+                            st.sampled_from([":", ": ", ":  ", ""]),
+                            values,
+                        ),
                         st.sampled_from([": ping", "retry: 3000", "data", "id", "event: "]),
                     ),
                     max_size=4,
@@ -482,17 +543,13 @@ def test_invalid_utf8_is_replaced_and_reported_once_with_offset():
     for chunks in ([body], bytewise(body), [body[:7], body[7:]]):
         parser, events = parse(chunks)
         assert [e.data for e in events] == ["a\ufffdb", "\ufffd("]
-        assert parser.findings == [
-            ("sse_invalid_utf8", "invalid UTF-8 at about byte 7 of the body; read as U+FFFD")
-        ]
+        assert parser.findings == [("sse_invalid_utf8", "invalid UTF-8 at about byte 7 of the body; read as U+FFFD")]
 
 
 def test_invalid_continuation_after_chunk_boundary_reports_start_of_sequence():
     parser, events = parse([b"data: \xe2\x82", b"A\n\n"])
     assert events[0].data == "\ufffdA"
-    assert parser.findings == [
-        ("sse_invalid_utf8", "invalid UTF-8 at about byte 6 of the body; read as U+FFFD")
-    ]
+    assert parser.findings == [("sse_invalid_utf8", "invalid UTF-8 at about byte 6 of the body; read as U+FFFD")]
 
 
 def test_real_replacement_character_is_not_reported():
@@ -506,9 +563,7 @@ def test_real_replacement_character_is_not_reported():
 def test_character_cut_by_end_of_body_is_reported():
     parser, events = parse([b"data: a\n\ndata: \xe2\x82"])
     assert [e.data for e in events] == ["a"]
-    assert parser.findings == [
-        ("sse_invalid_utf8", "invalid UTF-8 at about byte 15 of the body; read as U+FFFD")
-    ]
+    assert parser.findings == [("sse_invalid_utf8", "invalid UTF-8 at about byte 15 of the body; read as U+FFFD")]
     assert parser.pending_event
 
 
@@ -539,8 +594,14 @@ def test_data_less_block_dispatches_nothing_but_resets_event_type():
 
 def test_retry_accepts_only_ascii_digits():
     for value, expected in [
-        (b"2000", 2000), (b"02000", 2000), (b"-1", None), (b" 10", None), (b"", None),
-        (b"1.5", None), (b"\xd9\xa1", None), (b"10 ", None),
+        (b"2000", 2000),
+        (b"02000", 2000),
+        (b"-1", None),
+        (b" 10", None),
+        (b"", None),
+        (b"1.5", None),
+        (b"\xd9\xa1", None),
+        (b"10 ", None),
     ]:
         parser, _ = parse([b"retry: " + value + b"\n\n"])
         assert parser.retry == expected, value
@@ -637,9 +698,7 @@ def test_oversize_event_is_dropped_and_next_event_is_intact():
         parser, events = parse(chunks, max_event_bytes=limit)
         # lines after the overflow (id: 9) are skipped with the event; the id before it counts
         assert events == [SSEEvent("next", "ok", "4", None)]
-        assert parser.findings == [
-            ("sse_event_too_long", f"event data longer than {limit} characters; event skipped")
-        ]
+        assert parser.findings == [("sse_event_too_long", f"event data longer than {limit} characters; event skipped")]
 
 
 def test_event_under_the_limit_is_delivered():

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import sqlite3
 import time
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import orjson
@@ -24,8 +24,12 @@ from storage.writer import AuditWriter
 
 def engine_for(path: Path):
     """An engine with a short lock timeout, so a locked database fails fast."""
-    engine = create_engine(f"sqlite:///{path}", connect_args={"timeout": 0.2},
-                           json_serializer=lambda v: orjson.dumps(v).decode(), json_deserializer=orjson.loads)
+    engine = create_engine(
+        f"sqlite:///{path}",
+        connect_args={"timeout": 0.2},
+        json_serializer=lambda v: orjson.dumps(v).decode(),
+        json_deserializer=orjson.loads,
+    )
     event.listen(engine, "connect", lambda c, _: c.execute("PRAGMA journal_mode=WAL"))
     metadata.create_all(engine)
     return engine
@@ -123,13 +127,22 @@ def test_spool_left_by_an_earlier_run_is_replayed_at_start(db, tmp_path):
 
 def test_rows_left_open_by_a_killed_run_are_marked_interrupted(db, tmp_path):
     engine = engine_for(db)
-    before = datetime.now(timezone.utc) - timedelta(minutes=1)
+    before = datetime.now(UTC) - timedelta(minutes=1)
     killed = writer_for(db, tmp_path)  # opens its write-ahead row, then dies with it open
     killed.submit(record(status_final=False).to_row() | {"id": "mine", "started_at": before, "output_text": "partial"})
     killed.close()
     with engine.begin() as conn:
-        conn.execute(exchanges.insert().values(id="other", status="in_progress", dialect="llm-stream", streamed=True,
-                                               proxy_instance="elsewhere", started_at=before, output_text="partial"))
+        conn.execute(
+            exchanges.insert().values(
+                id="other",
+                status="in_progress",
+                dialect="llm-stream",
+                streamed=True,
+                proxy_instance="elsewhere",
+                started_at=before,
+                output_text="partial",
+            )
+        )
     writer = writer_for(db, tmp_path)
     wait_until(lambda: rows(db)["mine"] == "interrupted")
     writer.close()
@@ -141,7 +154,7 @@ def test_rows_left_open_by_a_killed_run_are_marked_interrupted(db, tmp_path):
 def test_final_records_in_the_spool_win_over_interrupted_marking(db, tmp_path):
     r = record(status_final=False)
     killed = writer_for(db, tmp_path)
-    killed.submit(r.to_row() | {"started_at": datetime.now(timezone.utc) - timedelta(minutes=1)})
+    killed.submit(r.to_row() | {"started_at": datetime.now(UTC) - timedelta(minutes=1)})
     killed.close()
     r.terminal_seen = True
     r.finish(OUTCOME_COMPLETE)
@@ -160,5 +173,3 @@ def test_a_spool_file_is_used_by_one_proxy_only(tmp_path):
         Spool(tmp_path / "spool.jsonl")
     spool.close()
     Spool(tmp_path / "spool.jsonl").close()
-
-

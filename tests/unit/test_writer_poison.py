@@ -84,8 +84,11 @@ POISONS = {
     "depth 254": {"request_body": nested(254)},
     "depth 1000": {"request_body": nested(1000)},
     "depth 5000": {"request_body": {"messages": nested(5000)}},
-    "lone surrogates": {"url_path": "/v1/\udcff", "request_headers": {"x-name": "a\ud800b"},
-                        "output_text": "half \udc80 pair"},
+    "lone surrogates": {
+        "url_path": "/v1/\udcff",
+        "request_headers": {"x-name": "a\ud800b"},
+        "output_text": "half \udc80 pair",
+    },
     "integers beyond 64 bits": {"output": {"choices": [], "n": 2**70}, "input_tokens": 2**64, "event_count": 2**40},
     "non-string keys": {"request_body": {1: "one", (2, 3): "pair", None: "none"}},
     "NUL": {"output_text": "a\x00b", "request_body": {"messages": ["c\x00d"]}},
@@ -109,7 +112,9 @@ def test_every_poison_value_is_stored_reduced_with_a_finding_and_the_chain_verif
         assert notes == []  # storable as it is
     else:
         assert notes, db[rows[1]["id"]]["findings"]
-    assert writer.summary() == "llm-audit: 3 audit records written, 0 wait in the spool, 0 quarantined, 0 held in memory"
+    assert (
+        writer.summary() == "llm-audit: 3 audit records written, 0 wait in the spool, 0 quarantined, 0 held in memory"
+    )
     assert verify(open_engine(url)).ok
 
 
@@ -118,7 +123,7 @@ def test_deep_json_is_kept_whole_as_its_json_text():
         body = {"messages": nested(depth)}
         p = prepare(final_row(request_body=body), postgres=False)
         assert isinstance(p.row["request_body"], str)
-        assert p.row["request_body"] == "{\"messages\":" + "[" * depth + '"bottom"' + "]" * depth + "}"
+        assert p.row["request_body"] == '{"messages":' + "[" * depth + '"bottom"' + "]" * depth + "}"
         assert f"nested {depth + 1} levels deep, more than the {MAX_DEPTH}" in codes(p.row)[0]
 
 
@@ -128,9 +133,13 @@ def test_a_value_over_the_size_kept_is_cut_with_its_full_length_and_hash():
     assert p.row["output_text"] == "é" * 500
     assert isinstance(p.row["request_body"], str) and len(p.row["request_body"]) == 1000
     import hashlib
+
     notes = codes(p.row)
-    assert any(n.startswith("output_text: 6000 bytes, over the 1000 stored") and
-               hashlib.sha256(text_value.encode()).hexdigest() in n for n in notes), notes
+    assert any(
+        n.startswith("output_text: 6000 bytes, over the 1000 stored")
+        and hashlib.sha256(text_value.encode()).hexdigest() in n
+        for n in notes
+    ), notes
     assert any(n.startswith("request_body: ") for n in notes)
 
 
@@ -138,12 +147,18 @@ def test_the_content_hashes_of_preparation_are_the_chains_own():
     row = final_row(request_body={"b": 1, "a": [1, 2]}, output_text="answer")
     p = prepare(row, postgres=True)
     assert Chain("c", Head()).seal(dict(p.row)) == Chain("c", Head()).seal(p.row, p.hashes)
-    assert list(Chain("c", Head()).seal(p.row, p.hashes))[:5] == ["chain_id", "chain_seq", "prev_hash", "record_hash",
-                                                                  "id"]
+    assert list(Chain("c", Head()).seal(p.row, p.hashes))[:5] == [
+        "chain_id",
+        "chain_seq",
+        "prev_hash",
+        "record_hash",
+        "id",
+    ]
 
 
-def test_a_row_the_database_refuses_is_written_as_a_minimal_row_and_the_batch_goes_on(url, tmp_path, monkeypatch,
-                                                                                     caplog):
+def test_a_row_the_database_refuses_is_written_as_a_minimal_row_and_the_batch_goes_on(
+    url, tmp_path, monkeypatch, caplog
+):
     # the preparation is bypassed, so the database itself refuses the row (PostgreSQL: a
     # varchar(255) overflow; both: a text column given an object the driver cannot bind)
     poison = final_row(request_model="m" * 300, url_path={"not": "text"})
@@ -177,8 +192,8 @@ def test_a_row_refused_even_minimal_is_quarantined_and_verify_names_it(url, tmp_
     assert [(e["chain_id"], e["chain_seq"], e["record_id"]) for e in entries] == [(INSTANCE, 2, poison["id"])]
     report = verify(engine)
     assert report.ok and report.chains[0].quarantine_lines() == [
-        f"record 2 of chain {INSTANCE} is quarantined in {tmp_path / 'quarantine-poison.jsonl'}: "
-        f"{entries[0]['reason']}"]
+        f"record 2 of chain {INSTANCE} is quarantined in {tmp_path / 'quarantine-poison.jsonl'}: {entries[0]['reason']}"
+    ]
     raw = (tmp_path / "quarantine-poison.jsonl").read_bytes().splitlines()
     assert orjson.loads(raw[1])["id"] == poison["id"], "the whole row is kept in the quarantine file"
 
@@ -197,6 +212,7 @@ def unprepared(monkeypatch, poison: dict) -> None:
 
 def _hashes(row: dict) -> dict:
     from storage.chain import CONTENT_COLUMNS, content_hash
+
     return {name: content_hash(row.get(name)) for name in CONTENT_COLUMNS}
 
 
@@ -280,7 +296,9 @@ def test_a_dead_writer_thread_is_restarted_by_the_next_submit_without_losing_row
     assert "the writer thread died (Death: injected); starting a new one" in caplog.text
     writer.close()
     assert set(stored(url)) == {r["id"] for r in rows}
-    assert writer.summary() == "llm-audit: 9 audit records written, 0 wait in the spool, 0 quarantined, 0 held in memory"
+    assert (
+        writer.summary() == "llm-audit: 9 audit records written, 0 wait in the spool, 0 quarantined, 0 held in memory"
+    )
     assert verify(open_engine(url)).ok
 
 
@@ -334,7 +352,9 @@ def test_the_shutdown_counts_are_true_while_the_database_is_locked(tmp_path):
     finally:
         blocker.rollback()
         blocker.close()
-    assert writer.summary() == "llm-audit: 0 audit records written, 4 wait in the spool, 0 quarantined, 0 held in memory"
+    assert (
+        writer.summary() == "llm-audit: 0 audit records written, 4 wait in the spool, 0 quarantined, 0 held in memory"
+    )
     assert writer.quarantined == 0, "a locked database is not a poison row"
 
 

@@ -37,7 +37,12 @@ def _exchanges_columns() -> list[sa.Column]:
         sa.Column("started_at", TIME, comment="When the request started (UTC)."),
         sa.Column("first_chunk_at", TIME, comment="When the first response body byte arrived (UTC)."),
         sa.Column("ended_at", TIME, comment="When the exchange ended (UTC)."),
-        sa.Column("status", sa.String(32), nullable=False, comment="in_progress, completed, failed, blocked, client_aborted, upstream_aborted, interrupted."),
+        sa.Column(
+            "status",
+            sa.String(32),
+            nullable=False,
+            comment="in_progress, completed, failed, blocked, client_aborted, upstream_aborted, interrupted.",
+        ),
         sa.Column("dialect", sa.String(32), nullable=False, comment="Protocol: llm-stream, openai-chat, ..."),
         sa.Column("provider", sa.String(64), comment="gen_ai.provider.name when known."),
         sa.Column("server_address", sa.String(255), comment="Upstream host."),
@@ -49,7 +54,9 @@ def _exchanges_columns() -> list[sa.Column]:
         sa.Column("http_status", sa.Integer(), comment="Upstream response status."),
         sa.Column("client_address", sa.String(64), comment="Client IP address."),
         sa.Column("proxy_instance", sa.String(255), comment="Which proxy recorded the exchange."),
-        sa.Column("api_key_fingerprint", sa.String(32), comment="sha256: prefix of the credential, never the credential."),
+        sa.Column(
+            "api_key_fingerprint", sa.String(32), comment="sha256: prefix of the credential, never the credential."
+        ),
         sa.Column("request_headers", JSON, comment="Request headers, credentials fingerprinted."),
         sa.Column("response_headers", JSON, comment="Response headers, cookies fingerprinted."),
         sa.Column("request_model", sa.String(255), comment="Model the client asked for."),
@@ -74,9 +81,17 @@ def _exchanges_columns() -> list[sa.Column]:
         sa.Column("error_code", sa.String(255)),
         sa.Column("error_message", sa.Text()),
         sa.Column("findings", JSON, comment="List of {code, detail}."),
-        sa.Column("verdicts", JSON, comment="Content-filter verdicts: {action, rule_id, reason, filter, position, match_hash, ...}."),
+        sa.Column(
+            "verdicts",
+            JSON,
+            comment="Content-filter verdicts: {action, rule_id, reason, filter, position, match_hash, ...}.",
+        ),
         sa.Column("event_count", sa.Integer(), comment="SSE events dispatched (not counting replayed ones)."),
-        sa.Column("replayed_events", sa.Integer(), comment="Events of a resumed stream that an earlier exchange already audited."),
+        sa.Column(
+            "replayed_events",
+            sa.Integer(),
+            comment="Events of a resumed stream that an earlier exchange already audited.",
+        ),
         sa.Column("bytes_to_client", sa.BigInteger(), comment="Body bytes forwarded to the client."),
     ]
 
@@ -94,10 +109,14 @@ def upgrade() -> None:
         sa.Column("id", sa.Integer(), autoincrement=True, nullable=False),
         sa.Column("purged_at", TIME, nullable=False, comment="When the purge started (UTC)."),
         sa.Column("finished_at", TIME, comment="When it finished; NULL while running or if it was interrupted."),
-        sa.Column("actor", sa.String(255), nullable=False, comment="Who purged: the OS user, or the proxy's retention."),
+        sa.Column(
+            "actor", sa.String(255), nullable=False, comment="Who purged: the OS user, or the proxy's retention."
+        ),
         sa.Column("cutoff", TIME, nullable=False, comment="Exchanges that ended before this time were deleted."),
         sa.Column("older_than", sa.Text(), nullable=False, comment="The age or date as given (183d, 2025-01-01, ...)."),
-        sa.Column("deleted_count", sa.BigInteger(), nullable=False, comment="Exchanges deleted, updated with every batch."),
+        sa.Column(
+            "deleted_count", sa.BigInteger(), nullable=False, comment="Exchanges deleted, updated with every batch."
+        ),
         sa.PrimaryKeyConstraint("id"),
         comment="Every purge of exchanges: who, when, the cut-off and how many rows went.",
     )

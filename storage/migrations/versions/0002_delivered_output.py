@@ -27,11 +27,16 @@ depends_on: str | Sequence[str] | None = None
 
 def upgrade() -> None:
     with op.batch_alter_table("exchanges") as batch:
-        batch.add_column(sa.Column("bytes_from_upstream", sa.BigInteger(), comment="Body bytes received from the upstream."))
-        batch.add_column(sa.Column(
-            "delivered_text", sa.Text(),
-            comment="Answer text the client received, when a content filter made it differ from output_text; else NULL.",
-        ))
+        batch.add_column(
+            sa.Column("bytes_from_upstream", sa.BigInteger(), comment="Body bytes received from the upstream.")
+        )
+        batch.add_column(
+            sa.Column(
+                "delivered_text",
+                sa.Text(),
+                comment="Answer text the client received, when a content filter made it differ from output_text; else NULL.",
+            )
+        )
 
 
 def downgrade() -> None:

@@ -31,21 +31,49 @@ TIME = sa.DateTime(timezone=True)
 
 def upgrade() -> None:
     with op.batch_alter_table("exchanges") as batch:
-        batch.add_column(sa.Column("chain_id", sa.String(255), comment="Hash chain of the writer that sealed the final record (its instance)."))
+        batch.add_column(
+            sa.Column(
+                "chain_id",
+                sa.String(255),
+                comment="Hash chain of the writer that sealed the final record (its instance).",
+            )
+        )
         batch.add_column(sa.Column("chain_seq", sa.BigInteger(), comment="Position in its chain: 1, 2, 3, ..."))
-        batch.add_column(sa.Column("prev_hash", sa.String(64), comment="record_hash of the record before it in the chain (64 zeros for the first)."))
-        batch.add_column(sa.Column("record_hash", sa.String(64), comment="SHA-256 of the canonical serialization of the record (storage/chain.py)."))
-        batch.add_column(sa.Column("content_hashes", JSON, comment="SHA-256 of each content column; they stand for erased content."))
-        batch.add_column(sa.Column("erased_at", TIME, comment="When llm-audit erase replaced the content with an erasure marker."))
+        batch.add_column(
+            sa.Column(
+                "prev_hash",
+                sa.String(64),
+                comment="record_hash of the record before it in the chain (64 zeros for the first).",
+            )
+        )
+        batch.add_column(
+            sa.Column(
+                "record_hash",
+                sa.String(64),
+                comment="SHA-256 of the canonical serialization of the record (storage/chain.py).",
+            )
+        )
+        batch.add_column(
+            sa.Column("content_hashes", JSON, comment="SHA-256 of each content column; they stand for erased content.")
+        )
+        batch.add_column(
+            sa.Column("erased_at", TIME, comment="When llm-audit erase replaced the content with an erasure marker.")
+        )
     op.create_index("ix_exchanges_chain_id_chain_seq", "exchanges", ["chain_id", "chain_seq"])
     with op.batch_alter_table("purge_log") as batch:
-        batch.add_column(sa.Column("chain_starts", JSON, comment="Where each hash chain begins after the purge: {chain: {seq, prev_hash}}."))
+        batch.add_column(
+            sa.Column(
+                "chain_starts", JSON, comment="Where each hash chain begins after the purge: {chain: {seq, prev_hash}}."
+            )
+        )
     op.create_table(
         "chains",
         sa.Column("chain_id", sa.String(255), nullable=False, comment="A writer's chain: its proxy instance name."),
         sa.Column("head_seq", sa.BigInteger(), nullable=False, comment="chain_seq of the last record written."),
         sa.Column("head_hash", sa.String(64), nullable=False, comment="record_hash of the last record written."),
-        sa.Column("start_seq", sa.BigInteger(), nullable=False, comment="chain_seq of the first record kept (after purges)."),
+        sa.Column(
+            "start_seq", sa.BigInteger(), nullable=False, comment="chain_seq of the first record kept (after purges)."
+        ),
         sa.Column("start_prev_hash", sa.String(64), nullable=False, comment="record_hash of the last record purged."),
         sa.PrimaryKeyConstraint("chain_id"),
         comment="Each hash chain's head, and where it begins after purges.",
@@ -71,21 +99,41 @@ def _seal_existing_records(batch: int = 500) -> None:
     bind = op.get_bind()
     table = sa.Table("exchanges", sa.MetaData(), autoload_with=bind)  # this revision's columns, typed
     chains_table = sa.Table("chains", sa.MetaData(), autoload_with=bind)
-    ids = bind.execute(sa.select(table.c.id, table.c.proxy_instance).where(table.c.status != "in_progress")
-                       .order_by(table.c.started_at, table.c.id)).all()
+    ids = bind.execute(
+        sa.select(table.c.id, table.c.proxy_instance)
+        .where(table.c.status != "in_progress")
+        .order_by(table.c.started_at, table.c.id)
+    ).all()
     writers: dict[str, Chain] = {}
     for i in range(0, len(ids), batch):
         part = ids[i : i + batch]
-        rows = {r["id"]: dict(r) for r in bind.execute(
-            sa.select(table).where(table.c.id.in_([r.id for r in part]))).mappings()}
+        rows = {
+            r["id"]: dict(r)
+            for r in bind.execute(sa.select(table).where(table.c.id.in_([r.id for r in part]))).mappings()
+        }
         for rid, instance in part:
             chain = writers.setdefault(instance or "unknown", Chain(instance or "unknown", Head()))
             sealed = chain.seal(rows[rid])
-            bind.execute(table.update().where(table.c.id == rid).values(
-                {name: sealed[name] for name in ("chain_id", "chain_seq", "prev_hash", "record_hash", "content_hashes")}))
+            bind.execute(
+                table.update()
+                .where(table.c.id == rid)
+                .values(
+                    {
+                        name: sealed[name]
+                        for name in ("chain_id", "chain_seq", "prev_hash", "record_hash", "content_hashes")
+                    }
+                )
+            )
     for chain in writers.values():
-        bind.execute(chains_table.insert().values(chain_id=chain.chain_id, head_seq=chain.head.seq,
-                                                  head_hash=chain.head.hash, start_seq=1, start_prev_hash="0" * 64))
+        bind.execute(
+            chains_table.insert().values(
+                chain_id=chain.chain_id,
+                head_seq=chain.head.seq,
+                head_hash=chain.head.hash,
+                start_seq=1,
+                start_prev_hash="0" * 64,
+            )
+        )
 
 
 def downgrade() -> None:

@@ -33,9 +33,19 @@ TIME = sa.DateTime(timezone=True)
 
 def upgrade() -> None:
     with op.batch_alter_table("exchanges") as batch:
-        batch.add_column(sa.Column("open_mac", sa.String(64), comment="HMAC of the write-ahead row by the proxy that opened it (storage/adoption.py)."))
+        batch.add_column(
+            sa.Column(
+                "open_mac",
+                sa.String(64),
+                comment="HMAC of the write-ahead row by the proxy that opened it (storage/adoption.py).",
+            )
+        )
     with op.batch_alter_table("chains") as batch:
-        batch.add_column(sa.Column("lease_holder", sa.String(255), comment="The proxy process writing this chain (host, pid, start)."))
+        batch.add_column(
+            sa.Column(
+                "lease_holder", sa.String(255), comment="The proxy process writing this chain (host, pid, start)."
+            )
+        )
         batch.add_column(sa.Column("lease_until", TIME, comment="Until when its lease runs; renewed by its heartbeat."))
 
 

@@ -26,8 +26,10 @@ down_revision: str | None = "0006"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
-COMMENT = ("HTTP status the client received when the proxy replaced the upstream's answer "
-           "(a blocked held answer); NULL when the client got http_status.")
+COMMENT = (
+    "HTTP status the client received when the proxy replaced the upstream's answer "
+    "(a blocked held answer); NULL when the client got http_status."
+)
 
 
 def _view_sql(with_client_status: bool) -> str:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 
-from addon.dialects.openai_chat import OpenAIChatNormalizer  # noqa: E402
+from addon.dialects.openai_chat import OpenAIChatNormalizer
 
 
 def _broken(self, rule_id, reason):

@@ -10,9 +10,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 
-from mitmproxy import http  # noqa: E402
+from mitmproxy import http
 
-from addon import early_end  # noqa: E402
+from addon import early_end
 
 MARKER = b"STOP"
 INJECTED = b'event: error\ndata: {"type":"error","code":"content_filtered"}\n\n'

@@ -12,7 +12,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 
-from storage.writer import AuditWriter  # noqa: E402
+from storage.writer import AuditWriter
 
 _real_store = AuditWriter._store
 _fired: set[str] = set()
