@@ -262,8 +262,8 @@ def _print_verdicts(report: Report) -> None:
             print(f"  {line}")
         for problem in chain.problems:
             print(f"  {chain.chain_id}: {problem.line()}")
-        if chain.ok and (line := chain.coverage_line()):
-            print(f"  {line}")
+        if chain.ok and (coverage := chain.coverage_line()):
+            print(f"  {coverage}")
     for problem in report.unchained:
         print(f"  {problem.line()}")
     if not report.chains and not report.unchained:

@@ -17,6 +17,7 @@ import hashlib
 import hmac
 import os
 import secrets
+from collections.abc import Mapping
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -35,7 +36,7 @@ def load_or_create_secret(path: Path) -> bytes:
     return path.read_bytes().strip()
 
 
-def open_mac(secret: bytes, instance: str, row: dict[str, Any]) -> str:
+def open_mac(secret: bytes, instance: str, row: Mapping[str, Any]) -> str:
     """The HMAC of a write-ahead row's identity and request (see the module docstring)."""
     started = row.get("started_at")
     message = "\n".join(
@@ -49,7 +50,7 @@ def open_mac(secret: bytes, instance: str, row: dict[str, Any]) -> str:
     return hmac.new(secret, message.encode(), hashlib.sha256).hexdigest()
 
 
-def is_own(secret: bytes, instance: str, row: dict[str, Any]) -> bool:
+def is_own(secret: bytes, instance: str, row: Mapping[str, Any]) -> bool:
     """Whether this proxy opened the row (its ``open_mac`` checks out)."""
     mac = row.get("open_mac")
     return isinstance(mac, str) and hmac.compare_digest(mac, open_mac(secret, instance, row))

@@ -11,10 +11,12 @@ import logging
 import os
 import sqlite3
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import orjson
-from sqlalchemy import Engine, create_engine, event, text
+from sqlalchemy import Engine, Table, create_engine, event, text
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 
@@ -179,3 +181,13 @@ def first_line(error: BaseException) -> str:
     """The first line of a database error's message: enough for a one-line report."""
     detail = getattr(error, "orig", None) or error
     return str(detail).strip().splitlines()[0] if str(detail).strip() else type(detail).__name__
+
+
+def insert_for(engine: Engine) -> Callable[[Table], sqlite.Insert | postgresql.Insert]:
+    """The backend's own INSERT, which has ``ON CONFLICT`` (SQLite and PostgreSQL spell it
+    alike; SQLAlchemy's generic INSERT has none); one line naming the fix for another backend."""
+    if engine.dialect.name == "sqlite":
+        return sqlite.insert
+    if engine.dialect.name == "postgresql":
+        return postgresql.insert
+    raise DatabaseError(f"unsupported database backend {engine.dialect.name!r}: use SQLite or PostgreSQL")

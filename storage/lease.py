@@ -19,11 +19,10 @@ import socket
 from datetime import UTC, datetime, timedelta
 
 from sqlalchemy import Engine, or_, select, update
-from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import SQLAlchemyError
 
 from storage.chain import GENESIS
-from storage.database import DatabaseError, first_line
+from storage.database import DatabaseError, first_line, insert_for
 from storage.schema import chains
 from storage.status import pid_alive
 
@@ -57,7 +56,7 @@ def claim(engine: Engine, chain_id: str, holder: str, now: datetime | None = Non
     line naming the fix) when another proxy holds it."""
     now = now or datetime.now(UTC)
     c = chains.c
-    insert = {"sqlite": sqlite.insert, "postgresql": postgresql.insert}[engine.dialect.name]
+    insert = insert_for(engine)
     try:
         with engine.begin() as conn:
             conn.execute(

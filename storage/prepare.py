@@ -257,9 +257,10 @@ def _check_bool(name: str, value: Any, notes: _Notes, postgres: bool, max_bytes:
 
 def _specs() -> dict[str, tuple[Callable[..., tuple[Any, bytes | None]], bool]]:
     """Each column's (check, is content), by its type in :data:`storage.schema.exchanges`."""
-    specs = {}
+    specs: dict[str, tuple[Callable[..., tuple[Any, bytes | None]], bool]] = {}
     for column in exchanges.columns:
         kind = column.type
+        check: Callable[..., tuple[Any, bytes | None]]
         if isinstance(kind, JSON):
             check = _check_json
         elif isinstance(kind, DateTime):

@@ -217,7 +217,7 @@ def stats(conn: Connection, filters: Filters, by: Sequence[str]) -> list[dict[st
     fields = (*by, *STATS_FIELDS)
     ordered = sorted(
         ({name: row.get(name) for name in fields} for row in rows.values()),
-        key=lambda r: -(r["input_tokens"] + r["output_tokens"]),
+        key=lambda r: -((r["input_tokens"] or 0) + (r["output_tokens"] or 0)),
     )
     return sorted(ordered, key=lambda r: r["day"] or "") if "day" in by else ordered
 

@@ -151,7 +151,8 @@ def purge(
             if signer is not None and starts:
                 signer.purge(cutoff, starts, datetime.now(UTC))
             log_id = conn.execute(
-                insert(purge_log).values(
+                insert(purge_log)
+                .values(
                     purged_at=datetime.now(UTC),
                     actor=actor,
                     cutoff=cutoff,
@@ -159,7 +160,8 @@ def purge(
                     deleted_count=0,
                     chain_starts=starts,
                 )
-            ).inserted_primary_key[0]
+                .returning(purge_log.c.id)
+            ).scalar_one()
             for cut in cuts:
                 _move_start(conn, cut)
         for condition, order in _batches(cutoff, cuts):

@@ -189,13 +189,15 @@ def verify(engine: Engine, checkpoints: Sequence[Checkpoint] = (), statements: S
         reports = []
         for chain_id in sorted(ids):
             row = known.get(chain_id)
-            start, start_prev, head = (row.start_seq, row.start_prev_hash, row.head_seq) if row else (1, GENESIS, 0)
+            start, start_prev, head, head_hash = (
+                (row.start_seq, row.start_prev_hash, row.head_seq, row.head_hash) if row else (1, GENESIS, 0, GENESIS)
+            )
             kept = held.get(chain_id, {})
             report = _verify_chain(conn, chain_id, start, start_prev, checkpoints, kept, statements)
             if statements is not None:
                 _check_start(report, start_prev, statements.starts.get(chain_id, []))
             if head > report.last.seq and report.ok:
-                gap = _fill(kept, report.last.seq + 1, head, report.last.hash, row.head_hash)
+                gap = _fill(kept, report.last.seq + 1, head, report.last.hash, head_hash)
                 if gap is None:
                     report.add(
                         "deleted",
@@ -235,7 +237,7 @@ def _fill(kept: dict[int, dict[str, Any]], first: int, last: int, prev: str, aft
     if not kept or last - first >= MAX_GAP:
         return None
     records = [kept.get(seq) for seq in range(first, last + 1)]
-    link = prev
+    link: str | None = prev
     for record in records:
         if record is None or record["prev_hash"] != link:
             return None
@@ -334,7 +336,7 @@ def _verify_chain(
 def _unvouched(report: ChainReport, checkpoints: Sequence[Checkpoint]) -> None:
     """Records a proxy found at the end of its chain at start without having written them
     (its checkpoints name them): never taken as covered."""
-    spans = {}
+    spans: dict[tuple[int, int], Checkpoint] = {}
     for cp in checkpoints:
         if report.chain_id in cp.unvouched:
             spans.setdefault(cp.unvouched[report.chain_id], cp)

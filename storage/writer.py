@@ -54,13 +54,12 @@ from typing import Any
 
 import orjson
 from sqlalchemy import Engine, select, update
-from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import SQLAlchemyError
 
 from storage.adoption import is_own, load_or_create_secret, open_mac
 from storage.chain import CHAIN_COLUMNS, GENESIS, Chain, Head, is_sealed
 from storage.checkpoint import Checkpointer, CheckpointError
-from storage.database import DatabaseError, first_line
+from storage.database import DatabaseError, first_line, insert_for
 from storage.headfile import HeadFile
 from storage.lease import RENEW_EVERY, LeaseHeld, claim, holder_name, release, renew
 from storage.prepare import MAX_VALUE_BYTES, Prepared, minimal_row, prepare
@@ -111,7 +110,7 @@ class AuditWriter:
         self._inflight_head = Head()  # the chain's head before them
         self._held: list[dict[str, Any]] = []  # sealed rows neither the database nor the spool took
         self._upsert = _upsert_statement(engine)
-        self._insert = {"sqlite": sqlite.insert, "postgresql": postgresql.insert}[engine.dialect.name]
+        self._insert = insert_for(engine)
         self._postgres = engine.dialect.name == "postgresql"
         self.quarantine = Quarantine(spool.path.with_name(f"quarantine-{safe_name(instance)}.jsonl"))
         self._unrecorded: list[Entry] = list(self.quarantine.entries())  # not known in the quarantine table yet
@@ -350,11 +349,11 @@ class AuditWriter:
         row is written as soon as it is there, and rows that queue while a write runs go
         together into the next one. Waits at most a second for the first row, so a waiting
         spool is retried even when no traffic comes."""
+        batch: list[Any] = []
         if self._retry:  # rows of a step that failed: one at a time, so one row's failure is its own
-            batch = [self._retry.popleft()]
+            batch.append(self._retry.popleft())
             self._inflight, self._inflight_head = batch, self.chain.head
             return batch, stopping
-        batch: list[Any] = []
         wait = not stopping
         while len(batch) < self.batch_size:
             try:
@@ -605,13 +604,16 @@ class AuditWriter:
         if not self._unrecorded:
             return
         entries = self._unrecorded
-        ours = [e for e in entries if e.chain_id == self.instance and e.chain_seq and e.record_hash]
+        ours = [
+            Head(e.chain_seq, e.record_hash)
+            for e in entries
+            if e.chain_id == self.instance and e.chain_seq and e.record_hash
+        ]
         stmt = self._insert(quarantine_table).on_conflict_do_nothing(index_elements=["file", "sha256"])
         with self.engine.begin() as conn:
             conn.execute(stmt, [e.as_row() for e in entries])
             if ours:
-                last = max(ours, key=lambda e: e.chain_seq)
-                self._advance_head(conn, Head(last.chain_seq, last.record_hash))
+                self._advance_head(conn, max(ours, key=lambda head: head.seq))
         self._unrecorded = self._unrecorded[len(entries) :]
 
     def _failed(self, error: Exception) -> None:
@@ -624,7 +626,7 @@ class AuditWriter:
     def _write(self, batch: list[dict[str, Any]]) -> None:
         # The same record may be queued twice in one batch (open, then final): keep the
         # last version of each, in order.
-        rows = [_UNSEALED | row for row in {row["id"]: row for row in batch}.values()]
+        rows: list[dict[str, Any]] = [_UNSEALED | row for row in {row["id"]: row for row in batch}.values()]
         ours = [row for row in rows if is_sealed(row) and row["chain_id"] == self.instance]
         head = max((Head(row["chain_seq"], row["record_hash"]) for row in ours), key=lambda h: h.seq, default=None)
         with self.engine.begin() as conn:
@@ -720,7 +722,7 @@ class AuditWriter:
                     .mappings()
                     .all()
                 )
-                foreign = [row for row in open_rows if not is_own(self._secret, self.instance, row)]
+                foreign = [row for row in open_rows if not is_own(self._secret, self.instance, dict(row))]
                 open_rows = [row for row in open_rows if row not in foreign]
                 for row in open_rows:
                     sealed = self.chain.seal(dict(row) | {"status": "interrupted"})
@@ -760,12 +762,9 @@ class AuditWriter:
             )
 
 
-def _upsert_statement(engine: Engine):
+def _upsert_statement(engine: Engine) -> Any:
     """INSERT ... ON CONFLICT (id) DO UPDATE ... WHERE the stored row is still in progress."""
-    insert = {"sqlite": sqlite.insert, "postgresql": postgresql.insert}.get(engine.dialect.name)
-    if insert is None:
-        raise DatabaseError(f"unsupported database backend {engine.dialect.name!r}: use SQLite or PostgreSQL")
-    stmt = insert(exchanges)
+    stmt = insert_for(engine)(exchanges)
     return stmt.on_conflict_do_update(
         index_elements=[exchanges.c.id],
         set_={c.name: stmt.excluded[c.name] for c in exchanges.columns if c.name != "id"},
