@@ -22,8 +22,11 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from storage.chain import content_hash, utc_text
+from sqlalchemy import Connection, select, update
+
+from storage.chain import Chain, content_hash, utc_text
 from storage.files import private_file
+from storage.schema import IN_PROGRESS, exchanges
 
 
 def load_or_create_secret(path: Path) -> bytes:
@@ -54,3 +57,37 @@ def is_own(secret: bytes, instance: str, row: Mapping[str, Any]) -> bool:
     """Whether this proxy opened the row (its ``open_mac`` checks out)."""
     mac = row.get("open_mac")
     return isinstance(mac, str) and hmac.compare_digest(mac, open_mac(secret, instance, row))
+
+
+SEALED_COLUMNS = ("status", "chain_id", "chain_seq", "prev_hash", "record_hash", "content_hashes")
+
+
+def adopt_interrupted(
+    conn: Connection, chain: Chain, secret: bytes, instance: str, started: datetime
+) -> tuple[int, list[str]]:
+    """Seal into ``chain``, as ``interrupted``, the rows ``instance`` left open before
+    ``started`` whose ``open_mac`` checks out; the count sealed and the ids of the open
+    rows that are not its own (left as they are)."""
+    c = exchanges.c
+    open_rows = (
+        conn.execute(
+            select(exchanges)
+            .where(c.status == IN_PROGRESS, c.proxy_instance == instance, c.started_at < started)
+            .order_by(c.started_at)
+        )
+        .mappings()
+        .all()
+    )
+    foreign = [row["id"] for row in open_rows if not is_own(secret, instance, dict(row))]
+    adopted = 0
+    for row in open_rows:
+        if row["id"] in foreign:
+            continue
+        sealed = chain.seal(dict(row) | {"status": "interrupted"})
+        conn.execute(
+            update(exchanges)
+            .where(c.id == row["id"], c.status == IN_PROGRESS)
+            .values({name: sealed[name] for name in SEALED_COLUMNS})
+        )
+        adopted += 1
+    return adopted, foreign

@@ -13,9 +13,11 @@ on SQLite and PostgreSQL alike.
 
 from __future__ import annotations
 
+import logging
 import os
 import secrets
 import socket
+import time
 from datetime import UTC, datetime, timedelta
 
 from sqlalchemy import Engine, or_, select, update
@@ -25,6 +27,8 @@ from storage.chain import GENESIS
 from storage.database import DatabaseError, first_line, insert_for
 from storage.schema import chains
 from storage.status import pid_alive
+
+log = logging.getLogger(__name__)
 
 
 class LeaseHeld(DatabaseError):
@@ -107,3 +111,52 @@ def release(engine: Engine, chain_id: str, holder: str) -> None:
             .where(chains.c.chain_id == chain_id, chains.c.lease_holder == holder)
             .values(lease_holder=None, lease_until=None)
         )
+
+
+class Lease:
+    """A writer's hold on its chain: taken at start, kept by the heartbeats of the writer
+    thread (:meth:`keep`), given up at shutdown."""
+
+    def __init__(self, engine: Engine, chain_id: str, started: datetime) -> None:
+        self.engine, self.chain_id = engine, chain_id
+        self.holder = holder_name(started)
+        self.held = self._take()  # another proxy recording under this name: LeaseHeld, raised here
+        self._at = time.monotonic()
+
+    def _take(self) -> bool:
+        """Claim the lease: another live proxy holding it raises :class:`LeaseHeld`; a
+        database that cannot take the write now (locked, say) only delays it to the next
+        heartbeat, as spooling delays records."""
+        try:
+            claim(self.engine, self.chain_id, self.holder)
+        except LeaseHeld:
+            raise
+        except DatabaseError as e:
+            log.warning("llm-audit: %s; retried at the next heartbeat", e)
+            return False
+        return True
+
+    def keep(self) -> None:
+        """Renew the lease every :data:`RENEW_EVERY` seconds (take it, when the start could
+        not); a lease found taken over is logged as the error it is."""
+        if time.monotonic() - self._at < RENEW_EVERY:
+            return
+        self._at = time.monotonic()
+        try:
+            if not self.held:
+                self.held = self._take()
+            elif not renew(self.engine, self.chain_id, self.holder):
+                log.error(
+                    "llm-audit: another proxy took over the lease on chain %r after this one missed its "
+                    "heartbeats; the chain may fork: stop one of them",
+                    self.chain_id,
+                )
+                self.held = False
+        except LeaseHeld as e:
+            log.error("llm-audit: %s", e)
+        except SQLAlchemyError as e:
+            log.warning("llm-audit: cannot renew the lease on chain %r (%s)", self.chain_id, first_line(e))
+
+    def release(self) -> None:
+        """Give the lease up (the end of the writer thread)."""
+        release(self.engine, self.chain_id, self.holder)

@@ -10,6 +10,7 @@ proxy has stopped recording.
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from datetime import UTC, datetime
@@ -20,7 +21,10 @@ import orjson
 
 from storage.spool import safe_name
 
+log = logging.getLogger(__name__)
+
 MIN_INTERVAL = 1.0  # seconds between two writes of the file
+HEARTBEAT = 600.0  # seconds between two "recording" log lines while records come
 FLOWING, STUCK, NOT_RUNNING = 0, 1, 3  # the exit statuses of ``llm-audit status``
 
 
@@ -58,6 +62,41 @@ class StatusFile:
         os.replace(tmp, self.path)
         self._last, self._at = dict(doc), now
         return True
+
+
+class WriterStatus:
+    """What the writer thread reports: its status file (a file it cannot write is logged
+    once, not at every update) and, every :data:`HEARTBEAT` seconds while records come, a
+    "recording" log line."""
+
+    def __init__(self, path: Path) -> None:
+        self.file = StatusFile(path)
+        self._failed = False
+        self._beat = (time.monotonic(), 0)  # the last heartbeat: when, and the records written then
+
+    def update(self, doc: dict[str, Any], force: bool = False) -> None:
+        """Keep the file current with ``doc`` (its ``written``, ``spooled`` and
+        ``quarantined`` counts also make the heartbeat line)."""
+        try:
+            self.file.update(doc, force=force)
+            self._failed = False
+        except OSError as e:
+            if not self._failed:
+                log.warning("llm-audit: cannot write the status file %s (%s)", self.file.path, e)
+            self._failed = True
+        at, written = self._beat
+        now = time.monotonic()
+        if now - at >= HEARTBEAT and doc["written"] > written:
+            log.info(
+                "llm-audit: recording: %d records written in the last %.0f minutes (%d in all), %d in the spool, "
+                "%d quarantined",
+                doc["written"] - written,
+                (now - at) / 60,
+                doc["written"],
+                doc["spooled"],
+                doc["quarantined"],
+            )
+            self._beat = (now, doc["written"])
 
 
 def read_status(path: Path) -> dict[str, Any]:

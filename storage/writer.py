@@ -56,25 +56,24 @@ import orjson
 from sqlalchemy import Engine, select, update
 from sqlalchemy.exc import SQLAlchemyError
 
-from storage.adoption import is_own, load_or_create_secret, open_mac
+from storage.adoption import adopt_interrupted, load_or_create_secret, open_mac
 from storage.chain import CHAIN_COLUMNS, GENESIS, Chain, Head, is_sealed
 from storage.checkpoint import Checkpointer, CheckpointError
 from storage.database import DatabaseError, first_line, insert_for
 from storage.headfile import HeadFile
-from storage.lease import RENEW_EVERY, LeaseHeld, claim, holder_name, release, renew
+from storage.lease import Lease
 from storage.prepare import MAX_VALUE_BYTES, Prepared, minimal_row, prepare
 from storage.quarantine import Entry, Quarantine, recover
 from storage.schema import IN_PROGRESS, chains, exchanges
 from storage.schema import quarantine as quarantine_table
 from storage.spool import Spool, safe_name
-from storage.status import StatusFile, status_path
+from storage.status import WriterStatus, status_path
 
 log = logging.getLogger(__name__)
 
 _STOP = object()
 RETRY_MIN, RETRY_MAX = 0.5, 5.0
 STRIKES = 3  # unexpected failures of one row before it is quarantined
-HEARTBEAT = 600.0  # seconds between two "recording" log lines while records come
 _TRIM_AFTER = 16 * 1024 * 1024  # characters of output in one batch after which freed memory is handed back
 # an open record's chain columns and adoption proof (one statement needs every key)
 _UNSEALED = dict.fromkeys((*CHAIN_COLUMNS, "open_mac"))
@@ -114,12 +113,9 @@ class AuditWriter:
         self._postgres = engine.dialect.name == "postgresql"
         self.quarantine = Quarantine(spool.path.with_name(f"quarantine-{safe_name(instance)}.jsonl"))
         self._unrecorded: list[Entry] = list(self.quarantine.entries())  # not known in the quarantine table yet
-        self.status = StatusFile(status_path(spool.path.parent, instance))
-        self._status_failed = False
+        self.status = WriterStatus(status_path(spool.path.parent, instance))
         self._secret = load_or_create_secret(spool.path.with_name(f"adoption-{safe_name(instance)}.key"))
-        self._holder = holder_name(self.started)
-        self._leased = self._claim()  # a proxy already recording under this name: refused here
-        self._lease_at = time.monotonic()
+        self._lease = Lease(engine, instance, self.started)  # a proxy already recording under this name: refused
         stored, head = self._chain_head()
         self.chain = Chain(instance, head)
         # the chain's head as far as the database has it: a checkpoint never signs a
@@ -133,7 +129,6 @@ class AuditWriter:
         self._recovered = False  # interrupted rows of an earlier run marked
         self._closing = False
         self._death: str | None = None  # why the last writer thread ended, until a new one starts
-        self._beat = (time.monotonic(), 0)  # the last heartbeat: when, and the records written then
         self._thread = self._start_thread()
 
     def submit(self, row: dict[str, Any]) -> None:
@@ -205,40 +200,6 @@ class AuditWriter:
         if self.checkpointer is not None:
             self.checkpointer.unvouched = (known.seq + 1, stored.seq)
 
-    def _claim(self) -> bool:
-        """Take the chain's lease (:mod:`storage.lease`): another live proxy holding it
-        raises :class:`~storage.lease.LeaseHeld`; a database that cannot take the write
-        now (locked, say) only delays it to the heartbeat, as spooling delays records."""
-        try:
-            claim(self.engine, self.instance, self._holder)
-        except LeaseHeld:
-            raise
-        except DatabaseError as e:
-            log.warning("llm-audit: %s; retried at the next heartbeat", e)
-            return False
-        return True
-
-    def _heartbeat(self) -> None:
-        """Renew the lease every :data:`~storage.lease.RENEW_EVERY` seconds (take it, when
-        the start could not); a lease found taken over is logged as the error it is."""
-        if time.monotonic() - self._lease_at < RENEW_EVERY:
-            return
-        self._lease_at = time.monotonic()
-        try:
-            if not self._leased:
-                self._leased = self._claim()
-            elif not renew(self.engine, self.instance, self._holder):
-                log.error(
-                    "llm-audit: another proxy took over the lease on chain %r after this one missed its "
-                    "heartbeats; the chain may fork: stop one of them",
-                    self.instance,
-                )
-                self._leased = False
-        except LeaseHeld as e:
-            log.error("llm-audit: %s", e)
-        except SQLAlchemyError as e:
-            log.warning("llm-audit: cannot renew the lease on chain %r (%s)", self.instance, first_line(e))
-
     def _chain_head(self) -> tuple[Head, Head]:
         """The chain's head in the database, and where this instance's chain goes on: the
         furthest of the database and the spool (counting spool lines that can no longer be
@@ -309,10 +270,10 @@ class AuditWriter:
             elif self.spool or self._held or self._unrecorded or not self._recovered:
                 self._guarded(self._recover)
             self._report()
-            self._heartbeat()
+            self._lease.keep()
             if stopping and self._queue.empty() and not self._retry:
                 self._guarded(self._recover, True)
-                self._guarded(release, self.engine, self.instance, self._holder)
+                self._guarded(self._lease.release)
                 return
 
     def _guarded(self, step: Callable[..., None], *args: Any) -> None:
@@ -667,8 +628,8 @@ class AuditWriter:
             log.info("llm-audit: checkpoint %s (chain %s at %d)", path, self.instance, self.committed.seq)
 
     def _report(self, force: bool = False, alive: bool = True, stopped: bool = False) -> None:
-        """Keep the status file current (at most about once a second), and log a heartbeat
-        every :data:`HEARTBEAT` seconds while records come."""
+        """Keep the status file current (at most about once a second; :class:`~storage.status.WriterStatus`
+        also logs the heartbeat)."""
         doc = {
             "pid": os.getpid(),
             "instance": self.instance,
@@ -684,81 +645,32 @@ class AuditWriter:
             "writer_alive": alive,
             "stopped": stopped,
         }
-        try:
-            self.status.update(doc, force=force)
-            self._status_failed = False
-        except OSError as e:
-            if not self._status_failed:
-                log.warning("llm-audit: cannot write the status file %s (%s)", self.status.path, e)
-            self._status_failed = True
-        at, written = self._beat
-        now = time.monotonic()
-        if now - at >= HEARTBEAT and self.written > written:
-            log.info(
-                "llm-audit: recording: %d records written in the last %.0f minutes (%d in all), %d in the spool, "
-                "%d quarantined",
-                self.written - written,
-                (now - at) / 60,
-                self.written,
-                self.spool.records,
-                self.quarantined,
-            )
-            self._beat = (now, self.written)
+        self.status.update(doc, force=force)
 
     def _mark_interrupted(self) -> None:
-        """Rows this instance left open before this run started were cut by a crash: they
-        become final (``interrupted``) and are sealed into the chain, when they prove they
-        are its own (:mod:`storage.adoption`); others are reported, never sealed."""
-        c = exchanges.c
+        """Rows this instance left open before this run started were cut by a crash: the
+        ones that prove they are its own become ``interrupted`` and are sealed into the
+        chain (:func:`~storage.adoption.adopt_interrupted`); others are reported, never sealed."""
         before = self.chain.head
         try:
             with self.engine.begin() as conn:
-                open_rows = (
-                    conn.execute(
-                        select(exchanges)
-                        .where(c.status == IN_PROGRESS, c.proxy_instance == self.instance, c.started_at < self.started)
-                        .order_by(c.started_at)
-                    )
-                    .mappings()
-                    .all()
-                )
-                foreign = [row for row in open_rows if not is_own(self._secret, self.instance, dict(row))]
-                open_rows = [row for row in open_rows if row not in foreign]
-                for row in open_rows:
-                    sealed = self.chain.seal(dict(row) | {"status": "interrupted"})
-                    conn.execute(
-                        update(exchanges)
-                        .where(c.id == row["id"], c.status == IN_PROGRESS)
-                        .values(
-                            {
-                                name: sealed[name]
-                                for name in (
-                                    "status",
-                                    "chain_id",
-                                    "chain_seq",
-                                    "prev_hash",
-                                    "record_hash",
-                                    "content_hashes",
-                                )
-                            }
-                        )
-                    )
-                if open_rows:
+                adopted, foreign = adopt_interrupted(conn, self.chain, self._secret, self.instance, self.started)
+                if adopted:
                     self._advance_head(conn, self.chain.head)
         except SQLAlchemyError:
             self.chain.head = before  # nothing of it was written
             raise
-        if open_rows:
+        if adopted:
             self.committed = self.chain.head
             self._head_file.save(self.committed)
-            log.warning("llm-audit: marked %d exchanges left open by an earlier run as interrupted", len(open_rows))
+            log.warning("llm-audit: marked %d exchanges left open by an earlier run as interrupted", adopted)
         if foreign:
             log.warning(
                 "llm-audit: %d exchanges in progress under this instance (first: %s) were not opened by this "
                 "proxy (their open_mac does not check out): left open, not sealed into the chain; inserted "
                 "by hand, or opened with another adoption secret",
                 len(foreign),
-                foreign[0]["id"],
+                foreign[0],
             )
 
 

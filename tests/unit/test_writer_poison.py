@@ -20,6 +20,7 @@ import pytest
 from sqlalchemy import select, text
 
 from addon.record import OUTCOME_COMPLETE, ExchangeRecord
+from storage import status as status_module
 from storage import writer as writer_module
 from storage.chain import Chain, Head
 from storage.database import open_engine
@@ -359,7 +360,7 @@ def test_the_shutdown_counts_are_true_while_the_database_is_locked(tmp_path):
 
 
 def test_heartbeat_is_logged_while_records_come(tmp_path, monkeypatch, caplog):
-    monkeypatch.setattr(writer_module, "HEARTBEAT", 0.0)
+    monkeypatch.setattr(status_module, "HEARTBEAT", 0.0)
     caplog.set_level(logging.INFO)
     writer = start(f"sqlite:///{tmp_path / 'audit.db'}", tmp_path)
     writer.submit(final_row())
