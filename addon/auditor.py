@@ -36,8 +36,9 @@ import time
 from collections.abc import Callable, Iterable
 
 from addon.decoding import DecodeBudget, DecodeError, Decoder, make_decoder
-from addon.dialects import Dialect, Normalizer, RequestSummary, detect_response
+from addon.dialects import Dialect, Normalizer, RequestSummary
 from addon.dialects.blocking import block_message
+from addon.dialects.registry import detect_response
 from addon.events import Event, StreamEnd
 from addon.framing import Frame, Framing, select
 from addon.output_gate import OutputGate

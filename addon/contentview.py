@@ -38,15 +38,8 @@ from mitmproxy.contentviews import Metadata
 from mitmproxy.options import Options
 
 from addon.auditor import SNIFF_LIMIT, StreamAuditor, summary_into_record
-from addon.dialects import (
-    Dialect,
-    RequestSummary,
-    RequestView,
-    detect_request,
-    detect_response,
-    media_type,
-    parse_json_body,
-)
+from addon.dialects import Dialect, RequestSummary, RequestView, media_type, parse_json_body
+from addon.dialects.registry import detect_request, detect_response
 from addon.framing.sse import SSEParser
 from addon.hosts import server_name
 from addon.record import OUTCOME_COMPLETE, ExchangeRecord

@@ -41,17 +41,9 @@ from mitmproxy.connection import ConnectionState
 from addon import early_end, printed_output
 from addon.auditor import StreamAuditor, summary_into_record
 from addon.contentview import annotate, show_comment_column
-from addon.dialects import (
-    UNREADABLE,
-    Dialect,
-    Normalizer,
-    RequestSummary,
-    RequestView,
-    detect_request,
-    media_type,
-    parse_json_body,
-)
+from addon.dialects import UNREADABLE, Dialect, Normalizer, RequestSummary, RequestView, media_type, parse_json_body
 from addon.dialects.blocking import block_message
+from addon.dialects.registry import detect_request
 from addon.events import Finding
 from addon.filters.api import BLOCK, RequestContext, Verdict
 from addon.filters.engine import FILTER_ERROR, FilterSet

@@ -13,7 +13,8 @@ from typing import Any
 
 import orjson
 
-from addon.dialects import Dialect, RequestView, detect_request
+from addon.dialects import Dialect, RequestView
+from addon.dialects.registry import detect_request
 from mockllm.scenario import Scenario
 from mockllm.streams import DIALECTS
 

@@ -1,10 +1,9 @@
-"""The dialect registry: which protocol an exchange speaks, and how to read it.
+"""What every dialect shares: the base classes and the helpers that read JSON bodies.
 
-A dialect is one module that recognises its traffic and normalizes it into the common
-events of :mod:`addon.events`. Detection is a registry so that adding a protocol never
-touches another one: the proxy adapter asks :func:`detect_request` (method, path and
-headers, then the parsed body) and, for event streams nobody claimed,
-:func:`detect_response` with the first SSE event.
+A dialect is one module (``addon/dialects/<name>.py``, defining ``DIALECT``) that
+recognises its traffic and normalizes it into the common events of :mod:`addon.events`.
+Importing one dialect imports this package and that module only; which dialects exist,
+and the order they are tried in, is :mod:`addon.dialects.registry`.
 
 When a content filter stops an exchange, the dialect also says what the client gets
 instead: :meth:`Dialect.blocked_response` for a request blocked before it goes upstream,
@@ -16,10 +15,9 @@ Everything here is sans-IO: no mitmproxy, no database.
 
 from __future__ import annotations
 
-import importlib
 import json
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -219,39 +217,6 @@ class Dialect(ABC):
         """
 
 
-REGISTRY: list[Dialect] = []
-
-
-def register(dialect: Dialect) -> Dialect:
-    REGISTRY.append(dialect)
-    return dialect
-
-
-def detect_request(request: RequestView, body: Callable[[], Any]) -> Dialect | None:
-    """The first registered dialect that recognises this request, if any.
-
-    ``body`` parses the request body on demand, so requests no dialect matches by
-    line and headers cost only the header checks. A body that is not JSON at all
-    (:data:`UNREADABLE`) is claimed by the first dialect whose line and headers match.
-    """
-    by_line = None
-    for dialect in REGISTRY:
-        if dialect.matches(request):
-            if dialect.accepts_body(body(), request):
-                return dialect
-            by_line = by_line or dialect
-    # A body that cannot be read must not hide an exchange: the request line decides.
-    return by_line if by_line is not None and body() is UNREADABLE else None
-
-
-def detect_response(first_event: Frame) -> Dialect | None:
-    """The dialect that claims an unrecognised event stream by its first event."""
-    for dialect in REGISTRY:
-        if dialect.sniff(first_event):
-            return dialect
-    return None
-
-
 class _Unreadable:
     """The parsed value of a request body that is not JSON even to a lenient reader."""
 
@@ -403,27 +368,3 @@ def int_field(obj: Mapping[str, Any], name: str) -> int | None:
     """``obj[name]`` if it is an integer (booleans are not)."""
     value = obj.get(name)
     return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
-BUILTIN_DIALECTS = (
-    "llm_stream",
-    "lmsp",
-    "openai_responses",
-    "openai_chat",
-    "openai_completions",
-    "anthropic",
-    "gemini",
-)
-
-
-def _load_builtin_dialects() -> None:
-    """Import the built-in dialect modules; each registers itself, in this order.
-
-    Order matters only where two could match: llm-stream's media type wins over any
-    path, and LMSP's ``/lmsp/v1/responses`` over OpenAI's ``/responses``.
-    """
-    for module in BUILTIN_DIALECTS:
-        importlib.import_module(f"addon.dialects.{module}")
-
-
-_load_builtin_dialects()

@@ -52,7 +52,6 @@ from addon.dialects import (
     int_field,
     json_object,
     names,
-    register,
     str_field,
 )
 from addon.dialects.blocking import block_message, event_stream, frame, json_response, kept, random_id
@@ -454,4 +453,4 @@ _HANDLERS = {
     "error": AnthropicNormalizer._error,
 }
 
-DIALECT = register(AnthropicMessages())
+DIALECT = AnthropicMessages()

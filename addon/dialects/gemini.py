@@ -52,7 +52,6 @@ from addon.dialects import (
     int_field,
     load_body_json,
     names,
-    register,
     str_field,
 )
 from addon.dialects.blocking import (
@@ -600,4 +599,4 @@ def _array_prefix(body: bytes) -> tuple[list[Any], bool] | None:
 
 
 GEMINI_SSE_WRITER = SSEWriter(CRLF)
-DIALECT = register(Gemini())
+DIALECT = Gemini()

@@ -30,7 +30,6 @@ from addon.dialects import (
     json_object,
     media_type,
     names,
-    register,
     str_field,
 )
 from addon.dialects.blocking import FILTERED_CODE, block_message, event_stream, frame, json_response, unix_now
@@ -292,4 +291,4 @@ _HANDLERS = {
 }
 assert set(_HANDLERS) == EVENT_TYPES == set(REQUIRED)
 
-DIALECT = register(LLMStream())
+DIALECT = LLMStream()

@@ -63,7 +63,6 @@ from addon.dialects import (
     error_body_events,
     json_object,
     names,
-    register,
     str_field,
 )
 from addon.dialects.blocking import (
@@ -357,4 +356,4 @@ class LMSPNormalizer(ResponsesNormalizer):
         return super().on_body(body, http_status)
 
 
-DIALECT = register(LMSP())
+DIALECT = LMSP()

@@ -46,7 +46,6 @@ with that code; a finish reason alone could not say which rule refused the reque
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import orjson
@@ -61,7 +60,6 @@ from addon.dialects import (
     int_field,
     json_object,
     names,
-    register,
     str_field,
 )
 from addon.dialects.blocking import (
@@ -69,31 +67,37 @@ from addon.dialects.blocking import (
     event_stream,
     frame,
     json_response,
-    kept,
     openai_error,
     random_id,
     sse_event,
     unfinished,
     unix_now,
 )
+from addon.dialects.openai_choices import (
+    CHAT_PATH_SUFFIX,
+    DONE,
+    FILTER,
+    add_error,
+    add_usage,
+    choice_index,
+    choices_of,
+    filter_results,
+    filtered_answer,
+)
 from addon.events import (
     Event,
     Finding,
     Finish,
     ResponseMeta,
-    StreamError,
     TextDelta,
     ToolCallDelta,
-    Usage,
 )
 from addon.framing import Frame
 
-PATH_SUFFIX = "/chat/completions"
+PATH_SUFFIX = CHAT_PATH_SUFFIX
 CHUNK_OBJECT = "chat.completion.chunk"
-FILTER = "content_filter"  # the finish reason and Azure's error code for filtered content
 # Finish reasons that cut whatever was open: the token limit, and a content filter.
 TRUNCATING_FINISHES = frozenset({"length", FILTER})
-DONE = "[DONE]"
 # Content part types that carry media or references, not text a person reads.
 MEDIA_PARTS = frozenset({"image_url", "input_audio", "audio", "image", "file"})
 MAX_PART_DEPTH = 6
@@ -136,25 +140,6 @@ class OpenAIChat(Dialect):
         if streaming:
             return event_stream(sse_event(error) + sse_event(DONE))
         return json_response(error)
-
-
-# The fields of a chat.completion a filtered answer repeats (see blocking.kept).
-ANSWER_FIELDS = ("id", "object", "created", "model", "usage", "system_fingerprint", "service_tier")
-
-
-def filtered_answer(answer: dict[str, Any] | None, choice: Callable[[int], dict[str, Any]]) -> BlockedResponse | None:
-    """A whole answer of the Chat or legacy Completions API as its content filter leaves
-    it (HTTP 200): its id, model and usage, and ``choice(index)`` for each of its choices
-    (choice 0 when it had none); ``None`` for no answer or an error answer."""
-    if answer is None or "error" in answer:
-        return None
-    indices = [choice_index(c, i) for i, c in choices_of(answer)] or [0]
-    return json_response(kept(answer, ANSWER_FIELDS) | {"choices": [choice(i) for i in indices]}, status=200)
-
-
-def filter_results(rule_id: str) -> dict[str, Any]:
-    """Azure's ``content_filter_results`` naming the rule as a custom blocklist."""
-    return {"custom_blocklists": {"filtered": True, "details": [{"filtered": True, "id": rule_id}]}}
 
 
 def _tool_names(body: dict[str, Any]) -> frozenset[str]:
@@ -325,13 +310,7 @@ class OpenAIChatNormalizer(JsonEventNormalizer):
             out.append(Finish(reason, choice=index))
 
 
-# -- field readers shared by chunks and whole responses (and the legacy Completions dialect) -----
-
-
-def choice_index(obj: dict[str, Any], position: int) -> int:
-    """``obj["index"]``, or its position in the list when a server leaves it out."""
-    index = obj.get("index")
-    return index if isinstance(index, int) and not isinstance(index, bool) and index >= 0 else position
+# -- field readers of chunks and whole responses ------------------------------------------------
 
 
 def _texts(part: dict[str, Any], choice: int, out: list[Event]) -> None:
@@ -413,53 +392,4 @@ def _call_fields(call: dict[str, Any]) -> tuple[str | None, str | None, str]:
     return call_id, name, arguments
 
 
-def choices_of(obj: dict[str, Any]) -> list[tuple[int, dict[str, Any]]]:
-    """``(position, choice)`` for each choice object of a chunk or a response."""
-    choices = obj.get("choices")
-    if not isinstance(choices, list):
-        return []
-    return [(position, choice) for position, choice in enumerate(choices) if isinstance(choice, dict)]
-
-
-def add_usage(obj: dict[str, Any], out: list[Event]) -> None:
-    usage = obj.get("usage")
-    if not isinstance(usage, dict):
-        groq = obj.get("x_groq")  # Groq's own place for streamed usage
-        usage = groq.get("usage") if isinstance(groq, dict) else None
-        if not isinstance(usage, dict):
-            return
-    prompt = usage.get("prompt_tokens_details")
-    prompt = prompt if isinstance(prompt, dict) else {}
-    completion = usage.get("completion_tokens_details")
-    completion = completion if isinstance(completion, dict) else {}
-    cache_read = int_field(prompt, "cached_tokens")
-    if cache_read is None:
-        cache_read = int_field(usage, "prompt_cache_hit_tokens")  # DeepSeek
-    out.append(
-        Usage(
-            input_tokens=int_field(usage, "prompt_tokens"),
-            output_tokens=int_field(usage, "completion_tokens"),
-            cache_read_input_tokens=cache_read,
-            cache_write_input_tokens=int_field(prompt, "cache_write_tokens"),
-            reasoning_output_tokens=int_field(completion, "reasoning_tokens"),
-        )
-    )
-
-
-def add_error(obj: dict[str, Any], out: list[Event]) -> None:
-    """``{"error": {...}}``, ``{"error": "text"}`` or a top-level error object (vLLM)."""
-    err = obj.get("error", obj)
-    if err is None:
-        return
-    if isinstance(err, str):
-        out.append(StreamError(None, err))
-        return
-    if not isinstance(err, dict):
-        out.append(StreamError(None, None))
-        return
-    code = err.get("code") or err.get("type")
-    message = err.get("message")
-    out.append(StreamError(None if code is None else str(code), None if message is None else str(message)))
-
-
-DIALECT = register(OpenAIChat())
+DIALECT = OpenAIChat()

@@ -46,7 +46,6 @@ from addon.dialects import (
     RequestView,
     int_field,
     json_object,
-    register,
     str_field,
 )
 from addon.dialects.blocking import (
@@ -60,8 +59,16 @@ from addon.dialects.blocking import (
     unfinished,
     unix_now,
 )
-from addon.dialects.openai_chat import DONE, FILTER, add_error, add_usage, choice_index, choices_of, filtered_answer
-from addon.dialects.openai_chat import PATH_SUFFIX as CHAT_SUFFIX
+from addon.dialects.openai_choices import (
+    CHAT_PATH_SUFFIX,
+    DONE,
+    FILTER,
+    add_error,
+    add_usage,
+    choice_index,
+    choices_of,
+    filtered_answer,
+)
 from addon.events import Event, Finding, Finish, ResponseMeta, TextDelta
 from addon.framing import Frame, Message
 from exchange.messages import token_prompts
@@ -78,7 +85,7 @@ class OpenAICompletions(Dialect):
         if request.method.upper() != "POST":
             return False
         path = request.path.rstrip("/")
-        return path.endswith(PATH_SUFFIX) and not path.endswith(CHAT_SUFFIX)
+        return path.endswith(PATH_SUFFIX) and not path.endswith(CHAT_PATH_SUFFIX)
 
     def accepts_body(self, body: Any, request: RequestView) -> bool:
         return isinstance(body, dict) and "prompt" in body
@@ -189,4 +196,4 @@ class OpenAICompletionsNormalizer(JsonEventNormalizer):
         return [*chunks, frame(DONE)]
 
 
-DIALECT = register(OpenAICompletions())
+DIALECT = OpenAICompletions()

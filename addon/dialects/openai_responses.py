@@ -53,7 +53,6 @@ from addon.dialects import (
     int_field,
     json_object,
     names,
-    register,
     str_field,
 )
 from addon.dialects.blocking import (
@@ -227,4 +226,4 @@ def _new_response(model: str | None) -> dict[str, Any]:
     }
 
 
-DIALECT = register(OpenAIResponses())
+DIALECT = OpenAIResponses()

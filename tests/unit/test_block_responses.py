@@ -39,7 +39,6 @@ from pydantic import TypeAdapter
 
 from addon.auditor import StreamAuditor, summary_into_record
 from addon.dialects import (
-    REGISTRY,
     Dialect,
     Normalizer,
     RequestView,
@@ -52,6 +51,7 @@ from addon.dialects import (
 )
 from addon.dialects import anthropic as anthropic_dialect
 from addon.dialects.blocking import BlockedResponse
+from addon.dialects.registry import REGISTRY
 from addon.framing.sse import SSEEvent, SSEParser
 from addon.record import OUTCOME_COMPLETE, ExchangeRecord
 from mockllm.scenario import Scenario

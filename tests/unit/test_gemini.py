@@ -17,8 +17,9 @@ import orjson
 import pytest
 from pipeline import audit_bytes
 
-from addon.dialects import RequestView, detect_request
+from addon.dialects import RequestView
 from addon.dialects.gemini import DIALECT
+from addon.dialects.registry import detect_request
 from addon.record import OUTCOME_COMPLETE, OUTCOME_UPSTREAM_ABORTED
 
 SHARED_STREAMS = Path(__file__).resolve().parents[2].parent / "shared" / "reference" / "streams"

@@ -17,6 +17,10 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
+
+from addon.dialects.registry import BUILTIN
+
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("addon", "storage", "exchange", "cli", "mockllm", "bench")
 
@@ -130,3 +134,22 @@ def test_no_import_cycles_among_the_project_s_modules():
 def test_the_cycle_finder_names_a_cycle():
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == ["a", "b", "c", "a"]
     assert find_cycle({"a": {"b"}, "b": set()}) is None
+
+
+@pytest.mark.parametrize("dialect", BUILTIN)
+def test_importing_one_dialect_imports_no_other_dialect(dialect):
+    """A dialect is one module: it needs the shared base, never another dialect (the
+    Responses dialects share addon.dialects.responses, which registers none)."""
+    script = (
+        f"import importlib, sys\nimportlib.import_module('addon.dialects.{dialect}')\n"
+        "print(sorted(m.rsplit('.', 1)[1] for m in sys.modules if m.startswith('addon.dialects.')))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=60, check=True
+    )
+    others = set(ast.literal_eval(done.stdout.strip())) & (set(BUILTIN) - {dialect})
+    assert not others, f"importing addon.dialects.{dialect} imported {sorted(others)}"
+
+
+def test_the_registry_reads_in_one_screen():
+    assert len((ROOT / "addon" / "dialects" / "registry.py").read_text().splitlines()) <= 60

@@ -16,8 +16,9 @@ import orjson
 import pytest
 from pipeline import audit_bytes
 
-from addon.dialects import RequestView, detect_request, detect_response
+from addon.dialects import RequestView
 from addon.dialects.llm_stream import DIALECT
+from addon.dialects.registry import detect_request, detect_response
 from addon.framing.sse import SSEEvent
 from addon.record import OUTCOME_COMPLETE, OUTCOME_UPSTREAM_ABORTED
 

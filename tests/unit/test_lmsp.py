@@ -15,8 +15,9 @@ import orjson
 import pytest
 from pipeline import audit_bytes
 
-from addon.dialects import RequestView, detect_request, detect_response
+from addon.dialects import RequestView
 from addon.dialects.lmsp import DIALECT, LMSP, TaskProgress, event_id
+from addon.dialects.registry import detect_request, detect_response
 from addon.framing.sse import SSEEvent
 from addon.record import OUTCOME_CLIENT_ABORTED, OUTCOME_COMPLETE, OUTCOME_UPSTREAM_ABORTED
 

@@ -15,8 +15,9 @@ import orjson
 import pytest
 from pipeline import audit_bytes
 
-from addon.dialects import RequestView, detect_request, detect_response
+from addon.dialects import RequestView
 from addon.dialects.openai_completions import DIALECT
+from addon.dialects.registry import detect_request, detect_response
 from addon.filters.api import RequestContext
 from addon.filters.engine import FilterSet
 from addon.filters.rules import parse_rules

@@ -18,8 +18,9 @@ import pytest
 from pipeline import audit_bytes, comparable_row
 
 from addon.auditor import StreamAuditor, summary_into_record
-from addon.dialects import RequestView, detect_request, detect_response
+from addon.dialects import RequestView
 from addon.dialects.openai_responses import DIALECT, OpenAIResponsesNormalizer
+from addon.dialects.registry import detect_request, detect_response
 from addon.framing.sse import SSEEvent
 from addon.record import OUTCOME_COMPLETE, OUTCOME_UPSTREAM_ABORTED, ExchangeRecord
 

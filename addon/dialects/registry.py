@@ -1,0 +1,45 @@
+"""Which dialects llm-audit reads, in the order they are tried, and the two questions
+asked of them: :func:`detect_request` (method, path and headers, then the parsed body)
+and, for an event stream no request claimed, :func:`detect_response` (its first event).
+
+Order matters only where two could match: llm-stream's media type wins over any path,
+and LMSP's ``/lmsp/v1/responses`` over OpenAI's ``/responses``. A new dialect is one
+module defining ``DIALECT`` and one line in :data:`BUILTIN` (docs/framings.md).
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from typing import Any
+
+from addon.dialects import UNREADABLE, Dialect, RequestView
+from addon.framing import Frame
+
+BUILTIN = ("llm_stream", "lmsp", "openai_responses", "openai_chat", "openai_completions", "anthropic", "gemini")
+REGISTRY: tuple[Dialect, ...] = tuple(importlib.import_module(f"addon.dialects.{name}").DIALECT for name in BUILTIN)
+
+
+def detect_request(request: RequestView, body: Callable[[], Any]) -> Dialect | None:
+    """The first registered dialect that recognises this request, if any.
+
+    ``body`` parses the request body on demand, so requests no dialect matches by
+    line and headers cost only the header checks. A body that is not JSON at all
+    (:data:`UNREADABLE`) is claimed by the first dialect whose line and headers match.
+    """
+    by_line = None
+    for dialect in REGISTRY:
+        if dialect.matches(request):
+            if dialect.accepts_body(body(), request):
+                return dialect
+            by_line = by_line or dialect
+    # A body that cannot be read must not hide an exchange: the request line decides.
+    return by_line if by_line is not None and body() is UNREADABLE else None
+
+
+def detect_response(first_event: Frame) -> Dialect | None:
+    """The dialect that claims an unrecognised event stream by its first event."""
+    for dialect in REGISTRY:
+        if dialect.sniff(first_event):
+            return dialect
+    return None
