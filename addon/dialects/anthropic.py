@@ -51,7 +51,6 @@ from addon.dialects import (
     RequestView,
     int_field,
     json_object,
-    names,
     register,
     str_field,
 )
@@ -69,6 +68,7 @@ from addon.events import (
     Usage,
 )
 from addon.framing import Frame
+from exchange.messages import tool_names
 
 # Content blocks that are tool invocations: client tools, Anthropic-run server tools
 # (web_search, code_execution, ...) and MCP connector calls. All stream their input as
@@ -118,7 +118,7 @@ class AnthropicMessages(Dialect):
             model=str_field(body, "model"),
             user_id=str_field(metadata, "user_id") if isinstance(metadata, dict) else None,
             stream=stream if isinstance(stream, bool) else None,
-            declared_tools=frozenset(names(body.get("tools"))),
+            declared_tools=tool_names(body),
         )
 
     def normalizer(self, request: RequestSummary) -> Normalizer:

@@ -51,7 +51,6 @@ from addon.dialects import (
     error_body_events,
     int_field,
     load_body_json,
-    names,
     register,
     str_field,
 )
@@ -78,6 +77,7 @@ from addon.events import (
 from addon.framing import Frame, Writer
 from addon.framing.json_array import JSON_ARRAY_WRITER
 from addon.framing.sse import SSEWriter
+from exchange.messages import tool_names
 
 GENERATE = "generateContent"
 STREAM_GENERATE = "streamGenerateContent"
@@ -137,7 +137,7 @@ class Gemini(Dialect):
         return GeminiRequestSummary(
             model=model or None,
             stream=method == STREAM_GENERATE if method else None,
-            declared_tools=_tool_names(body.get("tools") if isinstance(body, dict) else None),
+            declared_tools=tool_names(body),
             sse=_alt_sse(request.query),
         )
 
@@ -155,15 +155,6 @@ class Gemini(Dialect):
         if _alt_sse(request_view.query):
             return event_stream(sse_event(chunk, newline=CRLF))
         return json_response([chunk], 200, ARRAY_MEDIA_TYPE)
-
-
-def _tool_names(tools: Any) -> frozenset[str]:
-    """Names in ``tools[].functionDeclarations[]`` (``function_declarations`` also parses)."""
-    if not isinstance(tools, list):
-        return frozenset()
-    return frozenset().union(
-        *(names(t.get("functionDeclarations", t.get("function_declarations"))) for t in tools if isinstance(t, dict))
-    )
 
 
 # -- errors ---------------------------------------------------------------------------------

@@ -29,7 +29,6 @@ from addon.dialects import (
     int_field,
     json_object,
     media_type,
-    names,
     register,
     str_field,
 )
@@ -46,6 +45,7 @@ from addon.events import (
     Usage,
 )
 from addon.framing import Frame
+from exchange.messages import tool_names
 
 REQUEST_MEDIA_TYPE = "application/llm-request+json"
 PROFILE = "llm-stream-1.0"
@@ -99,7 +99,7 @@ class LLMStream(Dialect):
             session_id=str_field(metadata, "session_id"),
             request_id=str_field(metadata, "request_id"),
             stream=body.get("stream") if isinstance(body.get("stream"), bool) else None,
-            declared_tools=frozenset(names(body.get("tools"))),
+            declared_tools=tool_names(body),
         )
         summary.findings.extend(_envelope_findings(body))
         return summary

@@ -62,7 +62,6 @@ from addon.dialects import (
     RequestView,
     error_body_events,
     json_object,
-    names,
     register,
     str_field,
 )
@@ -78,6 +77,7 @@ from addon.dialects.blocking import (
 from addon.dialects.responses import ResponsesNormalizer, problem_error
 from addon.events import Event, Finding, Replayed, ResponseMeta, TextDelta, ToolCallDelta, Usage
 from addon.framing import Frame
+from exchange.messages import tool_names
 
 PREFIX = "/lmsp/v1/"
 TASK_MEMORY = 10_000  # tasks whose audited event ids are remembered
@@ -165,7 +165,7 @@ class LMSP(Dialect):
         return LMSPRequestSummary(
             model=str_field(body, "model"),
             stream=stream if isinstance(stream, bool) else None,
-            declared_tools=frozenset(names(body.get("tools"))),  # built-in tools have no name
+            declared_tools=tool_names(body),  # built-in tools have no name
         )
 
     @staticmethod

@@ -60,7 +60,6 @@ from addon.dialects import (
     RequestView,
     int_field,
     json_object,
-    names,
     register,
     str_field,
 )
@@ -87,6 +86,7 @@ from addon.events import (
     Usage,
 )
 from addon.framing import Frame
+from exchange.messages import tool_names
 
 PATH_SUFFIX = "/chat/completions"
 CHUNK_OBJECT = "chat.completion.chunk"
@@ -123,7 +123,7 @@ class OpenAIChat(Dialect):
             model=str_field(body, "model"),
             user_id=str_field(body, "user") or str_field(body, "safety_identifier"),
             stream=stream if isinstance(stream, bool) else None,
-            declared_tools=_tool_names(body),
+            declared_tools=tool_names(body),
         )
 
     def normalizer(self, request: RequestSummary) -> Normalizer:
@@ -155,15 +155,6 @@ def filtered_answer(answer: dict[str, Any] | None, choice: Callable[[int], dict[
 def filter_results(rule_id: str) -> dict[str, Any]:
     """Azure's ``content_filter_results`` naming the rule as a custom blocklist."""
     return {"custom_blocklists": {"filtered": True, "details": [{"filtered": True, "id": rule_id}]}}
-
-
-def _tool_names(body: dict[str, Any]) -> frozenset[str]:
-    """Names from ``tools[].function.name`` (``custom.name``) and legacy ``functions[].name``."""
-    tools = body.get("tools")
-    specs = (
-        [t.get("function") or t.get("custom") for t in tools if isinstance(t, dict)] if isinstance(tools, list) else []
-    )
-    return frozenset(names(specs) | names(body.get("functions")))
 
 
 class OpenAIChatNormalizer(JsonEventNormalizer):

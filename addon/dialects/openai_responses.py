@@ -52,7 +52,6 @@ from addon.dialects import (
     RequestView,
     int_field,
     json_object,
-    names,
     register,
     str_field,
 )
@@ -70,6 +69,7 @@ from addon.dialects.blocking import (
 from addon.dialects.responses import ResponsesNormalizer
 from addon.events import Event
 from addon.framing import Frame
+from exchange.messages import tool_names
 
 PATH_SUFFIX = "/responses"
 LMSP_SEGMENT = "/lmsp/"
@@ -122,7 +122,7 @@ class OpenAIResponses(Dialect):
             user_id=str_field(body, "user") or str_field(body, "safety_identifier"),
             session_id=_conversation_id(body.get("conversation")),
             stream=stream if isinstance(stream, bool) else None,
-            declared_tools=frozenset(names(body.get("tools"))),  # built-in tools have no name
+            declared_tools=tool_names(body),  # built-in tools have no name
         )
 
     def normalizer(self, request: RequestSummary) -> Normalizer:
