@@ -60,7 +60,6 @@ from addon.dialects.blocking import (
     event_stream,
     frame,
     json_response,
-    sse_event,
     unfinished,
 )
 from addon.events import (
@@ -153,8 +152,8 @@ class Gemini(Dialect):
             return json_response({"error": {"code": BLOCKED_STATUS, "message": message, "status": "INVALID_ARGUMENT"}})
         chunk = {"promptFeedback": {"blockReason": SAFETY, "blockReasonMessage": message}}
         if _alt_sse(request_view.query):
-            return event_stream(sse_event(chunk, newline=CRLF))
-        return json_response([chunk], 200, ARRAY_MEDIA_TYPE)
+            return event_stream([frame(chunk)], GEMINI_SSE_WRITER)
+        return event_stream([frame(chunk)], JSON_ARRAY_WRITER, [("content-type", ARRAY_MEDIA_TYPE)])
 
 
 # -- errors ---------------------------------------------------------------------------------

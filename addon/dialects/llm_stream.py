@@ -111,7 +111,8 @@ class LLMStream(Dialect):
         self, summary: RequestSummary, request_view: RequestView, rule_id: str, reason: str, streaming: bool
     ) -> BlockedResponse:
         if streaming:
-            return event_stream(self.normalizer(summary).termination(rule_id, reason))
+            normalizer = self.normalizer(summary)
+            return event_stream(normalizer.ending(rule_id, reason), normalizer.writer)
         return json_response({"error": {"code": FILTERED_CODE, "message": block_message(rule_id, reason)}})
 
 

@@ -192,7 +192,8 @@ class LMSP(Dialect):
         self, summary: RequestSummary, request_view: RequestView, rule_id: str, reason: str, streaming: bool
     ) -> BlockedResponse:
         if streaming:
-            return event_stream(self.normalizer(summary).termination(rule_id, reason))
+            normalizer = self.normalizer(summary)
+            return event_stream(normalizer.ending(rule_id, reason), normalizer.writer)
         return json_response(filter_problem(rule_id, reason), BLOCKED_STATUS, PROBLEM_MEDIA_TYPE)
 
 

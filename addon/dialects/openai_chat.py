@@ -71,7 +71,6 @@ from addon.dialects.blocking import (
     kept,
     openai_error,
     random_id,
-    sse_event,
     unfinished,
     unix_now,
 )
@@ -134,7 +133,7 @@ class OpenAIChat(Dialect):
     ) -> BlockedResponse:
         error = {"error": openai_error(block_message(rule_id, reason), FILTER)}
         if streaming:
-            return event_stream(sse_event(error) + sse_event(DONE))
+            return event_stream([frame(error), frame(DONE)])
         return json_response(error)
 
 

@@ -132,7 +132,8 @@ class OpenAIResponses(Dialect):
         self, summary: RequestSummary, request_view: RequestView, rule_id: str, reason: str, streaming: bool
     ) -> BlockedResponse:
         if streaming:
-            return event_stream(self.normalizer(summary).termination(rule_id, reason))
+            normalizer = self.normalizer(summary)
+            return event_stream(normalizer.ending(rule_id, reason), normalizer.writer)
         return json_response({"error": openai_error(block_message(rule_id, reason), FILTERED_CODE)})
 
 

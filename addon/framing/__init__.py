@@ -24,6 +24,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+#: The largest frame (an SSE line or event, a JSON-array element) a reader keeps by
+#: default: ``llm_audit_max_event_bytes``. A larger one is skipped as it arrives, with a
+#: finding, so that no upstream can make the proxy buffer without bound.
+DEFAULT_MAX_EVENT_BYTES = 8 * 1024 * 1024
+
 
 class Frame(Protocol):
     """What a dialect reads: one unit of a response body.

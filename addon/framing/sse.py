@@ -49,11 +49,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import repeat as _repeat
 
-from addon.framing import Frame, Framing, register
+from addon.framing import DEFAULT_MAX_EVENT_BYTES, Frame, Framing, register
 
-__all__ = ["DEFAULT_MAX_EVENT_BYTES", "SSEEvent", "SSEParser", "SSEReader", "SSEWriter"]
-
-DEFAULT_MAX_EVENT_BYTES = 8 * 1024 * 1024
+__all__ = ["SSEEvent", "SSEParser", "SSEReader", "SSEWriter"]
 
 _NOT_LF_SEARCH = re.compile(r"[^\n]").search
 
