@@ -493,7 +493,7 @@ class GeminiNormalizer(JsonEventNormalizer):
     def _partial_arg(open_call: _OpenCall, arg: dict[str, Any]) -> None:
         path = arg.get("jsonPath")
         steps = _json_path(path)
-        if steps is None:
+        if steps is None or not isinstance(path, str):  # (a path is a string: _json_path says so)
             return
         if "stringValue" in arg:
             value = arg["stringValue"]

@@ -92,7 +92,7 @@ class LLMStream(Dialect):
     def summarize(self, body: Any, request: RequestView) -> RequestSummary:
         if not isinstance(body, dict):
             return RequestSummary()
-        metadata = body.get("metadata") if isinstance(body.get("metadata"), dict) else {}
+        metadata = body["metadata"] if isinstance(body.get("metadata"), dict) else {}
         summary = RequestSummary(
             model=str_field(body, "model"),
             user_id=str_field(metadata, "user_id"),
@@ -156,12 +156,13 @@ class LLMStreamNormalizer(Normalizer):
         if first and kind != "stream.start":
             out.append(Finding("first_event_not_stream_start", f"first event is {kind!r}"))
         self._check_envelope(event, obj, kind, out)
-        handler = _HANDLERS.get(kind)
+        name = kind if isinstance(kind, str) else ""
+        handler = _HANDLERS.get(name)
         if handler is None:
             if isinstance(kind, str):
                 out.append(Finding("unknown_event_type", kind))
             return out
-        missing = [name for name in REQUIRED[kind] if name not in obj]
+        missing = [key for key in REQUIRED[name] if key not in obj]
         if missing:
             out.append(Finding("missing_field", f"{kind}: {', '.join(missing)}"))
         handler(self, obj, out)

@@ -270,7 +270,7 @@ class LMSPNormalizer(ResponsesNormalizer):
         if replayed:
             out = [e for e in out if not _counted(e)]
             out.append(Replayed())
-        elif n is not None and self.tasks is not None:
+        elif n is not None and self.tasks is not None and self.task_id is not None:
             self.tasks.advance(self.task_id, n)
         return findings + out if findings else out
 
@@ -278,7 +278,7 @@ class LMSPNormalizer(ResponsesNormalizer):
         n = event_id(event.id)
         if not self.seen_any:
             self.seen_any = True
-            if self.tasks is not None:
+            if self.tasks is not None and self.task_id is not None:
                 self.audited_before = self.tasks.get(self.task_id)
             # A stream that does not start at 1 carries the rest of a response whose
             # beginning went to an earlier exchange. When that exchange was audited here,

@@ -45,7 +45,7 @@ from __future__ import annotations
 import codecs
 import re
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from itertools import repeat as _repeat
 
@@ -71,7 +71,9 @@ _utf8_decode = codecs.utf_8_decode
 _partition = str.partition
 # Field spellings the block fast path understands (exactly one space after the colon).
 _FAST_PREFIXES = ("data: ", "event: ", "id: ")
-_consume = deque(maxlen=0).extend  # run an iterator at C speed, keeping nothing
+_consume: Callable[[Iterable[object]], None] = deque[object](
+    maxlen=0
+).extend  # run an iterator at C speed, keeping nothing
 
 
 # Blank lines are found line end by line end: ``str.find`` of one character is a memchr,
@@ -125,10 +127,10 @@ class SSEEvent:
 # time, or a whole column at once with map). The result is an ordinary, fully
 # initialised SSEEvent: same class, equal to SSEEvent(...), immutable afterwards.
 _new_object = object.__new__
-_set_event = SSEEvent.event.__set__  # type: ignore[attr-defined]
-_set_data = SSEEvent.data.__set__  # type: ignore[attr-defined]
-_set_id = SSEEvent.id.__set__  # type: ignore[attr-defined]
-_set_retry = SSEEvent.retry.__set__  # type: ignore[attr-defined]
+_set_event: Callable[[SSEEvent, str], None] = SSEEvent.__dict__["event"].__set__
+_set_data: Callable[[SSEEvent, str], None] = SSEEvent.__dict__["data"].__set__
+_set_id: Callable[[SSEEvent, str], None] = SSEEvent.__dict__["id"].__set__
+_set_retry: Callable[[SSEEvent, int | None], None] = SSEEvent.__dict__["retry"].__set__
 
 
 class SSEParser:
@@ -503,7 +505,7 @@ class SSEParser:
         if shape[-1] != "data: " or len(set(shape)) != len(shape):
             return pos
         head = shape[0]
-        pieces = text[pos + len(head) : stop - 2].split("\n\n" + head)
+        pieces: Sequence[str] = text[pos + len(head) : stop - 2].split("\n\n" + head)
         k = len(pieces)
         # k blocks of n field lines hold exactly (n + 1) * k LFs: 2 per "\n\n<head>"
         # separator (k - 1 of them), 2 at the end, so (n - 1) * k inside the pieces. Each
@@ -520,18 +522,23 @@ class SSEParser:
             columns[field] = values
         columns[shape[-1]] = pieces
         datas = columns["data: "]
-        types = columns.get("event: ")
-        if types is None:
+        event_types = columns.get("event: ")
+        types: Iterable[str]
+        if event_types is None:
             types = _repeat("message")
-        elif "" in types:  # "event:" with an empty value means the default type
-            types = [t or "message" for t in types]
-        ids = columns.get("id: ")
-        if ids is None:
+        elif "" in event_types:  # "event:" with an empty value means the default type
+            types = [t or "message" for t in event_types]
+        else:
+            types = event_types
+        event_ids = columns.get("id: ")
+        ids: Iterable[str]
+        if event_ids is None:
             ids = _repeat(self._id_buf)
         elif text.find("\0", pos, stop) >= 0:
             return pos  # an id with U+0000 must be ignored: leave that to the generic path
         else:
-            self._id_buf = ids[-1]
+            self._id_buf = event_ids[-1]
+            ids = event_ids
         objs = list(map(_new_object, _repeat(SSEEvent, len(datas))))
         _consume(map(_set_event, objs, types))
         _consume(map(_set_data, objs, datas))
@@ -725,7 +732,10 @@ class SSEReader(SSEParser):
 
     Bounded reading cuts the decoded bytes after each blank line and parses each piece on
     its own, so each piece completes at most one event, at its end: that end is the
-    event's boundary. :meth:`feed` (no boundaries) is the parser's own, unchanged.
+    event's boundary. Line ends left after the last blank line (the LF of a CRLF cut after
+    its CR, a stray blank line) are empty lines at a block start, which carry nothing: they
+    are read and reported as a boundary without a frame, so that the gate never has to
+    look at held bytes. :meth:`feed` (no boundaries) is the parser's own, unchanged.
     """
 
     __slots__ = ("_buf", "_offset")
@@ -749,6 +759,12 @@ class SSEReader(SSEParser):
             events = self.feed(buf[pos:end])
             out.append((events[0] if events else None, self._offset + end))
             pos = start = end
+        # What the last blank line leaves is at most one line end (two would be a blank
+        # line): if that is all, it is padding.
+        if 0 < len(buf) - pos <= 2 and not buf[pos:].strip(b"\r\n"):
+            self.feed(buf[pos:])
+            pos = len(buf)
+            out.append((None, self._offset + pos))
         self._buf = buf[pos:]
         self._offset += pos
         return out
@@ -756,11 +772,6 @@ class SSEReader(SSEParser):
     @property
     def held(self) -> int:
         return len(self._buf)
-
-    @property
-    def only_padding_held(self) -> bool:
-        """What waits is just line ends (the LF of a CRLF cut after its CR, say)."""
-        return not self._buf.strip(b"\r\n")
 
     def unbound(self) -> list[SSEEvent]:
         rest, self._buf = self._buf, b""
