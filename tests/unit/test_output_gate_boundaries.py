@@ -10,6 +10,7 @@ streamed JSON array. Bytes after the last boundary (a cut-off frame) are never r
 from __future__ import annotations
 
 import json
+import random
 
 import pytest
 from test_block_responses import CASES
@@ -21,7 +22,7 @@ from addon.dialects.gemini import DIALECT as GEMINI
 from addon.filters.engine import FilterSet
 from addon.framing import select
 from addon.framing.json_array import JSONArrayReader
-from addon.framing.sse import SSEReader
+from addon.framing.sse import SSEParser, SSEReader
 from addon.output_gate import OutputGate
 from addon.record import OUTCOME_COMPLETE, ExchangeRecord
 
@@ -80,6 +81,39 @@ def test_a_frame_cut_off_at_the_end_of_the_body_is_never_released() -> None:
     body = CRLF_BODY + b'data: {"choices": [{"delta": {"content": "unche'
     sent, _, _ = gated(CHAT, body, [len(CRLF_BODY) + 5], FILTERS)
     assert b"".join(sent) == CRLF_BODY
+
+
+PIECES = [
+    b"data: a", b"data:b", b"\n", b"\r", b"\r\n", b"event: x", b"id: 7", b": c", b"retry: 5",
+    b"\xef\xbb\xbf", b"\xe2\x82\xac", b"\xff", b"\xe2\x82", b"data: " + b"y" * 30, b"id: \x00", b"x",
+]  # fmt: skip
+
+
+def test_the_bounded_reader_reads_what_the_parser_reads_in_the_same_pass_that_finds_the_boundaries() -> None:
+    """Random bodies of tricky pieces (BOMs, CR/LF/CRLF, invalid and cut UTF-8, lines over
+    the limit, comments, ids with U+0000), randomly cut: the same events, findings and end
+    state as the parser, every boundary strictly after the last and between blocks."""
+    rng = random.Random(5)
+    for _ in range(3000):
+        body = b"".join(rng.choice(PIECES) for _ in range(rng.randint(0, 25)))
+        limit = rng.choice([8, 20, 1000])
+        parser = SSEParser(limit)
+        expected = parser.feed(body) + parser.end()
+        cuts = sorted(rng.sample(range(1, len(body)), min(len(body) - 1, rng.randint(0, 6)))) if len(body) > 1 else []
+        reader = SSEReader(limit)
+        bounds = [0, *cuts, len(body)]
+        bounded = [part for a, b in zip(bounds, bounds[1:]) for part in reader.feed_bounded(body[a:b])]
+        ends = [end for _, end in bounded]
+        events = [frame for frame, _ in bounded if frame is not None] + reader.end()
+        assert events == expected, (body, cuts)
+        assert sorted(reader.findings) == sorted(parser.findings) and reader.pending_event == parser.pending_event
+        assert ends == sorted(set(ends)) and all(at_block_start(body[:end], limit) for end in ends), (body, cuts)
+
+
+def at_block_start(prefix: bytes, limit: int) -> bool:
+    parser = SSEParser(limit)
+    parser.feed(prefix)
+    return not parser.pending_event
 
 
 def gemini_array(texts: list[str], tail: bytes = b"\n") -> bytes:
