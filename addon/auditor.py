@@ -20,7 +20,9 @@ keep passing unchanged. Neither changes what is read, only when.
 With output content filters, an :class:`~addon.output_gate.OutputGate` sits on the
 event path: :meth:`StreamAuditor.feed` then returns only the bytes whose text the
 filters have passed, and, when a filter blocks, the dialect's termination instead of the
-rest (the proxy then ends the stream).
+rest (the proxy then ends the stream). The auditor reads a chunk through to the record
+first, then hands it to the gate in one call (the raw bytes, their decoded size, the
+frames with their events and the reader's end offsets): one hand-off per chunk.
 
 It is sans-IO (no mitmproxy, no database) so that it can be tested with plain bytes,
 and it never lets an exception escape into the proxy: a failure of the auditor becomes
@@ -41,7 +43,8 @@ from addon.dialects.blocking import block_message
 from addon.dialects.registry import detect_response
 from addon.events import Event, StreamEnd
 from addon.framing import Frame, Framing, select
-from addon.output_gate import OutputGate
+from addon.framing.whole import Body
+from addon.output_gate import Framed, OutputGate
 from addon.record import DEFAULT_MAX_RECORD_BYTES, ExchangeRecord
 
 log = logging.getLogger(__name__)
@@ -107,10 +110,14 @@ class StreamAuditor:
         self.gate = gate
         self.stopped = False  # a filter blocked: the stream is to end after what feed returned
         self.max_event_bytes = max_event_bytes
+        # What the gate has not been handed yet (see _to_gate), and what it released.
+        self._raw_chunk: bytes | None = None
+        self._decoded_size = 0
+        self._framed: list[Framed] = []
+        self._released: list[bytes] = []
         if self.decoder is None and record is not None:
             record.add_finding("decode_failed", f"unsupported Content-Encoding {content_encoding!r}")
-            if gate is not None:
-                gate.unreadable(f"unsupported Content-Encoding {content_encoding!r}")
+            self._unreadable(f"unsupported Content-Encoding {content_encoding!r}")
 
     @property
     def active(self) -> bool:
@@ -119,7 +126,8 @@ class StreamAuditor:
     @property
     def pending(self) -> bool:
         """Encoded bytes wait to be decoded and read (see :meth:`drain`)."""
-        return self.active and self.decoder.encoded and not self.decoder.drained()
+        decoder = self.decoder
+        return self.active and decoder is not None and decoder.encoded and not decoder.drained()
 
     def feed(self, chunk: bytes, now: float | None = None) -> bytes:
         """Inspect one chunk from the upstream; return the bytes the client gets now.
@@ -137,18 +145,18 @@ class StreamAuditor:
         if self.stopped:
             return b""
         gate = self.gate
-        if gate is not None:
-            gate.add_raw(chunk)
-        if self.active:
-            if self.decoder.encoded:
-                self.decoder.feed(chunk)
+        self._raw_chunk = chunk if gate is not None else None
+        decoder = self.decoder
+        if self.active and decoder is not None:
+            if decoder.encoded:
+                decoder.feed(chunk)
                 # A gate holding bytes needs each chunk read before the next one (the
                 # bytes it releases are counted per raw chunk): it reads within the
                 # exchange's decode budget, not per call.
                 self._work(None if gate is not None and gate.holds else CALL_SECONDS)
             else:
                 self._read(chunk)
-        out = chunk if gate is None else self._gated(gate.release())
+        out = chunk if gate is None else self._gated(gate, self._released_now())
         if self.record is not None:
             self.record.bytes_to_client += len(out)
         return out
@@ -156,6 +164,7 @@ class StreamAuditor:
     def drain(self, seconds: float = CALL_SECONDS) -> bool:
         """Work off the backlog for about ``seconds``; whether some of it is left."""
         self._work(seconds)
+        self._to_gate()  # (a gate that holds bytes leaves no backlog: nothing is released here)
         return self.pending
 
     def finish(self) -> bytes:
@@ -163,10 +172,11 @@ class StreamAuditor:
 
         For the stream callable's end-of-body call; :meth:`end` then settles the record.
         """
-        if self.gate is None or self.stopped:
+        gate = self.gate
+        if gate is None or self.stopped:
             return b""
         self._work(None)  # the gate decides on everything before the body may end
-        out = self._gated(self.gate.finish(self.reader.only_padding_held))
+        out = self._gated(gate, self._released_now() + gate.finish())
         if self.record is not None:
             self.record.bytes_to_client += len(out)
         return out
@@ -184,9 +194,9 @@ class StreamAuditor:
     def _work(self, seconds: float | None) -> None:
         """Decode and read the backlog, slice by slice, for up to ``seconds`` (None: all
         of it, within the exchange's decode budget)."""
-        if not self.pending:
-            return
         decoder = self.decoder
+        if not self.pending or decoder is None:
+            return
         deadline = None if seconds is None else time.perf_counter() + seconds
         try:
             while data := decoder.read(SLICE):
@@ -216,7 +226,7 @@ class StreamAuditor:
             if gate is None:
                 self._dispatch(self.reader.feed(data))
             else:
-                gate.add_decoded(len(data))
+                self._decoded_size += len(data)
                 self._frame(gate, data)
             if self.reader.unreadable is not None:
                 self._check_reader()
@@ -232,7 +242,7 @@ class StreamAuditor:
         if not self.framing.streamed:  # a whole body over the record cap
             self.too_large = self.ignored = True
         elif self.gate is not None:
-            self.gate.unreadable(f"the body cannot be inspected: {reason}")
+            self._unreadable(f"the body cannot be inspected: {reason}")
             self.ignored = True
 
     def _halt(self, code: str, reason: str) -> None:
@@ -241,8 +251,7 @@ class StreamAuditor:
         if self.record is not None and code == "decode_failed":
             self.record.add_finding(code, reason)
         self._over_budget = code == "inspection_stopped"
-        if self.gate is not None:
-            self.gate.unreadable(f"the body cannot be inspected: {reason}")
+        self._unreadable(f"the body cannot be inspected: {reason}")
         self._fresh_reader()
 
     def _frame(self, gate: OutputGate, data: bytes) -> None:
@@ -255,15 +264,39 @@ class StreamAuditor:
             if frame is not None:
                 self._dispatch((frame,), end)
             else:  # bytes without a frame (an SSE comment): they still go in order
-                gate.on_event(None, (), end)
+                self._framed.append((None, (), end))
         if reader.held > self.max_event_bytes:
-            gate.unreadable(f"an event over {self.max_event_bytes} bytes cannot be checked")
+            self._unreadable(f"an event over {self.max_event_bytes} bytes cannot be checked")
             if not gate.holds:  # let through unchecked (llm_filter_failure=open)
                 self._dispatch(reader.unbound())
 
-    def _gated(self, out: bytes, terminate: bool = True) -> bytes:
-        """Take the gate's verdicts; once it blocks, end the stream with the termination."""
+    def _to_gate(self) -> None:
+        """Hand the gate what came since the last hand-off (the raw chunk, the size it
+        decoded to, the frames read with their events and ends); keep what it releases."""
         gate = self.gate
+        if gate is None or (self._raw_chunk is None and not self._decoded_size and not self._framed):
+            return
+        raw, framed, decoded = self._raw_chunk, self._framed, self._decoded_size
+        self._raw_chunk, self._framed, self._decoded_size = None, [], 0
+        released = gate.feed(raw, decoded, framed)
+        if released:
+            self._released.append(released)
+
+    def _released_now(self) -> bytes:
+        """What the gate released for the client, the current chunk handed to it first."""
+        self._to_gate()
+        out, self._released = b"".join(self._released), []
+        return out
+
+    def _unreadable(self, reason: str) -> None:
+        """The output cannot be checked from here: the gate's failure policy decides, after
+        it has checked every frame read before (in order, as they came)."""
+        if self.gate is not None:
+            self._to_gate()
+            self.gate.unreadable(reason)
+
+    def _gated(self, gate: OutputGate, out: bytes, terminate: bool = True) -> bytes:
+        """Take the gate's verdicts; once it blocks, end the stream with the termination."""
         record = self.record
         if gate.verdicts:
             if record is not None:
@@ -310,12 +343,15 @@ class StreamAuditor:
     def _settle(self, cut_by_upstream: bool) -> None:
         if (self.too_large or self.halted) and not cut_by_upstream and self.record is not None:
             self.record.apply(StreamEnd())  # HTTP says the body is whole; it was only not read
-        if self.gate is not None and self.record is not None and self.gate.holds:
-            delivered = self.gate.delivered_text
-            if delivered != (self.record.output_text or ""):
-                self.record.delivered_text = delivered
-        if self.gate is not None and self.gate.verdicts:
-            self._gated(b"", terminate=False)  # verdicts of text read after the body ended
+        gate = self.gate
+        if gate is not None:
+            self._to_gate()  # (frames read after the body ended are checked, no longer sent)
+            if self.record is not None and gate.holds:
+                delivered = gate.delivered_text
+                if delivered != (self.record.output_text or ""):
+                    self.record.delivered_text = delivered
+            if gate.verdicts:
+                self._gated(gate, b"", terminate=False)  # verdicts of text read after the body ended
         if self.stopped or not self.active:
             return  # (a stream a filter stopped did not end by itself: nothing to check)
         if not self.framing.streamed:
@@ -359,14 +395,19 @@ class StreamAuditor:
 
     def _read_body(self) -> None:
         """The whole body's one frame, read by the dialect (a JSON answer, an error)."""
+        record, normalizer = self.record, self.normalizer
+        if record is None or normalizer is None:
+            return
         try:
             for frame in self.reader.end():
-                events = self.normalizer.on_body(frame.raw, self.record.http_status or 0)
+                if not isinstance(frame, Body):
+                    continue
+                events = normalizer.on_body(frame.raw, record.http_status or 0)
                 for ev in events:
-                    self.record.apply(ev)
+                    record.apply(ev)
                 if self.gate is not None:
                     self.gate.on_body(events)
-                    self._gated(b"", terminate=False)  # the proxy replaces a blocked body whole
+                    self._gated(self.gate, b"", terminate=False)  # the proxy replaces a blocked body whole
         except Exception as e:  # noqa: BLE001 - a body the dialect cannot read
             self._fail(e)
 
@@ -376,23 +417,26 @@ class StreamAuditor:
         for event in events:
             if self.normalizer is None and not self._claim(event):
                 return
-            record = self.record
+            record, normalizer = self.record, self.normalizer
+            if record is None or normalizer is None:
+                return
             record.event_count += 1
-            common: list[Event] = self.normalizer.on_event(event)
+            common: list[Event] = normalizer.on_event(event)
             for ev in common:
                 record.apply(ev)
             if gate is not None:
-                gate.on_event(event, common, end)
+                self._framed.append((event, common, end))
         if self.normalizer is None and self.sniffed_bytes > SNIFF_LIMIT:
             self.ignored = True
         self._collect_reader_findings()
 
     def _claim(self, first_event: Frame) -> bool:
-        dialect = detect_response(first_event) if self.on_claim else None
-        if dialect is None:
+        on_claim = self.on_claim
+        dialect = detect_response(first_event) if on_claim is not None else None
+        if on_claim is None or dialect is None:
             self.ignored = True
             return False
-        self.record, self.normalizer = self.on_claim(dialect)
+        self.record, self.normalizer = on_claim(dialect)
         return True
 
     def _collect_reader_findings(self) -> None:
@@ -408,8 +452,7 @@ class StreamAuditor:
         detail = f"{type(error).__name__}: {error}"[:300]
         if self.record is not None:
             self.record.add_finding("audit_internal_error", detail)
-        if self.gate is not None:
-            self.gate.unreadable(f"the audit failed: {detail}")
+        self._unreadable(f"the audit failed: {detail}")
 
 
 def _framing_of(event_stream: bool, normalizer: Normalizer | None, record: ExchangeRecord | None) -> Framing:

@@ -44,6 +44,7 @@ from addon.framing.sse import SSEParser
 from addon.hosts import server_name
 from addon.record import OUTCOME_COMPLETE, ExchangeRecord
 from exchange import transcript
+from exchange.messages import declared_tools, extract_messages
 
 METADATA_KEY = "llm_audit"
 BLOCKED_MARKER = ":no_entry:"  # ⛔ in mitmweb and the console
@@ -174,8 +175,8 @@ def request_text(request: http.Request, audit: dict[str, Any]) -> str:
     text.field("user", summary.user_id)
     text.field("session", summary.session_id)
     text.field("request id", summary.request_id)
-    text.field("tools", ", ".join(dict.fromkeys(name for name, _ in transcript.declared_tools(body()))))
-    messages = transcript.conversation(body())
+    text.field("tools", ", ".join(dict.fromkeys(tool.name for tool in declared_tools(body()))))
+    messages = extract_messages(body())
     for message in messages:
         text.section(message.role, message.text)
     if not messages:

@@ -10,7 +10,9 @@ only later by what the window needs.
 
 How bytes map to text. The exchange's framing reader (:mod:`addon.framing`) reports the
 decoded offset where every frame ends (an SSE event's blank line, a JSON-array element's
-last byte); the gate holds and releases by those boundaries. A frame's text pieces are
+last byte), and where bytes that carry no frame end (a comment, line ends between events,
+the array's closing bracket); the gate holds and releases by those boundaries only, and
+never looks at the bytes itself. A frame's text pieces are
 positions in the guard's streams; once every one of them is released (and every event
 before it), the bytes up to the event's end may go. Without a Content-Encoding a raw
 chunk is cut at that offset; a compressed chunk goes whole once all it decodes to may
@@ -23,13 +25,17 @@ continue from what the client received, not from what the proxy read ahead, so a
 second normalizer (``forwarded``) reads exactly the released events; it also gives the
 text the client was shown.
 
+The auditor hands the gate each chunk once (:meth:`OutputGate.feed`: the raw bytes, what
+they decoded to, the frames read with their events and ends) and gets back the bytes the
+client may have; the gate does not call back.
+
 Sans-IO: bytes and events in, bytes out; the proxy sends them and ends the stream.
 """
 
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from addon.dialects import Normalizer
@@ -37,6 +43,10 @@ from addon.events import Event, Finish, ShownText, StreamEnd, StreamError, TextD
 from addon.filters.api import BLOCK, FLAG, Verdict
 from addon.filters.engine import FILTER_ERROR, OutputGuard, Release, StreamKey
 from addon.framing import Frame
+
+#: One frame as the auditor read it: the frame (None: bytes that end without one), the
+#: common events the dialect made of it, and the decoded offset just past it.
+Framed = tuple[Frame | None, Sequence[Event], int]
 
 
 @dataclass(slots=True)
@@ -68,38 +78,45 @@ class OutputGate:
         self.verdicts: list[Verdict] = []  # new verdicts, taken by the auditor
         self.delivered: list[str] = []  # choice 0's answer text as the client received it
         self.blocked: Verdict | None = None
-        self._raw: deque[list] = deque()  # [raw chunk or its rest, decoded offset it reaches]
+        self._raw: deque[tuple[bytes, int]] = deque()  # (raw chunk or its rest, decoded offset it reaches)
         self._decoded = 0  # decoded bytes of the body so far
         self._held: deque[_Held] = deque()
         self._free = 0  # decoded offset up to which the client may have the bytes
 
     # -- input ----------------------------------------------------------------------------
 
-    def add_raw(self, chunk: bytes) -> None:
-        """A raw chunk from the upstream (then :meth:`add_decoded` for what it decodes to)."""
-        self._raw.append([chunk, self._decoded])
+    def feed(self, raw: bytes | None, decoded: int, framed: Iterable[Framed]) -> bytes:
+        """One step of the stream: the bytes the client may have now.
 
-    def add_decoded(self, size: int) -> None:
-        """The last raw chunk decoded to ``size`` more bytes."""
-        self._decoded += size
+        ``raw``: a chunk from the upstream (None: none, e.g. a backlog read later);
+        ``decoded``: how many decoded bytes were read since the last step (they belong to
+        the last raw chunk); ``framed``: the frames those bytes completed, in order, each
+        checked here and held until the guard releases all the text it carries. Once
+        blocked, what was cleared before the block.
+        """
+        if raw is not None:
+            self._raw.append((raw, self._decoded))
+        self._decoded += decoded
         if self._raw:  # (without holding, what was read may come after its chunk went out)
-            self._raw[-1][1] = self._decoded
+            self._raw[-1] = (self._raw[-1][0], self._decoded)
+        for event, common, end in framed:
+            self._on_frame(event, common, end)
+        return self._release()
 
-    def on_event(self, event: Frame | None, common: Iterable[Event], end: int) -> None:
+    def _on_frame(self, event: Frame | None, common: Iterable[Event], end: int) -> None:
         """A frame of the stream is complete: check the output it carries.
 
         Once blocked, later events are not kept: nothing after the blocking one goes out.
         """
         if self.blocked is not None:
             return
-        needs: list[tuple[StreamKey, int]] | None = []
+        needs: list[tuple[StreamKey, int]] = []
         for ev in common:
             self._check(ev, needs)
             if self.blocked is not None:
-                needs = None  # this event carries the block: it is never released
                 break
-        if self.holds:
-            self._held.append(_Held(end, event, needs))
+        if self.holds:  # (an event carrying the block is never released: it needs what never comes)
+            self._held.append(_Held(end, event, None if self.blocked is not None else needs))
 
     def on_body(self, common: Iterable[Event]) -> None:
         """A whole body (a JSON answer): check all its output at once."""
@@ -129,7 +146,7 @@ class OutputGate:
 
     # -- output ---------------------------------------------------------------------------
 
-    def release(self) -> bytes:
+    def _release(self) -> bytes:
         """The raw bytes the client may have now: once blocked, what was cleared before the block."""
         if not self.holds:
             if not self._raw:
@@ -148,19 +165,15 @@ class OutputGate:
             self._free = max(self._free, held.end)
         return self._take(self._free)
 
-    def finish(self, only_padding_held: bool = False) -> bytes:
+    def finish(self) -> bytes:
         """The body is over: a last check of every stream, then what may still go.
 
-        Bytes after the last complete frame (a cut-off event) are not released: no
+        Bytes after the reader's last boundary (a cut-off event) are not released: no
         filter has seen the text they carry, and an event source discards them anyway.
-        ``only_padding_held``: the reader says what follows carries nothing (line ends).
         """
         if self.blocked is None:
             self._settle(self.guard.flush_all().values())
-        out = self.release()
-        if self.blocked is None and not self._held and self.holds and only_padding_held:
-            out += self._take(self._decoded)
-        return out
+        return self._release()
 
     def termination(self) -> bytes:
         """The end of a blocked stream in its own dialect, continuing what the client got."""
@@ -184,7 +197,7 @@ class OutputGate:
             case ToolCallDelta(key=key, arguments=arguments, name=name, choice=choice, complete=complete):
                 if name:
                     self._whole((choice, "tool_name", key), name, needs)
-                stream = (choice, "tool_arguments", key)
+                stream: StreamKey = (choice, "tool_arguments", key)
                 if arguments:
                     self._feed(stream, arguments, needs)
                 if complete:
@@ -239,6 +252,6 @@ class OutputGate:
             start = end - len(chunk)
             if self.split_raw and upto > start:
                 out.append(chunk[: upto - start])
-                raw[0] = [chunk[upto - start :], end]
+                raw[0] = (chunk[upto - start :], end)
             break
         return b"".join(out)

@@ -11,13 +11,15 @@ from typing import Any
 
 from cli.terminal import Style, display_width, one_line, timestamp, visible, wrap
 from exchange import transcript
+from exchange.messages import declared_tools, extract_messages
 
 
 class _Page:
     """Lines of ``show``: sections of labelled fields and indented text, wrapped to the width."""
 
     def __init__(self, width: int, style: Style) -> None:
-        self.width, self.style, self.lines = width, style, []
+        self.width, self.style = width, style
+        self.lines: list[str] = []
 
     def heading(self, text: str) -> None:
         if self.lines:
@@ -100,7 +102,7 @@ def _overview(page: _Page, r: dict[str, Any]) -> None:
 
 def _request(page: _Page, body: Any) -> None:
     page.heading("request")
-    messages, tools = transcript.conversation(body), transcript.declared_tools(body)
+    messages, tools = extract_messages(body), declared_tools(body)
     if not messages and not tools:  # a shape no dialect has: as it is
         page.text(transcript.body_text(body), indent=2)
     for message in messages:
@@ -108,8 +110,9 @@ def _request(page: _Page, body: Any) -> None:
         page.text(message.text, indent=4)
     if tools:
         page.lines.append("  " + page.style.dim("tools"))
-        for name, description in tools:
-            page.text(f"{name} - {description}" if description else name, indent=4)
+        for tool in tools:
+            description = " ".join(tool.description.split())  # one line, as the list shows it
+            page.text(f"{tool.name} - {description}" if description else tool.name, indent=4)
 
 
 def _output(page: _Page, r: dict[str, Any]) -> None:

@@ -2,8 +2,9 @@
 
 The proxy's content view in mitmproxy (:mod:`addon.contentview`), the content filters
 (:mod:`addon.filters`) and ``llm-audit show`` (:mod:`cli.show`) all read the same
-things, so they read them here: :mod:`exchange.messages` (the conversation in a request
-body, in any dialect's shape) and :mod:`exchange.transcript` (each part of an exchange
+things, so they read them here: :mod:`exchange.messages` (the one reader of request
+bodies: the conversation and the declared tools, in any dialect's shape; the dialects read
+the tools there too) and :mod:`exchange.transcript` (each part of an exchange
 as the text a person reads). It sits above :mod:`storage` and below both ``addon`` and
 ``cli``, so neither the proxy nor the command has to import the other.
 """

@@ -1,8 +1,12 @@
-"""The conversation in a request body, as plain ``(role, text)`` messages.
+"""The one reader of request bodies: the conversation and the declared tools, any API's shape.
 
-Filters, mitmproxy's view and ``llm-audit show`` should not have to know six body shapes
-to read what a client sends, so this reads them all by shape rather than by dialect (the
-same shapes travel behind gateways and compatible servers):
+The dialects (the tools a request declares, to spot a call to an undeclared one), the
+request filters (the words a client sends), mitmproxy's view and ``llm-audit show`` (both)
+must never disagree on what a request says, so none of them reads a body's shape itself:
+they all read it here. Shapes are read by shape rather than by dialect (the same shapes
+travel behind gateways and compatible servers).
+
+The conversation, as plain ``(role, text)`` messages (:func:`extract_messages`):
 
 - OpenAI Chat and llm-stream ``messages``: ``content`` a string or a list of parts,
   assistant ``tool_calls``;
@@ -20,6 +24,15 @@ same shapes travel behind gateways and compatible servers):
 The parts of one message are joined with newlines. Tool arguments and results are part
 of the text: they go upstream like any other words. Images, audio and other binary parts
 are skipped.
+
+The declared tools, as ``(name, description)`` (:func:`declared_tools`; their names alone:
+:func:`tool_names`), from every shape at once: OpenAI Chat ``tools[].function`` and
+``tools[].custom``, the legacy ``functions[]``, Responses, LMSP, llm-stream and Anthropic
+``tools[]`` (Responses' built-in tools have no name and are no declaration), Gemini
+``tools[].functionDeclarations[]`` (or ``function_declarations``). A body mixing shapes
+declares every tool any of them names.
+
+Pure: no I/O, nothing of the proxy; it never raises, whatever the body holds.
 """
 
 from __future__ import annotations
@@ -80,6 +93,44 @@ def extract_messages(body: Any) -> list[Message]:
         for item in items:
             _add_item(out, item)
     return out
+
+
+@dataclass(frozen=True, slots=True)
+class Tool:
+    """One tool a request declares: its name, and its description as sent ("" if none)."""
+
+    name: str
+    description: str = ""
+
+
+def declared_tools(body: Any) -> list[Tool]:
+    """The tools a request body declares, in the order it lists them; ``[]`` for other bodies."""
+    if not isinstance(body, dict):
+        return []
+    return [
+        Tool(spec["name"], spec["description"] if isinstance(spec.get("description"), str) else "")
+        for key in ("tools", "functions")
+        for spec in _tool_specs(body.get(key))
+        if isinstance(spec.get("name"), str)
+    ]
+
+
+def tool_names(body: Any) -> frozenset[str]:
+    """The names of the tools a request body declares (empty when it declares none)."""
+    return frozenset(tool.name for tool in declared_tools(body))
+
+
+def _tool_specs(items: Any) -> list[dict[str, Any]]:
+    """The objects of a ``tools`` (or ``functions``) list that may name a tool: each item,
+    its ``function`` and ``custom`` (Chat), and its function declarations (Gemini)."""
+    specs: list[Any] = []
+    for item in items if isinstance(items, list) else []:
+        if isinstance(item, dict):
+            specs += [item, item.get("function"), item.get("custom")]
+            for nested in ("functionDeclarations", "function_declarations"):
+                if isinstance(item.get(nested), list):
+                    specs += item[nested]
+    return [spec for spec in specs if isinstance(spec, dict)]
 
 
 def token_prompts(body: Any) -> bool:

@@ -8,8 +8,9 @@ only arranges these pieces.
 
 Everything is read from a row with the columns of the ``exchanges`` table (what
 ``ExchangeRecord.to_row()`` returns and ``storage.query.get_exchange`` reads back) and
-from the request body; values a database written by something else may hold in any
-shape are checked, never trusted. Nothing here prints or escapes: text for a terminal
+from the request body (its conversation and tools are read by :mod:`exchange.messages`,
+the one reader of request bodies); values a database written by something else may hold
+in any shape are checked, never trusted. Nothing here prints or escapes: text for a terminal
 is made harmless by the terminal's view.
 """
 
@@ -20,8 +21,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import orjson
-
-from exchange.messages import Message, extract_messages
 
 Row = Mapping[str, Any]
 CUT_OFF = " (cut off; arguments as received)"
@@ -57,31 +56,6 @@ class ToolCall:
 # -- the request ----------------------------------------------------------------------------------
 
 
-def conversation(body: Any) -> list[Message]:
-    """The messages of a request body, system instructions first (any dialect's shape)."""
-    return extract_messages(body)
-
-
-def declared_tools(body: Any) -> list[tuple[str, str]]:
-    """(name, description) of each tool a request declares, whatever its API's shape
-    (OpenAI ``tools[].function``, Responses and Anthropic ``tools[]``, Gemini
-    ``tools[].functionDeclarations[]``, legacy ``functions[]``)."""
-    if not isinstance(body, dict):
-        return []
-    specs: list[Any] = []
-    for key in ("tools", "functions"):
-        for item in body.get(key) if isinstance(body.get(key), list) else []:
-            if isinstance(item, dict):
-                specs += [item, item.get("function"), item.get("custom")]
-                for nested in ("functionDeclarations", "function_declarations"):
-                    specs += item.get(nested) if isinstance(item.get(nested), list) else []
-    return [
-        (spec["name"], " ".join(spec["description"].split()) if isinstance(spec.get("description"), str) else "")
-        for spec in specs
-        if isinstance(spec, dict) and isinstance(spec.get("name"), str)
-    ]
-
-
 def body_text(body: Any) -> str:
     """A request body no dialect's shape fits, as it is: JSON pretty-printed, text as sent."""
     if body is None:
@@ -102,11 +76,17 @@ def model_line(row: Row) -> str | None:
 
 def choices(row: Row) -> list[Choice]:
     """The output's choices; when it has none, its text as one (an older or foreign row)."""
-    output = row.get("output") if isinstance(row.get("output"), dict) else {}
+    output = _output(row)
     found = [_choice(c) for c in output.get("choices") or [] if isinstance(c, dict)]
     if not found and row.get("output_text"):
         return [Choice(0, row["output_text"])]
     return found
+
+
+def _output(row: Row) -> dict[str, Any]:
+    """The row's ``output`` object; empty when it holds anything else (a foreign row)."""
+    output = row.get("output")
+    return output if isinstance(output, dict) else {}
 
 
 def _choice(c: dict[str, Any]) -> Choice:
@@ -130,7 +110,7 @@ def has_output(row: Row) -> bool:
 
 def tool_calls(row: Row) -> list[ToolCall]:
     """The output's tool calls (the ``tool_calls`` column when the output has none)."""
-    output = row.get("output") if isinstance(row.get("output"), dict) else {}
+    output = _output(row)
     calls = output.get("tool_calls") or row.get("tool_calls") or []
     return [
         ToolCall(

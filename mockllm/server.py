@@ -545,7 +545,7 @@ async def serve(
     so that is where we announce readiness.
     """
     # ProtocolWrapper looks the class up in this module at each new connection.
-    hypercorn.protocol.H2Protocol = _AbortingH2Protocol  # type: ignore[misc]  # a patch, on purpose
+    hypercorn.protocol.H2Protocol = _AbortingH2Protocol  # type: ignore[misc]  # a class replaced on purpose
     config = Config()
     config.bind = [f"fd://{sock.detach()}"]
     config.loglevel = "WARNING"

@@ -343,17 +343,6 @@ def json_object(data: str | bytes) -> dict[str, Any] | None:
     return obj if isinstance(obj, dict) else None
 
 
-def names(items: Any) -> set[str]:
-    """The string ``name`` of every object in a list (e.g. declared tools); none if not a list.
-
-    Every dialect declares tools as a list of objects with a ``name`` somewhere; each
-    passes the list that holds the names (built-in tools without a name are skipped).
-    """
-    if not isinstance(items, list):
-        return set()
-    return {i["name"] for i in items if isinstance(i, dict) and isinstance(i.get("name"), str)}
-
-
 def _str_or_none(value: Any) -> str | None:
     return None if value is None else str(value)
 

@@ -51,7 +51,6 @@ from addon.dialects import (
     RequestView,
     int_field,
     json_object,
-    names,
     str_field,
 )
 from addon.dialects.blocking import block_message, event_stream, frame, json_response, kept, random_id
@@ -68,6 +67,7 @@ from addon.events import (
     Usage,
 )
 from addon.framing import Frame
+from exchange.messages import tool_names
 
 # Content blocks that are tool invocations: client tools, Anthropic-run server tools
 # (web_search, code_execution, ...) and MCP connector calls. All stream their input as
@@ -117,7 +117,7 @@ class AnthropicMessages(Dialect):
             model=str_field(body, "model"),
             user_id=str_field(metadata, "user_id") if isinstance(metadata, dict) else None,
             stream=stream if isinstance(stream, bool) else None,
-            declared_tools=frozenset(names(body.get("tools"))),
+            declared_tools=tool_names(body),
         )
 
     def normalizer(self, request: RequestSummary) -> Normalizer:
@@ -127,7 +127,8 @@ class AnthropicMessages(Dialect):
         self, summary: RequestSummary, request_view: RequestView, rule_id: str, reason: str, streaming: bool
     ) -> BlockedResponse:
         if streaming:
-            return event_stream(self.normalizer(summary).termination(rule_id, reason))
+            normalizer = self.normalizer(summary)
+            return event_stream(normalizer.ending(rule_id, reason), normalizer.writer)
         return json_response(_filter_error(rule_id, reason))
 
 

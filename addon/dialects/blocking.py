@@ -11,8 +11,10 @@ client receives then (sans-IO: bytes out, the proxy sends them):
 - :meth:`~addon.dialects.Normalizer.termination`: a stream is cut while it flows. The
   bytes appended end it in its own dialect, continuing from what the normalizer has read.
 
-This module holds only what is the same for every dialect: the message, SSE framing, the
-HTTP envelopes and ids. Decisions that hold everywhere:
+This module holds only what is the same for every dialect: the message, the frames and
+the HTTP envelopes, and ids. Both kinds of answer are frames encoded by the stream's
+framing writer (:mod:`addon.framing`: SSE, Gemini's JSON array), so no dialect writes
+a frame's bytes itself. Decisions that hold everywhere:
 
 - The message names the rule id and the reason, never the matched text (the proxy does
   not have it here, and filters keep it out of ``reason``).
@@ -24,13 +26,14 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import orjson
 
-from addon.framing import Message
+from addon.framing import Frame, Message, Writer
+from addon.framing.sse import SSE_WRITER
 
 BLOCKED_STATUS = 400
 FILTERED_CODE = "content_filtered"  # llm-stream draft section 5.3.6; LMSP and Responses use it too
@@ -56,31 +59,20 @@ def block_message(rule_id: str, reason: str) -> str:
     return f"{head}: {reason}" if reason else head
 
 
-def sse_event(
-    data: Mapping[str, Any] | str, event: str | None = None, *, event_id: int | None = None, newline: bytes = b"\n"
-) -> bytes:
-    """One SSE event: optional ``id:`` and ``event:`` lines and one ``data:`` line.
-
-    ``data`` is a JSON object, or a literal string (OpenAI's ``[DONE]``). Compact JSON
-    never contains a line break, so one data line always suffices.
-    """
-    lines = [] if event_id is None else [b"id: %d" % event_id]
-    if event is not None:
-        lines.append(b"event: " + event.encode())
-    lines.append(b"data: " + (data.encode() if isinstance(data, str) else orjson.dumps(data)))
-    return newline.join(lines) + newline + newline
-
-
 def frame(data: Mapping[str, Any] | str, event: str = "message", *, event_id: int | None = None) -> Message:
-    """One frame a dialect appends to a stream it cut, for its framing's writer to encode:
-    ``data`` a JSON object (compact JSON) or a literal string (OpenAI's ``[DONE]``)."""
+    """One frame a dialect sends in place of upstream's (a stream it cut, a blocked
+    stream), for its framing's writer to encode: ``data`` a JSON object (compact JSON) or
+    a literal string (OpenAI's ``[DONE]``)."""
     text = data if isinstance(data, str) else orjson.dumps(data).decode()
     return Message(text, event, "" if event_id is None else str(event_id))
 
 
-def event_stream(body: bytes) -> BlockedResponse:
-    """A whole event stream as the answer to a streaming request (HTTP 200)."""
-    return BlockedResponse(200, list(SSE_HEADERS), body)
+def event_stream(
+    frames: Sequence[Frame], writer: Writer = SSE_WRITER, headers: Sequence[tuple[str, str]] = SSE_HEADERS
+) -> BlockedResponse:
+    """A whole stream as the answer to a streaming request (HTTP 200): ``frames`` encoded
+    by the stream's framing ``writer`` as the start of a body (nothing was sent before)."""
+    return BlockedResponse(200, list(headers), writer.encode(frames, False))
 
 
 def json_response(

@@ -51,7 +51,6 @@ from addon.dialects import (
     error_body_events,
     int_field,
     load_body_json,
-    names,
     str_field,
 )
 from addon.dialects.blocking import (
@@ -60,7 +59,6 @@ from addon.dialects.blocking import (
     event_stream,
     frame,
     json_response,
-    sse_event,
     unfinished,
 )
 from addon.events import (
@@ -77,6 +75,7 @@ from addon.events import (
 from addon.framing import Frame, Writer
 from addon.framing.json_array import JSON_ARRAY_WRITER
 from addon.framing.sse import SSEWriter
+from exchange.messages import tool_names
 
 GENERATE = "generateContent"
 STREAM_GENERATE = "streamGenerateContent"
@@ -136,7 +135,7 @@ class Gemini(Dialect):
         return GeminiRequestSummary(
             model=model or None,
             stream=method == STREAM_GENERATE if method else None,
-            declared_tools=_tool_names(body.get("tools") if isinstance(body, dict) else None),
+            declared_tools=tool_names(body),
             sse=_alt_sse(request.query),
         )
 
@@ -152,17 +151,8 @@ class Gemini(Dialect):
             return json_response({"error": {"code": BLOCKED_STATUS, "message": message, "status": "INVALID_ARGUMENT"}})
         chunk = {"promptFeedback": {"blockReason": SAFETY, "blockReasonMessage": message}}
         if _alt_sse(request_view.query):
-            return event_stream(sse_event(chunk, newline=CRLF))
-        return json_response([chunk], 200, ARRAY_MEDIA_TYPE)
-
-
-def _tool_names(tools: Any) -> frozenset[str]:
-    """Names in ``tools[].functionDeclarations[]`` (``function_declarations`` also parses)."""
-    if not isinstance(tools, list):
-        return frozenset()
-    return frozenset().union(
-        *(names(t.get("functionDeclarations", t.get("function_declarations"))) for t in tools if isinstance(t, dict))
-    )
+            return event_stream([frame(chunk)], GEMINI_SSE_WRITER)
+        return event_stream([frame(chunk)], JSON_ARRAY_WRITER, [("content-type", ARRAY_MEDIA_TYPE)])
 
 
 # -- errors ---------------------------------------------------------------------------------
@@ -502,7 +492,7 @@ class GeminiNormalizer(JsonEventNormalizer):
     def _partial_arg(open_call: _OpenCall, arg: dict[str, Any]) -> None:
         path = arg.get("jsonPath")
         steps = _json_path(path)
-        if steps is None:
+        if steps is None or not isinstance(path, str):  # (a path is a string: _json_path says so)
             return
         if "stringValue" in arg:
             value = arg["stringValue"]

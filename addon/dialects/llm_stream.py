@@ -29,7 +29,6 @@ from addon.dialects import (
     int_field,
     json_object,
     media_type,
-    names,
     str_field,
 )
 from addon.dialects.blocking import FILTERED_CODE, block_message, event_stream, frame, json_response, unix_now
@@ -45,6 +44,7 @@ from addon.events import (
     Usage,
 )
 from addon.framing import Frame
+from exchange.messages import tool_names
 
 REQUEST_MEDIA_TYPE = "application/llm-request+json"
 PROFILE = "llm-stream-1.0"
@@ -91,14 +91,14 @@ class LLMStream(Dialect):
     def summarize(self, body: Any, request: RequestView) -> RequestSummary:
         if not isinstance(body, dict):
             return RequestSummary()
-        metadata = body.get("metadata") if isinstance(body.get("metadata"), dict) else {}
+        metadata = body["metadata"] if isinstance(body.get("metadata"), dict) else {}
         summary = RequestSummary(
             model=str_field(body, "model"),
             user_id=str_field(metadata, "user_id"),
             session_id=str_field(metadata, "session_id"),
             request_id=str_field(metadata, "request_id"),
             stream=body.get("stream") if isinstance(body.get("stream"), bool) else None,
-            declared_tools=frozenset(names(body.get("tools"))),
+            declared_tools=tool_names(body),
         )
         summary.findings.extend(_envelope_findings(body))
         return summary
@@ -110,7 +110,8 @@ class LLMStream(Dialect):
         self, summary: RequestSummary, request_view: RequestView, rule_id: str, reason: str, streaming: bool
     ) -> BlockedResponse:
         if streaming:
-            return event_stream(self.normalizer(summary).termination(rule_id, reason))
+            normalizer = self.normalizer(summary)
+            return event_stream(normalizer.ending(rule_id, reason), normalizer.writer)
         return json_response({"error": {"code": FILTERED_CODE, "message": block_message(rule_id, reason)}})
 
 
@@ -154,12 +155,13 @@ class LLMStreamNormalizer(Normalizer):
         if first and kind != "stream.start":
             out.append(Finding("first_event_not_stream_start", f"first event is {kind!r}"))
         self._check_envelope(event, obj, kind, out)
-        handler = _HANDLERS.get(kind)
+        name = kind if isinstance(kind, str) else ""
+        handler = _HANDLERS.get(name)
         if handler is None:
             if isinstance(kind, str):
                 out.append(Finding("unknown_event_type", kind))
             return out
-        missing = [name for name in REQUIRED[kind] if name not in obj]
+        missing = [key for key in REQUIRED[name] if key not in obj]
         if missing:
             out.append(Finding("missing_field", f"{kind}: {', '.join(missing)}"))
         handler(self, obj, out)

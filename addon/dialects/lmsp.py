@@ -62,7 +62,6 @@ from addon.dialects import (
     RequestView,
     error_body_events,
     json_object,
-    names,
     str_field,
 )
 from addon.dialects.blocking import (
@@ -77,6 +76,7 @@ from addon.dialects.blocking import (
 from addon.dialects.responses import ResponsesNormalizer, problem_error
 from addon.events import Event, Finding, Replayed, ResponseMeta, TextDelta, ToolCallDelta, Usage
 from addon.framing import Frame
+from exchange.messages import tool_names
 
 PREFIX = "/lmsp/v1/"
 TASK_MEMORY = 10_000  # tasks whose audited event ids are remembered
@@ -164,7 +164,7 @@ class LMSP(Dialect):
         return LMSPRequestSummary(
             model=str_field(body, "model"),
             stream=stream if isinstance(stream, bool) else None,
-            declared_tools=frozenset(names(body.get("tools"))),  # built-in tools have no name
+            declared_tools=tool_names(body),  # built-in tools have no name
         )
 
     @staticmethod
@@ -191,7 +191,8 @@ class LMSP(Dialect):
         self, summary: RequestSummary, request_view: RequestView, rule_id: str, reason: str, streaming: bool
     ) -> BlockedResponse:
         if streaming:
-            return event_stream(self.normalizer(summary).termination(rule_id, reason))
+            normalizer = self.normalizer(summary)
+            return event_stream(normalizer.ending(rule_id, reason), normalizer.writer)
         return json_response(filter_problem(rule_id, reason), BLOCKED_STATUS, PROBLEM_MEDIA_TYPE)
 
 
@@ -268,7 +269,7 @@ class LMSPNormalizer(ResponsesNormalizer):
         if replayed:
             out = [e for e in out if not _counted(e)]
             out.append(Replayed())
-        elif n is not None and self.tasks is not None:
+        elif n is not None and self.tasks is not None and self.task_id is not None:
             self.tasks.advance(self.task_id, n)
         return findings + out if findings else out
 
@@ -276,7 +277,7 @@ class LMSPNormalizer(ResponsesNormalizer):
         n = event_id(event.id)
         if not self.seen_any:
             self.seen_any = True
-            if self.tasks is not None:
+            if self.tasks is not None and self.task_id is not None:
                 self.audited_before = self.tasks.get(self.task_id)
             # A stream that does not start at 1 carries the rest of a response whose
             # beginning went to an earlier exchange. When that exchange was audited here,

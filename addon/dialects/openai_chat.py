@@ -59,7 +59,6 @@ from addon.dialects import (
     RequestView,
     int_field,
     json_object,
-    names,
     str_field,
 )
 from addon.dialects.blocking import (
@@ -69,7 +68,6 @@ from addon.dialects.blocking import (
     json_response,
     openai_error,
     random_id,
-    sse_event,
     unfinished,
     unix_now,
 )
@@ -93,6 +91,7 @@ from addon.events import (
     ToolCallDelta,
 )
 from addon.framing import Frame
+from exchange.messages import tool_names
 
 PATH_SUFFIX = CHAT_PATH_SUFFIX
 CHUNK_OBJECT = "chat.completion.chunk"
@@ -127,7 +126,7 @@ class OpenAIChat(Dialect):
             model=str_field(body, "model"),
             user_id=str_field(body, "user") or str_field(body, "safety_identifier"),
             stream=stream if isinstance(stream, bool) else None,
-            declared_tools=_tool_names(body),
+            declared_tools=tool_names(body),
         )
 
     def normalizer(self, request: RequestSummary) -> Normalizer:
@@ -138,17 +137,8 @@ class OpenAIChat(Dialect):
     ) -> BlockedResponse:
         error = {"error": openai_error(block_message(rule_id, reason), FILTER)}
         if streaming:
-            return event_stream(sse_event(error) + sse_event(DONE))
+            return event_stream([frame(error), frame(DONE)])
         return json_response(error)
-
-
-def _tool_names(body: dict[str, Any]) -> frozenset[str]:
-    """Names from ``tools[].function.name`` (``custom.name``) and legacy ``functions[].name``."""
-    tools = body.get("tools")
-    specs = (
-        [t.get("function") or t.get("custom") for t in tools if isinstance(t, dict)] if isinstance(tools, list) else []
-    )
-    return frozenset(names(specs) | names(body.get("functions")))
 
 
 class OpenAIChatNormalizer(JsonEventNormalizer):

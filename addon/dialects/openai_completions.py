@@ -55,7 +55,6 @@ from addon.dialects.blocking import (
     json_response,
     openai_error,
     random_id,
-    sse_event,
     unfinished,
     unix_now,
 )
@@ -119,7 +118,7 @@ class OpenAICompletions(Dialect):
     ) -> BlockedResponse:
         error = {"error": openai_error(block_message(rule_id, reason), FILTER)}
         if streaming:
-            return event_stream(sse_event(error) + sse_event(DONE))
+            return event_stream([frame(error), frame(DONE)])
         return json_response(error)
 
 

@@ -52,7 +52,6 @@ from addon.dialects import (
     RequestView,
     int_field,
     json_object,
-    names,
     str_field,
 )
 from addon.dialects.blocking import (
@@ -69,6 +68,7 @@ from addon.dialects.blocking import (
 from addon.dialects.responses import ResponsesNormalizer
 from addon.events import Event
 from addon.framing import Frame
+from exchange.messages import tool_names
 
 PATH_SUFFIX = "/responses"
 LMSP_SEGMENT = "/lmsp/"
@@ -121,7 +121,7 @@ class OpenAIResponses(Dialect):
             user_id=str_field(body, "user") or str_field(body, "safety_identifier"),
             session_id=_conversation_id(body.get("conversation")),
             stream=stream if isinstance(stream, bool) else None,
-            declared_tools=frozenset(names(body.get("tools"))),  # built-in tools have no name
+            declared_tools=tool_names(body),  # built-in tools have no name
         )
 
     def normalizer(self, request: RequestSummary) -> Normalizer:
@@ -131,7 +131,8 @@ class OpenAIResponses(Dialect):
         self, summary: RequestSummary, request_view: RequestView, rule_id: str, reason: str, streaming: bool
     ) -> BlockedResponse:
         if streaming:
-            return event_stream(self.normalizer(summary).termination(rule_id, reason))
+            normalizer = self.normalizer(summary)
+            return event_stream(normalizer.ending(rule_id, reason), normalizer.writer)
         return json_response({"error": openai_error(block_message(rule_id, reason), FILTERED_CODE)})
 
 

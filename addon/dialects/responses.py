@@ -303,7 +303,7 @@ class ResponsesNormalizer(JsonEventNormalizer):
         elif index is not None:
             self.item_at[index] = item_id
         self.opened.add(item_id)
-        payload = CALL_PAYLOAD.get(item.get("type"))
+        payload = CALL_PAYLOAD.get(str_field(item, "type") or "")
         if payload is not None:
             # Announce the call so that it keeps its place; arguments follow as deltas
             # (an added item whose arguments are already there counts as a first delta).
@@ -337,7 +337,7 @@ class ResponsesNormalizer(JsonEventNormalizer):
             index = self.item_places.get(item_id, len(self.items)) if isinstance(item_id, str) else len(self.items)
         if isinstance(item_id, str):
             self.item_places[item_id] = index
-        payload = TEXT_PAYLOAD.get(item.get("type"))
+        payload = TEXT_PAYLOAD.get(str_field(item, "type") or "")
         self.items[index] = {k: v for k, v in item.items() if k not in payload} if payload else item
         if done:
             self.items_done.add(index)
@@ -413,7 +413,7 @@ class ResponsesNormalizer(JsonEventNormalizer):
             return
         for index, part in enumerate(parts):
             if isinstance(part, dict):
-                field_kind = PART_TEXT.get(part.get("type"))
+                field_kind = PART_TEXT.get(str_field(part, "type") or "")
                 if field_kind is not None:
                     text = part.get(field_kind[0])
                     if isinstance(text, str):
@@ -524,10 +524,10 @@ class ResponsesNormalizer(JsonEventNormalizer):
         part = obj.get("part")
         if not isinstance(part, dict):
             return
-        part_type = part.get("type")
+        part_type = str_field(part, "type") or ""
         field_kind = PART_TEXT.get(part_type)
         text = part.get(field_kind[0]) if field_kind else None
-        if isinstance(text, str):
+        if isinstance(text, str) and field_kind is not None:
             space, index_field = PART_SPACE.get(part_type, ("content", "content_index"))
             key = (self._item_id(obj), space, int_field(obj, index_field) or 0)
             self._settle_text(key, text, field_kind[1], out)

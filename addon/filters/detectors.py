@@ -30,7 +30,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from re import _parser as re_parser  # the only way to ask re for a pattern's width
+from re import _parser as re_parser  # type: ignore[attr-defined]  # the only way to ask re for a pattern's width (typeshed omits it)
 
 # A pattern wider than this is treated as unbounded (``a+`` reports ~2**64).
 MAX_SPAN = 65536

@@ -24,6 +24,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
+from functools import partial
 from itertools import islice
 from typing import Literal
 
@@ -107,7 +108,7 @@ class FilterSet:
             limit = 1 if rule.action == BLOCK else MAX_HITS_PER_RULE  # one hit is enough to block
             verdicts.extend(rule.verdict(hit, hit.start, f"messages[{i}]") for i, hit in islice(hits, limit))
         for name, f in self.filters:
-            found, _ = self.call(name, lambda f=f: f.check_request(ctx), "request")
+            found, _ = self.call(name, partial(f.check_request, ctx), "request")
             verdicts.extend(found)
         return verdicts
 
@@ -232,7 +233,7 @@ class OutputGuard:
         for i, (name, f) in enumerate(self._fs.filters):
             if i in self._failed:
                 continue
-            found, failed = self._fs.call(name, lambda f=f: f.check_output(piece), stream.location)
+            found, failed = self._fs.call(name, partial(f.check_output, piece), stream.location)
             if failed:
                 self._failed.add(i)
             verdicts.extend(found)

@@ -286,7 +286,7 @@ class _Entry:
             if key not in _COMMON_KEYS | _KIND_KEYS[kind]:
                 known = ", ".join(sorted(_COMMON_KEYS | _KIND_KEYS[kind]))
                 self.fail(key, f"unknown key {key!r} (a {kind} rule takes: {known})")
-        action = self.choice("action", ACTIONS)
+        action: Literal["block", "flag"] = "block" if self.choice("action", ACTIONS) == "block" else "flag"
         scope = self.choice("scope", SCOPES, "both")
         window = self.get("window", int, None)
         if window is not None and not 0 <= window <= MAX_SPAN:

@@ -24,6 +24,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+#: The largest frame (an SSE line or event, a JSON-array element) a reader keeps by
+#: default: ``llm_audit_max_event_bytes``. A larger one is skipped as it arrives, with a
+#: finding, so that no upstream can make the proxy buffer without bound.
+DEFAULT_MAX_EVENT_BYTES = 8 * 1024 * 1024
+
 
 class Frame(Protocol):
     """What a dialect reads: one unit of a response body.
@@ -59,9 +64,11 @@ class Reader(Protocol):
     appended to :attr:`findings` as ``(code, detail)`` (codes of :mod:`addon.findings`)."""
 
     findings: list[tuple[str, str]]
-    #: Why the body cannot be read in this framing (not a JSON array, say), else None:
-    #: a gate holding it then applies the filter failure policy.
-    unreadable: str | None
+
+    @property
+    def unreadable(self) -> str | None:
+        """Why the body cannot be read in this framing (not a JSON array, say), else None:
+        a gate holding it then applies the filter failure policy."""
 
     def feed(self, data: bytes) -> Sequence[Frame]:
         """The frames ``data`` completes (the fast path: no boundaries reported)."""
@@ -69,18 +76,15 @@ class Reader(Protocol):
     def feed_bounded(self, data: bytes) -> list[tuple[Frame | None, int]]:
         """The frames ``data`` completes, each with the decoded offset just past its end.
 
-        ``None`` marks bytes that end without a frame (an SSE comment block, a JSON
-        array's closing bracket): they too may go to the client once what precedes them
-        has.
+        ``None`` marks bytes that end without a frame (an SSE comment block, line ends
+        between events, a JSON array's closing bracket and the whitespace after it): they
+        too may go to the client once what precedes them has. These ends are the only
+        boundaries the output gate releases by: bytes after the last one are held.
         """
 
     @property
     def held(self) -> int:
         """Bytes read past the last boundary reported: what waits for a frame's end."""
-
-    @property
-    def only_padding_held(self) -> bool:
-        """Whether what waits carries nothing a client reads (line ends, whitespace)."""
 
     def unbound(self) -> Sequence[Frame]:
         """Stop reporting boundaries: the frames of what is held, read as ``feed`` reads."""

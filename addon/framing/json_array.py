@@ -92,11 +92,6 @@ class JSONArrayReader:
     def held(self) -> int:
         return self._offset - self._boundary
 
-    @property
-    def only_padding_held(self) -> bool:
-        """After the closing bracket only whitespace may follow."""
-        return self._state == _AFTER
-
     def unbound(self) -> list[Frame]:
         return []  # nothing is held back from reading: boundaries cost nothing here
 
@@ -114,6 +109,9 @@ class JSONArrayReader:
         """Outside any element: skip whitespace and commas; open, close or start an element."""
         m = _NON_SPACE(data, pos)
         if m is None:
+            if self._state == _AFTER:  # whitespace after the array: padding, a boundary too
+                self._boundary = self._offset + len(data)
+                out.append((None, self._boundary))
             return len(data)
         pos = m.start()
         byte = data[pos : pos + 1]

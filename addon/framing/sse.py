@@ -45,15 +45,13 @@ from __future__ import annotations
 import codecs
 import re
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from itertools import repeat as _repeat
 
-from addon.framing import Frame, Framing, register
+from addon.framing import DEFAULT_MAX_EVENT_BYTES, Frame, Framing, register
 
-__all__ = ["DEFAULT_MAX_EVENT_BYTES", "SSEEvent", "SSEParser", "SSEReader", "SSEWriter"]
-
-DEFAULT_MAX_EVENT_BYTES = 8 * 1024 * 1024
+__all__ = ["SSEEvent", "SSEParser", "SSEReader", "SSEWriter"]
 
 _NOT_LF_SEARCH = re.compile(r"[^\n]").search
 
@@ -73,7 +71,9 @@ _utf8_decode = codecs.utf_8_decode
 _partition = str.partition
 # Field spellings the block fast path understands (exactly one space after the colon).
 _FAST_PREFIXES = ("data: ", "event: ", "id: ")
-_consume = deque(maxlen=0).extend  # run an iterator at C speed, keeping nothing
+_consume: Callable[[Iterable[object]], None] = deque[object](
+    maxlen=0
+).extend  # run an iterator at C speed, keeping nothing
 
 
 # Blank lines are found line end by line end: ``str.find`` of one character is a memchr,
@@ -127,10 +127,10 @@ class SSEEvent:
 # time, or a whole column at once with map). The result is an ordinary, fully
 # initialised SSEEvent: same class, equal to SSEEvent(...), immutable afterwards.
 _new_object = object.__new__
-_set_event = SSEEvent.event.__set__  # type: ignore[attr-defined]
-_set_data = SSEEvent.data.__set__  # type: ignore[attr-defined]
-_set_id = SSEEvent.id.__set__  # type: ignore[attr-defined]
-_set_retry = SSEEvent.retry.__set__  # type: ignore[attr-defined]
+_set_event: Callable[[SSEEvent, str], None] = SSEEvent.__dict__["event"].__set__
+_set_data: Callable[[SSEEvent, str], None] = SSEEvent.__dict__["data"].__set__
+_set_id: Callable[[SSEEvent, str], None] = SSEEvent.__dict__["id"].__set__
+_set_retry: Callable[[SSEEvent, int | None], None] = SSEEvent.__dict__["retry"].__set__
 
 
 class SSEParser:
@@ -505,7 +505,7 @@ class SSEParser:
         if shape[-1] != "data: " or len(set(shape)) != len(shape):
             return pos
         head = shape[0]
-        pieces = text[pos + len(head) : stop - 2].split("\n\n" + head)
+        pieces: Sequence[str] = text[pos + len(head) : stop - 2].split("\n\n" + head)
         k = len(pieces)
         # k blocks of n field lines hold exactly (n + 1) * k LFs: 2 per "\n\n<head>"
         # separator (k - 1 of them), 2 at the end, so (n - 1) * k inside the pieces. Each
@@ -522,18 +522,23 @@ class SSEParser:
             columns[field] = values
         columns[shape[-1]] = pieces
         datas = columns["data: "]
-        types = columns.get("event: ")
-        if types is None:
+        event_types = columns.get("event: ")
+        types: Iterable[str]
+        if event_types is None:
             types = _repeat("message")
-        elif "" in types:  # "event:" with an empty value means the default type
-            types = [t or "message" for t in types]
-        ids = columns.get("id: ")
-        if ids is None:
+        elif "" in event_types:  # "event:" with an empty value means the default type
+            types = [t or "message" for t in event_types]
+        else:
+            types = event_types
+        event_ids = columns.get("id: ")
+        ids: Iterable[str]
+        if event_ids is None:
             ids = _repeat(self._id_buf)
         elif text.find("\0", pos, stop) >= 0:
             return pos  # an id with U+0000 must be ignored: leave that to the generic path
         else:
-            self._id_buf = ids[-1]
+            self._id_buf = event_ids[-1]
+            ids = event_ids
         objs = list(map(_new_object, _repeat(SSEEvent, len(datas))))
         _consume(map(_set_event, objs, types))
         _consume(map(_set_data, objs, datas))
@@ -716,57 +721,118 @@ class SSEParser:
         self.events_dispatched += dispatched
 
 
-# Two line ends in a row: a blank line, which ends an SSE block. A CR followed by an LF
-# is one line end; a CR at the very end of the buffer counts as one too (if an LF
-# follows in the next chunk, the parser swallows it as the rest of that CRLF).
-_BLANK_LINE = re.compile(rb"(?:\r\n|\r(?!\n)|\n)(?:\r\n|\r(?!\n)|\n)")
-
-
 class SSEReader(SSEParser):
     """The parser as a framing reader: :meth:`feed_bounded` also says where each event ends.
 
-    Bounded reading cuts the decoded bytes after each blank line and parses each piece on
-    its own, so each piece completes at most one event, at its end: that end is the
-    event's boundary. :meth:`feed` (no boundaries) is the parser's own, unchanged.
+    Bounded reading is one pass over the bytes: it finds each line end itself (LF, CR or
+    CRLF; line ends are ASCII, so a UTF-8 character never spans one), decodes the line and
+    hands the lines of a block to the parser's own interpreter (:meth:`SSEParser._interpret`),
+    so the offset just past each blank line is known as the line is read: that is the
+    boundary, with the event the blank line dispatched (or None: a comment block, a blank
+    line between events, the LF of a CRLF whose CR ended a blank line). Only the
+    unterminated line is kept as bytes; what the block read so far holds is the parser's,
+    bounded as always. :meth:`feed` (no boundaries) is the parser's own, unchanged, and
+    :meth:`unbound` hands the unterminated line over to it.
     """
 
-    __slots__ = ("_buf", "_offset")
+    __slots__ = ("_line", "_offset", "_boundary")
     unreadable = None  # every body can be read as an event stream
 
     def __init__(self, max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES) -> None:
         super().__init__(max_event_bytes)
-        self._buf = b""  # bytes after the last blank line, bounded reading only
-        self._offset = 0  # decoded bytes up to the last boundary reported
+        self._line = b""  # the unterminated line, bounded reading only
+        self._offset = 0  # body offset where that line starts
+        self._boundary = 0  # body offset of the last boundary reported
 
     def feed_bounded(self, data: bytes) -> list[tuple[Frame | None, int]]:
         """Events ``data`` completes with their end offsets (``None``: a block without one)."""
-        # Search only where a blank line can newly complete: the last 3 bytes held may
-        # begin one ("\r\n\r" + "\n").
-        start = max(0, len(self._buf) - 3)
-        buf = self._buf + data if self._buf else data
+        buf = self._line + data if self._line else data
+        base = self._offset  # body offset of buf[0]
         out: list[tuple[Frame | None, int]] = []
-        pos = 0
-        while (m := _BLANK_LINE.search(buf, start)) is not None:
-            end = m.end()
-            events = self.feed(buf[pos:end])
-            out.append((events[0] if events else None, self._offset + end))
-            pos = start = end
-        self._buf = buf[pos:]
-        self._offset += pos
+        pos, size = 0, len(buf)
+        if self._skip_lf and size:  # the LF of a CRLF whose CR ended the last chunk
+            self._skip_lf = False
+            if buf[0] == 0x0A:
+                pos = 1
+                if not self._inside_event():  # after a blank line: padding, released with it
+                    out.append((None, self._bound(base + 1)))
+        block: list[str] = []  # lines of the block being read, interpreted at its blank line
+        find = buf.find
+        lf = cr = -1  # the next LF and CR at or after pos (-1: none; recomputed once passed)
+        while pos < size:
+            if lf < pos:
+                lf = find(b"\n", pos)
+                if lf < 0:
+                    lf = size
+            if cr < pos:
+                cr = find(b"\r", pos)
+                if cr < 0:
+                    cr = size
+            stop = min(lf, cr)
+            if stop == size:
+                break  # no line end: the line goes on
+            after = stop + 1
+            if stop == cr:
+                if after < size and buf[after] == 0x0A:
+                    after += 1  # CRLF: one line end
+                elif after == size:
+                    self._skip_lf = True  # an LF opening the next chunk belongs to this CR
+            line = self._decode_line(buf[pos:stop], base + pos)
+            block.append(line)
+            pos = after
+            if not line:  # a blank line: the block ends here
+                events: list[SSEEvent] = []
+                self._interpret(block, events)
+                block = []
+                out.append((events[0] if events else None, self._bound(base + pos)))
+        if block:
+            self._interpret(block, [])  # (no blank line among them: they dispatch nothing)
+        self._line = buf[pos:]
+        self._offset = base + pos
+        self._bytes_fed = self._offset  # (for the offsets of later findings, once unbound)
         return out
+
+    def _bound(self, offset: int) -> int:
+        self._boundary = offset
+        return offset
+
+    def _decode_line(self, raw: bytes, at: int) -> str:
+        """One line's text, decoded as :meth:`feed` decodes it (``at``: its body offset).
+
+        The first line of the body loses one leading BOM; invalid UTF-8 gets the same
+        finding, at the same offset, as the parser gives, once per body.
+        """
+        try:
+            line = raw.decode("utf-8", self._errors)
+        except UnicodeDecodeError as exc:
+            self.findings.append(
+                ("sse_invalid_utf8", f"invalid UTF-8 at about byte {at + exc.start} of the body; read as U+FFFD")
+            )
+            self._errors = "replace"
+            line = raw.decode("utf-8", "replace")
+        if self._bom_pending:
+            self._bom_pending = False
+            self._ended_inside_event = False  # a new body has begun
+            if line[:1] == "\ufeff":
+                line = line[1:]
+        return line
 
     @property
     def held(self) -> int:
-        return len(self._buf)
+        return self._offset + len(self._line) - self._boundary
 
     @property
-    def only_padding_held(self) -> bool:
-        """What waits is just line ends (the LF of a CRLF cut after its CR, say)."""
-        return not self._buf.strip(b"\r\n")
+    def pending_event(self) -> bool:
+        return super().pending_event or (bool(self._line) and self._line[:1] != b":")
 
     def unbound(self) -> list[SSEEvent]:
-        rest, self._buf = self._buf, b""
+        rest, self._line = self._line, b""
+        self._offset += len(rest)
         return self.feed(rest)
+
+    def end(self) -> list[SSEEvent]:
+        self.unbound()  # (a line without its end completes no event)
+        return super().end()
 
 
 class SSEWriter:

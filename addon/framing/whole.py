@@ -59,10 +59,6 @@ class WholeReader:
     def held(self) -> int:
         return len(self._body)
 
-    @property
-    def only_padding_held(self) -> bool:
-        return False
-
     def unbound(self) -> list[Frame]:
         return []
 

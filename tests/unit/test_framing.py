@@ -54,10 +54,14 @@ def test_json_array_elements_and_ends_are_the_same_at_every_split(body: bytes) -
     for data, end in whole:
         if data is not None:
             assert body[:end].endswith(data.encode())  # the end is just past the element
-    assert whole[-1] == (None, body.rindex(b"]") + 1)  # the closing bracket is a boundary too
-    for i in range(1, len(body)):
-        assert read_split(body, [i])[0] == whole, i
-    assert read_split(body, list(range(1, len(body))))[0] == whole
+    closed = body.rindex(b"]") + 1
+    assert (None, closed) in whole  # the closing bracket is a boundary too,
+    assert whole[-1] == (None, len(body))  # and the whitespace after it (padding)
+    array = [part for part in whole if part[1] <= closed]
+    for cuts in [*([i] for i in range(1, len(body))), list(range(1, len(body)))]:
+        split = read_split(body, cuts)[0]
+        assert [part for part in split if part[1] <= closed] == array, cuts
+        assert split[-1] == (None, len(body)) and all(frame is None for frame, end in split if end > closed)
 
 
 def test_json_array_cut_off_reports_whole_elements_only_and_ends_inside() -> None:

@@ -25,7 +25,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import addon.framing.sse as sse_module
-from addon.framing.sse import DEFAULT_MAX_EVENT_BYTES, SSEEvent, SSEParser
+from addon.framing import DEFAULT_MAX_EVENT_BYTES
+from addon.framing.sse import SSEEvent, SSEParser
 
 REPO = Path(__file__).resolve().parents[2]
 SHARED_REFERENCE = REPO.parent / "shared" / "reference"

@@ -1,0 +1,88 @@
+"""The one reader of request bodies (exchange.messages): every dialect's request shape
+gives its conversation and its declared tools, and odd bodies give nothing, never an error."""
+
+from __future__ import annotations
+
+import pytest
+
+from exchange.messages import Tool, declared_tools, extract_messages, token_prompts, tool_names
+
+
+def read(body):
+    return [(m.role, m.text) for m in extract_messages(body)], declared_tools(body)
+
+
+def test_openai_chat_function_custom_and_legacy_functions():
+    body = {
+        "messages": [
+            {"role": "system", "content": "Be brief."},
+            {"role": "user", "content": [{"type": "text", "text": "hi"}]},
+        ],
+        "tools": [
+            {"type": "function", "function": {"name": "get_weather", "description": "The\n  weather."}},
+            {"type": "custom", "custom": {"name": "grammar"}},
+            {"type": "function"},
+            7,
+        ],
+        "functions": [{"name": "legacy_fn"}, {"nameless": True}, "junk"],
+    }
+    messages, tools = read(body)
+    assert messages == [("system", "Be brief."), ("user", "hi")]
+    assert tools == [Tool("get_weather", "The\n  weather."), Tool("grammar"), Tool("legacy_fn")]
+    assert tool_names(body) == {"get_weather", "grammar", "legacy_fn"}
+
+
+def test_responses_and_lmsp_built_in_tools_have_no_name_and_declare_nothing():
+    body = {
+        "instructions": "Be brief.",
+        "input": [{"type": "function_call_output", "output": "sunny"}],
+        "tools": [{"type": "function", "name": "get_weather", "description": "Weather."}, {"type": "web_search"}],
+    }
+    assert read(body) == ([("system", "Be brief."), ("tool", "sunny")], [Tool("get_weather", "Weather.")])
+    assert read({"input": "hi", "tools": [{"type": "web_search"}]}) == ([("user", "hi")], [])
+
+
+def test_legacy_completions_prompt_suffix_and_token_prompts():
+    assert read({"prompt": ["a", "b"], "suffix": "c"}) == ([("user", "a"), ("user", "b"), ("user", "c")], [])
+    assert token_prompts({"prompt": [1, 2]}) and token_prompts({"prompt": [[1], "x"]})
+    assert not token_prompts({"prompt": "text"}) and not token_prompts({"prompt": [[]]}) and not token_prompts(None)
+
+
+def test_anthropic_system_blocks_and_tools_server_tools_named_too():
+    body = {
+        "system": [{"type": "text", "text": "Be brief."}],
+        "messages": [{"role": "assistant", "content": [{"type": "tool_use", "input": {"city": "Vienna"}}]}],
+        "tools": [{"name": "get_weather", "input_schema": {}}, {"type": "web_search_20250305", "name": "web_search"}],
+    }
+    messages, tools = read(body)
+    assert messages == [("system", "Be brief."), ("assistant", '{"city":"Vienna"}')]
+    assert [t.name for t in tools] == ["get_weather", "web_search"]
+
+
+@pytest.mark.parametrize("key", ["functionDeclarations", "function_declarations"])
+def test_gemini_function_declarations_in_both_spellings(key):
+    body = {
+        "systemInstruction": {"parts": [{"text": "Be brief."}]},
+        "contents": [{"role": "model", "parts": [{"functionCall": {"name": "f", "args": {"a": 1}}}]}],
+        "tools": [{key: [{"name": "get_time", "description": "Time."}, {"name": 3}, 5]}, {"googleSearch": {}}],
+    }
+    messages, tools = read(body)
+    assert messages == [("system", "Be brief."), ("assistant", '{"a":1}')]
+    assert tools == [Tool("get_time", "Time.")]
+
+
+def test_lmsp_and_llm_stream_shapes():
+    lmsp = {"input": [{"role": "user", "content": "hi"}], "tools": [{"type": "function", "name": "get_weather"}]}
+    assert read(lmsp) == ([("user", "hi")], [Tool("get_weather")])
+    stream = {"messages": [{"role": "user", "content": "hi"}], "tools": [{"name": "t", "description": "D."}]}
+    assert read(stream) == ([("user", "hi")], [Tool("t", "D.")])
+
+
+def test_a_body_mixing_shapes_declares_every_tool_any_of_them_names():
+    body = {"tools": [{"name": "top", "function": {"name": "nested"}, "functionDeclarations": [{"name": "decl"}]}]}
+    assert [t.name for t in declared_tools(body)] == ["top", "nested", "decl"]
+
+
+@pytest.mark.parametrize("body", [None, [], "text", 5, {"tools": "all"}, {"tools": [None, {"function": "x"}]}])
+def test_odd_bodies_give_nothing(body):
+    assert declared_tools(body) == [] and tool_names(body) == frozenset()
