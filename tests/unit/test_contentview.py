@@ -17,8 +17,8 @@ from mitmproxy import contentviews
 from mitmproxy.test import taddons, tflow, tutils
 from pipeline import audit_bytes
 
-from addon import contentview
 from addon.dialects import RequestView, detect_request
+from addon.mitm import contentview
 from addon.record import ExchangeRecord
 from mockllm.scenario import Scenario
 from mockllm.streams import DIALECTS, openai_chat_completion
