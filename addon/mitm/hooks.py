@@ -1,5 +1,7 @@
 """The exchange-hooks addon: mitmproxy's flow hooks, which turn each inference exchange
-into a record. For each flow it
+into a record, and the size options that bound what one exchange may cost.
+
+For each flow it
 
 1. ``request``: asks the dialect registry whether this is inference traffic (headers
    first, the body only when a dialect's headers/path match), opens a record and runs
@@ -177,8 +179,8 @@ class ExchangeHooks:
             self._record_aborted(flow, state, outcome)
 
     def done(self) -> None:
-        """Record streams still open as cut off, and those whose backlog was not read yet
-        as read so far; the audit store, after this in the addon list, writes them."""
+        """Submit the exchanges still open as cut off, and those whose backlog was not
+        read yet as read so far; the store's ``done``, after this one, writes them."""
         for state in self.flows.values():
             if not isinstance(state, Sniffing):
                 state.record.add_finding("proxy_shutdown", "the proxy stopped during the exchange")
