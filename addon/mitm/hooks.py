@@ -241,16 +241,18 @@ class ExchangeHooks:
         """
         resp = flow.response
         if resp is None:
-            return  # (mitmproxy calls this hook with the response's headers)
+            return  # never so in this hook: the check narrows the type
         match self.flows.get(flow.id):
             case Recording() as recording:
                 self.flows[flow.id] = self._tap_recorded(flow, resp, recording)
             case None if media_type(resp.headers.get("content-type", ""))[0] == "text/event-stream":
                 self.flows[flow.id] = self._sniff(flow, resp)
-            case _:  # the proxy's own answer to a blocked request: nothing to read
+            case _:  # not inference traffic, or the proxy's own answer to a blocked request
                 return
 
     def _tap_recorded(self, flow: http.HTTPFlow, resp: http.Response, recording: Recording) -> Streaming | HeldWhole:
+        """The response of a recognised exchange: tapped, or held whole when filters may
+        block a body whose framing is not streamed."""
         encoding = resp.headers.get("content-encoding")
         framing = select(resp.headers.get("content-type", ""), resp.status_code, recording.normalizer.framing)
         response_into_record(recording.record, resp)

@@ -62,7 +62,7 @@ class AuditStore:
         self.instance = socket.gethostname()
         self.configured = False  # mitmproxy called configure (it does not when it refused an option)
         self.problem: str | None = None  # why the addon cannot record, when known
-        self.watchdog: asyncio.Task | None = None
+        self._watchdog: asyncio.Task | None = None  # held: the event loop keeps only weak references to tasks
         self.serving = False  # the proxy is serving traffic
 
     def load(self, loader: Loader) -> None:
@@ -201,7 +201,7 @@ class AuditStore:
             loop = asyncio.get_running_loop()
         except RuntimeError:
             return  # not under a running proxy (tests that drive the addon by hand)
-        self.watchdog = loop.create_task(self._check_recording(master))
+        self._watchdog = loop.create_task(self._check_recording(master))
 
     async def _check_recording(self, master: Any) -> None:
         await asyncio.sleep(START_GRACE)
