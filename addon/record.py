@@ -12,6 +12,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from enum import StrEnum
 from typing import Any
 
 from addon.dialects.blocking import FILTERED_CODE
@@ -35,6 +36,21 @@ FINDINGS_PER_CODE = 20
 # The most content (answer text, reasoning, refusals, tool arguments: UTF-8 bytes) one
 # record keeps; the proxy's llm_audit_max_record_bytes sets it per exchange.
 DEFAULT_MAX_RECORD_BYTES = 32 * 1024 * 1024
+
+
+class Status(StrEnum):
+    """An exchange's status, as stored in the ``status`` column (the values are the
+    strings the database and ``llm-audit`` read). Only the record sets it: through
+    :meth:`ExchangeRecord.block`, :meth:`ExchangeRecord.fail` and
+    :meth:`ExchangeRecord.finish`."""
+
+    IN_PROGRESS = "in_progress"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    BLOCKED = "blocked"
+    CLIENT_ABORTED = "client_aborted"
+    UPSTREAM_ABORTED = "upstream_aborted"
+
 
 # Outcomes the proxy adapter reports when an exchange ends.
 OUTCOME_COMPLETE = "complete"  # the body ended as HTTP defines it
@@ -118,7 +134,7 @@ class ExchangeRecord:
     started_at: float | None = None
     first_chunk_at: float | None = None
     ended_at: float | None = None
-    status: str = "in_progress"
+    status: Status = Status.IN_PROGRESS
     # where it went and came from
     server_address: str | None = None
     server_port: int | None = None
@@ -255,8 +271,14 @@ class ExchangeRecord:
         proxy's answer gave the client (``[]`` when it got an error or a cut stream), which
         are then the record's ``finish_reasons``, so that the record says what the client
         got; ``None`` keeps the upstream's (the client had them)."""
-        self.status, self.error_code, self.error_message = "blocked", FILTERED_CODE, message
+        self.status, self.error_code, self.error_message = Status.BLOCKED, FILTERED_CODE, message
         self.client_finish_reasons = finish_reasons
+
+    def fail(self, code: str, message: str | None) -> None:
+        """The exchange failed for a reason the proxy saw (mitmproxy refused the
+        upstream's response, the upstream could not be reached), not one the upstream
+        reported in its body: :meth:`finish` then settles the status as ``failed``."""
+        self.error_code, self.error_message = code, message
 
     def finish(self, outcome: str, ended_at: float | None = None) -> None:
         """Settle the status once the exchange is over.
@@ -267,19 +289,19 @@ class ExchangeRecord:
         whole JSON object) was cut by the upstream.
         """
         self.ended_at = ended_at or time.time()
-        if self.status == "blocked":
+        if self.status == Status.BLOCKED:
             return  # what the proxy cut is not the upstream's fault
         for call in self.tool_calls.values():
             if not call.complete:
                 self.add_finding("tool_call_truncated", f"{call.name or call.key}: arguments cut off")
         if self.error_code is not None or self.error_message is not None or (self.http_status or 0) >= 400:
-            self.status = "failed"
+            self.status = Status.FAILED
         elif outcome == OUTCOME_CLIENT_ABORTED:
-            self.status = "client_aborted"
+            self.status = Status.CLIENT_ABORTED
         elif outcome == OUTCOME_UPSTREAM_ABORTED or not self.terminal_seen:
-            self.status = "upstream_aborted"
+            self.status = Status.UPSTREAM_ABORTED
         else:
-            self.status = "completed"
+            self.status = Status.COMPLETED
 
     def to_row(self) -> dict[str, Any]:
         """The ``exchanges`` row for this record."""
@@ -296,7 +318,7 @@ class ExchangeRecord:
             "started_at": _ts(self.started_at),
             "first_chunk_at": _ts(self.first_chunk_at),
             "ended_at": _ts(self.ended_at),
-            "status": self.status,
+            "status": str(self.status),  # the plain string, as stored
             "dialect": self.dialect,
             "provider": self.provider,
             "server_address": self.server_address,

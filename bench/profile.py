@@ -31,11 +31,11 @@ OURS = ("(addon/", "(storage/")  # frames of the project's own code, after _fram
 # contains the marker (the tap is the per-chunk inspection; early_end wraps mitmproxy's
 # own streaming state, so its bucket includes mitmproxy's work below it).
 BUCKETS = {
-    "stream tap (parser, normalizer, record)": "_tap.<locals>.tap",
-    "hooks (request, responseheaders, response)": "LLMAudit.",
+    "stream tap (parser, normalizer, record)": "make_tap.<locals>.tap",
+    "hooks (request, responseheaders, response)": "ExchangeHooks.",
     "writer thread (storage/)": "(storage/",
     "content filters (addon/filters/)": "(addon/filters/",
-    "early_end wrapper (includes mitmproxy's streaming below it)": "(addon/early_end.py)",
+    "early_end wrapper (includes mitmproxy's streaming below it)": "(addon/mitm/early_end.py)",
 }
 
 

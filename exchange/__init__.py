@@ -1,6 +1,6 @@
 """What an exchange said, read and rendered without I/O, for every view of it.
 
-The proxy's content view in mitmproxy (:mod:`addon.contentview`), the content filters
+The proxy's content view in mitmproxy (:mod:`addon.mitm.contentview`), the content filters
 (:mod:`addon.filters`) and ``llm-audit show`` (:mod:`cli.show`) all read the same
 things, so they read them here: :mod:`exchange.messages` (the one reader of request
 bodies: the conversation and the declared tools, in any dialect's shape; the dialects read

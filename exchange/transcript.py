@@ -1,6 +1,6 @@
 """An exchange as a person reads it: the pieces of text both of its views show.
 
-mitmproxy's "LLM stream" view (:mod:`addon.contentview`) and ``llm-audit show``
+mitmproxy's "LLM stream" view (:mod:`addon.mitm.contentview`) and ``llm-audit show``
 (:mod:`cli.show`) lay an exchange out differently (two tabs of a flow; one page wrapped to
 a terminal), but must never disagree on what it said: how a model, a choice, a tool call,
 the usage, an error, a finding or a filter verdict reads is written once, here. Each view

@@ -1,4 +1,4 @@
-"""addon/early_end.py, the private-API early end of a streamed response, per protocol.
+"""addon/mitm/early_end.py, the private-API early end of a streamed response, per protocol.
 
 A real mitmdump with a small test addon (tests/e2e/addons/stop_at_marker.py) that ends
 any event stream at the first event holding "STOP": the client must get the events

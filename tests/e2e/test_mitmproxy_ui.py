@@ -23,7 +23,7 @@ from conftest import BIN, ROOT, Process, Proxy, new_database, start_proxy, wait_
 from mitmproxy import contentviews, io
 from mitmproxy.test import taddons
 
-from addon import contentview
+from addon.mitm import contentview
 
 pytestmark = pytest.mark.e2e
 

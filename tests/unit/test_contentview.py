@@ -17,9 +17,9 @@ from mitmproxy import contentviews
 from mitmproxy.test import taddons, tflow, tutils
 from pipeline import audit_bytes
 
-from addon import contentview
 from addon.dialects import RequestView
 from addon.dialects.registry import detect_request
+from addon.mitm import contentview
 from addon.record import ExchangeRecord
 from mockllm.scenario import Scenario
 from mockllm.streams import DIALECTS, openai_chat_completion

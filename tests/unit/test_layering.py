@@ -1,12 +1,14 @@
-"""The layers stay layers: ``storage`` knows nothing of the proxy, and no module of the
-project imports itself round a cycle.
+"""The layers stay layers: ``storage`` knows nothing of the proxy, only the adapter
+package (``addon/mitm/``) knows mitmproxy, and no module of the project imports itself
+round a cycle.
 
 ``storage`` is the bottom layer (the proxy writes through it, the ``llm-audit`` command
 reads through it), so it must import nothing from ``addon``: that is checked by importing
 every storage module in a fresh interpreter. Cycles are found in the graph of module-level
 imports read with :mod:`ast` from every file of the project's packages; an import inside a
 function or under ``if TYPE_CHECKING`` runs later or never, so it is no edge (and is how a
-cycle would be hidden: keep those rare).
+cycle would be hidden: keep those rare). Imports of mitmproxy are read the same way, but
+every one counts, wherever it is in the file.
 """
 
 from __future__ import annotations
@@ -23,6 +25,9 @@ from addon.dialects.registry import BUILTIN
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("addon", "storage", "exchange", "cli", "mockllm", "bench")
+# The packages whose modules must not import mitmproxy, and the one that may (the adapter).
+NO_MITMPROXY = ("addon", "exchange", "storage", "cli")
+ADAPTER = "addon.mitm"
 
 
 def module_name(path: Path) -> str:
@@ -153,3 +158,46 @@ def test_importing_one_dialect_imports_no_other_dialect(dialect):
 
 def test_the_registry_reads_in_one_screen():
     assert len((ROOT / "addon" / "dialects" / "registry.py").read_text().splitlines()) <= 60
+
+
+def mitmproxy_imports(path: Path) -> list[str]:
+    """Every ``import mitmproxy...`` / ``from mitmproxy... import`` in the file, at any
+    depth (inside functions and ``if TYPE_CHECKING`` too: the rule is about knowing
+    mitmproxy, not about import time)."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            found += [alias.name for alias in node.names if alias.name.split(".")[0] == "mitmproxy"]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").split(".")[0] == "mitmproxy":
+            found.append(node.module or "")
+    return found
+
+
+def test_only_the_adapter_package_imports_mitmproxy():
+    offenders = {
+        name: imported
+        for name, path in project_files().items()
+        if name.split(".")[0] in NO_MITMPROXY
+        and name != ADAPTER
+        and not name.startswith(ADAPTER + ".")
+        and (imported := mitmproxy_imports(path))
+    }
+    assert not offenders, f"only {ADAPTER} may import mitmproxy: {offenders}"
+
+
+def test_the_adapter_package_is_where_mitmproxy_is_imported():
+    """The rule above cannot pass by the adapter moving away: its addons import mitmproxy."""
+    adapter = {
+        name for name, path in project_files().items() if name.startswith(ADAPTER + ".") and mitmproxy_imports(path)
+    }
+    assert {f"{ADAPTER}.hooks", f"{ADAPTER}.store", f"{ADAPTER}.content_filters"} <= adapter
+
+
+def test_the_mitmproxy_import_finder_sees_every_form(tmp_path):
+    source = tmp_path / "m.py"
+    source.write_text(
+        "import mitmproxy\nfrom mitmproxy.http import HTTPFlow\nimport mitmproxyish\n"
+        "def f():\n    from mitmproxy import ctx\n"
+        "if TYPE_CHECKING:\n    import mitmproxy.addonmanager as am\nfrom . import mitmproxy as local\n"
+    )
+    assert sorted(mitmproxy_imports(source)) == ["mitmproxy", "mitmproxy", "mitmproxy.addonmanager", "mitmproxy.http"]

@@ -2,7 +2,7 @@
 
 import pytest
 
-from addon.printed_output import redact_printed
+from addon.mitm.printed_output import redact_printed
 from addon.redact import api_key_fingerprint, is_credential_header, is_credential_param, redact_headers, redact_query
 
 OPENAI_KEY = "sk-proj-" + "A1b2C3d4E5" * 7 + "Abcd" + "T3BlbkFJ" + "Z9y8X7w6V5" * 7 + "Wxyz"

@@ -9,9 +9,9 @@ from mitmproxy import ctx
 
 class CloseAuditWriter:
     def running(self) -> None:
-        audit = ctx.master.addons.get("llmaudit")
-        audit.writer.close()
-        audit.writer = None
+        store = ctx.master.addons.get("auditstore")  # addon.mitm.store.AuditStore
+        store.writer.close()
+        store.writer = None
 
 
 addons = [CloseAuditWriter()]

@@ -1,4 +1,4 @@
-"""A test addon for addon/early_end.py: ends any event stream at the first chunk holding b"STOP".
+"""A test addon for addon/mitm/early_end.py: ends any event stream at the first chunk holding b"STOP".
 
 It forwards what precedes the marker, then an injected ``error`` event, and ends the
 response early through the private-API module under test. Loaded with ``-s`` into a
@@ -12,7 +12,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 
 from mitmproxy import http
 
-from addon import early_end
+from addon.mitm import early_end
 
 MARKER = b"STOP"
 INJECTED = b'event: error\ndata: {"type":"error","code":"content_filtered"}\n\n'

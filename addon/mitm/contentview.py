@@ -42,7 +42,7 @@ from addon.dialects import Dialect, RequestSummary, RequestView, media_type, par
 from addon.dialects.registry import detect_request, detect_response
 from addon.framing.sse import SSEParser
 from addon.hosts import server_name
-from addon.record import OUTCOME_COMPLETE, ExchangeRecord
+from addon.record import OUTCOME_COMPLETE, ExchangeRecord, Status
 from exchange import transcript
 from exchange.messages import declared_tools, extract_messages
 
@@ -66,7 +66,10 @@ class LLMStreamContentview(contentviews.Contentview):
             return -1
         if _request_dialect(flow.request)[0] is not None:
             return 2
-        return 2 if message is flow.response and _sniffed_dialect(message, data) is not None else -1
+        response = flow.response
+        return (
+            2 if message is response and response is not None and _sniffed_dialect(response, data) is not None else -1
+        )
 
     def prettify(self, data: bytes, metadata: Metadata) -> str:
         flow, message = metadata.flow, metadata.http_message
@@ -113,6 +116,8 @@ def _sniffed_dialect(response: http.Response, data: bytes) -> Dialect | None:
 def read_response(flow: http.HTTPFlow, data: bytes) -> ExchangeRecord:
     """The exchange record of a response body (decoded), read as the proxy reads it."""
     response = flow.response
+    if response is None:
+        raise ValueError("no response")
     dialect, view, body = _request_dialect(flow.request)
     dialect = dialect or _sniffed_dialect(response, data)
     if dialect is None:
@@ -224,7 +229,7 @@ def _verdicts(text: _Text, verdicts: list[dict[str, Any]]) -> None:
 
 
 def _streaming(summary: RequestSummary) -> str | None:
-    return {True: "stream", False: "no stream"}.get(summary.stream)
+    return None if summary.stream is None else "stream" if summary.stream else "no stream"
 
 
 # -- the flow list -------------------------------------------------------------------------------
@@ -244,7 +249,7 @@ def annotate(flow: http.HTTPFlow, record: ExchangeRecord) -> None:
     }
     if not flow.comment:
         flow.comment = summary_line(record)
-    if record.status == "blocked":
+    if record.status == Status.BLOCKED:
         flow.marked = BLOCKED_MARKER
 
 
@@ -255,7 +260,7 @@ def summary_line(record: ExchangeRecord) -> str:
     if tokens_in is not None or tokens_out is not None:
         parts.append(f"{_count(tokens_in)}→{_count(tokens_out)} tok")
     rule = next((v.get("rule_id") for v in record.verdicts if v.get("action") == "block"), None)
-    parts.append(f"blocked by {rule}" if record.status == "blocked" and rule else record.status)
+    parts.append(f"blocked by {rule}" if record.status == Status.BLOCKED and rule else record.status)
     return " · ".join(parts)
 
 

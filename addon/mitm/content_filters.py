@@ -1,0 +1,141 @@
+"""The content-filters addon: its options, the filter set in force, and the request check.
+
+It loads the TOML rules and the Python filter files the options name, picks up changed
+filter files while the proxy runs, and builds the :class:`~addon.filters.engine.FilterSet`
+the exchange hooks use for each new request. When a filter may block output it installs
+:mod:`addon.mitm.early_end`, the way a stream a filter stops ends cleanly.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from mitmproxy.addonmanager import Loader
+
+from addon.dialects import Dialect, RequestSummary
+from addon.filters.api import BLOCK, RequestContext, Verdict
+from addon.filters.engine import FILTER_ERROR, Failure, FilterSet
+from addon.filters.loader import FilterFiles
+from addon.filters.rules import Rule, RulesError, load_rules
+from addon.mitm import early_end
+from addon.record import ExchangeRecord
+from exchange.messages import Message
+
+log = logging.getLogger(__name__)
+
+OPTIONS = frozenset({"llm_rules", "llm_filters", "llm_filter_failure"})
+
+
+class ContentFilters:
+    """Owns the rules, the filter files and the filter set built from them."""
+
+    def __init__(self) -> None:
+        self.rules: list[Rule] = []
+        self.failure: Failure = "closed"
+        self.files: FilterFiles | None = None
+        self.filterset: FilterSet | None = None
+
+    def load(self, loader: Loader) -> None:
+        loader.add_option(
+            "llm_rules",
+            str,
+            "",
+            "TOML file of content-filter rules (regular expressions, keywords, secrets, PII); "
+            "a file with an error is refused with its line.",
+        )
+        loader.add_option(
+            "llm_filters",
+            Sequence[str],
+            [],
+            "Python files with content filters (reloaded when they change).",
+        )
+        loader.add_option(
+            "llm_filter_failure",
+            str,
+            "closed",
+            "What a content filter that raises or overruns its time budget does: "
+            "closed (block the exchange) or open (record it, let the traffic pass).",
+            choices=["closed", "open"],
+        )
+
+    def configure(self, updated: set[str]) -> None:
+        """Reload the rules and filter files when their options change. A file with an
+        error is refused in one line; with a bad rules file the previous set stays."""
+        from mitmproxy import ctx
+
+        if updated & OPTIONS:
+            self._load(ctx.options.llm_rules, ctx.options.llm_filters, ctx.options.llm_filter_failure)
+
+    def current(self) -> FilterSet | None:
+        """The filter set for a new exchange, after picking up changed filter files (at
+        most one stat per file a second), so a file that failed to load is used once it
+        is fixed. None: no rules and no filters."""
+        if self.files is not None:
+            changed, problems = self.files.reload_if_changed()
+            for problem in problems:
+                log.error(f"llm-audit: {problem}")
+            if changed:
+                self._build()
+        return self.filterset
+
+    def _load(self, rules_path: str, filter_paths: Sequence[str], failure: Failure) -> None:
+        try:
+            rules = load_rules(Path(rules_path).expanduser()) if rules_path else []
+        except RulesError as e:
+            log.error(f"llm-audit: {e}; fix the rules file or unset llm_rules")
+            return
+        self.files = FilterFiles(filter_paths)
+        for problem in self.files.load():
+            log.error(f"llm-audit: {problem}")
+        self.rules, self.failure = rules, failure
+        self._build()
+
+    def _build(self) -> None:
+        filters = self.files.filters if self.files else []
+        self.filterset = FilterSet(self.rules, filters, failure=self.failure) if self.rules or filters else None
+        if self.filterset is not None and self.filterset.may_block_output:
+            # How a stream a filter stops ends cleanly. Installed only when needed: the
+            # patch puts one more generator frame on every chunk of every flow.
+            early_end.install()
+
+
+def check_request(
+    filters: FilterSet, record: ExchangeRecord, dialect: Dialect, summary: RequestSummary
+) -> Verdict | None:
+    """Run the request filters; the verdict that blocks the request, if any. Every
+    verdict is kept in the record.
+
+    A failure of the checking itself (not of one user filter, which the filter set
+    handles) follows the failure policy too: ``closed`` blocks, ``open`` forwards.
+    """
+    try:
+        verdicts = filters.check_request(_request_context(record, dialect, summary))
+    except Exception as e:  # our bug must not let the blocked answer through
+        log.exception("llm-audit: checking a request failed")
+        action = BLOCK if filters.failure == "closed" else "flag"
+        verdicts = [
+            Verdict(action, FILTER_ERROR, f"{type(e).__name__}: {e}"[:300], filter="llm-audit", location="request")
+        ]
+    record.verdicts.extend(v.as_dict() for v in verdicts)
+    return next((v for v in verdicts if v.action == BLOCK), None)
+
+
+def _request_context(record: ExchangeRecord, dialect: Dialect, summary: RequestSummary) -> RequestContext:
+    """What the request filters read of a request: its conversation and metadata. A body
+    that is not JSON to any reader is checked as raw text, and the policy decides."""
+    fields: dict[str, Any] = dict(
+        tools=summary.declared_tools or frozenset(),
+        user_id=summary.user_id,
+        session_id=summary.session_id,
+        request_id=summary.request_id,
+        client_address=record.client_address,
+    )
+    body = record.request_body
+    if isinstance(body, str):
+        return RequestContext(
+            dialect.name, None, (Message("user", body),), **fields, unreadable=("the body is not JSON",)
+        )
+    return RequestContext.from_body(dialect.name, body if isinstance(body, (dict, list)) else None, **fields)

@@ -1,0 +1,137 @@
+"""What a mitmproxy flow tells the exchange record: the request side, the response's
+status and headers, the user behind the connection, and who cut an exchange that
+ended in the ``error`` hook.
+
+These read the flow and write the record's fields the flow decides; the record alone
+settles its status and error (:class:`~addon.record.ExchangeRecord`).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+from mitmproxy import http
+from mitmproxy.connection import ConnectionState
+
+from addon.auditor import summary_into_record
+from addon.dialects import UNREADABLE, Dialect, RequestSummary, RequestView, media_type, parse_json_body
+from addon.events import Finding
+from addon.hosts import server_name
+from addon.local_user import is_transparent, local_user
+from addon.mitm import early_end
+from addon.record import OUTCOME_CLIENT_ABORTED, OUTCOME_UPSTREAM_ABORTED, ExchangeRecord, Status
+from addon.redact import api_key_fingerprint, redact_headers, redact_query
+
+
+def start_record(
+    flow: http.HTTPFlow, dialect: Dialect, instance: str, parsed: tuple[Any, Finding | None] | None = None
+) -> tuple[ExchangeRecord, RequestSummary]:
+    """A record with the request side filled in, and what the dialect read from the
+    request. ``parsed``: the body as detection already parsed it (else it is parsed here)."""
+    req = flow.request
+    content = req.get_content(strict=False) or b""
+    body_json, finding = parsed or parse_json_body(content)
+    path, _, query = req.path.partition("?")
+    host = server_name(req.host, flow.client_conn.sni, req.host_header)
+    record = ExchangeRecord(
+        dialect=dialect.name,
+        provider=dialect.provider_for(host),
+        started_at=req.timestamp_start,
+        server_address=host,
+        server_port=req.port,
+        http_method=req.method,
+        url_path=path,
+        url_query=redact_query(query) or None,
+        http_version=req.http_version,
+        client_address=flow.client_conn.peername[0] if flow.client_conn.peername else None,
+        proxy_instance=instance,
+        api_key_fingerprint=api_key_fingerprint({k.lower(): v for k, v in req.headers.items(multi=True)}, query),
+        request_headers=redact_headers(req.headers.items(multi=True)),
+        request_body=content.decode("utf-8", "replace") if body_json is UNREADABLE else body_json,
+    )
+    if finding is not None:
+        record.apply(finding)
+    readable = None if body_json is UNREADABLE else body_json
+    summary = dialect.summarize(readable, RequestView(req.method, path, query, req.headers))
+    summary.user_id = summary.user_id or proxy_user(flow) or redirected_user(flow)
+    summary_into_record(record, summary)
+    return record, summary
+
+
+def response_into_record(record: ExchangeRecord, resp: http.Response) -> None:
+    """The response's status and headers, and whether its body is streamed."""
+    record.http_status = resp.status_code
+    record.response_headers = redact_headers(resp.headers.items(multi=True))
+    event_stream = media_type(resp.headers.get("content-type", ""))[0] == "text/event-stream"
+    # Gemini without alt=sse streams a JSON array: streamed too, though not an event stream.
+    record.streamed = event_stream or (bool(record.stream_requested) and 200 <= resp.status_code < 300)
+
+
+def proxy_user(flow: http.HTTPFlow) -> str | None:
+    """The user mitmproxy's ``proxyauth`` authenticated, for exchanges whose request names none.
+
+    proxyauth leaves ``(user, password)`` in ``flow.metadata["proxyauth"]``, on every
+    request of a connection it authenticated (CONNECT tunnels too); only the name is used.
+    """
+    auth = flow.metadata.get("proxyauth")
+    if isinstance(auth, tuple | list) and auth and isinstance(auth[0], str) and auth[0]:
+        return auth[0]
+    return None
+
+
+def redirected_user(flow: http.HTTPFlow) -> str | None:
+    """The local user whose connection transparent capture redirected here, for
+    exchanges whose request names none (:mod:`addon.local_user`)."""
+    conn = flow.client_conn
+    if not is_transparent(conn.proxy_mode):
+        return None
+    return _connection_user(conn.id, conn.peername, flow.server_conn.address)
+
+
+@functools.lru_cache(maxsize=4096)
+def _connection_user(connection_id: str, peer: tuple | None, destination: tuple | None) -> str | None:
+    """:func:`local_user`, once per client connection (its owner never changes): the
+    ``/proc`` tables are read on the event loop, so not again for every request an
+    HTTP/2 or keep-alive connection carries."""
+    return local_user(peer, destination)
+
+
+def abort_side(flow: http.HTTPFlow) -> str:
+    """Who cut an exchange that ended in mitmproxy's ``error`` hook.
+
+    mitmproxy's error messages do not say which side failed on HTTP/2 ("stream reset by
+    client" is used for resets from either peer), so the kind of protocol error mitmproxy
+    handled decides (:func:`addon.mitm.early_end.install_error_side`). Without it (errors
+    mitmproxy raises outside that path), the connection states decide: a peer whose
+    socket is no longer readable hung up; then the message.
+    """
+    side = early_end.error_side(flow)
+    if side is not None:
+        return OUTCOME_UPSTREAM_ABORTED if side == "upstream" else OUTCOME_CLIENT_ABORTED
+    message = flow.error.msg if flow.error else ""
+    server_gone = flow.server_conn is not None and not (flow.server_conn.state & ConnectionState.CAN_READ)
+    client_gone = not (flow.client_conn.state & ConnectionState.CAN_READ)
+    if server_gone and not client_gone:
+        return OUTCOME_UPSTREAM_ABORTED
+    if client_gone or "Client disconnected" in message:
+        return OUTCOME_CLIENT_ABORTED
+    if "reset" in message:
+        return OUTCOME_CLIENT_ABORTED if "CANCEL" in message else OUTCOME_UPSTREAM_ABORTED
+    return OUTCOME_UPSTREAM_ABORTED
+
+
+def client_had_everything(record: ExchangeRecord) -> bool:
+    """The dialect's terminal event was read and every upstream byte was passed on: a
+    client that closes now (the openai SDK does, right after ``[DONE]``) lost nothing."""
+    return (
+        record.terminal_seen
+        and record.status != Status.BLOCKED
+        and record.bytes_to_client >= record.bytes_from_upstream
+    )
+
+
+def refused_by_mitmproxy(message: str) -> bool:
+    """mitmproxy itself refused the upstream's response (request-smuggling checks such as
+    Content-Length together with chunked, or its ``body_size_limit``)."""
+    return ("from server, refusing" in message) or "body exceeds mitmproxy's body_size_limit" in message

@@ -1,0 +1,425 @@
+"""The exchange-hooks addon: mitmproxy's flow hooks, which turn each inference exchange
+into a record, and the size options that bound what one exchange may cost.
+
+For each flow it
+
+1. ``request``: asks the dialect registry whether this is inference traffic (headers
+   first, the body only when a dialect's headers/path match), opens a record and runs
+   the request filters (a blocked request is answered here, in its dialect:
+   :mod:`addon.mitm.answers`);
+2. ``responseheaders``: turns on streaming, with the tap (:mod:`addon.mitm.tap`) that
+   feeds each chunk to the sans-IO auditor and forwards what it returns: the chunk
+   unchanged, or, with output filters, the bytes whose text has passed them and, on a
+   block, the dialect's termination, after which ``early_end`` ends the stream (an event
+   stream no dialect claimed by its request is sniffed by its first event); a body
+   filters may block that is not streamed is held whole instead;
+3. ``response`` / ``error``: settles the outcome and hands the record to the audit
+   store, so the client's end of stream never waits for the database; then shows the
+   exchange in mitmproxy's own UIs (:mod:`addon.mitm.contentview`): the stream's copy as
+   the body for the content view, a comment for the flow list, a marker when blocked.
+
+Each live flow is in one state of :mod:`addon.mitm.flow_state`. Rules from
+``mitmproxy-notes.md`` that shape this code: a hook never raises; an aborted stream
+fires ``error`` (not ``response``); on shutdown ``done`` runs before the ``error`` hooks
+of live flows.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from mitmproxy import http
+from mitmproxy.addonmanager import Loader
+
+from addon.auditor import StreamAuditor
+from addon.dialects import Dialect, Normalizer, RequestView, media_type, parse_json_body
+from addon.dialects.registry import detect_request
+from addon.events import Finding
+from addon.framing import DEFAULT_MAX_EVENT_BYTES, select
+from addon.mitm import early_end, printed_output
+from addon.mitm.answers import answer_blocked, replace_held
+from addon.mitm.content_filters import ContentFilters, check_request
+from addon.mitm.contentview import annotate, show_comment_column
+from addon.mitm.flow_record import (
+    abort_side,
+    client_had_everything,
+    refused_by_mitmproxy,
+    response_into_record,
+    start_record,
+)
+from addon.mitm.flow_state import (
+    AnsweredByProxy,
+    BodyCopy,
+    FlowState,
+    HeldWhole,
+    OutputCheck,
+    Recorded,
+    Recording,
+    Sniffing,
+    Streaming,
+)
+from addon.mitm.store import AuditStore
+from addon.mitm.tap import make_tap, output_gate
+from addon.record import (
+    DEFAULT_MAX_RECORD_BYTES,
+    OUTCOME_CLIENT_ABORTED,
+    OUTCOME_COMPLETE,
+    OUTCOME_UPSTREAM_ABORTED,
+    ExchangeRecord,
+)
+
+log = logging.getLogger(__name__)
+
+
+DEFAULT_VIEW_BYTES = 4 * 1024 * 1024
+# Byte-size options: (option, attribute, smallest value); a smaller one is refused in one line.
+SIZE_OPTIONS = (
+    ("llm_audit_max_event_bytes", "max_event_bytes", 1024),
+    ("llm_audit_max_record_bytes", "max_record_bytes", 1024),
+    ("llm_audit_view_bytes", "view_bytes", 0),
+)
+
+
+class ExchangeHooks:
+    """Detects inference exchanges and records each one through the audit store.
+
+    ``store`` takes the records; ``filters`` gives the filter set for each new request.
+    """
+
+    def __init__(self, store: AuditStore, filters: ContentFilters) -> None:
+        self.store = store
+        self.filters = filters
+        self.flows: dict[str, FlowState] = {}
+        self.draining: dict[asyncio.Task, ExchangeRecord] = {}  # records waiting for their backlog to be read
+        self.max_event_bytes = DEFAULT_MAX_EVENT_BYTES
+        self.max_record_bytes = DEFAULT_MAX_RECORD_BYTES
+        self.view_bytes = DEFAULT_VIEW_BYTES
+
+    # -- options and the UI -------------------------------------------------------------
+
+    def load(self, loader: Loader) -> None:
+        early_end.install_error_side()
+        printed_output.install(loader.master.addons.get("dumper"))  # mitmdump's flow lines show no credential
+        loader.add_option(
+            "llm_audit_max_event_bytes",
+            int,
+            DEFAULT_MAX_EVENT_BYTES,
+            "Largest SSE line or event the auditor inspects; larger ones pass through "
+            "uninspected and are recorded as a finding.",
+        )
+        loader.add_option(
+            "llm_audit_max_record_bytes",
+            int,
+            DEFAULT_MAX_RECORD_BYTES,
+            "Most content one exchange's record keeps (answer text, reasoning, tool arguments, "
+            "a non-stream body read whole; bytes); beyond it the record keeps what fits, the true "
+            "sizes and the SHA-256 of the raw body (finding content_truncated).",
+        )
+        loader.add_option(
+            "llm_audit_view_bytes",
+            int,
+            DEFAULT_VIEW_BYTES,
+            "Largest streamed body kept for mitmproxy's own views (the LLM stream content view, "
+            "saved flows); a longer one is not kept. 0: none is kept.",
+        )
+
+    def configure(self, updated: set[str]) -> None:
+        """Apply the size options; one below its smallest value is refused in one error
+        line (which stops mitmdump at start-up) and the previous value stays."""
+        from mitmproxy import ctx
+
+        for name, attribute, minimum in SIZE_OPTIONS:
+            if name in updated and (value := _size_option(ctx.options, name, minimum)) is not None:
+                setattr(self, attribute, value)
+
+    def running(self) -> None:
+        """Under mitmweb, show the comments the addon writes in the flow list."""
+        from mitmproxy import ctx
+
+        show_comment_column(ctx.options)
+
+    # -- hooks --------------------------------------------------------------------------
+
+    def request(self, flow: http.HTTPFlow) -> None:
+        try:
+            self._open(flow)
+        except Exception:  # auditing must never break a request
+            log.exception("llm-audit: failed to inspect a request; it is forwarded unaudited")
+
+    def responseheaders(self, flow: http.HTTPFlow) -> None:
+        try:
+            self._read_response(flow)
+        except Exception:  # the record is written whatever happens
+            log.exception("llm-audit: failed to inspect a response; it is forwarded unaudited")
+
+    def response(self, flow: http.HTTPFlow) -> None:
+        state = self.flows.pop(flow.id, None)
+        if state is None or isinstance(state, Sniffing):
+            return
+        if isinstance(state, Streaming) and state.auditor.pending:
+            self._after_backlog(state.auditor, state.record, lambda: self._record_complete(flow, state))
+        else:
+            self._record_complete(flow, state)
+
+    def error(self, flow: http.HTTPFlow) -> None:
+        state = self.flows.pop(flow.id, None)
+        if state is None or isinstance(state, Sniffing):
+            return
+        try:
+            outcome = abort_side(flow)  # now: the connection states tell it only while the flow ends
+        except Exception:  # the record is written; this is only the UI
+            log.exception("llm-audit: failed to tell who cut an exchange")
+            outcome = OUTCOME_UPSTREAM_ABORTED
+        auditor = _auditor(state)
+        if auditor is not None and auditor.pending:
+            self._after_backlog(auditor, state.record, lambda: self._record_aborted(flow, state, outcome))
+        else:
+            self._record_aborted(flow, state, outcome)
+
+    def done(self) -> None:
+        """Submit the exchanges still open as cut off, and those whose backlog was not
+        read yet as read so far; the store's ``done``, after this one, writes them."""
+        for state in self.flows.values():
+            if not isinstance(state, Sniffing):
+                state.record.add_finding("proxy_shutdown", "the proxy stopped during the exchange")
+                state.record.finish(OUTCOME_CLIENT_ABORTED)
+                self.store.submit(state.record)
+        self.flows.clear()
+        for task, record in self.draining.items():  # ended, but their backlog was not read yet
+            task.cancel()
+            record.add_finding("proxy_shutdown", "the proxy stopped while the body was still being read")
+            record.finish(OUTCOME_COMPLETE)
+            self.store.submit(record)
+        self.draining.clear()
+
+    # -- the request ----------------------------------------------------------------------
+
+    def _open(self, flow: http.HTTPFlow) -> None:
+        """Open the record of a request a dialect recognises and run the request filters."""
+        if flow.response is not None:
+            return  # answered before it could go upstream (proxyauth's 407, map_local, server replay)
+        req = flow.request
+        path, _, query = req.path.partition("?")
+        parsed: list[tuple[Any, Finding | None]] = []
+
+        def body() -> Any:
+            if not parsed:
+                parsed.append(parse_json_body(req.get_content(strict=False) or b""))
+            return parsed[0][0]
+
+        view = RequestView(req.method, path, query, req.headers)
+        dialect = detect_request(view, body)
+        if dialect is None:
+            return
+        record, summary = start_record(flow, dialect, self.store.instance, parsed[0] if parsed else None)
+        recording = self.flows[flow.id] = Recording(record, dialect.normalizer(summary))
+        filters = self.filters.current()
+        if filters is not None:
+            block = check_request(filters, record, dialect, summary)
+            if block is not None:
+                answer_blocked(flow, record, dialect, summary, view, block)
+                self.flows[flow.id] = AnsweredByProxy(record)
+                return  # the response hook writes the record
+            if filters.checks_output:
+                recording.output = OutputCheck(filters, dialect, summary, view)
+                if filters.may_block_output:
+                    # A stream the proxy may cut must be one it can append to: not compressed.
+                    req.headers["accept-encoding"] = "identity"
+        self.store.submit(record)  # the write-ahead open record (status in_progress)
+
+    # -- the response ---------------------------------------------------------------------
+
+    def _read_response(self, flow: http.HTTPFlow) -> None:
+        """Tap the response: every body of an inference exchange, and every event stream
+        (an unrecognised one may still be claimed by its first event).
+
+        The framing (:func:`addon.framing.select`) decides how the body is read: a
+        streamed framing frame by frame as it flows (held frame by frame when filters may
+        block), a whole body at its end (held whole when filters may block).
+        """
+        resp = flow.response
+        if resp is None:
+            return  # never so in this hook: the check narrows the type
+        match self.flows.get(flow.id):
+            case Recording() as recording:
+                self.flows[flow.id] = self._tap_recorded(flow, resp, recording)
+            case None if media_type(resp.headers.get("content-type", ""))[0] == "text/event-stream":
+                self.flows[flow.id] = self._sniff(flow, resp)
+            case _:  # not inference traffic, or the proxy's own answer to a blocked request
+                return
+
+    def _tap_recorded(self, flow: http.HTTPFlow, resp: http.Response, recording: Recording) -> Streaming | HeldWhole:
+        """The response of a recognised exchange: tapped, or held whole when filters may
+        block a body whose framing is not streamed."""
+        encoding = resp.headers.get("content-encoding")
+        framing = select(resp.headers.get("content-type", ""), resp.status_code, recording.normalizer.framing)
+        response_into_record(recording.record, resp)
+        check = recording.output
+        auditor = StreamAuditor(
+            recording.record,
+            recording.normalizer,
+            encoding,
+            self.max_event_bytes,
+            framing=framing,
+            max_record_bytes=self.max_record_bytes,
+            gate=output_gate(check, framing.streamed, encoding),
+        )
+        if check is not None and check.filters.may_block_output and not framing.streamed:
+            # checked whole in the response hook, before the client gets it
+            return HeldWhole(recording.record, auditor, recording.normalizer, check)
+        streaming = Streaming(recording.record, auditor, self._copy())
+        resp.stream = make_tap(flow, auditor, streaming.copy)
+        return streaming
+
+    def _sniff(self, flow: http.HTTPFlow, resp: http.Response) -> Sniffing:
+        """Tap an event stream its request did not reveal; a dialect that claims it by
+        its first event gets a record, and the flow becomes :class:`Streaming`."""
+        copy = self._copy()
+
+        def claim(dialect: Dialect) -> tuple[ExchangeRecord, Normalizer]:
+            """Called from the tap when a dialect claims the stream by its first event."""
+            record, summary = start_record(flow, dialect, self.store.instance)
+            normalizer = dialect.normalizer(summary)
+            response_into_record(record, resp)
+            if isinstance(self.flows.get(flow.id), Sniffing):
+                self.flows[flow.id] = Streaming(record, auditor, copy)
+            return record, normalizer
+
+        auditor = StreamAuditor(
+            None,
+            None,
+            resp.headers.get("content-encoding"),
+            self.max_event_bytes,
+            on_claim=claim,
+            max_record_bytes=self.max_record_bytes,
+        )
+        resp.stream = make_tap(flow, auditor, copy)
+        return Sniffing()
+
+    def _copy(self) -> BodyCopy | None:
+        return BodyCopy(self.view_bytes) if self.view_bytes else None
+
+    # -- the end ----------------------------------------------------------------------------
+
+    def _record_complete(self, flow: http.HTTPFlow, state: Recorded) -> None:
+        try:
+            _complete(flow, state)
+        except Exception as e:  # the record is written whatever happens
+            log.exception("llm-audit: failed to finish a record")
+            state.record.add_finding("audit_internal_error", f"{type(e).__name__}: {e}"[:300])
+            state.record.finish(OUTCOME_COMPLETE)
+        self._write(flow, state)
+
+    def _record_aborted(self, flow: http.HTTPFlow, state: Recorded, outcome: str) -> None:
+        record = state.record
+        try:
+            outcome = _settle_abort(flow, record, _auditor(state), outcome)
+        except Exception as e:  # our bug must not decide the policy
+            log.exception("llm-audit: failed to settle an aborted exchange")
+            record.add_finding("audit_internal_error", f"{type(e).__name__}: {e}"[:300])
+            outcome = OUTCOME_UPSTREAM_ABORTED
+        record.finish(outcome)
+        self._write(flow, state)
+
+    def _write(self, flow: http.HTTPFlow, state: Recorded) -> None:
+        """Hand the ended exchange's record to the store, show it, let go of its text."""
+        self.store.submit(state.record)
+        _show(flow, state)
+        auditor = _auditor(state)
+        if auditor is not None:
+            # mitmproxy may keep the flow (and so the stream callable) alive as long as
+            # its connection lasts: the auditor drops the record and its text.
+            auditor.release()
+
+    def _after_backlog(self, auditor: StreamAuditor, record: ExchangeRecord, settle: Callable[[], None]) -> None:
+        """Settle an ended exchange once its backlog of encoded bytes is read, in slices
+        scheduled on the event loop: the hook returns at once, so the client's end of
+        stream is not delayed and other flows run between the slices."""
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # no event loop (a test driving the hooks): end() reads it all
+            settle()
+            return
+        task = loop.create_task(_drain(auditor, settle))
+        self.draining[task] = record
+        task.add_done_callback(self._drained)
+
+    def _drained(self, task: asyncio.Task) -> None:
+        self.draining.pop(task, None)
+
+
+def _auditor(state: Recorded) -> StreamAuditor | None:
+    """The auditor reading the flow's body, once the response has begun."""
+    return state.auditor if isinstance(state, Streaming | HeldWhole) else None
+
+
+def _complete(flow: http.HTTPFlow, state: Recorded) -> None:
+    """Read the rest of the body (a held one whole, replaced when a filter blocks it)
+    and settle the record as complete."""
+    match state:
+        case Streaming(auditor=auditor):
+            auditor.end()
+        case HeldWhole(auditor=auditor):
+            auditor.feed((flow.response.raw_content if flow.response else None) or b"")
+            auditor.end()
+            if auditor.stopped and auditor.gate is not None and auditor.gate.blocked is not None:
+                replace_held(flow, state, auditor.gate.blocked)
+    state.record.finish(OUTCOME_COMPLETE)
+
+
+def _settle_abort(flow: http.HTTPFlow, record: ExchangeRecord, auditor: StreamAuditor | None, outcome: str) -> str:
+    """Read what an aborted exchange's auditor still holds and note why it failed; the
+    outcome to finish it with (a client that hung up after the terminal event lost
+    nothing)."""
+    message = flow.error.msg if flow.error else None
+    if outcome == OUTCOME_CLIENT_ABORTED and client_had_everything(record):
+        outcome = OUTCOME_COMPLETE
+    if auditor is not None:
+        if outcome != OUTCOME_CLIENT_ABORTED:
+            auditor.end(cut_by_upstream=True)
+        else:
+            auditor.report_limits()
+    if flow.response is not None and record.http_status is None:
+        response_into_record(record, flow.response)  # refused before the responseheaders hook
+    if message and refused_by_mitmproxy(message):
+        record.fail("response_refused", message)
+        record.add_finding("response_refused", message[:300])
+    elif flow.response is None and outcome == OUTCOME_UPSTREAM_ABORTED:
+        record.fail("upstream_error", message)
+    return outcome
+
+
+def _show(flow: http.HTTPFlow, state: Recorded) -> None:
+    """Show the finished exchange in mitmproxy's UIs: the stream's copy as the body
+    (unless mitmproxy stored the streamed body itself, ``store_streamed_bodies``) for
+    the content view, and the flow list annotations. Only mitmproxy's flow changes: the
+    client has had every byte by now."""
+    try:
+        copy = state.copy if isinstance(state, Streaming) else None
+        if copy is not None and copy.data is not None and flow.response and flow.response.raw_content is None:
+            flow.response.raw_content = bytes(copy.data)
+        annotate(flow, state.record)
+    except Exception:  # StreamAuditor guards itself; this is the last line
+        log.exception("llm-audit: failed to annotate a flow")
+
+
+async def _drain(auditor: StreamAuditor, settle: Callable[[], None]) -> None:
+    """Read a backlog a slice at a time, yielding to the event loop between slices."""
+    while auditor.drain():
+        await asyncio.sleep(0)
+    settle()
+
+
+def _size_option(options: Any, name: str, minimum: int) -> int | None:
+    """The option's value, or None (and the line naming the fix) when it is below ``minimum``."""
+    value = getattr(options, name)
+    if value >= minimum:
+        return value
+    log.error(
+        f"llm-audit: {name} must be at least {minimum} (bytes), got {value}; "
+        f"fix it with --set {name}={options.default(name)}"
+    )
+    return None

@@ -1,0 +1,178 @@
+"""The exchange hooks driven by hand, without a running proxy: each flow passes through
+the states of ``addon/mitm/flow_state.py`` and its record reaches the store once it ends.
+
+The real proxy is tested end to end in ``tests/e2e/``; these pin the state each hook
+leaves a flow in, which the e2e tests see only through the rows.
+"""
+
+from __future__ import annotations
+
+import orjson
+from mitmproxy import http
+from mitmproxy.flow import Error
+from mitmproxy.test import tflow
+
+from addon.filters.engine import FilterSet
+from addon.filters.rules import parse_rules
+from addon.mitm.content_filters import ContentFilters
+from addon.mitm.flow_state import AnsweredByProxy, HeldWhole, Recording, Sniffing, Streaming
+from addon.mitm.hooks import ExchangeHooks
+from addon.record import ExchangeRecord, Status
+
+BLOCK_WORD = parse_rules("""
+[[rule]]
+id = "code-names"
+kind = "keywords"
+keywords = ["Nightjar"]
+action = "block"
+""")
+SSE = {"content-type": "text/event-stream"}
+
+
+class Store:
+    """Stands in for AuditStore: keeps what it is given."""
+
+    instance = "test"
+
+    def __init__(self) -> None:
+        self.rows: list[dict] = []
+
+    def submit(self, record: ExchangeRecord) -> None:
+        self.rows.append(record.to_row())
+
+
+def hooks(rules=None) -> tuple[ExchangeHooks, Store]:
+    store, filters = Store(), ContentFilters()
+    filters.filterset = FilterSet(rules, failure="closed") if rules else None
+    return ExchangeHooks(store, filters), store  # type: ignore[arg-type]
+
+
+def chat_flow(text: str = "hi", stream: bool = True) -> http.HTTPFlow:
+    body = {"model": "m", "messages": [{"role": "user", "content": text}], "stream": stream}
+    request = http.Request.make(
+        "POST", "https://api.openai.com/v1/chat/completions", orjson.dumps(body), {"content-type": "application/json"}
+    )
+    return tflow.tflow(req=request)
+
+
+def response_headers(headers: dict[str, str]) -> http.Response:
+    """A response as mitmproxy has it in ``responseheaders``: no body read yet."""
+    response = http.Response.make(200, b"", headers)
+    response.raw_content = None
+    return response
+
+
+def chunk(text: str) -> bytes:
+    data = {
+        "id": "c1",
+        "object": "chat.completion.chunk",
+        "model": "m",
+        "choices": [{"index": 0, "delta": {"content": text}}],
+    }
+    return b"data: " + orjson.dumps(data) + b"\n\n"
+
+
+def stream_through(h: ExchangeHooks, flow: http.HTTPFlow, *chunks: bytes) -> bytes:
+    """What the tap passes to the client of the chunks, the body's end included."""
+    out = b""
+    for piece in (*chunks, b""):
+        sent = flow.response.stream(piece)
+        out += sent if isinstance(sent, bytes) else b"".join(sent)
+    return out
+
+
+def test_a_streamed_exchange_goes_recording_then_streaming_and_is_written_when_it_ends():
+    h, store = hooks()
+    flow = chat_flow()
+    h.request(flow)
+    assert isinstance(h.flows[flow.id], Recording)
+    assert [row["status"] for row in store.rows] == ["in_progress"]  # the write-ahead row
+
+    flow.response = response_headers(SSE)
+    h.responseheaders(flow)
+    assert isinstance(h.flows[flow.id], Streaming)
+    body = chunk("Hello") + b"data: [DONE]\n\n"
+    assert stream_through(h, flow, body) == body
+
+    h.response(flow)
+    assert flow.id not in h.flows
+    row = store.rows[-1]
+    assert (row["status"], row["output_text"]) == ("completed", "Hello")
+    assert flow.response.raw_content == body  # the copy mitmproxy's views show
+    assert flow.comment.endswith("completed")
+
+
+def test_a_request_a_filter_blocks_is_answered_by_the_proxy_and_written_once():
+    h, store = hooks(BLOCK_WORD)
+    flow = chat_flow("about Nightjar")
+    h.request(flow)
+    assert isinstance(h.flows[flow.id], AnsweredByProxy)
+    assert flow.response is not None and store.rows == []  # no write-ahead row for it
+
+    h.responseheaders(flow)
+    assert flow.response.stream is False  # the proxy's own answer is not tapped
+    h.response(flow)
+    [row] = store.rows
+    assert (row["status"], row["error_code"]) == (Status.BLOCKED, "content_filtered")
+    assert row["http_status"] == flow.response.status_code
+
+
+def test_a_json_answer_filters_may_block_is_held_whole_and_replaced_when_blocked():
+    h, store = hooks(BLOCK_WORD)
+    flow = chat_flow(stream=False)
+    h.request(flow)
+    assert isinstance(h.flows[flow.id], Recording) and h.flows[flow.id].output is not None
+    answer = {
+        "id": "r1",
+        "model": "m",
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": "Nightjar"}, "finish_reason": "stop"}],
+    }
+    flow.response = http.Response.make(200, orjson.dumps(answer), {"content-type": "application/json"})
+    h.responseheaders(flow)
+    assert isinstance(h.flows[flow.id], HeldWhole)
+    assert flow.response.stream is False  # mitmproxy holds it whole
+
+    h.response(flow)
+    row = store.rows[-1]
+    assert row["status"] == "blocked" and row["delivered_text"] == ""
+    assert b"Nightjar" not in flow.response.content
+
+
+def test_an_event_stream_no_request_revealed_is_sniffed_and_claimed_by_its_first_event():
+    h, store = hooks()
+    flow = tflow.tflow(req=http.Request.make("GET", "https://example.com/events"))
+    h.request(flow)
+    assert flow.id not in h.flows
+
+    flow.response = response_headers(SSE)
+    h.responseheaders(flow)
+    assert isinstance(h.flows[flow.id], Sniffing)
+    flow.response.stream(chunk("Hi"))
+    assert isinstance(h.flows[flow.id], Streaming)
+    stream_through(h, flow, b"data: [DONE]\n\n")
+    h.response(flow)
+    assert store.rows[-1]["output_text"] == "Hi"
+
+
+def test_an_upstream_that_cannot_be_reached_fails_the_record_with_mitmproxy_s_message():
+    h, store = hooks()
+    flow = chat_flow()
+    h.request(flow)
+    flow.error = Error("Connection refused")
+    h.error(flow)
+    row = store.rows[-1]
+    assert (row["status"], row["error_code"], row["error_message"]) == (
+        "failed",
+        "upstream_error",
+        "Connection refused",
+    )
+
+
+def test_done_writes_the_exchanges_still_open_as_cut_off():
+    h, store = hooks()
+    flow = chat_flow()
+    h.request(flow)
+    h.done()
+    row = store.rows[-1]
+    assert row["status"] == "client_aborted" and "proxy_shutdown" in [f["code"] for f in row["findings"]]
+    assert h.flows == {}
