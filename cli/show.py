@@ -11,7 +11,7 @@ from typing import Any
 
 from cli.terminal import Style, display_width, one_line, timestamp, visible, wrap
 from exchange import transcript
-from exchange.messages import declared_tools, extract_messages
+from exchange.request import declared_tools, extract_messages
 
 
 class _Page:

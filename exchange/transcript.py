@@ -8,7 +8,7 @@ only arranges these pieces.
 
 Everything is read from a row with the columns of the ``exchanges`` table (what
 ``ExchangeRecord.to_row()`` returns and ``storage.query.get_exchange`` reads back) and
-from the request body (its conversation and tools are read by :mod:`exchange.messages`,
+from the request body (its conversation and tools are read by :mod:`exchange.request`,
 the one reader of request bodies); values a database written by something else may hold
 in any shape are checked, never trusted. Nothing here prints or escapes: text for a terminal
 is made harmless by the terminal's view.

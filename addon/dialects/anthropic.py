@@ -67,7 +67,7 @@ from addon.events import (
     Usage,
 )
 from addon.framing import Frame
-from exchange.messages import tool_names
+from exchange.request import tool_names
 
 # Content blocks that are tool invocations: client tools, Anthropic-run server tools
 # (web_search, code_execution, ...) and MCP connector calls. All stream their input as

@@ -75,7 +75,7 @@ from addon.events import (
 from addon.framing import Frame, Writer
 from addon.framing.json_array import JSON_ARRAY_WRITER
 from addon.framing.sse import SSEWriter
-from exchange.messages import tool_names
+from exchange.request import tool_names
 
 GENERATE = "generateContent"
 STREAM_GENERATE = "streamGenerateContent"

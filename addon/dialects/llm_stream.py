@@ -44,7 +44,7 @@ from addon.events import (
     Usage,
 )
 from addon.framing import Frame
-from exchange.messages import tool_names
+from exchange.request import tool_names
 
 REQUEST_MEDIA_TYPE = "application/llm-request+json"
 PROFILE = "llm-stream-1.0"

@@ -76,7 +76,7 @@ from addon.dialects.blocking import (
 from addon.dialects.responses import ResponsesNormalizer, problem_error
 from addon.events import Event, Finding, Replayed, ResponseMeta, TextDelta, ToolCallDelta, Usage
 from addon.framing import Frame
-from exchange.messages import tool_names
+from exchange.request import tool_names
 
 PREFIX = "/lmsp/v1/"
 TASK_MEMORY = 10_000  # tasks whose audited event ids are remembered

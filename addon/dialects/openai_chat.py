@@ -91,7 +91,7 @@ from addon.events import (
     ToolCallDelta,
 )
 from addon.framing import Frame
-from exchange.messages import tool_names
+from exchange.request import tool_names
 
 PATH_SUFFIX = CHAT_PATH_SUFFIX
 CHUNK_OBJECT = "chat.completion.chunk"

@@ -7,7 +7,7 @@ whose path ends with ``/completions`` but not ``/chat/completions`` (that is
 :mod:`addon.dialects.openai_chat`) and whose JSON body is an object with a ``prompt``.
 The prompt is a string, a list of strings (a batch: one completion each, ``n`` times),
 a list of token ids or a list of token-id lists (which no filter can read: see
-:mod:`exchange.messages`). An event stream nobody recognised is claimed when its
+:mod:`exchange.request`). An event stream nobody recognised is claimed when its
 first chunk says ``"object": "text_completion"``.
 
 Streamed responses are ``data:`` lines with one ``text_completion`` object each and end
@@ -70,7 +70,7 @@ from addon.dialects.openai_choices import (
 )
 from addon.events import Event, Finding, Finish, ResponseMeta, TextDelta
 from addon.framing import Frame, Message
-from exchange.messages import token_prompts
+from exchange.request import token_prompts
 
 PATH_SUFFIX = "/completions"
 OBJECT = "text_completion"

@@ -68,7 +68,7 @@ from addon.dialects.blocking import (
 from addon.dialects.responses import ResponsesNormalizer
 from addon.events import Event
 from addon.framing import Frame
-from exchange.messages import tool_names
+from exchange.request import tool_names
 
 PATH_SUFFIX = "/responses"
 LMSP_SEGMENT = "/lmsp/"

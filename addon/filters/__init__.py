@@ -6,6 +6,6 @@
 - :mod:`addon.filters.window`: the hold-back window that checks a stream as it arrives;
 - :mod:`addon.filters.engine`: rules and user filters together, per proxy and exchange;
 - :mod:`addon.filters.loader`: user filter files, reloaded when they change;
-- :mod:`exchange.messages` (beside ``addon``, as mitmproxy's view and ``llm-audit show``
+- :mod:`exchange.request` (beside ``addon``, as mitmproxy's view and ``llm-audit show``
   read it too): the conversation read from any dialect's request body.
 """

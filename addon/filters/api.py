@@ -61,7 +61,7 @@ import hashlib
 from dataclasses import asdict, dataclass
 from typing import Any, Literal, Protocol, runtime_checkable
 
-from exchange.messages import Message, extract_messages, token_prompts
+from exchange.request import Message, extract_messages, token_prompts
 
 __all__ = [
     "ALLOW",

@@ -22,7 +22,7 @@ from addon.filters.loader import FilterFiles
 from addon.filters.rules import Rule, RulesError, load_rules
 from addon.mitm import early_end
 from addon.record import ExchangeRecord
-from exchange.messages import Message
+from exchange.request import Message
 
 log = logging.getLogger(__name__)
 

@@ -44,7 +44,7 @@ from addon.framing.sse import SSEParser
 from addon.hosts import server_name
 from addon.record import OUTCOME_COMPLETE, ExchangeRecord, Status
 from exchange import transcript
-from exchange.messages import declared_tools, extract_messages
+from exchange.request import declared_tools, extract_messages
 
 METADATA_KEY = "llm_audit"
 BLOCKED_MARKER = ":no_entry:"  # ⛔ in mitmweb and the console

@@ -3,7 +3,7 @@
 import pytest
 
 from addon.filters.api import Message, RequestContext
-from exchange.messages import extract_messages
+from exchange.request import extract_messages
 
 
 def pairs(body):

@@ -1,11 +1,11 @@
-"""The one reader of request bodies (exchange.messages): every dialect's request shape
+"""The one reader of request bodies (exchange.request): every dialect's request shape
 gives its conversation and its declared tools, and odd bodies give nothing, never an error."""
 
 from __future__ import annotations
 
 import pytest
 
-from exchange.messages import Tool, declared_tools, extract_messages, token_prompts, tool_names
+from exchange.request import Tool, declared_tools, extract_messages, token_prompts, tool_names
 
 
 def read(body):
