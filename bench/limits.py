@@ -46,7 +46,7 @@ def _request(target: Target, scenario: str, json: bool = False) -> bytes:
 async def _probe_until(target: Target, done: Callable[[], bool]) -> list[float]:
     """Probe streams one after another until ``done()``; their times in seconds."""
     request = _request(target, "events=3")
-    waits = []
+    waits: list[float] = []
     while not done() or not waits:
         started = time.perf_counter()
         result = await stream(target, request, timeout=120)

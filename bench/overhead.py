@@ -176,7 +176,7 @@ def _paired(runs: dict[str, dict[str, list[dict[str, Any]]]]) -> dict[str, Any]:
 
 def _recorded(proxy: Proxy) -> dict[str, int]:
     """Rows the audit proxy wrote, by status: every stream must be there, completed."""
-    path = proxy.db_url.removeprefix("sqlite:///")
+    path = (proxy.db_url or "").removeprefix("sqlite:///")
     with sqlite3.connect(path) as con:
         return dict(con.execute("SELECT status, count(*) FROM exchanges GROUP BY status").fetchall())
 

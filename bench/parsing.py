@@ -15,6 +15,7 @@ event id) are exactly the expected ones.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import partial
 from typing import Any
 
@@ -77,7 +78,9 @@ def measure(sizes: Sizes) -> dict[str, Any]:
         for how in CHUNKINGS:
             chunks = chunked(items, how)
             row: dict[str, Any] = {"workload": name, "chunks": how, "bytes": body_len, "chunk_count": len(chunks)}
-            fns = {impl: partial(fn, chunks) for impl, fn in impls.items() if fn is not None}
+            fns: dict[str, Callable[[], Any]] = {
+                impl: partial(fn, chunks) for impl, fn in impls.items() if fn is not None
+            }
             fns["llm-audit + normalizer"] = partial(full, chunks)
             row |= {impl: {"skipped": "not installed"} for impl, fn in impls.items() if fn is None}
             for impl, (seconds, result) in timed_medians(fns, sizes.runs).items():

@@ -10,6 +10,9 @@ from mitmproxy import http
 
 
 def responseheaders(flow: http.HTTPFlow) -> None:
-    content_type = flow.response.headers.get("content-type", "")
+    response = flow.response
+    if response is None:  # never, in this hook: mitmproxy calls it with the response's headers
+        return
+    content_type = response.headers.get("content-type", "")
     if content_type.split(";", 1)[0].strip().lower() == "text/event-stream":
-        flow.response.stream = True
+        response.stream = True

@@ -217,7 +217,7 @@ def _postgres(folder: Path):
     """A throwaway PostgreSQL server (tests/pgserver.py), or the reason there is none."""
     sys.path.insert(0, str(ROOT / "tests"))
     try:
-        from pgserver import PgServer, PostgresUnavailable
+        from pgserver import PgServer, PostgresUnavailable  # type: ignore[import-not-found]  # tests/, put on sys.path above
     except ImportError as e:
         return None, f"tests/pgserver.py cannot be imported: {e}"
     try:

@@ -94,11 +94,11 @@ def options() -> list[dict[str, Any]]:
             module = _module_name(path)
             args = list(node.args)
             keywords = {k.arg: k.value for k in node.keywords}
-            name, typespec, default, help_ = (args + [None] * 4)[:4]
-            name = name or keywords.get("name")
-            typespec = typespec or keywords.get("typespec")
-            default = default or keywords.get("default")
-            help_ = help_ or keywords.get("help")
+            missing = ast.Constant(None)
+            name, typespec, default, help_ = (
+                args[i] if i < len(args) else keywords.get(key, missing)
+                for i, key in enumerate(("name", "typespec", "default", "help"))
+            )
             choices = keywords.get("choices")
             found.append(
                 {

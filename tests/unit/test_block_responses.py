@@ -680,22 +680,22 @@ def responses_sdk(url: str, cut_name: str) -> None:
     events = list(client.responses.create(model="gpt-5", input="hi", tools=RESPONSES_TOOLS, stream=True))
     assert [e.sequence_number for e in events] == list(range(len(events)))
     final = events[-1]
-    assert final.type == "response.incomplete" and final.response.id == events[0].response.id  # type: ignore[union-attr]
-    details = final.response.incomplete_details  # type: ignore[union-attr]
+    assert final.type == "response.incomplete" and final.response.id == events[0].response.id
+    details = final.response.incomplete_details
     assert details is not None and details.reason == "content_filter"
     assert "".join(e.delta for e in events if e.type == "response.output_text.delta") == PARTIAL_TEXT[cut_name]
-    assert final.response.output_text == PARTIAL_TEXT[cut_name]  # type: ignore[union-attr]  # the output is carried
+    assert final.response.output_text == PARTIAL_TEXT[cut_name]  # the output is carried
 
     with client.responses.stream(model="gpt-5", input="hi", tools=RESPONSES_TOOLS) as stream:
         last = list(stream)[-1]
         with pytest.raises(RuntimeError, match=r"response\.completed"):  # as for every incomplete response
             stream.get_final_response()
     assert last.type == "response.incomplete"
-    output = last.response.output  # type: ignore[union-attr]
+    output = last.response.output
     messages = [item for item in output if item.type == "message"]
-    texts = [part.text for item in messages for part in item.content]  # type: ignore[union-attr]
+    texts = [part.text for item in messages for part in item.content]
     assert "".join(texts) == PARTIAL_TEXT[cut_name]  # the helper keeps what was streamed
-    calls = [item.arguments for item in output if item.type == "function_call"]  # type: ignore[union-attr]
+    calls = [item.arguments for item in output if item.type == "function_call"]
     assert calls == (['{"'] if cut_name == "mid_tool" else [])
 
 
@@ -912,7 +912,7 @@ def test_the_sdks_read_a_replaced_answer_as_their_apis_filtered_answer(upstream:
     assert (completion.choices[0].finish_reason, completion.choices[0].text) == ("content_filter", "")
     client = openai_client(upstream.serve(filtered("openai-responses")[0]))
     response = client.responses.create(model="gpt-5", input="hi")
-    assert (response.status, response.incomplete_details.reason, response.output_text) == (  # type: ignore[union-attr]
+    assert (response.status, response.incomplete_details.reason, response.output_text) == (
         "incomplete",
         "content_filter",
         "",

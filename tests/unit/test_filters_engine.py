@@ -130,9 +130,9 @@ def test_a_slow_filter_keeps_its_verdict_and_gets_a_filter_error(failure, action
 
 def test_the_failure_policy_must_be_chosen():
     with pytest.raises(TypeError):
-        FilterSet()  # type: ignore[call-arg]
+        FilterSet()
     with pytest.raises(ValueError, match="failure must be"):
-        FilterSet(failure="maybe")  # type: ignore[arg-type]
+        FilterSet(failure="maybe")
 
 
 # -- output --------------------------------------------------------------------------------
@@ -252,7 +252,7 @@ def test_user_filters_and_rules_report_together():
 
 def test_verdict_validation_and_record_form():
     with pytest.raises(ValueError, match="action must be one of"):
-        Verdict("deny", "x")  # type: ignore[arg-type]
+        Verdict("deny", "x")
     v = Verdict.for_match(BLOCK, "r", "why", "the secret", 3)
     assert v.match_hash == match_hash("the secret") and v.match_hash.startswith("sha256:") and len(v.match_hash) == 23
     assert v.as_dict() == {

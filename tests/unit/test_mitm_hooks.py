@@ -44,7 +44,7 @@ class Store:
 def hooks(rules=None) -> tuple[ExchangeHooks, Store]:
     store, filters = Store(), ContentFilters()
     filters.filterset = FilterSet(rules, failure="closed") if rules else None
-    return ExchangeHooks(store, filters), store  # type: ignore[arg-type]
+    return ExchangeHooks(store, filters), store
 
 
 def chat_flow(text: str = "hi", stream: bool = True) -> http.HTTPFlow:

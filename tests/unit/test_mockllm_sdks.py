@@ -98,7 +98,7 @@ def test_openai_chat_create(mock_url: str) -> None:
     )
     assert [choice.index for choice in called.choices] == [0, 1]
     calls = called.choices[1].message.tool_calls or []
-    assert [orjson.loads(call.function.arguments) for call in calls] == CITIES  # type: ignore[union-attr]
+    assert [orjson.loads(call.function.arguments) for call in calls] == CITIES
     assert called.choices[1].finish_reason == "tool_calls"
 
 
@@ -204,7 +204,7 @@ def test_openai_responses_errors(mock_url: str) -> None:
     assert events[-1].type == "response.failed"
     failed = events[-1].response
     assert failed.error is not None and failed.error.code == "server_error"
-    assert failed.output[0].content[0].text == "tök0 tök1"  # type: ignore[index, union-attr]
+    assert failed.output[0].content[0].text == "tök0 tök1"
     with pytest.raises(openai.InternalServerError):
         openai_client(mock_url, "status=500").responses.create(model="gpt-5", input="hi")
     with pytest.raises(openai.InternalServerError):  # a request that does not stream fails as a whole
@@ -219,9 +219,9 @@ def test_anthropic_messages_create(mock_url: str) -> None:
         model="claude-sonnet-4", max_tokens=1024, messages=MESSAGES, tools=ANTHROPIC_TOOLS
     )
     assert [block.type for block in message.content] == ["thinking", "text", "tool_use"]
-    assert message.content[0].thinking == REASONING  # type: ignore[union-attr]
-    assert message.content[1].text == TEXT  # type: ignore[union-attr]
-    assert message.content[2].input == CITIES[0]  # type: ignore[union-attr]
+    assert message.content[0].thinking == REASONING
+    assert message.content[1].text == TEXT
+    assert message.content[2].input == CITIES[0]
     assert message.stop_reason == "tool_use" and message.usage.input_tokens == 6
 
 
@@ -278,19 +278,19 @@ def test_genai_generate_content(mock_url: str) -> None:
     with genai_client(mock_url, "thinking=1&tool=get_weather") as client:
         both = client.models.generate_content(model="gemini-2.5-flash", contents="Weather in Vienna?", config=config)
     assert len(both.candidates or []) == 2
-    parts = both.candidates[1].content.parts  # type: ignore[index, union-attr]
-    assert [(part.thought, part.text) for part in parts[:2]] == [(True, REASONING), (None, TEXT)]  # type: ignore[index]
+    parts = both.candidates[1].content.parts
+    assert [(part.thought, part.text) for part in parts[:2]] == [(True, REASONING), (None, TEXT)]
     assert [(call.name, call.args) for call in both.function_calls or []] == [("get_weather", CITIES[0])]
 
 
 def test_genai_generate_content_stream(mock_url: str) -> None:
     with genai_client(mock_url, "thinking=1&tool=get_weather&tools=2") as client:
         chunks = list(client.models.generate_content_stream(model="gemini-2.5-flash", contents="Weather in Vienna?"))
-    parts = [part for chunk in chunks for part in chunk.candidates[0].content.parts]  # type: ignore[index, union-attr]
+    parts = [part for chunk in chunks for part in chunk.candidates[0].content.parts]
     assert "".join(part.text or "" for part in parts if not part.thought) == TEXT
     assert "".join(part.text or "" for part in parts if part.thought) == REASONING
     assert [call.args for call in chunks[-1].function_calls or []] == CITIES
-    assert chunks[-1].candidates[0].finish_reason == genai_types.FinishReason.STOP  # type: ignore[index]
+    assert chunks[-1].candidates[0].finish_reason == genai_types.FinishReason.STOP
     usage = chunks[-1].usage_metadata
     assert usage is not None and (usage.prompt_token_count, usage.thoughts_token_count) == (3, 3)
 

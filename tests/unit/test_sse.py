@@ -758,7 +758,7 @@ def test_sse_event_is_a_frozen_slotted_dataclass():
     assert dataclasses.is_dataclass(ev)
     assert not hasattr(ev, "__dict__")
     with pytest.raises(dataclasses.FrozenInstanceError):
-        ev.data = "x"  # type: ignore[misc]
+        ev.data = "x"
     assert ev == SSEEvent(event="e", data="d", id="1", retry=5)
     assert SSEEvent() == SSEEvent("message", "", "", None)
     assert hash(ev) == hash(SSEEvent("e", "d", "1", 5))
