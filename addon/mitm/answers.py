@@ -42,7 +42,7 @@ def replace_held(flow: http.HTTPFlow, held: HeldWhole, block: Verdict) -> None:
     record, check = held.record, held.output
     try:
         filtered = held.normalizer.filtered_body(block.rule_id, block.reason)
-    except Exception as e:
+    except Exception as e:  # our bug must not let the blocked answer through
         log.exception("llm-audit: making the filtered answer failed; the dialect's error is sent")
         record.add_finding("audit_internal_error", f"filtered answer: {type(e).__name__}: {e}"[:300])
         filtered = None

@@ -113,7 +113,7 @@ def check_request(
     """
     try:
         verdicts = filters.check_request(_request_context(record, dialect, summary))
-    except Exception as e:  # our bug must not let the blocked answer through
+    except Exception as e:  # our bug must not decide the policy
         log.exception("llm-audit: checking a request failed")
         action = BLOCK if filters.failure == "closed" else "flag"
         verdicts = [

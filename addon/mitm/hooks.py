@@ -152,7 +152,7 @@ class ExchangeHooks:
     def responseheaders(self, flow: http.HTTPFlow) -> None:
         try:
             self._read_response(flow)
-        except Exception:  # the record is written whatever happens
+        except Exception:  # auditing must never break a response
             log.exception("llm-audit: failed to inspect a response; it is forwarded unaudited")
 
     def response(self, flow: http.HTTPFlow) -> None:
@@ -170,7 +170,7 @@ class ExchangeHooks:
             return
         try:
             outcome = abort_side(flow)  # now: the connection states tell it only while the flow ends
-        except Exception:  # the record is written; this is only the UI
+        except Exception:  # the record is written whatever happens
             log.exception("llm-audit: failed to tell who cut an exchange")
             outcome = OUTCOME_UPSTREAM_ABORTED
         auditor = _auditor(state)
@@ -317,7 +317,7 @@ class ExchangeHooks:
         record = state.record
         try:
             outcome = _settle_abort(flow, record, _auditor(state), outcome)
-        except Exception as e:  # our bug must not decide the policy
+        except Exception as e:  # the record is written whatever happens
             log.exception("llm-audit: failed to settle an aborted exchange")
             record.add_finding("audit_internal_error", f"{type(e).__name__}: {e}"[:300])
             outcome = OUTCOME_UPSTREAM_ABORTED
@@ -402,7 +402,7 @@ def _show(flow: http.HTTPFlow, state: Recorded) -> None:
         if copy is not None and copy.data is not None and flow.response and flow.response.raw_content is None:
             flow.response.raw_content = bytes(copy.data)
         annotate(flow, state.record)
-    except Exception:  # StreamAuditor guards itself; this is the last line
+    except Exception:  # the record is written; this is only the UI
         log.exception("llm-audit: failed to annotate a flow")
 
 

@@ -38,7 +38,7 @@ def make_tap(
             out = auditor.feed(chunk) if chunk else auditor.finish()
             if auditor.stopped and chunk:
                 early_end.end_after_this_chunk(flow)
-        except Exception:
+        except Exception:  # StreamAuditor guards itself; this is the last line
             log.exception("llm-audit: stream tap failed")
             out = chunk if auditor.gate is None else b""
         if copy is not None and out:
