@@ -732,20 +732,29 @@ class SSEReader(SSEParser):
     line between events, the LF of a CRLF whose CR ended a blank line). Only the
     unterminated line is kept as bytes; what the block read so far holds is the parser's,
     bounded as always. :meth:`feed` (no boundaries) is the parser's own, unchanged, and
-    :meth:`unbound` hands the unterminated line over to it.
+    :meth:`unbound` hands the unterminated line over to it. So does a line that outgrows
+    ``max_event_bytes``: the parser records it (``sse_line_too_long``) and skips the rest
+    of it as it arrives, so no line is held beyond the limit, however long it goes on.
     """
 
-    __slots__ = ("_line", "_offset", "_boundary")
+    __slots__ = ("_line", "_offset", "_boundary", "_oversize")
     unreadable = None  # every body can be read as an event stream
 
     def __init__(self, max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES) -> None:
         super().__init__(max_event_bytes)
-        self._line = b""  # the unterminated line, bounded reading only
+        self._line = bytearray()  # the unterminated line, bounded reading only (grown in place)
+        self._oversize = False  # that line outgrew the limit: the parser skips the rest of it
         self._offset = 0  # body offset where that line starts
         self._boundary = 0  # body offset of the last boundary reported
 
     def feed_bounded(self, data: bytes) -> list[tuple[Frame | None, int]]:
         """Events ``data`` completes with their end offsets (``None``: a block without one)."""
+        if self._oversize:
+            data = self._skip_oversize(data)
+        if self._line and data.find(b"\n") < 0 and data.find(b"\r") < 0:
+            self._line += data  # the line goes on: no copy of what it holds so far
+            self._check_line()
+            return []
         buf = self._line + data if self._line else data
         base = self._offset  # body offset of buf[0]
         out: list[tuple[Frame | None, int]] = []
@@ -787,16 +796,42 @@ class SSEReader(SSEParser):
                 out.append((events[0] if events else None, self._bound(base + pos)))
         if block:
             self._interpret(block, [])  # (no blank line among them: they dispatch nothing)
-        self._line = buf[pos:]
+        self._line = bytearray(buf[pos:])
         self._offset = base + pos
         self._bytes_fed = self._offset  # (for the offsets of later findings, once unbound)
+        self._check_line()
         return out
+
+    def _check_line(self) -> None:
+        """Hand an unterminated line longer than the limit to the parser, which records
+        it and skips it (:meth:`SSEParser._hold`); the rest of it goes there too."""
+        if len(self._line) > self.max_event_bytes:
+            self.unbound()
+            self._oversize = True
+
+    def _skip_oversize(self, data: bytes) -> bytes:
+        """Feed the parser the rest of an oversize line, up to and including its line
+        end; what follows it is read bounded again."""
+        lf, cr = data.find(b"\n"), data.find(b"\r")
+        ends = [i for i in (lf, cr) if i >= 0]
+        if not ends:
+            self.feed(data)
+            self._offset += len(data)
+            return b""
+        stop = min(ends) + 1
+        if data[stop - 1 : stop] == b"\r" and data[stop : stop + 1] == b"\n":
+            stop += 1  # CRLF: one line end
+        self.feed(data[:stop])
+        self._offset += stop
+        self._bytes_fed = self._offset
+        self._oversize = False
+        return data[stop:]
 
     def _bound(self, offset: int) -> int:
         self._boundary = offset
         return offset
 
-    def _decode_line(self, raw: bytes, at: int) -> str:
+    def _decode_line(self, raw: bytes | bytearray, at: int) -> str:
         """One line's text, decoded as :meth:`feed` decodes it (``at``: its body offset).
 
         The first line of the body loses one leading BOM; invalid UTF-8 gets the same
@@ -826,7 +861,7 @@ class SSEReader(SSEParser):
         return super().pending_event or (bool(self._line) and self._line[:1] != b":")
 
     def unbound(self) -> list[SSEEvent]:
-        rest, self._line = self._line, b""
+        rest, self._line = bytes(self._line), bytearray()
         self._offset += len(rest)
         return self.feed(rest)
 

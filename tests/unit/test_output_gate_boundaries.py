@@ -154,3 +154,23 @@ def test_a_json_array_cut_inside_an_element_keeps_that_element_back() -> None:
     sent = gated_array(whole[:cut_at], [10])
     released = b"".join(sent)
     assert released == whole[: whole.index(b",\r\n")]  # the first element, not the separator or the rest
+
+
+def test_a_line_longer_than_the_limit_is_skipped_as_it_arrives_not_held():
+    """A hostile upstream's endless line (blocking filters read every stream bounded)
+    must not be kept: the reader holds at most the limit, records the line, and the
+    events after it keep their boundaries."""
+    from addon.framing.sse import SSEReader
+
+    reader = SSEReader(1024)
+    reader.feed_bounded(b"data: " + b"x" * 1000)
+    most = 0
+    for _ in range(200):
+        assert reader.feed_bounded(b"x" * 4096) == []
+        most = max(most, len(reader._line))
+    assert most <= 1024
+    assert [code for code, _ in reader.findings] == ["sse_line_too_long"]
+    body_so_far = 6 + 1000 + 200 * 4096
+    framed = reader.feed_bounded(b"\r\n\r\ndata: ok\n\n")
+    assert framed[-1][0].data == "ok" and framed[-1][1] == body_so_far + 4 + 10
+    assert all(frame is None or frame.data == "ok" for frame, _ in framed)
