@@ -35,7 +35,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 
 from addon.decoding import DecodeBudget, DecodeError, Decoder, make_decoder
 from addon.dialects import Dialect, Normalizer, RequestSummary
@@ -88,12 +88,14 @@ class StreamAuditor:
         max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES,
         gate: OutputGate | None = None,
         framing: Framing | None = None,
+        headers: Mapping[str, str] | None = None,
     ) -> None:
         self.record = record
         self.normalizer = normalizer
         self.on_claim = on_claim
         self.framing = framing or _framing_of(event_stream, normalizer, record)
-        self.reader = self.framing.reader(max_event_bytes, max_record_bytes)
+        self.headers: Mapping[str, str] = headers if headers is not None else {}
+        self.reader = self.framing.reader(max_event_bytes, max_record_bytes, self.headers)
         self.max_record_bytes = max_record_bytes
         if record is not None:
             record.content_limit = max_record_bytes
@@ -189,7 +191,7 @@ class StreamAuditor:
 
     def _fresh_reader(self) -> None:
         """A reader holding nothing (and keeping no whole body): what it held is let go."""
-        self.reader = self.framing.reader(self.max_event_bytes, 0)
+        self.reader = self.framing.reader(self.max_event_bytes, 0, self.headers)
 
     def _work(self, seconds: float | None) -> None:
         """Decode and read the backlog, slice by slice, for up to ``seconds`` (None: all

@@ -180,6 +180,9 @@ class Dialect(ABC):
 
     name: str
     provider: str | None = None  # gen_ai.provider.name when the host tells nothing better
+    #: Requests are JSON (detection's parse of the body is reused); False for a dialect
+    #: that reads its bodies itself in :meth:`parse_request` (protobuf).
+    json_requests: bool = True
 
     def provider_for(self, host: str) -> str | None:
         """The provider serving ``host``: a known API host, else the dialect's default."""
@@ -188,6 +191,14 @@ class Dialect(ABC):
     @abstractmethod
     def matches(self, request: RequestView) -> bool:
         """Cheap check on the request line and headers; no body parsing."""
+
+    def parse_request(self, content: bytes, request: RequestView) -> tuple[Any, Finding | None]:
+        """The request body as the record keeps it and :meth:`summarize` reads it: JSON,
+        read as the servers read it (:func:`parse_json_body`). A dialect whose requests
+        are not JSON (protobuf) returns its own JSON-able reading of them, with a
+        ``messages`` list in the shared shape so that the request filters and the
+        transcript read its conversation as they read any other."""
+        return parse_json_body(content)
 
     def accepts_body(self, body: Any, request: RequestView) -> bool:
         """Confirm a line-and-headers match with the parsed body (``None`` if not JSON)."""

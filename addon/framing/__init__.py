@@ -20,7 +20,7 @@ Sans-IO: no mitmproxy, no database.
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -118,7 +118,9 @@ class Framing:
     """
 
     name: str
-    reader: Callable[[int, int], Reader]  # (max_event_bytes, max_record_bytes) -> a reader for one body
+    # (max_event_bytes, max_record_bytes, the body's headers) -> a reader for one body; the
+    # headers name what a framing may need of them (a per-message compression, say)
+    reader: Callable[[int, int, Mapping[str, str]], Reader]
     writer: Writer | None
     streamed: bool
     media_types: tuple[str, ...] = ()

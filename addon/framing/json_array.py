@@ -18,7 +18,7 @@ rest unreadable. Standard library and :mod:`addon.framing` only.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from addon.framing import Frame, Framing, Message, register
 
@@ -254,7 +254,7 @@ class JSONArrayWriter:
 JSON_ARRAY_WRITER = JSONArrayWriter()
 
 
-def reader(max_event_bytes: int, max_record_bytes: int) -> JSONArrayReader:
+def reader(max_event_bytes: int, max_record_bytes: int, headers: Mapping[str, str]) -> JSONArrayReader:
     """A reader for one array (elements are bounded by ``max_event_bytes``)."""
     return JSONArrayReader(max_event_bytes)
 

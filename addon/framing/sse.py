@@ -45,7 +45,7 @@ from __future__ import annotations
 import codecs
 import re
 from collections import deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import repeat as _repeat
 
@@ -898,7 +898,7 @@ class SSEWriter:
 SSE_WRITER = SSEWriter()
 
 
-def reader(max_event_bytes: int, max_record_bytes: int) -> SSEReader:
+def reader(max_event_bytes: int, max_record_bytes: int, headers: Mapping[str, str]) -> SSEReader:
     """A reader for one event stream (events are bounded by ``max_event_bytes`` alone)."""
     return SSEReader(max_event_bytes)
 

@@ -9,6 +9,7 @@ holds such a body whole, and a blocked one is replaced, never continued (no writ
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from addon.framing import Frame, Framing, register
@@ -73,7 +74,7 @@ class WholeReader:
         return False
 
 
-def reader(max_event_bytes: int, max_record_bytes: int) -> WholeReader:
+def reader(max_event_bytes: int, max_record_bytes: int, headers: Mapping[str, str]) -> WholeReader:
     """A reader keeping one body up to the record cap."""
     return WholeReader(max_record_bytes)
 

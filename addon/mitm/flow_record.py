@@ -15,7 +15,7 @@ from mitmproxy import http
 from mitmproxy.connection import ConnectionState
 
 from addon.auditor import summary_into_record
-from addon.dialects import UNREADABLE, Dialect, RequestSummary, RequestView, media_type, parse_json_body
+from addon.dialects import UNREADABLE, Dialect, RequestSummary, RequestView, media_type
 from addon.events import Finding
 from addon.hosts import server_name
 from addon.local_user import is_transparent, local_user
@@ -31,8 +31,9 @@ def start_record(
     request. ``parsed``: the body as detection already parsed it (else it is parsed here)."""
     req = flow.request
     content = req.get_content(strict=False) or b""
-    body_json, finding = parsed or parse_json_body(content)
     path, _, query = req.path.partition("?")
+    view = RequestView(req.method, path, query, req.headers)
+    body_json, finding = parsed or dialect.parse_request(content, view)
     host = server_name(req.host, flow.client_conn.sni, req.host_header)
     record = ExchangeRecord(
         dialect=dialect.name,
@@ -53,7 +54,7 @@ def start_record(
     if finding is not None:
         record.apply(finding)
     readable = None if body_json is UNREADABLE else body_json
-    summary = dialect.summarize(readable, RequestView(req.method, path, query, req.headers))
+    summary = dialect.summarize(readable, view)
     summary.user_id = summary.user_id or proxy_user(flow) or redirected_user(flow)
     summary_into_record(record, summary)
     return record, summary

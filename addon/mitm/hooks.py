@@ -214,7 +214,8 @@ class ExchangeHooks:
         dialect = detect_request(view, body)
         if dialect is None:
             return
-        record, summary = start_record(flow, dialect, self.store.instance, parsed[0] if parsed else None)
+        reused = parsed[0] if parsed and dialect.json_requests else None
+        record, summary = start_record(flow, dialect, self.store.instance, reused)
         recording = self.flows[flow.id] = Recording(record, dialect.normalizer(summary))
         filters = self.filters.current()
         if filters is not None:
@@ -266,6 +267,7 @@ class ExchangeHooks:
             framing=framing,
             max_record_bytes=self.max_record_bytes,
             gate=output_gate(check, framing.streamed, encoding),
+            headers=resp.headers,
         )
         if check is not None and check.filters.may_block_output and not framing.streamed:
             # checked whole in the response hook, before the client gets it
