@@ -121,6 +121,13 @@ class StreamEnd:
 
 
 @dataclass(frozen=True, slots=True)
+class TurnEnd:
+    """One turn of a long-lived stream is over (Cursor's ``turn_ended``), though the
+    stream goes on: what was read so far is one exchange's record, and what follows
+    belongs to the next turn's. Streams that end with their answer never emit it."""
+
+
+@dataclass(frozen=True, slots=True)
 class Replayed:
     """This SSE event repeats one an earlier exchange already audited (a resumed stream).
 
@@ -149,6 +156,7 @@ Event = (
     | Usage
     | StreamError
     | StreamEnd
+    | TurnEnd
     | Replayed
     | Finding
 )

@@ -200,6 +200,18 @@ class Dialect(ABC):
         transcript read its conversation as they read any other."""
         return parse_json_body(content)
 
+    def streams_request(self, request: RequestView) -> bool:
+        """Whether this request's body is read as it flows rather than whole: a
+        bidirectional stream (Cursor's chat) whose client keeps sending while the answer
+        streams back, and never ends its body while the conversation lasts."""
+        return False
+
+    def parse_request_message(self, payload: bytes, request: RequestView) -> tuple[dict[str, Any], list[Finding]]:
+        """One message of a streamed request body (:meth:`streams_request`), read as
+        :meth:`parse_request` reads a whole one: the record's ``request_body`` of the
+        turn it starts or continues."""
+        return {}, []
+
     def accepts_body(self, body: Any, request: RequestView) -> bool:
         """Confirm a line-and-headers match with the parsed body (``None`` if not JSON)."""
         return True
