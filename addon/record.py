@@ -172,6 +172,8 @@ class ExchangeRecord:
     bytes_from_upstream: int = 0
     delivered_text: str | None = None  # set when a content filter made it differ from the output
     client_status: int | None = None  # the proxy's status when it replaced an answer the upstream sent
+    connection_id: str | None = None  # the long-lived stream this turn's record came over
+    turn: int | None = None  # this answer's position in it
     client_finish_reasons: list[str] | None = None  # the stop reasons the client got when a filter ended the answer
     findings: list[dict[str, str]] = field(default_factory=list)
     verdicts: list[dict[str, Any]] = field(default_factory=list)
@@ -364,6 +366,8 @@ class ExchangeRecord:
             "bytes_from_upstream": self.bytes_from_upstream,
             "delivered_text": self.delivered_text,
             "client_status": self.client_status,
+            "connection_id": self.connection_id,
+            "turn": self.turn,
         }
 
 

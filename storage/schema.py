@@ -112,6 +112,16 @@ exchanges = Table(
         comment="HTTP status the client received when the proxy replaced the upstream's answer "
         "(a blocked held answer); NULL when the client got http_status.",
     ),
+    Column(
+        "connection_id",
+        String(64),
+        comment="The stream or connection the record came over (shared by its turns); NULL for a single exchange.",
+    ),
+    Column(
+        "turn",
+        Integer,
+        comment="Position of this answer in its stream or connection: 0, 1, ...; NULL for a single exchange.",
+    ),
     # tamper evidence (storage/chain.py): set when the record is final
     Column("chain_id", String(255), comment="Hash chain of the writer that sealed the final record (its instance)."),
     Column("chain_seq", BigInteger, comment="Position in its chain: 1, 2, 3, ..."),
@@ -133,6 +143,7 @@ exchanges = Table(
     Index("ix_exchanges_user_id_started_at", "user_id", "started_at"),
     Index("ix_exchanges_request_model_started_at", "request_model", "started_at"),
     Index("ix_exchanges_status_started_at", "status", "started_at"),
+    Index("ix_exchanges_connection_id_turn", "connection_id", "turn"),
 )
 
 purge_log = Table(
@@ -245,6 +256,8 @@ exchange_view = Table(
     Column("delivered_text", Text),
     Column("client_text", Text, comment="What the client received: delivered_text, else output_text."),
     Column("client_status", Integer, comment="HTTP status the client received: client_status, else http_status."),
+    Column("connection_id", String(64), comment="As in exchanges."),
+    Column("turn", Integer, comment="As in exchanges."),
     Column("request_body", Json, comment="The request body (JSON)."),
     Column("event_count", Integer),
     Column("bytes_to_client", BigInteger),

@@ -47,8 +47,10 @@ ADDED_SINCE_0001 = {
     "content_hashes",
     "erased_at",  # by 0004
     "open_mac",  # by 0006
-    "client_status",
-}  # by 0007
+    "client_status",  # by 0007
+    "connection_id",
+    "turn",
+}  # by 0008
 INDEXED_IN_0001 = ("started_at", "ended_at", "user_id", "request_model", "status")  # one column each
 
 
