@@ -19,7 +19,11 @@ from addon.auditor import StreamAuditor, summary_into_record
 from addon.dialects import RequestView
 from addon.dialects.ollama import DIALECT, OllamaNormalizer
 from addon.dialects.registry import detect_request
+from addon.filters.engine import FilterSet
+from addon.filters.rules import parse_rules
+from addon.framing import select
 from addon.framing.ndjson import NDJSONReader
+from addon.output_gate import OutputGate
 from addon.record import OUTCOME_COMPLETE, OUTCOME_UPSTREAM_ABORTED, ExchangeRecord
 from mockllm.ollama import chat_body, chat_lines, generate_body, generate_lines
 from mockllm.scenario import Scenario
@@ -242,3 +246,61 @@ def test_a_held_answer_is_replaced_by_the_answer_emptied_with_its_model_and_coun
     errored = DIALECT.normalizer(DIALECT.summarize({**CHAT, "stream": False}, view()))
     errored.on_body(b'{"error":"boom"}', 200)
     assert errored.filtered_body(RULE, REASON) is None
+
+
+# -- the output gate over NDJSON ----------------------------------------------------------------
+
+WORD = "Nightjar"
+GATE_RULES = parse_rules(f"""
+[[rule]]
+id = "no-code-name"
+kind = "keywords"
+keywords = ["{WORD}"]
+scope = "response"
+action = "block"
+reason = "internal code name"
+""")
+
+
+def gated(body: bytes, cuts: list[int]) -> tuple[bytes, dict]:
+    """``body`` through an auditor with a holding gate, cut at ``cuts``: (what the client got, the row)."""
+    filters = FilterSet(GATE_RULES, [], failure="closed")
+    summary = DIALECT.summarize(CHAT, view())
+    record = ExchangeRecord(dialect="ollama", streamed=True, http_status=200)
+    summary_into_record(record, summary)
+    gate = OutputGate(filters.output_guard(), DIALECT.normalizer(summary), holds=True, split_raw=True, failure="closed")
+    framing = select("application/x-ndjson", 200, "ndjson")
+    auditor = StreamAuditor(record, DIALECT.normalizer(summary), None, 1 << 20, gate=gate, framing=framing)
+    bounds = [0, *cuts, len(body)]
+    sent = [auditor.feed(body[a:b]) for a, b in zip(bounds, bounds[1:]) if b > a and not auditor.stopped]
+    sent.append(auditor.finish())
+    auditor.end()
+    record.finish(OUTCOME_COMPLETE)
+    return b"".join(sent), record.to_row()
+
+
+def test_a_clean_stream_passes_the_gate_byte_for_byte_at_any_split():
+    rng = random.Random(3)
+    for cuts in [
+        [],
+        list(range(1, len(CHAT_STREAM))),
+        *(sorted(rng.sample(range(1, len(CHAT_STREAM)), 5)) for _ in range(20)),
+    ]:
+        client, row = gated(CHAT_STREAM, cuts)
+        assert client == CHAT_STREAM and (row["status"], row["verdicts"]) == ("completed", [])
+
+
+def test_a_blocked_word_never_reaches_the_client_and_the_stream_ends_with_a_done_line():
+    text = f"Ask about the {WORD} plan and more text after it"
+    body = lines(events=10, text=text)
+    rng = random.Random(4)
+    for cuts in [[], list(range(1, len(body))), *(sorted(rng.sample(range(1, len(body)), 6)) for _ in range(20))]:
+        client, row = gated(body, cuts)
+        assert WORD.encode() not in client
+        *received, ending = client.splitlines(keepends=True)
+        assert body.startswith(b"".join(received)), "whole upstream lines, up to a line end"
+        parts = ndjson(client)
+        assert (parts[-1]["done"], parts[-1]["done_reason"]) == (True, "content_filter") and ending.endswith(b"\n")
+        assert row["status"] == "blocked" and row["finish_reasons"] == ["content_filter"]
+        shown = "".join(p["message"]["content"] for p in parts)
+        assert text.startswith(shown) and (row["delivered_text"] or "") == shown
