@@ -71,8 +71,9 @@ KEPT_FIELDS = (
 
 
 def _endpoint(path: str) -> str | None:
-    """``"chat"`` or ``"generate"`` for an Ollama API path, else None."""
-    return PATH_SUFFIXES.get("/api/" + path.rstrip("/").rpartition("/api/")[2])
+    """``"chat"`` or ``"generate"`` for an Ollama API path (any prefix), else None."""
+    path = path.rstrip("/")
+    return next((endpoint for suffix, endpoint in PATH_SUFFIXES.items() if path.endswith(suffix)), None)
 
 
 @dataclass(slots=True)

@@ -70,8 +70,9 @@ class NDJSONReader:
                 raw = data[pos:lf]  # the common case: a whole line in one chunk, one copy
                 if len(raw) > self.max_event_bytes:
                     self._too_long()
+            frame = self._line_frame(raw)
             self._boundary = base + lf + 1
-            out.append((self._line_frame(raw), self._boundary))
+            out.append((frame, self._boundary))
             self._line, self._skip = bytearray(), False
             pos = lf + 1
         if pos < size:
@@ -91,9 +92,8 @@ class NDJSONReader:
         if not (self._line or self._skip):
             return []
         self._ended_inside = self._skip or bool(self._line.strip())
-        raw, skipped = bytes(self._line), self._skip
+        frame = self._line_frame(bytes(self._line))
         self._line, self._skip = bytearray(), False
-        frame = None if skipped else self._line_frame(raw)
         return [frame] if frame is not None else []
 
     @property
@@ -116,7 +116,8 @@ class NDJSONReader:
         self._skip, self._line = True, bytearray()
 
     def _line_frame(self, raw: bytes) -> Message | None:
-        """The frame of one line: None for a blank or skipped one; a CR before the LF dropped."""
+        """The frame of the line that starts at the last boundary: None for a blank or
+        skipped one; a CR before the LF dropped."""
         if self._skip:
             return None
         if raw.endswith(b"\r"):
@@ -132,8 +133,7 @@ class NDJSONReader:
                 self.findings.append(
                     (
                         "response_invalid_utf8",
-                        f"invalid UTF-8 at about byte {self._boundary - len(raw) - 1 + exc.start}"
-                        " of the body; read with U+FFFD",
+                        f"invalid UTF-8 at byte {self._boundary + exc.start} of the body; read with U+FFFD",
                     )
                 )
             text = raw.decode("utf-8", "replace")

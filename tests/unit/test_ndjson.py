@@ -84,7 +84,9 @@ def test_an_oversize_line_is_skipped_as_it_arrives_with_a_finding_memory_bounded
 def test_invalid_utf8_is_read_with_replacement_and_one_finding_never_raising():
     out, r = bounded(b'{"a":"\xff"}\n{"b":"\xfe"}\n', [])
     assert [line for line, _ in out] == ['{"a":"\ufffd"}', '{"b":"\ufffd"}']
-    assert [code for code, _ in r.findings] == ["response_invalid_utf8"]
+    assert r.findings == [("response_invalid_utf8", "invalid UTF-8 at byte 6 of the body; read with U+FFFD")]
+    _, r = bounded(b'{"a":1}\n\n{"b":"\xff"}', [12])  # the last line, without LF
+    assert r.findings == [("response_invalid_utf8", "invalid UTF-8 at byte 15 of the body; read with U+FFFD")]
     out, r = bounded(b"not json\n\x00\x01\n", [3])  # not JSON: a line all the same (the dialect judges it)
     assert [line for line, _ in out] == ["not json", "\x00\x01"] and r.findings == []
 
