@@ -12,6 +12,10 @@ CODES: dict[str, str] = {
     "sse_event_too_long": "A single SSE event exceeded the size limit; it was skipped (bytes still passed through).",
     "sse_invalid_utf8": "The stream contained bytes that are not valid UTF-8; they were read as U+FFFD.",
     "sse_incomplete_event": "The body ended in the middle of an SSE event; the partial event was discarded.",
+    # NDJSON layer (addon.framing.ndjson)
+    "ndjson_line_too_long": "A single NDJSON line exceeded the size limit; it was skipped (bytes still passed through).",
+    "ndjson_unterminated_line": "The NDJSON body's last line has no line feed (its servers end every line); "
+    "it was read as a line.",
     # transport
     "decode_failed": "The Content-Encoding could not be decoded for inspection; the bytes passed through unchanged.",
     "audit_internal_error": "The auditor itself failed on this exchange; traffic was not affected.",

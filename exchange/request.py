@@ -16,6 +16,9 @@ The conversation, as plain ``(role, text)`` messages (:func:`extract_messages`):
   ``tool_use`` input, ``tool_result`` content);
 - Gemini ``systemInstruction`` and ``contents[].parts[]`` (text, ``functionCall`` args,
   ``functionResponse``);
+- Ollama ``/api/chat`` ``messages`` (``thinking``, ``tool_calls`` whose ``arguments`` is
+  an object) and ``/api/generate`` ``system``, ``prompt`` and ``suffix`` (read as the
+  shapes above read them);
 - legacy Completions ``prompt`` (a string, or a batch of strings: one message each) and
   ``suffix`` (the text after the insertion point, which the model reads too). A prompt
   of token ids cannot be read without the model's tokenizer: :func:`token_prompts` says
@@ -49,8 +52,9 @@ _TEXT_KEYS = (
     "text", "thinking", "refusal", "arguments", "output",
     "content", "parts", "tool_calls", "function", "functionCall", "functionResponse", "summary",
 )  # fmt: skip
-# Keys holding structured tool arguments or results (JSON-encoded into the text).
-_JSON_KEYS = ("input", "args", "response")
+# Keys holding structured tool arguments or results (JSON-encoded into the text); an
+# ``arguments`` object is Ollama's (OpenAI sends a string, read as text).
+_JSON_KEYS = ("input", "args", "response", "arguments")
 # Item types of the Responses API that carry no role of their own.
 _ITEM_ROLES = {"function_call": "assistant", "function_call_output": "tool", "reasoning": "assistant"}
 # Gemini's role names, mapped to the common ones.
@@ -170,7 +174,7 @@ def _collect(value: Any, parts: list[str], depth: int) -> None:
             _collect(v, parts, depth + 1)
     elif isinstance(value, dict):
         for key in _TEXT_KEYS:
-            if key in value:
+            if key in value and not (key in _JSON_KEYS and isinstance(value[key], dict | list)):
                 _collect(value[key], parts, depth + 1)
         for key in _JSON_KEYS:
             if isinstance(value.get(key), dict | list):

@@ -12,6 +12,8 @@ answered in its API's format and shaped by the
 * ``POST …/v1/messages``: Anthropic Messages.
 * ``POST …/models/{model}:streamGenerateContent`` (SSE with ``?alt=sse``, a
   streamed JSON array without) and ``…:generateContent``: Google Gemini.
+* ``POST …/api/chat`` and ``…/api/generate``: Ollama's native API, NDJSON
+  (:mod:`mockllm.ollama`).
 * ``POST /lmsp/v1/responses``: LMSP 1.0; ``GET /lmsp/v1/responses/{id}``
   returns a response stored with ``store: true`` (the last
   :data:`MAX_RECORDS`); ``GET /lmsp/v1/tasks/{task_id}/events`` streams a
@@ -72,6 +74,7 @@ from hypercorn.config import Config
 from hypercorn.protocol.events import EndBody, EndData, Event, StreamClosed
 from hypercorn.protocol.h2 import H2Protocol
 
+from . import ollama
 from .certs import CertPaths
 from .scenario import Scenario, ScenarioError
 from .streams import (
@@ -202,6 +205,8 @@ def route(method: str, path: str, query: str, content_type: str) -> Route | None
         return Route(DIALECTS["openai-responses"])
     if path.endswith("/v1/messages"):
         return Route(DIALECTS["anthropic"])
+    if ollama_dialect := ollama.dialect_for(path):
+        return Route(ollama_dialect)
     if match := _GEMINI_PATH.search(path):
         if match[2] == "generateContent":
             return Route(DIALECTS["gemini"], stream=False, target=match[1])
@@ -420,7 +425,7 @@ class MockLLM:
         request = _load_request(body)
         if found.target is not None:  # the model a Gemini URL names is the request's model
             scenario = dataclasses.replace(scenario, model=scenario.model or found.target)
-        stream = request.get("stream") is True if found.stream is None else found.stream
+        stream = request.get("stream", dialect.stream_default) is True if found.stream is None else found.stream
         if not stream and scenario.error is not None:  # a failure without a stream to report it in
             return Reply(500, dialect.error_type, [dialect.error_body(scenario, 500)])
         if dialect is DIALECTS["lmsp"] and request.get("store") is True:

@@ -1347,6 +1347,8 @@ class Dialect:
     """The JSON body of an HTTP error status."""
     stream_type: str = "text/event-stream"
     error_type: str = "application/json"
+    stream_default: bool = False
+    """Whether a request whose body says nothing of ``stream`` streams (Ollama: yes)."""
 
 
 _GEMINI_JSON_STREAM_TYPE = "application/json; charset=UTF-8"

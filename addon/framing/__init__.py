@@ -115,6 +115,8 @@ class Framing:
     dialect expects it (a JSON array is served as ``application/json``, like any answer).
     ``incomplete``: the finding for a body that ended inside a frame though HTTP says it
     is whole (None: the dialect reports it, told by ``on_end(cut=True)``).
+    ``by_expectation``: a framing with media types is also chosen for a 2xx answer of
+    another type when the dialect expects it (NDJSON: Ollama versions label it otherwise).
     """
 
     name: str
@@ -125,6 +127,7 @@ class Framing:
     streamed: bool
     media_types: tuple[str, ...] = ()
     incomplete: tuple[str, str] | None = None
+    by_expectation: bool = False
 
 
 FRAMINGS: dict[str, Framing] = {}
@@ -143,12 +146,12 @@ def select(content_type: str, status: int, expected: str | None) -> Framing:
         if kind in framing.media_types:
             return framing
     chosen = FRAMINGS.get(expected or "")
-    if chosen is not None and not chosen.media_types and 200 <= status < 300:
+    if chosen is not None and (chosen.by_expectation or not chosen.media_types) and 200 <= status < 300:
         return chosen
     return FRAMINGS["whole"]
 
 
-BUILTIN_FRAMINGS = ("sse", "json_array", "whole")
+BUILTIN_FRAMINGS = ("sse", "json_array", "ndjson", "whole")
 
 
 def _load_builtin_framings() -> None:

@@ -86,3 +86,29 @@ def test_a_body_mixing_shapes_declares_every_tool_any_of_them_names():
 @pytest.mark.parametrize("body", [None, [], "text", 5, {"tools": "all"}, {"tools": [None, {"function": "x"}]}])
 def test_odd_bodies_give_nothing(body):
     assert declared_tools(body) == [] and tool_names(body) == frozenset()
+
+
+def test_ollama_chat_tool_call_arguments_object_and_generate_prompt_and_system():
+    chat = {
+        "model": "llama3.2",
+        "messages": [
+            {"role": "user", "content": "Weather in Paris?", "images": ["aGk="]},
+            {
+                "role": "assistant",
+                "content": "",
+                "thinking": "Use the tool.",
+                "tool_calls": [{"function": {"name": "get_weather", "arguments": {"city": "Paris"}}}],
+            },
+            {"role": "tool", "content": "sunny", "tool_name": "get_weather"},
+        ],
+        "tools": [{"type": "function", "function": {"name": "get_weather", "description": "Weather."}}],
+    }
+    messages, tools = read(chat)
+    assert messages == [
+        ("user", "Weather in Paris?"),
+        ("assistant", 'Use the tool.\n{"city":"Paris"}'),
+        ("tool", "sunny"),
+    ]
+    assert tools == [Tool("get_weather", "Weather.")]
+    generate = {"model": "llama3.2", "system": "Be brief.", "prompt": "Why is the sky blue?", "suffix": "end"}
+    assert read(generate)[0] == [("system", "Be brief."), ("user", "Why is the sky blue?"), ("user", "end")]
