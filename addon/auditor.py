@@ -41,8 +41,8 @@ from addon.decoding import DecodeBudget, DecodeError, Decoder, make_decoder
 from addon.dialects import Dialect, Normalizer, RequestSummary
 from addon.dialects.blocking import block_message
 from addon.dialects.registry import detect_response
-from addon.events import Event, StreamEnd
-from addon.framing import Frame, Framing, select
+from addon.events import Event, StreamEnd, TurnEnd
+from addon.framing import Frame, Framing, Message, select
 from addon.framing.whole import Body
 from addon.output_gate import Framed, OutputGate
 from addon.record import DEFAULT_MAX_RECORD_BYTES, ExchangeRecord
@@ -89,8 +89,10 @@ class StreamAuditor:
         gate: OutputGate | None = None,
         framing: Framing | None = None,
         headers: Mapping[str, str] | None = None,
+        on_turn_end: Callable[[ExchangeRecord], ExchangeRecord] | None = None,
     ) -> None:
         self.record = record
+        self.on_turn_end = on_turn_end
         self.normalizer = normalizer
         self.on_claim = on_claim
         self.framing = framing or _framing_of(event_stream, normalizer, record)
@@ -111,6 +113,7 @@ class StreamAuditor:
         self._reported_findings = 0
         self.gate = gate
         self.stopped = False  # a filter blocked: the stream is to end after what feed returned
+        self.ending_trailers: list[tuple[str, str]] = []  # and with these HTTP trailers (gRPC's status)
         self.max_event_bytes = max_event_bytes
         # What the gate has not been handed yet (see _to_gate), and what it released.
         self._raw_chunk: bytes | None = None
@@ -320,6 +323,7 @@ class StreamAuditor:
             return out
         try:
             ending = gate.termination()
+            self.ending_trailers = gate.termination_trailers()
         except Exception as e:  # noqa: BLE001 - a clean end without the dialect's events still beats a hang
             self._fail(e)
             if record is not None:
@@ -329,14 +333,16 @@ class StreamAuditor:
             record.block(message, [gate.forwarded.filter_stop_reason] if ending else None)
         return out + ending
 
-    def end(self, cut_by_upstream: bool = False) -> None:
-        """The body is over: read what waits, flush the parser, run the dialect's end
-        checks, and note what the limits left out.
+    def end(self, cut_by_upstream: bool = False, trailers: Iterable[tuple[str, str]] = ()) -> None:
+        """The body is over: read what waits, flush the parser, read the HTTP trailers
+        (gRPC's status), run the dialect's end checks, and note what the limits left out.
 
         The proxy works the backlog off with :meth:`drain` first; what is left is read
         here at once (within the decode budget).
         """
         self._work(None)
+        if trailers and not self.stopped and self.active:
+            self._trailers(trailers)
         try:
             self._settle(cut_by_upstream)
         finally:
@@ -371,6 +377,19 @@ class StreamAuditor:
                 if inside and incomplete is not None and not cut_by_upstream:
                     self.record.add_finding(*incomplete)
         except Exception as e:  # noqa: BLE001
+            self._fail(e)
+
+    def _trailers(self, fields: Iterable[tuple[str, str]]) -> None:
+        """The response's HTTP trailers (gRPC's status), or the status fields of a
+        header-only answer: read by the dialect as one last frame of the body."""
+        record, normalizer = self.record, self.normalizer
+        if record is None or normalizer is None:
+            return
+        block = "".join(f"{name}: {value}\r\n" for name, value in fields)
+        try:  # (not through the gate: trailers carry a status, no text, and no body bytes)
+            for ev in normalizer.on_event(Message(block, "trailers")):
+                record.apply(ev)
+        except Exception as e:  # noqa: BLE001 - trailers the dialect cannot read
             self._fail(e)
 
     def report_limits(self) -> None:
@@ -426,6 +445,8 @@ class StreamAuditor:
             common: list[Event] = normalizer.on_event(event)
             for ev in common:
                 record.apply(ev)
+                if type(ev) is TurnEnd and self.on_turn_end is not None:
+                    record = self.record = self.on_turn_end(record)
             if gate is not None:
                 self._framed.append((event, common, end))
         if self.normalizer is None and self.sniffed_bytes > SNIFF_LIMIT:

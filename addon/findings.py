@@ -20,6 +20,8 @@ CODES: dict[str, str] = {
     "decode_failed": "The Content-Encoding could not be decoded for inspection; the bytes passed through unchanged.",
     "audit_internal_error": "The auditor itself failed on this exchange; traffic was not affected.",
     "proxy_shutdown": "The proxy shut down while the exchange was still open.",
+    "turn_idle_timeout": "A turn of a long-lived stream (Cursor's chat) was recorded as ended because nothing "
+    "arrived for llm_audit_turn_idle_seconds; its end marker never came (its field may have moved).",
     "stored_reduced": "A value the database cannot hold as it is was reduced before the record was sealed "
     "(cut to a size, stored as JSON text, characters replaced, ...); the detail names the column, what was done "
     "and, for cut values, the full length and the SHA-256 of the whole.",

@@ -180,6 +180,11 @@ class OutputGate:
         verdict = self.blocked
         return self.forwarded.termination(verdict.rule_id, verdict.reason) if verdict is not None else b""
 
+    def termination_trailers(self) -> list[tuple[str, str]]:
+        """The trailers that end a blocked stream whose status travels in trailers (gRPC)."""
+        verdict = self.blocked
+        return self.forwarded.termination_trailers(verdict.rule_id, verdict.reason) if verdict is not None else []
+
     @property
     def delivered_text(self) -> str:
         return "".join(self.delivered)

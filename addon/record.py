@@ -26,6 +26,7 @@ from addon.events import (
     StreamError,
     TextDelta,
     ToolCallDelta,
+    TurnEnd,
     Usage,
 )
 
@@ -207,7 +208,7 @@ class ExchangeRecord:
                 self.request_id = self.request_id or request_id
             case StreamError(code=code, message=message):
                 self.error_code, self.error_message = code, message
-            case StreamEnd():
+            case StreamEnd() | TurnEnd():
                 self.terminal_seen = True
             case Replayed():
                 self.event_count -= 1

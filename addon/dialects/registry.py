@@ -52,3 +52,9 @@ def detect_response(first_event: Frame) -> Dialect | None:
         if dialect.sniff(first_event):
             return dialect
     return None
+
+
+def detect_streamed_request(request: RequestView) -> Dialect | None:
+    """The dialect of a request whose body is read as it flows (a bidirectional stream),
+    decided by its line and headers alone, before any of the body is there."""
+    return next((d for d in REGISTRY if d.matches(request) and d.streams_request(request)), None)

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from addon.auditor import StreamAuditor
 from addon.dialects import Dialect, Normalizer, RequestSummary, RequestView
 from addon.filters.engine import FilterSet
+from addon.mitm.turns import Turns
 from addon.record import ExchangeRecord
 
 
@@ -48,6 +49,7 @@ class Recording:
     record: ExchangeRecord
     normalizer: Normalizer
     output: OutputCheck | None = None  # set when content filters check the output
+    turns: Turns | None = None  # a long-lived stream: its records, one per turn
 
 
 @dataclass(slots=True, frozen=True)
@@ -71,6 +73,7 @@ class Streaming:
     record: ExchangeRecord
     auditor: StreamAuditor
     copy: BodyCopy | None  # None when llm_audit_view_bytes is 0
+    turns: Turns | None = None  # a long-lived stream: ``record`` is its first turn's, ``turns.record`` the current
 
 
 @dataclass(slots=True, frozen=True)

@@ -27,7 +27,9 @@ of live flows.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -36,7 +38,7 @@ from mitmproxy.addonmanager import Loader
 
 from addon.auditor import StreamAuditor
 from addon.dialects import Dialect, Normalizer, RequestView, media_type, parse_json_body
-from addon.dialects.registry import detect_request
+from addon.dialects.registry import detect_request, detect_streamed_request
 from addon.events import Finding
 from addon.framing import DEFAULT_MAX_EVENT_BYTES, select
 from addon.mitm import early_end, printed_output
@@ -63,6 +65,7 @@ from addon.mitm.flow_state import (
 )
 from addon.mitm.store import AuditStore
 from addon.mitm.tap import make_tap, output_gate
+from addon.mitm.turns import DEFAULT_TURN_IDLE_SECONDS, Turns, make_request_tap
 from addon.record import (
     DEFAULT_MAX_RECORD_BYTES,
     OUTCOME_CLIENT_ABORTED,
@@ -97,6 +100,8 @@ class ExchangeHooks:
         self.max_event_bytes = DEFAULT_MAX_EVENT_BYTES
         self.max_record_bytes = DEFAULT_MAX_RECORD_BYTES
         self.view_bytes = DEFAULT_VIEW_BYTES
+        self.turn_idle_seconds = DEFAULT_TURN_IDLE_SECONDS
+        self.idle_watch: asyncio.Task | None = None  # ends idle turns of long-lived streams
 
     # -- options and the UI -------------------------------------------------------------
 
@@ -125,6 +130,13 @@ class ExchangeHooks:
             "Largest streamed body kept for mitmproxy's own views (the LLM stream content view, "
             "saved flows); a longer one is not kept. 0: none is kept.",
         )
+        loader.add_option(
+            "llm_audit_turn_idle_seconds",
+            float,
+            DEFAULT_TURN_IDLE_SECONDS,
+            "A turn of a long-lived stream (Cursor's chat) that nothing arrived for this long is "
+            "recorded as ended (finding turn_idle_timeout), though its end marker did not come.",
+        )
 
     def configure(self, updated: set[str]) -> None:
         """Apply the size options; one below its smallest value is refused in one error
@@ -134,6 +146,15 @@ class ExchangeHooks:
         for name, attribute, minimum in SIZE_OPTIONS:
             if name in updated and (value := _size_option(ctx.options, name, minimum)) is not None:
                 setattr(self, attribute, value)
+        if "llm_audit_turn_idle_seconds" in updated:
+            value = ctx.options.llm_audit_turn_idle_seconds
+            if value > 0:
+                self.turn_idle_seconds = value
+            else:
+                log.error(
+                    f"llm-audit: llm_audit_turn_idle_seconds must be more than 0, got {value}; "
+                    f"fix it with --set llm_audit_turn_idle_seconds={DEFAULT_TURN_IDLE_SECONDS:g}"
+                )
 
     def running(self) -> None:
         """Under mitmweb, show the comments the addon writes in the flow list."""
@@ -142,6 +163,12 @@ class ExchangeHooks:
         show_comment_column(ctx.options)
 
     # -- hooks --------------------------------------------------------------------------
+
+    def requestheaders(self, flow: http.HTTPFlow) -> None:
+        try:
+            self._open_streamed(flow)
+        except Exception:  # auditing must never break a request
+            log.exception("llm-audit: failed to inspect a streamed request; it is forwarded unaudited")
 
     def request(self, flow: http.HTTPFlow) -> None:
         try:
@@ -156,7 +183,7 @@ class ExchangeHooks:
             log.exception("llm-audit: failed to inspect a response; it is forwarded unaudited")
 
     def response(self, flow: http.HTTPFlow) -> None:
-        state = self.flows.pop(flow.id, None)
+        state = _current_turn(self.flows.pop(flow.id, None))
         if state is None or isinstance(state, Sniffing):
             return
         if isinstance(state, Streaming) and state.auditor.pending:
@@ -165,7 +192,7 @@ class ExchangeHooks:
             self._record_complete(flow, state)
 
     def error(self, flow: http.HTTPFlow) -> None:
-        state = self.flows.pop(flow.id, None)
+        state = _current_turn(self.flows.pop(flow.id, None))
         if state is None or isinstance(state, Sniffing):
             return
         try:
@@ -182,8 +209,9 @@ class ExchangeHooks:
     def done(self) -> None:
         """Submit the exchanges still open as cut off, and those whose backlog was not
         read yet as read so far; the store's ``done``, after this one, writes them."""
-        for state in self.flows.values():
-            if not isinstance(state, Sniffing):
+        for live in self.flows.values():
+            state = _current_turn(live)
+            if state is not None and not isinstance(state, Sniffing):
                 state.record.add_finding("proxy_shutdown", "the proxy stopped during the exchange")
                 state.record.finish(OUTCOME_CLIENT_ABORTED)
                 self.store.submit(state.record)
@@ -199,8 +227,8 @@ class ExchangeHooks:
 
     def _open(self, flow: http.HTTPFlow) -> None:
         """Open the record of a request a dialect recognises and run the request filters."""
-        if flow.response is not None:
-            return  # answered before it could go upstream (proxyauth's 407, map_local, server replay)
+        if flow.response is not None or flow.id in self.flows:
+            return  # answered before it could go upstream (proxyauth's 407, ...), or opened streamed
         req = flow.request
         path, _, query = req.path.partition("?")
         parsed: list[tuple[Any, Finding | None]] = []
@@ -230,6 +258,57 @@ class ExchangeHooks:
                     # A stream the proxy may cut must be one it can append to: not compressed.
                     req.headers["accept-encoding"] = "identity"
         self.store.submit(record)  # the write-ahead open record (status in_progress)
+
+    def _open_streamed(self, flow: http.HTTPFlow) -> None:
+        """Open the record of a bidirectional stream (Cursor's chat) as its request
+        starts, and read its body as the client sends it (:mod:`addon.mitm.turns`):
+        mitmproxy would otherwise hold the body until it ends, which it need never do."""
+        if flow.response is not None:
+            return
+        req = flow.request
+        path, _, query = req.path.partition("?")
+        view = RequestView(req.method, path, query, req.headers)
+        dialect = detect_streamed_request(view)
+        if dialect is None:
+            return
+        record, summary = start_record(flow, dialect, self.store.instance)
+        turns = Turns(record, flow.id, self.store.submit)
+        recording = self.flows[flow.id] = Recording(record, dialect.normalizer(summary), turns=turns)
+        filters = self.filters.current()
+        if filters is not None and filters.checks_output:
+            recording.output = OutputCheck(filters, dialect, summary, view)
+        framing = select(req.headers.get("content-type", ""), 200, recording.normalizer.framing)
+        reader = framing.reader(self.max_event_bytes, self.max_record_bytes, req.headers)
+        req.stream = make_request_tap(reader, dialect, view, turns, self.max_record_bytes)
+        turns.open()  # the write-ahead open record of turn 0
+        self._watch_idle_turns()
+
+    def _watch_idle_turns(self) -> None:
+        """Run :meth:`_end_idle_turns` every few seconds while long-lived streams are open."""
+        if self.idle_watch is not None and not self.idle_watch.done():
+            return
+        try:
+            self.idle_watch = asyncio.get_running_loop().create_task(self._idle_watch())
+        except RuntimeError:  # no event loop (a test driving the hooks): no idle ends
+            self.idle_watch = None
+
+    async def _idle_watch(self) -> None:
+        while any(_turns(state) is not None for state in self.flows.values()):
+            await asyncio.sleep(min(5.0, self.turn_idle_seconds / 2))
+            try:
+                self._end_idle_turns(time.monotonic())
+            except Exception:  # the watch must go on
+                log.exception("llm-audit: failed to end an idle turn")
+
+    def _end_idle_turns(self, now: float) -> None:
+        """Record as ended each turn nothing arrived for: its end marker may have moved."""
+        for state in self.flows.values():
+            turns = _turns(state)
+            if turns is None or not isinstance(state, Streaming) or turns.idle_for(now) < self.turn_idle_seconds:
+                continue
+            record = turns.record
+            record.add_finding("turn_idle_timeout", f"nothing arrived for {self.turn_idle_seconds:g} s")
+            state.auditor.record = turns.end_turn(record)
 
     # -- the response ---------------------------------------------------------------------
 
@@ -268,12 +347,13 @@ class ExchangeHooks:
             max_record_bytes=self.max_record_bytes,
             gate=output_gate(check, framing.streamed, encoding),
             headers=resp.headers,
+            on_turn_end=recording.turns.end_turn if recording.turns is not None else None,
         )
         if check is not None and check.filters.may_block_output and not framing.streamed:
             # checked whole in the response hook, before the client gets it
             return HeldWhole(recording.record, auditor, recording.normalizer, check)
-        streaming = Streaming(recording.record, auditor, self._copy())
-        resp.stream = make_tap(flow, auditor, streaming.copy)
+        streaming = Streaming(recording.record, auditor, self._copy(), recording.turns)
+        resp.stream = make_tap(flow, auditor, streaming.copy, recording.turns)
         return streaming
 
     def _sniff(self, flow: http.HTTPFlow, resp: http.Response) -> Sniffing:
@@ -327,8 +407,11 @@ class ExchangeHooks:
         self._write(flow, state)
 
     def _write(self, flow: http.HTTPFlow, state: Recorded) -> None:
-        """Hand the ended exchange's record to the store, show it, let go of its text."""
-        self.store.submit(state.record)
+        """Hand the ended exchange's record to the store, show it, let go of its text.
+        (A long-lived stream's turn that nothing arrived for is no record.)"""
+        turns = _turns(state)
+        if turns is None or turns.pending:
+            self.store.submit(state.record)
         _show(flow, state)
         auditor = _auditor(state)
         if auditor is not None:
@@ -353,6 +436,30 @@ class ExchangeHooks:
         self.draining.pop(task, None)
 
 
+def _turns(state: FlowState | None) -> Turns | None:
+    return state.turns if isinstance(state, Recording | Streaming) else None
+
+
+def _current_turn(state: FlowState | None) -> FlowState | None:
+    """The flow's state with the record of its current turn (a long-lived stream's
+    ``record`` is its first turn's)."""
+    match state:
+        case Recording(turns=Turns() as turns) if turns.record is not state.record:
+            return dataclasses.replace(state, record=turns.record)
+        case Streaming(turns=Turns() as turns) if turns.record is not state.record:
+            return dataclasses.replace(state, record=turns.record)
+    return state
+
+
+def _status_fields(resp: http.Response | None) -> list[tuple[str, str]]:
+    """The response's trailers, or the gRPC status of a header-only answer ("Trailers-Only")."""
+    if resp is None:
+        return []
+    if resp.trailers:
+        return list(resp.trailers.items(multi=True))
+    return [(k, v) for k, v in resp.headers.items(multi=True) if k.lower().startswith("grpc-")]
+
+
 def _auditor(state: Recorded) -> StreamAuditor | None:
     """The auditor reading the flow's body, once the response has begun."""
     return state.auditor if isinstance(state, Streaming | HeldWhole) else None
@@ -363,7 +470,7 @@ def _complete(flow: http.HTTPFlow, state: Recorded) -> None:
     and settle the record as complete."""
     match state:
         case Streaming(auditor=auditor):
-            auditor.end()
+            auditor.end(trailers=_status_fields(flow.response))
         case HeldWhole(auditor=auditor):
             auditor.feed((flow.response.raw_content if flow.response else None) or b"")
             auditor.end()

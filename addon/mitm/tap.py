@@ -15,13 +15,14 @@ from mitmproxy import http
 from addon.auditor import StreamAuditor
 from addon.mitm import early_end
 from addon.mitm.flow_state import BodyCopy, OutputCheck
+from addon.mitm.turns import Turns
 from addon.output_gate import OutputGate
 
 log = logging.getLogger(__name__)
 
 
 def make_tap(
-    flow: http.HTTPFlow, auditor: StreamAuditor, copy: BodyCopy | None
+    flow: http.HTTPFlow, auditor: StreamAuditor, copy: BodyCopy | None, turns: Turns | None = None
 ) -> Callable[[bytes], bytes | list[bytes]]:
     """The stream callable: forward what the auditor lets through (without content
     filters, each chunk as it came) and inspect a copy.
@@ -36,7 +37,13 @@ def make_tap(
     def tap(chunk: bytes) -> bytes | list[bytes]:
         try:
             out = auditor.feed(chunk) if chunk else auditor.finish()
+            if turns is not None and chunk:
+                turns.open()  # (the turn that began with this chunk, or the one going on)
             if auditor.stopped and chunk:
+                if auditor.ending_trailers and flow.response is not None:
+                    flow.response.trailers = http.Headers(
+                        [(k.encode(), v.encode()) for k, v in auditor.ending_trailers]
+                    )
                 early_end.end_after_this_chunk(flow)
         except Exception:  # StreamAuditor guards itself; this is the last line
             log.exception("llm-audit: stream tap failed")

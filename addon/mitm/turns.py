@@ -1,0 +1,165 @@
+"""The records of one long-lived bidirectional stream, one per turn, and the tap that
+reads its request body as the client sends it.
+
+Cursor's chat (Connect over HTTP/2, ``StreamUnifiedChatWithTools``, ``agent.v1.AgentService/Run``)
+keeps one stream open for a whole session: the client writes its prompt, tool results and
+heartbeats on the request side while answers stream back, and neither side need end its
+body. mitmproxy would hold such a request body until it ends (never), so the hooks stream
+it (``flow.request.stream``) through :func:`make_request_tap`, and record the stream as a
+sequence of turns:
+
+- turn 0's record is opened (written ahead, ``in_progress``) when the request starts;
+- a turn ends when its dialect reads the turn's end marker (:class:`~addon.events.TurnEnd`),
+  or when nothing has arrived for ``llm_audit_turn_idle_seconds`` (finding
+  ``turn_idle_timeout``: a marker whose field moved must not keep a record open for ever);
+  its record is then written as complete at once, not when the stream ends;
+- the next turn's record opens with the first thing that arrives after that (a client
+  message or an answer frame); a turn that nothing arrived for is not a record.
+
+Every record of the stream has the same ``connection_id`` and its ``turn`` number.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import fields
+from typing import Any
+
+from addon.dialects import Dialect, RequestView
+from addon.framing import Reader
+from addon.record import OUTCOME_COMPLETE, ExchangeRecord
+
+log = logging.getLogger(__name__)
+
+DEFAULT_TURN_IDLE_SECONDS = 60.0
+# The request side of a turn a record keeps, at most (a client can send without end).
+MAX_REQUEST_MESSAGES = 1000
+
+# What a turn's record takes over from the one before: the request side and the response's head.
+_CARRIED = (
+    "dialect",
+    "provider",
+    "server_address",
+    "server_port",
+    "http_method",
+    "url_path",
+    "url_query",
+    "http_version",
+    "http_status",
+    "client_address",
+    "proxy_instance",
+    "api_key_fingerprint",
+    "request_headers",
+    "response_headers",
+    "request_model",
+    "user_id",
+    "session_id",
+    "task_id",
+    "stream_requested",
+    "streamed",
+    "connection_id",
+    "content_limit",
+)
+assert set(_CARRIED) <= {f.name for f in fields(ExchangeRecord)}
+
+
+class Turns:
+    """The turn records of one stream: the current one, and how each is written."""
+
+    def __init__(self, first: ExchangeRecord, connection_id: str, submit: Callable[[ExchangeRecord], None]) -> None:
+        first.connection_id, first.turn = connection_id, 0
+        self.record = first
+        self.submit = submit
+        self.opened = False  # the current turn's write-ahead row was submitted
+        self.last_activity = time.monotonic()
+
+    def open(self) -> None:
+        """Something of the current turn arrived: write its record ahead, once."""
+        self.last_activity = time.monotonic()
+        if not self.opened:
+            self.opened = True
+            self.submit(self.record)
+
+    def end_turn(self, record: ExchangeRecord) -> ExchangeRecord:
+        """The current turn is over: write its record as complete; the next turn's record."""
+        record.finish(OUTCOME_COMPLETE)
+        self.submit(record)
+        self.record = _next_turn(record)
+        self.opened = False
+        return self.record
+
+    def idle_for(self, now: float) -> float:
+        """How long an open turn has waited for anything (0 when no turn is open)."""
+        return now - self.last_activity if self.opened else 0.0
+
+    @property
+    def pending(self) -> bool:
+        """The current turn has a record to write when the stream ends."""
+        return self.opened
+
+
+def _next_turn(previous: ExchangeRecord) -> ExchangeRecord:
+    """A fresh record for the turn after ``previous``, on the same stream."""
+    carried: dict[str, Any] = {name: getattr(previous, name) for name in _CARRIED}
+    turn = (previous.turn or 0) + 1
+    return ExchangeRecord(**carried, turn=turn, started_at=time.time())
+
+
+def make_request_tap(
+    reader: Reader, dialect: Dialect, view: RequestView, turns: Turns, max_record_bytes: int
+) -> Callable[[bytes], bytes]:
+    """The request body's stream callable: every chunk goes upstream as it came; each
+    message it completes is read into the current turn's record (its prompt, its tool
+    results), which it opens when it starts a turn."""
+
+    def tap(chunk: bytes) -> bytes:
+        try:
+            frames = reader.feed(chunk) if chunk else reader.end()
+            for frame in frames:
+                raw = getattr(frame, "raw", None)
+                payload = raw if isinstance(raw, bytes) else frame.data.encode()
+                doc, findings = dialect.parse_request_message(payload, view)
+                record = turns.record
+                _merge_request(record, doc, max_record_bytes)
+                for finding in findings:
+                    record.apply(finding)
+                turns.open()
+            if reader.findings:
+                for code, detail in reader.findings:
+                    turns.record.add_finding(code, detail)
+                reader.findings.clear()
+        except Exception:  # the request must flow whatever the audit does
+            log.exception("llm-audit: reading a streamed request failed; it is forwarded unread")
+        return chunk
+
+    return tap
+
+
+def _merge_request(record: ExchangeRecord, doc: dict[str, Any], max_record_bytes: int) -> None:
+    """Add one client message's reading to the turn's request body: its conversation
+    messages appended, the first model named kept."""
+    if not doc:
+        return
+    body = record.request_body if isinstance(record.request_body, dict) else {}
+    messages = body.setdefault("messages", [])
+    new = doc.get("messages") or []
+    if len(messages) + len(new) > MAX_REQUEST_MESSAGES or _size(messages) > max_record_bytes:
+        record.add_finding(
+            "content_truncated",
+            f"more than {MAX_REQUEST_MESSAGES} request messages or {max_record_bytes} bytes in one turn; the rest not kept",
+        )
+    else:
+        messages.extend(new)
+    for key, value in doc.items():
+        if key != "messages" and key not in body:
+            body[key] = value
+    record.request_body = body
+    model = doc.get("model")
+    if isinstance(model, str) and model and not record.request_model:
+        record.request_model = model
+
+
+def _size(messages: list[Any]) -> int:
+    return sum(len(str(m.get("content", ""))) if isinstance(m, dict) else 0 for m in messages)
