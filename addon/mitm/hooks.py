@@ -39,7 +39,7 @@ from mitmproxy.addonmanager import Loader
 from addon.auditor import StreamAuditor
 from addon.dialects import Dialect, Normalizer, RequestView, media_type, parse_json_body
 from addon.dialects.registry import detect_request, detect_streamed_request
-from addon.events import Finding
+from addon.events import Finding, TurnEnd
 from addon.framing import DEFAULT_MAX_EVENT_BYTES, select
 from addon.mitm import early_end, printed_output
 from addon.mitm.answers import answer_blocked, replace_held
@@ -308,6 +308,7 @@ class ExchangeHooks:
                 continue
             record = turns.record
             record.add_finding("turn_idle_timeout", f"nothing arrived for {self.turn_idle_seconds:g} s")
+            record.apply(TurnEnd())  # the proxy ends it: complete as far as it came, with the finding
             state.auditor.record = turns.end_turn(record)
 
     # -- the response ---------------------------------------------------------------------

@@ -1,0 +1,70 @@
+"""The turn records of a long-lived stream and the tap reading its request body
+(addon/mitm/turns.py), on plain bytes: every chunk passes unchanged, each client message
+lands in the current turn's record, a turn's record is written when it ends, and the
+next turn carries the stream's request side but none of the answer."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from addon.dialects import RequestView
+from addon.dialects.ollama import Ollama
+from addon.events import Finding, TextDelta, TurnEnd
+from addon.framing.ndjson import reader as ndjson_reader
+from addon.mitm.turns import Turns, make_request_tap
+from addon.record import ExchangeRecord, Status
+
+VIEW = RequestView("POST", "/agent.v1.AgentService/Run", "", {})
+
+
+class LineDialect(Ollama):
+    """A dialect reading each streamed request line as one user message (for the tap)."""
+
+    def parse_request_message(self, payload: bytes, request: RequestView) -> tuple[dict[str, Any], list[Finding]]:
+        text = payload.decode()
+        findings = [Finding("protobuf_unmapped", text)] if text.startswith("?") else []
+        return {"model": "m-1", "messages": [{"role": "user", "content": text}]}, findings
+
+
+def new_turns() -> tuple[Turns, list[dict[str, Any]]]:
+    written: list[dict[str, Any]] = []
+    first = ExchangeRecord(dialect="cursor", http_method="POST", url_path=VIEW.path, api_key_fingerprint="fp")
+    return Turns(first, "conn-1", lambda record: written.append(record.to_row())), written
+
+
+def test_request_tap_passes_every_chunk_and_reads_each_message_into_the_current_turn() -> None:
+    turns, written = new_turns()
+    tap = make_request_tap(ndjson_reader(1 << 20, 1 << 20, {}), LineDialect(), VIEW, turns, 1 << 20)
+    body = b"hello\n?odd\nsecond"
+    out = [tap(body[i : i + 3]) for i in range(0, len(body), 3)] + [tap(b"")]
+    assert b"".join(out) == body
+    record = turns.record
+    assert [m["content"] for m in record.request_body["messages"]] == ["hello", "?odd", "second"]
+    assert record.request_model == "m-1"
+    assert [f["code"] for f in record.findings] == ["protobuf_unmapped"]
+    assert len(written) == 1 and written[0]["status"] == Status.IN_PROGRESS  # opened once, ahead
+
+
+def test_a_turn_is_written_when_it_ends_and_the_next_carries_only_the_request_side() -> None:
+    turns, written = new_turns()
+    turns.open()
+    first = turns.record
+    first.request_model = "m-1"
+    first.apply(TextDelta("first answer"))
+    first.apply(TurnEnd())
+    second = turns.end_turn(first)
+    assert written[-1]["status"] == Status.COMPLETED and written[-1]["output_text"] == "first answer"
+    assert (written[-1]["connection_id"], written[-1]["turn"]) == ("conn-1", 0)
+    assert second is turns.record and second.id != first.id
+    assert (second.connection_id, second.turn, second.request_model) == ("conn-1", 1, "m-1")
+    assert second.api_key_fingerprint == "fp" and second.output_text == "" and second.request_body is None
+    assert not turns.pending  # nothing of turn 1 arrived: no record yet
+    turns.open()
+    assert turns.pending and written[-1]["turn"] == 1 and written[-1]["status"] == Status.IN_PROGRESS
+
+
+def test_only_an_open_turn_can_be_idle() -> None:
+    turns, _ = new_turns()
+    assert turns.idle_for(turns.last_activity + 100) == 0.0
+    turns.open()
+    assert turns.idle_for(turns.last_activity + 100) == 100
