@@ -100,6 +100,8 @@ class ContentFilters:
             # How a stream a filter stops ends cleanly. Installed only when needed: the
             # patch puts one more generator frame on every chunk of every flow.
             early_end.install()
+        if self.filterset is not None and (self.filterset.request_rules or self.filterset.filters):
+            early_end.install_request_side()  # a blocked message of a bidirectional stream ends it
 
 
 def check_request(
@@ -121,6 +123,17 @@ def check_request(
         ]
     record.verdicts.extend(v.as_dict() for v in verdicts)
     return next((v for v in verdicts if v.action == BLOCK), None)
+
+
+def check_message(
+    filters: FilterSet, dialect: Dialect, summary: RequestSummary, record: ExchangeRecord, message: dict[str, Any]
+) -> Verdict | None:
+    """Run the request filters on one message of a streamed request (a bidirectional
+    stream's prompt or tool result, read by the dialect); the verdict that blocks it."""
+    probe = ExchangeRecord(request_body=message, client_address=record.client_address)
+    verdict = check_request(filters, probe, dialect, summary)
+    record.verdicts.extend(probe.verdicts)
+    return verdict
 
 
 def _request_context(record: ExchangeRecord, dialect: Dialect, summary: RequestSummary) -> RequestContext:

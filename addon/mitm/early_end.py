@@ -27,18 +27,21 @@ protocol error mitmproxy handles, before its ``error`` hook runs.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 
 from mitmproxy import http
 from mitmproxy.proxy.layers import http as httplayer
 from mitmproxy.proxy.layers.http import (
     ErrorCode,
     HttpStream,
+    RequestData,
     RequestProtocolError,
     ResponseData,
     ResponseProtocolError,
 )
 
 METADATA_KEY = "llm_audit_end_stream"
+REQUEST_END_KEY = "llm_audit_end_from_request"
 _ENDED = "_llm_audit_ended_early"  # on the HttpStream: the early end happened
 _PATCHED = "_llm_audit_patched"  # on the patched method
 ERROR_SIDE_KEY = "llm_audit_error_from"
@@ -72,6 +75,67 @@ def install() -> None:
 
     setattr(state_stream_response_body, _PATCHED, True)
     HttpStream.state_stream_response_body = state_stream_response_body  # type: ignore[method-assign]
+
+
+#: What the client gets when a streamed request is blocked: called with whether the
+#: response is already streaming to the client; returns (the whole answer to send, for a
+#: response not begun) or (the bytes and trailers that end the one streaming).
+RequestEnd = Callable[[bool], tuple[http.Response | None, bytes, list[tuple[str, str]]]]
+
+
+def end_from_request_side(flow: http.HTTPFlow, answer: RequestEnd) -> None:
+    """Call from the request's stream callable: a filter blocked a message of a
+    bidirectional stream. After this chunk the upstream stream is cancelled and the
+    client gets ``answer``'s end of the exchange (with ``response`` firing, not ``error``)."""
+    flow.metadata[REQUEST_END_KEY] = answer
+
+
+def install_request_side() -> None:
+    """Patch ``HttpStream.state_stream_request_body`` once per process (idempotent).
+
+    mitmproxy's public API cannot end a response from the request side, nor answer a
+    request whose body is still streaming (``flow.response`` may not be set then). After
+    the request's stream callable has handled a chunk of a flow marked by
+    :func:`end_from_request_side`, this cancels the upstream stream and finishes the
+    flow towards the client: the proxy's own answer when the response has not begun,
+    else the dialect's end appended to the response streaming; either way through
+    ``send_response`` as :func:`install` does.
+    """
+    original = HttpStream.state_stream_request_body
+    if getattr(original, _PATCHED, False):
+        return
+
+    @functools.wraps(original)
+    def state_stream_request_body(self: HttpStream, event):
+        yield from original(self, event)
+        answer = self.flow.metadata.get(REQUEST_END_KEY)
+        if isinstance(event, RequestData) and answer is not None and not getattr(self, _ENDED, False):
+            setattr(self, _ENDED, True)
+            yield from _end_from_request_side(self, answer)
+
+    setattr(state_stream_request_body, _PATCHED, True)
+    HttpStream.state_stream_request_body = state_stream_request_body  # type: ignore[method-assign]
+
+
+def _end_from_request_side(stream: HttpStream, answer: RequestEnd):
+    streaming = stream.server_state == stream.state_stream_response_body
+    if not streaming and stream.server_state != stream.state_wait_for_response_headers:
+        return  # the response is already being finished
+    response, data, trailers = answer(streaming)
+    yield httplayer.SendHttp(
+        RequestProtocolError(stream.stream_id, "stopped by llm-audit content filter", ErrorCode.CANCEL),
+        stream.context.server,
+    )
+    stream.client_state = stream.state_done  # what the client still sends goes nowhere
+    if streaming:
+        if data:
+            yield httplayer.SendHttp(ResponseData(stream.stream_id, data), stream.context.client)
+        if trailers and stream.flow.response is not None:
+            stream.flow.response.trailers = http.Headers([(k.encode(), v.encode()) for k, v in trailers])
+        yield from stream.send_response(already_streamed=True)
+    elif response is not None:
+        stream.flow.response = response
+        yield from stream.send_response()
 
 
 def error_side(flow: http.HTTPFlow) -> str | None:

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import logging
 import time
 from collections.abc import Callable
@@ -37,13 +38,15 @@ from mitmproxy import http
 from mitmproxy.addonmanager import Loader
 
 from addon.auditor import StreamAuditor
-from addon.dialects import Dialect, Normalizer, RequestView, media_type, parse_json_body
+from addon.dialects import Dialect, Normalizer, RequestSummary, RequestView, media_type, parse_json_body
+from addon.dialects.blocking import block_message
 from addon.dialects.registry import detect_request, detect_streamed_request
 from addon.events import Finding, TurnEnd
+from addon.filters.api import Verdict
 from addon.framing import DEFAULT_MAX_EVENT_BYTES, select
 from addon.mitm import early_end, printed_output
 from addon.mitm.answers import answer_blocked, replace_held
-from addon.mitm.content_filters import ContentFilters, check_request
+from addon.mitm.content_filters import ContentFilters, check_message, check_request
 from addon.mitm.contentview import annotate, show_comment_column
 from addon.mitm.flow_record import (
     abort_side,
@@ -65,7 +68,7 @@ from addon.mitm.flow_state import (
 )
 from addon.mitm.store import AuditStore
 from addon.mitm.tap import make_tap, output_gate
-from addon.mitm.turns import DEFAULT_TURN_IDLE_SECONDS, Turns, make_request_tap
+from addon.mitm.turns import DEFAULT_TURN_IDLE_SECONDS, RequestTap, Turns
 from addon.record import (
     DEFAULT_MAX_RECORD_BYTES,
     OUTCOME_CLIENT_ABORTED,
@@ -279,9 +282,47 @@ class ExchangeHooks:
             recording.output = OutputCheck(filters, dialect, summary, view)
         framing = select(req.headers.get("content-type", ""), 200, recording.normalizer.framing)
         reader = framing.reader(self.max_event_bytes, self.max_record_bytes, req.headers)
-        req.stream = make_request_tap(reader, dialect, view, turns, self.max_record_bytes)
+        tap = RequestTap(reader, dialect, view, turns, self.max_record_bytes)
+        if filters is not None and (filters.request_rules or filters.filters):
+            tap.check = functools.partial(check_message, filters, dialect, summary)
+            tap.on_block = functools.partial(self._block_streamed, flow, dialect, summary, view)
+            tap.fail_open = filters.failure == "open"
+        req.stream = tap
         turns.open()  # the write-ahead open record of turn 0
         self._watch_idle_turns()
+
+    def _block_streamed(
+        self, flow: http.HTTPFlow, dialect: Dialect, summary: RequestSummary, view: RequestView, block: Verdict
+    ) -> None:
+        """A request filter blocked a message of a bidirectional stream: it was not
+        forwarded, and the exchange ends towards the client in its dialect (the proxy's
+        answer if the response has not begun, else the dialect's end of the stream)."""
+        state = self.flows.get(flow.id)
+        turns = _turns(state)
+        if turns is None:
+            return
+        record = turns.record
+        message = block_message(block.rule_id, block.reason)
+
+        def answer(streaming: bool) -> tuple[http.Response | None, bytes, list[tuple[str, str]]]:
+            live = self.flows.get(flow.id)
+            if streaming and isinstance(live, Streaming):
+                auditor = live.auditor
+                auditor.stopped = True  # nothing more of the upstream is read or sent
+                normalizer = auditor.gate.forwarded if auditor.gate is not None else auditor.normalizer
+                if normalizer is not None:
+                    ending = normalizer.termination(block.rule_id, block.reason)
+                    record.block(message, [normalizer.filter_stop_reason] if ending else None)
+                    record.bytes_to_client += len(ending)
+                    return None, ending, normalizer.termination_trailers(block.rule_id, block.reason)
+            blocked = dialect.blocked_response(summary, view, block.rule_id, block.reason, streaming=True)
+            record.block(message)
+            record.http_status = blocked.status  # the proxy's answer is the response
+            record.response_headers = dict(blocked.headers)
+            record.bytes_to_client = len(blocked.body)
+            return http.Response.make(blocked.status, blocked.body, dict(blocked.headers)), b"", []
+
+        early_end.end_from_request_side(flow, answer)
 
     def _watch_idle_turns(self) -> None:
         """Run :meth:`_end_idle_turns` every few seconds while long-lived streams are open."""

@@ -23,12 +23,14 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import fields
 from typing import Any
 
 from addon.dialects import Dialect, RequestView
-from addon.framing import Reader
+from addon.filters.api import BLOCK, Verdict
+from addon.filters.engine import FILTER_ERROR
+from addon.framing import Frame, Reader
 from addon.record import OUTCOME_COMPLETE, ExchangeRecord
 
 log = logging.getLogger(__name__)
@@ -107,34 +109,121 @@ def _next_turn(previous: ExchangeRecord) -> ExchangeRecord:
     return ExchangeRecord(**carried, turn=turn, started_at=time.time())
 
 
-def make_request_tap(
-    reader: Reader, dialect: Dialect, view: RequestView, turns: Turns, max_record_bytes: int
-) -> Callable[[bytes], bytes]:
-    """The request body's stream callable: every chunk goes upstream as it came; each
-    message it completes is read into the current turn's record (its prompt, its tool
-    results), which it opens when it starts a turn."""
+class RequestTap:
+    """The request body's stream callable: each message it completes is read into the
+    current turn's record (its prompt, its tool results), which it opens when it starts
+    a turn.
 
-    def tap(chunk: bytes) -> bytes:
+    Without request filters every chunk goes upstream as it came. With them (``check``)
+    a message's bytes are held until it is complete and checked: one a filter blocks is
+    not forwarded, nor is anything after it, and ``on_block`` ends the exchange towards
+    the client. A message too large to check (over the reader's frame limit) follows
+    the filter failure policy (``fail_open``).
+    """
+
+    def __init__(
+        self,
+        reader: Reader,
+        dialect: Dialect,
+        view: RequestView,
+        turns: Turns,
+        max_record_bytes: int,
+        check: Callable[[ExchangeRecord, dict[str, Any]], Verdict | None] | None = None,
+        on_block: Callable[[Verdict], None] | None = None,
+        fail_open: bool = True,
+    ) -> None:
+        self.reader, self.dialect, self.view, self.turns = reader, dialect, view, turns
+        self.max_record_bytes = max_record_bytes
+        self.check, self.on_block, self.fail_open = check, on_block, fail_open
+        self.blocked = False
+        self._held = bytearray()  # (with check) bytes not yet released: the message being read
+        self._held_from = 0  # offset of _held[0] in the body
+
+    def __call__(self, chunk: bytes) -> bytes | list[bytes]:
+        if self.blocked:
+            return []  # nothing after a blocked message goes upstream
         try:
-            frames = reader.feed(chunk) if chunk else reader.end()
-            for frame in frames:
-                raw = getattr(frame, "raw", None)
-                payload = raw if isinstance(raw, bytes) else frame.data.encode()
-                doc, findings = dialect.parse_request_message(payload, view)
-                record = turns.record
-                _merge_request(record, doc, max_record_bytes)
-                for finding in findings:
-                    record.apply(finding)
-                turns.open()
-            if reader.findings:
-                for code, detail in reader.findings:
-                    turns.record.add_finding(code, detail)
-                reader.findings.clear()
+            if self.check is None:
+                self._read(self.reader.feed(chunk) if chunk else self.reader.end())
+                return chunk
+            return self._checked(chunk)
         except Exception:  # the request must flow whatever the audit does
             log.exception("llm-audit: reading a streamed request failed; it is forwarded unread")
-        return chunk
+            self.check = None
+            out, self._held = bytes(self._held) + chunk, bytearray()
+            return out
 
-    return tap
+    def _read(self, frames: Sequence[Frame]) -> None:
+        for frame in frames:
+            self._message(frame)
+        self._collect_findings()
+
+    def _message(self, frame: Frame) -> dict[str, Any]:
+        """Read one client message into the current turn; its reading."""
+        raw = getattr(frame, "raw", None)
+        payload = raw if isinstance(raw, bytes) else frame.data.encode()
+        doc, findings = self.dialect.parse_request_message(payload, self.view)
+        record = self.turns.record
+        _merge_request(record, doc, self.max_record_bytes)
+        for finding in findings:
+            record.apply(finding)
+        self.turns.open()
+        return doc
+
+    def _checked(self, chunk: bytes) -> bytes | list[bytes]:
+        """Hold the message being read; release each one the filters pass."""
+        self._held += chunk
+        release = self._held_from
+        bounded = self.reader.feed_bounded(chunk) if chunk else [(f, None) for f in self.reader.end()]
+        for frame, end in bounded:
+            if frame is not None:
+                verdict = self._verdict(self._message(frame))
+                if verdict is not None:
+                    return self._block(verdict, release)
+            release = self._held_from + len(self._held) if end is None else end
+        self._collect_findings()
+        if self.reader.held > self.reader_limit or not chunk:
+            if not chunk or self.fail_open:  # the body ended (or is too large to check): the rest goes
+                release = self._held_from + len(self._held)
+                if chunk:
+                    self.check = None
+            elif self.on_block is not None:
+                return self._block(_too_large(), release)
+        return self._release(release) or ([] if chunk else b"")
+
+    @property
+    def reader_limit(self) -> int:
+        return getattr(self.reader, "max_event_bytes", 8 * 1024 * 1024)
+
+    def _release(self, upto: int) -> bytes:
+        n = upto - self._held_from
+        out = bytes(self._held[:n])
+        del self._held[:n]
+        self._held_from = upto
+        return out
+
+    def _block(self, verdict: Verdict, release: int) -> bytes | list[bytes]:
+        """A filter blocked a message: it and what follows stay here; the messages before go."""
+        self.blocked = True
+        out = self._release(release)
+        self._held = bytearray()
+        if self.on_block is not None:
+            self.on_block(verdict)
+        return out or []
+
+    def _verdict(self, doc: dict[str, Any]) -> Verdict | None:
+        return self.check(self.turns.record, doc) if self.check is not None and doc else None
+
+    def _collect_findings(self) -> None:
+        findings = self.reader.findings
+        if findings:
+            for code, detail in findings:
+                self.turns.record.add_finding(code, detail)
+            findings.clear()
+
+
+def _too_large() -> Verdict:
+    return Verdict(BLOCK, FILTER_ERROR, "a request message too large to check", filter="llm-audit", location="request")
 
 
 def _merge_request(record: ExchangeRecord, doc: dict[str, Any], max_record_bytes: int) -> None:

@@ -7,11 +7,14 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from addon.dialects import RequestView
 from addon.dialects.ollama import Ollama
 from addon.events import Finding, TextDelta, TurnEnd
+from addon.filters.api import Verdict
 from addon.framing.ndjson import reader as ndjson_reader
-from addon.mitm.turns import Turns, make_request_tap
+from addon.mitm.turns import RequestTap, Turns
 from addon.record import ExchangeRecord, Status
 
 VIEW = RequestView("POST", "/agent.v1.AgentService/Run", "", {})
@@ -34,7 +37,7 @@ def new_turns() -> tuple[Turns, list[dict[str, Any]]]:
 
 def test_request_tap_passes_every_chunk_and_reads_each_message_into_the_current_turn() -> None:
     turns, written = new_turns()
-    tap = make_request_tap(ndjson_reader(1 << 20, 1 << 20, {}), LineDialect(), VIEW, turns, 1 << 20)
+    tap = RequestTap(ndjson_reader(1 << 20, 1 << 20, {}), LineDialect(), VIEW, turns, 1 << 20)
     body = b"hello\n?odd\nsecond"
     out = [tap(body[i : i + 3]) for i in range(0, len(body), 3)] + [tap(b"")]
     assert b"".join(out) == body
@@ -68,3 +71,46 @@ def test_only_an_open_turn_can_be_idle() -> None:
     assert turns.idle_for(turns.last_activity + 100) == 0.0
     turns.open()
     assert turns.idle_for(turns.last_activity + 100) == 100
+
+
+def checked_tap(fail_open: bool = True, limit: int = 1 << 20) -> tuple[RequestTap, list[Verdict]]:
+    turns, _ = new_turns()
+    blocks: list[Verdict] = []
+
+    def check(record: ExchangeRecord, doc: dict[str, Any]) -> Verdict | None:
+        text = doc["messages"][0]["content"]
+        return Verdict("block", "no-secrets", "a secret", location="request") if "SECRET" in text else None
+
+    tap = RequestTap(ndjson_reader(limit, 1 << 20, {}), LineDialect(), VIEW, turns, 1 << 20, check, blocks.append)
+    tap.fail_open = fail_open
+    return tap, blocks
+
+
+@pytest.mark.parametrize("step", [1, 2, 5, 100])
+def test_with_filters_each_message_is_held_until_checked_and_a_blocked_one_never_goes(step: int) -> None:
+    tap, blocks = checked_tap()
+    body = b"first\nsecond\nthe SECRET is\nafter\n"
+    out = b"".join(
+        b"".join(r) if isinstance(r, list) else r for r in (tap(body[i : i + step]) for i in range(0, len(body), step))
+    )
+    assert out == b"first\nsecond\n"
+    assert [v.rule_id for v in blocks] == ["no-secrets"] and tap.blocked
+    assert tap(b"more\n") == [] and tap(b"") == []
+
+
+def test_with_filters_a_clean_body_passes_whole_by_its_end() -> None:
+    tap, blocks = checked_tap()
+    assert tap(b"one\ntw") == b"one\n"
+    assert tap(b"o") == []
+    assert tap(b"") == b"two"  # the body ended: what is left goes (the reader reads it as a message)
+    assert blocks == []
+
+
+@pytest.mark.parametrize("fail_open", [True, False])
+def test_a_message_too_large_to_check_follows_the_failure_policy(fail_open: bool) -> None:
+    tap, blocks = checked_tap(fail_open, limit=1024)
+    out = tap(b"x" * 2000)
+    if fail_open:
+        assert out == b"x" * 2000 and blocks == [] and tap(b"SECRET\n") == b"SECRET\n"
+    else:
+        assert out == [] and [v.rule_id for v in blocks] == ["filter_error"]
