@@ -127,6 +127,12 @@ class Normalizer(ABC):
         """:meth:`ending` as bytes, encoded by the framing's writer (:attr:`writer`)."""
         return self.writer.encode(self.ending(rule_id, reason), self.continues)
 
+    def termination_trailers(self, rule_id: str, reason: str) -> list[tuple[str, str]]:
+        """The HTTP trailers that go with :meth:`termination` (gRPC's status travels in
+        them); ``[]`` for a framing whose writer has none."""
+        trailers = getattr(self.writer, "trailers", None)
+        return trailers(self.ending(rule_id, reason)) if trailers is not None else []
+
     @property
     def continues(self) -> bool:
         """Whether frames of this body were read (a JSON array's ending then continues it)."""

@@ -16,7 +16,18 @@ from typing import Any
 from addon.dialects import UNREADABLE, Dialect, RequestView
 from addon.framing import Frame
 
-BUILTIN = ("llm_stream", "lmsp", "openai_responses", "openai_chat", "openai_completions", "anthropic", "gemini")
+BUILTIN = (
+    "llm_stream",
+    "lmsp",
+    "openai_responses",
+    "openai_chat",
+    "openai_completions",
+    "anthropic",
+    "gemini",
+    "cursor",
+    "windsurf",
+    "connect_rpc",
+)
 REGISTRY: tuple[Dialect, ...] = tuple(importlib.import_module(f"addon.dialects.{name}").DIALECT for name in BUILTIN)
 
 
