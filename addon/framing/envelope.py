@@ -359,7 +359,8 @@ class EnvelopeReader:
         encoding = self.encoding
         decoder = make_decoder(encoding) if encoding and encoding != "identity" else None
         if decoder is None:
-            why = f"unsupported message encoding {encoding!r}" if encoding else "compressed flag without an encoding"
+            named = encoding not in (None, "identity")
+            why = f"unsupported message encoding {encoding!r}" if named else "compressed flag without an encoding"
             self._unread("envelope_decompress_failed", why)
             return None
         decoder.feed(payload)
