@@ -114,7 +114,7 @@ def test_deep_nesting_is_bounded():
 
 def test_deep_groups_are_bounded():
     data = f(1, 1)
-    for n in range(MAX_DEPTH * 3):
+    for _ in range(MAX_DEPTH * 3):
         data = group(2, data)
     msg = parse(f(9, "before") + data)
     assert msg.fields == [Field(9, LEN, b"before")] and msg.problem is not None
