@@ -4,6 +4,7 @@ endings; the real StreamChat body from ../shared replayed when present."""
 from __future__ import annotations
 
 import base64
+import gzip
 import json
 import re
 from pathlib import Path
@@ -13,12 +14,18 @@ import pytest
 from pipeline import audit_bytes
 from protoenc import end_stream, env, f, genv, m
 
+from addon.auditor import StreamAuditor, summary_into_record
 from addon.dialects import RequestView
 from addon.dialects.cursor import DIALECT
 from addon.dialects.protowire import first_int, first_text, parse
 from addon.dialects.registry import detect_request
 from addon.events import TextDelta, ToolCallDelta, TurnEnd, Usage
+from addon.filters.engine import FilterSet
+from addon.filters.rules import parse_rules
+from addon.framing import select
 from addon.framing.envelope import connect_reader, grpc_web_reader, parse_header_block, pct_decode
+from addon.output_gate import OutputGate
+from addon.record import ExchangeRecord
 from addon.redact import fingerprint
 from exchange.request import extract_messages
 
@@ -259,8 +266,6 @@ def test_a_truncated_message_is_a_finding():
 
 
 def test_a_gzip_bomb_in_the_stream_is_skipped_and_the_rest_read():
-    import gzip
-
     bomb = gzip.compress(b"\0" * (32 * 1024 * 1024), 9)
     body = env(bomb, 1) + env(f(1, "after")) + end_stream()
     row = audit_bytes(
@@ -374,3 +379,57 @@ def test_the_real_stream_chat_body_gives_the_expected_text_at_every_split():
     assert row["output_text"] == expected
     assert row["status"] == "completed" and row["error_code"] is None  # end-stream {}
     assert codes(row) == ["server_prompt"] and "powered by GPT-4o mini" in row["findings"][0]["detail"]
+
+
+# -- a content filter cutting the stream as it flows (the output gate) ---------------------------
+
+BLOCK = """
+[[rule]]
+id = "no-code-name"
+kind = "keywords"
+keywords = ["Nightjar"]
+scope = "response"
+action = "block"
+reason = "internal code name"
+"""
+
+
+def gated(body: bytes, cuts: list[int]) -> tuple[bytes, dict]:
+    """``body`` through an auditor with an output gate that may block: what the client got, the row."""
+    filters = FilterSet(parse_rules(BLOCK), failure="closed")
+    req = view(UNIFIED, GZIP)
+    summary = DIALECT.summarize(None, req)
+    record = ExchangeRecord(dialect="cursor", streamed=True, http_status=200)
+    summary_into_record(record, summary)
+    normalizer = DIALECT.normalizer(summary)
+    gate = OutputGate(filters.output_guard(), DIALECT.normalizer(summary), holds=True, split_raw=True, failure="closed")
+    framing = select("application/connect+proto", 200, normalizer.framing)
+    auditor = StreamAuditor(record, normalizer, None, 1 << 20, gate=gate, framing=framing, headers=GZIP)
+    bounds = [0, *cuts, len(body)]
+    sent = [auditor.feed(body[a:b]) for a, b in zip(bounds, bounds[1:]) if b > a and not auditor.stopped]
+    sent.append(auditor.finish())
+    auditor.end()
+    record.finish("complete")
+    return b"".join(sent), record.to_row()
+
+
+def test_a_blocked_word_never_reaches_the_client_and_the_stream_ends_with_the_block():
+    body = (
+        env(m(2, f(1, "Ask about the ")))
+        + genv(m(2, f(1, "Night")))
+        + env(m(2, f(1, "jar plan and more")))
+        + env(m(2, f(1, " text after it")))
+        + end_stream()
+    )
+    for cut in range(1, len(body)):
+        received, row = gated(body, [cut])
+        frames = connect_reader(1 << 20, 1 << 20, GZIP).feed(received)
+        text = "".join(first_text(parse(x.raw), 2, 1) or "" for x in frames if x.event == "message")
+        assert "Nightjar" not in text and "Night" not in text and text in ("", "Ask about the "), cut
+        assert frames[-1].event == "end_stream", cut
+        assert json.loads(frames[-1].data)["error"]["code"] == "permission_denied"
+        assert row["status"] == "blocked", cut
+    harmless = env(m(2, f(1, "Ask about the "))) + genv(m(2, f(1, "Day"))) + env(m(2, f(1, "light"))) + end_stream()
+    for cut in range(1, len(harmless)):
+        received, row = gated(harmless, [cut])
+        assert received == harmless and row["status"] == "completed" and row["output_text"] == "Ask about the Daylight"
