@@ -94,6 +94,7 @@ ERRORS = {
 }
 ROLES = {1: "user", 2: "assistant"}  # ConversationMessage.type: HUMAN, AI
 SERVER_PROMPT_CHARS = 8192
+MESSAGE_CHARS = 256 * 1024  # a string of a tool result or action kept in the request's messages
 
 # The fields each message is known to have (cursor.md): others with text are reported.
 CHAT_RESPONSE = frozenset({1, 2, 3, 4, 5, 7, 10, 11, 12, 13, 16, 17, 22})
@@ -149,7 +150,7 @@ class Cursor(RpcDialect):
             for request_msg in msg.messages(1):
                 _read_chat_request(request_msg, doc, unified=True)
             for result in msg.messages(2):  # ClientSideToolV2Result: its layout is not public
-                add_message(doc, "tool", "\n".join(clean(s) for s in strings(result)))
+                add_message(doc, "tool", message_text(result))
         elif api == AGENT and request.path.endswith("/RunSSE"):
             doc["request_id"] = first_text(msg, 1)  # BidiRequestId
         elif api == AGENT:
@@ -189,12 +190,18 @@ def _read_agent_message(msg: Message, doc: dict[str, Any]) -> None:
         if key:
             doc["api_key"] = credential(key)
         for action in run.messages(2):
-            add_message(doc, "user", "\n".join(clean(s) for s in strings(action)))
+            add_message(doc, "user", message_text(action))
         add_strings(doc, unmapped_strings(run, frozenset({2, 3, 5})))
     for number, role in ((2, "tool"), (4, "user"), (6, "user")):  # exec results, actions, interaction answers
         for part in msg.messages(number):
-            add_message(doc, role, "\n".join(clean(s) for s in strings(part)))
+            add_message(doc, role, message_text(part))
     add_strings(doc, unmapped_strings(msg, frozenset({1, 2, 4, 5, 6})))
+
+
+def message_text(msg: Message) -> str:
+    """The text of a message whose layout is not public (a tool result, an action): its
+    strings, one per line, each up to :data:`MESSAGE_CHARS` (the request filters read them)."""
+    return "\n".join(clean(s) for s in strings(msg, max_chars=MESSAGE_CHARS))
 
 
 def error_details(value: bytes) -> str | None:

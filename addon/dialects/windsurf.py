@@ -170,9 +170,10 @@ class WindsurfNormalizer(RpcNormalizer):
         return out
 
     def _tool_call(self, call: Message, out: list[Event]) -> None:
-        """``ChatToolCall`` delta: ``1 id``, ``2 name``, ``3 arguments_json`` (fragments)."""
+        """``ChatToolCall`` delta: ``1 id``, ``2 name``, ``3 arguments_json`` (fragments;
+        one without an id continues the call opened last)."""
         call_id = first_text(call, 1)
-        key = call_id or (next(iter(reversed(self.open_calls)), None) if self.open_calls else None) or self._key()
+        key = call_id or (list(self.open_calls)[-1] if self.open_calls else self._key())
         self.open_calls[key] = True
         out.append(ToolCallDelta(key, first_text(call, 3) or "", call_id, first_text(call, 2)))
 
