@@ -29,6 +29,8 @@ VARINT, I64, LEN, SGROUP, EGROUP, I32 = 0, 1, 2, 3, 4, 5
 MAX_FIELDS = 100_000
 #: How deep nested messages (and groups) are followed.
 MAX_DEPTH = 32
+#: Bytes :func:`strings` may read as nested messages in one call.
+STRINGS_BUDGET = 4 * 1024 * 1024
 _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]").search
 
 
@@ -226,15 +228,18 @@ def strings(
     at ``max_chars`` characters: what a record keeps of fields it could not map.
 
     A length-delimited value that looks like text is a string; one that does not is read
-    as a nested message and searched in turn. ``skip``: field numbers of ``msg`` itself
-    not to search (those the dialect did map).
+    as a nested message and searched in turn, while the bytes read that way stay under
+    :data:`STRINGS_BUDGET` (nested junk costs bounded work, not its depth times its size).
+    ``skip``: field numbers of ``msg`` itself not to search (those the dialect did map).
     """
     out: list[str] = []
-    _collect(msg, out, limit, max_chars, skip, depth)
+    _collect(msg, out, limit, max_chars, skip, depth, [STRINGS_BUDGET])
     return out
 
 
-def _collect(msg: Message, out: list[str], limit: int, max_chars: int, skip: frozenset[int], depth: int) -> None:
+def _collect(
+    msg: Message, out: list[str], limit: int, max_chars: int, skip: frozenset[int], depth: int, budget: list[int]
+) -> None:
     for f in msg.fields:
         if len(out) >= limit:
             return
@@ -243,10 +248,11 @@ def _collect(msg: Message, out: list[str], limit: int, max_chars: int, skip: fro
         found = readable(f.value)
         if found is not None:
             out.append(found[:max_chars])
-        elif depth < MAX_DEPTH:
+        elif depth < MAX_DEPTH and budget[0] >= len(f.value):
+            budget[0] -= len(f.value)
             nested = Message(f.value)
             if nested.fields and nested.problem is None:
-                _collect(nested, out, limit, max_chars, frozenset(), depth + 1)
+                _collect(nested, out, limit, max_chars, frozenset(), depth + 1, budget)
 
 
 # -- writing: the few messages the dialects send (error details) ------------------------------

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import time
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from protoenc import f, fixed32, fixed64, group, m, tag, varint
 
+from addon.dialects import protowire
 from addon.dialects.protowire import (
     LEN,
     MAX_DEPTH,
@@ -135,3 +138,18 @@ def test_the_reader_never_raises_on_any_bytes(data):
     path(msg, 1, 2, 3)
     for field in msg.fields:
         assert field.number > 0
+
+
+def test_strings_reads_nested_junk_within_a_budget():
+    data = f(1, "leaf")
+    for _ in range(MAX_DEPTH - 2):
+        data = m(1, data, f(2, b"\x00" * 20_000))  # each level drags its nested bytes along
+    started = time.perf_counter()
+    strings(parse(data))
+    assert time.perf_counter() - started < 5
+    small = protowire.STRINGS_BUDGET
+    try:
+        protowire.STRINGS_BUDGET = 100
+        assert strings(parse(m(1, m(1, f(1, "deep")), f(2, b"\x00" * 200)))) == []  # over the budget: not read
+    finally:
+        protowire.STRINGS_BUDGET = small
