@@ -10,6 +10,7 @@ content type                                    protocol          how the status
 (with ``Connect-Protocol-Version: 1``)
 ``application/grpc`` / ``+proto`` / ``+json``   ``grpc``          HTTP/2 trailers
 ``application/grpc-web`` / ``+proto`` / …       ``grpc_web``      trailer frame (flag 0x80)
+``application/grpc-web-text`` (base64)          ``grpc_web_text`` trailer frame (flag 0x80)
 ==============================================  ================  =============================
 
 Streams are read by the envelope framing (:mod:`addon.framing.envelope`), whose frames
@@ -56,14 +57,14 @@ from addon.dialects import (
 from addon.dialects.blocking import block_message
 from addon.dialects.protowire import Message, encode_field, first_text, messages_at, parse, strings
 from addon.events import Event, Finding, StreamEnd, StreamError
-from addon.framing import Frame, Writer
+from addon.framing import FRAMINGS, Frame, Writer
 from addon.framing.envelope import (
     CONNECT_HTTP_STATUS,
     CONNECT_WRITER,
+    GRPC_WEB_TEXT_WRITER,
     GRPC_WEB_WRITER,
     GRPC_WRITER,
     Envelope,
-    EnvelopeReader,
     RpcStatus,
     b64decode,
     code_name,
@@ -74,8 +75,14 @@ from addon.framing.envelope import (
 from addon.redact import holds_secret, is_credential_name, redacted
 
 CONNECT, CONNECT_UNARY, GRPC, GRPC_WEB = "connect", "connect_unary", "grpc", "grpc_web"
-STREAM_PROTOCOLS = frozenset({CONNECT, GRPC, GRPC_WEB})
-WRITERS: dict[str, Writer] = {CONNECT: CONNECT_WRITER, GRPC: GRPC_WRITER, GRPC_WEB: GRPC_WEB_WRITER}
+GRPC_WEB_TEXT = "grpc_web_text"
+STREAM_PROTOCOLS = frozenset({CONNECT, GRPC, GRPC_WEB, GRPC_WEB_TEXT})  # each is its framing's name
+WRITERS: dict[str, Writer] = {
+    CONNECT: CONNECT_WRITER,
+    GRPC: GRPC_WRITER,
+    GRPC_WEB: GRPC_WEB_WRITER,
+    GRPC_WEB_TEXT: GRPC_WEB_TEXT_WRITER,
+}
 #: The code a content filter's block carries (gRPC status 7).
 BLOCK_CODE = "permission_denied"
 # "/" [routing-prefix "/"] package "." Service "/" Method (connect.md §1)
@@ -97,8 +104,7 @@ def protocol_of(headers: Mapping[str, str]) -> tuple[str, str] | None:
     """``(protocol, codec)`` of a request by its content type, None if it speaks neither.
 
     Unary Connect's ``application/<codec>`` counts only with ``Connect-Protocol-Version``,
-    which tells it from any other JSON or protobuf API. gRPC-Web's base64 text form
-    (``application/grpc-web-text``) is not read.
+    which tells it from any other JSON or protobuf API.
     """
     kind = media_type(headers.get("content-type", ""))[0]
     family, plus, codec = kind.partition("+")
@@ -108,6 +114,8 @@ def protocol_of(headers: Mapping[str, str]) -> tuple[str, str] | None:
         return GRPC, codec or "proto"
     if family == "application/grpc-web":
         return GRPC_WEB, codec or "proto"
+    if family == "application/grpc-web-text":
+        return GRPC_WEB_TEXT, codec or "proto"
     if headers.get("connect-protocol-version") and not plus and kind.startswith("application/"):
         return CONNECT_UNARY, kind.removeprefix("application/")
     return None
@@ -145,8 +153,7 @@ def request_messages(content: bytes, request: RequestView) -> tuple[list[bytes],
     protocol = (protocol_of(request.headers) or (CONNECT_UNARY, ""))[0]
     if protocol == CONNECT_UNARY:
         return ([content] if content else []), []
-    encoding = request.headers.get("connect-content-encoding" if protocol == CONNECT else "grpc-encoding")
-    reader = EnvelopeReader(MAX_REQUEST_MESSAGE_BYTES, encoding, end_stream_flag=protocol == CONNECT)
+    reader = FRAMINGS[protocol].reader(MAX_REQUEST_MESSAGE_BYTES, 0, request.headers)
     frames = reader.feed(content)
     reader.end()
     findings = [Finding(code, detail) for code, detail in reader.findings]
@@ -233,9 +240,10 @@ def blocked_answer(summary: RequestSummary, status: RpcStatus) -> BlockedRespons
     if protocol == GRPC:  # trailers-only: the status in the one HEADERS block
         headers = [("content-type", f"application/grpc+{codec}"), *GRPC_WRITER.trailers([status])]
         return BlockedResponse(200, headers, b"")
-    writer = GRPC_WEB_WRITER if protocol == GRPC_WEB else CONNECT_WRITER
-    kind = "application/grpc-web" if protocol == GRPC_WEB else "application/connect"
-    return BlockedResponse(200, [("content-type", f"{kind}+{codec}")], writer.encode([status], False))
+    kind = {GRPC_WEB: "application/grpc-web", GRPC_WEB_TEXT: "application/grpc-web-text"}.get(protocol)
+    writer = WRITERS[protocol] if kind else CONNECT_WRITER
+    content_type = f"{kind or 'application/connect'}+{codec}"
+    return BlockedResponse(200, [("content-type", content_type)], writer.encode([status], False))
 
 
 # -- the normalizer ---------------------------------------------------------------------------
@@ -288,13 +296,8 @@ class RpcNormalizer(Normalizer):
     def on_end(self, cut: bool = False) -> list[Event]:
         if self.ended:
             return []
-        what = (
-            "gRPC status"
-            if self.protocol == GRPC
-            else "trailer frame"
-            if self.protocol == GRPC_WEB
-            else "EndStreamResponse"
-        )
+        what = {GRPC: "gRPC status", GRPC_WEB: "trailer frame", GRPC_WEB_TEXT: "trailer frame"}.get(self.protocol)
+        what = what or "EndStreamResponse"
         return [Finding("missing_stream_end", f"the stream ended without its {what}")]
 
     def on_body(self, body: bytes, http_status: int) -> list[Event]:

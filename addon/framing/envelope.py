@@ -15,9 +15,10 @@ and differ only in what the flag bits mean (connect.md §2, §4, §5):
 - ``grpc_web`` (``application/grpc-web``, ``+proto``, ``+json``): bit 0 as in gRPC, and
   the most significant bit (``0x80``, ``0x81`` compressed) marks the trailer frame, an
   HTTP/1-style header block (``grpc-status:0\\r\\ngrpc-message:…\\r\\n``) in the body.
-  (``application/grpc-web-text``, base64 of the whole framed stream, is not read.)
+- ``grpc_web_text`` (``application/grpc-web-text``, ``+proto``): gRPC-Web in base64, read
+  quartet by quartet (padding may end any quartet: servers encode each message alone).
 
-One :class:`EnvelopeReader` serves the three. Envelope boundaries have nothing to do with
+One :class:`EnvelopeReader` serves them all (the text form through :class:`Base64EnvelopeReader`). Envelope boundaries have nothing to do with
 DATA frames or chunks, so the reader keeps the 5-byte prefix across feeds and reports
 the offset just past every envelope (``feed_bounded``): the output gate releases a
 message's bytes once the dialect has read it. Memory is bounded by ``max_event_bytes``:
@@ -291,6 +292,11 @@ class EnvelopeReader:
     def held(self) -> int:
         return self._offset - self._boundary
 
+    @property
+    def scanned(self) -> int:
+        """Bytes read so far."""
+        return self._offset
+
     def unbound(self) -> list[Frame]:
         return []  # nothing is held back from reading: boundaries cost nothing here
 
@@ -444,9 +450,96 @@ class GrpcWriter:
         return status_trailers(status) if status is not None else []
 
 
+class GrpcWebTextWriter:
+    """gRPC-Web in base64 (``application/grpc-web-text``): the gRPC-Web bytes, encoded;
+    appended at a quartet boundary, so the stream stays valid base64."""
+
+    def encode(self, frames: Sequence[Frame], continues: bool) -> bytes:
+        return base64.b64encode(GRPC_WEB_WRITER.encode(frames, continues))
+
+    def trailers(self, frames: Sequence[Frame]) -> list[tuple[str, str]]:
+        return []  # the trailers are in the body
+
+
+class Base64EnvelopeReader:
+    """``application/grpc-web-text``: base64 text in, gRPC-Web frames out.
+
+    Each quartet decodes on its own (a padded one ends a message a server encoded
+    alone), and the gRPC-Web reader reads what it decodes. A frame's boundary is reported
+    in the body's own (text) offsets: the end of the quartet holding its last byte when
+    the frame ends there, else the start of that quartet (the bytes up to it belong to
+    frames already read; the rest is released with a later frame). Whitespace is skipped;
+    a character outside base64 makes the rest unreadable (a finding).
+    """
+
+    __slots__ = ("inner", "findings", "_quartet", "_quartet_start", "_offset", "_boundary", "_broken")
+
+    def __init__(self, inner: EnvelopeReader) -> None:
+        self.inner = inner
+        self.findings = inner.findings  # one list: the inner reader's findings are this reader's
+        self._quartet = bytearray()
+        self._quartet_start = 0  # text offset of the quartet's first character
+        self._offset = 0  # text bytes scanned
+        self._boundary = 0
+        self._broken: str | None = None
+
+    @property
+    def unreadable(self) -> str | None:
+        return self._broken or self.inner.unreadable
+
+    def feed(self, data: bytes) -> list[Frame]:
+        return [frame for frame, _ in self.feed_bounded(data) if frame is not None]
+
+    def feed_bounded(self, data: bytes) -> list[tuple[Frame | None, int]]:
+        out: list[tuple[Frame | None, int]] = []
+        start = self._offset
+        for i, byte in enumerate(data):
+            if self._broken is not None:
+                break
+            if byte in b" \t\r\n":
+                continue
+            if not self._quartet:
+                self._quartet_start = start + i
+            self._quartet.append(byte)
+            if len(self._quartet) == 4:
+                self._decode_quartet(start + i + 1, out)
+        self._offset = start + len(data)
+        return out
+
+    def _decode_quartet(self, end: int, out: list[tuple[Frame | None, int]]) -> None:
+        try:
+            decoded = base64.b64decode(bytes(self._quartet), validate=True)
+        except ValueError:
+            self._broken = f"not base64 near byte {end}"
+            self.findings.append(("envelope_decompress_failed", f"grpc-web-text: {self._broken}"))
+            return
+        finally:
+            self._quartet.clear()
+        total = self.inner.scanned + len(decoded)
+        for frame, frame_end in self.inner.feed_bounded(decoded):
+            boundary = end if frame_end == total else max(self._boundary, self._quartet_start)
+            self._boundary = boundary
+            out.append((frame, boundary))
+
+    @property
+    def held(self) -> int:
+        return self._offset - self._boundary
+
+    def unbound(self) -> list[Frame]:
+        return []
+
+    def end(self) -> list[Frame]:
+        return self.inner.end()
+
+    @property
+    def pending_event(self) -> bool:
+        return bool(self._quartet) or self.inner.pending_event
+
+
 CONNECT_WRITER = ConnectWriter()
 GRPC_WEB_WRITER = GrpcWebWriter()
 GRPC_WRITER = GrpcWriter()
+GRPC_WEB_TEXT_WRITER = GrpcWebTextWriter()
 INCOMPLETE = ("envelope_incomplete", "the body ended inside an envelope")
 
 
@@ -463,6 +556,13 @@ def grpc_reader(max_event_bytes: int, max_record_bytes: int, headers: Mapping[st
 def grpc_web_reader(max_event_bytes: int, max_record_bytes: int, headers: Mapping[str, str]) -> EnvelopeReader:
     """A gRPC-Web body's reader (``grpc-encoding``; trailers in a 0x80 frame)."""
     return EnvelopeReader(max_event_bytes, headers.get("grpc-encoding"), trailer_flag=True)
+
+
+def grpc_web_text_reader(
+    max_event_bytes: int, max_record_bytes: int, headers: Mapping[str, str]
+) -> Base64EnvelopeReader:
+    """A gRPC-Web text body's reader: base64 of what :func:`grpc_web_reader` reads."""
+    return Base64EnvelopeReader(grpc_web_reader(max_event_bytes, max_record_bytes, headers))
 
 
 CONNECT = register(
@@ -492,6 +592,16 @@ GRPC_WEB = register(
         GRPC_WEB_WRITER,
         streamed=True,
         media_types=("application/grpc-web", "application/grpc-web+*"),
+        incomplete=INCOMPLETE,
+    )
+)
+GRPC_WEB_TEXT = register(
+    Framing(
+        "grpc_web_text",
+        grpc_web_text_reader,
+        GRPC_WEB_TEXT_WRITER,
+        streamed=True,
+        media_types=("application/grpc-web-text", "application/grpc-web-text+*"),
         incomplete=INCOMPLETE,
     )
 )

@@ -3,6 +3,7 @@ statuses of each protocol, endings and blocked answers; the Connect spec's examp
 
 from __future__ import annotations
 
+import base64
 import json
 from pathlib import Path
 
@@ -220,3 +221,18 @@ def test_the_connect_spec_examples():
     body = bytes.fromhex(failure["response_envelopes_hex"][0])
     row = every_split(body, failure["content_type"])
     assert (row["error_code"], row["error_message"], row["status"]) == ("unavailable", "overloaded", "failed")
+
+
+def test_grpc_web_text_streams_and_blocked_answers():
+    body = base64.b64encode(env(f(1, "text form"))) + base64.b64encode(
+        env(b"grpc-status:5\r\ngrpc-message:gone\r\n", 0x80)
+    )
+    row = every_split(body, "application/grpc-web-text")
+    assert (row["output_text"], row["error_code"], row["error_message"]) == ("text form", "not_found", "gone")
+    text = view("application/grpc-web-text")
+    answer = DIALECT.blocked_response(DIALECT.summarize(None, text), text, "r1", "why", True)
+    assert ("content-type", "application/grpc-web-text+proto") in answer.headers
+    [frame] = grpc_web_reader(1 << 20, 1 << 20, {}).feed(base64.b64decode(answer.body))
+    assert parse_header_block(frame.data)["grpc-status"] == "7"
+    request, _ = DIALECT.parse_request(base64.b64encode(env(f(1, "asked"))), text)
+    assert request["protocol"] == "grpc_web_text" and request["messages"] == [{"role": "user", "content": "asked"}]

@@ -6,10 +6,12 @@ spec's own examples are replayed when ../shared is present.
 
 from __future__ import annotations
 
+import base64
 import gzip
 import json
 import tracemalloc
 import zlib
+from itertools import accumulate
 from pathlib import Path
 
 import brotli
@@ -25,6 +27,7 @@ from addon.framing import select
 from addon.framing.envelope import (
     CODES,
     CONNECT_WRITER,
+    GRPC_WEB_TEXT_WRITER,
     GRPC_WEB_WRITER,
     GRPC_WRITER,
     Envelope,
@@ -35,6 +38,7 @@ from addon.framing.envelope import (
     connect_reader,
     grpc_reader,
     grpc_web_reader,
+    grpc_web_text_reader,
     parse_header_block,
     pct_decode,
     pct_encode,
@@ -69,7 +73,8 @@ def frames_of(reader: EnvelopeReader, body: bytes, cuts: list[int]) -> list[tupl
         ("application/grpc-web", "grpc_web"),
         ("application/grpc-web+proto", "grpc_web"),
         ("application/grpc-web+json", "grpc_web"),
-        ("application/grpc-web-text", "whole"),  # base64 text: not read
+        ("application/grpc-web-text", "grpc_web_text"),
+        ("application/grpc-web-text+proto", "grpc_web_text"),
         ("application/proto", "whole"),  # unary Connect: one bare message
         ("application/json", "whole"),
         ("application/grpcx", "whole"),
@@ -336,3 +341,47 @@ def test_the_connect_spec_streaming_examples_read_as_the_spec_says():
         "end_stream",
         {"error": {"code": "unavailable", "message": "overloaded"}},
     )
+
+
+# -- gRPC-Web in base64 (application/grpc-web-text) ----------------------------------------------
+
+PARTS = [env(b"\x0a\x05hello"), env(b"\x0a\x01x"), env(b"grpc-status:0\r\n", 0x80)]
+TEXT = b"".join(base64.b64encode(p) for p in PARTS)  # each message alone: padding mid-stream
+
+
+def test_grpc_web_text_is_decoded_quartet_by_quartet_at_every_split():
+    expected = [
+        (0, "message", b"\x0a\x05hello"),
+        (0, "message", b"\x0a\x01x"),
+        (0x80, "trailers", b"grpc-status:0\r\n"),
+    ]
+    ends = list(accumulate(len(base64.b64encode(p)) for p in PARTS))
+    for cut in range(len(TEXT) + 1):
+        reader = grpc_web_text_reader(MAX, MAX, {})
+        bounded = reader.feed_bounded(TEXT[:cut]) + reader.feed_bounded(TEXT[cut:])
+        assert [(f.flags, f.event, f.raw) for f, _ in bounded if isinstance(f, Envelope)] == expected, cut
+        assert [end for _, end in bounded] == ends, cut
+        assert reader.held == 0 and not reader.pending_event
+
+
+def test_grpc_web_text_boundaries_never_pass_the_end_of_a_frame():
+    text = base64.b64encode(b"".join(PARTS))  # one encoding: frames end inside quartets
+    text = text[:8] + b"\r\n" + text[8:]  # and whitespace between quartets
+    reader = grpc_web_text_reader(MAX, MAX, {})
+    bounded = reader.feed_bounded(text)
+    decoded_ends = list(accumulate(len(p) for p in PARTS))
+    assert len(bounded) == 3 and bounded[-1][1] == len(text)  # the last frame ends the text
+    for (_, end), decoded_end in zip(bounded, decoded_ends):
+        assert len(base64.b64decode(text[:end])) <= decoded_end  # released bytes: read frames only
+
+
+def test_grpc_web_text_that_is_not_base64_is_unreadable():
+    reader = grpc_web_text_reader(MAX, MAX, {})
+    assert reader.feed(b"AAAA!!!!AAAA") == []
+    assert reader.unreadable is not None and reader.findings[0][0] == "envelope_decompress_failed"
+
+
+def test_the_grpc_web_text_writer_encodes_base64_that_reads_back():
+    body = GRPC_WEB_TEXT_WRITER.encode([STATUS], True)
+    [frame] = grpc_web_text_reader(MAX, MAX, {}).feed(TEXT[: -len(base64.b64encode(PARTS[2]))] + body)[-1:]
+    assert frame.event == "trailers" and parse_header_block(frame.data)["grpc-status"] == "7"
