@@ -4,7 +4,7 @@ An AI service the proxy has no dialect for may still speak Connect or gRPC; its
 exchanges are recorded rather than passed unseen. One dialect serves Connect (streaming
 and unary), gRPC and gRPC-Web, named ``grpc`` after the family; the record's
 ``request_body`` says which protocol (``protocol``: ``connect``, ``connect_unary``,
-``grpc``, ``grpc_web``) and which method (``rpc``: ``pkg.Service/Method``).
+``grpc``, ``grpc_web``, ``grpc_web_text``) and which method (``rpc``: ``pkg.Service/Method``).
 
 Recognised by a POST to a ``/pkg.Service/Method`` path with a Connect or gRPC content
 type (``application/connect+*``, ``application/grpc*``), or ``application/proto`` /
@@ -33,6 +33,7 @@ from addon.dialects.rpc import (
     RpcNormalizer,
     add_message,
     clean,
+    clean_json,
     json_strings,
     protocol_of,
     rpc_name,
@@ -43,8 +44,8 @@ from addon.events import Event, Finding, TextDelta
 def message_strings(payload: bytes, codec: str) -> list[str]:
     """The strings of one message (bounded), credentials fingerprinted."""
     found: list[str] = []
-    if codec == "json":
-        json_strings(json_object(payload), found, UNMAPPED_STRINGS)
+    if codec == "json":  # (keys named like credentials fingerprinted first: "apiKey", "token")
+        json_strings(clean_json(json_object(payload)), found, UNMAPPED_STRINGS)
     else:
         found = strings(parse(payload), UNMAPPED_STRINGS, UNMAPPED_CHARS)
     return [clean(s[:UNMAPPED_CHARS]) for s in found]

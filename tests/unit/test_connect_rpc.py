@@ -236,3 +236,9 @@ def test_grpc_web_text_streams_and_blocked_answers():
     assert parse_header_block(frame.data)["grpc-status"] == "7"
     request, _ = DIALECT.parse_request(base64.b64encode(env(f(1, "asked"))), text)
     assert request["protocol"] == "grpc_web_text" and request["messages"] == [{"role": "user", "content": "asked"}]
+
+
+def test_json_keys_named_like_credentials_are_fingerprinted():
+    body = env(json.dumps({"apiKey": "plain-looking-key-123", "prompt": "hi"}))
+    doc, _ = DIALECT.parse_request(body, view("application/connect+json"))
+    assert "plain-looking-key-123" not in orjson.dumps(doc).decode() and "hi" in doc["messages"][0]["content"]
