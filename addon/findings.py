@@ -70,4 +70,19 @@ CODES: dict[str, str] = {
     "final_text_mismatch": "A stream's final text (Responses *.done, response.completed) differs from its deltas; "
     "the deltas are recorded, the final text was checked by the output filters.",
     "unknown_content_part": "A content part of a type the dialect does not know; its strings were read as answer text.",
+    # Connect / gRPC envelopes (addon.framing.envelope) and protobuf payloads
+    "envelope_too_large": "A Connect/gRPC message (its envelope, or what a compressed one decompresses to) exceeded "
+    "llm_audit_max_event_bytes; it was skipped (bytes still passed through).",
+    "envelope_decompress_failed": "A compressed Connect/gRPC message could not be decompressed (no or an unknown "
+    "message encoding, corrupt data); it was skipped (bytes still passed through).",
+    "envelope_reserved_flags": "A Connect/gRPC envelope set flag bits its protocol reserves; it was read as a message.",
+    "envelope_incomplete": "The body ended inside a Connect/gRPC envelope; the partial message was discarded.",
+    "end_stream_invalid": "A Connect EndStreamResponse or a gRPC status (trailers) is not what the protocol defines; "
+    "the detail says how.",
+    "protobuf_invalid": "A protobuf message is not valid wire format (truncated, a bad tag); what could be read was "
+    "read.",
+    "protobuf_unmapped": "A protobuf message holds fields the dialect does not map (the schema moved, or a message "
+    "kind it does not know); the detail gives the fields and the strings found in them.",
+    "server_prompt": "The response disclosed the prompt the server built for the model (Cursor's filled_prompt); "
+    "the detail gives its size, SHA-256 and its text (cut at 8 KiB).",
 }

@@ -7,10 +7,12 @@ split in many ways and compare the rows.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from addon.auditor import StreamAuditor, summary_into_record
 from addon.dialects import Dialect, RequestView
+from addon.framing import select
 from addon.record import OUTCOME_COMPLETE, OUTCOME_UPSTREAM_ABORTED, ExchangeRecord
 
 MAX_EVENT_BYTES = 8 * 1024 * 1024
@@ -27,13 +29,23 @@ def audit_bytes(
     outcome: str = OUTCOME_COMPLETE,
     event_stream: bool = True,
     status: int = 200,
+    content_type: str | None = None,
+    headers: Mapping[str, str] | None = None,
     **record_fields: Any,
 ) -> dict:
-    """Feed ``body`` split at the ``chunks`` offsets; return the row without ids and times."""
+    """Feed ``body`` split at the ``chunks`` offsets; return the row without ids and times.
+
+    ``content_type``: the response's, when the framing is chosen by it (as the proxy
+    chooses it) rather than by ``event_stream``; ``headers``: the response's, for its reader.
+    """
     record = ExchangeRecord(dialect=dialect.name, streamed=event_stream, http_status=status, **record_fields)
     summary = dialect.summarize(request, request_view)
     summary_into_record(record, summary)
-    auditor = StreamAuditor(record, dialect.normalizer(summary), encoding, MAX_EVENT_BYTES, event_stream=event_stream)
+    normalizer = dialect.normalizer(summary)
+    framing = select(content_type, status, normalizer.framing) if content_type is not None else None
+    auditor = StreamAuditor(
+        record, normalizer, encoding, MAX_EVENT_BYTES, event_stream=event_stream, framing=framing, headers=headers
+    )
     bounds = [0, *(chunks or []), len(body)]
     for a, b in zip(bounds, bounds[1:]):
         if b > a:

@@ -128,8 +128,8 @@ class Normalizer(ABC):
         return self.writer.encode(self.ending(rule_id, reason), self.continues)
 
     def termination_trailers(self, rule_id: str, reason: str) -> list[tuple[str, str]]:
-        """The HTTP trailers that end a stream a content filter cut, for a framing whose
-        status travels in trailers (gRPC); none for the others."""
+        """The HTTP trailers that go with :meth:`termination` (gRPC's status travels in
+        them); ``[]`` for a framing whose writer has none."""
         trailers = getattr(self.writer, "trailers", None)
         return trailers(self.ending(rule_id, reason)) if trailers is not None else []
 

@@ -35,6 +35,10 @@ HOSTS: tuple[tuple[str, str], ...] = (
     ("openrouter.ai", "openrouter"),
     ("api.together.xyz", "together_ai"),
     ("api.together.ai", "together_ai"),
+    ("cursor.sh", "cursor"),  # api2.cursor.sh, agent.api5.cursor.sh, ... (Connect, protobuf)
+    ("windsurf.com", "windsurf"),  # server.self-serve.windsurf.com, eu.windsurf.com, tenants
+    ("windsurf.fedstart.com", "windsurf"),
+    ("codeium.com", "windsurf"),  # server.codeium.com, inference.codeium.com
 )
 
 

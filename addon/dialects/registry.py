@@ -17,15 +17,9 @@ from addon.dialects import UNREADABLE, Dialect, RequestView
 from addon.framing import Frame
 
 BUILTIN = (
-    "llm_stream",
-    "lmsp",
-    "openai_responses",
-    "openai_chat",
-    "openai_completions",
-    "anthropic",
-    "gemini",
-    "ollama",
-)
+    "llm_stream", "lmsp", "openai_responses", "openai_chat", "openai_completions", "anthropic", "gemini",
+    "ollama", "cursor", "windsurf", "connect_rpc",
+)  # fmt: skip
 REGISTRY: tuple[Dialect, ...] = tuple(importlib.import_module(f"addon.dialects.{name}").DIALECT for name in BUILTIN)
 
 

@@ -111,7 +111,8 @@ class Framing:
     ``streamed``: frames are read (and filtered) as the body flows; otherwise the body is
     one frame, read at its end and, when filters may block, held whole until then.
     ``media_types``: response media types that select this framing whatever the dialect
-    expects (``text/event-stream``); a framing without any is chosen only when the
+    expects (``text/event-stream``; one ending in ``*`` claims every type it begins, as
+    ``application/connect+*``); a framing without any is chosen only when the
     dialect expects it (a JSON array is served as ``application/json``, like any answer).
     ``incomplete``: the finding for a body that ended inside a frame though HTTP says it
     is whole (None: the dialect reports it, told by ``on_end(cut=True)``).
@@ -143,7 +144,7 @@ def select(content_type: str, status: int, expected: str | None) -> Framing:
     expects for a successful answer, else the whole body (a JSON answer, an error)."""
     kind = content_type.partition(";")[0].strip().lower()
     for framing in FRAMINGS.values():
-        if kind in framing.media_types:
+        if any(kind == t or (t[-1] == "*" and kind.startswith(t[:-1])) for t in framing.media_types):
             return framing
     chosen = FRAMINGS.get(expected or "")
     if chosen is not None and (chosen.by_expectation or not chosen.media_types) and 200 <= status < 300:
@@ -151,7 +152,7 @@ def select(content_type: str, status: int, expected: str | None) -> Framing:
     return FRAMINGS["whole"]
 
 
-BUILTIN_FRAMINGS = ("sse", "json_array", "ndjson", "whole")
+BUILTIN_FRAMINGS = ("sse", "json_array", "ndjson", "whole", "envelope")
 
 
 def _load_builtin_framings() -> None:

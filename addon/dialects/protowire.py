@@ -1,0 +1,279 @@
+"""A schema-less protobuf wire reader (and the little writing the dialects need).
+
+Cursor and Windsurf publish no ``.proto``: what is known are field numbers others
+reverse-engineered (cursor.md, windsurf.md), which move between releases. So the
+protobuf dialects do not decode messages with generated classes; they walk the wire
+format and follow the documented field paths (:func:`path`), trying to read a
+length-delimited value as a nested message only where a path says one is, and collect
+the UTF-8 strings of what they could not map (:func:`strings`) so that a moved field
+still leaves its text in the record.
+
+The wire format (protobuf encoding spec): each field is a varint tag
+``number << 3 | wire type`` then a varint (0), 8 little-endian bytes (1), a varint
+length and that many bytes (2: strings, bytes, nested messages, packed repeated
+fields), or 4 bytes (5); 3 and 4 open and close a group (deprecated; skipped here).
+
+Hostile input costs bounded work and never raises: a message is read as far as it is
+valid and :attr:`Message.problem` says where it stopped; nesting is bounded by
+:data:`MAX_DEPTH`, fields per message by :data:`MAX_FIELDS`, collected strings by the
+caller's limits. Imported by the protobuf dialects; registers no dialect.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import NamedTuple
+
+VARINT, I64, LEN, SGROUP, EGROUP, I32 = 0, 1, 2, 3, 4, 5
+#: Fields read from one message at most; the rest is a problem, not memory.
+MAX_FIELDS = 100_000
+#: How deep nested messages (and groups) are followed.
+MAX_DEPTH = 32
+#: Bytes :func:`strings` may read as nested messages in one call.
+STRINGS_BUDGET = 4 * 1024 * 1024
+_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]").search
+
+
+class Field(NamedTuple):
+    """One field as sent: its number, wire type and value (an int, or bytes for wire type 2)."""
+
+    number: int
+    wire: int
+    value: int | bytes
+
+
+def _varint(data: bytes, pos: int) -> tuple[int, int] | None:
+    """The varint at ``pos`` and the position after it; None if truncated or over 10 bytes."""
+    result = shift = 0
+    end = min(len(data), pos + 10)
+    while pos < end:
+        byte = data[pos]
+        pos += 1
+        result |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return result & 0xFFFF_FFFF_FFFF_FFFF, pos
+        shift += 7
+    return None
+
+
+def read_fields(data: bytes, max_fields: int = MAX_FIELDS) -> tuple[list[Field], str | None]:
+    """The fields of one message in wire order, and why reading stopped early (None: it
+    did not). Groups are skipped."""
+    fields: list[Field] = []
+    pos, size = 0, len(data)
+    while pos < size:
+        if len(fields) >= max_fields:
+            return fields, f"over {max_fields} fields; the rest was not read"
+        start = pos
+        tag = _varint(data, pos)
+        if tag is None:
+            return fields, f"truncated tag at byte {start}"
+        key, pos = tag
+        number, wire = key >> 3, key & 7
+        if number == 0:
+            return fields, f"field number 0 at byte {start}"
+        value: int | bytes
+        if wire == VARINT:
+            read = _varint(data, pos)
+            if read is None:
+                return fields, f"truncated varint of field {number} at byte {start}"
+            value, pos = read
+        elif wire in (I64, I32):
+            width = 8 if wire == I64 else 4
+            if pos + width > size:
+                return fields, f"truncated fixed-width field {number} at byte {start}"
+            value = int.from_bytes(data[pos : pos + width], "little")
+            pos += width
+        elif wire == LEN:
+            read = _varint(data, pos)
+            if read is None or read[1] + read[0] > size:
+                return fields, f"truncated length-delimited field {number} at byte {start}"
+            length, pos = read
+            value = data[pos : pos + length]
+            pos += length
+        elif wire == SGROUP:
+            after = _skip_group(data, pos, number, 1)
+            if after is None:
+                return fields, f"unterminated group {number} at byte {start}"
+            pos = after
+            continue
+        else:
+            return fields, f"wire type {wire} of field {number} at byte {start} is not valid here"
+        fields.append(Field(number, wire, value))
+    return fields, None
+
+
+def _skip_group(data: bytes, pos: int, number: int, depth: int) -> int | None:
+    """The position just past the end-group tag of group ``number``; None if there is none."""
+    if depth > MAX_DEPTH:
+        return None
+    size = len(data)
+    while pos < size:
+        tag = _varint(data, pos)
+        if tag is None:
+            return None
+        key, pos = tag
+        inner, wire = key >> 3, key & 7
+        if wire == EGROUP:
+            return pos if inner == number else None
+        if wire == VARINT:
+            read = _varint(data, pos)
+            if read is None:
+                return None
+            pos = read[1]
+        elif wire in (I64, I32):
+            pos += 8 if wire == I64 else 4
+        elif wire == LEN:
+            read = _varint(data, pos)
+            if read is None:
+                return None
+            pos = read[1] + read[0]
+        elif wire == SGROUP:
+            after = _skip_group(data, pos, inner, depth + 1)
+            if after is None:
+                return None
+            pos = after
+        else:
+            return None
+    return None
+
+
+class Message:
+    """One message read: its fields, why reading stopped early, and the nested messages
+    looked at so far (each length-delimited value is parsed at most once)."""
+
+    __slots__ = ("fields", "problem", "_nested")
+
+    def __init__(self, data: bytes) -> None:
+        self.fields, self.problem = read_fields(data)
+        self._nested: dict[int, list[Message]] = {}
+
+    def values(self, number: int) -> list[int | bytes]:
+        """Every value of field ``number`` (repeated fields: all of them, in order)."""
+        return [f.value for f in self.fields if f.number == number]
+
+    def numbers(self) -> set[int]:
+        """The field numbers present."""
+        return {f.number for f in self.fields}
+
+    def messages(self, number: int) -> list[Message]:
+        """The values of field ``number`` that read as whole messages (a string that does
+        not is skipped: a path expecting a message there found none)."""
+        found = self._nested.get(number)
+        if found is None:
+            found = []
+            for value in self.values(number):
+                if isinstance(value, bytes):
+                    nested = Message(value)
+                    if nested.problem is None:
+                        found.append(nested)
+            self._nested[number] = found
+        return found
+
+
+def parse(data: bytes) -> Message:
+    """``data`` read as one message (never raises; see :attr:`Message.problem`)."""
+    return Message(data)
+
+
+def path(msg: Message, *numbers: int) -> list[int | bytes]:
+    """The values at a field path: ``path(m, 2, 1)`` is field 1 of every message in field 2.
+
+    Every step but the last goes through nested messages (repeated ones included), the
+    last gives the values found there; ``[]`` where the path leads nowhere.
+    """
+    level = [msg]
+    for number in numbers[:-1]:
+        level = [nested for m in level for nested in m.messages(number)]
+    return [value for m in level for value in m.values(numbers[-1])] if numbers else []
+
+
+def messages_at(msg: Message, *numbers: int) -> list[Message]:
+    """The nested messages at a field path (every step read as a message)."""
+    level = [msg]
+    for number in numbers:
+        level = [nested for m in level for nested in m.messages(number)]
+    return level
+
+
+def text(value: int | bytes | None) -> str | None:
+    """A length-delimited value as a string (invalid UTF-8 as U+FFFD); None for a number."""
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else None
+
+
+def first_text(msg: Message, *numbers: int) -> str | None:
+    """The first string at a path, or None."""
+    return next((t for v in path(msg, *numbers) if (t := text(v)) is not None), None)
+
+
+def first_int(msg: Message, *numbers: int) -> int | None:
+    """The first number (varint or fixed) at a path, or None."""
+    return next((v for v in path(msg, *numbers) if isinstance(v, int)), None)
+
+
+def readable(value: bytes) -> str | None:
+    """``value`` as text when it looks like text: UTF-8 without control characters other
+    than tab and line ends (a nested message's tags and lengths are control bytes)."""
+    try:
+        decoded = value.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+    return decoded if decoded and not _CONTROL(decoded) else None
+
+
+def strings(
+    msg: Message, limit: int = 64, max_chars: int = 2000, skip: frozenset[int] = frozenset(), depth: int = 0
+) -> list[str]:
+    """The text strings found in ``msg``, depth first, at most ``limit`` of them, each cut
+    at ``max_chars`` characters: what a record keeps of fields it could not map.
+
+    A length-delimited value that looks like text is a string; one that does not is read
+    as a nested message and searched in turn, while the bytes read that way stay under
+    :data:`STRINGS_BUDGET` (nested junk costs bounded work, not its depth times its size).
+    ``skip``: field numbers of ``msg`` itself not to search (those the dialect did map).
+    """
+    out: list[str] = []
+    _collect(msg, out, limit, max_chars, skip, depth, [STRINGS_BUDGET])
+    return out
+
+
+def _collect(
+    msg: Message, out: list[str], limit: int, max_chars: int, skip: frozenset[int], depth: int, budget: list[int]
+) -> None:
+    for f in msg.fields:
+        if len(out) >= limit:
+            return
+        if f.wire != LEN or f.number in skip or not isinstance(f.value, bytes):
+            continue
+        found = readable(f.value)
+        if found is not None:
+            out.append(found[:max_chars])
+        elif depth < MAX_DEPTH and budget[0] >= len(f.value):
+            budget[0] -= len(f.value)
+            nested = Message(f.value)
+            if nested.fields and nested.problem is None:
+                _collect(nested, out, limit, max_chars, frozenset(), depth + 1, budget)
+
+
+# -- writing: the few messages the dialects send (error details) ------------------------------
+
+
+def encode_varint(value: int) -> bytes:
+    """A non-negative integer as a varint."""
+    out = bytearray()
+    while True:
+        byte = value & 0x7F
+        value >>= 7
+        if value:
+            out.append(byte | 0x80)
+        else:
+            out.append(byte)
+            return bytes(out)
+
+
+def encode_field(number: int, value: int | bytes | str) -> bytes:
+    """One field: an int as a varint, bytes or a string length-delimited."""
+    if isinstance(value, int):
+        return encode_varint(number << 3 | VARINT) + encode_varint(value)
+    raw = value.encode() if isinstance(value, str) else value
+    return encode_varint(number << 3 | LEN) + encode_varint(len(raw)) + raw

@@ -1,0 +1,471 @@
+"""What the Connect and gRPC dialects share (Cursor, Windsurf, any other service).
+
+Which protocol a request speaks is in its content type (connect.md §6):
+
+==============================================  ================  =============================
+content type                                    protocol          how the status comes
+==============================================  ================  =============================
+``application/connect+proto`` / ``+json``       ``connect``       EndStreamResponse (flag 0x02)
+``application/proto`` / ``application/json``    ``connect_unary`` HTTP status, error JSON body
+(with ``Connect-Protocol-Version: 1``)
+``application/grpc`` / ``+proto`` / ``+json``   ``grpc``          HTTP/2 trailers
+``application/grpc-web`` / ``+proto`` / …       ``grpc_web``      trailer frame (flag 0x80)
+``application/grpc-web-text`` (base64)          ``grpc_web_text`` trailer frame (flag 0x80)
+==============================================  ================  =============================
+
+Streams are read by the envelope framing (:mod:`addon.framing.envelope`), whose frames
+:class:`RpcNormalizer` dispatches: data messages to the dialect's :meth:`~RpcNormalizer.
+on_message`, the end (Connect's EndStreamResponse, gRPC-Web's trailer frame, or gRPC's
+HTTP/2 trailers, which the proxy adapter hands over as a ``trailers`` frame) to a status:
+:class:`StreamEnd` on success, :class:`StreamError` with the Connect code name and the
+message otherwise. A unary body is one message, read whole.
+
+A content filter ends a stream with ``permission_denied`` (gRPC status 7) and the rule
+and reason in the message, in the stream's own protocol: a Connect EndStreamResponse,
+gRPC trailers (:meth:`~addon.dialects.Normalizer.termination_trailers`), a gRPC-Web
+trailer frame. A request blocked before it went upstream gets the same, as a whole
+answer (:func:`blocked_answer`): a Connect stream holding only the EndStreamResponse, a
+gRPC trailers-only response, a gRPC-Web trailer frame, or for unary Connect HTTP 403 and
+``{"code": "permission_denied", "message": …}``; connect-es, connect-python, grpcio and
+grpc-web clients all raise their usual error with that code.
+
+Credentials travel inside these bodies (Cursor's ``ModelDetails.api_key``, Windsurf's
+``ClientMetadata.api_key``, JWTs): what the dialects keep of a request replaces them by
+their fingerprint (:func:`credential`, :func:`clean`), as headers are.
+"""
+
+from __future__ import annotations
+
+import re
+from abc import abstractmethod
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from addon.dialects import (
+    BlockedResponse,
+    Dialect,
+    Normalizer,
+    RequestSummary,
+    RequestView,
+    error_body_events,
+    json_object,
+    media_type,
+)
+from addon.dialects.blocking import block_message
+from addon.dialects.protowire import Message, encode_field, first_text, messages_at, parse, strings
+from addon.events import Event, Finding, StreamEnd, StreamError
+from addon.framing import FRAMINGS, Frame, Writer
+from addon.framing.envelope import (
+    CONNECT_HTTP_STATUS,
+    CONNECT_WRITER,
+    GRPC_WEB_TEXT_WRITER,
+    GRPC_WEB_WRITER,
+    GRPC_WRITER,
+    Envelope,
+    RpcStatus,
+    b64decode,
+    code_name,
+    code_number,
+    parse_header_block,
+    pct_decode,
+)
+from addon.redact import holds_secret, is_credential_name, redacted
+
+CONNECT, CONNECT_UNARY, GRPC, GRPC_WEB = "connect", "connect_unary", "grpc", "grpc_web"
+GRPC_WEB_TEXT = "grpc_web_text"
+STREAM_PROTOCOLS = frozenset({CONNECT, GRPC, GRPC_WEB, GRPC_WEB_TEXT})  # each is its framing's name
+WRITERS: dict[str, Writer] = {
+    CONNECT: CONNECT_WRITER,
+    GRPC: GRPC_WRITER,
+    GRPC_WEB: GRPC_WEB_WRITER,
+    GRPC_WEB_TEXT: GRPC_WEB_TEXT_WRITER,
+}
+#: The code a content filter's block carries (gRPC status 7).
+BLOCK_CODE = "permission_denied"
+# "/" [routing-prefix "/"] package "." Service "/" Method (connect.md §1)
+_RPC_PATH = re.compile(r"/(?P<service>[A-Za-z_][\w]*(?:\.[A-Za-z_][\w]*)+)/(?P<method>[A-Za-z_]\w*)")
+# What one request body may cost to read (its messages are the record's request_body).
+MAX_REQUEST_MESSAGES = 1024
+MAX_REQUEST_MESSAGE_BYTES = 8 * 1024 * 1024
+
+
+def rpc_name(path: str) -> str | None:
+    """``pkg.Service/Method`` of a Connect or gRPC path (a routing prefix dropped), else None."""
+    m = _RPC_PATH.search(path)
+    if m is None or m.end() != len(path):
+        return None
+    return f"{m['service']}/{m['method']}"
+
+
+def protocol_of(headers: Mapping[str, str]) -> tuple[str, str] | None:
+    """``(protocol, codec)`` of a request by its content type, None if it speaks neither.
+
+    Unary Connect's ``application/<codec>`` counts only with ``Connect-Protocol-Version``,
+    which tells it from any other JSON or protobuf API.
+    """
+    kind = media_type(headers.get("content-type", ""))[0]
+    family, plus, codec = kind.partition("+")
+    if family == "application/connect":
+        return CONNECT, codec or "proto"
+    if family == "application/grpc":
+        return GRPC, codec or "proto"
+    if family == "application/grpc-web":
+        return GRPC_WEB, codec or "proto"
+    if family == "application/grpc-web-text":
+        return GRPC_WEB_TEXT, codec or "proto"
+    if headers.get("connect-protocol-version") and not plus and kind.startswith("application/"):
+        return CONNECT_UNARY, kind.removeprefix("application/")
+    return None
+
+
+@dataclass(slots=True)
+class RpcSummary(RequestSummary):
+    """The request summary, plus what the response is read and ended by."""
+
+    protocol: str = CONNECT
+    codec: str = "proto"
+    rpc: str = ""
+
+
+def summary_of(body: Any, request: RequestView) -> RpcSummary:
+    """What every Connect/gRPC request says: protocol, codec, method; model and
+    conversation from the dialect's reading of the body (``parse_request``'s doc)."""
+    protocol, codec = protocol_of(request.headers) or (CONNECT_UNARY, "proto")
+    doc = body if isinstance(body, dict) else {}
+    model, conversation = doc.get("model"), doc.get("conversation_id")
+    return RpcSummary(
+        model=model if isinstance(model, str) else None,
+        session_id=conversation if isinstance(conversation, str) else None,
+        stream=protocol in STREAM_PROTOCOLS,
+        protocol=protocol,
+        codec=codec,
+        rpc=rpc_name(request.path) or "",
+    )
+
+
+def request_messages(content: bytes, request: RequestView) -> tuple[list[bytes], list[Finding]]:
+    """The messages of a whole request body: its envelopes' payloads (decompressed), or a
+    unary body as one message. Bounded: at most :data:`MAX_REQUEST_MESSAGES` messages of
+    :data:`MAX_REQUEST_MESSAGE_BYTES`."""
+    protocol = (protocol_of(request.headers) or (CONNECT_UNARY, ""))[0]
+    if protocol == CONNECT_UNARY:
+        return ([content] if content else []), []
+    reader = FRAMINGS[protocol].reader(MAX_REQUEST_MESSAGE_BYTES, 0, request.headers)
+    frames = reader.feed(content)
+    reader.end()
+    findings = [Finding(code, detail) for code, detail in reader.findings]
+    if reader.pending_event:
+        findings.append(Finding("envelope_incomplete", "the request body ended inside an envelope"))
+    payloads = [f.raw for f in frames if isinstance(f, Envelope) and f.event == "message"]
+    if len(payloads) > MAX_REQUEST_MESSAGES:
+        findings.append(Finding("envelope_too_large", f"{len(payloads)} request messages; the first read"))
+        payloads = payloads[:MAX_REQUEST_MESSAGES]
+    return payloads, findings
+
+
+# -- credentials ------------------------------------------------------------------------------
+
+
+def credential(value: str) -> str:
+    """A credential found in a body, as the record keeps it: its fingerprint."""
+    return redacted(value)
+
+
+def clean(value: str) -> str:
+    """A string kept from a field nobody mapped: itself, or its fingerprint when it holds
+    a credential the secrets detector knows (a JWT, an API key)."""
+    return redacted(value) if holds_secret(value) else value
+
+
+def clean_json(value: Any, depth: int = 0) -> Any:
+    """A JSON body (Connect's JSON codec) with credentials fingerprinted: values of keys
+    named like credentials (``apiKey``, ``userJwt``) and strings holding a known secret."""
+    if depth > 32:
+        return None
+    if isinstance(value, dict):
+        return {
+            k: credential(v) if isinstance(v, str) and is_credential_name(k) else clean_json(v, depth + 1)
+            for k, v in value.items()
+        }
+    if isinstance(value, list):
+        return [clean_json(v, depth + 1) for v in value]
+    return clean(value) if isinstance(value, str) else value
+
+
+def json_strings(value: Any, out: list[str], limit: int, depth: int = 0) -> None:
+    """The strings of a JSON value, depth first, at most ``limit``."""
+    if len(out) >= limit or depth > 32:
+        return
+    if isinstance(value, str):
+        if value:
+            out.append(value)
+    elif isinstance(value, dict):
+        for v in value.values():
+            json_strings(v, out, limit, depth + 1)
+    elif isinstance(value, list):
+        for v in value:
+            json_strings(v, out, limit, depth + 1)
+
+
+# -- statuses ---------------------------------------------------------------------------------
+
+
+def google_rpc_status(number: int, message: str, details: tuple[tuple[str, bytes, Any], ...]) -> bytes:
+    """``google.rpc.Status{1 code, 2 message, 3 repeated Any{1 type_url, 2 value}}``, for
+    ``grpc-status-details-bin``."""
+    body = encode_field(1, number) + encode_field(2, message)
+    for kind, value, _ in details:
+        body += encode_field(3, encode_field(1, f"type.googleapis.com/{kind}") + encode_field(2, value))
+    return body
+
+
+def block_status(
+    rule_id: str, reason: str, details: tuple[tuple[str, bytes, Mapping[str, Any] | None], ...] = ()
+) -> RpcStatus:
+    """The status a content filter's block ends an exchange with."""
+    message = block_message(rule_id, reason)
+    return RpcStatus(BLOCK_CODE, message, details, google_rpc_status(code_number(BLOCK_CODE), message, details))
+
+
+def blocked_answer(summary: RequestSummary, status: RpcStatus) -> BlockedResponse:
+    """The whole answer to a blocked request, in its protocol (see the module docstring)."""
+    protocol = summary.protocol if isinstance(summary, RpcSummary) else CONNECT
+    codec = summary.codec if isinstance(summary, RpcSummary) else "proto"
+    if protocol == CONNECT_UNARY:
+        body = orjson.dumps({"code": status.code, "message": status.message})
+        return BlockedResponse(CONNECT_HTTP_STATUS.get(status.code, 500), [("content-type", "application/json")], body)
+    if protocol == GRPC:  # trailers-only: the status in the one HEADERS block
+        headers = [("content-type", f"application/grpc+{codec}"), *GRPC_WRITER.trailers([status])]
+        return BlockedResponse(200, headers, b"")
+    kind = {GRPC_WEB: "application/grpc-web", GRPC_WEB_TEXT: "application/grpc-web-text"}.get(protocol)
+    writer = WRITERS[protocol] if kind else CONNECT_WRITER
+    content_type = f"{kind or 'application/connect'}+{codec}"
+    return BlockedResponse(200, [("content-type", content_type)], writer.encode([status], False))
+
+
+# -- the normalizer ---------------------------------------------------------------------------
+
+
+class RpcNormalizer(Normalizer):
+    """Reads the frames of one Connect or gRPC response; dialects read its messages."""
+
+    filter_stop_reason = BLOCK_CODE
+
+    def __init__(self, summary: RequestSummary) -> None:
+        rpc = summary if isinstance(summary, RpcSummary) else RpcSummary()
+        self.protocol, self.codec, self.rpc = rpc.protocol, rpc.codec, rpc.rpc
+        self.framing = self.protocol if self.protocol in STREAM_PROTOCOLS else "whole"
+        self.writer = WRITERS.get(self.protocol, CONNECT_WRITER)
+        self.ended = False
+        self.messages = 0  # data messages read
+        self.message_bytes = 0
+
+    @abstractmethod
+    def on_message(self, raw: bytes) -> list[Event]:
+        """Common events for one data message (its bytes, decompressed)."""
+
+    def describe_details(self, details: list[tuple[str, bytes]]) -> str | None:
+        """A dialect's reading of an error's details (``(type, serialized message)``):
+        text added to the error message; None when it knows none of them."""
+        return None
+
+    def status_frame(self, rule_id: str, reason: str) -> RpcStatus:
+        """The status a content filter ends this stream with (a dialect may add details)."""
+        return block_status(rule_id, reason)
+
+    def on_event(self, event: Frame) -> list[Event]:
+        out: list[Event] = []
+        if self.ended:
+            out.append(Finding("event_after_stream_end", f"{event.event!r} after the end of the stream"))
+        if event.event == "end_stream":
+            out.extend(self._end_stream(event.data))
+        elif event.event == "trailers":
+            out.extend(self._trailers(event.data))
+        else:
+            raw = getattr(event, "raw", None)
+            payload = raw if isinstance(raw, bytes) else event.data.encode()
+            self.messages += 1
+            self.message_bytes += len(payload)
+            if payload:  # a zero-length message is a keepalive
+                out.extend(self.on_message(payload))
+        return out
+
+    def on_end(self, cut: bool = False) -> list[Event]:
+        if self.ended:
+            return []
+        what = {GRPC: "gRPC status", GRPC_WEB: "trailer frame", GRPC_WEB_TEXT: "trailer frame"}.get(self.protocol)
+        what = what or "EndStreamResponse"
+        return [Finding("missing_stream_end", f"the stream ended without its {what}")]
+
+    def on_body(self, body: bytes, http_status: int) -> list[Event]:
+        """A unary answer (or a stream's error answered with an HTTP status): an error
+        body is Connect's ``{"code", "message"}``; a successful one, one message."""
+        if http_status >= 400:
+            return error_body_events(body)
+        out = self.on_message(body) if body else []
+        self.ended = True
+        return [*out, StreamEnd()]
+
+    def ending(self, rule_id: str, reason: str) -> list[Frame]:
+        return [] if self.ended else [self.status_frame(rule_id, reason)]
+
+    # -- the end of a stream ----------------------------------------------------------------
+
+    def _end_stream(self, data: str) -> list[Event]:
+        """Connect's EndStreamResponse: ``{}`` (or metadata only) is success."""
+        self.ended = True
+        doc = json_object(data)
+        if doc is None:
+            return [Finding("end_stream_invalid", "the EndStreamResponse is not one JSON object"), StreamEnd()]
+        error = doc.get("error")
+        if error is None:
+            return [StreamEnd()]
+        if not isinstance(error, dict) or not isinstance(error.get("code"), str):
+            return [Finding("end_stream_invalid", "an error without a code"), StreamError("unknown", None), StreamEnd()]
+        message = error.get("message") if isinstance(error.get("message"), str) else None
+        details = []
+        for item in error.get("details") or []:
+            if isinstance(item, dict) and isinstance(item.get("type"), str) and isinstance(item.get("value"), str):
+                value = b64decode(item["value"])
+                if value is not None:
+                    details.append((item["type"], value))
+        return [StreamError(error["code"], self._with_details(message, details)), StreamEnd()]
+
+    def _trailers(self, data: str) -> list[Event]:
+        """gRPC's status: ``grpc-status`` 0 is success; details from ``grpc-status-details-bin``."""
+        self.ended = True
+        block = parse_header_block(data)
+        status = block.get("grpc-status", "")
+        if not status.isdigit():
+            problem = f"grpc-status {status!r}" if status else "no grpc-status"
+            return [Finding("end_stream_invalid", problem), StreamError("unknown", None), StreamEnd()]
+        if int(status) == 0:
+            return [StreamEnd()]
+        message = pct_decode(block["grpc-message"]) if "grpc-message" in block else None
+        details = []
+        raw = b64decode(block.get("grpc-status-details-bin", "")) or b""
+        status_msg = parse(raw)
+        message = message or first_text(status_msg, 2)
+        for any_msg in messages_at(status_msg, 3):
+            url = first_text(any_msg, 1) or ""
+            value = next((v for v in any_msg.values(2) if isinstance(v, bytes)), b"")
+            details.append((url.rpartition("/")[2], value))
+        return [StreamError(code_name(int(status)), self._with_details(message, details)), StreamEnd()]
+
+    def _with_details(self, message: str | None, details: list[tuple[str, bytes]]) -> str | None:
+        described = self.describe_details(details) if details else None
+        if described is None:
+            return message
+        return f"{message}: {described}" if message and message != "Error" else described
+
+
+class RpcDialect(Dialect):
+    """Base of the Connect/gRPC dialects: bodies are protobuf (or Connect's JSON), read by
+    the dialect itself (:meth:`read_message`, one request message at a time, into the
+    request's reading); the summary and the blocked answers are the protocol's."""
+
+    json_requests = False
+
+    @abstractmethod
+    def read_message(self, payload: bytes, request: RequestView, doc: dict[str, Any], findings: list[Finding]) -> None:
+        """Read one request message into ``doc`` (see :func:`new_doc`), problems into ``findings``."""
+
+    def parse_request(self, content: bytes, request: RequestView) -> tuple[Any, Finding | None]:
+        payloads, findings = request_messages(content, request)
+        doc = new_doc(request)
+        for payload in payloads:
+            self.read_message(payload, request, doc, findings)
+        return finished_doc(doc, len(payloads), sum(map(len, payloads))), first_finding(findings)
+
+    def parse_request_message(self, payload: bytes, request: RequestView) -> tuple[dict[str, Any], list[Finding]]:
+        doc, findings = new_doc(request), list[Finding]()
+        self.read_message(payload, request, doc, findings)
+        return finished_doc(doc, 1, len(payload)), findings
+
+    def accepts_body(self, body: Any, request: RequestView) -> bool:
+        return True  # the request line decides; the body is not JSON
+
+    def summarize(self, body: Any, request: RequestView) -> RequestSummary:
+        return summary_of(body, request)
+
+    def blocked_response(
+        self, summary: RequestSummary, request_view: RequestView, rule_id: str, reason: str, streaming: bool
+    ) -> BlockedResponse:
+        normalizer = self.normalizer(summary)
+        status = normalizer.status_frame(rule_id, reason) if isinstance(normalizer, RpcNormalizer) else None
+        return blocked_answer(summary, status or block_status(rule_id, reason))
+
+
+# -- what a dialect could not map -------------------------------------------------------------
+
+#: Strings a finding or a request reading keeps of fields nobody mapped, and their length.
+UNMAPPED_STRINGS = 64
+UNMAPPED_CHARS = 2000
+_FINDING_STRINGS, _FINDING_CHARS = 16, 200
+
+
+def unmapped(kind: str, msg: Message, known: frozenset[int]) -> list[Event]:
+    """Findings for one decoded message: ``protobuf_invalid`` when its wire format broke
+    off, ``protobuf_unmapped`` when it has fields ``known`` does not list and those hold
+    text, or when it has no known field at all (the schema moved: the text went
+    somewhere else). The strings are kept, cut, credentials fingerprinted."""
+    out: list[Event] = []
+    if msg.problem is not None:
+        out.append(Finding("protobuf_invalid", f"{kind}: {msg.problem}"))
+    numbers = msg.numbers()
+    unknown = numbers - known
+    if not unknown:
+        return out
+    found = [clean(s) for s in strings(msg, _FINDING_STRINGS, _FINDING_CHARS, skip=known)]
+    if found or not numbers & known:
+        detail = f"{kind}: fields {sorted(unknown)[:32]}; strings {orjson.dumps(found).decode()}"
+        out.append(Finding("protobuf_unmapped", detail))
+    return out
+
+
+def unmapped_strings(msg: Message, mapped: frozenset[int]) -> list[str]:
+    """The strings of a request message's fields the dialect did not map (bounded,
+    credentials fingerprinted): context the model reads (files, rules) and moved fields."""
+    return [clean(s) for s in strings(msg, UNMAPPED_STRINGS, UNMAPPED_CHARS, skip=mapped)]
+
+
+# -- request readings -------------------------------------------------------------------------
+
+
+def new_doc(request: RequestView) -> dict[str, Any]:
+    """The start of a request's reading: which method, in which protocol, its conversation
+    in the shared ``messages`` shape (``{"role", "content"}``, as the request filters and
+    transcripts read any API's)."""
+    protocol = (protocol_of(request.headers) or (CONNECT_UNARY, ""))[0]
+    return {"rpc": rpc_name(request.path) or request.path, "protocol": protocol, "messages": []}
+
+
+def add_message(doc: dict[str, Any], role: str, content: str | None) -> None:
+    """One message of the conversation (empty text is none)."""
+    if content:
+        doc["messages"].append({"role": role, "content": content})
+
+
+def add_strings(doc: dict[str, Any], found: list[str]) -> None:
+    """Strings of unmapped fields, bounded over the whole request."""
+    if found:
+        kept = doc.setdefault("unmapped_strings", [])
+        kept.extend(found[: max(0, UNMAPPED_STRINGS - len(kept))])
+
+
+def finished_doc(doc: dict[str, Any], payloads: int, size: int) -> dict[str, Any]:
+    """The reading as the record keeps it: the message count and size, no empty parts."""
+    doc["request_messages"], doc["request_bytes"] = payloads, size
+    return {k: v for k, v in doc.items() if v not in (None, [], "")}
+
+
+def first_finding(findings: list[Finding]) -> Finding | None:
+    """``parse_request`` returns one finding: the first, saying how many more there were."""
+    if not findings:
+        return None
+    first = findings[0]
+    more = len(findings) - 1
+    return Finding(first.code, f"{first.detail} (+{more} more findings)") if more else first
