@@ -18,7 +18,7 @@ schemas are ``tests/fixtures/proto``). The transports (:mod:`mockllm.connect`,
 * ``exa.api_server_pb.ApiServerService/GetChatMessage`` (server stream, Windsurf):
   reasoning (field 9), text (field 3), then a last message with the finish (field 5 =
   2) and usage (field 7, with the served model).
-* ``test.v1.EchoService``: ``Say`` (unary), ``Talk`` (server stream: one message per
+* ``echo.v1.EchoService``: ``Say`` (unary), ``Talk`` (server stream: one message per
   word), ``Chat`` (bidi: one echo per message) for the generic records.
 
 The :class:`~mockllm.scenario.Scenario` knobs mean what they mean elsewhere: ``events``
@@ -219,9 +219,9 @@ METHODS: dict[str, Method] = {
     "/aiserver.v1.ChatService/StreamUnifiedChatWithTools": Method("bidi", UnifiedChat, cursor=True),
     "/agent.v1.AgentService/Run": Method("bidi", AgentRun, cursor=True),
     "/exa.api_server_pb.ApiServerService/GetChatMessage": Method("server", GetChatMessage),
-    "/test.v1.EchoService/Say": Method("unary", Say),
-    "/test.v1.EchoService/Talk": Method("server", Talk),
-    "/test.v1.EchoService/Chat": Method("bidi", Chat),
+    "/echo.v1.EchoService/Say": Method("unary", Say),
+    "/echo.v1.EchoService/Talk": Method("server", Talk),
+    "/echo.v1.EchoService/Chat": Method("bidi", Chat),
 }
 """Every method the mock answers, by HTTP path."""
 

@@ -156,6 +156,37 @@ def upstreams(tmp_path_factory) -> Iterator[dict[str, Upstream]]:
         up.process.stop()
 
 
+@pytest.fixture(scope="session")
+def grpc_upstream(tmp_path_factory) -> Iterator[Upstream]:
+    """The mock's gRPC server (``python -m mockllm --grpc``: HTTP/2 with TLS) for the session."""
+    tmp = tmp_path_factory.mktemp("grpc-upstream")
+    ready, certs = tmp / "mock-grpc.url", tmp / "mock-certs"
+    args = ["--host", "127.0.0.1", "--port", "0", "--grpc", "--cert-dir", str(certs), "--ready-file", str(ready)]
+    process = Process.start([str(BIN / "python"), "-m", "mockllm", *args])
+    wait_for(ready.exists, what=f"the gRPC mock to start:\n{process.output}")
+    yield Upstream(ready.read_text().strip(), certs / "ca.pem", process)
+    process.stop()
+
+
+PROTO_DIR = ROOT / "tests" / "fixtures" / "proto"  # the Cursor, Windsurf and echo schemas (docs/development.md)
+
+
+@pytest.fixture(scope="session")
+def proto_python(tmp_path_factory) -> Path:
+    """Python code generated from ``tests/fixtures/proto`` as users generate it (grpcio-tools'
+    protoc: messages, grpcio stubs, and connect-py's clients with ``protobuf=google``), in a
+    temporary folder put on ``sys.path`` (its packages: ``aiserver``, ``agent``, ``exa``, ``echo``)."""
+    out = tmp_path_factory.mktemp("proto-python")
+    protos = sorted(str(p.relative_to(PROTO_DIR)) for p in PROTO_DIR.rglob("*.proto"))
+    plugin = f"--plugin=protoc-gen-connectrpc={BIN / 'protoc-gen-connectrpc'}"
+    outputs = [f"--python_out={out}", f"--grpc_python_out={out}", f"--connectrpc_out={out}"]
+    cmd = [str(BIN / "python"), "-m", "grpc_tools.protoc", f"-I{PROTO_DIR}", plugin, *outputs]
+    done = subprocess.run([*cmd, "--connectrpc_opt=protobuf=google", *protos], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    sys.path.insert(0, str(out))
+    return out
+
+
 # -- Node clients -------------------------------------------------------------------------------
 
 NODE_DIR = ROOT / "tests" / "node"  # package.json, lock and client scripts; scripts/test installs it

@@ -74,9 +74,9 @@ async function transport(c) {
   });
 }
 
-/** @param {Config} c */
-function headers(c) {
-  return { "x-mock-id": c.mockId, "x-mock": c.scenario ?? "", authorization: "Bearer test-cursor-token" };
+/** @param {Config} c @param {string} [suffix] */
+function headers(c, suffix = "") {
+  return { "x-mock-id": c.mockId + suffix, "x-mock": c.scenario ?? "", authorization: "Bearer test-cursor-token" };
 }
 
 /** A request stream the caller feeds: push() a message, end() to close the request side. */
@@ -241,15 +241,22 @@ async function agent(c) {
   return { turns, closed: "ended" };
 }
 
-/** The echo service (no dialect knows it): unary, server stream and bidi. @param {Config} c */
+/** The echo service (no dialect knows it): unary and server stream (x-mock-id MOCKID-say, -talk). @param {Config} c */
 async function echo(c) {
-  const { EchoService } = await gen(c, "test/v1/echo_pb.js");
+  const { EchoService } = await gen(c, "echo/v1/echo_pb.js");
   const client = createClient(EchoService, await transport(c));
-  const say = (await client.say({ sentence: "hello there" }, { headers: headers(c) })).sentence;
+  const say = (await client.say({ sentence: "hello there" }, { headers: headers(c, "-say") })).sentence;
   const talk = [];
-  for await (const response of client.talk({ sentence: "one two three" }, { headers: headers(c) })) {
+  for await (const response of client.talk({ sentence: "one two three" }, { headers: headers(c, "-talk") })) {
     talk.push(response.sentence);
   }
+  return { say, talk };
+}
+
+/** The echo service's bidi Chat, full duplex: the second message waits for the first echo. @param {Config} c */
+async function echoChat(c) {
+  const { EchoService } = await gen(c, "echo/v1/echo_pb.js");
+  const client = createClient(EchoService, await transport(c));
   const requests = requestStream();
   const chat = [];
   requests.push({ sentence: "first" });
@@ -258,10 +265,10 @@ async function echo(c) {
     if (chat.length === 1) requests.push({ sentence: "second" });
     else requests.end();
   }
-  return { say, talk, chat };
+  return { chat };
 }
 
-const CALLS = { "stream-chat": streamChat, windsurf, unified, agent, echo };
+const CALLS = { "stream-chat": streamChat, windsurf, unified, agent, echo, "echo-chat": echoChat };
 
 const config = /** @type {Config} */ (JSON.parse(process.argv[2]));
 try {

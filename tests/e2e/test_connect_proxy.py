@@ -1,0 +1,424 @@
+"""Real Connect clients through a real mitmdump with the addon: Cursor, Windsurf, a generic service.
+
+The clients are the ones their users run: ``@connectrpc/connect-node`` with
+``@bufbuild/protobuf`` v2 (Cursor's own stack; ``tests/node/connect_clients.mjs``) over
+HTTP/2 with TLS, and connect-py (``connectrpc``) over HTTP/2 with TLS and HTTP/1.1. Their
+code is generated from ``tests/fixtures/proto`` at test time (``buf generate`` with
+``protoc-gen-es``; grpcio-tools' protoc with ``protoc-gen-connectrpc``), never committed.
+The upstream is the mock's Connect server (``mockllm/connect.py``).
+
+Each call runs straight to the mock and through the proxy, and the client must see the
+same both ways. Then the audit row (plain SQL, SQLite and PostgreSQL) must say what the
+client saw. Two parts wait for other work, and say so when they skip:
+
+* The rows need the Connect dialects (``cursor``, ``windsurf``, ``connect``). Until they are
+  registered, :func:`audited` skips the row checks, and the proxy passes Connect traffic
+  through as unknown traffic.
+* Full-duplex bidi calls (the next request message waits for an answer) go through a
+  proxy only if it streams request bodies: mitmproxy holds a request body until it is
+  complete, and a client that waits for an answer before it sends more never completes
+  it. Until the addon streams them itself (:data:`REQUEST_BODIES_STREAM`), those calls go
+  through a second proxy started with mitmproxy's ``stream_large_bodies=1`` (the
+  :func:`duplex` fixture), which streams every body.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import subprocess
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+from conftest import NODE_DIR, PROTO_DIR, Node, Proxy, Upstream, new_database, start_proxy, wait_for
+
+from addon.dialects.registry import REGISTRY
+
+pytestmark = pytest.mark.e2e
+
+REQUEST_BODIES_STREAM = False
+"""Whether the addon streams request bodies of bidi calls itself (the Connect/gRPC proxy
+adapter, issue 18); set True with it, and the full-duplex calls use the ``proxy`` fixture."""
+PROMPT = "What is the weather in Vienna?"
+FOLLOW_UP = "And in Graz tomorrow?"
+WINDSURF_KEY = "sk-ws-01-test-key"
+
+
+def audited(dialect: str) -> None:
+    """Skip the rest of a test (its row checks) while ``dialect`` is not registered."""
+    if dialect not in {d.name for d in REGISTRY}:
+        pytest.skip(f"the {dialect!r} dialect is not on this branch yet: its audit rows are checked once it is")
+
+
+def reasoning(row: dict) -> str | None:
+    return row["output"]["choices"][0].get("reasoning")
+
+
+def rows_of(proxy: Proxy, mock_id: str, count: int) -> list[dict]:
+    """The ``count`` final rows of the exchange(s) sent with ``x-mock-id: mock_id``."""
+
+    def ready() -> list[dict] | None:
+        rows = proxy.rows(header={"x-mock-id": mock_id})
+        return rows if len(rows) >= count and all(r["status"] != "in_progress" for r in rows) else None
+
+    rows = wait_for(ready, 15, what=f"{count} final rows for {mock_id}:\n{proxy.process.output[-3000:]}")
+    assert len(rows) == count, rows
+    return rows
+
+
+def connections(via: Proxy | None) -> int:
+    """Client connections the proxy has logged so far (0 straight to the mock)."""
+    return via.process.output.count("client connect") if via else 0
+
+
+def came_through(via: Proxy | None, before: int) -> None:
+    """The call made a connection to ``via``: it did not go straight to the mock."""
+    if via is not None:
+        wait_for(lambda: connections(via) > before, 5, what=f"a client connection to {via.url}")
+
+
+@pytest.fixture(scope="module")
+def duplex(request, proxy: Proxy, upstreams, tmp_path_factory) -> Iterator[Proxy]:
+    """The proxy for full-duplex calls: ``proxy`` once the addon streams request bodies,
+    until then one started with ``stream_large_bodies=1`` (same backend, own database)."""
+    if REQUEST_BODIES_STREAM:
+        yield proxy
+        return
+    tmp = tmp_path_factory.mktemp(f"duplex-{proxy.backend}")
+    streaming = start_proxy(
+        tmp,
+        "--set",
+        "stream_large_bodies=1",
+        upstream_ca=upstreams["h2"].ca,
+        **new_database(request, proxy.backend, tmp),
+    )
+    yield streaming
+    streaming.process.stop()
+
+
+@pytest.fixture(scope="module")
+def trusted(proxy: Proxy, duplex: Proxy, upstreams, tmp_path_factory) -> Path:
+    """The proxies' CAs and the mock's (standing in for the public roots), for Node."""
+    bundle = tmp_path_factory.mktemp("ca") / "trusted.pem"
+    bundle.write_text(proxy.ca.read_text() + duplex.ca.read_text() + upstreams["h2"].ca.read_text())
+    return bundle
+
+
+# -- connect-es (@connectrpc/connect-node) ------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def es_gen(node: Node, tmp_path_factory) -> Path:
+    """protoc-gen-es output (JavaScript) for the fixture protos, generated by ``buf`` from npm.
+
+    It lives in a temporary folder whose ``node_modules`` links to ``tests/node``'s, so its
+    imports (``@bufbuild/protobuf/codegenv2``) resolve to the installed runtime."""
+    root = tmp_path_factory.mktemp("proto-es")
+    (root / "node_modules").symlink_to(NODE_DIR / "node_modules")
+    plugin = {"local": str(NODE_DIR / "node_modules" / ".bin" / "protoc-gen-es"), "out": str(root / "gen")}
+    template = orjson.dumps({"version": "v2", "plugins": [plugin | {"opt": ["target=js"]}]}).decode()
+    buf = NODE_DIR / "node_modules" / ".bin" / "buf"
+    done = subprocess.run(
+        [str(buf), "generate", str(PROTO_DIR), "--template", template],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=os.environ | {"BUF_CACHE_DIR": str(root / "buf-cache")},
+    )
+    assert done.returncode == 0, done.stderr
+    return root / "gen"
+
+
+class EsClient:
+    """Runs ``connect_clients.mjs`` straight to the mock or through the proxy."""
+
+    def __init__(self, node: Node, gen: Path, proxy: Proxy, upstream: Upstream, trusted: Path) -> None:
+        self.node, self.gen, self.proxy, self.upstream, self.trusted = node, gen, proxy, upstream, trusted
+
+    def run(self, call: str, via: Proxy | None, scenario: str = "", **more: str) -> tuple[dict, str]:
+        """One call, through ``via`` (or straight to the mock): (what the client saw, its mock id)."""
+        mock_id = uuid.uuid4().hex
+        env = {"NODE_EXTRA_CA_CERTS": str(self.trusted)} | ({"HTTPS_PROXY": via.url} if via else {})
+        config = {"call": call, "baseUrl": self.upstream.url, "genDir": str(self.gen), "mockId": mock_id}
+        before = connections(via)
+        out = self.node.run("connect_clients.mjs", config | {"scenario": scenario} | more, env=env, timeout=60)
+        came_through(via, before)
+        return out, mock_id
+
+    def both(self, call: str, scenario: str = "", **more: str) -> tuple[dict, str]:
+        """The call direct, then through the proxy: (what the client saw, the proxied mock id)."""
+        direct, _ = self.run(call, None, scenario, **more)
+        proxied, mock_id = self.run(call, self.proxy, scenario, **more)
+        assert proxied == direct
+        return proxied, mock_id
+
+
+@pytest.fixture
+def es(node, es_gen, proxy, upstreams, trusted) -> EsClient:
+    return EsClient(node, es_gen, proxy, upstreams["h2"], trusted)
+
+
+def test_es_cursor_stream_chat(es: EsClient, proxy: Proxy):
+    out, mock_id = es.both("stream-chat")
+    assert out["text"] == "tök0 tök1 tök2 tök3 tök4" and out["filledPrompt"].startswith("<|BEGIN_SYSTEM|>")
+
+    audited("cursor")
+    row = proxy.mock_row(mock_id)
+    assert (row["dialect"], row["status"], row["http_status"]) == ("cursor", "completed", 200)
+    assert (row["request_model"], row["output_text"]) == ("gpt-4o-mini", out["text"])
+    assert PROMPT in orjson.dumps(row["request_body"]).decode()
+    assert row["error_code"] is None and row["findings"] == []
+
+
+def test_es_cursor_error_ends_the_stream(es: EsClient, proxy: Proxy):
+    out, mock_id = es.both("stream-chat", "error=resource_exhausted&error_after=2")
+    assert out["error"] == {
+        "code": "ResourceExhausted",
+        "message": "mock error: resource_exhausted",
+        "details": ["aiserver.v1.ErrorDetails"],
+    }
+
+    audited("cursor")
+    row = proxy.mock_row(mock_id)
+    assert (row["status"], row["error_code"]) == ("failed", "resource_exhausted")
+    assert row["error_message"] == "mock error: resource_exhausted"
+    assert row["output_text"] == "tök0 tök1"
+
+
+def test_es_windsurf_get_chat_message(es: EsClient, proxy: Proxy):
+    out, mock_id = es.both("windsurf", "reasoning=1&model=claude-sonnet-4-6")
+    assert (out["text"], out["reasoning"], out["finish"]) == ("tök0 tök1 tök2 tök3 tök4", "Let me think it över.", 2)
+    usage = {"prompt": 6, "completion": 5, "cacheWrite": 3, "cacheRead": 7, "model": "claude-sonnet-4-6"}
+    assert out["usage"] == usage
+
+    audited("windsurf")
+    row = proxy.mock_row(mock_id)
+    assert (row["dialect"], row["status"]) == ("windsurf", "completed")
+    assert (row["request_model"], row["response_model"]) == ("MODEL_SWE_1_5", "claude-sonnet-4-6")
+    assert (row["output_text"], reasoning(row)) == (out["text"], out["reasoning"])
+    assert row["finish_reasons"] == ["stop"]
+    tokens = ("input_tokens", "output_tokens", "cache_write_input_tokens", "cache_read_input_tokens")
+    assert tuple(row[k] for k in tokens) == (6, 5, 3, 7)
+    assert WINDSURF_KEY not in orjson.dumps(row).decode()  # the api key in the request's metadata
+
+
+def test_es_cursor_unified_chat_with_a_tool_round_trip(es: EsClient, duplex: Proxy):
+    """Bidi with END_STREAM: thinking, text and a tool call; the tool result goes up the
+    same request stream, the rest of the answer comes down, then the stream ends."""
+    scenario = "reasoning=1&tool=read_file"
+    direct, _ = es.run("unified", None, scenario)
+    assert direct == {
+        "text": "tök0 tök1 tök2 tök3 tök4Done with the tool's result.",
+        "thinking": "Let me think it över.",
+        "signature": "bW9jay10aGlua2luZy1zaWduYXR1cmU=",
+        "toolCalls": [{"id": "toolu_mock_1", "name": "read_file", "arguments": '{"city":"Vienna"}'}],
+    }
+    out, mock_id = es.run("unified", duplex, scenario)
+    assert out == direct
+
+    audited("cursor")
+    row = duplex.mock_row(mock_id)
+    assert (row["dialect"], row["status"], row["request_model"]) == ("cursor", "completed", "claude-4-sonnet-thinking")
+    assert (row["output_text"], reasoning(row)) == (out["text"], out["thinking"])
+    assert [(c["id"], c["name"], c["arguments"]) for c in row["tool_calls"]] == [
+        ("toolu_mock_1", "read_file", '{"city":"Vienna"}')
+    ]
+
+
+@pytest.mark.parametrize("close", ["half", "abort"])
+def test_es_cursor_agent_two_turns_on_a_stream_that_never_ends(es: EsClient, duplex: Proxy, close: str):
+    """Cursor's Agent API: the server never ends the stream; each turn ends with turn_ended,
+    the next prompt goes up the same open request stream. One record per turn."""
+    direct, _ = es.run("agent", None, "reasoning=1", close=close)
+    turn = {"text": "tök0 tök1 tök2 tök3 tök4", "thinking": "Let me think it över.", "heartbeats": 1}
+    assert direct["turns"] == [turn | {"usage": {"input": 6, "output": 8}}, turn | {"usage": {"input": 4, "output": 8}}]
+    assert direct["closed"] == ("ended" if close == "half" else "aborted")
+    out, mock_id = es.run("agent", duplex, "reasoning=1", close=close)
+    assert out == direct
+
+    audited("cursor")
+    rows = sorted(rows_of(duplex, mock_id, 2), key=lambda r: r["turn"])
+    assert [r["turn"] for r in rows] == [0, 1]
+    assert rows[0]["connection_id"] == rows[1]["connection_id"] is not None
+    for row, seen in zip(rows, out["turns"]):
+        assert (row["dialect"], row["status"], row["request_model"]) == ("cursor", "completed", "gpt-5")
+        assert (row["output_text"], reasoning(row)) == (seen["text"], seen["thinking"])
+        assert (row["input_tokens"], row["output_tokens"]) == (seen["usage"]["input"], seen["usage"]["output"])
+    assert PROMPT in orjson.dumps(rows[0]["request_body"]).decode()
+    assert FOLLOW_UP in orjson.dumps(rows[1]["request_body"]).decode()
+
+
+def test_es_generic_echo_service(es: EsClient, proxy: Proxy):
+    out, mock_id = es.both("echo")
+    assert out == {"say": "echo: hello there", "talk": ["one", "two", "three"]}
+
+    audited("connect")
+    for suffix, path, strings in (("-say", "Say", ["echo: hello there"]), ("-talk", "Talk", ["one", "two", "three"])):
+        row = proxy.mock_row(mock_id + suffix)
+        assert (row["dialect"], row["status"], row["url_path"]) == (
+            "connect",
+            "completed",
+            f"/echo.v1.EchoService/{path}",
+        )
+        assert all(s in orjson.dumps(row["output"]).decode() for s in strings)
+
+
+def test_es_generic_echo_chat_full_duplex(es: EsClient, duplex: Proxy):
+    direct, _ = es.run("echo-chat", None)
+    assert direct == {"chat": ["echo: first", "echo: second"]}
+    out, mock_id = es.run("echo-chat", duplex)
+    assert out == direct
+
+    audited("connect")
+    row = duplex.mock_row(mock_id)
+    assert (row["dialect"], row["status"]) == ("connect", "completed")
+
+
+# -- connect-py (connectrpc) ----------------------------------------------------------------------
+
+
+class PyClient:
+    """connect-py's sync clients on a pyqwest transport, straight to the mock or through a proxy."""
+
+    def __init__(self, proxy: Proxy, upstream: Upstream) -> None:
+        self.proxy, self.upstream = proxy, upstream
+
+    def http(self, via: Proxy | None) -> Any:
+        from pyqwest import SyncClient, SyncHTTPTransport
+
+        ca = via.ca if via else self.upstream.ca
+        proxy = via.url if via else []  # []: no proxy, not even one from the environment
+        return SyncClient(SyncHTTPTransport(tls_ca_cert=ca.read_bytes() if ca else None, proxy=proxy, timeout=30))
+
+    def both(self, call: Any, scenario: str = "") -> tuple[Any, str]:
+        """``call`` direct, then through the proxy: (its result, the proxied mock id)."""
+        results, mock_id = [], ""
+        for via in (None, self.proxy):
+            mock_id, before = uuid.uuid4().hex, connections(via)
+            results.append(call(self.upstream.url, self.http(via), {"x-mock-id": mock_id, "x-mock": scenario}))
+            came_through(via, before)
+        assert results[1] == results[0]
+        return results[1], mock_id
+
+
+@pytest.fixture(params=["h1", "h2"])
+def py(request, proxy, upstreams, proto_python) -> PyClient:
+    return PyClient(proxy, upstreams[request.param])
+
+
+def py_stream_chat(url: str, http: Any, headers: dict[str, str]) -> str | tuple[str, str]:
+    from aiserver.v1 import chat_pb2
+    from aiserver.v1.chat_connect import AiServiceClientSync
+    from connectrpc.errors import ConnectError
+
+    message = chat_pb2.ConversationMessage(text=PROMPT, type=chat_pb2.ConversationMessage.MESSAGE_TYPE_HUMAN)
+    request = chat_pb2.GetChatRequest(
+        conversation=[message], model_details=chat_pb2.ModelDetails(model_name="gpt-4o-mini")
+    )
+    with AiServiceClientSync(url, http_client=http) as client:
+        try:
+            return "".join(r.text for r in client.stream_chat(request, headers=headers))
+        except ConnectError as e:
+            return (e.code.name, e.message)
+
+
+def py_windsurf(url: str, http: Any, headers: dict[str, str]) -> tuple[str, str, int, tuple[int, ...]]:
+    from exa.api_server_pb import api_server_pb2 as pb
+    from exa.api_server_pb_.api_server_connect import ApiServerServiceClientSync
+
+    request = pb.GetChatMessageRequest(
+        metadata=pb.Metadata(ide_name="windsurf", api_key=WINDSURF_KEY),
+        messages=[pb.ChatMessage(role=1, text=PROMPT)],
+        model_name="MODEL_SWE_1_5",
+    )
+    text, thinking, finish, usage = "", "", 0, ()
+    with ApiServerServiceClientSync(url, http_client=http) as client:
+        for r in client.get_chat_message(request, headers=headers):
+            text, thinking, finish = text + r.text, thinking + r.reasoning, r.finish or finish
+            if r.HasField("usage"):
+                u = r.usage
+                usage = (u.prompt_tokens, u.completion_tokens, u.cache_write_tokens, u.cache_read_tokens)
+    return text, thinking, finish, usage
+
+
+def py_agent(url: str, http: Any, headers: dict[str, str]) -> list[tuple[str, int, int]]:
+    """Two turns on one bidi stream: the second prompt is sent once the first turn ended."""
+    from agent.v1 import agent_pb2 as pb
+    from agent.v1.agent_connect import AgentServiceClientSync
+
+    def action(text: str) -> Any:
+        return pb.ConversationAction(user_message_action=pb.UserMessageAction(user_message=pb.UserMessage(text=text)))
+
+    ended: queue.Queue[int] = queue.Queue()
+
+    def requests() -> Iterator[Any]:
+        run = pb.AgentRunRequest(action=action(PROMPT), model_details=pb.ModelDetails(model_name="gpt-5"))
+        yield pb.AgentClientMessage(run_request=run)
+        ended.get(timeout=20)
+        yield pb.AgentClientMessage(conversation_action=action(FOLLOW_UP))
+        ended.get(timeout=20)
+
+    turns, text = [], ""
+    with AgentServiceClientSync(url, http_client=http) as client:
+        for r in client.run(requests(), headers=headers):
+            update = r.interaction_update
+            if update.HasField("text_delta"):
+                text += update.text_delta.text
+            elif update.HasField("turn_ended"):
+                turns.append((text, update.turn_ended.input_tokens, update.turn_ended.output_tokens))
+                text = ""
+                ended.put(len(turns))
+    return turns
+
+
+def test_py_cursor_stream_chat(py: PyClient, proxy: Proxy):
+    text, mock_id = py.both(py_stream_chat)
+    assert text == "tök0 tök1 tök2 tök3 tök4"
+
+    audited("cursor")
+    row = proxy.mock_row(mock_id)
+    assert (row["dialect"], row["status"], row["request_model"], row["output_text"]) == (
+        "cursor",
+        "completed",
+        "gpt-4o-mini",
+        text,
+    )
+
+
+def test_py_cursor_error(py: PyClient, proxy: Proxy):
+    error, mock_id = py.both(py_stream_chat, "error=permission_denied&error_after=1")
+    assert error == ("PERMISSION_DENIED", "mock error: permission_denied")
+
+    audited("cursor")
+    row = proxy.mock_row(mock_id)
+    assert (row["status"], row["error_code"], row["output_text"]) == ("failed", "permission_denied", "tök0")
+
+
+def test_py_windsurf(py: PyClient, proxy: Proxy):
+    out, mock_id = py.both(py_windsurf, "reasoning=1")
+    assert out == ("tök0 tök1 tök2 tök3 tök4", "Let me think it över.", 2, (6, 5, 3, 7))
+
+    audited("windsurf")
+    row = proxy.mock_row(mock_id)
+    assert (row["dialect"], row["status"], row["output_text"], reasoning(row)) == ("windsurf", "completed", *out[:2])
+    assert (row["input_tokens"], row["output_tokens"]) == (6, 5)
+    assert row["finish_reasons"] == ["stop"]
+
+
+def test_py_cursor_agent_two_turns(py: PyClient, duplex: Proxy):
+    if py.upstream.ca is None:
+        pytest.skip("bidi streams need HTTP/2 (connect-py sends HTTP/1.1 without TLS)")
+    direct = py_agent(py.upstream.url, py.http(None), {"x-mock-id": uuid.uuid4().hex})
+    assert direct == [("tök0 tök1 tök2 tök3 tök4", 6, 5), ("tök0 tök1 tök2 tök3 tök4", 4, 5)]
+    mock_id, before = uuid.uuid4().hex, connections(duplex)
+    assert py_agent(py.upstream.url, py.http(duplex), {"x-mock-id": mock_id}) == direct
+    came_through(duplex, before)
+
+    audited("cursor")
+    rows = sorted(rows_of(duplex, mock_id, 2), key=lambda r: r["turn"])
+    assert [(r["output_text"], r["input_tokens"], r["output_tokens"]) for r in rows] == direct
+    assert rows[0]["connection_id"] == rows[1]["connection_id"] is not None
