@@ -9,17 +9,17 @@ The upstream is the mock's Connect server (``mockllm/connect.py``).
 
 Each call runs straight to the mock and through the proxy, and the client must see the
 same both ways. Then the audit row (plain SQL, SQLite and PostgreSQL) must say what the
-client saw. Two parts wait for other work, and say so when they skip:
+client saw. Two parts wait for other work:
 
 * The rows need the Connect dialects (``cursor``, ``windsurf``, ``connect``). Until they are
-  registered, :func:`audited` skips the row checks, and the proxy passes Connect traffic
-  through as unknown traffic.
+  registered, the proxy passes Connect traffic through as traffic it does not know, and
+  conftest's ``audited`` checks that there is no row instead.
 * Full-duplex bidi calls (the next request message waits for an answer) go through a
   proxy only if it streams request bodies: mitmproxy holds a request body until it is
   complete, and a client that waits for an answer before it sends more never completes
-  it. Until the addon streams them itself (:data:`REQUEST_BODIES_STREAM`), those calls go
-  through a second proxy started with mitmproxy's ``stream_large_bodies=1`` (the
-  :func:`duplex` fixture), which streams every body.
+  it. Until the addon streams them itself, those calls go through a second proxy started
+  with mitmproxy's ``stream_large_bodies=1``, which streams every body (conftest's
+  ``duplex_proxy``).
 """
 
 from __future__ import annotations
@@ -34,24 +34,13 @@ from typing import Any
 
 import orjson
 import pytest
-from conftest import NODE_DIR, PROTO_DIR, Node, Proxy, Upstream, new_database, start_proxy, wait_for
-
-from addon.dialects.registry import REGISTRY
+from conftest import NODE_DIR, PROTO_DIR, Node, Proxy, Upstream, audited, duplex_proxy, wait_for
 
 pytestmark = pytest.mark.e2e
 
-REQUEST_BODIES_STREAM = False
-"""Whether the addon streams request bodies of bidi calls itself (the Connect/gRPC proxy
-adapter, issue 18); set True with it, and the full-duplex calls use the ``proxy`` fixture."""
 PROMPT = "What is the weather in Vienna?"
 FOLLOW_UP = "And in Graz tomorrow?"
 WINDSURF_KEY = "sk-ws-01-test-key"
-
-
-def audited(dialect: str) -> None:
-    """Skip the rest of a test (its row checks) while ``dialect`` is not registered."""
-    if dialect not in {d.name for d in REGISTRY}:
-        pytest.skip(f"the {dialect!r} dialect is not on this branch yet: its audit rows are checked once it is")
 
 
 def reasoning(row: dict) -> str | None:
@@ -83,21 +72,7 @@ def came_through(via: Proxy | None, before: int) -> None:
 
 @pytest.fixture(scope="module")
 def duplex(request, proxy: Proxy, upstreams, tmp_path_factory) -> Iterator[Proxy]:
-    """The proxy for full-duplex calls: ``proxy`` once the addon streams request bodies,
-    until then one started with ``stream_large_bodies=1`` (same backend, own database)."""
-    if REQUEST_BODIES_STREAM:
-        yield proxy
-        return
-    tmp = tmp_path_factory.mktemp(f"duplex-{proxy.backend}")
-    streaming = start_proxy(
-        tmp,
-        "--set",
-        "stream_large_bodies=1",
-        upstream_ca=upstreams["h2"].ca,
-        **new_database(request, proxy.backend, tmp),
-    )
-    yield streaming
-    streaming.process.stop()
+    yield from duplex_proxy(request, tmp_path_factory, proxy, upstreams["h2"].ca)
 
 
 @pytest.fixture(scope="module")
@@ -166,7 +141,8 @@ def test_es_cursor_stream_chat(es: EsClient, proxy: Proxy):
     out, mock_id = es.both("stream-chat")
     assert out["text"] == "tök0 tök1 tök2 tök3 tök4" and out["filledPrompt"].startswith("<|BEGIN_SYSTEM|>")
 
-    audited("cursor")
+    if not audited(proxy, "cursor", mock_id):
+        return
     row = proxy.mock_row(mock_id)
     assert (row["dialect"], row["status"], row["http_status"]) == ("cursor", "completed", 200)
     assert (row["request_model"], row["output_text"]) == ("gpt-4o-mini", out["text"])
@@ -182,7 +158,8 @@ def test_es_cursor_error_ends_the_stream(es: EsClient, proxy: Proxy):
         "details": ["aiserver.v1.ErrorDetails"],
     }
 
-    audited("cursor")
+    if not audited(proxy, "cursor", mock_id):
+        return
     row = proxy.mock_row(mock_id)
     assert (row["status"], row["error_code"]) == ("failed", "resource_exhausted")
     assert row["error_message"] == "mock error: resource_exhausted"
@@ -195,7 +172,8 @@ def test_es_windsurf_get_chat_message(es: EsClient, proxy: Proxy):
     usage = {"prompt": 6, "completion": 5, "cacheWrite": 3, "cacheRead": 7, "model": "claude-sonnet-4-6"}
     assert out["usage"] == usage
 
-    audited("windsurf")
+    if not audited(proxy, "windsurf", mock_id):
+        return
     row = proxy.mock_row(mock_id)
     assert (row["dialect"], row["status"]) == ("windsurf", "completed")
     assert (row["request_model"], row["response_model"]) == ("MODEL_SWE_1_5", "claude-sonnet-4-6")
@@ -220,7 +198,8 @@ def test_es_cursor_unified_chat_with_a_tool_round_trip(es: EsClient, duplex: Pro
     out, mock_id = es.run("unified", duplex, scenario)
     assert out == direct
 
-    audited("cursor")
+    if not audited(duplex, "cursor", mock_id):
+        return
     row = duplex.mock_row(mock_id)
     assert (row["dialect"], row["status"], row["request_model"]) == ("cursor", "completed", "claude-4-sonnet-thinking")
     assert (row["output_text"], reasoning(row)) == (out["text"], out["thinking"])
@@ -240,7 +219,8 @@ def test_es_cursor_agent_two_turns_on_a_stream_that_never_ends(es: EsClient, dup
     out, mock_id = es.run("agent", duplex, "reasoning=1", close=close)
     assert out == direct
 
-    audited("cursor")
+    if not audited(duplex, "cursor", mock_id):
+        return
     rows = sorted(rows_of(duplex, mock_id, 2), key=lambda r: r["turn"])
     assert [r["turn"] for r in rows] == [0, 1]
     assert rows[0]["connection_id"] == rows[1]["connection_id"] is not None
@@ -256,7 +236,8 @@ def test_es_generic_echo_service(es: EsClient, proxy: Proxy):
     out, mock_id = es.both("echo")
     assert out == {"say": "echo: hello there", "talk": ["one", "two", "three"]}
 
-    audited("connect")
+    if not audited(proxy, "connect", mock_id + "-say", mock_id + "-talk"):
+        return
     for suffix, path, strings in (("-say", "Say", ["echo: hello there"]), ("-talk", "Talk", ["one", "two", "three"])):
         row = proxy.mock_row(mock_id + suffix)
         assert (row["dialect"], row["status"], row["url_path"]) == (
@@ -273,7 +254,8 @@ def test_es_generic_echo_chat_full_duplex(es: EsClient, duplex: Proxy):
     out, mock_id = es.run("echo-chat", duplex)
     assert out == direct
 
-    audited("connect")
+    if not audited(duplex, "connect", mock_id):
+        return
     row = duplex.mock_row(mock_id)
     assert (row["dialect"], row["status"]) == ("connect", "completed")
 
@@ -379,7 +361,8 @@ def test_py_cursor_stream_chat(py: PyClient, proxy: Proxy):
     text, mock_id = py.both(py_stream_chat)
     assert text == "tök0 tök1 tök2 tök3 tök4"
 
-    audited("cursor")
+    if not audited(proxy, "cursor", mock_id):
+        return
     row = proxy.mock_row(mock_id)
     assert (row["dialect"], row["status"], row["request_model"], row["output_text"]) == (
         "cursor",
@@ -393,7 +376,8 @@ def test_py_cursor_error(py: PyClient, proxy: Proxy):
     error, mock_id = py.both(py_stream_chat, "error=permission_denied&error_after=1")
     assert error == ("PERMISSION_DENIED", "mock error: permission_denied")
 
-    audited("cursor")
+    if not audited(proxy, "cursor", mock_id):
+        return
     row = proxy.mock_row(mock_id)
     assert (row["status"], row["error_code"], row["output_text"]) == ("failed", "permission_denied", "tök0")
 
@@ -402,23 +386,25 @@ def test_py_windsurf(py: PyClient, proxy: Proxy):
     out, mock_id = py.both(py_windsurf, "reasoning=1")
     assert out == ("tök0 tök1 tök2 tök3 tök4", "Let me think it över.", 2, (6, 5, 3, 7))
 
-    audited("windsurf")
+    if not audited(proxy, "windsurf", mock_id):
+        return
     row = proxy.mock_row(mock_id)
     assert (row["dialect"], row["status"], row["output_text"], reasoning(row)) == ("windsurf", "completed", *out[:2])
     assert (row["input_tokens"], row["output_tokens"]) == (6, 5)
     assert row["finish_reasons"] == ["stop"]
 
 
-def test_py_cursor_agent_two_turns(py: PyClient, duplex: Proxy):
-    if py.upstream.ca is None:
-        pytest.skip("bidi streams need HTTP/2 (connect-py sends HTTP/1.1 without TLS)")
+def test_py_cursor_agent_two_turns(proxy: Proxy, upstreams, proto_python, duplex: Proxy):
+    """Full duplex, so HTTP/2 (with TLS) only."""
+    py = PyClient(proxy, upstreams["h2"])
     direct = py_agent(py.upstream.url, py.http(None), {"x-mock-id": uuid.uuid4().hex})
     assert direct == [("tök0 tök1 tök2 tök3 tök4", 6, 5), ("tök0 tök1 tök2 tök3 tök4", 4, 5)]
     mock_id, before = uuid.uuid4().hex, connections(duplex)
     assert py_agent(py.upstream.url, py.http(duplex), {"x-mock-id": mock_id}) == direct
     came_through(duplex, before)
 
-    audited("cursor")
+    if not audited(duplex, "cursor", mock_id):
+        return
     rows = sorted(rows_of(duplex, mock_id, 2), key=lambda r: r["turn"])
     assert [(r["output_text"], r["input_tokens"], r["output_tokens"]) for r in rows] == direct
     assert rows[0]["connection_id"] == rows[1]["connection_id"] is not None
