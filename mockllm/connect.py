@@ -245,7 +245,7 @@ async def _serve_stream(
             if scenario.delay and written:
                 await asyncio.sleep(scenario.delay)
             compress = gzip_out and written % 2 == 0 and data
-            framed = envelope(COMPRESSED, gzip.compress(data)) if compress else envelope(0, data)
+            framed = envelope(COMPRESSED, gzip.compress(data, mtime=0)) if compress else envelope(0, data)
             await send({"type": "http.response.body", "body": framed, "more_body": True})
             written += 1
         return answer.done or answer.error is not None
