@@ -124,11 +124,20 @@ class EsClient:
         came_through(via, before)
         return out, mock_id
 
-    def both(self, call: str, scenario: str = "", **more: str) -> tuple[dict, str]:
-        """The call direct, then through the proxy: (what the client saw, the proxied mock id)."""
-        direct, _ = self.run(call, None, scenario, **more)
-        proxied, mock_id = self.run(call, self.proxy, scenario, **more)
+    def both(
+        self, call: str, scenario: str = "", via: Proxy | None = None, suffixes: tuple[str, ...] = ("",), **more: str
+    ) -> tuple[dict, str]:
+        """The call direct, then through ``via`` (default: the proxy): (what the client saw,
+        the proxied mock id). Both ways the mock got the same request bytes and sent the
+        same answer bytes (the exchanges of ``mock id + suffix``)."""
+        direct, direct_id = self.run(call, None, scenario, **more)
+        proxied, mock_id = self.run(call, via or self.proxy, scenario, **more)
         assert proxied == direct
+        for suffix in suffixes:
+            received = [self.upstream.received(i + suffix) for i in (direct_id, mock_id)]
+            sent = [self.upstream.sent(i + suffix) for i in (direct_id, mock_id)]
+            assert received[0]["body"] == received[1]["body"] and received[0]["body"]
+            assert (sent[0]["body"], sent[0]["completed"]) == (sent[1]["body"], sent[1]["completed"])
         return proxied, mock_id
 
 
@@ -188,15 +197,13 @@ def test_es_cursor_unified_chat_with_a_tool_round_trip(es: EsClient, duplex: Pro
     """Bidi with END_STREAM: thinking, text and a tool call; the tool result goes up the
     same request stream, the rest of the answer comes down, then the stream ends."""
     scenario = "reasoning=1&tool=read_file"
-    direct, _ = es.run("unified", None, scenario)
-    assert direct == {
+    out, mock_id = es.both("unified", scenario, via=duplex)
+    assert out == {
         "text": "tök0 tök1 tök2 tök3 tök4Done with the tool's result.",
         "thinking": "Let me think it över.",
         "signature": "bW9jay10aGlua2luZy1zaWduYXR1cmU=",
         "toolCalls": [{"id": "toolu_mock_1", "name": "read_file", "arguments": '{"city":"Vienna"}'}],
     }
-    out, mock_id = es.run("unified", duplex, scenario)
-    assert out == direct
 
     if not audited(duplex, "cursor", mock_id):
         return
@@ -212,12 +219,10 @@ def test_es_cursor_unified_chat_with_a_tool_round_trip(es: EsClient, duplex: Pro
 def test_es_cursor_agent_two_turns_on_a_stream_that_never_ends(es: EsClient, duplex: Proxy, close: str):
     """Cursor's Agent API: the server never ends the stream; each turn ends with turn_ended,
     the next prompt goes up the same open request stream. One record per turn."""
-    direct, _ = es.run("agent", None, "reasoning=1", close=close)
+    out, mock_id = es.both("agent", "reasoning=1", via=duplex, close=close)
     turn = {"text": "tök0 tök1 tök2 tök3 tök4", "thinking": "Let me think it över.", "heartbeats": 1}
-    assert direct["turns"] == [turn | {"usage": {"input": 6, "output": 8}}, turn | {"usage": {"input": 4, "output": 8}}]
-    assert direct["closed"] == ("ended" if close == "half" else "aborted")
-    out, mock_id = es.run("agent", duplex, "reasoning=1", close=close)
-    assert out == direct
+    assert out["turns"] == [turn | {"usage": {"input": 6, "output": 8}}, turn | {"usage": {"input": 4, "output": 8}}]
+    assert out["closed"] == ("ended" if close == "half" else "aborted")
 
     if not audited(duplex, "cursor", mock_id):
         return
@@ -233,7 +238,7 @@ def test_es_cursor_agent_two_turns_on_a_stream_that_never_ends(es: EsClient, dup
 
 
 def test_es_generic_echo_service(es: EsClient, proxy: Proxy):
-    out, mock_id = es.both("echo")
+    out, mock_id = es.both("echo", suffixes=("-say", "-talk"))
     assert out == {"say": "echo: hello there", "talk": ["one", "two", "three"]}
 
     if not audited(proxy, "connect", mock_id + "-say", mock_id + "-talk"):
@@ -249,10 +254,8 @@ def test_es_generic_echo_service(es: EsClient, proxy: Proxy):
 
 
 def test_es_generic_echo_chat_full_duplex(es: EsClient, duplex: Proxy):
-    direct, _ = es.run("echo-chat", None)
-    assert direct == {"chat": ["echo: first", "echo: second"]}
-    out, mock_id = es.run("echo-chat", duplex)
-    assert out == direct
+    out, mock_id = es.both("echo-chat", via=duplex)
+    assert out == {"chat": ["echo: first", "echo: second"]}
 
     if not audited(duplex, "connect", mock_id):
         return
