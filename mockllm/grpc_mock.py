@@ -3,8 +3,8 @@
 The same conversations as the Connect server, carried the gRPC way: status in HTTP/2
 trailers (``grpc-status``, ``grpc-message``), the scenario's ``error`` as that status.
 Messages stay bytes (no generated classes: :mod:`mockllm.protowire` encodes them). The
-answers are gzip-compressed per message (``grpc-encoding: gzip``) when the client
-accepts gzip, as grpcio clients do by default. The scenario comes in the ``x-mock``
+answers are gzip-compressed per message (``grpc-encoding: gzip``; grpc core falls back
+to identity for a client that does not accept gzip). The scenario comes in the ``x-mock``
 metadata. ``python -m mockllm --grpc`` runs it.
 """
 
@@ -36,8 +36,7 @@ async def _start(context: aio.ServicerContext[Any, Any], method: Method) -> Conv
         scenario = Scenario.parse("", _metadata(context, "x-mock") or None)
     except ScenarioError as exc:
         await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-    if "gzip" in _metadata(context, "grpc-accept-encoding"):
-        context.set_compression(grpc.Compression.Gzip)
+    context.set_compression(grpc.Compression.Gzip)  # grpc core sends identity to a peer that does not accept it
     return method.conversation(scenario)
 
 

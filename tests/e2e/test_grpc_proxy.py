@@ -157,9 +157,12 @@ def test_grpc_error_status_in_trailers(channels: Channels, proxy: Proxy):
     assert (row["error_code"], row["error_message"]) == ("permission_denied", "mock error: permission_denied")
 
 
-def test_grpc_cursor_stream_chat(channels: Channels, proxy: Proxy):
-    text, mock_id = channels.both(stream_chat, proxy)
-    assert text == "tök0 tök1 tök2 tök3 tök4"
+@pytest.mark.parametrize("scenario", ["", "size=2000&events=3"])
+def test_grpc_cursor_stream_chat(channels: Channels, proxy: Proxy, scenario: str):
+    """Small messages go uncompressed (grpc core sends a message plain when gzip would not
+    make it smaller); 2000-byte deltas go gzip-compressed (flag 1, ``grpc-encoding: gzip``)."""
+    text, mock_id = channels.both(stream_chat, proxy, scenario)
+    assert text == "tök0 tök1 tök2 tök3 tök4" if not scenario else len(text.encode()) == 6000
 
     if not audited(proxy, "cursor", mock_id):
         return
