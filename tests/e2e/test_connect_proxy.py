@@ -223,6 +223,9 @@ def test_es_cursor_agent_two_turns_on_a_stream_that_never_ends(es: EsClient, dup
     turn = {"text": "tök0 tök1 tök2 tök3 tök4", "thinking": "Let me think it över.", "heartbeats": 1}
     assert out["turns"] == [turn | {"usage": {"input": 6, "output": 8}}, turn | {"usage": {"input": 4, "output": 8}}]
     assert out["closed"] == ("ended" if close == "half" else "aborted")
+    if close == "half":  # the mock ended the response (``{}``, END_STREAM) once the client closed its side
+        sent = wait_for(lambda: (s := es.upstream.sent(mock_id)) and s["completed"] and s)
+        assert sent["body"].endswith(b"\x02\x00\x00\x00\x02{}")
 
     if not audited(duplex, "cursor", mock_id):
         return
@@ -269,15 +272,17 @@ def test_es_generic_echo_chat_full_duplex(es: EsClient, duplex: Proxy):
 class PyClient:
     """connect-py's sync clients on a pyqwest transport, straight to the mock or through a proxy."""
 
-    def __init__(self, proxy: Proxy, upstream: Upstream) -> None:
-        self.proxy, self.upstream = proxy, upstream
+    def __init__(self, proxy: Proxy, upstream: Upstream, http1: bool = False) -> None:
+        self.proxy, self.upstream, self.http1 = proxy, upstream, http1
 
     def http(self, via: Proxy | None) -> Any:
-        from pyqwest import SyncClient, SyncHTTPTransport
+        from pyqwest import HTTPVersion, SyncClient, SyncHTTPTransport
 
         ca = via.ca if via else self.upstream.ca
         proxy = via.url if via else []  # []: no proxy, not even one from the environment
-        return SyncClient(SyncHTTPTransport(tls_ca_cert=ca.read_bytes() if ca else None, proxy=proxy, timeout=30))
+        version = HTTPVersion.HTTP1 if self.http1 else None  # None: HTTP/1.1 in plain text, ALPN over TLS
+        tls = {"tls_ca_cert": ca.read_bytes() if ca else None}
+        return SyncClient(SyncHTTPTransport(**tls, proxy=proxy, http_version=version, timeout=30))
 
     def both(self, call: Any, scenario: str = "") -> tuple[Any, str]:
         """``call`` direct, then through the proxy: (its result, the proxied mock id)."""
@@ -290,9 +295,10 @@ class PyClient:
         return results[1], mock_id
 
 
-@pytest.fixture(params=["h1", "h2"])
+@pytest.fixture(params=["h1", "h2", "tls-h1"])
 def py(request, proxy, upstreams, proto_python) -> PyClient:
-    return PyClient(proxy, upstreams[request.param])
+    """HTTP/1.1 in plain text, HTTP/2 over TLS, and HTTP/1.1 over TLS."""
+    return PyClient(proxy, upstreams["h1" if request.param == "h1" else "h2"], http1=request.param == "tls-h1")
 
 
 def py_stream_chat(url: str, http: Any, headers: dict[str, str]) -> str | tuple[str, str]:
@@ -358,6 +364,41 @@ def py_agent(url: str, http: Any, headers: dict[str, str]) -> list[tuple[str, in
                 text = ""
                 ended.put(len(turns))
     return turns
+
+
+def py_echo_say(url: str, http: Any, headers: dict[str, str]) -> str | tuple[str, str]:
+    """Unary Connect (``application/proto``, the request gzip-compressed by default)."""
+    from connectrpc.errors import ConnectError
+    from echo.v1 import echo_pb2 as pb
+    from echo.v1.echo_connect import EchoServiceClientSync
+
+    with EchoServiceClientSync(url, http_client=http) as client:
+        try:
+            return client.say(pb.EchoRequest(sentence="hello " * 100), headers=headers).sentence
+        except ConnectError as e:
+            return (e.code.name, e.message)
+
+
+def test_py_generic_unary(py: PyClient, proxy: Proxy):
+    out, mock_id = py.both(py_echo_say)
+    assert out == "echo: " + "hello " * 100
+
+    if not audited(proxy, "connect", mock_id):
+        return
+    row = proxy.mock_row(mock_id)
+    assert (row["dialect"], row["status"], row["http_status"]) == ("connect", "completed", 200)
+    assert out in orjson.dumps(row["output"]).decode()
+
+
+def test_py_generic_unary_error(py: PyClient, proxy: Proxy):
+    """A unary Connect error is an HTTP status with a JSON body."""
+    out, mock_id = py.both(py_echo_say, "error=permission_denied")
+    assert out == ("PERMISSION_DENIED", "mock error: permission_denied")
+
+    if not audited(proxy, "connect", mock_id):
+        return
+    row = proxy.mock_row(mock_id)
+    assert (row["status"], row["http_status"], row["error_code"]) == ("failed", 403, "permission_denied")
 
 
 def test_py_cursor_stream_chat(py: PyClient, proxy: Proxy):
