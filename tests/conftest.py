@@ -168,12 +168,10 @@ def grpc_upstream(tmp_path_factory) -> Iterator[Upstream]:
     process.stop()
 
 
-REQUEST_BODIES_STREAM = False
-"""Whether the addon streams the request bodies of bidirectional Connect and gRPC calls
-itself (the proxy adapter of issue 18): until it does, the e2e tests send full-duplex
-calls through a proxy started with mitmproxy's ``stream_large_bodies=1`` (mitmproxy
-otherwise holds a request body until it is complete, and a client that waits for an
-answer before it sends more never completes it). Set True with the adapter."""
+def registered(dialect: str) -> bool:
+    from addon.dialects.registry import REGISTRY
+
+    return dialect in {d.name for d in REGISTRY}
 
 
 def audited(proxy: Proxy, dialect: str, *mock_ids: str) -> bool:
@@ -181,9 +179,7 @@ def audited(proxy: Proxy, dialect: str, *mock_ids: str) -> bool:
 
     Until it is (the dialects of issue 18 land separately), the proxy passes the call
     through as traffic it does not know, and there is no row for it."""
-    from addon.dialects.registry import REGISTRY
-
-    if dialect in {d.name for d in REGISTRY}:
+    if registered(dialect):
         return True
     assert [proxy.rows(header={"x-mock-id": mock_id}) for mock_id in mock_ids] == [[] for _ in mock_ids]
     return False
@@ -546,13 +542,16 @@ def guarded_proxy(
 
 
 def duplex_proxy(
-    request: pytest.FixtureRequest, tmp_path_factory, proxy: Proxy, upstream_ca: Path | None
+    request: pytest.FixtureRequest, tmp_path_factory, proxy: Proxy, upstream_ca: Path | None, dialects: tuple[str, ...]
 ) -> Iterator[Proxy]:
-    """The proxy for full-duplex Connect and gRPC calls, recording to ``proxy``'s backend:
-    ``proxy`` itself once the addon streams request bodies (:data:`REQUEST_BODIES_STREAM`),
-    until then one with ``stream_large_bodies=1`` and a database of its own. The body of a
-    test module's ``duplex`` fixture (``yield from duplex_proxy(...)``)."""
-    if REQUEST_BODIES_STREAM:
+    """The proxy for full-duplex Connect and gRPC calls of ``dialects``, recording to
+    ``proxy``'s backend. The addon streams the request body of a bidirectional call its
+    dialect recognises (``addon/mitm/turns.py``), so once all of ``dialects`` are registered
+    this is ``proxy`` itself. Until then it is a proxy with mitmproxy's
+    ``stream_large_bodies=1`` (and a database of its own): mitmproxy otherwise holds a
+    request body until it is complete, which a client waiting for an answer never sends.
+    The body of a test module's ``duplex`` fixture (``yield from duplex_proxy(...)``)."""
+    if all(registered(dialect) for dialect in dialects):
         yield proxy
         return
     tmp = tmp_path_factory.mktemp(f"duplex-{proxy.backend}")

@@ -15,11 +15,9 @@ client saw. Two parts wait for other work:
   registered, the proxy passes Connect traffic through as traffic it does not know, and
   conftest's ``audited`` checks that there is no row instead.
 * Full-duplex bidi calls (the next request message waits for an answer) go through a
-  proxy only if it streams request bodies: mitmproxy holds a request body until it is
-  complete, and a client that waits for an answer before it sends more never completes
-  it. Until the addon streams them itself, those calls go through a second proxy started
-  with mitmproxy's ``stream_large_bodies=1``, which streams every body (conftest's
-  ``duplex_proxy``).
+  proxy only if it streams request bodies. The addon does for the calls its dialects
+  recognise; until those are registered, the calls go through a second proxy started with
+  mitmproxy's ``stream_large_bodies=1`` (conftest's ``duplex_proxy``).
 """
 
 from __future__ import annotations
@@ -72,7 +70,7 @@ def came_through(via: Proxy | None, before: int) -> None:
 
 @pytest.fixture(scope="module")
 def duplex(request, proxy: Proxy, upstreams, tmp_path_factory) -> Iterator[Proxy]:
-    yield from duplex_proxy(request, tmp_path_factory, proxy, upstreams["h2"].ca)
+    yield from duplex_proxy(request, tmp_path_factory, proxy, upstreams["h2"].ca, ("cursor", "connect"))
 
 
 @pytest.fixture(scope="module")

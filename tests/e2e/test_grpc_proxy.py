@@ -39,7 +39,7 @@ def proxy(request, tmp_path_factory, grpc_upstream: Upstream) -> Iterator[Proxy]
 
 @pytest.fixture(scope="module")
 def duplex(request, proxy: Proxy, grpc_upstream: Upstream, tmp_path_factory) -> Iterator[Proxy]:
-    yield from duplex_proxy(request, tmp_path_factory, proxy, grpc_upstream.ca)
+    yield from duplex_proxy(request, tmp_path_factory, proxy, grpc_upstream.ca, ("cursor",))
 
 
 class Channels:
