@@ -216,7 +216,9 @@ def test_es_cursor_unified_chat_with_a_tool_round_trip(es: EsClient, duplex: Pro
 @pytest.mark.parametrize("close", ["half", "abort"])
 def test_es_cursor_agent_two_turns_on_a_stream_that_never_ends(es: EsClient, duplex: Proxy, close: str):
     """Cursor's Agent API: the server never ends the stream; each turn ends with turn_ended,
-    the next prompt goes up the same open request stream. One record per turn."""
+    the next prompt goes up the same open request stream, and the client sends a heartbeat
+    after each turn (also after the last, before it closes). One record per turn: a
+    heartbeat is no turn."""
     out, mock_id = es.both("agent", "reasoning=1", via=duplex, close=close)
     turn = {"text": "tök0 tök1 tök2 tök3 tök4", "thinking": "Let me think it över.", "heartbeats": 1}
     assert out["turns"] == [turn | {"usage": {"input": 6, "output": 8}}, turn | {"usage": {"input": 4, "output": 8}}]

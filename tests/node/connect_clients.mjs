@@ -197,9 +197,10 @@ async function unified(c) {
 }
 
 /**
- * Bidi, Cursor's Agent API: two turns on one stream that the server never ends; after the
- * second turn_ended the client closes: its request side (close "half", the server then
- * ends the stream) or the whole stream (close "abort": RST_STREAM, no END_STREAM ever).
+ * Bidi, Cursor's Agent API: two turns on one stream that the server never ends; the client
+ * sends a heartbeat after each turn_ended; after the second it closes: its request side
+ * (close "half": the server then ends the stream) or the whole stream (close "abort":
+ * RST_STREAM, no END_STREAM ever).
  * @param {Config} c
  */
 async function agent(c) {
@@ -229,6 +230,7 @@ async function agent(c) {
         turn.usage = { input: Number(u.inputTokens), output: Number(u.outputTokens) };
         turns.push(turn);
         turn = { text: "", thinking: "", heartbeats: 0, usage: null };
+        requests.push({ message: { case: "execClientControlMessage", value: { heartbeat: {} } } }); // keep-alive
         if (turns.length === 1) requests.push({ message: { case: "conversationAction", value: userMessage(FOLLOW_UP) } });
         else if (c.close === "abort") abort.abort();
         else requests.end();

@@ -46,7 +46,8 @@ def test_agent_turns_parse_with_the_schema(proto_python) -> None:
         assert kinds == ["thinking_delta"] * 2 + ["heartbeat", "thinking_delta"] + ["text_delta"] * 2 + ["turn_ended"]
         assert "".join(u.text_delta.text for u in updates) == "tök0 tök1"
         assert (updates[-1].turn_ended.input_tokens, updates[-1].turn_ended.output_tokens) == (3, 5)
-    assert conversation.answer(pb.AgentClientMessage().SerializeToString()).messages == []  # no user message
+    heartbeat = pb.AgentClientMessage(exec_client_control_message=pb.ExecClientControlMessage(heartbeat={}))
+    assert conversation.answer(heartbeat.SerializeToString()).messages == []  # no user message, no turn
     assert conversation.close().done
 
 
