@@ -1,7 +1,7 @@
 """``python -m mockllm``: run the mock LLM upstream.
 
 On readiness it prints exactly one line to stdout,
-``mock-llm listening on URL`` followed by `` (ca: PATH)`` with ``--tls``,
+``mock-llm listening on URL`` followed by `` (ca: PATH)`` with ``--tls`` (and ``--grpc``),
 and writes URL alone to ``--ready-file`` (atomically, via rename) so a test
 can poll for the file instead of parsing output. SIGINT/SIGTERM stop it
 gracefully with exit status 0.
@@ -17,7 +17,7 @@ import tempfile
 from contextlib import ExitStack
 from pathlib import Path
 
-from . import certs
+from . import certs, grpc_mock
 from .server import MockLLM, listen, serve
 
 
@@ -35,6 +35,9 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="with --tls: a further host name (or IP address) the certificate is valid for, "
         "e.g. api.openai.com; repeatable",
     )
+    parser.add_argument(
+        "--grpc", action="store_true", help="a gRPC server (TLS, implies --tls) of the protobuf methods instead"
+    )
     parser.add_argument("--ready-file", type=Path, help="file to write the URL to once listening")
     return parser.parse_args(argv)
 
@@ -47,12 +50,10 @@ def _write_atomically(path: Path, text: str) -> None:
 
 async def _run(args: argparse.Namespace, cert_dir: Path | None) -> None:
     paths = certs.generate(cert_dir, tuple(args.cert_name)) if cert_dir is not None else None
-    sock = listen(args.host, args.port)
-    port = sock.getsockname()[1]
     host = f"[{args.host}]" if ":" in args.host else args.host
-    url = f"{'https' if paths else 'http'}://{host}:{port}"
 
-    def announce() -> None:
+    def announce(port: int) -> None:
+        url = f"{'https' if paths else 'http'}://{host}:{port}"
         print(f"mock-llm listening on {url}" + (f" (ca: {paths.ca})" if paths else ""), flush=True)
         if args.ready_file is not None:
             _write_atomically(args.ready_file, url)
@@ -61,14 +62,19 @@ async def _run(args: argparse.Namespace, cert_dir: Path | None) -> None:
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, stop.set)
-    await serve(MockLLM(), sock, paths, on_ready=announce, stop=stop)
+    if args.grpc and paths is not None:
+        await grpc_mock.serve(args.host, args.port, paths, on_ready=announce, stop=stop)
+        return
+    sock = listen(args.host, args.port)
+    port = sock.getsockname()[1]
+    await serve(MockLLM(), sock, paths, on_ready=lambda: announce(port), stop=stop)
 
 
 def main(argv: list[str] | None = None) -> None:
     args = _parse_args(argv)
     with ExitStack() as stack:
         cert_dir: Path | None = None
-        if args.tls:
+        if args.tls or args.grpc:
             cert_dir = args.cert_dir or Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="mock-llm-")))
         asyncio.run(_run(args, cert_dir))
 

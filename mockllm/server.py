@@ -19,6 +19,9 @@ answered in its API's format and shaped by the
   :data:`MAX_RECORDS`); ``GET /lmsp/v1/tasks/{task_id}/events`` streams a
   task's events, replaying those after ``?after=N`` or ``Last-Event-ID``.
 
+Connect calls of the protobuf methods in :mod:`mockllm.rpc` (Cursor, Windsurf, an echo
+service) are answered by :mod:`mockllm.connect`.
+
 The JSON body's ``stream: true`` picks streaming where the API has that
 switch (Gemini decides by path instead). Control routes:
 
@@ -74,7 +77,7 @@ from hypercorn.config import Config
 from hypercorn.protocol.events import EndBody, EndData, Event, StreamClosed
 from hypercorn.protocol.h2 import H2Protocol
 
-from . import ollama
+from . import connect, ollama
 from .certs import CertPaths
 from .scenario import Scenario, ScenarioError
 from .streams import (
@@ -353,6 +356,9 @@ class MockLLM:
             await _send_json(send, 404, _problem("not_found", f"no {scope['method']} {path}"))
 
     async def _exchange(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
+        if (rpc_method := connect.route(scope)) is not None:  # read as it arrives: bidi streams
+            await connect.serve(rpc_method, scope, receive, send, self._keep)
+            return
         body = await _read_body(receive)
         if body is None:
             return
@@ -407,6 +413,10 @@ class MockLLM:
             plan = plan_body(reply.items, scenario, event_stream)
         await send({"type": "http.response.start", "status": reply.status, "headers": headers})
         await self._stream(plan, scenario, receive, recording_send, exchange)
+
+    def _keep(self, mock_id: str, request: dict[str, Any]) -> Exchange:
+        self.exchanges.add(mock_id, exchange := Exchange(request))
+        return exchange
 
     def _reply(self, found: Route, scenario: Scenario, body: bytes, query: str, last_event_id: str | None) -> Reply:
         """What to answer, before pacing, truncation and gzip."""

@@ -1,0 +1,186 @@
+"""grpcio, the official gRPC client, through a real mitmdump with the addon.
+
+The upstream is the mock's gRPC server (``python -m mockllm --grpc``: grpcio, HTTP/2 with
+TLS, gzip per message); the client's stubs are generated from ``tests/fixtures/proto`` at
+test time by grpcio-tools. The client reaches the proxy as grpcio users configure it (the
+``grpc.http_proxy`` channel option: an HTTP CONNECT tunnel) and trusts the proxy's CA
+through ``ssl_channel_credentials``. Each call runs direct and through the proxy with the
+same result; then the audit row must say what the client saw (checked once the ``grpc``
+and ``cursor`` dialects are registered: until then the proxy passes gRPC through as
+traffic it does not know, and conftest's ``audited`` checks that there is no row). Full-duplex calls go through conftest's
+``duplex_proxy`` (see test_connect_proxy.py).
+"""
+
+from __future__ import annotations
+
+import queue
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import grpc
+import orjson
+import pytest
+from conftest import BACKENDS, Proxy, Upstream, audited, duplex_proxy, new_database, start_proxy
+
+pytestmark = pytest.mark.e2e
+
+PROMPT = "What is the weather in Vienna?"
+
+
+@pytest.fixture(scope="module", params=BACKENDS)
+def proxy(request, tmp_path_factory, grpc_upstream: Upstream) -> Iterator[Proxy]:
+    """A mitmdump with the addon that trusts the gRPC mock's CA, on each backend in turn."""
+    tmp = tmp_path_factory.mktemp(f"grpc-proxy-{request.param}")
+    p = start_proxy(tmp, upstream_ca=grpc_upstream.ca, **new_database(request, request.param, tmp))
+    yield p
+    p.process.stop()
+
+
+@pytest.fixture(scope="module")
+def duplex(request, proxy: Proxy, grpc_upstream: Upstream, tmp_path_factory) -> Iterator[Proxy]:
+    yield from duplex_proxy(request, tmp_path_factory, proxy, grpc_upstream.ca, ("cursor",))
+
+
+class Channels:
+    """grpcio channels to the gRPC mock: direct (trusting the mock's CA) or through a proxy."""
+
+    def __init__(self, upstream: Upstream) -> None:
+        self.upstream = upstream
+        self.target = upstream.url.removeprefix("https://")
+
+    def open(self, via: Proxy | None) -> grpc.Channel:
+        assert self.upstream.ca is not None
+        ca = (via.ca if via else self.upstream.ca).read_bytes()
+        options = [("grpc.http_proxy", via.url)] if via else [("grpc.enable_http_proxy", 0)]
+        return grpc.secure_channel(self.target, grpc.ssl_channel_credentials(ca), options=options)
+
+    def both(self, call: Callable[[grpc.Channel, list[tuple[str, str]]], Any], via: Proxy, scenario: str = ""):
+        """``call`` direct, then through ``via``: (its result, the proxied mock id)."""
+        results, mock_id = [], ""
+        for route in (None, via):
+            mock_id = uuid.uuid4().hex
+            with self.open(route) as channel:
+                results.append(call(channel, [("x-mock-id", mock_id), ("x-mock", scenario)]))
+        assert results[1] == results[0]
+        return results[1], mock_id
+
+
+@pytest.fixture
+def channels(grpc_upstream, proto_python) -> Channels:
+    return Channels(grpc_upstream)
+
+
+def echo(channel: grpc.Channel, metadata: list[tuple[str, str]]) -> tuple[str, list[str], list[str]]:
+    """Unary, server stream and a half-duplex bidi (the request stream is complete up front)."""
+    from echo.v1 import echo_pb2 as pb
+    from echo.v1.echo_pb2_grpc import EchoServiceStub
+
+    stub = EchoServiceStub(channel)
+    say = stub.Say(pb.EchoRequest(sentence="hello there"), metadata=metadata)
+    talk = [r.sentence for r in stub.Talk(pb.EchoRequest(sentence="one two three"), metadata=metadata)]
+    requests = iter([pb.EchoRequest(sentence="first"), pb.EchoRequest(sentence="second")])
+    chat = [r.sentence for r in stub.Chat(requests, metadata=metadata)]
+    return say.sentence, talk, chat
+
+
+def say_error(channel: grpc.Channel, metadata: list[tuple[str, str]]) -> tuple[str, str]:
+    from echo.v1 import echo_pb2 as pb
+    from echo.v1.echo_pb2_grpc import EchoServiceStub
+
+    with pytest.raises(grpc.RpcError) as failure:
+        EchoServiceStub(channel).Say(pb.EchoRequest(sentence="hello"), metadata=metadata)
+    error: Any = failure.value
+    return error.code().name, error.details()
+
+
+def stream_chat(channel: grpc.Channel, metadata: list[tuple[str, str]]) -> str:
+    from aiserver.v1 import chat_pb2 as pb
+    from aiserver.v1.chat_pb2_grpc import AiServiceStub
+
+    message = pb.ConversationMessage(text=PROMPT, type=pb.ConversationMessage.MESSAGE_TYPE_HUMAN)
+    request = pb.GetChatRequest(conversation=[message], model_details=pb.ModelDetails(model_name="gpt-4o-mini"))
+    return "".join(r.text for r in AiServiceStub(channel).StreamChat(request, metadata=metadata))
+
+
+def agent(channel: grpc.Channel, metadata: list[tuple[str, str]]) -> list[tuple[str, int, int]]:
+    """Cursor's Agent API over gRPC, full duplex: the second prompt waits for the first turn's end."""
+    from agent.v1 import agent_pb2 as pb
+    from agent.v1.agent_pb2_grpc import AgentServiceStub
+
+    def action(text: str) -> Any:
+        return pb.ConversationAction(user_message_action=pb.UserMessageAction(user_message=pb.UserMessage(text=text)))
+
+    ended: queue.Queue[int] = queue.Queue()
+
+    def requests() -> Iterator[Any]:
+        run = pb.AgentRunRequest(action=action(PROMPT), model_details=pb.ModelDetails(model_name="gpt-5"))
+        yield pb.AgentClientMessage(run_request=run)
+        ended.get(timeout=20)
+        yield pb.AgentClientMessage(conversation_action=action("And in Graz?"))
+        ended.get(timeout=20)
+
+    turns, text = [], ""
+    for r in AgentServiceStub(channel).Run(requests(), metadata=metadata):
+        update = r.interaction_update
+        if update.HasField("text_delta"):
+            text += update.text_delta.text
+        elif update.HasField("turn_ended"):
+            turns.append((text, update.turn_ended.input_tokens, update.turn_ended.output_tokens))
+            text = ""
+            ended.put(len(turns))
+    return turns
+
+
+def test_grpc_echo_unary_server_stream_and_bidi(channels: Channels, proxy: Proxy):
+    out, mock_id = channels.both(echo, proxy)
+    assert out == ("echo: hello there", ["one", "two", "three"], ["echo: first", "echo: second"])
+
+    if not audited(proxy, "grpc", mock_id):
+        return
+    rows = {r["url_path"]: r for r in proxy.rows(header={"x-mock-id": mock_id})}
+    assert set(rows) == {f"/echo.v1.EchoService/{name}" for name in ("Say", "Talk", "Chat")}
+    for name, strings in (("Say", [out[0]]), ("Talk", out[1]), ("Chat", out[2])):
+        row = rows[f"/echo.v1.EchoService/{name}"]
+        assert (row["dialect"], row["status"], row["http_status"]) == ("grpc", "completed", 200)
+        assert all(s in orjson.dumps(row["output"]).decode() for s in strings)
+
+
+def test_grpc_error_status_in_trailers(channels: Channels, proxy: Proxy):
+    out, mock_id = channels.both(say_error, proxy, "error=permission_denied")
+    assert out == ("PERMISSION_DENIED", "mock error: permission_denied")
+
+    if not audited(proxy, "grpc", mock_id):
+        return
+    row = proxy.mock_row(mock_id)
+    assert (row["dialect"], row["status"]) == ("grpc", "failed")
+    assert (row["error_code"], row["error_message"]) == ("permission_denied", "mock error: permission_denied")
+
+
+@pytest.mark.parametrize("scenario", ["", "size=2000&events=3"])
+def test_grpc_cursor_stream_chat(channels: Channels, proxy: Proxy, scenario: str):
+    """Small messages go uncompressed (grpc core sends a message plain when gzip would not
+    make it smaller); 2000-byte deltas go gzip-compressed (flag 1, ``grpc-encoding: gzip``)."""
+    text, mock_id = channels.both(stream_chat, proxy, scenario)
+    assert text == "tök0 tök1 tök2 tök3 tök4" if not scenario else len(text.encode()) == 6000
+
+    if not audited(proxy, "cursor", mock_id):
+        return
+    row = proxy.mock_row(mock_id)
+    assert (row["dialect"], row["status"], row["request_model"], row["output_text"]) == (
+        "cursor",
+        "completed",
+        "gpt-4o-mini",
+        text,
+    )
+
+
+def test_grpc_cursor_agent_two_turns_full_duplex(channels: Channels, duplex: Proxy):
+    turns, mock_id = channels.both(agent, duplex)
+    assert turns == [("tök0 tök1 tök2 tök3 tök4", 6, 5), ("tök0 tök1 tök2 tök3 tök4", 3, 5)]
+
+    if not audited(duplex, "cursor", mock_id):
+        return
+    rows = sorted(duplex.rows(header={"x-mock-id": mock_id}), key=lambda r: r["turn"])
+    assert [(r["output_text"], r["input_tokens"], r["output_tokens"]) for r in rows] == turns
+    assert [r["turn"] for r in rows] == [0, 1] and rows[0]["connection_id"] == rows[1]["connection_id"]
