@@ -168,23 +168,6 @@ def grpc_upstream(tmp_path_factory) -> Iterator[Upstream]:
     process.stop()
 
 
-def registered(dialect: str) -> bool:
-    from addon.dialects.registry import REGISTRY
-
-    return dialect in {d.name for d in REGISTRY}
-
-
-def audited(proxy: Proxy, dialect: str, *mock_ids: str) -> bool:
-    """Whether the rows of a Connect or gRPC call can be checked: ``dialect`` is registered.
-
-    Until it is (the dialects of issue 18 land separately), the proxy passes the call
-    through as traffic it does not know, and there is no row for it."""
-    if registered(dialect):
-        return True
-    assert [proxy.rows(header={"x-mock-id": mock_id}) for mock_id in mock_ids] == [[] for _ in mock_ids]
-    return False
-
-
 PROTO_DIR = ROOT / "tests" / "fixtures" / "proto"  # the Cursor, Windsurf and echo schemas (docs/development.md)
 
 
@@ -539,26 +522,6 @@ def guarded_proxy(
     )
     yield p
     p.process.stop()
-
-
-def duplex_proxy(
-    request: pytest.FixtureRequest, tmp_path_factory, proxy: Proxy, upstream_ca: Path | None, dialects: tuple[str, ...]
-) -> Iterator[Proxy]:
-    """The proxy for full-duplex Connect and gRPC calls of ``dialects``, recording to
-    ``proxy``'s backend. The addon streams the request body of a bidirectional call its
-    dialect recognises (``addon/mitm/turns.py``), so once all of ``dialects`` are registered
-    this is ``proxy`` itself. Until then it is a proxy with mitmproxy's
-    ``stream_large_bodies=1`` (and a database of its own): mitmproxy otherwise holds a
-    request body until it is complete, which a client waiting for an answer never sends.
-    The body of a test module's ``duplex`` fixture (``yield from duplex_proxy(...)``)."""
-    if all(registered(dialect) for dialect in dialects):
-        yield proxy
-        return
-    tmp = tmp_path_factory.mktemp(f"duplex-{proxy.backend}")
-    database = new_database(request, proxy.backend, tmp)
-    streaming = start_proxy(tmp, "--set", "stream_large_bodies=1", upstream_ca=upstream_ca, **database)
-    yield streaming
-    streaming.process.stop()
 
 
 @pytest.fixture(scope="module", params=BACKENDS)

@@ -207,9 +207,15 @@ class Dialect(ABC):
         return parse_json_body(content)
 
     def streams_request(self, request: RequestView) -> bool:
-        """Whether this request's body is read as it flows rather than whole: a
-        bidirectional stream (Cursor's chat) whose client keeps sending while the answer
-        streams back, and never ends its body while the conversation lasts."""
+        """Whether this request's body is read as it flows rather than whole: a client or
+        bidirectional stream (gRPC, Connect), whose client may keep sending while the
+        answer streams back, and need never end its body (Cursor's chat)."""
+        return False
+
+    def has_turns(self, request: RequestView) -> bool:
+        """Whether this streamed request's stream carries many answers, one per turn,
+        and may never end (Cursor's bidirectional chat): it is recorded as one record
+        per turn, each written when its turn ends (see ``addon/mitm/turns.py``)."""
         return False
 
     def parse_request_message(self, payload: bytes, request: RequestView) -> tuple[dict[str, Any], list[Finding]]:

@@ -128,7 +128,7 @@ class Cursor(RpcDialect):
     def matches(self, request: RequestView) -> bool:
         return request.method == "POST" and api_of(rpc_name(request.path)) is not None
 
-    def streams_request(self, request: RequestView) -> bool:
+    def has_turns(self, request: RequestView) -> bool:
         rpc = rpc_name(request.path) or ""
         return (
             rpc.startswith("aiserver.v1.ChatService/StreamUnifiedChatWithTools") or rpc == "agent.v1.AgentService/Run"

@@ -359,7 +359,9 @@ class RpcNormalizer(Normalizer):
         described = self.describe_details(details) if details else None
         if described is None:
             return message
-        return f"{message}: {described}" if message and message != "Error" else described
+        if not message or message == "Error" or message in described:  # (Cursor's message is always "Error")
+            return described
+        return f"{message}: {described}"
 
 
 class RpcDialect(Dialect):
@@ -372,6 +374,13 @@ class RpcDialect(Dialect):
     @abstractmethod
     def read_message(self, payload: bytes, request: RequestView, doc: dict[str, Any], findings: list[Finding]) -> None:
         """Read one request message into ``doc`` (see :func:`new_doc`), problems into ``findings``."""
+
+    def streams_request(self, request: RequestView) -> bool:
+        """Every enveloped request (all but unary Connect): a client or bidirectional
+        stream cannot be told from a server stream by its path, and a full-duplex client
+        waits for answers before it sends (or ends) the rest of its body."""
+        protocol = protocol_of(request.headers)
+        return protocol is not None and protocol[0] != CONNECT_UNARY
 
     def parse_request(self, content: bytes, request: RequestView) -> tuple[Any, Finding | None]:
         payloads, findings = request_messages(content, request)

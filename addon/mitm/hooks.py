@@ -263,9 +263,10 @@ class ExchangeHooks:
         self.store.submit(record)  # the write-ahead open record (status in_progress)
 
     def _open_streamed(self, flow: http.HTTPFlow) -> None:
-        """Open the record of a bidirectional stream (Cursor's chat) as its request
-        starts, and read its body as the client sends it (:mod:`addon.mitm.turns`):
-        mitmproxy would otherwise hold the body until it ends, which it need never do."""
+        """Open the record of a streamed request (a gRPC or Connect stream; Cursor's
+        chat, with its turns) as it starts, and read its body as the client sends it
+        (:mod:`addon.mitm.turns`): mitmproxy would otherwise hold the body until it
+        ends, which a full-duplex client does not do before it has its answers."""
         if flow.response is not None:
             return
         req = flow.request
@@ -275,7 +276,7 @@ class ExchangeHooks:
         if dialect is None:
             return
         record, summary = start_record(flow, dialect, self.store.instance)
-        turns = Turns(record, flow.id, self.store.submit)
+        turns = Turns(record, flow.id if dialect.has_turns(view) else None, self.store.submit)
         recording = self.flows[flow.id] = Recording(record, dialect.normalizer(summary), turns=turns)
         filters = self.filters.current()
         if filters is not None and filters.checks_output:
@@ -288,8 +289,9 @@ class ExchangeHooks:
             tap.on_block = functools.partial(self._block_streamed, flow, dialect, summary, view)
             tap.fail_open = filters.failure == "open"
         req.stream = tap
-        turns.open()  # the write-ahead open record of turn 0
-        self._watch_idle_turns()
+        turns.open()  # the write-ahead open record (of turn 0)
+        if turns.has_turns:
+            self._watch_idle_turns()
 
     def _block_streamed(
         self, flow: http.HTTPFlow, dialect: Dialect, summary: RequestSummary, view: RequestView, block: Verdict
@@ -334,7 +336,7 @@ class ExchangeHooks:
             self.idle_watch = None
 
     async def _idle_watch(self) -> None:
-        while any(_turns(state) is not None for state in self.flows.values()):
+        while any((turns := _turns(state)) is not None and turns.has_turns for state in self.flows.values()):
             await asyncio.sleep(min(5.0, self.turn_idle_seconds / 2))
             try:
                 self._end_idle_turns(time.monotonic())

@@ -38,7 +38,7 @@ def make_tap(
         try:
             out = auditor.feed(chunk) if chunk else auditor.finish()
             if turns is not None and chunk:
-                turns.open()  # (the turn that began with this chunk, or the one going on)
+                turns.answered()
             if auditor.stopped and chunk:
                 if auditor.ending_trailers and flow.response is not None:
                     flow.response.trailers = http.Headers(

@@ -13,8 +13,9 @@ sequence of turns:
   or when nothing has arrived for ``llm_audit_turn_idle_seconds`` (finding
   ``turn_idle_timeout``: a marker whose field moved must not keep a record open for ever);
   its record is then written as complete at once, not when the stream ends;
-- the next turn's record opens with the first thing that arrives after that (a client
-  message or an answer frame); a turn that nothing arrived for is not a record.
+- the next turn's record opens with the first thing of it that arrives after that (a
+  client message with a prompt or a tool result, or an answer); a turn that only
+  heartbeats or the stream's closing frame arrived for is not a record.
 
 Every record of the stream has the same ``connection_id`` and its ``turn`` number.
 """
@@ -70,19 +71,38 @@ assert set(_CARRIED) <= {f.name for f in fields(ExchangeRecord)}
 class Turns:
     """The turn records of one stream: the current one, and how each is written."""
 
-    def __init__(self, first: ExchangeRecord, connection_id: str, submit: Callable[[ExchangeRecord], None]) -> None:
-        first.connection_id, first.turn = connection_id, 0
+    def __init__(
+        self, first: ExchangeRecord, connection_id: str | None, submit: Callable[[ExchangeRecord], None]
+    ) -> None:
+        """``connection_id``: the stream's id when it has turns (else it is one exchange,
+        whose request body merely streams: no id, no turn number, never idle-ended)."""
+        if connection_id is not None:
+            first.connection_id, first.turn = connection_id, 0
         self.record = first
+        self.has_turns = connection_id is not None
         self.submit = submit
         self.opened = False  # the current turn's write-ahead row was submitted
         self.last_activity = time.monotonic()
 
     def open(self) -> None:
-        """Something of the current turn arrived: write its record ahead, once."""
-        self.last_activity = time.monotonic()
+        """The current turn began (a prompt, an answer): write its record ahead, once."""
+        self.touch()
         if not self.opened:
             self.opened = True
             self.submit(self.record)
+
+    def touch(self) -> None:
+        """Something arrived (a heartbeat, say): the stream is not idle, but no turn begins."""
+        self.last_activity = time.monotonic()
+
+    def answered(self) -> None:
+        """Response bytes were read: the turn begins once its record has an answer in it
+        (text, a tool call, an error), not with a keep-alive or the stream's closing frame."""
+        record = self.record
+        if record.choices or record.tool_calls or record.error_code is not None or record.error_message is not None:
+            self.open()
+        else:
+            self.touch()
 
     def end_turn(self, record: ExchangeRecord) -> ExchangeRecord:
         """The current turn is over: write its record as complete; the next turn's record."""
@@ -94,7 +114,7 @@ class Turns:
 
     def idle_for(self, now: float) -> float:
         """How long an open turn has waited for anything (0 when no turn is open)."""
-        return now - self.last_activity if self.opened else 0.0
+        return now - self.last_activity if self.opened and self.has_turns else 0.0
 
     @property
     def pending(self) -> bool:
@@ -167,7 +187,10 @@ class RequestTap:
         _merge_request(record, doc, self.max_record_bytes)
         for finding in findings:
             record.apply(finding)
-        self.turns.open()
+        if doc.get("messages") or findings:  # a prompt or a tool result (or what could not be read)
+            self.turns.open()
+        else:  # a heartbeat, a control message
+            self.turns.touch()
         return doc
 
     def _checked(self, chunk: bytes) -> bytes | list[bytes]:

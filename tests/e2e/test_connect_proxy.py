@@ -9,15 +9,8 @@ The upstream is the mock's Connect server (``mockllm/connect.py``).
 
 Each call runs straight to the mock and through the proxy, and the client must see the
 same both ways. Then the audit row (plain SQL, SQLite and PostgreSQL) must say what the
-client saw. Two parts wait for other work:
-
-* The rows need the Connect dialects (``cursor``, ``windsurf``, ``connect``). Until they are
-  registered, the proxy passes Connect traffic through as traffic it does not know, and
-  conftest's ``audited`` checks that there is no row instead.
-* Full-duplex bidi calls (the next request message waits for an answer) go through a
-  proxy only if it streams request bodies. The addon does for the calls its dialects
-  recognise; until those are registered, the calls go through a second proxy started with
-  mitmproxy's ``stream_large_bodies=1`` (conftest's ``duplex_proxy``).
+client saw. Full-duplex bidi calls (the next request message waits for an answer) pass
+only because the addon streams their request bodies (``addon/mitm/turns.py``).
 """
 
 from __future__ import annotations
@@ -32,7 +25,7 @@ from typing import Any
 
 import orjson
 import pytest
-from conftest import NODE_DIR, PROTO_DIR, Node, Proxy, Upstream, audited, duplex_proxy, wait_for
+from conftest import NODE_DIR, PROTO_DIR, Node, Proxy, Upstream, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -69,15 +62,10 @@ def came_through(via: Proxy | None, before: int) -> None:
 
 
 @pytest.fixture(scope="module")
-def duplex(request, proxy: Proxy, upstreams, tmp_path_factory) -> Iterator[Proxy]:
-    yield from duplex_proxy(request, tmp_path_factory, proxy, upstreams["h2"].ca, ("cursor", "connect"))
-
-
-@pytest.fixture(scope="module")
-def trusted(proxy: Proxy, duplex: Proxy, upstreams, tmp_path_factory) -> Path:
-    """The proxies' CAs and the mock's (standing in for the public roots), for Node."""
+def trusted(proxy: Proxy, upstreams, tmp_path_factory) -> Path:
+    """The proxy's CA and the mock's (standing in for the public roots), for Node."""
     bundle = tmp_path_factory.mktemp("ca") / "trusted.pem"
-    bundle.write_text(proxy.ca.read_text() + duplex.ca.read_text() + upstreams["h2"].ca.read_text())
+    bundle.write_text(proxy.ca.read_text() + upstreams["h2"].ca.read_text())
     return bundle
 
 
@@ -148,13 +136,14 @@ def test_es_cursor_stream_chat(es: EsClient, proxy: Proxy):
     out, mock_id = es.both("stream-chat")
     assert out["text"] == "tök0 tök1 tök2 tök3 tök4" and out["filledPrompt"].startswith("<|BEGIN_SYSTEM|>")
 
-    if not audited(proxy, "cursor", mock_id):
-        return
     row = proxy.mock_row(mock_id)
     assert (row["dialect"], row["status"], row["http_status"]) == ("cursor", "completed", 200)
     assert (row["request_model"], row["output_text"]) == ("gpt-4o-mini", out["text"])
     assert PROMPT in orjson.dumps(row["request_body"]).decode()
-    assert row["error_code"] is None and row["findings"] == []
+    assert row["error_code"] is None
+    # the system prompt the server filled in (field 5) is kept as a finding, not as output
+    assert [f["code"] for f in row["findings"]] == ["server_prompt"]
+    assert "You are a mock programmer." in row["findings"][0]["detail"]
 
 
 def test_es_cursor_error_ends_the_stream(es: EsClient, proxy: Proxy):
@@ -165,11 +154,10 @@ def test_es_cursor_error_ends_the_stream(es: EsClient, proxy: Proxy):
         "details": ["aiserver.v1.ErrorDetails"],
     }
 
-    if not audited(proxy, "cursor", mock_id):
-        return
     row = proxy.mock_row(mock_id)
     assert (row["status"], row["error_code"]) == ("failed", "resource_exhausted")
-    assert row["error_message"] == "mock error: resource_exhausted"
+    # the message and Cursor's ErrorDetails (its error name, title and detail), once each
+    assert row["error_message"] == "ERROR_CUSTOM_MESSAGE: resource_exhausted: mock error: resource_exhausted"
     assert row["output_text"] == "tök0 tök1"
 
 
@@ -179,23 +167,22 @@ def test_es_windsurf_get_chat_message(es: EsClient, proxy: Proxy):
     usage = {"prompt": 6, "completion": 5, "cacheWrite": 3, "cacheRead": 7, "model": "claude-sonnet-4-6"}
     assert out["usage"] == usage
 
-    if not audited(proxy, "windsurf", mock_id):
-        return
     row = proxy.mock_row(mock_id)
     assert (row["dialect"], row["status"]) == ("windsurf", "completed")
     assert (row["request_model"], row["response_model"]) == ("MODEL_SWE_1_5", "claude-sonnet-4-6")
     assert (row["output_text"], reasoning(row)) == (out["text"], out["reasoning"])
     assert row["finish_reasons"] == ["stop"]
+    # input_tokens counts cached input too (OpenTelemetry); Windsurf's prompt count is the fresh part
     tokens = ("input_tokens", "output_tokens", "cache_write_input_tokens", "cache_read_input_tokens")
-    assert tuple(row[k] for k in tokens) == (6, 5, 3, 7)
+    assert tuple(row[k] for k in tokens) == (6 + 3 + 7, 5, 3, 7)
     assert WINDSURF_KEY not in orjson.dumps(row).decode()  # the api key in the request's metadata
 
 
-def test_es_cursor_unified_chat_with_a_tool_round_trip(es: EsClient, duplex: Proxy):
+def test_es_cursor_unified_chat_with_a_tool_round_trip(es: EsClient, proxy: Proxy):
     """Bidi with END_STREAM: thinking, text and a tool call; the tool result goes up the
     same request stream, the rest of the answer comes down, then the stream ends."""
     scenario = "reasoning=1&tool=read_file"
-    out, mock_id = es.both("unified", scenario, via=duplex)
+    out, mock_id = es.both("unified", scenario, via=proxy)
     assert out == {
         "text": "tök0 tök1 tök2 tök3 tök4Done with the tool's result.",
         "thinking": "Let me think it över.",
@@ -203,9 +190,7 @@ def test_es_cursor_unified_chat_with_a_tool_round_trip(es: EsClient, duplex: Pro
         "toolCalls": [{"id": "toolu_mock_1", "name": "read_file", "arguments": '{"city":"Vienna"}'}],
     }
 
-    if not audited(duplex, "cursor", mock_id):
-        return
-    row = duplex.mock_row(mock_id)
+    row = proxy.mock_row(mock_id)
     assert (row["dialect"], row["status"], row["request_model"]) == ("cursor", "completed", "claude-4-sonnet-thinking")
     assert (row["output_text"], reasoning(row)) == (out["text"], out["thinking"])
     assert [(c["id"], c["name"], c["arguments"]) for c in row["tool_calls"]] == [
@@ -214,12 +199,12 @@ def test_es_cursor_unified_chat_with_a_tool_round_trip(es: EsClient, duplex: Pro
 
 
 @pytest.mark.parametrize("close", ["half", "abort"])
-def test_es_cursor_agent_two_turns_on_a_stream_that_never_ends(es: EsClient, duplex: Proxy, close: str):
+def test_es_cursor_agent_two_turns_on_a_stream_that_never_ends(es: EsClient, proxy: Proxy, close: str):
     """Cursor's Agent API: the server never ends the stream; each turn ends with turn_ended,
     the next prompt goes up the same open request stream, and the client sends a heartbeat
     after each turn (also after the last, before it closes). One record per turn: a
     heartbeat is no turn."""
-    out, mock_id = es.both("agent", "reasoning=1", via=duplex, close=close)
+    out, mock_id = es.both("agent", "reasoning=1", via=proxy, close=close)
     turn = {"text": "tök0 tök1 tök2 tök3 tök4", "thinking": "Let me think it över.", "heartbeats": 1}
     assert out["turns"] == [turn | {"usage": {"input": 6, "output": 8}}, turn | {"usage": {"input": 4, "output": 8}}]
     assert out["closed"] == ("ended" if close == "half" else "aborted")
@@ -227,9 +212,7 @@ def test_es_cursor_agent_two_turns_on_a_stream_that_never_ends(es: EsClient, dup
         sent = wait_for(lambda: (s := es.upstream.sent(mock_id)) and s["completed"] and s)
         assert sent["body"].endswith(b"\x02\x00\x00\x00\x02{}")
 
-    if not audited(duplex, "cursor", mock_id):
-        return
-    rows = sorted(rows_of(duplex, mock_id, 2), key=lambda r: r["turn"])
+    rows = sorted(rows_of(proxy, mock_id, 2), key=lambda r: r["turn"])
     assert [r["turn"] for r in rows] == [0, 1]
     assert rows[0]["connection_id"] == rows[1]["connection_id"] is not None
     for row, seen in zip(rows, out["turns"]):
@@ -244,26 +227,22 @@ def test_es_generic_echo_service(es: EsClient, proxy: Proxy):
     out, mock_id = es.both("echo", suffixes=("-say", "-talk"))
     assert out == {"say": "echo: hello there", "talk": ["one", "two", "three"]}
 
-    if not audited(proxy, "connect", mock_id + "-say", mock_id + "-talk"):
-        return
     for suffix, path, strings in (("-say", "Say", ["echo: hello there"]), ("-talk", "Talk", ["one", "two", "three"])):
         row = proxy.mock_row(mock_id + suffix)
         assert (row["dialect"], row["status"], row["url_path"]) == (
-            "connect",
+            "grpc",
             "completed",
             f"/echo.v1.EchoService/{path}",
         )
         assert all(s in orjson.dumps(row["output"]).decode() for s in strings)
 
 
-def test_es_generic_echo_chat_full_duplex(es: EsClient, duplex: Proxy):
-    out, mock_id = es.both("echo-chat", via=duplex)
+def test_es_generic_echo_chat_full_duplex(es: EsClient, proxy: Proxy):
+    out, mock_id = es.both("echo-chat", via=proxy)
     assert out == {"chat": ["echo: first", "echo: second"]}
 
-    if not audited(duplex, "connect", mock_id):
-        return
-    row = duplex.mock_row(mock_id)
-    assert (row["dialect"], row["status"]) == ("connect", "completed")
+    row = proxy.mock_row(mock_id)
+    assert (row["dialect"], row["status"]) == ("grpc", "completed")
 
 
 # -- connect-py (connectrpc) ----------------------------------------------------------------------
@@ -383,10 +362,8 @@ def test_py_generic_unary(py: PyClient, proxy: Proxy):
     out, mock_id = py.both(py_echo_say)
     assert out == "echo: " + "hello " * 100
 
-    if not audited(proxy, "connect", mock_id):
-        return
     row = proxy.mock_row(mock_id)
-    assert (row["dialect"], row["status"], row["http_status"]) == ("connect", "completed", 200)
+    assert (row["dialect"], row["status"], row["http_status"]) == ("grpc", "completed", 200)
     assert out in orjson.dumps(row["output"]).decode()
 
 
@@ -395,8 +372,6 @@ def test_py_generic_unary_error(py: PyClient, proxy: Proxy):
     out, mock_id = py.both(py_echo_say, "error=permission_denied")
     assert out == ("PERMISSION_DENIED", "mock error: permission_denied")
 
-    if not audited(proxy, "connect", mock_id):
-        return
     row = proxy.mock_row(mock_id)
     assert (row["status"], row["http_status"], row["error_code"]) == ("failed", 403, "permission_denied")
 
@@ -405,8 +380,6 @@ def test_py_cursor_stream_chat(py: PyClient, proxy: Proxy):
     text, mock_id = py.both(py_stream_chat)
     assert text == "tök0 tök1 tök2 tök3 tök4"
 
-    if not audited(proxy, "cursor", mock_id):
-        return
     row = proxy.mock_row(mock_id)
     assert (row["dialect"], row["status"], row["request_model"], row["output_text"]) == (
         "cursor",
@@ -420,8 +393,6 @@ def test_py_cursor_error(py: PyClient, proxy: Proxy):
     error, mock_id = py.both(py_stream_chat, "error=permission_denied&error_after=1")
     assert error == ("PERMISSION_DENIED", "mock error: permission_denied")
 
-    if not audited(proxy, "cursor", mock_id):
-        return
     row = proxy.mock_row(mock_id)
     assert (row["status"], row["error_code"], row["output_text"]) == ("failed", "permission_denied", "tök0")
 
@@ -430,25 +401,21 @@ def test_py_windsurf(py: PyClient, proxy: Proxy):
     out, mock_id = py.both(py_windsurf, "reasoning=1")
     assert out == ("tök0 tök1 tök2 tök3 tök4", "Let me think it över.", 2, (6, 5, 3, 7))
 
-    if not audited(proxy, "windsurf", mock_id):
-        return
     row = proxy.mock_row(mock_id)
     assert (row["dialect"], row["status"], row["output_text"], reasoning(row)) == ("windsurf", "completed", *out[:2])
-    assert (row["input_tokens"], row["output_tokens"]) == (6, 5)
+    assert (row["input_tokens"], row["output_tokens"]) == (6 + 3 + 7, 5)  # (cached input included)
     assert row["finish_reasons"] == ["stop"]
 
 
-def test_py_cursor_agent_two_turns(proxy: Proxy, upstreams, proto_python, duplex: Proxy):
+def test_py_cursor_agent_two_turns(proxy: Proxy, upstreams, proto_python):
     """Full duplex, so HTTP/2 (with TLS) only."""
     py = PyClient(proxy, upstreams["h2"])
     direct = py_agent(py.upstream.url, py.http(None), {"x-mock-id": uuid.uuid4().hex})
     assert direct == [("tök0 tök1 tök2 tök3 tök4", 6, 5), ("tök0 tök1 tök2 tök3 tök4", 4, 5)]
-    mock_id, before = uuid.uuid4().hex, connections(duplex)
-    assert py_agent(py.upstream.url, py.http(duplex), {"x-mock-id": mock_id}) == direct
-    came_through(duplex, before)
+    mock_id, before = uuid.uuid4().hex, connections(proxy)
+    assert py_agent(py.upstream.url, py.http(proxy), {"x-mock-id": mock_id}) == direct
+    came_through(proxy, before)
 
-    if not audited(duplex, "cursor", mock_id):
-        return
-    rows = sorted(rows_of(duplex, mock_id, 2), key=lambda r: r["turn"])
+    rows = sorted(rows_of(proxy, mock_id, 2), key=lambda r: r["turn"])
     assert [(r["output_text"], r["input_tokens"], r["output_tokens"]) for r in rows] == direct
     assert rows[0]["connection_id"] == rows[1]["connection_id"] is not None
