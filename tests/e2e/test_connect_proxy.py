@@ -419,3 +419,81 @@ def test_py_cursor_agent_two_turns(proxy: Proxy, upstreams, proto_python):
     rows = sorted(rows_of(proxy, mock_id, 2), key=lambda r: r["turn"])
     assert [(r["output_text"], r["input_tokens"], r["output_tokens"]) for r in rows] == direct
     assert rows[0]["connection_id"] == rows[1]["connection_id"] is not None
+
+
+# -- content filters ---------------------------------------------------------------------------
+
+OUTPUT_RULE = """
+[[rule]]
+id = "no-tok2"
+kind = "keywords"
+keywords = ["tök2"]
+scope = "response"
+action = "block"
+reason = "a word the answer must not contain"
+"""
+REQUEST_RULE = """
+[[rule]]
+id = "no-graz"
+kind = "keywords"
+keywords = ["Graz"]
+scope = "request"
+action = "block"
+reason = "no questions about Graz"
+"""
+
+
+def filtering_client(
+    request, tmp_path_factory, node, es_gen, upstreams, proxy: Proxy, rules: str
+) -> Iterator[EsClient]:
+    """connect-es through a mitmdump with the content filter ``rules``, recording to the
+    ``proxy`` fixture's backend."""
+    from conftest import new_database, start_proxy
+
+    tmp = tmp_path_factory.mktemp(f"filtering-{proxy.backend}")
+    (tmp / "rules.toml").write_text(rules)
+    database = new_database(request, proxy.backend, tmp)
+    filtering = start_proxy(tmp, "--set", f"llm_rules={tmp / 'rules.toml'}", upstream_ca=upstreams["h2"].ca, **database)
+    (tmp / "trusted.pem").write_text(filtering.ca.read_text() + upstreams["h2"].ca.read_text())
+    yield EsClient(node, es_gen, filtering, upstreams["h2"], tmp / "trusted.pem")
+    filtering.process.stop()
+
+
+@pytest.fixture(scope="module")
+def es_output_filtered(request, tmp_path_factory, node, es_gen, upstreams, proxy: Proxy) -> Iterator[EsClient]:
+    yield from filtering_client(request, tmp_path_factory, node, es_gen, upstreams, proxy, OUTPUT_RULE)
+
+
+@pytest.fixture(scope="module")
+def es_request_filtered(request, tmp_path_factory, node, es_gen, upstreams, proxy: Proxy) -> Iterator[EsClient]:
+    yield from filtering_client(request, tmp_path_factory, node, es_gen, upstreams, proxy, REQUEST_RULE)
+
+
+@pytest.mark.parametrize("call", ["stream-chat", "windsurf"])
+def test_es_output_filter_ends_a_connect_stream_with_permission_denied(es_output_filtered: EsClient, call: str):
+    """The client (connect-es, as Cursor and Windsurf's own stacks) reports the filter's
+    block as a normal failed call, having seen none of the blocked word."""
+    es = es_output_filtered
+    out, mock_id = es.run(call, es.proxy)
+    assert out["error"]["code"] == "PermissionDenied" and "no-tok2" in out["error"]["message"]
+    if call == "stream-chat":
+        assert out["error"]["details"] == ["aiserver.v1.ErrorDetails"]  # what Cursor's IDE shows
+
+    row = es.proxy.mock_row(mock_id)
+    # what the client got is a prefix of the text before the word (the gate may still hold it)
+    assert row["status"] == "blocked" and "tök0 tök1 ".startswith(row["delivered_text"])
+    assert any(v["rule_id"] == "no-tok2" and v["action"] == "block" for v in row["verdicts"])
+
+
+def test_es_request_filter_blocks_a_message_of_a_bidirectional_stream(es_request_filtered: EsClient):
+    """Cursor's agent stream: the first turn passes; the follow-up asks about Graz, is not
+    forwarded, and the client gets the block as its error; the turns' records say so."""
+    es = es_request_filtered
+    out, mock_id = es.run("agent", es.proxy, close="half")
+    assert [t["text"] for t in out["turns"]] == ["tök0 tök1 tök2 tök3 tök4"]
+    assert out["error"]["code"] == "PermissionDenied" and "no-graz" in out["error"]["message"]
+    assert "Graz" not in es.upstream.received(mock_id)["body"].decode("utf-8", "replace")
+
+    rows = sorted(rows_of(es.proxy, mock_id, 2), key=lambda r: r["turn"])
+    assert [(r["turn"], r["status"]) for r in rows] == [(0, "completed"), (1, "blocked")]
+    assert any(v["rule_id"] == "no-graz" for v in rows[1]["verdicts"])

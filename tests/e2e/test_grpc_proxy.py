@@ -173,3 +173,81 @@ def test_grpc_cursor_agent_two_turns_full_duplex(channels: Channels, proxy: Prox
     rows = sorted(proxy.rows(header={"x-mock-id": mock_id}), key=lambda r: r["turn"])
     assert [(r["output_text"], r["input_tokens"], r["output_tokens"]) for r in rows] == turns
     assert [r["turn"] for r in rows] == [0, 1] and rows[0]["connection_id"] == rows[1]["connection_id"]
+
+
+# -- content filters ---------------------------------------------------------------------------
+
+OUTPUT_RULE = """
+[[rule]]
+id = "no-tok2"
+kind = "keywords"
+keywords = ["tök2"]
+scope = "response"
+action = "block"
+reason = "a word the answer must not contain"
+"""
+REQUEST_RULE = """
+[[rule]]
+id = "no-graz"
+kind = "keywords"
+keywords = ["Graz"]
+scope = "request"
+action = "block"
+reason = "no questions about Graz"
+"""
+
+
+def filtering_proxy(request, tmp_path_factory, grpc_upstream: Upstream, proxy: Proxy, rules: str) -> Iterator[Proxy]:
+    """A mitmdump with the content filter ``rules``, recording to ``proxy``'s backend."""
+    tmp = tmp_path_factory.mktemp(f"grpc-filtering-{proxy.backend}")
+    (tmp / "rules.toml").write_text(rules)
+    database = new_database(request, proxy.backend, tmp)
+    p = start_proxy(tmp, "--set", f"llm_rules={tmp / 'rules.toml'}", upstream_ca=grpc_upstream.ca, **database)
+    yield p
+    p.process.stop()
+
+
+@pytest.fixture(scope="module")
+def output_filtered(request, tmp_path_factory, grpc_upstream: Upstream, proxy: Proxy) -> Iterator[Proxy]:
+    yield from filtering_proxy(request, tmp_path_factory, grpc_upstream, proxy, OUTPUT_RULE)
+
+
+@pytest.fixture(scope="module")
+def request_filtered(request, tmp_path_factory, grpc_upstream: Upstream, proxy: Proxy) -> Iterator[Proxy]:
+    yield from filtering_proxy(request, tmp_path_factory, grpc_upstream, proxy, REQUEST_RULE)
+
+
+def grpc_failure(call: Callable[[], Any]) -> tuple[str, str]:
+    with pytest.raises(grpc.RpcError) as failure:
+        call()
+    error: Any = failure.value
+    return error.code().name, error.details()
+
+
+def test_grpc_output_filter_ends_the_stream_with_status_7_in_trailers(channels: Channels, output_filtered: Proxy):
+    """grpcio reports the filter's block as its normal error: PERMISSION_DENIED (7), the
+    rule in the message, sent as HTTP/2 trailers after the text before the word."""
+    mock_id = uuid.uuid4().hex
+    with channels.open(output_filtered) as channel:
+        code, message = grpc_failure(lambda: stream_chat(channel, [("x-mock-id", mock_id)]))
+    assert code == "PERMISSION_DENIED" and "no-tok2" in message
+
+    row = output_filtered.mock_row(mock_id)
+    assert (row["dialect"], row["status"]) == ("cursor", "blocked")
+    assert "tök2" not in (row["delivered_text"] or "")
+
+
+def test_grpc_request_filter_blocks_a_message_of_a_bidirectional_stream(channels: Channels, request_filtered: Proxy):
+    """Cursor's agent over gRPC: the first turn passes, the follow-up about Graz is not
+    forwarded; grpcio gets PERMISSION_DENIED."""
+    mock_id = uuid.uuid4().hex
+    with channels.open(request_filtered) as channel:
+        code, message = grpc_failure(lambda: agent(channel, [("x-mock-id", mock_id)]))
+    assert code == "PERMISSION_DENIED" and "no-graz" in message
+
+    def final() -> list[dict] | None:
+        found = request_filtered.rows(header={"x-mock-id": mock_id})
+        return found if len(found) == 2 and all(r["status"] != "in_progress" for r in found) else None
+
+    rows = sorted(wait_for(final, 15, what="two final rows"), key=lambda r: r["turn"])
+    assert [(r["turn"], r["status"]) for r in rows] == [(0, "completed"), (1, "blocked")]

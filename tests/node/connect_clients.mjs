@@ -237,8 +237,10 @@ async function agent(c) {
       }
     }
   } catch (e) {
-    if (!(c.close === "abort" && turns.length === 2 && ConnectError.from(e).code === Code.Canceled)) throw e;
-    return { turns, closed: "aborted" };
+    if (c.close === "abort" && turns.length === 2 && ConnectError.from(e).code === Code.Canceled) {
+      return { turns, closed: "aborted" };
+    }
+    return { turns, error: describe(e) }; // (a content filter's block: the turns before it, then the error)
   }
   return { turns, closed: "ended" };
 }
@@ -272,11 +274,16 @@ async function echoChat(c) {
 
 const CALLS = { "stream-chat": streamChat, windsurf, unified, agent, echo, "echo-chat": echoChat };
 
+/** A failed call as the client reports it: its Connect code, message and detail types. */
+function describe(e) {
+  const error = ConnectError.from(e);
+  const details = error.details.map((d) => ("desc" in d ? d.desc.typeName : d.type));
+  return { code: Code[error.code], message: error.rawMessage, details };
+}
+
 const config = /** @type {Config} */ (JSON.parse(process.argv[2]));
 try {
   console.log(JSON.stringify(await CALLS[config.call](config)));
 } catch (e) {
-  const error = ConnectError.from(e);
-  const details = error.details.map((d) => ("desc" in d ? d.desc.typeName : d.type));
-  console.log(JSON.stringify({ error: { code: Code[error.code], message: error.rawMessage, details } }));
+  console.log(JSON.stringify({ error: describe(e) }));
 }
