@@ -440,6 +440,14 @@ keywords = ["Graz"]
 scope = "request"
 action = "block"
 reason = "no questions about Graz"
+
+[[rule]]
+id = "no-greetings"
+kind = "keywords"
+keywords = ["hello there"]
+scope = "request"
+action = "block"
+reason = "no small talk"
 """
 
 
@@ -497,3 +505,14 @@ def test_es_request_filter_blocks_a_message_of_a_bidirectional_stream(es_request
     rows = sorted(rows_of(es.proxy, mock_id, 2), key=lambda r: r["turn"])
     assert [(r["turn"], r["status"]) for r in rows] == [(0, "completed"), (1, "blocked")]
     assert any(v["rule_id"] == "no-graz" for v in rows[1]["verdicts"])
+
+
+def test_es_request_filter_blocks_a_unary_call_before_it_goes_upstream(es_request_filtered: EsClient):
+    """Unary Connect (``application/proto``): the proxy answers with Connect's error JSON and
+    HTTP 403, which connect-es reports as PermissionDenied; the upstream never sees it."""
+    es = es_request_filtered
+    out, mock_id = es.run("echo", es.proxy)
+    assert out["error"]["code"] == "PermissionDenied" and "no-greetings" in out["error"]["message"]
+    assert es.upstream.received(mock_id + "-say") == {}
+    row = es.proxy.mock_row(mock_id + "-say")
+    assert (row["dialect"], row["status"], row["http_status"]) == ("grpc", "blocked", 403)

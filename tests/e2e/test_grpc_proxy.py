@@ -194,6 +194,14 @@ keywords = ["Graz"]
 scope = "request"
 action = "block"
 reason = "no questions about Graz"
+
+[[rule]]
+id = "no-greetings"
+kind = "keywords"
+keywords = ["hello there"]
+scope = "request"
+action = "block"
+reason = "no small talk"
 """
 
 
@@ -251,3 +259,19 @@ def test_grpc_request_filter_blocks_a_message_of_a_bidirectional_stream(channels
 
     rows = sorted(wait_for(final, 15, what="two final rows"), key=lambda r: r["turn"])
     assert [(r["turn"], r["status"]) for r in rows] == [(0, "completed"), (1, "blocked")]
+
+
+def test_grpc_request_filter_answers_before_anything_goes_upstream(channels: Channels, request_filtered: Proxy):
+    """A unary call whose message a filter blocks: the upstream never sees it; grpcio gets
+    PERMISSION_DENIED from the proxy's trailers-only answer."""
+    from echo.v1 import echo_pb2 as pb
+    from echo.v1.echo_pb2_grpc import EchoServiceStub
+
+    mock_id = uuid.uuid4().hex
+    with channels.open(request_filtered) as channel:
+        stub = EchoServiceStub(channel)
+        say = lambda: stub.Say(pb.EchoRequest(sentence="hello there"), metadata=[("x-mock-id", mock_id)])  # noqa: E731
+        code, message = grpc_failure(say)
+    assert code == "PERMISSION_DENIED" and "no-greetings" in message
+    row = request_filtered.mock_row(mock_id)
+    assert (row["dialect"], row["status"]) == ("grpc", "blocked")
