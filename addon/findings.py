@@ -12,6 +12,15 @@ CODES: dict[str, str] = {
     "sse_event_too_long": "A single SSE event exceeded the size limit; it was skipped (bytes still passed through).",
     "sse_invalid_utf8": "The stream contained bytes that are not valid UTF-8; they were read as U+FFFD.",
     "sse_incomplete_event": "The body ended in the middle of an SSE event; the partial event was discarded.",
+    # AWS event stream (addon.framing.eventstream)
+    "eventstream_crc_mismatch": "An AWS event-stream message's prelude or message CRC-32 is wrong (bytes still passed); "
+    "after a bad prelude the rest of the body cannot be framed and is not read.",
+    "eventstream_invalid": "An AWS event-stream message has impossible lengths (the rest of the body is not read) or "
+    "malformed headers (the message is read with the headers before the fault).",
+    "eventstream_message_too_long": "An AWS event-stream message exceeded llm_audit_max_event_bytes; it was skipped "
+    "(bytes still passed through).",
+    "eventstream_incomplete": "The body ended in the middle of an AWS event-stream message; the partial message was "
+    "discarded.",
     # transport
     "decode_failed": "The Content-Encoding could not be decoded for inspection; the bytes passed through unchanged.",
     "audit_internal_error": "The auditor itself failed on this exchange; traffic was not affected.",
@@ -63,5 +72,7 @@ CODES: dict[str, str] = {
     "final message starts from them, so they were recorded and checked by the output filters.",
     "final_text_mismatch": "A stream's final text (Responses *.done, response.completed) differs from its deltas; "
     "the deltas are recorded, the final text was checked by the output filters.",
+    "bedrock_unknown_payload": "A Bedrock InvokeModel answer (or stream chunk) of a model whose native JSON the "
+    "dialect does not know: no text was read from it (the body is kept).",
     "unknown_content_part": "A content part of a type the dialect does not know; its strings were read as answer text.",
 }

@@ -16,7 +16,17 @@ from typing import Any
 from addon.dialects import UNREADABLE, Dialect, RequestView
 from addon.framing import Frame
 
-BUILTIN = ("llm_stream", "lmsp", "openai_responses", "openai_chat", "openai_completions", "anthropic", "gemini")
+BUILTIN = (
+    "llm_stream",
+    "lmsp",
+    "openai_responses",
+    "openai_chat",
+    "openai_completions",
+    "anthropic",
+    "gemini",
+    "bedrock",
+    "anthropic_vertex",
+)
 REGISTRY: tuple[Dialect, ...] = tuple(importlib.import_module(f"addon.dialects.{name}").DIALECT for name in BUILTIN)
 
 

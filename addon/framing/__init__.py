@@ -148,7 +148,7 @@ def select(content_type: str, status: int, expected: str | None) -> Framing:
     return FRAMINGS["whole"]
 
 
-BUILTIN_FRAMINGS = ("sse", "json_array", "whole")
+BUILTIN_FRAMINGS = ("sse", "json_array", "whole", "eventstream")
 
 
 def _load_builtin_framings() -> None:
