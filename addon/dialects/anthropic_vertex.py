@@ -5,7 +5,7 @@ Vertex serves Claude at
 (and ``:rawPredict`` for an answer that does not stream). The body is a Messages request
 without ``model`` (the path names it) and with ``anthropic_version: "vertex-…"``; the
 answer is Anthropic's own, an SSE stream or a message object. So everything but
-recognition and the model is :class:`~addon.dialects.anthropic.AnthropicMessages`, whose
+recognition and the model is :class:`~addon.dialects.messages.AnthropicMessages`, whose
 normalizer, termination and blocked answers it uses unchanged; the provider is
 ``gcp.vertex_ai`` on any host. The Gemini dialect claims only ``:generateContent`` and
 ``:streamGenerateContent``, so these paths are this dialect's alone.
@@ -18,7 +18,7 @@ from typing import Any
 from urllib.parse import unquote
 
 from addon.dialects import RequestSummary, RequestView
-from addon.dialects.anthropic import AnthropicMessages
+from addon.dialects.messages import AnthropicMessages
 
 _PATH = re.compile(r"/publishers/anthropic/models/([^/:]+):(streamRawPredict|rawPredict)$")
 COUNT_TOKENS = "count-tokens"  # ``…/models/count-tokens:rawPredict`` counts tokens: no answer

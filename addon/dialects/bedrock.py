@@ -24,7 +24,7 @@ answer is the same content as one ``output.message``.
 InvokeModel carries the model's own JSON. ``InvokeModelWithResponseStream`` wraps each
 native event in a ``chunk`` event as base64 (``{"bytes": …}``): Anthropic Messages
 inside (``anthropic_version: bedrock-…`` in the request, or Anthropic's event shapes)
-are read by the Anthropic normalizer itself (:mod:`addon.dialects.anthropic`), Amazon
+are read by the Anthropic normalizer itself (:mod:`addon.dialects.messages`), Amazon
 Nova's native events are ConverseStream's, read as above; other models' text is read
 from the fields they are known to use (``generation``, ``outputText``, ``completion``,
 ``outputs[].text``, ``choices[]``, ``generations[].text``), and a payload with none of
@@ -68,8 +68,8 @@ from addon.dialects import (
     load_body_json,
     str_field,
 )
-from addon.dialects.anthropic import AnthropicNormalizer
 from addon.dialects.blocking import block_message, event_stream, frame, json_response, kept
+from addon.dialects.messages import AnthropicNormalizer
 from addon.events import (
     Event,
     Finding,
