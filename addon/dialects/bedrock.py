@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import json
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -360,7 +361,7 @@ class BedrockNormalizer(Normalizer):
             elif thought:
                 out.append(TextDelta(thought, kind="reasoning"))
             elif tool:
-                arguments = orjson.dumps(tool["input"]).decode() if "input" in tool else ""
+                arguments = _json_text(tool["input"]) if "input" in tool else ""
                 name, call_id = str_field(tool, "name"), str_field(tool, "toolUseId")
                 out.append(ToolCallDelta(_key(i), arguments, call_id, name, complete=True))
         reason = str_field(answer, "stopReason")
@@ -393,6 +394,19 @@ def _dict(obj: Any, name: str) -> dict[str, Any]:
 def _key(index: int | None) -> str:
     """Tool calls are keyed by content block, as the Anthropic dialect keys them."""
     return f"block{index}"
+
+
+def _json_text(value: Any) -> str:
+    """Tool input as compact JSON; input too deep for orjson (over 254 levels) by the
+    standard library, and "" when even that cannot write it."""
+    try:
+        return orjson.dumps(value).decode()
+    except orjson.JSONEncodeError:
+        pass
+    try:
+        return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+    except (RecursionError, TypeError, ValueError):
+        return ""
 
 
 def _message(data: str) -> str | None:

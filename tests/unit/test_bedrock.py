@@ -12,6 +12,8 @@ from typing import Any
 import orjson
 import pytest
 from botocore.eventstream import EventStreamBuffer
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from pipeline import comparable_row
 
 from addon.auditor import StreamAuditor, summary_into_record
@@ -385,6 +387,38 @@ def test_invoke_model_answers(request_body, answer, text, finish):
         [finish],
         [],
     )
+
+
+KEYS = [
+    "contentBlockIndex", "delta", "text", "toolUse", "input", "start", "reasoningContent", "stopReason",
+    "usage", "inputTokens", "outputTokens", "message", "output", "content", "type", "generation",
+    "outputs", "choices", "amazon-bedrock-invocationMetrics", "bytes", "index",
+]  # fmt: skip
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers(-5, 5) | st.text(max_size=5),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.sampled_from(KEYS), inner, max_size=4),
+    max_leaves=12,
+)
+EVENT_NAMES = st.sampled_from([*("messageStart contentBlockStart contentBlockDelta contentBlockStop".split()), "chunk"])
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.sampled_from(["converse-stream", "invoke-with-response-stream", "converse", "invoke"]),
+    st.lists(st.tuples(EVENT_NAMES, JSON), max_size=6),
+    JSON,
+)
+def test_hostile_payloads_never_raise(op, events, whole):
+    view = RequestView("POST", f"/model/m/{op}", "", {})
+    normalizer = BEDROCK.normalizer(BEDROCK.summarize(whole, view))
+    for name, payload in events:
+        data = orjson.dumps({"bytes": base64.b64encode(orjson.dumps(payload)).decode()} if name == "chunk" else payload)
+        for frame in EventStreamReader(1 << 20).feed(encode_message([(":event-type", name)], data)):
+            normalizer.on_event(frame)
+    normalizer.on_end()
+    normalizer.ending("r", "x")
+    normalizer.on_body(orjson.dumps(whole), 200)
+    normalizer.filtered_body("r", "x")
 
 
 # -- termination and blocked answers -----------------------------------------------------------------
