@@ -1,6 +1,7 @@
 """AWS Bedrock (boto3's ``bedrock-runtime``) and Anthropic on Vertex (the anthropic SDK's
 ``AnthropicVertex``) through a real mitmdump with the addon, against the mock upstream
-(HTTP/1.1 plain, and TLS where the proxy may speak HTTP/2 to it), with dummy credentials.
+(HTTP/1.1 plain, and TLS), with dummy credentials. boto3 speaks HTTP/1.1, so the proxy
+does too; one test drives the same stream over HTTP/2 end to end with httpx.
 
 Each test checks that what the SDK returns equals what the record says (text, model,
 usage, stop reason, status) on SQLite and PostgreSQL, and that blocks by an output or a
@@ -14,6 +15,7 @@ import ssl
 import uuid
 from collections.abc import Iterator
 from typing import Any
+from urllib.parse import quote
 
 import anthropic
 import boto3
@@ -21,6 +23,7 @@ import httpx2  # the anthropic SDK's HTTP client library
 import orjson
 import pytest
 from botocore.config import Config
+from botocore.eventstream import EventStreamBuffer
 from botocore.exceptions import ClientError, EventStreamError
 from conftest import BACKENDS, Proxy, Upstream, guarded_proxy, wait_for
 
@@ -195,6 +198,26 @@ def test_an_http_error_is_boto3s_client_error(proxy, upstream):
     row = proxy.mock_row(mock_id)
     assert raised.value.response["Error"]["Code"] == "ThrottlingException"
     assert (row["status"], row["http_status"], row["error_code"]) == ("failed", 429, "ThrottlingException")
+
+
+def test_converse_stream_over_http2_end_to_end(proxy, upstreams):
+    """boto3 speaks HTTP/1.1, and so then does the proxy to the upstream: an HTTP/2
+    client makes the whole path HTTP/2 (the body read back with botocore's own parser)."""
+    upstream, mock_id = upstreams["h2"], uuid.uuid4().hex
+    with proxy.client(http2=True) as http:
+        response = http.post(
+            f"{upstream.url}/model/{quote(NOVA, safe='')}/converse-stream",
+            json={"messages": MESSAGES},
+            headers={"x-mock-id": mock_id, "x-mock": "events=40"},
+        )
+    assert (response.http_version, upstream.received(mock_id)["http_version"]) == ("HTTP/2", "2")
+    buffer = EventStreamBuffer()
+    buffer.add_data(response.content)
+    events = [(m.headers[":event-type"], orjson.loads(m.payload)) for m in buffer]
+    text = "".join(p["delta"].get("text", "") for kind, p in events if kind == "contentBlockDelta")
+    row = proxy.mock_row(mock_id)
+    assert (row["status"], row["request_model"], row["output_text"]) == ("completed", NOVA, text)
+    assert row["output_tokens"] == events[-1][1]["usage"]["outputTokens"] == 40
 
 
 # -- InvokeModelWithResponseStream and InvokeModel -------------------------------------------------------
