@@ -173,13 +173,16 @@ class BedrockNormalizer(Normalizer):
 
     framing = "eventstream"
     writer = EVENTSTREAM_WRITER
-    filter_stop_reason = FILTER_EXCEPTION  # the client reads the exception, not a stop reason
 
     def __init__(self, op: str, model: str | None, anthropic: bool) -> None:
         self.converse = op in CONVERSE
         self.model = model
         # The Anthropic normalizer reads Anthropic's own JSON inside Invoke chunks and bodies.
         self.inner: AnthropicNormalizer | None = AnthropicNormalizer(model) if anthropic else None
+        # What the client reads when a filter ends the answer: a cut stream's exception
+        # (no stop reason), a held answer's content_filtered, or a held Claude answer's refusal.
+        held = self.inner.filter_stop_reason if self.inner is not None else FILTERED_STOP
+        self.filter_stop_reason = FILTER_EXCEPTION if op in STREAMING else held
         self.ended = False
         self.usage_seen = False
         self.tool_blocks: set[int | None] = set()
@@ -220,6 +223,14 @@ class BedrockNormalizer(Normalizer):
     def ending(self, rule_id: str, reason: str) -> list[Frame]:
         """A ``validationException`` naming the rule and reason, unless the stream is over."""
         return [] if self.ended else [_filter_exception(rule_id, reason)]
+
+    def _anthropic(self) -> AnthropicNormalizer:
+        """The Anthropic normalizer, made when the answer turns out to be Claude's."""
+        if self.inner is None:
+            self.inner = AnthropicNormalizer(self.model)
+            if self.filter_stop_reason == FILTERED_STOP:
+                self.filter_stop_reason = self.inner.filter_stop_reason
+        return self.inner
 
     def _note(self, out: list[Event]) -> None:
         """Keep what later events depend on: the end, and whether usage came."""
@@ -285,9 +296,7 @@ class BedrockNormalizer(Normalizer):
             return [Finding("invalid_json", "a chunk's bytes are not one JSON object")]
         kind = native.get("type")
         if self.inner is not None or (isinstance(kind, str) and kind in ANTHROPIC_EVENTS):
-            if self.inner is None:
-                self.inner = AnthropicNormalizer(self.model)
-            out = self.inner.on_event(Message(text, kind if isinstance(kind, str) else "message"))
+            out = self._anthropic().on_event(Message(text, kind if isinstance(kind, str) else "message"))
         else:
             out = self._native(native, streamed=True)
         self._note(out)
@@ -340,9 +349,7 @@ class BedrockNormalizer(Normalizer):
         if self.converse:
             return self._converse_answer(response)
         if self.inner is not None or response.get("type") == "message":
-            if self.inner is None:
-                self.inner = AnthropicNormalizer(self.model)
-            return self.inner.on_response(response)
+            return self._anthropic().on_response(response)
         return self._native(response, streamed=False)
 
     def _converse_answer(self, answer: dict[str, Any]) -> list[Event]:

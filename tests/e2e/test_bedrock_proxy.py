@@ -367,3 +367,26 @@ def test_a_blocked_request_is_boto3s_error_streaming_or_not(guarded, upstream):
     assert "no-project" in error["Message"]
     row = guarded.mock_row(mock_id)
     assert (row["status"], row["http_status"]) == ("blocked", 400) and upstream.received(mock_id) == {}
+
+
+def test_a_held_converse_answer_is_replaced_by_a_filtered_one(guarded, upstream):
+    bedrock, mock_id = client(guarded, upstream, "text=" + TEXT.replace(" ", "+"))
+    answer = bedrock.converse(modelId=NOVA, messages=MESSAGES)
+    assert (answer["stopReason"], answer["output"]["message"]["content"]) == ("content_filtered", [])
+    row = guarded.mock_row(mock_id)
+    assert (row["status"], row["error_code"], row["finish_reasons"]) == (
+        "blocked",
+        "content_filtered",
+        ["content_filtered"],
+    )
+    assert WORD in row["output_text"] and row["delivered_text"] == ""
+    assert row["input_tokens"] == answer["usage"]["inputTokens"]
+
+
+def test_a_held_anthropic_invoke_answer_is_replaced_by_a_refusal(guarded, upstream):
+    bedrock, mock_id = client(guarded, upstream, "text=" + TEXT.replace(" ", "+"))
+    answer = json.loads(bedrock.invoke_model(modelId=CLAUDE, body=json.dumps(ANTHROPIC_BODY))["body"].read())
+    assert (answer["stop_reason"], answer["content"]) == ("refusal", [])
+    assert "no-code-name" in answer["stop_details"]["explanation"]
+    row = guarded.mock_row(mock_id)
+    assert (row["status"], row["finish_reasons"]) == ("blocked", ["refusal"])
