@@ -245,3 +245,24 @@ def test_a_body_cut_inside_a_message_is_reported():
     auditor.feed(BODY[:-5])
     auditor.end()
     assert "eventstream_incomplete" in [f["code"] for f in record.findings]
+
+
+RECORDED = sorted(SAMPLES.glob("*.eventstream.bin")) if SAMPLES.exists() else []
+
+
+@pytest.mark.skipif(not RECORDED, reason="../shared protocol samples not present")
+@pytest.mark.parametrize("path", RECORDED, ids=lambda p: p.stem)
+def test_the_recorded_bodies_split_at_every_offset(path):
+    body = path.read_bytes()
+    decoded = [
+        orjson.loads(line)
+        for line in path.with_name(path.stem.removesuffix(".eventstream") + ".decoded.jsonl")
+        .read_text()
+        .splitlines()[1:]
+    ]
+    whole, ends, reader = read_all(body, [])
+    assert reader.findings == [] and len(whole) == len(decoded)
+    assert [(f.event, f.data) for f in whole] == [(d["headers"][":event-type"], d["payload"]) for d in decoded]
+    assert ends == [d["offset"] + d["total_length"] for d in decoded]
+    for split in range(1, len(body)):
+        assert read_all(body, [split])[:2] == (whole, ends), split
