@@ -16,6 +16,15 @@ CODES: dict[str, str] = {
     "ndjson_line_too_long": "A single NDJSON line exceeded the size limit; it was skipped (bytes still passed through).",
     "ndjson_unterminated_line": "The NDJSON body's last line has no line feed (its servers end every line); "
     "it was read as a line.",
+    # AWS event stream (addon.framing.eventstream)
+    "eventstream_crc_mismatch": "An AWS event-stream message's prelude or message CRC-32 is wrong (bytes still passed); "
+    "after a bad prelude the rest of the body cannot be framed and is not read.",
+    "eventstream_invalid": "An AWS event-stream message has impossible lengths (the rest of the body is not read) or "
+    "malformed headers (the message is read with the headers before the fault).",
+    "eventstream_message_too_long": "An AWS event-stream message exceeded llm_audit_max_event_bytes; it was skipped "
+    "(bytes still passed through).",
+    "eventstream_incomplete": "The body ended in the middle of an AWS event-stream message; the partial message was "
+    "discarded.",
     # transport
     "decode_failed": "The Content-Encoding could not be decoded for inspection; the bytes passed through unchanged.",
     "audit_internal_error": "The auditor itself failed on this exchange; traffic was not affected.",
@@ -69,6 +78,8 @@ CODES: dict[str, str] = {
     "final message starts from them, so they were recorded and checked by the output filters.",
     "final_text_mismatch": "A stream's final text (Responses *.done, response.completed) differs from its deltas; "
     "the deltas are recorded, the final text was checked by the output filters.",
+    "bedrock_unknown_payload": "A Bedrock InvokeModel answer (or stream chunk) of a model whose native JSON the "
+    "dialect does not know: no text was read from it (the body is kept).",
     "unknown_content_part": "A content part of a type the dialect does not know; its strings were read as answer text.",
     # Connect / gRPC envelopes (addon.framing.envelope) and protobuf payloads
     "envelope_too_large": "A Connect/gRPC message (its envelope, or what a compressed one decompresses to) exceeded "

@@ -78,6 +78,7 @@ KEY_HEADERS = (
     "authorization",
 )
 SCHEMES = ("bearer ", "basic ", "token ")
+_SIGV4_KEY = re.compile(r"AWS4-HMAC-SHA256\s+Credential=([^/,\s]+)/", re.I)
 _SECRETS = secrets_matcher().regex
 
 
@@ -145,11 +146,16 @@ def redact_url(url: str) -> str:
 
 
 def api_key_fingerprint(headers: dict[str, str], query: str) -> str | None:
-    """Fingerprint of the credential that authenticated the request, if any."""
+    """Fingerprint of the credential that authenticated the request, if any.
+
+    A SigV4 ``Authorization`` (AWS) is signed anew for every request: its access key id
+    is what stays the same, so that is what is fingerprinted.
+    """
     for name in KEY_HEADERS:
         value = headers.get(name)
         if value:
-            return fingerprint(value)
+            sigv4 = _SIGV4_KEY.match(value)
+            return fingerprint(sigv4[1] if sigv4 else value)
     for k, v in parse_qsl(query, keep_blank_values=True):
         if v and is_credential_param(k):
             return fingerprint(v)

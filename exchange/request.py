@@ -19,6 +19,9 @@ The conversation, as plain ``(role, text)`` messages (:func:`extract_messages`):
 - Ollama ``/api/chat`` ``messages`` (``thinking``, ``tool_calls`` whose ``arguments`` is
   an object) and ``/api/generate`` ``system``, ``prompt`` and ``suffix`` (read as the
   shapes above read them);
+- Bedrock Converse ``system`` and ``messages`` with content blocks (``text``,
+  ``toolUse`` input, ``toolResult`` content, ``reasoningContent``), and Titan's
+  ``inputText`` (InvokeModel; other models' native bodies use the shapes above);
 - legacy Completions ``prompt`` (a string, or a batch of strings: one message each) and
   ``suffix`` (the text after the insertion point, which the model reads too). A prompt
   of token ids cannot be read without the model's tokenizer: :func:`token_prompts` says
@@ -32,7 +35,8 @@ The declared tools, as ``(name, description)`` (:func:`declared_tools`; their na
 :func:`tool_names`), from every shape at once: OpenAI Chat ``tools[].function`` and
 ``tools[].custom``, the legacy ``functions[]``, Responses, LMSP, llm-stream and Anthropic
 ``tools[]`` (Responses' built-in tools have no name and are no declaration), Gemini
-``tools[].functionDeclarations[]`` (or ``function_declarations``). A body mixing shapes
+``tools[].functionDeclarations[]`` (or ``function_declarations``), Bedrock Converse
+``toolConfig.tools[].toolSpec``. A body mixing shapes
 declares every tool any of them names.
 
 Pure: no I/O, nothing of the proxy; it never raises, whatever the body holds.
@@ -51,10 +55,11 @@ from storage.prepare import json_text
 _TEXT_KEYS = (
     "text", "thinking", "refusal", "arguments", "output",
     "content", "parts", "tool_calls", "function", "functionCall", "functionResponse", "summary",
+    "toolUse", "toolResult", "reasoningContent", "reasoningText",  # Bedrock Converse
 )  # fmt: skip
 # Keys holding structured tool arguments or results (JSON-encoded into the text); an
 # ``arguments`` object is Ollama's (OpenAI sends a string, read as text).
-_JSON_KEYS = ("input", "args", "response", "arguments")
+_JSON_KEYS = ("input", "args", "response", "arguments", "json")
 # Item types of the Responses API that carry no role of their own.
 _ITEM_ROLES = {"function_call": "assistant", "function_call_output": "tool", "reasoning": "assistant"}
 # Gemini's role names, mapped to the common ones.
@@ -90,6 +95,8 @@ def extract_messages(body: Any) -> list[Message]:
             _add(out, "user", item)
     if isinstance(body.get("suffix"), str):
         _add(out, "user", body["suffix"])
+    if isinstance(body.get("inputText"), str):  # Amazon Titan on Bedrock InvokeModel
+        _add(out, "user", body["inputText"])
     items = body.get("input")  # Responses, LMSP
     if isinstance(items, str):
         _add(out, "user", items)
@@ -111,10 +118,12 @@ def declared_tools(body: Any) -> list[Tool]:
     """The tools a request body declares, in the order it lists them; ``[]`` for other bodies."""
     if not isinstance(body, dict):
         return []
+    config = body.get("toolConfig")  # Bedrock Converse: toolConfig.tools[].toolSpec
+    lists = [body.get("tools"), body.get("functions"), config.get("tools") if isinstance(config, dict) else None]
     return [
         Tool(spec["name"], spec["description"] if isinstance(spec.get("description"), str) else "")
-        for key in ("tools", "functions")
-        for spec in _tool_specs(body.get(key))
+        for items in lists
+        for spec in _tool_specs(items)
         if isinstance(spec.get("name"), str)
     ]
 
@@ -130,7 +139,7 @@ def _tool_specs(items: Any) -> list[dict[str, Any]]:
     specs: list[Any] = []
     for item in items if isinstance(items, list) else []:
         if isinstance(item, dict):
-            specs += [item, item.get("function"), item.get("custom")]
+            specs += [item, item.get("function"), item.get("custom"), item.get("toolSpec")]
             for nested in ("functionDeclarations", "function_declarations"):
                 if isinstance(item.get(nested), list):
                     specs += item[nested]

@@ -14,6 +14,10 @@ answered in its API's format and shaped by the
   streamed JSON array without) and ``…:generateContent``: Google Gemini.
 * ``POST …/api/chat`` and ``…/api/generate``: Ollama's native API, NDJSON
   (:mod:`mockllm.ollama`).
+* ``POST …/model/{modelId}/converse-stream`` (and ``/converse``,
+  ``/invoke-with-response-stream``, ``/invoke``): AWS Bedrock, and
+  ``…/publishers/anthropic/models/{model}:streamRawPredict`` / ``:rawPredict``:
+  Anthropic on Vertex (:mod:`mockllm.bedrock`).
 * ``POST /lmsp/v1/responses``: LMSP 1.0; ``GET /lmsp/v1/responses/{id}``
   returns a response stored with ``store: true`` (the last
   :data:`MAX_RECORDS`); ``GET /lmsp/v1/tasks/{task_id}/events`` streams a
@@ -77,7 +81,7 @@ from hypercorn.config import Config
 from hypercorn.protocol.events import EndBody, EndData, Event, StreamClosed
 from hypercorn.protocol.h2 import H2Protocol
 
-from . import connect, ollama
+from . import bedrock, connect, ollama
 from .certs import CertPaths
 from .scenario import Scenario, ScenarioError
 from .streams import (
@@ -215,6 +219,8 @@ def route(method: str, path: str, query: str, content_type: str) -> Route | None
             return Route(DIALECTS["gemini"], stream=False, target=match[1])
         sse = parse_qs(query).get("alt") == ["sse"]
         return Route(DIALECTS["gemini" if sse else "gemini-json"], stream=True, target=match[1])
+    if aws := bedrock.match(path):  # Bedrock Runtime, and Anthropic on Vertex
+        return Route(aws[0], stream=aws[1], target=aws[2])
     return None
 
 

@@ -1071,7 +1071,13 @@ def _anthropic_block(generation: Generation, part: Part) -> dict[str, Any]:
 
 
 def anthropic_events(request: dict[str, Any], scenario: Scenario) -> list[bytes]:
-    """Messages stream: ``event: X`` with ``{"type": X, …}``.
+    """Messages stream: ``event: X`` with ``{"type": X, …}`` (see :func:`anthropic_event_objects`)."""
+    return [sse_event(event["type"], event, scenario) for event in anthropic_event_objects(request, scenario)]
+
+
+def anthropic_event_objects(request: dict[str, Any], scenario: Scenario) -> list[dict[str, Any]]:
+    """The Messages stream's events as JSON objects ``{"type": X, …}``, before framing
+    (Bedrock carries them in event-stream chunks, :mod:`mockllm.bedrock`).
 
     message_start (input tokens, a placeholder output count), one block per
     part (thinking with thinking_delta + signature_delta, text, tool_use
@@ -1107,7 +1113,7 @@ def anthropic_events(request: dict[str, Any], scenario: Scenario) -> list[bytes]
         delta = {"stop_reason": _anthropic_stop_reason(generation), "stop_sequence": None}
         events.append(("message_delta", {"delta": delta, "usage": usage}))
         events = with_end(events, ("message_stop", {}), scenario)
-    return [sse_event(event_type, {"type": event_type, **fields}, scenario) for event_type, fields in events]
+    return [{"type": event_type, **fields} for event_type, fields in events]
 
 
 def anthropic_message(request: dict[str, Any], scenario: Scenario) -> dict[str, Any]:

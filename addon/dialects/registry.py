@@ -18,7 +18,7 @@ from addon.framing import Frame
 
 BUILTIN = (
     "llm_stream", "lmsp", "openai_responses", "openai_chat", "openai_completions", "anthropic", "gemini",
-    "ollama", "cursor", "windsurf", "connect_rpc",
+    "bedrock", "anthropic_vertex", "ollama", "cursor", "windsurf", "connect_rpc",
 )  # fmt: skip
 REGISTRY: tuple[Dialect, ...] = tuple(importlib.import_module(f"addon.dialects.{name}").DIALECT for name in BUILTIN)
 

@@ -40,6 +40,7 @@ from mitmproxy.options import Options
 from addon.auditor import SNIFF_LIMIT, StreamAuditor, summary_into_record
 from addon.dialects import Dialect, RequestSummary, RequestView, media_type, parse_json_body
 from addon.dialects.registry import detect_request, detect_response
+from addon.framing import select
 from addon.framing.sse import SSEParser
 from addon.hosts import server_name
 from addon.record import OUTCOME_COMPLETE, ExchangeRecord, Status
@@ -129,14 +130,14 @@ def read_response(flow: http.HTTPFlow, data: bytes) -> ExchangeRecord:
         http_status=response.status_code,
     )
     summary_into_record(record, summary)
-    event_stream = media_type(response.headers.get("content-type", ""))[0] == "text/event-stream"
+    normalizer = dialect.normalizer(summary)
     # The whole body is in memory already: no event needs skipping to bound it.
     auditor = StreamAuditor(
         record,
-        dialect.normalizer(summary),
+        normalizer,
         None,
         max(len(data) + 1, 1024),
-        event_stream=event_stream,
+        framing=select(response.headers.get("content-type", ""), response.status_code, normalizer.framing),
         max_record_bytes=len(data) + 1,
     )
     auditor.feed(data)

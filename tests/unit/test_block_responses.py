@@ -304,14 +304,19 @@ def blocked(case: Case, streaming: bool, request_view: RequestView | None = None
     return case.dialect.blocked_response(summary, request_view, RULE, REASON, streaming)
 
 
-# Dialects not framed as SSE, whose blocks are tested with their protocol's framing (and
-# clients) in their own modules: tests/unit/test_ollama.py, test_cursor.py, test_windsurf.py,
-# test_connect_rpc.py.
-TESTED_ELSEWHERE = {"ollama", "cursor", "windsurf", "grpc"}
+# Dialects whose streams are not SSE: their blocked answers and terminations are tested
+# with their own framing (and their clients) in the modules named.
+TESTED_ELSEWHERE = {
+    "ollama": "tests/unit/test_ollama.py",
+    "cursor": "tests/unit/test_cursor.py",
+    "windsurf": "tests/unit/test_windsurf.py",
+    "grpc": "tests/unit/test_connect_rpc.py",
+    "bedrock": "tests/unit/test_bedrock.py, tests/e2e/test_bedrock_proxy.py",
+}
 
 
 def test_every_registered_dialect_is_tested() -> None:
-    assert {dialect.name for dialect in REGISTRY} - TESTED_ELSEWHERE == set(CASES)
+    assert {dialect.name for dialect in REGISTRY} - set(TESTED_ELSEWHERE) == set(CASES)
 
 
 # -- a request blocked before it goes upstream: our record ------------------------------------------
