@@ -147,6 +147,8 @@ class AgentRun(Conversation):
         if error is not None:
             return Answer(messages, error=error)
         output += len(texts)
+        if self.scenario.no_end:  # the turn's end marker never comes (a release that moved it)
+            return Answer(messages)
         usage = pw.uint(1, _words(prompt)) + pw.uint(2, output) if self.scenario.usage else b""
         return Answer([*messages, self._update(14, usage)])
 

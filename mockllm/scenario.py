@@ -111,7 +111,8 @@ class Scenario:
     """Abort the transport after this many events (or raw chunks)."""
     no_end: bool = _param(False, _flag)
     """End the body cleanly but without the stream's terminal event (``stream.end``,
-    ``[DONE]``, ``message_stop``, ``response.completed``, Gemini's last chunk)."""
+    ``[DONE]``, ``message_stop``, ``response.completed``, Gemini's last chunk); Cursor's
+    agent stream: end no turn with ``turn_ended``."""
     tool: str | None = _param(None, _text)
     """Name of a tool to call (arguments ``{"city":"Vienna"}``)."""
     tools: int = _param(1, _int(1))

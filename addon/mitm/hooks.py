@@ -135,7 +135,7 @@ class ExchangeHooks:
         )
         loader.add_option(
             "llm_audit_turn_idle_seconds",
-            float,
+            int,  # (mitmproxy's --set parses no floats)
             DEFAULT_TURN_IDLE_SECONDS,
             "A turn of a long-lived stream (Cursor's chat) that nothing arrived for this long is "
             "recorded as ended (finding turn_idle_timeout), though its end marker did not come.",
@@ -156,7 +156,7 @@ class ExchangeHooks:
             else:
                 log.error(
                     f"llm-audit: llm_audit_turn_idle_seconds must be more than 0, got {value}; "
-                    f"fix it with --set llm_audit_turn_idle_seconds={DEFAULT_TURN_IDLE_SECONDS:g}"
+                    f"fix it with --set llm_audit_turn_idle_seconds={DEFAULT_TURN_IDLE_SECONDS}"
                 )
 
     def running(self) -> None:

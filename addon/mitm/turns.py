@@ -36,7 +36,7 @@ from addon.record import OUTCOME_COMPLETE, ExchangeRecord
 
 log = logging.getLogger(__name__)
 
-DEFAULT_TURN_IDLE_SECONDS = 60.0
+DEFAULT_TURN_IDLE_SECONDS = 60
 # The request side of a turn a record keeps, at most (a client can send without end).
 MAX_REQUEST_MESSAGES = 1000
 

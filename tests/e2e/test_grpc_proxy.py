@@ -275,3 +275,48 @@ def test_grpc_request_filter_answers_before_anything_goes_upstream(channels: Cha
     assert code == "PERMISSION_DENIED" and "no-greetings" in message
     row = request_filtered.mock_row(mock_id)
     assert (row["dialect"], row["status"]) == ("grpc", "blocked")
+
+
+# -- a turn whose end marker never comes ---------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def idle_ending(request, tmp_path_factory, grpc_upstream: Upstream, proxy: Proxy) -> Iterator[Proxy]:
+    """A mitmdump that ends a turn nothing arrived for in one second."""
+    tmp = tmp_path_factory.mktemp(f"grpc-idle-{proxy.backend}")
+    database = new_database(request, proxy.backend, tmp)
+    p = start_proxy(tmp, "--set", "llm_audit_turn_idle_seconds=1", upstream_ca=grpc_upstream.ca, **database)
+    yield p
+    p.process.stop()
+
+
+def test_a_turn_without_its_end_marker_is_recorded_after_the_idle_timeout(channels: Channels, idle_ending: Proxy):
+    """Cursor's agent stream whose ``turn_ended`` never comes (a release moved the field):
+    the turn's record is written, complete with the finding ``turn_idle_timeout``, while
+    the stream is still open."""
+    from agent.v1 import agent_pb2 as pb
+    from agent.v1.agent_pb2_grpc import AgentServiceStub
+
+    mock_id, hang_up = uuid.uuid4().hex, queue.Queue[None]()
+
+    def requests() -> Iterator[Any]:
+        action = pb.ConversationAction(
+            user_message_action=pb.UserMessageAction(user_message=pb.UserMessage(text=PROMPT))
+        )
+        yield pb.AgentClientMessage(
+            run_request=pb.AgentRunRequest(action=action, model_details=pb.ModelDetails(model_name="gpt-5"))
+        )
+        hang_up.get(timeout=30)
+
+    with channels.open(idle_ending) as channel:
+        call = AgentServiceStub(channel).Run(requests(), metadata=[("x-mock-id", mock_id), ("x-mock", "no_end")])
+        text = ""
+        for r in call:
+            text += r.interaction_update.text_delta.text
+            if text == "tök0 tök1 tök2 tök3 tök4":
+                break
+        row = idle_ending.mock_row(mock_id, timeout=10)  # written while the stream is open
+        hang_up.put(None)
+        call.cancel()
+    assert (row["dialect"], row["status"], row["turn"], row["output_text"]) == ("cursor", "completed", 0, text)
+    assert [f["code"] for f in row["findings"]] == ["turn_idle_timeout"]
