@@ -516,3 +516,17 @@ def test_es_request_filter_blocks_a_unary_call_before_it_goes_upstream(es_reques
     assert es.upstream.received(mock_id + "-say") == {}
     row = es.proxy.mock_row(mock_id + "-say")
     assert (row["dialect"], row["status"], row["http_status"]) == ("grpc", "blocked", 403)
+
+
+@pytest.mark.parametrize("route", ["h1", "h2"])
+def test_py_output_filter_ends_a_connect_stream_with_permission_denied(
+    es_output_filtered: EsClient, upstreams, proto_python, route: str
+):
+    """connect-py reports the block as a ConnectError (PERMISSION_DENIED), over HTTP/1.1
+    and HTTP/2 alike."""
+    filtering = es_output_filtered.proxy
+    py = PyClient(filtering, upstreams[route])
+    mock_id = uuid.uuid4().hex
+    code, message = py_stream_chat(py.upstream.url, py.http(filtering), {"x-mock-id": mock_id})
+    assert code == "PERMISSION_DENIED" and "no-tok2" in message
+    assert filtering.mock_row(mock_id)["status"] == "blocked"
