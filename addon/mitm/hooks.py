@@ -213,7 +213,11 @@ class ExchangeHooks:
         """Submit the exchanges still open as cut off, and those whose backlog was not
         read yet as read so far; the store's ``done``, after this one, writes them."""
         for live in self.flows.values():
-            state = _current_turn(live)
+            state, turns = _current_turn(live), _turns(live)
+            if turns is not None:
+                turns.close()
+                if not turns.pending:
+                    continue  # a turn nothing arrived for is no record
             if state is not None and not isinstance(state, Sniffing):
                 state.record.add_finding("proxy_shutdown", "the proxy stopped during the exchange")
                 state.record.finish(OUTCOME_CLIENT_ABORTED)
@@ -456,6 +460,8 @@ class ExchangeHooks:
         turns = _turns(state)
         if turns is None or turns.pending:
             self.store.submit(state.record)
+        if turns is not None:
+            turns.close()
         _show(flow, state)
         auditor = _auditor(state)
         if auditor is not None:
@@ -514,7 +520,8 @@ def _complete(flow: http.HTTPFlow, state: Recorded) -> None:
     and settle the record as complete."""
     match state:
         case Streaming(auditor=auditor):
-            auditor.end(trailers=_status_fields(flow.response))
+            # (only gRPC's status travels in HTTP trailers; other framings' are not read)
+            auditor.end(trailers=_status_fields(flow.response) if auditor.framing.name == "grpc" else ())
         case HeldWhole(auditor=auditor):
             auditor.feed((flow.response.raw_content if flow.response else None) or b"")
             auditor.end()

@@ -82,12 +82,13 @@ class Turns:
         self.has_turns = connection_id is not None
         self.submit = submit
         self.opened = False  # the current turn's write-ahead row was submitted
+        self.closed = False  # the exchange is recorded: what still arrives opens no record
         self.last_activity = time.monotonic()
 
     def open(self) -> None:
         """The current turn began (a prompt, an answer): write its record ahead, once."""
         self.touch()
-        if not self.opened:
+        if not self.opened and not self.closed:
             self.opened = True
             self.submit(self.record)
 
@@ -103,6 +104,11 @@ class Turns:
             self.open()
         else:
             self.touch()
+
+    def close(self) -> None:
+        """The stream's last record is written (its response ended, or it was cut): a
+        client still sending on its half of the stream starts no turn that nobody ends."""
+        self.closed = True
 
     def end_turn(self, record: ExchangeRecord) -> ExchangeRecord:
         """The current turn is over: write its record as complete; the next turn's record."""

@@ -114,3 +114,13 @@ def test_a_message_too_large_to_check_follows_the_failure_policy(fail_open: bool
         assert out == b"x" * 2000 and blocks == [] and tap(b"SECRET\n") == b"SECRET\n"
     else:
         assert out == [] and [v.rule_id for v in blocks] == ["filter_error"]
+
+
+def test_once_the_stream_is_recorded_a_late_client_message_opens_no_record() -> None:
+    turns, written = new_turns()
+    turns.open()
+    turns.end_turn(turns.record)
+    turns.close()
+    tap = RequestTap(ndjson_reader(1 << 20, 1 << 20, {}), LineDialect(), VIEW, turns, 1 << 20)
+    assert tap(b"late\n") == b"late\n"
+    assert [row["status"] for row in written] == [Status.IN_PROGRESS, Status.UPSTREAM_ABORTED]
