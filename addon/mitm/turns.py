@@ -39,6 +39,10 @@ log = logging.getLogger(__name__)
 DEFAULT_TURN_IDLE_SECONDS = 60
 # The request side of a turn a record keeps, at most (a client can send without end).
 MAX_REQUEST_MESSAGES = 1000
+# Reader findings that still hand the message over; any other means a message went unread.
+READ_ANYWAY = frozenset({"envelope_reserved_flags", "sse_invalid_utf8"})
+# A dialect's findings that mean it could not read a message whole.
+UNREAD_MESSAGE = frozenset({"protobuf_invalid", "request_invalid_json"})
 
 # What a turn's record takes over from the one before: the request side and the response's head.
 _CARRIED = (
@@ -173,8 +177,10 @@ class RequestTap:
                 self._read(self.reader.feed(chunk) if chunk else self.reader.end())
                 return chunk
             return self._checked(chunk)
-        except Exception:  # the request must flow whatever the audit does
-            log.exception("llm-audit: reading a streamed request failed; it is forwarded unread")
+        except Exception:  # our bug: the failure policy decides, as for a filter that fails
+            log.exception("llm-audit: reading a streamed request failed")
+            if not self.fail_open:
+                return self._block(_unchecked("the audit failed"), self._held_from)
             self.check = None
             out, self._held = bytes(self._held) + chunk, bytearray()
             return out
@@ -184,10 +190,14 @@ class RequestTap:
             self._message(frame)
         self._collect_findings()
 
-    def _message(self, frame: Frame) -> dict[str, Any]:
-        """Read one client message into the current turn; its reading."""
+    def _message(self, frame: Frame) -> tuple[dict[str, Any], str | None]:
+        """Read one client message into the current turn: its reading, and why it could
+        not be read whole (a protobuf cut short, say), else None."""
         raw = getattr(frame, "raw", None)
         payload = raw if isinstance(raw, bytes) else frame.data.encode()
+        if not payload:
+            self.turns.touch()  # an empty message (a keep-alive): nothing to read
+            return {}, None
         doc, findings = self.dialect.parse_request_message(payload, self.view)
         record = self.turns.record
         _merge_request(record, doc, self.max_record_bytes)
@@ -197,28 +207,48 @@ class RequestTap:
             self.turns.open()
         else:  # a heartbeat, a control message
             self.turns.touch()
-        return doc
+        unread = next((f"{f.code}: {f.detail}" for f in findings if f.code in UNREAD_MESSAGE), None)
+        return doc, unread
 
     def _checked(self, chunk: bytes) -> bytes | list[bytes]:
-        """Hold the message being read; release each one the filters pass."""
+        """Hold the message being read; release each one the filters pass.
+
+        A message that cannot be checked (its dialect could not read it whole, the reader
+        skipped it: too large, not decompressible) follows the failure policy: with
+        ``fail_open`` it passes unchecked, and the messages after it are checked again;
+        else it is blocked like one a filter blocks.
+        """
         self._held += chunk
         release = self._held_from
         bounded = self.reader.feed_bounded(chunk) if chunk else [(f, None) for f in self.reader.end()]
         for frame, end in bounded:
             if frame is not None:
-                verdict = self._verdict(self._message(frame))
+                doc, unread = self._message(frame)
+                verdict = self._verdict(doc)
+                if verdict is None and unread is not None and not self.fail_open:
+                    verdict = _unchecked(unread)
                 if verdict is not None:
                     return self._block(verdict, release)
             release = self._held_from + len(self._held) if end is None else end
-        self._collect_findings()
-        if self.reader.held > self.reader_limit or not chunk:
-            if not chunk or self.fail_open:  # the body ended (or is too large to check): the rest goes
-                release = self._held_from + len(self._held)
-                if chunk:
-                    self.check = None
-            elif self.on_block is not None:
-                return self._block(_too_large(), release)
+        problem = self._reader_problem()
+        if problem is not None:
+            if not self.fail_open:
+                return self._block(_unchecked(problem), release)
+            release = self._held_from + len(self._held)  # (what the reader skipped passes unchecked)
+        if not chunk:
+            release = self._held_from + len(self._held)  # the body ended: what is left goes
         return self._release(release) or ([] if chunk else b"")
+
+    def _reader_problem(self) -> str | None:
+        """Why the reader could not hand over a message it read past (None: it could)."""
+        reader = self.reader
+        problem = next((f"{code}: {detail}" for code, detail in reader.findings if code not in READ_ANYWAY), None)
+        if problem is None and reader.unreadable is not None:
+            problem = reader.unreadable
+        if problem is None and reader.held > self.reader_limit:
+            problem = f"a request message over {self.reader_limit} bytes"
+        self._collect_findings()
+        return problem
 
     @property
     def reader_limit(self) -> int:
@@ -251,8 +281,10 @@ class RequestTap:
             findings.clear()
 
 
-def _too_large() -> Verdict:
-    return Verdict(BLOCK, FILTER_ERROR, "a request message too large to check", filter="llm-audit", location="request")
+def _unchecked(problem: str) -> Verdict:
+    """The verdict on a request message the filters could not check (failure policy closed)."""
+    reason = f"a request message could not be checked ({problem})"[:300]
+    return Verdict(BLOCK, FILTER_ERROR, reason, filter="llm-audit", location="request")
 
 
 def _merge_request(record: ExchangeRecord, doc: dict[str, Any], max_record_bytes: int) -> None:

@@ -13,6 +13,7 @@ from addon.dialects import RequestView
 from addon.dialects.ollama import Ollama
 from addon.events import Finding, TextDelta, TurnEnd
 from addon.filters.api import Verdict
+from addon.framing.envelope import connect_reader
 from addon.framing.ndjson import reader as ndjson_reader
 from addon.mitm.turns import RequestTap, Turns
 from addon.record import ExchangeRecord, Status
@@ -26,6 +27,8 @@ class LineDialect(Ollama):
     def parse_request_message(self, payload: bytes, request: RequestView) -> tuple[dict[str, Any], list[Finding]]:
         text = payload.decode()
         findings = [Finding("protobuf_unmapped", text)] if text.startswith("?") else []
+        if text.startswith("!"):  # a message the dialect could not read whole
+            findings = [Finding("protobuf_invalid", "truncated")]
         return {"model": "m-1", "messages": [{"role": "user", "content": text}]}, findings
 
 
@@ -124,3 +127,22 @@ def test_once_the_stream_is_recorded_a_late_client_message_opens_no_record() -> 
     tap = RequestTap(ndjson_reader(1 << 20, 1 << 20, {}), LineDialect(), VIEW, turns, 1 << 20)
     assert tap(b"late\n") == b"late\n"
     assert [row["status"] for row in written] == [Status.IN_PROGRESS, Status.UPSTREAM_ABORTED]
+
+
+@pytest.mark.parametrize("fail_open", [True, False])
+def test_a_message_the_dialect_cannot_read_whole_follows_the_failure_policy(fail_open: bool) -> None:
+    tap, blocks = checked_tap(fail_open)
+    out = tap(b"fine\n!cut short\nlater\n")
+    if fail_open:  # it passes unchecked, and the messages after it are checked again
+        assert out == b"fine\n!cut short\nlater\n" and blocks == []
+        assert tap(b"a SECRET\n") == [] and [v.rule_id for v in blocks] == ["no-secrets"]
+    else:
+        assert out == b"fine\n" and [v.rule_id for v in blocks] == ["filter_error"]
+
+
+def test_an_empty_message_is_a_keep_alive_not_read_by_the_dialect() -> None:
+    turns, written = new_turns()
+    tap = RequestTap(connect_reader(1 << 20, 1 << 20, {}), LineDialect(), VIEW, turns, 1 << 20)
+    keep_alives = b"\x00\x00\x00\x00\x00" * 3
+    assert tap(keep_alives) == keep_alives
+    assert turns.record.request_body is None and written == []
