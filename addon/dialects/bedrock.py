@@ -75,6 +75,7 @@ from addon.events import (
     Event,
     Finding,
     Finish,
+    ShownText,
     StreamEnd,
     StreamError,
     TextDelta,
@@ -287,8 +288,8 @@ class BedrockNormalizer(Normalizer):
         raw = str_field(obj, "bytes")
         if raw is None:
             return [Finding("invalid_json", "a chunk without its bytes")]
-        try:
-            text = base64.b64decode(raw, validate=True).decode("utf-8", "replace")
+        try:  # as botocore decodes it: characters outside the alphabet are skipped
+            text = base64.b64decode(raw).decode("utf-8", "replace")
         except (binascii.Error, ValueError):
             return [Finding("invalid_json", "a chunk's bytes are not base64")]
         native = json_object(text)
@@ -312,10 +313,15 @@ class BedrockNormalizer(Normalizer):
             return self._converse_answer(native)
         out = _native_events(native, streamed)
         if out is None:
-            if self.unknown_reported or set(native) <= {METRICS, "p"}:
+            if set(native) <= {METRICS, "p"}:
                 return []
-            self.unknown_reported = True
-            return [Finding("bedrock_unknown_payload", f"keys {sorted(native)[:8]}")]
+            # An application may show any of it: the output filters check its strings
+            # (ShownText: checked, not recorded as the answer).
+            shown = "\n".join(_strings({k: v for k, v in native.items() if k not in (METRICS, "p")}))
+            out = [ShownText(shown, kind="unknown_payload")] if shown else []
+            if not self.unknown_reported:
+                self.unknown_reported = True
+                out.append(Finding("bedrock_unknown_payload", f"keys {sorted(native)[:8]}"))
         return out
 
     def _metrics(self, native: dict[str, Any], out: list[Event]) -> list[Event]:
@@ -530,3 +536,15 @@ def _aws_error(body: bytes) -> list[Event]:
 
 
 DIALECT = Bedrock()
+
+
+def _strings(value: Any, depth: int = 0, budget: list[int] | None = None) -> list[str]:
+    """The strings in a JSON value, depth first, at most 64 KiB of them in all."""
+    budget = budget if budget is not None else [64 * 1024]
+    if budget[0] <= 0 or depth > 32:
+        return []
+    if isinstance(value, str):
+        budget[0] -= len(value)
+        return [value[: max(budget[0] + len(value), 0)]]
+    items = value.values() if isinstance(value, dict) else value if isinstance(value, list) else ()
+    return [s for item in items for s in _strings(item, depth + 1, budget)]

@@ -115,7 +115,13 @@ class Turns:
         self.closed = True
 
     def end_turn(self, record: ExchangeRecord) -> ExchangeRecord:
-        """The current turn is over: write its record as complete; the next turn's record."""
+        """The current turn is over: write its record as complete; the next turn's record.
+
+        An end marker for a turn that never began (nothing of it arrived) writes nothing:
+        a stream of bare markers must not make a record each."""
+        if not self.opened:
+            self.record = _next_turn(record, same_turn=True)
+            return self.record
         record.finish(OUTCOME_COMPLETE)
         self.submit(record)
         self.record = _next_turn(record)
@@ -132,10 +138,10 @@ class Turns:
         return self.opened
 
 
-def _next_turn(previous: ExchangeRecord) -> ExchangeRecord:
-    """A fresh record for the turn after ``previous``, on the same stream."""
+def _next_turn(previous: ExchangeRecord, same_turn: bool = False) -> ExchangeRecord:
+    """A fresh record for the turn after ``previous`` (or in its place), on the same stream."""
     carried: dict[str, Any] = {name: getattr(previous, name) for name in _CARRIED}
-    turn = (previous.turn or 0) + 1
+    turn = previous.turn if same_turn else (previous.turn or 0) + 1
     return ExchangeRecord(**carried, turn=turn, started_at=time.time())
 
 

@@ -356,6 +356,30 @@ def test_an_unknown_model_payload_is_a_finding():
     assert (row["status"], row["input_tokens"]) == ("completed", 1)
 
 
+def test_an_unknown_payloads_strings_go_to_the_output_filters_and_base64_is_read_as_botocore_reads_it():
+    """An application may show any string of a payload no reader knows: the filters see
+    them all (ShownText), the record does not take them for the answer. A stray character
+    in the base64 does not hide a chunk (botocore skips it too)."""
+    normalizer = BEDROCK.normalizer(
+        BEDROCK.summarize(None, RequestView("POST", "/model/x/invoke-with-response-stream", "", {}))
+    )
+    first = normalizer._chunk({"bytes": base64.b64encode(orjson.dumps({"say": ["secret plan"], "p": "pad"})).decode()})
+    second = normalizer._chunk({"bytes": base64.b64encode(orjson.dumps({"more": {"deep": "text"}})).decode()})
+    assert [(type(e).__name__, getattr(e, "text", "")) for e in first] == [
+        ("ShownText", "secret plan"),
+        ("Finding", ""),
+    ]
+    assert [(type(e).__name__, getattr(e, "text", "")) for e in second] == [("ShownText", "text")]
+    encoded = base64.b64encode(
+        orjson.dumps({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "hi"}})
+    ).decode()
+    stray = encoded[:4] + "\n!" + encoded[4:]
+    assert [
+        getattr(e, "text", None)
+        for e in BedrockNormalizer("invoke-with-response-stream", None, True)._chunk({"bytes": stray})
+    ][:1] == ["hi"]
+
+
 @pytest.mark.parametrize(
     ("request_body", "answer", "text", "finish"),
     [

@@ -146,3 +146,13 @@ def test_an_empty_message_is_a_keep_alive_not_read_by_the_dialect() -> None:
     keep_alives = b"\x00\x00\x00\x00\x00" * 3
     assert tap(keep_alives) == keep_alives
     assert turns.record.request_body is None and written == []
+
+
+def test_end_markers_of_turns_that_never_began_write_nothing() -> None:
+    turns, written = new_turns()
+    turns.open()
+    turns.end_turn(turns.record)
+    for _ in range(1000):  # an upstream flooding bare turn_ended markers
+        turns.record.apply(TurnEnd())
+        turns.end_turn(turns.record)
+    assert len(written) == 2 and turns.record.turn == 1 and not turns.record.terminal_seen
