@@ -49,8 +49,8 @@ from addon.dialects.blocking import block_message
 from addon.dialects.protowire import (
     Message,
     encode_field,
-    first_int,
-    first_text,
+    field_int,
+    field_text,
     parse,
     readable,
     strings,
@@ -94,6 +94,7 @@ ERRORS = {
 }
 ROLES = {1: "user", 2: "assistant"}  # ConversationMessage.type: HUMAN, AI
 SERVER_PROMPT_CHARS = 8192
+MESSAGE_STRINGS = 100_000  # (no count limit of its own: the budget of strings() bounds the work)
 MESSAGE_CHARS = 256 * 1024  # a string of a tool result or action kept in the request's messages
 
 # The fields each message is known to have (cursor.md): others with text are reported.
@@ -142,8 +143,13 @@ class Cursor(RpcDialect):
     def read_message(self, payload: bytes, request: RequestView, doc: dict[str, Any], findings: list[Finding]) -> None:
         api = api_of(rpc_name(request.path))
         msg = parse(payload)
-        if msg.problem is not None:
-            findings.append(Finding("protobuf_invalid", f"request message: {msg.problem}"))
+        self._read_request(api, msg, request, doc, findings)
+        if (problem := msg.cut_short()) is not None:  # (after reading: nested messages count)
+            findings.append(Finding("protobuf_invalid", f"request message: {problem}"))
+
+    def _read_request(
+        self, api: str | None, msg: Message, request: RequestView, doc: dict[str, Any], findings: list[Finding]
+    ) -> None:
         if api == CHAT:
             _read_chat_request(msg, doc)
         elif api == UNIFIED:
@@ -152,12 +158,12 @@ class Cursor(RpcDialect):
             for result in msg.messages(2):  # ClientSideToolV2Result: its layout is not public
                 add_message(doc, "tool", message_text(result))
         elif api == AGENT and request.path.endswith("/RunSSE"):
-            doc["request_id"] = first_text(msg, 1)  # BidiRequestId
+            doc["request_id"] = field_text(msg, 1)  # BidiRequestId
         elif api == AGENT:
             _read_agent_message(msg, doc)
         elif api == BIDI_APPEND:
-            doc["request_id"] = first_text(msg, 2, 1)
-            data = first_text(msg, 1) or ""
+            doc["request_id"] = field_text(msg, 2, 1)
+            data = field_text(msg, 1) or ""
             try:
                 _read_agent_message(parse(binascii.unhexlify(data.strip())), doc)
             except (binascii.Error, ValueError):
@@ -169,14 +175,14 @@ def _read_chat_request(msg: Message, doc: dict[str, Any], unified: bool = False)
     model, its API key (fingerprinted) and conversation id."""
     conversation, details, conversation_id = (1, 5, 23) if unified else (2, 7, 15)
     for item in msg.messages(conversation):
-        add_message(doc, ROLES.get(first_int(item, 2) or 0, "user"), first_text(item, 1))
-    doc["model"] = first_text(msg, details, 1) or doc.get("model")
-    key = first_text(msg, details, 2)
+        add_message(doc, ROLES.get(field_int(item, 2) or 0, "user"), field_text(item, 1))
+    doc["model"] = field_text(msg, details, 1) or doc.get("model")
+    key = field_text(msg, details, 2)
     if key:
         doc["api_key"] = credential(key)
-    doc["conversation_id"] = first_text(msg, conversation_id) or doc.get("conversation_id")
+    doc["conversation_id"] = field_text(msg, conversation_id) or doc.get("conversation_id")
     if not unified:
-        doc["request_id"] = first_text(msg, 9) or doc.get("request_id")
+        doc["request_id"] = field_text(msg, 9) or doc.get("request_id")
     add_strings(doc, unmapped_strings(msg, UNIFIED_REQUEST_MAPPED if unified else CHAT_REQUEST_MAPPED))
 
 
@@ -184,9 +190,9 @@ def _read_agent_message(msg: Message, doc: dict[str, Any]) -> None:
     """``AgentClientMessage``: a run request (model, conversation, the action's text as
     the user's: its layout is not public), tool results (exec), other client messages."""
     for run in msg.messages(1):
-        doc["model"] = first_text(run, 3, 1) or doc.get("model")
-        doc["conversation_id"] = first_text(run, 5) or doc.get("conversation_id")
-        key = first_text(run, 3, 2)
+        doc["model"] = field_text(run, 3, 1) or doc.get("model")
+        doc["conversation_id"] = field_text(run, 5) or doc.get("conversation_id")
+        key = field_text(run, 3, 2)
         if key:
             doc["api_key"] = credential(key)
         for action in run.messages(2):
@@ -200,18 +206,19 @@ def _read_agent_message(msg: Message, doc: dict[str, Any]) -> None:
 
 def message_text(msg: Message) -> str:
     """The text of a message whose layout is not public (a tool result, an action): its
-    strings, one per line, each up to :data:`MESSAGE_CHARS` (the request filters read them)."""
-    return "\n".join(clean(s) for s in strings(msg, max_chars=MESSAGE_CHARS))
+    strings, one per line, each up to :data:`MESSAGE_CHARS` (the request filters read them
+    all: how many there are is bounded by the message's size and the strings budget)."""
+    return "\n".join(clean(s) for s in strings(msg, limit=MESSAGE_STRINGS, max_chars=MESSAGE_CHARS))
 
 
 def error_details(value: bytes) -> str | None:
     """``aiserver.v1.ErrorDetails{1 error, 2 details{1 title, 2 detail}}`` as text."""
     msg = parse(value)
-    number = first_int(msg, 1)
+    number = field_int(msg, 1)
     parts = [
         ERRORS.get(number, f"ERROR_{number}") if number is not None else None,
-        first_text(msg, 2, 1),
-        first_text(msg, 2, 2),
+        field_text(msg, 2, 1),
+        field_text(msg, 2, 2),
     ]
     found = [p for p in parts if p]
     return ": ".join(found) if found else None
@@ -247,7 +254,7 @@ class CursorNormalizer(RpcNormalizer):
                 out += unmapped("StreamUnifiedChatResponse", chat, UNIFIED_CHAT)
                 self._chat(chat, out)
                 for thinking in chat.messages(25):
-                    out += _text(first_text(thinking, 1), "reasoning")
+                    out += _text(field_text(thinking, 1), "reasoning")
             for call in msg.messages(1):
                 self._unified_call(call, out)
         elif self.api == AGENT:
@@ -277,8 +284,8 @@ class CursorNormalizer(RpcNormalizer):
 
     def _chat(self, msg: Message, out: list[Event]) -> None:
         """Text (field 1) and the server's prompt (field 5) of a chat response."""
-        out += _text(first_text(msg, 1), "text")
-        prompt = first_text(msg, 5)
+        out += _text(field_text(msg, 1), "text")
+        prompt = field_text(msg, 5)
         if prompt:
             digest = hashlib.sha256(prompt.encode()).hexdigest()
             if digest not in self.prompts:
@@ -290,19 +297,19 @@ class CursorNormalizer(RpcNormalizer):
     def _unified_call(self, call: Message, out: list[Event]) -> None:
         """``ClientSideToolV2Call``: id 3, name 9 (else the tool enum 1), raw_args 10;
         streamed (14) until its last message (15)."""
-        call_id = first_text(call, 3)
-        name = first_text(call, 9) or (f"tool_{first_int(call, 1)}" if first_int(call, 1) is not None else None)
-        streaming = bool(first_int(call, 14))
-        complete = not streaming or bool(first_int(call, 15))
-        out.append(ToolCallDelta(call_id or self._key(), first_text(call, 10) or "", call_id, name, 0, complete))
+        call_id = field_text(call, 3)
+        name = field_text(call, 9) or (f"tool_{field_int(call, 1)}" if field_int(call, 1) is not None else None)
+        streaming = bool(field_int(call, 14))
+        complete = not streaming or bool(field_int(call, 15))
+        out.append(ToolCallDelta(call_id or self._key(), field_text(call, 10) or "", call_id, name, 0, complete))
 
     def _interaction(self, update: Message, out: list[Event]) -> None:
         """``InteractionUpdate``: text 1→1, thinking 4→1, tool calls 2/7/3, turn end 14."""
         out += unmapped("InteractionUpdate", update, INTERACTION)
         for delta in update.messages(1):
-            out += _text(first_text(delta, 1), "text")
+            out += _text(field_text(delta, 1), "text")
         for delta in update.messages(4):
-            out += _text(first_text(delta, 1), "reasoning")
+            out += _text(field_text(delta, 1), "reasoning")
         for started in update.messages(2):  # layouts not public: the id is taken as field 1
             self.agent_call = _readable_text(started, 1) or self._key()
             out.append(ToolCallDelta(self.agent_call, "", _readable_text(started, 1)))
@@ -316,10 +323,10 @@ class CursorNormalizer(RpcNormalizer):
             self.agent_call = None
         for ended in update.messages(14):
             usage = Usage(
-                input_tokens=first_int(ended, 1),
-                output_tokens=first_int(ended, 2),
-                cache_read_input_tokens=first_int(ended, 3),
-                cache_write_input_tokens=first_int(ended, 4),
+                input_tokens=field_int(ended, 1),
+                output_tokens=field_int(ended, 2),
+                cache_read_input_tokens=field_int(ended, 3),
+                cache_write_input_tokens=field_int(ended, 4),
             )
             if usage != Usage():
                 out.append(usage)

@@ -56,6 +56,9 @@ def _varint(data: bytes, pos: int) -> tuple[int, int] | None:
     return None
 
 
+TOO_MANY_FIELDS = "over"  # how the problem of a message cut short by the field limit begins
+
+
 def read_fields(data: bytes, max_fields: int = MAX_FIELDS) -> tuple[list[Field], str | None]:
     """The fields of one message in wire order, and why reading stopped early (None: it
     did not). Groups are skipped."""
@@ -63,7 +66,7 @@ def read_fields(data: bytes, max_fields: int = MAX_FIELDS) -> tuple[list[Field],
     pos, size = 0, len(data)
     while pos < size:
         if len(fields) >= max_fields:
-            return fields, f"over {max_fields} fields; the rest was not read"
+            return fields, f"{TOO_MANY_FIELDS} {max_fields} fields; the rest was not read"
         start = pos
         tag = _varint(data, pos)
         if tag is None:
@@ -158,7 +161,11 @@ class Message:
 
     def messages(self, number: int) -> list[Message]:
         """The values of field ``number`` that read as whole messages (a string that does
-        not is skipped: a path expecting a message there found none)."""
+        not is skipped: a path expecting a message there found none).
+
+        A nested message cut short by the field limit is still one (padding must not
+        hide what follows it from view without a trace): it is kept with what was read,
+        and :meth:`cut_short` reports it."""
         found = self._nested.get(number)
         if found is None:
             found = []
@@ -167,8 +174,21 @@ class Message:
                     nested = Message(value)
                     if nested.problem is None:
                         found.append(nested)
+                    elif nested.problem.startswith(TOO_MANY_FIELDS):
+                        found.append(nested)
             self._nested[number] = found
         return found
+
+    def cut_short(self) -> str | None:
+        """Why this message, or a nested one read so far, was not read to its end (call
+        it after reading the paths): what may hide behind it was not seen."""
+        if self.problem is not None:
+            return self.problem
+        for number, nested in self._nested.items():
+            for msg in nested:
+                if (problem := msg.cut_short()) is not None:
+                    return f"field {number}: {problem}"
+        return None
 
 
 def parse(data: bytes) -> Message:
@@ -201,24 +221,31 @@ def text(value: int | bytes | None) -> str | None:
     return value.decode("utf-8", "replace") if isinstance(value, bytes) else None
 
 
-def first_text(msg: Message, *numbers: int) -> str | None:
-    """The first string at a path, or None."""
-    return next((t for v in path(msg, *numbers) if (t := text(v)) is not None), None)
+def field_text(msg: Message, *numbers: int) -> str | None:
+    """The string at a path of singular fields, or None: the *last* one found, as every
+    protobuf parser reads a field sent twice (the last value wins, and a message sent
+    twice is merged), so the audit reads what the client or the server reads."""
+    return next((t for v in reversed(path(msg, *numbers)) if (t := text(v)) is not None), None)
 
 
-def first_int(msg: Message, *numbers: int) -> int | None:
-    """The first number (varint or fixed) at a path, or None."""
-    return next((v for v in path(msg, *numbers) if isinstance(v, int)), None)
+def field_int(msg: Message, *numbers: int) -> int | None:
+    """The number (varint or fixed) at a path of singular fields: the last one, as above."""
+    return next((v for v in reversed(path(msg, *numbers)) if isinstance(v, int)), None)
 
 
 def readable(value: bytes) -> str | None:
-    """``value`` as text when it looks like text: UTF-8 without control characters other
-    than tab and line ends (a nested message's tags and lengths are control bytes)."""
+    """``value`` as text when it is text: UTF-8 without control characters other than
+    tab and line ends, or UTF-8 with some that does not read as a message (a nested
+    message's tags and lengths are control bytes; text with an ANSI colour or a stray
+    ``\\v`` in it is still text a person reads, and the filters must see it)."""
     try:
         decoded = value.decode("utf-8")
     except UnicodeDecodeError:
         return None
-    return decoded if decoded and not _CONTROL(decoded) else None
+    if not decoded or not _CONTROL(decoded):
+        return decoded or None
+    nested = Message(value)
+    return decoded if not nested.fields or nested.problem is not None else None
 
 
 def strings(

@@ -55,7 +55,7 @@ from addon.dialects import (
     media_type,
 )
 from addon.dialects.blocking import block_message
-from addon.dialects.protowire import Message, encode_field, first_text, messages_at, parse, strings
+from addon.dialects.protowire import Message, encode_field, field_text, messages_at, parse, strings
 from addon.events import Event, Finding, StreamEnd, StreamError
 from addon.framing import FRAMINGS, Frame, Writer
 from addon.framing.envelope import (
@@ -348,9 +348,9 @@ class RpcNormalizer(Normalizer):
         details = []
         raw = b64decode(block.get("grpc-status-details-bin", "")) or b""
         status_msg = parse(raw)
-        message = message or first_text(status_msg, 2)
+        message = message or field_text(status_msg, 2)
         for any_msg in messages_at(status_msg, 3):
-            url = first_text(any_msg, 1) or ""
+            url = field_text(any_msg, 1) or ""
             value = next((v for v in any_msg.values(2) if isinstance(v, bytes)), b"")
             details.append((url.rpartition("/")[2], value))
         return [StreamError(code_name(int(status)), self._with_details(message, details)), StreamEnd()]
@@ -422,8 +422,8 @@ def unmapped(kind: str, msg: Message, known: frozenset[int]) -> list[Event]:
     text, or when it has no known field at all (the schema moved: the text went
     somewhere else). The strings are kept, cut, credentials fingerprinted."""
     out: list[Event] = []
-    if msg.problem is not None:
-        out.append(Finding("protobuf_invalid", f"{kind}: {msg.problem}"))
+    if (problem := msg.cut_short()) is not None:
+        out.append(Finding("protobuf_invalid", f"{kind}: {problem}"))
     numbers = msg.numbers()
     unknown = numbers - known
     if not unknown:

@@ -36,7 +36,7 @@ from typing import Any
 import orjson
 
 from addon.dialects import Normalizer, RequestSummary, RequestView, json_object
-from addon.dialects.protowire import Message, first_int, first_text, parse, readable
+from addon.dialects.protowire import Message, field_int, field_text, parse, readable
 from addon.dialects.rpc import (
     RpcDialect,
     RpcNormalizer,
@@ -80,27 +80,30 @@ class Windsurf(RpcDialect):
             _read_json_request(payload, doc, findings)
             return
         msg = parse(payload)
-        if msg.problem is not None:
-            findings.append(Finding("protobuf_invalid", f"request message: {msg.problem}"))
+        self._read_proto_request(msg, request, doc)
+        if (problem := msg.cut_short()) is not None:  # (after reading: nested messages count)
+            findings.append(Finding("protobuf_invalid", f"request message: {problem}"))
+
+    def _read_proto_request(self, msg: Message, request: RequestView, doc: dict[str, Any]) -> None:
         for metadata in msg.messages(1):
             for number, name in ((3, "api_key"), (21, "user_jwt")):
-                value = first_text(metadata, number)
+                value = field_text(metadata, number)
                 if value:
                     doc[name] = credential(value)
             doc["client"] = _readable(metadata, 1) or doc.get("client")
         if rpc_name(request.path) == RAW_CHAT:
-            add_message(doc, "system", first_text(msg, 3))
+            add_message(doc, "system", field_text(msg, 3))
             for item in msg.messages(2):
                 text = _readable(item, 5) or _readable(item, 3)
-                add_message(doc, ROLES.get(first_int(item, 2) or 0, "user"), text)
-            doc["model"] = first_text(msg, 5) or doc.get("model")
+                add_message(doc, ROLES.get(field_int(item, 2) or 0, "user"), text)
+            doc["model"] = field_text(msg, 5) or doc.get("model")
             add_strings(doc, unmapped_strings(msg, RAW_CHAT_MAPPED))
             return
         add_message(doc, "system", _readable(msg, 2))
         for item in msg.messages(3):
-            add_message(doc, ROLES.get(first_int(item, 2) or 0, "user"), first_text(item, 3))
-        doc["model"] = first_text(msg, 21) or doc.get("model")
-        doc["conversation_id"] = first_text(msg, 16) or doc.get("conversation_id")
+            add_message(doc, ROLES.get(field_int(item, 2) or 0, "user"), field_text(item, 3))
+        doc["model"] = field_text(msg, 21) or doc.get("model")
+        doc["conversation_id"] = field_text(msg, 16) or doc.get("conversation_id")
         add_strings(doc, unmapped_strings(msg, GET_CHAT_MAPPED))
 
 
@@ -150,7 +153,7 @@ class WindsurfNormalizer(RpcNormalizer):
             out = unmapped("RawGetChatMessageResponse", msg, RAW_RESPONSE_FIELDS)
             for delta in msg.messages(1):
                 out += unmapped("RawChatMessage", delta, RAW_MESSAGE_FIELDS)
-                self._raw_delta(first_text(delta, 5), bool(first_int(delta, 6)), bool(first_int(delta, 7)), out)
+                self._raw_delta(field_text(delta, 5), bool(field_int(delta, 6)), bool(field_int(delta, 7)), out)
             return out
         out = unmapped("GetChatMessageResponse", msg, RESPONSE_FIELDS)
         for value in msg.values(3):
@@ -163,7 +166,7 @@ class WindsurfNormalizer(RpcNormalizer):
             self._tool_call(call, out)
         for metadata in msg.messages(7):
             self._metadata(metadata, out)
-        finish = first_int(msg, 5)
+        finish = field_int(msg, 5)
         if finish is not None:
             self._close_calls(out)
             out.append(Finish(FINISHES.get(finish, str(finish))))
@@ -172,10 +175,10 @@ class WindsurfNormalizer(RpcNormalizer):
     def _tool_call(self, call: Message, out: list[Event]) -> None:
         """``ChatToolCall`` delta: ``1 id``, ``2 name``, ``3 arguments_json`` (fragments;
         one without an id continues the call opened last)."""
-        call_id = first_text(call, 1)
+        call_id = field_text(call, 1)
         key = call_id or (list(self.open_calls)[-1] if self.open_calls else self._key())
         self.open_calls[key] = True
-        out.append(ToolCallDelta(key, first_text(call, 3) or "", call_id, first_text(call, 2)))
+        out.append(ToolCallDelta(key, field_text(call, 3) or "", call_id, field_text(call, 2)))
 
     def _close_calls(self, out: list[Event]) -> None:
         """A finish ends the calls still open: their arguments are whole."""
@@ -186,7 +189,7 @@ class WindsurfNormalizer(RpcNormalizer):
     def _metadata(self, metadata: Message, out: list[Event]) -> None:
         """Usage (2 fresh input, 3 output, 4 cache write, 5 cache read), the served model (9)
         and the upstream message id (7)."""
-        fresh, output, written, read = (first_int(metadata, n) for n in (2, 3, 4, 5))
+        fresh, output, written, read = (field_int(metadata, n) for n in (2, 3, 4, 5))
         if any(v is not None for v in (fresh, output, written, read)):
             total = (
                 None
@@ -194,7 +197,7 @@ class WindsurfNormalizer(RpcNormalizer):
                 else (fresh or 0) + (written or 0) + (read or 0)
             )
             out.append(Usage(total, output, read, written))
-        meta = (first_text(metadata, 9), first_text(metadata, 7))
+        meta = (field_text(metadata, 9), field_text(metadata, 7))
         if meta != (None, None) and meta != self.meta:
             self.meta = meta
             out.append(ResponseMeta(model=meta[0], response_id=meta[1]))

@@ -235,6 +235,8 @@ class RequestTap:
                     verdict = _unchecked(unread)
                 if verdict is not None:
                     return self._block(verdict, release)
+            elif not self.fail_open and (problem := self._reader_problem(collect=False)) is not None:
+                return self._block(_unchecked(problem), release)  # (bytes of a message the reader skipped)
             release = self._held_from + len(self._held) if end is None else end
         problem = self._reader_problem()
         if problem is not None:
@@ -245,15 +247,17 @@ class RequestTap:
             release = self._held_from + len(self._held)  # the body ended: what is left goes
         return self._release(release) or ([] if chunk else b"")
 
-    def _reader_problem(self) -> str | None:
-        """Why the reader could not hand over a message it read past (None: it could)."""
+    def _reader_problem(self, collect: bool = True) -> str | None:
+        """Why the reader could not hand over a message it read past (None: it could);
+        ``collect``: its findings go to the record now."""
         reader = self.reader
         problem = next((f"{code}: {detail}" for code, detail in reader.findings if code not in READ_ANYWAY), None)
         if problem is None and reader.unreadable is not None:
             problem = reader.unreadable
         if problem is None and reader.held > self.reader_limit:
             problem = f"a request message over {self.reader_limit} bytes"
-        self._collect_findings()
+        if collect:
+            self._collect_findings()
         return problem
 
     @property
@@ -270,6 +274,7 @@ class RequestTap:
     def _block(self, verdict: Verdict, release: int) -> bytes | list[bytes]:
         """A filter blocked a message: it and what follows stay here; the messages before go."""
         self.blocked = True
+        self._collect_findings()
         out = self._release(release)
         self._held = bytearray()
         if self.on_block is not None:

@@ -17,7 +17,7 @@ from protoenc import end_stream, env, f, genv, m
 from addon.auditor import StreamAuditor, summary_into_record
 from addon.dialects import RequestView
 from addon.dialects.cursor import DIALECT
-from addon.dialects.protowire import first_int, first_text, parse
+from addon.dialects.protowire import field_int, field_text, parse
 from addon.dialects.registry import detect_request
 from addon.events import TextDelta, ToolCallDelta, TurnEnd, Usage
 from addon.filters.engine import FilterSet
@@ -102,10 +102,11 @@ def test_other_cursor_methods_are_not_chat(path):
     assert not DIALECT.matches(view(path))
 
 
-def test_the_bidirectional_methods_stream_their_request():
-    assert DIALECT.streams_request(view(UNIFIED)) and DIALECT.streams_request(view(AGENT))
-    assert DIALECT.streams_request(view("/aiserver.v1.ChatService/StreamUnifiedChatWithToolsSSE"))
-    assert not DIALECT.streams_request(view(STREAM_CHAT)) and not DIALECT.streams_request(view(RUN_SSE))
+def test_enveloped_requests_stream_and_the_bidirectional_methods_have_turns():
+    assert all(DIALECT.streams_request(view(rpc)) for rpc in (UNIFIED, AGENT, STREAM_CHAT))
+    assert DIALECT.has_turns(view(UNIFIED)) and DIALECT.has_turns(view(AGENT))
+    assert DIALECT.has_turns(view("/aiserver.v1.ChatService/StreamUnifiedChatWithToolsSSE"))
+    assert not DIALECT.has_turns(view(STREAM_CHAT)) and not DIALECT.has_turns(view(RUN_SSE))
 
 
 def test_provider_is_cursor():
@@ -317,7 +318,7 @@ def test_run_sse_grpc_web_trailers_with_status_details():
 
 def read_error_details(value: str) -> tuple[int | None, str | None, str | None]:
     msg = parse(base64.b64decode(value + "=" * (-len(value) % 4)))
-    return first_int(msg, 1), first_text(msg, 2, 1), first_text(msg, 2, 2)
+    return field_int(msg, 1), field_text(msg, 2, 1), field_text(msg, 2, 2)
 
 
 def test_the_ending_is_a_permission_denied_end_stream_with_error_details_that_decode():
@@ -345,7 +346,7 @@ def test_run_sse_ending_is_a_grpc_web_trailer_frame_with_the_details():
     block = parse_header_block(frame.data)
     assert block["grpc-status"] == "7" and "r1" in pct_decode(block["grpc-message"])
     status = parse(base64.b64decode(block["grpc-status-details-bin"] + "=="))
-    assert first_int(status, 1) == 7 and first_text(status, 3, 1) == "type.googleapis.com/aiserver.v1.ErrorDetails"
+    assert field_int(status, 1) == 7 and field_text(status, 3, 1) == "type.googleapis.com/aiserver.v1.ErrorDetails"
 
 
 def test_blocked_requests_get_their_protocols_answer():
@@ -424,7 +425,7 @@ def test_a_blocked_word_never_reaches_the_client_and_the_stream_ends_with_the_bl
     for cut in range(1, len(body)):
         received, row = gated(body, [cut])
         frames = connect_reader(1 << 20, 1 << 20, GZIP).feed(received)
-        text = "".join(first_text(parse(x.raw), 2, 1) or "" for x in frames if x.event == "message")
+        text = "".join(field_text(parse(x.raw), 2, 1) or "" for x in frames if x.event == "message")
         assert "Nightjar" not in text and "Night" not in text and text in ("", "Ask about the "), cut
         assert frames[-1].event == "end_stream", cut
         assert json.loads(frames[-1].data)["error"]["code"] == "permission_denied"
@@ -433,3 +434,35 @@ def test_a_blocked_word_never_reaches_the_client_and_the_stream_ends_with_the_bl
     for cut in range(1, len(harmless)):
         received, row = gated(harmless, [cut])
         assert received == harmless and row["status"] == "completed" and row["output_text"] == "Ask about the Daylight"
+
+
+# -- what an attacker may try against the request filters ----------------------------------------
+
+
+def agent_prompt(*action_fields: bytes) -> bytes:
+    """AgentClientMessage{1 run_request{2 action{...}}}."""
+    return m(1, m(2, *action_fields))
+
+
+def test_a_field_sent_twice_is_read_as_protobuf_parsers_read_it_the_last_value():
+    doc, _ = DIALECT.parse_request_message(m(1, m(1, f(1, "hello"), f(1, "FORBIDDEN"), f(2, 1))), view(UNIFIED))
+    assert doc["messages"] == [{"role": "user", "content": "FORBIDDEN"}]
+    normalizer = DIALECT.normalizer(DIALECT.summarize(None, view(UNIFIED)))
+    events = normalizer.on_event(
+        connect_reader(1 << 20, 1 << 20, {}).feed(env(m(2, f(1, "benign"), f(1, "LEAKED"))))[0]
+    )
+    assert [e.text for e in events if isinstance(e, TextDelta)] == ["LEAKED"]
+
+
+def test_padding_past_the_field_limit_is_reported_not_silently_hiding_the_prompt():
+    padded = m(1, f(99, 0) * 100_001 + m(2, f(1, "FORBIDDEN")))
+    _, findings = DIALECT.parse_request_message(padded, view(AGENT))
+    assert [x.code for x in findings] == ["protobuf_invalid"]  # the failure policy decides on it
+
+
+def test_every_string_of_an_action_and_text_with_control_characters_reach_the_request_filters():
+    many = agent_prompt(*(f(1, f"s{i}") for i in range(64)), f(1, "FORBIDDEN"))
+    doc, _ = DIALECT.parse_request_message(many, view(AGENT))
+    assert "FORBIDDEN" in doc["messages"][0]["content"]
+    doc, _ = DIALECT.parse_request_message(agent_prompt(f(1, "please FORBIDDEN\x0b")), view(AGENT))
+    assert "FORBIDDEN" in doc["messages"][0]["content"]

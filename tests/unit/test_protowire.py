@@ -15,8 +15,8 @@ from addon.dialects.protowire import (
     VARINT,
     Field,
     encode_field,
-    first_int,
-    first_text,
+    field_int,
+    field_text,
     messages_at,
     parse,
     path,
@@ -50,9 +50,10 @@ def test_paths_follow_nested_and_repeated_messages():
     msg = parse(m(2, f(1, "first"), f(2, 1)) + m(2, f(1, "second"), f(2, 2)) + m(7, f(1, "gpt-4o")))
     assert path(msg, 2, 1) == [b"first", b"second"]
     assert path(msg, 2, 2) == [1, 2]
-    assert first_text(msg, 7, 1) == "gpt-4o" and first_int(msg, 2, 2) == 1
-    assert path(msg, 9, 1) == [] and first_text(msg, 9) is None and path(msg) == []
-    assert [first_text(x, 1) for x in messages_at(msg, 2)] == ["first", "second"]
+    # a singular field sent twice: the last value wins, as every protobuf parser reads it
+    assert field_text(msg, 7, 1) == "gpt-4o" and field_int(msg, 2, 2) == 2 and field_text(msg, 2, 1) == "second"
+    assert path(msg, 9, 1) == [] and field_text(msg, 9) is None and path(msg) == []
+    assert [field_text(x, 1) for x in messages_at(msg, 2)] == ["first", "second"]
 
 
 def test_a_path_through_a_string_that_is_no_message_leads_nowhere():
@@ -127,7 +128,7 @@ def test_the_writer_encodes_what_the_reader_reads():
     data = encode_field(1, 29) + encode_field(2, encode_field(1, "títle")) + encode_field(3, 2**40)
     assert data == f(1, 29) + m(2, f(1, "títle")) + f(3, 2**40)
     msg = parse(data)
-    assert first_int(msg, 1) == 29 and first_text(msg, 2, 1) == "títle" and first_int(msg, 3) == 2**40
+    assert field_int(msg, 1) == 29 and field_text(msg, 2, 1) == "títle" and field_int(msg, 3) == 2**40
 
 
 @settings(max_examples=300, deadline=None)
@@ -153,3 +154,10 @@ def test_strings_reads_nested_junk_within_a_budget():
         assert strings(parse(m(1, m(1, f(1, "deep")), f(2, b"\x00" * 200)))) == []  # over the budget: not read
     finally:
         protowire.STRINGS_BUDGET = small
+
+
+def test_text_with_control_characters_that_is_no_message_is_still_text():
+    """A prompt with an ANSI colour or a stray vertical tab is text the filters must see."""
+    assert readable(b"please FORBIDDEN\x0b") == "please FORBIDDEN\x0b"
+    assert strings(parse(m(1, f(1, "hidden \x0bFORBIDDEN")))) == ["hidden \x0bFORBIDDEN"]
+    assert readable(m(1, f(1, "nested"))) is None  # a message is not taken for text
