@@ -22,6 +22,7 @@ credentials the secrets detector knows are fingerprinted.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from addon.dialects import Normalizer, RequestSummary, RequestView, json_object
@@ -51,6 +52,18 @@ def message_strings(payload: bytes, codec: str) -> list[str]:
     return [clean(s[:UNMAPPED_CHARS]) for s in found]
 
 
+_CREDENTIAL_WORDS = re.compile(
+    r"auth|login|logon|signin|sign_in|token|password|passwd|secret|credential|apikey|api_key"
+)
+
+
+def handles_credentials(rpc: str) -> bool:
+    """Whether a method's name says it carries credentials (``acme.auth.v1.Auth/Login``,
+    ``GetUserJwt``): the strings of its messages are not kept (passwords, keys), so the
+    generic record of every other gRPC service does not become a store of them."""
+    return _CREDENTIAL_WORDS.search(rpc.lower().replace("-", "_")) is not None or "jwt" in rpc.lower()
+
+
 class ConnectRpc(RpcDialect):
     name = "grpc"
 
@@ -64,6 +77,8 @@ class ConnectRpc(RpcDialect):
 
     def read_message(self, payload: bytes, request: RequestView, doc: dict[str, Any], findings: list[Finding]) -> None:
         codec = (protocol_of(request.headers) or ("", "proto"))[1]
+        if handles_credentials(request.path):
+            return  # (a login, a token exchange: its strings are passwords and keys; its metadata is kept)
         add_message(doc, "user", "\n".join(message_strings(payload, codec)))
 
 
@@ -71,6 +86,8 @@ class ConnectRpcNormalizer(RpcNormalizer):
     """Each response message's strings as text; the status from the protocol's end."""
 
     def on_message(self, raw: bytes) -> list[Event]:
+        if handles_credentials(self.rpc):
+            return []
         found = message_strings(raw, self.codec)
         return [TextDelta("\n".join(found))] if found else []
 

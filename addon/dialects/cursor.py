@@ -208,7 +208,9 @@ def message_text(msg: Message) -> str:
     """The text of a message whose layout is not public (a tool result, an action): its
     strings, one per line, each up to :data:`MESSAGE_CHARS` (the request filters read them
     all: how many there are is bounded by the message's size and the strings budget)."""
-    return "\n".join(clean(s) for s in strings(msg, limit=MESSAGE_STRINGS, max_chars=MESSAGE_CHARS))
+    # (verbatim, as every dialect keeps a prompt: a key pasted into it is the request
+    # filters' to find, which a fingerprint in its place would hide from them)
+    return "\n".join(strings(msg, limit=MESSAGE_STRINGS, max_chars=MESSAGE_CHARS))
 
 
 def error_details(value: bytes) -> str | None:

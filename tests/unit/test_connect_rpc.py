@@ -242,3 +242,25 @@ def test_json_keys_named_like_credentials_are_fingerprinted():
     body = env(json.dumps({"apiKey": "plain-looking-key-123", "prompt": "hi"}))
     doc, _ = DIALECT.parse_request(body, view("application/connect+json"))
     assert "plain-looking-key-123" not in orjson.dumps(doc).decode() and "hi" in doc["messages"][0]["content"]
+
+
+def test_the_strings_of_a_method_that_carries_credentials_are_not_kept():
+    login = view("application/grpc", "/acme.auth.v1.Auth/Login")
+    doc, _ = DIALECT.parse_request_message(m(1, f(1, "alice"), f(2, "hunter2-password")), login)
+    assert "hunter2" not in orjson.dumps(doc).decode()
+    normalizer = DIALECT.normalizer(DIALECT.summarize(None, login))
+    assert normalizer.on_message(f(1, "a-session-token-value")) == []
+    doc, _ = DIALECT.parse_request_message(f(1, "hello there"), view("application/grpc"))
+    assert doc["messages"] == [{"role": "user", "content": "hello there"}]
+
+
+def test_strings_no_field_maps_are_checked_by_the_request_filters():
+    from addon.dialects import RequestSummary
+    from addon.filters.engine import FilterSet
+    from addon.filters.rules import parse_rules
+    from addon.mitm.content_filters import check_request
+
+    rules = '[[rule]]\nid = "x"\nkind = "keywords"\nkeywords = ["FORBIDDEN"]\nscope = "request"\naction = "block"\n'
+    record = ExchangeRecord(request_body={"messages": [], "unmapped_strings": ["context: FORBIDDEN"]})
+    verdict = check_request(FilterSet(parse_rules(rules), failure="closed"), record, DIALECT, RequestSummary())
+    assert verdict is not None and verdict.rule_id == "x"
