@@ -95,6 +95,8 @@ def extract_messages(body: Any) -> list[Message]:
             _add(out, "user", item)
     if isinstance(body.get("suffix"), str):
         _add(out, "user", body["suffix"])
+    if isinstance(body.get("template"), str):  # Ollama /api/generate: the prompt template, text the model reads
+        _add(out, "system", body["template"])
     if isinstance(body.get("inputText"), str):  # Amazon Titan on Bedrock InvokeModel
         _add(out, "user", body["inputText"])
     items = body.get("input")  # Responses, LMSP
