@@ -56,7 +56,7 @@ from addon.dialects import (
 )
 from addon.dialects.blocking import block_message
 from addon.dialects.protowire import Message, encode_field, field_text, messages_at, parse, strings
-from addon.events import Event, Finding, StreamEnd, StreamError
+from addon.events import Event, Finding, ShownText, StreamEnd, StreamError
 from addon.framing import FRAMINGS, Frame, Writer
 from addon.framing.envelope import (
     CONNECT_HTTP_STATUS,
@@ -432,6 +432,11 @@ def unmapped(kind: str, msg: Message, known: frozenset[int]) -> list[Event]:
     if found or not numbers & known:
         detail = f"{kind}: fields {sorted(unknown)[:32]}; strings {orjson.dumps(found).decode()}"
         out.append(Finding("protobuf_unmapped", detail))
+    if found:
+        # Text a client may render from a field that moved: the output filters check it
+        # (ShownText: checked, not recorded as the answer), so a move is no way past them.
+        shown = strings(msg, UNMAPPED_STRINGS, UNMAPPED_CHARS, skip=known)
+        out.append(ShownText("\n".join(shown), kind="unmapped"))
     return out
 
 

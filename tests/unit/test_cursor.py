@@ -466,3 +466,12 @@ def test_every_string_of_an_action_and_text_with_control_characters_reach_the_re
     assert "FORBIDDEN" in doc["messages"][0]["content"]
     doc, _ = DIALECT.parse_request_message(agent_prompt(f(1, "please FORBIDDEN\x0b")), view(AGENT))
     assert "FORBIDDEN" in doc["messages"][0]["content"]
+
+
+def test_text_in_a_field_that_moved_is_still_checked_by_the_output_filters():
+    """A release that moves the answer text to a field the dialect does not know: the
+    client shows it, so the filters check it (and the record notes the move)."""
+    body = env(m(2, f(1, "Ask about the "))) + env(m(2, f(77, "Nightjar plan"))) + end_stream()
+    received, row = gated(body, [])
+    assert b"Nightjar" not in received and row["status"] == "blocked"
+    assert "protobuf_unmapped" in [x["code"] for x in row["findings"]]
