@@ -59,6 +59,17 @@ class Channels:
         return results[1], mock_id
 
 
+def final_rows(proxy: Proxy, mock_id: str, count: int) -> list[dict]:
+    """The ``count`` final rows of the calls sent with ``x-mock-id: mock_id``, by turn
+    (a record is written when its exchange or turn ends, a moment after the client saw it)."""
+
+    def final() -> list[dict] | None:
+        found = proxy.rows(header={"x-mock-id": mock_id})
+        return found if len(found) == count and all(r["status"] != "in_progress" for r in found) else None
+
+    return sorted(wait_for(final, 15, what=f"{count} final rows"), key=lambda r: r["turn"] or 0)
+
+
 @pytest.fixture
 def channels(grpc_upstream, proto_python) -> Channels:
     return Channels(grpc_upstream)
@@ -129,11 +140,7 @@ def test_grpc_echo_unary_server_stream_and_bidi(channels: Channels, proxy: Proxy
     out, mock_id = channels.both(echo, proxy)
     assert out == ("echo: hello there", ["one", "two", "three"], ["echo: first", "echo: second"])
 
-    def final() -> list[dict] | None:
-        found = proxy.rows(header={"x-mock-id": mock_id})
-        return found if len(found) == 3 and all(r["status"] != "in_progress" for r in found) else None
-
-    rows = {r["url_path"]: r for r in wait_for(final, 15, what="three final rows")}
+    rows = {r["url_path"]: r for r in final_rows(proxy, mock_id, 3)}
     assert set(rows) == {f"/echo.v1.EchoService/{name}" for name in ("Say", "Talk", "Chat")}
     for name, strings in (("Say", [out[0]]), ("Talk", out[1]), ("Chat", out[2])):
         row = rows[f"/echo.v1.EchoService/{name}"]
@@ -170,7 +177,7 @@ def test_grpc_cursor_agent_two_turns_full_duplex(channels: Channels, proxy: Prox
     turns, mock_id = channels.both(agent, proxy)
     assert turns == [("tök0 tök1 tök2 tök3 tök4", 6, 5), ("tök0 tök1 tök2 tök3 tök4", 3, 5)]
 
-    rows = sorted(proxy.rows(header={"x-mock-id": mock_id}), key=lambda r: r["turn"])
+    rows = final_rows(proxy, mock_id, 2)
     assert [(r["output_text"], r["input_tokens"], r["output_tokens"]) for r in rows] == turns
     assert [r["turn"] for r in rows] == [0, 1] and rows[0]["connection_id"] == rows[1]["connection_id"]
 
@@ -253,11 +260,7 @@ def test_grpc_request_filter_blocks_a_message_of_a_bidirectional_stream(channels
         code, message = grpc_failure(lambda: agent(channel, [("x-mock-id", mock_id)]))
     assert code == "PERMISSION_DENIED" and "no-graz" in message
 
-    def final() -> list[dict] | None:
-        found = request_filtered.rows(header={"x-mock-id": mock_id})
-        return found if len(found) == 2 and all(r["status"] != "in_progress" for r in found) else None
-
-    rows = sorted(wait_for(final, 15, what="two final rows"), key=lambda r: r["turn"])
+    rows = final_rows(request_filtered, mock_id, 2)
     assert [(r["turn"], r["status"]) for r in rows] == [(0, "completed"), (1, "blocked")]
 
 
