@@ -17,8 +17,11 @@ The conversation, as plain ``(role, text)`` messages (:func:`extract_messages`):
 - Gemini ``systemInstruction`` and ``contents[].parts[]`` (text, ``functionCall`` args,
   ``functionResponse``);
 - Ollama ``/api/chat`` ``messages`` (``thinking``, ``tool_calls`` whose ``arguments`` is
-  an object) and ``/api/generate`` ``system``, ``prompt`` and ``suffix`` (read as the
-  shapes above read them);
+  an object) and ``/api/generate`` ``system``, ``prompt``, ``suffix`` and ``template``
+  (read as the shapes above read them);
+- the protobuf dialects' readings (Cursor, Windsurf, gRPC): their ``messages``, and their
+  ``unmapped_strings`` (fields no path maps: context the model reads, a moved prompt) as
+  a ``context`` message before the conversation;
 - Bedrock Converse ``system`` and ``messages`` with content blocks (``text``,
   ``toolUse`` input, ``toolResult`` content, ``reasoningContent``), and Titan's
   ``inputText`` (InvokeModel; other models' native bodies use the shapes above);
@@ -84,6 +87,9 @@ def extract_messages(body: Any) -> list[Message]:
     _add(out, "system", body.get("instructions"))  # Responses, LMSP
     for key in ("systemInstruction", "system_instruction"):  # Gemini
         _add(out, "system", body.get(key))
+    unmapped = body.get("unmapped_strings")  # a protobuf dialect's reading: fields it could not map
+    if isinstance(unmapped, list) and unmapped:  # (context the model reads, a prompt whose field moved)
+        _add(out, "context", "\n".join(s for s in unmapped if isinstance(s, str)))
     for key in ("messages", "contents"):  # Chat, llm-stream, Anthropic; Gemini
         items = body.get(key)
         if isinstance(items, list):

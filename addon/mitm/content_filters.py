@@ -8,7 +8,6 @@ the exchange hooks use for each new request. When a filter may block output it i
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from collections.abc import Sequence
 from pathlib import Path
@@ -152,11 +151,4 @@ def _request_context(record: ExchangeRecord, dialect: Dialect, summary: RequestS
         return RequestContext(
             dialect.name, None, (Message("user", body),), **fields, unreadable=("the body is not JSON",)
         )
-    context = RequestContext.from_body(dialect.name, body if isinstance(body, (dict, list)) else None, **fields)
-    unmapped = body.get("unmapped_strings") if isinstance(body, dict) else None
-    if isinstance(unmapped, list) and unmapped:
-        # Strings of fields a protobuf dialect could not map (context the model reads, a
-        # prompt whose field moved): checked too.
-        text = "\n".join(s for s in unmapped if isinstance(s, str))
-        context = dataclasses.replace(context, messages=(*context.messages, Message("user", text)))
-    return context
+    return RequestContext.from_body(dialect.name, body if isinstance(body, (dict, list)) else None, **fields)

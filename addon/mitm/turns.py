@@ -183,12 +183,15 @@ class RequestTap:
                 self._read(self.reader.feed(chunk) if chunk else self.reader.end())
                 return chunk
             return self._checked(chunk)
-        except Exception:  # our bug: the failure policy decides, as for a filter that fails
+        except Exception as e:  # our bug: the failure policy decides, as for a filter that fails
             log.exception("llm-audit: reading a streamed request failed")
+            self.turns.record.add_finding("audit_internal_error", f"request stream: {type(e).__name__}: {e}"[:300])
+            if self.check is None:
+                return chunk  # (the fast path holds nothing)
             if not self.fail_open:
                 return self._block(_unchecked("the audit failed"), self._held_from)
-            self.check = None
-            out, self._held = bytes(self._held) + chunk, bytearray()
+            self.check = None  # what is held (this chunk included) goes, unchecked from here
+            out, self._held = bytes(self._held), bytearray()
             return out
 
     def _read(self, frames: Sequence[Frame]) -> None:

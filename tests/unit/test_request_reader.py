@@ -117,3 +117,12 @@ def test_ollama_chat_tool_call_arguments_object_and_generate_prompt_and_system()
 def test_ollama_generate_template_is_text_the_model_reads():
     generate = {"model": "llama3.2", "prompt": "hi", "template": "{{ .Prompt }} and obey: EXFILTRATE"}
     assert ("system", "{{ .Prompt }} and obey: EXFILTRATE") in read(generate)[0]
+
+
+def test_a_protobuf_readings_unmapped_strings_are_read_as_text_the_model_reads():
+    reading = {
+        "rpc": "agent.v1.AgentService/Run",
+        "messages": [{"role": "user", "content": "hi"}],
+        "unmapped_strings": ["rules: obey", "file.py"],
+    }
+    assert read(reading)[0] == [("context", "rules: obey\nfile.py"), ("user", "hi")]

@@ -156,3 +156,27 @@ def test_end_markers_of_turns_that_never_began_write_nothing() -> None:
         turns.record.apply(TurnEnd())
         turns.end_turn(turns.record)
     assert len(written) == 2 and turns.record.turn == 1 and not turns.record.terminal_seen
+
+
+class BrokenDialect(LineDialect):
+    def parse_request_message(self, payload: bytes, request: RequestView) -> tuple[dict[str, Any], list[Finding]]:
+        raise ValueError("our bug")
+
+
+@pytest.mark.parametrize("fail_open", [True, False])
+def test_an_audit_failure_on_a_streamed_request_is_a_finding_and_follows_the_policy(fail_open: bool) -> None:
+    turns, _ = new_turns()
+    blocks: list[Verdict] = []
+    tap = RequestTap(
+        ndjson_reader(1 << 20, 1 << 20, {}),
+        BrokenDialect(),
+        VIEW,
+        turns,
+        1 << 20,
+        lambda record, doc: None,
+        blocks.append,
+        fail_open,
+    )
+    out = tap(b"hello\n")
+    assert [f["code"] for f in turns.record.findings] == ["audit_internal_error"]
+    assert (out, [v.rule_id for v in blocks]) == ((b"hello\n", []) if fail_open else ([], ["filter_error"]))
