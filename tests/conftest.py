@@ -534,3 +534,45 @@ def proxy(request, tmp_path_factory, upstreams) -> Iterator[Proxy]:
     p = start_proxy(tmp, upstream_ca=upstreams["h2"].ca, **new_database(request, request.param, tmp))
     yield p
     p.process.stop()
+
+
+# Content filter rules of the Connect and gRPC tests: the mock's answers say "tök0 tök1 tök2 ...".
+RPC_OUTPUT_RULE = """
+[[rule]]
+id = "no-tok2"
+kind = "keywords"
+keywords = ["tök2"]
+scope = "response"
+action = "block"
+reason = "a word the answer must not contain"
+"""
+RPC_REQUEST_RULES = """
+[[rule]]
+id = "no-graz"
+kind = "keywords"
+keywords = ["Graz"]
+scope = "request"
+action = "block"
+reason = "no questions about Graz"
+
+[[rule]]
+id = "no-greetings"
+kind = "keywords"
+keywords = ["hello there"]
+scope = "request"
+action = "block"
+reason = "no small talk"
+"""
+
+
+def filtering_proxy(
+    request: pytest.FixtureRequest, tmp_path_factory, backend: str, rules: str, upstream_ca: Path | None
+) -> Iterator[Proxy]:
+    """A mitmdump with the content filter ``rules`` on ``backend``: the body of a test
+    module's filtering fixture (``yield from filtering_proxy(...)``)."""
+    tmp = tmp_path_factory.mktemp(f"filtering-{backend}")
+    (tmp / "rules.toml").write_text(rules)
+    database = new_database(request, backend, tmp)
+    p = start_proxy(tmp, "--set", f"llm_rules={tmp / 'rules.toml'}", upstream_ca=upstream_ca, **database)
+    yield p
+    p.process.stop()

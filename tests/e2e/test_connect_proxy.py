@@ -25,7 +25,17 @@ from typing import Any
 
 import orjson
 import pytest
-from conftest import NODE_DIR, PROTO_DIR, Node, Proxy, Upstream, wait_for
+from conftest import (
+    NODE_DIR,
+    PROTO_DIR,
+    RPC_OUTPUT_RULE,
+    RPC_REQUEST_RULES,
+    Node,
+    Proxy,
+    Upstream,
+    filtering_proxy,
+    wait_for,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -423,58 +433,26 @@ def test_py_cursor_agent_two_turns(proxy: Proxy, upstreams, proto_python):
 
 # -- content filters ---------------------------------------------------------------------------
 
-OUTPUT_RULE = """
-[[rule]]
-id = "no-tok2"
-kind = "keywords"
-keywords = ["tök2"]
-scope = "response"
-action = "block"
-reason = "a word the answer must not contain"
-"""
-REQUEST_RULE = """
-[[rule]]
-id = "no-graz"
-kind = "keywords"
-keywords = ["Graz"]
-scope = "request"
-action = "block"
-reason = "no questions about Graz"
-
-[[rule]]
-id = "no-greetings"
-kind = "keywords"
-keywords = ["hello there"]
-scope = "request"
-action = "block"
-reason = "no small talk"
-"""
-
 
 def filtering_client(
     request, tmp_path_factory, node, es_gen, upstreams, proxy: Proxy, rules: str
 ) -> Iterator[EsClient]:
     """connect-es through a mitmdump with the content filter ``rules``, recording to the
     ``proxy`` fixture's backend."""
-    from conftest import new_database, start_proxy
-
-    tmp = tmp_path_factory.mktemp(f"filtering-{proxy.backend}")
-    (tmp / "rules.toml").write_text(rules)
-    database = new_database(request, proxy.backend, tmp)
-    filtering = start_proxy(tmp, "--set", f"llm_rules={tmp / 'rules.toml'}", upstream_ca=upstreams["h2"].ca, **database)
-    (tmp / "trusted.pem").write_text(filtering.ca.read_text() + upstreams["h2"].ca.read_text())
-    yield EsClient(node, es_gen, filtering, upstreams["h2"], tmp / "trusted.pem")
-    filtering.process.stop()
+    for filtering in filtering_proxy(request, tmp_path_factory, proxy.backend, rules, upstreams["h2"].ca):
+        trusted = filtering.ca.parent / "trusted.pem"
+        trusted.write_text(filtering.ca.read_text() + upstreams["h2"].ca.read_text())
+        yield EsClient(node, es_gen, filtering, upstreams["h2"], trusted)
 
 
 @pytest.fixture(scope="module")
 def es_output_filtered(request, tmp_path_factory, node, es_gen, upstreams, proxy: Proxy) -> Iterator[EsClient]:
-    yield from filtering_client(request, tmp_path_factory, node, es_gen, upstreams, proxy, OUTPUT_RULE)
+    yield from filtering_client(request, tmp_path_factory, node, es_gen, upstreams, proxy, RPC_OUTPUT_RULE)
 
 
 @pytest.fixture(scope="module")
 def es_request_filtered(request, tmp_path_factory, node, es_gen, upstreams, proxy: Proxy) -> Iterator[EsClient]:
-    yield from filtering_client(request, tmp_path_factory, node, es_gen, upstreams, proxy, REQUEST_RULE)
+    yield from filtering_client(request, tmp_path_factory, node, es_gen, upstreams, proxy, RPC_REQUEST_RULES)
 
 
 @pytest.mark.parametrize("call", ["stream-chat", "windsurf"])

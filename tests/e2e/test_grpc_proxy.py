@@ -19,7 +19,17 @@ from typing import Any
 import grpc
 import orjson
 import pytest
-from conftest import BACKENDS, Proxy, Upstream, new_database, start_proxy, wait_for
+from conftest import (
+    BACKENDS,
+    RPC_OUTPUT_RULE,
+    RPC_REQUEST_RULES,
+    Proxy,
+    Upstream,
+    filtering_proxy,
+    new_database,
+    start_proxy,
+    wait_for,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -184,52 +194,15 @@ def test_grpc_cursor_agent_two_turns_full_duplex(channels: Channels, proxy: Prox
 
 # -- content filters ---------------------------------------------------------------------------
 
-OUTPUT_RULE = """
-[[rule]]
-id = "no-tok2"
-kind = "keywords"
-keywords = ["tök2"]
-scope = "response"
-action = "block"
-reason = "a word the answer must not contain"
-"""
-REQUEST_RULE = """
-[[rule]]
-id = "no-graz"
-kind = "keywords"
-keywords = ["Graz"]
-scope = "request"
-action = "block"
-reason = "no questions about Graz"
-
-[[rule]]
-id = "no-greetings"
-kind = "keywords"
-keywords = ["hello there"]
-scope = "request"
-action = "block"
-reason = "no small talk"
-"""
-
-
-def filtering_proxy(request, tmp_path_factory, grpc_upstream: Upstream, proxy: Proxy, rules: str) -> Iterator[Proxy]:
-    """A mitmdump with the content filter ``rules``, recording to ``proxy``'s backend."""
-    tmp = tmp_path_factory.mktemp(f"grpc-filtering-{proxy.backend}")
-    (tmp / "rules.toml").write_text(rules)
-    database = new_database(request, proxy.backend, tmp)
-    p = start_proxy(tmp, "--set", f"llm_rules={tmp / 'rules.toml'}", upstream_ca=grpc_upstream.ca, **database)
-    yield p
-    p.process.stop()
-
 
 @pytest.fixture(scope="module")
 def output_filtered(request, tmp_path_factory, grpc_upstream: Upstream, proxy: Proxy) -> Iterator[Proxy]:
-    yield from filtering_proxy(request, tmp_path_factory, grpc_upstream, proxy, OUTPUT_RULE)
+    yield from filtering_proxy(request, tmp_path_factory, proxy.backend, RPC_OUTPUT_RULE, grpc_upstream.ca)
 
 
 @pytest.fixture(scope="module")
 def request_filtered(request, tmp_path_factory, grpc_upstream: Upstream, proxy: Proxy) -> Iterator[Proxy]:
-    yield from filtering_proxy(request, tmp_path_factory, grpc_upstream, proxy, REQUEST_RULE)
+    yield from filtering_proxy(request, tmp_path_factory, proxy.backend, RPC_REQUEST_RULES, grpc_upstream.ca)
 
 
 def grpc_failure(call: Callable[[], Any]) -> tuple[str, str]:
