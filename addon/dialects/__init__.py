@@ -392,3 +392,37 @@ def int_field(obj: Mapping[str, Any], name: str) -> int | None:
     """``obj[name]`` if it is an integer (booleans are not)."""
     value = obj.get(name)
     return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def json_strings(
+    value: Any,
+    skip_keys: frozenset[str] = frozenset(),
+    limit: int | None = None,
+    max_chars: int | None = None,
+    max_depth: int = 32,
+) -> list[str]:
+    """Every non-empty string in a JSON value, depth first: what a dialect reads of a part
+    or payload of unknown shape (the filters must see text a client may show). Bounded:
+    ``max_depth`` levels, at most ``limit`` strings and ``max_chars`` characters in all
+    (the last string cut to fit); keys in ``skip_keys`` are not read."""
+    out: list[str] = []
+    budget = [max_chars if max_chars is not None else -1]
+
+    def walk(item: Any, depth: int) -> None:
+        if depth > max_depth or (limit is not None and len(out) >= limit) or budget[0] == 0:
+            return
+        if isinstance(item, str):
+            if item:
+                if budget[0] > 0:
+                    item, budget[0] = item[: budget[0]], max(budget[0] - len(item), 0)
+                out.append(item)
+        elif isinstance(item, dict):
+            for key, v in item.items():
+                if key not in skip_keys:
+                    walk(v, depth + 1)
+        elif isinstance(item, list):
+            for v in item:
+                walk(v, depth + 1)
+
+    walk(value, 0)
+    return out

@@ -66,6 +66,7 @@ from addon.dialects import (
     RequestView,
     int_field,
     json_object,
+    json_strings,
     load_body_json,
     str_field,
 )
@@ -89,6 +90,7 @@ from exchange.request import tool_names
 
 _PATH = re.compile(r"(?:^|/)model/([^/]+)/(converse-stream|converse|invoke-with-response-stream|invoke)$")
 STREAMING = frozenset({"converse-stream", "invoke-with-response-stream"})
+_NOT_TEXT = frozenset({"amazon-bedrock-invocationMetrics", "p"})  # a payload's keys that are not its text
 CONVERSE = frozenset({"converse-stream", "converse"})
 FILTER_EXCEPTION = "validationException"  # what Bedrock sends for a request it rejects
 FILTER_ERROR_TYPE = "ValidationException"  # the same, as x-amzn-ErrorType names it
@@ -317,7 +319,10 @@ class BedrockNormalizer(Normalizer):
                 return []
             # An application may show any of it: the output filters check its strings
             # (ShownText: checked, not recorded as the answer).
-            shown = "\n".join(_strings({k: v for k, v in native.items() if k not in (METRICS, "p")}))
+            text_part = {
+                k: v for k, v in native.items() if k not in _NOT_TEXT
+            }  # (top level only: a nested "p" is text)
+            shown = "\n".join(json_strings(text_part, max_chars=64 * 1024))
             out = [ShownText(shown, kind="unknown_payload")] if shown else []
             if not self.unknown_reported:
                 self.unknown_reported = True
@@ -536,15 +541,3 @@ def _aws_error(body: bytes) -> list[Event]:
 
 
 DIALECT = Bedrock()
-
-
-def _strings(value: Any, depth: int = 0, budget: list[int] | None = None) -> list[str]:
-    """The strings in a JSON value, depth first, at most 64 KiB of them in all."""
-    budget = budget if budget is not None else [64 * 1024]
-    if budget[0] <= 0 or depth > 32:
-        return []
-    if isinstance(value, str):
-        budget[0] -= len(value)
-        return [value[: max(budget[0] + len(value), 0)]]
-    items = value.values() if isinstance(value, dict) else value if isinstance(value, list) else ()
-    return [s for item in items for s in _strings(item, depth + 1, budget)]

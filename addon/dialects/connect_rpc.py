@@ -25,7 +25,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from addon.dialects import Normalizer, RequestSummary, RequestView, json_object
+from addon.dialects import Normalizer, RequestSummary, RequestView, json_object, json_strings
 from addon.dialects.protowire import parse, strings
 from addon.dialects.rpc import (
     UNMAPPED_CHARS,
@@ -35,7 +35,6 @@ from addon.dialects.rpc import (
     add_message,
     clean,
     clean_json,
-    json_strings,
     protocol_of,
     rpc_name,
 )
@@ -46,7 +45,7 @@ def message_strings(payload: bytes, codec: str) -> list[str]:
     """The strings of one message (bounded), credentials fingerprinted."""
     found: list[str] = []
     if codec == "json":  # (keys named like credentials fingerprinted first: "apiKey", "token")
-        json_strings(clean_json(json_object(payload)), found, UNMAPPED_STRINGS)
+        found = json_strings(clean_json(json_object(payload)), limit=UNMAPPED_STRINGS)
     else:
         found = strings(parse(payload), UNMAPPED_STRINGS, UNMAPPED_CHARS)
     return [clean(s[:UNMAPPED_CHARS]) for s in found]

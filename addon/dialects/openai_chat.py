@@ -59,6 +59,7 @@ from addon.dialects import (
     RequestView,
     int_field,
     json_object,
+    json_strings,
     str_field,
 )
 from addon.dialects.blocking import (
@@ -100,6 +101,7 @@ TRUNCATING_FINISHES = frozenset({"length", FILTER})
 # Content part types that carry media or references, not text a person reads.
 MEDIA_PARTS = frozenset({"image_url", "input_audio", "audio", "image", "file"})
 MAX_PART_DEPTH = 6
+_PART_META = frozenset({"type", "id", "index"})  # keys of a part that are not its text
 
 
 class OpenAIChat(Dialect):
@@ -342,27 +344,10 @@ def _content_part(item: dict[str, Any], choice: int, out: list[Event]) -> None:
             if isinstance(text, str) and text:
                 out.append(TextDelta(text, choice, "reasoning"))
     elif kind not in MEDIA_PARTS:
-        strings: list[str] = []
-        _strings(item, strings, 0)
+        strings = json_strings(item, skip_keys=_PART_META, max_depth=MAX_PART_DEPTH)
         if strings:
             out.append(Finding("unknown_content_part", f"type {str(kind)[:40]!r}: read as answer text"))
             out.extend(TextDelta(s, choice) for s in strings)
-
-
-def _strings(value: Any, out: list[str], depth: int) -> None:
-    """Every non-empty string in a part of unknown shape but its ``type`` (bounded depth)."""
-    if depth > MAX_PART_DEPTH:
-        return
-    if isinstance(value, str):
-        if value:
-            out.append(value)
-    elif isinstance(value, list):
-        for v in value:
-            _strings(v, out, depth + 1)
-    elif isinstance(value, dict):
-        for key, v in value.items():
-            if key not in ("type", "id", "index"):
-                _strings(v, out, depth + 1)
 
 
 def _call_fields(call: dict[str, Any]) -> tuple[str | None, str | None, str]:

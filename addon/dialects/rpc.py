@@ -195,21 +195,6 @@ def clean_json(value: Any, depth: int = 0) -> Any:
     return clean(value) if isinstance(value, str) else value
 
 
-def json_strings(value: Any, out: list[str], limit: int, depth: int = 0) -> None:
-    """The strings of a JSON value, depth first, at most ``limit``."""
-    if len(out) >= limit or depth > 32:
-        return
-    if isinstance(value, str):
-        if value:
-            out.append(value)
-    elif isinstance(value, dict):
-        for v in value.values():
-            json_strings(v, out, limit, depth + 1)
-    elif isinstance(value, list):
-        for v in value:
-            json_strings(v, out, limit, depth + 1)
-
-
 # -- statuses ---------------------------------------------------------------------------------
 
 
