@@ -25,6 +25,9 @@ CODES: dict[str, str] = {
     "(bytes still passed through).",
     "eventstream_incomplete": "The body ended in the middle of an AWS event-stream message; the partial message was "
     "discarded.",
+    # WebSocket messages (addon.framing.ws_json, addon.mitm.websocket)
+    "ws_message_too_large": "A WebSocket message exceeded llm_audit_max_event_bytes; it was not read (it still "
+    "passed through).",
     # transport
     "decode_failed": "The Content-Encoding could not be decoded for inspection; the bytes passed through unchanged.",
     "audit_internal_error": "The auditor itself failed on this exchange; traffic was not affected.",

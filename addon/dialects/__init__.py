@@ -133,6 +133,31 @@ class Normalizer(ABC):
         trailers = getattr(self.writer, "trailers", None)
         return trailers(self.ending(rule_id, reason)) if trailers is not None else []
 
+    # -- WebSocket connections (see Dialect.websocket): the client's side, and blocks ----
+
+    def on_client(self, frame: Frame) -> tuple[dict[str, Any], list[Finding]]:
+        """One client message of a WebSocket connection: its reading for the turn's
+        record and the request filters, in the shared request shape (``{"messages":
+        [{"role": ..., "content": ...}], "model": ...}``; ``{}`` for a control message: a
+        ping, a handshake, audio), and findings. It also keeps the protocol state the
+        answers need (the invocation a prompt opened, a response the client cancelled)."""
+        return {}, []
+
+    def refusal(self, frame: Frame, rule_id: str, reason: str) -> list[Frame]:
+        """The frames the client gets instead of an answer when a request filter blocked
+        its message ``frame`` (which is not forwarded): the protocol's own error for it."""
+        return []
+
+    def upstream_cancel(self) -> list[Frame]:
+        """Frames (in the client's framing) that ask the upstream to stop the answer an
+        output filter cut: the protocol's cancel, where it has one."""
+        return []
+
+    def close_after_block(self, reason: str) -> tuple[int, str] | None:
+        """The WebSocket close (code, reason) that must follow a block, for a protocol
+        whose errors are close codes; None: the connection stays open."""
+        return None
+
     @property
     def continues(self) -> bool:
         """Whether frames of this body were read (a JSON array's ending then continues it)."""
@@ -223,6 +248,20 @@ class Dialect(ABC):
         :meth:`parse_request` reads a whole one: the record's ``request_body`` of the
         turn it starts or continues."""
         return {}, []
+
+    def websocket(self, request: RequestView, first: bytes | None) -> str | None:
+        """The framing (:mod:`addon.framing`) this dialect reads a WebSocket connection's
+        messages in, if it reads the connection; else None (an HTTP-only dialect).
+
+        Asked at the upgrade with ``first`` None (the path, query and headers, such as
+        ``Sec-WebSocket-Protocol``, decide), and, when no dialect claimed the connection
+        then, once more with the content of the client's first message (the SignalR
+        handshake names the hub protocol). A WebSocket dialect's :meth:`summarize` reads
+        the upgrade request (``body`` None) and its :meth:`normalizer` reads the whole
+        connection: one normalizer for all its turns, since protocol state (a session's
+        model, the invocation being answered) spans them.
+        """
+        return None
 
     def accepts_body(self, body: Any, request: RequestView) -> bool:
         """Confirm a line-and-headers match with the parsed body (``None`` if not JSON)."""

@@ -52,3 +52,9 @@ def detect_streamed_request(request: RequestView) -> Dialect | None:
     """The dialect of a request whose body is read as it flows (a bidirectional stream),
     decided by its line and headers alone, before any of the body is there."""
     return next((d for d in REGISTRY if d.matches(request) and d.streams_request(request)), None)
+
+
+def detect_websocket(request: RequestView, first: bytes | None) -> tuple[Dialect, str] | None:
+    """The dialect of a WebSocket connection and the framing of its messages: by the
+    upgrade request (``first`` None), else by the client's first message."""
+    return next(((d, f) for d in REGISTRY if (f := d.websocket(request, first)) is not None), None)
