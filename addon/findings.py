@@ -28,6 +28,8 @@ CODES: dict[str, str] = {
     # WebSocket messages (addon.framing.ws_json, addon.mitm.websocket)
     "ws_message_too_large": "A WebSocket message exceeded llm_audit_max_event_bytes; it was not read (it still "
     "passed through).",
+    "websocket_closed": "How a WebSocket connection ended: the close code, who closed it, after how many turns; on a "
+    "turn record, the connection ended during that answer.",
     # transport
     "decode_failed": "The Content-Encoding could not be decoded for inspection; the bytes passed through unchanged.",
     "audit_internal_error": "The auditor itself failed on this exchange; traffic was not affected.",

@@ -39,7 +39,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from addon.dialects import Normalizer
-from addon.events import Event, Finish, ShownText, StreamEnd, StreamError, TextDelta, TextEnd, ToolCallDelta
+from addon.events import Event, Finish, ShownText, StreamEnd, StreamError, TextDelta, TextEnd, ToolCallDelta, TurnEnd
 from addon.filters.api import BLOCK, FLAG, Verdict
 from addon.filters.engine import FILTER_ERROR, OutputGuard, Release, StreamKey
 from addon.framing import Frame
@@ -216,7 +216,7 @@ class OutputGate:
                 if message:
                     self._whole((0, "error", None), message, needs)
                 self._settle(self.guard.flush_all().values())
-            case StreamEnd():
+            case StreamEnd() | TurnEnd():  # (a turn's end: its answer is whole, nothing waits for more)
                 self._settle(self.guard.flush_all().values())
 
     def _feed(self, stream: StreamKey, text: str, needs: list[tuple[StreamKey, int]]) -> None:
