@@ -29,6 +29,8 @@ service) are answered by :mod:`mockllm.connect`.
 The JSON body's ``stream: true`` picks streaming where the API has that
 switch (Gemini decides by path instead). Control routes:
 
+WebSocket upgrades are served by :mod:`mockllm.websocket`.
+
 * ``GET /_mock/sent/{id}``: what the server wrote for request ``id``.
 * ``GET /_mock/requests/{id}``: the request the server received.
 * ``GET /_mock/health``: ``200 ok``.
@@ -81,7 +83,7 @@ from hypercorn.config import Config
 from hypercorn.protocol.events import EndBody, EndData, Event, StreamClosed
 from hypercorn.protocol.h2 import H2Protocol
 
-from . import bedrock, connect, ollama
+from . import bedrock, connect, ollama, websocket
 from .certs import CertPaths
 from .scenario import Scenario, ScenarioError
 from .streams import (
@@ -328,8 +330,12 @@ class MockLLM:
         elif scope["type"] == "http":
             if scope["path"].startswith("/_mock/"):
                 await self._control(scope, send)
+            elif websocket.is_negotiate(scope):  # a SignalR hub's POST …/negotiate
+                await websocket.negotiate(send)
             else:
                 await self._exchange(scope, receive, send)
+        elif scope["type"] == "websocket":  # mockllm.websocket: Realtime, Gemini Live, Copilot, SignalR
+            await websocket.serve(scope, receive, send, self.exchanges.add)
 
     @staticmethod
     async def _lifespan(receive: Receive, send: Send) -> None:
