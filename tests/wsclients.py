@@ -1,13 +1,16 @@
 """Drivers of the real WebSocket clients the end-to-end tests run (mockllm.websocket's protocols).
 
 Each driver takes the upstream's base URL (``http(s)://host:port``: the WebSocket URL is
-derived from it), the prompt text, ``ca`` (the CA file the client trusts: the mock's
-without a proxy, mitmproxy's through one; ``False`` turns verification off) and an
-optional ``proxy`` (``http://127.0.0.1:PORT``, reached with HTTP CONNECT). It returns a
-dict of what the client saw: ``text``, ``events`` (kinds, in order), ``errors``,
-``usage``, ``close_code`` / ``close_reason`` (when the socket was closed under it) and
-``mock_id`` (the connection's id at the mock: ``Upstream.received(mock_id)`` /
-``Upstream.sent(mock_id)``).
+derived from it), the prompt text (or a list of them: one turn each, on one connection
+where the protocol allows it), ``ca`` (the CA file the client trusts: the mock's without a
+proxy, mitmproxy's through one; ``False`` turns verification off) and an optional
+``proxy`` (``http://127.0.0.1:PORT``, reached with HTTP CONNECT): :func:`via` and
+:func:`direct` make those two from the conftest fixtures. It returns a dict of what the
+client saw: ``text`` (all turns), ``turns`` (per turn: ``text``, and ``status`` /
+``usage`` where the protocol has them), ``events`` (kinds, in order), ``errors``,
+``usage`` (the last turn's), ``close_code`` / ``close_reason`` (when the socket was closed
+under it) and ``mock_id`` (the connection's id at the mock: ``Upstream.received(mock_id)``
+/ ``Upstream.sent(mock_id)``; a driver that never reached the mock leaves it unknown there).
 
 How each client is told a proxy and a CA (all of them build on the ``websockets`` library,
 which speaks HTTP CONNECT itself since version 15, and otherwise reads ``HTTPS_PROXY`` /
@@ -16,16 +19,18 @@ which speaks HTTP CONNECT itself since version 15, and otherwise reads ``HTTPS_P
 * ``websockets`` itself: ``connect(uri, proxy=..., ssl=context)``.
 * ``openai`` (``client.realtime.connect`` and ``client.beta.realtime.connect``): its
   ``websocket_connection_options`` are handed to ``websockets.connect`` unchanged, so
-  ``{"proxy": url, "ssl": context}`` work although its TypedDict does not list them.
+  ``{"proxy": url, "ssl": context}`` work although its TypedDict does not list them. The
+  beta client dials ``wss://`` whatever ``base_url`` says: ``websocket_base_url`` is given.
 * ``google-genai`` (``client.aio.live.connect``): ``HttpOptions.async_client_args``
   ``{"ssl": context, "proxy": url}`` reach ``websockets.connect`` (it keeps the keys
-  ``connect`` accepts). It always uses ``wss://``: no plain-HTTP upstream.
+  ``connect`` accepts). It always dials ``wss://``: no plain-HTTP upstream.
 * ``pysignalr``: takes ``ssl=``, but no proxy argument: it is given one through
   ``HTTPS_PROXY`` / ``HTTP_PROXY`` for the duration of the call (:func:`_proxy_env`). Its
   negotiate POST (aiohttp, ``trust_env`` off) would bypass the proxy, so through a proxy
   negotiation is skipped (a private switch of its transport: it has no public one).
 * ``@microsoft/signalr`` (Node, ``tests/node/signalr_clients.mjs``): a ``WebSocket`` class
-  (the ``ws`` package) whose agent is ``https-proxy-agent``'s, with the CA passed to it.
+  (the ``ws`` package) whose agent is ``https-proxy-agent``'s, with the CA passed to it;
+  with ``skipNegotiation`` (the default here), since its negotiate fetch has no proxy.
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ import ssl
 import subprocess
 import uuid
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -46,9 +52,23 @@ import websockets
 NODE_DIR = Path(__file__).resolve().parent / "node"
 REALTIME_MODEL = "gpt-realtime"
 GEMINI_LIVE_MODEL = "gemini-live-2.5-flash"
+GEMINI_LIVE_PATH = "/ws/google.ai.generativelanguage.v1beta.GenerativeService.BidiGenerateContent"
+VERTEX_LIVE_PATH = "/ws/google.cloud.aiplatform.v1beta1.LlmBidiService/BidiGenerateContent"
 TIMEOUT = 20.0
+RS = "\x1e"
 
 Ca = Path | str | bool | None
+Texts = str | list[str]
+
+
+def via(proxy: Any) -> dict[str, Any]:
+    """A driver's ``ca`` and ``proxy`` for going through ``proxy`` (conftest's ``Proxy``)."""
+    return {"ca": proxy.ca, "proxy": proxy.url}
+
+
+def direct(upstream: Any) -> dict[str, Any]:
+    """A driver's ``ca`` for talking to ``upstream`` (conftest's ``Upstream``) without a proxy."""
+    return {"ca": upstream.ca}
 
 
 def ssl_context(url: str, ca: Ca) -> ssl.SSLContext | None:
@@ -68,32 +88,68 @@ def ws_url(base_url: str, path: str) -> str:
     return base_url.replace("https:", "wss:", 1).replace("http:", "ws:", 1).rstrip("/") + path
 
 
-def _seen(mock_id: str) -> dict[str, Any]:
+@dataclass(frozen=True)
+class Dial:
+    """Where a driver connects, and how."""
+
+    base_url: str
+    ca: Ca = None
+    proxy: str | None = None
+    mock_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+
+    def ssl(self) -> ssl.SSLContext | None:
+        return ssl_context(self.base_url, self.ca)
+
+    def connect(self, path: str, **kwargs: Any) -> Any:
+        """``websockets.connect`` to ``path`` with only our proxy (never the environment's)."""
+        options: dict[str, Any] = {"proxy": self.proxy, "open_timeout": TIMEOUT, **kwargs}
+        if (context := self.ssl()) is not None:
+            options["ssl"] = context
+        return websockets.connect(ws_url(self.base_url, path), **options)
+
+
+def _dial(base_url: str, ca: Ca, proxy: str | None, mock_id: str | None) -> Dial:
+    return Dial(base_url, ca, proxy, mock_id or uuid.uuid4().hex)
+
+
+def _turns(texts: Texts) -> list[str]:
+    return [texts] if isinstance(texts, str) else list(texts)
+
+
+def _seen(dial: Dial) -> dict[str, Any]:
     return {
         "text": "",
+        "turns": [],
         "events": [],
         "errors": [],
         "usage": None,
         "close_code": None,
         "close_reason": None,
-        "mock_id": mock_id,
+        "mock_id": dial.mock_id,
     }
 
 
+def _turn(seen: dict[str, Any]) -> dict[str, Any]:
+    """Start a turn's record."""
+    seen["turns"].append(turn := {"text": ""})
+    return turn
+
+
+def _said(seen: dict[str, Any], turn: dict[str, Any], piece: str) -> None:
+    turn["text"] += piece
+    seen["text"] += piece
+
+
 def _closed(seen: dict[str, Any], exc: websockets.ConnectionClosed) -> None:
-    if exc.rcvd is not None:
-        seen["close_code"], seen["close_reason"] = exc.rcvd.code, exc.rcvd.reason
-    else:
-        seen["close_code"] = 1006
+    """The close the client got (1006: the connection ended without a close frame)."""
+    frame = exc.rcvd
+    seen["close_code"], seen["close_reason"] = (frame.code, frame.reason) if frame is not None else (1006, "")
 
 
-def _connect(url: str, ca: Ca, proxy: str | None, **kwargs: Any) -> Any:
-    """``websockets.connect`` with only the proxy given (never the environment's)."""
-    context = ssl_context(url, ca)
-    options: dict[str, Any] = {"proxy": proxy, "open_timeout": TIMEOUT, **kwargs}
-    if context is not None:
-        options["ssl"] = context
-    return websockets.connect(url, **options)
+def _closed_quietly(seen: dict[str, Any], ws: Any) -> None:
+    """A close that ended an ``async for`` without raising (code 1000/1001)."""
+    if ws.close_code is not None and seen["close_code"] is None:
+        seen["close_code"], seen["close_reason"] = ws.close_code, ws.close_reason
 
 
 def _run(coro: Any) -> dict[str, Any]:
@@ -103,9 +159,23 @@ def _run(coro: Any) -> dict[str, Any]:
 # -- OpenAI Realtime ------------------------------------------------------------------------
 
 
+def _realtime_session(beta: bool, audio: bool) -> dict[str, Any]:
+    modalities = ["audio", "text"] if audio else ["text"]
+    return {"modalities": modalities} if beta else {"type": "realtime", "output_modalities": modalities}
+
+
+def _user_item(text: str) -> dict[str, Any]:
+    return {"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]}
+
+
+def _realtime_done(seen: dict[str, Any], turn: dict[str, Any], response: dict[str, Any]) -> None:
+    turn.update(status=response["status"], status_details=response["status_details"], usage=response["usage"])
+    seen.update(status=response["status"], status_details=response["status_details"], usage=response["usage"])
+
+
 def realtime_sdk(
     base_url: str,
-    text: str,
+    text: Texts,
     *,
     ca: Ca = None,
     proxy: str | None = None,
@@ -115,62 +185,53 @@ def realtime_sdk(
     model: str = REALTIME_MODEL,
     mock_id: str | None = None,
 ) -> dict[str, Any]:
-    """One response through the official ``openai`` SDK (GA ``client.realtime``, or ``client.beta.realtime``)."""
-    return _run(_realtime_sdk(base_url, text, ca, proxy, beta, audio, cancel_after, model, mock_id or uuid.uuid4().hex))
+    """Responses through the official ``openai`` SDK (GA ``client.realtime``, or ``client.beta.realtime``)
+    on one connection; ``cancel_after`` deltas of a response, it sends ``response.cancel``."""
+    dial = _dial(base_url, ca, proxy, mock_id)
+    return _run(_realtime_sdk(dial, _turns(text), beta, audio, cancel_after, model))
 
 
 async def _realtime_sdk(
-    base_url: str,
-    text: str,
-    ca: Ca,
-    proxy: str | None,
-    beta: bool,
-    audio: bool,
-    cancel_after: int | None,
-    model: str,
-    mock_id: str,
+    dial: Dial, texts: list[str], beta: bool, audio: bool, cancel_after: int | None, model: str
 ) -> dict[str, Any]:
     import openai
 
-    seen = _seen(mock_id)
-    # websocket_base_url: the beta client would dial wss:// whatever base_url's scheme
+    seen = _seen(dial)
     client = openai.AsyncOpenAI(
-        api_key="sk-test-realtime", base_url=f"{base_url.rstrip('/')}/v1", websocket_base_url=ws_url(base_url, "/v1")
+        api_key="sk-test-realtime",
+        base_url=f"{dial.base_url.rstrip('/')}/v1",
+        websocket_base_url=ws_url(dial.base_url, "/v1"),
     )
-    options: dict[str, Any] = {"proxy": proxy}
-    if (context := ssl_context(base_url, ca)) is not None:
+    options: dict[str, Any] = {"proxy": dial.proxy}
+    if (context := dial.ssl()) is not None:
         options["ssl"] = context
     realtime = client.beta.realtime if beta else client.realtime
-    modalities = ["audio", "text"] if audio else ["text"]
-    session: dict[str, Any] = (
-        {"modalities": modalities} if beta else {"type": "realtime", "output_modalities": modalities}
-    )
-    deltas = 0
     try:
         async with realtime.connect(
-            model=model,
-            extra_query={"mock_id": mock_id},
-            websocket_connection_options=options,  # type: ignore[arg-type]
+            model=model, extra_query={"mock_id": dial.mock_id}, websocket_connection_options=options
         ) as conn:
-            await conn.session.update(session=session)  # type: ignore[arg-type]
-            item = {"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]}
-            await conn.conversation.item.create(item=item)  # type: ignore[arg-type]
-            await conn.response.create()
-            async for event in conn:
-                seen["events"].append(event.type)
-                if event.type == "session.created":
-                    seen["model"] = event.session.model  # type: ignore[union-attr]
-                elif event.type.endswith(("text.delta", "transcript.delta")):
-                    seen["text"] += event.delta  # type: ignore[union-attr]
-                    deltas += 1
-                    if cancel_after is not None and deltas == cancel_after:
-                        await conn.response.cancel()
-                elif event.type == "error":
-                    seen["errors"].append(event.error.model_dump())  # type: ignore[union-attr]
-                elif event.type == "response.done":
-                    response = event.response  # type: ignore[union-attr]
-                    seen["status"] = response.status
-                    seen["usage"] = response.usage.model_dump() if response.usage else None
+            await conn.session.update(session=_realtime_session(beta, audio))
+            for text in texts:
+                turn = _turn(seen)
+                await conn.conversation.item.create(item=_user_item(text))
+                await conn.response.create()
+                deltas = 0
+                async for event in conn:
+                    seen["events"].append(event.type)
+                    if event.type == "session.created":
+                        seen["model"] = event.session.model
+                    elif event.type.endswith(("text.delta", "transcript.delta")):
+                        _said(seen, turn, event.delta)
+                        deltas += 1
+                        if deltas == cancel_after:
+                            await conn.response.cancel()
+                    elif event.type == "error":
+                        seen["errors"].append(event.error.model_dump())
+                    elif event.type == "response.done":
+                        _realtime_done(seen, turn, event.response.model_dump())
+                        break
+                else:
+                    _closed_quietly(seen, conn._connection)
                     break
     except websockets.ConnectionClosed as exc:
         _closed(seen, exc)
@@ -179,7 +240,7 @@ async def _realtime_sdk(
 
 def realtime_ws(
     base_url: str,
-    text: str,
+    text: Texts,
     *,
     ca: Ca = None,
     proxy: str | None = None,
@@ -190,61 +251,55 @@ def realtime_ws(
     model: str = REALTIME_MODEL,
     mock_id: str | None = None,
 ) -> dict[str, Any]:
-    """One response with the ``websockets`` library and hand-written events (what browser code sends).
+    """Responses with the ``websockets`` library and hand-written events (what browser code sends).
 
-    ``extra_events`` are sent before ``response.create`` (e.g. an unknown one, to see ``error``).
+    ``extra_events`` are sent before the first ``response.create`` (e.g. an unknown one, to see ``error``).
     """
-    return _run(
-        _realtime_ws(
-            base_url, text, ca, proxy, beta, audio, cancel_after, extra_events or [], model, mock_id or uuid.uuid4().hex
-        )
-    )
+    dial = _dial(base_url, ca, proxy, mock_id)
+    return _run(_realtime_ws(dial, _turns(text), beta, audio, cancel_after, extra_events or [], model))
 
 
 async def _realtime_ws(
-    base_url: str,
-    text: str,
-    ca: Ca,
-    proxy: str | None,
+    dial: Dial,
+    texts: list[str],
     beta: bool,
     audio: bool,
     cancel_after: int | None,
     extra_events: list[dict[str, Any]],
     model: str,
-    mock_id: str,
 ) -> dict[str, Any]:
-    seen = _seen(mock_id)
-    url = ws_url(base_url, f"/v1/realtime?model={model}")
-    headers = {"Authorization": "Bearer sk-test-realtime", "x-mock-id": mock_id}
+    seen = _seen(dial)
+    headers = {"Authorization": "Bearer sk-test-realtime", "x-mock-id": dial.mock_id}
     if beta:
         headers["OpenAI-Beta"] = "realtime=v1"
-    modalities = ["audio", "text"] if audio else ["text"]
-    session = {"modalities": modalities} if beta else {"type": "realtime", "output_modalities": modalities}
-    deltas = 0
     try:
-        async with _connect(url, ca, proxy, additional_headers=headers) as ws:
-            await ws.send(json.dumps({"type": "session.update", "session": session}))
-            item = {"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]}
-            await ws.send(json.dumps({"type": "conversation.item.create", "event_id": "evt_item", "item": item}))
-            for event in extra_events:
-                await ws.send(json.dumps(event))
-            await ws.send(json.dumps({"type": "response.create", "event_id": "evt_response"}))
-            async for message in ws:
-                event = json.loads(message)
-                seen["events"].append(event["type"])
-                if event["type"] == "session.created":
-                    seen["model"] = event["session"]["model"]
-                elif event["type"].endswith(("text.delta", "transcript.delta")):
-                    seen["text"] += event["delta"]
-                    deltas += 1
-                    if cancel_after is not None and deltas == cancel_after:
-                        await ws.send(json.dumps({"type": "response.cancel"}))
-                elif event["type"] == "error":
-                    seen["errors"].append(event["error"])
-                elif event["type"] == "response.done":
-                    seen["status"] = event["response"]["status"]
-                    seen["status_details"] = event["response"]["status_details"]
-                    seen["usage"] = event["response"]["usage"]
+        async with dial.connect(f"/v1/realtime?model={model}", additional_headers=headers) as ws:
+            await ws.send(json.dumps({"type": "session.update", "session": _realtime_session(beta, audio)}))
+            for number, text in enumerate(texts):
+                turn = _turn(seen)
+                item = {"type": "conversation.item.create", "event_id": f"evt_item_{number}", "item": _user_item(text)}
+                await ws.send(json.dumps(item))
+                for event in extra_events if number == 0 else []:
+                    await ws.send(json.dumps(event))
+                await ws.send(json.dumps({"type": "response.create", "event_id": f"evt_response_{number}"}))
+                deltas = 0
+                async for message in ws:
+                    event = json.loads(message)
+                    seen["events"].append(event["type"])
+                    if event["type"] == "session.created":
+                        seen["model"] = event["session"]["model"]
+                    elif event["type"].endswith(("text.delta", "transcript.delta")):
+                        _said(seen, turn, event["delta"])
+                        deltas += 1
+                        if deltas == cancel_after:
+                            await ws.send(json.dumps({"type": "response.cancel"}))
+                    elif event["type"] == "error":
+                        seen["errors"].append(event["error"])
+                    elif event["type"] == "response.done":
+                        _realtime_done(seen, turn, event["response"])
+                        break
+                else:
+                    _closed_quietly(seen, ws)
                     break
     except websockets.ConnectionClosed as exc:
         _closed(seen, exc)
@@ -253,13 +308,10 @@ async def _realtime_ws(
 
 # -- Gemini Live ----------------------------------------------------------------------------
 
-GEMINI_LIVE_PATH = "/ws/google.ai.generativelanguage.v1beta.GenerativeService.BidiGenerateContent"
-VERTEX_LIVE_PATH = "/ws/google.cloud.aiplatform.v1beta1.LlmBidiService/BidiGenerateContent"
-
 
 def gemini_live_sdk(
     base_url: str,
-    text: str,
+    text: Texts,
     *,
     ca: Ca = None,
     proxy: str | None = None,
@@ -267,21 +319,19 @@ def gemini_live_sdk(
     model: str = GEMINI_LIVE_MODEL,
     mock_id: str | None = None,
 ) -> dict[str, Any]:
-    """One turn through ``google-genai``'s ``client.aio.live.connect`` (Gemini API, ``https`` only)."""
-    return _run(_gemini_live_sdk(base_url, text, ca, proxy, audio, model, mock_id or uuid.uuid4().hex))
+    """Turns through ``google-genai``'s ``client.aio.live.connect`` (Gemini API, ``https`` only)."""
+    return _run(_gemini_live_sdk(_dial(base_url, ca, proxy, mock_id), _turns(text), audio, model))
 
 
-async def _gemini_live_sdk(
-    base_url: str, text: str, ca: Ca, proxy: str | None, audio: bool, model: str, mock_id: str
-) -> dict[str, Any]:
+async def _gemini_live_sdk(dial: Dial, texts: list[str], audio: bool, model: str) -> dict[str, Any]:
     from google import genai
     from google.genai import errors, types
 
-    seen = _seen(mock_id)
-    args: dict[str, Any] = {"proxy": proxy}
-    if (context := ssl_context(base_url, ca)) is not None:
+    seen = _seen(dial)
+    args: dict[str, Any] = {"proxy": dial.proxy}
+    if (context := dial.ssl()) is not None:
         args["ssl"] = context
-    options = types.HttpOptions(base_url=base_url, headers={"x-mock-id": mock_id}, async_client_args=args)
+    options = types.HttpOptions(base_url=dial.base_url, headers={"x-mock-id": dial.mock_id}, async_client_args=args)
     client = genai.Client(api_key="test-gemini-key", http_options=options)
     config = types.LiveConnectConfig(
         response_modalities=[types.Modality.AUDIO if audio else types.Modality.TEXT],
@@ -289,21 +339,22 @@ async def _gemini_live_sdk(
     )
     try:
         async with client.aio.live.connect(model=model, config=config) as session:
-            turn = types.Content(role="user", parts=[types.Part(text=text)])
-            await session.send_client_content(turns=turn, turn_complete=True)
-            async for message in session.receive():
-                content = message.server_content
-                if content is not None:
-                    seen["events"].append("serverContent")
-                    if content.model_turn is not None:
-                        seen["text"] += "".join(p.text for p in content.model_turn.parts or [] if p.text)
-                    if content.output_transcription is not None and content.output_transcription.text:
-                        seen["text"] += content.output_transcription.text
-                if message.usage_metadata is not None:
-                    seen["usage"] = message.usage_metadata.model_dump(exclude_none=True)
-                if content is not None and content.turn_complete:
-                    seen["events"].append("turnComplete")
-                    break
+            for text in texts:
+                turn = _turn(seen)
+                await session.send_client_content(turns=types.Content(role="user", parts=[types.Part(text=text)]))
+                async for message in session.receive():
+                    content = message.server_content
+                    if content is not None:
+                        seen["events"].append("serverContent")
+                        if content.model_turn is not None:
+                            _said(seen, turn, "".join(p.text for p in content.model_turn.parts or [] if p.text))
+                        if content.output_transcription is not None and content.output_transcription.text:
+                            _said(seen, turn, content.output_transcription.text)
+                    if message.usage_metadata is not None:
+                        turn["usage"] = seen["usage"] = message.usage_metadata.model_dump(exclude_none=True)
+                    if content is not None and content.turn_complete:
+                        seen["events"].append("turnComplete")
+                        break
     except errors.APIError as exc:
         seen["close_code"], seen["close_reason"] = exc.code, exc.message
         seen["errors"].append(str(exc))
@@ -312,7 +363,7 @@ async def _gemini_live_sdk(
 
 def gemini_live_ws(
     base_url: str,
-    text: str,
+    text: Texts,
     *,
     ca: Ca = None,
     proxy: str | None = None,
@@ -324,51 +375,52 @@ def gemini_live_ws(
     model: str = GEMINI_LIVE_MODEL,
     mock_id: str | None = None,
 ) -> dict[str, Any]:
-    """One turn with the ``websockets`` library: ``setup``, ``clientContent`` (camelCase, or snake_case
-    as the Python SDK writes it), read until ``turnComplete``; ``binary`` asks the mock for binary frames."""
-    args = (base_url, text, ca, proxy, audio, binary, snake_case, path, skip_setup, model, mock_id or uuid.uuid4().hex)
-    return _run(_gemini_live_ws(*args))
+    """Turns with the ``websockets`` library: ``setup``, ``clientContent`` (camelCase, or snake_case
+    as the Python SDK writes it), read until ``turnComplete``; ``binary`` asks the mock for binary
+    frames (``frame_kinds`` says what came)."""
+    dial = _dial(base_url, ca, proxy, mock_id)
+    return _run(_gemini_live_ws(dial, _turns(text), audio, binary, snake_case, path, skip_setup, model))
+
+
+def _gemini_messages(model: str, text: str, audio: bool, snake_case: bool) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The ``setup`` and one complete ``clientContent`` turn, in either key style."""
+    modalities = ["AUDIO" if audio else "TEXT"]
+    turns = [{"role": "user", "parts": [{"text": text}]}]
+    if snake_case:
+        setup = {"model": f"models/{model}", "generation_config": {"response_modalities": modalities}}
+        return {"setup": setup}, {"client_content": {"turns": turns, "turn_complete": True}}
+    setup = {"model": f"models/{model}", "generationConfig": {"responseModalities": modalities}}
+    return {"setup": setup}, {"clientContent": {"turns": turns, "turnComplete": True}}
 
 
 async def _gemini_live_ws(
-    base_url: str,
-    text: str,
-    ca: Ca,
-    proxy: str | None,
-    audio: bool,
-    binary: bool,
-    snake_case: bool,
-    path: str,
-    skip_setup: bool,
-    model: str,
-    mock_id: str,
+    dial: Dial, texts: list[str], audio: bool, binary: bool, snake_case: bool, path: str, skip_setup: bool, model: str
 ) -> dict[str, Any]:
-    seen = _seen(mock_id)
+    seen = _seen(dial)
     seen["frame_kinds"] = []
-    url = ws_url(base_url, f"{path}?key=test-gemini-key&mock_id={mock_id}{'&binary=1' if binary else ''}")
-    modalities = ["AUDIO" if audio else "TEXT"]
-    if snake_case:
-        setup = {"model": f"models/{model}", "generation_config": {"response_modalities": modalities}}
-        turn = {"client_content": {"turns": [{"role": "user", "parts": [{"text": text}]}], "turn_complete": True}}
-    else:
-        setup = {"model": f"models/{model}", "generationConfig": {"responseModalities": modalities}}
-        turn = {"clientContent": {"turns": [{"role": "user", "parts": [{"text": text}]}], "turnComplete": True}}
+    query = f"?key=test-gemini-key&mock_id={dial.mock_id}{'&binary=1' if binary else ''}"
     try:
-        async with _connect(url, ca, proxy) as ws:
-            if not skip_setup:
-                await ws.send(json.dumps({"setup": setup}))
-            await ws.send(json.dumps(turn))
-            async for frame in ws:
-                seen["frame_kinds"].append("binary" if isinstance(frame, bytes) else "text")
-                message = json.loads(frame)
-                seen["events"].append(next(iter(message)))
-                content = message.get("serverContent") or {}
-                for part in (content.get("modelTurn") or {}).get("parts") or []:
-                    seen["text"] += part.get("text", "")
-                seen["text"] += (content.get("outputTranscription") or {}).get("text", "")
-                if "usageMetadata" in message:
-                    seen["usage"] = message["usageMetadata"]
-                if content.get("turnComplete"):
+        async with dial.connect(path + query) as ws:
+            for number, text in enumerate(texts):
+                setup, content = _gemini_messages(model, text, audio, snake_case)
+                if number == 0 and not skip_setup:
+                    await ws.send(json.dumps(setup))
+                await ws.send(json.dumps(content))
+                turn = _turn(seen)
+                async for frame in ws:
+                    seen["frame_kinds"].append("binary" if isinstance(frame, bytes) else "text")
+                    message = json.loads(frame)
+                    seen["events"].append(next(iter(message)))
+                    server = message.get("serverContent") or {}
+                    for part in (server.get("modelTurn") or {}).get("parts") or []:
+                        _said(seen, turn, part.get("text", ""))
+                    _said(seen, turn, (server.get("outputTranscription") or {}).get("text", ""))
+                    if "usageMetadata" in message:
+                        turn["usage"] = seen["usage"] = message["usageMetadata"]
+                    if server.get("turnComplete"):
+                        break
+                else:
+                    _closed_quietly(seen, ws)
                     break
     except websockets.ConnectionClosed as exc:
         _closed(seen, exc)
@@ -380,42 +432,43 @@ async def _gemini_live_ws(
 
 def copilot_ws(
     base_url: str,
-    text: str,
+    text: Texts,
     *,
     ca: Ca = None,
     proxy: str | None = None,
     mode: str = "chat",
     mock_id: str | None = None,
 ) -> dict[str, Any]:
-    """The ``/c/api/chat`` flow as copilot.microsoft.com's page (and g4f) run it: ``setOptions``,
-    ``send``, then the events until ``done``; a ``ping`` first, to see the ``pong``."""
-    return _run(_copilot_ws(base_url, text, ca, proxy, mode, mock_id or uuid.uuid4().hex))
+    """The ``/c/api/chat`` flow as copilot.microsoft.com's page (and g4f) run it: a ``ping``,
+    ``setOptions``, then per turn a ``send`` and the events until ``suggestedFollowups``."""
+    return _run(_copilot_ws(_dial(base_url, ca, proxy, mock_id), _turns(text), mode))
 
 
-async def _copilot_ws(base_url: str, text: str, ca: Ca, proxy: str | None, mode: str, mock_id: str) -> dict[str, Any]:
-    seen = _seen(mock_id)
-    url = ws_url(base_url, f"/c/api/chat?api-version=2&clientSessionId={uuid.uuid4()}&accessToken=test-token")
+async def _copilot_ws(dial: Dial, texts: list[str], mode: str) -> dict[str, Any]:
+    seen = _seen(dial)
+    path = f"/c/api/chat?api-version=2&clientSessionId={uuid.uuid4()}&accessToken=test-token"
     try:
-        async with _connect(url, ca, proxy, additional_headers={"x-mock-id": mock_id}) as ws:
+        async with dial.connect(path, additional_headers={"x-mock-id": dial.mock_id}) as ws:
             await ws.send(json.dumps({"event": "ping"}))
             await ws.send(
                 json.dumps({"event": "setOptions", "supportedFeatures": [], "supportedCards": [], "ads": None})
             )
-            content = [{"type": "text", "text": text}]
-            await ws.send(
-                json.dumps(
-                    {"event": "send", "conversationId": "conv-test", "content": content, "mode": mode, "context": {}}
-                )
-            )
-            async for message in ws:
-                event = json.loads(message)
-                seen["events"].append(event["event"])
-                if event["event"] == "appendText":
-                    seen["text"] += event["text"]
-                elif event["event"] == "error":
-                    seen["errors"].append(event)
-                    break
-                elif event["event"] == "suggestedFollowups":
+            for text in texts:
+                turn = _turn(seen)
+                send = {"event": "send", "conversationId": "conv-test", "mode": mode, "context": {}}
+                await ws.send(json.dumps({**send, "content": [{"type": "text", "text": text}]}))
+                async for message in ws:
+                    event = json.loads(message)
+                    seen["events"].append(event["event"])
+                    if event["event"] == "appendText":
+                        _said(seen, turn, event["text"])
+                    elif event["event"] == "error":
+                        seen["errors"].append(event)
+                        break
+                    elif event["event"] == "suggestedFollowups":
+                        break
+                else:
+                    _closed_quietly(seen, ws)
                     break
     except websockets.ConnectionClosed as exc:
         _closed(seen, exc)
@@ -424,66 +477,68 @@ async def _copilot_ws(base_url: str, text: str, ca: Ca, proxy: str | None, mode:
 
 # -- SignalR: Copilot's ChatHub replayed, pysignalr, and the Node client ------------------------
 
-RS = "\x1e"
-
 
 def chathub_ws(
     base_url: str,
-    text: str,
+    text: Texts,
     *,
     ca: Ca = None,
     proxy: str | None = None,
     path: str = "/sydney/ChatHub",
     mock_id: str | None = None,
 ) -> dict[str, Any]:
-    """A Sydney / M365 ChatHub turn the way EdgeGPT, sydney.py and PyRIT send it (SignalR JSON by
-    hand): handshake, a ``Metrics`` telemetry call, one ``chat`` StreamInvocation; ``text`` is the
-    last cumulative ``update`` snapshot, ``result`` the final item's ``result``."""
-    return _run(_chathub_ws(base_url, text, ca, proxy, path, mock_id or uuid.uuid4().hex))
+    """ChatHub turns the way EdgeGPT, sydney.py and PyRIT send them (SignalR JSON by hand):
+    handshake, then per turn a ``Metrics`` telemetry call and one ``chat`` StreamInvocation (in one
+    frame). A turn's ``text`` is its last cumulative ``update`` snapshot, ``deltas`` the M365
+    ``writeAtCursor`` pieces, ``result`` / ``final`` the final item's result and bot text."""
+    return _run(_chathub_ws(_dial(base_url, ca, proxy, mock_id), _turns(text), path))
 
 
-async def _chathub_ws(base_url: str, text: str, ca: Ca, proxy: str | None, path: str, mock_id: str) -> dict[str, Any]:
-    seen = _seen(mock_id)
-    seen.update(result=None, final=None, deltas="", last_update=False)
-    url = ws_url(base_url, f"{path}?sec_access_token=test-token&mock_id={mock_id}")
-    metrics = {"type": 1, "target": "Metrics", "arguments": [{"Timestamps": {"RequestSent": "2026-01-01T00:00:00Z"}}]}
+def _chat_invocation(invocation: str, text: str) -> dict[str, Any]:
     message = {"author": "user", "inputMethod": "Keyboard", "text": text, "messageType": "Chat", "requestId": "req-1"}
-    chat = {"type": 4, "invocationId": "0", "target": "chat"}
-    chat["arguments"] = [
-        {"source": "cib", "tone": "Balanced", "isStartOfSession": True, "conversationId": "c1", "message": message}
-    ]
+    argument = {"source": "cib", "tone": "Balanced", "isStartOfSession": invocation == "0", "conversationId": "c1"}
+    return {"type": 4, "invocationId": invocation, "target": "chat", "arguments": [{**argument, "message": message}]}
+
+
+async def _chathub_ws(dial: Dial, texts: list[str], path: str) -> dict[str, Any]:
+    seen = _seen(dial)
+    seen.update(result=None, final=None, deltas="", last_update=False)
+    metrics = {"type": 1, "target": "Metrics", "arguments": [{"Timestamps": {"RequestSent": "2026-01-01T00:00:00Z"}}]}
     try:
-        async with _connect(url, ca, proxy) as ws:
+        async with dial.connect(f"{path}?sec_access_token=test-token&mock_id={dial.mock_id}") as ws:
             await ws.send(json.dumps({"protocol": "json", "version": 1}) + RS)
-            handshake = await ws.recv()
-            seen["events"].append(f"handshake:{handshake.rstrip(RS)}")
-            await ws.send(json.dumps(metrics) + RS + json.dumps(chat) + RS)
-            done = False
-            while not done:
-                for record in str(await ws.recv()).split(RS):
-                    if not record:
-                        continue
-                    msg = json.loads(record)
-                    seen["events"].append(msg["type"])
-                    arguments = msg.get("arguments") or [{}]
-                    if msg["type"] == 1 and arguments[0].get("messages"):
-                        seen["text"] = arguments[0]["messages"][0]["text"]
-                        seen["deltas"] += arguments[0].get("writeAtCursor", "")
-                        seen["last_update"] = seen["last_update"] or arguments[0].get("isLastUpdate", False)
-                    elif msg["type"] == 2:
-                        seen["result"] = msg["item"]["result"]
-                        bots = [m for m in msg["item"].get("messages", []) if m.get("author") == "bot"]
-                        seen["final"] = bots[-1]["text"] if bots else None
-                    elif msg["type"] == 3:
-                        if "error" in msg:
-                            seen["errors"].append(msg["error"])
-                        done = True
-                    elif msg["type"] == 7:
-                        seen["errors"].append(msg.get("error"))
-                        done = True
+            seen["events"].append(f"handshake:{str(await ws.recv()).rstrip(RS)}")
+            for number, text in enumerate(texts):
+                turn = _turn(seen)
+                await ws.send(json.dumps(metrics) + RS + json.dumps(_chat_invocation(str(number), text)) + RS)
+                while not _chathub_records(seen, turn, str(await ws.recv())):
+                    pass
     except websockets.ConnectionClosed as exc:
         _closed(seen, exc)
     return seen
+
+
+def _chathub_records(seen: dict[str, Any], turn: dict[str, Any], frame: str) -> bool:
+    """Note one frame's records; True once the invocation completed (or the hub closed)."""
+    done = False
+    for record in filter(None, frame.split(RS)):
+        message = json.loads(record)
+        seen["events"].append(message["type"])
+        arguments = message.get("arguments") or [{}]
+        if message["type"] == 1 and arguments[0].get("messages"):
+            turn["text"] = arguments[0]["messages"][0]["text"]  # cumulative: replace
+            seen["deltas"] += arguments[0].get("writeAtCursor", "")
+            seen["last_update"] = seen["last_update"] or arguments[0].get("isLastUpdate", False)
+        elif message["type"] == 2:
+            turn["result"] = seen["result"] = message["item"]["result"]
+            bots = [m for m in message["item"].get("messages", []) if m.get("author") == "bot"]
+            seen["final"] = bots[-1]["text"] if bots else None
+        elif message["type"] in (3, 7):
+            if message.get("error"):
+                seen["errors"].append(message["error"])
+            done = True
+    seen["text"] = "".join(t["text"] for t in seen["turns"])
+    return done
 
 
 @contextlib.contextmanager
@@ -514,40 +569,39 @@ def signalr_py(
     path: str = "/hubs/chat",
     mock_id: str | None = None,
 ) -> dict[str, Any]:
-    """``pysignalr`` against a hub: ``stream`` calls ``Generate`` (string items), ``invoke`` calls
-    ``Ask`` (a string result); JSON or MessagePack. It negotiates first (``POST …/negotiate``)."""
+    """``pysignalr`` against a hub: ``stream`` calls ``Generate`` (string ``items``), ``invoke`` calls
+    ``Ask`` (a string ``result``); JSON or MessagePack. Without a proxy it negotiates first
+    (``POST …/negotiate``)."""
     with _proxy_env(proxy):
-        return _run(_signalr_py(base_url, text, ca, protocol, method, path, mock_id or uuid.uuid4().hex))
+        return _run(_signalr_py(_dial(base_url, ca, proxy, mock_id), text, protocol, method, path))
 
 
-async def _signalr_py(
-    base_url: str, text: str, ca: Ca, protocol: str, method: str, path: str, mock_id: str
-) -> dict[str, Any]:
+async def _signalr_py(dial: Dial, text: str, protocol: str, method: str, path: str) -> dict[str, Any]:
     from pysignalr.client import SignalRClient
     from pysignalr.messages import CompletionMessage
     from pysignalr.protocol.json import JSONProtocol
     from pysignalr.protocol.messagepack import MessagepackProtocol
 
-    seen = _seen(mock_id)
+    seen = _seen(dial)
     seen.update(items=[], result=None)
+    turn = _turn(seen)
     finished = asyncio.Event()
-    proxied = bool(os.environ.get("HTTPS_PROXY"))
-    # Its negotiate POST (aiohttp) ignores the environment's proxy: through one, go straight to
-    # the upgrade (which websockets sends through HTTPS_PROXY), at the ws(s):// URL negotiation would give.
-    url = ws_url(base_url, path) if proxied else f"{base_url.rstrip('/')}{path}"
+    url = ws_url(dial.base_url, path) if dial.proxy else f"{dial.base_url.rstrip('/')}{path}"
     client = SignalRClient(
-        f"{url}?mock_id={mock_id}",
+        f"{url}?mock_id={dial.mock_id}",
         protocol=MessagepackProtocol() if protocol == "messagepack" else JSONProtocol(),
-        headers={"x-mock-id": mock_id},
-        ssl=ssl_context(base_url, ca),
+        headers={"x-mock-id": dial.mock_id},
+        ssl=dial.ssl(),
         retry_count=1,
         connection_timeout=int(TIMEOUT),
     )
+    if dial.proxy:  # at the ws(s):// URL negotiation would have given
+        client._transport._skip_negotiation = True
 
     async def on_next(items: Any) -> None:
         for item in items if isinstance(items, list) else [items]:
             seen["items"].append(item)
-            seen["text"] += str(item)
+            _said(seen, turn, str(item))
 
     async def on_complete(message: Any) -> None:
         seen["events"].append("completion")
@@ -556,11 +610,15 @@ async def _signalr_py(
                 seen["errors"].append(message.error)
             elif message.result is not None:
                 seen["result"] = message.result
-                seen["text"] += str(message.result)
+                _said(seen, turn, str(message.result))
         finished.set()
 
     async def on_error(message: CompletionMessage) -> None:
         seen["errors"].append(message.error)
+        finished.set()
+
+    async def on_close() -> None:
+        seen["events"].append("close")
         finished.set()
 
     async def on_open() -> None:
@@ -569,9 +627,8 @@ async def _signalr_py(
         else:
             await client.send("Ask", [text], on_invocation=on_complete)  # type: ignore[list-item]
 
-    if proxied:
-        client._transport._skip_negotiation = True
     client.on_open(on_open)
+    client.on_close(on_close)
     client.on_error(on_error)
     runner = asyncio.create_task(client.run())
     waiter = asyncio.create_task(finished.wait())
@@ -600,8 +657,9 @@ def signalr_node(
     node: str = "node",
 ) -> dict[str, Any]:
     """``@microsoft/signalr`` (Node) against a hub (``tests/node/signalr_clients.mjs``): ``stream``
-    (``Generate``; ``cancel_after`` items then dispose the subscription, which sends CancelInvocation),
-    ``invoke`` (``Ask``), or ``chat`` (Copilot's ChatHub ``chat`` stream, ``update`` handlers on)."""
+    (``Generate``; after ``cancel_after`` items it disposes the subscription, which sends
+    CancelInvocation), ``invoke`` (``Ask``), or ``chat`` (Copilot's ChatHub ``chat`` stream, with
+    ``update`` handlers: ``text`` is the last snapshot, ``updates`` all of them)."""
     mock_id = mock_id or uuid.uuid4().hex
     config = {
         "url": f"{base_url.rstrip('/')}{path}?mock_id={mock_id}",

@@ -114,6 +114,23 @@ def test_realtime_errors_and_close(upstreams):
     }
 
 
+@pytest.mark.parametrize("driver", [wsclients.realtime_sdk, wsclients.realtime_ws], ids=["openai-sdk", "websockets"])
+def test_realtime_turns_on_one_connection(upstreams, driver):
+    seen = driver(upstreams["h2"].url, ["say: first answer", "say: second answer"], **wsclients.direct(upstreams["h2"]))
+    assert [t["text"] for t in seen["turns"]] == ["first answer", "second answer"]
+    assert [t["status"] for t in seen["turns"]] == ["completed", "completed"]
+    assert seen["text"] == "first answersecond answer"
+    assert seen["events"].count("session.created") == 1
+
+
+@pytest.mark.parametrize("driver", [wsclients.realtime_sdk, wsclients.realtime_ws], ids=["openai-sdk", "websockets"])
+def test_realtime_normal_close_mid_response(upstreams, driver):
+    """A close with 1000 ends the client's loop without an exception: the driver still reports it."""
+    seen = driver(upstreams["h1"].url, "close=1000 close_after=2 " + PROMPT)
+    assert (seen["close_code"], seen["text"]) == (1000, ANSWER[:8])
+    assert "status" not in seen
+
+
 # -- Gemini Live ----------------------------------------------------------------------------
 
 
@@ -168,6 +185,17 @@ def test_gemini_live_sdk(upstreams, audio):
     assert b'"setup"' in received["body"] and ANSWER.encode() in received["body"]
 
 
+@pytest.mark.parametrize(
+    "driver", [wsclients.gemini_live_sdk, wsclients.gemini_live_ws], ids=["google-genai", "websockets"]
+)
+def test_gemini_live_turns_on_one_connection(upstreams, driver):
+    seen = driver(upstreams["h2"].url, ["say: one", "say: two"], **wsclients.direct(upstreams["h2"]))
+    assert [t["text"] for t in seen["turns"]] == ["one", "two"]
+    assert (
+        seen["turns"][1]["usage"]["totalTokenCount" if driver is wsclients.gemini_live_ws else "total_token_count"] == 4
+    )
+
+
 def test_gemini_live_sdk_refused(upstreams):
     url, ca = target(upstreams, "h2")
     seen = wsclients.gemini_live_sdk(url, PROMPT, ca=ca, model="blocked-model")
@@ -197,6 +225,13 @@ def test_copilot_chat(upstreams, kind):
     assert received["path"] == "/c/api/chat" and "api-version=2" in received["query"]
 
 
+def test_copilot_turns_and_close(upstreams):
+    seen = wsclients.copilot_ws(upstreams["h1"].url, ["say: one", "say: two"])
+    assert [t["text"] for t in seen["turns"]] == ["one", "two"]
+    closed = wsclients.copilot_ws(upstreams["h1"].url, "close=1000 close_after=1 " + PROMPT)
+    assert (closed["close_code"], closed["text"]) == (1000, ANSWER[:4])
+
+
 def test_copilot_error(upstreams):
     seen = wsclients.copilot_ws(upstreams["h1"].url, "fail_after=2 " + PROMPT)
     assert seen["text"] == ANSWER[:8] and seen["errors"][0]["event"] == "error"
@@ -220,6 +255,12 @@ def test_chathub_replayed(upstreams, kind, path):
     assert sent["frames"][-1]["text"].endswith(
         '}\x1e{"type":3,"invocationId":"0"}\x1e'
     )  # item and completion in one frame
+
+
+def test_chathub_turns_on_one_connection(upstreams):
+    seen = wsclients.chathub_ws(upstreams["h1"].url, ["say: one", "say: two"])
+    assert [t["text"] for t in seen["turns"]] == ["one", "two"]
+    assert [t["result"]["message"] for t in seen["turns"]] == ["one", "two"]
 
 
 def test_chathub_throttled(upstreams):
@@ -317,7 +358,7 @@ DRIVERS = {
 @pytest.mark.parametrize("name", DRIVERS)
 def test_through_plain_mitmdump(upstreams, mitm, name):
     proxy, mitm_ca = mitm
-    seen = DRIVERS[name](upstreams["h2"].url, ca=mitm_ca, proxy=proxy)
+    seen = DRIVERS[name](upstreams["h2"].url, ca=mitm_ca, proxy=proxy)  # what wsclients.via(Proxy) gives
     assert seen["text"] == ANSWER
     assert connection(upstreams["h2"], seen["mock_id"])[0]["frames"]  # it did reach the mock
 
