@@ -53,7 +53,9 @@ DEFAULT_ANSWER = "Hello from the mock WebSocket model, answering your prompt."
 PIECE = 4
 """Characters per streamed piece of an answer."""
 KEEP = 4 * 1024 * 1024
-"""Bytes of received / sent payloads a connection record keeps."""
+"""Bytes of received / sent payloads a connection record keeps (each way)."""
+KEEP_FRAMES = 10_000
+"""Frames a connection record lists (each way)."""
 RS = "\x1e"
 
 _GEMINI_PATH = re.compile(
@@ -113,26 +115,29 @@ class Closed(Exception):
 class Recorded:
     """One WebSocket connection as ``/_mock/*`` shows it (duck-types :class:`mockllm.server.Exchange`)."""
 
-    request: dict[str, Any]
+    upgrade: dict[str, Any]
+    """The upgrade request: method, path, query, headers."""
     received: bytearray = field(default_factory=bytearray)
     body: bytearray = field(default_factory=bytearray)
+    frames_received: list[dict[str, Any]] = field(default_factory=list)
     frames_sent: list[dict[str, Any]] = field(default_factory=list)
     close: dict[str, Any] | None = None
     completed: bool = False
     disconnected: bool = False
 
+    @property
+    def request(self) -> dict[str, Any]:
+        """``/_mock/requests/{id}``: the upgrade, and the client's frames so far."""
+        return {**self.upgrade, "body_b64": base64.b64encode(self.received).decode(), "frames": self.frames_received}
+
     def got(self, frame: Frame) -> None:
-        data = frame.encode() if isinstance(frame, str) else frame
-        self.received += data[: KEEP - len(self.received)]
-        self.request["body_b64"] = base64.b64encode(self.received).decode()
-        self.request["frames"].append(_frame_info(frame))
+        _keep(self.received, self.frames_received, frame)
 
     def wrote(self, frame: Frame) -> None:
-        data = frame.encode() if isinstance(frame, str) else frame
-        self.body += data[: KEEP - len(self.body)]
-        self.frames_sent.append(_frame_info(frame))
+        _keep(self.body, self.frames_sent, frame)
 
     def sent(self) -> dict[str, Any]:
+        """``/_mock/sent/{id}``: the server's frames so far, and how the connection ended."""
         return {
             "body_b64": base64.b64encode(self.body).decode(),
             "size": len(self.body),
@@ -141,6 +146,14 @@ class Recorded:
             "completed": self.completed,
             "disconnected": self.disconnected,
         }
+
+
+def _keep(payloads: bytearray, frames: list[dict[str, Any]], frame: Frame) -> None:
+    """Record a frame, within :data:`KEEP` bytes and :data:`KEEP_FRAMES` frames."""
+    data = frame.encode() if isinstance(frame, str) else frame
+    payloads += data[: KEEP - len(payloads)]
+    if len(frames) < KEEP_FRAMES:
+        frames.append(_frame_info(frame))
 
 
 def _frame_info(frame: Frame) -> dict[str, Any]:
@@ -263,15 +276,13 @@ async def serve(scope: dict[str, Any], receive: Receive, send: Send, keep: Calla
     query = parse_qs(query_string)
     mock_id = _header(scope, b"x-mock-id") or (query.get("mock_id") or [uuid.uuid4().hex])[-1]
     record = Recorded(
-        request={
+        {
             "method": "GET",
             "path": bytes(scope["raw_path"]).decode("latin-1"),
             "query": query_string,
             "http_version": scope["http_version"],
             "headers": [[bytes(k).decode("latin-1"), bytes(v).decode("latin-1")] for k, v in scope["headers"]],
             "websocket": True,
-            "body_b64": "",
-            "frames": [],
         }
     )
     keep(mock_id, record)
@@ -297,7 +308,7 @@ async def serve(scope: dict[str, Any], receive: Receive, send: Send, keep: Calla
             await pump
 
 
-async def _deliver(conn: Connection, plan: Plan, index: int) -> None:
+async def _maybe_close(conn: Connection, plan: Plan, index: int) -> None:
     """Close the socket when the plan says so at piece ``index``."""
     if plan.close is not None and index >= plan.close_after:
         await conn.close(plan.close, "mock close")
@@ -432,7 +443,7 @@ class _Realtime:
         said, status = "", "completed"
         details: dict[str, Any] | None = None
         async for index, piece in plan.paced():
-            await _deliver(self.conn, plan, index)
+            await _maybe_close(self.conn, plan, index)
             if self.cancelled.is_set():
                 status, details = "cancelled", {"type": "cancelled", "reason": "client_cancelled"}
                 break
@@ -445,7 +456,7 @@ class _Realtime:
             if audio and index < 2:
                 await self.emit(f"{audio_name}.delta", **part_at, delta=base64.b64encode(b"\x00\x01" * 8).decode())
         else:
-            await _deliver(self.conn, plan, len(plan.pieces()))
+            await _maybe_close(self.conn, plan, len(plan.pieces()))
         if audio:
             await self.emit(f"{audio_name}.done", **part_at)
             await self.emit(f"{transcript}.done", **part_at, transcript=said)
@@ -549,7 +560,7 @@ async def serve_gemini_live(conn: Connection, scope: dict[str, Any]) -> None:
 async def _gemini_turn(conn: Connection, plan: Plan, prompt: str, audio: bool) -> None:
     said = ""
     async for index, piece in plan.paced():
-        await _deliver(conn, plan, index)
+        await _maybe_close(conn, plan, index)
         if plan.fail_after is not None and index >= plan.fail_after:
             await conn.close(1011, "Internal error encountered.")
         said += piece
@@ -559,7 +570,7 @@ async def _gemini_turn(conn: Connection, plan: Plan, prompt: str, audio: bool) -
             await conn.send_json({"serverContent": {"outputTranscription": {"text": piece}}})
         else:
             await conn.send_json({"serverContent": {"modelTurn": {"role": "model", "parts": [{"text": piece}]}}})
-    await _deliver(conn, plan, len(plan.pieces()))
+    await _maybe_close(conn, plan, len(plan.pieces()))
     await conn.send_json({"serverContent": {"generationComplete": True}})
     prompt_tokens, response_tokens = len(prompt.split()) + 1, -(-len(said) // PIECE)
     usage = {
@@ -600,12 +611,12 @@ async def _copilot_turn(conn: Connection, event: Callable[..., Awaitable[None]],
     message_id, part_id = uuid.uuid4().hex[:21], "0"
     await event("startMessage", conversationId=conversation, messageId=message_id, createdAt=stamp)
     async for index, piece in plan.paced():
-        await _deliver(conn, plan, index)
+        await _maybe_close(conn, plan, index)
         if plan.fail_after is not None and index >= plan.fail_after:
             await event("error", messageId=message_id, code="mockFailure", message="The mock failed on purpose.")
             return
         await event("appendText", messageId=message_id, partId=part_id, text=piece)
-    await _deliver(conn, plan, len(plan.pieces()))
+    await _maybe_close(conn, plan, len(plan.pieces()))
     await event("partCompleted", messageId=message_id, partId=part_id)
     await event("done", messageId=message_id)
     await event("titleUpdate", conversationId=conversation, title="Mock conversation")
@@ -637,7 +648,7 @@ class _Hub:
                 buffer = self._bytes + (frame if isinstance(frame, bytes) else frame.encode())
                 bodies, self._bytes = _varint_split(buffer)
                 for body in bodies:
-                    yield _from_msgpack(msgpack.unpackb(body, raw=False, strict_map_key=False))
+                    yield _from_msgpack(_unpack(body))
             else:
                 text = self._text + (frame if isinstance(frame, str) else frame.decode("utf-8", "replace"))
                 *records, self._text = text.split(RS)
@@ -688,6 +699,14 @@ def _varint_split(buffer: bytes) -> tuple[list[bytes], bytes]:
         bodies.append(buffer[at : at + length])
         pos = at + length
     return bodies, buffer[pos:]
+
+
+def _unpack(body: bytes) -> Any:
+    """One MessagePack body, or None when it is not one (the hub then ignores it)."""
+    try:
+        return msgpack.unpackb(body, raw=False, strict_map_key=False)
+    except (ValueError, msgpack.UnpackException):
+        return None
 
 
 def _from_msgpack(array: Any) -> dict[str, Any]:
@@ -792,7 +811,7 @@ async def _generic_call(hub: _Hub, message: dict[str, Any], stop: asyncio.Event)
     plan = Plan.parse(prompt, hub.conn.query)
     said = ""
     async for index, piece in plan.paced():
-        await _deliver(hub.conn, plan, index)
+        await _maybe_close(hub.conn, plan, index)
         if stop.is_set():
             await hub.send(done)
             return
@@ -802,7 +821,7 @@ async def _generic_call(hub: _Hub, message: dict[str, Any], stop: asyncio.Event)
         said += piece
         if message["type"] == 4:
             await hub.send({"type": 2, "invocationId": invocation, "item": piece})
-    await _deliver(hub.conn, plan, len(plan.pieces()))
+    await _maybe_close(hub.conn, plan, len(plan.pieces()))
     await hub.send(done if message["type"] == 4 else {**done, "result": said})
 
 
@@ -842,7 +861,7 @@ async def _chathub_turn(hub: _Hub, message: dict[str, Any], m365: bool) -> None:
     said = ""
     if not throttled:
         async for index, piece in plan.paced():
-            await _deliver(hub.conn, plan, index)
+            await _maybe_close(hub.conn, plan, index)
             if plan.fail_after is not None and index >= plan.fail_after:
                 await hub.send({**done, "error": "An unexpected error occurred invoking 'chat' on the server."})
                 return
@@ -853,7 +872,7 @@ async def _chathub_turn(hub: _Hub, message: dict[str, Any], m365: bool) -> None:
                 if index == 0:
                     fields["cursor"] = {"j": f"$['{bot_id}'].adaptiveCards[0].body[0].text", "p": -1}
             await hub.send(update(**fields))
-        await _deliver(hub.conn, plan, len(plan.pieces()))
+        await _maybe_close(hub.conn, plan, len(plan.pieces()))
         if m365:
             await hub.send(update(messages=[bot(said)], isLastUpdate=True))
     echo = {"text": prompt, "author": "user", "messageId": str(user.get("messageId") or uuid.uuid4())}
