@@ -96,27 +96,34 @@ class Dial:
     ca: Ca = None
     proxy: str | None = None
     mock_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    timeout: float = TIMEOUT
+    """For the whole conversation: then the driver returns what it saw, with ``timed_out``."""
+    seen: dict[str, Any] = field(default_factory=dict)
+    """What the client saw so far (filled by the driver)."""
+
+    def __post_init__(self) -> None:
+        self.seen.update(_seen(self.mock_id))
 
     def ssl(self) -> ssl.SSLContext | None:
         return ssl_context(self.base_url, self.ca)
 
     def connect(self, path: str, **kwargs: Any) -> Any:
         """``websockets.connect`` to ``path`` with only our proxy (never the environment's)."""
-        options: dict[str, Any] = {"proxy": self.proxy, "open_timeout": TIMEOUT, **kwargs}
+        options: dict[str, Any] = {"proxy": self.proxy, "open_timeout": self.timeout, **kwargs}
         if (context := self.ssl()) is not None:
             options["ssl"] = context
         return websockets.connect(ws_url(self.base_url, path), **options)
 
 
-def _dial(base_url: str, ca: Ca, proxy: str | None, mock_id: str | None) -> Dial:
-    return Dial(base_url, ca, proxy, mock_id or uuid.uuid4().hex)
+def _dial(base_url: str, ca: Ca, proxy: str | None, mock_id: str | None, timeout: float) -> Dial:
+    return Dial(base_url, ca, proxy, mock_id or uuid.uuid4().hex, timeout)
 
 
 def _turns(texts: Texts) -> list[str]:
     return [texts] if isinstance(texts, str) else list(texts)
 
 
-def _seen(dial: Dial) -> dict[str, Any]:
+def _seen(mock_id: str) -> dict[str, Any]:
     return {
         "text": "",
         "turns": [],
@@ -125,7 +132,8 @@ def _seen(dial: Dial) -> dict[str, Any]:
         "usage": None,
         "close_code": None,
         "close_reason": None,
-        "mock_id": dial.mock_id,
+        "mock_id": mock_id,
+        "timed_out": False,
     }
 
 
@@ -152,8 +160,17 @@ def _closed_quietly(seen: dict[str, Any], ws: Any) -> None:
         seen["close_code"], seen["close_reason"] = ws.close_code, ws.close_reason
 
 
-def _run(coro: Any) -> dict[str, Any]:
-    return asyncio.run(asyncio.wait_for(coro, TIMEOUT * 2))
+def _run(dial: Dial, coro: Any) -> dict[str, Any]:
+    """Run a driver's conversation; past ``dial.timeout``, what it saw so far, ``timed_out``."""
+
+    async def bounded() -> None:
+        try:
+            await asyncio.wait_for(coro, dial.timeout)
+        except TimeoutError:
+            dial.seen["timed_out"] = True
+
+    asyncio.run(bounded())
+    return dial.seen
 
 
 # -- OpenAI Realtime ------------------------------------------------------------------------
@@ -184,11 +201,12 @@ def realtime_sdk(
     cancel_after: int | None = None,
     model: str = REALTIME_MODEL,
     mock_id: str | None = None,
+    timeout: float = TIMEOUT,
 ) -> dict[str, Any]:
     """Responses through the official ``openai`` SDK (GA ``client.realtime``, or ``client.beta.realtime``)
     on one connection; ``cancel_after`` deltas of a response, it sends ``response.cancel``."""
-    dial = _dial(base_url, ca, proxy, mock_id)
-    return _run(_realtime_sdk(dial, _turns(text), beta, audio, cancel_after, model))
+    dial = _dial(base_url, ca, proxy, mock_id, timeout)
+    return _run(dial, _realtime_sdk(dial, _turns(text), beta, audio, cancel_after, model))
 
 
 async def _realtime_sdk(
@@ -196,7 +214,7 @@ async def _realtime_sdk(
 ) -> dict[str, Any]:
     import openai
 
-    seen = _seen(dial)
+    seen = dial.seen
     client = openai.AsyncOpenAI(
         api_key="sk-test-realtime",
         base_url=f"{dial.base_url.rstrip('/')}/v1",
@@ -250,13 +268,14 @@ def realtime_ws(
     extra_events: list[dict[str, Any]] | None = None,
     model: str = REALTIME_MODEL,
     mock_id: str | None = None,
+    timeout: float = TIMEOUT,
 ) -> dict[str, Any]:
     """Responses with the ``websockets`` library and hand-written events (what browser code sends).
 
     ``extra_events`` are sent before the first ``response.create`` (e.g. an unknown one, to see ``error``).
     """
-    dial = _dial(base_url, ca, proxy, mock_id)
-    return _run(_realtime_ws(dial, _turns(text), beta, audio, cancel_after, extra_events or [], model))
+    dial = _dial(base_url, ca, proxy, mock_id, timeout)
+    return _run(dial, _realtime_ws(dial, _turns(text), beta, audio, cancel_after, extra_events or [], model))
 
 
 async def _realtime_ws(
@@ -268,7 +287,7 @@ async def _realtime_ws(
     extra_events: list[dict[str, Any]],
     model: str,
 ) -> dict[str, Any]:
-    seen = _seen(dial)
+    seen = dial.seen
     headers = {"Authorization": "Bearer sk-test-realtime", "x-mock-id": dial.mock_id}
     if beta:
         headers["OpenAI-Beta"] = "realtime=v1"
@@ -318,16 +337,18 @@ def gemini_live_sdk(
     audio: bool = False,
     model: str = GEMINI_LIVE_MODEL,
     mock_id: str | None = None,
+    timeout: float = TIMEOUT,
 ) -> dict[str, Any]:
     """Turns through ``google-genai``'s ``client.aio.live.connect`` (Gemini API, ``https`` only)."""
-    return _run(_gemini_live_sdk(_dial(base_url, ca, proxy, mock_id), _turns(text), audio, model))
+    dial = _dial(base_url, ca, proxy, mock_id, timeout)
+    return _run(dial, _gemini_live_sdk(dial, _turns(text), audio, model))
 
 
 async def _gemini_live_sdk(dial: Dial, texts: list[str], audio: bool, model: str) -> dict[str, Any]:
     from google import genai
     from google.genai import errors, types
 
-    seen = _seen(dial)
+    seen = dial.seen
     args: dict[str, Any] = {"proxy": dial.proxy}
     if (context := dial.ssl()) is not None:
         args["ssl"] = context
@@ -374,12 +395,13 @@ def gemini_live_ws(
     skip_setup: bool = False,
     model: str = GEMINI_LIVE_MODEL,
     mock_id: str | None = None,
+    timeout: float = TIMEOUT,
 ) -> dict[str, Any]:
     """Turns with the ``websockets`` library: ``setup``, ``clientContent`` (camelCase, or snake_case
     as the Python SDK writes it), read until ``turnComplete``; ``binary`` asks the mock for binary
     frames (``frame_kinds`` says what came)."""
-    dial = _dial(base_url, ca, proxy, mock_id)
-    return _run(_gemini_live_ws(dial, _turns(text), audio, binary, snake_case, path, skip_setup, model))
+    dial = _dial(base_url, ca, proxy, mock_id, timeout)
+    return _run(dial, _gemini_live_ws(dial, _turns(text), audio, binary, snake_case, path, skip_setup, model))
 
 
 def _gemini_messages(model: str, text: str, audio: bool, snake_case: bool) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -396,7 +418,7 @@ def _gemini_messages(model: str, text: str, audio: bool, snake_case: bool) -> tu
 async def _gemini_live_ws(
     dial: Dial, texts: list[str], audio: bool, binary: bool, snake_case: bool, path: str, skip_setup: bool, model: str
 ) -> dict[str, Any]:
-    seen = _seen(dial)
+    seen = dial.seen
     seen["frame_kinds"] = []
     query = f"?key=test-gemini-key&mock_id={dial.mock_id}{'&binary=1' if binary else ''}"
     try:
@@ -438,14 +460,16 @@ def copilot_ws(
     proxy: str | None = None,
     mode: str = "chat",
     mock_id: str | None = None,
+    timeout: float = TIMEOUT,
 ) -> dict[str, Any]:
     """The ``/c/api/chat`` flow as copilot.microsoft.com's page (and g4f) run it: a ``ping``,
     ``setOptions``, then per turn a ``send`` and the events until ``suggestedFollowups``."""
-    return _run(_copilot_ws(_dial(base_url, ca, proxy, mock_id), _turns(text), mode))
+    dial = _dial(base_url, ca, proxy, mock_id, timeout)
+    return _run(dial, _copilot_ws(dial, _turns(text), mode))
 
 
 async def _copilot_ws(dial: Dial, texts: list[str], mode: str) -> dict[str, Any]:
-    seen = _seen(dial)
+    seen = dial.seen
     path = f"/c/api/chat?api-version=2&clientSessionId={uuid.uuid4()}&accessToken=test-token"
     try:
         async with dial.connect(path, additional_headers={"x-mock-id": dial.mock_id}) as ws:
@@ -486,12 +510,14 @@ def chathub_ws(
     proxy: str | None = None,
     path: str = "/sydney/ChatHub",
     mock_id: str | None = None,
+    timeout: float = TIMEOUT,
 ) -> dict[str, Any]:
     """ChatHub turns the way EdgeGPT, sydney.py and PyRIT send them (SignalR JSON by hand):
     handshake, then per turn a ``Metrics`` telemetry call and one ``chat`` StreamInvocation (in one
     frame). A turn's ``text`` is its last cumulative ``update`` snapshot, ``deltas`` the M365
     ``writeAtCursor`` pieces, ``result`` / ``final`` the final item's result and bot text."""
-    return _run(_chathub_ws(_dial(base_url, ca, proxy, mock_id), _turns(text), path))
+    dial = _dial(base_url, ca, proxy, mock_id, timeout)
+    return _run(dial, _chathub_ws(dial, _turns(text), path))
 
 
 def _chat_invocation(invocation: str, text: str) -> dict[str, Any]:
@@ -501,7 +527,7 @@ def _chat_invocation(invocation: str, text: str) -> dict[str, Any]:
 
 
 async def _chathub_ws(dial: Dial, texts: list[str], path: str) -> dict[str, Any]:
-    seen = _seen(dial)
+    seen = dial.seen
     seen.update(result=None, final=None, deltas="", last_update=False)
     metrics = {"type": 1, "target": "Metrics", "arguments": [{"Timestamps": {"RequestSent": "2026-01-01T00:00:00Z"}}]}
     try:
@@ -568,12 +594,14 @@ def signalr_py(
     method: str = "stream",
     path: str = "/hubs/chat",
     mock_id: str | None = None,
+    timeout: float = TIMEOUT,
 ) -> dict[str, Any]:
     """``pysignalr`` against a hub: ``stream`` calls ``Generate`` (string ``items``), ``invoke`` calls
     ``Ask`` (a string ``result``); JSON or MessagePack. Without a proxy it negotiates first
     (``POST …/negotiate``)."""
+    dial = _dial(base_url, ca, proxy, mock_id, timeout)
     with _proxy_env(proxy):
-        return _run(_signalr_py(_dial(base_url, ca, proxy, mock_id), text, protocol, method, path))
+        return _run(dial, _signalr_py(dial, text, protocol, method, path))
 
 
 async def _signalr_py(dial: Dial, text: str, protocol: str, method: str, path: str) -> dict[str, Any]:
@@ -582,7 +610,7 @@ async def _signalr_py(dial: Dial, text: str, protocol: str, method: str, path: s
     from pysignalr.protocol.json import JSONProtocol
     from pysignalr.protocol.messagepack import MessagepackProtocol
 
-    seen = _seen(dial)
+    seen = dial.seen
     seen.update(items=[], result=None)
     turn = _turn(seen)
     finished = asyncio.Event()
@@ -593,7 +621,7 @@ async def _signalr_py(dial: Dial, text: str, protocol: str, method: str, path: s
         headers={"x-mock-id": dial.mock_id},
         ssl=dial.ssl(),
         retry_count=1,
-        connection_timeout=int(TIMEOUT),
+        connection_timeout=max(1, int(dial.timeout)),
     )
     if dial.proxy:  # at the ws(s):// URL negotiation would have given
         client._transport._skip_negotiation = True
@@ -632,13 +660,15 @@ async def _signalr_py(dial: Dial, text: str, protocol: str, method: str, path: s
     client.on_error(on_error)
     runner = asyncio.create_task(client.run())
     waiter = asyncio.create_task(finished.wait())
-    await asyncio.wait({runner, waiter}, timeout=TIMEOUT, return_when=asyncio.FIRST_COMPLETED)
-    if runner.done() and runner.exception() is not None:
-        seen["errors"].append(repr(runner.exception()))
-    runner.cancel()
-    waiter.cancel()
-    with contextlib.suppress(asyncio.CancelledError, Exception):
-        await runner
+    try:
+        await asyncio.wait({runner, waiter}, return_when=asyncio.FIRST_COMPLETED)
+        if runner.done() and not runner.cancelled() and runner.exception() is not None:
+            seen["errors"].append(repr(runner.exception()))
+    finally:
+        runner.cancel()
+        waiter.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await runner
     return seen
 
 
@@ -654,6 +684,7 @@ def signalr_node(
     cancel_after: int | None = None,
     skip_negotiation: bool = True,
     mock_id: str | None = None,
+    timeout: float = TIMEOUT,
     node: str = "node",
 ) -> dict[str, Any]:
     """``@microsoft/signalr`` (Node) against a hub (``tests/node/signalr_clients.mjs``): ``stream``
@@ -671,13 +702,14 @@ def signalr_node(
         "insecure": ca is False,
         "cancelAfter": cancel_after,
         "skipNegotiation": skip_negotiation,
+        "timeoutMs": int(timeout * 1000),
     }
     env = {k: v for k, v in os.environ.items() if "proxy" not in k.lower()}
     done = subprocess.run(
         [node, str(NODE_DIR / "signalr_clients.mjs"), json.dumps(config)],
         capture_output=True,
         text=True,
-        timeout=TIMEOUT * 2,
+        timeout=timeout + 30,
         cwd=NODE_DIR,
         env=env,
     )

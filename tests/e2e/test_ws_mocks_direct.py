@@ -323,6 +323,22 @@ def test_signalr_node_cancel_and_errors(upstreams, node: Node):
     assert negotiated["text"] == ANSWER
 
 
+def test_drivers_give_up_with_what_they_saw(upstreams, node: Node):
+    """A conversation that outlasts ``timeout`` (here: slow pieces) returns the partial text, ``timed_out``."""
+    slow = "delay_ms=1500 " + PROMPT
+    url = upstreams["h1"].url
+    for seen in (
+        wsclients.realtime_ws(url, slow, timeout=1),
+        wsclients.gemini_live_ws(url, slow, timeout=1),
+        wsclients.copilot_ws(url, slow, timeout=1),
+        wsclients.chathub_ws(url, slow, timeout=1),
+        wsclients.signalr_py(url, slow, timeout=1),
+        wsclients.signalr_node(url, slow, timeout=1, node=node.binary),
+    ):
+        assert seen["timed_out"] is True and seen["text"] == ANSWER[:4], seen
+    assert wsclients.realtime_ws(url, PROMPT)["timed_out"] is False
+
+
 def test_unknown_path_refused(upstreams):
     with pytest.raises(websockets.InvalidStatus) as refused:
         wsclients.realtime_ws(upstreams["h1"].url + "/elsewhere", PROMPT)

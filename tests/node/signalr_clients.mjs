@@ -1,8 +1,8 @@
 // The official SignalR client (@microsoft/signalr, JSON or MessagePack) against a hub, for
 // tests/wsclients.py's signalr_node. argv[2] is JSON:
 //   {url, text, protocol: "json"|"messagepack", method: "stream"|"invoke"|"chat",
-//    proxy?, ca?, insecure?, cancelAfter?, skipNegotiation?}
-// Prints one JSON line: {text, items, result, updates, errors, events}.
+//    proxy?, ca?, insecure?, cancelAfter?, skipNegotiation?, timeoutMs?}
+// Prints one JSON line: {text, items, result, updates, errors, events, timed_out}.
 //
 // Proxy and CA: the client takes a WebSocket constructor (option `WebSocket`) and, in Node,
 // calls it as new WebSocket(url, protocols, {headers}); the class below is the `ws` package's,
@@ -15,7 +15,7 @@ import { HttpsProxyAgent } from "https-proxy-agent";
 import WS from "ws";
 
 const config = JSON.parse(process.argv[2]);
-const seen = { text: "", items: [], result: null, updates: [], errors: [], events: [] };
+const seen = { text: "", items: [], result: null, updates: [], errors: [], events: [], timed_out: false };
 
 const tls = {};
 if (config.ca) tls.ca = fs.readFileSync(config.ca);
@@ -43,6 +43,16 @@ connection.onclose((error) => {
   seen.events.push("close");
   if (error) seen.errors.push(String(error.message ?? error));
 });
+
+function report() {
+  process.stdout.write(JSON.stringify(seen) + "\n");
+  process.exit(0);
+}
+// Past timeoutMs, what it saw so far (a proxy that swallowed the call must not hang the test).
+setTimeout(() => {
+  seen.timed_out = true;
+  report();
+}, config.timeoutMs ?? 20000).unref();
 
 const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
 
@@ -97,5 +107,4 @@ try {
   seen.errors.push(String(error.message ?? error));
 }
 await connection.stop().catch(() => {});
-process.stdout.write(JSON.stringify(seen) + "\n");
-process.exit(0);
+report();
