@@ -96,12 +96,27 @@ class Plan:
     def pieces(self) -> list[str]:
         return [self.text[i : i + PIECE] for i in range(0, len(self.text), PIECE)]
 
-    async def paced(self) -> AsyncIterator[tuple[int, str]]:
-        """The pieces with their index, ``delay`` apart."""
-        for index, piece in enumerate(self.pieces()):
+    @property
+    def fails(self) -> bool:
+        """The answer stops at ``fail_after`` with the protocol's error (after :meth:`paced` ends)."""
+        return self.fail_after is not None and self.fail_after < len(self.pieces())
+
+    async def paced(self, conn: Connection) -> AsyncIterator[tuple[int, str]]:
+        """The pieces with their index, ``delay`` apart, up to ``fail_after``; closes ``conn``
+        (:class:`Closed`) at ``close_after`` when the plan has a ``close``."""
+        pieces = self.pieces()
+        for index, piece in enumerate(pieces):
             if index and self.delay:
                 await asyncio.sleep(self.delay)
+            await self._maybe_close(conn, index)
+            if self.fail_after is not None and index >= self.fail_after:
+                return
             yield index, piece
+        await self._maybe_close(conn, len(pieces))
+
+    async def _maybe_close(self, conn: Connection, index: int) -> None:
+        if self.close is not None and index >= self.close_after:
+            await conn.close(self.close, "mock close")
 
 
 class Closed(Exception):
@@ -308,12 +323,6 @@ async def serve(scope: dict[str, Any], receive: Receive, send: Send, keep: Calla
             await pump
 
 
-async def _maybe_close(conn: Connection, plan: Plan, index: int) -> None:
-    """Close the socket when the plan says so at piece ``index``."""
-    if plan.close is not None and index >= plan.close_after:
-        await conn.close(plan.close, "mock close")
-
-
 def _loads(frame: Frame) -> Any:
     try:
         return orjson.loads(frame)
@@ -442,21 +451,17 @@ class _Realtime:
         audio_name = self.name("response.output_audio", "response.audio")
         said, status = "", "completed"
         details: dict[str, Any] | None = None
-        async for index, piece in plan.paced():
-            await _maybe_close(self.conn, plan, index)
+        async for index, piece in plan.paced(self.conn):
             if self.cancelled.is_set():
                 status, details = "cancelled", {"type": "cancelled", "reason": "client_cancelled"}
-                break
-            if plan.fail_after is not None and index >= plan.fail_after:
-                error = {"type": "server_error", "code": "mock_failure", "message": "The mock failed on purpose."}
-                status, details = "failed", {"type": "failed", "error": error}
                 break
             said += piece
             await self.emit(f"{transcript if audio else text_delta}.delta", **part_at, delta=piece)
             if audio and index < 2:
                 await self.emit(f"{audio_name}.delta", **part_at, delta=base64.b64encode(b"\x00\x01" * 8).decode())
-        else:
-            await _maybe_close(self.conn, plan, len(plan.pieces()))
+        if status == "completed" and plan.fails:
+            error = {"type": "server_error", "code": "mock_failure", "message": "The mock failed on purpose."}
+            status, details = "failed", {"type": "failed", "error": error}
         if audio:
             await self.emit(f"{audio_name}.done", **part_at)
             await self.emit(f"{transcript}.done", **part_at, transcript=said)
@@ -559,10 +564,7 @@ async def serve_gemini_live(conn: Connection, scope: dict[str, Any]) -> None:
 
 async def _gemini_turn(conn: Connection, plan: Plan, prompt: str, audio: bool) -> None:
     said = ""
-    async for index, piece in plan.paced():
-        await _maybe_close(conn, plan, index)
-        if plan.fail_after is not None and index >= plan.fail_after:
-            await conn.close(1011, "Internal error encountered.")
+    async for _, piece in plan.paced(conn):
         said += piece
         if audio:
             blob = {"mimeType": "audio/pcm;rate=24000", "data": base64.b64encode(b"\x00\x01" * 8).decode()}
@@ -570,7 +572,8 @@ async def _gemini_turn(conn: Connection, plan: Plan, prompt: str, audio: bool) -
             await conn.send_json({"serverContent": {"outputTranscription": {"text": piece}}})
         else:
             await conn.send_json({"serverContent": {"modelTurn": {"role": "model", "parts": [{"text": piece}]}}})
-    await _maybe_close(conn, plan, len(plan.pieces()))
+    if plan.fails:
+        await conn.close(1011, "Internal error encountered.")
     await conn.send_json({"serverContent": {"generationComplete": True}})
     prompt_tokens, response_tokens = len(prompt.split()) + 1, -(-len(said) // PIECE)
     usage = {
@@ -610,13 +613,11 @@ async def _copilot_turn(conn: Connection, event: Callable[..., Awaitable[None]],
     await event("received", conversationId=conversation, messageId=uuid.uuid4().hex[:21], createdAt=stamp)
     message_id, part_id = uuid.uuid4().hex[:21], "0"
     await event("startMessage", conversationId=conversation, messageId=message_id, createdAt=stamp)
-    async for index, piece in plan.paced():
-        await _maybe_close(conn, plan, index)
-        if plan.fail_after is not None and index >= plan.fail_after:
-            await event("error", messageId=message_id, code="mockFailure", message="The mock failed on purpose.")
-            return
+    async for _, piece in plan.paced(conn):
         await event("appendText", messageId=message_id, partId=part_id, text=piece)
-    await _maybe_close(conn, plan, len(plan.pieces()))
+    if plan.fails:
+        await event("error", messageId=message_id, code="mockFailure", message="The mock failed on purpose.")
+        return
     await event("partCompleted", messageId=message_id, partId=part_id)
     await event("done", messageId=message_id)
     await event("titleUpdate", conversationId=conversation, title="Mock conversation")
@@ -810,19 +811,17 @@ async def _generic_call(hub: _Hub, message: dict[str, Any], stop: asyncio.Event)
         return
     plan = Plan.parse(prompt, hub.conn.query)
     said = ""
-    async for index, piece in plan.paced():
-        await _maybe_close(hub.conn, plan, index)
+    async for _, piece in plan.paced(hub.conn):
         if stop.is_set():
             await hub.send(done)
-            return
-        if plan.fail_after is not None and index >= plan.fail_after:
-            await hub.send({**done, "error": "An unexpected error occurred invoking the mock."})
             return
         said += piece
         if message["type"] == 4:
             await hub.send({"type": 2, "invocationId": invocation, "item": piece})
-    await _maybe_close(hub.conn, plan, len(plan.pieces()))
-    await hub.send(done if message["type"] == 4 else {**done, "result": said})
+    if plan.fails:
+        await hub.send({**done, "error": "An unexpected error occurred invoking the mock."})
+    else:
+        await hub.send(done if message["type"] == 4 else {**done, "result": said})
 
 
 async def _chathub_turn(hub: _Hub, message: dict[str, Any], m365: bool) -> None:
@@ -860,11 +859,7 @@ async def _chathub_turn(hub: _Hub, message: dict[str, Any], m365: bool) -> None:
     await hub.send(update(throttling=throttling))
     said = ""
     if not throttled:
-        async for index, piece in plan.paced():
-            await _maybe_close(hub.conn, plan, index)
-            if plan.fail_after is not None and index >= plan.fail_after:
-                await hub.send({**done, "error": "An unexpected error occurred invoking 'chat' on the server."})
-                return
+        async for index, piece in plan.paced(hub.conn):
             said += piece
             fields: dict[str, Any] = {"messages": [bot(said)]}
             if m365:
@@ -872,7 +867,9 @@ async def _chathub_turn(hub: _Hub, message: dict[str, Any], m365: bool) -> None:
                 if index == 0:
                     fields["cursor"] = {"j": f"$['{bot_id}'].adaptiveCards[0].body[0].text", "p": -1}
             await hub.send(update(**fields))
-        await _maybe_close(hub.conn, plan, len(plan.pieces()))
+        if plan.fails:
+            await hub.send({**done, "error": "An unexpected error occurred invoking 'chat' on the server."})
+            return
         if m365:
             await hub.send(update(messages=[bot(said)], isLastUpdate=True))
     echo = {"text": prompt, "author": "user", "messageId": str(user.get("messageId") or uuid.uuid4())}

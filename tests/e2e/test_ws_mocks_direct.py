@@ -263,9 +263,12 @@ def test_chathub_turns_on_one_connection(upstreams):
     assert [t["result"]["message"] for t in seen["turns"]] == ["one", "two"]
 
 
-def test_chathub_throttled(upstreams):
+def test_chathub_throttled_and_failed(upstreams):
     seen = wsclients.chathub_ws(upstreams["h1"].url, "please throttle this")
     assert seen["result"]["value"] == "Throttled" and seen["text"] == "" and seen["final"] is None
+    failed = wsclients.chathub_ws(upstreams["h1"].url, "fail_after=2 " + PROMPT)
+    assert failed["errors"] == ["An unexpected error occurred invoking 'chat' on the server."]
+    assert failed["text"] == ANSWER[:8] and failed["result"] is None
 
 
 @pytest.mark.parametrize("kind", TRANSPORTS)
