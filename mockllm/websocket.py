@@ -17,7 +17,8 @@ Routed by path (hypercorn serves WebSocket over HTTP/1.1, plain and TLS):
 What the model says is steered from the prompt text (:class:`Plan`): ``say: X`` makes the
 answer ``X`` (the rest of the text), ``delay_ms=N`` waits between pieces (also a query
 parameter), ``fail_after=N`` ends the answer with the protocol's error after N pieces and
-``close=CODE`` (``close_after=N``) closes the WebSocket instead.
+``close=CODE`` (``close_after=N``) closes the WebSocket instead; ``tool=NAME`` makes
+Realtime and Gemini Live call that tool with ``{"text": X}``.
 
 Each connection is kept like an HTTP exchange for ``/_mock/requests/{id}`` and
 ``/_mock/sent/{id}``: ``id`` is the upgrade's ``x-mock-id`` header or the ``mock_id``
@@ -33,12 +34,13 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import dataclasses
 import re
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NoReturn
 from urllib.parse import parse_qs
 
 import msgpack
@@ -76,6 +78,8 @@ class Plan:
     fail_after: int | None = None
     close: int | None = None
     close_after: int = 0
+    tool: str | None = None
+    """Call this tool (Realtime, Gemini Live) with ``{"text": text}`` instead of answering."""
 
     @classmethod
     def parse(cls, prompt: str, query: dict[str, list[str]] | None = None) -> Plan:
@@ -84,13 +88,18 @@ class Plan:
         if "delay_ms" not in knobs and query and query.get("delay_ms"):
             knobs["delay_ms"] = query["delay_ms"][-1]
         said = re.search(r"say:\s*(.*)", prompt, re.DOTALL)
-        text = re.sub(r"\b(delay_ms|fail_after|close_after|close)=\d+\s*", "", said[1]).strip() if said else ""
+        text = (
+            re.sub(r"\b(delay_ms|fail_after|close_after|close)=\d+\s*|\btool=\w+\s*", "", said[1]).strip()
+            if said
+            else ""
+        )
         return cls(
             text=text or DEFAULT_ANSWER,
             delay=int(knobs.get("delay_ms", 0)) / 1000,
             fail_after=int(knobs["fail_after"]) if "fail_after" in knobs else None,
             close=int(knobs["close"]) if "close" in knobs else None,
             close_after=int(knobs.get("close_after", 0)),
+            tool=tool[1] if (tool := re.search(r"\btool=(\w+)", prompt)) else None,
         )
 
     def pieces(self) -> list[str]:
@@ -222,7 +231,8 @@ class Connection:
         data = orjson.dumps(obj)
         await self.send(data if self.binary else data.decode())
 
-    async def close(self, code: int = 1000, reason: str = "") -> None:
+    async def close(self, code: int = 1000, reason: str = "") -> NoReturn:
+        """Close the WebSocket, then stop the handler (:class:`Closed`)."""
         if self.closed:
             raise Closed
         self.closed = True
@@ -433,52 +443,80 @@ class _Realtime:
         audio = "audio" in modalities
         prompt = self.last_user_text or str(options.get("instructions") or "")
         plan = Plan.parse(prompt, self.conn.query)
-        response_id, item_id = _id("resp"), _id("item")
+        response_id = _id("resp")
         response: dict[str, Any] = {"object": "realtime.response", "id": response_id, "status": "in_progress"}
         response |= {"status_details": None, "output": [], "conversation_id": _id("conv"), "usage": None}
         response[self.name("output_modalities", "modalities")] = modalities
         await self.emit("response.created", response=response)
         at = {"response_id": response_id, "output_index": 0}
-        item: dict[str, Any] = {"id": item_id, "object": "realtime.item", "type": "message", "status": "in_progress"}
+        if plan.tool is not None:
+            item, said = await self._function_call(plan, plan.tool, at)
+        else:
+            item, said = await self._message(plan, audio, at)
+        await self.emit("response.output_item.done", **at, item=item)
+        status = "completed"
+        details: dict[str, Any] | None = None
+        if self.cancelled.is_set():
+            status, details = "cancelled", {"type": "cancelled", "reason": "client_cancelled"}
+        elif plan.fails:
+            error = {"type": "server_error", "code": "mock_failure", "message": "The mock failed on purpose."}
+            status, details = "failed", {"type": "failed", "error": error}
+        usage = self.usage(prompt, said, audio)
+        response |= {"status": status, "status_details": details, "output": [item], "usage": usage}
+        await self.emit("response.done", response=response)
+
+    async def _message(self, plan: Plan, audio: bool, at: dict[str, Any]) -> tuple[dict[str, Any], str]:
+        """An assistant message item: text deltas, or transcript and audio deltas; it and its text."""
+        item: dict[str, Any] = {
+            "id": _id("item"),
+            "object": "realtime.item",
+            "type": "message",
+            "status": "in_progress",
+        }
         item |= {"role": "assistant", "content": []}
         await self.emit("response.output_item.added", **at, item=item)
-        part_at = {**at, "item_id": item_id, "content_index": 0}
-        kind = "audio" if audio else "text"
-        key = "transcript" if audio else "text"
+        part_at = {**at, "item_id": item["id"], "content_index": 0}
+        kind, key = ("audio", "transcript") if audio else ("text", "text")
         await self.emit("response.content_part.added", **part_at, part={"type": kind, key: ""})
         text_delta = self.name("response.output_text", "response.text")
         transcript = self.name("response.output_audio_transcript", "response.audio_transcript")
         audio_name = self.name("response.output_audio", "response.audio")
-        said, status = "", "completed"
-        details: dict[str, Any] | None = None
+        said = ""
         async for index, piece in plan.paced(self.conn):
             if self.cancelled.is_set():
-                status, details = "cancelled", {"type": "cancelled", "reason": "client_cancelled"}
                 break
             said += piece
             await self.emit(f"{transcript if audio else text_delta}.delta", **part_at, delta=piece)
             if audio and index < 2:
                 await self.emit(f"{audio_name}.delta", **part_at, delta=base64.b64encode(b"\x00\x01" * 8).decode())
-        if status == "completed" and plan.fails:
-            error = {"type": "server_error", "code": "mock_failure", "message": "The mock failed on purpose."}
-            status, details = "failed", {"type": "failed", "error": error}
         if audio:
             await self.emit(f"{audio_name}.done", **part_at)
             await self.emit(f"{transcript}.done", **part_at, transcript=said)
         else:
             await self.emit(f"{text_delta}.done", **part_at, text=said)
         await self.emit("response.content_part.done", **part_at, part={"type": kind, key: said})
+        finished = not self.cancelled.is_set() and not plan.fails
         content_type = self.name("output_audio" if audio else "output_text", kind)
-        item |= {"status": "completed" if status == "completed" else "incomplete"}
-        item["content"] = [{"type": content_type, key: said}]
-        await self.emit("response.output_item.done", **at, item=item)
-        response |= {
-            "status": status,
-            "status_details": details,
-            "output": [item],
-            "usage": self.usage(prompt, said, audio),
-        }
-        await self.emit("response.done", response=response)
+        item |= {"status": "completed" if finished else "incomplete", "content": [{"type": content_type, key: said}]}
+        return item, said
+
+    async def _function_call(self, plan: Plan, name: str, at: dict[str, Any]) -> tuple[dict[str, Any], str]:
+        """A function call item whose arguments (``{"text": <the answer>}``) stream in pieces."""
+        item: dict[str, Any] = {"id": _id("item"), "object": "realtime.item", "type": "function_call"}
+        item |= {"status": "in_progress", "name": name, "call_id": _id("call"), "arguments": ""}
+        await self.emit("response.output_item.added", **at, item=item)
+        call_at = {**at, "item_id": item["id"], "call_id": item["call_id"]}
+        arguments = orjson.dumps({"text": plan.text}).decode()
+        pieces = Plan(arguments, plan.delay, plan.fail_after, plan.close, plan.close_after)
+        said = ""
+        async for _, piece in pieces.paced(self.conn):
+            if self.cancelled.is_set():
+                break
+            said += piece
+            await self.emit("response.function_call_arguments.delta", **call_at, delta=piece)
+        await self.emit("response.function_call_arguments.done", **call_at, name=name, arguments=said)
+        finished = not self.cancelled.is_set() and not pieces.fails
+        return item | {"status": "completed" if finished else "incomplete", "arguments": said}, said
 
     @staticmethod
     def usage(prompt: str, said: str, audio: bool) -> dict[str, Any]:
@@ -527,39 +565,56 @@ def _turn_text(content: dict[str, Any]) -> str:
 
 
 async def serve_gemini_live(conn: Connection, scope: dict[str, Any]) -> None:
-    first = _loads(await conn.next())
-    if not isinstance(first, dict):
-        await conn.close(1007, "Invalid JSON payload received.")
-    setup = first.get("setup")
-    if not isinstance(setup, dict):
-        await conn.close(1007, "Invalid request: the first message must be setup.")
-    config = _pick(setup, "generationConfig", "generation_config") or {}
-    modalities = [str(m).upper() for m in _pick(config, "responseModalities", "response_modalities") or ["TEXT"]]
-    model = str(setup.get("model") or "").removeprefix("models/")
-    if "blocked-model" in model:  # how the service refuses a model: a policy close, no JSON error
-        await conn.close(
-            1008, f"models/{model} is not found for API version v1beta, or is not supported for bidiGenerateContent."
-        )
-    await conn.send_json({"setupComplete": {}})
+    audio = await _gemini_setup(conn)
     pending: list[str] = []
+    waiting: tuple[Plan, str] | None = None  # a turn that called a tool: answered after the toolResponse
     while True:
         message = _loads(await conn.next())
         if not isinstance(message, dict):
             await conn.close(1007, "Invalid JSON payload received.")
         content = _pick(message, "clientContent", "client_content")
         realtime = _pick(message, "realtimeInput", "realtime_input")
+        if _pick(message, "toolResponse", "tool_response") is not None:
+            if waiting is not None:
+                (plan, prompt), waiting = waiting, None
+                await _gemini_turn(conn, plan, prompt, audio)
+            continue
         if isinstance(content, dict):
             pending.append(_turn_text(content))
             if not _pick(content, "turnComplete", "turn_complete"):
                 continue
         elif isinstance(realtime, dict) and isinstance(realtime.get("text"), str):
             pending.append(realtime["text"])
-        elif isinstance(realtime, dict) or _pick(message, "toolResponse", "tool_response") is not None:
-            continue
+        elif isinstance(realtime, dict):
+            continue  # audio / video chunks: no voice activity detection here
         else:
             await conn.close(1007, "Invalid request: unknown message.")
         prompt, pending = " ".join(pending), []
-        await _gemini_turn(conn, Plan.parse(prompt, conn.query), prompt, "AUDIO" in modalities)
+        plan = Plan.parse(prompt, conn.query)
+        if plan.tool is None:
+            await _gemini_turn(conn, plan, prompt, audio)
+        else:
+            call = {"id": _id("call"), "name": plan.tool, "args": {"text": plan.text}}
+            await conn.send_json({"toolCall": {"functionCalls": [call]}})
+            waiting = (dataclasses.replace(plan, tool=None), prompt)
+
+
+async def _gemini_setup(conn: Connection) -> bool:
+    """Read the ``setup`` (or close the socket as the service does); True if it asks for audio."""
+    first = _loads(await conn.next())
+    if not isinstance(first, dict):
+        await conn.close(1007, "Invalid JSON payload received.")
+    setup = first.get("setup")
+    if not isinstance(setup, dict):
+        await conn.close(1007, "Invalid request: the first message must be setup.")
+    model = str(setup.get("model") or "").removeprefix("models/")
+    if "blocked-model" in model:  # how the service refuses a model: a policy close, no JSON error
+        reason = f"models/{model} is not found for API version v1beta, or is not supported for bidiGenerateContent."
+        await conn.close(1008, reason)
+    config = _pick(setup, "generationConfig", "generation_config") or {}
+    modalities = _pick(config, "responseModalities", "response_modalities") or ["TEXT"]
+    await conn.send_json({"setupComplete": {}})
+    return "AUDIO" in [str(m).upper() for m in modalities]
 
 
 async def _gemini_turn(conn: Connection, plan: Plan, prompt: str, audio: bool) -> None:

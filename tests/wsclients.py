@@ -8,6 +8,7 @@ proxy, mitmproxy's through one; ``False`` turns verification off) and an optiona
 :func:`direct` make those two from the conftest fixtures. It returns a dict of what the
 client saw: ``text`` (all turns), ``turns`` (per turn: ``text``, and ``status`` /
 ``usage`` where the protocol has them), ``events`` (kinds, in order), ``errors``,
+``tool_calls`` (Realtime and Gemini Live; Gemini's are answered with ``{"result": "ok"}``),
 ``usage`` (the last turn's), ``close_code`` / ``close_reason`` (when the socket was closed
 under it) and ``mock_id`` (the connection's id at the mock: ``Upstream.received(mock_id)``
 / ``Upstream.sent(mock_id)``; a driver that never reached the mock leaves it unknown there).
@@ -129,6 +130,7 @@ def _seen(mock_id: str) -> dict[str, Any]:
         "turns": [],
         "events": [],
         "errors": [],
+        "tool_calls": [],
         "usage": None,
         "close_code": None,
         "close_reason": None,
@@ -243,6 +245,10 @@ async def _realtime_sdk(
                         deltas += 1
                         if deltas == cancel_after:
                             await conn.response.cancel()
+                    elif event.type == "response.function_call_arguments.done":
+                        seen["tool_calls"].append(
+                            {"name": event.name, "call_id": event.call_id, "arguments": event.arguments}
+                        )
                     elif event.type == "error":
                         seen["errors"].append(event.error.model_dump())
                     elif event.type == "response.done":
@@ -312,6 +318,8 @@ async def _realtime_ws(
                         deltas += 1
                         if deltas == cancel_after:
                             await ws.send(json.dumps({"type": "response.cancel"}))
+                    elif event["type"] == "response.function_call_arguments.done":
+                        seen["tool_calls"].append({k: event[k] for k in ("name", "call_id", "arguments")})
                     elif event["type"] == "error":
                         seen["errors"].append(event["error"])
                     elif event["type"] == "response.done":
@@ -371,6 +379,13 @@ async def _gemini_live_sdk(dial: Dial, texts: list[str], audio: bool, model: str
                             _said(seen, turn, "".join(p.text for p in content.model_turn.parts or [] if p.text))
                         if content.output_transcription is not None and content.output_transcription.text:
                             _said(seen, turn, content.output_transcription.text)
+                    if message.tool_call is not None:
+                        calls = message.tool_call.function_calls or []
+                        seen["tool_calls"] += [{"id": c.id, "name": c.name, "args": c.args} for c in calls]
+                        answers = [
+                            types.FunctionResponse(id=c.id, name=c.name, response={"result": "ok"}) for c in calls
+                        ]
+                        await session.send_tool_response(function_responses=answers)
                     if message.usage_metadata is not None:
                         turn["usage"] = seen["usage"] = message.usage_metadata.model_dump(exclude_none=True)
                     if content is not None and content.turn_complete:
@@ -415,6 +430,13 @@ def _gemini_messages(model: str, text: str, audio: bool, snake_case: bool) -> tu
     return {"setup": setup}, {"clientContent": {"turns": turns, "turnComplete": True}}
 
 
+def _gemini_tool_response(calls: list[dict[str, Any]], snake_case: bool) -> dict[str, Any]:
+    answers = [{"id": c.get("id"), "name": c.get("name"), "response": {"result": "ok"}} for c in calls]
+    if snake_case:
+        return {"tool_response": {"function_responses": answers}}
+    return {"toolResponse": {"functionResponses": answers}}
+
+
 async def _gemini_live_ws(
     dial: Dial, texts: list[str], audio: bool, binary: bool, snake_case: bool, path: str, skip_setup: bool, model: str
 ) -> dict[str, Any]:
@@ -433,6 +455,9 @@ async def _gemini_live_ws(
                     seen["frame_kinds"].append("binary" if isinstance(frame, bytes) else "text")
                     message = json.loads(frame)
                     seen["events"].append(next(iter(message)))
+                    if calls := (message.get("toolCall") or {}).get("functionCalls"):
+                        seen["tool_calls"] += calls
+                        await ws.send(json.dumps(_gemini_tool_response(calls, snake_case)))
                     server = message.get("serverContent") or {}
                     for part in (server.get("modelTurn") or {}).get("parts") or []:
                         _said(seen, turn, part.get("text", ""))

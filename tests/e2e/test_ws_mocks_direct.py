@@ -131,6 +131,15 @@ def test_realtime_normal_close_mid_response(upstreams, driver):
     assert "status" not in seen
 
 
+@pytest.mark.parametrize("driver", [wsclients.realtime_sdk, wsclients.realtime_ws], ids=["openai-sdk", "websockets"])
+def test_realtime_function_call(upstreams, driver):
+    seen = driver(upstreams["h1"].url, "tool=lookup " + PROMPT)
+    (call,) = seen["tool_calls"]
+    assert (call["name"], json.loads(call["arguments"])) == ("lookup", {"text": ANSWER})
+    assert call["call_id"].startswith("call_") and seen["text"] == "" and seen["status"] == "completed"
+    assert "response.function_call_arguments.delta" in seen["events"]
+
+
 # -- Gemini Live ----------------------------------------------------------------------------
 
 
@@ -194,6 +203,17 @@ def test_gemini_live_turns_on_one_connection(upstreams, driver):
     assert (
         seen["turns"][1]["usage"]["totalTokenCount" if driver is wsclients.gemini_live_ws else "total_token_count"] == 4
     )
+
+
+@pytest.mark.parametrize(
+    "driver", [wsclients.gemini_live_sdk, wsclients.gemini_live_ws], ids=["google-genai", "websockets"]
+)
+def test_gemini_live_tool_call(upstreams, driver):
+    """A tool call, the client's toolResponse, then the turn's answer."""
+    seen = driver(upstreams["h2"].url, "tool=lookup " + PROMPT, **wsclients.direct(upstreams["h2"]))
+    (call,) = seen["tool_calls"]
+    assert (call["name"], call["args"]) == ("lookup", {"text": ANSWER})
+    assert seen["text"] == ANSWER
 
 
 def test_gemini_live_sdk_refused(upstreams):
