@@ -179,6 +179,25 @@ def _run(dial: Dial, coro: Any) -> dict[str, Any]:
     return dial.seen
 
 
+@contextlib.contextmanager
+def _proxy_env(proxy: str | None, ca: Ca = None) -> Iterator[None]:
+    """``HTTPS_PROXY`` / ``HTTP_PROXY`` set to ``proxy`` (and no ``NO_PROXY``), and ``SSL_CERT_FILE``
+    to ``ca`` when it is a file, for a client that reads only the environment; restored after."""
+    names = ("HTTPS_PROXY", "HTTP_PROXY", "https_proxy", "http_proxy", "NO_PROXY", "no_proxy", "ALL_PROXY", "all_proxy")
+    saved = {name: os.environ.pop(name, None) for name in (*names, "SSL_CERT_FILE")}
+    if proxy:
+        os.environ["HTTPS_PROXY"] = os.environ["HTTP_PROXY"] = proxy
+    if ca not in (None, True, False):
+        os.environ["SSL_CERT_FILE"] = str(ca)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            os.environ.pop(name, None)
+            if value is not None:
+                os.environ[name] = value
+
+
 # -- OpenAI Realtime ------------------------------------------------------------------------
 
 
@@ -206,17 +225,20 @@ def realtime_sdk(
     audio: bool = False,
     cancel_after: int | None = None,
     model: str = REALTIME_MODEL,
+    from_env: bool = False,
     mock_id: str | None = None,
     timeout: float = TIMEOUT,
 ) -> dict[str, Any]:
     """Responses through the official ``openai`` SDK (GA ``client.realtime``, or ``client.beta.realtime``)
-    on one connection; ``cancel_after`` deltas of a response, it sends ``response.cancel``."""
+    on one connection; ``cancel_after`` deltas of a response, it sends ``response.cancel``.
+    ``from_env``: the proxy and CA only as ``HTTPS_PROXY`` and ``SSL_CERT_FILE`` (code left as users write it)."""
     dial = _dial(base_url, ca, proxy, mock_id, timeout)
-    return _run(dial, _realtime_sdk(dial, _turns(text), beta, audio, cancel_after, model))
+    with _proxy_env(proxy, ca) if from_env else contextlib.nullcontext():
+        return _run(dial, _realtime_sdk(dial, _turns(text), beta, audio, cancel_after, model, from_env))
 
 
 async def _realtime_sdk(
-    dial: Dial, texts: list[str], beta: bool, audio: bool, cancel_after: int | None, model: str
+    dial: Dial, texts: list[str], beta: bool, audio: bool, cancel_after: int | None, model: str, from_env: bool
 ) -> dict[str, Any]:
     import openai
 
@@ -226,8 +248,8 @@ async def _realtime_sdk(
         base_url=f"{dial.base_url.rstrip('/')}/v1",
         websocket_base_url=ws_url(dial.base_url, "/v1"),
     )
-    options: dict[str, Any] = {"proxy": dial.proxy}
-    if (context := dial.ssl()) is not None:
+    options: dict[str, Any] = {} if from_env else {"proxy": dial.proxy}
+    if not from_env and (context := dial.ssl()) is not None:
         options["ssl"] = context
     realtime = client.beta.realtime if beta else client.realtime
     try:
@@ -348,15 +370,18 @@ def gemini_live_sdk(
     proxy: str | None = None,
     audio: bool = False,
     model: str = GEMINI_LIVE_MODEL,
+    from_env: bool = False,
     mock_id: str | None = None,
     timeout: float = TIMEOUT,
 ) -> dict[str, Any]:
-    """Turns through ``google-genai``'s ``client.aio.live.connect`` (Gemini API, ``https`` only)."""
+    """Turns through ``google-genai``'s ``client.aio.live.connect`` (Gemini API, ``https`` only).
+    ``from_env``: the proxy and CA only as ``HTTPS_PROXY`` and ``SSL_CERT_FILE``."""
     dial = _dial(base_url, ca, proxy, mock_id, timeout)
-    return _run(dial, _gemini_live_sdk(dial, _turns(text), audio, model))
+    with _proxy_env(proxy, ca) if from_env else contextlib.nullcontext():
+        return _run(dial, _gemini_live_sdk(dial, _turns(text), audio, model, from_env))
 
 
-async def _gemini_live_sdk(dial: Dial, texts: list[str], audio: bool, model: str) -> dict[str, Any]:
+async def _gemini_live_sdk(dial: Dial, texts: list[str], audio: bool, model: str, from_env: bool) -> dict[str, Any]:
     from google import genai
     from google.genai import errors, types
 
@@ -364,7 +389,9 @@ async def _gemini_live_sdk(dial: Dial, texts: list[str], audio: bool, model: str
     args: dict[str, Any] = {"proxy": dial.proxy}
     if (context := dial.ssl()) is not None:
         args["ssl"] = context
-    options = types.HttpOptions(base_url=dial.base_url, headers={"x-mock-id": dial.mock_id}, async_client_args=args)
+    options = types.HttpOptions(
+        base_url=dial.base_url, headers={"x-mock-id": dial.mock_id}, async_client_args=None if from_env else args
+    )
     client = genai.Client(api_key="test-gemini-key", http_options=options)
     config = types.LiveConnectConfig(
         response_modalities=[types.Modality.AUDIO if audio else types.Modality.TEXT],
@@ -594,23 +621,6 @@ def _chathub_records(seen: dict[str, Any], turn: dict[str, Any], frame: str) -> 
             done = True
     seen["text"] = "".join(t["text"] for t in seen["turns"])
     return done
-
-
-@contextlib.contextmanager
-def _proxy_env(proxy: str | None) -> Iterator[None]:
-    """``HTTPS_PROXY`` / ``HTTP_PROXY`` set to ``proxy`` (and no ``NO_PROXY``) for a client that
-    reads only the environment; restored after."""
-    names = ("HTTPS_PROXY", "HTTP_PROXY", "https_proxy", "http_proxy", "NO_PROXY", "no_proxy", "ALL_PROXY", "all_proxy")
-    saved = {name: os.environ.pop(name, None) for name in names}
-    if proxy:
-        os.environ["HTTPS_PROXY"] = os.environ["HTTP_PROXY"] = proxy
-    try:
-        yield
-    finally:
-        for name, value in saved.items():
-            os.environ.pop(name, None)
-            if value is not None:
-                os.environ[name] = value
 
 
 def signalr_py(

@@ -402,6 +402,14 @@ def test_through_plain_mitmdump(upstreams, mitm, name):
     assert connection(upstreams["h2"], seen["mock_id"])[0]["frames"]  # it did reach the mock
 
 
+@pytest.mark.parametrize("driver", [wsclients.realtime_sdk, wsclients.gemini_live_sdk], ids=["openai", "google-genai"])
+def test_sdks_through_plain_mitmdump_from_the_environment(upstreams, mitm, driver):
+    """Code as users write it, with only HTTPS_PROXY and SSL_CERT_FILE set."""
+    proxy, mitm_ca = mitm
+    seen = driver(upstreams["h2"].url, PROMPT, ca=mitm_ca, proxy=proxy, from_env=True)
+    assert seen["text"] == ANSWER and seen["errors"] == []
+
+
 @pytest.mark.parametrize("protocol", ["json", "messagepack"])
 def test_signalr_node_through_plain_mitmdump(upstreams, mitm, node: Node, protocol):
     proxy, mitm_ca = mitm
