@@ -344,6 +344,15 @@ def _id(prefix: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex[:20]}"
 
 
+def _object(value: Any) -> dict[str, Any]:
+    """``value`` if it is a JSON object, else an empty one (a client's odd field is not a crash)."""
+    return value if isinstance(value, dict) else {}
+
+
+def _list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else []
+
+
 # -- OpenAI Realtime ------------------------------------------------------------------------
 
 _REALTIME_QUIET = {
@@ -368,6 +377,7 @@ class _Realtime:
     last_user_text: str = ""
     active: asyncio.Task[None] | None = None
     cancelled: asyncio.Event = field(default_factory=asyncio.Event)
+    id: str = field(default_factory=lambda: _id("sess"))
 
     def name(self, ga: str, beta: str) -> str:
         return beta if self.beta else ga
@@ -376,7 +386,7 @@ class _Realtime:
         await self.conn.send_json({"type": kind, "event_id": _id("event"), **fields})
 
     def session(self) -> dict[str, Any]:
-        common = {"id": _id("sess"), "model": self.model, "instructions": self.instructions, "tools": []}
+        common = {"id": self.id, "model": self.model, "instructions": self.instructions, "tools": []}
         if self.beta:
             return {"object": "realtime.session", "modalities": self.modalities, **common}
         return {"type": "realtime", "object": "realtime.session", "output_modalities": self.modalities, **common}
@@ -391,10 +401,10 @@ class _Realtime:
             return
         kind, event_id = event["type"], event.get("event_id")
         if kind == "session.update":
-            self.configure(event.get("session") or {})
+            self.configure(_object(event.get("session")))
             await self.emit("session.updated", session=self.session())
         elif kind == "conversation.item.create":
-            await self.add_item(event.get("item") or {}, event.get("previous_item_id"))
+            await self.add_item(_object(event.get("item")), event.get("previous_item_id"))
         elif kind == "response.create":
             if self.active is not None and not self.active.done():
                 await self.error(
@@ -402,7 +412,7 @@ class _Realtime:
                 )
                 return
             self.cancelled = asyncio.Event()
-            self.active = asyncio.create_task(self.respond(event.get("response") or {}))
+            self.active = asyncio.create_task(self.respond(_object(event.get("response"))))
         elif kind == "response.cancel":
             if self.active is None or self.active.done():
                 await self.error(
@@ -424,7 +434,7 @@ class _Realtime:
 
     async def add_item(self, item: dict[str, Any], previous: Any) -> None:
         item = {"id": item.get("id") or _id("item"), "object": "realtime.item", "status": "completed", **item}
-        texts = [part.get("text") for part in item.get("content") or [] if isinstance(part, dict)]
+        texts = [part.get("text") for part in _list(item.get("content")) if isinstance(part, dict)]
         if item.get("role") == "user" and any(isinstance(t, str) for t in texts):
             self.last_user_text = " ".join(t for t in texts if isinstance(t, str))
         if self.beta:
@@ -556,12 +566,9 @@ def _pick(obj: dict[str, Any], camel: str, snake: str) -> Any:
 
 
 def _turn_text(content: dict[str, Any]) -> str:
-    texts = []
-    for turn in content.get("turns") or []:
-        for part in (turn or {}).get("parts") or [] if isinstance(turn, dict) else []:
-            if isinstance(part, dict) and isinstance(part.get("text"), str):
-                texts.append(part["text"])
-    return " ".join(texts)
+    """The text parts of a ``clientContent``'s turns."""
+    parts = [part for turn in _list(content.get("turns")) for part in _list(_object(turn).get("parts"))]
+    return " ".join(part["text"] for part in parts if isinstance(part, dict) and isinstance(part.get("text"), str))
 
 
 async def serve_gemini_live(conn: Connection, scope: dict[str, Any]) -> None:
@@ -657,7 +664,7 @@ async def serve_copilot(conn: Connection, scope: dict[str, Any]) -> None:
         if kind == "ping":
             await event("pong")
         elif kind == "send":
-            parts = message.get("content") or []
+            parts = _list(message.get("content"))
             prompt = " ".join(p["text"] for p in parts if isinstance(p, dict) and isinstance(p.get("text"), str))
             conversation = message.get("conversationId") or uuid.uuid4().hex[:21]
             await _copilot_turn(conn, event, Plan.parse(prompt, conn.query), str(conversation))

@@ -114,7 +114,8 @@ class Dial:
 
     def connect(self, path: str, **kwargs: Any) -> Any:
         """``websockets.connect`` to ``path`` with only our proxy (never the environment's)."""
-        options: dict[str, Any] = {"proxy": self.proxy, "open_timeout": self.timeout, **kwargs}
+        # close_timeout: a driver that stops reading early must not wait long for the close reply
+        options: dict[str, Any] = {"proxy": self.proxy, "open_timeout": self.timeout, "close_timeout": 2, **kwargs}
         if (context := self.ssl()) is not None:
             options["ssl"] = context
         return websockets.connect(ws_url(self.base_url, path), **options)

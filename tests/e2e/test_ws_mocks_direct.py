@@ -9,6 +9,7 @@ drivers through the proxy with the addon.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 from collections.abc import Iterator
@@ -360,6 +361,47 @@ def test_drivers_give_up_with_what_they_saw(upstreams, node: Node):
     ):
         assert seen["timed_out"] is True and seen["text"] == ANSWER[:4], seen
     assert wsclients.realtime_ws(url, PROMPT)["timed_out"] is False
+
+
+def test_odd_frames_get_the_protocol_s_answer_not_a_crash(upstreams):
+    """Garbage in: Realtime answers ``error`` and stays usable, Gemini closes 1007, a hub without
+    a handshake closes 1002, Copilot ignores it; odd field types are tolerated."""
+    base = upstreams["h1"].url
+
+    async def talk(path: str, frames: list[str | bytes], answers: int) -> tuple[list, int | None]:
+        got: list = []
+        async with websockets.connect(wsclients.ws_url(base, path), proxy=None) as ws:
+            for frame in frames:
+                await ws.send(frame)
+            try:
+                for _ in range(answers):
+                    got.append(await asyncio.wait_for(ws.recv(), 5))
+            except websockets.ConnectionClosed as exc:
+                return got, exc.rcvd.code if exc.rcvd else 1006
+        return got, None
+
+    odd = [
+        "not json",
+        b"\xff\x00",
+        '{"type": "session.update", "session": 5}',
+        '{"type": "conversation.item.create", "item": []}',
+    ]
+    got, code = asyncio.run(talk("/v1/realtime?model=m", odd, 4))
+    kinds = [json.loads(g)["type"] for g in got]
+    assert kinds == ["session.created", "error", "error", "session.updated"] and code is None
+    assert asyncio.run(talk(wsclients.GEMINI_LIVE_PATH, ["{}"], 1)) == ([], 1007)
+    assert asyncio.run(talk(wsclients.GEMINI_LIVE_PATH, ['{"setup": {}}', "[1]"], 2))[1] == 1007
+    assert asyncio.run(talk("/hubs/chat", ['{"type":1}\x1e'], 1)) == ([], 1002)
+    hub = [
+        '{"protocol":"json","version":1}\x1e',
+        '{"type":4,"invocationId":"1","target":"Generate","arguments":[7]}\x1e',
+    ]
+    got, _ = asyncio.run(talk("/hubs/chat", hub, 3))
+    assert json.loads(got[2].rstrip("\x1e"))["error"] == "Failed to invoke 'Generate': expected one string argument."
+    got, _ = asyncio.run(talk("/c/api/chat", ["garbage", '{"event": "send", "content": "x"}'], 22))
+    events = [json.loads(g)["event"] for g in got]  # (read to the end: a client that stops reading
+    assert events[:3] == ["connected", "received", "startMessage"]  # stalls its own close handshake)
+    assert events[-1] == "suggestedFollowups"
 
 
 def test_unknown_path_refused(upstreams):
