@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -402,6 +403,50 @@ def test_odd_frames_get_the_protocol_s_answer_not_a_crash(upstreams):
     events = [json.loads(g)["event"] for g in got]  # (read to the end: a client that stops reading
     assert events[:3] == ["connected", "received", "startMessage"]  # stalls its own close handshake)
     assert events[-1] == "suggestedFollowups"
+
+
+SAMPLES = Path(__file__).resolve().parents[2].parent / "shared" / "reference" / "protocol-samples"
+
+
+def _sample_lines(name: str) -> list[dict]:
+    """The one-line JSON frames of a sample file (lines its author elided with "..." are left out)."""
+    frames = []
+    for line in (SAMPLES / name).read_text(encoding="utf-8").splitlines():
+        with contextlib.suppress(ValueError):
+            frames.append(json.loads(line))
+    return [f for f in frames if isinstance(f, dict)]
+
+
+def _sent_json(up: Upstream, mock_id: str) -> list[dict]:
+    frames = connection(up, mock_id)[1]["frames"]
+    texts = [f.get("text") or base64.b64decode(f["b64"]).decode() for f in frames]
+    return [json.loads(r) for t in texts for r in t.split("\x1e") if r.strip()]
+
+
+@pytest.mark.skipif(not SAMPLES.exists(), reason="../shared/reference/protocol-samples not present")
+def test_the_mock_s_frames_carry_the_captured_frames_fields(upstreams):
+    """Every field of the captured frames (shared samples) is in the mock's frame of that kind."""
+    up = upstreams["h1"]
+    realtime = _sent_json(up, wsclients.realtime_ws(up.url, PROMPT)["mock_id"])
+    captured = {e["type"]: e for e in _sample_lines("openai-realtime/unresolved-repo_ga-gpt-realtime-ws-frames.jsonl")}
+    mock = {e["type"]: e for e in realtime}
+    delta = set(captured["response.output_audio_transcript.delta"]) - {"obfuscation"}  # padding, not content
+    assert delta <= set(mock["response.output_text.delta"])
+    for kind in ("response.created", "response.output_item.added", "response.content_part.added"):
+        assert set(captured[kind]) <= set(mock[kind]), kind
+    usage = _sample_lines("openai-realtime/unresolved-repo_beta-gpt-4o-realtime-preview-response-done.json")[0]
+    assert set(usage["response"]["usage"]) == set(mock["response.done"]["response"]["usage"])
+    copilot = _sent_json(up, wsclients.copilot_ws(up.url, PROMPT)["mock_id"])
+    flow = {e["event"]: e for e in _sample_lines("copilot/unresolved-repo_copilot-v2-cdp-observed-flow.txt")}
+    for event in copilot:
+        if event["event"] in flow:
+            assert set(flow[event["event"]]) <= set(event), event["event"]
+    sydney = _sent_json(up, wsclients.chathub_ws(up.url, PROMPT)["mock_id"])
+    frames = _sample_lines("copilot/hncboy-ai-beehive_sydney-chathub-frames.txt")
+    captured_bot = next(f for f in frames if f["type"] == 1 and "messages" in f["arguments"][0])["arguments"][0]
+    mock_bot = next(f for f in sydney if f.get("type") == 1 and "messages" in f["arguments"][0])["arguments"][0]
+    wanted = set(captured_bot["messages"][0]) - {"timestamp", "feedback", "privacy"}  # no meaning for an auditor
+    assert wanted <= set(mock_bot["messages"][0]) and set(captured_bot) <= set(mock_bot)
 
 
 def test_unknown_path_refused(upstreams):
