@@ -24,12 +24,11 @@ answered in its API's format and shaped by the
   task's events, replaying those after ``?after=N`` or ``Last-Event-ID``.
 
 Connect calls of the protobuf methods in :mod:`mockllm.rpc` (Cursor, Windsurf, an echo
-service) are answered by :mod:`mockllm.connect`.
+service) are answered by :mod:`mockllm.connect`; WebSocket upgrades (OpenAI Realtime,
+Gemini Live, Copilot, SignalR hubs) and SignalR's negotiate by :mod:`mockllm.websocket`.
 
 The JSON body's ``stream: true`` picks streaming where the API has that
 switch (Gemini decides by path instead). Control routes:
-
-WebSocket upgrades are served by :mod:`mockllm.websocket`.
 
 * ``GET /_mock/sent/{id}``: what the server wrote for request ``id``.
 * ``GET /_mock/requests/{id}``: the request the server received.
