@@ -15,6 +15,7 @@ import contextlib
 import json
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 
 import httpx
 import pytest
@@ -459,13 +460,14 @@ def test_unknown_path_refused(upstreams):
 
 
 @pytest.fixture(scope="module")
-def mitm(tmp_path_factory, upstreams) -> Iterator[tuple[str, Path]]:
+def mitm(tmp_path_factory, upstreams) -> Iterator[SimpleNamespace]:
+    """A mitmdump without the addon, shaped like conftest's ``Proxy`` for ``wsclients.via``."""
     tmp = tmp_path_factory.mktemp("plain-mitm")
     cmd = [str(BIN / "mitmdump"), "--listen-host", "127.0.0.1", "--listen-port", "0", "--set", f"confdir={tmp}"]
     cmd += ["--set", f"ssl_verify_upstream_trusted_ca={upstreams['h2'].ca}"]
     process = Process.start(cmd)
     port = process.wait_line(r"(?i)proxy listening at .*:(\d+)", timeout=120).group(1)
-    yield f"http://127.0.0.1:{port}", tmp / "mitmproxy-ca-cert.pem"
+    yield SimpleNamespace(url=f"http://127.0.0.1:{port}", ca=tmp / "mitmproxy-ca-cert.pem")
     process.stop()
 
 
@@ -483,8 +485,7 @@ DRIVERS = {
 
 @pytest.mark.parametrize("name", DRIVERS)
 def test_through_plain_mitmdump(upstreams, mitm, name):
-    proxy, mitm_ca = mitm
-    seen = DRIVERS[name](upstreams["h2"].url, ca=mitm_ca, proxy=proxy)  # what wsclients.via(Proxy) gives
+    seen = DRIVERS[name](upstreams["h2"].url, **wsclients.via(mitm))
     assert seen["text"] == ANSWER
     assert connection(upstreams["h2"], seen["mock_id"])[0]["frames"]  # it did reach the mock
 
@@ -492,15 +493,13 @@ def test_through_plain_mitmdump(upstreams, mitm, name):
 @pytest.mark.parametrize("driver", [wsclients.realtime_sdk, wsclients.gemini_live_sdk], ids=["openai", "google-genai"])
 def test_sdks_through_plain_mitmdump_from_the_environment(upstreams, mitm, driver):
     """Code as users write it, with only HTTPS_PROXY and SSL_CERT_FILE set."""
-    proxy, mitm_ca = mitm
-    seen = driver(upstreams["h2"].url, PROMPT, ca=mitm_ca, proxy=proxy, from_env=True)
+    seen = driver(upstreams["h2"].url, PROMPT, **wsclients.via(mitm), from_env=True)
     assert seen["text"] == ANSWER and seen["errors"] == []
 
 
 @pytest.mark.parametrize("protocol", ["json", "messagepack"])
 def test_signalr_node_through_plain_mitmdump(upstreams, mitm, node: Node, protocol):
-    proxy, mitm_ca = mitm
     seen = wsclients.signalr_node(
-        upstreams["h2"].url, PROMPT, ca=mitm_ca, proxy=proxy, protocol=protocol, node=node.binary
+        upstreams["h2"].url, PROMPT, **wsclients.via(mitm), protocol=protocol, node=node.binary
     )
     assert seen["text"] == ANSWER and seen["errors"] == []
