@@ -29,10 +29,10 @@ which speaks HTTP CONNECT itself since version 15, and otherwise reads ``HTTPS_P
   ``HTTPS_PROXY`` / ``HTTP_PROXY`` for the duration of the call (:func:`_proxy_env`). Its
   negotiate POST (aiohttp, ``trust_env`` off) would bypass the proxy, so through a proxy
   negotiation is skipped (a private switch of its transport: it has no public one).
-* The environment alone also works for ``openai`` and ``google-genai`` (checked by hand with
-  openai 3.57 / google-genai 3.6 / websockets 17.4 through a plain mitmdump): ``HTTPS_PROXY``
-  (websockets' default ``proxy=True``) and ``SSL_CERT_FILE`` (OpenSSL's default paths; genai
-  reads it itself), when the code passes neither option, as users' code does.
+* The environment alone also works for ``openai`` and ``google-genai`` (``from_env=True``;
+  tested with openai 3.57, google-genai 3.6, websockets 17.4 through a plain mitmdump):
+  ``HTTPS_PROXY`` (websockets' default ``proxy=True``) and ``SSL_CERT_FILE`` (OpenSSL's
+  default paths; genai reads it itself), when the code passes neither option, as users' code does.
 * ``@microsoft/signalr`` (Node, ``tests/node/signalr_clients.mjs``): a ``WebSocket`` class
   (the ``ws`` package) whose agent is ``https-proxy-agent``'s, with the CA passed to it;
   with ``skipNegotiation`` (the default here), since its negotiate fetch has no proxy.
