@@ -30,6 +30,14 @@ CODES: dict[str, str] = {
     "passed through).",
     "websocket_closed": "How a WebSocket connection ended: the close code, who closed it, after how many turns; on a "
     "turn record, the connection ended during that answer.",
+    "realtime_error": "An OpenAI Realtime error event about a client event or outside a response (recoverable: "
+    "the session stays open); the detail gives its type, code and message.",
+    "ws_usage_after_turn": "Token usage arrived after its turn had ended (Gemini Live usageMetadata after "
+    "turnComplete): not added to the next turn; the detail gives the counts.",
+    "ws_go_away": "The server announced it will close the WebSocket connection soon (Gemini Live goAway); the "
+    "detail gives the time left.",
+    "copilot_challenge": "Consumer Copilot asked the client to pass a bot check (challenge event); the detail "
+    "gives its method.",
     # transport
     "decode_failed": "The Content-Encoding could not be decoded for inspection; the bytes passed through unchanged.",
     "audit_internal_error": "The auditor itself failed on this exchange; traffic was not affected.",

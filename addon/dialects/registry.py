@@ -17,8 +17,8 @@ from addon.dialects import UNREADABLE, Dialect, RequestView
 from addon.framing import Frame
 
 BUILTIN = (
-    "llm_stream", "lmsp", "openai_responses", "openai_chat", "openai_completions", "anthropic", "gemini",
-    "bedrock", "anthropic_vertex", "ollama", "cursor", "windsurf", "connect_rpc",
+    "llm_stream", "lmsp", "openai_responses", "openai_chat", "openai_completions", "anthropic", "gemini", "bedrock",
+    "anthropic_vertex", "ollama", "cursor", "windsurf", "connect_rpc", "openai_realtime", "gemini_live", "copilot",
 )  # fmt: skip
 REGISTRY: tuple[Dialect, ...] = tuple(importlib.import_module(f"addon.dialects.{name}").DIALECT for name in BUILTIN)
 
