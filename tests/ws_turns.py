@@ -4,10 +4,13 @@ connection's one normalizer, one record per turn (cut at each TurnEnd)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import json
+from collections.abc import Iterable, Sequence
 from pathlib import Path
+from typing import Any
 
 import orjson
+from hypothesis import strategies as st
 
 from addon.dialects import Normalizer
 from addon.events import Event, TurnEnd
@@ -24,7 +27,7 @@ def events(normalizer: Normalizer, messages: Iterable[str | bytes | dict]) -> li
     read = reader(MAX_EVENT_BYTES, MAX_EVENT_BYTES, {})
     out: list[Event] = []
     for message in messages:
-        data = orjson.dumps(message) if isinstance(message, dict) else message
+        data = json.dumps(message) if isinstance(message, dict) else message  # (integers of any size)
         for frame in read.feed(data.encode() if isinstance(data, str) else data):
             out += normalizer.on_event(frame)
     return out
@@ -60,3 +63,18 @@ def parsed(frames: list[Frame]) -> list[dict]:
     out = [orjson.loads(f.data) for f in frames]
     assert all(isinstance(o, dict) for o in out)
     return out
+
+
+def hostile_messages(name_key: str, names: Sequence[str], keys: Sequence[str]) -> st.SearchStrategy[dict[str, Any]]:
+    """Messages of a protocol's kinds (``name_key`` one of ``names``) whose fields, named
+    from ``keys``, hold any JSON: wrong types, huge integers, nesting where text belongs."""
+    leaf = (
+        st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False)
+        | st.text(max_size=6) | st.sampled_from(names)
+    )  # fmt: skip
+    value = st.recursive(
+        leaf, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.sampled_from(keys), inner, max_size=4),
+        max_leaves=12,
+    )  # fmt: skip
+    fields = st.dictionaries(st.sampled_from(keys), value, max_size=6)
+    return st.builds(lambda name, more: {name_key: name, **more}, st.sampled_from(names), fields)

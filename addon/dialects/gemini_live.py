@@ -109,6 +109,10 @@ def _get(obj: dict[str, Any], camel: str, snake: str) -> Any:
     return obj.get(snake) if value is None else value
 
 
+def _first(value: int | None, other: int | None) -> int | None:
+    return other if value is None else value
+
+
 def _object(value: Any) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
@@ -212,7 +216,7 @@ class GeminiLiveNormalizer(JsonEventNormalizer):
     def _usage(self, usage: dict[str, Any], out: list[Event]) -> None:
         counts: dict[str, int | None] = {
             "input_tokens": int_field(usage, "promptTokenCount"),
-            "output_tokens": int_field(usage, "responseTokenCount") or int_field(usage, "candidatesTokenCount"),
+            "output_tokens": _first(int_field(usage, "responseTokenCount"), int_field(usage, "candidatesTokenCount")),
             "cache_read_input_tokens": int_field(usage, "cachedContentTokenCount"),
             "reasoning_output_tokens": int_field(usage, "thoughtsTokenCount"),
         }

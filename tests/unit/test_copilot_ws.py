@@ -3,14 +3,18 @@ the client's sends, and the error and done the proxy sends."""
 
 from __future__ import annotations
 
+import json
+
 import orjson
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from addon.dialects import RequestView
 from addon.dialects.copilot import DIALECT, MAX_OBJECTS, CopilotNormalizer, split_objects
 from addon.dialects.registry import detect_websocket
 from addon.events import Finding, ShownText, StreamError, TurnEnd
-from tests.ws_turns import SAMPLES, client, events, parsed, text, turns
+from tests.ws_turns import SAMPLES, client, events, hostile_messages, parsed, text, turns
 
 SAMPLE_DIR = SAMPLES / "copilot"
 BOT = "cunqiwyXHxKALffniSEnf"
@@ -106,7 +110,7 @@ def test_client_messages() -> None:
     assert norm.on_client(client(send)) == ({"messages": [{"role": "user", "content": "Hi"}], "model": "reasoning"}, [])
     assert norm.on_client(client({"event": "setOptions", "supportedFeatures": []})) == ({}, [])
     doc, findings = norm.on_client(client("nope"))
-    assert doc == {} and findings[0].code == "invalid_json"
+    assert doc == {} and findings[0].code == "request_invalid_json"
 
 
 def test_ending_and_refusal_are_error_then_done() -> None:
@@ -139,3 +143,19 @@ def test_hostile_input_never_raises(data: str) -> None:
     assert isinstance(out[-1], TurnEnd) or any(isinstance(e, TurnEnd) for e in out)
     doc, _ = norm.on_client(client(data))
     assert isinstance(doc, dict)
+
+
+COPILOT_EVENTS = ("startMessage", "appendText", "replaceText", "partCompleted", "done", "error", "challenge",
+                  "chainOfThought", "send", "received", "titleUpdate")  # fmt: skip
+COPILOT_KEYS = ("event", "messageId", "partId", "text", "content", "mode", "id", "code", "message", "method", "type")
+
+
+@given(st.lists(hostile_messages("event", COPILOT_EVENTS, COPILOT_KEYS), max_size=8))
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def test_any_event_shapes_never_raise(messages: list[dict]) -> None:
+    norm = CopilotNormalizer()
+    events(norm, ["".join(json.dumps(m) for m in messages)] + [json.dumps(m) for m in messages])
+    for message in messages:
+        norm.on_client(client(json.dumps(message)))
+    parsed(norm.ending("r", "x"))
+    norm.on_end()

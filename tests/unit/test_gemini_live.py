@@ -3,13 +3,17 @@ turns, usage, and the close that ends a blocked answer."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from addon.dialects import RequestView
 from addon.dialects.gemini_live import DIALECT, GeminiLiveNormalizer, close_error
 from addon.dialects.registry import detect_websocket
 from addon.events import Finding, StreamError, TurnEnd
-from tests.ws_turns import client, events, text, turns
+from tests.ws_turns import client, events, hostile_messages, text, turns
 
 GEMINI_PATH = "/ws/google.ai.generativelanguage.v1beta.GenerativeService.BidiGenerateContent"
 
@@ -189,3 +193,30 @@ def test_hostile_input_never_raises(data: str) -> None:
     assert isinstance(out[-1], TurnEnd)
     doc, _ = norm.on_client(client(data))
     assert isinstance(doc, dict)
+
+
+LIVE_KINDS = ("serverContent", "toolCall", "usageMetadata", "goAway", "setup", "clientContent", "realtimeInput",
+              "toolResponse", "server_content", "setupComplete")  # fmt: skip
+LIVE_KEYS = (
+    "modelTurn", "parts", "text", "thought", "turnComplete", "turnCompleteReason", "interrupted", "outputTranscription",
+    "functionCalls", "args", "id", "name", "promptTokenCount", "responseTokenCount", "promptTokensDetails", "modality",
+    "tokenCount", "timeLeft", "model", "systemInstruction", "turns", "role", "functionResponses", "response",
+    *LIVE_KINDS,
+)  # fmt: skip
+
+
+@given(st.lists(hostile_messages("kind", LIVE_KINDS, LIVE_KEYS).map(lambda m: {m.pop("kind"): m}), max_size=8))
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def test_any_message_shapes_never_raise(messages: list[dict]) -> None:
+    norm = GeminiLiveNormalizer()
+    events(norm, messages)
+    for message in messages:
+        norm.on_client(client(json.dumps(message)))
+    norm.on_end()
+
+
+def test_zero_response_tokens_are_zero() -> None:
+    (record,) = turns(GeminiLiveNormalizer(), [
+        {"serverContent": {"modelTurn": {"parts": [{"text": "x"}]}, "turnComplete": True}, **usage(4, 0)},
+    ])  # fmt: skip
+    assert record.usage == {"input_tokens": 4, "output_tokens": 0}

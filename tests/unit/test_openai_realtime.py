@@ -6,12 +6,14 @@ from __future__ import annotations
 import json
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from addon.dialects import RequestView
-from addon.dialects.openai_realtime import DIALECT, RealtimeNormalizer
+from addon.dialects.openai_realtime import _RESPONSE_EVENTS, DIALECT, RealtimeNormalizer
 from addon.dialects.registry import detect_websocket
 from addon.events import Finding, ShownText, StreamError, TurnEnd
-from tests.ws_turns import SAMPLES, client, events, parsed, text, turns
+from tests.ws_turns import SAMPLES, client, events, hostile_messages, parsed, text, turns
 
 SAMPLE_DIR = SAMPLES / "openai-realtime"
 
@@ -283,7 +285,16 @@ def test_ending_is_error_then_incomplete_response_done(beta: bool) -> None:
     norm.keeps_delivered = True
     assert norm.ending("r1", "why") == []  # nothing in progress
     events(norm, [session(beta=beta), *response(1, beta)[:4]])  # cut after the first delta
-    error, done = parsed(norm.ending("r1", "why"))
+    frames = parsed(norm.ending("r1", "why"))
+    error, text_done, part_done, item_done, done = frames
+    assert [f["type"] for f in frames[1:4]] == [
+        "response.text.done" if beta else "response.output_text.done",  # the session's names
+        "response.content_part.done",
+        "response.output_item.done",
+    ]
+    assert text_done["text"] == "Hel" and text_done["item_id"] == "item_1" and text_done["response_id"] == "resp_1"
+    assert part_done["part"] == {"type": "text", "text": "Hel"} and item_done["item"]["status"] == "incomplete"
+    assert len({f["event_id"] for f in frames}) == 5
     assert error["type"] == "error" and error["event_id"].startswith("event_llmaudit_")
     assert error["error"]["type"] == "invalid_request_error" and "r1" in error["error"]["message"]
     assert done["type"] == "response.done" and done["event_id"] != error["event_id"]
@@ -293,9 +304,32 @@ def test_ending_is_error_then_incomplete_response_done(beta: bool) -> None:
     (item,) = resp["output"]
     assert item["status"] == "incomplete"
     assert item["content"] == [{"type": "text" if beta else "output_text", "text": "Hel"}]
-    # reading the ending back gives the filtered outcome and ends the turn
-    out = events(norm, [json.dumps(error), json.dumps(done)])
-    assert isinstance(out[-1], TurnEnd) and not norm.responses
+    # reading the ending back gives the filtered outcome, agrees with the deltas, ends the turn
+    (record,) = turns(norm, [json.dumps(f) for f in frames])
+    assert record.choices[0].finish_reason == "content_filter" and not record.findings
+    assert not norm.responses
+
+
+@pytest.mark.parametrize("beta", [False, True])
+def test_ending_closes_an_open_transcript_in_the_sessions_names(beta: bool) -> None:
+    norm = RealtimeNormalizer(beta=beta)
+    norm.keeps_delivered = True
+    where = {"response_id": "resp_1", "item_id": "item_1", "output_index": 0, "content_index": 0}
+    events(norm, [
+        {"type": "response.created", "response": {"id": "resp_1", "modalities": ["audio"]}},
+        {"type": "response.output_item.added", "response_id": "resp_1", "output_index": 0,
+         "item": {"id": "item_1", "type": "message", "role": "assistant", "content": []}},
+        {"type": "response.content_part.added", **where, "part": {"type": "audio", "transcript": ""}},
+        {"type": "response.audio_transcript.delta" if beta else "response.output_audio_transcript.delta", **where,
+         "delta": "Spoken"},
+    ])  # fmt: skip
+    _, transcript, part, item, done = parsed(norm.ending("r", "x"))
+    assert transcript["type"] == ("response.audio_transcript.done" if beta else "response.output_audio_transcript.done")
+    assert transcript["transcript"] == "Spoken"
+    assert part["part"] == {"type": "audio", "transcript": "Spoken"}
+    final_part = {"type": "audio" if beta else "output_audio", "transcript": "Spoken"}
+    assert done["response"]["output"][0]["content"] == [final_part] == item["item"]["content"]
+    assert done["response"]["modalities"] == ["audio"]
 
 
 def test_ending_leaves_out_a_call_whose_arguments_were_cut() -> None:
@@ -361,3 +395,29 @@ def test_responses_never_done_are_bounded() -> None:
     events(norm, [{"type": "response.created", "response": {"id": f"resp_{i}"}} for i in range(100)])
     assert len(norm.responses) <= 8
     assert norm.on_end() == [Finding("missing_stream_end", "the connection closed during a response")]
+
+
+REALTIME_EVENTS = sorted(
+    {"response.created", "response.done", "session.created", "session.updated", "error", "session.update",
+     "conversation.item.create", "response.create", "response.cancel", "response.output_audio.delta",
+     *_RESPONSE_EVENTS}
+)  # fmt: skip
+REALTIME_KEYS = (
+    "type", "response", "item", "part", "delta", "text", "transcript", "arguments", "response_id", "item_id",
+    "output_index", "content_index", "session", "error", "usage", "status", "status_details", "output", "content",
+    "id", "call_id", "name", "model", "tools", "instructions", "input_tokens", "input_token_details", "event_id",
+    "role", "input", "reason",
+)  # fmt: skip
+
+
+@given(st.lists(hostile_messages("type", REALTIME_EVENTS, REALTIME_KEYS), max_size=8))
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def test_any_event_shapes_never_raise(messages: list[dict]) -> None:
+    norm = RealtimeNormalizer()
+    norm.keeps_delivered = True
+    events(norm, messages)
+    for message in messages:
+        norm.on_client(client(json.dumps(message)))
+    parsed(norm.ending("r", "x"))
+    parsed(norm.upstream_cancel())
+    norm.on_end()
