@@ -37,7 +37,9 @@ which one the server speaks is remembered for what the proxy sends.
 
 When an output filter cuts a response, the client gets an ``error`` event (type
 ``invalid_request_error``, code ``content_filtered``, the rule and reason: the one place
-for a message) then ``response.done`` for that response, ``incomplete`` with reason
+for a message), the done events of the parts and items still open (in the names the
+server speaks: GA ``response.output_text.done``, beta ``response.text.done``, ...), then
+``response.done`` for that response, ``incomplete`` with reason
 ``content_filter``: what OpenAI sends when its own safety filter cuts a response, so a
 client handles it as a moderation cut rather than as a server failure to retry
 (``failed``). Its output is what the client received, parts typed in the session's
