@@ -105,6 +105,8 @@ def test_interrupted_and_turn_complete_reason() -> None:
     ]
     first, second = turns(GeminiLiveNormalizer(), messages)
     assert first.choices[0].finish_reason == "interrupted" and second.choices[0].finish_reason == "RESPONSE_REJECTED"
+    (cut,) = turns(GeminiLiveNormalizer(), messages[:2])  # no turnComplete (yet): the reason is there already
+    assert cut.choices[0].finish_reason == "interrupted" and not cut.terminal_seen
 
 
 def test_tool_calls_are_whole() -> None:
