@@ -185,7 +185,9 @@ class CopilotNormalizer(Normalizer):
     # -- client messages ------------------------------------------------------------------
 
     def on_client(self, frame: Frame) -> tuple[dict[str, Any], list[Finding]]:
-        objects, findings = split_objects(frame.data)
+        objects, unread = split_objects(frame.data)
+        # (the request-side code: a message the filters could not read takes the failure policy)
+        findings = [Finding("request_invalid_json", f.detail) for f in unread]
         reading: dict[str, Any] = {}
         for obj in objects:
             if obj.get("event") != "send":
