@@ -69,7 +69,7 @@ ROLES = {"model": "assistant", "user": "user", "system": "system", "function": "
 
 
 class GeminiLive(Dialect):
-    name = "gemini_live"
+    name = "gemini-live"
     provider = "gcp.gemini"  # *aiplatform.googleapis.com maps to gcp.vertex_ai by host
 
     def matches(self, request: RequestView) -> bool:

@@ -119,7 +119,7 @@ def is_realtime(request: RequestView) -> bool:
 
 
 class OpenAIRealtime(Dialect):
-    name = "openai_realtime"
+    name = "openai-realtime"
     provider = "openai"  # *.openai.azure.com maps to azure.ai.openai by host
 
     def matches(self, request: RequestView) -> bool:

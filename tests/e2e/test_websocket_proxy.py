@@ -92,7 +92,7 @@ def test_realtime_sdk_two_answers_are_two_turn_records(proxy: Proxy, upstreams, 
     turns, conn = connection_rows(proxy, mid, 2)
     assert [t["output_text"] for t in turns] == [t["text"] for t in seen["turns"]] == ["Hello there.", "And again."]
     for row, client in zip(turns, seen["turns"]):
-        assert row["dialect"] == "openai_realtime" and row["status"] == "completed"
+        assert row["dialect"] == "openai-realtime" and row["status"] == "completed"
         assert row["response_model"] == wsclients.REALTIME_MODEL or row["request_model"] == wsclients.REALTIME_MODEL
         assert row["input_tokens"] == client["usage"]["input_tokens"]
         assert row["connection_id"] == conn["connection_id"]

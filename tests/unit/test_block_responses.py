@@ -312,8 +312,8 @@ TESTED_ELSEWHERE = {
     "windsurf": "tests/unit/test_windsurf.py",
     "grpc": "tests/unit/test_connect_rpc.py",
     "bedrock": "tests/unit/test_bedrock.py, tests/e2e/test_bedrock_proxy.py",
-    "openai_realtime": "tests/unit/test_openai_realtime.py",  # WebSocket: endings, refusals, closes
-    "gemini_live": "tests/unit/test_gemini_live.py",
+    "openai-realtime": "tests/unit/test_openai_realtime.py",  # WebSocket: endings, refusals, closes
+    "gemini-live": "tests/unit/test_gemini_live.py",
     "copilot": "tests/unit/test_copilot_ws.py",
 }
 
