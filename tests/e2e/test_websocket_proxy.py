@@ -153,3 +153,56 @@ def test_a_websocket_no_dialect_claims_passes_unchanged_and_unrecorded(proxy: Pr
     frames = upstreams["h2"].received(mid)
     assert "not a handshake" in str(frames)  # it reached the upstream unchanged
     assert by_mock(proxy, mid) == [] and proxy.rows(header={"x-mock-id": mid}) == []
+
+
+# -- Gemini Live -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("audio", [False, True], ids=["text", "audio"])
+def test_gemini_live_sdk_turns_with_usage(proxy: Proxy, upstreams, audio: bool) -> None:
+    mid = mock_id()
+    seen = wsclients.gemini_live_sdk(
+        upstreams["h2"].url, ["say: Bonjour.", "say: Encore."], audio=audio, mock_id=mid, **wsclients.via(proxy)
+    )
+    assert not seen["errors"] and not seen["timed_out"], seen
+    turns, conn = connection_rows(proxy, mid, 2)
+    assert [t["output_text"] for t in turns] == ["Bonjour.", "Encore."] == [t["text"] for t in seen["turns"]]
+    for row, client in zip(turns, seen["turns"]):
+        assert row["dialect"] == "gemini-live" and row["status"] == "completed"
+        assert row["request_model"].endswith(wsclients.GEMINI_LIVE_MODEL)
+        assert row["input_tokens"] == client["usage"]["prompt_token_count"]
+        assert row["output_tokens"] == client["usage"]["response_token_count"]
+    assert conn["status"] == "completed"
+
+
+def test_gemini_live_output_block_closes_with_1008(filtering: Proxy, upstreams) -> None:
+    mid = mock_id()
+    seen = wsclients.gemini_live_ws(upstreams["h2"].url, LEAK, mock_id=mid, **wsclients.via(filtering))
+    assert "Nightjar" not in seen["text"] and seen["close_code"] == 1008, seen
+    assert "internal code name" in (seen["close_reason"] or "")
+    (turn,), conn = connection_rows(filtering, mid, 1)
+    assert turn["status"] == "blocked" and "Nightjar" not in (turn["delivered_text"] or "")
+    assert any("by the proxy" in f["detail"] for f in conn["findings"] if f["code"] == "websocket_closed")
+
+
+# -- consumer Copilot -------------------------------------------------------------------------
+
+
+def test_copilot_turns(proxy: Proxy, upstreams) -> None:
+    mid = mock_id()
+    seen = wsclients.copilot_ws(
+        upstreams["h2"].url, ["say: One answer.", "say: Two answers."], mock_id=mid, **wsclients.via(proxy)
+    )
+    turns, conn = connection_rows(proxy, mid, 2)
+    assert [t["output_text"] for t in turns] == ["One answer.", "Two answers."] == [t["text"] for t in seen["turns"]]
+    assert {t["dialect"] for t in turns} == {"copilot"} and {t["status"] for t in turns} == {"completed"}
+    assert turns[0]["request_body"]["messages"][-1]["content"] == "say: One answer."
+
+
+def test_copilot_output_block_is_an_error_event(filtering: Proxy, upstreams) -> None:
+    mid = mock_id()
+    seen = wsclients.copilot_ws(upstreams["h2"].url, [LEAK, "say: Next."], mock_id=mid, **wsclients.via(filtering))
+    assert "Nightjar" not in seen["text"] and "error" in seen["events"], seen
+    assert seen["turns"][-1]["text"] == "Next."
+    turns, _ = connection_rows(filtering, mid, 2)
+    assert [t["status"] for t in turns] == ["blocked", "completed"]
