@@ -191,7 +191,8 @@ def _starts_with(prefix: str) -> ColumnElement[bool]:
 def stats(conn: Connection, filters: Filters, by: Sequence[str]) -> list[dict[str, Any]]:
     """Totals per group of ``by`` keys (distinct :data:`GROUP_KEYS`); one row of totals when ``by`` is empty.
 
-    Each row holds the keys, then ``exchanges``, ``with_usage`` (exchanges that reported
+    A WebSocket connection's own record is not an exchange here (its answers are). Each
+    row holds the keys, then ``exchanges``, ``with_usage`` (exchanges that reported
     usage), the token sums, ``errors`` (status failed), ``blocks`` and the time to first
     chunk percentiles. Rows come by day (when grouped by day), then most tokens first.
     """
@@ -208,7 +209,7 @@ def stats(conn: Connection, filters: Filters, by: Sequence[str]) -> list[dict[st
             func.count().filter(view.status == "failed").label("errors"),
             func.count().filter(view.blocked).label("blocks"),
         )
-        .where(*filters.conditions())
+        .where(*filters.conditions(), _answers())
         .group_by(*keys)
     )  # fmt: skip
     rows = {tuple(row[: len(by)]): dict(row._mapping) for row in conn.execute(totals)}
@@ -220,6 +221,12 @@ def stats(conn: Connection, filters: Filters, by: Sequence[str]) -> list[dict[st
         key=lambda r: -((r["input_tokens"] or 0) + (r["output_tokens"] or 0)),
     )
     return sorted(ordered, key=lambda r: r["day"] or "") if "day" in by else ordered
+
+
+def _answers() -> ColumnElement[bool]:
+    """Not a WebSocket connection's own record (``turn`` NULL with a ``connection_id``):
+    its answers are counted in their turns' records."""
+    return or_(view.turn.is_not(None), view.connection_id.is_(None))
 
 
 def _total(name: str) -> ColumnElement[int]:
@@ -244,7 +251,7 @@ def _percentiles(conn: Connection, filters: Filters, by: Sequence[str]) -> dict[
             func.row_number().over(partition_by=partition, order_by=ttfc).label("nth"),
             func.count().over(partition_by=partition).label("n"),
         )
-        .where(*filters.conditions(), ttfc.is_not(None))
+        .where(*filters.conditions(), _answers(), ttfc.is_not(None))
         .subquery()
     )
     wanted = [ranked.c.nth == (ranked.c.n * p + 99) // 100 for p in PERCENTILES]  # ceil(p * n / 100)

@@ -206,3 +206,27 @@ def test_copilot_output_block_is_an_error_event(filtering: Proxy, upstreams) -> 
     assert seen["turns"][-1]["text"] == "Next."
     turns, _ = connection_rows(filtering, mid, 2)
     assert [t["status"] for t in turns] == ["blocked", "completed"]
+
+
+def test_stats_count_the_answers_not_the_connection(proxy: Proxy, upstreams) -> None:
+    """``llm-audit stats`` counts a connection's answers; its own record is no exchange."""
+    import subprocess
+
+    import orjson
+
+    from tests.conftest import BIN
+
+    mid = mock_id()
+    wsclients.copilot_ws(upstreams["h2"].url, ["say: a.", "say: b.", "say: c."], mock_id=mid, **wsclients.via(proxy))
+    turns, conn = connection_rows(proxy, mid, 3)
+    proc = subprocess.run(
+        [str(BIN / "llm-audit"), "--db", proxy.db_url, "stats", "--dialect", "copilot", "--format", "jsonl"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    (totals,) = [orjson.loads(line) for line in proc.stdout.splitlines()]
+    copilot = [r for r in proxy.rows("dialect = ?", ("copilot",)) if r["turn"] is not None]
+    assert totals["exchanges"] == len(copilot) >= 3
