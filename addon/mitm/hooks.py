@@ -131,7 +131,8 @@ class ExchangeHooks:
             int,
             DEFAULT_VIEW_BYTES,
             "Largest streamed body kept for mitmproxy's own views (the LLM stream content view, "
-            "saved flows); a longer one is not kept. 0: none is kept.",
+            "saved flows); a longer one is not kept. 0: none is kept. Of an audited WebSocket, "
+            "the latest messages up to this size are kept.",
         )
         loader.add_option(
             "llm_audit_turn_idle_seconds",

@@ -67,6 +67,7 @@ class Live:
     # our injected messages on their way, per direction (True: from the client)
     ours: dict[bool, deque[bytes]] = field(default_factory=lambda: {True: deque(), False: deque()})
     closing: bool = False  # the proxy closed it
+    kept: int = 0  # bytes of the messages mitmproxy keeps on the flow for its views
 
 
 class WebSocketHooks:
@@ -163,6 +164,7 @@ class WebSocketHooks:
                 del self.connections[flow.id]
                 return
             state = self.connections[flow.id] = self._start(flow, *found)
+        self._bound_kept(state, ws.messages)
         side = message.from_client
         ours = state.ours[side]
         if message.injected and ours and ours[0] == message.content:
@@ -189,6 +191,21 @@ class WebSocketHooks:
         if relay.close is not None and not state.closing:
             state.closing = True
             early_end.close_websocket(flow, *relay.close)
+
+    def _bound_kept(self, state: Live, messages: list[WebSocketMessage]) -> None:
+        """mitmproxy keeps every message of a WebSocket flow for its views for as long as
+        the flow lives: an hour of a voice session is hundreds of megabytes. Keep the
+        latest ones, up to ``llm_audit_view_bytes`` (the same bound as for a streamed
+        body's copy): older ones are dropped (down to half of it, so that this is rare)."""
+        state.kept += len(messages[-1].content)
+        limit = self.sizes.view_bytes
+        if state.kept <= limit:
+            return
+        drop = 0
+        while drop < len(messages) - 1 and state.kept > limit // 2:
+            state.kept -= len(messages[drop].content)
+            drop += 1
+        del messages[:drop]
 
     @staticmethod
     def _inject(flow: http.HTTPFlow, state: Live, from_client: bool, content: bytes, text: bool) -> None:

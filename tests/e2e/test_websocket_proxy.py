@@ -230,3 +230,25 @@ def test_stats_count_the_answers_not_the_connection(proxy: Proxy, upstreams) -> 
     (totals,) = [orjson.loads(line) for line in proc.stdout.splitlines()]
     copilot = [r for r in proxy.rows("dialect = ?", ("copilot",)) if r["turn"] is not None]
     assert totals["exchanges"] == len(copilot) >= 3
+
+
+def test_a_long_connection_keeps_a_bounded_copy_for_mitmproxy_s_views(tmp_path_factory, upstreams) -> None:
+    """mitmproxy keeps a WebSocket flow's messages for its views: the addon keeps only the
+    latest up to llm_audit_view_bytes, and the audit records every turn all the same."""
+    from tests.conftest import start_proxy
+
+    tmp = tmp_path_factory.mktemp("ws-view-bytes")
+    p = start_proxy(tmp, "--set", "llm_audit_view_bytes=2048", "--set", f"save_stream_file={tmp / 'flows'}", upstream_ca=upstreams["h2"].ca)
+    try:
+        mid = mock_id()
+        texts = [f"say: {'long answer ' * 40}{n}." for n in range(6)]
+        seen = wsclients.copilot_ws(upstreams["h2"].url, texts, mock_id=mid, **wsclients.via(p))
+        turns, _ = connection_rows(p, mid, 6)
+        assert [t["output_text"] for t in turns] == [t["text"] for t in seen["turns"]]
+    finally:
+        p.process.stop()
+    from mitmproxy import io
+
+    with open(tmp / "flows", "rb") as f:
+        (flow,) = [fl for fl in io.FlowReader(f).stream() if getattr(fl, "websocket", None) is not None]
+    assert sum(len(m.content) for m in flow.websocket.messages) <= 2048 + 4096
