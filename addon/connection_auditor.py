@@ -259,9 +259,13 @@ class ConnectionAuditor:
         reader, gate = self.server_reader, self.gate
         self.server_offset += len(content)
         if self.suppressing or gate is None:
-            for frame in reader.feed(content):
+            frames = reader.feed(content)
+            for frame in frames:
                 self._server_frame(frame)
             self._collect(reader)
+            if frames and all(self.normalizer.for_proxy(f) for f in frames):
+                self._end_of_message()
+                return Relay(onward=[])  # (the upstream's answer to the proxy's own message)
             if self.suppressing:
                 if self.turn_over:
                     self.suppressing = False
@@ -270,9 +274,17 @@ class ConnectionAuditor:
             self._delivered(len(content))
             self._end_of_message()
             return Relay()
+        bounded = reader.feed_bounded(content)
+        if all(item is not None and self.normalizer.for_proxy(item) for item, _ in bounded):
+            for item, _ in bounded:
+                self._server_frame(item)  # type: ignore[arg-type]
+            self.gate_base += len(content)  # (the gate never sees it: its offsets skip it)
+            self._collect(reader)
+            self._end_of_message()
+            return Relay(onward=[])  # (the upstream's answer to the proxy's own message)
         self.server_pending.add(len(content), text)
         framed: list[Framed] = []
-        for item, end in reader.feed_bounded(content):
+        for item, end in bounded:
             framed.append((item, self._server_frame(item) if item is not None else (), end - self.gate_base))
         problem = self._reader_problem(reader)
         self._collect(reader)

@@ -153,6 +153,11 @@ class Normalizer(ABC):
         output filter cut: the protocol's cancel, where it has one."""
         return []
 
+    def for_proxy(self, frame: Frame) -> bool:
+        """Whether a server frame answers a message the proxy itself sent (the error for its
+        cancel): the client never asked for it, so it is recorded but not delivered."""
+        return False
+
     def close_after_block(self, reason: str) -> tuple[int, str] | None:
         """The WebSocket close (code, reason) that must follow a block, for a protocol
         whose errors are close codes; None: the connection stays open."""

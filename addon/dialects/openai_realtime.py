@@ -78,6 +78,7 @@ from exchange.request import tool_names
 FRAMING = "ws_json"
 BETA_HEADER = "realtime=v1"
 SUBPROTOCOL = "realtime"
+PROXY_EVENT = "event_llmaudit_"  # the event ids of what the proxy sends (endings, cancels)
 # response.status -> the record's stop reason; incomplete goes by status_details.reason
 STOP_REASONS = {"completed": "stop", "cancelled": "cancelled", "failed": "error"}
 INCOMPLETE_REASONS = {"max_output_tokens": "length", "content_filter": "content_filter"}
@@ -145,7 +146,7 @@ class OpenAIRealtime(Dialect):
 
 def event_id() -> str:
     """A fresh event id for an event the proxy sends."""
-    return random_id("event_llmaudit_")
+    return random_id(PROXY_EVENT)
 
 
 def realtime_usage(usage: Any) -> Usage | None:
@@ -466,6 +467,14 @@ class RealtimeNormalizer(JsonEventNormalizer):
         blocked = json_object(frame_.data) or {}
         error = _error(rule_id, reason, str_field(blocked, "event_id"))
         return [frame({"type": "error", "event_id": event_id(), "error": error})]
+
+    def for_proxy(self, frame: Frame) -> bool:
+        """An error about an event the proxy sent (its ``response.cancel``, ``event_llmaudit_…``)."""
+        if PROXY_EVENT not in frame.data:
+            return False
+        obj = json_object(frame.data)
+        error = obj.get("error") if obj is not None and obj.get("type") == "error" else None
+        return isinstance(error, dict) and str(error.get("event_id") or "").startswith(PROXY_EVENT)
 
     def upstream_cancel(self) -> list[Frame]:
         """``response.cancel`` for the response cut, unless the client cancelled it already

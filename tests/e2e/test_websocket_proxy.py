@@ -238,7 +238,14 @@ def test_a_long_connection_keeps_a_bounded_copy_for_mitmproxy_s_views(tmp_path_f
     from tests.conftest import start_proxy
 
     tmp = tmp_path_factory.mktemp("ws-view-bytes")
-    p = start_proxy(tmp, "--set", "llm_audit_view_bytes=2048", "--set", f"save_stream_file={tmp / 'flows'}", upstream_ca=upstreams["h2"].ca)
+    p = start_proxy(
+        tmp,
+        "--set",
+        "llm_audit_view_bytes=2048",
+        "--set",
+        f"save_stream_file={tmp / 'flows'}",
+        upstream_ca=upstreams["h2"].ca,
+    )
     try:
         mid = mock_id()
         texts = [f"say: {'long answer ' * 40}{n}." for n in range(6)]

@@ -177,3 +177,29 @@ def test_a_connection_closed_during_an_answer_records_the_partial_turn() -> None
     connection = a.connection.to_row()
     assert connection["status"] == Status.UPSTREAM_ABORTED
     assert any(f["code"] == "websocket_closed" for f in connection["findings"])
+
+
+def test_the_upstream_s_error_for_the_proxy_s_cancel_is_not_delivered() -> None:
+    """OpenAI Realtime: after a cut the proxy cancels the response; an error the upstream
+    sends about that cancel (its event id is the proxy's) is the proxy's, not the client's."""
+    from addon.dialects import RequestView
+    from addon.dialects.openai_realtime import DIALECT as REALTIME
+    from addon.framing.ws_json import FRAMING as WS_JSON
+
+    summary = REALTIME.summarize(None, RequestView("GET", "/v1/realtime", "model=gpt-realtime", {}))
+    written: list[dict[str, Any]] = []
+    turns = Turns(ExchangeRecord(dialect="openai-realtime"), "c", lambda r: written.append(r.to_row()))
+    a = ConnectionAuditor(
+        WS_JSON, REALTIME.normalizer(summary), lambda: REALTIME.normalizer(summary), turns,
+        ExchangeRecord(dialect="openai-realtime", connection_id="c"),
+        max_event_bytes=1 << 20, max_record_bytes=1 << 20, filters=lambda: None, check=lambda *_: None,
+    )  # fmt: skip
+    theirs = j({"type": "error", "error": {"type": "invalid_request_error", "message": "x", "event_id": "evt_1"}})
+    ours = j(
+        {
+            "type": "error",
+            "error": {"type": "invalid_request_error", "message": "no response", "event_id": "event_llmaudit_abc"},
+        }
+    )
+    assert a.from_server(theirs, True) == Relay()
+    assert a.from_server(ours, True) == Relay(onward=[])
