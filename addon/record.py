@@ -25,6 +25,7 @@ from addon.events import (
     StreamEnd,
     StreamError,
     TextDelta,
+    TextSnapshot,
     ToolCallDelta,
     TurnEnd,
     Usage,
@@ -90,6 +91,11 @@ class TextParts:
 
     def __bool__(self) -> bool:
         return bool(self._chunks or self._tail)
+
+    def clear(self) -> None:
+        """Drop the text (a snapshot replaces it: :class:`~addon.events.TextSnapshot`)."""
+        self._chunks.clear()
+        self._tail.clear()
 
 
 @dataclass(slots=True)
@@ -193,6 +199,8 @@ class ExchangeRecord:
                 c = self._choice(choice)
                 if text := self._fit(text):
                     (c.text if kind == "text" else c.reasoning if kind == "reasoning" else c.refusal).append(text)
+            case TextSnapshot(text=text, choice=choice, kind=kind):
+                self._replace_text(text, choice, kind)
             case ToolCallDelta():
                 self._tool_fragment(event)
             case Finish(reason=reason, choice=choice):
@@ -251,6 +259,18 @@ class ExchangeRecord:
         if c is None:
             c = self.choices[index] = Choice()
         return c
+
+    def _replace_text(self, text: str, choice: int, kind: str) -> None:
+        """A snapshot replaces a choice's text of ``kind``: the replaced text no longer
+        counts as kept or carried content, the snapshot does."""
+        c = self._choice(choice)
+        parts = c.text if kind == "text" else c.reasoning if kind == "reasoning" else c.refusal
+        old = sum(len(p.encode("utf-8", "surrogatepass")) for p in parts)
+        self.content_kept -= old
+        self.content_bytes -= old
+        parts.clear()
+        if text := self._fit(text):
+            parts.append(text)
 
     def _tool_fragment(self, d: ToolCallDelta) -> None:
         call = self.tool_calls.get(d.key)
