@@ -37,7 +37,7 @@ from urllib.parse import parse_qs
 
 from addon.dialects import Normalizer, RequestSummary, RequestView, str_field
 from addon.dialects.blocking import block_message
-from addon.dialects.signalr import HubDialect, HubNormalizer, strings_of, user_doc
+from addon.dialects.hub import HubDialect, HubNormalizer, strings_of, user_doc
 from addon.events import Event, Finding, ResponseMeta, ShownText, StreamError, TextDelta, TextSnapshot
 from addon.framing import Frame
 from addon.framing.signalr import HubMessage, handshake_framing, hub_message

@@ -18,8 +18,7 @@ from addon.framing import Frame
 
 BUILTIN = (
     "llm_stream", "lmsp", "openai_responses", "openai_chat", "openai_completions", "anthropic", "gemini",
-    "bedrock", "anthropic_vertex", "ollama", "cursor", "windsurf", "connect_rpc",
-    "copilot_chathub", "signalr",  # (WebSocket: signalr claims any SignalR handshake, so it comes last)
+    "bedrock", "anthropic_vertex", "ollama", "cursor", "windsurf", "connect_rpc", "copilot_chathub", "signalr",
 )  # fmt: skip
 REGISTRY: tuple[Dialect, ...] = tuple(importlib.import_module(f"addon.dialects.{name}").DIALECT for name in BUILTIN)
 
