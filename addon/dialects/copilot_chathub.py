@@ -108,8 +108,8 @@ class ChatHubNormalizer(HubNormalizer):
     def on_server(self, frame: HubMessage) -> list[Event]:
         message = frame.message
         if frame.event == "invocation" and message.get("target") == "update":
-            arg = _first_argument(message)
-            return self._update(arg) if arg is not None else []
+            arg = _first_argument(message)  # (none after a block ended the turn: the hub's last words)
+            return self._update(arg) if arg is not None and self.active is not None else []
         if frame.event == "stream_item" and frame.id and frame.id == self.active:
             item = message.get("item")
             return self._final(item) if isinstance(item, dict) else []

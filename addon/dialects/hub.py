@@ -7,6 +7,7 @@ turn), and the protocol's own answers to a block. The hub protocol's records are
 
 from __future__ import annotations
 
+from collections import deque
 from typing import Any
 
 from addon.dialects import Dialect, Normalizer, RequestSummary, RequestView, json_strings
@@ -18,6 +19,7 @@ from addon.framing.signalr import JSON_WRITER, MSGPACK_WRITER, HubMessage, hub_m
 
 #: What one ``signalr_unmapped`` finding keeps: targets named, strings quoted, their length.
 _FINDING_TARGETS, _FINDING_STRINGS, _FINDING_CHARS = 8, 4, 120
+_ENDED_KEPT = 16  # ended invocations remembered
 
 
 def strings_of(value: Any) -> list[str]:
@@ -50,6 +52,9 @@ class HubNormalizer(Normalizer):
         self.unmapped_targets: list[str] = []
         self.unmapped_count = 0
         self.unmapped_strings: list[str] = []
+        # invocations whose turn ended (the last few): what the hub still sends for one
+        # (its answer to a CancelInvocation after a block ended the turn) is not a new turn's
+        self.ended: deque[str] = deque(maxlen=_ENDED_KEPT)
 
     # -- client messages --------------------------------------------------------------------
 
@@ -80,12 +85,14 @@ class HubNormalizer(Normalizer):
     def _open(self, invocation: str) -> None:
         """A new turn: the invocation ``invocation`` is being answered."""
         self.active, self.cancelled, self.failed = invocation, False, False
+        if invocation in self.ended:  # (an id used again: M365 numbers every turn "0")
+            self.ended.remove(invocation)
         self.unmapped_targets, self.unmapped_count, self.unmapped_strings = [], 0, []
 
     # -- server messages --------------------------------------------------------------------
 
     def on_event(self, event: Frame) -> list[Event]:
-        if not isinstance(event, HubMessage):
+        if not isinstance(event, HubMessage) or (event.id and event.id in self.ended):
             return []
         return self.on_server(event)
 
@@ -129,6 +136,13 @@ class HubNormalizer(Normalizer):
 
     def end_turn(self, reason: str) -> list[Event]:
         """The events that close the active turn: its unmapped summary, stop reason, end."""
+        if self.active is not None:
+            self.ended.append(self.active)
+        self.active = None
+        return [*self.unmapped_finding(), Finish(reason), TurnEnd()]
+
+    def unmapped_finding(self) -> list[Event]:
+        """The one ``signalr_unmapped`` finding of what was read since the last (none if nothing)."""
         out: list[Event] = []
         if self.unmapped_count:
             strings = "; ".join(repr(s[:_FINDING_CHARS]) for s in self.unmapped_strings)
@@ -138,9 +152,8 @@ class HubNormalizer(Normalizer):
                     f"{self.unmapped_count} unmapped records ({', '.join(self.unmapped_targets)}): {strings}",
                 )
             )
-        self.active = None
         self.unmapped_targets, self.unmapped_count, self.unmapped_strings = [], 0, []
-        return [*out, Finish(reason), TurnEnd()]
+        return out
 
     def _unmapped(self, where: str, value: Any) -> list[Event]:
         """The strings of a payload nobody mapped: shown text, noted for the finding."""
@@ -153,9 +166,10 @@ class HubNormalizer(Normalizer):
         return [ShownText(s, kind="unmapped") for s in found]
 
     def on_end(self, cut: bool = False) -> list[Event]:
-        if self.active is None:
-            return []
-        return [Finding("signalr_missing_completion", f"invocation {self.active!r} had no Completion")]
+        out = self.unmapped_finding()
+        if self.active is not None:
+            out.append(Finding("signalr_missing_completion", f"invocation {self.active!r} had no Completion"))
+        return out
 
     # -- blocks -----------------------------------------------------------------------------
 

@@ -189,3 +189,23 @@ def test_client_cancel_finishes_as_cancelled() -> None:
     conn.send(rec({"type": 5, "invocationId": "1"}))
     events = conn.receive(rec({}, {"type": 3, "invocationId": "1"}))
     assert events == [Finish("cancelled"), TurnEnd()]
+
+
+def test_what_the_hub_sends_after_a_turn_ended_is_not_a_new_turn() -> None:
+    conn = Connection(view("/hub"), HELLO)
+    conn.send(rec(PROMPT))
+    conn.receive(rec({}))
+    (ending,) = conn.normalizer.ending("r", "x")
+    conn.receive(conn.normalizer.writer.encode_messages([ending])[0])  # the proxy's ending, read back
+    assert conn.receive(rec({"type": 2, "invocationId": "1", "item": {"late": "text"}}, ANSWER[-1])) == []
+    conn.send(rec(PROMPT))  # the same id again: a new turn
+    assert conn.receive(rec(*ANSWER))[-1] == TurnEnd()
+    rows = conn.close()
+    assert [r["status"] for r in rows] == ["failed", "completed"] and rows[1]["findings"] == []
+
+
+def test_unmapped_pushes_without_a_turn_are_a_finding_at_the_end() -> None:
+    conn = Connection(view("/hub"), HELLO)
+    conn.receive(rec({}, {"type": 1, "target": "Broadcast", "arguments": ["news"]}))
+    (row,) = conn.close()
+    assert [f["code"] for f in row["findings"]] == ["signalr_unmapped"]
