@@ -120,6 +120,13 @@ class Usage:
     cache_read_input_tokens: int | None = None
     cache_write_input_tokens: int | None = None
     reasoning_output_tokens: int | None = None
+    # Per modality, where the provider splits them (OpenAI Realtime, Gemini Live): parts
+    # of input_tokens and output_tokens, never added to them.
+    input_text_tokens: int | None = None
+    input_audio_tokens: int | None = None
+    input_image_tokens: int | None = None
+    output_text_tokens: int | None = None
+    output_audio_tokens: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

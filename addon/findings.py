@@ -28,6 +28,16 @@ CODES: dict[str, str] = {
     # WebSocket messages (addon.framing.ws_json, addon.mitm.websocket)
     "ws_message_too_large": "A WebSocket message exceeded llm_audit_max_event_bytes; it was not read (it still "
     "passed through).",
+    "websocket_closed": "How a WebSocket connection ended: the close code, who closed it, after how many turns; on a "
+    "turn record, the connection ended during that answer.",
+    "realtime_error": "An OpenAI Realtime error event about a client event or outside a response (recoverable: "
+    "the session stays open); the detail gives its type, code and message.",
+    "ws_usage_after_turn": "Token usage arrived after its turn had ended (Gemini Live usageMetadata after "
+    "turnComplete): not added to the next turn; the detail gives the counts.",
+    "ws_go_away": "The server announced it will close the WebSocket connection soon (Gemini Live goAway); the "
+    "detail gives the time left.",
+    "copilot_challenge": "Consumer Copilot asked the client to pass a bot check (challenge event); the detail "
+    "gives its method.",
     # SignalR hub protocol (addon.framing.signalr, addon.dialects.signalr, addon.dialects.copilot_chathub)
     "signalr_invalid": "A SignalR record is malformed (not JSON or MessagePack, not an object or array, an unknown "
     "type, an impossible length prefix: then the rest of that direction is not read); it still passed through.",

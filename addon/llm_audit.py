@@ -5,9 +5,9 @@ registers the "LLM stream" content view. The project's packages (``addon``,
 ``storage``) are imported by their full names; when the project is not installed into
 the running Python, its root folder is put on ``sys.path`` first.
 
-mitmproxy calls each hook on the addons in list order: the exchange hooks come before
-the store, so that at shutdown their ``done`` submits the exchanges still open before
-the store's ``done`` closes the writer.
+mitmproxy calls each hook on the addons in list order: the exchange and WebSocket hooks
+come before the store, so that at shutdown their ``done`` submits the exchanges still
+open before the store's ``done`` closes the writer.
 """
 
 import sys
@@ -22,8 +22,10 @@ from addon.mitm import contentview
 from addon.mitm.content_filters import ContentFilters
 from addon.mitm.hooks import ExchangeHooks
 from addon.mitm.store import AuditStore
+from addon.mitm.websocket import WebSocketHooks
 
 contentview.register()
 store = AuditStore()
 filters = ContentFilters()
-addons = [ExchangeHooks(store, filters), filters, store]
+hooks = ExchangeHooks(store, filters)
+addons = [hooks, WebSocketHooks(store, filters, hooks), filters, store]

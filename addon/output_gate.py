@@ -49,6 +49,7 @@ from addon.events import (
     TextEnd,
     TextSnapshot,
     ToolCallDelta,
+    TurnEnd,
 )
 from addon.filters.api import BLOCK, FLAG, Verdict
 from addon.filters.engine import FILTER_ERROR, OutputGuard, Release, StreamKey
@@ -226,7 +227,7 @@ class OutputGate:
                 if message:
                     self._whole((0, "error", None), message, needs)
                 self._settle(self.guard.flush_all().values())
-            case StreamEnd():
+            case StreamEnd() | TurnEnd():  # (a turn's end: its answer is whole, nothing waits for more)
                 self._settle(self.guard.flush_all().values())
 
     def _feed(self, stream: StreamKey, text: str, needs: list[tuple[StreamKey, int]]) -> None:

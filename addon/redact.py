@@ -114,11 +114,36 @@ def redacted(value: str) -> str:
     return f"[redacted {fingerprint(value)}]"
 
 
+def subprotocol_credentials(value: str) -> list[tuple[str, str]]:
+    """The credentials a ``Sec-WebSocket-Protocol`` offer carries, as (subprotocol, secret).
+
+    Browsers cannot set an ``Authorization`` header on a WebSocket, so APIs take the key
+    as a subprotocol named ``<name>.<secret>`` (OpenAI Realtime's
+    ``openai-insecure-api-key.<key>``): a subprotocol whose name part is a credential name.
+    """
+    out = []
+    for item in value.split(","):
+        name, dot, secret = item.strip().partition(".")
+        if dot and secret and is_credential_name(name):
+            out.append((item.strip(), secret))
+    return out
+
+
+def _redact_subprotocols(value: str) -> str:
+    found = dict(subprotocol_credentials(value))
+    if not found:
+        return value
+    items = [item.strip() for item in value.split(",")]
+    return ", ".join(f"{i.partition('.')[0]}.{redacted(found[i])}" if i in found else i for i in items)
+
+
 def redact_headers(fields: Iterable[tuple[str, str]]) -> dict[str, str]:
     """Headers as a dict (repeated names joined by ``, ``) with credentials fingerprinted."""
     out: dict[str, str] = {}
     for name, value in fields:
         lower = name.lower()
+        if lower == "sec-websocket-protocol":
+            value = _redact_subprotocols(value)
         if is_credential_header(lower) or holds_secret(value):
             value = redacted(value)
         out[lower] = f"{out[lower]}, {value}" if lower in out else value
@@ -156,6 +181,8 @@ def api_key_fingerprint(headers: dict[str, str], query: str) -> str | None:
         if value:
             sigv4 = _SIGV4_KEY.match(value)
             return fingerprint(sigv4[1] if sigv4 else value)
+    for _, secret in subprotocol_credentials(headers.get("sec-websocket-protocol", "")):
+        return fingerprint(secret)
     for k, v in parse_qsl(query, keep_blank_values=True):
         if v and is_credential_param(k):
             return fingerprint(v)

@@ -24,7 +24,8 @@ answered in its API's format and shaped by the
   task's events, replaying those after ``?after=N`` or ``Last-Event-ID``.
 
 Connect calls of the protobuf methods in :mod:`mockllm.rpc` (Cursor, Windsurf, an echo
-service) are answered by :mod:`mockllm.connect`.
+service) are answered by :mod:`mockllm.connect`; WebSocket upgrades (OpenAI Realtime,
+Gemini Live, Copilot, SignalR hubs) and SignalR's negotiate by :mod:`mockllm.websocket`.
 
 The JSON body's ``stream: true`` picks streaming where the API has that
 switch (Gemini decides by path instead). Control routes:
@@ -81,7 +82,7 @@ from hypercorn.config import Config
 from hypercorn.protocol.events import EndBody, EndData, Event, StreamClosed
 from hypercorn.protocol.h2 import H2Protocol
 
-from . import bedrock, connect, ollama
+from . import bedrock, connect, ollama, websocket
 from .certs import CertPaths
 from .scenario import Scenario, ScenarioError
 from .streams import (
@@ -328,8 +329,12 @@ class MockLLM:
         elif scope["type"] == "http":
             if scope["path"].startswith("/_mock/"):
                 await self._control(scope, send)
+            elif websocket.is_negotiate(scope):  # a SignalR hub's POST …/negotiate
+                await websocket.negotiate(send)
             else:
                 await self._exchange(scope, receive, send)
+        elif scope["type"] == "websocket":  # mockllm.websocket: Realtime, Gemini Live, Copilot, SignalR
+            await websocket.serve(scope, receive, send, self.exchanges.add)
 
     @staticmethod
     async def _lifespan(receive: Receive, send: Send) -> None:

@@ -240,7 +240,7 @@ class Dialect(ABC):
     def has_turns(self, request: RequestView) -> bool:
         """Whether this streamed request's stream carries many answers, one per turn,
         and may never end (Cursor's bidirectional chat): it is recorded as one record
-        per turn, each written when its turn ends (see ``addon/mitm/turns.py``)."""
+        per turn, each written when its turn ends (see ``addon/turns.py``)."""
         return False
 
     def parse_request_message(self, payload: bytes, request: RequestView) -> tuple[dict[str, Any], list[Finding]]:

@@ -14,8 +14,8 @@ from addon.dialects import Dialect, Normalizer, RequestSummary, RequestView, jso
 from addon.dialects.blocking import BlockedResponse, block_message, json_response
 from addon.dialects.rpc import clean, clean_json
 from addon.events import Event, Finding, Finish, ShownText, StreamError, TextDelta, TurnEnd
-from addon.framing import Frame, Writer
-from addon.framing.signalr import JSON_WRITER, MSGPACK_WRITER, HubMessage, hub_message
+from addon.framing import Frame
+from addon.framing.signalr import HubMessage, HubWriter, hub_message
 
 #: What one ``signalr_unmapped`` finding keeps: targets named, strings quoted, their length.
 _FINDING_TARGETS, _FINDING_STRINGS, _FINDING_CHARS = 8, 4, 120
@@ -43,9 +43,9 @@ class HubNormalizer(Normalizer):
     :meth:`on_invoke`)."""
 
     framing = "signalr_json"
-    writer: Writer = JSON_WRITER
 
     def __init__(self) -> None:
+        self.writer: HubWriter = HubWriter()  # (MessagePack once the client's handshake names it)
         self.active: str | None = None  # the invocation whose answer is the current turn
         self.cancelled = False  # the client cancelled it
         self.failed = False  # the hub reported the turn's failure in its payload (a known hub's error item)
@@ -64,7 +64,7 @@ class HubNormalizer(Normalizer):
         message = frame.message
         if frame.event == "handshake":
             if message.get("protocol") == "messagepack":
-                self.framing, self.writer = "signalr_msgpack", MSGPACK_WRITER
+                self.framing, self.writer.binary = "signalr_msgpack", True
             return {}, []
         if frame.event in ("invocation", "stream_invocation"):
             doc = self.on_invoke(frame)

@@ -28,7 +28,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import msgpack  # type: ignore[import-untyped]
+import msgpack
 import orjson
 
 from addon.framing import Frame, Framing, register
@@ -418,6 +418,27 @@ class MsgpackHubWriter:
     def encode_messages(self, frames: Sequence[Frame]) -> list[bytes]:
         records = [_pack(frame.message) for frame in frames if isinstance(frame, HubMessage)]
         return [b"".join(varint(len(r)) + r for r in records)] if records else []
+
+    def encode(self, frames: Sequence[Frame], continues: bool) -> bytes:
+        return b"".join(self.encode_messages(frames))
+
+
+class HubWriter:
+    """The writer of one connection: JSON records until its handshake names MessagePack
+    (the normalizer sets :attr:`binary` then), since the encoding is known only once the
+    connection is under way, after whoever asked for the writer took it."""
+
+    __slots__ = ("binary",)
+
+    def __init__(self, binary: bool = False) -> None:
+        self.binary = binary
+
+    @property
+    def text(self) -> bool:
+        return not self.binary
+
+    def encode_messages(self, frames: Sequence[Frame]) -> list[bytes]:
+        return (MSGPACK_WRITER if self.binary else JSON_WRITER).encode_messages(frames)
 
     def encode(self, frames: Sequence[Frame], continues: bool) -> bytes:
         return b"".join(self.encode_messages(frames))

@@ -29,13 +29,13 @@ class MessageReader:
         self.offset = 0  # bytes of the connection's direction read so far
 
     def feed(self, data: bytes) -> list[Frame]:
+        self.offset += len(data)
         if len(data) > self.max_event_bytes:
             self.findings.append(("ws_message_too_large", f"a {len(data)}-byte message (limit {self.max_event_bytes})"))
             return []
         return [Message(data.decode("utf-8", "replace"))]
 
     def feed_bounded(self, data: bytes) -> list[tuple[Frame | None, int]]:
-        self.offset += len(data)
         return [(frame, self.offset) for frame in self.feed(data)] or [(None, self.offset)]
 
     @property

@@ -164,3 +164,71 @@ def install_error_side() -> None:
 
     setattr(handle_protocol_error, _PATCHED, True)
     HttpStream.handle_protocol_error = handle_protocol_error  # type: ignore[method-assign]
+
+
+# -- closing a WebSocket with a code -------------------------------------------------------
+
+_CLOSE = 8  # the close opcode (RFC 6455): an injected "message" of this type closes the connection
+
+
+def install_websocket_close() -> None:
+    """Teach mitmproxy's WebSocket layer to close a connection with a code and reason.
+
+    mitmproxy 12.3 can inject messages into a WebSocket but not close one: ``flow.kill()``
+    drops both connections without a close frame, which a client reports as 1006
+    "abnormal closure", not the protocol's own error (Gemini Live's errors are close
+    codes). The patched ``WebsocketLayer.relay_messages`` takes an injected message of
+    the close opcode (:func:`close_websocket`) as a close: both peers get a close frame
+    with that code and reason, then the layer ends as it does when a peer closes.
+    """
+    from mitmproxy.proxy.layers import websocket as wslayer
+
+    original = wslayer.WebsocketLayer.relay_messages
+    if getattr(original, _PATCHED, False):
+        return
+
+    @functools.wraps(original)
+    def relay_messages(self: wslayer.WebsocketLayer, event):
+        if isinstance(event, wslayer.WebSocketMessageInjected) and event.message.type == _CLOSE:
+            yield from _close_both(self, event.message.content)
+            return
+        yield from original(self, event)
+
+    setattr(relay_messages, _PATCHED, True)
+    wslayer.WebsocketLayer.relay_messages = relay_messages  # type: ignore[method-assign]
+
+
+def _close_both(layer, payload: bytes):
+    """Close both sides of a WebSocket as the layer does when a peer closes."""
+    import time
+
+    import wsproto.events
+    from mitmproxy.proxy import commands
+    from mitmproxy.proxy.layers import websocket as wslayer
+    from wsproto import ConnectionState
+
+    code = int.from_bytes(payload[:2], "big") if len(payload) >= 2 else 1000
+    reason = payload[2:].decode("utf-8", "replace")
+    flow = layer.flow
+    if flow.websocket is not None:
+        flow.websocket.timestamp_end = time.time()
+        flow.websocket.close_code, flow.websocket.close_reason = code, reason
+    for ws in (layer.client_ws, layer.server_ws):
+        if ws.state in {ConnectionState.OPEN, ConnectionState.REMOTE_CLOSING}:
+            yield ws.send2(wsproto.events.CloseConnection(code, reason))
+        yield commands.CloseConnection(ws.conn)
+    yield wslayer.WebsocketEndHook(flow)
+    flow.live = False
+    layer._handle_event = layer.done
+
+
+def close_websocket(flow: http.HTTPFlow, code: int, reason: str) -> None:
+    """Close ``flow``'s WebSocket with ``code`` and ``reason`` (at most the 123 bytes a
+    close frame holds), after the messages injected before (see :func:`install_websocket_close`)."""
+    from mitmproxy import ctx
+    from mitmproxy.proxy.layers.websocket import WebSocketMessageInjected
+    from mitmproxy.websocket import WebSocketMessage
+
+    data = reason.encode()[:123].decode("utf-8", "ignore").encode()
+    message = WebSocketMessage(_CLOSE, False, code.to_bytes(2, "big") + data)
+    ctx.master.addons.get("proxyserver").inject_event(WebSocketMessageInjected(flow, message))

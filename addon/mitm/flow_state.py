@@ -26,8 +26,8 @@ from dataclasses import dataclass
 from addon.auditor import StreamAuditor
 from addon.dialects import Dialect, Normalizer, RequestSummary, RequestView
 from addon.filters.engine import FilterSet
-from addon.mitm.turns import Turns
 from addon.record import ExchangeRecord
+from addon.turns import Turns
 
 
 @dataclass(slots=True, frozen=True)

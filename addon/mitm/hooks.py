@@ -68,7 +68,6 @@ from addon.mitm.flow_state import (
 )
 from addon.mitm.store import AuditStore
 from addon.mitm.tap import make_tap, output_gate
-from addon.mitm.turns import DEFAULT_TURN_IDLE_SECONDS, RequestTap, Turns
 from addon.record import (
     DEFAULT_MAX_RECORD_BYTES,
     OUTCOME_CLIENT_ABORTED,
@@ -76,6 +75,7 @@ from addon.record import (
     OUTCOME_UPSTREAM_ABORTED,
     ExchangeRecord,
 )
+from addon.turns import DEFAULT_TURN_IDLE_SECONDS, RequestTap, Turns
 
 log = logging.getLogger(__name__)
 
@@ -234,8 +234,8 @@ class ExchangeHooks:
 
     def _open(self, flow: http.HTTPFlow) -> None:
         """Open the record of a request a dialect recognises and run the request filters."""
-        if flow.response is not None or flow.id in self.flows:
-            return  # answered before it could go upstream (proxyauth's 407, ...), or opened streamed
+        if flow.response is not None or flow.id in self.flows or _upgrades(flow.request):
+            return  # answered before it could go upstream (proxyauth's 407, ...), opened streamed, a WebSocket
         req = flow.request
         path, _, query = req.path.partition("?")
         parsed: list[tuple[Any, Finding | None]] = []
@@ -269,10 +269,10 @@ class ExchangeHooks:
     def _open_streamed(self, flow: http.HTTPFlow) -> None:
         """Open the record of a streamed request (a gRPC or Connect stream; Cursor's
         chat, with its turns) as it starts, and read its body as the client sends it
-        (:mod:`addon.mitm.turns`): mitmproxy would otherwise hold the body until it
+        (:mod:`addon.turns`): mitmproxy would otherwise hold the body until it
         ends, which a full-duplex client does not do before it has its answers."""
-        if flow.response is not None:
-            return
+        if flow.response is not None or _upgrades(flow.request):
+            return  # (a WebSocket is audited by addon.mitm.websocket)
         req = flow.request
         path, _, query = req.path.partition("?")
         view = RequestView(req.method, path, query, req.headers)
@@ -484,6 +484,11 @@ class ExchangeHooks:
 
     def _drained(self, task: asyncio.Task) -> None:
         self.draining.pop(task, None)
+
+
+def _upgrades(request: http.Request) -> bool:
+    """A WebSocket upgrade: no HTTP exchange to record (the WebSocket hooks audit it)."""
+    return request.headers.get("upgrade", "").strip().lower() == "websocket"
 
 
 def _turns(state: FlowState | None) -> Turns | None:

@@ -15,8 +15,8 @@ from mitmproxy import http
 from addon.auditor import StreamAuditor
 from addon.mitm import early_end
 from addon.mitm.flow_state import BodyCopy, OutputCheck
-from addon.mitm.turns import Turns
 from addon.output_gate import OutputGate
+from addon.turns import Turns
 
 log = logging.getLogger(__name__)
 

@@ -10,7 +10,7 @@ The upstream is the mock's Connect server (``mockllm/connect.py``).
 Each call runs straight to the mock and through the proxy, and the client must see the
 same both ways. Then the audit row (plain SQL, SQLite and PostgreSQL) must say what the
 client saw. Full-duplex bidi calls (the next request message waits for an answer) pass
-only because the addon streams their request bodies (``addon/mitm/turns.py``).
+only because the addon streams their request bodies (``addon/turns.py``).
 """
 
 from __future__ import annotations

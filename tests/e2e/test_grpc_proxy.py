@@ -6,7 +6,7 @@ test time by grpcio-tools. The client reaches the proxy as grpcio users configur
 ``grpc.http_proxy`` channel option: an HTTP CONNECT tunnel) and trusts the proxy's CA
 through ``ssl_channel_credentials``. Each call runs direct and through the proxy with the
 same result; then the audit row must say what the client saw. Full-duplex calls pass
-only because the addon streams their request bodies (``addon/mitm/turns.py``).
+only because the addon streams their request bodies (``addon/turns.py``).
 """
 
 from __future__ import annotations

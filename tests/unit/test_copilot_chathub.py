@@ -322,3 +322,23 @@ def test_shared_m365_samples() -> None:
     assert TextDelta("你好") in events and events[-1] == TurnEnd()
     (row,) = conn.close()
     assert row["output_text"] == "你好" and row["status"] == "completed"
+
+
+def test_an_output_block_through_the_connection_pipeline() -> None:
+    from test_signalr_dialect import pipeline
+
+    a, written = pipeline(DIALECT, "signalr_json", HELLO)
+    a.from_client(rec(chat("tell me", "5")), True)
+    a.from_server(rec({}), True)
+    texts = ["The plan", "The plan is Nightjar", "The plan is Nightjar and a long tail of more text"]
+    relays = [a.from_server(rec(update(bot(t))), True) for t in texts]
+    (cut,) = [r for r in relays if r.back]
+    assert cut.back == [(b'{"type":5,"invocationId":"5"}\x1e', True)]
+    sent = b"".join(m for r in relays for m, _ in (r.onward or []))
+    assert b"Nightjar" not in sent
+    assert sent.endswith(
+        b'{"type":2,"invocationId":"5","item":{"result":{"value":"Filtered","message":"Blocked by content filter '
+        b'rule \'no-code-name\': internal code name"}}}\x1e{"type":3,"invocationId":"5"}\x1e'
+    )
+    assert a.from_server(rec(*final("5", message="The plan is Nightjar")), True).onward == []
+    assert [r["status"] for r in written][-1] == "blocked"

@@ -209,3 +209,74 @@ def test_unmapped_pushes_without_a_turn_are_a_finding_at_the_end() -> None:
     conn.receive(rec({}, {"type": 1, "target": "Broadcast", "arguments": ["news"]}))
     (row,) = conn.close()
     assert [f["code"] for f in row["findings"]] == ["signalr_unmapped"]
+
+
+# -- through the proxy's per-connection pipeline (addon/connection_auditor.py) ------------------
+
+RULES = """
+[[rule]]
+id = "no-code-name"
+kind = "keywords"
+keywords = ["Nightjar"]
+scope = "both"
+action = "block"
+reason = "internal code name"
+"""
+
+
+def pipeline(dialect, framing: str, first: bytes):  # type: ignore[no-untyped-def]
+    from addon.connection_auditor import ConnectionAuditor
+    from addon.filters.engine import FilterSet
+    from addon.filters.rules import parse_rules
+    from addon.framing import FRAMINGS
+    from addon.mitm.content_filters import check_message
+    from addon.record import ExchangeRecord
+    from addon.turns import Turns
+
+    written: list[dict] = []
+    turns = Turns(ExchangeRecord(dialect=dialect.name), "conn-1", lambda r: written.append(r.to_row()))
+    filters = FilterSet(parse_rules(RULES), failure="closed")
+    summary = dialect.summarize(None, view("/hub"))
+    a = ConnectionAuditor(
+        FRAMINGS[framing],
+        dialect.normalizer(summary),
+        lambda: dialect.normalizer(summary),
+        turns,
+        ExchangeRecord(dialect=dialect.name, connection_id="conn-1"),
+        max_event_bytes=1 << 20,
+        max_record_bytes=1 << 20,
+        filters=lambda: filters,
+        check=lambda fs, record, doc: check_message(fs, dialect, summary, record, doc),
+    )
+    a.from_client(first, True)
+    return a, written
+
+
+def test_an_output_block_through_the_connection_pipeline_msgpack() -> None:
+    a, written = pipeline(DIALECT, "signalr_msgpack", MSGPACK_HELLO)
+    a.from_client(packed([4, {}, "1", "Chat", ["hello"], []]), False)
+    a.from_server(b"{}\x1e", True)
+    relays = [
+        a.from_server(packed([2, {}, "1", piece]), False)
+        for piece in ("The plan is Nig", "htjar", " and more text after it")
+    ]
+    (cut,) = [r for r in relays if r.back]
+    assert cut.back == [(packed([5, {}, "1"]), False)]  # CancelInvocation, in MessagePack, binary
+    sent = [m for r in relays for m, _ in (r.onward or [])]
+    assert all(b"htjar" not in m for m in sent)
+    assert sent[-1].endswith(
+        msgpack.packb([3, {}, "1", 1, "Blocked by content filter rule 'no-code-name': internal code name"])
+    )
+
+
+def test_a_refused_prompt_through_the_connection_pipeline() -> None:
+    a, written = pipeline(DIALECT, "signalr_json", HELLO)
+    relay = a.from_client(rec(PROMPT | {"arguments": ["what is Nightjar?"]}), True)
+    assert relay.onward == []
+    (back,) = relay.back
+    assert json.loads(back[0].rstrip(b"\x1e")) == {
+        "type": 3,
+        "invocationId": "1",
+        "error": "Blocked by content filter rule 'no-code-name': internal code name",
+    }
+    assert written[-1]["status"] == "blocked"

@@ -1,5 +1,5 @@
 """The turn records of a long-lived stream and the tap reading its request body
-(addon/mitm/turns.py), on plain bytes: every chunk passes unchanged, each client message
+(addon/turns.py), on plain bytes: every chunk passes unchanged, each client message
 lands in the current turn's record, a turn's record is written when it ends, and the
 next turn carries the stream's request side but none of the answer."""
 
@@ -15,8 +15,8 @@ from addon.events import Finding, TextDelta, TurnEnd
 from addon.filters.api import Verdict
 from addon.framing.envelope import connect_reader
 from addon.framing.ndjson import reader as ndjson_reader
-from addon.mitm.turns import RequestTap, Turns
 from addon.record import ExchangeRecord, Status
+from addon.turns import RequestTap, Turns
 
 VIEW = RequestView("POST", "/agent.v1.AgentService/Run", "", {})
 

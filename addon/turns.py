@@ -189,7 +189,7 @@ class RequestTap:
             if self.check is None:
                 return chunk  # (the fast path holds nothing)
             if not self.fail_open:
-                return self._block(_unchecked("the audit failed"), self._held_from)
+                return self._block(unchecked("the audit failed"), self._held_from)
             self.check = None  # what is held (this chunk included) goes, unchecked from here
             out, self._held = bytes(self._held), bytearray()
             return out
@@ -209,7 +209,7 @@ class RequestTap:
             return {}, None
         doc, findings = self.dialect.parse_request_message(payload, self.view)
         record = self.turns.record
-        _merge_request(record, doc, self.max_record_bytes)
+        merge_request(record, doc, self.max_record_bytes)
         for finding in findings:
             record.apply(finding)
         if doc.get("messages") or findings:  # a prompt or a tool result (or what could not be read)
@@ -235,16 +235,16 @@ class RequestTap:
                 doc, unread = self._message(frame)
                 verdict = self._verdict(doc)
                 if verdict is None and unread is not None and not self.fail_open:
-                    verdict = _unchecked(unread)
+                    verdict = unchecked(unread)
                 if verdict is not None:
                     return self._block(verdict, release)
             elif not self.fail_open and (problem := self._reader_problem(collect=False)) is not None:
-                return self._block(_unchecked(problem), release)  # (bytes of a message the reader skipped)
+                return self._block(unchecked(problem), release)  # (bytes of a message the reader skipped)
             release = self._held_from + len(self._held) if end is None else end
         problem = self._reader_problem()
         if problem is not None:
             if not self.fail_open:
-                return self._block(_unchecked(problem), release)
+                return self._block(unchecked(problem), release)
             release = self._held_from + len(self._held)  # (what the reader skipped passes unchecked)
         if not chunk:
             release = self._held_from + len(self._held)  # the body ended: what is left goes
@@ -295,13 +295,13 @@ class RequestTap:
             findings.clear()
 
 
-def _unchecked(problem: str) -> Verdict:
+def unchecked(problem: str) -> Verdict:
     """The verdict on a request message the filters could not check (failure policy closed)."""
     reason = f"a request message could not be checked ({problem})"[:300]
     return Verdict(BLOCK, FILTER_ERROR, reason, filter="llm-audit", location="request")
 
 
-def _merge_request(record: ExchangeRecord, doc: dict[str, Any], max_record_bytes: int) -> None:
+def merge_request(record: ExchangeRecord, doc: dict[str, Any], max_record_bytes: int) -> None:
     """Add one client message's reading to the turn's request body: its conversation
     messages appended, the first model named kept."""
     if not doc:

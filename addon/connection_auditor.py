@@ -1,0 +1,436 @@
+"""The per-connection pipeline of a message transport (WebSocket): messages in, turn
+records out, and what each message becomes on its way.
+
+mitmproxy hands a WebSocket's traffic to addons as whole messages in both directions,
+never through a stream callable. This module reads them as the HTTP path reads bodies:
+each direction has a reader of the connection's framing (:mod:`addon.framing`: one JSON
+message per frame, SignalR's records), whose frames go to the connection's one
+normalizer (server frames to ``on_event``, client frames to ``on_client``), whose events
+fill the record of the current turn (:class:`~addon.turns.Turns`: one record per
+answer, written ahead when the turn begins and final when its end marker, the
+dialect's :class:`~addon.events.TurnEnd`, is read). The connection itself is one more
+record (``turn`` NULL): who opened it, when, and how it ended.
+
+What goes on. Without content filters every message goes on unchanged (a :class:`Relay`
+with ``onward`` None). With them:
+
+- each client frame is checked by the request filters before its message goes on; a
+  blocked one is not forwarded (nor what follows it in its message), the client gets
+  the protocol's refusal (:meth:`~addon.dialects.Normalizer.refusal`) and the turn is
+  recorded as blocked;
+- server messages pass through an :class:`~addon.output_gate.OutputGate`, one per turn,
+  which holds a message until the filters have passed all the text it carries (the
+  guarantee of the HTTP path: no character of a match reaches the client). When it
+  blocks, the client gets the protocol's end of the answer
+  (:meth:`~addon.dialects.Normalizer.ending`), the upstream is asked to stop
+  (:meth:`~addon.dialects.Normalizer.upstream_cancel`), and the rest of that answer is
+  read into the record but not delivered, up to its end marker; the connection stays
+  open for the next turn unless the protocol's errors are close codes
+  (:meth:`~addon.dialects.Normalizer.close_after_block`).
+
+Sans-IO: the mitmproxy adapter (:mod:`addon.mitm.websocket`) sends, drops and injects.
+It never raises: a failure of the audit becomes a finding and the messages go on (with
+filters, the failure policy decides).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from addon.dialects import Normalizer
+from addon.dialects.blocking import block_message
+from addon.events import Event, TurnEnd
+from addon.filters.api import Verdict
+from addon.filters.engine import FilterSet
+from addon.framing import Frame, Framing
+from addon.output_gate import Framed, OutputGate
+from addon.record import OUTCOME_CLIENT_ABORTED, OUTCOME_COMPLETE, OUTCOME_UPSTREAM_ABORTED, ExchangeRecord
+from addon.turns import READ_ANYWAY, UNREAD_MESSAGE, Turns, merge_request, unchecked
+
+log = logging.getLogger(__name__)
+
+#: One WebSocket message: its content, and whether it is a text message.
+Out = tuple[bytes, bool]
+#: Close codes of a connection that ended as its protocol ends one (RFC 6455 7.4.1):
+#: normal, going away, and a close frame without a code.
+NORMAL_CLOSES = frozenset({1000, 1001, 1005})
+#: Checks a client message's reading: the verdict that blocks it, if any.
+RequestCheck = Callable[[FilterSet, ExchangeRecord, dict[str, Any]], Verdict | None]
+
+
+@dataclass(slots=True)
+class Relay:
+    """What becomes of one message: ``onward``, the messages that go on in its place
+    (None: it goes on as it came); ``back``, messages to the side it came from (a
+    refusal to the client, a cancel to the upstream); ``close``, a close (code, reason)
+    of the whole connection once these are sent."""
+
+    onward: list[Out] | None = None
+    back: list[Out] = field(default_factory=list)
+    close: tuple[int, str] | None = None
+
+
+class _Pending:
+    """The messages of one direction that were read but have not gone on yet, by
+    length: released bytes are cut back into messages at their boundaries."""
+
+    __slots__ = ("items",)
+
+    def __init__(self) -> None:
+        self.items: deque[list[Any]] = deque()  # [remaining length, is text]
+
+    def add(self, length: int, text: bool) -> None:
+        self.items.append([length, text])
+
+    def split(self, released: bytes) -> list[Out]:
+        """``released`` (the next bytes of the direction) as the messages they were;
+        bytes ending inside a message go as a message of their own (a framing whose
+        frames may share or straddle messages, SignalR, allows that)."""
+        out: list[Out] = []
+        at = 0
+        while at < len(released) and self.items:
+            item = self.items[0]
+            n = min(item[0], len(released) - at)
+            out.append((released[at : at + n], item[1]))
+            at += n
+            item[0] -= n
+            if item[0] == 0:
+                self.items.popleft()
+        return out
+
+    def clear(self) -> None:
+        self.items.clear()
+
+
+class ConnectionAuditor:
+    """Reads one WebSocket connection's messages into its turn records.
+
+    ``filters`` gives the filter set in force (asked again at every turn, so that a rules
+    reload reaches a connection that stays open for hours); ``check`` runs the request
+    filters on one client message's reading. ``make_normalizer`` makes the second
+    normalizer a gate needs (it reads only what the client got, for the endings).
+    """
+
+    def __init__(
+        self,
+        framing: Framing,
+        normalizer: Normalizer,
+        make_normalizer: Callable[[], Normalizer],
+        turns: Turns,
+        connection: ExchangeRecord,
+        *,
+        max_event_bytes: int,
+        max_record_bytes: int,
+        filters: Callable[[], FilterSet | None],
+        check: RequestCheck,
+    ) -> None:
+        self.normalizer, self.make_normalizer = normalizer, make_normalizer
+        self.turns, self.connection = turns, connection
+        self.max_record_bytes = max_record_bytes
+        self.client_reader = framing.reader(max_event_bytes, max_record_bytes, {})
+        self.server_reader = framing.reader(max_event_bytes, max_record_bytes, {})
+        self.writer = normalizer.writer
+        self.current_filters, self.check = filters, check
+        self.filters: FilterSet | None = None
+        self.gate: OutputGate | None = None
+        self.forwarded: Normalizer | None = None  # reads what the client got (with a gate)
+        self.server_offset = 0  # server bytes read so far
+        self.gate_base = 0  # where the current gate's offsets begin
+        self.server_pending = _Pending()
+        self.client_pending = _Pending()
+        self.client_held = bytearray()  # (checking) client bytes not gone on yet
+        self.client_from = 0  # offset of client_held[0]
+        self.suppressing = False  # the answer was cut: the rest of it is read, not delivered
+        self.turn_over = False  # a frame of this message ended the turn
+        self.failed = False
+        self._next_gate()
+
+    # -- the client's messages ------------------------------------------------------------
+
+    def from_client(self, content: bytes, text: bool) -> Relay:
+        self.connection.event_count += 1
+        if self.failed:
+            return Relay()
+        try:
+            return self._client(content, text)
+        except Exception as e:  # noqa: BLE001 - the traffic must never see our bugs
+            return self._fail(e)
+
+    def _client(self, content: bytes, text: bool) -> Relay:
+        filters = self.filters
+        reader = self.client_reader
+        if filters is None or not (filters.request_rules or filters.filters):
+            for frame in reader.feed(content):
+                self._client_frame(frame)
+            self._collect(reader)
+            self.client_from += len(content)
+            return Relay()
+        # Checking: a message's bytes go on once every frame in them has passed.
+        self.client_pending.add(len(content), text)
+        self.client_held += content
+        release = self.client_from
+        closed = filters.failure == "closed"
+        for item, end in reader.feed_bounded(content):
+            if item is not None:
+                frame = item
+                doc, unread = self._client_frame(frame)
+                verdict = self.check(filters, self.turns.record, doc) if doc else None
+                if verdict is None and unread is not None and closed:
+                    verdict = unchecked(unread)
+                if verdict is not None:
+                    return self._refuse(frame, verdict, release)
+            release = end
+        problem = self._reader_problem(reader)
+        self._collect(reader)
+        if problem is not None:
+            if closed:
+                return self._refuse(None, unchecked(problem), release)
+            release = self.client_from + len(self.client_held)  # (unread bytes pass unchecked)
+        out = self._client_release(release)
+        if len(out) == 1 and len(out[0][0]) == len(content) and not self.client_held:
+            return Relay()  # (the message goes on as it came)
+        return Relay(onward=out)
+
+    def _client_release(self, upto: int) -> list[Out]:
+        n = upto - self.client_from
+        released = bytes(self.client_held[:n])
+        del self.client_held[:n]
+        self.client_from = upto
+        return self.client_pending.split(released)
+
+    def _client_frame(self, frame: Frame) -> tuple[dict[str, Any], str | None]:
+        """Read one client frame into the current turn: its reading, and why it could not
+        be read whole (else None)."""
+        doc, findings = self.normalizer.on_client(frame)
+        if self.forwarded is not None:
+            self.forwarded.on_client(frame)  # (it keeps the same protocol state for its endings)
+        record = self.turns.record
+        merge_request(record, doc, self.max_record_bytes)
+        for finding in findings:
+            record.apply(finding)
+        if doc.get("messages") or findings:
+            self.turns.open()
+        else:
+            self.turns.touch()
+        unread = next((f"{f.code}: {f.detail}" for f in findings if f.code in UNREAD_MESSAGE), None)
+        return doc, unread
+
+    def _refuse(self, frame: Frame | None, verdict: Verdict, release: int) -> Relay:
+        """A request filter blocked a client message: what came before it goes on, it and
+        the rest of its message do not, the client gets the protocol's refusal, and the
+        turn is recorded as blocked."""
+        before = self._client_release(release)
+        self.client_from += len(self.client_held)
+        self.client_held.clear()
+        self.client_pending.clear()
+        record = self.turns.record
+        record.verdicts.append(verdict.as_dict())
+        record.block(block_message(verdict.rule_id, verdict.reason))
+        normalizer = self.forwarded or self.normalizer
+        back = self._encode(normalizer.refusal(frame, verdict.rule_id, verdict.reason) if frame is not None else [])
+        record.bytes_to_client += sum(len(m) for m, _ in back)
+        self.turns.open()
+        self.turns.end_turn(record)
+        self._next_gate()
+        return Relay(onward=before, back=back, close=self.normalizer.close_after_block(verdict.reason))
+
+    # -- the server's messages ------------------------------------------------------------
+
+    def from_server(self, content: bytes, text: bool) -> Relay:
+        self.connection.event_count += 1
+        if self.failed:
+            return Relay()
+        try:
+            return self._server(content, text)
+        except Exception as e:  # noqa: BLE001 - the traffic must never see our bugs
+            return self._fail(e)
+
+    def _server(self, content: bytes, text: bool) -> Relay:
+        record = self.turns.record
+        if record.first_chunk_at is None:
+            record.first_chunk_at = time.time()
+        record.bytes_from_upstream += len(content)
+        self.connection.bytes_from_upstream += len(content)
+        reader, gate = self.server_reader, self.gate
+        self.server_offset += len(content)
+        if self.suppressing or gate is None:
+            for frame in reader.feed(content):
+                self._server_frame(frame)
+            self._collect(reader)
+            if self.suppressing:
+                if self.turn_over:
+                    self.suppressing = False
+                self._end_of_message()
+                return Relay(onward=[])
+            self._delivered(len(content))
+            self._end_of_message()
+            return Relay()
+        self.server_pending.add(len(content), text)
+        framed: list[Framed] = []
+        for item, end in reader.feed_bounded(content):
+            framed.append((item, self._server_frame(item) if item is not None else (), end - self.gate_base))
+        problem = self._reader_problem(reader)
+        self._collect(reader)
+        released = gate.feed(content, len(content), framed)
+        if problem is not None:
+            gate.unreadable(f"a message cannot be checked: {problem}")
+            released += gate.feed(None, 0, ())
+        self._verdicts(gate)
+        if gate.blocked is not None:
+            relay = self._cut(gate, released)
+            self._end_of_message()
+            return relay
+        out = self.server_pending.split(released)
+        self._delivered(len(released))
+        self._end_of_message()
+        if len(out) == 1 and len(out[0][0]) == len(content) and not self.server_pending.items:
+            return Relay()  # (the message goes on as it came)
+        return Relay(onward=out)
+
+    def _server_frame(self, frame: Frame) -> list[Event]:
+        """Read one server frame into the current turn (its end marker is acted on once
+        the whole message is read and checked: :meth:`_end_of_message`)."""
+        record = self.turns.record
+        record.event_count += 1
+        events = self.normalizer.on_event(frame)
+        for ev in events:
+            record.apply(ev)
+            if type(ev) is TurnEnd:
+                self.turn_over = True
+        return events
+
+    def _end_of_message(self) -> None:
+        """After a server message: the turn it answered begins (its record written ahead)
+        or, when it carried the turn's end, is written, and the next turn gets a gate."""
+        self.turns.answered()
+        if not self.turn_over:
+            return
+        self.turn_over = False
+        self.turns.end_turn(self.turns.record)
+        if not self.suppressing and not self.server_pending.items:
+            self._next_gate()
+
+    def _cut(self, gate: OutputGate, released: bytes) -> Relay:
+        """An output filter blocked the answer: what was cleared before goes, then the
+        protocol's end of the answer; the upstream is asked to stop; the rest of the
+        answer is read, not delivered, up to its end (unless this message ended it)."""
+        verdict = gate.blocked
+        assert verdict is not None
+        record = self.turns.record
+        out = self.server_pending.split(released)
+        self.server_pending.clear()
+        forwarded = gate.forwarded
+        frames = forwarded.ending(verdict.rule_id, verdict.reason)
+        for frame in frames:
+            forwarded.on_event(frame)  # the client's view of the turn: it ended
+        ending = self._encode(frames)
+        record.block(block_message(verdict.rule_id, verdict.reason), [forwarded.filter_stop_reason] if frames else None)
+        sent = len(released) + sum(len(m) for m, _ in ending)
+        record.bytes_to_client += sent
+        self.connection.bytes_to_client += sent
+        record.delivered_text = gate.delivered_text
+        self.turns.open()
+        cancel = self._encode(self.normalizer.upstream_cancel()) if not self.turn_over else []
+        self.suppressing = not self.turn_over
+        self.gate = None  # (a new one comes with the next turn)
+        return Relay(onward=out + ending, back=cancel, close=self.normalizer.close_after_block(verdict.reason))
+
+    # -- the gate ---------------------------------------------------------------------------
+
+    def _next_gate(self) -> None:
+        """A new turn: the filters in force now, and a fresh gate for its answer."""
+        try:
+            self.filters = self.current_filters()
+        except Exception:
+            log.exception("llm-audit: could not read the content filters")
+        filters = self.filters
+        self.gate = None
+        if filters is None or not filters.checks_output:
+            return
+        if self.forwarded is None:
+            self.forwarded = self.make_normalizer()
+        self.gate = OutputGate(
+            filters.output_guard(),
+            self.forwarded,
+            holds=filters.may_block_output,
+            split_raw=True,
+            failure=filters.failure,
+        )
+        self.gate_base = self.server_offset
+
+    def _verdicts(self, gate: OutputGate) -> None:
+        if gate.verdicts:
+            self.turns.record.verdicts.extend(v.as_dict() for v in gate.verdicts)
+            gate.verdicts.clear()
+
+    def _delivered(self, n: int) -> None:
+        self.turns.record.bytes_to_client += n
+        self.connection.bytes_to_client += n
+
+    # -- the end ----------------------------------------------------------------------------
+
+    def closed(self, code: int | None, reason: str, by_client: bool | None) -> None:
+        """The connection ended: the turn in progress is recorded as cut, with what it
+        has, and the connection's record says how it ended (``by_client`` None: the proxy
+        closed it)."""
+        who = "the client" if by_client else "the upstream" if by_client is not None else "the proxy"
+        turns = self.turns
+        answered = (turns.record.turn or 0) + (1 if turns.pending else 0)
+        detail = f"code {code if code is not None else 'none'} by {who} after {answered} turns"
+        detail += f": {reason}"[:200] if reason else ""
+        if turns.pending:
+            record = turns.record
+            record.add_finding("websocket_closed", f"during the answer: {detail}")
+            record.finish(OUTCOME_CLIENT_ABORTED if by_client else OUTCOME_UPSTREAM_ABORTED)
+            turns.submit(record)
+        turns.close()
+        connection = self.connection
+        connection.add_finding("websocket_closed", detail)
+        normal = code in NORMAL_CLOSES
+        if not normal and code is not None and code != 1006:
+            connection.fail(f"websocket_{code}", reason or None)
+        connection.terminal_seen = normal or code != 1006
+        outcome = OUTCOME_COMPLETE if normal else OUTCOME_CLIENT_ABORTED if by_client else OUTCOME_UPSTREAM_ABORTED
+        connection.finish(outcome)
+
+    # -- helpers ----------------------------------------------------------------------------
+
+    def _encode(self, frames: Sequence[Frame]) -> list[Out]:
+        """Frames as WebSocket messages, by the framing's writer (one message each where
+        the framing has one frame per message)."""
+        if not frames:
+            return []
+        writer = self.writer
+        encode = getattr(writer, "encode_messages", None)
+        messages = encode(frames) if encode is not None else [writer.encode(frames, True)]
+        return [(m, bool(getattr(writer, "text", True))) for m in messages]
+
+    def _collect(self, reader: Any) -> None:
+        findings = reader.findings
+        if findings:
+            for code, detail in findings:
+                self.turns.record.add_finding(code, detail)
+            findings.clear()
+
+    @staticmethod
+    def _reader_problem(reader: Any) -> str | None:
+        """Why the reader could not hand over a message it read (None: it could)."""
+        problem = next((f"{code}: {detail}" for code, detail in reader.findings if code not in READ_ANYWAY), None)
+        return problem or reader.unreadable
+
+    def _fail(self, error: Exception) -> Relay:
+        """Our bug: a finding, and from here the messages go on unread; with filters and
+        the failure policy closed, the connection is closed instead (nothing unchecked
+        may pass)."""
+        log.exception("llm-audit: reading a WebSocket message failed")
+        self.turns.record.add_finding("audit_internal_error", f"websocket: {type(error).__name__}: {error}"[:300])
+        self.failed = True
+        filters = self.filters
+        if filters is not None and filters.failure == "closed" and (filters.may_block_output or filters.request_rules):
+            return Relay(onward=[], close=(1011, "llm-audit: the audit failed"))
+        return Relay()

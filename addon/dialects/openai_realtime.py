@@ -1,0 +1,477 @@
+"""The OpenAI Realtime dialect: JSON events over one WebSocket (``wss://.../v1/realtime``).
+
+Recognised at the upgrade (:meth:`OpenAIRealtime.websocket`) by a path ending in
+``/v1/realtime`` (Azure: ``/realtime`` under ``/openai/``), the beta header
+``OpenAI-Beta: realtime=v1``, or a browser's ``Sec-WebSocket-Protocol: realtime``; the
+HTTP endpoints beside it (``/v1/realtime/calls``, ``/client_secrets``) are not. The model
+is the query's ``model=`` (Azure: ``deployment=``), then ``session.created``'s.
+
+Every message is one JSON event with a ``type``. A session carries many responses, one
+record each: ``response.created`` opens one, ``response.done`` (always sent, whatever
+the outcome) ends it with :class:`~addon.events.TurnEnd`. The GA names and the older beta
+names (``response.text.delta``, ``response.audio_transcript.delta``, ...) are both read;
+which one the server speaks is remembered for what the proxy sends.
+
+- Text (``response.output_text.delta``) and the audio's transcript
+  (``response.output_audio_transcript.delta``) are both the answer's text: the
+  transcript is what the user hears, so the filters and the record treat it as what a
+  text answer shows. The audio itself (base64) is never read or kept.
+- The response, item and part bookkeeping is the Responses API's
+  (:class:`~addon.dialects.responses.ResponsesNormalizer`, one reader per response in
+  progress): ``*.done`` events, ``response.output_item.done`` and ``response.done``'s
+  output fill in what the deltas missed; a final text that disagrees with them is a
+  ``final_text_mismatch`` and :class:`~addon.events.ShownText`. Function calls are keyed by
+  item id, with ``call_id`` and ``name`` from ``output_item.added`` or ``.done``.
+- ``response.done``: usage (``cached_tokens`` read from the cache, and the text, audio
+  and image counts), the stop reason (``completed`` -> ``stop``; ``incomplete`` with
+  ``max_output_tokens`` -> ``length``, ``content_filter`` -> ``content_filter``;
+  ``cancelled`` -> ``cancelled``; ``failed`` -> ``error`` with ``status_details.error``).
+- ``error`` events are mostly recoverable (the session stays open). One about a client
+  event (``error.event_id``) or arriving between responses is the finding
+  ``realtime_error``: a StreamError would mark a response that went on fine, or the next
+  one, as failed. One during a response, about no client event, is its StreamError.
+- The client's events (:meth:`RealtimeNormalizer.on_client`) read as the shared request
+  shape: ``session.update`` instructions and ``response.create`` instructions as system
+  messages, ``conversation.item.create`` items as user, assistant or tool messages;
+  audio appends are control messages (never kept).
+
+When an output filter cuts a response, the client gets an ``error`` event (type
+``invalid_request_error``, code ``content_filtered``, the rule and reason: the one place
+for a message) then ``response.done`` for that response, ``incomplete`` with reason
+``content_filter``: what OpenAI sends when its own safety filter cuts a response, so a
+client handles it as a moderation cut rather than as a server failure to retry
+(``failed``). Its output is what the client received, parts typed in the session's
+names (GA ``output_text`` / ``output_audio``, beta ``text`` / ``audio``); a function call
+whose arguments were cut is left out, so no client runs it. Upstream is asked to stop
+with ``response.cancel``. A client event a request filter blocks is answered with an
+``error`` whose ``error.event_id`` names it. Event ids the proxy makes are
+``event_llmaudit_...``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import parse_qs
+
+from addon.dialects import (
+    BlockedResponse,
+    Dialect,
+    JsonEventNormalizer,
+    Normalizer,
+    RequestSummary,
+    RequestView,
+    int_field,
+    json_object,
+    parse_json_body,
+    str_field,
+)
+from addon.dialects.blocking import FILTERED_CODE, block_message, frame, json_response, openai_error, random_id
+from addon.dialects.responses import ResponsesNormalizer, problem_error
+from addon.events import Event, Finding, Finish, ResponseMeta, StreamError, TextEnd, TurnEnd, Usage
+from addon.framing import Frame
+from addon.framing.ws_json import WRITER
+from exchange.request import tool_names
+
+FRAMING = "ws_json"
+BETA_HEADER = "realtime=v1"
+SUBPROTOCOL = "realtime"
+# response.status -> the record's stop reason; incomplete goes by status_details.reason
+STOP_REASONS = {"completed": "stop", "cancelled": "cancelled", "failed": "error"}
+INCOMPLETE_REASONS = {"max_output_tokens": "length", "content_filter": "content_filter"}
+# Content part type -> the field holding its text (GA and beta names; audio: its transcript).
+PART_TEXT = {"text": "text", "output_text": "text", "audio": "transcript", "output_audio": "transcript"}
+AUDIO_PARTS = frozenset({"audio", "output_audio"})
+# Events only one generation of the API sends: which names the server speaks.
+BETA_EVENTS = frozenset(
+    {"response.text.delta", "response.text.done", "response.audio_transcript.delta", "response.audio.delta"}
+)
+GA_EVENTS = frozenset(
+    {"response.output_text.delta", "response.output_audio_transcript.delta", "response.output_audio.delta"}
+)
+MAX_OPEN_RESPONSES = 8  # responses in progress at once (out-of-band ones run beside the default)
+MAX_DETAIL = 300
+
+
+@dataclass(slots=True)
+class RealtimeSummary(RequestSummary):
+    """The upgrade request's reading, plus whether it asked for the beta API."""
+
+    beta: bool = False
+
+
+def is_realtime(request: RequestView) -> bool:
+    """A Realtime WebSocket upgrade: by path, beta header or offered subprotocol."""
+    path = request.path.rstrip("/")
+    if path.endswith("/v1/realtime") or ("/openai/" in path and path.endswith("/realtime")):
+        return True
+    if BETA_HEADER in request.headers.get("openai-beta", ""):
+        return True
+    offered = request.headers.get("sec-websocket-protocol", "")
+    return SUBPROTOCOL in (p.strip() for p in offered.split(","))
+
+
+class OpenAIRealtime(Dialect):
+    name = "openai_realtime"
+    provider = "openai"  # *.openai.azure.com maps to azure.ai.openai by host
+
+    def matches(self, request: RequestView) -> bool:
+        return False  # a WebSocket protocol: no HTTP exchange is Realtime's
+
+    def websocket(self, request: RequestView, first: bytes | None) -> str | None:
+        return FRAMING if is_realtime(request) else None
+
+    def summarize(self, body: Any, request: RequestView) -> RequestSummary:
+        query = parse_qs(request.query)
+        model = (query.get("model") or query.get("deployment") or [""])[-1]
+        return RealtimeSummary(model=model or None, beta=BETA_HEADER in request.headers.get("openai-beta", ""))
+
+    def normalizer(self, request: RequestSummary) -> Normalizer:
+        return RealtimeNormalizer(request.model, isinstance(request, RealtimeSummary) and request.beta)
+
+    def blocked_response(
+        self, summary: RequestSummary, request_view: RequestView, rule_id: str, reason: str, streaming: bool
+    ) -> BlockedResponse:
+        """A blocked upgrade: OpenAI's error JSON (HTTP 400)."""
+        return json_response({"error": openai_error(block_message(rule_id, reason), FILTERED_CODE)})
+
+
+def event_id() -> str:
+    """A fresh event id for an event the proxy sends."""
+    return random_id("event_llmaudit_")
+
+
+def realtime_usage(usage: Any) -> Usage | None:
+    """``response.usage``: ``input_tokens`` include ``cached_tokens``; the per-modality
+    counts are parts of the totals."""
+    if not isinstance(usage, dict):
+        return None
+    inp, out = _object(usage.get("input_token_details")), _object(usage.get("output_token_details"))
+    report = Usage(
+        input_tokens=int_field(usage, "input_tokens"),
+        output_tokens=int_field(usage, "output_tokens"),
+        cache_read_input_tokens=int_field(inp, "cached_tokens"),
+        input_text_tokens=int_field(inp, "text_tokens"),
+        input_audio_tokens=int_field(inp, "audio_tokens"),
+        input_image_tokens=int_field(inp, "image_tokens"),
+        output_text_tokens=int_field(out, "text_tokens"),
+        output_audio_tokens=int_field(out, "audio_tokens"),
+    )
+    return None if report == Usage() else report
+
+
+def stop_reason(status: str, details: dict[str, Any]) -> str:
+    """The record's stop reason for a response's final ``status`` and ``status_details``."""
+    if status == "incomplete":
+        reason = str_field(details, "reason")
+        return INCOMPLETE_REASONS.get(reason or "", reason or status)
+    return STOP_REASONS.get(status, status)
+
+
+def _object(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+class _Response(ResponsesNormalizer):
+    """One response of the session, read with the Responses API's item, part and call
+    bookkeeping (the Realtime events are named after it), plus Realtime's part types.
+    Made at ``response.created`` and dropped at ``response.done``: a long session holds
+    only the responses in progress."""
+
+    def __init__(self, response: dict[str, Any], declared_tools: frozenset[str] | None, keeps: bool) -> None:
+        super().__init__(declared_tools)
+        self.response = response  # the object response.created announced
+        self.keeps_delivered = keeps
+        self.cancelled = False  # the client asked to cancel it (response.cancel)
+
+    def ending(self, rule_id: str, reason: str) -> list[Frame]:
+        return []  # the session's normalizer ends responses (RealtimeNormalizer.ending)
+
+    def _settle_parts(self, item_id: str, space: str, parts: Any, out: list[Event]) -> None:
+        if isinstance(parts, list):
+            for index, part in enumerate(parts):
+                if isinstance(part, dict):
+                    self._settle_part(item_id, index, part, out)
+
+    def _settle_part(self, item_id: str, index: int, part: dict[str, Any], out: list[Event]) -> None:
+        name = PART_TEXT.get(str_field(part, "type") or "")
+        text = part.get(name) if name else None
+        if isinstance(text, str):
+            self._settle_text((item_id, "content", index), text, "text", out)
+
+    def _part_done(self, obj: dict[str, Any], out: list[Event]) -> None:
+        """``response.content_part.done``: its text or transcript settles the part."""
+        part = obj.get("part")
+        if isinstance(part, dict):
+            self._settle_part(self._item_id(obj), int_field(obj, "content_index") or 0, part, out)
+            out.append(TextEnd(0, "text"))
+
+    def _transcript_delta(self, obj: dict[str, Any], out: list[Event]) -> None:
+        self._delta(obj, out, "content", "content_index", "text")
+
+    def _transcript_done(self, obj: dict[str, Any], out: list[Event]) -> None:
+        self._done(obj, out, "content", "content_index", "transcript", "text")
+
+    def _arguments_done(self, obj: dict[str, Any], out: list[Event]) -> None:
+        """``.done`` carries the call's ``call_id`` and ``name`` (Realtime's, not Responses')."""
+        self._settle_call(self._item_id(obj), obj.get("arguments"), obj, True, out)
+
+    def delivered(self, beta: bool) -> list[dict[str, Any]]:
+        """The output the client received, parts typed in the session's names; calls whose
+        arguments were cut are left out (a client must not run them)."""
+        items = []
+        for item in self.output_so_far():
+            if item.get("type") == "function_call" and item.get("status") == "incomplete":
+                continue
+            if item.get("type") == "message" and isinstance(item.get("content"), list):
+                item = dict(item, content=[_delivered_part(part, beta) for part in item["content"]])
+            items.append(item)
+        return items
+
+
+def _delivered_part(part: dict[str, Any], beta: bool) -> dict[str, Any]:
+    text = part.get("text", "")
+    if part.get("type") in AUDIO_PARTS:
+        return {"type": "audio" if beta else "output_audio", "transcript": text}
+    return {"type": "text" if beta else "output_text", "text": text}
+
+
+# Response-scoped events (GA and beta names) -> the reader's method.
+_RESPONSE_EVENTS = {
+    "response.output_item.added": _Response._item_added,
+    "response.output_item.done": _Response._item_done,
+    "response.content_part.added": _Response._part_added,
+    "response.content_part.done": _Response._part_done,
+    "response.output_text.delta": _Response._text_delta,
+    "response.text.delta": _Response._text_delta,
+    "response.output_text.done": _Response._text_done,
+    "response.text.done": _Response._text_done,
+    "response.output_audio_transcript.delta": _Response._transcript_delta,
+    "response.audio_transcript.delta": _Response._transcript_delta,
+    "response.output_audio_transcript.done": _Response._transcript_done,
+    "response.audio_transcript.done": _Response._transcript_done,
+    "response.function_call_arguments.delta": _Response._arguments_delta,
+    "response.function_call_arguments.done": _Response._arguments_done,
+}
+
+
+class RealtimeNormalizer(JsonEventNormalizer):
+    """A whole Realtime session: its responses, one turn each, and the client's events."""
+
+    framing = FRAMING
+    writer = WRITER
+
+    def __init__(self, model: str | None = None, beta: bool = False) -> None:
+        super().__init__()
+        self.model = model
+        self.beta = beta  # the server speaks the beta event names
+        self.declared_tools: frozenset[str] | None = None  # the session's, once it says
+        self.responses: dict[str, _Response] = {}  # in progress, oldest first
+
+    # -- server events --------------------------------------------------------------------
+
+    def on_json(self, event: Frame, obj: dict[str, Any]) -> list[Event]:
+        kind = obj.get("type")
+        if not isinstance(kind, str):
+            return [Finding("missing_field", "a Realtime event without a type")]
+        if kind in BETA_EVENTS or kind in GA_EVENTS:
+            self.beta = kind in BETA_EVENTS
+        out: list[Event] = []
+        handler = _RESPONSE_EVENTS.get(kind)
+        if handler is not None:
+            handler(self._reader(str_field(obj, "response_id")), obj, out)
+        elif kind == "response.created":
+            self._created(_object(obj.get("response")), out)
+        elif kind == "response.done":
+            self._finished(_object(obj.get("response")), out)
+        elif kind in ("session.created", "session.updated"):
+            self._session(_object(obj.get("session")), out)
+        elif kind == "error":
+            self._error(_object(obj.get("error")), out)
+        return out  # audio, rate limits, conversation items, VAD: nothing for the record
+
+    def on_end(self, cut: bool = False) -> list[Event]:
+        if self.responses:
+            return [Finding("missing_stream_end", "the connection closed during a response")]
+        return []
+
+    def _session(self, session: dict[str, Any], out: list[Event]) -> None:
+        if session.get("type") == "realtime" or "output_modalities" in session:
+            self.beta = False
+        elif "modalities" in session:
+            self.beta = True
+        if isinstance(session.get("tools"), list):
+            self.declared_tools = tool_names(session)
+        model = str_field(session, "model")
+        if model:
+            self.model = model
+            out.append(ResponseMeta(model=model))
+
+    def _open(self, response: dict[str, Any]) -> _Response:
+        if len(self.responses) >= MAX_OPEN_RESPONSES:  # never done: forget the oldest
+            del self.responses[next(iter(self.responses))]
+        key = str_field(response, "id") or random_id("resp_llmaudit_")
+        reader = self.responses[key] = _Response(dict(response, id=key), self.declared_tools, self.keeps_delivered)
+        return reader
+
+    def _reader(self, response_id: str | None) -> _Response:
+        """The response an event belongs to; one never announced is read all the same."""
+        if response_id is not None:
+            return self.responses.get(response_id) or self._open({"id": response_id})
+        return next(reversed(self.responses.values())) if self.responses else self._open({})
+
+    def _created(self, response: dict[str, Any], out: list[Event]) -> None:
+        response_id = str_field(response, "id")
+        if response_id in self.responses:
+            self.responses[response_id].response = response
+        else:
+            self._open(response)
+        out.append(ResponseMeta(model=self.model, response_id=response_id))
+
+    def _finished(self, response: dict[str, Any], out: list[Event]) -> None:
+        """``response.done``: the turn's output settled, usage, stop reason, then TurnEnd."""
+        response_id = str_field(response, "id")
+        reader = self.responses.pop(response_id, None) if response_id else None
+        if reader is None:
+            reader = _Response(response, self.declared_tools, False)
+        out.append(ResponseMeta(model=self.model, response_id=response_id))
+        status = str_field(response, "status")
+        reader._output(response.get("output"), status, out)
+        usage = realtime_usage(response.get("usage"))
+        if usage is not None:
+            out.append(usage)
+        details = _object(response.get("status_details"))
+        if status is None:
+            out.append(Finding("missing_field", "response.done without a status"))
+        else:
+            out.append(Finish(stop_reason(status, details)))
+        if status == "failed":
+            err = details.get("error")
+            out.append(problem_error(err) if isinstance(err, dict) else StreamError(None, "the response failed"))
+        out.append(TurnEnd())
+
+    def _error(self, err: dict[str, Any], out: list[Event]) -> None:
+        if self.responses and str_field(err, "event_id") is None:
+            out.append(problem_error(err))
+            return
+        parts = (str_field(err, k) for k in ("type", "code", "message", "event_id"))
+        out.append(Finding("realtime_error", " / ".join(p for p in parts if p)[:MAX_DETAIL]))
+
+    # -- client events --------------------------------------------------------------------
+
+    def on_client(self, frame: Frame) -> tuple[dict[str, Any], list[Finding]]:
+        doc, finding = parse_json_body(frame.data.encode("utf-8", "surrogatepass"))
+        findings = [finding] if finding is not None else []
+        if not isinstance(doc, dict):
+            if finding is None:
+                findings.append(Finding("request_invalid_json", "a client event is not one JSON object"))
+            return {}, findings
+        kind = doc.get("type")
+        if kind == "session.update":
+            return _settings(_object(doc.get("session"))), findings
+        if kind == "response.create":
+            response = _object(doc.get("response"))
+            reading, inputs = _settings(response), response.get("input")
+            messages = [m for item in inputs if (m := _item_message(item))] if isinstance(inputs, list) else []
+            if messages:
+                reading["messages"] = [*reading.get("messages", []), *messages]
+            return reading, findings
+        if kind == "conversation.item.create":
+            message = _item_message(doc.get("item"))
+            return ({"messages": [message]} if message else {}), findings
+        if kind == "response.cancel":
+            response_id = str_field(doc, "response_id")
+            reader = self.responses.get(response_id) if response_id else self._current()
+            if reader is not None:
+                reader.cancelled = True
+        return {}, findings  # audio appends, commits, truncates: control, never kept
+
+    def _current(self) -> _Response | None:
+        return next(reversed(self.responses.values())) if self.responses else None
+
+    # -- what the proxy sends --------------------------------------------------------------
+
+    def ending(self, rule_id: str, reason: str) -> list[Frame]:
+        reader = self._current()
+        if reader is None:
+            return []
+        done = reader.response | {
+            "object": "realtime.response",
+            "status": "incomplete",
+            "status_details": {"type": "incomplete", "reason": "content_filter"},
+            "output": reader.delivered(self.beta),
+            "usage": None,
+        }
+        return [
+            frame({"type": "error", "event_id": event_id(), "error": _error(rule_id, reason, None)}),
+            frame({"type": "response.done", "event_id": event_id(), "response": done}),
+        ]
+
+    def refusal(self, frame_: Frame, rule_id: str, reason: str) -> list[Frame]:
+        blocked = json_object(frame_.data) or {}
+        error = _error(rule_id, reason, str_field(blocked, "event_id"))
+        return [frame({"type": "error", "event_id": event_id(), "error": error})]
+
+    def upstream_cancel(self) -> list[Frame]:
+        """``response.cancel`` for the response cut, unless the client cancelled it already
+        (the server would answer a second cancel with an error the client never caused)."""
+        reader = self._current()
+        if reader is None or reader.cancelled:
+            return []
+        return [frame({"type": "response.cancel", "event_id": event_id(), "response_id": reader.response["id"]})]
+
+
+def _error(rule_id: str, reason: str, blocked_event: str | None) -> dict[str, Any]:
+    return {
+        "type": "invalid_request_error",
+        "code": FILTERED_CODE,
+        "message": block_message(rule_id, reason),
+        "param": None,
+        "event_id": blocked_event,
+    }
+
+
+def _settings(settings: dict[str, Any]) -> dict[str, Any]:
+    """``session.update.session`` or ``response.create.response``: instructions as a
+    system message, the model and the tools."""
+    reading: dict[str, Any] = {}
+    instructions = settings.get("instructions")
+    if isinstance(instructions, str) and instructions:
+        reading["messages"] = [{"role": "system", "content": instructions}]
+    if isinstance(settings.get("model"), str):
+        reading["model"] = settings["model"]
+    if isinstance(settings.get("tools"), list):
+        reading["tools"] = settings["tools"]
+    return reading
+
+
+def _item_message(item: Any) -> dict[str, Any] | None:
+    """A conversation item as a shared-shape message: a message's text parts (and any
+    transcript the client sent, never audio), a tool's output, a call."""
+    if not isinstance(item, dict):
+        return None
+    kind = item.get("type")
+    if kind == "function_call_output":
+        output = item.get("output")
+        return {
+            "role": "tool",
+            "content": output if isinstance(output, str) else "",
+            "tool_call_id": item.get("call_id"),
+        }
+    if kind == "function_call":
+        call = {"name": item.get("name"), "arguments": item.get("arguments")}
+        return {"role": "assistant", "tool_calls": [{"id": item.get("call_id"), "function": call}]}
+    if kind not in (None, "message"):
+        return None
+    role = str_field(item, "role") or "user"
+    content = item.get("content")
+    texts = []
+    for part in content if isinstance(content, list) else []:
+        if isinstance(part, dict):
+            text = part.get("text") if isinstance(part.get("text"), str) else part.get("transcript")
+            if isinstance(text, str) and text:
+                texts.append(text)
+    return {"role": role, "content": "\n".join(texts)} if texts else None
+
+
+DIALECT = OpenAIRealtime()

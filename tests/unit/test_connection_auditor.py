@@ -1,0 +1,179 @@
+"""The per-connection pipeline of a WebSocket (addon/connection_auditor.py), with a toy
+protocol of one JSON message per frame: without filters every message goes on as it
+came; each answer is one turn record, written when its end marker is read; a content
+filter holds a server message until its text has passed, cuts an answer with the
+protocol's ending (the rest of that answer is read, not delivered) and leaves the next
+turn to flow; a blocked client message is not forwarded and the client gets a refusal."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from addon.connection_auditor import ConnectionAuditor, Relay
+from addon.dialects import Normalizer, RequestSummary
+from addon.events import Event, Finding, Finish, TextDelta, TurnEnd
+from addon.filters.engine import FilterSet
+from addon.filters.rules import parse_rules
+from addon.framing import Frame, Message
+from addon.framing.ws_json import FRAMING, WRITER
+from addon.mitm.content_filters import check_message
+from addon.record import ExchangeRecord, Status
+from addon.turns import Turns
+
+RULES = """
+[[rule]]
+id = "no-code-name"
+kind = "keywords"
+keywords = ["Nightjar"]
+scope = "both"
+action = "block"
+reason = "internal code name"
+"""
+
+
+class Toy(Normalizer):
+    """Client ``{"say": text}``; server ``{"delta": text}`` ... ``{"done": true}``."""
+
+    framing = "ws_json"
+    writer = WRITER
+
+    def __init__(self) -> None:
+        self.answering = False
+
+    def on_event(self, event: Frame) -> list[Event]:
+        obj = json.loads(event.data)
+        if "delta" in obj:
+            self.answering = True
+            return [TextDelta(obj["delta"])]
+        if obj.get("done"):
+            self.answering = False
+            return [Finish("stop"), TurnEnd()]
+        return []
+
+    def on_client(self, frame: Frame) -> tuple[dict[str, Any], list[Finding]]:
+        obj = json.loads(frame.data)
+        self.answering = self.answering or "say" in obj  # (a question opens the answer)
+        return ({"messages": [{"role": "user", "content": obj["say"]}]} if "say" in obj else {}), []
+
+    def ending(self, rule_id: str, reason: str) -> list[Frame]:
+        if not self.answering:
+            return []
+        return [Message(json.dumps({"error": reason})), Message(json.dumps({"done": True}))]
+
+    def refusal(self, frame: Frame, rule_id: str, reason: str) -> list[Frame]:
+        return [Message(json.dumps({"refused": reason}))]
+
+    def upstream_cancel(self) -> list[Frame]:
+        return [Message('{"cancel":true}')]
+
+
+class ToyDialect:
+    name = "toy"
+
+
+def auditor(rules: str | None = None) -> tuple[ConnectionAuditor, list[dict[str, Any]]]:
+    written: list[dict[str, Any]] = []
+    turns = Turns(ExchangeRecord(dialect="toy"), "conn-1", lambda r: written.append(r.to_row()))
+    filters = FilterSet(parse_rules(rules), failure="closed") if rules else None
+
+    def check(fs: FilterSet, record: ExchangeRecord, doc: dict[str, Any]):  # type: ignore[no-untyped-def]
+        from addon.dialects.ollama import DIALECT
+
+        return check_message(fs, DIALECT, RequestSummary(), record, doc)
+
+    a = ConnectionAuditor(
+        FRAMING,
+        Toy(),
+        Toy,
+        turns,
+        ExchangeRecord(dialect="toy", connection_id="conn-1"),
+        max_event_bytes=1 << 20,
+        max_record_bytes=1 << 20,
+        filters=lambda: filters,
+        check=check,
+    )
+    return a, written
+
+
+def j(obj: Any) -> bytes:
+    return json.dumps(obj).encode()
+
+
+def delivered(relays: list[tuple[bytes, Relay]]) -> list[bytes]:
+    out: list[bytes] = []
+    for content, relay in relays:
+        out.extend([content] if relay.onward is None else [m for m, _ in relay.onward])
+    return out
+
+
+def final(written: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The last row written of each turn."""
+    rows: dict[Any, dict[str, Any]] = {}
+    for row in written:
+        rows[row["turn"]] = row
+    return [rows[k] for k in sorted(rows)]
+
+
+def test_without_filters_every_message_goes_on_and_each_answer_is_a_turn() -> None:
+    a, written = auditor()
+    for turn in ("first", "second"):
+        assert a.from_client(j({"say": f"{turn} question"}), True) == Relay()
+        for piece in ("an ", "answer"):
+            assert a.from_server(j({"delta": piece}), True) == Relay()
+        assert a.from_server(j({"done": True}), True) == Relay()
+    rows = final(written)
+    assert [(r["turn"], r["status"], r["output_text"]) for r in rows] == [
+        (0, Status.COMPLETED, "an answer"),
+        (1, Status.COMPLETED, "an answer"),
+    ]
+    assert rows[1]["request_body"]["messages"] == [{"role": "user", "content": "second question"}]
+    assert {r["connection_id"] for r in rows} == {"conn-1"}
+
+
+def test_an_output_block_cuts_the_answer_and_the_next_turn_flows() -> None:
+    a, written = auditor(RULES)
+    a.from_client(j({"say": "tell me"}), True)
+    relays = []
+    for piece in ("The project is Nig", "htjar and more", " text"):
+        content = j({"delta": piece})
+        relays.append((content, a.from_server(content, True)))
+    (cut,) = [relay for _, relay in relays if relay.back]
+    assert cut.back == [(b'{"cancel":true}', True)]  # the upstream is asked to stop
+    sent = delivered(relays)
+    assert all(b"Nightjar" not in m and b"htjar" not in m for m in sent)
+    assert json.loads(sent[-1]) == {"done": True} and "error" in json.loads(sent[-2])
+    assert a.from_server(j({"delta": "more"}), True).onward == []  # the rest of the cut answer is not delivered
+    assert a.from_server(j({"done": True}), True).onward == []  # nor the upstream's own end
+    # the next turn flows again
+    a.from_client(j({"say": "again"}), True)
+    again = [a.from_server(c, True) for c in (j({"delta": "fine"}), j({"done": True}))]
+    assert delivered(list(zip((j({"delta": "fine"}), j({"done": True})), again))) == [
+        j({"delta": "fine"}),
+        j({"done": True}),
+    ]
+    rows = final(written)
+    assert [(r["turn"], r["status"]) for r in rows] == [(0, Status.BLOCKED), (1, Status.COMPLETED)]
+    assert "Nightjar" in rows[0]["output_text"]  # the record has what the upstream sent
+    assert "Nightjar" not in (rows[0]["delivered_text"] or "")
+
+
+def test_a_blocked_client_message_is_refused_and_not_forwarded() -> None:
+    a, written = auditor(RULES)
+    relay = a.from_client(j({"say": "what is Nightjar?"}), True)
+    assert relay.onward == [] and json.loads(relay.back[0][0]) == {"refused": "internal code name"}
+    assert a.from_client(j({"say": "hello"}), True) == Relay()
+    rows = final(written)
+    assert rows[0]["status"] == Status.BLOCKED and rows[0]["turn"] == 0
+
+
+def test_a_connection_closed_during_an_answer_records_the_partial_turn() -> None:
+    a, written = auditor()
+    a.from_client(j({"say": "q"}), True)
+    a.from_server(j({"delta": "partial"}), True)
+    a.closed(1006, "", by_client=False)
+    row = final(written)[0]
+    assert row["status"] == Status.UPSTREAM_ABORTED and row["output_text"] == "partial"
+    connection = a.connection.to_row()
+    assert connection["status"] == Status.UPSTREAM_ABORTED
+    assert any(f["code"] == "websocket_closed" for f in connection["findings"])
