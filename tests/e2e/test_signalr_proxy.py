@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 import wsclients
-from conftest import Proxy, filtering_proxy, wait_for
+from conftest import Node, Proxy, filtering_proxy, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -92,3 +92,48 @@ def test_a_generic_hub_prompt_refused(filtered: Proxy, upstreams) -> None:
     assert any("no-secrets-asked" in e for e in seen["errors"]), seen
     (row,) = turn_rows(filtered, seen["mock_id"], 1)
     assert row["status"] == "blocked" and row["dialect"] == "signalr"
+
+
+# -- the official client (@microsoft/signalr, Node) ---------------------------------------------
+
+
+@pytest.mark.parametrize("protocol", ["json", "messagepack"])
+@pytest.mark.parametrize("method", ["stream", "invoke", "chat"])
+def test_signalr_node_through_the_proxy(proxy: Proxy, upstreams, node: Node, protocol: str, method: str) -> None:
+    path = "/sydney/ChatHub" if method == "chat" else "/hubs/chat"
+    seen = wsclients.signalr_node(
+        upstreams["h2"].url,
+        PROMPT,
+        protocol=protocol,
+        method=method,
+        path=path,
+        node=node.binary,
+        **wsclients.via(proxy),
+    )
+    assert seen["errors"] == [] and seen["text"] == ANSWER
+    (row,) = turn_rows(proxy, seen["mock_id"], 1)
+    dialect = "copilot_chathub" if method == "chat" else "signalr"
+    assert (row["dialect"], row["status"], row["output_text"]) == (dialect, "completed", ANSWER)
+    assert row["request_body"]["messages"] == [{"role": "user", "content": PROMPT}]
+
+
+@pytest.mark.parametrize("protocol", ["json", "messagepack"])
+def test_signalr_node_sees_the_cut_as_the_invocation_error(
+    filtered: Proxy, upstreams, node: Node, protocol: str
+) -> None:
+    seen = wsclients.signalr_node(
+        upstreams["h2"].url, PROMPT, protocol=protocol, node=node.binary, **wsclients.via(filtered)
+    )
+    assert "marmalade" not in "".join(seen["items"])
+    assert len(seen["errors"]) == 1 and "no-jam" in seen["errors"][0]
+    (row,) = turn_rows(filtered, seen["mock_id"], 1)
+    assert row["status"] == "blocked" and "marmalade" not in (row["delivered_text"] or "")
+
+
+def test_signalr_node_cancel_is_recorded(proxy: Proxy, upstreams, node: Node) -> None:
+    seen = wsclients.signalr_node(
+        upstreams["h2"].url, "delay_ms=50 " + PROMPT, cancel_after=2, node=node.binary, **wsclients.via(proxy)
+    )
+    assert seen["items"] == [ANSWER[:4], ANSWER[4:8]]
+    (row,) = turn_rows(proxy, seen["mock_id"], 1)
+    assert row["finish_reasons"] == ["cancelled"] and row["output_text"].startswith(ANSWER[:8])
