@@ -121,10 +121,12 @@ class HubNormalizer(Normalizer):
         message = frame.message
         error = message.get("error")
         out: list[Event] = []
+        if error is not None and "result" in message:
+            out.append(Finding("signalr_invalid", f"a Completion of {frame.id!r} with both a result and an error"))
         if frame.id != self.active or not frame.id:
-            if error:
-                out.append(StreamError("signalr_completion", str(error)))
-            return out
+            # another invocation's (a call the client made beside the turn's): not this turn's
+            # outcome, though the client may show its error
+            return [*out, ShownText(str(error), kind="error")] if error else out
         if error is not None:
             out.append(StreamError("signalr_completion", str(error)))
         elif isinstance(message.get("result"), str):

@@ -280,3 +280,12 @@ def test_a_refused_prompt_through_the_connection_pipeline() -> None:
         "error": "Blocked by content filter rule 'no-code-name': internal code name",
     }
     assert written[-1]["status"] == "blocked"
+
+
+def test_a_completion_of_another_invocation_is_not_the_turns_outcome() -> None:
+    conn = Connection(view("/hub"), HELLO)
+    conn.send(rec(PROMPT))
+    events = conn.receive(rec({}, {"type": 3, "invocationId": "other", "error": "nope"}))
+    assert events == [ShownText("nope", kind="error")]
+    events = conn.receive(rec({"type": 3, "invocationId": "1", "result": "x", "error": "both"}))
+    assert [type(e).__name__ for e in events] == ["Finding", "StreamError", "Finish", "TurnEnd"]

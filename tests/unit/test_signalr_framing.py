@@ -301,3 +301,22 @@ def test_shared_spec_examples() -> None:
         (frame,) = reader.feed(varint(len(body)) + body)
         assert frame.event != "unknown", example["name"]
     assert not reader.findings
+
+
+@pytest.mark.parametrize("binary", [False, True])
+def test_random_bytes_never_raise_and_stay_bounded(binary: bool) -> None:
+    import random
+
+    rng = random.Random(11)
+    for _ in range(300):
+        reader = msgpack_reader(limit=512) if binary else json_reader(limit=512)
+        reader.feed(b"{}\x1e")
+        for _ in range(rng.randint(1, 6)):
+            chunk = bytes(rng.getrandbits(8) for _ in range(rng.randint(0, 300)))
+            if not binary and rng.random() < 0.5:
+                chunk = chunk.replace(b"\x1e", b"") + b"\x1e"
+            out = reader.feed_bounded(chunk)
+            assert all(end <= reader._offset for _, end in out)
+            assert len(reader._buf) <= 512 + 5
+        reader.end()
+        assert all(code in CODES for code, _ in reader.findings)
