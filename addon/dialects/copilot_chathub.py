@@ -161,6 +161,7 @@ class ChatHubNormalizer(HubNormalizer):
             self.text = self.text or final
         for m in answers[-1:]:
             out.extend(_suggestions(m))
+            out.extend(ShownText(t, kind="card") for t in _card_texts(m) if t not in (self.text, final))
         return out
 
     def _throttling(self, value: Any) -> list[Event]:
@@ -180,6 +181,22 @@ class ChatHubNormalizer(HubNormalizer):
 
     def refusal(self, frame: Frame, rule_id: str, reason: str) -> list[Frame]:
         return filtered_turn(frame.id, block_message(rule_id, reason)) if frame.id else []
+
+
+def _card_texts(m: dict[str, Any]) -> list[str]:
+    """The texts of a message's adaptive cards: the markdown copy (with citation links) the
+    client may render instead of ``text``; read once, on the final item, since every
+    ``update`` repeats it whole."""
+    cards = m.get("adaptiveCards")
+    if not isinstance(cards, list):
+        return []
+    return [
+        block["text"]
+        for card in cards
+        if isinstance(card, dict) and isinstance(card.get("body"), list)
+        for block in card["body"]
+        if isinstance(block, dict) and isinstance(block.get("text"), str) and block["text"]
+    ]
 
 
 def _suggestions(m: dict[str, Any]) -> list[Event]:

@@ -342,3 +342,13 @@ def test_an_output_block_through_the_connection_pipeline() -> None:
     )
     assert a.from_server(rec(*final("5", message="The plan is Nightjar")), True).onward == []
     assert [r["status"] for r in written][-1] == "blocked"
+
+
+def test_the_final_cards_markdown_is_checked_once() -> None:
+    conn = Connection(view(SYDNEY), HELLO)
+    conn.send(rec(chat("q")))
+    card = {"type": "AdaptiveCard", "body": [{"type": "TextBlock", "text": "Paris [^1^]"}]}
+    events = conn.receive(
+        rec({}, update(bot("Paris", adaptiveCards=[card])), *final(messages=[bot("Paris", adaptiveCards=[card])]))
+    )
+    assert [e for e in events if isinstance(e, ShownText)] == [ShownText("Paris [^1^]", kind="card")]
