@@ -325,6 +325,8 @@ class ConnectionAuditor:
         out = self.server_pending.split(released)
         self.server_pending.clear()
         forwarded = gate.forwarded
+        if not self.turns.pending and not self.turn_over:
+            return self._withhold(verdict, out)
         frames = forwarded.ending(verdict.rule_id, verdict.reason)
         for frame in frames:
             forwarded.on_event(frame)  # the client's view of the turn: it ended
@@ -339,6 +341,17 @@ class ConnectionAuditor:
         self.suppressing = not self.turn_over
         self.gate = None  # (a new one comes with the next turn)
         return Relay(onward=out + ending, back=cancel, close=self.normalizer.close_after_block(verdict.reason))
+
+    def _withhold(self, verdict: Verdict, out: list[Out]) -> Relay:
+        """Output a filter blocked outside any answer (a title or suggestions shown after
+        one): that message and what was held with it are withheld, the verdict goes to the
+        connection's record, and nothing else changes (no turn is cut or begun)."""
+        record = self.turns.record
+        self.connection.verdicts.extend(record.verdicts)
+        record.verdicts.clear()
+        self.connection.add_finding("output_withheld", f"{verdict.rule_id}: {verdict.reason}"[:300])
+        self._next_gate()
+        return Relay(onward=out)
 
     # -- the gate ---------------------------------------------------------------------------
 

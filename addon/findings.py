@@ -28,6 +28,8 @@ CODES: dict[str, str] = {
     # WebSocket messages (addon.framing.ws_json, addon.mitm.websocket)
     "ws_message_too_large": "A WebSocket message exceeded llm_audit_max_event_bytes; it was not read (it still "
     "passed through).",
+    "output_withheld": "A content filter blocked server output outside any answer of a WebSocket connection (a title "
+    "or follow-up suggestions after it): that message was not delivered; the detail names the rule.",
     "websocket_closed": "How a WebSocket connection ended: the close code, who closed it, after how many turns; on a "
     "turn record, the connection ended during that answer.",
     "realtime_error": "An OpenAI Realtime error event about a client event or outside a response (recoverable: "

@@ -58,6 +58,14 @@ class Status(StrEnum):
 OUTCOME_COMPLETE = "complete"  # the body ended as HTTP defines it
 OUTCOME_CLIENT_ABORTED = "client_aborted"
 OUTCOME_UPSTREAM_ABORTED = "upstream_aborted"
+# The usage counts that have a column of their own; any other (audio, text, image tokens) is in usage_details.
+USAGE_COLUMNS = (
+    "input_tokens",
+    "output_tokens",
+    "cache_read_input_tokens",
+    "cache_write_input_tokens",
+    "reasoning_output_tokens",
+)
 
 
 class TextParts:
@@ -383,6 +391,7 @@ class ExchangeRecord:
             "cache_write_input_tokens": self.usage.get("cache_write_input_tokens"),
             "reasoning_output_tokens": self.usage.get("reasoning_output_tokens"),
             "usage_source": "provider" if self.usage else "none",
+            "usage_details": {k: v for k, v in self.usage.items() if k not in USAGE_COLUMNS} or None,
             "error_code": self.error_code,
             "error_message": self.error_message,
             "findings": findings,

@@ -316,6 +316,7 @@ JSON_COLUMNS = (
     "output",
     "tool_calls",
     "finish_reasons",
+    "usage_details",
     "findings",
     "verdicts",
 )

@@ -543,9 +543,8 @@ async def _copilot_ws(dial: Dial, texts: list[str], mode: str) -> dict[str, Any]
                     seen["events"].append(event["event"])
                     if event["event"] == "appendText":
                         _said(seen, turn, event["text"])
-                    elif event["event"] == "error":
+                    elif event["event"] == "error":  # (the page shows it, and still waits for the follow-ups)
                         seen["errors"].append(event)
-                        break
                     elif event["event"] == "suggestedFollowups":
                         break
                 else:

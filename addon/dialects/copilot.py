@@ -19,8 +19,9 @@ replacement goes to the output filters as :class:`~addon.events.ShownText`. ``er
 (shape undocumented) is the turn's StreamError and ends it (stop reason ``error``; a
 ``done`` for the same message after it is not a new turn). ``challenge`` (a bot check
 the client must pass before it is answered) is the finding ``copilot_challenge``.
-``titleUpdate``, ``suggestedFollowups``, ``citation``, image events, ``ping``: nothing
-(they arrive after ``done`` or carry no answer text).
+``titleUpdate`` and ``suggestedFollowups`` (model-written text shown after the answer)
+go to the output filters as :class:`~addon.events.ShownText`; ``citation``, image events,
+``ping``: nothing (they carry no answer text).
 
 When a filter cuts an answer (or blocks a ``send``), the client gets ``{"event":
 "error", "messageId", "code": "content_filtered", "message"}`` then ``{"event":
@@ -55,6 +56,7 @@ FRAMING = "ws_json"
 PATH_SUFFIX = "/c/api/chat"
 RECORD_SEPARATOR = "\x1e"
 MAX_OBJECTS = 64  # JSON objects read from one message
+MAX_SHOWN = 4096  # characters of one title or suggestion the filters read
 MAX_ENDED = 32  # message ids remembered as ended (a late done repeats one)
 MAX_DETAIL = 300
 _DECODER = json.JSONDecoder()
@@ -160,6 +162,17 @@ class CopilotNormalizer(Normalizer):
             self._end(kind, obj, message_id, out)
         elif kind == "challenge":
             out.append(Finding("copilot_challenge", f"method {_short(obj.get('method'))}"))
+        elif kind in ("titleUpdate", "suggestedFollowups"):
+            self._shown(obj, out)
+
+    @staticmethod
+    def _shown(obj: dict[str, Any], out: list[Event]) -> None:
+        """A title or follow-up suggestions: model-written text the page shows after the
+        answer, checked by the output filters as the answer is (not part of its text)."""
+        texts = [obj.get("title")] if obj.get("event") == "titleUpdate" else obj.get("suggestions")
+        for text in texts if isinstance(texts, list) else []:
+            if isinstance(text, str) and text:
+                out.append(ShownText(text[:MAX_SHOWN], 0, "suggestion"))
 
     def _text(self, obj: dict[str, Any], message_id: str | None, kind: str, out: list[Event]) -> None:
         text = obj.get("text")
@@ -185,7 +198,9 @@ class CopilotNormalizer(Normalizer):
     # -- client messages ------------------------------------------------------------------
 
     def on_client(self, frame: Frame) -> tuple[dict[str, Any], list[Finding]]:
-        objects, findings = split_objects(frame.data)
+        objects, unread = split_objects(frame.data)
+        # (the request-side code: a message the filters could not read takes the failure policy)
+        findings = [Finding("request_invalid_json", f.detail) for f in unread]
         reading: dict[str, Any] = {}
         for obj in objects:
             if obj.get("event") != "send":

@@ -16,10 +16,12 @@ The server's: ``serverContent.modelTurn.parts[].text`` is the answer (``thought`
 its reasoning), ``outputTranscription.text`` the transcript of a spoken answer (what the
 user hears: answer text too); ``toolCall.functionCalls`` are whole calls; top-level
 ``usageMetadata`` is the turn's usage (``responseTokenCount``, or GenerateContent's
-``candidatesTokenCount``; per-modality details). ``turnComplete`` ends the turn: its
-stop reason is ``turnCompleteReason``, else ``interrupted`` when the user interrupted the
-answer, else ``STOP`` (Gemini's own name), then :class:`~addon.events.TurnEnd`, after
-the usage of the same message. Usage arriving after the turn it counts ended is the
+``candidatesTokenCount``; per-modality details). ``interrupted`` (the user spoke over the
+answer) is the stop reason ``interrupted`` at once. Only ``turnComplete`` ends the turn (a
+tool call does not: the answer after the tool's response is the same record): its stop
+reason is ``turnCompleteReason``, else ``interrupted`` after an interruption, else
+``STOP`` (Gemini's own name), then :class:`~addon.events.TurnEnd`, after the usage of the
+same message. Usage arriving after the turn it counts ended is the
 finding ``ws_usage_after_turn``, not added to the next turn: a record's counts must be
 its own (billing audits add them up). ``goAway`` is the finding ``ws_go_away``.
 
@@ -67,7 +69,7 @@ ROLES = {"model": "assistant", "user": "user", "system": "system", "function": "
 
 
 class GeminiLive(Dialect):
-    name = "gemini_live"
+    name = "gemini-live"
     provider = "gcp.gemini"  # *aiplatform.googleapis.com maps to gcp.vertex_ai by host
 
     def matches(self, request: RequestView) -> bool:
@@ -107,6 +109,10 @@ def close_reason(reason: str) -> str:
 def _get(obj: dict[str, Any], camel: str, snake: str) -> Any:
     value = obj.get(camel)
     return obj.get(snake) if value is None else value
+
+
+def _first(value: int | None, other: int | None) -> int | None:
+    return other if value is None else value
 
 
 def _object(value: Any) -> dict[str, Any]:
@@ -186,8 +192,9 @@ class GeminiLiveNormalizer(JsonEventNormalizer):
         if isinstance(text, str) and text:
             self.in_turn = True
             out.append(TextDelta(text))
-        if content.get("interrupted") is True:
+        if content.get("interrupted") is True:  # the user spoke over the answer: it stops here
             self.interrupted = self.in_turn = True
+            out.append(Finish("interrupted"))
         return _get(content, "turnComplete", "turn_complete") is True
 
     def _reason(self, content: dict[str, Any]) -> str:
@@ -212,7 +219,7 @@ class GeminiLiveNormalizer(JsonEventNormalizer):
     def _usage(self, usage: dict[str, Any], out: list[Event]) -> None:
         counts: dict[str, int | None] = {
             "input_tokens": int_field(usage, "promptTokenCount"),
-            "output_tokens": int_field(usage, "responseTokenCount") or int_field(usage, "candidatesTokenCount"),
+            "output_tokens": _first(int_field(usage, "responseTokenCount"), int_field(usage, "candidatesTokenCount")),
             "cache_read_input_tokens": int_field(usage, "cachedContentTokenCount"),
             "reasoning_output_tokens": int_field(usage, "thoughtsTokenCount"),
         }

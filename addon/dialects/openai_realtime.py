@@ -37,7 +37,9 @@ which one the server speaks is remembered for what the proxy sends.
 
 When an output filter cuts a response, the client gets an ``error`` event (type
 ``invalid_request_error``, code ``content_filtered``, the rule and reason: the one place
-for a message) then ``response.done`` for that response, ``incomplete`` with reason
+for a message), the done events of the parts and items still open (in the names the
+server speaks: GA ``response.output_text.done``, beta ``response.text.done``, ...), then
+``response.done`` for that response, ``incomplete`` with reason
 ``content_filter``: what OpenAI sends when its own safety filter cuts a response, so a
 client handles it as a moderation cut rather than as a server failure to retry
 (``failed``). Its output is what the client received, parts typed in the session's
@@ -82,6 +84,11 @@ INCOMPLETE_REASONS = {"max_output_tokens": "length", "content_filter": "content_
 # Content part type -> the field holding its text (GA and beta names; audio: its transcript).
 PART_TEXT = {"text": "text", "output_text": "text", "audio": "transcript", "output_audio": "transcript"}
 AUDIO_PARTS = frozenset({"audio", "output_audio"})
+# A part's done event, (GA, beta) by what it carries: indexed by the session being beta.
+DONE_EVENTS = {
+    "text": ("response.output_text.done", "response.text.done"),
+    "transcript": ("response.output_audio_transcript.done", "response.audio_transcript.done"),
+}
 # Events only one generation of the API sends: which names the server speaks.
 BETA_EVENTS = frozenset(
     {"response.text.delta", "response.text.done", "response.audio_transcript.delta", "response.audio.delta"}
@@ -112,7 +119,7 @@ def is_realtime(request: RequestView) -> bool:
 
 
 class OpenAIRealtime(Dialect):
-    name = "openai_realtime"
+    name = "openai-realtime"
     provider = "openai"  # *.openai.azure.com maps to azure.ai.openai by host
 
     def matches(self, request: RequestView) -> bool:
@@ -183,6 +190,7 @@ class _Response(ResponsesNormalizer):
         self.response = response  # the object response.created announced
         self.keeps_delivered = keeps
         self.cancelled = False  # the client asked to cancel it (response.cancel)
+        self.parts_done: set[tuple[str, int]] = set()  # (item id, content index) whose done event came
 
     def ending(self, rule_id: str, reason: str) -> list[Frame]:
         return []  # the session's normalizer ends responses (RealtimeNormalizer.ending)
@@ -203,7 +211,9 @@ class _Response(ResponsesNormalizer):
         """``response.content_part.done``: its text or transcript settles the part."""
         part = obj.get("part")
         if isinstance(part, dict):
-            self._settle_part(self._item_id(obj), int_field(obj, "content_index") or 0, part, out)
+            key = (self._item_id(obj), int_field(obj, "content_index") or 0)
+            self._settle_part(key[0], key[1], part, out)
+            self.parts_done.add(key)
             out.append(TextEnd(0, "text"))
 
     def _transcript_delta(self, obj: dict[str, Any], out: list[Event]) -> None:
@@ -216,22 +226,65 @@ class _Response(ResponsesNormalizer):
         """``.done`` carries the call's ``call_id`` and ``name`` (Realtime's, not Responses')."""
         self._settle_call(self._item_id(obj), obj.get("arguments"), obj, True, out)
 
-    def delivered(self, beta: bool) -> list[dict[str, Any]]:
-        """The output the client received, parts typed in the session's names; calls whose
-        arguments were cut are left out (a client must not run them)."""
+    def _done(self, obj: dict[str, Any], out: list[Event], space: str, index_field: str, field: str, kind: str) -> None:
+        super()._done(obj, out, space, index_field, field, kind)
+        self.parts_done.add((self._item_id(obj), int_field(obj, index_field) or 0))
+
+    def delivered(self, beta: bool) -> list[tuple[int, dict[str, Any]]]:
+        """The output the client received, by output index, parts typed in the session's
+        names; calls whose arguments were cut are left out (a client must not run them)."""
         items = []
-        for item in self.output_so_far():
+        for index, item in zip(sorted(self.items), self.output_so_far()):
             if item.get("type") == "function_call" and item.get("status") == "incomplete":
                 continue
             if item.get("type") == "message" and isinstance(item.get("content"), list):
-                item = dict(item, content=[_delivered_part(part, beta) for part in item["content"]])
-            items.append(item)
+                item_id = str_field(item, "id") or f"#{index}"
+                parts = [
+                    (self.part_types.get((item_id, i), ""), p.get("text", "")) for i, p in enumerate(item["content"])
+                ]
+                item = dict(item, content=[_delivered_part(kind, text, beta) for kind, text in parts])
+            items.append((index, item))
         return items
 
+    def closing(self, beta: bool) -> list[dict[str, Any]]:
+        """The done events of the parts and items still open, in the session's names
+        (beta ``response.text.done`` / ``response.audio_transcript.done``), so that a
+        client's items end as they end when the server cuts them (status incomplete)."""
+        response_id = self.response.get("id")
+        events: list[dict[str, Any]] = []
+        for index, item in self.delivered(beta):
+            if index in self.items_done:
+                continue
+            item_id = str_field(item, "id") or f"#{index}"
+            content = item.get("content") if item.get("type") == "message" else None
+            for part_index, part in enumerate(content if isinstance(content, list) else []):
+                if (item_id, part_index) in self.parts_done:
+                    continue
+                where = {
+                    "response_id": response_id,
+                    "item_id": item_id,
+                    "output_index": index,
+                    "content_index": part_index,
+                }
+                audio = "transcript" in part
+                name, field = ("transcript", "transcript") if audio else ("text", "text")
+                events.append({"type": DONE_EVENTS[name][beta], **where, field: part[field]})
+                events.append(
+                    {
+                        "type": "response.content_part.done",
+                        **where,
+                        "part": {"type": "audio" if audio else "text", field: part[field]},
+                    }
+                )
+            events.append(
+                {"type": "response.output_item.done", "response_id": response_id, "output_index": index, "item": item}
+            )
+        return events
 
-def _delivered_part(part: dict[str, Any], beta: bool) -> dict[str, Any]:
-    text = part.get("text", "")
-    if part.get("type") in AUDIO_PARTS:
+
+def _delivered_part(kind: str, text: str, beta: bool) -> dict[str, Any]:
+    """A part as the final item carries it: ``kind`` as ``content_part.added`` said."""
+    if kind in AUDIO_PARTS:
         return {"type": "audio" if beta else "output_audio", "transcript": text}
     return {"type": "text" if beta else "output_text", "text": text}
 
@@ -399,13 +452,15 @@ class RealtimeNormalizer(JsonEventNormalizer):
             "object": "realtime.response",
             "status": "incomplete",
             "status_details": {"type": "incomplete", "reason": "content_filter"},
-            "output": reader.delivered(self.beta),
+            "output": [item for _, item in reader.delivered(self.beta)],
             "usage": None,
         }
-        return [
-            frame({"type": "error", "event_id": event_id(), "error": _error(rule_id, reason, None)}),
-            frame({"type": "response.done", "event_id": event_id(), "response": done}),
+        events = [
+            {"type": "error", "error": _error(rule_id, reason, None)},
+            *reader.closing(self.beta),
+            {"type": "response.done", "response": done},
         ]
+        return [frame({"type": e.pop("type"), "event_id": event_id(), **e}) for e in events]
 
     def refusal(self, frame_: Frame, rule_id: str, reason: str) -> list[Frame]:
         blocked = json_object(frame_.data) or {}

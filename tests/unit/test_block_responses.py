@@ -314,6 +314,9 @@ TESTED_ELSEWHERE = {
     "signalr": "tests/unit/test_signalr_dialect.py",
     "copilot_chathub": "tests/unit/test_copilot_chathub.py",
     "bedrock": "tests/unit/test_bedrock.py, tests/e2e/test_bedrock_proxy.py",
+    "openai-realtime": "tests/unit/test_openai_realtime.py",  # WebSocket: endings, refusals, closes
+    "gemini-live": "tests/unit/test_gemini_live.py",
+    "copilot": "tests/unit/test_copilot_ws.py",
 }
 
 

@@ -49,8 +49,9 @@ ADDED_SINCE_0001 = {
     "open_mac",  # by 0006
     "client_status",  # by 0007
     "connection_id",
-    "turn",
-}  # by 0008
+    "turn",  # by 0008
+    "usage_details",
+}  # by 0009
 INDEXED_IN_0001 = ("started_at", "ended_at", "user_id", "request_model", "status")  # one column each
 
 

@@ -1,0 +1,208 @@
+"""WebSocket inference through a real mitmdump with the addon (issue 19), over TLS to the
+mock's WebSocket upstreams (mockllm.websocket), with the clients each protocol's users
+run (tests/wsclients.py): the official openai SDK's realtime client and ``websockets``
+(OpenAI Realtime), google-genai's live client (Gemini Live), ``@microsoft/signalr`` and
+pysignalr (SignalR hubs, JSON and MessagePack), a plain client replaying Copilot.
+
+Each connection gives one record per answer (its turn) and one for the connection
+(``turn`` NULL), all with the same ``connection_id``; each turn's record has the text
+the client saw, the model where the protocol names it, usage where it is sent. Content
+filters: an output block reaches each client as its protocol's error, with no character
+of the match delivered, and the connection carries on where the protocol allows; a
+blocked client message never reaches the upstream.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+from tests import wsclients
+from tests.conftest import BACKENDS, Proxy, filtering_proxy, wait_for
+
+pytestmark = pytest.mark.timeout(180)
+
+OUTPUT_RULES = """
+[[rule]]
+id = "no-code-name"
+kind = "keywords"
+keywords = ["Nightjar"]
+scope = "response"
+action = "block"
+reason = "internal code name"
+
+[[rule]]
+id = "no-graz"
+kind = "keywords"
+keywords = ["Graz"]
+scope = "request"
+action = "block"
+reason = "no questions about Graz"
+"""
+# What the mock says for "say: ...": a sentence whose middle is the blocked word.
+LEAK = "say: The project is called Nightjar and it ships soon."
+
+
+def connection_rows(proxy: Proxy, mock_id: str, turns: int, timeout: float = 20.0) -> tuple[list[dict], dict]:
+    """The final turn records (by turn) and the connection record of the connection the
+    client opened with ``mock_id``, once all are written."""
+
+    def ready() -> tuple[list[dict], dict] | None:
+        rows = by_mock(proxy, mock_id)
+        if any(r["status"] == "in_progress" for r in rows):
+            return None
+        conn = [r for r in rows if r["turn"] is None]
+        done = sorted((r for r in rows if r["turn"] is not None), key=lambda r: r["turn"])
+        return (done, conn[0]) if len(conn) == 1 and len(done) == turns else None
+
+    try:
+        return wait_for(ready, timeout, what=f"{turns} turn rows and a connection row for {mock_id}")
+    except AssertionError:
+        rows = [(r["turn"], r["status"], r["output_text"], r["findings"]) for r in by_mock(proxy, mock_id)]
+        raise AssertionError(f"rows: {rows}\n{proxy.process.output[-3000:]}") from None
+
+
+def by_mock(proxy: Proxy, mock_id: str) -> list[dict]:
+    """The rows of the connection the drivers named ``mock_id`` (an ``x-mock-id`` header of
+    its upgrade, or a query parameter where the client sets no headers)."""
+    return proxy.rows(f"url_query LIKE ? OR {proxy.header_sql('x-mock-id')} = ?", (f"%mock_id={mock_id}%", mock_id))
+
+
+def mock_id() -> str:
+    return f"ws-{uuid.uuid4().hex[:12]}"
+
+
+@pytest.fixture(scope="module", params=BACKENDS)
+def filtering(request, tmp_path_factory, upstreams) -> Iterator[Proxy]:
+    yield from filtering_proxy(request, tmp_path_factory, request.param, OUTPUT_RULES, upstreams["h2"].ca)
+
+
+# -- OpenAI Realtime -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("beta", [False, True], ids=["ga", "beta"])
+def test_realtime_sdk_two_answers_are_two_turn_records(proxy: Proxy, upstreams, beta: bool) -> None:
+    mid = mock_id()
+    seen = wsclients.realtime_sdk(
+        upstreams["h2"].url, ["say: Hello there.", "say: And again."], beta=beta, mock_id=mid, **wsclients.via(proxy)
+    )
+    assert not seen["errors"] and not seen["timed_out"], seen
+    turns, conn = connection_rows(proxy, mid, 2)
+    assert [t["output_text"] for t in turns] == [t["text"] for t in seen["turns"]] == ["Hello there.", "And again."]
+    for row, client in zip(turns, seen["turns"]):
+        assert row["dialect"] == "openai-realtime" and row["status"] == "completed"
+        assert row["response_model"] == wsclients.REALTIME_MODEL or row["request_model"] == wsclients.REALTIME_MODEL
+        assert row["input_tokens"] == client["usage"]["input_tokens"]
+        assert row["connection_id"] == conn["connection_id"]
+    assert turns[1]["request_body"]["messages"][-1]["content"] == "say: And again."
+    assert conn["status"] == "completed" and conn["http_status"] == 101
+    assert any(f["code"] == "websocket_closed" for f in conn["findings"])
+
+
+def test_realtime_ws_audio_transcript(proxy: Proxy, upstreams) -> None:
+    mid = mock_id()
+    seen = wsclients.realtime_ws(
+        upstreams["h2"].url, "say: Spoken words.", audio=True, mock_id=mid, **wsclients.via(proxy)
+    )
+    (turn,), _ = connection_rows(proxy, mid, 1)
+    assert turn["output_text"] == seen["text"] == "Spoken words."
+    assert turn["usage_details"]["output_audio_tokens"] == seen["usage"]["output_token_details"]["audio_tokens"]
+
+
+def test_realtime_output_block_is_the_protocol_s_error_and_the_session_goes_on(filtering: Proxy, upstreams) -> None:
+    mid = mock_id()
+    seen = wsclients.realtime_ws(upstreams["h2"].url, [LEAK, "say: All fine."], mock_id=mid, **wsclients.via(filtering))
+    assert "Nightjar" not in seen["text"] and "Nightj" not in str(seen["events"])
+    assert seen["errors"], seen  # the error event
+    assert seen["turns"][0]["status"] in ("incomplete", "failed")
+    assert seen["turns"][1]["text"] == "All fine."  # the connection carried on
+    turns, conn = connection_rows(filtering, mid, 2)
+    assert [t["status"] for t in turns] == ["blocked", "completed"]
+    assert "Nightjar" in turns[0]["output_text"] and "Nightjar" not in (turns[0]["delivered_text"] or "")
+    assert conn["status"] == "completed"
+
+
+def test_realtime_request_block_never_reaches_the_upstream(filtering: Proxy, upstreams) -> None:
+    mid = mock_id()
+    seen = wsclients.realtime_ws(
+        upstreams["h2"].url, ["How is the weather in Graz?", "say: ok."], mock_id=mid, **wsclients.via(filtering)
+    )
+    assert seen["errors"], seen
+    received = upstreams["h2"].received(mid)
+    assert "Graz" not in str(received)
+    rows = wait_for(lambda: [r for r in by_mock(filtering, mid) if r["status"] == "blocked"] or None)
+    assert rows[0]["turn"] == 0
+
+
+def test_a_websocket_no_dialect_claims_passes_unchanged_and_unrecorded(proxy: Proxy, upstreams) -> None:
+    """A WebSocket whose upgrade and first message are no inference protocol's (a hub
+    path, but no SignalR handshake) is let go: its messages pass as they are, no record."""
+    from websockets.sync.client import connect
+
+    mid = mock_id()
+    url = wsclients.ws_url(upstreams["h2"].url, "/hubs/chat")
+    ctx = wsclients.ssl_context(url, proxy.ca)
+    with connect(url, ssl=ctx, proxy=proxy.url, additional_headers={"x-mock-id": mid}, open_timeout=20) as ws:
+        ws.send('{"hello":"not a handshake"}')
+        try:
+            ws.recv(timeout=5)
+        except Exception:  # noqa: BLE001 - the hub closes on a bad handshake; what matters is below
+            pass
+    frames = upstreams["h2"].received(mid)
+    assert "not a handshake" in str(frames)  # it reached the upstream unchanged
+    assert by_mock(proxy, mid) == [] and proxy.rows(header={"x-mock-id": mid}) == []
+
+
+# -- Gemini Live -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("audio", [False, True], ids=["text", "audio"])
+def test_gemini_live_sdk_turns_with_usage(proxy: Proxy, upstreams, audio: bool) -> None:
+    mid = mock_id()
+    seen = wsclients.gemini_live_sdk(
+        upstreams["h2"].url, ["say: Bonjour.", "say: Encore."], audio=audio, mock_id=mid, **wsclients.via(proxy)
+    )
+    assert not seen["errors"] and not seen["timed_out"], seen
+    turns, conn = connection_rows(proxy, mid, 2)
+    assert [t["output_text"] for t in turns] == ["Bonjour.", "Encore."] == [t["text"] for t in seen["turns"]]
+    for row, client in zip(turns, seen["turns"]):
+        assert row["dialect"] == "gemini-live" and row["status"] == "completed"
+        assert row["request_model"].endswith(wsclients.GEMINI_LIVE_MODEL)
+        assert row["input_tokens"] == client["usage"]["prompt_token_count"]
+        assert row["output_tokens"] == client["usage"]["response_token_count"]
+    assert conn["status"] == "completed"
+
+
+def test_gemini_live_output_block_closes_with_1008(filtering: Proxy, upstreams) -> None:
+    mid = mock_id()
+    seen = wsclients.gemini_live_ws(upstreams["h2"].url, LEAK, mock_id=mid, **wsclients.via(filtering))
+    assert "Nightjar" not in seen["text"] and seen["close_code"] == 1008, seen
+    assert "internal code name" in (seen["close_reason"] or "")
+    (turn,), conn = connection_rows(filtering, mid, 1)
+    assert turn["status"] == "blocked" and "Nightjar" not in (turn["delivered_text"] or "")
+    assert any("by the proxy" in f["detail"] for f in conn["findings"] if f["code"] == "websocket_closed")
+
+
+# -- consumer Copilot -------------------------------------------------------------------------
+
+
+def test_copilot_turns(proxy: Proxy, upstreams) -> None:
+    mid = mock_id()
+    seen = wsclients.copilot_ws(
+        upstreams["h2"].url, ["say: One answer.", "say: Two answers."], mock_id=mid, **wsclients.via(proxy)
+    )
+    turns, conn = connection_rows(proxy, mid, 2)
+    assert [t["output_text"] for t in turns] == ["One answer.", "Two answers."] == [t["text"] for t in seen["turns"]]
+    assert {t["dialect"] for t in turns} == {"copilot"} and {t["status"] for t in turns} == {"completed"}
+    assert turns[0]["request_body"]["messages"][-1]["content"] == "say: One answer."
+
+
+def test_copilot_output_block_is_an_error_event(filtering: Proxy, upstreams) -> None:
+    mid = mock_id()
+    seen = wsclients.copilot_ws(upstreams["h2"].url, [LEAK, "say: Next."], mock_id=mid, **wsclients.via(filtering))
+    assert "Nightjar" not in seen["text"] and "error" in seen["events"], seen
+    assert seen["turns"][-1]["text"] == "Next."
+    turns, _ = connection_rows(filtering, mid, 2)
+    assert [t["status"] for t in turns] == ["blocked", "completed"]
