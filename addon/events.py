@@ -67,6 +67,21 @@ class ShownText:
 
 
 @dataclass(frozen=True, slots=True)
+class TextSnapshot:
+    """The whole text of one choice so far, replacing what was read before.
+
+    For protocols whose answers are cumulative snapshots (Copilot's ChatHub ``update``
+    messages) when a snapshot does not extend the previous one (the answer rewritten or
+    retracted): the record then ends with the last snapshot, never a concatenation, and
+    the output filters check it whole.
+    """
+
+    text: str
+    choice: int = 0
+    kind: str = "text"
+
+
+@dataclass(frozen=True, slots=True)
 class ToolCallDelta:
     """A fragment of a tool call, assembled by ``key``.
 
@@ -158,6 +173,7 @@ Event = (
     | TextDelta
     | TextEnd
     | ShownText
+    | TextSnapshot
     | ToolCallDelta
     | Finish
     | Usage

@@ -40,6 +40,15 @@ CODES: dict[str, str] = {
     "detail gives the time left.",
     "copilot_challenge": "Consumer Copilot asked the client to pass a bot check (challenge event); the detail "
     "gives its method.",
+    # SignalR hub protocol (addon.framing.signalr, addon.dialects.signalr, addon.dialects.copilot_chathub)
+    "signalr_invalid": "A SignalR record is malformed (not JSON or MessagePack, not an object or array, an unknown "
+    "type, an impossible length prefix: then the rest of that direction is not read); it still passed through.",
+    "signalr_record_too_large": "A SignalR record exceeded llm_audit_max_event_bytes; it was skipped (it still "
+    "passed through).",
+    "signalr_unmapped": "A turn of a SignalR hub the project does not know carried items, results or invocations "
+    "it cannot map to answer text; their strings were checked as shown text, and the detail names their targets.",
+    "signalr_missing_completion": "A SignalR connection ended while an invocation had no Completion.",
+    "copilot_throttled": "Copilot reported that the conversation reached its user-message limit.",
     # transport
     "decode_failed": "The Content-Encoding could not be decoded for inspection; the bytes passed through unchanged.",
     "audit_internal_error": "The auditor itself failed on this exchange; traffic was not affected.",

@@ -39,7 +39,18 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from addon.dialects import Normalizer
-from addon.events import Event, Finish, ShownText, StreamEnd, StreamError, TextDelta, TextEnd, ToolCallDelta, TurnEnd
+from addon.events import (
+    Event,
+    Finish,
+    ShownText,
+    StreamEnd,
+    StreamError,
+    TextDelta,
+    TextEnd,
+    TextSnapshot,
+    ToolCallDelta,
+    TurnEnd,
+)
 from addon.filters.api import BLOCK, FLAG, Verdict
 from addon.filters.engine import FILTER_ERROR, OutputGuard, Release, StreamKey
 from addon.framing import Frame
@@ -197,7 +208,7 @@ class OutputGate:
         match ev:
             case TextDelta(text=text, choice=choice, kind=kind):
                 self._feed((choice, kind, None), text, needs)
-            case ShownText(text=text, choice=choice, kind=kind):
+            case ShownText(text=text, choice=choice, kind=kind) | TextSnapshot(text=text, choice=choice, kind=kind):
                 self._whole((choice, kind, None), text, needs)
             case ToolCallDelta(key=key, arguments=arguments, name=name, choice=choice, complete=complete):
                 if name:
@@ -243,6 +254,8 @@ class OutputGate:
         for ev in self.forwarded.on_event(event):
             if isinstance(ev, TextDelta) and ev.choice == 0 and ev.kind == "text":
                 self.delivered.append(ev.text)
+            elif isinstance(ev, TextSnapshot) and ev.choice == 0 and ev.kind == "text":
+                self.delivered[:] = [ev.text]
 
     def _take(self, upto: int) -> bytes:
         """Pop the raw bytes whose decoded content lies before ``upto``."""

@@ -25,6 +25,7 @@ from addon.events import (
     StreamEnd,
     StreamError,
     TextDelta,
+    TextSnapshot,
     ToolCallDelta,
     TurnEnd,
     Usage,
@@ -79,11 +80,12 @@ class TextParts:
     """
 
     COMPACT_AT = 256
-    __slots__ = ("_chunks", "_tail")
+    __slots__ = ("_chunks", "_tail", "carried")
 
     def __init__(self) -> None:
         self._chunks: list[str] = []
         self._tail: list[str] = []
+        self.carried = 0  # bytes of the text the stream carried, kept or not (the record's content_bytes)
 
     def append(self, piece: str) -> None:
         tail = self._tail
@@ -98,6 +100,12 @@ class TextParts:
 
     def __bool__(self) -> bool:
         return bool(self._chunks or self._tail)
+
+    def clear(self) -> None:
+        """Drop the text (a snapshot replaces it: :class:`~addon.events.TextSnapshot`)."""
+        self._chunks.clear()
+        self._tail.clear()
+        self.carried = 0
 
 
 @dataclass(slots=True)
@@ -199,8 +207,13 @@ class ExchangeRecord:
         match event:
             case TextDelta(text=text, choice=choice, kind=kind):
                 c = self._choice(choice)
+                parts = c.text if kind == "text" else c.reasoning if kind == "reasoning" else c.refusal
+                carried = self.content_bytes
                 if text := self._fit(text):
-                    (c.text if kind == "text" else c.reasoning if kind == "reasoning" else c.refusal).append(text)
+                    parts.append(text)
+                parts.carried += self.content_bytes - carried
+            case TextSnapshot(text=text, choice=choice, kind=kind):
+                self._replace_text(text, choice, kind)
             case ToolCallDelta():
                 self._tool_fragment(event)
             case Finish(reason=reason, choice=choice):
@@ -259,6 +272,19 @@ class ExchangeRecord:
         if c is None:
             c = self.choices[index] = Choice()
         return c
+
+    def _replace_text(self, text: str, choice: int, kind: str) -> None:
+        """A snapshot replaces a choice's text of ``kind``: the replaced text no longer
+        counts as kept or carried content, the snapshot does."""
+        c = self._choice(choice)
+        parts = c.text if kind == "text" else c.reasoning if kind == "reasoning" else c.refusal
+        self.content_kept -= sum(len(p.encode("utf-8", "surrogatepass")) for p in parts)
+        self.content_bytes -= parts.carried
+        parts.clear()
+        carried = self.content_bytes
+        if text := self._fit(text):
+            parts.append(text)
+        parts.carried = self.content_bytes - carried
 
     def _tool_fragment(self, d: ToolCallDelta) -> None:
         call = self.tool_calls.get(d.key)

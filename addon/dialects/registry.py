@@ -1,10 +1,9 @@
-"""Which dialects llm-audit reads, in the order they are tried, and the two questions
-asked of them: :func:`detect_request` (method, path and headers, then the parsed body)
-and, for an event stream no request claimed, :func:`detect_response` (its first event).
+"""Which dialects llm-audit reads, in the order they are tried, and the questions asked of them:
+:func:`detect_request`, :func:`detect_response`, :func:`detect_streamed_request`, :func:`detect_websocket`.
 
-Order matters only where two could match: llm-stream's media type wins over any path,
-and LMSP's ``/lmsp/v1/responses`` over OpenAI's ``/responses``. A new dialect is one
-module defining ``DIALECT`` and one line in :data:`BUILTIN` (docs/framings.md).
+Order matters only where two could match: llm-stream's media type wins over any path, LMSP's
+``/lmsp/v1/responses`` over OpenAI's ``/responses``, a known SignalR hub over ``signalr`` (any
+handshake). A new dialect is one module defining ``DIALECT`` and a name in :data:`BUILTIN`.
 """
 
 from __future__ import annotations
@@ -19,6 +18,7 @@ from addon.framing import Frame
 BUILTIN = (
     "llm_stream", "lmsp", "openai_responses", "openai_chat", "openai_completions", "anthropic", "gemini", "bedrock",
     "anthropic_vertex", "ollama", "cursor", "windsurf", "connect_rpc", "openai_realtime", "gemini_live", "copilot",
+    "copilot_chathub", "signalr",
 )  # fmt: skip
 REGISTRY: tuple[Dialect, ...] = tuple(importlib.import_module(f"addon.dialects.{name}").DIALECT for name in BUILTIN)
 

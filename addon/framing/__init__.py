@@ -152,7 +152,7 @@ def select(content_type: str, status: int, expected: str | None) -> Framing:
     return FRAMINGS["whole"]
 
 
-BUILTIN_FRAMINGS = ("sse", "json_array", "ndjson", "whole", "envelope", "eventstream", "ws_json")
+BUILTIN_FRAMINGS = ("sse", "json_array", "ndjson", "whole", "envelope", "eventstream", "ws_json", "signalr")
 
 
 def _load_builtin_framings() -> None:
