@@ -232,7 +232,11 @@ class ConnectionAuditor:
         record.verdicts.append(verdict.as_dict())
         record.block(block_message(verdict.rule_id, verdict.reason))
         normalizer = self.forwarded or self.normalizer
-        back = self._encode(normalizer.refusal(frame, verdict.rule_id, verdict.reason) if frame is not None else [])
+        frames = normalizer.refusal(frame, verdict.rule_id, verdict.reason) if frame is not None else []
+        for reader in {id(n): n for n in (self.normalizer, normalizer)}.values():
+            for refused in frames:  # both learn the client's view: that request was answered
+                reader.on_event(refused)
+        back = self._encode(frames)
         record.bytes_to_client += sum(len(m) for m, _ in back)
         self.turns.open()
         self.turns.end_turn(record)
@@ -410,6 +414,8 @@ class ConnectionAuditor:
         detail += f": {reason}"[:200] if reason else ""
         if turns.pending:
             record = turns.record
+            for ev in self.normalizer.on_end(cut=True):  # the dialect's end checks (an answer never completed)
+                record.apply(ev)
             record.add_finding("websocket_closed", f"during the answer: {detail}")
             record.finish(OUTCOME_CLIENT_ABORTED if by_client else OUTCOME_UPSTREAM_ABORTED)
             turns.submit(record)

@@ -224,7 +224,7 @@ def is_chathub(path: str) -> bool:
 
 
 class CopilotChatHub(HubDialect):
-    name = "copilot_chathub"
+    name = "copilot-chathub"
     provider = "microsoft"
 
     def websocket(self, request: RequestView, first: bytes | None) -> str | None:

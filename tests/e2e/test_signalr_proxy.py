@@ -36,8 +36,8 @@ def test_chathub_turns_are_recorded(proxy: Proxy, upstreams, path: str) -> None:
     assert seen["text"] == ANSWER + "a second answer"
     rows = turn_rows(proxy, seen["mock_id"], 2)
     assert [(r["dialect"], r["status"], r["output_text"]) for r in rows] == [
-        ("copilot_chathub", "completed", ANSWER),
-        ("copilot_chathub", "completed", "a second answer"),
+        ("copilot-chathub", "completed", ANSWER),
+        ("copilot-chathub", "completed", "a second answer"),
     ]
     assert rows[0]["request_body"]["messages"] == [{"role": "user", "content": PROMPT}]
     assert rows[0]["request_body"]["tone"] == "Balanced"
@@ -83,7 +83,7 @@ def test_a_chathub_answer_cut_ends_as_a_filtered_turn(filtered: Proxy, upstreams
     assert "marmalade" not in seen["text"]
     assert seen["result"]["value"] == "Filtered" and "no-jam" in seen["result"]["message"]
     (row,) = turn_rows(filtered, seen["mock_id"], 1)
-    assert row["status"] == "blocked" and row["dialect"] == "copilot_chathub"
+    assert row["status"] == "blocked" and row["dialect"] == "copilot-chathub"
     assert "marmalade" not in (row["delivered_text"] or "")
 
 
@@ -112,7 +112,7 @@ def test_signalr_node_through_the_proxy(proxy: Proxy, upstreams, node: Node, pro
     )
     assert seen["errors"] == [] and seen["text"] == ANSWER
     (row,) = turn_rows(proxy, seen["mock_id"], 1)
-    dialect = "copilot_chathub" if method == "chat" else "signalr"
+    dialect = "copilot-chathub" if method == "chat" else "signalr"
     assert (row["dialect"], row["status"], row["output_text"]) == (dialect, "completed", ANSWER)
     assert row["request_body"]["messages"] == [{"role": "user", "content": PROMPT}]
 

@@ -312,7 +312,7 @@ TESTED_ELSEWHERE = {
     "windsurf": "tests/unit/test_windsurf.py",
     "grpc": "tests/unit/test_connect_rpc.py",
     "signalr": "tests/unit/test_signalr_dialect.py",
-    "copilot_chathub": "tests/unit/test_copilot_chathub.py",
+    "copilot-chathub": "tests/unit/test_copilot_chathub.py",
     "bedrock": "tests/unit/test_bedrock.py, tests/e2e/test_bedrock_proxy.py",
     "openai-realtime": "tests/unit/test_openai_realtime.py",  # WebSocket: endings, refusals, closes
     "gemini-live": "tests/unit/test_gemini_live.py",

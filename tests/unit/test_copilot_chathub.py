@@ -104,7 +104,7 @@ def test_a_sydney_turn() -> None:
     (row,) = conn.close()
     assert row["output_text"] == "The capital is Paris."
     assert row["status"] == "completed" and row["findings"] == [] and row["request_model"] is None
-    assert row["dialect"] == "copilot_chathub"
+    assert row["dialect"] == "copilot-chathub"
 
 
 def test_any_split_gives_the_same_row() -> None:
@@ -144,7 +144,7 @@ def test_a_retracted_answer_ends_with_the_last_snapshot() -> None:
 
 
 def test_a_snapshot_replaces_the_recorded_text_and_its_size() -> None:
-    record = ExchangeRecord(dialect="copilot_chathub", streamed=True, content_limit=12)
+    record = ExchangeRecord(dialect="copilot-chathub", streamed=True, content_limit=12)
     for event in (TextDelta("Sure, "), TextDelta("here is"), TextSnapshot("Sorry."), TextDelta(" No.")):
         record.apply(event)
     assert record.output_text == "Sorry. No." and record.content_bytes == record.content_kept == 10
@@ -265,7 +265,7 @@ reason = "internal code name"
 
 def test_the_output_gate_checks_a_rewritten_snapshot_whole() -> None:
     filters = FilterSet(parse_rules(BLOCK), failure="closed")
-    record = ExchangeRecord(dialect="copilot_chathub", streamed=True, http_status=101)
+    record = ExchangeRecord(dialect="copilot-chathub", streamed=True, http_status=101)
     summary = DIALECT.summarize(None, view(SYDNEY))
     summary_into_record(record, summary)
     normalizer, forwarded = ChatHubNormalizer(), ChatHubNormalizer()
