@@ -44,7 +44,7 @@ from typing import Any
 
 from addon.dialects import Normalizer
 from addon.dialects.blocking import block_message
-from addon.events import Event, TurnEnd
+from addon.events import Event, PromptText, TurnEnd
 from addon.filters.api import Verdict
 from addon.filters.engine import FilterSet
 from addon.framing import Frame, Framing
@@ -318,7 +318,28 @@ class ConnectionAuditor:
             record.apply(ev)
             if type(ev) is TurnEnd:
                 self.turn_over = True
+            elif type(ev) is PromptText:
+                self._transcribed(record, ev)
         return events
+
+    def _transcribed(self, record: ExchangeRecord, prompt: PromptText) -> None:
+        """A voice prompt's transcript: a user message of the turn, as a typed one is
+        (pieces of one transcript are joined)."""
+        body = record.request_body if isinstance(record.request_body, dict) else {}
+        messages = body.get("messages") or []
+        last = messages[-1] if messages else None
+        if (
+            prompt.piece
+            and isinstance(last, dict)
+            and last.get("transcribed")
+            and len(last["content"]) < self.max_record_bytes
+        ):
+            last["content"] += prompt.text
+            return
+        merge_request(
+            record, {"messages": [{"role": "user", "content": prompt.text, "transcribed": True}]}, self.max_record_bytes
+        )
+        self.turns.open()
 
     def _end_of_message(self) -> None:
         """After a server message: the turn it answered begins (its record written ahead)

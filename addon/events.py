@@ -138,6 +138,17 @@ class StreamError:
 
 
 @dataclass(frozen=True, slots=True)
+class PromptText:
+    """What the user said, as the upstream transcribed it (a voice prompt over a
+    WebSocket): the request side of the turn, though it arrives from the server.
+    ``piece``: one piece of a transcript that arrives in pieces (Gemini Live), joined to
+    the piece before it."""
+
+    text: str
+    piece: bool = False
+
+
+@dataclass(frozen=True, slots=True)
 class StreamEnd:
     """The dialect's terminal event arrived: the response is complete."""
 
@@ -178,6 +189,7 @@ Event = (
     | Finish
     | Usage
     | StreamError
+    | PromptText
     | StreamEnd
     | TurnEnd
     | Replayed

@@ -49,7 +49,7 @@ from addon.dialects import (
     str_field,
 )
 from addon.dialects.blocking import BLOCKED_STATUS, block_message, json_response
-from addon.events import Event, Finding, Finish, StreamError, TextDelta, ToolCallDelta, TurnEnd, Usage
+from addon.events import Event, Finding, Finish, PromptText, StreamError, TextDelta, ToolCallDelta, TurnEnd, Usage
 from addon.framing import Frame
 from addon.framing.ws_json import WRITER
 
@@ -188,6 +188,9 @@ class GeminiLiveNormalizer(JsonEventNormalizer):
             if isinstance(part, dict) and isinstance(part.get("text"), str) and part["text"]:
                 self.in_turn = True
                 out.append(TextDelta(part["text"], 0, "reasoning" if part.get("thought") is True else "text"))
+        heard = _object(_get(content, "inputTranscription", "input_transcription")).get("text")
+        if isinstance(heard, str) and heard:  # what the user said (a voice prompt): the turn's request side
+            out.append(PromptText(heard, piece=True))
         text = _object(_get(content, "outputTranscription", "output_transcription")).get("text")
         if isinstance(text, str) and text:
             self.in_turn = True

@@ -70,7 +70,7 @@ from addon.dialects import (
 )
 from addon.dialects.blocking import FILTERED_CODE, block_message, frame, json_response, openai_error, random_id
 from addon.dialects.responses import ResponsesNormalizer, problem_error
-from addon.events import Event, Finding, Finish, ResponseMeta, StreamError, TextEnd, TurnEnd, Usage
+from addon.events import Event, Finding, Finish, PromptText, ResponseMeta, StreamError, TextEnd, TurnEnd, Usage
 from addon.framing import Frame
 from addon.framing.ws_json import WRITER
 from exchange.request import tool_names
@@ -342,6 +342,10 @@ class RealtimeNormalizer(JsonEventNormalizer):
             self._session(_object(obj.get("session")), out)
         elif kind == "error":
             self._error(_object(obj.get("error")), out)
+        elif kind == "conversation.item.input_audio_transcription.completed":
+            transcript = str_field(obj, "transcript")
+            if transcript:  # what the user said (a voice prompt): the turn's request side
+                out.append(PromptText(transcript))
         return out  # audio, rate limits, conversation items, VAD: nothing for the record
 
     def on_end(self, cut: bool = False) -> list[Event]:

@@ -203,3 +203,66 @@ def test_the_upstream_s_error_for_the_proxy_s_cancel_is_not_delivered() -> None:
     )
     assert a.from_server(theirs, True) == Relay()
     assert a.from_server(ours, True) == Relay(onward=[])
+
+
+def test_a_voice_prompt_s_transcript_is_the_turn_s_request_side() -> None:
+    """Realtime transcribes what the user said in a server event, and Gemini Live in
+    pieces: either is a user message of the turn it asked for."""
+    from addon.dialects import RequestView
+    from addon.dialects.gemini_live import DIALECT as LIVE
+    from addon.dialects.openai_realtime import DIALECT as REALTIME
+    from addon.framing.ws_json import FRAMING as WS_JSON
+
+    for dialect, said, answer, done in (
+        (
+            REALTIME,
+            [
+                j(
+                    {
+                        "type": "conversation.item.input_audio_transcription.completed",
+                        "item_id": "i",
+                        "content_index": 0,
+                        "transcript": "what time is it",
+                    }
+                )
+            ],
+            j(
+                {
+                    "type": "response.output_text.delta",
+                    "response_id": "r",
+                    "item_id": "o",
+                    "output_index": 0,
+                    "content_index": 0,
+                    "delta": "noon",
+                }
+            ),
+            j({"type": "response.done", "response": {"id": "r", "status": "completed", "output": []}}),
+        ),
+        (
+            LIVE,
+            [
+                j({"serverContent": {"inputTranscription": {"text": "what time"}}}),
+                j({"serverContent": {"inputTranscription": {"text": " is it"}}}),
+            ],
+            j({"serverContent": {"modelTurn": {"parts": [{"text": "noon"}]}}}),
+            j({"serverContent": {"turnComplete": True}}),
+        ),
+    ):
+        view = RequestView("GET", "/v1/realtime", "model=m", {})
+        summary = dialect.summarize(None, view)
+        written: list[dict[str, Any]] = []
+        turns = Turns(ExchangeRecord(dialect=dialect.name), "c", lambda r: written.append(r.to_row()))
+        a = ConnectionAuditor(
+            WS_JSON, dialect.normalizer(summary), lambda: dialect.normalizer(summary), turns,
+            ExchangeRecord(dialect=dialect.name, connection_id="c"),
+            max_event_bytes=1 << 20, max_record_bytes=1 << 20, filters=lambda: None, check=lambda *_: None,
+        )  # fmt: skip
+        if dialect is REALTIME:
+            a.from_server(j({"type": "response.created", "response": {"id": "r", "status": "in_progress"}}), True)
+        for message in [*said, answer, done]:
+            a.from_server(message, True)
+        (row,) = final(written)
+        assert row["request_body"]["messages"] == [
+            {"role": "user", "content": "what time is it", "transcribed": True}
+        ], dialect.name
+        assert row["output_text"] == "noon"
