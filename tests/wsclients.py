@@ -538,15 +538,22 @@ async def _copilot_ws(dial: Dial, texts: list[str], mode: str) -> dict[str, Any]
                 turn = _turn(seen)
                 send = {"event": "send", "conversationId": "conv-test", "mode": mode, "context": {}}
                 await ws.send(json.dumps({**send, "content": [{"type": "text", "text": text}]}))
+                answer, failed = None, False  # the bot message of this turn (startMessage); an error came
                 async for message in ws:
                     event = json.loads(message)
-                    seen["events"].append(event["event"])
-                    if event["event"] == "appendText":
+                    kind = event["event"]
+                    seen["events"].append(kind)
+                    if kind == "startMessage":
+                        answer = event.get("messageId")
+                    elif kind == "appendText":
                         _said(seen, turn, event["text"])
-                    elif event["event"] == "error":  # (the page shows it, and still waits for the follow-ups)
+                    elif kind == "error":
                         seen["errors"].append(event)
-                    elif event["event"] == "suggestedFollowups":
-                        break
+                        failed = True
+                    elif kind == "done" and failed:
+                        break  # a failed answer gets no follow-ups
+                    elif kind == "suggestedFollowups" and event.get("messageId") in (answer, None):
+                        break  # (the page attaches them by messageId: a previous answer's are not this one's)
                 else:
                     _closed_quietly(seen, ws)
                     break

@@ -111,9 +111,17 @@ def test_realtime_ws_audio_transcript(proxy: Proxy, upstreams) -> None:
     assert turn["usage_details"]["output_audio_tokens"] == seen["usage"]["output_token_details"]["audio_tokens"]
 
 
-def test_realtime_output_block_is_the_protocol_s_error_and_the_session_goes_on(filtering: Proxy, upstreams) -> None:
+REALTIME_DRIVERS = pytest.mark.parametrize(
+    "driver", [wsclients.realtime_sdk, wsclients.realtime_ws], ids=["openai-sdk", "websockets"]
+)
+
+
+@REALTIME_DRIVERS
+def test_realtime_output_block_is_the_protocol_s_error_and_the_session_goes_on(
+    filtering: Proxy, upstreams, driver
+) -> None:
     mid = mock_id()
-    seen = wsclients.realtime_ws(upstreams["h2"].url, [LEAK, "say: All fine."], mock_id=mid, **wsclients.via(filtering))
+    seen = driver(upstreams["h2"].url, [LEAK, "say: All fine."], mock_id=mid, **wsclients.via(filtering))
     assert "Nightjar" not in seen["text"] and "Nightj" not in str(seen["events"])
     assert seen["errors"], seen  # the error event
     assert seen["turns"][0]["status"] in ("incomplete", "failed")
@@ -124,9 +132,10 @@ def test_realtime_output_block_is_the_protocol_s_error_and_the_session_goes_on(f
     assert conn["status"] == "completed"
 
 
-def test_realtime_request_block_never_reaches_the_upstream(filtering: Proxy, upstreams) -> None:
+@REALTIME_DRIVERS
+def test_realtime_request_block_never_reaches_the_upstream(filtering: Proxy, upstreams, driver) -> None:
     mid = mock_id()
-    seen = wsclients.realtime_ws(
+    seen = driver(
         upstreams["h2"].url, ["How is the weather in Graz?", "say: ok."], mock_id=mid, **wsclients.via(filtering)
     )
     assert seen["errors"], seen
@@ -259,3 +268,25 @@ def test_a_long_connection_keeps_a_bounded_copy_for_mitmproxy_s_views(tmp_path_f
     with open(tmp / "flows", "rb") as f:
         (flow,) = [fl for fl in io.FlowReader(f).stream() if getattr(fl, "websocket", None) is not None]
     assert sum(len(m.content) for m in flow.websocket.messages) <= 2048 + 4096
+
+
+def test_gemini_live_request_block_closes_with_1008_before_the_upstream_hears_it(filtering: Proxy, upstreams) -> None:
+    mid = mock_id()
+    seen = wsclients.gemini_live_ws(
+        upstreams["h2"].url, "How is the weather in Graz?", mock_id=mid, **wsclients.via(filtering)
+    )
+    assert seen["close_code"] == 1008 and "no questions about Graz" in (seen["close_reason"] or ""), seen
+    assert "Graz" not in str(upstreams["h2"].received(mid))
+    (turn,), _ = connection_rows(filtering, mid, 1)
+    assert turn["status"] == "blocked"
+
+
+def test_copilot_request_block_is_an_error_event(filtering: Proxy, upstreams) -> None:
+    mid = mock_id()
+    seen = wsclients.copilot_ws(
+        upstreams["h2"].url, ["How is the weather in Graz?", "say: Next."], mock_id=mid, **wsclients.via(filtering)
+    )
+    assert seen["errors"] and seen["turns"][-1]["text"] == "Next.", seen
+    assert "Graz" not in str(upstreams["h2"].received(mid))
+    turns, _ = connection_rows(filtering, mid, 2)
+    assert [t["status"] for t in turns] == ["blocked", "completed"]
