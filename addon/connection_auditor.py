@@ -438,7 +438,7 @@ class ConnectionAuditor:
             for ev in self.normalizer.on_end(cut=True):  # the dialect's end checks (an answer never completed)
                 record.apply(ev)
             record.add_finding("websocket_closed", f"during the answer: {detail}")
-            record.finish(OUTCOME_CLIENT_ABORTED if by_client else OUTCOME_UPSTREAM_ABORTED)
+            record.finish(OUTCOME_UPSTREAM_ABORTED if by_client is False else OUTCOME_CLIENT_ABORTED)
             turns.submit(record)
         turns.close()
         connection = self.connection

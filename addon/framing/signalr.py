@@ -379,7 +379,7 @@ def handshake_framing(first: bytes) -> str | None:
     """The framing of a connection whose first client message is ``first``: a SignalR
     handshake (a JSON object then 0x1E) naming protocol ``json`` or ``messagepack``,
     version 1; None for anything else."""
-    end = first.find(RS)
+    end = first.find(RS, 0, 4097)  # (a handshake is short: no scan of a large first message)
     if end < 0 or end > 4096:
         return None
     obj = None

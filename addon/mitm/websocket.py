@@ -117,8 +117,10 @@ class WebSocketHooks:
         """Submit the connections still open as cut off (the store's ``done`` writes them)."""
         for state in self.connections.values():
             if isinstance(state, Live):
-                state.auditor.connection.add_finding("proxy_shutdown", "the proxy stopped during the connection")
-                state.auditor.closed(None, "the proxy stopped", None)
+                auditor = state.auditor
+                for record in (auditor.connection, *([auditor.turns.record] if auditor.turns.pending else [])):
+                    record.add_finding("proxy_shutdown", "the proxy stopped during the connection")
+                auditor.closed(1001, "the proxy stopped", None)
                 self.store.submit(state.auditor.connection)
         self.connections.clear()
 
