@@ -290,3 +290,35 @@ def test_copilot_request_block_is_an_error_event(filtering: Proxy, upstreams) ->
     assert "Graz" not in str(upstreams["h2"].received(mid))
     turns, _ = connection_rows(filtering, mid, 2)
     assert [t["status"] for t in turns] == ["blocked", "completed"]
+
+
+def test_a_proxy_that_stops_during_an_answer_records_the_partial_turn(tmp_path_factory, upstreams) -> None:
+    """SIGTERM while an answer streams: the turn is recorded with what it had, cut on the
+    client's side, and the connection's record is final; both say the proxy stopped."""
+    import threading
+    import time
+
+    from tests.conftest import start_proxy
+
+    tmp = tmp_path_factory.mktemp("ws-shutdown")
+    p = start_proxy(tmp, upstream_ca=upstreams["h2"].ca)
+    mid = mock_id()
+    text = "say: " + " ".join(f"word{n}" for n in range(200)) + " delay_ms=30"
+    done: dict = {}
+    client = threading.Thread(
+        target=lambda: done.update(
+            wsclients.realtime_ws(upstreams["h2"].url, text, mock_id=mid, timeout=30, **wsclients.via(p))
+        )
+    )
+    client.start()
+    try:
+        wait_for(lambda: any(r["turn"] == 0 for r in by_mock(p, mid)), 20, what="the turn's write-ahead row")
+        time.sleep(0.5)  # some of the answer has streamed
+    finally:
+        assert p.process.stop() == 0
+    client.join(40)
+    rows = {r["turn"]: r for r in by_mock(p, mid)}
+    turn, conn = rows[0], rows[None]
+    assert turn["status"] == "client_aborted" and turn["output_text"].startswith("word0 word1")
+    assert {"proxy_shutdown"} <= {f["code"] for f in turn["findings"]}
+    assert conn["status"] == "completed" and "proxy_shutdown" in {f["code"] for f in conn["findings"]}
