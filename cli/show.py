@@ -98,6 +98,9 @@ def _overview(page: _Page, r: dict[str, Any]) -> None:
         ("proxy", "proxy_instance"),
     ):
         page.field(label, r[name])
+    if r.get("connection_id"):  # one answer of a long-lived stream or WebSocket, or the connection's own record
+        turn = f"turn {r['turn']}" if r.get("turn") is not None else "the connection itself (its answers are its turns)"
+        page.field("connection", f"{r['connection_id']} · {turn}")
 
 
 def _request(page: _Page, body: Any) -> None:
@@ -150,6 +153,11 @@ def _choice(page: _Page, choice: transcript.Choice, *, numbered: bool) -> None:
 def _usage(page: _Page, r: dict[str, Any]) -> None:
     page.heading("usage")
     page.text(transcript.usage_line(r), indent=2)
+    details = r.get("usage_details")
+    if isinstance(details, dict) and details:  # by kind: audio, text, image tokens
+        page.text(
+            " · ".join(f"{k.removesuffix('_tokens').replace('_', ' ')} {v}" for k, v in details.items()), indent=2
+        )
 
 
 def _problems(page: _Page, r: dict[str, Any]) -> None:

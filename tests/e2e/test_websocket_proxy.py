@@ -240,6 +240,15 @@ def test_stats_count_the_answers_not_the_connection(proxy: Proxy, upstreams) -> 
     copilot = [r for r in proxy.rows("dialect = ?", ("copilot",)) if r["turn"] is not None]
     assert totals["exchanges"] == len(copilot) >= 3
 
+    def show(record_id: str) -> str:
+        cmd = [str(BIN / "llm-audit"), "--db", proxy.db_url, "show", record_id]
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=60, check=False)
+        assert (done.returncode, done.stderr) == (0, ""), done
+        return done.stdout
+
+    assert f"{conn['connection_id']} · turn 1" in show(turns[1]["id"])
+    assert "the connection itself" in show(conn["id"]) and "websocket_closed" in show(conn["id"])
+
 
 def test_a_long_connection_keeps_a_bounded_copy_for_mitmproxy_s_views(tmp_path_factory, upstreams) -> None:
     """mitmproxy keeps a WebSocket flow's messages for its views: the addon keeps only the
