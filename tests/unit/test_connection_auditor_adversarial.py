@@ -1,0 +1,121 @@
+"""The per-connection pipeline (addon/connection_auditor.py) with the real WebSocket
+dialects, under traffic meant to slip past it: what an output block must do however the
+answer began, and what the record must say."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from addon.connection_auditor import ConnectionAuditor, Relay
+from addon.dialects import Dialect, RequestView
+from addon.dialects.gemini_live import DIALECT as GEMINI_LIVE
+from addon.dialects.openai_realtime import DIALECT as REALTIME
+from addon.filters.engine import FilterSet
+from addon.filters.rules import parse_rules
+from addon.framing import FRAMINGS
+from addon.mitm.content_filters import check_message
+from addon.record import ExchangeRecord, Status
+from addon.turns import Turns
+
+RULES = """
+[[rule]]
+id = "no-code-name"
+kind = "keywords"
+keywords = ["Nightjar"]
+scope = "both"
+action = "block"
+reason = "internal code name"
+"""
+
+
+def auditor(dialect: Dialect, path: str, rules: str | None = RULES) -> tuple[ConnectionAuditor, list[dict[str, Any]]]:
+    written: list[dict[str, Any]] = []
+    view = RequestView("GET", path, "", {})
+    summary = dialect.summarize(None, view)
+    turns = Turns(ExchangeRecord(dialect=dialect.name), "conn-1", lambda r: written.append(r.to_row()))
+    filters = FilterSet(parse_rules(rules), failure="closed") if rules else None
+    a = ConnectionAuditor(
+        FRAMINGS["ws_json"],
+        dialect.normalizer(summary),
+        lambda: dialect.normalizer(summary),
+        turns,
+        ExchangeRecord(dialect=dialect.name, connection_id="conn-1"),
+        max_event_bytes=1 << 20,
+        max_record_bytes=1 << 20,
+        filters=lambda: filters,
+        check=lambda fs, record, doc: check_message(fs, dialect, summary, record, doc),
+    )
+    return a, written
+
+
+def j(obj: Any) -> bytes:
+    return json.dumps(obj).encode()
+
+
+def final(written: list[dict[str, Any]]) -> dict[Any, dict[str, Any]]:
+    rows: dict[Any, dict[str, Any]] = {}
+    for row in written:
+        rows[row["turn"]] = row
+    return rows
+
+
+def delivered(pairs: list[tuple[bytes, Relay]]) -> list[bytes]:
+    out: list[bytes] = []
+    for content, relay in pairs:
+        out.extend([content] if relay.onward is None else [m for m, _ in relay.onward])
+    return out
+
+
+def test_a_spoken_question_s_answer_is_cut_when_its_first_text_is_blocked() -> None:
+    """A voice client sends only audio (no message the record reads): the answer's first
+    transcript delta holding the whole match must cut the answer (the protocol's error,
+    response.done, a cancel upstream), not be withheld as text shown outside an answer
+    while the rest of the answer flows and the turn is recorded as completed."""
+    a, written = auditor(REALTIME, "/v1/realtime")
+    a.from_client(j({"type": "input_audio_buffer.append", "audio": "AAAA"}), True)
+    server = [
+        {"type": "response.created", "response": {"id": "resp_1", "status": "in_progress", "output": []}},
+        {"type": "response.output_item.added", "response_id": "resp_1", "output_index": 0,
+         "item": {"id": "item_1", "type": "message", "role": "assistant", "content": []}},
+        {"type": "response.content_part.added", "response_id": "resp_1", "item_id": "item_1", "output_index": 0,
+         "content_index": 0, "part": {"type": "output_audio", "transcript": ""}},
+        {"type": "response.output_audio_transcript.delta", "response_id": "resp_1", "item_id": "item_1",
+         "output_index": 0, "content_index": 0, "delta": "The project is Nightjar, it"},
+        {"type": "response.output_audio_transcript.delta", "response_id": "resp_1", "item_id": "item_1",
+         "output_index": 0, "content_index": 0, "delta": " and it ships soon."},
+    ]  # fmt: skip
+    pairs = [(j(e), a.from_server(j(e), True)) for e in server]
+    sent = [json.loads(m) for m in delivered(pairs)]
+    assert not any("Nightjar" in json.dumps(e) for e in sent)
+    assert [e["type"] for e in sent if e["type"] in ("error", "response.done")] == ["error", "response.done"]
+    assert not any(e.get("delta") == " and it ships soon." for e in sent)  # the rest is not delivered
+    assert any(json.loads(m)["type"] == "response.cancel" for _, r in pairs for m, _ in r.back)
+    a.from_server(j({"type": "response.done", "response": {"id": "resp_1", "status": "cancelled"}}), True)
+    assert final(written)[0]["status"] == Status.BLOCKED
+
+
+def test_a_gemini_live_answer_to_audio_is_closed_when_its_first_text_is_blocked() -> None:
+    a, written = auditor(GEMINI_LIVE, "/ws/google.ai.generativelanguage.v1beta.GenerativeService.BidiGenerateContent")
+    a.from_client(j({"setup": {"model": "models/gemini-live"}}), True)
+    a.from_server(j({"setupComplete": {}}), True)
+    a.from_client(j({"realtimeInput": {"audio": {"data": "AAAA", "mimeType": "audio/pcm"}}}), True)
+    relay = a.from_server(
+        j({"serverContent": {"outputTranscription": {"text": "It is Nightjar, and it ships soon as planned."}}}), True
+    )
+    assert relay.onward == [] and relay.close is not None and relay.close[0] == 1008
+    a.closed(1008, "internal code name", None)
+    assert final(written)[0]["status"] == Status.BLOCKED
+
+
+def test_a_blocked_suggestion_after_a_copilot_answer_is_withheld_not_a_cut() -> None:
+    from addon.dialects.copilot import DIALECT as COPILOT
+
+    a, written = auditor(COPILOT, "/c/api/chat")
+    a.from_client(j({"event": "send", "content": [{"type": "text", "text": "hi"}], "mode": "chat"}), True)
+    for event in ({"event": "appendText", "messageId": "m1", "text": "Hello."}, {"event": "done", "messageId": "m1"}):
+        a.from_server(j(event), True)
+    relay = a.from_server(j({"event": "suggestedFollowups", "suggestions": ["What is Nightjar, then?"]}), True)
+    assert relay.onward == [] and relay.back == [] and relay.close is None
+    assert any(f["code"] == "output_withheld" for f in a.connection.findings)
+    assert final(written)[0]["status"] == Status.COMPLETED and 1 not in final(written)
