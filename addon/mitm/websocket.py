@@ -51,6 +51,11 @@ from addon.turns import Turns
 
 log = logging.getLogger(__name__)
 
+#: Messages of an audited connection left in ``flow.websocket.messages`` (mitmproxy keeps
+#: every one for the connection's life: an hour of Realtime audio is hundreds of MB; the
+#: records have what was read, other addons read the last one).
+KEEP_MESSAGES = 16
+
 
 @dataclass(slots=True, frozen=True)
 class Sniffing:
@@ -98,6 +103,9 @@ class WebSocketHooks:
             self._message(flow)
         except Exception:  # auditing must never break a connection
             log.exception("llm-audit: failed to inspect a WebSocket message")
+        ws = flow.websocket
+        if ws is not None and len(ws.messages) > 2 * KEEP_MESSAGES and isinstance(self.connections.get(flow.id), Live):
+            del ws.messages[:-KEEP_MESSAGES]
 
     def websocket_end(self, flow: http.HTTPFlow) -> None:
         state = self.connections.pop(flow.id, None)
