@@ -119,3 +119,24 @@ def test_a_blocked_suggestion_after_a_copilot_answer_is_withheld_not_a_cut() -> 
     assert relay.onward == [] and relay.back == [] and relay.close is None
     assert any(f["code"] == "output_withheld" for f in a.connection.findings)
     assert final(written)[0]["status"] == Status.COMPLETED and 1 not in final(written)
+
+
+def test_an_item_whose_type_is_not_a_string_does_not_stop_the_audit() -> None:
+    """A hostile upstream's ``output_item.done`` with ``"type": {}`` made the Responses
+    reader raise: the connection was closed (failure closed) or, failure open, left
+    unaudited and unfiltered for the rest of its life."""
+    a, written = auditor(REALTIME, "/v1/realtime")
+    a.from_client(j({"type": "conversation.item.create", "item": {"type": "message", "role": "user",
+                     "content": [{"type": "input_text", "text": "hi"}]}}), True)  # fmt: skip
+    a.from_server(j({"type": "response.created", "response": {"id": "resp_1"}}), True)
+    for odd in ({}, [], 1):
+        relay = a.from_server(j({"type": "response.output_item.added", "response_id": "resp_1", "output_index": 0,
+                                 "item": {"id": "item_1", "type": odd}}), True)  # fmt: skip
+        assert relay.close is None
+        relay = a.from_server(j({"type": "response.output_item.done", "response_id": "resp_1", "output_index": 0,
+                                 "item": {"id": "item_1", "type": odd}}), True)  # fmt: skip
+        assert relay.close is None
+    relay = a.from_server(j({"type": "response.output_text.delta", "response_id": "resp_1", "item_id": "item_2",
+                             "delta": "It is Nightjar, and it ships soon."}), True)  # fmt: skip
+    assert relay.close is None and relay.back  # still filtered: the answer is cut, the upstream told to stop
+    assert not any(f["code"] == "audit_internal_error" for f in a.turns.record.findings)
