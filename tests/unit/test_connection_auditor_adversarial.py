@@ -140,3 +140,25 @@ def test_an_item_whose_type_is_not_a_string_does_not_stop_the_audit() -> None:
                              "delta": "It is Nightjar, and it ships soon."}), True)  # fmt: skip
     assert relay.close is None and relay.back  # still filtered: the answer is cut, the upstream told to stop
     assert not any(f["code"] == "audit_internal_error" for f in a.turns.record.findings)
+
+
+def test_an_mcp_tool_s_credentials_in_a_session_update_never_reach_the_record() -> None:
+    """Realtime (GA) sessions take MCP tools whose ``authorization`` and ``headers`` are
+    the MCP server's credentials; the turn's request body keeps the tools."""
+    a, written = auditor(REALTIME, "/v1/realtime", rules=None)
+    tool = {
+        "type": "mcp",
+        "server_label": "crm",
+        "server_url": "https://mcp.example.com/sse",
+        "authorization": "oauth-secret-value-123",
+        "headers": {"X-Api-Key": "header-secret-456", "X-Tenant": "acme"},
+    }
+    a.from_client(j({"type": "session.update", "session": {"instructions": "Be brief.", "tools": [tool]}}), True)
+    a.from_client(j({"type": "conversation.item.create", "item": {"type": "message", "role": "user",
+                     "content": [{"type": "input_text", "text": "hi"}]}}), True)  # fmt: skip
+    a.closed(1000, "", True)
+    stored = json.dumps(written, default=str)
+    assert "oauth-secret-value-123" not in stored and "header-secret-456" not in stored
+    body = final(written)[0]["request_body"]
+    assert body["tools"][0]["server_url"] == tool["server_url"] and body["tools"][0]["headers"]["X-Tenant"] == "acme"
+    assert body["tools"][0]["authorization"].startswith("[redacted sha256:")
