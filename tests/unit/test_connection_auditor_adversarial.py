@@ -162,3 +162,21 @@ def test_an_mcp_tool_s_credentials_in_a_session_update_never_reach_the_record() 
     body = final(written)[0]["request_body"]
     assert body["tools"][0]["server_url"] == tool["server_url"] and body["tools"][0]["headers"]["X-Tenant"] == "acme"
     assert body["tools"][0]["authorization"].startswith("[redacted sha256:")
+
+
+def test_a_cut_answer_retrieved_from_the_conversation_is_withheld() -> None:
+    """The server keeps the cut answer in its conversation: ``conversation.item.retrieve``
+    (or a late ``conversation.item.done``) brings its whole text back after the turn."""
+    a, written = auditor(REALTIME, "/v1/realtime")
+    a.from_client(j({"type": "conversation.item.create", "item": {"type": "message", "role": "user",
+                     "content": [{"type": "input_text", "text": "tell me"}]}}), True)  # fmt: skip
+    a.from_server(j({"type": "response.created", "response": {"id": "resp_1"}}), True)
+    a.from_server(j({"type": "response.output_text.delta", "response_id": "resp_1", "item_id": "item_1",
+                     "delta": "It is Nightjar, and it ships soon."}), True)  # fmt: skip
+    a.from_server(j({"type": "response.done", "response": {"id": "resp_1", "status": "cancelled"}}), True)
+    a.from_client(j({"type": "conversation.item.retrieve", "item_id": "item_1"}), True)
+    item = {"id": "item_1", "type": "message", "role": "assistant", "status": "incomplete",
+            "content": [{"type": "output_text", "text": "It is Nightjar, and it ships soon."}]}  # fmt: skip
+    for kind in ("conversation.item.retrieved", "conversation.item.done"):
+        relay = a.from_server(j({"type": kind, "item": item}), True)
+        assert relay.onward == [], kind
