@@ -180,3 +180,17 @@ def test_a_cut_answer_retrieved_from_the_conversation_is_withheld() -> None:
     for kind in ("conversation.item.retrieved", "conversation.item.done"):
         relay = a.from_server(j({"type": kind, "item": item}), True)
         assert relay.onward == [], kind
+
+
+def test_gemini_live_code_the_model_writes_is_checked() -> None:
+    """With code execution on, ``modelTurn`` parts carry ``executableCode`` and
+    ``codeExecutionResult``: text a client shows, which no filter read."""
+    path = "/ws/google.ai.generativelanguage.v1beta.GenerativeService.BidiGenerateContent"
+    for part in ({"executableCode": {"language": "PYTHON", "code": "print('It is Nightjar, and it ships soon')"}},
+                 {"codeExecutionResult": {"outcome": "OUTCOME_OK", "output": "It is Nightjar, and it ships soon\\n"}}):  # fmt: skip
+        a, _ = auditor(GEMINI_LIVE, path)
+        a.from_client(j({"setup": {"model": "models/gemini-live"}}), True)
+        a.from_client(j({"clientContent": {"turns": [{"role": "user", "parts": [{"text": "run it"}]}],
+                                           "turnComplete": True}}), True)  # fmt: skip
+        relay = a.from_server(j({"serverContent": {"modelTurn": {"parts": [part]}}}), True)
+        assert relay.onward == [] and relay.close is not None, part
