@@ -32,7 +32,8 @@ which one the server speaks is remembered for what the proxy sends.
 - ``error`` events are mostly recoverable (the session stays open). One about a client
   event (``error.event_id``) or arriving between responses is the finding
   ``realtime_error``: a StreamError would mark a response that went on fine, or the next
-  one, as failed. One during a response, about no client event, is its StreamError.
+  one, as failed (its message still goes to the output filters). One during a response,
+  about no client event, is its StreamError.
 - The client's events (:meth:`RealtimeNormalizer.on_client`) read as the shared request
   shape: ``session.update`` instructions and ``response.create`` instructions as system
   messages, ``conversation.item.create`` items as user, assistant or tool messages;
@@ -419,6 +420,9 @@ class RealtimeNormalizer(JsonEventNormalizer):
             return
         parts = (str_field(err, k) for k in ("type", "code", "message", "event_id"))
         out.append(Finding("realtime_error", " / ".join(p for p in parts if p)[:MAX_DETAIL]))
+        message = str_field(err, "message")
+        if message:  # (no StreamError, but a client shows it: the output filters read it)
+            out.append(ShownText(message, 0, "error"))
 
     # -- client events --------------------------------------------------------------------
 

@@ -194,3 +194,14 @@ def test_gemini_live_code_the_model_writes_is_checked() -> None:
                                            "turnComplete": True}}), True)  # fmt: skip
         relay = a.from_server(j({"serverContent": {"modelTurn": {"parts": [part]}}}), True)
         assert relay.onward == [] and relay.close is not None, part
+
+
+def test_a_realtime_error_between_answers_is_checked() -> None:
+    """An ``error`` about a client event, or between responses, is no StreamError (the
+    session goes on), but its message is text a client shows."""
+    a, _ = auditor(REALTIME, "/v1/realtime")
+    message = "Unknown parameter: It is Nightjar, and it ships soon."
+    for event_id in ("evt_1", None):
+        relay = a.from_server(j({"type": "error", "error": {"type": "invalid_request_error", "message": message,
+                                                             "event_id": event_id}}), True)  # fmt: skip
+        assert relay.onward == [], event_id
