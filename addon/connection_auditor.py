@@ -362,6 +362,7 @@ class ConnectionAuditor:
         out = self.server_pending.split(released)
         self.server_pending.clear()
         forwarded = gate.forwarded
+        self.turns.answered()  # (this message may begin the answer: a voice client's question is no message)
         if not self.turns.pending and not self.turn_over:
             return self._withhold(verdict, out)
         frames = forwarded.ending(verdict.rule_id, verdict.reason)

@@ -24,6 +24,7 @@ from __future__ import annotations
 import hashlib
 import re
 from collections.abc import Iterable
+from typing import Any
 from urllib.parse import parse_qsl, urlencode
 
 from addon.filters.detectors import secrets_matcher
@@ -80,6 +81,7 @@ KEY_HEADERS = (
 SCHEMES = ("bearer ", "basic ", "token ")
 _SIGV4_KEY = re.compile(r"AWS4-HMAC-SHA256\s+Credential=([^/,\s]+)/", re.I)
 _SECRETS = secrets_matcher().regex
+MAX_REDACT_DEPTH = 16
 
 
 def fingerprint(secret: str) -> str:
@@ -187,3 +189,21 @@ def api_key_fingerprint(headers: dict[str, str], query: str) -> str | None:
         if v and is_credential_param(k):
             return fingerprint(v)
     return None
+
+
+def redact_values(value: Any, depth: int = 0) -> Any:
+    """A JSON value (tool definitions a client sent) with credentials fingerprinted: a
+    string under a credential name, or one holding a known secret, whatever its key
+    (an MCP tool's ``authorization`` and ``headers``). Nesting past 16 levels is dropped."""
+    if isinstance(value, dict):
+        if depth >= MAX_REDACT_DEPTH:
+            return {}
+        return {
+            k: redacted(v) if isinstance(v, str) and is_credential_name(str(k)) else redact_values(v, depth + 1)
+            for k, v in value.items()
+        }
+    if isinstance(value, list):
+        return [redact_values(v, depth + 1) for v in value] if depth < MAX_REDACT_DEPTH else []
+    if isinstance(value, str) and holds_secret(value):
+        return redacted(value)
+    return value

@@ -33,6 +33,7 @@ from addon.filters.api import BLOCK, Verdict
 from addon.filters.engine import FILTER_ERROR
 from addon.framing import Frame, Reader
 from addon.record import OUTCOME_COMPLETE, ExchangeRecord
+from addon.redact import redact_values
 
 log = logging.getLogger(__name__)
 
@@ -318,7 +319,7 @@ def merge_request(record: ExchangeRecord, doc: dict[str, Any], max_record_bytes:
         messages.extend(new)
     for key, value in doc.items():
         if key != "messages" and key not in body:
-            body[key] = value
+            body[key] = redact_values(value) if key == "tools" else value  # (an MCP tool carries its server's key)
     record.request_body = body
     model = doc.get("model")
     if isinstance(model, str) and model and not record.request_model:

@@ -16,7 +16,8 @@ The server's: ``serverContent.modelTurn.parts[].text`` is the answer (``thought`
 its reasoning), ``outputTranscription.text`` the transcript of a spoken answer (what the
 user hears: answer text too); ``toolCall.functionCalls`` are whole calls; top-level
 ``usageMetadata`` is the turn's usage (``responseTokenCount``, or GenerateContent's
-``candidatesTokenCount``; per-modality details). ``interrupted`` (the user spoke over the
+``candidatesTokenCount``; per-modality details). ``executableCode`` and ``codeExecutionResult`` parts (code execution) go to the output
+filters. ``interrupted`` (the user spoke over the
 answer) is the stop reason ``interrupted`` at once. Only ``turnComplete`` ends the turn (a
 tool call does not: the answer after the tool's response is the same record): its stop
 reason is ``turnCompleteReason``, else ``interrupted`` after an interruption, else
@@ -49,7 +50,18 @@ from addon.dialects import (
     str_field,
 )
 from addon.dialects.blocking import BLOCKED_STATUS, block_message, json_response
-from addon.events import Event, Finding, Finish, PromptText, StreamError, TextDelta, ToolCallDelta, TurnEnd, Usage
+from addon.events import (
+    Event,
+    Finding,
+    Finish,
+    PromptText,
+    ShownText,
+    StreamError,
+    TextDelta,
+    ToolCallDelta,
+    TurnEnd,
+    Usage,
+)
 from addon.framing import Frame
 from addon.framing.ws_json import WRITER
 
@@ -188,6 +200,8 @@ class GeminiLiveNormalizer(JsonEventNormalizer):
             if isinstance(part, dict) and isinstance(part.get("text"), str) and part["text"]:
                 self.in_turn = True
                 out.append(TextDelta(part["text"], 0, "reasoning" if part.get("thought") is True else "text"))
+            elif isinstance(part, dict):
+                self._code(part, out)
         heard = _object(_get(content, "inputTranscription", "input_transcription")).get("text")
         if isinstance(heard, str) and heard:  # what the user said (a voice prompt): the turn's request side
             out.append(PromptText(heard, piece=True))
@@ -199,6 +213,18 @@ class GeminiLiveNormalizer(JsonEventNormalizer):
             self.interrupted = self.in_turn = True
             out.append(Finish("interrupted"))
         return _get(content, "turnComplete", "turn_complete") is True
+
+    def _code(self, part: dict[str, Any], out: list[Event]) -> None:
+        """Code the model wrote and what running it printed (code execution): shown to the
+        user, so checked by the output filters (:class:`~addon.events.ShownText`), not the answer's text."""
+        for key, snake, field in (
+            ("executableCode", "executable_code", "code"),
+            ("codeExecutionResult", "code_execution_result", "output"),
+        ):
+            text = _object(_get(part, key, snake)).get(field)
+            if isinstance(text, str) and text:
+                self.in_turn = True
+                out.append(ShownText(text, 0, "code"))
 
     def _reason(self, content: dict[str, Any]) -> str:
         reason = str_field(content, "turnCompleteReason") or str_field(content, "turn_complete_reason")

@@ -26,10 +26,14 @@ which one the server speaks is remembered for what the proxy sends.
   and image counts), the stop reason (``completed`` -> ``stop``; ``incomplete`` with
   ``max_output_tokens`` -> ``length``, ``content_filter`` -> ``content_filter``;
   ``cancelled`` -> ``cancelled``; ``failed`` -> ``error`` with ``status_details.error``).
+- Whole conversation items the server sends (``conversation.item.retrieved``, ``.done``,
+  ``.added``, ``.created``) go to the output filters when the client did not write them:
+  the server keeps a cut answer, and retrieving it would bring the blocked text back.
 - ``error`` events are mostly recoverable (the session stays open). One about a client
   event (``error.event_id``) or arriving between responses is the finding
   ``realtime_error``: a StreamError would mark a response that went on fine, or the next
-  one, as failed. One during a response, about no client event, is its StreamError.
+  one, as failed (its message still goes to the output filters). One during a response,
+  about no client event, is its StreamError.
 - The client's events (:meth:`RealtimeNormalizer.on_client`) read as the shared request
   shape: ``session.update`` instructions and ``response.create`` instructions as system
   messages, ``conversation.item.create`` items as user, assistant or tool messages;
@@ -70,7 +74,18 @@ from addon.dialects import (
 )
 from addon.dialects.blocking import FILTERED_CODE, block_message, frame, json_response, openai_error, random_id
 from addon.dialects.responses import ResponsesNormalizer, problem_error
-from addon.events import Event, Finding, Finish, PromptText, ResponseMeta, StreamError, TextEnd, TurnEnd, Usage
+from addon.events import (
+    Event,
+    Finding,
+    Finish,
+    PromptText,
+    ResponseMeta,
+    ShownText,
+    StreamError,
+    TextEnd,
+    TurnEnd,
+    Usage,
+)
 from addon.framing import Frame
 from addon.framing.ws_json import WRITER
 from exchange.request import tool_names
@@ -96,6 +111,11 @@ BETA_EVENTS = frozenset(
 )
 GA_EVENTS = frozenset(
     {"response.output_text.delta", "response.output_audio_transcript.delta", "response.output_audio.delta"}
+)
+# Server events that carry a whole conversation item (the server keeps a cut answer:
+# retrieve brings all of it back).
+ITEM_EVENTS = frozenset(
+    {"conversation.item.retrieved", "conversation.item.done", "conversation.item.added", "conversation.item.created"}
 )
 MAX_OPEN_RESPONSES = 8  # responses in progress at once (out-of-band ones run beside the default)
 MAX_DETAIL = 300
@@ -342,6 +362,8 @@ class RealtimeNormalizer(JsonEventNormalizer):
             self._session(_object(obj.get("session")), out)
         elif kind == "error":
             self._error(_object(obj.get("error")), out)
+        elif kind in ITEM_EVENTS:
+            _item_shown(_object(obj.get("item")), out)
         elif kind == "conversation.item.input_audio_transcription.completed":
             transcript = str_field(obj, "transcript")
             if transcript:  # what the user said (a voice prompt): the turn's request side
@@ -414,6 +436,9 @@ class RealtimeNormalizer(JsonEventNormalizer):
             return
         parts = (str_field(err, k) for k in ("type", "code", "message", "event_id"))
         out.append(Finding("realtime_error", " / ".join(p for p in parts if p)[:MAX_DETAIL]))
+        message = str_field(err, "message")
+        if message:  # (no StreamError, but a client shows it: the output filters read it)
+            out.append(ShownText(message, 0, "error"))
 
     # -- client events --------------------------------------------------------------------
 
@@ -487,6 +512,21 @@ class RealtimeNormalizer(JsonEventNormalizer):
         if reader is None or reader.cancelled:
             return []
         return [frame({"type": "response.cancel", "event_id": event_id(), "response_id": reader.response["id"]})]
+
+
+def _item_shown(item: dict[str, Any], out: list[Event]) -> None:
+    """A whole item the server sends: the text or call arguments of one the client did not
+    write go to the output filters (:class:`~addon.events.ShownText`), not to the record
+    (its response's events gave them)."""
+    if item.get("role") in ("user", "system"):
+        return
+    message = _item_message(item) if item.get("type") != "function_call_output" else None
+    for call in message.get("tool_calls", ()) if message else ():
+        arguments = call["function"].get("arguments")
+        if isinstance(arguments, str) and arguments:
+            out.append(ShownText(arguments, 0, "conversation_item"))
+    if message and message.get("content"):
+        out.append(ShownText(message["content"], 0, "conversation_item"))
 
 
 def _error(rule_id: str, reason: str, blocked_event: str | None) -> dict[str, Any]:

@@ -358,7 +358,7 @@ class ResponsesNormalizer(JsonEventNormalizer):
     ) -> dict[str, Any]:
         item_id = str_field(item, "id") or self.item_at.get(index) or f"#{index}"
         rebuilt = item if index in self.items_done else dict(item, status="incomplete")
-        kind = item.get("type")
+        kind = str_field(item, "type")  # (a hostile upstream may send any JSON here)
         if kind not in TEXT_PAYLOAD:
             return rebuilt  # an item of another type is kept whole
         rebuilt = dict(rebuilt)
@@ -396,7 +396,7 @@ class ResponsesNormalizer(JsonEventNormalizer):
     def _settle_item(self, item: dict[str, Any], index: int | None, status: str | None, out: list[Event]) -> None:
         """A whole output item: fill in what the deltas did not give, complete calls."""
         item_id = str_field(item, "id") or self.item_at.get(index or 0) or f"#{index or 0}"
-        kind = item.get("type")
+        kind = str_field(item, "type")  # (a hostile upstream may send any JSON here)
         if kind == "message":
             self._settle_parts(item_id, "content", item.get("content"), out)
         elif kind == "reasoning":

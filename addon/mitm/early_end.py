@@ -232,3 +232,67 @@ def close_websocket(flow: http.HTTPFlow, code: int, reason: str) -> None:
     data = reason.encode()[:123].decode("utf-8", "ignore").encode()
     message = WebSocketMessage(_CLOSE, False, code.to_bytes(2, "big") + data)
     ctx.master.addons.get("proxyserver").inject_event(WebSocketMessageInjected(flow, message))
+
+
+def install_websocket_fragments() -> None:
+    """Make mitmproxy cut a text message it sends in pieces only between characters.
+
+    mitmproxy 12.3 sends a message an addon injected (or changed) as frames of 4000
+    bytes, each decoded on its own with ``errors="replace"``
+    (``websocket.Fragmentizer``): a cut inside a UTF-8 character turns it into two
+    U+FFFD on the wire. The proxy injects every message the content filters held, so a
+    long answer in Japanese would reach the client changed, and the addon would not
+    know its own message when it passes the hook again (it matches them by content).
+    The patched ``Fragmentizer`` moves each cut of a text message back to the start of
+    the character it falls in; binary messages and cuts between characters are as before.
+    """
+    from mitmproxy.proxy.layers import websocket as wslayer
+
+    original = wslayer.Fragmentizer.__call__
+    if getattr(original, _PATCHED, False):
+        return
+
+    @functools.wraps(original)
+    def fragments(self: wslayer.Fragmentizer, content: bytes):
+        if not self.is_text:
+            yield from original(self, content)
+            return
+        for start, end in _text_cuts(content, self.fragment_lengths, self.FRAGMENT_SIZE):
+            yield self.msg(content[start:end], end == len(content))
+
+    setattr(fragments, _PATCHED, True)
+    wslayer.Fragmentizer.__call__ = fragments  # type: ignore[method-assign]
+
+
+def _text_cuts(content: bytes, lengths: list[int], size: int) -> list[tuple[int, int]]:
+    """The (start, end) of each frame of a text message: where mitmproxy cuts it (the
+    frames it came in, when its length is unchanged; else ``size`` bytes each), each
+    cut moved back to a UTF-8 character's first byte."""
+    same = len(content) == sum(lengths)
+    pieces: list[tuple[int, int]] = []
+    start = at = 0
+    for length in lengths[:-1] if same else ():
+        at += length
+        start = _cut(content, start, at, pieces)
+    while not same and len(content) - start > size:
+        before, start = start, _cut(content, start, start + size, pieces)
+        if start == before:
+            break  # (the rest is one character)
+    pieces.append((start, len(content)))
+    return pieces
+
+
+def _cut(content: bytes, start: int, cut: int, pieces: list[tuple[int, int]]) -> int:
+    """Cut a frame from ``start`` at ``cut``, or before the character ``cut`` falls in
+    (after it, when the frame would be empty); where the next frame starts."""
+    at = cut
+    while at > start and content[at] & 0xC0 == 0x80:  # a continuation byte
+        at -= 1
+    if at == start:
+        at = cut
+        while at < len(content) and content[at] & 0xC0 == 0x80:
+            at += 1
+    if start < at < len(content):
+        pieces.append((start, at))
+        return at
+    return start

@@ -195,7 +195,7 @@ def test_errors_about_client_events_or_between_responses_are_findings() -> None:
     norm = RealtimeNormalizer()
     between = {"type": "error", "error": {"type": "invalid_request_error", "code": "bad", "message": "no"}}
     out = events(norm, [between])
-    assert out == [Finding("realtime_error", "invalid_request_error / bad / no")]
+    assert out == [Finding("realtime_error", "invalid_request_error / bad / no"), ShownText("no", 0, "error")]
     about_client = {"type": "error", "error": {"type": "invalid_request_error", "message": "x", "event_id": "evt_9"}}
     midway = {"type": "error", "error": {"type": "server_error", "code": "overloaded", "message": "try later"}}
     out = events(norm, [response(1)[0], about_client, midway])
