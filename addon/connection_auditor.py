@@ -147,6 +147,7 @@ class ConnectionAuditor:
         self.client_from = 0  # offset of client_held[0]
         self.suppressing = False  # the answer was cut: the rest of it is read, not delivered
         self.turn_over = False  # a frame of this message ended the turn
+        self.holding_current = False  # the message being read is among the held bytes
         self.failed = False
         self._next_gate()
 
@@ -154,12 +155,13 @@ class ConnectionAuditor:
 
     def from_client(self, content: bytes, text: bool) -> Relay:
         self.connection.event_count += 1
+        self.holding_current = False  # (whether this message is among the held bytes, for _fail)
         if self.failed:
             return Relay()
         try:
             return self._client(content, text)
         except Exception as e:  # noqa: BLE001 - the traffic must never see our bugs
-            return self._fail(e)
+            return self._fail(e, content, text, from_client=True)
 
     def _client(self, content: bytes, text: bool) -> Relay:
         filters = self.filters
@@ -173,6 +175,7 @@ class ConnectionAuditor:
         # Checking: a message's bytes go on once every frame in them has passed.
         self.client_pending.add(len(content), text)
         self.client_held += content
+        self.holding_current = True
         release = self.client_from
         closed = filters.failure == "closed"
         for item, end in reader.feed_bounded(content):
@@ -247,12 +250,13 @@ class ConnectionAuditor:
 
     def from_server(self, content: bytes, text: bool) -> Relay:
         self.connection.event_count += 1
+        self.holding_current = False
         if self.failed:
             return Relay()
         try:
             return self._server(content, text)
         except Exception as e:  # noqa: BLE001 - the traffic must never see our bugs
-            return self._fail(e)
+            return self._fail(e, content, text, from_client=False)
 
     def _server(self, content: bytes, text: bool) -> Relay:
         record = self.turns.record
@@ -292,6 +296,7 @@ class ConnectionAuditor:
             framed.append((item, self._server_frame(item) if item is not None else (), end - self.gate_base))
         problem = self._reader_problem(reader)
         self._collect(reader)
+        self.holding_current = True
         released = gate.feed(content, len(content), framed)
         if problem is not None:
             gate.unreadable(f"a message cannot be checked: {problem}")
@@ -476,14 +481,21 @@ class ConnectionAuditor:
         problem = next((f"{code}: {detail}" for code, detail in reader.findings if code not in READ_ANYWAY), None)
         return problem or reader.unreadable
 
-    def _fail(self, error: Exception) -> Relay:
+    def _fail(self, error: Exception, content: bytes, text: bool, from_client: bool) -> Relay:
         """Our bug: a finding, and from here the messages go on unread; with filters and
         the failure policy closed, the connection is closed instead (nothing unchecked
-        may pass)."""
+        may pass). What was held for the filters goes on first, unchecked, not lost."""
         log.exception("llm-audit: reading a WebSocket message failed")
         self.turns.record.add_finding("audit_internal_error", f"websocket: {type(error).__name__}: {error}"[:300])
         self.failed = True
         filters = self.filters
         if filters is not None and filters.failure == "closed" and (filters.may_block_output or filters.request_rules):
             return Relay(onward=[], close=(1011, "llm-audit: the audit failed"))
-        return Relay()
+        if from_client:
+            held = self.client_pending.split(bytes(self.client_held))
+            self.client_held.clear()
+        else:
+            held = self.server_pending.split(self.gate.take_all()) if self.gate is not None else []
+        if not held:
+            return Relay()
+        return Relay(onward=held if self.holding_current else [*held, (content, text)])

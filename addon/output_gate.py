@@ -186,6 +186,16 @@ class OutputGate:
             self._settle(self.guard.flush_all().values())
         return self._release()
 
+    def take_all(self) -> bytes:
+        """Every raw byte not released yet, as it came, and nothing held from here: for
+        the caller's own failure under the failure policy ``open`` (what was held goes
+        unchecked rather than being lost)."""
+        out = b"".join(chunk for chunk, _ in self._raw)
+        self._raw.clear()
+        self._held.clear()
+        self.holds = False
+        return out
+
     def termination(self) -> bytes:
         """The end of a blocked stream in its own dialect, continuing what the client got."""
         verdict = self.blocked

@@ -43,6 +43,8 @@ class Toy(Normalizer):
 
     def on_event(self, event: Frame) -> list[Event]:
         obj = json.loads(event.data)
+        if "boom" in obj:
+            raise RuntimeError("a bug of ours")
         if "delta" in obj:
             self.answering = True
             return [TextDelta(obj["delta"])]
@@ -72,10 +74,10 @@ class ToyDialect:
     name = "toy"
 
 
-def auditor(rules: str | None = None) -> tuple[ConnectionAuditor, list[dict[str, Any]]]:
+def auditor(rules: str | None = None, failure: str = "closed") -> tuple[ConnectionAuditor, list[dict[str, Any]]]:
     written: list[dict[str, Any]] = []
     turns = Turns(ExchangeRecord(dialect="toy"), "conn-1", lambda r: written.append(r.to_row()))
-    filters = FilterSet(parse_rules(rules), failure="closed") if rules else None
+    filters = FilterSet(parse_rules(rules), failure=failure) if rules else None  # type: ignore[arg-type]
 
     def check(fs: FilterSet, record: ExchangeRecord, doc: dict[str, Any]):  # type: ignore[no-untyped-def]
         from addon.dialects.ollama import DIALECT
@@ -266,3 +268,22 @@ def test_a_voice_prompt_s_transcript_is_the_turn_s_request_side() -> None:
             {"role": "user", "content": "what time is it", "transcribed": True}
         ], dialect.name
         assert row["output_text"] == "noon"
+
+
+def test_our_own_failure_under_failure_open_lets_what_was_held_go_not_lose_it() -> None:
+    a, written = auditor(RULES, failure="open")
+    a.from_client(j({"say": "q"}), True)
+    held = j({"delta": "The project is Nig"})
+    assert a.from_server(held, True).onward == []  # held: a match may be in progress
+    boom = j({"boom": 1})
+    relay = a.from_server(boom, True)
+    assert relay.onward == [(held, True), (boom, True)]  # unchecked, in order, nothing lost
+    assert a.from_server(j({"delta": "more"}), True) == Relay()  # and from here unread
+    assert any(f["code"] == "audit_internal_error" for f in a.turns.record.findings)
+
+
+def test_our_own_failure_under_failure_closed_closes_the_connection() -> None:
+    a, _ = auditor(RULES)
+    a.from_client(j({"say": "q"}), True)
+    relay = a.from_server(j({"boom": 1}), True)
+    assert relay.onward == [] and relay.close is not None and relay.close[0] == 1011
