@@ -79,13 +79,15 @@ class _Pending:
     """The messages of one direction that were read but have not gone on yet, by
     length: released bytes are cut back into messages at their boundaries."""
 
-    __slots__ = ("items",)
+    __slots__ = ("items", "size")
 
     def __init__(self) -> None:
         self.items: deque[list[Any]] = deque()  # [remaining length, is text]
+        self.size = 0  # their bytes
 
     def add(self, length: int, text: bool) -> None:
         self.items.append([length, text])
+        self.size += length
 
     def split(self, released: bytes) -> list[Out]:
         """``released`` (the next bytes of the direction) as the messages they were;
@@ -101,10 +103,12 @@ class _Pending:
             item[0] -= n
             if item[0] == 0:
                 self.items.popleft()
+        self.size -= at
         return out
 
     def clear(self) -> None:
         self.items.clear()
+        self.size = 0
 
 
 class ConnectionAuditor:
@@ -132,6 +136,9 @@ class ConnectionAuditor:
         self.normalizer, self.make_normalizer = normalizer, make_normalizer
         self.turns, self.connection = turns, connection
         self.max_record_bytes = max_record_bytes
+        # Server bytes the gate may hold waiting for the filters (messages without text, such
+        # as audio, queue behind held text): beyond it the failure policy decides.
+        self.max_held = max_event_bytes
         self.client_reader = framing.reader(max_event_bytes, max_record_bytes, {})
         self.server_reader = framing.reader(max_event_bytes, max_record_bytes, {})
         self.writer = normalizer.writer
@@ -298,6 +305,8 @@ class ConnectionAuditor:
         self._collect(reader)
         self.holding_current = True
         released = gate.feed(content, len(content), framed)
+        if problem is None and self.server_pending.size - len(released) > self.max_held:
+            problem = f"over {self.max_held} bytes of messages wait for the filters"
         if problem is not None:
             gate.unreadable(f"a message cannot be checked: {problem}")
             released += gate.feed(None, 0, ())

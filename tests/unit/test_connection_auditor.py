@@ -287,3 +287,17 @@ def test_our_own_failure_under_failure_closed_closes_the_connection() -> None:
     a.from_client(j({"say": "q"}), True)
     relay = a.from_server(j({"boom": 1}), True)
     assert relay.onward == [] and relay.close is not None and relay.close[0] == 1011
+
+
+def test_messages_held_behind_text_are_bounded() -> None:
+    """Messages without text (audio) queue behind held text; past the limit the failure
+    policy decides (closed: the answer is cut), instead of memory growing."""
+    a, written = auditor(RULES)
+    a.max_held = 10_000
+    a.from_client(j({"say": "q"}), True)
+    assert a.from_server(j({"delta": "The project is Nig"}), True).onward == []
+    relays = [a.from_server(j({"audio": "A" * 1000}), True) for _ in range(12)]
+    cut = [r for r in relays if r.back]
+    assert cut and json.loads(cut[0].onward[-1][0]) == {"done": True}  # the protocol's end of the answer
+    a.from_server(j({"done": True}), True)  # the upstream's own end (after the cancel)
+    assert final(written)[0]["status"] == Status.BLOCKED
