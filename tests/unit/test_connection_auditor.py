@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import pytest
+
 from addon.connection_auditor import ConnectionAuditor, Relay
 from addon.dialects import Normalizer, RequestSummary
 from addon.events import Event, Finding, Finish, TextDelta, TurnEnd
@@ -184,18 +186,9 @@ def test_a_connection_closed_during_an_answer_records_the_partial_turn() -> None
 def test_the_upstream_s_error_for_the_proxy_s_cancel_is_not_delivered() -> None:
     """OpenAI Realtime: after a cut the proxy cancels the response; an error the upstream
     sends about that cancel (its event id is the proxy's) is the proxy's, not the client's."""
-    from addon.dialects import RequestView
     from addon.dialects.openai_realtime import DIALECT as REALTIME
-    from addon.framing.ws_json import FRAMING as WS_JSON
 
-    summary = REALTIME.summarize(None, RequestView("GET", "/v1/realtime", "model=gpt-realtime", {}))
-    written: list[dict[str, Any]] = []
-    turns = Turns(ExchangeRecord(dialect="openai-realtime"), "c", lambda r: written.append(r.to_row()))
-    a = ConnectionAuditor(
-        WS_JSON, REALTIME.normalizer(summary), lambda: REALTIME.normalizer(summary), turns,
-        ExchangeRecord(dialect="openai-realtime", connection_id="c"),
-        max_event_bytes=1 << 20, max_record_bytes=1 << 20, filters=lambda: None, check=lambda *_: None,
-    )  # fmt: skip
+    a, _ = dialect_auditor(REALTIME)
     theirs = j({"type": "error", "error": {"type": "invalid_request_error", "message": "x", "event_id": "evt_1"}})
     ours = j(
         {
@@ -207,67 +200,49 @@ def test_the_upstream_s_error_for_the_proxy_s_cancel_is_not_delivered() -> None:
     assert a.from_server(ours, True) == Relay(onward=[])
 
 
-def test_a_voice_prompt_s_transcript_is_the_turn_s_request_side() -> None:
-    """Realtime transcribes what the user said in a server event, and Gemini Live in
-    pieces: either is a user message of the turn it asked for."""
+def dialect_auditor(dialect: Any) -> tuple[ConnectionAuditor, list[dict[str, Any]]]:
+    """A connection auditor with a real WebSocket dialect and no filters."""
     from addon.dialects import RequestView
-    from addon.dialects.gemini_live import DIALECT as LIVE
-    from addon.dialects.openai_realtime import DIALECT as REALTIME
     from addon.framing.ws_json import FRAMING as WS_JSON
 
-    for dialect, said, answer, done in (
-        (
-            REALTIME,
-            [
-                j(
-                    {
-                        "type": "conversation.item.input_audio_transcription.completed",
-                        "item_id": "i",
-                        "content_index": 0,
-                        "transcript": "what time is it",
-                    }
-                )
-            ],
-            j(
-                {
-                    "type": "response.output_text.delta",
-                    "response_id": "r",
-                    "item_id": "o",
-                    "output_index": 0,
-                    "content_index": 0,
-                    "delta": "noon",
-                }
-            ),
-            j({"type": "response.done", "response": {"id": "r", "status": "completed", "output": []}}),
-        ),
-        (
-            LIVE,
-            [
-                j({"serverContent": {"inputTranscription": {"text": "what time"}}}),
-                j({"serverContent": {"inputTranscription": {"text": " is it"}}}),
-            ],
-            j({"serverContent": {"modelTurn": {"parts": [{"text": "noon"}]}}}),
-            j({"serverContent": {"turnComplete": True}}),
-        ),
-    ):
-        view = RequestView("GET", "/v1/realtime", "model=m", {})
-        summary = dialect.summarize(None, view)
-        written: list[dict[str, Any]] = []
-        turns = Turns(ExchangeRecord(dialect=dialect.name), "c", lambda r: written.append(r.to_row()))
-        a = ConnectionAuditor(
-            WS_JSON, dialect.normalizer(summary), lambda: dialect.normalizer(summary), turns,
-            ExchangeRecord(dialect=dialect.name, connection_id="c"),
-            max_event_bytes=1 << 20, max_record_bytes=1 << 20, filters=lambda: None, check=lambda *_: None,
-        )  # fmt: skip
-        if dialect is REALTIME:
-            a.from_server(j({"type": "response.created", "response": {"id": "r", "status": "in_progress"}}), True)
-        for message in [*said, answer, done]:
-            a.from_server(message, True)
-        (row,) = final(written)
-        assert row["request_body"]["messages"] == [
-            {"role": "user", "content": "what time is it", "transcribed": True}
-        ], dialect.name
-        assert row["output_text"] == "noon"
+    summary = dialect.summarize(None, RequestView("GET", "/v1/realtime", "model=m", {}))
+    written: list[dict[str, Any]] = []
+    turns = Turns(ExchangeRecord(dialect=dialect.name), "c", lambda r: written.append(r.to_row()))
+    a = ConnectionAuditor(
+        WS_JSON, dialect.normalizer(summary), lambda: dialect.normalizer(summary), turns,
+        ExchangeRecord(dialect=dialect.name, connection_id="c"),
+        max_event_bytes=1 << 20, max_record_bytes=1 << 20, filters=lambda: None, check=lambda *_: None,
+    )  # fmt: skip
+    return a, written
+
+
+REALTIME_VOICE = [
+    {"type": "response.created", "response": {"id": "r", "status": "in_progress"}},
+    {"type": "conversation.item.input_audio_transcription.completed", "item_id": "i", "transcript": "what time is it"},
+    {"type": "response.output_text.delta", "response_id": "r", "item_id": "o", "output_index": 0, "content_index": 0, "delta": "noon"},
+    {"type": "response.done", "response": {"id": "r", "status": "completed", "output": []}},
+]  # fmt: skip
+LIVE_VOICE = [
+    {"serverContent": {"inputTranscription": {"text": "what time"}}},
+    {"serverContent": {"inputTranscription": {"text": " is it"}}},
+    {"serverContent": {"modelTurn": {"parts": [{"text": "noon"}]}}},
+    {"serverContent": {"turnComplete": True}},
+]
+
+
+@pytest.mark.parametrize("name, messages", [("realtime", REALTIME_VOICE), ("live", LIVE_VOICE)])
+def test_a_voice_prompt_s_transcript_is_the_turn_s_request_side(name: str, messages: list[dict[str, Any]]) -> None:
+    """Realtime transcribes what the user said in a server event, and Gemini Live in
+    pieces: either is a user message of the turn it asked for."""
+    from addon.dialects.gemini_live import DIALECT as LIVE
+    from addon.dialects.openai_realtime import DIALECT as REALTIME
+
+    a, written = dialect_auditor(REALTIME if name == "realtime" else LIVE)
+    for message in messages:
+        a.from_server(j(message), True)
+    (row,) = final(written)
+    assert row["request_body"]["messages"] == [{"role": "user", "content": "what time is it", "transcribed": True}]
+    assert row["output_text"] == "noon"
 
 
 def test_our_own_failure_under_failure_open_lets_what_was_held_go_not_lose_it() -> None:
