@@ -156,6 +156,9 @@ class ConnectionAuditor:
         self.turn_over = False  # a frame of this message ended the turn
         self.holding_current = False  # the message being read is among the held bytes
         self.failed = False
+        # the proxy sent the upstream a message of its own (a cancel): only then can an
+        # upstream frame answer one (Normalizer.for_proxy, not asked of every message)
+        self.asked_upstream = False
         self._next_gate()
 
     # -- the client's messages ------------------------------------------------------------
@@ -278,7 +281,7 @@ class ConnectionAuditor:
             for frame in frames:
                 self._server_frame(frame)
             self._collect(reader)
-            if frames and all(self.normalizer.for_proxy(f) for f in frames):
+            if self.asked_upstream and frames and all(self.normalizer.for_proxy(f) for f in frames):
                 self._end_of_message()
                 return Relay(onward=[])  # (the upstream's answer to the proxy's own message)
             if self.suppressing:
@@ -290,7 +293,7 @@ class ConnectionAuditor:
             self._end_of_message()
             return Relay()
         bounded = reader.feed_bounded(content)
-        if all(item is not None and self.normalizer.for_proxy(item) for item, _ in bounded):
+        if self.asked_upstream and all(item is not None and self.normalizer.for_proxy(item) for item, _ in bounded):
             for item, _ in bounded:
                 self._server_frame(item)  # type: ignore[arg-type]
             self.gate_base += len(content)  # (the gate never sees it: its offsets skip it)
@@ -390,6 +393,7 @@ class ConnectionAuditor:
         record.delivered_text = gate.delivered_text
         self.turns.open()
         cancel = self._encode(self.normalizer.upstream_cancel()) if not self.turn_over else []
+        self.asked_upstream = self.asked_upstream or bool(cancel)
         self.suppressing = not self.turn_over
         self.gate = None  # (a new one comes with the next turn)
         return Relay(onward=out + ending, back=cancel, close=self.normalizer.close_after_block(verdict.reason))
@@ -450,7 +454,8 @@ class ConnectionAuditor:
         detail += f": {reason}"[:200] if reason else ""
         if turns.pending:
             record = turns.record
-            for ev in self.normalizer.on_end(cut=True):  # the dialect's end checks (an answer never completed)
+            # the dialect's end checks (an answer never completed), and what the close means to it
+            for ev in [*self.normalizer.on_end(cut=True), *self.normalizer.on_close(code, reason)]:
                 record.apply(ev)
             record.add_finding("websocket_closed", f"during the answer: {detail}")
             record.finish(OUTCOME_UPSTREAM_ABORTED if by_client is False else OUTCOME_CLIENT_ABORTED)

@@ -153,6 +153,12 @@ class Normalizer(ABC):
         output filter cut: the protocol's cancel, where it has one."""
         return []
 
+    def on_close(self, code: int | None, reason: str) -> list[Event]:
+        """What a WebSocket close during an answer means to this protocol (Gemini Live's
+        errors are close codes): events for that answer's record; ``[]`` by default (the
+        connection's record has the code in any case)."""
+        return []
+
     def for_proxy(self, frame: Frame) -> bool:
         """Whether a server frame answers a message the proxy itself sent (the error for its
         cancel): the client never asked for it, so it is recorded but not delivered."""

@@ -187,6 +187,10 @@ class GeminiLiveNormalizer(JsonEventNormalizer):
             self.in_turn = self.interrupted = False
         return out
 
+    def on_close(self, code: int | None, reason: str) -> list[Event]:
+        error = close_error(code, reason)
+        return [error] if error is not None else []
+
     def on_end(self, cut: bool = False) -> list[Event]:
         if self.in_turn:
             return [Finding("missing_stream_end", "the connection closed during a turn")]

@@ -197,7 +197,22 @@ def test_the_upstream_s_error_for_the_proxy_s_cancel_is_not_delivered() -> None:
         }
     )
     assert a.from_server(theirs, True) == Relay()
+    a.asked_upstream = True  # (a cut on this connection sent the upstream a response.cancel)
     assert a.from_server(ours, True) == Relay(onward=[])
+
+
+def test_a_gemini_live_close_during_an_answer_is_that_answer_s_error() -> None:
+    """Gemini Live reports errors only as close codes: one during an answer is its error."""
+    from addon.dialects.gemini_live import DIALECT as LIVE
+
+    a, written = dialect_auditor(LIVE)
+    a.from_client(
+        j({"clientContent": {"turns": [{"role": "user", "parts": [{"text": "q"}]}], "turnComplete": True}}), True
+    )
+    a.from_server(j({"serverContent": {"modelTurn": {"parts": [{"text": "part"}]}}}), True)
+    a.closed(1011, "Internal error", by_client=False)
+    (row,) = final(written)
+    assert (row["error_code"], row["error_message"], row["output_text"]) == ("ws_close_1011", "Internal error", "part")
 
 
 def dialect_auditor(dialect: Any) -> tuple[ConnectionAuditor, list[dict[str, Any]]]:
