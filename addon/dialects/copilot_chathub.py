@@ -44,6 +44,9 @@ from addon.framing.signalr import HubMessage, handshake_framing, hub_message
 
 _ANSWER_ORIGINS = (None, "DeepLeo", "Apology")  # a bot message's contentOrigin when it is the answer
 FILTERED = "Filtered"  # the result value a block's final item carries
+#: The most characters of a turn's cursor deltas kept to compare snapshots and the final
+#: text with (the record keeps its own bounded copy): a turn that never ends holds no more.
+MAX_TEXT = 8 * 1024 * 1024
 
 
 def _first_argument(message: dict[str, Any]) -> dict[str, Any] | None:
@@ -132,7 +135,8 @@ class ChatHubNormalizer(HubNormalizer):
             out.extend(_suggestions(m))
         delta = arg.get("writeAtCursor")
         if isinstance(delta, str) and delta and not self.snapshots:
-            self.text += delta
+            if len(self.text) < MAX_TEXT:
+                self.text += delta
             out.append(TextDelta(delta))
         return out
 

@@ -159,12 +159,13 @@ class HubNormalizer(Normalizer):
 
     def _unmapped(self, where: str, value: Any) -> list[Event]:
         """The strings of a payload nobody mapped: shown text, noted for the finding."""
-        found = strings_of(value)
+        found = json_strings(value)  # (the client shows these as they are: the filters must too)
         self.unmapped_count += 1
         if where not in self.unmapped_targets and len(self.unmapped_targets) < _FINDING_TARGETS:
             self.unmapped_targets.append(where)
         room = _FINDING_STRINGS - len(self.unmapped_strings)
-        self.unmapped_strings.extend(found[: max(room, 0)])
+        if room > 0:  # (the finding is stored: credentials fingerprinted, by key name too)
+            self.unmapped_strings.extend(strings_of(value)[:room])
         return [ShownText(s, kind="unmapped") for s in found]
 
     def on_end(self, cut: bool = False) -> list[Event]:

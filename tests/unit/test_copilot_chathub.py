@@ -352,3 +352,21 @@ def test_the_final_cards_markdown_is_checked_once() -> None:
         rec({}, update(bot("Paris", adaptiveCards=[card])), *final(messages=[bot("Paris", adaptiveCards=[card])]))
     )
     assert [e for e in events if isinstance(e, ShownText)] == [ShownText("Paris [^1^]", kind="card")]
+
+
+def test_cursor_deltas_kept_for_comparison_are_bounded(monkeypatch) -> None:
+    """The normalizer's copy of a turn's cursor deltas (kept only to compare snapshots and
+    the final text with) stops growing at MAX_TEXT: an endless turn is not endless memory."""
+    from addon.dialects import copilot_chathub
+    from addon.framing.signalr import hub_message
+
+    monkeypatch.setattr(copilot_chathub, "MAX_TEXT", 100)
+    n = ChatHubNormalizer()
+    n.on_client(hub_message(chat("hi")))
+    events = []
+    for _ in range(50):
+        events += n.on_event(
+            hub_message({"type": 1, "target": "update", "arguments": [{"writeAtCursor": "abcdefghij"}]})
+        )
+    assert sum(len(e.text) for e in events if isinstance(e, TextDelta)) == 500  # every delta still reaches the record
+    assert len(n.text) <= 100

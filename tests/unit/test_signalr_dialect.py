@@ -289,3 +289,18 @@ def test_a_completion_of_another_invocation_is_not_the_turns_outcome() -> None:
     assert events == [ShownText("nope", kind="error")]
     events = conn.receive(rec({"type": 3, "invocationId": "1", "result": "x", "error": "both"}))
     assert [type(e).__name__ for e in events] == ["Finding", "StreamError", "Finish", "TurnEnd"]
+
+
+def test_unmapped_server_strings_reach_the_output_filters_unredacted() -> None:
+    """A key a server invocation carries is what a client shows: the output filters must
+    see it (a secrets rule), only the stored finding keeps its fingerprint."""
+    from addon.dialects.hub import HubNormalizer
+    from addon.events import Finding, ShownText
+    from addon.framing.signalr import hub_message
+
+    n = HubNormalizer()
+    key = "AKIAQWERTYUIOPASDFGH"
+    events = n.on_event(hub_message({"type": 1, "target": "show", "arguments": [key]}))
+    assert events == [ShownText(key, kind="unmapped")]
+    (finding,) = n.unmapped_finding()
+    assert isinstance(finding, Finding) and key not in finding.detail
