@@ -36,6 +36,10 @@ from addon.framing import Frame, Framing, register
 RS = 0x1E  # the ASCII Record Separator that ends every JSON record
 MAX_VARINT_BYTES = 5  # a SignalR length prefix is an unsigned 32-bit VarInt of 1 to 5 bytes
 MAX_RECORD_LENGTH = 2**31 - 1  # the spec's largest payload (prefix FF FF FF FF 07)
+# Records read from one WebSocket message: clients send a few; a message of a million
+# empty records (lone 0x1E, zero lengths) would hold the event loop for seconds. The rest
+# of such a message is not read (finding signalr_invalid: the failure policy decides).
+MAX_RECORDS_PER_MESSAGE = 4096
 #: The most arrays and maps one MessagePack record may decode into: a byte of input can
 #: be an empty container (some 60 bytes of Python objects), so input size alone does not
 #: bound memory; real hub messages hold a few hundred.
@@ -240,6 +244,12 @@ class HubReader:
         out: list[tuple[Frame | None, int]] = []
         pos = 0
         while pos < len(data) and not self._dead:
+            if len(out) >= MAX_RECORDS_PER_MESSAGE:
+                self._invalid(f"more than {MAX_RECORDS_PER_MESSAGE} records in one message; the rest not read")
+                self._buf, self._skip = bytearray(), 0  # (read again from the next message)
+                self._boundary = self._offset + len(data)
+                out.append((None, self._boundary))
+                break
             if not self._handshaken or not self.binary:
                 pos = self._json_step(data, pos, out)
             else:

@@ -320,3 +320,23 @@ def test_random_bytes_never_raise_and_stay_bounded(binary: bool) -> None:
             assert len(reader._buf) <= 512 + 5
         reader.end()
         assert all(code in CODES for code, _ in reader.findings)
+
+
+@pytest.mark.parametrize("encoding", ["json", "messagepack"])
+def test_a_message_of_a_million_empty_records_is_not_read_record_by_record(encoding: str) -> None:
+    """Lone 0x1E (JSON) or zero lengths (MessagePack) are records of nothing: a message of
+    a million of them is cut off after MAX_RECORDS_PER_MESSAGE, with a finding, and the
+    reader reads the next message's records again."""
+    from addon.framing.signalr import MAX_RECORDS_PER_MESSAGE
+
+    reader = json_reader() if encoding == "json" else msgpack_reader()
+    reader.feed(JSON_HELLO if encoding == "json" else MSGPACK_HELLO)
+    flood = (RS if encoding == "json" else b"\x00") * 1_000_000
+    bounded = reader.feed_bounded(flood)
+    assert len(bounded) <= MAX_RECORDS_PER_MESSAGE + 1 and bounded[-1] == (
+        None,
+        len(flood) + len(JSON_HELLO if encoding == "json" else MSGPACK_HELLO),
+    )
+    assert any("records in one message" in detail for _, detail in reader.findings)
+    ping = b'{"type":6}' + RS if encoding == "json" else b"\x02\x91\x06"
+    assert [f.event for f in reader.feed(ping)] == ["ping"]
