@@ -41,7 +41,7 @@ from addon.decoding import DecodeBudget, DecodeError, Decoder, make_decoder
 from addon.dialects import Dialect, Normalizer, RequestSummary
 from addon.dialects.blocking import block_message
 from addon.dialects.registry import detect_response
-from addon.events import Event, StreamEnd, TurnEnd
+from addon.events import Event, StreamEnd, TextDelta, TurnEnd
 from addon.framing import Frame, Framing, Message, select
 from addon.framing.whole import Body
 from addon.output_gate import Framed, OutputGate
@@ -433,7 +433,11 @@ class StreamAuditor:
             self._fail(e)
 
     def _dispatch(self, events: Iterable[Frame], end: int = 0) -> None:
-        """Normalize and record frames; with a gate, check them (``end``: where they end)."""
+        """Normalize and record frames; with a gate, check them (``end``: where they end).
+
+        The hot loop of the audit: a frame that is only answer text (nearly all of them)
+        comes from the normalizer as that text (:meth:`Normalizer.read`) and goes into
+        the record directly; its ``TextDelta`` is made only for a gate, which reads it."""
         gate = self.gate
         for event in events:
             if self.normalizer is None and not self._claim(event):
@@ -442,7 +446,13 @@ class StreamAuditor:
             if record is None or normalizer is None:
                 return
             record.event_count += 1
-            common: list[Event] = normalizer.on_event(event)
+            got = normalizer.read(event)
+            if type(got) is str:
+                record.add_text(got)
+                if gate is not None:
+                    self._framed.append((event, [TextDelta(got)], end))
+                continue
+            common: list[Event] = got
             for ev in common:
                 record.apply(ev)
                 if type(ev) is TurnEnd and self.on_turn_end is not None:
@@ -451,7 +461,8 @@ class StreamAuditor:
                 self._framed.append((event, common, end))
         if self.normalizer is None and self.sniffed_bytes > SNIFF_LIMIT:
             self.ignored = True
-        self._collect_reader_findings()
+        if len(self.reader.findings) > self._reported_findings:
+            self._collect_reader_findings()
 
     def _claim(self, first_event: Frame) -> bool:
         on_claim = self.on_claim

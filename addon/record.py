@@ -20,11 +20,14 @@ from addon.events import (
     Event,
     Finding,
     Finish,
+    PromptText,
     Replayed,
     ResponseMeta,
+    ShownText,
     StreamEnd,
     StreamError,
     TextDelta,
+    TextEnd,
     TextSnapshot,
     ToolCallDelta,
     TurnEnd,
@@ -203,39 +206,77 @@ class ExchangeRecord:
     # -- accumulation -------------------------------------------------------------------
 
     def apply(self, event: Event) -> None:
-        """Fold one common event into the record."""
-        match event:
-            case TextDelta(text=text, choice=choice, kind=kind):
-                c = self._choice(choice)
-                parts = c.text if kind == "text" else c.reasoning if kind == "reasoning" else c.refusal
-                carried = self.content_bytes
-                if text := self._fit(text):
-                    parts.append(text)
-                parts.carried += self.content_bytes - carried
-            case TextSnapshot(text=text, choice=choice, kind=kind):
-                self._replace_text(text, choice, kind)
-            case ToolCallDelta():
-                self._tool_fragment(event)
-            case Finish(reason=reason, choice=choice):
-                self._choice(choice).finish_reason = reason
-            case Usage():
-                for name in Usage.__slots__:
-                    value = getattr(event, name)
-                    if value is not None:
-                        self.usage[name] = value
-            case ResponseMeta(model=model, response_id=response_id, request_id=request_id):
-                self.response_model = model or self.response_model
-                self.response_id = response_id or self.response_id
-                self.request_id = self.request_id or request_id
-            case StreamError(code=code, message=message):
-                self.error_code, self.error_message = code, message
-            case StreamEnd() | TurnEnd():
-                self.terminal_seen = True
-            case Replayed():
-                self.event_count -= 1
-                self.replayed_events += 1
-            case Finding(code=code, detail=detail):
-                self.add_finding(code, detail)
+        """Fold one common event into the record.
+
+        Dispatched on the event's class through a dict (one lookup per event, where a
+        ``match`` over the classes tried them one by one); a subclass of an event class
+        is folded as its class is."""
+        fold = _FOLD.get(type(event))
+        if fold is None:
+            fold = next((f for cls, f in _FOLD.items() if isinstance(event, cls)), None)
+            if fold is None:
+                return
+        fold(self, event)
+
+    def add_text(self, text: str) -> None:
+        """``apply(TextDelta(text))`` without the event: answer text of choice 0, the
+        auditor's fast path (:meth:`~addon.dialects.Normalizer.read`)."""
+        size = len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
+        kept = self.content_kept + size
+        if kept > self.content_limit or not text:
+            self._text(TextDelta(text))  # the cap cuts it: the one careful way
+            return
+        c = self.choices.get(0)
+        if c is None:
+            c = self.choices[0] = Choice()
+        parts = c.text
+        self.content_bytes += size
+        self.content_kept = kept
+        parts.carried += size
+        parts.append(text)
+
+    def _text(self, event: TextDelta) -> None:
+        c = self._choice(event.choice)
+        kind = event.kind
+        parts = c.text if kind == "text" else c.reasoning if kind == "reasoning" else c.refusal
+        carried = self.content_bytes
+        if text := self._fit(event.text):
+            parts.append(text)
+        parts.carried += self.content_bytes - carried
+
+    def _snapshot(self, event: TextSnapshot) -> None:
+        self._replace_text(event.text, event.choice, event.kind)
+
+    def _finish(self, event: Finish) -> None:
+        self._choice(event.choice).finish_reason = event.reason
+
+    def _usage(self, event: Usage) -> None:
+        usage = self.usage
+        for name in _USAGE_FIELDS:
+            value = getattr(event, name)
+            if value is not None:
+                usage[name] = value
+
+    def _meta(self, event: ResponseMeta) -> None:
+        self.response_model = event.model or self.response_model
+        self.response_id = event.response_id or self.response_id
+        self.request_id = self.request_id or event.request_id
+
+    def _error(self, event: StreamError) -> None:
+        self.error_code, self.error_message = event.code, event.message
+
+    def _terminal(self, event: StreamEnd | TurnEnd) -> None:
+        self.terminal_seen = True
+
+    def _replayed(self, event: Replayed) -> None:
+        self.event_count -= 1
+        self.replayed_events += 1
+
+    def _finding(self, event: Finding) -> None:
+        self.add_finding(event.code, event.detail)
+
+    def _ignored(self, event: Event) -> None:
+        """Events for the output filters only (text ends, shown and prompt text)."""
 
     def add_finding(self, code: str, detail: str = "") -> None:
         """Record a finding; details beyond ``FINDINGS_PER_CODE`` per code are only counted."""
@@ -287,6 +328,7 @@ class ExchangeRecord:
         parts.carried = self.content_bytes - carried
 
     def _tool_fragment(self, d: ToolCallDelta) -> None:
+        """Fold a tool-call fragment into its call (created by the first one of its key)."""
         call = self.tool_calls.get(d.key)
         if call is None:
             call = self.tool_calls[d.key] = ToolCall(key=d.key, choice=d.choice)
@@ -405,6 +447,26 @@ class ExchangeRecord:
             "connection_id": self.connection_id,
             "turn": self.turn,
         }
+
+
+_USAGE_FIELDS = Usage.__slots__
+# How each event class is folded into the record (ExchangeRecord.apply).
+_FOLD: dict[type, Any] = {
+    TextEnd: ExchangeRecord._ignored,
+    ShownText: ExchangeRecord._ignored,
+    PromptText: ExchangeRecord._ignored,
+    TextDelta: ExchangeRecord._text,
+    TextSnapshot: ExchangeRecord._snapshot,
+    ToolCallDelta: ExchangeRecord._tool_fragment,
+    Finish: ExchangeRecord._finish,
+    Usage: ExchangeRecord._usage,
+    ResponseMeta: ExchangeRecord._meta,
+    StreamError: ExchangeRecord._error,
+    StreamEnd: ExchangeRecord._terminal,
+    TurnEnd: ExchangeRecord._terminal,
+    Replayed: ExchangeRecord._replayed,
+    Finding: ExchangeRecord._finding,
+}
 
 
 def _ts(t: float | None) -> datetime | None:

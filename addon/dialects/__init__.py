@@ -25,7 +25,7 @@ import orjson
 
 from addon.dialects.blocking import BlockedResponse
 from addon.dialects.providers import provider_for_host
-from addon.events import Event, Finding, StreamEnd, StreamError
+from addon.events import Event, Finding, StreamEnd, StreamError, TextDelta
 from addon.framing import Frame, Writer
 from addon.framing.sse import SSE_WRITER
 
@@ -74,6 +74,14 @@ class Normalizer(ABC):
     @abstractmethod
     def on_event(self, event: Frame) -> list[Event]:
         """Common events for one frame of a streamed response (an SSE event, an array element)."""
+
+    def read(self, event: Frame) -> list[Event] | str:
+        """:meth:`on_event` for the auditor's hot path, which may answer a frame whose only
+        event is answer text of choice 0 with that text alone (a ``str``): nearly every
+        frame of a stream is one, and the record appends it without a
+        :class:`~addon.events.TextDelta` nobody else reads. ``[TextDelta(text)]`` is
+        what :meth:`on_event` gives for it; dialects with such a fast path override it."""
+        return self.on_event(event)
 
     def on_end(self, cut: bool = False) -> list[Event]:
         """Conformance checks once the streamed body is over (cleanly or cut by upstream).
@@ -184,24 +192,62 @@ class JsonEventNormalizer(Normalizer):
     terminal event.
     """
 
+    #: ``data: [DONE]`` is not part of the protocol but some gateways append it: read
+    #: as nothing at all (not even after the terminal event) rather than as the end.
+    ignores_done: bool = False
+    #: A subclass that overrides :meth:`on_event` reads frames its own way, so
+    #: :meth:`read` must go through it (and has no fast path); set per class.
+    _own_on_event: bool = False
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls._own_on_event = cls.on_event is not JsonEventNormalizer.on_event
+
     def __init__(self) -> None:
         self.ended = False
 
     def on_event(self, event: Frame) -> list[Event]:
-        out: list[Event] = []
-        if self.ended:
-            out.append(Finding("event_after_stream_end", f"{event.event!r} after the terminal event"))
-        if event.data == "[DONE]":
+        got = self._read(event)
+        return [TextDelta(got)] if isinstance(got, str) else got
+
+    def read(self, event: Frame) -> list[Event] | str:
+        return self.on_event(event) if self._own_on_event else self._read(event)
+
+    def _read(self, event: Frame) -> list[Event] | str:
+        """One frame: its text alone when :meth:`text_of` knows the frame is only that,
+        else its events. The JSON is parsed once, whichever way the frame goes."""
+        data = event.data
+        ended = self.ended
+        if data == "[DONE]":
+            if self.ignores_done:
+                return []
+            out: list[Event] = [_after_end(event)] if ended else []
             out.extend(self.on_done())
         else:
-            obj = json_object(event.data)
+            obj = json_object(data)
             if obj is None:
+                out = [_after_end(event)] if ended else []
                 out.append(Finding("invalid_json", f"event {event.event!r}: data is not one JSON object"))
+            elif ended:
+                out = [_after_end(event), *self.on_json(event, obj)]
             else:
-                out.extend(self.on_json(event, obj))
-        if not self.ended and any(isinstance(e, StreamEnd) for e in out):
-            self.ended = True
+                text = self.text_of(event, obj)
+                if text is not None:
+                    return text
+                out = self.on_json(event, obj)
+        if not ended:
+            for e in out:
+                if isinstance(e, StreamEnd):
+                    self.ended = True
+                    break
         return out
+
+    def text_of(self, event: Frame, obj: dict[str, Any]) -> str | None:
+        """The fast path: when ``on_json(event, obj)`` would give exactly
+        ``[TextDelta(text)]`` (answer text of choice 0, not empty), do what it would do to
+        the normalizer's state and return ``text``; else ``None``, changing nothing, and
+        :meth:`on_json` reads the frame. Only called before the terminal event."""
+        return None
 
     @abstractmethod
     def on_json(self, event: Frame, obj: dict[str, Any]) -> list[Event]:
@@ -215,6 +261,10 @@ class JsonEventNormalizer(Normalizer):
         if self.ended:
             return []
         return [Finding("missing_stream_end", "the stream ended without its terminal event")]
+
+
+def _after_end(event: Frame) -> Finding:
+    return Finding("event_after_stream_end", f"{event.event!r} after the terminal event")
 
 
 class Dialect(ABC):

@@ -324,6 +324,17 @@ class GeminiNormalizer(JsonEventNormalizer):
 
     def on_json(self, event: Frame, obj: dict[str, Any]) -> list[Event]:
         out: list[Event] = []
+        text = _plain_text(obj)
+        if text is not None and (obj.get("modelVersion"), obj.get("responseId")) == self.meta:
+            # Nearly every chunk: one candidate's text and the usage so far. What _chunk
+            # would do, without walking the chunk again.
+            self.chunks += 1
+            self.candidates.setdefault(0, False)
+            out.append(TextDelta(text))
+            usage = obj.get("usageMetadata")
+            if isinstance(usage, dict):
+                self._usage(usage, out)
+            return out
         self._chunk(obj, out)
         return out
 
@@ -554,6 +565,31 @@ class GeminiNormalizer(JsonEventNormalizer):
         else:
             out.append(Finding("missing_stream_end", "the body ended without a chunk carrying finishReason"))
         return out
+
+
+def _plain_text(chunk: dict[str, Any]) -> str | None:
+    """The text of a chunk that is one candidate (index 0) with one text part and
+    nothing else :meth:`GeminiNormalizer._chunk` acts on but its usage; else None."""
+    candidates = chunk.get("candidates")
+    if type(candidates) is not list or len(candidates) != 1 or "promptFeedback" in chunk:
+        return None
+    candidate = candidates[0]
+    if type(candidate) is not dict or chunk.get("error") is not None:
+        return None
+    content = candidate.get("content")
+    parts = content.get("parts") if type(content) is dict else None
+    if type(parts) is not list or len(parts) != 1:
+        return None
+    part = parts[0]
+    if type(part) is not dict or "functionCall" in part or "thought" in part:
+        return None
+    text = part.get("text")
+    if type(text) is not str or not text:
+        return None
+    index, reason = candidate.get("index"), candidate.get("finishReason")
+    if (type(index) is int and index != 0) or (reason is not None and reason != UNSPECIFIED_FINISH):
+        return None
+    return text
 
 
 def _array_prefix(body: bytes) -> tuple[list[Any], bool] | None:

@@ -171,6 +171,17 @@ class AnthropicNormalizer(JsonEventNormalizer):
             return []
         return handler(self, obj)
 
+    def text_of(self, event: Frame, obj: dict[str, Any]) -> str | None:
+        """A ``text_delta`` (nearly every event of an answer): :meth:`_block_delta`
+        changes nothing for it."""
+        if obj.get("type") != "content_block_delta":
+            return None
+        delta = obj.get("delta")
+        if type(delta) is not dict or delta.get("type") != "text_delta":
+            return None
+        text = delta.get("text")
+        return text if type(text) is str and text else None
+
     def _message_start(self, obj: dict[str, Any]) -> list[Event]:
         message = _dict(obj, "message")
         if message is None:

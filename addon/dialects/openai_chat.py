@@ -170,6 +170,35 @@ class OpenAIChatNormalizer(JsonEventNormalizer):
         add_usage(obj, out)
         return out
 
+    def text_of(self, event: Frame, obj: dict[str, Any]) -> str | None:
+        """A chunk whose one choice (index 0) brings only ``delta.content`` text: no
+        new id or model, no error, usage, finish reason, tool call, reasoning or refusal
+        (what :meth:`on_json` would read from it; it would only note that choice 0 exists)."""
+        choices = obj.get("choices")
+        if type(choices) is not list or len(choices) != 1:
+            return None
+        choice = choices[0]
+        if type(choice) is not dict:
+            return None
+        delta = choice.get("delta")
+        if type(delta) is not dict:
+            return None
+        content = delta.get("content")
+        if type(content) is not str or not content:
+            return None
+        index = choice.get("index")
+        if type(index) is int and index > 0:  # (choice_index: anything else is position 0)
+            return None
+        reason = choice.get("finish_reason")
+        if type(reason) is str and reason:
+            return None
+        if (obj.get("id"), obj.get("model")) != self.meta or event.event == "error" or _not_plain(obj):
+            return None
+        if len(delta) > 1 and _more_than_content(delta):
+            return None
+        self.finished.setdefault(0, False)
+        return content
+
     def _meta(self, obj: dict[str, Any], out: list[Event]) -> None:
         response_id, model = obj.get("id"), obj.get("model")
         if (response_id, model) == self.meta:
@@ -303,6 +332,24 @@ class OpenAIChatNormalizer(JsonEventNormalizer):
 
 
 # -- field readers of chunks and whole responses ------------------------------------------------
+
+
+def _not_plain(chunk: dict[str, Any]) -> bool:
+    """Whether a chunk has more to read than its choices: an error, or usage (``add_usage``)."""
+    return (
+        "error" in chunk or chunk.get("object") == "error" or isinstance(chunk.get("usage"), dict) or "x_groq" in chunk
+    )
+
+
+def _more_than_content(delta: dict[str, Any]) -> bool:
+    """Whether a delta carries anything :func:`_texts` or the tool reading would emit
+    besides its ``content`` string."""
+    for name in ("reasoning_content", "reasoning", "refusal"):
+        value = delta.get(name)
+        if isinstance(value, str) and value:
+            return True
+    tool_calls = delta.get("tool_calls")
+    return (isinstance(tool_calls, list) and len(tool_calls) > 0) or isinstance(delta.get("function_call"), dict)
 
 
 def _texts(part: dict[str, Any], choice: int, out: list[Event]) -> None:

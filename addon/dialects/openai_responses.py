@@ -167,6 +167,18 @@ class OpenAIResponsesNormalizer(ResponsesNormalizer):
             self.response = response
         return super().on_json(event, obj)
 
+    def text_of(self, event: Frame, obj: dict[str, Any]) -> str | None:
+        """A text delta after the first event, carrying no response: only its sequence
+        number is noted (as :meth:`on_json` notes it)."""
+        if self.first or "response" in obj:
+            return None
+        text = super().text_of(event, obj)
+        if text is not None:
+            seq = int_field(obj, "sequence_number")
+            if seq is not None:
+                self.last_seq = seq
+        return text
+
     def on_response(self, response: dict[str, Any]) -> list[Event]:
         self.response = response
         return super().on_response(response)

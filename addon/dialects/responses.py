@@ -94,6 +94,7 @@ PART_SPACE = {
     "reasoning_text": ("reasoning", "content_index"),
 }
 NO_ERROR_OBJECT = "the response failed without an error object"
+TEXT_DELTA = "response.output_text.delta"
 
 
 def usage_event(usage: Any) -> Usage | None:
@@ -164,6 +165,7 @@ class ResponsesNormalizer(JsonEventNormalizer):
     """
 
     FINAL_EVENTS: ClassVar[frozenset[str]] = frozenset({"response.completed", "response.incomplete", "response.failed"})
+    ignores_done = True  # not part of the protocol; some gateways append it
 
     def __init__(self, declared_tools: frozenset[str] | None = None) -> None:
         super().__init__()
@@ -186,11 +188,6 @@ class ResponsesNormalizer(JsonEventNormalizer):
 
     # -- dispatch -------------------------------------------------------------------------
 
-    def on_event(self, event: Frame) -> list[Event]:
-        if event.data == "[DONE]":
-            return []  # not part of the protocol; some gateways append it: ignore
-        return super().on_event(event)
-
     def event_type(self, event: Frame, obj: dict[str, Any]) -> str:
         """The event's type: the JSON ``type`` (OpenAI), else the SSE event name."""
         kind = obj.get("type")
@@ -210,6 +207,26 @@ class ResponsesNormalizer(JsonEventNormalizer):
         if handler is not None:
             handler(self, obj, out)
         return out  # unknown event types are ignored: vendors add new ones all the time
+
+    def text_of(self, event: Frame, obj: dict[str, Any]) -> str | None:
+        """``response.output_text.delta``, nearly every event of a stream: the delta is
+        kept with its part (as :meth:`_text_delta` keeps it) and returned alone."""
+        if (
+            obj.get("type") != TEXT_DELTA
+            or TEXT_DELTA in self.FINAL_EVENTS
+            or self.event_type(event, obj) != TEXT_DELTA
+        ):
+            return None
+        delta = obj.get("delta")
+        if type(delta) is not str or not delta:
+            return None
+        key = (self._item_id(obj), "content", int_field(obj, "content_index") or 0)
+        got = self.parts.get(key)
+        if got is None:
+            self.parts[key] = [delta]
+        else:
+            got.append(delta)
+        return delta
 
     def on_end(self, cut: bool = False) -> list[Event]:
         if not self.ended and self.errored:
@@ -575,7 +592,7 @@ _HANDLERS = {
     "response.in_progress": ResponsesNormalizer._lifecycle,
     "response.output_item.added": ResponsesNormalizer._item_added,
     "response.output_item.done": ResponsesNormalizer._item_done,
-    "response.output_text.delta": ResponsesNormalizer._text_delta,
+    TEXT_DELTA: ResponsesNormalizer._text_delta,
     "response.output_text.done": ResponsesNormalizer._text_done,
     "response.refusal.delta": ResponsesNormalizer._refusal_delta,
     "response.refusal.done": ResponsesNormalizer._refusal_done,
