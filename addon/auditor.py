@@ -447,7 +447,7 @@ class StreamAuditor:
                 return
             record.event_count += 1
             got = normalizer.read(event)
-            if type(got) is str:
+            if isinstance(got, str):
                 record.add_text(got)
                 if gate is not None:
                     self._framed.append((event, [TextDelta(got)], end))
