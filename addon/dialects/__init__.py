@@ -196,12 +196,20 @@ class JsonEventNormalizer(Normalizer):
     #: as nothing at all (not even after the terminal event) rather than as the end.
     ignores_done: bool = False
     #: A subclass that overrides :meth:`on_event` reads frames its own way, so
-    #: :meth:`read` must go through it (and has no fast path); set per class.
+    #: :meth:`read` must go through it; set per class.
     _own_on_event: bool = False
+    #: Whether :meth:`text_of` is asked first; set per class (see __init_subclass__).
+    _fast: bool = False
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         cls._own_on_event = cls.on_event is not JsonEventNormalizer.on_event
+        # text_of stands in for on_json: a subclass that overrides on_json below the
+        # text_of it inherits (it reads more from each frame) gets no fast path until it
+        # defines a text_of of its own; neither does a class without one.
+        text_owner = next(c for c in cls.__mro__ if "text_of" in c.__dict__)
+        json_owner = next(c for c in cls.__mro__ if "on_json" in c.__dict__)
+        cls._fast = text_owner is not JsonEventNormalizer and issubclass(text_owner, json_owner)
 
     def __init__(self) -> None:
         self.ended = False
@@ -231,7 +239,7 @@ class JsonEventNormalizer(Normalizer):
             elif ended:
                 out = [_after_end(event), *self.on_json(event, obj)]
             else:
-                text = self.text_of(event, obj)
+                text = self.text_of(event, obj) if self._fast else None
                 if text is not None:
                     return text
                 out = self.on_json(event, obj)

@@ -89,6 +89,7 @@ ARRAY_MEDIA_TYPE = "application/json; charset=UTF-8"  # the JSON-array stream, a
 # A streamed function call's partial argument may address a list element; indices this
 # far beyond the list's end are ignored rather than padded (bounded memory).
 MAX_INDEX_GAP = 1024
+_NO_COUNTS = (None, None, None, None)
 
 
 def _method_and_model(path: str) -> tuple[str, str]:
@@ -316,7 +317,7 @@ class GeminiNormalizer(JsonEventNormalizer):
         self.calls = 0  # function calls so far, for unique keys
         self.open_calls: dict[int, _OpenCall] = {}  # candidate -> call still streaming
         self.meta: tuple[str | None, str | None] = (None, None)
-        self.usage: Usage | None = None
+        self.usage: tuple[int | None, ...] | None = None  # the counts last reported
         self.answer: dict[str, Any] | None = None  # a whole response read (an array's last element)
         self.array = False  # the whole body read was a JSON array
 
@@ -540,16 +541,25 @@ class GeminiNormalizer(JsonEventNormalizer):
         return f"call{self.calls}"
 
     def _usage(self, usage: dict[str, Any], out: list[Event]) -> None:
-        report = Usage(
-            input_tokens=int_field(usage, "promptTokenCount"),
-            output_tokens=int_field(usage, "candidatesTokenCount"),
-            cache_read_input_tokens=int_field(usage, "cachedContentTokenCount"),
-            reasoning_output_tokens=int_field(usage, "thoughtsTokenCount"),
+        # Every chunk repeats the cumulative counts: compared as a tuple, a Usage is made
+        # only when they changed.
+        counts = (
+            int_field(usage, "promptTokenCount"),
+            int_field(usage, "candidatesTokenCount"),
+            int_field(usage, "cachedContentTokenCount"),
+            int_field(usage, "thoughtsTokenCount"),
         )
         # Vertex's first chunk may carry only trafficType: an all-None Usage says nothing.
-        if report != self.usage and report != Usage():
-            self.usage = report
-            out.append(report)
+        if counts != self.usage and counts != _NO_COUNTS:
+            self.usage = counts
+            out.append(
+                Usage(
+                    input_tokens=counts[0],
+                    output_tokens=counts[1],
+                    cache_read_input_tokens=counts[2],
+                    reasoning_output_tokens=counts[3],
+                )
+            )
 
     def _end(self, cut: bool) -> list[Event]:
         """The body is over: complete if a finishReason came and nothing was cut off."""

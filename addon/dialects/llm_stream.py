@@ -140,6 +140,12 @@ class LLMStreamNormalizer(Normalizer):
         self.open_blocks: set[int] = set()
 
     def on_event(self, event: Frame) -> list[Event]:
+        got = self.read(event)
+        return [TextDelta(got)] if isinstance(got, str) else got
+
+    def read(self, event: Frame) -> list[Event] | str:
+        """The event's common events, checked; a ``content.delta`` of block 0 that passes
+        every check is its text alone (see :meth:`Normalizer.read`)."""
         out: list[Event] = []
         obj = json_object(event.data)
         first = not self.seen_any
@@ -164,8 +170,24 @@ class LLMStreamNormalizer(Normalizer):
         missing = [key for key in REQUIRED[name] if key not in obj]
         if missing:
             out.append(Finding("missing_field", f"{kind}: {', '.join(missing)}"))
+        elif not out and name == "content.delta":
+            text = self._text_of(obj)
+            if text is not None:
+                return text
         handler(self, obj, out)
         return out
+
+    def _text_of(self, obj: dict[str, Any]) -> str | None:
+        """What :meth:`_content_delta` reads when it is answer text of block 0, noted as
+        it notes it; else None, changing nothing."""
+        if int_field(obj, "index"):
+            return None
+        delta = obj.get("delta")
+        text = delta.get("text") if type(delta) is dict else None
+        if type(text) is not str or not text:
+            return None
+        self.open_blocks.add(0)
+        return text
 
     def on_end(self, cut: bool = False) -> list[Event]:
         out: list[Event] = []

@@ -262,10 +262,23 @@ class LMSPNormalizer(ResponsesNormalizer):
         return kind if isinstance(kind, str) else event.event
 
     def on_event(self, event: Frame) -> list[Event]:
+        got = self.read(event)
+        return [TextDelta(got)] if isinstance(got, str) else got
+
+    def read(self, event: Frame) -> list[Event] | str:
+        """The event, its id checked first; a text delta with a good id, not replayed,
+        stays the text alone (see :meth:`Normalizer.read`)."""
         findings: list[Event] = []
         n = self._check_id(event, findings)
         replayed = self.audited_before is not None and n is not None and n <= self.audited_before
-        out = super().on_event(event)
+        got = self._read(event)
+        if isinstance(got, str):
+            if not replayed and not findings:
+                if n is not None and self.tasks is not None and self.task_id is not None:
+                    self.tasks.advance(self.task_id, n)
+                return got
+            got = [TextDelta(got)]
+        out = got
         if replayed:
             out = [e for e in out if not _counted(e)]
             out.append(Replayed())
@@ -305,6 +318,10 @@ class LMSPNormalizer(ResponsesNormalizer):
         else:
             findings.append(Finding("event_id_not_increasing", f"id {n} after {last}"))
         return n
+
+    def text_of(self, event: Frame, obj: dict[str, Any]) -> str | None:
+        """Once an event has named the response (:meth:`on_json` adds nothing then)."""
+        return super().text_of(event, obj) if self.meta_seen else None
 
     def on_json(self, event: Frame, obj: dict[str, Any]) -> list[Event]:
         out = super().on_json(event, obj)
