@@ -89,6 +89,8 @@ ARRAY_MEDIA_TYPE = "application/json; charset=UTF-8"  # the JSON-array stream, a
 # A streamed function call's partial argument may address a list element; indices this
 # far beyond the list's end are ignored rather than padded (bounded memory).
 MAX_INDEX_GAP = 1024
+# usageMetadata's counts the record keeps: input, output, cached input, reasoning.
+_COUNT_FIELDS = ("promptTokenCount", "candidatesTokenCount", "cachedContentTokenCount", "thoughtsTokenCount")
 _NO_COUNTS = (None, None, None, None)
 
 
@@ -543,11 +545,12 @@ class GeminiNormalizer(JsonEventNormalizer):
     def _usage(self, usage: dict[str, Any], out: list[Event]) -> None:
         # Every chunk repeats the cumulative counts: compared as a tuple, a Usage is made
         # only when they changed.
-        counts = (
-            int_field(usage, "promptTokenCount"),
-            int_field(usage, "candidatesTokenCount"),
-            int_field(usage, "cachedContentTokenCount"),
-            int_field(usage, "thoughtsTokenCount"),
+        p, c, k, t = map(usage.get, _COUNT_FIELDS)
+        counts = (  # (int_field's test: JSON gives no other int than int and bool)
+            p if type(p) is int else None,
+            c if type(c) is int else None,
+            k if type(k) is int else None,
+            t if type(t) is int else None,
         )
         # Vertex's first chunk may carry only trafficType: an all-None Usage says nothing.
         if counts != self.usage and counts != _NO_COUNTS:

@@ -211,11 +211,7 @@ class ResponsesNormalizer(JsonEventNormalizer):
     def text_of(self, event: Frame, obj: dict[str, Any]) -> str | None:
         """``response.output_text.delta``, nearly every event of a stream: the delta is
         kept with its part (as :meth:`_text_delta` keeps it) and returned alone."""
-        if (
-            obj.get("type") != TEXT_DELTA
-            or TEXT_DELTA in self.FINAL_EVENTS
-            or self.event_type(event, obj) != TEXT_DELTA
-        ):
+        if self.event_type(event, obj) != TEXT_DELTA or TEXT_DELTA in self.FINAL_EVENTS:
             return None
         delta = obj.get("delta")
         if type(delta) is not str or not delta:
