@@ -152,7 +152,7 @@ class StreamAuditor:
         gate = self.gate
         self._raw_chunk = chunk if gate is not None else None
         decoder = self.decoder
-        if self.active and decoder is not None:
+        if decoder is not None and not (self.ignored or self.failed or self.halted):  # (self.active)
             if decoder.encoded:
                 decoder.feed(chunk)
                 # A gate holding bytes needs each chunk read before the next one (the
@@ -439,6 +439,22 @@ class StreamAuditor:
         comes from the normalizer as that text (:meth:`Normalizer.read`) and goes into
         the record directly; its ``TextDelta`` is made only for a gate, which reads it."""
         gate = self.gate
+        record, normalizer = self.record, self.normalizer
+        if gate is None and self.on_turn_end is None and record is not None and normalizer is not None:
+            # The common case, with nothing that could swap the record or the normalizer
+            # between frames (a claim, a turn's end): the loop at its tightest.
+            read, add_text, apply = normalizer.read, record.add_text, record.apply
+            for event in events:
+                record.event_count += 1
+                got = read(event)
+                if isinstance(got, str):
+                    add_text(got)
+                else:
+                    for ev in got:
+                        apply(ev)
+            if len(self.reader.findings) > self._reported_findings:
+                self._collect_reader_findings()
+            return
         for event in events:
             if self.normalizer is None and not self._claim(event):
                 return
