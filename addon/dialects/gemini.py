@@ -555,14 +555,8 @@ class GeminiNormalizer(JsonEventNormalizer):
         # Vertex's first chunk may carry only trafficType: an all-None Usage says nothing.
         if counts != self.usage and counts != _NO_COUNTS:
             self.usage = counts
-            out.append(
-                Usage(
-                    input_tokens=counts[0],
-                    output_tokens=counts[1],
-                    cache_read_input_tokens=counts[2],
-                    reasoning_output_tokens=counts[3],
-                )
-            )
+            # input, output, cached input, (cache writes: Gemini has none), reasoning
+            out.append(Usage(counts[0], counts[1], counts[2], None, counts[3]))
 
     def _end(self, cut: bool) -> list[Event]:
         """The body is over: complete if a finishReason came and nothing was cut off."""
