@@ -1,6 +1,6 @@
 """``python -m bench`` (``scripts/bench``): run the sections, print the tables, write the JSON.
 
-    scripts/bench                      # the full run (about 20 minutes on two cores)
+    scripts/bench                      # the full run (about 25 minutes on two cores)
     scripts/bench --smoke              # every section with tiny sizes (CI keeps it working)
     scripts/bench --only parsing,writer --out results.json
     scripts/bench --only parsing --profile prof/   # and where the time goes (bench/profile.py)

@@ -155,7 +155,7 @@ def summarize(levels: list[dict[str, Any]]) -> dict[str, Any]:
 def describe_knee(summary: dict[str, Any], variant: str) -> str:
     s = summary[variant]
     if s["knee_streams"] is None:
-        return f"not up to {summary['highest_streams']} streams"
+        return f"not within the sweep (up to {summary['highest_streams']} streams)"
     return f"from {s['knee_streams']} streams ({', '.join(s['knee_grown'])})"
 
 

@@ -219,19 +219,18 @@ def issue20(results: dict[str, Any]) -> list[dict[str, Any]]:
 
 def _knee_rows(knee: dict[str, Any]) -> list[dict[str, Any]]:
     s = knee.get("summary") if isinstance(knee, dict) else None
+    where, top = "where delays grow, 20 events/s a stream", "top sustained events/s vs plain"
+    same, share = "the same level as plain mitmdump", ">= 95% of plain's top rate"
     if not s:
-        return [
-            _row("3a", "where delays grow, 20 events/s a stream", "the same level as plain", None, None),
-            _row("3b", "top sustained events/s vs plain", ">= 95% of plain's", None, None),
-        ]
+        return [_row("3a", where, same, None, None), _row("3b", top, share, None, None)]
     limited = s["generator_limited_from_streams"]
     note = f"; the load generator is the limit from {limited} streams" if limited is not None else ""
     return [
         _row(
             "3a",
-            "where delays grow, 20 events/s a stream",
-            "the same level as plain mitmdump",
-            f"audit {knee_section.describe_knee(s, 'audit')}, plain {knee_section.describe_knee(s, 'plain')}{note}",
+            where,
+            same,
+            f"audit: {knee_section.describe_knee(s, 'audit')}; plain: {knee_section.describe_knee(s, 'plain')}{note}",
             s["knee_same_as_plain"],
             audit=s["audit"]["knee_streams"],
             plain=s["plain"]["knee_streams"],
@@ -239,10 +238,10 @@ def _knee_rows(knee: dict[str, Any]) -> list[dict[str, Any]]:
         ),
         _row(
             "3b",
-            "top sustained events/s vs plain",
-            ">= 95% of plain's top rate",
-            f"{s['top_vs_plain']:.0%}: audit {knee_section.describe_top(s, 'audit')}, "
-            f"plain {knee_section.describe_top(s, 'plain')}{note}",
+            top,
+            share,
+            f"{s['top_vs_plain']:.0%}; audit: {knee_section.describe_top(s, 'audit')}; "
+            f"plain: {knee_section.describe_top(s, 'plain')}{note}",
             s["top_met"],
             ratio=s["top_vs_plain"],
             audit=s["audit"]["top_events_per_s"],
