@@ -11,7 +11,8 @@ Per level and proxy: the median time to the first body byte (TTFB), the per-even
 (the mock's write, stamped in the event, to the client's receipt; p95), the p95 gap
 between consecutive events of one stream at the client (50 ms when nothing queues), and
 the events per second delivered while all streams are open, beside those offered (N x 20)
-and those the mock actually wrote in that window.
+and those the mock actually wrote in that window. Once both proxies have been saturated
+(below) at two levels in a row, the sweep stops: more streams would only take time.
 
 **Delays grow** at a level where the p95 per-event delay or the median TTFB exceeds
 ``GROWTH`` times its value at the sweep's lowest level (the same proxy, nearly unloaded)
@@ -65,6 +66,8 @@ def measure(sizes: Sizes, tmp: Path) -> dict[str, Any]:
                 "delay_p95": ratio(level["audit"]["delay_ms_p95"], level["plain"]["delay_ms_p95"]),
             }
             levels.append(level)
+            if _saturated_twice(levels):
+                break  # both proxies are past their top: more streams would only take time
     finally:
         for proxy in proxies.values():
             proxy.stop()
@@ -102,6 +105,15 @@ def _load(mock: Mock, proxy: Proxy | None, count: int, sizes: Sizes) -> dict[str
         "delay_ms_p99": percentile(delays, 99),
         "gap_ms_p95": percentile(gaps, 95),
     }
+
+
+def _saturated_twice(levels: list[dict[str, Any]]) -> bool:
+    """Whether plain and audit both delivered less than ``FOLLOW`` of the offered rate at the last two levels."""
+    return len(levels) >= 3 and all(
+        lv[v]["delivered_events_per_s"] < FOLLOW * lv["offered_events_per_s"]
+        for lv in levels[-2:]
+        for v in VARIANTS[:2]
+    )
 
 
 def _grown(m: dict[str, Any], base: dict[str, Any]) -> list[str]:
