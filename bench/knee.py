@@ -14,9 +14,9 @@ the events per second delivered while all streams are open, beside those offered
 and those the mock actually wrote in that window. Once both proxies have been saturated
 (below) at two levels in a row, the sweep stops: more streams would only take time.
 
-**Delays grow** at a level where the p95 per-event delay or the median TTFB exceeds
-``GROWTH`` times its value at the sweep's lowest level (the same proxy, nearly unloaded)
-plus ``SLACK_MS`` (so that sub-millisecond jitter on a shared machine does not count);
+**Delays grow** at a level where the p95 per-event delay, the p95 gap between events or
+the median TTFB exceeds ``GROWTH`` times its value at the sweep's lowest level (the same
+proxy, nearly unloaded) plus ``SLACK_MS`` (so that sub-millisecond jitter on a shared machine does not count);
 the *knee* is the first such level. **Delivered stops following offered** at the first
 level delivering less than ``FOLLOW`` of what is offered; the *top rate* is the most
 events per second a proxy delivered at any level. When the direct load's delays grow
@@ -42,7 +42,8 @@ FOLLOW = 0.9
 MARGIN = 0.25  # seconds after the ramp before the window opens: the last streams' first bytes
 VARIANTS = ("plain", "audit", "direct")
 DEFINITION = (
-    f"delays grow: p95 per-event delay or median TTFB > {GROWTH:g} x its value at the lowest level + {SLACK_MS:g} ms; "
+    f"delays grow: p95 per-event delay, p95 gap between events or median TTFB > {GROWTH:g} x its value "
+    f"at the lowest level + {SLACK_MS:g} ms; "
     f"top rate: most events/s delivered while all streams are open (saturated: < {FOLLOW:.0%} of offered)"
 )
 
@@ -119,7 +120,7 @@ def _saturated_twice(levels: list[dict[str, Any]]) -> bool:
 def _grown(m: dict[str, Any], base: dict[str, Any]) -> list[str]:
     """Which of a level's delays have grown beyond the threshold over the lowest level's."""
     out = []
-    for key, name in (("delay_ms_p95", "p95 delay"), ("ttfb_ms_p50", "TTFB")):
+    for key, name in (("delay_ms_p95", "p95 delay"), ("gap_ms_p95", "p95 gap"), ("ttfb_ms_p50", "TTFB")):
         if m[key] > GROWTH * base[key] + SLACK_MS:
             out.append(name)
     return out
@@ -183,11 +184,12 @@ def describe_top(summary: dict[str, Any], variant: str) -> str:
 
 def table(result: dict[str, Any]) -> list[str]:
     head = (
-        f"{'streams':>7} {'offered/s':>9} {'variant':<7} {'TTFB p50':>8} {'p95 ms':>7} {'p99 ms':>7}"
+        f"{'streams':>7} {'offered/s':>9} {'variant':<7} {'TTFB p50':>8} {'delay95':>7} {'delay99':>7}"
         f" {'gap p95':>7} {'written/s':>9} {'deliv./s':>9} {'TTFB x':>6} {'p95 x':>6} {'fail':>4}"
     )
     lines = [
-        f"Where delays start to grow (paced streams, {EVENTS_PER_S} events/s each; x = audit / plain)",
+        f"Where delays start to grow (paced streams, {EVENTS_PER_S} events/s each; ms; delay = the mock's write"
+        " to the client's receipt, gap = between a stream's events at the client; x = audit / plain)",
         head,
     ]
     for lv in result["levels"]:
@@ -205,7 +207,7 @@ def table(result: dict[str, Any]) -> list[str]:
     s = result["summary"]
     lines.append(f"({result['definition']})")
     for variant in VARIANTS:
-        lines.append(f"  {variant:<6} delays grow at {describe_knee(s, variant)}; tops at {describe_top(s, variant)}")
+        lines.append(f"  {variant:<6} delays grow: {describe_knee(s, variant)}; top: {describe_top(s, variant)}")
     if s["generator_limited_from_streams"] is not None:
         lines.append(
             f"  the load generator itself is the limit from {s['generator_limited_from_streams']} streams (direct)"
