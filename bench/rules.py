@@ -56,7 +56,7 @@ DESCRIPTION = (
 )
 
 TTFT_RULES = {
-    "keyword": _rule("bench-keyword", "keywords", 'keywords = ["Nightjar-Protocol"]\n'),
+    "keyword": _rule("bench-keyword", "keywords", 'keywords = ["Nightjar"]\n'),
     "secrets+pii": _rule("bench-secrets", "secrets") + "\n" + _rule("bench-pii", "pii"),
 }
 """The TTFT section's rule sets: one blocking keyword rule alone; secrets plus PII (all types)."""

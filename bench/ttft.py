@@ -53,9 +53,12 @@ def measure(sizes: Sizes, tmp: Path) -> dict[str, Any]:
         for proxy in proxies.values():  # warm-up: one stream through each
             _round(mock.origin, proxy, scenario, mark, 1)
         rounds: dict[str, list[list[float]]] = {v: [] for v in VARIANTS}
+        first_bytes: dict[str, list[float]] = {v: [] for v in VARIANTS}
         for i in range(sizes.ttft_rounds):
             for variant in VARIANTS[i % len(VARIANTS) :] + VARIANTS[: i % len(VARIANTS)]:
-                rounds[variant].append(_round(mock.origin, proxies[variant], scenario, mark, sizes.ttft_streams))
+                ttft, first = _round(mock.origin, proxies[variant], scenario, mark, sizes.ttft_streams)
+                rounds[variant].append(ttft)
+                first_bytes[variant] += first
     finally:
         for proxy in proxies.values():
             proxy.stop()
@@ -70,6 +73,8 @@ def measure(sizes: Sizes, tmp: Path) -> dict[str, Any]:
         "rules": TTFT_RULES,
         "recorded": recorded,
         "ttft_ms_p50": {v: median([t for r in rs for t in r]) for v, rs in rounds.items()},
+        # the first body byte (the role chunk, before any text): what the rules add before the text
+        "first_byte_ms_p50": {v: median(t) for v, t in first_bytes.items()},
         "rounds": rounds,
     }
     out["added_ms"] = {
@@ -78,17 +83,18 @@ def measure(sizes: Sizes, tmp: Path) -> dict[str, Any]:
     return out
 
 
-def _round(origin: str, proxy: Proxy, scenario: str, mark: bytes, count: int) -> list[float]:
-    """TTFT in ms of ``count`` streams at once through ``proxy``."""
+def _round(origin: str, proxy: Proxy, scenario: str, mark: bytes, count: int) -> tuple[list[float], list[float]]:
+    """TTFT and time to the first body byte, in ms, of ``count`` streams at once through ``proxy``."""
     target = Target("127.0.0.1", proxy.port, origin, via_proxy=True)
     request = build_request(target, API.target, API.headers | {"x-mock": scenario}, request_bytes(API))
 
-    async def run() -> list[float]:
+    async def run() -> tuple[list[float], list[float]]:
         results = await asyncio.gather(*(stream(target, request, timeout=120, mark=mark) for _ in range(count)))
         missing = [r.error or f"status {r.status}" for r in results if r.mark_at is None]
         if missing:
             raise RuntimeError(f"no first token through the {proxy.variant} proxy: {missing[:3]}")
-        return [r.mark_at * 1000 for r in results if r.mark_at is not None]
+        ttft = [r.mark_at * 1000 for r in results if r.mark_at is not None]
+        return ttft, [r.ttfc * 1000 for r in results if r.ttfc is not None]
 
     return asyncio.run(run())
 
@@ -102,10 +108,11 @@ def _statuses(proxy: Proxy) -> dict[str, int]:
 def table(result: dict[str, Any]) -> list[str]:
     lines = [
         f"Time to first token through the audit proxy ({result['pace']}, prose nothing matches; median ms)",
-        f"{'rules':<12} {'TTFT p50':>9} {'added':>8}",
+        f"{'rules':<12} {'1st byte':>9} {'TTFT p50':>9} {'added':>8}",
     ]
     for variant, ttft in result["ttft_ms_p50"].items():
         added = result["added_ms"].get(variant)
-        lines.append(f"{variant:<12} {ttft:9.1f} {f'{added:+.1f}' if added is not None else '-':>8}")
+        first = result["first_byte_ms_p50"][variant]
+        lines.append(f"{variant:<12} {first:9.1f} {ttft:9.1f} {f'{added:+.1f}' if added is not None else '-':>8}")
     lines.append(f"rows recorded: {result['recorded']}")
     return lines
