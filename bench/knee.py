@@ -32,7 +32,7 @@ from typing import Any
 
 from bench.common import Sizes, median, percentile, ratio
 from bench.overhead import many, request_for, target_for, warm_up
-from bench.processes import Mock, Proxy, split_cores, start_mock, start_proxy
+from bench.processes import Mock, Proxy, split_cores, start_mock, start_proxies, stop_all
 
 EVENTS_PER_S = 20
 INTERVAL = 1 / EVENTS_PER_S
@@ -53,8 +53,7 @@ def measure(sizes: Sizes, tmp: Path) -> dict[str, Any]:
     mock = start_mock(tmp, other_cpus)
     proxies: dict[str, Proxy] = {}
     try:
-        for variant in VARIANTS[:2]:
-            proxies[variant] = start_proxy(tmp, variant, cpus=proxy_cpus)
+        proxies = start_proxies(tmp, {v: (v, None) for v in VARIANTS[:2]}, proxy_cpus)
         warm_up(mock, proxies)
         levels = []
         for i, count in enumerate(sizes.sweep_streams):
@@ -70,9 +69,7 @@ def measure(sizes: Sizes, tmp: Path) -> dict[str, Any]:
             if _saturated_twice(levels):
                 break  # both proxies are past their top: more streams would only take time
     finally:
-        for proxy in proxies.values():
-            proxy.stop()
-        mock.stop()
+        stop_all([*proxies.values(), mock])
     return {"definition": DEFINITION, "levels": levels, "summary": summarize(levels)}
 
 

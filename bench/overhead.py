@@ -29,7 +29,7 @@ from typing import Any
 
 from bench.client import StreamResult, Target, build_request, stream
 from bench.common import Sizes, median, percentile, ratio
-from bench.processes import Mock, Proxy, split_cores, start_mock, start_proxy
+from bench.processes import Mock, Proxy, split_cores, start_mock, start_proxies, stop_all
 from bench.rules import write_rules
 from bench.workloads import APIS, request_bytes
 
@@ -44,14 +44,11 @@ def measure(sizes: Sizes, tmp: Path) -> dict[str, Any]:
     mock = start_mock(tmp, other_cpus)
     proxies: dict[str, Proxy] = {}
     try:
-        for variant in VARIANTS:
-            proxies[variant] = start_proxy(tmp, variant, rules=rules, cpus=proxy_cpus)
+        proxies = start_proxies(tmp, {v: (v, rules) for v in VARIANTS}, proxy_cpus)
         warm_up(mock, proxies)
         levels = [_level(sizes, mock, proxies, c) for c in sizes.concurrency]
     finally:
-        for proxy in proxies.values():
-            proxy.stop()  # SIGTERM: the addon writes everything queued before it exits
-        mock.stop()
+        stop_all([*proxies.values(), mock])
     recorded = {v: _recorded(p) for v, p in proxies.items() if p.db_url}
     return {
         "levels": levels,

@@ -22,7 +22,7 @@ from urllib.parse import urlencode
 
 from bench.client import Target, build_request, stream
 from bench.common import Sizes, median
-from bench.processes import Proxy, split_cores, start_mock, start_proxy
+from bench.processes import Proxy, split_cores, start_mock, start_proxies, stop_all
 from bench.rules import TTFT_RULES, write_ttft_rules
 from bench.workloads import APIS, PROSE, request_bytes, text_of
 
@@ -47,9 +47,8 @@ def measure(sizes: Sizes, tmp: Path) -> dict[str, Any]:
     mark = text[:CHARS_PER_EVENT].encode()
     proxies: dict[str, Proxy] = {}
     try:
-        for variant in VARIANTS:
-            rules = rule_files.get(variant)
-            proxies[variant] = start_proxy(tmp, "filters" if rules else "audit", rules=rules, cpus=proxy_cpus)
+        specs = {v: ("filters" if v in rule_files else "audit", rule_files.get(v)) for v in VARIANTS}
+        proxies = start_proxies(tmp, specs, proxy_cpus)
         for proxy in proxies.values():  # warm-up: one stream through each
             _round(mock.origin, proxy, scenario, mark, 1)
         rounds: dict[str, list[list[float]]] = {v: [] for v in VARIANTS}
@@ -60,9 +59,7 @@ def measure(sizes: Sizes, tmp: Path) -> dict[str, Any]:
                 rounds[variant].append(ttft)
                 first_bytes[variant] += first
     finally:
-        for proxy in proxies.values():
-            proxy.stop()
-        mock.stop()
+        stop_all([*proxies.values(), mock])
     recorded = {v: _statuses(p) for v, p in proxies.items()}
     blocked = {v: r["blocked"] for v, r in recorded.items() if r.get("blocked")}
     if blocked:
