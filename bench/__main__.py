@@ -1,6 +1,6 @@
 """``python -m bench`` (``scripts/bench``): run the sections, print the tables, write the JSON.
 
-    scripts/bench                      # the full run (about 20 minutes on two cores)
+    scripts/bench                      # the full run (about 25 minutes on two cores)
     scripts/bench --smoke              # every section with tiny sizes (CI keeps it working)
     scripts/bench --only parsing,writer --out results.json
     scripts/bench --only parsing --profile prof/   # and where the time goes (bench/profile.py)
@@ -13,6 +13,7 @@ status 1; one that cannot run here (no PostgreSQL, no ``scripts/synth-db`` yet) 
 from __future__ import annotations
 
 import argparse
+import os
 import shlex
 import sys
 import tempfile
@@ -22,12 +23,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench import limits, memory, overhead, parsing, profile, query, report, writes
+from bench import knee, limits, memory, overhead, parsing, profile, query, report, rules, ttft, writes
 from bench.common import FULL, ROOT, SMOKE, Sizes
 
 SECTIONS: dict[str, tuple[Callable[[Sizes, Path], dict[str, Any]], Callable[[dict[str, Any]], list[str]]]] = {
     "parsing": (lambda sizes, tmp: parsing.measure(sizes), parsing.table),
     "proxy": (overhead.measure, overhead.table),
+    "knee": (knee.measure, knee.table),
+    "ttft": (ttft.measure, ttft.table),
     "writer": (writes.measure, writes.table),
     "memory": (memory.measure, memory.table),
     "query": (query.measure, query.table),
@@ -52,14 +55,15 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def filters_view(proxy: dict[str, Any]) -> dict[str, Any]:
-    """Section 3 out of the proxy loads: what 100 regex rules + secrets add over the plain audit."""
+    """Section 3 out of the proxy loads: the filters variant against plain mitmdump and the plain audit."""
     if "levels" not in proxy:
         return proxy
     return {
-        "rules": "100 regex rules + secrets detector, scope both, action block (bench/rules.py)",
+        "rules": rules.DESCRIPTION,
         "levels": [
             {
                 "concurrency": lv["concurrency"],
+                "filters_vs_plain": lv["vs_plain"]["filters/plain"],
                 "filters_vs_audit": lv["vs_plain"]["filters/audit"],
                 "filters": lv["variants"]["filters"],
                 "audit": lv["variants"]["audit"],
@@ -86,9 +90,10 @@ def main(argv: list[str] | None = None) -> int:
         "sizes": sizes.__dict__,
         "results": {},
     }
+    m = document["machine"]
     header = (
-        f"{command}  ({document['date']}, {document['machine']['cores']} cores: "
-        f"{document['machine']['cpu'] or 'unknown CPU'}, load {document['machine']['load_average_at_start'][0]:.2f})"
+        f"{command}  ({document['date']}, nproc {m['cores_usable']} of {m['cores']} cores: "
+        f"{m['cpu'] or 'unknown CPU'}; load average {report.load_text(m['load_average_at_start'])} at the start)"
     )
     print(header, flush=True)
     failed = False
@@ -124,7 +129,10 @@ def main(argv: list[str] | None = None) -> int:
                 print("\nProfile of the audit proxy (py-spy)\n" + "\n".join(profile.summary_lines(proxy_profile)[:14]))
             print(f"profiles: {args.profile}")
     document["targets"] = report.targets(document["results"])
+    document["machine"]["load_average_at_end"] = os.getloadavg()
+    document["issue20_targets"] = report.issue20(document["results"])
     print("\n" + "\n".join(report.target_lines(document["targets"])))
+    print("\n" + "\n".join(report.issue20_lines(document["issue20_targets"], document["machine"])))
     report.write_json(args.out, document)
     print(f"\nresults: {args.out}")
     return 1 if failed else 0

@@ -4,7 +4,7 @@ The proxy under test shares two cores with the mock and the clients, so the clie
 must cost little per chunk: it writes one request, reads the response head, and then
 only scans the body bytes for the mock's write stamps (``@`` + 19 digits of
 ``time.time_ns()``, see the ``stamp`` scenario of ``mockllm``) and notes when each
-arrived. Through a proxy it sends the absolute URL (plain-HTTP proxying), directly the
+arrived, or for one given ``mark`` (the first text of an answer without stamps). Through a proxy it sends the absolute URL (plain-HTTP proxying), directly the
 path. ``Connection: close`` makes the end of the body the end of the connection.
 """
 
@@ -40,6 +40,8 @@ class StreamResult:
     complete: bool = False  # the chunked body ended with its terminator
     ttfc: float | None = None  # seconds from sending the request to the first body byte
     delays_ns: list[int] = field(default_factory=list)  # per stamped event: receipt - write
+    arrivals_ns: list[int] = field(default_factory=list)  # per stamped event: receipt (time.time_ns())
+    mark_at: float | None = None  # seconds from sending the request to the arrival of ``mark``
     error: str | None = None
 
 
@@ -62,11 +64,14 @@ async def stream(
     timeout: float = 300.0,
     hold: asyncio.Event | None = None,
     on_first_byte: asyncio.Event | None = None,
+    mark: bytes | None = None,
 ) -> StreamResult:
     """Send ``request`` and read the streamed answer to its end (or until ``hold`` is set).
 
     ``hold``: an idle-stream client stops reading once it has seen the first body
     bytes and waits for ``hold`` before closing (``on_first_byte`` is set then).
+    ``mark``: the client notes when these bytes first arrive in the body (``mark_at``)
+    and then closes the connection: what it measures is over.
     """
     result = StreamResult()
     try:
@@ -75,7 +80,7 @@ async def stream(
             try:
                 sent_at = time.perf_counter()
                 writer.write(request)
-                await _read(reader, result, sent_at, hold, on_first_byte)
+                await _read(reader, result, sent_at, hold, on_first_byte, mark)
             finally:
                 writer.close()
                 try:
@@ -93,6 +98,7 @@ async def _read(
     sent_at: float,
     hold: asyncio.Event | None,
     on_first_byte: asyncio.Event | None,
+    mark: bytes | None,
 ) -> None:
     head = b""
     while b"\r\n\r\n" not in head:
@@ -104,7 +110,8 @@ async def _read(
     result.status = int(head.split(b" ", 2)[1])
     carry = b""
     tail = b""
-    delays = result.delays_ns
+    delays, arrivals = result.delays_ns, result.arrivals_ns
+    seen = b""  # the last bytes before this read, where ``mark`` may have begun
     while True:
         if body:
             now = time.time_ns()
@@ -120,9 +127,15 @@ async def _read(
             end = 0
             for m in STAMP.finditer(scan):
                 delays.append(now - int(m[1]))
+                arrivals.append(now)
                 end = m.end()
             carry = scan[max(end, len(scan) - STAMP_LEN) :]
             tail = (tail + body)[-16:]
+            if mark is not None:
+                if mark in seen + body:
+                    result.mark_at = time.perf_counter() - sent_at
+                    return
+                seen = (seen + body)[-len(mark) :]
         body = await reader.read(READ_SIZE)
         if not body:
             break

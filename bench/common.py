@@ -35,6 +35,12 @@ class Sizes:
     query_rows: int  # exchanges in the database the query section reads
     bomb_mib: tuple[int, ...]  # decoded sizes of the limits section's compression bombs
     long_stream_bytes: int  # the limits section's very long stream
+    sweep_streams: tuple[int, ...]  # the knee section's levels of concurrent paced streams (lowest = baseline)
+    sweep_events: int  # events per stream in the knee section (20 a second)
+    sweep_open_rate: float  # streams opened per second in the knee section
+    ttft_chars: int  # characters of prose per stream in the TTFT section (250 a second)
+    ttft_rounds: int  # rounds of the TTFT section (every variant in turn, each round)
+    ttft_streams: int  # concurrent streams per variant and round
 
 
 FULL = Sizes(
@@ -57,6 +63,12 @@ FULL = Sizes(
     query_rows=1_000_000,
     bomb_mib=(256, 1024),
     long_stream_bytes=300 * 1024 * 1024,
+    sweep_streams=(5, 25, 50, 75, 100, 150, 200, 300, 400),
+    sweep_events=100,
+    sweep_open_rate=150.0,
+    ttft_chars=1500,
+    ttft_rounds=5,
+    ttft_streams=3,
 )
 
 SMOKE = Sizes(
@@ -79,6 +91,12 @@ SMOKE = Sizes(
     query_rows=2_000,
     bomb_mib=(32,),
     long_stream_bytes=4 * 1024 * 1024,
+    sweep_streams=(2, 6),
+    sweep_events=12,
+    sweep_open_rate=100.0,
+    ttft_chars=200,
+    ttft_rounds=1,
+    ttft_streams=2,
 )
 
 

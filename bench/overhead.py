@@ -5,7 +5,9 @@ time in rotating order, every run:
 
 * ``plain``: mitmdump streaming event streams (``bench/plain_stream.py``), no audit;
 * ``audit``: ``mitmdump -s addon/llm_audit.py`` recording to SQLite;
-* ``filters``: the same with ``llm_rules`` = 100 regex rules + the secrets detector.
+* ``filters``: the same with ``llm_rules`` = 100 blocking rules of every kind (keywords,
+  regex, secrets, PII: ``bench/rules.py``); compared with ``plain`` (the issue's target)
+  and with ``audit`` (what the rules themselves add).
 
 Two loads per concurrency level (1, 50, 200 streams of OpenAI Chat Completions from the
 mock): *paced*, small deltas at a steady rate as a model streams them, the streams
@@ -27,7 +29,7 @@ from typing import Any
 
 from bench.client import StreamResult, Target, build_request, stream
 from bench.common import Sizes, median, percentile, ratio
-from bench.processes import Mock, Proxy, split_cores, start_mock, start_proxy
+from bench.processes import Mock, Proxy, split_cores, start_mock, start_proxies, stop_all
 from bench.rules import write_rules
 from bench.workloads import APIS, request_bytes
 
@@ -42,14 +44,11 @@ def measure(sizes: Sizes, tmp: Path) -> dict[str, Any]:
     mock = start_mock(tmp, other_cpus)
     proxies: dict[str, Proxy] = {}
     try:
-        for variant in VARIANTS:
-            proxies[variant] = start_proxy(tmp, variant, rules=rules, cpus=proxy_cpus)
-        _warm_up(mock, proxies)
+        proxies = start_proxies(tmp, {v: (v, rules) for v in VARIANTS}, proxy_cpus)
+        warm_up(mock, proxies)
         levels = [_level(sizes, mock, proxies, c) for c in sizes.concurrency]
     finally:
-        for proxy in proxies.values():
-            proxy.stop()  # SIGTERM: the addon writes everything queued before it exits
-        mock.stop()
+        stop_all([*proxies.values(), mock])
     recorded = {v: _recorded(p) for v, p in proxies.items() if p.db_url}
     return {
         "levels": levels,
@@ -59,24 +58,24 @@ def measure(sizes: Sizes, tmp: Path) -> dict[str, Any]:
     }
 
 
-def _target(mock: Mock, proxy: Proxy | None) -> Target:
+def target_for(mock: Mock, proxy: Proxy | None) -> Target:
     if proxy is None:
         return Target("127.0.0.1", mock.port, mock.origin, via_proxy=False)
     return Target("127.0.0.1", proxy.port, mock.origin, via_proxy=True)
 
 
-def _request(target: Target, scenario: str) -> bytes:
+def request_for(target: Target, scenario: str) -> bytes:
     return build_request(target, API.target, API.headers | {"x-mock": scenario}, request_bytes(API))
 
 
-def _warm_up(mock: Mock, proxies: dict[str, Proxy]) -> None:
+def warm_up(mock: Mock, proxies: dict[str, Proxy]) -> None:
     """A few streams through each proxy first: imports, connections and caches settle."""
     for proxy in proxies.values():
-        target = _target(mock, proxy)
-        asyncio.run(_many(target, _request(target, "events=20&stamp=1"), 4, 0.0))
+        target = target_for(mock, proxy)
+        asyncio.run(many(target, request_for(target, "events=20&stamp=1"), 4, 0.0))
 
 
-async def _many(target: Target, request: bytes, count: int, spread: float) -> list[StreamResult]:
+async def many(target: Target, request: bytes, count: int, spread: float) -> list[StreamResult]:
     """``count`` concurrent streams, their starts spread evenly over ``spread`` seconds."""
 
     async def one(i: int) -> StreamResult:
@@ -88,11 +87,11 @@ async def _many(target: Target, request: bytes, count: int, spread: float) -> li
 
 def _load(mock: Mock, proxy: Proxy | None, count: int, scenario: str, spread: float) -> dict[str, Any]:
     """One load through one proxy (or directly): CPU, bytes, delays, time to first chunk."""
-    target = _target(mock, proxy)
-    request = _request(target, scenario)
+    target = target_for(mock, proxy)
+    request = request_for(target, scenario)
     cpu_before = proxy.cpu_seconds() if proxy else 0.0
     started = time.perf_counter()
-    results = asyncio.run(_many(target, request, count, spread))
+    results = asyncio.run(many(target, request, count, spread))
     wall = time.perf_counter() - started
     if proxy is not None:
         time.sleep(SETTLE)

@@ -1,10 +1,13 @@
 """Section 1: SSE parsing throughput, and WHATWG correctness, against the peers.
 
-Every decoder gets the same bytes in the same chunks: each dialect's stream as the mock
-writes it (thousands of small deltas; Gemini with CRLF framing), a stream of a few huge
-events, and CRLF framing of the small-delta stream; each split one event per chunk (a
-live stream), at 1460 bytes (TCP segments, events cut anywhere) and at 16 KiB (socket
-reads under load). ``llm-audit + normalizer`` is the proxy's whole per-exchange
+Every decoder gets the same bytes in the same chunks (one list of ``bytes``, built once
+per workload and chunking): each dialect's stream as the mock writes it (thousands of
+small deltas of English prose; Gemini with CRLF framing), a stream of a few huge events,
+and CRLF framing of the small-delta stream, all pure ASCII; and the same of Japanese with
+emoji (non-ASCII-heavy: two to four bytes per character); each split one event per chunk
+(a live stream), at 1460 bytes (TCP segments, events and characters cut anywhere) and at
+16 KiB (socket reads under load). The issue's target is the minimum over each kind of
+body: ASCII, non-ASCII-heavy, and one event per chunk. ``llm-audit + normalizer`` is the proxy's whole per-exchange
 pipeline on those bytes (parser, the dialect's normalizer, the exchange record): what
 the audit costs, next to what a client SDK's decoder costs.
 
@@ -15,6 +18,7 @@ event id) are exactly the expected ones.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from functools import partial
 from typing import Any
@@ -22,26 +26,66 @@ from typing import Any
 import orjson
 
 from addon.auditor import StreamAuditor, summary_into_record
+from addon.framing import sse
+from addon.framing.sse import SSEParser
 from addon.record import ExchangeRecord
 from bench import decoders
 from bench.common import ROOT, Sizes, median, ratio, timed_medians
-from bench.workloads import APIS, chunked, stream_items
+from bench.workloads import APIS, JAPANESE, PROSE, chunked, stream_items, text_of
 
 VECTORS = ROOT.parent / "shared" / "reference" / "sse-vectors.json"
 CHUNKINGS = ("event", "1460", "16384")
 PEERS = ("httpx-sse", "httpx-sse (decoder only)", "openai")
+ASCII_DELTA = 6  # characters per small delta of English (a token and its space)
+JAPANESE_DELTA = 3  # characters per small delta of Japanese (a token is one to three)
+CLASSES = {
+    "ascii": "ASCII bodies",
+    "non-ascii": "non-ASCII-heavy bodies",
+    "event": "one event per chunk",
+}
+"""The issue's three kinds of body; a row counts in its text class and, split one event
+per chunk, in ``event`` as well (the minimum over each is what the target is about)."""
+ACCELERATOR_FLAGS = ("ACCELERATED", "ACCELERATOR", "COMPILED", "accelerated", "compiled")
 
 
-def workloads(sizes: Sizes) -> list[tuple[str, str, list[bytes]]]:
-    """(workload name, api key, items) for every stream measured."""
+def workloads(sizes: Sizes) -> list[tuple[str, str, list[bytes], str]]:
+    """(workload name, api key, items, text class) for every stream measured.
+
+    The text class is ``ascii`` (English prose: the body is pure ASCII) or ``non-ascii``
+    (Japanese and emoji: nearly every character of the text is two to four bytes).
+    """
     n = sizes.parse_events
-    out = [(f"{name} deltas", name, stream_items(api, events=n)) for name, api in APIS.items()]
-    out.append(("llm-stream deltas, CRLF", "llm-stream", stream_items(APIS["llm-stream"], events=n, crlf=True)))
+    ascii_text = text_of(PROSE, n * ASCII_DELTA)
+    out = [
+        (f"{name} deltas", name, stream_items(api, events=n, text=ascii_text), "ascii") for name, api in APIS.items()
+    ]
+    out.append(
+        (
+            "llm-stream deltas, CRLF",
+            "llm-stream",
+            stream_items(APIS["llm-stream"], events=n, text=ascii_text, crlf=True),
+            "ascii",
+        )
+    )
+    huge = sizes.huge_events * sizes.huge_event_bytes
     out.append(
         (
             "huge events",
             "llm-stream",
-            stream_items(APIS["llm-stream"], events=sizes.huge_events, size=sizes.huge_event_bytes),
+            stream_items(APIS["llm-stream"], events=sizes.huge_events, text=text_of(PROSE, huge)),
+            "ascii",
+        )
+    )
+    japanese = text_of(JAPANESE, n * JAPANESE_DELTA)
+    for name in ("openai-chat", "anthropic"):
+        out.append((f"{name} deltas, Japanese", name, stream_items(APIS[name], events=n, text=japanese), "non-ascii"))
+    out.append(
+        (
+            "huge events, Japanese",
+            "llm-stream",
+            # about as many bytes as the ASCII huge events: three bytes per character or four
+            stream_items(APIS["llm-stream"], events=sizes.huge_events, text=text_of(JAPANESE, huge // 3)),
+            "non-ascii",
         )
     )
     return out
@@ -72,12 +116,20 @@ def pipeline(api_key: str):
 def measure(sizes: Sizes) -> dict[str, Any]:
     impls = decoders.available()
     rows: list[dict[str, Any]] = []
-    for name, api_key, items in workloads(sizes):
+    for name, api_key, items, text_class in workloads(sizes):
         body_len = sum(map(len, items))
+        if text_class == "ascii" and not all(item.isascii() for item in items):
+            raise RuntimeError(f"the {name} workload is meant to be ASCII")
         full = pipeline(api_key)
         for how in CHUNKINGS:
             chunks = chunked(items, how)
-            row: dict[str, Any] = {"workload": name, "chunks": how, "bytes": body_len, "chunk_count": len(chunks)}
+            row: dict[str, Any] = {
+                "workload": name,
+                "text": text_class,
+                "chunks": how,
+                "bytes": body_len,
+                "chunk_count": len(chunks),
+            }
             fns: dict[str, Callable[[], Any]] = {
                 impl: partial(fn, chunks) for impl, fn in impls.items() if fn is not None
             }
@@ -88,7 +140,23 @@ def measure(sizes: Sizes) -> dict[str, Any]:
             row["events"] = row["llm-audit"]["events"]
             row["best_peer"], row["vs_best_peer"] = _versus_peers(row)
             rows.append(row)
-    return {"rows": rows, "correctness": correctness(impls), "summary": summarize(rows)}
+    return {
+        "rows": rows,
+        "correctness": correctness(impls),
+        "summary": summarize(rows),
+        "accelerator": accelerator(),
+    }
+
+
+def accelerator() -> dict[str, Any]:
+    """Whether the SSE parser runs compiled: a flag of ``addon.framing.sse`` if it has one
+    (any of ``ACCELERATOR_FLAGS``), and whether the parser class comes from an extension module."""
+    flag = next((name for name in ACCELERATOR_FLAGS if hasattr(sse, name)), None)
+    module = sys.modules.get(getattr(SSEParser, "__module__", ""), sse)
+    path = str(getattr(module, "__file__", "") or "")
+    compiled = path.endswith((".so", ".pyd"))
+    in_use = bool(getattr(sse, flag)) if flag else compiled
+    return {"flag": flag, "in_use": in_use, "parser_module": path, "compiled_module": compiled}
 
 
 def _rate(nbytes: int, events: int, seconds: float) -> dict[str, Any]:
@@ -105,13 +173,23 @@ def _versus_peers(row: dict[str, Any]) -> tuple[str | None, float | None]:
 
 
 def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """Median and minimum of the parser's speed-up over the fastest peer, across all rows."""
+    """Median and minimum of the parser's speed-up over the fastest peer, across all rows and per class."""
     ratios = [r["vs_best_peer"] for r in rows if r["vs_best_peer"] is not None]
+    by_class: dict[str, Any] = {}
+    for key in CLASSES:
+        of = [r for r in rows if r["vs_best_peer"] is not None and key in (r["text"], r["chunks"])]
+        worst = min(of, key=lambda r: r["vs_best_peer"], default=None)
+        by_class[key] = {
+            "rows": len(of),
+            "min_vs_best_peer": worst["vs_best_peer"] if worst else None,
+            "worst_row": f"{worst['workload']}, chunks {worst['chunks']}" if worst else None,
+        }
     return {
         "median_vs_best_peer": median(ratios) if ratios else None,
         "min_vs_best_peer": min(ratios) if ratios else None,
         "rows_at_2x": sum(1 for x in ratios if x >= 2),
         "rows": len(ratios),
+        "classes": by_class,
     }
 
 
@@ -165,6 +243,18 @@ def table(result: dict[str, Any]) -> list[str]:
             f"parser vs fastest peer: median {s['median_vs_best_peer']:.2f}x, min {s['min_vs_best_peer']:.2f}x,"
             f" {s['rows_at_2x']}/{s['rows']} rows at >= 2x"
         )
+        lines.append(
+            "  min per kind of body: "
+            + "; ".join(
+                f"{CLASSES[k]} {c['min_vs_best_peer']:.2f}x ({c['worst_row']})"
+                for k, c in s["classes"].items()
+                if c["min_vs_best_peer"] is not None
+            )
+        )
+    a = result["accelerator"]
+    flag = f"addon.framing.sse.{a['flag']} = {a['in_use']}" if a["flag"] else "addon.framing.sse has no flag"
+    compiled = "compiled" if a["compiled_module"] else "Python"
+    lines.append(f"compiled SSE accelerator: {flag}; the parser class is from {a['parser_module']} ({compiled})")
     c = result["correctness"]
     if "skipped" in c:
         lines.append(f"WHATWG vectors: skipped ({c['skipped']})")

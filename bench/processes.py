@@ -15,6 +15,7 @@ import socket
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -214,3 +215,29 @@ def rss_bytes(pid: int) -> int:
         return psutil.Process(pid).memory_info().rss
     pages = int(Path(f"/proc/{pid}/statm").read_text().split()[1])
     return pages * os.sysconf("SC_PAGE_SIZE")
+
+
+def start_proxies(
+    tmp: Path, specs: dict[str, tuple[str, Path | None]], cpus: set[int] | None = None
+) -> dict[str, Proxy]:
+    """Several proxies (name: (variant, rules)) started at once: mitmdump takes seconds to
+    start, mostly importing, and the benchmark waits for them all. If one fails, those
+    started are stopped again."""
+    with ThreadPoolExecutor(len(specs) or 1) as pool:
+        futures = {name: pool.submit(start_proxy, tmp, v, rules=r, cpus=cpus) for name, (v, r) in specs.items()}
+        wait(futures.values())
+    started = [f for f in futures.values() if f.exception() is None]
+    if len(started) < len(futures):
+        for f in started:
+            f.result().stop()
+    return {name: f.result() for name, f in futures.items()}  # raises the first failure, if any
+
+
+def stop_all(processes: list[Managed]) -> None:
+    """SIGTERM to every process first, then wait for each: their shutdowns (an audit
+    proxy writes everything queued before it exits) run side by side."""
+    for p in processes:
+        if p.proc.poll() is None:
+            p.proc.send_signal(signal.SIGTERM)
+    for p in processes:
+        p.stop()

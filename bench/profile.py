@@ -67,7 +67,7 @@ def proxy(sizes: Sizes, folder: Path, tmp: Path, variant: str = "audit") -> dict
     server = start_proxy(tmp, variant, rules=write_rules(tmp), cpus=proxy_cpus)
     raw = folder / f"proxy-{variant}.txt"
     try:
-        overhead._warm_up(mock, {variant: server})
+        overhead.warm_up(mock, {variant: server})
         count = max(sizes.concurrency)
         duration = int(sizes.paced_events * sizes.paced_delay + 3)
         spy = subprocess.Popen(

@@ -12,6 +12,7 @@ from typing import Any
 
 import orjson
 
+from bench import knee as knee_section
 from bench.processes import cores
 
 
@@ -32,6 +33,7 @@ def machine() -> dict[str, Any]:
     return {
         "cores": os.cpu_count(),
         "cores_usable": len(cores()),
+        "nproc": len(cores()),  # what `nproc` prints: the cores this process may run on
         "cpu": cpu,
         "load_average_at_start": os.getloadavg(),
         "python": sys.version.split()[0],
@@ -133,3 +135,179 @@ def write_json(path: Path, document: dict[str, Any]) -> None:
 
 def now() -> str:
     return datetime.now(UTC).isoformat(timespec="seconds")
+
+
+def _row(row: str, name: str, target: str, measured: str | None, met: bool | None, **values: Any) -> dict[str, Any]:
+    return {"row": row, "name": name, "target": target, "measured": measured, "met": met, "values": values}
+
+
+def _levels(proxy: dict[str, Any], pair: str, load: str, key: str) -> dict[int, float]:
+    return {lv["concurrency"]: lv["vs_plain"][pair][load][key] for lv in proxy.get("levels", [])}
+
+
+def _ratios(values: dict[int, float]) -> str | None:
+    """``2.42x / 2.02x / 1.70x at 1 / 50 / 200 streams``."""
+    if not values:
+        return None
+    return " / ".join(f"{v:.2f}x" for v in values.values()) + f" at {' / '.join(map(str, values))} streams"
+
+
+def issue20(results: dict[str, Any]) -> list[dict[str, Any]]:
+    """Each row of issue 20's table beside what this run measured; ``met`` None: not measured here."""
+    out: list[dict[str, Any]] = []
+    proxy = results.get("proxy", {})
+    ok = isinstance(proxy, dict) and "levels" in proxy
+    for row, load, name, limit in (
+        ("1", "bulk", "audit CPU vs plain mitmdump, flat out", 1.10),
+        ("2", "paced", "audit CPU vs plain mitmdump, paced", 1.05),
+    ):
+        cpu = _levels(proxy, "audit/plain", load, "cpu_ratio") if ok else {}
+        out.append(
+            _row(
+                row,
+                name,
+                f"<= {limit:.2f}x at every level",
+                _ratios(cpu),
+                all(v <= limit for v in cpu.values()) if cpu else None,
+                ratios=cpu,
+            )
+        )
+    out += _knee_rows(results.get("knee", {}))
+    p99 = _levels(proxy, "audit/plain", "paced", "delay_p99_added_ms") if ok else {}
+    top = max(p99) if p99 else None
+    out.append(
+        _row(
+            "4",
+            "added p99 delay per event, paced",
+            "<= 0.5 ms at 200 streams",
+            f"{p99[top]:+.2f} ms at {top} streams" if top is not None else None,
+            p99[top] <= 0.5 if top is not None else None,
+            streams=top,
+            added_ms=p99.get(top) if top is not None else None,
+        )
+    )
+    out.append(_parser_row(results.get("parsing", {})))
+    memory = results.get("memory", {})
+    per_byte = memory.get("summary", {}).get("big_added_per_text_byte") if isinstance(memory, dict) else None
+    text = memory.get("audit", {}).get("big", {}).get("text_bytes") if isinstance(memory, dict) else None
+    out.append(
+        _row(
+            "6",
+            "peak memory, one big stream",
+            "<= 2x its text (200 MiB)",
+            f"{per_byte:.2f}x its text ({text / 2**20:.0f} MiB)" if per_byte is not None and text else None,
+            per_byte <= 2 if per_byte is not None else None,
+            per_text_byte=per_byte,
+            text_bytes=text,
+        )
+    )
+    for row, load, limit in (("7a", "paced", 1.3), ("7b", "bulk", 3.0)):
+        cpu = _levels(proxy, "filters/plain", load, "cpu_ratio") if ok else {}
+        out.append(
+            _row(
+                row,
+                f"100 filter rules vs plain mitmdump, {'paced' if load == 'paced' else 'flat out'}",
+                f"<= {limit:g}x at every level",
+                _ratios(cpu),
+                all(v <= limit for v in cpu.values()) if cpu else None,
+                ratios=cpu,
+            )
+        )
+    out += _ttft_rows(results.get("ttft", {}))
+    return out
+
+
+def _knee_rows(knee: dict[str, Any]) -> list[dict[str, Any]]:
+    s = knee.get("summary") if isinstance(knee, dict) else None
+    where, top = "where delays grow, 20 events/s a stream", "top sustained events/s vs plain"
+    same, share = "the same level as plain mitmdump", ">= 95% of plain's top rate"
+    if not s:
+        return [_row("3a", where, same, None, None), _row("3b", top, share, None, None)]
+    limited = s["generator_limited_from_streams"]
+    note = f"; the load generator is the limit from {limited} streams" if limited is not None else ""
+    return [
+        _row(
+            "3a",
+            where,
+            same,
+            f"audit: {knee_section.describe_knee(s, 'audit')}; plain: {knee_section.describe_knee(s, 'plain')}{note}",
+            s["knee_same_as_plain"],
+            audit=s["audit"]["knee_streams"],
+            plain=s["plain"]["knee_streams"],
+            definition=knee["definition"],
+        ),
+        _row(
+            "3b",
+            top,
+            share,
+            f"{s['top_vs_plain']:.0%}; audit: {knee_section.describe_top(s, 'audit')}; "
+            f"plain: {knee_section.describe_top(s, 'plain')}{note}",
+            s["top_met"],
+            ratio=s["top_vs_plain"],
+            audit=s["audit"]["top_events_per_s"],
+            plain=s["plain"]["top_events_per_s"],
+        ),
+    ]
+
+
+def _parser_row(parsing: dict[str, Any]) -> dict[str, Any]:
+    classes = parsing.get("summary", {}).get("classes") if isinstance(parsing, dict) else None
+    mins = {k: c["min_vs_best_peer"] for k, c in (classes or {}).items() if c["min_vs_best_peer"] is not None}
+    accelerated = parsing.get("accelerator", {}).get("in_use") if isinstance(parsing, dict) else None
+    how = {True: "compiled accelerator in use", False: "pure Python", None: "accelerator unknown"}
+    names = {"ascii": "ASCII", "non-ascii": "non-ASCII", "event": "one event per chunk"}
+    return _row(
+        "5",
+        "SSE parser vs the fastest peer",
+        ">= 2x on ASCII, non-ASCII, 1 event/chunk",
+        ", ".join(f"{names[k]} {v:.2f}x" for k, v in mins.items()) + f" ({how[accelerated]})" if mins else None,
+        all(v >= 2 for v in mins.values()) and len(mins) == 3 if mins else None,
+        min_by_class=mins,
+        accelerator=accelerated,
+    )
+
+
+def _ttft_rows(ttft: dict[str, Any]) -> list[dict[str, Any]]:
+    added = ttft.get("added_ms", {}) if isinstance(ttft, dict) else {}
+    out = []
+    for row, key, name, limit in (
+        ("8a", "keyword", "TTFT added: keyword rule, 250 chars/s", 10.0),
+        ("8b", "secrets+pii", "TTFT added: secrets + PII, 250 chars/s", 100.0),
+    ):
+        value = added.get(key)
+        out.append(
+            _row(
+                row,
+                name,
+                f"<= {limit:g} ms on ordinary text",
+                f"{value:+.1f} ms (TTFT without rules {ttft['ttft_ms_p50']['no rules']:.1f} ms)"
+                if value is not None
+                else None,
+                value <= limit if value is not None else None,
+                added_ms=value,
+            )
+        )
+    return out
+
+
+def issue20_lines(items: list[dict[str, Any]], machine: dict[str, Any]) -> list[str]:
+    """The final table: each target of issue 20, what this run measured, met or missed."""
+    rows = [
+        (t["row"], {True: "met", False: "MISSED", None: "not measured"}[t["met"]], t["name"], t["target"])
+        for t in items
+    ]
+    widths = [max(len(r[i]) for r in [("#", "", "what", "target"), *rows]) for i in range(4)]
+    lines = [
+        "Issue 20 targets (ratios measured in this run; load average "
+        f"{load_text(machine['load_average_at_start'])} at the start, {load_text(machine['load_average_at_end'])} "
+        f"at the end; nproc {machine['nproc']})",
+        "  " + "  ".join(h.ljust(w) for h, w in zip(("#", "", "what", "target"), widths)) + "  measured",
+    ]
+    for r, t in zip(rows, items):
+        lines.append("  " + "  ".join(c.ljust(w) for c, w in zip(r, widths)) + f"  {t['measured'] or '-'}")
+    return lines
+
+
+def load_text(values: Any) -> str:
+    """A load average triple as ``1-min / 5-min / 15-min``."""
+    return " / ".join(f"{v:.2f}" for v in values)

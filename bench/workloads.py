@@ -30,6 +30,28 @@ USER_PROMPT = (
 ).strip()
 MESSAGES = [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": USER_PROMPT}]
 
+# Answer text: plain English (ASCII), and Japanese with emoji (non-ASCII-heavy: nearly
+# every character two to four bytes of UTF-8). Nothing a content filter would match.
+PROSE = (
+    "Morning light came slowly over the hills, and the garden woke in its usual order. "
+    "First the blackbirds, then the bees, and at last the old gardener with his tea, who "
+    "walked along the beds to see what the night had done. The beans had climbed another "
+    "hand along their poles, the lettuces were fat and cool, and the roses by the wall "
+    "had opened three new flowers since the evening before. He made a note to water the "
+    "young trees before the afternoon grew hot, to tie up the tomatoes that leaned too far, "
+    "and to ask his neighbour whether she wanted any of the early plums this year. "
+)
+JAPANESE = (
+    "今朝は少し寒かったけれど、駅まで歩くと体が温まりました。☕ 会議では新しい計画について"
+    "話し合い、皆で次の手順を決めました。🚀 午後は資料をまとめて、夕方には友達と晩ご飯を"
+    "食べに行きました。🍜 明日も良い一日になりますように。✨😊 "
+)
+
+
+def text_of(paragraph: str, chars: int) -> str:
+    """``chars`` characters of ``paragraph``, repeated."""
+    return (paragraph * (chars // len(paragraph) + 1))[:chars]
+
 
 @dataclass(frozen=True)
 class Api:

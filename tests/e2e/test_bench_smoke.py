@@ -14,7 +14,8 @@ import orjson
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-SECTIONS = ("parsing", "proxy", "filters", "writer", "memory", "query", "limits")
+SECTIONS = ("parsing", "proxy", "filters", "knee", "ttft", "writer", "memory", "query", "limits")
+ISSUE20_ROWS = ["1", "2", "3a", "3b", "4", "5", "6", "7a", "7b", "8a", "8b"]
 
 
 @pytest.mark.e2e
@@ -32,7 +33,9 @@ def test_bench_smoke_writes_every_section(tmp_path: Path) -> None:
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     document = orjson.loads(out.read_bytes())
-    assert document["smoke"] is True and document["machine"]["cores"] >= 1
+    machine = document["machine"]
+    assert document["smoke"] is True and machine["cores"] >= 1 and machine["nproc"] >= 1
+    assert len(machine["load_average_at_start"]) == len(machine["load_average_at_end"]) == 3
     results = document["results"]
     for section in SECTIONS:
         assert section in results, section
@@ -46,3 +49,13 @@ def test_bench_smoke_writes_every_section(tmp_path: Path) -> None:
     assert results["memory"]["audit"]["idle"]["opened"] == results["memory"]["audit"]["idle"]["streams"]
     assert {t["name"] for t in document["targets"]} >= {"parser throughput", "proxy CPU", "writer"}
     assert "Targets" in done.stdout
+    # every row of issue 20's table, measured in this run, beside its target
+    issue20 = document["issue20_targets"]
+    assert [t["row"] for t in issue20] == ISSUE20_ROWS
+    for t in issue20:
+        assert t["target"] and t["measured"] and t["met"] in (True, False), t
+    assert set(results["knee"]["levels"][0]) >= {"plain", "audit", "direct"}
+    assert all(lv[v]["failed"] == 0 for lv in results["knee"]["levels"] for v in ("plain", "audit", "direct"))
+    assert "blocked" not in str(results["ttft"]["recorded"])  # the prose passes every rule
+    assert set(results["parsing"]["summary"]["classes"]) == {"ascii", "non-ascii", "event"}
+    assert "Issue 20 targets" in done.stdout.split("\nTargets\n")[-1]  # the last table
