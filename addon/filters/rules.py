@@ -65,18 +65,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, NoReturn
 
+import re2  # type: ignore[import-untyped]
+
 from addon.filters.api import Verdict, match_hash
 from addon.filters.detectors import (
-    MAX_SPAN,
+    NOT_WORD,
     PII,
     PII_TYPES,
     SECRET_TYPES,
     Hit,
     Matcher,
-    regex_width,
+    re2_options,
     secrets_matcher,
 )
 from addon.filters.normalize import DEFAULT_VIEW, fold
+from addon.filters.prefix import MAX_SPAN, NoPrefix, prefix_pattern
 
 KINDS = ("regex", "keywords", "secrets", "pii")
 SCOPES = ("request", "response", "both")
@@ -313,16 +316,26 @@ class _Entry:
 
     def _regex(self, window: int | None) -> tuple[Matcher, ...]:
         pattern = self.get("pattern", str)
-        flags = 0 if self.get("case_sensitive", bool, True) else re.IGNORECASE
+        case_sensitive = self.get("case_sensitive", bool, True)
         try:
-            regex = re.compile(pattern, flags)
-        except re.error as e:
-            self.fail("pattern", f"bad regular expression: {e.msg} at position {e.pos}")
-        low, high = regex_width(regex)
+            regex = re2.compile(pattern, re2_options(case_sensitive))
+        except re2.error as e:
+            reason = e.args[0].decode(errors="replace") if e.args and isinstance(e.args[0], bytes) else str(e)
+            if _python_reads(pattern):  # valid, but needs backtracking: lookarounds, backreferences...
+                self.fail("pattern", f"pattern not supported by RE2 (linear-time matching): {reason}")
+            self.fail("pattern", f"bad regular expression: {reason}")
+        prefix: str | None
+        try:
+            prefix, low, high = prefix_pattern(pattern, not case_sensitive, 1)
+            re2.compile(prefix, re2_options())  # (it must compile: else hold the window)
+        except (NoPrefix, re2.error):
+            prefix, high = None, None
+            low = 0 if _matches_empty(regex) else 1
         if low == 0:
             self.fail("pattern", "the pattern can match empty text")
         # A pattern's own bound wins; an unbounded one is scanned as far as the window.
-        return (Matcher(regex, high or window or DEFAULT_REGEX_SPAN),)
+        span = high or window or DEFAULT_REGEX_SPAN
+        return (Matcher(regex, span, prefix=prefix, prefix_len=None if high is None else high + 1),)
 
     def _keywords(self, view: str) -> tuple[Matcher, ...]:
         given = self.strings("keywords")
@@ -332,11 +345,33 @@ class _Entry:
         words = sorted(dict.fromkeys(fold(w, view)[0] for w in given), key=len, reverse=True)
         if not words[-1].strip():
             self.fail("keywords", "a keyword is only invisible characters")
-        flags = 0 if self.get("case_sensitive", bool, False) else re.IGNORECASE
-        # One alternation, longest first, with word edges that also work for words
-        # that start or end with punctuation ("C++").
-        regex = re.compile(r"(?<!\w)(?:" + "|".join(map(re.escape, words)) + r")(?!\w)", flags)
-        return (Matcher(regex, len(words[0])),)
+        case_sensitive = self.get("case_sensitive", bool, False)
+        # One alternation, longest first, with word edges that also work for words that
+        # start or end with punctuation ("C++"): no letter, digit or _ on either side.
+        words_pattern = "|".join(map(re.escape, words))
+        regex = re2.compile(
+            rf"(?:^|{NOT_WORD})(?P<_keyword>{words_pattern})(?:$|{NOT_WORD})", re2_options(case_sensitive)
+        )
+        prefix, _, _ = prefix_pattern(words_pattern, not case_sensitive, 1)
+        span = len(words[0])
+        return (Matcher(regex, span, groups=("_keyword",), behind=1, prefix=prefix, prefix_len=span + 1),)
+
+
+def _python_reads(pattern: str) -> bool:
+    try:
+        re.compile(pattern)
+    except (re.error, RecursionError, OverflowError):
+        return False
+    return True
+
+
+def _matches_empty(regex: Any) -> bool:
+    """Whether a pattern Python cannot analyse matches empty text somewhere in a probe."""
+    for probe in ("", " a\n0_-.\u00e9 ", "a", "0"):
+        for m in regex.finditer(probe):
+            if m.start() == m.end():
+                return True
+    return False
 
 
 _TYPE_NAMES = {str: "a string", int: "an integer", bool: "true or false", list: "a list"}

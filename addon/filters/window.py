@@ -1,42 +1,46 @@
-"""The hold-back window: rules checked over a stream of text as it arrives.
+"""The hold-back: rules checked over a stream of text as it arrives.
 
 A response streams as many small pieces; a secret or a card number can be cut across
 any number of them. :class:`StreamScanner` checks one stream (one choice's text, its
 reasoning, one tool call's arguments) and says, after each piece, which text may go to
 the client now and which verdicts the rules gave.
 
-How it works. Each rule's matcher knows the longest text it matches (``span``) and how
-many characters after a match can still change it (``lookahead``). A check runs the
-matcher over the not-yet-checked text plus the last ``span + lookahead`` characters
-before it, so a match split across pieces is seen whole, and the cost of a check is
-bounded by that overlap, never by the whole stream. A candidate that ends less than
-``lookahead`` characters before the end of the text so far may still grow or vanish
-("4111 1111 1111 111" before its last digit arrives), so it is left for the next check.
-A blocking rule holds back ``span + lookahead - 1`` characters (its ``hold``, see
-:meth:`addon.filters.rules.Rule.hold`): by the time a match is final, none of it has
-been released. Flag rules and rules with window 0 (release-first) hold nothing back;
-they only report.
+How it works. Every piece is checked as it arrives, with RE2 (linear time, whatever the
+patterns and the text). A check looks at the text from the earliest position where a
+match may still be in progress (below) to the end: first one search of all the rules of
+a view together (a *prefilter*: ordinary text matches nothing, and then that one search
+is the whole check), and only when it finds something, each rule's own search over the
+same text. A candidate that ends less than ``lookahead`` characters before the end of
+the text so far may still grow or vanish ("4111 1111 1111 111" before its last digit
+arrives), so it is left for the next check.
 
-Checks are batched: a matcher is run again once a quarter of its span has arrived (at
-least ``MIN_STEP`` characters), so a stream of one-character pieces costs a constant amount of
-scanning per character instead of a full overlap per piece. The price is that text is
-released in steps: a blocking rule holds between ``hold`` and ``hold + step - 1``
-characters.
+What is held back. After each piece the stream is released up to the earliest position
+``i`` where a match of a blocking rule may still be in progress: where ``text[i:]`` is
+the start of a match, or a match whose deciding ``lookahead`` characters have not all
+arrived. Each matcher knows the texts that may still grow into a match as an RE2
+pattern (:mod:`addon.filters.prefix`); all of a view's blocking matchers are searched
+together, anchored at the end (``(?:...)\\z``), and RE2's leftmost match is ``i``. So a
+keyword rule holds back only a tail that is the start of a keyword ("the nigh" before
+"tjar"), the e-mail detector the last word (it could be a local part), and text that
+cannot be part of any match is released at once. Each rule still holds at most its
+``hold`` (:meth:`addon.filters.rules.Rule.hold`: its window), which also bounds how far
+back an unbounded pattern's match may start; a matcher without a prefix pattern (a
+pattern Python's parser cannot read) holds its whole window, as before. Flag rules and
+rules with window 0 (release-first) hold nothing back; they only report. The same
+search over all rules (blocking or not) says where the next check must start.
 
 Views. Rules match on a normalised view of the text (:mod:`addon.filters.normalize`:
-invisible characters removed, NFKC, optionally confusables), so spans, holds and steps
-count view characters, and invisible characters cost no window. Positions and the
-release are in original characters: each view character knows the original character
-it came from, a view's release point is the original offset of its first unreleasable
-view character, and the invisible characters inside a match lie between its first and
-last view characters, so they are held with it.
+invisible characters removed, NFKC, optionally confusables), so spans and holds count
+view characters, and invisible characters cost no window. Positions and the release
+are in original characters: each view character knows the original character it came
+from, a view's release point is the original offset of its first unreleasable view
+character, and the invisible characters inside a match lie between its first and last
+view characters, so they are held with it.
 
 Guarantee: no character of a match of a blocking rule is released, however the text is
 cut, as long as the rule's window covers its longest match. Limits: an unbounded regex
-longer than its window may leak its start; a regex that looks further than one
-character past its match (``foo(?!bar)``) is decided on the text so far and may block
-where the whole text would not; lookbehinds see at most ``CONTEXT`` characters before
-the overlap.
+longer than its window may leak its start; word edges (``\\b``) see at most ``CONTEXT``
+characters before the text a check looks at.
 """
 
 from __future__ import annotations
@@ -44,15 +48,20 @@ from __future__ import annotations
 from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any
 
+import re2  # type: ignore[import-untyped]
+
+from addon.filters import detectors
 from addon.filters.api import BLOCK, Verdict
-from addon.filters.detectors import Matcher
+from addon.filters.detectors import Matcher, Subject, re2_options
 from addon.filters.normalize import Fold, folder
 from addon.filters.rules import Rule
 
-CONTEXT = 32  # characters kept before a check's overlap, for lookbehinds and \b
-MIN_STEP = 16  # checks are at least this many characters apart (one-character pieces)
+CONTEXT = 32  # characters kept before a check's text, for word edges and the context patterns read
 MAX_HITS_PER_RULE = 20  # a rule reports at most this many hits per stream, then stops
+_NO_MATCH = (-1, -1)
 
 
 @dataclass(slots=True)
@@ -61,15 +70,96 @@ class _Track:
 
     rule: Rule
     matcher: Matcher
-    hold: int
-    step: int
-    checked: int  # length of the stream at this track's last check
+    hold: int  # the most characters it holds back (0: none)
     resume: int  # end of its last final candidate: the next scan starts no earlier
     hits: int = 0
 
-    def scan_from(self) -> int:
-        """The earliest start of a match the last check could not settle."""
-        return max(self.resume, self.checked - self.matcher.span - self.matcher.lookahead)
+
+class _Reach:
+    """Where a match of some matchers may still be in progress, in a few RE2 searches.
+
+    Each entry is a matcher and the most characters it may reach back (``cap``).
+    Matchers whose prefix pattern is bounded within their cap share one search; those
+    it is not (an unbounded pattern, a window smaller than the match) one search per
+    cap, from ``cap`` characters back; those without a prefix pattern reach their cap.
+    """
+
+    __slots__ = ("searches", "fixed")
+
+    def __init__(self, entries: Sequence[tuple[Matcher, int]]) -> None:
+        shared: list[str] = []
+        shared_cap = 0
+        capped: dict[int, list[str]] = {}
+        self.fixed = 0
+        for m, cap in entries:
+            if m.prefix is None:
+                self.fixed = max(self.fixed, cap)
+            elif m.prefix_len is not None and m.prefix_len - 1 <= cap:
+                shared.append(m.prefix)
+                shared_cap = max(shared_cap, m.prefix_len)
+            else:
+                capped.setdefault(cap, []).append(m.prefix)
+        groups = ([(shared_cap, shared)] if shared else []) + sorted(capped.items())
+        self.searches = [(cap, _compile(rf"(?:{'|'.join(ps)})\z")) for cap, ps in groups if cap > 0]
+
+    def start(self, subject: Subject, lo: int, length: int, floor: int) -> int:
+        """The earliest view offset (at least ``floor``) where such a match may be in
+        progress; ``length`` when none. ``subject`` is the view's text from ``lo``."""
+        best = max(floor, length - self.fixed) if self.fixed else length
+        for cap, regex in self.searches:
+            at = max(floor, length - cap, lo)  # (a check's text starts before any match in progress)
+            if at >= best:
+                continue
+            found = detectors.spans(regex, subject.data, subject.byte(at - lo))
+            if found[0] != _NO_MATCH:
+                best = min(best, lo + subject.char(found[0][0]))
+        return best
+
+
+def _compile(pattern: str) -> Any:
+    options = re2_options()
+    options.never_capture = True  # (rules may share group names)
+    return re2.compile(pattern, options)
+
+
+def _source(m: Matcher) -> str:
+    """A matcher's pattern as it matches, for a combined search."""
+    pattern: str = m.regex.pattern
+    return pattern if m.regex.options.case_sensitive else f"(?i:{pattern})"
+
+
+@dataclass(frozen=True, slots=True)
+class _Plan:
+    """The compiled searches of one view's rules (shared by every stream they check)."""
+
+    prefilter: Any  # all matchers at once: does anything match?
+    behind: int  # the most context characters a matcher reads before a match
+    scan: _Reach  # where the next check starts (all matchers)
+    release: _Reach  # where the release stops (blocking matchers, at their holds)
+    keep_back: int  # the most characters the release may hold back
+    scan_back: int  # the most characters a check may reach back
+
+
+@lru_cache(maxsize=256)
+def _plan(tracks: tuple[tuple[Matcher, int], ...]) -> _Plan:
+    """``tracks``: each matcher with its hold (0: holds nothing)."""
+    matchers = list(dict.fromkeys(m for m, _ in tracks))
+    prefilter = _compile("|".join(f"(?:{_source(m)})" for m in matchers)) if matchers else None
+    scan_entries = [(m, m.span + m.lookahead) for m in matchers]
+    release_entries = [(m, hold) for m, hold in tracks if hold > 0]
+    release = _Reach(release_entries)
+    same = sorted(id(m) for m, _ in release_entries) == sorted(id(m) for m in matchers) and all(
+        hold >= m.span + m.lookahead - 1 for m, hold in release_entries
+    )
+    scan = release if same and release_entries else _Reach(scan_entries)
+    return _Plan(
+        prefilter,
+        max((m.behind for m in matchers), default=0),
+        scan,
+        release,
+        max((hold for _, hold in release_entries), default=0),
+        max((cap for _, cap in scan_entries), default=0),
+    )
 
 
 class _View:
@@ -78,19 +168,22 @@ class _View:
 
     ``buf`` holds the view's text from ``base`` on (view offsets); ``where`` the original
     offset of each of its characters, or ``None`` while the view is the original text
-    itself (ASCII, or text no fold changes: the common case costs no map). ``safe`` is the
-    original offset up to which this view's blocking tracks allow a release.
+    itself (ASCII, or text no fold changes: the common case costs no map). ``scan_from``
+    is where the next check starts, ``hold_from`` the first view character the release
+    must keep back, and ``safe`` its original offset.
     """
 
     __slots__ = (
         "fold",
         "tracks",
         "holding",
+        "plan",
         "buf",
         "base",
         "length",
         "where",
-        "next_check",
+        "scan_from",
+        "hold_from",
         "safe",
         "keep_back",
         "trim_at",
@@ -100,19 +193,18 @@ class _View:
         self.fold = fold
         self.tracks = tracks
         self.holding = [t for t in tracks if t.hold > 0]
+        self.plan = _plan(tuple((t.matcher, t.hold) for t in tracks))
         self.buf = ""
         self.base = 0
         self.length = 0
         self.where: array[int] | None = None
-        self.next_check = 0
+        self.scan_from = 0
+        self.hold_from = 0
         self.safe = 0
-        # the next check's release point can be this far back from the view's end
-        self.keep_back = max((t.hold for t in self.holding), default=0)
-        # The most text the checks and the release can still need; the buffer is cut
-        # back to it once it has grown to twice that, so each character is copied a
-        # bounded number of times.
-        needs = [t.matcher.span + t.matcher.lookahead + t.step + t.hold for t in tracks]
-        self.trim_at = 2 * (max(needs, default=0) + CONTEXT)
+        self.keep_back = self.plan.keep_back
+        # The buffer is cut back to what the checks and the release still need once it
+        # has grown past this, so each character is copied a bounded number of times.
+        self.trim_at = 2 * (max(self.plan.keep_back, self.plan.scan_back) + CONTEXT) + 256
 
     def add(self, text: str, start: int) -> None:
         """A piece of the stream that starts at original offset ``start``."""
@@ -136,57 +228,70 @@ class _View:
         return index if self.where is None else self.where[index - self.base]
 
     def check(self, final: bool, end: int, location: str) -> tuple[list[Verdict], Verdict | None]:
-        """Run the due tracks; the verdicts (positions in the original text) and the first block."""
+        """Check the new text; the verdicts (positions in the original text) and the first block."""
         verdicts: list[Verdict] = []
         blocked: Verdict | None = None
-        base, buf = self.base, self.buf
-        for t in self.tracks:
-            if t.hits >= MAX_HITS_PER_RULE or (not final and self.length - t.checked < t.step):
-                continue
+        if self.length == self.scan_from and not final:
+            return verdicts, blocked
+        plan = self.plan
+        lo = max(self.base, self.scan_from - CONTEXT)
+        subject = Subject(self.buf[lo - self.base :])
+        active = [t for t in self.tracks if t.hits < MAX_HITS_PER_RULE]
+        if active and plan.prefilter is not None:
+            at = subject.back(subject.byte(self.scan_from - lo), plan.behind)
+            if detectors.spans(plan.prefilter, subject.data, at)[0] != _NO_MATCH:
+                blocked = self._run(active, subject, lo, final, end, location, verdicts)
+        if not final and blocked is None:
+            self.scan_from = plan.scan.start(subject, lo, self.length, self.scan_from)
+            if self.holding:
+                self.hold_from = plan.release.start(subject, lo, self.length, self.hold_from)
+                self.safe = self.original(self.hold_from, end)
+        return verdicts, blocked
+
+    def _run(
+        self, active: list[_Track], subject: Subject, lo: int, final: bool, end: int, location: str, out: list[Verdict]
+    ) -> Verdict | None:
+        """Each rule's own search over the checked text (the prefilter found something)."""
+        blocked: Verdict | None = None
+        text = subject.text
+        for t in active:
             # Candidates ending closer than ``lookahead`` to the end are not final yet.
             limit = self.length if final else self.length - t.matcher.lookahead
-            for m in t.matcher.regex.finditer(buf, t.scan_from() - base):
-                if base + m.end() > limit:
+            for c in t.matcher.candidates(subject, max(t.resume, self.scan_from) - lo):
+                if lo + c.end > limit:
                     break
-                t.resume = base + m.end()
-                hit = t.matcher.hit(m)
+                t.resume = lo + c.end
+                hit = t.matcher.hit(text, c)
                 if hit is None:
                     continue
-                verdict = t.rule.verdict(hit, self.original(base + hit.start, end), location)
-                verdicts.append(verdict)
+                verdict = t.rule.verdict(hit, self.original(lo + hit.start, end), location)
+                out.append(verdict)
                 t.hits += 1
                 if verdict.action == BLOCK:
                     blocked = blocked or verdict
                     break
                 if t.hits >= MAX_HITS_PER_RULE:
                     break
-            t.checked = self.length
-        self.next_check = min((t.checked + t.step for t in self._active()), default=1 << 62)
-        if self.holding:
-            self.safe = self.original(max(0, min(t.checked - t.hold for t in self.holding)), end)
-        return verdicts, blocked
+        return blocked
 
     def end_block(self) -> None:
         """The block is over: no match spans it and what follows."""
         self.buf, self.base, self.where = "", self.length, None if self.where is None else array("q")
         for t in self.tracks:
-            t.checked = t.resume = self.length
-        self.next_check = self.length
+            t.resume = self.length
+        self.scan_from = self.hold_from = self.length
 
     def trim(self) -> None:
         """Drop the text no check (and no release point) will look at again."""
         if len(self.buf) <= self.trim_at:
             return
-        keep = min([self.length - self.keep_back] + [t.scan_from() - CONTEXT for t in self._active()])
+        keep = min(self.scan_from - CONTEXT, self.hold_from if self.holding else self.length)
         if keep > self.base:
             cut = keep - self.base
             self.buf = self.buf[cut:]
             if self.where is not None:
                 del self.where[:cut]
             self.base = keep
-
-    def _active(self) -> list[_Track]:
-        return [t for t in self.tracks if t.hits < MAX_HITS_PER_RULE]
 
 
 class StreamScanner:
@@ -204,8 +309,7 @@ class StreamScanner:
         by_view: dict[str, list[_Track]] = {}
         for rule in rules:
             for m in rule.matchers:
-                track = _Track(rule, m, rule.hold(m), max(MIN_STEP, (m.span + m.lookahead) // 4), 0, 0)
-                by_view.setdefault(rule.view, []).append(track)
+                by_view.setdefault(rule.view, []).append(_Track(rule, m, rule.hold(m), 0))
         self._views = [_View(folder(view), tracks) for view, tracks in by_view.items()]
         self._holding = [v for v in self._views if v.holding]
         self._extra_hold = extra_hold
@@ -227,7 +331,7 @@ class StreamScanner:
 
     @property
     def hold(self) -> int:
-        """The most characters (of a view) this scanner holds back between checks."""
+        """The most characters (of a view) this scanner may hold back."""
         return max([self._extra_hold] + [v.keep_back for v in self._holding])
 
     def feed(self, text: str) -> tuple[str, list[Verdict]]:
@@ -243,8 +347,7 @@ class StreamScanner:
         verdicts: list[Verdict] = []
         for view in self._views:
             view.add(text, start)
-            if view.length >= view.next_check:
-                self._check(view, False, verdicts)
+            self._check(view, False, verdicts)
         target = self._length - self._extra_hold
         if self._holding:
             target = min([target] + [v.safe for v in self._holding])
