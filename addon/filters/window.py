@@ -122,6 +122,12 @@ def _compile(pattern: str) -> Any:
     return re2.compile(pattern, options)
 
 
+@lru_cache(maxsize=1024)
+def _anchored(prefix: str) -> Any:
+    """A matcher's prefix pattern, anchored at the end of the text."""
+    return _compile(rf"(?:{prefix})\z")
+
+
 def _source(m: Matcher) -> str:
     """A matcher's pattern as it matches, for a combined search."""
     pattern: str = m.regex.pattern
@@ -255,10 +261,14 @@ class _View:
         blocked: Verdict | None = None
         text = subject.text
         for t in active:
-            # Candidates ending closer than ``lookahead`` to the end are not final yet.
+            # Candidates ending closer than ``lookahead`` to the end are not final yet, nor
+            # any from where a match of the rule may still be in progress: a longer one
+            # may grow there ("qz" of q.{0,3}z in "qzq" before "z" arrives).
+            start = max(t.resume, self.scan_from)
             limit = self.length if final else self.length - t.matcher.lookahead
-            for c in t.matcher.candidates(subject, max(t.resume, self.scan_from) - lo):
-                if lo + c.end > limit:
+            growing = self.length if final else self._in_progress(t.matcher, subject, lo, start)
+            for c in t.matcher.candidates(subject, start - lo):
+                if lo + c.end > limit or lo + c.start >= growing:
                     break
                 t.resume = lo + c.end
                 hit = t.matcher.hit(text, c)
@@ -273,6 +283,14 @@ class _View:
                 if t.hits >= MAX_HITS_PER_RULE:
                     break
         return blocked
+
+    def _in_progress(self, m: Matcher, subject: Subject, lo: int, start: int) -> int:
+        """The earliest view offset from ``start`` where a match of ``m`` may still grow."""
+        if m.prefix is None:
+            return self.length
+        at = max(start, lo, self.length - (m.span + m.lookahead))
+        found = detectors.spans(_anchored(m.prefix), subject.data, subject.byte(at - lo))
+        return self.length if found[0] == _NO_MATCH else lo + subject.char(found[0][0])
 
     def end_block(self) -> None:
         """The block is over: no match spans it and what follows."""
