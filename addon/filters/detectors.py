@@ -166,7 +166,10 @@ class Matcher:
     validation; a group named ``secret`` narrows the hit to itself. ``prefix``: an RE2
     pattern of every text that may still grow into a match (:mod:`addon.filters.prefix`),
     with ``prefix_len`` the longest (``None``: unbounded); no ``prefix`` means the
-    stream holds back the whole window for this matcher.
+    stream holds back the whole window for this matcher. ``gate``: an RE2 pattern found
+    in every match (the literal start of a credential, the ``@`` of an address), which a
+    stream's one combined search looks for first (:mod:`addon.filters.window`); empty:
+    the pattern itself.
     """
 
     regex: Any
@@ -178,6 +181,7 @@ class Matcher:
     behind: int = 0
     prefix: str | None = None
     prefix_len: int | None = None
+    gate: str = ""
 
     @property
     def hold(self) -> int:
@@ -250,6 +254,7 @@ class Shape:
     core: str
     before: str = ""
     after: str = ""
+    gate: str = ""  # an RE2 pattern every match of ``core`` contains (default: ``core``)
 
     def pattern(self, name: str) -> str:
         return f"{self.before}(?P<{name}>{self.core}){self.after}"
@@ -258,13 +263,16 @@ class Shape:
 def _matcher(shapes: dict[str, Shape], lookahead: int, label: str = "", refine: Refine | None = None) -> Matcher:
     """One RE2 alternation of ``shapes`` (each a named group), with its span and prefix."""
     regex = re2.compile("|".join(s.pattern(name) for name, s in shapes.items()), re2_options())
-    analysed = [prefix_pattern(s.core, False, lookahead) for s in shapes.values()]
+    # A match may still change until its ``lookahead`` characters have all arrived: the
+    # texts still open are the prefixes of a match and ``lookahead - 1`` more characters.
+    analysed = [prefix_pattern(s.core, False, lookahead - 1) for s in shapes.values()]
     highs = [high for _, _, high in analysed]
     assert None not in highs, f"built-in pattern {label or list(shapes)} must be bounded"
     span = max(high for high in highs if high is not None)
     prefix = "|".join(p for p, _, _ in analysed)
     behind = 2 if any(s.before for s in shapes.values()) else 0
-    return Matcher(regex, span, lookahead, label, refine, tuple(shapes), behind, prefix, span + lookahead)
+    gate = "|".join(s.gate or s.core for s in shapes.values())
+    return Matcher(regex, span, lookahead, label, refine, tuple(shapes), behind, prefix, span + lookahead - 1, gate)
 
 
 # -- secrets -----------------------------------------------------------------------------
@@ -288,25 +296,36 @@ SECRET_SHAPES: dict[str, Shape] = {
         r"(?:[A-Za-z0-9_-]{74}|[A-Za-z0-9_-]{58})|[A-Za-z0-9]{20}T3BlbkFJ[A-Za-z0-9]{20})",
         _EDGE,
         _end("A-Za-z0-9_-"),
+        gate=r"sk-",
     ),
     # (The version digits were ``\d``, any Unicode digit; keys are ASCII.)
-    "anthropic_api_key": Shape(r"sk-ant-(?:api|admin)[0-9][0-9]-[A-Za-z0-9_-]{93}AA", _EDGE, _end("A-Za-z0-9_-")),
-    "aws_access_key_id": Shape(r"(?:AKIA|ASIA|ABIA|ACCA|A3T[A-Z0-9])[A-Z2-7]{16}", _EDGE, f"(?:$|{NOT_WORD})"),
+    "anthropic_api_key": Shape(
+        r"sk-ant-(?:api|admin)[0-9][0-9]-[A-Za-z0-9_-]{93}AA", _EDGE, _end("A-Za-z0-9_-"), gate=r"sk-"
+    ),
+    "aws_access_key_id": Shape(
+        r"(?:AKIA|ASIA|ABIA|ACCA|A3T[A-Z0-9])[A-Z2-7]{16}", _EDGE, f"(?:$|{NOT_WORD})", gate=r"A(?:KIA|SIA|BIA|CCA|3T)"
+    ),
     "aws_secret_access_key": Shape(
         rf"(?i:aws_?secret_?(?:access_?)?key)[\"']?{SPACE}{{0,3}}[:=]{SPACE}{{0,3}}[\"']?(?P<secret>[A-Za-z0-9/+]{{40}})",
         "",
         _end("A-Za-z0-9/+="),
+        gate=r"(?i:aws_?secret)",
     ),
-    "github_token": Shape(r"(?:gh[pousr]_[A-Za-z0-9]{36}|github_pat_[A-Za-z0-9_]{82})", _EDGE, _end("A-Za-z0-9_")),
-    "google_api_key": Shape(r"AIza[A-Za-z0-9_-]{35}", _EDGE, _end("A-Za-z0-9_-")),
-    "slack_token": Shape(r"xox[bpas]-[0-9]{8,13}-[A-Za-z0-9-]{8,90}", _EDGE, _end("A-Za-z0-9-")),
-    "stripe_secret_key": Shape(r"[rs]k_live_[A-Za-z0-9]{24,99}", _EDGE, _end("A-Za-z0-9")),
+    "github_token": Shape(
+        r"(?:gh[pousr]_[A-Za-z0-9]{36}|github_pat_[A-Za-z0-9_]{82})",
+        _EDGE,
+        _end("A-Za-z0-9_"),
+        gate=r"gh[pousr]_|github_pat_",
+    ),
+    "google_api_key": Shape(r"AIza[A-Za-z0-9_-]{35}", _EDGE, _end("A-Za-z0-9_-"), gate=r"AIza"),
+    "slack_token": Shape(r"xox[bpas]-[0-9]{8,13}-[A-Za-z0-9-]{8,90}", _EDGE, _end("A-Za-z0-9-"), gate=r"xox[bpas]-"),
+    "stripe_secret_key": Shape(r"[rs]k_live_[A-Za-z0-9]{24,99}", _EDGE, _end("A-Za-z0-9"), gate=r"[rs]k_live_"),
     # The header is enough: once it is seen the stream is stopped before the key body.
-    "private_key": Shape(r"-----BEGIN (?:[A-Z0-9]{1,12} ){0,2}PRIVATE KEY(?: BLOCK)?-----"),
+    "private_key": Shape(r"-----BEGIN (?:[A-Z0-9]{1,12} ){0,2}PRIVATE KEY(?: BLOCK)?-----", gate=r"-----BEGIN "),
     # A JWT is recognised by its header and the start of its payload (both base64 JSON
     # objects, "eyJ" = '{"'); matching no further keeps the pattern, and so the window,
     # bounded whatever the payload's length.
-    "jwt": Shape(r"eyJ[A-Za-z0-9_-]{8,150}\.eyJ[A-Za-z0-9_-]{8}", _EDGE),
+    "jwt": Shape(r"eyJ[A-Za-z0-9_-]{8,150}\.eyJ[A-Za-z0-9_-]{8}", _EDGE, gate=r"eyJ"),
 }
 SECRET_TYPES = tuple(SECRET_SHAPES)
 
@@ -371,6 +390,7 @@ CARD = _matcher(
             r"[0-9](?:[ -]?[0-9]){12,18}",
             r"(?:^|[^0-9 -]|(?:^|[^0-9])[ -])",
             r"(?:$|[^0-9 -]|[ -](?:$|[^0-9]))",
+            gate=r"[0-9](?:[ -]?[0-9]){12}",
         )
     },
     lookahead=2,
@@ -429,7 +449,13 @@ def _iban_span(text: str, start: int, end: int) -> tuple[int, int] | None:
 
 # Country, check digits, groups of four (spaces optional), a last short group.
 IBAN = _matcher(
-    {"iban": Shape(r"[A-Z]{2}[0-9]{2}(?: ?[A-Z0-9]{4}){2,7}(?: ?[A-Z0-9]{1,3})?", r"(?:^|[^A-Za-z0-9])")},
+    {
+        "iban": Shape(
+            r"[A-Z]{2}[0-9]{2}(?: ?[A-Z0-9]{4}){2,7}(?: ?[A-Z0-9]{1,3})?",
+            r"(?:^|[^A-Za-z0-9])",
+            gate=r"[A-Z]{2}[0-9]{2}",
+        )
+    },
     lookahead=2,
     label="iban",
     refine=_iban_span,
@@ -447,6 +473,7 @@ EMAIL = _matcher(
             r"[A-Za-z0-9._%+-]{1,64}@(?:[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?\.){1,4}[A-Za-z]{2,24}",
             r"(?:^|[^A-Za-z0-9._%+-])",
             r"(?:$|[^A-Za-z0-9.-]|\.(?:$|[^A-Za-z0-9-]))",
+            gate="@",
         )
     },
     lookahead=2,

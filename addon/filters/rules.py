@@ -326,7 +326,7 @@ class _Entry:
             self.fail("pattern", f"bad regular expression: {reason}")
         prefix: str | None
         try:
-            prefix, low, high = prefix_pattern(pattern, not case_sensitive, 1)
+            prefix, low, high = prefix_pattern(pattern, not case_sensitive, 0)  # (lookahead 1, less the last)
             re2.compile(prefix, re2_options())  # (it must compile: else hold the window)
         except (NoPrefix, re2.error):
             prefix, high = None, None
@@ -335,7 +335,7 @@ class _Entry:
             self.fail("pattern", "the pattern can match empty text")
         # A pattern's own bound wins; an unbounded one is scanned as far as the window.
         span = high or window or DEFAULT_REGEX_SPAN
-        return (Matcher(regex, span, prefix=prefix, prefix_len=None if high is None else high + 1),)
+        return (Matcher(regex, span, prefix=prefix, prefix_len=high),)
 
     def _keywords(self, view: str) -> tuple[Matcher, ...]:
         given = self.strings("keywords")
@@ -352,9 +352,12 @@ class _Entry:
         regex = re2.compile(
             rf"(?:^|{NOT_WORD})(?P<_keyword>{words_pattern})(?:$|{NOT_WORD})", re2_options(case_sensitive)
         )
-        prefix, _, _ = prefix_pattern(words_pattern, not case_sensitive, 1)
+        prefix, _, _ = prefix_pattern(words_pattern, not case_sensitive, 0)
         span = len(words[0])
-        return (Matcher(regex, span, groups=("_keyword",), behind=1, prefix=prefix, prefix_len=span + 1),)
+        # The words alone find every match: the word edges are Unicode classes, a large
+        # automaton, left to the rule's own search.
+        gate = words_pattern if case_sensitive else f"(?i:{words_pattern})"
+        return (Matcher(regex, span, groups=("_keyword",), behind=1, prefix=prefix, prefix_len=span, gate=gate),)
 
 
 def _python_reads(pattern: str) -> bool:

@@ -76,41 +76,35 @@ class _Track:
 
 
 class _Reach:
-    """Where a match of some matchers may still be in progress, in a few RE2 searches.
+    """Where a match of some matchers may still be in progress, in one RE2 search.
 
-    Each entry is a matcher and the most characters it may reach back (``cap``).
-    Matchers whose prefix pattern is bounded within their cap share one search; those
-    it is not (an unbounded pattern, a window smaller than the match) one search per
-    cap, from ``cap`` characters back; those without a prefix pattern reach their cap.
+    Each entry is a matcher and the most characters it may reach back (``cap``). The
+    prefix patterns of all of them are one alternation, anchored at the end and searched
+    from the longest cap back (a bounded pattern's prefixes are no longer than its
+    longest match and lookahead, an unbounded one's are cut by the cap: the view's
+    longest, so a rule with a short window on an unbounded pattern may hold up to that);
+    matchers without a prefix pattern reach their whole cap.
     """
 
-    __slots__ = ("searches", "fixed")
+    __slots__ = ("pattern", "regex", "cap", "fixed")
 
     def __init__(self, entries: Sequence[tuple[Matcher, int]]) -> None:
-        shared: list[str] = []
-        shared_cap = 0
-        capped: dict[int, list[str]] = {}
-        self.fixed = 0
-        for m, cap in entries:
-            if m.prefix is None:
-                self.fixed = max(self.fixed, cap)
-            elif m.prefix_len is not None and m.prefix_len - 1 <= cap:
-                shared.append(m.prefix)
-                shared_cap = max(shared_cap, m.prefix_len)
-            else:
-                capped.setdefault(cap, []).append(m.prefix)
-        groups = ([(shared_cap, shared)] if shared else []) + sorted(capped.items())
-        self.searches = [(cap, _compile(rf"(?:{'|'.join(ps)})\z")) for cap, ps in groups if cap > 0]
+        prefixes = [m.prefix for m, _ in entries if m.prefix is not None]
+        self.fixed = max((cap for m, cap in entries if m.prefix is None), default=0)
+        self.cap = max(
+            (cap if m.prefix_len is None else min(cap, m.prefix_len) for m, cap in entries if m.prefix is not None),
+            default=0,
+        )
+        self.pattern = rf"(?:{'|'.join(dict.fromkeys(prefixes))})\z" if prefixes else ""
+        self.regex = _compile(self.pattern) if prefixes else None
 
     def start(self, subject: Subject, lo: int, length: int, floor: int) -> int:
         """The earliest view offset (at least ``floor``) where such a match may be in
         progress; ``length`` when none. ``subject`` is the view's text from ``lo``."""
         best = max(floor, length - self.fixed) if self.fixed else length
-        for cap, regex in self.searches:
-            at = max(floor, length - cap, lo)  # (a check's text starts before any match in progress)
-            if at >= best:
-                continue
-            found = detectors.spans(regex, subject.data, subject.byte(at - lo))
+        at = max(floor, length - self.cap, lo)  # (a check's text starts before any match in progress)
+        if self.regex is not None and at < best:
+            found = detectors.spans(self.regex, subject.data, subject.byte(at - lo))
             if found[0] != _NO_MATCH:
                 best = min(best, lo + subject.char(found[0][0]))
         return best
@@ -128,8 +122,10 @@ def _anchored(prefix: str) -> Any:
     return _compile(rf"(?:{prefix})\z")
 
 
-def _source(m: Matcher) -> str:
-    """A matcher's pattern as it matches, for a combined search."""
+def _gate(m: Matcher) -> str:
+    """What a matcher's combined search looks for: its gate, or its pattern as it matches."""
+    if m.gate:
+        return m.gate
     pattern: str = m.regex.pattern
     return pattern if m.regex.options.case_sensitive else f"(?i:{pattern})"
 
@@ -138,10 +134,10 @@ def _source(m: Matcher) -> str:
 class _Plan:
     """The compiled searches of one view's rules (shared by every stream they check)."""
 
-    prefilter: Any  # all matchers at once: does anything match?
+    prefilter: Any  # all matchers' gates at once: can anything match?
     behind: int  # the most context characters a matcher reads before a match
     scan: _Reach  # where the next check starts (all matchers)
-    release: _Reach  # where the release stops (blocking matchers, at their holds)
+    release: _Reach | None  # where the release stops (blocking matchers, at their holds); None: ``scan``
     keep_back: int  # the most characters the release may hold back
     scan_back: int  # the most characters a check may reach back
 
@@ -150,19 +146,19 @@ class _Plan:
 def _plan(tracks: tuple[tuple[Matcher, int], ...]) -> _Plan:
     """``tracks``: each matcher with its hold (0: holds nothing)."""
     matchers = list(dict.fromkeys(m for m, _ in tracks))
-    prefilter = _compile("|".join(f"(?:{_source(m)})" for m in matchers)) if matchers else None
-    scan_entries = [(m, m.span + m.lookahead) for m in matchers]
+    gates = "|".join(f"(?:{_gate(m)})" for m in matchers)
+    prefilter = _compile(gates) if matchers else None
+    scan_entries = [(m, m.hold) for m in matchers]
     release_entries = [(m, hold) for m, hold in tracks if hold > 0]
-    release = _Reach(release_entries)
-    same = sorted(id(m) for m, _ in release_entries) == sorted(id(m) for m in matchers) and all(
+    same = {id(m) for m, _ in release_entries} == {id(m) for m in matchers} and all(
         hold >= m.span + m.lookahead - 1 for m, hold in release_entries
     )
-    scan = release if same and release_entries else _Reach(scan_entries)
+    scan = _Reach(scan_entries)
     return _Plan(
         prefilter,
         max((m.behind for m in matchers), default=0),
         scan,
-        release,
+        None if same else _Reach(release_entries),
         max((hold for _, hold in release_entries), default=0),
         max((cap for _, cap in scan_entries), default=0),
     )
@@ -242,15 +238,18 @@ class _View:
         plan = self.plan
         lo = max(self.base, self.scan_from - CONTEXT)
         subject = Subject(self.buf[lo - self.base :])
+        at = subject.back(subject.byte(self.scan_from - lo), plan.behind)
         active = [t for t in self.tracks if t.hits < MAX_HITS_PER_RULE]
         if active and plan.prefilter is not None:
-            at = subject.back(subject.byte(self.scan_from - lo), plan.behind)
             if detectors.spans(plan.prefilter, subject.data, at)[0] != _NO_MATCH:
                 blocked = self._run(active, subject, lo, final, end, location, verdicts)
         if not final and blocked is None:
             self.scan_from = plan.scan.start(subject, lo, self.length, self.scan_from)
             if self.holding:
-                self.hold_from = plan.release.start(subject, lo, self.length, self.hold_from)
+                if plan.release is None:  # (the same search: all rules block, at their full holds)
+                    self.hold_from = self.scan_from
+                else:
+                    self.hold_from = plan.release.start(subject, lo, self.length, self.hold_from)
                 self.safe = self.original(self.hold_from, end)
         return verdicts, blocked
 
