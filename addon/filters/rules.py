@@ -5,7 +5,7 @@ One ``[[rule]]`` table per rule::
     [[rule]]
     id = "internal-hosts"        # required, unique: recorded with every verdict
     kind = "regex"               # regex | keywords | secrets | pii
-    pattern = '\\b[a-z0-9-]+\\.corp\\.example\\.com\\b'
+    pattern = '\\b[a-z0-9-]+\\.corp\\.example\\.com\\b'   # RE2 syntax
     case_sensitive = false       # regex: default true; keywords: default false
     scope = "both"               # request | response | both (the default)
     action = "block"             # block | flag: required
@@ -31,8 +31,12 @@ One ``[[rule]]`` table per rule::
     types = ["email", "card", "iban"]   # the default
     action = "flag"
 
-``window`` is how many characters of a response stream a blocking rule holds back so
-that a match is caught before any of it reaches the client. It defaults to the longest
+``pattern`` is RE2 syntax (linear-time matching, see :mod:`addon.filters.prefix` and
+docs/filters.md); a pattern RE2 cannot run (lookarounds, backreferences) is refused.
+
+``window`` is the most characters of a response stream a blocking rule holds back so
+that a match is caught before any of it reaches the client; it holds back only what
+could still become a match (:mod:`addon.filters.window`). It defaults to the longest
 match the rule can make (plus the characters after it that decide it): computed from
 the pattern for a bounded ``regex`` (256 when it is unbounded, e.g. ``\\w+``: give
 ``window`` for longer matches), the longest keyword, 167 for ``secrets``, 38 for a card
