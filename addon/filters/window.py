@@ -140,6 +140,9 @@ class _Plan:
     release: _Reach | None  # where the release stops (blocking matchers, at their holds); None: ``scan``
     keep_back: int  # the most characters the release may hold back
     scan_back: int  # the most characters a check may reach back
+    # When every matcher blocks at its full hold and has a prefix pattern: the gates or
+    # the prefix patterns in one search, so most pieces cost one search (_View.check).
+    both: Any = None
 
 
 @lru_cache(maxsize=256)
@@ -161,6 +164,7 @@ def _plan(tracks: tuple[tuple[Matcher, int], ...]) -> _Plan:
         None if same else _Reach(release_entries),
         max((hold for _, hold in release_entries), default=0),
         max((cap for _, cap in scan_entries), default=0),
+        _compile(f"{gates}|{scan.pattern}") if same and scan.regex is not None and not scan.fixed else None,
     )
 
 
@@ -239,6 +243,8 @@ class _View:
         lo = max(self.base, self.scan_from - CONTEXT)
         subject = Subject(self.buf[lo - self.base :])
         at = subject.back(subject.byte(self.scan_from - lo), plan.behind)
+        if plan.both is not None and not final and self._settled(subject, lo, at, end):
+            return verdicts, blocked
         active = [t for t in self.tracks if t.hits < MAX_HITS_PER_RULE]
         if active and plan.prefilter is not None:
             if detectors.spans(plan.prefilter, subject.data, at)[0] != _NO_MATCH:
@@ -252,6 +258,25 @@ class _View:
                     self.hold_from = plan.release.start(subject, lo, self.length, self.hold_from)
                 self.safe = self.original(self.hold_from, end)
         return verdicts, blocked
+
+    def _settled(self, subject: Subject, lo: int, at: int, end: int) -> bool:
+        """The one-search check of a view whose rules all block: True when no gate starts
+        before the leftmost match in progress (which then starts the hold and the next
+        check); a gate after it is of a blocking rule, held from there on, and found by a
+        later check once the match in progress is decided."""
+        plan, data = self.plan, subject.data
+        found = detectors.spans(plan.both, data, at)[0]
+        if found[1] < len(data):  # a gate (the prefix patterns end at the end)
+            return False
+        if found[0] < found[1]:  # a gate to the end, or a match in progress?
+            if detectors.spans_at(plan.prefilter, data, found[0])[0] != _NO_MATCH:
+                return False
+        start = lo + subject.char(found[0])
+        if start < self.length - plan.scan.cap:  # (an unbounded one, cut by the cap: the long way)
+            return False
+        self.scan_from = self.hold_from = max(self.scan_from, start)
+        self.safe = self.original(self.hold_from, end)
+        return True
 
     def _run(
         self, active: list[_Track], subject: Subject, lo: int, final: bool, end: int, location: str, out: list[Verdict]
