@@ -356,7 +356,12 @@ class _Entry:
         regex = re2.compile(
             rf"(?:^|{NOT_WORD})(?P<_keyword>{words_pattern})(?:$|{NOT_WORD})", re2_options(case_sensitive)
         )
-        prefix, _, _ = prefix_pattern(words_pattern, not case_sensitive, 0)
+        prefix: str | None
+        try:
+            prefix, _, _ = prefix_pattern(words_pattern, not case_sensitive, 0)
+            re2.compile(prefix, re2_options())
+        except (NoPrefix, re2.error):  # (a very long list: hold the window instead)
+            prefix = None
         span = len(words[0])
         # The words alone find every match: the word edges are Unicode classes, a large
         # automaton, left to the rule's own search.

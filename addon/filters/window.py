@@ -96,7 +96,9 @@ class _Reach:
             default=0,
         )
         self.pattern = rf"(?:{'|'.join(dict.fromkeys(prefixes))})\z" if prefixes else ""
-        self.regex = _compile(self.pattern) if prefixes else None
+        self.regex = _try_compile(self.pattern) if prefixes else None
+        if prefixes and self.regex is None:  # (too large for RE2's memory budget: hold the windows)
+            self.fixed = max(cap for _, cap in entries)
 
     def start(self, subject: Subject, lo: int, length: int, floor: int) -> int:
         """The earliest view offset (at least ``floor``) where such a match may be in
@@ -116,10 +118,19 @@ def _compile(pattern: str) -> Any:
     return re2.compile(pattern, options)
 
 
+def _try_compile(pattern: str) -> Any:
+    """A combined pattern, or None when it is too large for RE2 (each rule's own pattern
+    compiled at load; many together may not): the caller does without it."""
+    try:
+        return _compile(pattern)
+    except re2.error:
+        return None
+
+
 @lru_cache(maxsize=1024)
 def _anchored(prefix: str) -> Any:
-    """A matcher's prefix pattern, anchored at the end of the text."""
-    return _compile(rf"(?:{prefix})\z")
+    """A matcher's prefix pattern, anchored at the end of the text (None: too large)."""
+    return _try_compile(rf"(?:{prefix})\z")
 
 
 def _gate(m: Matcher) -> str:
@@ -150,7 +161,7 @@ def _plan(tracks: tuple[tuple[Matcher, int], ...]) -> _Plan:
     """``tracks``: each matcher with its hold (0: holds nothing)."""
     matchers = list(dict.fromkeys(m for m, _ in tracks))
     gates = "|".join(f"(?:{_gate(m)})" for m in matchers)
-    prefilter = _compile(gates) if matchers else None
+    prefilter = _try_compile(gates) if matchers else None  # None: run every rule's own search
     scan_entries = [(m, m.hold) for m in matchers]
     release_entries = [(m, hold) for m, hold in tracks if hold > 0]
     same = {id(m) for m, _ in release_entries} == {id(m) for m in matchers} and all(
@@ -164,7 +175,7 @@ def _plan(tracks: tuple[tuple[Matcher, int], ...]) -> _Plan:
         None if same else _Reach(release_entries),
         max((hold for _, hold in release_entries), default=0),
         max((cap for _, cap in scan_entries), default=0),
-        _compile(f"{gates}|{scan.pattern}") if same and scan.regex is not None and not scan.fixed else None,
+        _try_compile(f"{gates}|{scan.pattern}") if same and prefilter and scan.regex and not scan.fixed else None,
     )
 
 
@@ -246,9 +257,8 @@ class _View:
         if plan.both is not None and not final and self._settled(subject, lo, at, end):
             return verdicts, blocked
         active = [t for t in self.tracks if t.hits < MAX_HITS_PER_RULE]
-        if active and plan.prefilter is not None:
-            if detectors.spans(plan.prefilter, subject.data, at)[0] != _NO_MATCH:
-                blocked = self._run(active, subject, lo, final, end, location, verdicts)
+        if active and (plan.prefilter is None or detectors.spans(plan.prefilter, subject.data, at)[0] != _NO_MATCH):
+            blocked = self._run(active, subject, lo, final, end, location, verdicts)
         if not final and blocked is None:
             self.scan_from = plan.scan.start(subject, lo, self.length, self.scan_from)
             if self.holding:
@@ -313,7 +323,10 @@ class _View:
         if m.prefix is None:
             return self.length
         at = max(start, lo, self.length - (m.span + m.lookahead))
-        found = detectors.spans(_anchored(m.prefix), subject.data, subject.byte(at - lo))
+        regex = _anchored(m.prefix)
+        if regex is None:  # (then its reach holds the whole window: lookahead alone decides)
+            return self.length
+        found = detectors.spans(regex, subject.data, subject.byte(at - lo))
         return self.length if found[0] == _NO_MATCH else lo + subject.char(found[0][0])
 
     def end_block(self) -> None:

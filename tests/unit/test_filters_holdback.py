@@ -134,3 +134,30 @@ def test_random_rules_texts_and_cuts_never_release_a_blocking_match(rules, case)
         assert len(released) <= blocking[0][0]
         assert scanner.blocked is not None
         assert (scanner.blocked.position, scanner.blocked.rule_id, scanner.blocked.match_hash) in blocking
+
+
+def test_without_the_combined_searches_the_old_fixed_hold_still_never_leaks(monkeypatch):
+    # Many rules together may be too large for RE2's memory budget: then every rule runs
+    # its own search on every piece and holds back its whole window, as before.
+    from addon.filters import window
+
+    monkeypatch.setattr(window, "_try_compile", lambda pattern: None)
+    window._plan.cache_clear()
+    window._anchored.cache_clear()
+    rules = parse_rules(
+        '[[rule]]\nid = "s"\nkind = "secrets"\naction = "block"\n\n'
+        '[[rule]]\nid = "k"\nkind = "keywords"\nkeywords = ["nightjar"]\naction = "block"\n'
+    )
+    for text in ["the nightjar plan", f"key {SECRETS['github_token'][0][0]} ok", PROSE[:200]]:
+        expected = sorted(h.start for r in rules for h in r.find(text))
+        for cut in range(len(text) + 1):
+            scanner = StreamScanner(rules)
+            released = scanner.feed(text[:cut])[0] + scanner.feed(text[cut:])[0]
+            released += scanner.flush()[0]
+            assert text.startswith(released)
+            if expected:
+                assert len(released) <= expected[0] and scanner.blocked is not None
+            else:
+                assert released == text
+    window._plan.cache_clear()
+    window._anchored.cache_clear()
