@@ -1,11 +1,22 @@
 """Built-in detectors: credentials and personal data, as bounded regular expressions.
 
-Every detector is a :class:`Matcher`: one compiled pattern, the longest text it can
-match (``span``), how many characters after a match can still change it
+Every detector is a :class:`Matcher`: one compiled RE2 pattern (linear time whatever
+the text: a model's output cannot make a check stall the proxy), the longest text it
+can match (``span``), how many characters after a match can still change it
 (``lookahead``), and an optional ``refine`` step that validates a candidate (Luhn,
 IBAN mod-97) or narrows it to the part worth hashing. Bounded patterns are what make
-streaming work: a blocking rule holds back ``span + lookahead - 1`` characters of a
-stream (see :mod:`addon.filters.window`), so ``span`` must be finite and small.
+streaming work: a blocking rule holds back at most ``span + lookahead - 1`` characters
+of a stream (see :mod:`addon.filters.window`), so ``span`` must be finite and small.
+
+RE2 has no lookarounds. The Python patterns these replace checked the characters around
+a match with them (``\\b``, ``(?<![0-9])``, ``(?![A-Za-z0-9_-])``); here the pattern
+reads those characters itself (:class:`Shape`: ``before`` and ``after``), and the
+match proper is a named group. A negative one-character lookahead and a pattern that
+reads one character that is not in the class (or the end) accept the same matches in
+the same order of preference, so RE2's leftmost-first match is the one Python's
+backtracking found; the next search starts at the end of the match proper, as
+``finditer`` did (tests/unit/test_filters_re2.py compares both on crafted and random
+text).
 
 Why not detect-secrets (or another secrets scanner)
 ---------------------------------------------------

@@ -8,11 +8,13 @@ the client now and which verdicts the rules gave.
 How it works. Every piece is checked as it arrives, with RE2 (linear time, whatever the
 patterns and the text). A check looks at the text from the earliest position where a
 match may still be in progress (below) to the end: first one search of all the rules of
-a view together (a *prefilter*: ordinary text matches nothing, and then that one search
-is the whole check), and only when it finds something, each rule's own search over the
-same text. A candidate that ends less than ``lookahead`` characters before the end of
-the text so far may still grow or vanish ("4111 1111 1111 111" before its last digit
-arrives), so it is left for the next check.
+a view together (a *prefilter* of each rule's gate, see :class:`Matcher`: ordinary text
+matches nothing, and then that one search is the whole check), and only when it finds
+something, each rule's own search over the same text. When all of a view's rules block,
+that search and the one below are one. A candidate is final once its ``lookahead``
+characters have arrived and no longer match of its rule can still grow from it
+("4111 1111 1111 111" before its last digit arrives, "qz" of ``q.{0,3}z`` in "qzq");
+until then it is left for the next check.
 
 What is held back. After each piece the stream is released up to the earliest position
 ``i`` where a match of a blocking rule may still be in progress: where ``text[i:]`` is
