@@ -1,11 +1,22 @@
 """Built-in detectors: credentials and personal data, as bounded regular expressions.
 
-Every detector is a :class:`Matcher`: one compiled pattern, the longest text it can
-match (``span``), how many characters after a match can still change it
+Every detector is a :class:`Matcher`: one compiled RE2 pattern (linear time whatever
+the text: a model's output cannot make a check stall the proxy), the longest text it
+can match (``span``), how many characters after a match can still change it
 (``lookahead``), and an optional ``refine`` step that validates a candidate (Luhn,
 IBAN mod-97) or narrows it to the part worth hashing. Bounded patterns are what make
-streaming work: a blocking rule holds back ``span + lookahead - 1`` characters of a
-stream (see :mod:`addon.filters.window`), so ``span`` must be finite and small.
+streaming work: a blocking rule holds back at most ``span + lookahead - 1`` characters
+of a stream (see :mod:`addon.filters.window`), so ``span`` must be finite and small.
+
+RE2 has no lookarounds. The Python patterns these replace checked the characters around
+a match with them (``\\b``, ``(?<![0-9])``, ``(?![A-Za-z0-9_-])``); here the pattern
+reads those characters itself (:class:`Shape`: ``before`` and ``after``), and the
+match proper is a named group. A negative one-character lookahead and a pattern that
+reads one character that is not in the class (or the end) accept the same matches in
+the same order of preference, so RE2's leftmost-first match is the one Python's
+backtracking found; the next search starts at the end of the match proper, as
+``finditer`` did (tests/unit/test_filters_re2.py compares both on crafted and random
+text).
 
 Why not detect-secrets (or another secrets scanner)
 ---------------------------------------------------
@@ -31,12 +42,104 @@ import re
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from re import _parser as re_parser  # type: ignore[attr-defined]  # the only way to ask re for a pattern's width (typeshed omits it)
+from typing import Any
 
-# A pattern wider than this is treated as unbounded (``a+`` reports ~2**64).
-MAX_SPAN = 65536
+import re2  # type: ignore[import-untyped]
 
-# Turns a candidate match into the span of a real hit, or None when it is not one.
-Refine = Callable[[re.Match[str]], tuple[int, int] | None]
+from addon.filters.prefix import MAX_SPAN, prefix_pattern
+
+# Turns a candidate (the text, its start and end) into the span of a real hit, or None.
+Refine = Callable[[str, int, int], tuple[int, int] | None]
+
+# Python's ``\w`` (Unicode letters, digits, underscore) for RE2, whose ``\w`` is ASCII.
+# The two differ only on code points Python's Unicode database does not assign yet.
+WORD = r"\pL\pN_"
+NOT_WORD = rf"[^{WORD}]"
+# Python's ``\s`` (str.isspace), written as literal characters both parsers read alike.
+SPACE = "[\t\n\x0b\x0c\r\x1c-\x1f \x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000]"
+
+_UNANCHORED = re2._Anchor.UNANCHORED
+_ANCHOR_START = re2._Anchor.ANCHOR_START
+_NO_MATCH = (-1, -1)
+
+
+def re2_options(case_sensitive: bool = True) -> Any:
+    """RE2's options for a rule: UTF-8, and a memory budget for large keyword lists."""
+    options = re2.Options()
+    options.case_sensitive = case_sensitive
+    options.log_errors = False
+    options.max_mem = 64 << 20
+    return options
+
+
+def spans(regex: Any, data: bytes, pos: int) -> list[tuple[int, int]]:
+    """RE2's leftmost match in ``data`` from byte ``pos``: the byte span of every group
+    (``(-1, -1)`` for none; the first is ``(-1, -1)`` when nothing matched).
+
+    The binding's own ``search`` builds a generator and a match object per call, which
+    doubles the cost of the one search most pieces of a stream need; this is the call
+    it makes underneath (google-re2's ``_Regexp._regexp.Match``).
+    """
+    result: list[tuple[int, int]] = regex._regexp.Match(_UNANCHORED, data, pos, len(data))
+    return result
+
+
+def spans_at(regex: Any, data: bytes, pos: int) -> list[tuple[int, int]]:
+    """As :func:`spans`, for a match that starts at ``pos``."""
+    result: list[tuple[int, int]] = regex._regexp.Match(_ANCHOR_START, data, pos, len(data))
+    return result
+
+
+class Subject:
+    """A text encoded once for RE2, with its byte offsets turned back into characters.
+
+    Lone surrogates (which JSON can carry) become ``?``, one byte for one character, so
+    offsets stay aligned and RE2 sees a character no pattern here matches.
+    """
+
+    __slots__ = ("text", "data", "ascii", "_b", "_c")
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self.data = text.encode("utf-8", "replace")
+        self.ascii = len(self.data) == len(text)
+        self._b = self._c = 0
+
+    def char(self, b: int) -> int:
+        """The character offset of byte offset ``b`` (a character boundary)."""
+        if self.ascii:
+            return b
+        if b >= self._b:
+            self._c += len(self.data[self._b : b].decode())
+        else:
+            self._c -= len(self.data[b : self._b].decode())
+        self._b = b
+        return self._c
+
+    def byte(self, ch: int) -> int:
+        """The byte offset of character offset ``ch``."""
+        return ch if self.ascii else len(self.text[:ch].encode("utf-8", "replace"))
+
+    def back(self, b: int, chars: int) -> int:
+        """The byte offset ``chars`` characters before byte offset ``b``."""
+        if self.ascii:
+            return max(0, b - chars)
+        data = self.data
+        for _ in range(chars):
+            if b == 0:
+                break
+            b -= 1
+            while b > 0 and 0x80 <= data[b] < 0xC0:
+                b -= 1
+        return b
+
+    def after(self, b: int) -> int:
+        """The byte offset of the character after the one at ``b``."""
+        b += 1
+        if not self.ascii:
+            while b < len(self.data) and 0x80 <= self.data[b] < 0xC0:
+                b += 1
+        return b
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,40 +156,98 @@ class Hit:
 
 
 @dataclass(frozen=True, slots=True)
-class Matcher:
-    """A compiled pattern with the bounds the stream window needs.
+class Candidate:
+    """A match of a matcher's pattern, before ``refine``: character offsets in the text."""
 
-    ``span``: the longest text the pattern matches. ``lookahead``: how many characters
-    after a match the pattern may look at to decide it (``(?!\\w)`` needs one, a
-    separator and a digit need two); a match is only final once they have arrived.
-    ``refine`` turns a candidate into the span of a real hit, or ``None`` when the
-    candidate fails validation. ``label`` names the hits; when empty, the name of the
-    matching group of the pattern does (one pattern, several kinds of secret).
+    start: int
+    end: int
+    label: str
+    narrow: tuple[int, int] | None  # the ``secret`` group's span, when it took part
+
+
+@dataclass(frozen=True, slots=True)
+class Matcher:
+    """A compiled RE2 pattern with the bounds the stream window needs.
+
+    ``regex`` (RE2: linear time whatever the text) may read characters around the match
+    proper, which the Python patterns these replace checked with lookarounds RE2 does
+    not have: ``behind`` characters before it (a word edge, "no digit before"), and the
+    ``lookahead`` characters after it. The match proper is then the named group of
+    ``groups`` that took part (its name labels the hit when ``label`` is empty), or the
+    whole match when ``groups`` is empty. Each candidate is read in the order Python's
+    ``finditer`` read the old pattern: the next search starts at the end of the match
+    proper, not of the characters read after it.
+
+    ``span``: the longest match proper. ``lookahead``: how many characters after a
+    match may decide it; a match is only final once they have arrived. ``refine``
+    turns a candidate into the span of a real hit, or ``None`` when the candidate fails
+    validation; a group named ``secret`` narrows the hit to itself. ``prefix``: an RE2
+    pattern of every text that may still grow into a match (:mod:`addon.filters.prefix`),
+    with ``prefix_len`` the longest (``None``: unbounded); no ``prefix`` means the
+    stream holds back the whole window for this matcher. ``gate``: an RE2 pattern found
+    in every match (the literal start of a credential, the ``@`` of an address), which a
+    stream's one combined search looks for first (:mod:`addon.filters.window`); empty:
+    the pattern itself.
     """
 
-    regex: re.Pattern[str]
+    regex: Any
     span: int
     lookahead: int = 1
     label: str = ""
     refine: Refine | None = None
+    groups: tuple[str, ...] = ()
+    behind: int = 0
+    prefix: str | None = None
+    prefix_len: int | None = None
+    gate: str = ""
 
     @property
     def hold(self) -> int:
         """Characters a blocking rule must hold back to never release part of a match."""
         return self.span + self.lookahead - 1
 
-    def hit(self, m: re.Match[str]) -> Hit | None:
-        """The hit a candidate match stands for, if it is one."""
-        span = self.refine(m) if self.refine else m.span()
+    def candidates(self, subject: Subject, pos: int = 0) -> Iterator[Candidate]:
+        """The pattern's matches in ``subject`` whose match proper starts at ``pos`` or
+        later, in order, the next searched from the end of the last one's match proper."""
+        data, regex = subject.data, self.regex
+        index = regex.groupindex
+        groups = [(name, index[name]) for name in self.groups]
+        narrow = index.get("secret")
+        b = subject.byte(pos)
+        at = subject.back(b, self.behind)
+        while at <= len(data):
+            found = spans(regex, data, at)
+            if found[0] == _NO_MATCH:
+                return
+            label, (start, end) = self.label, found[0]
+            for name, g in groups:
+                if found[g][0] >= 0:
+                    label, (start, end) = self.label or ("" if name.startswith("_") else name), found[g]
+                    break
+            if start < b:  # seen through the characters before ``pos``: look further on
+                at = subject.after(found[0][0])
+                continue
+            inner = None
+            if narrow is not None and found[narrow][0] >= 0:
+                inner = (subject.char(found[narrow][0]), subject.char(found[narrow][1]))
+            yield Candidate(subject.char(start), subject.char(end), label, inner)
+            b = end if end > start else subject.after(end)
+            at = subject.back(b, self.behind)
+
+    def hit(self, text: str, c: Candidate) -> Hit | None:
+        """The hit a candidate stands for, if it is one."""
+        span: tuple[int, int] | None = c.narrow or (c.start, c.end)
+        if self.refine is not None:
+            span = self.refine(text, c.start, c.end)
         if span is None:
             return None
         start, end = span
-        return Hit(start, end, self.label or m.lastgroup or "", m.string[start:end])
+        return Hit(start, end, c.label, text[start:end])
 
     def find(self, text: str) -> Iterator[Hit]:
         """Every hit in a complete text."""
-        for m in self.regex.finditer(text):
-            hit = self.hit(m)
+        for c in self.candidates(Subject(text)):
+            hit = self.hit(text, c)
             if hit is not None:
                 yield hit
 
@@ -102,50 +263,94 @@ def regex_width(regex: re.Pattern[str]) -> tuple[int, int | None]:
     return low, (high if high <= MAX_SPAN else None)
 
 
-def _matcher(pattern: str, lookahead: int, label: str = "", refine: Refine | None = None) -> Matcher:
-    regex = re.compile(pattern)
-    _, span = regex_width(regex)
-    assert span is not None, f"built-in pattern {label or pattern!r} must be bounded"
-    return Matcher(regex, span, lookahead, label, refine)
+@dataclass(frozen=True, slots=True)
+class Shape:
+    """A built-in pattern: the match proper ``core`` (syntax Python and RE2 read alike,
+    so its width and prefixes can be computed), and RE2 patterns for the characters
+    that must (``before``) precede it and (``after``) follow it."""
+
+    core: str
+    before: str = ""
+    after: str = ""
+    gate: str = ""  # an RE2 pattern every match of ``core`` contains (default: ``core``)
+
+    def pattern(self, name: str) -> str:
+        return f"{self.before}(?P<{name}>{self.core}){self.after}"
+
+
+def _matcher(shapes: dict[str, Shape], lookahead: int, label: str = "", refine: Refine | None = None) -> Matcher:
+    """One RE2 alternation of ``shapes`` (each a named group), with its span and prefix."""
+    regex = re2.compile("|".join(s.pattern(name) for name, s in shapes.items()), re2_options())
+    # A match may still change until its ``lookahead`` characters have all arrived: the
+    # texts still open are the prefixes of a match and ``lookahead - 1`` more characters.
+    analysed = [prefix_pattern(s.core, False, lookahead - 1) for s in shapes.values()]
+    highs = [high for _, _, high in analysed]
+    assert None not in highs, f"built-in pattern {label or list(shapes)} must be bounded"
+    span = max(high for high in highs if high is not None)
+    prefix = "|".join(p for p, _, _ in analysed)
+    behind = 2 if any(s.before for s in shapes.values()) else 0
+    gate = "|".join(s.gate or s.core for s in shapes.values())
+    return Matcher(regex, span, lookahead, label, refine, tuple(shapes), behind, prefix, span + lookahead - 1, gate)
 
 
 # -- secrets -----------------------------------------------------------------------------
 
+# The word edge ``\b`` before a credential's first letter, and the "no more of its
+# characters" after it (``(?![A-Za-z0-9_-])``): characters RE2 reads around the match.
+_EDGE = rf"(?:^|{NOT_WORD})"
+
+
+def _end(chars: str) -> str:
+    return f"(?:$|[^{chars}])"
+
+
 # One named group per kind; a group named ``secret`` inside narrows the hit to the
 # credential itself, so the hash does not depend on the words around it.
-SECRET_PATTERNS: dict[str, str] = {
+SECRET_SHAPES: dict[str, Shape] = {
     # sk-proj- / sk-svcacct- / sk-admin- keys and the legacy format; all carry "T3BlbkFJ"
     # ("OpenAI" in base64), which keeps the pattern from matching any "sk-" word.
-    "openai_api_key": r"\bsk-(?:(?:proj|svcacct|admin)-(?:[A-Za-z0-9_-]{74}|[A-Za-z0-9_-]{58})T3BlbkFJ"
-    r"(?:[A-Za-z0-9_-]{74}|[A-Za-z0-9_-]{58})|[A-Za-z0-9]{20}T3BlbkFJ[A-Za-z0-9]{20})(?![A-Za-z0-9_-])",
-    "anthropic_api_key": r"\bsk-ant-(?:api|admin)\d\d-[A-Za-z0-9_-]{93}AA(?![A-Za-z0-9_-])",
-    "aws_access_key_id": r"\b(?:AKIA|ASIA|ABIA|ACCA|A3T[A-Z0-9])[A-Z2-7]{16}\b",
-    "aws_secret_access_key": r"(?i:aws_?secret_?(?:access_?)?key)[\"']?\s{0,3}[:=]\s{0,3}[\"']?"
-    r"(?P<secret>[A-Za-z0-9/+]{40})(?![A-Za-z0-9/+=])",
-    "github_token": r"\b(?:gh[pousr]_[A-Za-z0-9]{36}|github_pat_[A-Za-z0-9_]{82})(?![A-Za-z0-9_])",
-    "google_api_key": r"\bAIza[A-Za-z0-9_-]{35}(?![A-Za-z0-9_-])",
-    "slack_token": r"\bxox[bpas]-[0-9]{8,13}-[A-Za-z0-9-]{8,90}(?![A-Za-z0-9-])",
-    "stripe_secret_key": r"\b[rs]k_live_[A-Za-z0-9]{24,99}(?![A-Za-z0-9])",
+    "openai_api_key": Shape(
+        r"sk-(?:(?:proj|svcacct|admin)-(?:[A-Za-z0-9_-]{74}|[A-Za-z0-9_-]{58})T3BlbkFJ"
+        r"(?:[A-Za-z0-9_-]{74}|[A-Za-z0-9_-]{58})|[A-Za-z0-9]{20}T3BlbkFJ[A-Za-z0-9]{20})",
+        _EDGE,
+        _end("A-Za-z0-9_-"),
+        gate=r"sk-",
+    ),
+    # (The version digits were ``\d``, any Unicode digit; keys are ASCII.)
+    "anthropic_api_key": Shape(
+        r"sk-ant-(?:api|admin)[0-9][0-9]-[A-Za-z0-9_-]{93}AA", _EDGE, _end("A-Za-z0-9_-"), gate=r"sk-"
+    ),
+    "aws_access_key_id": Shape(
+        r"(?:AKIA|ASIA|ABIA|ACCA|A3T[A-Z0-9])[A-Z2-7]{16}", _EDGE, f"(?:$|{NOT_WORD})", gate=r"A(?:KIA|SIA|BIA|CCA|3T)"
+    ),
+    "aws_secret_access_key": Shape(
+        rf"(?i:aws_?secret_?(?:access_?)?key)[\"']?{SPACE}{{0,3}}[:=]{SPACE}{{0,3}}[\"']?(?P<secret>[A-Za-z0-9/+]{{40}})",
+        "",
+        _end("A-Za-z0-9/+="),
+        gate=r"(?i:aws_?secret)",
+    ),
+    "github_token": Shape(
+        r"(?:gh[pousr]_[A-Za-z0-9]{36}|github_pat_[A-Za-z0-9_]{82})",
+        _EDGE,
+        _end("A-Za-z0-9_"),
+        gate=r"gh[pousr]_|github_pat_",
+    ),
+    "google_api_key": Shape(r"AIza[A-Za-z0-9_-]{35}", _EDGE, _end("A-Za-z0-9_-"), gate=r"AIza"),
+    "slack_token": Shape(r"xox[bpas]-[0-9]{8,13}-[A-Za-z0-9-]{8,90}", _EDGE, _end("A-Za-z0-9-"), gate=r"xox[bpas]-"),
+    "stripe_secret_key": Shape(r"[rs]k_live_[A-Za-z0-9]{24,99}", _EDGE, _end("A-Za-z0-9"), gate=r"[rs]k_live_"),
     # The header is enough: once it is seen the stream is stopped before the key body.
-    "private_key": r"-----BEGIN (?:[A-Z0-9]{1,12} ){0,2}PRIVATE KEY(?: BLOCK)?-----",
+    "private_key": Shape(r"-----BEGIN (?:[A-Z0-9]{1,12} ){0,2}PRIVATE KEY(?: BLOCK)?-----", gate=r"-----BEGIN "),
     # A JWT is recognised by its header and the start of its payload (both base64 JSON
     # objects, "eyJ" = '{"'); matching no further keeps the pattern, and so the window,
     # bounded whatever the payload's length.
-    "jwt": r"\beyJ[A-Za-z0-9_-]{8,150}\.eyJ[A-Za-z0-9_-]{8}",
+    "jwt": Shape(r"eyJ[A-Za-z0-9_-]{8,150}\.eyJ[A-Za-z0-9_-]{8}", _EDGE, gate=r"eyJ"),
 }
-SECRET_TYPES = tuple(SECRET_PATTERNS)
-
-
-def _secret_span(m: re.Match[str]) -> tuple[int, int]:
-    if "secret" in m.re.groupindex and m.start("secret") >= 0:
-        return m.span("secret")
-    return m.span()
+SECRET_TYPES = tuple(SECRET_SHAPES)
 
 
 def secrets_matcher(types: tuple[str, ...] = SECRET_TYPES) -> Matcher:
     """One alternation of the chosen secret patterns, so a stream is scanned once."""
-    pattern = "|".join(f"(?P<{name}>{SECRET_PATTERNS[name]})" for name in types)
-    return _matcher(pattern, lookahead=1, refine=_secret_span)
+    return _matcher({name: SECRET_SHAPES[name] for name in types}, lookahead=1)
 
 
 # -- payment cards -----------------------------------------------------------------------
@@ -189,15 +394,26 @@ def card_ok(digits: str) -> bool:
     return known and luhn_ok(digits)
 
 
-def _card_span(m: re.Match[str]) -> tuple[int, int] | None:
-    digits = re.sub(r"[ -]", "", m.group())
-    return m.span() if card_ok(digits) else None
+def _card_span(text: str, start: int, end: int) -> tuple[int, int] | None:
+    digits = text[start:end].replace(" ", "").replace("-", "")
+    return (start, end) if card_ok(digits) else None
 
 
 # 13 to 19 digits, single spaces or dashes allowed between them. The whole run must be
-# the number: a digit run on by one separator makes it part of a longer number.
+# the number: a digit run on by one separator makes it part of a longer number (so
+# before it: no digit, nor a digit and a separator; after it: the same).
 CARD = _matcher(
-    r"(?<![0-9])(?<![0-9][ -])[0-9](?:[ -]?[0-9]){12,18}(?![ -]?[0-9])", lookahead=2, label="card", refine=_card_span
+    {
+        "card": Shape(
+            r"[0-9](?:[ -]?[0-9]){12,18}",
+            r"(?:^|[^0-9 -]|(?:^|[^0-9])[ -])",
+            r"(?:$|[^0-9 -]|[ -](?:$|[^0-9]))",
+            gate=r"[0-9](?:[ -]?[0-9]){12}",
+        )
+    },
+    lookahead=2,
+    label="card",
+    refine=_card_span,
 )
 
 
@@ -227,31 +443,37 @@ def iban_ok(iban: str) -> bool:
     return int("".join(str(int(ch, 36)) for ch in rearranged)) % 97 == 1
 
 
-def _iban_span(m: re.Match[str]) -> tuple[int, int] | None:
+def _iban_span(text: str, start: int, end: int) -> tuple[int, int] | None:
     """The IBAN at the start of a candidate: as many characters as its country uses.
 
     The candidate may run on into the next group of capitals or digits ("… 00 EUR"),
     so the country's length, not the candidate's, ends the IBAN.
     """
-    text, n = m.group(), IBAN_LENGTHS.get(m.group()[:2])
+    n = IBAN_LENGTHS.get(text[start : start + 2])
     if n is None:
         return None
     seen = 0
-    for end, ch in enumerate(text, 1):  # noqa: B007 - `end` is read after the loop
-        seen += ch != " "
+    for stop in range(start, end):
+        seen += text[stop] != " "
         if seen == n:
             break
     else:
         return None
-    following = m.string[m.start() + end : m.start() + end + 1]
-    if following.isalnum() or not iban_ok(text[:end].replace(" ", "")):
+    stop += 1
+    if text[stop : stop + 1].isalnum() or not iban_ok(text[start:stop].replace(" ", "")):
         return None
-    return m.start(), m.start() + end
+    return start, stop
 
 
 # Country, check digits, groups of four (spaces optional), a last short group.
 IBAN = _matcher(
-    r"(?<![A-Za-z0-9])[A-Z]{2}[0-9]{2}(?: ?[A-Z0-9]{4}){2,7}(?: ?[A-Z0-9]{1,3})?",
+    {
+        "iban": Shape(
+            r"[A-Z]{2}[0-9]{2}(?: ?[A-Z0-9]{4}){2,7}(?: ?[A-Z0-9]{1,3})?",
+            r"(?:^|[^A-Za-z0-9])",
+            gate=r"[A-Z]{2}[0-9]{2}",
+        )
+    },
     lookahead=2,
     label="iban",
     refine=_iban_span,
@@ -260,13 +482,18 @@ IBAN = _matcher(
 
 # -- e-mail ------------------------------------------------------------------------------
 
-# A 64-character local part, up to four domain labels and a top-level domain. The
-# lookaheads refuse a match that the next characters would extend ("a@b.co" in
-# "a@b.com", "a@b.com" in "a@b.com.au"), so a match is final two characters after it.
+# A 64-character local part, up to four domain labels and a top-level domain. What may
+# follow refuses a match that the next characters would extend ("a@b.co" in "a@b.com",
+# "a@b.com" in "a@b.com.au"), so a match is final two characters after it.
 EMAIL = _matcher(
-    r"(?<![A-Za-z0-9._%+-])[A-Za-z0-9._%+-]{1,64}@"
-    r"(?:[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?\.){1,4}[A-Za-z]{2,24}"
-    r"(?![A-Za-z0-9-])(?!\.[A-Za-z0-9-])",
+    {
+        "email": Shape(
+            r"[A-Za-z0-9._%+-]{1,64}@(?:[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?\.){1,4}[A-Za-z]{2,24}",
+            r"(?:^|[^A-Za-z0-9._%+-])",
+            r"(?:$|[^A-Za-z0-9.-]|\.(?:$|[^A-Za-z0-9-]))",
+            gate="@",
+        )
+    },
     lookahead=2,
     label="email",
 )

@@ -5,7 +5,7 @@ One ``[[rule]]`` table per rule::
     [[rule]]
     id = "internal-hosts"        # required, unique: recorded with every verdict
     kind = "regex"               # regex | keywords | secrets | pii
-    pattern = '\\b[a-z0-9-]+\\.corp\\.example\\.com\\b'
+    pattern = '\\b[a-z0-9-]+\\.corp\\.example\\.com\\b'   # RE2 syntax
     case_sensitive = false       # regex: default true; keywords: default false
     scope = "both"               # request | response | both (the default)
     action = "block"             # block | flag: required
@@ -31,8 +31,12 @@ One ``[[rule]]`` table per rule::
     types = ["email", "card", "iban"]   # the default
     action = "flag"
 
-``window`` is how many characters of a response stream a blocking rule holds back so
-that a match is caught before any of it reaches the client. It defaults to the longest
+``pattern`` is RE2 syntax (linear-time matching, see :mod:`addon.filters.prefix` and
+docs/filters.md); a pattern RE2 cannot run (lookarounds, backreferences) is refused.
+
+``window`` is the most characters of a response stream a blocking rule holds back so
+that a match is caught before any of it reaches the client; it holds back only what
+could still become a match (:mod:`addon.filters.window`). It defaults to the longest
 match the rule can make (plus the characters after it that decide it): computed from
 the pattern for a bounded ``regex`` (256 when it is unbounded, e.g. ``\\w+``: give
 ``window`` for longer matches), the longest keyword, 167 for ``secrets``, 38 for a card
@@ -65,18 +69,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, NoReturn
 
+import re2  # type: ignore[import-untyped]
+
 from addon.filters.api import Verdict, match_hash
 from addon.filters.detectors import (
-    MAX_SPAN,
+    NOT_WORD,
     PII,
     PII_TYPES,
     SECRET_TYPES,
     Hit,
     Matcher,
-    regex_width,
+    re2_options,
     secrets_matcher,
 )
 from addon.filters.normalize import DEFAULT_VIEW, fold
+from addon.filters.prefix import MAX_SPAN, NoPrefix, prefix_pattern
 
 KINDS = ("regex", "keywords", "secrets", "pii")
 SCOPES = ("request", "response", "both")
@@ -313,16 +320,26 @@ class _Entry:
 
     def _regex(self, window: int | None) -> tuple[Matcher, ...]:
         pattern = self.get("pattern", str)
-        flags = 0 if self.get("case_sensitive", bool, True) else re.IGNORECASE
+        case_sensitive = self.get("case_sensitive", bool, True)
         try:
-            regex = re.compile(pattern, flags)
-        except re.error as e:
-            self.fail("pattern", f"bad regular expression: {e.msg} at position {e.pos}")
-        low, high = regex_width(regex)
+            regex = re2.compile(pattern, re2_options(case_sensitive))
+        except re2.error as e:
+            reason = e.args[0].decode(errors="replace") if e.args and isinstance(e.args[0], bytes) else str(e)
+            if _python_reads(pattern):  # valid, but needs backtracking: lookarounds, backreferences...
+                self.fail("pattern", f"pattern not supported by RE2 (linear-time matching): {reason}")
+            self.fail("pattern", f"bad regular expression: {reason}")
+        prefix: str | None
+        try:
+            prefix, low, high = prefix_pattern(pattern, not case_sensitive, 0)  # (lookahead 1, less the last)
+            re2.compile(prefix, re2_options())  # (it must compile: else hold the window)
+        except (NoPrefix, re2.error):
+            prefix, high = None, None
+            low = 0 if _matches_empty(regex) else 1
         if low == 0:
             self.fail("pattern", "the pattern can match empty text")
         # A pattern's own bound wins; an unbounded one is scanned as far as the window.
-        return (Matcher(regex, high or window or DEFAULT_REGEX_SPAN),)
+        span = high or window or DEFAULT_REGEX_SPAN
+        return (Matcher(regex, span, prefix=prefix, prefix_len=high),)
 
     def _keywords(self, view: str) -> tuple[Matcher, ...]:
         given = self.strings("keywords")
@@ -332,11 +349,41 @@ class _Entry:
         words = sorted(dict.fromkeys(fold(w, view)[0] for w in given), key=len, reverse=True)
         if not words[-1].strip():
             self.fail("keywords", "a keyword is only invisible characters")
-        flags = 0 if self.get("case_sensitive", bool, False) else re.IGNORECASE
-        # One alternation, longest first, with word edges that also work for words
-        # that start or end with punctuation ("C++").
-        regex = re.compile(r"(?<!\w)(?:" + "|".join(map(re.escape, words)) + r")(?!\w)", flags)
-        return (Matcher(regex, len(words[0])),)
+        case_sensitive = self.get("case_sensitive", bool, False)
+        # One alternation, longest first, with word edges that also work for words that
+        # start or end with punctuation ("C++"): no letter, digit or _ on either side.
+        words_pattern = "|".join(map(re.escape, words))
+        regex = re2.compile(
+            rf"(?:^|{NOT_WORD})(?P<_keyword>{words_pattern})(?:$|{NOT_WORD})", re2_options(case_sensitive)
+        )
+        prefix: str | None
+        try:
+            prefix, _, _ = prefix_pattern(words_pattern, not case_sensitive, 0)
+            re2.compile(prefix, re2_options())
+        except (NoPrefix, re2.error):  # (a very long list: hold the window instead)
+            prefix = None
+        span = len(words[0])
+        # The words alone find every match: the word edges are Unicode classes, a large
+        # automaton, left to the rule's own search.
+        gate = words_pattern if case_sensitive else f"(?i:{words_pattern})"
+        return (Matcher(regex, span, groups=("_keyword",), behind=1, prefix=prefix, prefix_len=span, gate=gate),)
+
+
+def _python_reads(pattern: str) -> bool:
+    try:
+        re.compile(pattern)
+    except (re.error, RecursionError, OverflowError):
+        return False
+    return True
+
+
+def _matches_empty(regex: Any) -> bool:
+    """Whether a pattern Python cannot analyse matches empty text somewhere in a probe."""
+    for probe in ("", " a\n0_-.\u00e9 ", "a", "0"):
+        for m in regex.finditer(probe):
+            if m.start() == m.end():
+                return True
+    return False
 
 
 _TYPE_NAMES = {str: "a string", int: "an integer", bool: "true or false", list: "a list"}

@@ -1,42 +1,48 @@
-"""The hold-back window: rules checked over a stream of text as it arrives.
+"""The hold-back: rules checked over a stream of text as it arrives.
 
 A response streams as many small pieces; a secret or a card number can be cut across
 any number of them. :class:`StreamScanner` checks one stream (one choice's text, its
 reasoning, one tool call's arguments) and says, after each piece, which text may go to
 the client now and which verdicts the rules gave.
 
-How it works. Each rule's matcher knows the longest text it matches (``span``) and how
-many characters after a match can still change it (``lookahead``). A check runs the
-matcher over the not-yet-checked text plus the last ``span + lookahead`` characters
-before it, so a match split across pieces is seen whole, and the cost of a check is
-bounded by that overlap, never by the whole stream. A candidate that ends less than
-``lookahead`` characters before the end of the text so far may still grow or vanish
-("4111 1111 1111 111" before its last digit arrives), so it is left for the next check.
-A blocking rule holds back ``span + lookahead - 1`` characters (its ``hold``, see
-:meth:`addon.filters.rules.Rule.hold`): by the time a match is final, none of it has
-been released. Flag rules and rules with window 0 (release-first) hold nothing back;
-they only report.
+How it works. Every piece is checked as it arrives, with RE2 (linear time, whatever the
+patterns and the text). A check looks at the text from the earliest position where a
+match may still be in progress (below) to the end: first one search of all the rules of
+a view together (a *prefilter* of each rule's gate, see :class:`Matcher`: ordinary text
+matches nothing, and then that one search is the whole check), and only when it finds
+something, each rule's own search over the same text. When all of a view's rules block,
+that search and the one below are one. A candidate is final once its ``lookahead``
+characters have arrived and no longer match of its rule can still grow from it
+("4111 1111 1111 111" before its last digit arrives, "qz" of ``q.{0,3}z`` in "qzq");
+until then it is left for the next check.
 
-Checks are batched: a matcher is run again once a quarter of its span has arrived (at
-least ``MIN_STEP`` characters), so a stream of one-character pieces costs a constant amount of
-scanning per character instead of a full overlap per piece. The price is that text is
-released in steps: a blocking rule holds between ``hold`` and ``hold + step - 1``
-characters.
+What is held back. After each piece the stream is released up to the earliest position
+``i`` where a match of a blocking rule may still be in progress: where ``text[i:]`` is
+the start of a match, or a match whose deciding ``lookahead`` characters have not all
+arrived. Each matcher knows the texts that may still grow into a match as an RE2
+pattern (:mod:`addon.filters.prefix`); all of a view's blocking matchers are searched
+together, anchored at the end (``(?:...)\\z``), and RE2's leftmost match is ``i``. So a
+keyword rule holds back only a tail that is the start of a keyword ("the nigh" before
+"tjar"), the e-mail detector the last word (it could be a local part), and text that
+cannot be part of any match is released at once. Each rule still holds at most its
+``hold`` (:meth:`addon.filters.rules.Rule.hold`: its window), which also bounds how far
+back an unbounded pattern's match may start; a matcher without a prefix pattern (a
+pattern Python's parser cannot read) holds its whole window, as before. Flag rules and
+rules with window 0 (release-first) hold nothing back; they only report. The same
+search over all rules (blocking or not) says where the next check must start.
 
 Views. Rules match on a normalised view of the text (:mod:`addon.filters.normalize`:
-invisible characters removed, NFKC, optionally confusables), so spans, holds and steps
-count view characters, and invisible characters cost no window. Positions and the
-release are in original characters: each view character knows the original character
-it came from, a view's release point is the original offset of its first unreleasable
-view character, and the invisible characters inside a match lie between its first and
-last view characters, so they are held with it.
+invisible characters removed, NFKC, optionally confusables), so spans and holds count
+view characters, and invisible characters cost no window. Positions and the release
+are in original characters: each view character knows the original character it came
+from, a view's release point is the original offset of its first unreleasable view
+character, and the invisible characters inside a match lie between its first and last
+view characters, so they are held with it.
 
 Guarantee: no character of a match of a blocking rule is released, however the text is
 cut, as long as the rule's window covers its longest match. Limits: an unbounded regex
-longer than its window may leak its start; a regex that looks further than one
-character past its match (``foo(?!bar)``) is decided on the text so far and may block
-where the whole text would not; lookbehinds see at most ``CONTEXT`` characters before
-the overlap.
+longer than its window may leak its start; word edges (``\\b``) see at most ``CONTEXT``
+characters before the text a check looks at.
 """
 
 from __future__ import annotations
@@ -44,15 +50,20 @@ from __future__ import annotations
 from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any
 
+import re2  # type: ignore[import-untyped]
+
+from addon.filters import detectors
 from addon.filters.api import BLOCK, Verdict
-from addon.filters.detectors import Matcher
+from addon.filters.detectors import Matcher, Subject, re2_options
 from addon.filters.normalize import Fold, folder
 from addon.filters.rules import Rule
 
-CONTEXT = 32  # characters kept before a check's overlap, for lookbehinds and \b
-MIN_STEP = 16  # checks are at least this many characters apart (one-character pieces)
+CONTEXT = 32  # characters kept before a check's text, for word edges and the context patterns read
 MAX_HITS_PER_RULE = 20  # a rule reports at most this many hits per stream, then stops
+_NO_MATCH = (-1, -1)
 
 
 @dataclass(slots=True)
@@ -61,15 +72,113 @@ class _Track:
 
     rule: Rule
     matcher: Matcher
-    hold: int
-    step: int
-    checked: int  # length of the stream at this track's last check
+    hold: int  # the most characters it holds back (0: none)
     resume: int  # end of its last final candidate: the next scan starts no earlier
     hits: int = 0
 
-    def scan_from(self) -> int:
-        """The earliest start of a match the last check could not settle."""
-        return max(self.resume, self.checked - self.matcher.span - self.matcher.lookahead)
+
+class _Reach:
+    """Where a match of some matchers may still be in progress, in one RE2 search.
+
+    Each entry is a matcher and the most characters it may reach back (``cap``). The
+    prefix patterns of all of them are one alternation, anchored at the end and searched
+    from the longest cap back (a bounded pattern's prefixes are no longer than its
+    longest match and lookahead, an unbounded one's are cut by the cap: the view's
+    longest, so a rule with a short window on an unbounded pattern may hold up to that);
+    matchers without a prefix pattern reach their whole cap.
+    """
+
+    __slots__ = ("pattern", "regex", "cap", "fixed")
+
+    def __init__(self, entries: Sequence[tuple[Matcher, int]]) -> None:
+        prefixes = [m.prefix for m, _ in entries if m.prefix is not None]
+        self.fixed = max((cap for m, cap in entries if m.prefix is None), default=0)
+        self.cap = max(
+            (cap if m.prefix_len is None else min(cap, m.prefix_len) for m, cap in entries if m.prefix is not None),
+            default=0,
+        )
+        self.pattern = rf"(?:{'|'.join(dict.fromkeys(prefixes))})\z" if prefixes else ""
+        self.regex = _try_compile(self.pattern) if prefixes else None
+        if prefixes and self.regex is None:  # (too large for RE2's memory budget: hold the windows)
+            self.fixed = max(cap for _, cap in entries)
+
+    def start(self, subject: Subject, lo: int, length: int, floor: int) -> int:
+        """The earliest view offset (at least ``floor``) where such a match may be in
+        progress; ``length`` when none. ``subject`` is the view's text from ``lo``."""
+        best = max(floor, length - self.fixed) if self.fixed else length
+        at = max(floor, length - self.cap, lo)  # (a check's text starts before any match in progress)
+        if self.regex is not None and at < best:
+            found = detectors.spans(self.regex, subject.data, subject.byte(at - lo))
+            if found[0] != _NO_MATCH:
+                best = min(best, lo + subject.char(found[0][0]))
+        return best
+
+
+def _compile(pattern: str) -> Any:
+    options = re2_options()
+    options.never_capture = True  # (rules may share group names)
+    return re2.compile(pattern, options)
+
+
+def _try_compile(pattern: str) -> Any:
+    """A combined pattern, or None when it is too large for RE2 (each rule's own pattern
+    compiled at load; many together may not): the caller does without it."""
+    try:
+        return _compile(pattern)
+    except re2.error:
+        return None
+
+
+@lru_cache(maxsize=1024)
+def _anchored(prefix: str) -> Any:
+    """A matcher's prefix pattern, anchored at the end of the text (None: too large)."""
+    return _try_compile(rf"(?:{prefix})\z")
+
+
+def _gate(m: Matcher) -> str:
+    """What a matcher's combined search looks for: its gate, or its pattern as it matches."""
+    if m.gate:
+        return m.gate
+    pattern: str = m.regex.pattern
+    return pattern if m.regex.options.case_sensitive else f"(?i:{pattern})"
+
+
+@dataclass(frozen=True, slots=True)
+class _Plan:
+    """The compiled searches of one view's rules (shared by every stream they check)."""
+
+    prefilter: Any  # all matchers' gates at once: can anything match?
+    behind: int  # the most context characters a matcher reads before a match
+    scan: _Reach  # where the next check starts (all matchers)
+    release: _Reach | None  # where the release stops (blocking matchers, at their holds); None: ``scan``
+    keep_back: int  # the most characters the release may hold back
+    scan_back: int  # the most characters a check may reach back
+    # When every matcher blocks at its full hold and has a prefix pattern: the gates or
+    # the prefix patterns in one search, so most pieces cost one search (_View.check).
+    both: Any = None
+
+
+@lru_cache(maxsize=256)
+def _plan(tracks: tuple[tuple[Matcher, int], ...]) -> _Plan:
+    """``tracks``: each matcher with its hold (0: holds nothing)."""
+    matchers = list(dict.fromkeys(m for m, _ in tracks))
+    gates = "|".join(f"(?:{_gate(m)})" for m in matchers)
+    prefilter = _try_compile(gates) if matchers else None  # None: run every rule's own search
+    scan_entries = [(m, m.hold) for m in matchers]
+    release_entries = [(m, hold) for m, hold in tracks if hold > 0]
+    same = {id(m) for m, _ in release_entries} == {id(m) for m in matchers} and all(
+        hold >= m.span + m.lookahead - 1 for m, hold in release_entries
+    )
+    scan = _Reach(scan_entries)
+    return _Plan(
+        prefilter,
+        max((m.behind for m in matchers), default=0),
+        scan,
+        None if same else _Reach(release_entries),
+        max((hold for _, hold in release_entries), default=0),
+        max((cap for _, cap in scan_entries), default=0),
+        _try_compile(f"{gates}|{scan.pattern}") if same and prefilter and scan.regex and not scan.fixed else None,
+    )
 
 
 class _View:
@@ -78,19 +187,22 @@ class _View:
 
     ``buf`` holds the view's text from ``base`` on (view offsets); ``where`` the original
     offset of each of its characters, or ``None`` while the view is the original text
-    itself (ASCII, or text no fold changes: the common case costs no map). ``safe`` is the
-    original offset up to which this view's blocking tracks allow a release.
+    itself (ASCII, or text no fold changes: the common case costs no map). ``scan_from``
+    is where the next check starts, ``hold_from`` the first view character the release
+    must keep back, and ``safe`` its original offset.
     """
 
     __slots__ = (
         "fold",
         "tracks",
         "holding",
+        "plan",
         "buf",
         "base",
         "length",
         "where",
-        "next_check",
+        "scan_from",
+        "hold_from",
         "safe",
         "keep_back",
         "trim_at",
@@ -100,19 +212,18 @@ class _View:
         self.fold = fold
         self.tracks = tracks
         self.holding = [t for t in tracks if t.hold > 0]
+        self.plan = _plan(tuple((t.matcher, t.hold) for t in tracks))
         self.buf = ""
         self.base = 0
         self.length = 0
         self.where: array[int] | None = None
-        self.next_check = 0
+        self.scan_from = 0
+        self.hold_from = 0
         self.safe = 0
-        # the next check's release point can be this far back from the view's end
-        self.keep_back = max((t.hold for t in self.holding), default=0)
-        # The most text the checks and the release can still need; the buffer is cut
-        # back to it once it has grown to twice that, so each character is copied a
-        # bounded number of times.
-        needs = [t.matcher.span + t.matcher.lookahead + t.step + t.hold for t in tracks]
-        self.trim_at = 2 * (max(needs, default=0) + CONTEXT)
+        self.keep_back = self.plan.keep_back
+        # The buffer is cut back to what the checks and the release still need once it
+        # has grown past this, so each character is copied a bounded number of times.
+        self.trim_at = 2 * (max(self.plan.keep_back, self.plan.scan_back) + CONTEXT) + 256
 
     def add(self, text: str, start: int) -> None:
         """A piece of the stream that starts at original offset ``start``."""
@@ -136,57 +247,108 @@ class _View:
         return index if self.where is None else self.where[index - self.base]
 
     def check(self, final: bool, end: int, location: str) -> tuple[list[Verdict], Verdict | None]:
-        """Run the due tracks; the verdicts (positions in the original text) and the first block."""
+        """Check the new text; the verdicts (positions in the original text) and the first block."""
         verdicts: list[Verdict] = []
         blocked: Verdict | None = None
-        base, buf = self.base, self.buf
-        for t in self.tracks:
-            if t.hits >= MAX_HITS_PER_RULE or (not final and self.length - t.checked < t.step):
-                continue
-            # Candidates ending closer than ``lookahead`` to the end are not final yet.
+        if self.length == self.scan_from and not final:
+            return verdicts, blocked
+        plan = self.plan
+        lo = max(self.base, self.scan_from - CONTEXT)
+        subject = Subject(self.buf[lo - self.base :])
+        at = subject.back(subject.byte(self.scan_from - lo), plan.behind)
+        if plan.both is not None and not final and self._settled(subject, lo, at, end):
+            return verdicts, blocked
+        active = [t for t in self.tracks if t.hits < MAX_HITS_PER_RULE]
+        if active and (plan.prefilter is None or detectors.spans(plan.prefilter, subject.data, at)[0] != _NO_MATCH):
+            blocked = self._run(active, subject, lo, final, end, location, verdicts)
+        if not final and blocked is None:
+            self.scan_from = plan.scan.start(subject, lo, self.length, self.scan_from)
+            if self.holding:
+                if plan.release is None:  # (the same search: all rules block, at their full holds)
+                    self.hold_from = self.scan_from
+                else:
+                    self.hold_from = plan.release.start(subject, lo, self.length, self.hold_from)
+                self.safe = self.original(self.hold_from, end)
+        return verdicts, blocked
+
+    def _settled(self, subject: Subject, lo: int, at: int, end: int) -> bool:
+        """The one-search check of a view whose rules all block: True when no gate starts
+        before the leftmost match in progress (which then starts the hold and the next
+        check); a gate after it is of a blocking rule, held from there on, and found by a
+        later check once the match in progress is decided."""
+        plan, data = self.plan, subject.data
+        found = detectors.spans(plan.both, data, at)[0]
+        if found[1] < len(data):  # a gate (the prefix patterns end at the end)
+            return False
+        if found[0] < found[1]:  # a gate to the end, or a match in progress?
+            if detectors.spans_at(plan.prefilter, data, found[0])[0] != _NO_MATCH:
+                return False
+        start = lo + subject.char(found[0])
+        if start < self.length - plan.scan.cap:  # (an unbounded one, cut by the cap: the long way)
+            return False
+        self.scan_from = self.hold_from = max(self.scan_from, start)
+        self.safe = self.original(self.hold_from, end)
+        return True
+
+    def _run(
+        self, active: list[_Track], subject: Subject, lo: int, final: bool, end: int, location: str, out: list[Verdict]
+    ) -> Verdict | None:
+        """Each rule's own search over the checked text (the prefilter found something)."""
+        blocked: Verdict | None = None
+        text = subject.text
+        for t in active:
+            # Candidates ending closer than ``lookahead`` to the end are not final yet, nor
+            # any from where a match of the rule may still be in progress: a longer one
+            # may grow there ("qz" of q.{0,3}z in "qzq" before "z" arrives).
+            start = max(t.resume, self.scan_from)
             limit = self.length if final else self.length - t.matcher.lookahead
-            for m in t.matcher.regex.finditer(buf, t.scan_from() - base):
-                if base + m.end() > limit:
+            growing = self.length if final else self._in_progress(t.matcher, subject, lo, start)
+            for c in t.matcher.candidates(subject, start - lo):
+                if lo + c.end > limit or lo + c.start >= growing:
                     break
-                t.resume = base + m.end()
-                hit = t.matcher.hit(m)
+                t.resume = lo + c.end
+                hit = t.matcher.hit(text, c)
                 if hit is None:
                     continue
-                verdict = t.rule.verdict(hit, self.original(base + hit.start, end), location)
-                verdicts.append(verdict)
+                verdict = t.rule.verdict(hit, self.original(lo + hit.start, end), location)
+                out.append(verdict)
                 t.hits += 1
                 if verdict.action == BLOCK:
                     blocked = blocked or verdict
                     break
                 if t.hits >= MAX_HITS_PER_RULE:
                     break
-            t.checked = self.length
-        self.next_check = min((t.checked + t.step for t in self._active()), default=1 << 62)
-        if self.holding:
-            self.safe = self.original(max(0, min(t.checked - t.hold for t in self.holding)), end)
-        return verdicts, blocked
+        return blocked
+
+    def _in_progress(self, m: Matcher, subject: Subject, lo: int, start: int) -> int:
+        """The earliest view offset from ``start`` where a match of ``m`` may still grow."""
+        if m.prefix is None:
+            return self.length
+        at = max(start, lo, self.length - (m.span + m.lookahead))
+        regex = _anchored(m.prefix)
+        if regex is None:  # (then its reach holds the whole window: lookahead alone decides)
+            return self.length
+        found = detectors.spans(regex, subject.data, subject.byte(at - lo))
+        return self.length if found[0] == _NO_MATCH else lo + subject.char(found[0][0])
 
     def end_block(self) -> None:
         """The block is over: no match spans it and what follows."""
         self.buf, self.base, self.where = "", self.length, None if self.where is None else array("q")
         for t in self.tracks:
-            t.checked = t.resume = self.length
-        self.next_check = self.length
+            t.resume = self.length
+        self.scan_from = self.hold_from = self.length
 
     def trim(self) -> None:
         """Drop the text no check (and no release point) will look at again."""
         if len(self.buf) <= self.trim_at:
             return
-        keep = min([self.length - self.keep_back] + [t.scan_from() - CONTEXT for t in self._active()])
+        keep = min(self.scan_from - CONTEXT, self.hold_from if self.holding else self.length)
         if keep > self.base:
             cut = keep - self.base
             self.buf = self.buf[cut:]
             if self.where is not None:
                 del self.where[:cut]
             self.base = keep
-
-    def _active(self) -> list[_Track]:
-        return [t for t in self.tracks if t.hits < MAX_HITS_PER_RULE]
 
 
 class StreamScanner:
@@ -204,8 +366,7 @@ class StreamScanner:
         by_view: dict[str, list[_Track]] = {}
         for rule in rules:
             for m in rule.matchers:
-                track = _Track(rule, m, rule.hold(m), max(MIN_STEP, (m.span + m.lookahead) // 4), 0, 0)
-                by_view.setdefault(rule.view, []).append(track)
+                by_view.setdefault(rule.view, []).append(_Track(rule, m, rule.hold(m), 0))
         self._views = [_View(folder(view), tracks) for view, tracks in by_view.items()]
         self._holding = [v for v in self._views if v.holding]
         self._extra_hold = extra_hold
@@ -227,7 +388,7 @@ class StreamScanner:
 
     @property
     def hold(self) -> int:
-        """The most characters (of a view) this scanner holds back between checks."""
+        """The most characters (of a view) this scanner may hold back."""
         return max([self._extra_hold] + [v.keep_back for v in self._holding])
 
     def feed(self, text: str) -> tuple[str, list[Verdict]]:
@@ -243,8 +404,7 @@ class StreamScanner:
         verdicts: list[Verdict] = []
         for view in self._views:
             view.add(text, start)
-            if view.length >= view.next_check:
-                self._check(view, False, verdicts)
+            self._check(view, False, verdicts)
         target = self._length - self._extra_hold
         if self._holding:
             target = min([target] + [v.safe for v in self._holding])

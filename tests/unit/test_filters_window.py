@@ -12,6 +12,7 @@ from fixtures.filters.samples import CARDS, EMAILS, IBANS, NOT_CARDS, NOT_IBANS,
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from addon.filters import detectors
 from addon.filters.api import match_hash
 from addon.filters.rules import parse_rules
 from addon.filters.window import MAX_HITS_PER_RULE, StreamScanner
@@ -165,7 +166,10 @@ def test_window_zero_releases_first_and_still_reports_the_block():
     assert released == text[: len(released)] and len(released) < len(text)  # the stream stops at the block
 
 
-def test_a_blocking_rule_holds_back_its_window_and_not_much_more():
+def test_a_blocking_rule_holds_back_at_most_its_window_and_on_prose_only_what_could_start_a_match():
+    # (This test asserted a hold of at least the window before the hold-back held only
+    # what could still become a match: on prose, the secrets detector holds a word
+    # ending such as "s" of "sk-", never the window.)
     (creds,) = BLOCKING[:1]
     scanner = StreamScanner([creds])
     assert scanner.hold == 167
@@ -173,8 +177,8 @@ def test_a_blocking_rule_holds_back_its_window_and_not_much_more():
     for ch in "harmless prose " * 200:
         out, _ = scanner.feed(ch)
         fed, released = fed + 1, released + len(out)
-        assert fed - released <= scanner.hold + (167 + 1) // 4
-    assert fed - released >= scanner.hold
+        assert fed - released <= min(scanner.hold, 2)
+    assert fed == released
 
 
 def test_extra_hold_alone_holds_exactly_that_much():
@@ -196,9 +200,9 @@ def test_a_flush_ends_a_block_positions_go_on_and_no_match_spans_two_blocks():
     released, _ = scanner.feed("4111 1111 ")
     released2, verdicts = scanner.flush()
     assert released + released2 == "4111 1111 " and verdicts == []
-    scanner.feed("1111 1111 ok ")
+    fed, _ = scanner.feed("1111 1111 ok ")  # (released at once: nothing there can still become a match)
     out, verdicts = scanner.flush()
-    assert verdicts == [] and out == "1111 1111 ok "
+    assert verdicts == [] and fed + out == "1111 1111 ok "
     scanner.feed("and nightjar")
     _, verdicts = scanner.flush()
     assert [(v.rule_id, v.position) for v in verdicts] == [("codename", 27)]
@@ -227,29 +231,22 @@ def test_a_flag_rule_reports_a_bounded_number_of_hits_per_stream():
     assert released == text and len(verdicts) == MAX_HITS_PER_RULE
 
 
-class CountingRegex:
-    """A compiled pattern that counts the characters every scan may look at."""
+def test_cost_is_linear_two_megabytes_in_one_character_pieces(monkeypatch):
+    searched = [0]
+    search = detectors.spans
 
-    def __init__(self, regex, counter):
-        self.regex, self.counter = regex, counter
+    def counting(regex, data, pos):
+        searched[0] += len(data) - pos
+        return search(regex, data, pos)
 
-    def finditer(self, string, pos=0):
-        self.counter[0] += len(string) - pos
-        return self.regex.finditer(string, pos)
-
-
-def test_cost_is_linear_two_megabytes_in_one_character_pieces():
-    counter = [0]
-    rules = [
-        replace(r, matchers=tuple(replace(m, regex=CountingRegex(m.regex, counter)) for m in r.matchers))
-        for r in BLOCKING[:2]
-    ]
-    scanner = StreamScanner(rules)
+    monkeypatch.setattr(detectors, "spans", counting)
+    scanner = StreamScanner(BLOCKING[:2])
     text = ("some ordinary text 12345, nothing to see; " * 50_000)[:2_000_000]
     released = sum(len(scanner.feed(ch)[0]) for ch in text) + len(scanner.flush()[0])
     assert released == len(text)
-    # Three matchers, each looking at its overlap plus the new text once per step.
-    assert counter[0] < 3 * 8 * len(text)
+    # Every search looks at the text from where a match may still be in progress: on
+    # this text a few characters (a number, a word) per piece, never the whole stream.
+    assert searched[0] < 40 * len(text)
 
 
 def test_the_buffer_stays_small_when_no_rule_checks_any_more():
