@@ -195,13 +195,14 @@ class SSEParser:
 
     # ------------------------------------------------------------------ bytes -> text
 
-    def feed(self, chunk: bytes) -> list[SSEEvent]:
+    def feed(self, piece: bytes | bytearray | memoryview) -> list[SSEEvent]:
         """Parse the next piece of the body; return the events it completed."""
-        if not chunk:
+        if not piece:
             return []
+        # (typed bytes from here: the compiled parser's operations on it are then direct)
+        chunk: bytes = piece if type(piece) is bytes else bytes(piece)
         if (
-            type(chunk) is bytes
-            and chunk[-2:] == b"\n\n"
+            chunk[-2:] == b"\n\n"
             and not (
                 self._undecoded
                 or self._bom_pending
