@@ -201,17 +201,14 @@ class SSEParser:
             return []
         # (typed bytes from here: the compiled parser's operations on it are then direct)
         chunk: bytes = piece if type(piece) is bytes else bytes(piece)
-        if (
-            chunk[-2:] == b"\n\n"
-            and not (
-                self._undecoded
-                or self._bom_pending
-                or self._skip_lf
-                or self._skip_line
-                or self._pending
-                or self._in_block
-                or self._skip_event
-            )
+        if chunk[-2:] == b"\n\n" and not (
+            self._undecoded
+            or self._bom_pending
+            or self._skip_lf
+            or self._skip_line
+            or self._pending
+            or self._in_block
+            or self._skip_event
         ):
             # The common case, first: a live stream's chunk that is one whole event, at a
             # block start with nothing held back. A chunk ending in LF holds no cut

@@ -110,7 +110,7 @@ DELTA = 'event: content.delta\ndata: {"type":"content.delta","delta":{"text":"%s
 STREAMS = {
     "ascii": "".join(DELTA % f" tok{i}" for i in range(400)).encode(),
     "japanese-emoji": "".join(DELTA % f"日本語のテキスト🎉{i}" for i in range(400)).encode(),
-    "openai-crlf": "".join(f"data: {{\"i\":{i},\"t\":\"é\"}}\r\n\r\n" for i in range(400)).encode() + b"data: [DONE]\r\n\r\n",
+    "openai-crlf": "".join(f'data: {{"i":{i},"t":"é"}}\r\n\r\n' for i in range(400)).encode() + b"data: [DONE]\r\n\r\n",
     "ids-comments-retry": b"".join(
         b": ping\n" * (i % 3 == 0) + b"retry: %d\n" % i * (i % 7 == 0) + b"id: %d\nevent: e\ndata: x%d\n\n" % (i, i)
         for i in range(300)
