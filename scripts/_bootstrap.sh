@@ -30,7 +30,8 @@ ensure_venv() {
         "$python" -m venv "$VENV" || return 1
     fi
     stamp="$VENV/.installed-${extras:-base}"
-    want="$(sha256sum "$ROOT/pyproject.toml" | cut -d' ' -f1)"
+    # setup.py compiles sse_parser.py (mypyc): a change to it is rebuilt like one to pyproject.toml
+    want="$(cat "$ROOT/pyproject.toml" "$ROOT/setup.py" "$ROOT/addon/framing/sse_parser.py" | sha256sum | cut -d' ' -f1)"
     if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
         echo "llm-audit: installing $spec into $VENV" >&2
         (cd "$ROOT" && "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check -e "$spec") || return 1
