@@ -39,7 +39,7 @@ from typing import Any
 import orjson
 from sqlalchemy import JSON, BigInteger, Boolean, DateTime, Integer, String
 
-from storage.chain import CONTENT_COLUMNS
+from storage.chain import CONTENT_COLUMNS, split_big_strings
 from storage.schema import exchanges
 
 MAX_DEPTH = 254  # JSON nesting stored as JSON (orjson's limit); deeper is stored as its JSON text
@@ -125,6 +125,9 @@ def prepare(row: dict[str, Any], *, postgres: bool, max_bytes: int = MAX_VALUE_B
         if value is None:
             continue
         check, content = spec
+        if content and (digest := _streamed_hash(name, value, postgres, max_bytes)) is not None:
+            hashes[name] = digest  # stored as it is
+            continue
         stored, encoded = check(name, value, notes, postgres, max_bytes)
         if content and encoded is not None:
             hashes[name] = hashlib.sha256(encoded).hexdigest()
@@ -146,6 +149,36 @@ def prepare(row: dict[str, Any], *, postgres: bool, max_bytes: int = MAX_VALUE_B
         findings += [{"code": REDUCED, "detail": item} for item in notes.items]
         out["findings"] = findings
     return Prepared(out, hashes)
+
+
+def _streamed_hash(name: str, value: Any, postgres: bool, max_bytes: int) -> str | None:
+    """The content hash of a content value holding big strings (the answer of a long
+    stream), taken piece by piece (:func:`storage.chain.split_big_strings`) instead of over
+    its whole JSON, which would copy the text once more while the row is prepared. Only for
+    a value the checks would store as it is; None (the checks run) for anything else: no
+    big string, a text column's value that is not text, a value orjson refuses, U+0000 on
+    PostgreSQL, over ``max_bytes``. The bytes hashed are those the checks would hash."""
+    if name not in _JSON_COLUMNS and type(value) is not str:
+        return None
+    try:
+        pieces = split_big_strings(value)
+    except TypeError:
+        return None
+    if pieces is None:
+        return None
+    if postgres and (
+        b"\\u0000" in pieces.skeleton or any("\x00" in text or "\\u0000" in text for *_, text in pieces.strings)
+    ):
+        return None  # as the checks see it: an escaped U+0000 in the JSON (or the text of one)
+    digest = hashlib.sha256()
+    size = 0
+    try:
+        for piece in pieces:
+            digest.update(piece)
+            size += len(piece)
+    except TypeError:  # lone surrogates
+        return None
+    return digest.hexdigest() if size <= max_bytes else None
 
 
 def minimal_row(row: dict[str, Any], reason: str) -> dict[str, Any]:
@@ -278,6 +311,7 @@ def _specs() -> dict[str, tuple[Callable[..., tuple[Any, bytes | None]], bool]]:
 
 
 _SPECS = _specs()
+_JSON_COLUMNS = frozenset(c.name for c in exchanges.columns if isinstance(c.type, JSON))
 # the fast path of :func:`prepare`: string columns' lengths, integer columns' ranges, and
 # the type a time or boolean column takes as it is (NULL for the others)
 _STR_CHARS = {c.name: c.type.length for c in exchanges.columns if isinstance(c.type, String) and c.type.length}
