@@ -594,6 +594,9 @@ class AuditWriter:
         ours = [row for row in rows if is_sealed(row) and row["chain_id"] == self.instance]
         head = max((Head(row["chain_seq"], row["record_hash"]) for row in ours), key=lambda h: h.seq, default=None)
         large = [row for row in rows if _large(row)] if self._sqlite else []
+        huge = sum(len(row.get("output_text") or "") for row in rows) > _TRIM_AFTER
+        if huge:  # the pieces its record joined the text from are free: handed back before the copies are made
+            _release_memory()
         with self.engine.begin() as conn:
             if len(large) < len(rows):
                 conn.execute(self._upsert, [row for row in rows if not _large(row)] if large else rows)
@@ -603,7 +606,7 @@ class AuditWriter:
                 self._advance_head(conn, head)
         self.written += sum(1 for row in rows if row["status"] != IN_PROGRESS)  # final records
         self.last_write = datetime.now(UTC)
-        if sum(len(row.get("output_text") or "") for row in rows) > _TRIM_AFTER:
+        if huge:
             _release_memory()
         if head is not None and head.seq > self.committed.seq:
             self.committed = head
