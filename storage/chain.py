@@ -61,7 +61,7 @@ def content_hash(value: Any) -> str:
 # Python would cost more than the copy saves).
 BIG_STRING = 1 << 20
 _SLICE = 1 << 20
-_MAX_NODES = 256
+_MAX_NODES = 32
 
 
 @dataclass(slots=True)
@@ -99,26 +99,25 @@ def split_big_strings(value: Any) -> Pieces | None:
     """``value``'s :class:`Pieces`, or None when it holds no string of :data:`BIG_STRING`
     characters (as the value, an item or a dict value) within its first :data:`_MAX_NODES`
     nodes. Raises ``TypeError`` where ``orjson.dumps(value, option=OPT_SORT_KEYS)`` does."""
+    if not _holds_big_string(value):
+        return None
     big: dict[str, str] = {}
-    token = uuid.uuid4().hex
+    token = ""
     root: list[Any] = [value]
     stack: list[tuple[Any, Any]] = [(root, 0)]  # (container, key) of each value to look at
-    nodes = 0
     while stack:
         parent, key = stack.pop()
         item = parent[key]
         kind = type(item)
         if kind is str:
             if len(item) >= BIG_STRING:
+                token = token or uuid.uuid4().hex
                 marker = f"{token}:{len(big)}"
                 big[marker] = item
                 parent[key] = marker
             continue
         if kind is not dict and kind is not list and kind is not tuple:
             continue
-        nodes += len(item)
-        if nodes > _MAX_NODES:
-            return None
         copy: Any = dict(item) if kind is dict else list(item)  # the value itself is never changed
         parent[key] = copy
         stack.extend((copy, k) for k in (copy if kind is dict else range(len(copy))))
@@ -134,6 +133,26 @@ def split_big_strings(value: Any) -> Pieces | None:
         strings.append((start, start + len(quoted), text))
     strings.sort()
     return Pieces(skeleton, strings)
+
+
+def _holds_big_string(value: Any) -> bool:
+    """Whether ``value`` holds a string of :data:`BIG_STRING` characters within its first
+    :data:`_MAX_NODES` nodes: a look without copies, as every content value of every row
+    gets it (beyond the budget: serialized whole, as a common prompt is)."""
+    todo = [value]
+    nodes = 0
+    while todo:
+        item = todo.pop()
+        kind = type(item)
+        if kind is str:
+            if len(item) >= BIG_STRING:
+                return True
+        elif kind is dict or kind is list or kind is tuple:
+            nodes += len(item)
+            if nodes > _MAX_NODES:
+                return False
+            todo.extend(item.values() if kind is dict else item)
+    return False
 
 
 def utc_text(value: datetime) -> str:
