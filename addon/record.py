@@ -77,10 +77,9 @@ class TextParts:
 
     A stream brings its answer a few characters per event; kept as a list of those
     pieces, each small string costs some 50 bytes of object header, several times the
-    text itself. Every ``COMPACT_AT`` pieces are joined into one string (and those into
-    a bigger one when they pile up), so the memory stays close to the text's own size
-    and every character is copied a bounded number of times. ``"".join(parts)`` gives
-    the whole text.
+    text itself. Every ``COMPACT_AT`` pieces are joined into one string, so the memory
+    stays close to the text's own size and every character is copied a bounded number
+    of times. :meth:`whole` gives the whole text.
     """
 
     COMPACT_AT = 256
@@ -102,6 +101,20 @@ class TextParts:
         yield from self._chunks
         yield from self._tail
 
+    def whole(self) -> str:
+        """The whole text, joined once and kept as the only part: the record and the row
+        built from it then share one string. Were the parts kept beside it, a huge answer
+        would be held twice while its row is written (the record lives until the flow does)."""
+        chunks, tail = self._chunks, self._tail
+        if len(chunks) + len(tail) == 1:
+            return chunks[0] if chunks else tail[0]
+        if not chunks and not tail:
+            return ""
+        text = "".join(self)
+        chunks[:] = (text,)
+        tail.clear()
+        return text
+
     def __bool__(self) -> bool:
         return bool(self._chunks or self._tail)
 
@@ -122,11 +135,11 @@ class Choice:
     finish_reason: str | None = None
 
     def as_dict(self, index: int) -> dict[str, Any]:
-        out: dict[str, Any] = {"index": index, "text": "".join(self.text), "finish_reason": self.finish_reason}
+        out: dict[str, Any] = {"index": index, "text": self.text.whole(), "finish_reason": self.finish_reason}
         if self.reasoning:
-            out["reasoning"] = "".join(self.reasoning)
+            out["reasoning"] = self.reasoning.whole()
         if self.refusal:
-            out["refusal"] = "".join(self.refusal)
+            out["refusal"] = self.refusal.whole()
         return out
 
 
@@ -142,7 +155,7 @@ class ToolCall:
     complete: bool = False
 
     def as_dict(self) -> dict[str, Any]:
-        return {"id": self.id, "name": self.name, "arguments": "".join(self.arguments)}
+        return {"id": self.id, "name": self.name, "arguments": self.arguments.whole()}
 
 
 @dataclass(slots=True)
@@ -343,7 +356,7 @@ class ExchangeRecord:
     @property
     def output_text(self) -> str:
         c = self.choices.get(0)
-        return "".join(c.text) if c else ""
+        return c.text.whole() if c else ""
 
     def block(self, message: str, finish_reasons: list[str] | None = None) -> None:
         """A content filter stopped this exchange. ``finish_reasons``: the stop reasons the
@@ -389,7 +402,8 @@ class ExchangeRecord:
             if n > FINDINGS_PER_CODE:
                 findings.append({"code": code, "detail": f"{n - FINDINGS_PER_CODE} more not listed"})
         choices = [c.as_dict(i) for i, c in sorted(self.choices.items())]
-        tool_calls = [t.as_dict() | {"complete": t.complete} for t in self.tool_calls.values()]
+        # each call's arguments are built once: ``output`` and ``tool_calls`` share the strings
+        tool_calls = [t.as_dict() for t in self.tool_calls.values()]
         # output_text is choice 0's text: the same string object, not a second copy of it
         output_text = next((c["text"] for c in choices if c["index"] == 0), "")
         return {
@@ -422,8 +436,13 @@ class ExchangeRecord:
             "streamed": self.streamed,
             "request_body": self.request_body,
             "output_text": output_text,
-            "output": {"choices": choices, "tool_calls": tool_calls},
-            "tool_calls": [t.as_dict() for t in self.tool_calls.values()],
+            "output": {
+                "choices": choices,
+                "tool_calls": [
+                    d | {"complete": t.complete} for d, t in zip(tool_calls, self.tool_calls.values(), strict=True)
+                ],
+            },
+            "tool_calls": tool_calls,
             "finish_reasons": self.client_finish_reasons
             if self.client_finish_reasons is not None
             else [c["finish_reason"] for c in choices if c["finish_reason"] is not None],

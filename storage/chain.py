@@ -27,6 +27,8 @@ checkpoints of its head, kept elsewhere (:mod:`storage.checkpoint`), do.
 from __future__ import annotations
 
 import hashlib
+import uuid
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -46,8 +48,111 @@ FIELD_COLUMNS = tuple(
 
 
 def content_hash(value: Any) -> str:
-    """SHA-256 (hex) of a content column's canonical JSON (``null`` for NULL)."""
-    return hashlib.sha256(orjson.dumps(value, option=orjson.OPT_SORT_KEYS)).hexdigest()
+    """SHA-256 (hex) of a content column's canonical JSON (``null`` for NULL), hashed piece
+    by piece (:func:`canonical_pieces`): a huge answer is never serialized whole."""
+    digest = hashlib.sha256()
+    for piece in canonical_pieces(value):
+        digest.update(piece)
+    return digest.hexdigest()
+
+
+# Strings of at least this many characters are serialized a slice at a time when a content
+# value is hashed; containers beyond this many nodes are serialized whole (walking them in
+# Python would cost more than the copy saves).
+BIG_STRING = 1 << 20
+_SLICE = 1 << 20
+_MAX_NODES = 32
+
+
+@dataclass(slots=True)
+class Pieces:
+    """A JSON value serialized with its big strings apart: ``skeleton`` is the canonical
+    JSON of the value with each big string replaced by a marker, ``strings`` the
+    (start, end) of each marker in it and its string, in the skeleton's order. Iterated,
+    it gives the canonical JSON of the value itself, piece by piece."""
+
+    skeleton: bytes
+    strings: list[tuple[int, int, str]]
+
+    def __iter__(self) -> Iterator[bytes | memoryview]:
+        view = memoryview(self.skeleton)
+        at = 0
+        for start, end, text in self.strings:
+            yield view[at:start]
+            yield b'"'
+            for i in range(0, len(text), _SLICE):  # orjson escapes character by character
+                yield memoryview(orjson.dumps(text[i : i + _SLICE]))[1:-1]
+            yield b'"'
+            at = end
+        yield view[at:]
+
+
+def canonical_pieces(value: Any) -> Iterable[bytes | memoryview]:
+    """``orjson.dumps(value, option=OPT_SORT_KEYS)`` in pieces whose concatenation is exactly
+    those bytes, without the whole in memory when ``value`` holds big strings (the answer
+    text of a long stream); raises ``TypeError`` where ``orjson.dumps`` does."""
+    pieces = split_big_strings(value)
+    return (orjson.dumps(value, option=orjson.OPT_SORT_KEYS),) if pieces is None else pieces
+
+
+def split_big_strings(value: Any) -> Pieces | None:
+    """``value``'s :class:`Pieces`, or None when it holds no string of :data:`BIG_STRING`
+    characters (as the value, an item or a dict value) within its first :data:`_MAX_NODES`
+    nodes. Raises ``TypeError`` where ``orjson.dumps(value, option=OPT_SORT_KEYS)`` does."""
+    if not _holds_big_string(value):
+        return None
+    big: dict[str, str] = {}
+    token = ""
+    root: list[Any] = [value]
+    stack: list[tuple[Any, Any]] = [(root, 0)]  # (container, key) of each value to look at
+    while stack:
+        parent, key = stack.pop()
+        item = parent[key]
+        kind = type(item)
+        if kind is str:
+            if len(item) >= BIG_STRING:
+                token = token or uuid.uuid4().hex
+                marker = f"{token}:{len(big)}"
+                big[marker] = item
+                parent[key] = marker
+            continue
+        if kind is not dict and kind is not list and kind is not tuple:
+            continue
+        copy: Any = dict(item) if kind is dict else list(item)  # the value itself is never changed
+        parent[key] = copy
+        stack.extend((copy, k) for k in (copy if kind is dict else range(len(copy))))
+    if not big:
+        return None
+    skeleton = orjson.dumps(root[0], option=orjson.OPT_SORT_KEYS)
+    strings = []
+    for marker, text in big.items():
+        quoted = f'"{marker}"'.encode()
+        start = skeleton.find(quoted)
+        if start < 0 or skeleton.find(quoted, start + 1) >= 0:
+            return None  # the marker is in the content too (never, in practice): serialized whole
+        strings.append((start, start + len(quoted), text))
+    strings.sort()
+    return Pieces(skeleton, strings)
+
+
+def _holds_big_string(value: Any) -> bool:
+    """Whether ``value`` holds a string of :data:`BIG_STRING` characters within its first
+    :data:`_MAX_NODES` nodes: a look without copies, as every content value of every row
+    gets it (beyond the budget: serialized whole, as a common prompt is)."""
+    todo = [value]
+    nodes = 0
+    while todo:
+        item = todo.pop()
+        kind = type(item)
+        if kind is str:
+            if len(item) >= BIG_STRING:
+                return True
+        elif kind is dict or kind is list or kind is tuple:
+            nodes += len(item)
+            if nodes > _MAX_NODES:
+                return False
+            todo.extend(item.values() if kind is dict else item)
+    return False
 
 
 def utc_text(value: datetime) -> str:

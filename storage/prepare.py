@@ -39,7 +39,8 @@ from typing import Any
 import orjson
 from sqlalchemy import JSON, BigInteger, Boolean, DateTime, Integer, String
 
-from storage.chain import CONTENT_COLUMNS
+from storage import chain
+from storage.chain import CONTENT_COLUMNS, split_big_strings
 from storage.schema import exchanges
 
 MAX_DEPTH = 254  # JSON nesting stored as JSON (orjson's limit); deeper is stored as its JSON text
@@ -101,6 +102,7 @@ def prepare(row: dict[str, Any], *, postgres: bool, max_bytes: int = MAX_VALUE_B
     hashes: dict[str, str] = {}
     changed: dict[str, Any] = {}
     dropped: list[str] = []
+    streamed = _STREAMED if _may_hold_big_strings(row) else ()
     for name, value in row.items():
         kind = type(value)
         if kind is str:
@@ -125,6 +127,9 @@ def prepare(row: dict[str, Any], *, postgres: bool, max_bytes: int = MAX_VALUE_B
         if value is None:
             continue
         check, content = spec
+        if name in streamed and (digest := _streamed_hash(name, value, postgres, max_bytes)) is not None:
+            hashes[name] = digest  # stored as it is
+            continue
         stored, encoded = check(name, value, notes, postgres, max_bytes)
         if content and encoded is not None:
             hashes[name] = hashlib.sha256(encoded).hexdigest()
@@ -146,6 +151,45 @@ def prepare(row: dict[str, Any], *, postgres: bool, max_bytes: int = MAX_VALUE_B
         findings += [{"code": REDUCED, "detail": item} for item in notes.items]
         out["findings"] = findings
     return Prepared(out, hashes)
+
+
+def _may_hold_big_strings(row: dict[str, Any]) -> bool:
+    """Whether the answer columns are worth a look for big strings (:func:`_streamed_hash`):
+    a long answer text, or a response body of :data:`_STREAMED_FROM` bytes (compressed, it
+    may hold far more text). The common row, a short answer, costs no look at all; a row
+    passed by is hashed whole, as the checks always did."""
+    text, body = row.get("output_text"), row.get("bytes_from_upstream")
+    return (type(text) is str and len(text) >= chain.BIG_STRING) or (type(body) is int and body >= _STREAMED_FROM)
+
+
+def _streamed_hash(name: str, value: Any, postgres: bool, max_bytes: int) -> str | None:
+    """The content hash of a content value holding big strings (the answer of a long
+    stream), taken piece by piece (:func:`storage.chain.split_big_strings`) instead of over
+    its whole JSON, which would copy the text once more while the row is prepared. Only for
+    a value the checks would store as it is; None (the checks run) for anything else: no
+    big string, a text column's value that is not text, a value orjson refuses, U+0000 on
+    PostgreSQL, over ``max_bytes``. The bytes hashed are those the checks would hash."""
+    if name not in _JSON_COLUMNS and type(value) is not str:
+        return None
+    try:
+        pieces = split_big_strings(value)
+    except TypeError:
+        return None
+    if pieces is None:
+        return None
+    if postgres and (
+        b"\\u0000" in pieces.skeleton or any("\x00" in text or "\\u0000" in text for *_, text in pieces.strings)
+    ):
+        return None  # as the checks see it: an escaped U+0000 in the JSON (or the text of one)
+    digest = hashlib.sha256()
+    size = 0
+    try:
+        for piece in pieces:
+            digest.update(piece)
+            size += len(piece)
+    except TypeError:  # lone surrogates
+        return None
+    return digest.hexdigest() if size <= max_bytes else None
 
 
 def minimal_row(row: dict[str, Any], reason: str) -> dict[str, Any]:
@@ -278,6 +322,12 @@ def _specs() -> dict[str, tuple[Callable[..., tuple[Any, bytes | None]], bool]]:
 
 
 _SPECS = _specs()
+# the content columns the record builds from the answer, the ones that hold a long stream's
+# text (a prompt is hashed whole: looking through a long conversation for a big string would
+# cost every row more than it saves)
+_STREAMED_FROM = 64 * 1024
+_STREAMED = frozenset(("output_text", "output", "tool_calls", "delivered_text"))
+_JSON_COLUMNS = frozenset(c.name for c in exchanges.columns if isinstance(c.type, JSON))
 # the fast path of :func:`prepare`: string columns' lengths, integer columns' ranges, and
 # the type a time or boolean column takes as it is (NULL for the others)
 _STR_CHARS = {c.name: c.type.length for c in exchanges.columns if isinstance(c.type, String) and c.type.length}

@@ -48,7 +48,7 @@ import queue
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -74,6 +74,7 @@ log = logging.getLogger(__name__)
 _STOP = object()
 RETRY_MIN, RETRY_MAX = 0.5, 5.0
 STRIKES = 3  # unexpected failures of one row before it is quarantined
+_LAZY_AT = 1024 * 1024  # characters of answer text from which a row is bound lazily (SQLite)
 _TRIM_AFTER = 16 * 1024 * 1024  # characters of output in one batch after which freed memory is handed back
 # an open record's chain columns and adoption proof (one statement needs every key)
 _UNSEALED = dict.fromkeys((*CHAIN_COLUMNS, "open_mac"))
@@ -111,6 +112,8 @@ class AuditWriter:
         self._upsert = _upsert_statement(engine)
         self._insert = insert_for(engine)
         self._postgres = engine.dialect.name == "postgresql"
+        self._sqlite = engine.dialect.name == "sqlite"
+        self._compiled: dict[tuple[str, ...], Any] = {}  # the upsert compiled per set of keys (_upsert_lazily)
         self.quarantine = Quarantine(spool.path.with_name(f"quarantine-{safe_name(instance)}.jsonl"))
         self._unrecorded: list[Entry] = list(self.quarantine.entries())  # not known in the quarantine table yet
         self.status = WriterStatus(status_path(spool.path.parent, instance))
@@ -590,18 +593,47 @@ class AuditWriter:
         rows: list[dict[str, Any]] = [_UNSEALED | row for row in {row["id"]: row for row in batch}.values()]
         ours = [row for row in rows if is_sealed(row) and row["chain_id"] == self.instance]
         head = max((Head(row["chain_seq"], row["record_hash"]) for row in ours), key=lambda h: h.seq, default=None)
+        large = [row for row in rows if _large(row)] if self._sqlite else []
+        huge = sum(len(row.get("output_text") or "") for row in rows) > _TRIM_AFTER
+        if huge:  # the pieces its record joined the text from are free: handed back before the copies are made
+            _release_memory()
         with self.engine.begin() as conn:
-            conn.execute(self._upsert, rows)
+            if len(large) < len(rows):
+                conn.execute(self._upsert, [row for row in rows if not _large(row)] if large else rows)
+            for row in large:
+                self._upsert_lazily(conn, row)
             if head is not None:
                 self._advance_head(conn, head)
         self.written += sum(1 for row in rows if row["status"] != IN_PROGRESS)  # final records
         self.last_write = datetime.now(UTC)
-        if sum(len(row.get("output_text") or "") for row in rows) > _TRIM_AFTER:
+        if huge:
             _release_memory()
         if head is not None and head.seq > self.committed.seq:
             self.committed = head
             self._head_file.save(head)
             self._checkpoint()
+
+    def _upsert_lazily(self, conn, row: dict[str, Any]) -> None:
+        """Upsert one row with a huge text on SQLite, each parameter made as the driver binds it.
+
+        Through SQLAlchemy, every parameter is made before the statement runs: the
+        ``output`` column's JSON text (the answer once more) would be held while SQLite
+        copies each bound value and then the whole record. Here the same statement, with
+        the same bind processors (so the stored values are the same), goes to the DBAPI
+        cursor with :class:`_LazyParameters`: ``sqlite3`` lets each value go once bound.
+        """
+        keys = tuple(row)
+        compiled = self._compiled.get(keys)
+        if compiled is None:
+            compiled = self._compiled[keys] = self._upsert.compile(dialect=self.engine.dialect, column_keys=keys)
+        cursor = conn.connection.cursor()
+        try:
+            cursor.execute(
+                compiled.string,
+                _LazyParameters(compiled.positiontup, compiled.construct_params(row), compiled._bind_processors),
+            )
+        finally:
+            cursor.close()
 
     def _advance_head(self, conn, head: Head) -> None:
         """Move the ``chains`` row of this instance to ``head`` (never backwards)."""
@@ -682,6 +714,31 @@ def _upsert_statement(engine: Engine) -> Any:
         set_={c.name: stmt.excluded[c.name] for c in exchanges.columns if c.name != "id"},
         where=exchanges.c.status == IN_PROGRESS,
     )
+
+
+def _large(row: dict[str, Any]) -> bool:
+    """Whether a row carries a huge answer, written through :meth:`AuditWriter._upsert_lazily`."""
+    return len(row.get("output_text") or "") + len(row.get("delivered_text") or "") >= _LAZY_AT
+
+
+class _LazyParameters:
+    """A statement's DBAPI parameters, each made by its bind processor when the driver asks
+    for it: ``sqlite3`` takes any sequence, binds item by item and drops each item once
+    SQLite has its copy, so a big JSON text lives only while it is bound."""
+
+    __slots__ = ("_names", "_params", "_processors")
+
+    def __init__(self, names: Sequence[str], params: dict[str, Any], processors: dict[str, Callable[[Any], Any]]):
+        self._names, self._params, self._processors = names, params, processors
+
+    def __len__(self) -> int:
+        return len(self._names)
+
+    def __getitem__(self, index: int) -> Any:
+        name = self._names[index]
+        value = self._params[name]
+        process = self._processors.get(name)
+        return value if process is None else process(value)
 
 
 def _release_memory() -> None:

@@ -1,0 +1,243 @@
+"""A huge answer costs little memory while its row is built and written, and the rows are unchanged.
+
+The paths that save memory (text joined once and shared, content hashed piece by piece,
+a huge row bound lazily on SQLite) must give the very bytes the plain paths give: the
+content hashes of the chain (``llm-audit verify``) and the stored values. Each test runs
+the saving path against the plain one on the same input; the thresholds are lowered so
+that small values take the saving paths too. Memory itself is measured by
+``scripts/bench --only memory``, never asserted here.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import sqlite3
+import time
+
+import orjson
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from sqlalchemy import select
+
+from addon.events import Finish, StreamEnd, TextDelta, ToolCallDelta
+from addon.record import OUTCOME_COMPLETE, ExchangeRecord, Status, TextParts
+from storage import chain, writer
+from storage.chain import CONTENT_COLUMNS, canonical_pieces, check_record, content_hash, split_big_strings
+from storage.database import open_engine
+from storage.prepare import prepare
+from storage.schema import exchanges
+from storage.spool import Spool
+from storage.verify import verify
+
+SORTED = orjson.OPT_SORT_KEYS
+
+
+@pytest.fixture
+def small_pieces(monkeypatch):
+    """Strings of 4 characters or more are hashed apart, 3 characters at a time."""
+    monkeypatch.setattr(chain, "BIG_STRING", 4)
+    monkeypatch.setattr(chain, "_SLICE", 3)
+
+
+def whole(value) -> bytes:
+    return b"".join(bytes(p) for p in canonical_pieces(value))
+
+
+TRICKY = "é漢😀\n\r\t\b\f\"\\/\x00\x01\x1f\x7f\u2028\u2029<>&' \\u0000 \\\\u0000 end"
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**63), 2**64 - 1) | st.floats(allow_nan=False) | st.text(),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=6), inner, max_size=4),
+    max_leaves=20,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(json_values)
+def test_pieces_join_to_the_canonical_json(value):
+    old = chain.BIG_STRING, chain._SLICE
+    chain.BIG_STRING, chain._SLICE = 2, 3
+    try:
+        assert whole(value) == orjson.dumps(value, option=SORTED)
+        assert content_hash(value) == hashlib.sha256(orjson.dumps(value, option=SORTED)).hexdigest()
+    finally:
+        chain.BIG_STRING, chain._SLICE = old
+
+
+def test_pieces_of_escapes_and_any_character(small_pieces):
+    for value in (
+        TRICKY * 3,
+        {"b": TRICKY, "a": [TRICKY, "ab", {"z": TRICKY * 2}], "c": (TRICKY, 1)},
+        [TRICKY[i:] for i in range(0, len(TRICKY), 2)],
+    ):
+        assert split_big_strings(value) is not None
+        assert whole(value) == orjson.dumps(value, option=SORTED)
+    value = {"k": [TRICKY]}
+    split_big_strings(value)
+    assert value == {"k": [TRICKY]}  # the value itself is never changed
+
+
+def test_what_orjson_refuses_is_refused_alike(small_pieces):
+    for bad in ("abc\ud800def", {"a": ["xyzw\udc00"]}, {1: "long text"}, {"n": 2**70, "t": "long text"}):
+        with pytest.raises(TypeError):
+            orjson.dumps(bad, option=SORTED)
+        with pytest.raises(TypeError):
+            content_hash(bad)
+
+
+def test_values_without_big_strings_or_too_many_nodes_are_serialized_whole(small_pieces):
+    assert split_big_strings({"a": "abc", "b": [1, 2]}) is None
+    assert split_big_strings([TRICKY] + list(range(300))) is None
+    assert (
+        content_hash([TRICKY] + list(range(300)))
+        == hashlib.sha256(orjson.dumps([TRICKY] + list(range(300)))).hexdigest()
+    )
+
+
+def huge_record(text: str, *, tools: bool = True, instance: str = "test") -> ExchangeRecord:
+    r = ExchangeRecord(
+        dialect="openai-chat",
+        proxy_instance=instance,
+        started_at=time.time(),
+        request_body={"messages": [{"role": "user", "content": text[:100]}], "model": "m"},
+        content_limit=1 << 30,
+    )
+    for i in range(0, len(text), 997):
+        r.apply(TextDelta(text[i : i + 997]))
+    r.apply(TextDelta("thinking " + text[:50], kind="reasoning"))
+    r.apply(TextDelta("no", choice=1))
+    if tools:
+        r.apply(ToolCallDelta(key="0", choice=0, id="call_1", name="lookup", arguments='{"q": "' + text[:40]))
+        r.apply(ToolCallDelta(key="0", choice=0, arguments='"}', complete=True))
+    r.apply(Finish("stop"))
+    r.apply(StreamEnd())
+    r.finish(OUTCOME_COMPLETE)
+    return r
+
+
+ROWS = [
+    ("ascii", "a" * 30_000 + "\n"),
+    ("non-ascii", TRICKY * 800),
+    ("nul", "x\x00y" * 5000),
+    ("escaped nul", "\\u0000 " * 4000),
+    ("surrogates", "ok \ud83d text " * 3000),
+]
+
+
+@pytest.mark.parametrize("postgres", [False, True])
+@pytest.mark.parametrize(("label", "text"), ROWS, ids=[label for label, _ in ROWS])
+def test_prepared_rows_and_hashes_are_those_of_the_whole_serialization(monkeypatch, postgres, label, text):
+    row = huge_record(text).to_row()
+    for max_bytes in (1 << 30, 20_000):  # as stored, and cut to fit
+        monkeypatch.setattr(chain, "BIG_STRING", 1 << 40)  # the plain path: every value serialized whole
+        plain = prepare(row, postgres=postgres, max_bytes=max_bytes)
+        monkeypatch.setattr(chain, "BIG_STRING", 64)
+        streamed = prepare(row, postgres=postgres, max_bytes=max_bytes)
+        assert orjson.dumps(streamed.row, default=str) == orjson.dumps(plain.row, default=str)
+        assert streamed.hashes == plain.hashes
+        for name in CONTENT_COLUMNS:
+            assert (
+                streamed.hashes[name] == hashlib.sha256(orjson.dumps(streamed.row.get(name), option=SORTED)).hexdigest()
+            )
+
+
+def test_the_text_is_joined_once_and_shared():
+    parts = TextParts()
+    for i in range(1000):
+        parts.append(f"{i},")
+    text = parts.whole()
+    assert text == "".join(f"{i}," for i in range(1000)) and list(parts) == [text]
+    assert parts.whole() is text
+    parts.append("more")
+    assert parts.whole() == text + "more"
+    assert TextParts().whole() == ""
+    r = huge_record("answer " * 200)
+    row = r.to_row()
+    assert row["output_text"] is row["output"]["choices"][0]["text"] is r.choices[0].text.whole()
+    assert row["tool_calls"][0]["arguments"] is row["output"]["tool_calls"][0]["arguments"]
+    assert row["output"]["tool_calls"] == [row["tool_calls"][0] | {"complete": True}]
+    assert r.to_row() == row  # building the row again gives the same row
+
+
+def _raw_rows(path) -> list[tuple]:
+    con = sqlite3.connect(path)
+    try:
+        return con.execute("SELECT * FROM exchanges ORDER BY chain_seq").fetchall()
+    finally:
+        con.close()
+
+
+def _write(engine, tmp_path, rows, name: str) -> None:
+    w = writer.AuditWriter(engine, Spool(tmp_path / f"spool-{name}.jsonl"), "test", max_value_bytes=1 << 30)
+    for row in rows:
+        w.submit(row)
+    w.close()
+
+
+def _rows() -> list[dict]:
+    """Open records, then final ones: small, huge (over the lazy threshold), non-ASCII, with tool calls."""
+    records = [huge_record(text, tools=i % 2 == 0) for i, (_, text) in enumerate(ROWS)]
+    records.append(huge_record("b" * (writer._LAZY_AT + 10)))
+    records.append(huge_record(TRICKY * (writer._LAZY_AT // len(TRICKY) + 1)))
+    records.append(huge_record("small"))
+    opened = []
+    for r in records:
+        r.status, ended = Status.IN_PROGRESS, r.ended_at
+        opened.append(r.to_row())
+        r.finish(OUTCOME_COMPLETE, ended)
+    return opened + [r.to_row() for r in records]
+
+
+def test_rows_bound_lazily_on_sqlite_are_stored_exactly_as_through_sqlalchemy(monkeypatch, tmp_path):
+    rows = _rows()
+    written = {}
+    for name, lazy_at in (("plain", 1 << 40), ("lazy", 0), ("default", writer._LAZY_AT)):
+        monkeypatch.setattr(writer, "_LAZY_AT", lazy_at)
+        path = tmp_path / f"{name}.db"
+        engine = open_engine(f"sqlite:///{path}")
+        _write(engine, tmp_path, rows, name)
+        written[name] = _raw_rows(path)
+        try:
+            assert verify(engine).ok
+        finally:
+            engine.dispose()
+    assert len(written["plain"]) == len(rows) // 2
+    assert written["lazy"] == written["plain"] and written["default"] == written["plain"]
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def url(request, tmp_path) -> str:
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'audit.db'}"
+    return request.getfixturevalue("postgres").create_database()
+
+
+def test_huge_rows_verify_on_both_backends(url, tmp_path):
+    engine = open_engine(url)
+    try:
+        rows = _rows()
+        _write(engine, tmp_path, rows, "both")
+        with engine.connect() as conn:
+            stored = [dict(r) for r in conn.execute(select(exchanges).order_by(exchanges.c.chain_seq)).mappings()]
+        assert [r["id"] for r in stored] == [r["id"] for r in rows[len(rows) // 2 :]]
+        assert all(check_record(r) is None for r in stored)
+        big = next(r for r in stored if len(r["output_text"]) > writer._LAZY_AT)
+        assert big["output"]["choices"][0]["text"] == big["output_text"]
+        assert verify(engine).ok
+    finally:
+        engine.dispose()
+
+
+def test_rows_with_a_long_answer_or_a_big_body_are_looked_through(monkeypatch):
+    from storage import prepare as prepare_module
+
+    monkeypatch.setattr(chain, "BIG_STRING", 64)
+    r = huge_record("short")
+    r.choices[0].reasoning.append("thought " * 100)  # a long reasoning beside a short answer
+    row = r.to_row()
+    assert not prepare_module._may_hold_big_strings(row)
+    assert prepare_module._may_hold_big_strings(row | {"bytes_from_upstream": 64 * 1024})
+    assert prepare_module._may_hold_big_strings(huge_record("a" * 64).to_row())
+    for candidate in (row, row | {"bytes_from_upstream": 64 * 1024}):
+        p = prepare(candidate, postgres=False)
+        assert p.hashes["output"] == hashlib.sha256(orjson.dumps(p.row["output"], option=SORTED)).hexdigest()
