@@ -126,7 +126,10 @@ async def _warm_up(target: Target, request: bytes) -> None:
 
 
 def _variant(sizes: Sizes, tmp: Path, mock: Mock, variant: str, cpus: set[int]) -> dict[str, Any]:
-    proxy = start_proxy(tmp, variant, cpus=cpus)
+    # The audit keeps the whole big stream (its record cap raised above it), so the peak is
+    # measured against text the audit really holds and writes, not the default 32 MiB cap.
+    keep_all = ["--set", f"llm_audit_max_record_bytes={2 * sizes.big_stream_bytes}"] if variant == "audit" else []
+    proxy = start_proxy(tmp, variant, cpus=cpus, extra=keep_all)
     try:
         target = _target(mock, proxy)
         warm = build_request(target, API.target, API.headers | {"x-mock": "events=20"}, request_bytes(API))
