@@ -5,6 +5,8 @@
   ``httpx.Response`` whose stream yields the chunks: what an application using it runs.
 * ``httpx-sse (decoder only)``: the same line and event decoders without httpx around
   them (incremental UTF-8, ``SSELineDecoder``, ``SSEDecoder``): the peer at its fastest.
+* ``llm-audit (pure)``: the pure-Python parser module, loaded from its source under
+  another name, when the parser in use is the compiled copy: the fallback, measured too.
 * ``openai``: the decoder inside the ``openai`` SDK (``openai._streaming.SSEDecoder``,
   whose ``iter_bytes`` its ``Stream`` runs on the response bytes).
 
@@ -14,9 +16,12 @@ A peer that is not installed is reported as skipped, never as a failure.
 from __future__ import annotations
 
 import codecs
+import importlib.util
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
+from addon.framing import sse
 from addon.framing.sse import SSEParser
 
 Decode = Callable[[list[bytes]], list[tuple[str, str, str]]]
@@ -29,6 +34,28 @@ def ours(chunks: list[bytes]) -> list[Any]:
         events += parser.feed(chunk)
     events += parser.end()
     return events
+
+
+def _pure() -> Callable[[list[bytes]], list[Any]] | None:
+    """The pure-Python parser beside the compiled one (None when the pure one is in use)."""
+    if not sse.COMPILED:
+        return None
+    source = Path(sse.__file__).with_name("sse_parser.py")
+    spec = importlib.util.spec_from_file_location("_bench_sse_parser_pure", source)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    parser_class = module.SSEParser
+
+    def decode(chunks: list[bytes]) -> list[Any]:
+        parser = parser_class()
+        events: list[Any] = []
+        for chunk in chunks:
+            events += parser.feed(chunk)
+        events += parser.end()
+        return events
+
+    return decode
 
 
 def _httpx_sse_api() -> Callable[[list[bytes]], list[Any]] | None:
@@ -95,6 +122,7 @@ def available() -> dict[str, Callable[[list[bytes]], list[Any]] | None]:
     """Every decoder by name; None for a peer that is not installed."""
     return {
         "llm-audit": ours,
+        "llm-audit (pure)": _pure(),
         "httpx-sse": _httpx_sse_api(),
         "httpx-sse (decoder only)": _httpx_sse_core(),
         "openai": _openai(),

@@ -36,6 +36,7 @@ from bench.workloads import APIS, JAPANESE, PROSE, chunked, stream_items, text_o
 VECTORS = ROOT.parent / "shared" / "reference" / "sse-vectors.json"
 CHUNKINGS = ("event", "1460", "16384")
 PEERS = ("httpx-sse", "httpx-sse (decoder only)", "openai")
+PURE = "llm-audit (pure)"  # the pure-Python fallback, measured when the compiled parser is in use
 ASCII_DELTA = 6  # characters per small delta of English (a token and its space)
 JAPANESE_DELTA = 3  # characters per small delta of Japanese (a token is one to three)
 CLASSES = {
@@ -139,6 +140,7 @@ def measure(sizes: Sizes) -> dict[str, Any]:
                 row[impl] = _rate(body_len, result if isinstance(result, int) else len(result), seconds)
             row["events"] = row["llm-audit"]["events"]
             row["best_peer"], row["vs_best_peer"] = _versus_peers(row)
+            row["pure_vs_best_peer"] = _versus_peers(row, PURE)[1]
             rows.append(row)
     return {
         "rows": rows,
@@ -163,13 +165,14 @@ def _rate(nbytes: int, events: int, seconds: float) -> dict[str, Any]:
     return {"seconds": seconds, "events": events, "MB_per_s": nbytes / seconds / 1e6, "events_per_s": events / seconds}
 
 
-def _versus_peers(row: dict[str, Any]) -> tuple[str | None, float | None]:
-    """The fastest peer of a row and how many times faster the llm-audit parser is."""
+def _versus_peers(row: dict[str, Any], ours: str = "llm-audit") -> tuple[str | None, float | None]:
+    """The fastest peer of a row and how many times faster the llm-audit parser is
+    (``ours``: the parser in use, or its pure-Python fallback)."""
     peers = [(row[p]["MB_per_s"], p) for p in PEERS if "MB_per_s" in row.get(p, {})]
-    if not peers:
+    if not peers or "MB_per_s" not in row.get(ours, {}):
         return None, None
     best, name = max(peers)
-    return name, ratio(row["llm-audit"]["MB_per_s"], best)
+    return name, ratio(row[ours]["MB_per_s"], best)
 
 
 def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -184,7 +187,10 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
             "min_vs_best_peer": worst["vs_best_peer"] if worst else None,
             "worst_row": f"{worst['workload']}, chunks {worst['chunks']}" if worst else None,
         }
+    pure = [r["pure_vs_best_peer"] for r in rows if r.get("pure_vs_best_peer") is not None]
     return {
+        "pure_median_vs_best_peer": median(pure) if pure else None,
+        "pure_min_vs_best_peer": min(pure) if pure else None,
         "median_vs_best_peer": median(ratios) if ratios else None,
         "min_vs_best_peer": min(ratios) if ratios else None,
         "rows_at_2x": sum(1 for x in ratios if x >= 2),
@@ -228,7 +234,7 @@ def _events_match(fn, chunks: list[bytes], expected: list[dict[str, str]]) -> bo
 
 def table(result: dict[str, Any]) -> list[str]:
     """Text lines: MB/s per decoder per workload and chunking, and the correctness counts."""
-    impls = ["llm-audit", *PEERS, "llm-audit + normalizer"]
+    impls = ["llm-audit", PURE, *PEERS, "llm-audit + normalizer"]
     head = (
         f"{'workload':<26} {'chunks':>6} {'events':>7} " + " ".join(f"{_short(i):>11}" for i in impls) + "   ours/best"
     )
@@ -251,6 +257,11 @@ def table(result: dict[str, Any]) -> list[str]:
                 if c["min_vs_best_peer"] is not None
             )
         )
+    if s.get("pure_median_vs_best_peer") is not None:
+        lines.append(
+            f"pure-Python fallback vs fastest peer: median {s['pure_median_vs_best_peer']:.2f}x,"
+            f" min {s['pure_min_vs_best_peer']:.2f}x"
+        )
     a = result["accelerator"]
     flag = f"addon.framing.sse.{a['flag']} = {a['in_use']}" if a["flag"] else "addon.framing.sse has no flag"
     compiled = "compiled" if a["compiled_module"] else "Python"
@@ -271,4 +282,5 @@ def _short(impl: str) -> str:
         "httpx-sse (decoder only)": "httpx-sse*",
         "llm-audit + normalizer": "ours+norm",
         "llm-audit": "llm-audit",
+        PURE: "pure",
     }.get(impl, impl)
