@@ -156,6 +156,12 @@ class _Plan:
     # When every matcher blocks at its full hold and has a prefix pattern: the gates or
     # the prefix patterns in one search, so most pieces cost one search (_View.check).
     both: Any = None
+    # Which matchers' gates occur in a text (an RE2 set, one entry per matcher, in the
+    # order the plan lists them); None: run them all. When the prefilter finds something,
+    # only those matchers run their own search: text that opens one gate (an "@" in a
+    # sentence) costs one rule's search, not a hundred.
+    gate_set: Any = None
+    gate_of: tuple[int, ...] = ()  # each track's entry in ``gate_set`` (tracks in the order planned)
 
 
 @lru_cache(maxsize=256)
@@ -178,7 +184,23 @@ def _plan(tracks: tuple[tuple[Matcher, int], ...]) -> _Plan:
         max((hold for _, hold in release_entries), default=0),
         max((cap for _, cap in scan_entries), default=0),
         _try_compile(f"{gates}|{scan.pattern}") if same and prefilter and scan.regex and not scan.fixed else None,
+        _gate_set(matchers) if len(matchers) > 1 else None,
+        tuple(matchers.index(m) for m, _ in tracks),
     )
+
+
+def _gate_set(matchers: list[Matcher]) -> Any:
+    """An RE2 set of the matchers' gates (None when RE2 refuses it: then all of them run)."""
+    options = re2_options()
+    options.never_capture = True
+    gates = re2.Set.SearchSet(options)
+    try:
+        for m in matchers:
+            gates.Add(_gate(m))
+        gates.Compile()
+    except re2.error:
+        return None
+    return gates
 
 
 class _View:
@@ -260,6 +282,13 @@ class _View:
             return verdicts, blocked
         active = [t for t in self.tracks if t.hits < MAX_HITS_PER_RULE]
         if active and (plan.prefilter is None or detectors.spans(plan.prefilter, subject.data, at)[0] != _NO_MATCH):
+            if plan.gate_set is not None:
+                # The whole subject, context included: a gate found only in the context
+                # runs its rule for nothing, but none is missed (a slice from ``at``
+                # would change what ``^`` and ``\b`` see).
+                opened = set(plan.gate_set.Match(subject.data))
+                gate_of = plan.gate_of
+                active = [t for i, t in enumerate(self.tracks) if gate_of[i] in opened and t.hits < MAX_HITS_PER_RULE]
             blocked = self._run(active, subject, lo, final, end, location, verdicts)
         if not final and blocked is None:
             self.scan_from = plan.scan.start(subject, lo, self.length, self.scan_from)
