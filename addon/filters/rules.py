@@ -321,6 +321,8 @@ class _Entry:
     def _regex(self, window: int | None) -> tuple[Matcher, ...]:
         pattern = self.get("pattern", str)
         case_sensitive = self.get("case_sensitive", bool, True)
+        if _ANY_BYTE.search(pattern):
+            self.fail("pattern", "\\C (any byte) is not supported: a match must start and end on a character")
         try:
             regex = re2.compile(pattern, re2_options(case_sensitive))
         except re2.error as e:
@@ -370,6 +372,13 @@ class _Entry:
         # automaton, left to the rule's own search.
         gate = words_pattern if case_sensitive else f"(?i:{words_pattern})"
         return (Matcher(regex, span, groups=("_keyword",), behind=1, prefix=prefix, prefix_len=span, gate=gate),)
+
+
+# RE2's ``\C`` matches one byte of the UTF-8 text, so a match may start or end inside a
+# character: its byte offsets have no character offset, and the first non-ASCII text a
+# stream checks would raise (UnicodeDecodeError) instead of being filtered. An even run
+# of backslashes before it is escaped backslashes; ``\C`` inside a class RE2 refuses.
+_ANY_BYTE = re.compile(r"(?<!\\)(?:\\\\)*\\C")
 
 
 def _re2_reason(e: Exception) -> str:

@@ -11,7 +11,7 @@ import random
 import pytest
 
 from addon.filters.api import match_hash
-from addon.filters.rules import parse_rules
+from addon.filters.rules import RulesError, parse_rules
 from addon.filters.window import StreamScanner
 
 
@@ -78,3 +78,19 @@ def test_thousands_of_keywords_load_and_never_leak():
     text = f"some prose, then {words[1234]} and more"
     assert [h.text for h in rule.find(text)] == [words[1234]]
     released_before_block([rule], text, every_character(text))
+
+
+# -- refused at load, not at first use ------------------------------------------------------
+
+
+@pytest.mark.parametrize("pattern", [r"a\C", r"(?i)\C", r"x\C{2}", r"\\\C"])
+def test_any_byte_is_refused_at_load(pattern):
+    # RE2's \C matches one byte: a match could end inside "é", whose byte offset has no
+    # character offset; the first non-ASCII text crashed the check (UnicodeDecodeError).
+    with pytest.raises(RulesError, match=r"rule 'r': \\C \(any byte\) is not supported"):
+        rules_of(f"kind = \"regex\"\npattern = '{pattern}'")
+
+
+def test_an_escaped_backslash_before_c_is_no_any_byte():
+    [rule] = rules_of("kind = \"regex\"\npattern = 'a\\\\C'")
+    released_before_block([rule], "é a\\C é", every_character("é a\\C é"))
