@@ -9,6 +9,8 @@ checks the no-leak guarantee against the rule run over the whole text.
 import random
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from addon.filters.api import match_hash
 from addon.filters.rules import RulesError, parse_rules
@@ -94,3 +96,59 @@ def test_any_byte_is_refused_at_load(pattern):
 def test_an_escaped_backslash_before_c_is_no_any_byte():
     [rule] = rules_of("kind = \"regex\"\npattern = 'a\\\\C'")
     released_before_block([rule], "é a\\C é", every_character("é a\\C é"))
+
+
+# -- random adversarial rules, texts and cuts -------------------------------------------------
+
+# Case folds, NFKC expansions and ligatures, confusables, invisible and astral characters,
+# empty branches, lazy and nested repeats, anchors, negated and case-folded classes,
+# windows above the span, RE2-only syntax (no prefix pattern: the whole window is held).
+ADVERSARIAL_TABLES = [
+    'kind = "keywords"\nkeywords = ["ﬁx", "a b", "straße", "K", "σς", "İx", "nightjar", "C++", "😀x", "x😀"]',
+    'kind = "keywords"\nkeywords = ["fi", "ffi", "1/4", "式会", "mhz", "μa"]',
+    'kind = "keywords"\nkeywords = ["ab"]\nconfusables = true\nwindow = 30',
+    "kind = \"regex\"\npattern = '(?:a|)(?:b|bc)+d'\nwindow = 40",
+    "kind = \"regex\"\npattern = 'a(?:b|c{0,3})?d?$'",
+    "kind = \"regex\"\npattern = '(?m)^ab$'",
+    "kind = \"regex\"\npattern = 'x.{0,3}?y'",
+    "kind = \"regex\"\npattern = '(?s)x.{1,2}y'",
+    "kind = \"regex\"\npattern = '[^a-c]{2}z'",
+    "kind = \"regex\"\npattern = '(?i)[^k]k'",
+    "kind = \"regex\"\npattern = '\\bab\\b'",
+    "kind = \"regex\"\npattern = '(?:(?:ab){1,2}c?){2}'",
+    "kind = \"regex\"\npattern = '😀{2}|\\x{1F600}a'",
+    "kind = \"regex\"\npattern = '\\pLab'",
+    "kind = \"regex\"\npattern = '[[:digit:]]{2}x|a{,2}b'",
+    "kind = \"regex\"\npattern = '\\d{2,3}[ .]?\\d'",
+    'kind = "pii"',
+    'kind = "pii"\ntypes = ["email"]\nnormalize = false',
+    'kind = "secrets"',
+]
+ADVERSARIAL_FRAGMENTS = st.sampled_from(
+    ["a", "b", "c", "d", "x", "y", "z", "k", "K", "K", "ab", "a b", "ß", "ẞ", "SS", "ﬁ", "ﬃ", "fi", "¼", "σ",
+     "ς", "Σ", "İ", "ı", "nİghtjar", "C++", "é", "e\u0301", "\u0301", "😀", "\u200b", "\u00ad", " ", "\n", "-",
+     ".", "@", "1", "12 3", "4111 1111 1111 1111", "DE89 3704 0044 0532 0130 00", "a@b.co", "ｘ", "ａｂ", "а",
+     "\ud800", "㍿", "﷽", "㎒", "µ", "μ", "株式", "ghp_", "AKIA", "eyJ"]
+)  # fmt: skip
+
+
+@st.composite
+def adversarial_cases(draw):
+    tables = draw(st.lists(st.sampled_from(range(len(ADVERSARIAL_TABLES))), min_size=1, max_size=3, unique=True))
+    actions = draw(st.lists(st.sampled_from(["block", "block", "flag"]), min_size=len(tables), max_size=len(tables)))
+    rules = parse_rules(
+        "\n".join(
+            f'[[rule]]\nid = "r{i}"\n{ADVERSARIAL_TABLES[i]}\naction = "{a}"\n'
+            for i, a in zip(tables, actions, strict=True)
+        )
+    )
+    text = "".join(draw(st.lists(ADVERSARIAL_FRAGMENTS, min_size=1, max_size=12)))
+    cuts = sorted(draw(st.lists(st.integers(0, len(text)), max_size=20)))
+    return rules, text, cuts
+
+
+@settings(max_examples=300, deadline=None)
+@given(adversarial_cases())
+def test_adversarial_rules_texts_and_cuts_never_release_a_blocking_match(case):
+    rules, text, cuts = case
+    released_before_block(rules, text, cuts)
