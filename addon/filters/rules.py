@@ -83,7 +83,7 @@ from addon.filters.detectors import (
     secrets_matcher,
 )
 from addon.filters.normalize import DEFAULT_VIEW, fold
-from addon.filters.prefix import MAX_SPAN, NoPrefix, prefix_pattern
+from addon.filters.prefix import MAX_SPAN, NoPrefix, pattern_width, prefix_pattern
 
 KINDS = ("regex", "keywords", "secrets", "pii")
 SCOPES = ("request", "response", "both")
@@ -335,8 +335,8 @@ class _Entry:
             prefix, low, high = prefix_pattern(pattern, not case_sensitive, 0)  # (lookahead 1, less the last)
             re2.compile(prefix, re2_options())  # (it must compile: else hold the window)
         except (NoPrefix, re2.error):
-            prefix, high = None, None
-            low = 0 if _matches_empty(regex) else 1
+            prefix, width = None, pattern_width(pattern, not case_sensitive)
+            low, high = width or (0 if _matches_empty(regex) else 1, None)
         if low == 0:
             self.fail("pattern", "the pattern can match empty text")
         # A pattern's own bound wins; an unbounded one is scanned as far as the window.

@@ -152,3 +152,22 @@ def adversarial_cases(draw):
 def test_adversarial_rules_texts_and_cuts_never_release_a_blocking_match(case):
     rules, text, cuts = case
     released_before_block(rules, text, cuts)
+
+
+# -- patterns without a prefix pattern still hold their longest match -------------------------
+
+
+@pytest.mark.parametrize(
+    ("pattern", "text"),
+    [
+        ("a" * 20000, "a" * 20000),  # a prefix pattern over prefix.MAX_PREFIX_CHARS
+        ("[[:alpha:]]{300}", "b" * 300),  # RE2-only syntax: Python's parser cannot derive prefixes
+        ("\\pL{299}x", "é" * 299 + "x"),
+    ],
+)
+def test_a_bounded_pattern_without_prefixes_holds_its_longest_match(pattern, text):
+    # Such a pattern counted as unbounded and held the default 256 characters: the start
+    # of a longer match went out before the block.
+    [rule] = rules_of(f"kind = \"regex\"\npattern = '{pattern}'")
+    assert rule.matchers[0].prefix is None and rule.matchers[0].span == len(text)
+    released_before_block([rule], "go " + text + " end", list(range(0, len(text) + 7, 50)))
