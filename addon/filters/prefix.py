@@ -83,6 +83,33 @@ def prefix_pattern(pattern: str, ignore_case: bool, lookahead: int) -> tuple[str
     return out, low, (None if high > MAX_SPAN else high)
 
 
+# For the width only, RE2-only syntax as Python's parser can read it with the same width:
+# a POSIX or Unicode class is one character, ``x{,n}`` literal text, ``\\z`` nothing.
+_FOR_WIDTH = re.compile(r"\\\\|(\[:\^?[a-z]+:\]|\\[pP](?:\{[^}]*\}|[A-Za-z]))|(\{,)|(\\z)")
+
+
+def _for_width(m: re.Match[str]) -> str:
+    return "a" if m[1] else "\\{," if m[2] else "" if m[3] else m[0]
+
+
+def pattern_width(pattern: str, ignore_case: bool) -> tuple[int, int | None] | None:
+    """The shortest and longest match of a pattern without a prefix pattern (longest
+    ``None``: unbounded), so its hold covers its longest match; ``None`` when unknown.
+
+    Without it such a pattern counted as unbounded and held the default 256 characters:
+    a bounded but longer match (``[[:alpha:]]{300}``, a 20,000-character literal whose
+    prefix pattern is "too large") leaked its start before the block.
+    """
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            tree = re_parser.parse(_FOR_WIDTH.sub(_for_width, pattern), re.IGNORECASE if ignore_case else 0)
+    except (re.error, RecursionError, OverflowError):
+        return None
+    low, high = tree.getwidth()
+    return low, (None if high > MAX_SPAN else high)
+
+
 def _char(code: int) -> str:
     ch = chr(code)
     return ch if ch.isascii() and ch.isalnum() else f"\\x{{{code:x}}}"

@@ -83,7 +83,7 @@ from addon.filters.detectors import (
     secrets_matcher,
 )
 from addon.filters.normalize import DEFAULT_VIEW, fold
-from addon.filters.prefix import MAX_SPAN, NoPrefix, prefix_pattern
+from addon.filters.prefix import MAX_SPAN, NoPrefix, pattern_width, prefix_pattern
 
 KINDS = ("regex", "keywords", "secrets", "pii")
 SCOPES = ("request", "response", "both")
@@ -321,10 +321,12 @@ class _Entry:
     def _regex(self, window: int | None) -> tuple[Matcher, ...]:
         pattern = self.get("pattern", str)
         case_sensitive = self.get("case_sensitive", bool, True)
+        if _ANY_BYTE.search(pattern):
+            self.fail("pattern", "\\C (any byte) is not supported: a match must start and end on a character")
         try:
             regex = re2.compile(pattern, re2_options(case_sensitive))
         except re2.error as e:
-            reason = e.args[0].decode(errors="replace") if e.args and isinstance(e.args[0], bytes) else str(e)
+            reason = _re2_reason(e)
             if _python_reads(pattern):  # valid, but needs backtracking: lookarounds, backreferences...
                 self.fail("pattern", f"pattern not supported by RE2 (linear-time matching): {reason}")
             self.fail("pattern", f"bad regular expression: {reason}")
@@ -333,8 +335,8 @@ class _Entry:
             prefix, low, high = prefix_pattern(pattern, not case_sensitive, 0)  # (lookahead 1, less the last)
             re2.compile(prefix, re2_options())  # (it must compile: else hold the window)
         except (NoPrefix, re2.error):
-            prefix, high = None, None
-            low = 0 if _matches_empty(regex) else 1
+            prefix, width = None, pattern_width(pattern, not case_sensitive)
+            low, high = width or (0 if _matches_empty(regex) else 1, None)
         if low == 0:
             self.fail("pattern", "the pattern can match empty text")
         # A pattern's own bound wins; an unbounded one is scanned as far as the window.
@@ -352,21 +354,48 @@ class _Entry:
         case_sensitive = self.get("case_sensitive", bool, False)
         # One alternation, longest first, with word edges that also work for words that
         # start or end with punctuation ("C++"): no letter, digit or _ on either side.
-        words_pattern = "|".join(map(re.escape, words))
-        regex = re2.compile(
-            rf"(?:^|{NOT_WORD})(?P<_keyword>{words_pattern})(?:$|{NOT_WORD})", re2_options(case_sensitive)
-        )
+        words_pattern = "|".join(_keyword_pattern(w, case_sensitive) for w in words)
+        try:
+            regex = re2.compile(
+                rf"(?:^|{NOT_WORD})(?P<_keyword>{words_pattern})(?:$|{NOT_WORD})", re2_options(case_sensitive)
+            )
+        except re2.error as e:  # (too many keywords for RE2's memory budget): one line, not a traceback
+            self.fail("keywords", f"too many or too long keywords for RE2: {_re2_reason(e)}")
         prefix: str | None
         try:
             prefix, _, _ = prefix_pattern(words_pattern, not case_sensitive, 0)
             re2.compile(prefix, re2_options())
-        except (NoPrefix, re2.error):  # (a very long list: hold the window instead)
+        except (NoPrefix, re2.error):  # a long list ("too large"): hold the rule's whole window, as before
             prefix = None
         span = len(words[0])
         # The words alone find every match: the word edges are Unicode classes, a large
         # automaton, left to the rule's own search.
         gate = words_pattern if case_sensitive else f"(?i:{words_pattern})"
         return (Matcher(regex, span, groups=("_keyword",), behind=1, prefix=prefix, prefix_len=span, gate=gate),)
+
+
+# RE2's ``\C`` matches one byte of the UTF-8 text, so a match may start or end inside a
+# character: its byte offsets have no character offset, and the first non-ASCII text a
+# stream checks would raise (UnicodeDecodeError) instead of being filtered. An even run
+# of backslashes before it is escaped backslashes; ``\C`` inside a class RE2 refuses.
+_ANY_BYTE = re.compile(r"(?<!\\)(?:\\\\)*\\C")
+
+
+def _re2_reason(e: Exception) -> str:
+    return e.args[0].decode(errors="replace") if e.args and isinstance(e.args[0], bytes) else str(e)
+
+
+# Python's ``re`` (the engine before RE2) matched ASCII ``i`` case-insensitively with
+# U+0130 (İ) and U+0131 (ı) too, RE2 does not (their case folds are Turkic-only): without
+# this "NİGHTJAR" or "nıghtjar" would get past a "nightjar" keyword. ``i`` is the only
+# ASCII letter on which the two engines differ.
+_DOTTED_I = "[iI\u0130\u0131]"
+
+
+def _keyword_pattern(word: str, case_sensitive: bool) -> str:
+    """A keyword as RE2 syntax: escaped, with the i's Python's ``re`` also matched."""
+    escaped = re.escape(word)
+    return escaped if case_sensitive else re.sub(_DOTTED_I, lambda _: _DOTTED_I, escaped)
 
 
 def _python_reads(pattern: str) -> bool:

@@ -185,7 +185,7 @@ action = "block"
 """)
     assert [h.text for h in rule.find("ab Жxy7 ok")] == ["Жxy7"]
     m = rule.matchers[0]
-    assert m.prefix is None and rule.hold(m) == 256  # no prefix pattern, no bound known: the default window
+    assert m.prefix is None and rule.hold(m) == 4  # no prefix pattern: its whole window, its longest match
     with pytest.raises(RulesError, match="can match empty text"):
         parse_rules(r"""[[rule]]
 id = "e"
