@@ -286,7 +286,7 @@ class _View:
                 # The whole subject, context included: a gate found only in the context
                 # runs its rule for nothing, but none is missed (a slice from ``at``
                 # would change what ``^`` and ``\b`` see).
-                opened = set(plan.gate_set.Match(subject.data))
+                opened = set(plan.gate_set.Match(subject.data) or ())  # (None: no gate)
                 gate_of = plan.gate_of
                 active = [t for i, t in enumerate(self.tracks) if gate_of[i] in opened and t.hits < MAX_HITS_PER_RULE]
             blocked = self._run(active, subject, lo, final, end, location, verdicts)
