@@ -83,7 +83,7 @@ from addon.filters.detectors import (
     secrets_matcher,
 )
 from addon.filters.normalize import DEFAULT_VIEW, fold
-from addon.filters.prefix import MAX_SPAN, NoPrefix, pattern_width, prefix_pattern
+from addon.filters.prefix import MAX_PREFIX_CHARS, MAX_SPAN, NoPrefix, pattern_width, prefix_pattern
 
 KINDS = ("regex", "keywords", "secrets", "pii")
 SCOPES = ("request", "response", "both")
@@ -363,7 +363,7 @@ class _Entry:
             self.fail("keywords", f"too many or too long keywords for RE2: {_re2_reason(e)}")
         prefix: str | None
         try:
-            prefix, _, _ = prefix_pattern(words_pattern, not case_sensitive, 0)
+            prefix = _keyword_prefixes(words, case_sensitive)
             re2.compile(prefix, re2_options())
         except (NoPrefix, re2.error):  # a long list ("too large"): hold the rule's whole window, as before
             prefix = None
@@ -390,6 +390,27 @@ def _re2_reason(e: Exception) -> str:
 # this "NİGHTJAR" or "nıghtjar" would get past a "nightjar" keyword. ``i`` is the only
 # ASCII letter on which the two engines differ.
 _DOTTED_I = "[iI\u0130\u0131]"
+
+
+def _keyword_prefixes(words: list[str], case_sensitive: bool) -> str:
+    """The texts a keyword match may still grow from: a word edge (the text's start or a
+    character that is no letter, digit or ``_``), then the start of a keyword, at least
+    its first character. The edge is part of the pattern, so a word that merely ends in
+    a keyword's first letters ("Morni" for "nightjar") holds nothing back; the hold
+    starts one character early, at the edge (the window searches ``behind`` characters
+    before where a match may start). :class:`~addon.filters.prefix.NoPrefix` when too large.
+    """
+    alternatives = []
+    for word in words:
+        units = [_keyword_pattern(ch, case_sensitive) for ch in word]
+        rest = ""
+        for unit in reversed(units[1:]):
+            rest = f"(?:{unit}{rest})?"
+        alternatives.append(units[0] + rest)
+    pattern = rf"(?:^|{NOT_WORD})(?:{'|'.join(alternatives)})"
+    if len(pattern) > MAX_PREFIX_CHARS:
+        raise NoPrefix("too large")
+    return pattern if case_sensitive else f"(?i:{pattern})"
 
 
 def _keyword_pattern(word: str, case_sensitive: bool) -> str:

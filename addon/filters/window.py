@@ -88,10 +88,13 @@ class _Reach:
     matchers without a prefix pattern reach their whole cap.
     """
 
-    __slots__ = ("pattern", "regex", "cap", "fixed")
+    __slots__ = ("pattern", "regex", "cap", "fixed", "behind")
 
     def __init__(self, entries: Sequence[tuple[Matcher, int]]) -> None:
         prefixes = [m.prefix for m, _ in entries if m.prefix is not None]
+        # A prefix pattern may begin with the context its match needs before it (a
+        # keyword's word edge): searched that many characters earlier.
+        self.behind = max((m.behind for m, _ in entries), default=0)
         self.fixed = max((cap for m, cap in entries if m.prefix is None), default=0)
         self.cap = max(
             (cap if m.prefix_len is None else min(cap, m.prefix_len) for m, cap in entries if m.prefix is not None),
@@ -108,9 +111,9 @@ class _Reach:
         best = max(floor, length - self.fixed) if self.fixed else length
         at = max(floor, length - self.cap, lo)  # (a check's text starts before any match in progress)
         if self.regex is not None and at < best:
-            found = detectors.spans(self.regex, subject.data, subject.byte(at - lo))
+            found = detectors.spans(self.regex, subject.data, subject.back(subject.byte(at - lo), self.behind))
             if found[0] != _NO_MATCH:
-                best = min(best, lo + subject.char(found[0][0]))
+                best = min(best, max(floor, lo + subject.char(found[0][0])))
         return best
 
 
@@ -357,7 +360,7 @@ class _View:
         regex = _anchored(m.prefix)
         if regex is None:  # (then its reach holds the whole window: lookahead alone decides)
             return self.length
-        found = detectors.spans(regex, subject.data, subject.byte(at - lo))
+        found = detectors.spans(regex, subject.data, subject.back(subject.byte(at - lo), m.behind))
         return self.length if found[0] == _NO_MATCH else lo + subject.char(found[0][0])
 
     def end_block(self) -> None:

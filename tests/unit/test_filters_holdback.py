@@ -161,3 +161,40 @@ def test_without_the_combined_searches_the_old_fixed_hold_still_never_leaks(monk
                 assert released == text
     window._plan.cache_clear()
     window._anchored.cache_clear()
+
+
+def test_a_word_that_only_ends_in_a_keywords_first_letters_holds_nothing():
+    # "Morni": "ni" starts "nightjar", but a keyword starts at a word edge: nothing held.
+    rules = parse_rules('[[rule]]\nid = "k"\nkind = "keywords"\nkeywords = ["nightjar"]\naction = "block"')
+    held = held_after_each_character(rules, "Morning came, and the ni")
+    assert held[: len("Morning came, and the")] == [""] * len("Morning came, and the")
+    assert held[-1] in ("ni", " ni")  # a word that starts like the keyword is held, with its edge at most
+
+
+KEYWORD_ALPHABET = "nightjarNIGHTJAR İı_x9- .\u200d"
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    text=st.text(alphabet=KEYWORD_ALPHABET, max_size=40),
+    cuts=st.lists(st.integers(0, 40), max_size=6),
+    case_sensitive=st.booleans(),
+)
+def test_keyword_edges_never_let_a_keyword_through(text, cuts, case_sensitive):
+    words = ["nightjar", "ni", "night jar", "İx"]
+    rules = parse_rules(
+        '[[rule]]\nid = "k"\nkind = "keywords"\nkeywords = ["nightjar", "ni", "night jar", "İx"]\n'
+        f'action = "block"\ncase_sensitive = {str(case_sensitive).lower()}\n'
+    )
+    expected = sorted(h.start for r in rules for h in r.find(text))
+    bounds = sorted({0, len(text), *(c for c in cuts if c <= len(text))})
+    scanner = StreamScanner(rules)
+    released = ""
+    for a, b in zip(bounds, bounds[1:]):
+        released += scanner.feed(text[a:b])[0]
+    released += scanner.flush()[0]
+    assert text.startswith(released)
+    if expected:
+        assert scanner.blocked is not None and len(released) <= expected[0], (words, expected)
+    else:
+        assert scanner.blocked is None and released == text
