@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -118,15 +119,25 @@ def timed_medians(fns: dict[str, Callable[[], Any]], runs: int) -> dict[str, tup
 
     The functions take turns within each round (after one warm-up round), so that a
     machine that gets busier or quieter during the measurement affects them alike: on a
-    shared machine, ratios measured this way are what can be trusted.
+    shared machine, ratios measured this way are what can be trusted. Each call is
+    timed with the garbage collector off, after a collection, as ``timeit`` does: else
+    a full collection of every decoder's kept results lands on whichever call crosses
+    the threshold (in one run the same compiled parser measured 3x slower on one body
+    than on the next).
     """
     results = {name: fn() for name, fn in fns.items()}
     times: dict[str, list[float]] = {name: [] for name in fns}
     for _ in range(runs):
         for name, fn in fns.items():
-            start = time.perf_counter()
-            results[name] = fn()
-            times[name].append(time.perf_counter() - start)
+            results[name] = None  # (the last result of this function is not kept alive during its run)
+            gc.collect()
+            gc.disable()  # as timeit does: a collection of the others' results would land on whoever runs then
+            try:
+                start = time.perf_counter()
+                results[name] = fn()
+                times[name].append(time.perf_counter() - start)
+            finally:
+                gc.enable()
     return {name: (median(times[name]), results[name]) for name in fns}
 
 
