@@ -27,13 +27,21 @@ from addon.framing.sse import SSEParser
 Decode = Callable[[list[bytes]], list[tuple[str, str, str]]]
 
 
-def ours(chunks: list[bytes]) -> list[Any]:
-    parser = SSEParser()
-    events: list[Any] = []
-    for chunk in chunks:
-        events += parser.feed(chunk)
-    events += parser.end()
-    return events
+def _feeding(parser_class: Any) -> Callable[[list[bytes]], list[Any]]:
+    """A decoder that feeds the chunks to a new ``parser_class`` parser, as the proxy does."""
+
+    def decode(chunks: list[bytes]) -> list[Any]:
+        parser = parser_class()
+        events: list[Any] = []
+        for chunk in chunks:
+            events += parser.feed(chunk)
+        events += parser.end()
+        return events
+
+    return decode
+
+
+ours = _feeding(SSEParser)
 
 
 def _pure() -> Callable[[list[bytes]], list[Any]] | None:
@@ -45,17 +53,7 @@ def _pure() -> Callable[[list[bytes]], list[Any]] | None:
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    parser_class = module.SSEParser
-
-    def decode(chunks: list[bytes]) -> list[Any]:
-        parser = parser_class()
-        events: list[Any] = []
-        for chunk in chunks:
-            events += parser.feed(chunk)
-        events += parser.end()
-        return events
-
-    return decode
+    return _feeding(module.SSEParser)
 
 
 def _httpx_sse_api() -> Callable[[list[bytes]], list[Any]] | None:

@@ -31,20 +31,30 @@ def audit_bytes(
     status: int = 200,
     content_type: str | None = None,
     headers: Mapping[str, str] | None = None,
+    max_record_bytes: int | None = None,
     **record_fields: Any,
 ) -> dict:
     """Feed ``body`` split at the ``chunks`` offsets; return the row without ids and times.
 
     ``content_type``: the response's, when the framing is chosen by it (as the proxy
-    chooses it) rather than by ``event_stream``; ``headers``: the response's, for its reader.
+    chooses it) rather than by ``event_stream``; ``headers``: the response's, for its reader;
+    ``max_record_bytes``: the record's content cap (the proxy's default when None).
     """
     record = ExchangeRecord(dialect=dialect.name, streamed=event_stream, http_status=status, **record_fields)
     summary = dialect.summarize(request, request_view)
     summary_into_record(record, summary)
     normalizer = dialect.normalizer(summary)
     framing = select(content_type, status, normalizer.framing) if content_type is not None else None
+    cap = {} if max_record_bytes is None else {"max_record_bytes": max_record_bytes}
     auditor = StreamAuditor(
-        record, normalizer, encoding, MAX_EVENT_BYTES, event_stream=event_stream, framing=framing, headers=headers
+        record,
+        normalizer,
+        encoding,
+        MAX_EVENT_BYTES,
+        event_stream=event_stream,
+        framing=framing,
+        headers=headers,
+        **cap,
     )
     bounds = [0, *(chunks or []), len(body)]
     for a, b in zip(bounds, bounds[1:]):

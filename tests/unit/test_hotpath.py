@@ -22,9 +22,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from pipeline import comparable_row
+from pipeline import audit_bytes
 
-from addon.auditor import StreamAuditor, summary_into_record
 from addon.dialects import Dialect, JsonEventNormalizer, RequestView
 from addon.dialects import gemini as gemini_module
 from addon.dialects.anthropic import DIALECT as ANTHROPIC
@@ -35,7 +34,7 @@ from addon.dialects.lmsp import DIALECT as LMSP
 from addon.dialects.openai_chat import DIALECT as OPENAI_CHAT
 from addon.dialects.openai_responses import DIALECT as OPENAI_RESPONSES
 from addon.framing.sse import SSEEvent
-from addon.record import OUTCOME_COMPLETE, OUTCOME_UPSTREAM_ABORTED, ExchangeRecord
+from addon.record import OUTCOME_COMPLETE, OUTCOME_UPSTREAM_ABORTED
 from mockllm.scenario import Scenario
 from mockllm.streams import DIALECTS as MOCK
 
@@ -100,18 +99,7 @@ def careful_way(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 def audit(api: str, body: bytes, cuts: list[int], outcome: str = OUTCOME_COMPLETE, cap: int | None = None) -> dict:
     """The row of ``body`` fed in pieces cut at ``cuts`` (with a content cap of ``cap`` bytes)."""
     dialect, request, view, _ = APIS[api]
-    record = ExchangeRecord(dialect=dialect.name, streamed=True, http_status=200)
-    summary = dialect.summarize(request, view)
-    summary_into_record(record, summary)
-    extra = {} if cap is None else {"max_record_bytes": cap}
-    auditor = StreamAuditor(record, dialect.normalizer(summary), None, 8 * 1024 * 1024, **extra)  # type: ignore[arg-type]
-    bounds = [0, *cuts, len(body)]
-    for a, b in zip(bounds, bounds[1:]):
-        if b > a:
-            auditor.feed(body[a:b])
-    auditor.end(cut_by_upstream=outcome == OUTCOME_UPSTREAM_ABORTED)
-    record.finish(outcome)
-    return comparable_row(record)
+    return audit_bytes(dialect, body, cuts, request=request, request_view=view, outcome=outcome, max_record_bytes=cap)
 
 
 def splits(body: bytes, seed: int) -> list[list[int]]:

@@ -21,6 +21,7 @@ from pathlib import Path
 from unittest.mock import patch
 
 import pytest
+from fixtures.sse_fragments import FRAGMENTS
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -359,45 +360,6 @@ def test_accepts_bytearray_and_memoryview_chunks():
 
 
 # --------------------------------------------------------------------------- properties
-
-# Byte fragments that make SSE-ish bodies with every tricky spot nearby.
-FRAGMENTS = [
-    b"data",
-    b"event",
-    b"id",
-    b"retry",
-    b"Data",
-    b"foo",
-    b":",
-    b" ",
-    b"  ",
-    b"\t",
-    b"\r",
-    b"\n",
-    b"\r\n",
-    b"\n\n",
-    b"\r\n\r\n",
-    b"x",
-    b"42",
-    b"-1",
-    b"\x00",
-    b"\xef\xbb\xbf",
-    b"\xef\xbf\xbd",
-    b"\xc3\xa9",
-    b"\xf0\x9f\x98\x80",
-    b"\xe2\x80\xa8",
-    b"\xc2\x85",
-    b"\xff",
-    b"\xe2\x82",
-    b"\xc3",
-    b"data: ",
-    b"event: ",
-    b"id: ",
-    b"retry: ",
-    b"data: x\n\n",
-    b'event: e\ndata: {"a": 1}\n\n',
-    b"id: 7\nevent: e\ndata: y\n\n",
-]
 
 sse_bodies = st.lists(st.sampled_from(FRAGMENTS), max_size=60).map(b"".join)
 cut_lists = st.lists(st.integers(min_value=0, max_value=10_000), max_size=12)

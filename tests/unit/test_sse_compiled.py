@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from fixtures.sse_fragments import FRAGMENTS as SSE_FRAGMENTS
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -137,35 +138,8 @@ def test_one_event_per_chunk_gives_the_same():
         same(chunks)
 
 
-FRAGMENTS = [
-    b"data",
-    b"event",
-    b"id",
-    b"retry",
-    b":",
-    b" ",
-    b"\r",
-    b"\n",
-    b"\r\n",
-    b"\n\n",
-    b"x",
-    b"42",
-    b"\x00",
-    b"\xef\xbb\xbf",
-    b"\xc3\xa9",
-    b"\xf0\x9f\x98\x80",
-    b"\xe2\x80\xa8",
-    b"\xff",
-    b"\xe2\x82",
-    b"data: ",
-    b"event: ",
-    b"id: ",
-    b"retry: ",
-    b"data: x\n\n",
-    b'event: e\ndata: {"a": 1}\n\n',
-    b"id: 7\nevent: e\ndata: y\n\n",
-    "data: 日本語🎉\n\n".encode(),
-]
+# The parser tests' fragments, and a line of Japanese with emoji (four-byte characters).
+FRAGMENTS = [*SSE_FRAGMENTS, "data: 日本語🎉\n\n".encode()]
 bodies = st.lists(st.sampled_from(FRAGMENTS), max_size=80).map(b"".join)
 cuts = st.lists(st.integers(min_value=0, max_value=10_000), max_size=12)
 
