@@ -148,7 +148,7 @@ def _cost(row: Mapping[str, Any], prices: Prices | None) -> Cost:
     usage = _usage(row)
     if usage is None:
         return UNKNOWN
-    models = [m for m in (row.get("response_model"), row.get("request_model")) if isinstance(m, str) and m]
+    models = _names(row.get("response_model"), row.get("request_model"))
     provider = row.get("provider") if isinstance(row.get("provider"), str) else None
     when = row.get("started_at")
     when = when if isinstance(when, datetime) else None
@@ -168,6 +168,17 @@ def _cost(row: Mapping[str, Any], prices: Prices | None) -> Cost:
             continue  # not in the list under this name: the next name, else unknown
         return _rounded(calc.total_price, GENAI_PRICES)
     return UNKNOWN
+
+
+def _names(*models: Any) -> list[str]:
+    """The model names to look up, in order: each as recorded, then without the resource
+    path Google's APIs put before it (``models/gemini-2.5-flash``,
+    ``publishers/google/models/...``)."""
+    out: list[str] = []
+    for model in models:
+        if isinstance(model, str) and model:
+            out += [model] if "models/" not in model else [model, model.rsplit("models/", 1)[1]]
+    return list(dict.fromkeys(name for name in out if name))
 
 
 def _usage(row: Mapping[str, Any]) -> dict[str, int] | None:
