@@ -432,3 +432,21 @@ def test_a_bad_price_file_is_one_line_naming_the_file_line_and_fix(tmp_path, tex
 def test_a_missing_price_file_is_one_line(tmp_path):
     with pytest.raises(PricesError, match=r"cannot read the price file .*; name an existing file"):
         load_prices(tmp_path / "nope.toml")
+
+
+def test_the_provider_table_of_the_docs_is_the_code_s():
+    from storage.cost import PROVIDERS
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "cost.md").read_text()
+    rows = dict(
+        (cells[0].strip("` "), cells[1].split("(")[0].strip("` "))
+        for line in text.splitlines()
+        if line.startswith("| `") and len(cells := line.strip("|").split("|")) == 2
+    )
+    rows.pop("provider")  # the header
+    assert rows == PROVIDERS
+
+
+def test_google_s_models_prefix_is_looked_up_without_it():
+    row = audited(*PRICED["gemini"][:5])
+    assert cost_of(row | {"response_model": None, "request_model": "models/gemini-2.5-pro"}) == cost_of(row)
