@@ -244,3 +244,16 @@ def _file(tmp_path: Path) -> Path:
     path = tmp_path / "prices.toml"
     path.write_text(PRICES)
     return path
+
+
+def test_show_prints_the_cost_or_says_it_is_unknown(url, engine, tmp_path):
+    write(engine, ROWS, tmp_path)
+    shown = {}
+    for row in (ROWS[0], ROWS[3]):
+        out = subprocess.run(
+            [str(BIN / "llm-audit"), "--db", url, "show", row["id"]], capture_output=True, text=True, timeout=120
+        )
+        assert out.returncode == 0, out.stderr
+        shown[row["id"]] = out.stdout
+    assert f"  cost ${expected(ROWS[0]).usd:.6f} ({GENAI_PRICES})\n" in shown[ROWS[0]["id"]]
+    assert "  cost unknown (no price for this provider and model)\n" in shown[ROWS[3]["id"]]
