@@ -311,7 +311,10 @@ def test_self_hosted_and_vendor_neutral_apis_cost_null_without_a_price_file(name
     [
         {"response_model": "no-such-model-anywhere", "request_model": "nor-this"},
         {"provider": None},  # an unknown host: the provider is never guessed from the model
-        {"provider": "windsurf"},
+        {"provider": "windsurf", "dialect": "windsurf"},  # subscription products: no per-token price
+        {"provider": "microsoft", "dialect": "copilot"},
+        {"provider": "microsoft", "dialect": "copilot-chathub"},
+        {"provider": "lmsp", "dialect": "lmsp"},
         {"input_tokens": None, "output_tokens": None},  # no usage reported
         {"cache_read_input_tokens": 10**6},  # more cached than sent: counts that contradict
         {"input_tokens": -1},
