@@ -1,0 +1,364 @@
+"""Budgets: spending and token limits over a UTC calendar day or month, checked before
+a request goes upstream, from totals kept in memory.
+
+A budget rule (``kind = "budget"`` in the rules file, parsed by :mod:`addon.filters.rules`)
+limits what the exchanges in its scope used in the current period: US dollars
+(``cost_usd``) or tokens (input, output or both), counted per user, per API key
+fingerprint, per requested model, or for all of them together. A request whose subject
+has reached the limit is blocked (or flagged) with a verdict that names the budget and
+the figures.
+
+The request hook must not touch the database, so :class:`BudgetBook` keeps the totals:
+
+- ``snapshot``: what the audit database held at the last refresh (a thread reads it:
+  :mod:`addon.mitm.budgets`, :mod:`storage.spend`), leaving out this proxy's own records since the book's
+  ``epoch``;
+- ``local``: what this proxy itself recorded since the ``epoch``, added as each final
+  record is handed to the writer. A burst through one proxy is seen at once, and
+  nothing is counted twice: the database part leaves out exactly the records the local
+  part holds (this proxy instance's rows that started at or after the epoch).
+
+A check is a dictionary lookup per budget. Periods are calendar periods in UTC (the time
+zone of every time in the database, and of ``exchange_view.day``): a day budget starts
+again at 00:00 UTC, a month budget on the 1st at 00:00 UTC. An exchange counts in the
+period in which it *started*.
+
+Sans-IO: the refresh thread hands in snapshots (:meth:`BudgetBook.refreshed`,
+:meth:`BudgetBook.refresh_failed`), the proxy hands in final rows
+(:meth:`BudgetBook.add`) and asks :meth:`BudgetBook.check`.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from fnmatch import translate
+from typing import Any, Literal, Protocol
+
+from addon.filters.api import BLOCK, FLAG, Verdict
+
+PERIODS = ("day", "month")
+PER = ("user", "key", "model", "all")
+METERS = ("usd", "input", "output", "total")
+BUDGET_FILTER = "budget"  # the ``filter`` of every verdict a budget gives
+FILTER_ERROR = "filter_error"  # (the engine's rule id for a check that could not run)
+STALE_AFTER_MIN = 15.0  # seconds: totals older than this (and 3 refreshes) cannot be trusted
+
+Period = Literal["day", "month"]
+
+
+@dataclass(frozen=True, slots=True)
+class Budget:
+    """One budget rule: what it counts, over which period, for whom, and the limit."""
+
+    id: str
+    action: Literal["block", "flag"]
+    period: Period
+    per: str  # user | key | model | all
+    meter: str  # usd | input | output | total
+    limit: float
+    providers: tuple[str, ...] = ()  # glob patterns; empty: any
+    models: tuple[str, ...] = ()
+    users: tuple[str, ...] = ()
+    reason: str = ""
+    _patterns: tuple[re.Pattern[str] | None, ...] = field(default=(None, None, None), compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        compiled = tuple(_globs(p) for p in (self.providers, self.models, self.users))
+        object.__setattr__(self, "_patterns", compiled)
+
+    def applies(self, provider: str | None, model: str | None, user: str | None) -> bool:
+        """Whether an exchange of this provider, requested model and user is in scope
+        (a pattern list never matches a missing value)."""
+        for pattern, value in zip(self._patterns, (provider, model, user)):
+            if pattern is not None and (value is None or pattern.fullmatch(value) is None):
+                return False
+        return True
+
+    def subject(self, user: str | None, key: str | None, model: str | None) -> str | None:
+        """Whose total an exchange counts in: the user, the key fingerprint, the model, or
+        ``""`` for all. ``None``: it has none (no user id), so this budget does not count it."""
+        match self.per:
+            case "user":
+                return user
+            case "key":
+                return key
+            case "model":
+                return model
+        return ""
+
+    def describe_limit(self) -> str:
+        return _amount(self.meter, self.limit)
+
+
+def _globs(patterns: tuple[str, ...]) -> re.Pattern[str] | None:
+    """Shell-style patterns (``gpt-4o*``), case-sensitive, as one regular expression."""
+    return re.compile("|".join(f"(?:{translate(p)})" for p in patterns)) if patterns else None
+
+
+@dataclass(slots=True)
+class Totals:
+    """What a subject used in a period: tokens, dollars, and what could not be counted."""
+
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cost_usd: float = 0.0
+    exchanges: int = 0
+    unpriced: int = 0  # exchanges whose cost is unknown (NULL cost_usd): counted as $0
+    no_usage: int = 0  # exchanges the upstream reported no token counts for: counted as 0 tokens
+
+    def add(self, other: Totals) -> None:
+        self.input_tokens += other.input_tokens
+        self.output_tokens += other.output_tokens
+        self.cost_usd += other.cost_usd
+        self.exchanges += other.exchanges
+        self.unpriced += other.unpriced
+        self.no_usage += other.no_usage
+
+    def value(self, meter: str) -> float:
+        match meter:
+            case "usd":
+                return self.cost_usd
+            case "input":
+                return self.input_tokens
+            case "output":
+                return self.output_tokens
+        return self.input_tokens + self.output_tokens
+
+    @classmethod
+    def of_row(cls, row: Mapping[str, Any]) -> Totals:
+        """One final exchange row's contribution."""
+        inp, out, cost = row.get("input_tokens"), row.get("output_tokens"), row.get("cost_usd")
+        return cls(
+            inp or 0,
+            out or 0,
+            float(cost or 0),
+            1,
+            1 if cost is None else 0,
+            1 if inp is None and out is None else 0,
+        )
+
+
+class Spend(Protocol):
+    """What the exchanges of one combination of the columns budgets group by used, as the
+    database query returns it (:class:`storage.spend.Spend`)."""
+
+    @property
+    def user_id(self) -> str | None: ...
+    @property
+    def api_key_fingerprint(self) -> str | None: ...
+    @property
+    def request_model(self) -> str | None: ...
+    @property
+    def provider(self) -> str | None: ...
+    @property
+    def input_tokens(self) -> int: ...
+    @property
+    def output_tokens(self) -> int: ...
+    @property
+    def cost_usd(self) -> float: ...
+    @property
+    def exchanges(self) -> int: ...
+    @property
+    def unpriced(self) -> int: ...
+    @property
+    def no_usage(self) -> int: ...
+
+
+def period_key(period: str, t: datetime) -> str:
+    """The calendar period (UTC) of ``t``: ``2026-12-02`` for a day, ``2026-12`` for a month."""
+    t = t.astimezone(UTC)
+    return f"{t:%Y-%m-%d}" if period == "day" else f"{t:%Y-%m}"
+
+
+def period_start(period: str, t: datetime) -> datetime:
+    """The start of the calendar period (UTC) ``t`` is in."""
+    t = t.astimezone(UTC)
+    day = t.replace(hour=0, minute=0, second=0, microsecond=0)
+    return day if period == "day" else day.replace(day=1)
+
+
+def period_end(period: str, t: datetime) -> datetime:
+    """The start of the next period (the end of ``t``'s, exclusive)."""
+    start = period_start(period, t)
+    if period == "day":
+        return start + timedelta(days=1)
+    return (start + timedelta(days=32)).replace(day=1)
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """Totals read from the database at ``read_at``, per budget and subject, for the
+    periods named in ``keys`` (period -> key); made on the refresh thread."""
+
+    keys: dict[str, str]
+    totals: dict[tuple[str, str], Totals]
+    read_at: float  # time.monotonic() of the read
+
+
+def build_snapshot(
+    budgets: Iterable[Budget], today: Iterable[Spend], earlier: Iterable[Spend], now: datetime, read_at: float
+) -> Snapshot:
+    """Sum the database's combinations into each budget's subjects: ``today`` counts for
+    day and month budgets, ``earlier`` (this month before today) for month budgets."""
+    budgets = list(budgets)
+    totals: dict[tuple[str, str], Totals] = {}
+    for rows, periods in ((today, ("day", "month")), (earlier, ("month",))):
+        for row in rows:
+            spent = Totals(row.input_tokens, row.output_tokens, row.cost_usd, row.exchanges, row.unpriced, row.no_usage)
+            for b in budgets:
+                if b.period not in periods or not b.applies(row.provider, row.request_model, row.user_id):
+                    continue
+                subject = b.subject(row.user_id, row.api_key_fingerprint, row.request_model)
+                if subject is not None:
+                    totals.setdefault((b.id, subject), Totals()).add(spent)
+    return Snapshot({p: period_key(p, now) for p in PERIODS}, totals, read_at)
+
+
+class BudgetBook:
+    """The budgets in force and their totals: the database's, refreshed by a thread, and
+    this proxy's own since ``epoch``.
+
+    The event loop calls :meth:`add` and :meth:`check`; the refresh thread only replaces
+    the snapshot (one reference, swapped whole), so no lock is needed.
+    """
+
+    def __init__(
+        self,
+        budgets: Iterable[Budget],
+        *,
+        instance: str | None,
+        failure: Literal["open", "closed"],
+        refresh_seconds: float,
+        epoch: datetime | None = None,
+        clock: Any = time.monotonic,
+    ) -> None:
+        self.budgets = list(budgets)
+        self.instance = instance  # the proxy_instance of this proxy's own rows
+        self.failure = failure
+        self.refresh_seconds = refresh_seconds
+        self.epoch = (epoch or datetime.now(UTC)).astimezone(UTC)
+        self._clock = clock
+        self.snapshot: Snapshot | None = None
+        self.error: str | None = None  # why the last refresh failed; None after a good one
+        self.local: dict[tuple[str, str, str], Totals] = {}  # (budget, period key, subject)
+        self.unpriced_models: set[tuple[str, str | None]] = set()  # (budget, model) reported once
+        self.periods = sorted({b.period for b in self.budgets})
+
+    @property
+    def stale_after(self) -> float:
+        return max(STALE_AFTER_MIN, 3 * self.refresh_seconds)
+
+    # -- from the refresh thread ------------------------------------------------------
+
+    def refreshed(self, snapshot: Snapshot) -> None:
+        self.snapshot, self.error = snapshot, None
+
+    def refresh_failed(self, error: str) -> None:
+        self.error = error
+
+    # -- from the event loop ------------------------------------------------------------
+
+    def add(self, row: Mapping[str, Any]) -> list[str]:
+        """Count a final exchange row this proxy hands to the writer (open rows, and rows
+        that started before the epoch, are the database's to count). Returns the lines
+        to log: a USD budget's first exchange of a model whose cost is unknown."""
+        started = row.get("started_at")
+        if row.get("status") == "in_progress" or not isinstance(started, datetime) or started < self.epoch:
+            return []
+        contribution = Totals.of_row(row)
+        user, key, model = row.get("user_id"), row.get("api_key_fingerprint"), row.get("request_model")
+        notes = []
+        for b in self.budgets:
+            if not b.applies(row.get("provider"), model, user):
+                continue
+            subject = b.subject(user, key, model)
+            if subject is None:
+                continue
+            self.local.setdefault((b.id, period_key(b.period, started), subject), Totals()).add(contribution)
+            if b.meter == "usd" and contribution.unpriced and (b.id, model) not in self.unpriced_models:
+                self.unpriced_models.add((b.id, model))
+                notes.append(
+                    f"budget {b.id!r}: the cost of {model or 'an unnamed model'!r} is unknown; its exchanges "
+                    "count as $0 (give its price in the price overrides)"
+                )
+        return notes
+
+    def total(self, budget: Budget, subject: str, now: datetime) -> Totals:
+        """What ``subject`` used in ``budget``'s current period: database plus local."""
+        key = period_key(budget.period, now)
+        result = Totals()
+        snap = self.snapshot
+        if snap is not None and snap.keys.get(budget.period) == key:
+            if (found := snap.totals.get((budget.id, subject))) is not None:
+                result.add(found)
+        if (mine := self.local.get((budget.id, key, subject))) is not None:
+            result.add(mine)
+        return result
+
+    def check(
+        self,
+        provider: str | None,
+        model: str | None,
+        user: str | None,
+        key: str | None,
+        now: datetime | None = None,
+    ) -> list[Verdict]:
+        """The verdicts about a new request: a budget whose subject has reached its limit,
+        and, when the database's totals cannot be trusted, the failure policy's verdict."""
+        now = now or datetime.now(UTC)
+        verdicts: list[Verdict] = []
+        applicable = [b for b in self.budgets if b.applies(provider, model, user)]
+        if not applicable:
+            return verdicts
+        problem = self.unavailable()
+        if problem is not None:
+            names = ", ".join(repr(b.id) for b in applicable)
+            action = BLOCK if self.failure == "closed" else FLAG
+            reason = f"budget {names} cannot be checked: {problem}"
+            verdicts.append(Verdict(action, FILTER_ERROR, reason[:300], filter=BUDGET_FILTER, location="request"))
+        for b in applicable:
+            subject = b.subject(user, key, model)
+            if subject is None:
+                continue
+            used = self.total(b, subject, now)
+            if used.value(b.meter) >= b.limit:
+                verdicts.append(
+                    Verdict(
+                        b.action, b.id, self.reason(b, subject, used, now), filter=BUDGET_FILTER, location="request"
+                    )
+                )
+        return verdicts
+
+    def unavailable(self) -> str | None:
+        """Why the database's totals cannot be trusted now, or ``None``."""
+        snap = self.snapshot
+        if snap is None:
+            return f"the totals were not read yet ({self.error})" if self.error else "the totals were not read yet"
+        age = self._clock() - snap.read_at
+        if age > self.stale_after:
+            return f"the totals are {age:.0f} s old ({self.error or 'no refresh'})"
+        return None
+
+    def reason(self, budget: Budget, subject: str, used: Totals, now: datetime) -> str:
+        """The verdict's reason: the budget, whose total, the figures and the period."""
+        who = {"user": f"user {subject!r}", "key": f"key {subject}", "model": f"model {subject!r}"}.get(
+            budget.per, "all exchanges"
+        )
+        when = f"{'today' if budget.period == 'day' else 'this month'} ({period_key(budget.period, now)} UTC)"
+        figures = f"{who} used {_amount(budget.meter, used.value(budget.meter))} of {budget.describe_limit()} {when}"
+        if budget.meter == "usd" and used.unpriced:
+            figures += f"; {used.unpriced} exchanges without a known cost counted as $0"
+        elif budget.meter != "usd" and used.no_usage:
+            figures += f"; {used.no_usage} exchanges without token counts counted as 0"
+        head = budget.reason or f"budget {budget.id!r} reached"
+        return f"{head}: {figures}"[:300]
+
+
+def _amount(meter: str, value: float) -> str:
+    if meter == "usd":
+        return f"${value:,.2f}"
+    return f"{int(value):,} {'total' if meter == 'total' else meter} tokens"
