@@ -41,7 +41,7 @@ def read_spend(engine: Engine, start: datetime, end: datetime, instance: str | N
     fingerprint, requested model, provider), leaving out ``instance``'s rows that started
     at or after ``epoch`` (its book counts those itself)."""
     c = exchanges.c
-    cost = c.cost_usd if "cost_usd" in c else literal(None)
+    cost = c.cost_usd
     mine = and_(c.proxy_instance == instance, c.started_at >= epoch) if instance is not None else literal(False)
     groups = (c.user_id, c.api_key_fingerprint, c.request_model, c.provider)
     query = (

@@ -349,7 +349,9 @@ class BudgetBook:
             budget.per, "all exchanges"
         )
         when = f"{'today' if budget.period == 'day' else 'this month'} ({period_key(budget.period, now)} UTC)"
-        figures = f"{who} used {_amount(budget.meter, used.value(budget.meter))} of {budget.describe_limit()} {when}"
+        value = used.value(budget.meter)
+        amount = _amount("usd", value) if budget.meter == "usd" else f"{int(value):,}"
+        figures = f"{who} used {amount} of {budget.describe_limit()} {when}"
         if budget.meter == "usd" and used.unpriced:
             figures += f"; {used.unpriced} exchanges without a known cost counted as $0"
         elif budget.meter != "usd" and used.no_usage:
