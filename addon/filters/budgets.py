@@ -32,7 +32,8 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Iterable, Mapping
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from fnmatch import translate
@@ -246,6 +247,12 @@ class BudgetBook:
         self.error: str | None = None  # why the last refresh failed; None after a good one
         self.local: dict[tuple[str, str, str], Totals] = {}  # (budget, period key, subject)
         self.unpriced_models: set[tuple[str, str | None]] = set()  # (budget, model) reported once
+        # Prices a row (US dollars, None when unknown), on the refresh thread; the rows
+        # waiting for it, and who to wake. Only that thread adds costs to local totals,
+        # only the event loop tokens: no field is written by both.
+        self.pricer: Callable[[Mapping[str, Any]], float | None] | None = None
+        self.pending: deque[tuple[list[tuple[str, Totals]], Mapping[str, Any]]] = deque()
+        self.on_pending: Callable[[], None] | None = None
         self.periods = sorted({b.period for b in self.budgets})
 
     @property
@@ -262,29 +269,58 @@ class BudgetBook:
 
     # -- from the event loop ------------------------------------------------------------
 
-    def add(self, row: Mapping[str, Any]) -> list[str]:
+    def add(self, row: Mapping[str, Any]) -> None:
         """Count a final exchange row this proxy hands to the writer (open rows, and rows
-        that started before the epoch, are the database's to count). Returns the lines
-        to log: a USD budget's first exchange of a model whose cost is unknown."""
+        that started before the epoch, are the database's to count).
+
+        The writer prices a row on its own thread, so a row comes here without its cost:
+        with a ``pricer`` its cost is added by :meth:`price_pending` (the refresh thread,
+        woken by ``on_pending``), its tokens at once; without one it counts as unpriced.
+        """
         started = row.get("started_at")
         if row.get("status") == "in_progress" or not isinstance(started, datetime) or started < self.epoch:
-            return []
+            return
         contribution = Totals.of_row(row)
+        later = self.pricer is not None and row.get("cost_usd") is None
+        if later:
+            contribution.unpriced = 0  # (until priced)
         user, key, model = row.get("user_id"), row.get("api_key_fingerprint"), row.get("request_model")
-        notes = []
+        to_price: list[tuple[str, Totals]] = []
         for b in self.budgets:
             if not b.applies(row.get("provider"), model, user):
                 continue
             subject = b.subject(user, key, model)
             if subject is None:
                 continue
-            self.local.setdefault((b.id, period_key(b.period, started), subject), Totals()).add(contribution)
-            if b.meter == "usd" and contribution.unpriced and (b.id, model) not in self.unpriced_models:
-                self.unpriced_models.add((b.id, model))
-                notes.append(
-                    f"budget {b.id!r}: the cost of {model or 'an unnamed model'!r} is unknown; its exchanges "
-                    "count as $0 (give its price in the price overrides)"
-                )
+            totals = self.local.setdefault((b.id, period_key(b.period, started), subject), Totals())
+            totals.add(contribution)
+            if b.meter == "usd" and later:
+                to_price.append((b.id, totals))
+        if to_price:
+            self.pending.append((to_price, row))
+            if self.on_pending is not None:
+                self.on_pending()
+
+    def price_pending(self) -> list[str]:
+        """Price the rows :meth:`add` left without a cost (on the refresh thread: a first
+        lookup of a model takes milliseconds) and add their cost. Returns the lines to
+        log: a USD budget's first exchange of a model whose cost is unknown."""
+        notes = []
+        while self.pending and self.pricer is not None:
+            targets, row = self.pending.popleft()
+            usd = self.pricer(row)
+            for budget_id, totals in targets:
+                if usd is not None:
+                    totals.cost_usd += usd
+                    continue
+                totals.unpriced += 1
+                model = row.get("request_model")
+                if (budget_id, model) not in self.unpriced_models:
+                    self.unpriced_models.add((budget_id, model))
+                    notes.append(
+                        f"budget {budget_id!r}: the cost of {model or 'an unnamed model'!r} is unknown; its "
+                        "exchanges count as $0 (give its price in a price file: llm_audit_prices)"
+                    )
         return notes
 
     def total(self, budget: Budget, subject: str, now: datetime) -> Totals:

@@ -42,8 +42,8 @@ class SpendRefresher:
     ``target`` returns the book and the engine to read at each refresh (either may change
     while the proxy runs: new rules, another database); ``None`` for the engine while no
     database is open. A failed read is kept in the book (:meth:`BudgetBook.refresh_failed`):
-    its failure policy decides once the totals are too old. ``wake`` asks for a refresh
-    now (new rules).
+    its failure policy decides once the totals are too old. ``wake`` makes the thread
+    price the rows the book waits for (and read a new book's totals) now.
     """
 
     def __init__(self, target: Callable[[], tuple[BudgetBook | None, Engine | None]]) -> None:
@@ -63,24 +63,45 @@ class SpendRefresher:
         self._thread.join(timeout=10)
 
     def _run(self) -> None:
+        """Price what the book's rows wait for whenever woken; read the totals every
+        ``refresh_seconds`` (at once for a new book, every :data:`FIRST_TRY` until its
+        first read works, every second while reads fail)."""
+        last: BudgetBook | None = None
+        due = 0.0
         while not self._stop.is_set():
             book, engine = self._target()
-            delay = FIRST_TRY if book is not None and book.snapshot is None else 1.0
-            if book is not None and engine is not None:
-                try:
-                    self.refresh(book, engine)
-                    delay = book.refresh_seconds
-                except SQLAlchemyError as e:
-                    problem = f"cannot read the totals: {first_line(e)}"
-                    if book.error != problem:
-                        log.warning(f"llm-audit: budgets: {problem}; retrying")
-                    book.refresh_failed(problem)
-                    delay = min(book.refresh_seconds, 1.0)
-                except Exception as e:  # the thread must go on
-                    log.exception("llm-audit: budgets: refreshing the totals failed")
-                    book.refresh_failed(f"{type(e).__name__}: {e}")
-            self._wake.wait(delay)
+            if book is not None:
+                self._price(book)
+                if book is not last:
+                    last, due = book, 0.0
+                if engine is not None and time.monotonic() >= due:
+                    due = time.monotonic() + self._refresh_once(book, engine)
+                elif engine is None:
+                    due = time.monotonic() + FIRST_TRY
+            self._wake.wait(max(due - time.monotonic(), 0.0) if book is not None else 1.0)
             self._wake.clear()
+
+    def _price(self, book: BudgetBook) -> None:
+        try:
+            for line in book.price_pending():
+                log.warning(f"llm-audit: {line}")
+        except Exception:  # the thread must go on
+            log.exception("llm-audit: budgets: pricing this proxy's exchanges failed")
+
+    def _refresh_once(self, book: BudgetBook, engine: Engine) -> float:
+        """One refresh; the seconds until the next."""
+        try:
+            self.refresh(book, engine)
+            return book.refresh_seconds
+        except SQLAlchemyError as e:
+            problem = f"cannot read the totals: {first_line(e)}"
+            if book.error != problem:
+                log.warning(f"llm-audit: budgets: {problem}; retrying")
+            book.refresh_failed(problem)
+        except Exception as e:  # the thread must go on
+            log.exception("llm-audit: budgets: refreshing the totals failed")
+            book.refresh_failed(f"{type(e).__name__}: {e}")
+        return FIRST_TRY if book.snapshot is None else min(book.refresh_seconds, 1.0)
 
     def refresh(self, book: BudgetBook, engine: Engine) -> None:
         """Read today's (and, for month budgets, this month's earlier) totals into ``book``."""

@@ -146,8 +146,7 @@ class ContentFilters:
         if book is None:
             return
         try:
-            for line in book.add(row):
-                log.warning(f"llm-audit: {line}")
+            book.add(row)
         except Exception:  # the record is written; only its count is missing
             log.exception("llm-audit: counting a record in the budgets failed")
 
@@ -168,6 +167,7 @@ class ContentFilters:
             self._book_writer = writer
             if self.refresher is None:
                 self.refresher = SpendRefresher(self._refresh_target)
+            self.book.on_pending = self.refresher.wake
             self.refresher.wake()
         return self.book
 

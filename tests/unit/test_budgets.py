@@ -237,18 +237,42 @@ def test_usd_budgets_count_unknown_costs_as_zero_and_say_so():
     usd = budget('period = "day"\nper = "key"\nlimit_usd = 1.5')
     b = book(usd)
     fresh(b, [spend(key="sha256:k", usd=1.0, n=3, unpriced=1)])
-    notes = b.add(row(cost=None, model="my-llama"))
-    assert notes == [
-        "budget 'b': the cost of 'my-llama' is unknown; its exchanges count as $0 (give its price in the price overrides)"
-    ]
-    assert b.add(row(cost=None, model="my-llama")) == []  # said once
+    b.add(row(cost=None, model="my-llama"))  # no pricer: the row's own cost, unknown
+    b.add(row(cost=0.25))
     assert b.check("openai", "gpt-4o", None, "sha256:k", NOW) == []
-    b.add(row(cost=0.5))
+    b.add(row(cost=0.25))
     (verdict,) = b.check("openai", "gpt-4o", None, "sha256:k", NOW)
     assert verdict.reason == (
         "budget 'b' reached: key sha256:k used $1.50 of $1.50 today (2026-12-02 UTC); "
-        "3 exchanges without a known cost counted as $0"
+        "2 exchanges without a known cost counted as $0"
     )
+
+
+def test_rows_the_writer_has_not_priced_yet_are_priced_off_the_event_loop():
+    usd = budget('period = "day"\nlimit_usd = 1')
+    tokens = Budget("t", "block", "day", "all", "total", 1000.0)
+    b = book(usd, tokens)
+    fresh(b)
+    woken, priced = [], []
+    b.on_pending = lambda: woken.append(1)
+    b.pricer = lambda r: priced.append(r["request_model"]) or (None if r["request_model"] == "my-llama" else 0.6)
+    b.add(row(cost=None, inp=100))
+    b.add(row(cost=None, model="my-llama", inp=100))
+    assert (woken, priced) == ([1, 1], [])  # nothing priced on the event loop
+    assert b.total(tokens, "", NOW).input_tokens == 200  # tokens count at once
+    assert b.total(usd, "", NOW).cost_usd == 0
+    assert b.price_pending() == [
+        "budget 'b': the cost of 'my-llama' is unknown; its exchanges count as $0 "
+        "(give its price in a price file: llm_audit_prices)"
+    ]
+    assert priced == ["gpt-4o", "my-llama"]
+    used = b.total(usd, "", NOW)
+    assert (used.cost_usd, used.unpriced, used.exchanges) == (0.6, 1, 2)
+    assert b.total(tokens, "", NOW).unpriced == 0  # only USD budgets wait for a price
+    assert b.check("openai", "gpt-4o", None, None, NOW) == []
+    b.add(row(cost=None))
+    b.price_pending()
+    assert [v.rule_id for v in b.check("openai", "gpt-4o", None, None, NOW)] == ["b"]
 
 
 def test_scope_patterns_limit_which_exchanges_count_and_which_requests_are_checked():
