@@ -1,0 +1,167 @@
+"""Budgets end to end: a real mitmdump with a budget rule lets requests through up to the
+limit and blocks the next before it goes upstream, in the API's own refusal, recorded
+with the verdict; on SQLite and PostgreSQL. A burst through one proxy is seen at once
+(its own records count as they are recorded); a second proxy sharing the database sees
+the first one's use at its next refresh.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+from conftest import Proxy, Upstream, new_database, start_proxy, wait_for
+
+pytestmark = pytest.mark.e2e
+
+PROMPT = [{"role": "user", "content": "How many tokens does this take?"}]
+MAX_TOKENS = 5
+
+
+@pytest.fixture(scope="module")
+def tokens_per_request(upstreams) -> int:
+    """What one request of the tests uses, asked of the mock upstream directly."""
+    up = upstreams["h1"]
+    body = {"model": "gpt-4o", "messages": PROMPT, "max_tokens": MAX_TOKENS}
+    usage = httpx.post(f"{up.url}/v1/chat/completions", json=body, timeout=30).json()["usage"]
+    assert usage["total_tokens"] > 0
+    return usage["total_tokens"]
+
+
+def rules_file(tmp: Path, text: str) -> Path:
+    (tmp / "rules.toml").write_text(text)
+    return tmp / "rules.toml"
+
+
+def budget_proxy(request, tmp: Path, backend: str, rules: str, *args: str, **database) -> Proxy:
+    database = database or new_database(request, backend, tmp)
+    return start_proxy(tmp, "--set", f"llm_rules={rules_file(tmp, rules)}", *args, **database)
+
+
+def ask(proxy: Proxy, up: Upstream, user: str, stream: bool = False) -> tuple[str, object]:
+    """One chat request as ``user``; its mock id and the SDK's answer (or the error raised)."""
+    mock_id = uuid.uuid4().hex
+    client = openai.OpenAI(base_url=f"{up.url}/v1", api_key="sk-test", max_retries=0, http_client=proxy.client())
+    try:
+        if stream:
+            chunks = list(
+                client.chat.completions.create(
+                    model="gpt-4o",
+                    messages=PROMPT,  # type: ignore[arg-type]
+                    max_tokens=MAX_TOKENS,
+                    user=user,
+                    stream=True,
+                    extra_headers={"x-mock-id": mock_id},
+                )
+            )
+            return mock_id, chunks
+        answer = client.chat.completions.create(
+            model="gpt-4o",
+            messages=PROMPT,  # type: ignore[arg-type]
+            max_tokens=MAX_TOKENS,
+            user=user,
+            extra_headers={"x-mock-id": mock_id},
+        )
+        return mock_id, answer
+    except openai.APIError as e:
+        return mock_id, e
+
+
+def assert_budget_block(proxy: Proxy, up: Upstream, mock_id: str, rule_id: str, figures: str) -> dict:
+    row = proxy.mock_row(mock_id)
+    assert (row["status"], row["error_code"]) == ("blocked", "content_filtered")
+    (verdict,) = [v for v in row["verdicts"] if v["rule_id"] == rule_id]
+    assert (verdict["action"], verdict["filter"], verdict["location"]) == ("block", "budget", "request")
+    assert figures in verdict["reason"], verdict["reason"]
+    assert rule_id in row["error_message"] and figures in row["error_message"]
+    assert up.received(mock_id) == {}, "a request over its budget must never reach the upstream"
+    return row
+
+
+def test_a_token_budget_lets_requests_through_up_to_the_limit_and_blocks_the_next(
+    request, tmp_path, upstreams, backend, tokens_per_request
+):
+    limit = 3 * tokens_per_request
+    rules = f"""
+[[rule]]
+id = "daily-tokens"
+kind = "budget"
+period = "day"
+per = "user"
+limit_tokens = {limit}
+action = "block"
+"""
+    # no refresh during the test: the burst is seen from this proxy's own records alone
+    proxy = budget_proxy(request, tmp_path, backend, rules, "--set", "llm_budget_refresh_seconds=3600")
+    up = upstreams["h1"]
+    try:
+        for _ in range(3):  # back to back: no waiting for the database
+            _, answer = ask(proxy, up, "alice")
+            assert isinstance(answer, openai.types.chat.ChatCompletion), answer
+        mock_id, refused = ask(proxy, up, "alice")
+        assert isinstance(refused, openai.BadRequestError), refused
+        figures = f"user 'alice' used {limit:,} of {limit:,} total tokens today"
+        assert "daily-tokens" in str(refused) and figures in str(refused)
+        assert_budget_block(proxy, up, mock_id, "daily-tokens", figures)
+
+        mock_id, chunks = ask(proxy, up, "alice", stream=True)  # a stream is refused in its own terms
+        assert isinstance(chunks, openai.APIError) and chunks.code == "content_filter", chunks
+        assert_budget_block(proxy, up, mock_id, "daily-tokens", figures)
+
+        _, other = ask(proxy, up, "bob")  # a budget per user: bob has his own
+        assert isinstance(other, openai.types.chat.ChatCompletion), other
+        rows = proxy.rows("user_id = ? AND status = 'completed'", ("alice",))
+        assert sum(r["input_tokens"] + r["output_tokens"] for r in rows) == limit
+    finally:
+        proxy.process.stop()
+
+
+def test_proxies_sharing_a_database_see_each_others_use_at_the_next_refresh(
+    request, tmp_path, upstreams, backend, tokens_per_request
+):
+    limit = 2 * tokens_per_request
+    rules = f"""
+[[rule]]
+id = "team-day"
+kind = "budget"
+period = "day"
+limit_tokens = {limit}
+action = "block"
+reason = "the team's daily budget"
+"""
+    database = new_database(request, backend, tmp_path)
+    proxies = []
+    for name in ("proxy-a", "proxy-b"):
+        tmp = tmp_path / name
+        tmp.mkdir()
+        set_name = ("--set", f"llm_audit_instance={name}", "--set", "llm_budget_refresh_seconds=1")
+        proxies.append(budget_proxy(request, tmp, backend, rules, *set_name, **database))
+    a, b = proxies
+    up = upstreams["h1"]
+    try:
+        ids = [ask(a, up, "alice")[0], ask(a, up, "bob")[0]]
+        for mock_id in ids:
+            assert a.mock_row(mock_id)["status"] == "completed"
+        mock_id, refused = ask(a, up, "carol")  # a's own use: at once
+        assert isinstance(refused, openai.BadRequestError), refused
+        figures = f"all exchanges used {limit:,} of {limit:,} total tokens today"
+        assert_budget_block(a, up, mock_id, "team-day", figures)
+
+        deadline = time.monotonic() + 15
+        while True:  # b reads a's rows at its next refresh (every second)
+            mock_id, answer = ask(b, up, "dave")
+            if isinstance(answer, openai.BadRequestError) or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+        assert isinstance(answer, openai.BadRequestError), answer
+        assert "the team's daily budget" in str(answer)
+        assert_budget_block(b, up, mock_id, "team-day", "all exchanges used")
+        wait_for(lambda: len(a.rows("status = 'blocked'")) >= 2, what="both blocks recorded")
+    finally:
+        for p in proxies:
+            p.process.stop()
