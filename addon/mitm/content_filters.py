@@ -56,6 +56,7 @@ class ContentFilters:
         self.book: BudgetBook | None = None
         self._book_writer: object = None  # the audit writer the book was made for
         self.refresher: SpendRefresher | None = None
+        self._target: tuple[BudgetBook | None, Engine | None] = (None, None)  # for the refresh thread
         if store is not None:
             store.listeners.append(self._recorded)
 
@@ -156,6 +157,7 @@ class ContentFilters:
         writer = self.store.writer if self.store is not None else None
         if not self.budgets:
             self.book = None
+            self._target = (None, None)
             return None
         if self.book is None or writer is not self._book_writer:
             self.book = BudgetBook(
@@ -165,6 +167,8 @@ class ContentFilters:
                 refresh_seconds=self.refresh_seconds,
             )
             self._book_writer = writer
+            engine = getattr(writer, "engine", None)
+            self._target = (self.book, engine if isinstance(engine, Engine) else None)
             if self.refresher is None:
                 self.refresher = SpendRefresher(self._refresh_target)
             self.book.on_pending = self.refresher.wake
@@ -172,10 +176,9 @@ class ContentFilters:
         return self.book
 
     def _refresh_target(self) -> tuple[BudgetBook | None, Engine | None]:
-        """What the refresh thread reads, and into which book (read from that thread)."""
-        writer = self._book_writer
-        engine = getattr(writer, "engine", None)
-        return self.book, engine if isinstance(engine, Engine) else None
+        """What the refresh thread reads, and into which book (read from that thread: one
+        tuple, swapped whole, so a book is never paired with another writer's database)."""
+        return self._target
 
     def current(self) -> FilterSet | None:
         """The filter set for a new exchange, after picking up changed filter files (at

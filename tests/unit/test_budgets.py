@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
-from sqlalchemy import Engine, insert
+from sqlalchemy import Engine, create_engine, insert
 
 from addon.filters.budgets import (
     Budget,
@@ -379,3 +379,29 @@ def test_the_refresher_reads_the_totals_into_the_book_off_the_event_loop(engine)
         assert verdict.rule_id == "d"
     finally:
         refresher.close()
+
+
+def test_a_database_that_cannot_be_read_is_kept_in_the_book_and_the_policy_decides():
+    unreachable = create_engine("postgresql+psycopg://nobody@127.0.0.1:1/audit", connect_args={"connect_timeout": 2})
+    clock = Clock()
+    b = BudgetBook(
+        [Budget("d", "block", "day", "all", "total", 10.0)],
+        instance="p1",
+        failure="closed",
+        refresh_seconds=1,
+        clock=clock,
+    )
+    refresher = SpendRefresher(lambda: (b, unreachable))
+    try:
+        deadline = time.monotonic() + 10
+        while b.error is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+    finally:
+        refresher.close()
+        unreachable.dispose()
+    assert b.error is not None and b.error.startswith("cannot read the totals: "), b.error
+    (verdict,) = b.check(None, None, None, None)
+    assert (verdict.action, verdict.rule_id) == ("block", "filter_error")
+    assert verdict.reason.startswith(
+        "budget 'd' cannot be checked: the totals were not read yet (cannot read the totals:"
+    )
