@@ -254,6 +254,7 @@ class BudgetBook:
         self.pending: deque[tuple[list[tuple[str, Totals]], Mapping[str, Any]]] = deque()
         self.on_pending: Callable[[], None] | None = None
         self.periods = sorted({b.period for b in self.budgets})
+        self.created = clock()
 
     @property
     def stale_after(self) -> float:
@@ -368,6 +369,10 @@ class BudgetBook:
                     )
                 )
         return verdicts
+
+    def age(self) -> float:
+        """Seconds since the book was made."""
+        return self._clock() - self.created
 
     def unavailable(self) -> str | None:
         """Why the database's totals cannot be trusted now, or ``None``."""

@@ -1,9 +1,14 @@
-"""Budgets in the proxy: the thread that keeps their totals current from the audit database.
+"""Budgets in the proxy: the books in force, and the thread that keeps their totals
+current from the audit database.
 
 Budgets (:mod:`addon.filters.budgets`) are checked on the event loop against totals in
 memory; :class:`SpendRefresher` reads the database's totals (:func:`storage.spend.read_spend`)
 on a thread of its own, so no request ever waits for a query, and hands each snapshot to
-the book in force. What is read per refresh:
+the book in force. :class:`BudgetKeeper` owns the books: a new one (a new epoch, nothing
+counted locally yet) when the budgets or the audit writer change, which replaces the one
+in force once its totals are read, and until then is fed the same records; at start the
+first read is made before traffic (as the database is opened: :mod:`addon.mitm.store`).
+What is read per refresh:
 
 - today (00:00 UTC until the day's end), at every refresh;
 - this month before today, for month budgets, only every :data:`EARLIER_REFRESH` seconds
@@ -20,13 +25,18 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
+from typing import Any, Literal
 
 from sqlalchemy import Engine
 from sqlalchemy.exc import SQLAlchemyError
 
-from addon.filters.budgets import BudgetBook, build_snapshot, period_start
+from addon.filters.api import BLOCK, FLAG, Verdict
+from addon.filters.budgets import BUDGET_FILTER, FILTER_ERROR, Budget, BudgetBook, build_snapshot, period_start
+from addon.mitm.store import AuditStore
+from addon.record import ExchangeRecord
+from storage.cost import cost_of
 from storage.database import first_line
 from storage.spend import Spend, read_spend
 
@@ -34,6 +44,7 @@ log = logging.getLogger(__name__)
 
 EARLIER_REFRESH = 300.0  # seconds between two reads of the month's earlier days
 FIRST_TRY = 0.1  # seconds between tries while a book has no totals yet
+_NEW_BOOK = object()  # a writer no book is made for: the next sync makes a new book
 
 
 class SpendRefresher:
@@ -81,6 +92,10 @@ class SpendRefresher:
             self._wake.wait(max(due - time.monotonic(), 0.0) if book is not None else 1.0)
             self._wake.clear()
 
+    def refresh_now(self, book: BudgetBook, engine: Engine) -> None:
+        """One refresh on the caller's thread (the proxy's start, before traffic)."""
+        self._refresh_once(book, engine)
+
     def _price(self, book: BudgetBook) -> None:
         try:
             for line in book.price_pending():
@@ -117,3 +132,106 @@ class SpendRefresher:
                 self._earlier = (which, read_spend(engine, month, day, book.instance, book.epoch), read_at)
             earlier = self._earlier[1]
         book.refreshed(build_snapshot(book.budgets, today, earlier, now, read_at))
+
+
+class BudgetKeeper:
+    """The budget book in force, the one about to replace it, and their refresh thread."""
+
+    def __init__(self, store: AuditStore | None) -> None:
+        self.store = store
+        self.budgets: list[Budget] = []
+        self.failure: Literal["open", "closed"] = "closed"
+        self.refresh_seconds = 5
+        self.book: BudgetBook | None = None  # the one requests are checked against
+        self.next: BudgetBook | None = None  # made for new budgets or a new writer, not read yet
+        self._writer: object = None  # the audit writer the newest book was made for
+        self._target: tuple[BudgetBook | None, Engine | None] = (None, None)  # for the thread, swapped whole
+        self.refresher: SpendRefresher | None = None
+
+    def configure(self, budgets: Sequence[Budget], failure: Literal["open", "closed"], refresh_seconds: int) -> None:
+        """New rules: a new book for them (the one in force stays until it is read)."""
+        self.budgets, self.failure, self.refresh_seconds = list(budgets), failure, refresh_seconds
+        self._writer = _NEW_BOOK
+        self._sync()
+
+    def start(self) -> None:
+        """Before traffic (mitmproxy's ``running``, the database open by now): read the
+        new book's totals here, once, so the first requests are not refused for want of
+        them. A failure is the thread's to retry."""
+        book = self._sync()
+        engine = self._target[1]
+        if book is not None and book.snapshot is None and engine is not None and self.refresher is not None:
+            self.refresher.refresh_now(book, engine)
+            self._promote()
+
+    def close(self) -> None:
+        if self.refresher is not None:
+            self.refresher.close()
+            self.refresher = None
+
+    def check(self, record: ExchangeRecord) -> list[Verdict]:
+        """The budgets' verdicts on a new request (in memory, O(budgets); never raises:
+        a failure of the check itself follows the failure policy)."""
+        if not self.budgets:
+            return []
+        try:
+            self._sync()
+            self._promote()
+            book = self.book or self.next
+            if book is None:
+                return []
+            now = datetime.fromtimestamp(record.started_at, UTC) if record.started_at else datetime.now(UTC)
+            return book.check(record.provider, record.request_model, record.user_id, record.api_key_fingerprint, now)
+        except Exception as e:  # our bug must not decide the policy
+            log.exception("llm-audit: checking a request's budgets failed")
+            action = BLOCK if self.failure == "closed" else FLAG
+            reason = f"{type(e).__name__}: {e}"[:300]
+            return [Verdict(action, FILTER_ERROR, reason, filter=BUDGET_FILTER, location="request")]
+
+    def recorded(self, row: dict[str, Any]) -> None:
+        """The audit store took a record: count a final one in the books (never raises)."""
+        for book in {id(b): b for b in (self.book, self.next) if b is not None}.values():
+            try:
+                book.add(row)
+            except Exception:  # the record is written; only its count is missing
+                log.exception("llm-audit: counting a record in the budgets failed")
+
+    def _sync(self) -> BudgetBook | None:
+        """The newest book, made anew when the budgets or the audit writer changed."""
+        writer = self.store.writer if self.store is not None else None
+        if not self.budgets:
+            self.book = self.next = None
+            self._target = (None, None)
+            return None
+        if self.next is None and self.book is not None and writer is self._writer:
+            return self.book
+        if self.next is not None and writer is self._writer:
+            return self.next
+        book = BudgetBook(
+            self.budgets,
+            instance=writer.instance if writer is not None else None,
+            failure=self.failure,
+            refresh_seconds=self.refresh_seconds,
+        )
+        self._writer, self.next = writer, book
+        engine = getattr(writer, "engine", None)
+        self._target = (book, engine if isinstance(engine, Engine) else None)
+        if self.refresher is None:
+            self.refresher = SpendRefresher(lambda: self._target)
+        book.on_pending = self.refresher.wake
+        if self.store is not None:
+            book.pricer = self._price
+        self.refresher.wake()
+        return book
+
+    def _promote(self) -> None:
+        """The new book replaces the one in force once its totals are read (or once the
+        wait is as long as totals may be old: then its failure policy decides)."""
+        new = self.next
+        if new is not None and (new.snapshot is not None or self.book is None or new.age() > new.stale_after):
+            self.book, self.next = new, None
+
+    def _price(self, row: Mapping[str, Any]) -> float | None:
+        """A row's cost as the writer computes it (:func:`storage.cost.cost_of`, with the
+        store's price file); called on the budgets' thread, never on the event loop."""
+        return cost_of(row, self.store.prices if self.store is not None else None).usd

@@ -5,33 +5,29 @@ filter files while the proxy runs, and builds the :class:`~addon.filters.engine.
 the exchange hooks use for each new request. When a filter may block output it installs
 :mod:`addon.mitm.early_end`, the way a stream a filter stops ends cleanly.
 
-The rules file's budgets go to a :class:`~addon.filters.budgets.BudgetBook`: the audit
-store hands it every final record (this proxy's own use, counted at once), a thread
-(:mod:`addon.mitm.budgets`) refreshes the database's totals, and
-:meth:`ContentFilters.check_budgets` checks a request against it without touching the
-database. A book counts this proxy's records from its creation on (its epoch): it is
-made anew when the rules or the audit database change.
+The rules file's budgets go to a :class:`~addon.mitm.budgets.BudgetKeeper`: the audit
+store hands it every final record (this proxy's own use, counted at once), its thread
+refreshes the database's totals, and :meth:`ContentFilters.check_budgets` checks a
+request against them without touching the database.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from mitmproxy.addonmanager import Loader
-from sqlalchemy import Engine
 
 from addon.dialects import Dialect, RequestSummary
 from addon.filters.api import BLOCK, RequestContext, Verdict
-from addon.filters.budgets import BUDGET_FILTER, Budget, BudgetBook
+from addon.filters.budgets import Budget
 from addon.filters.engine import FILTER_ERROR, Failure, FilterSet
 from addon.filters.loader import FilterFiles
 from addon.filters.rules import Rule, RulesError, load_rules
 from addon.mitm import early_end
-from addon.mitm.budgets import SpendRefresher
+from addon.mitm.budgets import BudgetKeeper
 from addon.mitm.store import AuditStore
 from addon.record import ExchangeRecord
 from exchange.request import Message
@@ -52,20 +48,16 @@ class ContentFilters:
         self.refresh_seconds = DEFAULT_REFRESH_SECONDS
         self.files: FilterFiles | None = None
         self.filterset: FilterSet | None = None
-        self.store = store
-        self.book: BudgetBook | None = None
-        self._book_writer: object = None  # the audit writer the book was made for
-        self.refresher: SpendRefresher | None = None
-        self._target: tuple[BudgetBook | None, Engine | None] = (None, None)  # for the refresh thread
+        self.keeper = BudgetKeeper(store)
         if store is not None:
-            store.listeners.append(self._recorded)
+            store.listeners.append(self.keeper.recorded)
 
     def load(self, loader: Loader) -> None:
         loader.add_option(
             "llm_rules",
             str,
             "",
-            "TOML file of content-filter rules (regular expressions, keywords, secrets, PII); "
+            "TOML file of content-filter rules (regular expressions, keywords, secrets, PII) and budgets; "
             "a file with an error is refused with its line.",
         )
         loader.add_option(
@@ -109,76 +101,18 @@ class ContentFilters:
 
     def running(self) -> None:
         """The audit store has opened its database by now (it configures after this
-        addon): make the budget book for it, so its totals are read before traffic."""
-        self._sync_book()
+        addon): read the budgets' totals before traffic."""
+        self.keeper.start()
 
     def done(self) -> None:
-        if self.refresher is not None:
-            self.refresher.close()
-            self.refresher = None
-
-    # -- budgets ----------------------------------------------------------------------------
+        self.keeper.close()
 
     def check_budgets(self, record: ExchangeRecord) -> Verdict | None:
-        """Check a new request against the budgets (in memory, O(budgets)); every verdict
-        is kept in the record, the one that blocks it returned. A failure of the check
-        itself follows the failure policy."""
-        if not self.budgets:
-            return None
-        try:
-            book = self._sync_book()
-            if book is None:
-                return None
-            now = datetime.fromtimestamp(record.started_at, UTC) if record.started_at else datetime.now(UTC)
-            verdicts = book.check(
-                record.provider, record.request_model, record.user_id, record.api_key_fingerprint, now
-            )
-        except Exception as e:  # our bug must not decide the policy
-            log.exception("llm-audit: checking a request's budgets failed")
-            action = BLOCK if self.failure == "closed" else "flag"
-            reason = f"{type(e).__name__}: {e}"[:300]
-            verdicts = [Verdict(action, FILTER_ERROR, reason, filter=BUDGET_FILTER, location="request")]
+        """Check a new request against the budgets (in memory: no database here); every
+        verdict is kept in the record, the one that blocks it returned."""
+        verdicts = self.keeper.check(record)
         record.verdicts.extend(v.as_dict() for v in verdicts)
         return next((v for v in verdicts if v.action == BLOCK), None)
-
-    def _recorded(self, row: dict[str, Any]) -> None:
-        """The audit store took a record: count a final one in the budgets (never raises)."""
-        book = self.book
-        if book is None:
-            return
-        try:
-            book.add(row)
-        except Exception:  # the record is written; only its count is missing
-            log.exception("llm-audit: counting a record in the budgets failed")
-
-    def _sync_book(self) -> BudgetBook | None:
-        """The book for the budgets and the audit writer in force: a new one (a new epoch,
-        nothing counted locally yet) when either changed."""
-        writer = self.store.writer if self.store is not None else None
-        if not self.budgets:
-            self.book = None
-            self._target = (None, None)
-            return None
-        if self.book is None or writer is not self._book_writer:
-            self.book = BudgetBook(
-                self.budgets,
-                instance=writer.instance if writer is not None else None,
-                failure=self.failure,
-                refresh_seconds=self.refresh_seconds,
-            )
-            self._book_writer = writer
-            engine = getattr(writer, "engine", None)
-            self._target = (self.book, engine if isinstance(engine, Engine) else None)
-            if self.refresher is None:
-                self.refresher = SpendRefresher(self._refresh_target)
-            self.book.on_pending = self.refresher.wake
-            self.refresher.wake()
-        return self.book
-
-    def _refresh_target(self) -> tuple[BudgetBook | None, Engine | None]:
-        """What the refresh thread reads, and into which book (read from that thread: one
-        tuple, swapped whole, so a book is never paired with another writer's database)."""
-        return self._target
 
     def current(self) -> FilterSet | None:
         """The filter set for a new exchange, after picking up changed filter files (at
@@ -204,8 +138,7 @@ class ContentFilters:
         self.rules = [r for r in rules if isinstance(r, Rule)]
         self.budgets = [r for r in rules if isinstance(r, Budget)]
         self.failure = failure
-        self.book = None  # new rules, a new book
-        self._sync_book()
+        self.keeper.configure(self.budgets, failure, self.refresh_seconds)
         self._build()
 
     def _build(self) -> None:

@@ -23,12 +23,17 @@ MAX_TOKENS = 5
 
 
 @pytest.fixture(scope="module")
-def tokens_per_request(upstreams) -> int:
+def usage(upstreams) -> dict:
     """What one request of the tests uses, asked of the mock upstream directly."""
     up = upstreams["h1"]
     body = {"model": "gpt-4o", "messages": PROMPT, "max_tokens": MAX_TOKENS}
     usage = httpx.post(f"{up.url}/v1/chat/completions", json=body, timeout=30).json()["usage"]
-    assert usage["total_tokens"] > 0
+    assert usage["prompt_tokens"] > 0 and usage["completion_tokens"] > 0
+    return usage
+
+
+@pytest.fixture(scope="module")
+def tokens_per_request(usage) -> int:
     return usage["total_tokens"]
 
 
@@ -164,3 +169,45 @@ reason = "the team's daily budget"
     finally:
         for p in proxies:
             p.process.stop()
+
+
+def test_a_usd_budget_counts_the_cost_of_each_exchange_and_blocks_at_the_limit(
+    request, tmp_path, upstreams, backend, usage
+):
+    # $1 per input token, $2 per output token: each request costs a whole number of dollars
+    (tmp_path / "prices.toml").write_text(
+        '[[price]]\nprovider = "*"\nmodel = "gpt-4o"\ninput = 1000000\noutput = 2000000\n'
+    )
+    cost = usage["prompt_tokens"] + 2 * usage["completion_tokens"]
+    limit = 3 * cost
+    rules = f"""
+[[rule]]
+id = "key-monthly-usd"
+kind = "budget"
+period = "month"
+per = "key"
+limit_usd = {limit}
+models = ["gpt-4o*"]
+action = "block"
+"""
+    refresh = ("--set", "llm_budget_refresh_seconds=3600", "--set", f"llm_audit_prices={tmp_path / 'prices.toml'}")
+    proxy = budget_proxy(request, tmp_path, backend, rules, *refresh)
+    up = upstreams["h1"]
+    try:
+        ids = []
+        for _ in range(3):
+            mock_id, answer = ask(proxy, up, "alice")
+            assert isinstance(answer, openai.types.chat.ChatCompletion), answer
+            ids.append(mock_id)
+        # this proxy's own cost is priced off the event loop within milliseconds
+        time.sleep(0.3)
+        mock_id, refused = ask(proxy, up, "bob")  # the same key: the budget is the key's
+        assert isinstance(refused, openai.BadRequestError), refused
+        figures = f"used ${limit:,.2f} of ${limit:,.2f} this month"
+        assert figures in str(refused), str(refused)
+        row = assert_budget_block(proxy, up, mock_id, "key-monthly-usd", figures)
+        assert row["api_key_fingerprint"].startswith("sha256:")
+        costs = [proxy.mock_row(i)["cost_usd"] for i in ids]
+        assert [float(c) for c in costs] == [cost] * 3
+    finally:
+        proxy.process.stop()
