@@ -23,7 +23,8 @@ from addon.filters.budgets import (
     period_start,
 )
 from addon.filters.rules import Rule, RulesError, load_rules, parse_rules
-from addon.mitm.budgets import SpendRefresher
+from addon.mitm.budgets import BudgetKeeper, SpendRefresher
+from addon.record import ExchangeRecord
 from storage.database import open_engine
 from storage.schema import exchanges
 from storage.spend import Spend, read_spend
@@ -405,3 +406,43 @@ def test_a_database_that_cannot_be_read_is_kept_in_the_book_and_the_policy_decid
     assert verdict.reason.startswith(
         "budget 'd' cannot be checked: the totals were not read yet (cannot read the totals:"
     )
+
+
+class Writer:
+    """What the keeper reads of the audit writer: its engine and instance name."""
+
+    def __init__(self, engine: Engine, instance: str) -> None:
+        self.engine, self.instance = engine, instance
+
+
+class Store:
+    def __init__(self, writer: Writer | None) -> None:
+        self.writer, self.prices = writer, None
+
+
+def test_new_rules_keep_the_book_in_force_until_the_new_one_is_read(tmp_path):
+    engine = open_engine(f"sqlite:///{tmp_path / 'audit.db'}")
+    put(engine, started_at=datetime.now(UTC), input_tokens=60, proxy_instance="p2", user_id="alice")
+    store = Store(Writer(engine, "p1"))
+    keeper = BudgetKeeper(store)  # type: ignore[arg-type]
+    try:
+        keeper.configure([Budget("d", "block", "day", "all", "input", 50.0)], "closed", 3600)
+        keeper.start()  # the first read, before traffic
+        first = keeper.book
+        assert first is not None and first.snapshot is not None
+        record = ExchangeRecord(started_at=time.time(), user_id="alice")
+        assert [v.rule_id for v in keeper.check(record)] == ["d"]
+
+        keeper.configure([Budget("e", "block", "day", "all", "input", 100.0)], "closed", 3600)
+        keeper.recorded(row(started=datetime.now(UTC), inp=45))  # fed to both books
+        deadline = time.monotonic() + 10
+        while keeper.next is not None and keeper.next.snapshot is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert keeper.check(record) and keeper.book is not first  # the new book, read: in force
+        (verdict,) = keeper.check(record)
+        assert verdict.rule_id == "e" and "used 105 of 100 input tokens" in verdict.reason
+        keeper.configure([], "closed", 3600)  # no budgets: nothing checked
+        assert keeper.check(record) == [] and keeper.book is None
+    finally:
+        keeper.close()
+        engine.dispose()
