@@ -261,12 +261,11 @@ class ExchangeHooks:
             answer_blocked(flow, record, dialect, summary, view, block)
             self.flows[flow.id] = AnsweredByProxy(record)
             return  # the response hook writes the record
-        if filters is not None:
-            if filters.checks_output:
-                recording.output = OutputCheck(filters, dialect, summary, view)
-                if filters.may_block_output:
-                    # A stream the proxy may cut must be one it can append to: not compressed.
-                    req.headers["accept-encoding"] = "identity"
+        if filters is not None and filters.checks_output:
+            recording.output = OutputCheck(filters, dialect, summary, view)
+            if filters.may_block_output:
+                # A stream the proxy may cut must be one it can append to: not compressed.
+                req.headers["accept-encoding"] = "identity"
         self.store.submit(record)  # the write-ahead open record (status in_progress)
 
     def _open_streamed(self, flow: http.HTTPFlow) -> None:
