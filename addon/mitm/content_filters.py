@@ -148,7 +148,7 @@ class ContentFilters:
             # How a stream a filter stops ends cleanly. Installed only when needed: the
             # patch puts one more generator frame on every chunk of every flow.
             early_end.install()
-        if self.filterset is not None and (self.filterset.request_rules or self.filterset.filters):
+        if self.budgets or (self.filterset is not None and (self.filterset.request_rules or self.filterset.filters)):
             early_end.install_request_side()  # a blocked message of a bidirectional stream ends it
 
 

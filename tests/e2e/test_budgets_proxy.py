@@ -9,12 +9,17 @@ from __future__ import annotations
 
 import time
 import uuid
+from datetime import UTC, datetime
 from pathlib import Path
 
 import httpx
 import openai
 import pytest
 from conftest import Proxy, Upstream, new_database, start_proxy, wait_for
+from sqlalchemy import insert
+
+from storage.database import open_engine
+from storage.schema import exchanges
 
 pytestmark = pytest.mark.e2e
 
@@ -209,5 +214,47 @@ action = "block"
         assert row["api_key_fingerprint"].startswith("sha256:")
         costs = [proxy.mock_row(i)["cost_usd"] for i in ids]
         assert [float(c) for c in costs] == [cost] * 3
+    finally:
+        proxy.process.stop()
+
+
+def test_a_streamed_rpc_over_budget_ends_in_its_dialect_before_any_message_goes_upstream(
+    request, tmp_path, upstreams, proto_python
+):
+    """A Connect stream (Cursor's chat, read as the client sends it) is checked as it opens:
+    over budget (another proxy's use, in the database before this one started), its message
+    is not forwarded and connect-py reports the refusal."""
+    from test_connect_proxy import PROMPT as PROMPT_TEXT
+    from test_connect_proxy import PyClient, py_stream_chat
+
+    database = new_database(request, "sqlite", tmp_path)
+    engine = open_engine(database["db_url"])
+    with engine.begin() as conn:
+        conn.execute(
+            insert(exchanges).values(
+                id=uuid.uuid4().hex,
+                status="completed",
+                dialect="openai-chat",
+                streamed=False,
+                started_at=datetime.now(UTC),
+                proxy_instance="another-proxy",
+                input_tokens=10,
+            )
+        )
+    engine.dispose()
+    rules = '[[rule]]\nid = "ten-tokens"\nkind = "budget"\nperiod = "day"\nlimit_tokens = 10\naction = "block"\n'
+    proxy = start_proxy(
+        tmp_path, "--set", f"llm_rules={rules_file(tmp_path, rules)}", upstream_ca=upstreams["h2"].ca, **database
+    )
+    try:
+        py = PyClient(proxy, upstreams["h2"])
+        mock_id = uuid.uuid4().hex
+        code, message = py_stream_chat(py.upstream.url, py.http(proxy), {"x-mock-id": mock_id})
+        assert code == "PERMISSION_DENIED" and "ten-tokens" in message, (code, message)
+        assert "all exchanges used 10 of 10 total tokens today" in message
+        row = proxy.mock_row(mock_id)
+        assert row["status"] == "blocked"
+        assert [v["rule_id"] for v in row["verdicts"]] == ["ten-tokens"]
+        assert PROMPT_TEXT not in upstreams["h2"].received(mock_id).get("body", b"").decode("utf-8", "replace")
     finally:
         proxy.process.stop()
