@@ -39,13 +39,12 @@ from datetime import UTC, datetime, timedelta
 from fnmatch import translate
 from typing import Any, Literal, Protocol
 
-from addon.filters.api import BLOCK, FLAG, Verdict
+from addon.filters.api import BLOCK, FILTER_ERROR, FLAG, Verdict
 
 PERIODS = ("day", "month")
 PER = ("user", "key", "model", "all")
 METERS = ("usd", "input", "output", "total")
 BUDGET_FILTER = "budget"  # the ``filter`` of every verdict a budget gives
-FILTER_ERROR = "filter_error"  # (the engine's rule id for a check that could not run)
 STALE_AFTER_MIN = 15.0  # seconds: totals older than this (and 3 refreshes) cannot be trusted
 
 Period = Literal["day", "month"]

@@ -32,8 +32,8 @@ from typing import Any, Literal
 from sqlalchemy import Engine
 from sqlalchemy.exc import SQLAlchemyError
 
-from addon.filters.api import BLOCK, FLAG, Verdict
-from addon.filters.budgets import BUDGET_FILTER, FILTER_ERROR, Budget, BudgetBook, build_snapshot, period_start
+from addon.filters.api import BLOCK, FILTER_ERROR, FLAG, Verdict
+from addon.filters.budgets import BUDGET_FILTER, Budget, BudgetBook, build_snapshot, period_start
 from addon.mitm.store import AuditStore
 from addon.record import ExchangeRecord
 from storage.cost import cost_of
