@@ -258,3 +258,42 @@ def test_a_streamed_rpc_over_budget_ends_in_its_dialect_before_any_message_goes_
         assert PROMPT_TEXT not in upstreams["h2"].received(mock_id).get("body", b"").decode("utf-8", "replace")
     finally:
         proxy.process.stop()
+
+
+@pytest.mark.parametrize("failure", ["closed", "open"])
+def test_totals_that_cannot_be_read_follow_the_failure_policy(tmp_path, upstreams, postgres, failure):
+    """PostgreSQL down: once the totals are older than 3 refreshes (at least 15 s), closed
+    refuses a request in a budget's scope and open lets it pass, both with the verdict;
+    the records, spooled meanwhile, reach the database when it is back."""
+    rules = '[[rule]]\nid = "big"\nkind = "budget"\nperiod = "day"\nlimit_tokens = 1000000000\naction = "block"\n'
+    url = postgres.create_database()
+    options = ("--set", "llm_budget_refresh_seconds=1", "--set", f"llm_filter_failure={failure}")
+    proxy = start_proxy(
+        tmp_path, "--set", f"llm_rules={rules_file(tmp_path, rules)}", *options, db_url=url, pg=postgres
+    )
+    up = upstreams["h1"]
+    try:
+        _, answer = ask(proxy, up, "alice")
+        assert isinstance(answer, openai.types.chat.ChatCompletion), answer
+        postgres.stop()
+        try:
+            stopped = time.monotonic()
+            wait_for(lambda: "budgets: cannot read the totals" in proxy.process.output, what="a failed refresh")
+            mock_id, answer = ask(proxy, up, "alice")  # the last totals are recent enough yet
+            assert isinstance(answer, openai.types.chat.ChatCompletion), answer
+            time.sleep(max(0.0, stopped + 17 - time.monotonic()))  # 15 s and the last refresh's second
+            mock_id, answer = ask(proxy, up, "alice")
+            if failure == "open":  # recorded, and the request passed
+                assert isinstance(answer, openai.types.chat.ChatCompletion), answer
+            else:
+                assert isinstance(answer, openai.BadRequestError), answer
+                assert "budget 'big' cannot be checked: the totals are" in str(answer)
+        finally:
+            postgres.start()
+        row = proxy.mock_row(mock_id, timeout=30)  # spooled during the outage, written now
+        (verdict,) = [v for v in row["verdicts"] if v["rule_id"] == "filter_error"]
+        assert (verdict["action"], verdict["filter"]) == ("block" if failure == "closed" else "flag", "budget")
+        assert "cannot read the totals" in verdict["reason"], verdict["reason"]
+        assert row["status"] == ("blocked" if failure == "closed" else "completed")
+    finally:
+        proxy.process.stop()
