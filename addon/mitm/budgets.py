@@ -26,14 +26,14 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import Any, Literal
 
 from sqlalchemy import Engine
 from sqlalchemy.exc import SQLAlchemyError
 
 from addon.filters.api import BLOCK, FILTER_ERROR, FLAG, Verdict
-from addon.filters.budgets import BUDGET_FILTER, Budget, BudgetBook, build_snapshot, period_start
+from addon.filters.budgets import BUDGET_FILTER, Budget, BudgetBook, build_snapshot, period_end, period_start
 from addon.mitm.store import AuditStore
 from addon.record import ExchangeRecord
 from storage.cost import cost_of
@@ -106,7 +106,10 @@ class SpendRefresher:
     def _refresh_once(self, book: BudgetBook, engine: Engine) -> float:
         """One refresh; the seconds until the next."""
         try:
+            failed = book.error
             self.refresh(book, engine)
+            if failed is not None:
+                log.info("llm-audit: budgets: the totals are read again")
             return book.refresh_seconds
         except SQLAlchemyError as e:
             problem = f"cannot read the totals: {first_line(e)}"
@@ -123,7 +126,7 @@ class SpendRefresher:
         read_at = time.monotonic()
         now = datetime.now(UTC)
         day = period_start("day", now)
-        today = read_spend(engine, day, day + timedelta(days=1), book.instance, book.epoch)
+        today = read_spend(engine, day, period_end("day", now), book.instance, book.epoch)
         earlier: list[Spend] = []
         month = period_start("month", now)
         if "month" in book.periods and month < day:
