@@ -128,7 +128,9 @@ def add_commands(commands: Commands) -> None:
         "--format", choices=("text", "json"), default="text", help="text (default) for a person; json: the whole record"
     )
 
-    p = commands.add("stats", _cmd_stats, "count exchanges and sum tokens, per group", STATS_EXAMPLES, parents=queries)
+    p = commands.add(
+        "stats", _cmd_stats, "count exchanges, sum tokens and cost, per group", STATS_EXAMPLES, parents=queries
+    )
     p.add_argument(
         "--by",
         type=_group_keys,

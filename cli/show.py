@@ -158,6 +158,11 @@ def _usage(page: _Page, r: dict[str, Any]) -> None:
         page.text(
             " · ".join(f"{k.removesuffix('_tokens').replace('_', ' ')} {v}" for k, v in details.items()), indent=2
         )
+    cost = r.get("cost_usd")
+    if isinstance(cost, int | float):  # derived from the usage above (docs/cost.md)
+        page.text(f"cost ${cost:.6f} ({r.get('cost_prices') or 'unknown price data'})", indent=2)
+    elif r.get("usage_source") == "provider":
+        page.text("cost unknown (no price for this provider and model)", indent=2)
 
 
 def _problems(page: _Page, r: dict[str, Any]) -> None:

@@ -119,13 +119,17 @@ def stats_table(rows: Sequence[dict[str, Any]], by: Sequence[str], width: int, s
         Column(key, [one_line(str(r[key])) if r[key] is not None else "-" for r in rows], min_width=8, keep=9)
         for key in by
     ]
+    # (field, header, keep): on a narrow terminal the lowest keep goes first
     numbers = [
-        ("exchanges", "exchanges"), ("with_usage", "with usage"), ("input_tokens", "input"),
-        ("output_tokens", "output"), ("cache_read_input_tokens", "cached"), ("reasoning_output_tokens", "reasoning"),
-        ("cost_usd", "cost $"), ("priced", "priced"), ("errors", "errors"), ("blocks", "blocks"), ("time_to_first_chunk_p50_ms", "ttfc p50 ms"),
-        ("time_to_first_chunk_p95_ms", "ttfc p95 ms"),
+        ("exchanges", "exchanges", 8), ("with_usage", "with usage", 3), ("input_tokens", "input", 7),
+        ("output_tokens", "output", 7), ("cache_read_input_tokens", "cached", 4),
+        ("reasoning_output_tokens", "reasoning", 2), ("cost_usd", "cost $", 7), ("priced", "priced", 1),
+        ("errors", "errors", 6), ("blocks", "blocks", 6), ("time_to_first_chunk_p50_ms", "ttfc p50 ms", 5),
+        ("time_to_first_chunk_p95_ms", "ttfc p95 ms", 4),
     ]  # fmt: skip
-    return table([*keys, *(Column(header, cells(name), right=True, keep=8) for name, header in numbers)], width, style)
+    return table(
+        [*keys, *(Column(header, cells(name), right=True, keep=keep) for name, header, keep in numbers)], width, style
+    )
 
 
 def _or_dash(value: Any) -> str:

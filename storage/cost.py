@@ -86,6 +86,14 @@ _DETAILS = (
 )
 
 
+# (provider id, model) the list does not name: a miss searches every model of the provider
+# (and its fallbacks) again, some 100 us, for each record of a self-hosted model; bounded,
+# as model names come from the traffic. Touched by one thread at a time (the writer's, or
+# the CLI's); a lost update only costs a lookup.
+_UNLISTED: set[tuple[str, str]] = set()
+_UNLISTED_MAX = 4096
+
+
 class Cost(NamedTuple):
     """An exchange's ``cost_usd`` and ``cost_prices`` (both None when the price is unknown)."""
 
@@ -148,7 +156,7 @@ def _cost(row: Mapping[str, Any], prices: Prices | None) -> Cost:
     usage = _usage(row)
     if usage is None:
         return UNKNOWN
-    models = [m for m in (row.get("response_model"), row.get("request_model")) if isinstance(m, str) and m]
+    models = _names(row.get("response_model"), row.get("request_model"))
     provider = row.get("provider") if isinstance(row.get("provider"), str) else None
     when = row.get("started_at")
     when = when if isinstance(when, datetime) else None
@@ -162,12 +170,28 @@ def _cost(row: Mapping[str, Any], prices: Prices | None) -> Cost:
     if provider_id is None:
         return UNKNOWN
     for model in models:
+        if (provider_id, model) in _UNLISTED:
+            continue
         try:
             calc = SNAPSHOT.calc(genai_prices.Usage(**usage), model, provider_id, None, when)
-        except LookupError:
-            continue  # not in the list under this name: the next name, else unknown
+        except LookupError:  # not in the list under this name: the next name, else unknown
+            if len(_UNLISTED) >= _UNLISTED_MAX:
+                _UNLISTED.clear()
+            _UNLISTED.add((provider_id, model))
+            continue
         return _rounded(calc.total_price, GENAI_PRICES)
     return UNKNOWN
+
+
+def _names(*models: Any) -> list[str]:
+    """The model names to look up, in order: each as recorded, then without the resource
+    path Google's APIs put before it (``models/gemini-2.5-flash``,
+    ``publishers/google/models/...``)."""
+    out: list[str] = []
+    for model in models:
+        if isinstance(model, str) and model:
+            out += [model] if "models/" not in model else [model, model.rsplit("models/", 1)[1]]
+    return list(dict.fromkeys(name for name in out if name))
 
 
 def _usage(row: Mapping[str, Any]) -> dict[str, int] | None:

@@ -16,9 +16,12 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator
+from datetime import UTC
 
+import genai_prices
 import pytest
 
+from storage.cost import SNAPSHOT
 from tests import wsclients
 from tests.conftest import BACKENDS, Proxy, filtering_proxy, wait_for
 
@@ -109,6 +112,14 @@ def test_realtime_ws_audio_transcript(proxy: Proxy, upstreams) -> None:
     (turn,), _ = connection_rows(proxy, mid, 1)
     assert turn["output_text"] == seen["text"] == "Spoken words."
     assert turn["usage_details"]["output_audio_tokens"] == seen["usage"]["output_token_details"]["audio_tokens"]
+    # audio tokens priced as audio: genai-prices' own reading of the usage the client got
+    extracted = genai_prices.extract_usage(
+        {"response": {"usage": seen["usage"]}}, provider_id="openai", api_flavor="realtime"
+    )
+    model = turn["response_model"] or turn["request_model"]
+    started = turn["started_at"].replace(tzinfo=UTC) if turn["started_at"].tzinfo is None else turn["started_at"]
+    expected = SNAPSHOT.calc(extracted.usage, model, "openai", None, started).total_price
+    assert expected > 0 and float(turn["cost_usd"]) == pytest.approx(float(expected), abs=1e-12)
 
 
 REALTIME_DRIVERS = pytest.mark.parametrize(
@@ -181,7 +192,19 @@ def test_gemini_live_sdk_turns_with_usage(proxy: Proxy, upstreams, audio: bool) 
         assert row["request_model"].endswith(wsclients.GEMINI_LIVE_MODEL)
         assert row["input_tokens"] == client["usage"]["prompt_token_count"]
         assert row["output_tokens"] == client["usage"]["response_token_count"]
+        assert float(row["cost_usd"]) == pytest.approx(gemini_live_price(client["usage"], row), abs=1e-12)
     assert conn["status"] == "completed"
+
+
+def gemini_live_price(usage: dict, row: dict) -> float:
+    """genai-prices' figure for the counts the client got, by modality (audio is priced apart)."""
+    counts = {"input_tokens": usage["prompt_token_count"], "output_tokens": usage["response_token_count"]}
+    for side, key in (("input", "prompt_tokens_details"), ("output", "response_tokens_details")):
+        for detail in usage.get(key) or []:
+            counts[f"{side}_{detail['modality'].lower()}_tokens"] = detail["token_count"]
+    started = row["started_at"].replace(tzinfo=UTC) if row["started_at"].tzinfo is None else row["started_at"]
+    model = wsclients.GEMINI_LIVE_MODEL
+    return float(SNAPSHOT.calc(genai_prices.Usage(**counts), model, "google", None, started).total_price)
 
 
 def test_gemini_live_output_block_closes_with_1008(filtering: Proxy, upstreams) -> None:

@@ -480,7 +480,7 @@ def test_stats_totals(url):
     [total] = stats_json(url)
     assert total == {
         "exchanges": 7, "with_usage": 5, "input_tokens": 168, "output_tokens": 30, "cache_read_input_tokens": 10,
-        "reasoning_output_tokens": 1, "errors": 1, "blocks": 2,
+        "reasoning_output_tokens": 1, "cost_usd": None, "priced": 0, "errors": 1, "blocks": 2,
         # ttfc of six exchanges: 50 100 200 300 400 500; nearest rank 3 and 6
         "time_to_first_chunk_p50_ms": 200, "time_to_first_chunk_p95_ms": 500,
     }  # fmt: skip
@@ -528,6 +528,8 @@ def test_stats_formats_and_table(url):
         "output",
         "cached",
         "reasoning",
+        "cost",
+        "$",
         "errors",
         "blocks",
         "ttfc",

@@ -432,3 +432,76 @@ def test_a_bad_price_file_is_one_line_naming_the_file_line_and_fix(tmp_path, tex
 def test_a_missing_price_file_is_one_line(tmp_path):
     with pytest.raises(PricesError, match=r"cannot read the price file .*; name an existing file"):
         load_prices(tmp_path / "nope.toml")
+
+
+def test_the_provider_table_of_the_docs_is_the_code_s():
+    from storage.cost import PROVIDERS
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "cost.md").read_text()
+    rows = dict(
+        (cells[0].strip("` "), cells[1].split("(")[0].strip("` "))
+        for line in text.splitlines()
+        if line.startswith("| `") and len(cells := line.strip("|").split("|")) == 2
+    )
+    rows.pop("provider")  # the header
+    assert rows == PROVIDERS
+
+
+def test_google_s_models_prefix_is_looked_up_without_it():
+    row = audited(*PRICED["gemini"][:5])
+    assert cost_of(row | {"response_model": None, "request_model": "models/gemini-2.5-pro"}) == cost_of(row)
+
+
+def test_claude_on_vertex_ai_is_priced_at_google_s_list_which_falls_back_to_anthropic_s():
+    from addon.dialects.anthropic_vertex import DIALECT as ANTHROPIC_VERTEX
+
+    model = "claude-sonnet-4-5@20250929"
+    path = f"/v1/projects/p/locations/us-east5/publishers/anthropic/models/{model}:rawPredict"
+    request = {"anthropic_version": "vertex-2023-10-16", "max_tokens": 100, "messages": []}
+    row = audited(ANTHROPIC_VERTEX, path, request, MESSAGE | {"model": model}, "gcp.vertex_ai")
+    usage = genai_prices.extract_usage(MESSAGE, provider_id="anthropic").usage
+    expected = LIBRARY.calc(usage, model, "google", None, WHEN).total_price
+    assert expected > 0 and cost_of(row) == Cost(dollars(expected), GENAI_PRICES)
+
+
+def test_cursor_s_own_models_are_priced_and_the_others_are_unknown():
+    row = audited(*PRICED["openai-chat"][:5]) | {"dialect": "cursor", "provider": "cursor"}
+    listed = row | {"response_model": "composer-2.5", "request_model": None}
+    usage = genai_prices.Usage(input_tokens=1200, output_tokens=300, cache_read_tokens=256, output_reasoning_tokens=192)
+    expected = LIBRARY.calc(usage, "composer-2.5", "cursor", None, WHEN).total_price
+    assert cost_of(listed) == Cost(dollars(expected), GENAI_PRICES)
+    assert cost_of(row | {"response_model": "claude-4-sonnet", "request_model": None}) == UNKNOWN
+
+
+def test_a_model_the_list_does_not_name_stays_unknown_when_looked_up_again():
+    row = audited(*PRICED["openai-chat"][:5]) | {"response_model": "house-llm", "request_model": "house-llm"}
+    assert cost_of(row) == cost_of(row) == UNKNOWN
+    assert cost_of(row | {"response_model": "o4-mini-2025-04-16"}).usd is not None
+
+
+def test_the_proxy_option_loads_the_file_and_a_bad_one_at_run_time_keeps_the_prices_in_force(
+    tmp_path, caplog, monkeypatch
+):
+    from mitmproxy.test import taddons
+
+    from addon.mitm.store import AuditStore
+
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))  # its own spool and keys
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "data"))
+    good, bad = price_file(tmp_path), tmp_path / "bad.toml"
+    bad.write_text('[[price]]\nmodel = "x"\noutput = 1\n')
+    store = AuditStore()
+    with taddons.context(store, loadcore=False) as tctx:
+        tctx.configure(store, llm_audit_prices=str(good), llm_audit_db=f"sqlite:///{tmp_path / 'audit.db'}")
+        assert store.prices is not None and store.writer is not None and store.writer.prices is store.prices
+        in_force = store.prices
+        store.serving = True
+        tctx.configure(store, llm_audit_prices=str(bad))
+        assert store.prices is in_force and store.writer.prices is in_force
+        errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+        assert errors == [
+            f"llm-audit: {bad}:1: price entry 1: input is missing; give US dollars per million tokens (input = 2.5); the previous prices stay in force"
+        ]
+        tctx.configure(store, llm_audit_prices="")
+        assert store.prices is None and store.writer.prices is None
+        store.done()
