@@ -26,6 +26,6 @@ from addon.mitm.websocket import WebSocketHooks
 
 contentview.register()
 store = AuditStore()
-filters = ContentFilters()
+filters = ContentFilters(store)
 hooks = ExchangeHooks(store, filters)
 addons = [hooks, WebSocketHooks(store, filters, hooks), filters, store]

@@ -66,6 +66,7 @@ from exchange.request import Message, extract_messages, token_prompts
 __all__ = [
     "ALLOW",
     "BLOCK",
+    "FILTER_ERROR",
     "FLAG",
     "Action",
     "BaseFilter",
@@ -82,6 +83,7 @@ ALLOW: Action = "allow"
 FLAG: Action = "flag"
 BLOCK: Action = "block"
 _ACTIONS = (ALLOW, FLAG, BLOCK)
+FILTER_ERROR = "filter_error"  # the rule id of the verdict for a check that could not run
 
 
 def match_hash(text: str) -> str:

@@ -28,13 +28,22 @@ from functools import partial
 from itertools import islice
 from typing import Literal
 
-from addon.filters.api import ALLOW, BLOCK, FLAG, Filter, OutputPiece, RequestContext, TextSoFar, Verdict
+from addon.filters.api import (
+    ALLOW,
+    BLOCK,
+    FILTER_ERROR,
+    FLAG,
+    Filter,
+    OutputPiece,
+    RequestContext,
+    TextSoFar,
+    Verdict,
+)
 from addon.filters.rules import Rule
 from addon.filters.window import MAX_HITS_PER_RULE, StreamScanner
 
 Failure = Literal["open", "closed"]
 DEFAULT_TIME_BUDGET = 0.005  # seconds a user filter may take per call
-FILTER_ERROR = "filter_error"  # the rule id of a failed filter's verdict
 
 StreamKey = tuple[int, str, str | None]  # (choice, kind, tool_key)
 

@@ -31,6 +31,16 @@ One ``[[rule]]`` table per rule::
     types = ["email", "card", "iban"]   # the default
     action = "flag"
 
+    [[rule]]
+    id = "daily-tokens"
+    kind = "budget"              # a limit on use, not on text: addon.filters.budgets
+    period = "day"               # day | month: calendar periods in UTC
+    per = "user"                 # user | key | model | all (the default)
+    limit_tokens = 200000        # or limit_usd = 50.0 (from cost_usd)
+    tokens = "total"             # total (input + output, the default) | input | output
+    models = ["gpt-4o*"]         # optional scope: providers, models, users (glob patterns)
+    action = "block"
+
 ``pattern`` is RE2 syntax (linear-time matching, see :mod:`addon.filters.prefix` and
 docs/filters.md); a pattern RE2 cannot run (lookarounds, backreferences) is refused.
 
@@ -72,6 +82,7 @@ from typing import Any, Literal, NoReturn
 import re2  # type: ignore[import-untyped]
 
 from addon.filters.api import Verdict, match_hash
+from addon.filters.budgets import METERS, PER, PERIODS, Budget, Period
 from addon.filters.detectors import (
     NOT_WORD,
     PII,
@@ -85,10 +96,11 @@ from addon.filters.detectors import (
 from addon.filters.normalize import DEFAULT_VIEW, fold
 from addon.filters.prefix import MAX_PREFIX_CHARS, MAX_SPAN, NoPrefix, pattern_width, prefix_pattern
 
-KINDS = ("regex", "keywords", "secrets", "pii")
+KINDS = ("regex", "keywords", "secrets", "pii", "budget")
 SCOPES = ("request", "response", "both")
 ACTIONS = ("block", "flag")
 DEFAULT_REGEX_SPAN = 256  # the longest match an unbounded pattern is assumed to make
+_TOKEN_METERS = tuple(m for m in METERS if m != "usd")  # tokens = "total" (input + output), "input", "output"
 FILTER_NAME = "rules"  # the ``filter`` of every verdict a rule gives
 
 _COMMON_KEYS = {"id", "kind", "scope", "action", "window", "reason", "normalize", "confusables"}
@@ -97,6 +109,12 @@ _KIND_KEYS = {
     "keywords": {"keywords", "case_sensitive"},
     "secrets": {"types"},
     "pii": {"types"},
+}
+# A budget (addon.filters.budgets) matches no text: of the common keys it takes only these.
+_BUDGET_KEYS = {"id", "kind", "action", "reason", "period", "per", "limit_usd", "limit_tokens", "tokens"} | {
+    "providers",
+    "models",
+    "users",
 }
 _DEFAULT_REASONS = {
     "regex": "matches the rule's pattern",
@@ -161,7 +179,7 @@ class Rule:
         return Verdict(self.action, self.id, reason, position, match_hash(hit.text), FILTER_NAME, location)
 
 
-def load_rules(path: str | Path) -> list[Rule]:
+def load_rules(path: str | Path) -> list[Rule | Budget]:
     """Read and compile a rules file; :class:`RulesError` says where and why it is wrong."""
     name = str(path)
     try:
@@ -175,8 +193,9 @@ def load_rules(path: str | Path) -> list[Rule]:
     return parse_rules(text, name)
 
 
-def parse_rules(text: str, path: str = "<rules>") -> list[Rule]:
-    """Compile the rules of a TOML text (``path`` only names it in errors)."""
+def parse_rules(text: str, path: str = "<rules>") -> list[Rule | Budget]:
+    """Compile the rules of a TOML text (``path`` only names it in errors): content
+    rules and budgets, in the file's order."""
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
@@ -188,7 +207,7 @@ def parse_rules(text: str, path: str = "<rules>") -> list[Rule]:
     tables = data.get("rule", [])
     if not isinstance(tables, list):
         raise RulesError(path, lines.top_level("rule"), "'rule' must be an array of [[rule]] tables")
-    rules: list[Rule] = []
+    rules: list[Rule | Budget] = []
     seen: set[str] = set()
     for index, table in enumerate(tables):
         entry = _Entry(table, index, lines, path)
@@ -282,17 +301,19 @@ class _Entry:
             self.fail(key, f"unknown {key} {', '.join(map(repr, unknown))} (known: {', '.join(allowed or ())})")
         return tuple(dict.fromkeys(values))
 
-    def compile(self) -> Rule:
+    def compile(self) -> Rule | Budget:
         if not isinstance(self.table, dict):
             self.fail(None, "must be a table")
         rule_id = self.get("id", str)
         if not rule_id.strip():
             self.fail("id", "'id' must not be empty")
         kind = self.choice("kind", KINDS)
+        allowed = _BUDGET_KEYS if kind == "budget" else _COMMON_KEYS | _KIND_KEYS[kind]
         for key in self.table:
-            if key not in _COMMON_KEYS | _KIND_KEYS[kind]:
-                known = ", ".join(sorted(_COMMON_KEYS | _KIND_KEYS[kind]))
-                self.fail(key, f"unknown key {key!r} (a {kind} rule takes: {known})")
+            if key not in allowed:
+                self.fail(key, f"unknown key {key!r} (a {kind} rule takes: {', '.join(sorted(allowed))})")
+        if kind == "budget":
+            return self._budget(rule_id)
         action: Literal["block", "flag"] = "block" if self.choice("action", ACTIONS) == "block" else "flag"
         scope = self.choice("scope", SCOPES, "both")
         window = self.get("window", int, None)
@@ -310,6 +331,39 @@ class _Entry:
             case _:
                 matchers = tuple(PII[t] for t in self.strings("types", PII_TYPES))
         return Rule(rule_id, kind, action, scope, matchers, window, reason, view)
+
+    def _budget(self, rule_id: str) -> Budget:
+        """A budget rule (:mod:`addon.filters.budgets`): a limit, a period, whose total."""
+        action: Literal["block", "flag"] = "block" if self.choice("action", ACTIONS) == "block" else "flag"
+        period: Period = "day" if self.choice("period", PERIODS) == "day" else "month"
+        per = self.choice("per", PER, "all")
+        usd, tokens = self.table.get("limit_usd"), self.table.get("limit_tokens")
+        if usd is None and tokens is None:
+            self.fail(None, "missing a limit: give limit_usd = 50.0 (US dollars) or limit_tokens = 1000000")
+        if usd is not None and tokens is not None:
+            self.fail("limit_tokens", "give limit_usd or limit_tokens, not both (one budget counts one thing)")
+        if usd is not None:
+            if "tokens" in self.table:
+                self.fail("tokens", "'tokens' says which tokens limit_tokens counts: drop it from a limit_usd budget")
+            meter, limit = "usd", usd
+            if not isinstance(limit, int | float) or isinstance(limit, bool) or not 0 < limit < float("inf"):
+                self.fail("limit_usd", f"'limit_usd' must be a number of US dollars above 0, not {limit!r}")
+        else:
+            meter, limit = self.choice("tokens", _TOKEN_METERS, "total"), tokens
+            if not isinstance(limit, int) or isinstance(limit, bool) or limit <= 0:
+                self.fail("limit_tokens", f"'limit_tokens' must be a whole number of tokens above 0, not {limit!r}")
+        return Budget(
+            rule_id,
+            action,
+            period,
+            per,
+            meter,
+            float(limit),
+            providers=self.strings("providers"),
+            models=self.strings("models"),
+            users=self.strings("users"),
+            reason=self.get("reason", str, ""),
+        )
 
     def _view(self) -> str:
         normalize = self.get("normalize", bool, True)

@@ -4,6 +4,11 @@ It loads the TOML rules and the Python filter files the options name, picks up c
 filter files while the proxy runs, and builds the :class:`~addon.filters.engine.FilterSet`
 the exchange hooks use for each new request. When a filter may block output it installs
 :mod:`addon.mitm.early_end`, the way a stream a filter stops ends cleanly.
+
+The rules file's budgets go to a :class:`~addon.mitm.budgets.BudgetKeeper`: the audit
+store hands it every final record (this proxy's own use, counted at once), its thread
+refreshes the database's totals, and :meth:`ContentFilters.check_budgets` checks a
+request against them without touching the database.
 """
 
 from __future__ import annotations
@@ -17,33 +22,42 @@ from mitmproxy.addonmanager import Loader
 
 from addon.dialects import Dialect, RequestSummary
 from addon.filters.api import BLOCK, RequestContext, Verdict
+from addon.filters.budgets import Budget
 from addon.filters.engine import FILTER_ERROR, Failure, FilterSet
 from addon.filters.loader import FilterFiles
 from addon.filters.rules import Rule, RulesError, load_rules
 from addon.mitm import early_end
+from addon.mitm.budgets import BudgetKeeper
+from addon.mitm.store import AuditStore
 from addon.record import ExchangeRecord
 from exchange.request import Message
 
 log = logging.getLogger(__name__)
 
-OPTIONS = frozenset({"llm_rules", "llm_filters", "llm_filter_failure"})
+OPTIONS = frozenset({"llm_rules", "llm_filters", "llm_filter_failure", "llm_budget_refresh_seconds"})
+DEFAULT_REFRESH_SECONDS = 5
 
 
 class ContentFilters:
-    """Owns the rules, the filter files and the filter set built from them."""
+    """Owns the rules, the filter files and the filter set built from them, and the budgets."""
 
-    def __init__(self) -> None:
+    def __init__(self, store: AuditStore | None = None) -> None:
         self.rules: list[Rule] = []
+        self.budgets: list[Budget] = []
         self.failure: Failure = "closed"
+        self.refresh_seconds = DEFAULT_REFRESH_SECONDS
         self.files: FilterFiles | None = None
         self.filterset: FilterSet | None = None
+        self.keeper = BudgetKeeper(store)
+        if store is not None:
+            store.listeners.append(self.keeper.recorded)
 
     def load(self, loader: Loader) -> None:
         loader.add_option(
             "llm_rules",
             str,
             "",
-            "TOML file of content-filter rules (regular expressions, keywords, secrets, PII); "
+            "TOML file of content-filter rules (regular expressions, keywords, secrets, PII) and budgets; "
             "a file with an error is refused with its line.",
         )
         loader.add_option(
@@ -60,14 +74,45 @@ class ContentFilters:
             "closed (block the exchange) or open (record it, let the traffic pass).",
             choices=["closed", "open"],
         )
+        loader.add_option(
+            "llm_budget_refresh_seconds",
+            int,
+            DEFAULT_REFRESH_SECONDS,
+            "How often budgets re-read their totals from the audit database (seconds); this "
+            "proxy's own exchanges count at once, other proxies' at the next read.",
+        )
 
     def configure(self, updated: set[str]) -> None:
         """Reload the rules and filter files when their options change. A file with an
         error is refused in one line; with a bad rules file the previous set stays."""
         from mitmproxy import ctx
 
+        if "llm_budget_refresh_seconds" in updated:
+            if ctx.options.llm_budget_refresh_seconds >= 1:
+                self.refresh_seconds = ctx.options.llm_budget_refresh_seconds
+            else:
+                log.error(
+                    "llm-audit: llm_budget_refresh_seconds must be at least 1, got "
+                    f"{ctx.options.llm_budget_refresh_seconds}; fix it with "
+                    f"--set llm_budget_refresh_seconds={DEFAULT_REFRESH_SECONDS}"
+                )
         if updated & OPTIONS:
             self._load(ctx.options.llm_rules, ctx.options.llm_filters, ctx.options.llm_filter_failure)
+
+    def running(self) -> None:
+        """The audit store has opened its database by now (it configures after this
+        addon): read the budgets' totals before traffic."""
+        self.keeper.start()
+
+    def done(self) -> None:
+        self.keeper.close()
+
+    def check_budgets(self, record: ExchangeRecord) -> Verdict | None:
+        """Check a new request against the budgets (in memory: no database here); every
+        verdict is kept in the record, the one that blocks it returned."""
+        verdicts = self.keeper.check(record)
+        record.verdicts.extend(v.as_dict() for v in verdicts)
+        return next((v for v in verdicts if v.action == BLOCK), None)
 
     def current(self) -> FilterSet | None:
         """The filter set for a new exchange, after picking up changed filter files (at
@@ -90,7 +135,10 @@ class ContentFilters:
         self.files = FilterFiles(filter_paths)
         for problem in self.files.load():
             log.error(f"llm-audit: {problem}")
-        self.rules, self.failure = rules, failure
+        self.rules = [r for r in rules if isinstance(r, Rule)]
+        self.budgets = [r for r in rules if isinstance(r, Budget)]
+        self.failure = failure
+        self.keeper.configure(self.budgets, failure, self.refresh_seconds)
         self._build()
 
     def _build(self) -> None:
@@ -100,7 +148,7 @@ class ContentFilters:
             # How a stream a filter stops ends cleanly. Installed only when needed: the
             # patch puts one more generator frame on every chunk of every flow.
             early_end.install()
-        if self.filterset is not None and (self.filterset.request_rules or self.filterset.filters):
+        if self.budgets or (self.filterset is not None and (self.filterset.request_rules or self.filterset.filters)):
             early_end.install_request_side()  # a blocked message of a bidirectional stream ends it
 
 

@@ -5,7 +5,7 @@ For each flow it
 
 1. ``request``: asks the dialect registry whether this is inference traffic (headers
    first, the body only when a dialect's headers/path match), opens a record and runs
-   the request filters (a blocked request is answered here, in its dialect:
+   the budgets and request filters (a blocked request is answered here, in its dialect:
    :mod:`addon.mitm.answers`);
 2. ``responseheaders``: turns on streaming, with the tap (:mod:`addon.mitm.tap`) that
    feeds each chunk to the sans-IO auditor and forwards what it returns: the chunk
@@ -254,17 +254,18 @@ class ExchangeHooks:
         record, summary = start_record(flow, dialect, self.store.instance, reused)
         recording = self.flows[flow.id] = Recording(record, dialect.normalizer(summary))
         filters = self.filters.current()
+        block = self.filters.check_budgets(record)  # from totals in memory: no database here
         if filters is not None:
-            block = check_request(filters, record, dialect, summary)
-            if block is not None:
-                answer_blocked(flow, record, dialect, summary, view, block)
-                self.flows[flow.id] = AnsweredByProxy(record)
-                return  # the response hook writes the record
-            if filters.checks_output:
-                recording.output = OutputCheck(filters, dialect, summary, view)
-                if filters.may_block_output:
-                    # A stream the proxy may cut must be one it can append to: not compressed.
-                    req.headers["accept-encoding"] = "identity"
+            block = check_request(filters, record, dialect, summary) or block
+        if block is not None:
+            answer_blocked(flow, record, dialect, summary, view, block)
+            self.flows[flow.id] = AnsweredByProxy(record)
+            return  # the response hook writes the record
+        if filters is not None and filters.checks_output:
+            recording.output = OutputCheck(filters, dialect, summary, view)
+            if filters.may_block_output:
+                # A stream the proxy may cut must be one it can append to: not compressed.
+                req.headers["accept-encoding"] = "identity"
         self.store.submit(record)  # the write-ahead open record (status in_progress)
 
     def _open_streamed(self, flow: http.HTTPFlow) -> None:
@@ -289,7 +290,12 @@ class ExchangeHooks:
         framing = select(req.headers.get("content-type", ""), 200, recording.normalizer.framing)
         reader = framing.reader(self.max_event_bytes, self.max_record_bytes, req.headers)
         tap = RequestTap(reader, dialect, view, turns, self.max_record_bytes)
-        if filters is not None and (filters.request_rules or filters.filters):
+        budget = self.filters.check_budgets(record)
+        if budget is not None:  # over budget: its first message is not forwarded, the stream ends
+            tap.check = lambda _record, _message: budget
+            tap.on_block = functools.partial(self._block_streamed, flow, dialect, summary, view)
+            tap.fail_open = False
+        elif filters is not None and (filters.request_rules or filters.filters):
             tap.check = functools.partial(check_message, filters, dialect, summary)
             tap.on_block = functools.partial(self._block_streamed, flow, dialect, summary, view)
             tap.fail_open = filters.failure == "open"

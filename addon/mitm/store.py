@@ -20,6 +20,7 @@ import asyncio
 import logging
 import shlex
 import socket
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -65,6 +66,8 @@ class AuditStore:
         self.problem: str | None = None  # why the addon cannot record, when known
         self._watchdog: asyncio.Task | None = None  # held: the event loop keeps only weak references to tasks
         self.serving = False  # the proxy is serving traffic
+        # called with each row handed to the writer (budgets count the final ones); never raise
+        self.listeners: list[Callable[[dict[str, Any]], None]] = []
         self.prices: Prices | None = None  # the price file in force (llm_audit_prices)
 
     def load(self, loader: Loader) -> None:
@@ -182,7 +185,10 @@ class AuditStore:
         if self.writer is None:
             log.error("llm-audit: no database configured; record %s dropped", record.id)
             return
-        self.writer.submit(record.to_row())
+        row = record.to_row()
+        for listener in self.listeners:  # first: the writer's thread takes the row over
+            listener(row)
+        self.writer.submit(row)
 
     # -- not recording: say so and stop ---------------------------------------------------
 
