@@ -3,7 +3,8 @@ without recording.
 
 It owns the database options (URL, spool, instance name, signing key and checkpoints,
 retention), opens the writer when they are configured and closes it in ``done``, and
-hands records to it (:meth:`AuditStore.submit`, which never waits for the database).
+hands records to it (:meth:`AuditStore.submit`, which never waits for the database), and
+then each final one to the OpenTelemetry export when it is on (:mod:`addon.mitm.otel`).
 Problems are logged as one ``llm-audit: ...`` error line instead of raised: a script's
 raised OptionsError is printed with a traceback, while an error line at start-up makes
 mitmdump exit ("Error logged during startup, exiting..."). At run time the previous,
@@ -20,12 +21,13 @@ import asyncio
 import logging
 import shlex
 import socket
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from mitmproxy.addonmanager import Loader
 
-from addon.record import ExchangeRecord
+from addon.record import ExchangeRecord, Status
 from storage.checkpoint import (
     Checkpointer,
     CheckpointError,
@@ -64,6 +66,8 @@ class AuditStore:
         self.problem: str | None = None  # why the addon cannot record, when known
         self._watchdog: asyncio.Task | None = None  # held: the event loop keeps only weak references to tasks
         self.serving = False  # the proxy is serving traffic
+        # the OpenTelemetry export (addon.mitm.otel), given each final row after the writer
+        self.export: Callable[[dict[str, Any]], None] | None = None
 
     def load(self, loader: Loader) -> None:
         self._refuse_repeated_options(loader.master.options)
@@ -170,7 +174,10 @@ class AuditStore:
         if self.writer is None:
             log.error("llm-audit: no database configured; record %s dropped", record.id)
             return
-        self.writer.submit(record.to_row())
+        row = record.to_row()
+        self.writer.submit(row)
+        if self.export is not None and row["status"] != Status.IN_PROGRESS:
+            self.export(row)
 
     # -- not recording: say so and stop ---------------------------------------------------
 
