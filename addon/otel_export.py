@@ -47,7 +47,8 @@ log = logging.getLogger(__name__)
 
 QUEUE_SIZE = 2048  # rows waiting for the export thread; beyond it an exchange's export is dropped
 SHUTDOWN_SECONDS = 5.0  # what close() may take in all, whatever the collector does
-WARN_EVERY = 60.0  # seconds between two "not delivered" warnings
+WARN_EVERY = 60.0  # seconds between two "not delivered" warnings (the first comes at once)
+CHECK_EVERY = 1.0  # seconds between the export thread's looks at failed batches while no row comes
 SCOPE = "llm-audit"
 # the columns the export reads; the content ones only with the content switch on
 COLUMNS = (
@@ -131,8 +132,11 @@ class _LastMessage(logging.Handler):
     def __init__(self) -> None:
         super().__init__(logging.WARNING)
         self.last: str | None = None
+        self.frozen = False  # set at shutdown: the SDK's lines about it ("already shutdown") are no cause
 
     def emit(self, record: logging.LogRecord) -> None:
+        if self.frozen:
+            return
         try:
             self.last = record.getMessage()[:300]
         except Exception:  # noqa: BLE001 - a malformed SDK message must not break its thread
@@ -153,7 +157,7 @@ class OtelExporter:
         self.failed_rows = 0  # rows the export thread could not turn into telemetry
         self._spans_made = 0
         self._logs_made = 0
-        self._warned_at = 0.0
+        self._warned_at = -WARN_EVERY
         self._warned_lost = 0
         self._queue: queue.Queue[Any] = queue.Queue(QUEUE_SIZE)
         self._sdk_log = _LastMessage()
@@ -179,7 +183,7 @@ class OtelExporter:
     def _run(self) -> None:
         while True:
             try:
-                row = self._queue.get(timeout=WARN_EVERY)
+                row = self._queue.get(timeout=CHECK_EVERY)
             except queue.Empty:
                 self._warn_if_losing()  # failures of batches sent since the last row
                 continue
@@ -268,6 +272,7 @@ class OtelExporter:
         their own, and past the deadline the OTLP exporters are shut, which ends their
         retries: what was not sent by then is counted as not delivered."""
         deadline = time.monotonic() + timeout
+        self._sdk_log.frozen = True
         try:
             self._queue.put(_STOP, timeout=max(deadline - time.monotonic(), 0.01))
         except queue.Full:
