@@ -132,15 +132,14 @@ class _LastMessage(logging.Handler):
     def __init__(self) -> None:
         super().__init__(logging.WARNING)
         self.last: str | None = None
-        self.frozen = False  # set at shutdown: the SDK's lines about it ("already shutdown") are no cause
 
     def emit(self, record: logging.LogRecord) -> None:
-        if self.frozen:
-            return
         try:
-            self.last = record.getMessage()[:300]
+            message = record.getMessage()
         except Exception:  # noqa: BLE001 - a malformed SDK message must not break its thread
-            self.last = str(record.msg)[:300]
+            message = str(record.msg)
+        if "shutdown" not in message.lower():  # the SDK's lines about our own shutdown are no cause
+            self.last = message[:300]
 
 
 class OtelExporter:
@@ -272,7 +271,6 @@ class OtelExporter:
         their own, and past the deadline the OTLP exporters are shut, which ends their
         retries: what was not sent by then is counted as not delivered."""
         deadline = time.monotonic() + timeout
-        self._sdk_log.frozen = True
         try:
             self._queue.put(_STOP, timeout=max(deadline - time.monotonic(), 0.01))
         except queue.Full:
