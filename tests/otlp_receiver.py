@@ -110,6 +110,14 @@ class Receiver:
                             out.setdefault(metric.name, []).append(d)
         return out
 
+    def latest(self, name: str) -> list[dict[str, Any]]:
+        """The last data point of each series of metric ``name`` (the SDK exports cumulative
+        values again and again: the last one holds the total)."""
+        series: dict[str, dict[str, Any]] = {}
+        for point in self.metrics().get(name, []):
+            series[repr(sorted(point["attributes"].items()))] = point
+        return list(series.values())
+
     def logs(self) -> list[dict[str, Any]]:
         out = []
         for request in self._copy("/v1/logs"):
