@@ -10,14 +10,16 @@ export fails.
 
 from __future__ import annotations
 
+import os
 import socket
+import subprocess
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import orjson
 import pytest
-from conftest import Proxy, Upstream, new_database, start_proxy, wait_for
+from conftest import BIN, ROOT, Proxy, Upstream, new_database, start_proxy, wait_for
 from otlp_receiver import Receiver, start_receiver
 
 pytestmark = pytest.mark.e2e
@@ -176,3 +178,29 @@ def test_a_collector_that_is_down_loses_no_record_and_delays_no_stream(request, 
     sdk_lines = [line for line in proxy.process.lines if "Transient error" in line and "llm-audit:" not in line]
     assert sdk_lines == []  # the SDK's own lines stay out of the proxy's log (ours quote them)
     proxy.process.wait_line(r"OpenTelemetry: 0 spans exported .*not delivered")
+
+
+def test_a_protocol_the_export_cannot_speak_stops_the_proxy_at_start_with_the_fix(tmp_path):
+    proc = subprocess.run(
+        [
+            str(BIN / "mitmdump"),
+            "--listen-port",
+            "0",
+            "--set",
+            f"confdir={tmp_path}",
+            "--set",
+            f"llm_audit_db=sqlite:///{tmp_path / 'audit.db'}",
+            "-s",
+            str(ROOT / "addon" / "llm_audit.py"),
+            "--set",
+            "llm_audit_otel=on",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=os.environ | {"XDG_STATE_HOME": str(tmp_path / "state"), "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"},
+    )
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0 and "Traceback" not in out
+    lines = [line for line in out.splitlines() if "OTEL_EXPORTER_OTLP_PROTOCOL=grpc is not supported" in line]
+    assert len(lines) == 1 and "set OTEL_EXPORTER_OTLP_PROTOCOL=http/protobuf" in lines[0], out
