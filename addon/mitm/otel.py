@@ -17,6 +17,7 @@ exchanges still open, the store closes the writer, then this flushes the export.
 from __future__ import annotations
 
 import logging
+import threading
 
 from mitmproxy.addonmanager import Loader
 
@@ -57,7 +58,7 @@ class OtelExport:
 
         if not updated & OPTIONS:
             return
-        self._stop()
+        self._stop(wait=False)
         if ctx.options.llm_audit_otel != "on":
             return
         try:
@@ -73,12 +74,22 @@ class OtelExport:
         log.info(f"llm-audit: exporting {what} to OpenTelemetry at {self.exporter.endpoint}")
 
     def done(self) -> None:
-        self._stop()
+        self._stop(wait=True)
 
-    def _stop(self) -> None:
+    def _stop(self, wait: bool) -> None:
+        """Stop the export. At shutdown (``wait``) within its bounded time; at run time, when
+        an option changed, on a thread of its own: a collector that is down would hold the
+        event loop for seconds."""
         exporter, self.exporter = self.exporter, None
         if exporter is None:
             return
         self.store.export = None
-        exporter.close()
-        log.info(exporter.summary())
+        if wait:
+            _close(exporter)
+        else:
+            threading.Thread(target=_close, args=(exporter,), name="llm-audit-otel-close", daemon=True).start()
+
+
+def _close(exporter: OtelExporter) -> None:
+    exporter.close()
+    log.info(exporter.summary())
