@@ -21,6 +21,7 @@ from sqlalchemy import Connection, Engine
 from sqlalchemy.exc import SQLAlchemyError
 
 from storage.checkpoint import CheckpointError
+from storage.cost import PricesError
 from storage.database import DatabaseError, default_url, first_line, open_engine, open_reader
 from storage.query import QueryError, prepare
 from storage.retention import RetentionError
@@ -31,7 +32,7 @@ PROG = "llm-audit"
 EXIT_ERROR = 2
 HINT = "pass a working SQLAlchemy URL with --db URL or LLM_AUDIT_DB (e.g. sqlite:///path/audit.db)"
 # What a command raises for a failure the user can act on: printed as one line.
-ERRORS = (DatabaseError, RetentionError, QueryError, CheckpointError, RoleError, StatusError)
+ERRORS = (DatabaseError, RetentionError, QueryError, CheckpointError, RoleError, StatusError, PricesError)
 
 MAX_COUNT = 2**63 - 1  # the largest LIMIT and OFFSET a database takes
 

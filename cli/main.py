@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 
-from cli import db, hosts, integrity, query, status
+from cli import cost, db, hosts, integrity, query, status
 from cli.common import PROG, Commands, OneLineParser, db_option, run
 from storage.database import default_url
 
@@ -25,6 +25,8 @@ examples:
   {PROG} list --since 7d --user alice
   {PROG} show 3f2a9c41d0be
   {PROG} stats --by client --since 7d
+  {PROG} stats --by user,day --since 30d              # tokens and cost per user and day
+  {PROG} cost recompute --since 30d                    # after a price update
   {PROG} export --since 2026-03-01 --until 2026-04-01 > march.jsonl
   {PROG} db upgrade
   {PROG} --db postgresql+psycopg://audit@db.example/audit db current
@@ -34,7 +36,7 @@ examples:
 """
 
 # In the order ``--help`` lists them.
-GROUPS = (query, db, integrity, status, hosts)
+GROUPS = (query, cost, db, integrity, status, hosts)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -76,6 +76,8 @@ without --by, one row of totals. Rows come by day, then most tokens first.
 Tokens are summed as the upstreams reported them; 'with usage' counts the exchanges that
 reported any. errors: exchanges with status failed; blocks: exchanges a content filter
 blocked; ttfc: time to first chunk in ms, nearest-rank percentiles 50 and 95.
+cost $: the sum of the known costs in US dollars (docs/cost.md); priced: the exchanges
+whose cost is known (the others have no price: an unknown model or provider, no usage).
 
 {FILTERS_HELP}
 
@@ -83,6 +85,7 @@ examples:
   {PROG} stats --by client --since 7d                 # which workstation used the most tokens
   {PROG} stats --by user,day --since 2026-03-01 --until 2026-04-01
   {PROG} stats --by model --by status --format csv
+  {PROG} stats --by user,day --since 30d              # what each user spent, day by day
 """
 
 EXPORT_EXAMPLES = f"""\

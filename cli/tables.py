@@ -111,6 +111,8 @@ def stats_table(rows: Sequence[dict[str, Any]], by: Sequence[str], width: int, s
     """``stats`` for a person: the group keys, then the counts and sums right-aligned."""
 
     def cells(name: str) -> list[str]:
+        if name == "cost_usd":  # US dollars to the millionth: one short exchange costs some ten-thousandths
+            return ["-" if r[name] is None else f"{r[name]:.6f}" for r in rows]
         return [_or_dash(r[name]) for r in rows]
 
     keys = [
@@ -120,7 +122,7 @@ def stats_table(rows: Sequence[dict[str, Any]], by: Sequence[str], width: int, s
     numbers = [
         ("exchanges", "exchanges"), ("with_usage", "with usage"), ("input_tokens", "input"),
         ("output_tokens", "output"), ("cache_read_input_tokens", "cached"), ("reasoning_output_tokens", "reasoning"),
-        ("errors", "errors"), ("blocks", "blocks"), ("time_to_first_chunk_p50_ms", "ttfc p50 ms"),
+        ("cost_usd", "cost $"), ("priced", "priced"), ("errors", "errors"), ("blocks", "blocks"), ("time_to_first_chunk_p50_ms", "ttfc p50 ms"),
         ("time_to_first_chunk_p95_ms", "ttfc p95 ms"),
     ]  # fmt: skip
     return table([*keys, *(Column(header, cells(name), right=True, keep=8) for name, header in numbers)], width, style)

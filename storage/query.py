@@ -51,7 +51,7 @@ GROUP_KEYS: dict[str, ColumnElement[Any]] = {
 TOKEN_FIELDS = ("input_tokens", "output_tokens", "cache_read_input_tokens", "reasoning_output_tokens")
 PERCENTILES = (50, 95)  # of the time to first chunk, in stats
 STATS_FIELDS = (
-    "exchanges", "with_usage", *TOKEN_FIELDS, "errors", "blocks",
+    "exchanges", "with_usage", *TOKEN_FIELDS, "cost_usd", "priced", "errors", "blocks",
     *(f"time_to_first_chunk_p{p}_ms" for p in PERCENTILES),
 )  # fmt: skip
 
@@ -193,7 +193,8 @@ def stats(conn: Connection, filters: Filters, by: Sequence[str]) -> list[dict[st
 
     A WebSocket connection's own record is not an exchange here (its answers are). Each
     row holds the keys, then ``exchanges``, ``with_usage`` (exchanges that reported
-    usage), the token sums, ``errors`` (status failed), ``blocks`` and the time to first
+    usage), the token sums, ``cost_usd`` (the sum of the known costs, NULL when none is
+    known) and ``priced`` (exchanges whose cost is known), ``errors`` (status failed), ``blocks`` and the time to first
     chunk percentiles. Rows come by day (when grouped by day), then most tokens first.
     """
     unknown = [key for key in by if key not in GROUP_KEYS]
@@ -206,6 +207,8 @@ def stats(conn: Connection, filters: Filters, by: Sequence[str]) -> list[dict[st
             func.count().label("exchanges"),
             func.count().filter(view.usage_source == "provider").label("with_usage"),
             *(_total(name) for name in TOKEN_FIELDS),
+            func.sum(view.cost_usd).label("cost_usd"),
+            func.count(view.cost_usd).label("priced"),
             func.count().filter(view.status == "failed").label("errors"),
             func.count().filter(view.blocked).label("blocks"),
         )
@@ -215,6 +218,8 @@ def stats(conn: Connection, filters: Filters, by: Sequence[str]) -> list[dict[st
     rows = {tuple(row[: len(by)]): dict(row._mapping) for row in conn.execute(totals)}
     for group, values in _percentiles(conn, filters, by).items():
         rows[group].update(values)
+    for row in rows.values():  # a sum of doubles on SQLite: to the column's 12 places
+        row["cost_usd"] = None if row["cost_usd"] is None else round(float(row["cost_usd"]), 12)
     fields = (*by, *STATS_FIELDS)
     ordered = sorted(
         ({name: row.get(name) for name in fields} for row in rows.values()),

@@ -59,6 +59,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from storage.adoption import adopt_interrupted, load_or_create_secret, open_mac
 from storage.chain import CHAIN_COLUMNS, GENESIS, Chain, Head, is_sealed
 from storage.checkpoint import Checkpointer, CheckpointError
+from storage.cost import Prices, cost_of
 from storage.database import DatabaseError, first_line, insert_for
 from storage.headfile import HeadFile
 from storage.lease import Lease
@@ -92,8 +93,12 @@ class AuditWriter:
         batch_size: int = 500,
         checkpointer: Checkpointer | None = None,
         max_value_bytes: int = MAX_VALUE_BYTES,
+        prices: Prices | None = None,
     ) -> None:
         self.engine = engine
+        # a price file's prices, tried before genai-prices' (storage/cost.py); the proxy
+        # swaps it when its option changes: one reference, read once per row
+        self.prices = prices
         self.spool = spool
         self.instance = instance
         self.batch_size = batch_size
@@ -441,8 +446,14 @@ class AuditWriter:
 
     def _prepare(self, row: Any) -> Prepared:
         """The row as the backend can store it (:func:`storage.prepare.prepare`); a row that
-        cannot even be prepared becomes its minimal row."""
+        cannot even be prepared becomes its minimal row. A final row is priced first
+        (:func:`storage.cost.cost_of`, which never raises), here on the writer thread: a
+        price lookup never delays the event loop."""
         try:
+            if isinstance(row, dict) and row.get("status") != IN_PROGRESS and row.get("cost_usd") is None:
+                usd, source = cost_of(row, self.prices)
+                if usd is not None:
+                    row = row | {"cost_usd": usd, "cost_prices": source}
             return prepare(row, postgres=self._postgres, max_bytes=self.max_value_bytes)
         except Exception as e:  # noqa: BLE001
             reason = f"it could not be prepared: {type(e).__name__}: {e}"[:300]

@@ -35,6 +35,7 @@ from storage.checkpoint import (
     default_key_path,
     load_or_create_key,
 )
+from storage.cost import Prices, PricesError, load_prices
 from storage.database import DatabaseError, default_url, open_engine
 from storage.retention import MIN_RETENTION, DailyPurge
 from storage.spool import Spool, SpoolLocked, default_spool_path
@@ -68,6 +69,7 @@ class AuditStore:
         self.serving = False  # the proxy is serving traffic
         # the OpenTelemetry export (addon.mitm.otel), given each final row after the writer
         self.export: Callable[[dict[str, Any]], None] | None = None
+        self.prices: Prices | None = None  # the price file in force (llm_audit_prices)
 
     def load(self, loader: Loader) -> None:
         self._refuse_repeated_options(loader.master.options)
@@ -134,6 +136,14 @@ class AuditStore:
             "Command run with each new checkpoint file's path appended, to keep a copy where the "
             "database's administrators cannot rewrite it (e.g. 'logger -t llm-audit -f' for syslog).",
         )
+        loader.add_option(
+            "llm_audit_prices",
+            str,
+            "",
+            "TOML price file for negotiated rates and self-hosted models, tried before the prices of "
+            "genai-prices (docs/cost.md). Read when the option is set; a file that cannot be used "
+            "stops the proxy at start, and keeps the previous prices at run time.",
+        )
 
     def configure(self, updated: set[str]) -> None:
         """Open the database when its options change (the first time, all of them)."""
@@ -142,6 +152,8 @@ class AuditStore:
         self.configured = True
         if "llm_audit_instance" in updated:
             self.instance = ctx.options.llm_audit_instance or socket.gethostname()
+        if "llm_audit_prices" in updated:
+            self._load_prices(ctx.options.llm_audit_prices)
         if updated & DATABASE_OPTIONS:
             spool = ctx.options.llm_audit_spool or str(default_spool_path(self.instance))
             self._open_database(
@@ -251,7 +263,7 @@ class AuditStore:
             log.error(f"llm-audit: cannot use the spool: {e}; set another path with --set llm_audit_spool=FILE")
             return
         try:
-            self.writer = AuditWriter(engine, spool, self.instance, checkpointer=checkpointer)
+            self.writer = AuditWriter(engine, spool, self.instance, checkpointer=checkpointer, prices=self.prices)
         except DatabaseError as e:
             spool.close()
             engine.dispose()
@@ -260,6 +272,21 @@ class AuditStore:
         log.info(f"llm-audit: recording to {engine.url.render_as_string()} (spool {spool_path})")
         if spool:
             log.info(f"llm-audit: {spool.records} records from an earlier run wait in the spool; replaying")
+
+    def _load_prices(self, path: str) -> None:
+        """Read the price file (a small TOML file, once per option change: no per-request
+        work). A file that cannot be used is one error line, as a filter file's is: at
+        start-up it stops the proxy; at run time the prices in force stay."""
+        try:
+            prices = load_prices(path) if path else None
+        except PricesError as e:
+            log.error(f"llm-audit: {e}" + ("; the previous prices stay in force" if self.serving else ""))
+            return
+        self.prices = prices
+        if self.writer is not None:
+            self.writer.prices = prices
+        if prices is not None:
+            log.info(f"llm-audit: prices from {prices.path} ({len(prices.entries)} entries, {prices.label})")
 
     def _checkpointer(self, options: Any) -> Checkpointer | None:
         """Signs this proxy's chain head; None (and an error line) when the key is unusable."""
