@@ -36,7 +36,7 @@ import os
 import queue
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 from urllib.parse import urlsplit
@@ -56,7 +56,7 @@ COLUMNS = (
     "server_port", "url_path", "http_status", "client_address", "proxy_instance", "api_key_fingerprint",
     "request_model", "response_model", "response_id", "request_id", "user_id", "session_id", "task_id",
     "streamed", "finish_reasons", *semconv.USAGE_ATTRIBUTES, "error_code", "findings", "verdicts",
-    "connection_id", "turn", "cost_usd",
+    "connection_id", "turn", "cost_usd", "usage_details",
 )  # fmt: skip
 CONTENT_COLUMNS = ("request_body", "output", "delivered_text")
 PROTOCOL = "http/protobuf"
@@ -145,9 +145,18 @@ class _LastMessage(logging.Handler):
 class OtelExporter:
     """Exports finished exchange rows as spans, metrics and (optionally) content logs."""
 
-    def __init__(self, instance: str, content: bool = False, env: Mapping[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        instance: str,
+        content: bool = False,
+        env: Mapping[str, str] | None = None,
+        price: Callable[[Mapping[str, Any]], Any] | None = None,
+    ) -> None:
         env = os.environ if env is None else env
         self.content = content
+        # the exchange's cost when the row does not carry it: the writer prices its own copy
+        # of the row on its thread; the export prices the same way on its own (never the loop)
+        self._price = price
         self.signals = signals_from_env(env)
         self._columns = COLUMNS + CONTENT_COLUMNS if content else COLUMNS
         self.endpoint = _endpoint(env)
@@ -198,6 +207,8 @@ class OtelExporter:
     def _export(self, row: dict[str, Any]) -> None:
         from opentelemetry import trace
 
+        if row.get("cost_usd") is None and self._price is not None:
+            row["cost_usd"] = self._price(row)
         start, end = semconv.nanoseconds(row.get("started_at")), semconv.nanoseconds(row.get("ended_at"))
         start = start or end
         context = None

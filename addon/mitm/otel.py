@@ -18,11 +18,14 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Mapping
+from typing import Any
 
 from mitmproxy.addonmanager import Loader
 
 from addon.mitm.store import AuditStore
 from addon.otel_export import OtelExporter, OtelUnavailable
+from storage.cost import cost_of
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +65,9 @@ class OtelExport:
         if ctx.options.llm_audit_otel != "on":
             return
         try:
-            self.exporter = OtelExporter(self.store.instance, content=ctx.options.llm_audit_otel_content)
+            self.exporter = OtelExporter(
+                self.store.instance, content=ctx.options.llm_audit_otel_content, price=self._price
+            )
         except OtelUnavailable as e:
             log.error(f"llm-audit: {e}")
             return
@@ -72,6 +77,11 @@ class OtelExport:
         self.store.export = self.exporter.submit
         what = "spans and metrics" + (" and content log records" if self.exporter.content else "")
         log.info(f"llm-audit: exporting {what} to OpenTelemetry at {self.exporter.endpoint}")
+
+    def _price(self, row: Mapping[str, Any]) -> float | None:
+        """The exchange's cost as the writer computes it for the database (the price file in
+        force, else genai-prices' bundled list); None when the price is unknown."""
+        return cost_of(row, self.store.prices).usd
 
     def done(self) -> None:
         self._stop(wait=True)

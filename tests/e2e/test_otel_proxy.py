@@ -36,6 +36,13 @@ scope = "request"
 action = "block"
 reason = "no questions about Graz"
 """
+PRICES = """
+[[price]]
+provider = "*"
+model = "gpt-otel"
+input = 1000000
+output = 2000000
+"""  # a dollar per input token, two per output token: the cost is easy to check
 FAST = {"OTEL_BSP_SCHEDULE_DELAY": "100", "OTEL_BLRP_SCHEDULE_DELAY": "100", "OTEL_METRIC_EXPORT_INTERVAL": "300"}
 
 
@@ -59,8 +66,10 @@ def chat(proxy: Proxy, up: Upstream, text: str = PROMPT, scenario: str = "events
 
 def otel_proxy(tmp: Path, db: dict, endpoint: str, *options: str, env: dict[str, str] | None = None) -> Proxy:
     (tmp / "rules.toml").write_text(RULES)
+    (tmp / "prices.toml").write_text(PRICES)
     env = FAST | {"OTEL_EXPORTER_OTLP_ENDPOINT": endpoint, "OTEL_SERVICE_NAME": "audit-e2e"} | (env or {})
     args = ("--set", "llm_audit_otel=on", "--set", f"llm_rules={tmp / 'rules.toml'}", *options)
+    args += ("--set", f"llm_audit_prices={tmp / 'prices.toml'}")
     return start_proxy(tmp, *args, env=env, **db)
 
 
@@ -115,6 +124,8 @@ def test_each_exchange_becomes_a_span_with_metrics_and_content_only_when_asked(
     assert a["llm_audit.status"] == "completed" and a["llm_audit.client"] == "127.0.0.1"
     assert a["llm_audit.api_key_fingerprint"] == completed["api_key_fingerprint"]
     assert a["server.address"] == completed["server_address"] and "error.type" not in a
+    cost = completed["input_tokens"] + 2 * completed["output_tokens"]
+    assert a["llm_audit.cost_usd"] == pytest.approx(float(completed["cost_usd"])) == pytest.approx(cost)
 
     no = spans[refused["id"]]["attributes"]
     assert (no["llm_audit.status"], no["error.type"]) == ("blocked", "content_filtered")
@@ -125,6 +136,7 @@ def test_each_exchange_becomes_a_span_with_metrics_and_content_only_when_asked(
     statuses = {p["attributes"]["llm_audit.status"]: int(p["as_int"]) for p in receiver.latest("llm_audit.exchanges")}
     assert statuses == {"completed": 1, "blocked": 1}
     assert {p["attributes"]["gen_ai.token.type"] for p in metrics["gen_ai.client.token.usage"]} == {"input", "output"}
+    assert sum(p["as_double"] for p in receiver.latest("llm_audit.cost")) == pytest.approx(cost)
     assert "gen_ai.client.operation.duration" in metrics and "gen_ai.client.operation.time_to_first_chunk" in metrics
 
     assert_no_secret(receiver)

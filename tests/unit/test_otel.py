@@ -252,6 +252,17 @@ def test_spans_metrics_and_content_logs_reach_the_receiver(receiver):
     assert "2 spans exported" in exporter.summary() and "not delivered" not in exporter.summary()
 
 
+def test_a_row_without_its_cost_is_priced_on_the_export_thread(receiver):
+    priced = []
+    exporter = OtelExporter("proxy-a", price=lambda r: priced.append(r["id"]) or 0.75)
+    exporter.submit(row(cost_usd=None))
+    exporter.submit(row(id="c" * 32, cost_usd=0.5))  # already priced: not again
+    exporter.close()
+    costs = {s["attributes"]["llm_audit.exchange_id"]: s["attributes"]["llm_audit.cost_usd"] for s in receiver.spans()}
+    assert costs == {"e" * 32: 0.75, "c" * 32: 0.5} and priced == ["e" * 32]
+    assert [p["as_double"] for p in receiver.latest("llm_audit.cost")] == [1.25]
+
+
 def test_without_the_content_switch_no_content_leaves(receiver):
     exporter = OtelExporter("proxy-a")
     exporter.submit(row())
