@@ -50,6 +50,7 @@ SHUTDOWN_SECONDS = 5.0  # what close() may take in all, whatever the collector d
 WARN_EVERY = 60.0  # seconds between two "not delivered" warnings (the first comes at once)
 CHECK_EVERY = 1.0  # seconds between the export thread's looks at failed batches while no row comes
 SCOPE = "llm-audit"
+LOG_BATCH = 64  # content log records per export request
 # the columns the export reads; the content ones only with the content switch on
 COLUMNS = (
     "id", "dialect", "provider", "status", "started_at", "first_chunk_at", "ended_at", "server_address",
@@ -170,7 +171,7 @@ class OtelExporter:
         self._queue: queue.Queue[Any] = queue.Queue(QUEUE_SIZE)
         self._sdk_log = _LastMessage()
         self._quiet_sdk()
-        self._setup(instance)
+        self._setup(instance, env)
         self._thread = threading.Thread(target=self._run, name="llm-audit-otel", daemon=True)
         self._thread.start()
 
@@ -315,7 +316,7 @@ class OtelExporter:
                 sdk.removeHandler(handler)
             sdk.addHandler(self._sdk_log)
 
-    def _setup(self, instance: str) -> None:
+    def _setup(self, instance: str, env: Mapping[str, str]) -> None:
         try:
             from opentelemetry.exporter.otlp.proto.http._log_exporter import OTLPLogExporter
             from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
@@ -371,7 +372,13 @@ class OtelExporter:
             self._otlp.append(logs)
             self._log_exporter = _Counting(logs, LogRecordExportResult.SUCCESS)
             self._logger_provider = LoggerProvider(resource=resource)
-            self._logger_provider.add_log_record_processor(BatchLogRecordProcessor(cast(Any, self._log_exporter)))
+            # fewer records per request than the SDK's 512 unless OTEL_BLRP_MAX_EXPORT_BATCH_SIZE
+            # says otherwise: a content record may hold 2 x 64 Ki characters, and a request
+            # beyond the exporter's 64 MiB is dropped whole
+            batch = int(env.get("OTEL_BLRP_MAX_EXPORT_BATCH_SIZE") or LOG_BATCH)
+            self._logger_provider.add_log_record_processor(
+                BatchLogRecordProcessor(cast(Any, self._log_exporter), max_export_batch_size=batch)
+            )
             self._logger = self._logger_provider.get_logger(SCOPE, own_version)
 
 

@@ -9,7 +9,9 @@ I/O), so that what leaves the proxy is decided, and tested, in one place:
   path or query, the error message (an upstream may echo part of a key in it) or a
   finding's detail; the credential appears only as the record's fingerprint;
 - the content (prompt and answer) is read only by :func:`content`, which the exporter
-  calls only when the content switch is on; each text is cut to :data:`MAX_CONTENT_CHARS`.
+  calls only when the content switch is on, within :data:`MAX_CONTENT_CHARS` per side;
+- every value is bounded (:data:`MAX_ATTRIBUTE_CHARS`, :data:`MAX_LIST`): a client's model
+  name or user id is hostile input.
 """
 
 from __future__ import annotations
@@ -22,7 +24,10 @@ from exchange.request import extract_messages
 
 Row = Mapping[str, Any]
 PREFIX = "llm_audit."
-MAX_CONTENT_CHARS = 64 * 1024  # per text part of a content log record (the database keeps the whole)
+MAX_CONTENT_CHARS = 64 * 1024  # text per side (prompt, answer) of a content log record; the database keeps the whole
+MAX_ITEMS = 256  # messages, choices, tool calls per side of a content log record
+MAX_ATTRIBUTE_CHARS = 1024  # a span attribute's text (a model name, a user id: hostile input is cut)
+MAX_LIST = 128  # items of a list attribute (finish reasons, findings, verdicts)
 # gen_ai.operation.name per dialect; a dialect not listed is a chat
 _OPERATIONS = {
     "gemini": "generate_content",
@@ -67,7 +72,7 @@ def error_type(row: Row) -> str | None:
 def span_name(row: Row) -> str:
     """``{gen_ai.operation.name} {gen_ai.request.model}``, the operation alone without a model."""
     model = row.get("request_model")
-    return f"{operation_name(row)} {model}" if model else operation_name(row)
+    return f"{operation_name(row)} {str(model)[:MAX_ATTRIBUTE_CHARS]}" if model else operation_name(row)
 
 
 def metric_attributes(row: Row) -> dict[str, Any]:
@@ -96,7 +101,7 @@ def span_attributes(row: Row) -> dict[str, Any]:
         _put(out, "gen_ai.response.time_to_first_chunk", ttfc)
     reasons = row.get("finish_reasons")
     if isinstance(reasons, list) and reasons:
-        out["gen_ai.response.finish_reasons"] = [str(r) for r in reasons]
+        out["gen_ai.response.finish_reasons"] = [str(r)[:MAX_ATTRIBUTE_CHARS] for r in reasons[:MAX_LIST]]
     for column, name in USAGE_ATTRIBUTES.items():
         _put(out, name, _count(row.get(column)))
     own = {
@@ -118,10 +123,10 @@ def span_attributes(row: Row) -> dict[str, Any]:
         _put(out, PREFIX + key, value)
     findings = _codes(row.get("findings"), "code")
     if findings:
-        out[PREFIX + "findings"] = findings
+        out[PREFIX + "findings"] = findings[:MAX_LIST]
     verdicts = [f"{v.get('action')}:{v.get('rule_id')}" for v in row.get("verdicts") or () if isinstance(v, Mapping)]
     if verdicts:
-        out[PREFIX + "verdicts"] = verdicts
+        out[PREFIX + "verdicts"] = [v[:MAX_ATTRIBUTE_CHARS] for v in verdicts[:MAX_LIST]]
     return out
 
 
@@ -137,43 +142,69 @@ USAGE_ATTRIBUTES = {
 
 def content(row: Row) -> dict[str, Any]:
     """The prompt and the answer as the conventions' ``gen_ai.input.messages`` and
-    ``gen_ai.output.messages`` (role, parts, finish reason); each text cut to
-    :data:`MAX_CONTENT_CHARS`. Where a content filter changed the answer, the output is
-    what the client got (``delivered_text``): the upstream's original stays in the database."""
-    inputs = [
-        {"role": m.role, "parts": [{"type": "text", "content": _cut(m.text)}]}
-        for m in extract_messages(row.get("request_body"))
-    ]
+    ``gen_ai.output.messages`` (role, parts, finish reason).
+
+    Each side keeps at most :data:`MAX_CONTENT_CHARS` of text (and :data:`MAX_ITEMS`
+    messages): the prompt its latest messages (a conversation repeats its history in
+    every request; the newest turn is the one this exchange added), the answer its first
+    text; ``llm_audit.content_truncated`` says when something was cut. The database keeps
+    the whole. Where a content filter changed the answer, the output is what the client
+    got (``delivered_text``): the upstream's original stays in the database."""
+    inputs_budget, outputs_budget = _Budget(), _Budget()
+    inputs: list[dict[str, Any]] = []
+    for m in reversed(extract_messages(row.get("request_body"))):
+        if not inputs_budget.room(len(inputs)):
+            break
+        inputs.append({"role": m.role, "parts": [{"type": "text", "content": inputs_budget.take(m.text)}]})
+    inputs.reverse()
     outputs: list[dict[str, Any]] = []
     output: Mapping[str, Any] = row["output"] if isinstance(row.get("output"), Mapping) else {}
     delivered = row.get("delivered_text")
     for choice in output.get("choices") or ():
         if not isinstance(choice, Mapping):
             continue
+        if not outputs_budget.room(len(outputs)):
+            break
         text = delivered if isinstance(delivered, str) and choice.get("index") == 0 else choice.get("text")
         parts: list[dict[str, Any]] = []
-        if isinstance(choice.get("reasoning"), str) and choice["reasoning"]:
-            parts.append({"type": "reasoning", "content": _cut(choice["reasoning"])})
-        if isinstance(text, str) and text:
-            parts.append({"type": "text", "content": _cut(text)})
-        if isinstance(choice.get("refusal"), str) and choice["refusal"]:
-            parts.append({"type": "refusal", "content": _cut(choice["refusal"])})
+        for kind, value in (("reasoning", choice.get("reasoning")), ("text", text), ("refusal", choice.get("refusal"))):
+            if isinstance(value, str) and value:
+                parts.append({"type": kind, "content": outputs_budget.take(value)})
         outputs.append({"role": "assistant", "parts": parts, "finish_reason": str(choice.get("finish_reason") or "")})
-    calls = [
-        {
-            "type": "tool_call",
-            "id": c.get("id"),
-            "name": c.get("name"),
-            "arguments": _cut(str(c.get("arguments") or "")),
-        }
-        for c in output.get("tool_calls") or ()
-        if isinstance(c, Mapping)
-    ]
+    calls: list[dict[str, Any]] = []
+    for c in output.get("tool_calls") or ():
+        if isinstance(c, Mapping) and outputs_budget.room(len(calls)):
+            arguments = outputs_budget.take(str(c.get("arguments") or ""))
+            calls.append({"type": "tool_call", "id": c.get("id"), "name": c.get("name"), "arguments": arguments})
     if calls:
         if not outputs:
             outputs.append({"role": "assistant", "parts": [], "finish_reason": "tool_call"})
         outputs[0]["parts"].extend(calls)
-    return {"gen_ai.input.messages": inputs, "gen_ai.output.messages": outputs}
+    out: dict[str, Any] = {"gen_ai.input.messages": inputs, "gen_ai.output.messages": outputs}
+    if inputs_budget.cut or outputs_budget.cut:
+        out[PREFIX + "content_truncated"] = True
+    return out
+
+
+class _Budget:
+    """The text one side of a content record may still take."""
+
+    def __init__(self) -> None:
+        self.left = MAX_CONTENT_CHARS
+        self.cut = False
+
+    def room(self, items: int) -> bool:
+        if items < MAX_ITEMS:
+            return True
+        self.cut = True
+        return False
+
+    def take(self, text: str) -> str:
+        if len(text) > self.left:
+            self.cut = True
+            text = text[: self.left]
+        self.left -= len(text)
+        return text
 
 
 def seconds_between(start: Any, end: Any) -> float | None:
@@ -193,7 +224,7 @@ def _put(out: dict[str, Any], name: str, value: Any) -> None:
     """Set an attribute unless the value is unknown (OpenTelemetry has no null)."""
     if value is None or value == "":
         return
-    out[name] = value if isinstance(value, bool | int | float) else str(value)
+    out[name] = value if isinstance(value, bool | int | float) else str(value)[:MAX_ATTRIBUTE_CHARS]
 
 
 def _count(value: Any) -> int | None:
@@ -212,8 +243,4 @@ def cost(value: Any) -> float | None:
 
 
 def _codes(items: Any, key: str) -> list[str]:
-    return [str(i.get(key)) for i in items or () if isinstance(i, Mapping) and i.get(key)]
-
-
-def _cut(text: str) -> str:
-    return text if len(text) <= MAX_CONTENT_CHARS else text[:MAX_CONTENT_CHARS]
+    return [str(i.get(key))[:MAX_ATTRIBUTE_CHARS] for i in items or () if isinstance(i, Mapping) and i.get(key)]

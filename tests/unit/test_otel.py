@@ -179,6 +179,24 @@ def test_content_of_hostile_rows_is_read_carefully():
     assert otel_semconv.span_attributes(row(findings="x", verdicts=[1, None], cost_usd="NaNx", input_tokens=-1))
 
 
+def test_content_keeps_the_latest_messages_within_its_budget():
+    history = [{"role": "user", "content": f"{i:05d}" + "h" * 20_000} for i in range(10)]
+    got = otel_semconv.content(row(request_body={"messages": history}))
+    kept = [m["parts"][0]["content"][:5] for m in got["gen_ai.input.messages"]]
+    assert kept[-1] == "00009" and "00000" not in kept  # the newest turn first, the oldest cut
+    assert sum(len(m["parts"][0]["content"]) for m in got["gen_ai.input.messages"]) == otel_semconv.MAX_CONTENT_CHARS
+    assert got["llm_audit.content_truncated"] is True
+    many = otel_semconv.content(row(request_body={"messages": [{"role": "user", "content": "x"}] * 5000}))
+    assert len(many["gen_ai.input.messages"]) == otel_semconv.MAX_ITEMS
+    assert "llm_audit.content_truncated" not in otel_semconv.content(row())
+
+
+def test_hostile_values_are_bounded_in_attributes():
+    attrs = otel_semconv.span_attributes(row(request_model="m" * 100_000, finish_reasons=["stop"] * 10_000))
+    assert len(attrs["gen_ai.request.model"]) == otel_semconv.MAX_ATTRIBUTE_CHARS
+    assert len(attrs["gen_ai.response.finish_reasons"]) == otel_semconv.MAX_LIST
+
+
 # -- the settings --------------------------------------------------------------------------------
 
 
