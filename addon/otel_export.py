@@ -242,8 +242,9 @@ class OtelExporter:
     # -- what was lost ---------------------------------------------------------------------------
 
     def undelivered(self) -> int:
-        """Exchanges whose export did not reach the collector: refused by the full queue,
-        not made, or in a batch the collector did not take (spans and content logs)."""
+        """Spans and content log records that did not reach the collector: an exchange's
+        the full queue refused or that could not be made, and those in a batch the
+        collector did not take."""
         failed = sum(e.failed for e in (self._span_exporter, self._log_exporter) if e is not None)
         return self.dropped + self.failed_rows + failed
 
@@ -254,7 +255,7 @@ class OtelExporter:
             self._warned_at, self._warned_lost = now, lost
             log.warning(
                 "llm-audit: OpenTelemetry export to %s: %d spans or log records not delivered so far (%s); "
-                "the audit database has every record",
+                "the audit records are not affected",
                 self.endpoint,
                 lost,
                 self._sdk_log.last or "the export queue was full",
