@@ -7,7 +7,8 @@ the running Python, its root folder is put on ``sys.path`` first.
 
 mitmproxy calls each hook on the addons in list order: the exchange and WebSocket hooks
 come before the store, so that at shutdown their ``done`` submits the exchanges still
-open before the store's ``done`` closes the writer.
+open before the store's ``done`` closes the writer; the OpenTelemetry export comes last
+and flushes what they handed it.
 """
 
 import sys
@@ -21,6 +22,7 @@ except ModuleNotFoundError:
 from addon.mitm import contentview
 from addon.mitm.content_filters import ContentFilters
 from addon.mitm.hooks import ExchangeHooks
+from addon.mitm.otel import OtelExport
 from addon.mitm.store import AuditStore
 from addon.mitm.websocket import WebSocketHooks
 
@@ -28,4 +30,4 @@ contentview.register()
 store = AuditStore()
 filters = ContentFilters(store)
 hooks = ExchangeHooks(store, filters)
-addons = [hooks, WebSocketHooks(store, filters, hooks), filters, store]
+addons = [hooks, WebSocketHooks(store, filters, hooks), filters, store, OtelExport(store)]

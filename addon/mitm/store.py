@@ -3,7 +3,8 @@ without recording.
 
 It owns the database options (URL, spool, instance name, signing key and checkpoints,
 retention), opens the writer when they are configured and closes it in ``done``, and
-hands records to it (:meth:`AuditStore.submit`, which never waits for the database).
+hands records to it (:meth:`AuditStore.submit`, which never waits for the database), and
+then each final one to the OpenTelemetry export when it is on (:mod:`addon.mitm.otel`).
 Problems are logged as one ``llm-audit: ...`` error line instead of raised: a script's
 raised OptionsError is printed with a traceback, while an error line at start-up makes
 mitmdump exit ("Error logged during startup, exiting..."). At run time the previous,
@@ -26,7 +27,7 @@ from typing import Any
 
 from mitmproxy.addonmanager import Loader
 
-from addon.record import ExchangeRecord
+from addon.record import ExchangeRecord, Status
 from storage.checkpoint import (
     Checkpointer,
     CheckpointError,
@@ -68,6 +69,8 @@ class AuditStore:
         self.serving = False  # the proxy is serving traffic
         # called with each row handed to the writer (budgets count the final ones); never raise
         self.listeners: list[Callable[[dict[str, Any]], None]] = []
+        # the OpenTelemetry export (addon.mitm.otel), given each final row; never raises
+        self.export: Callable[[dict[str, Any]], None] | None = None
         self.prices: Prices | None = None  # the price file in force (llm_audit_prices)
 
     def load(self, loader: Loader) -> None:
@@ -186,8 +189,11 @@ class AuditStore:
             log.error("llm-audit: no database configured; record %s dropped", record.id)
             return
         row = record.to_row()
-        for listener in self.listeners:  # first: the writer's thread takes the row over
+        # first: the writer's thread takes the row over (and prices it) once submitted
+        for listener in self.listeners:
             listener(row)
+        if self.export is not None and row["status"] != Status.IN_PROGRESS:
+            self.export(row)
         self.writer.submit(row)
 
     # -- not recording: say so and stop ---------------------------------------------------
