@@ -121,7 +121,9 @@ def page(conn: Connection, selection: Selection) -> tuple[list[dict[str, Any]], 
     conditions = selection.filters.conditions()
     if selection.after is not None:
         started, id = selection.after
-        conditions.append(or_(view.started_at < started, and_(view.started_at == started, view.id < id)))
+        # (started_at, id) < (started, id), written so that the index on started_at bounds the scan
+        # (an OR of the two cases alone makes SQLite read every row from the newest on)
+        conditions.append(and_(view.started_at <= started, or_(view.started_at < started, view.id < id)))
     newest = (view.started_at.desc(), view.id.desc())
     ids = select(view.id).where(view.started_at.is_not(None), *conditions).order_by(*newest).limit(selection.limit + 1)
     query = select(exchange_view).where(view.id.in_(ids.scalar_subquery())).order_by(*newest)

@@ -408,6 +408,29 @@ def test_a_changed_record_does_not_verify(url, tmp_path):
         assert "Verifies:" in visible_text(c.get("/exchanges/alice-2").text)
 
 
+def test_cost_is_shown_where_the_database_records_it(url, tmp_path):
+    if not url.startswith("sqlite"):
+        pytest.skip("the column is added to a copy of the SQLite file")
+    with serving(url) as c:
+        login(c)
+        assert "cost" not in visible_text(c.get("/exchanges/alice-1").text).lower()
+    copy = tmp_path / "costed.db"
+    shutil.copy(url.removeprefix("sqlite:///"), copy)
+    con = sqlite3.connect(copy)
+    con.execute("ALTER TABLE exchanges ADD COLUMN cost_usd NUMERIC")
+    con.execute("UPDATE exchanges SET cost_usd = 0.0125 WHERE id = 'alice-1'")
+    con.execute("UPDATE exchanges SET cost_usd = 0.5 WHERE id = 'bob-2'")
+    con.commit()
+    con.close()
+    with serving(f"sqlite:///{copy}") as c:
+        login(c)
+        assert "cost: 0.012500 USD" in visible_text(c.get("/exchanges/alice-1").text)
+        assert "cost: not recorded" in visible_text(c.get("/exchanges/alice-2").text)
+        assert "0.0125" in visible_text(c.get("/exchanges?user=alice").text)
+        overview = visible_text(c.get("/overview?since=2026-03-01").text)
+        assert "Cost per day (USD)" in overview and "0.5125 USD" in overview and "2026-03-04: 0.5000" in overview
+
+
 def test_the_password_comes_from_an_owner_only_file_or_the_environment(tmp_path):
     path = tmp_path / "pw"
     path.write_text(PASSWORD + "\nignored\n")
