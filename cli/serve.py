@@ -45,6 +45,13 @@ def add_commands(commands: Commands) -> None:
         help=f"where to listen (default: {DEFAULT_LISTEN}, loopback only)",
     )
     p.add_argument(
+        "--allow-host",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="a Host name to answer besides 127.0.0.1 and localhost on loopback (a reverse proxy's)",
+    )
+    p.add_argument(
         "--password-file",
         metavar="FILE",
         help="the login password: the file's first line (mode 600); else $LLM_AUDIT_SERVE_PASSWORD",
@@ -62,7 +69,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from review.app import build_app, is_loopback
-    from review.auth import PasswordError, Sessions, read_password
+    from review.auth import ACCESS_LOG, PasswordError, Sessions, read_password
     from review.database import open_read_only
 
     try:
@@ -71,8 +78,9 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         raise DatabaseError(str(e)) from None  # one line, as every command's errors
     host, port = args.listen
     engine = open_read_only(url(args))
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s", stream=sys.stderr)
-    app = build_app(engine, Sessions(password), loopback=is_loopback(host))
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s", stream=sys.stderr)
+    logging.getLogger(ACCESS_LOG).setLevel(logging.INFO)
+    app = build_app(engine, Sessions(password), loopback=is_loopback(host), hosts=args.allow_host)
     shown = f"[{host}]" if ":" in host else host
     where = make_url(url(args)).render_as_string(hide_password=True)
     print(f"{PROG} serve: reading {where} at http://{shown}:{port}/", file=sys.stderr)

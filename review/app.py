@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import io
 import ipaddress
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -44,6 +44,7 @@ from storage.database import first_line
 from storage.query import FIELDS, QueryError, get_exchange, iter_exchanges
 
 HERE = Path(__file__).parent
+LOOPBACK_NAMES = ("127.0.0.1", "localhost", "[::1]", "::1")
 OPEN_PATHS = ("/login", "/static/")  # reachable without a session
 MAX_FORM = 4096  # bytes of a login form
 SNIPPET = 160  # characters of the answer in the list
@@ -70,8 +71,9 @@ def templates() -> Jinja2Templates:
     return Jinja2Templates(env=env)
 
 
-def build_app(engine: Engine, sessions: Sessions, *, loopback: bool = True) -> Starlette:
-    """The application over ``engine`` (opened read-only), with ``sessions``' password."""
+def build_app(engine: Engine, sessions: Sessions, *, loopback: bool = True, hosts: Sequence[str] = ()) -> Starlette:
+    """The application over ``engine`` (opened read-only), with ``sessions``' password;
+    on ``loopback``, only the loopback names and ``hosts`` are answered."""
     config = Config(engine, sessions, has_column(engine, "exchanges", COST_COLUMN), loopback)
     pages = templates()
 
@@ -217,7 +219,7 @@ def build_app(engine: Engine, sessions: Sessions, *, loopback: bool = True) -> S
     ]
     middleware = [Middleware(SecurityHeaders), Middleware(RequireLogin, sessions=sessions)]
     if loopback:  # DNS rebinding: a page of another site must not reach a loopback server by a name
-        middleware.append(Middleware(TrustedHostMiddleware, allowed_hosts=["127.0.0.1", "localhost", "[::1]", "::1"]))
+        middleware.append(Middleware(TrustedHostMiddleware, allowed_hosts=[*LOOPBACK_NAMES, *hosts]))
     return Starlette(routes=routes, middleware=middleware, exception_handlers={SQLAlchemyError: database_error})
 
 

@@ -23,7 +23,8 @@ from pathlib import Path
 
 from itsdangerous import BadSignature, SignatureExpired, TimestampSigner
 
-log = logging.getLogger("llm-audit.serve.access")
+ACCESS_LOG = "llm-audit.serve.access"
+log = logging.getLogger(ACCESS_LOG)
 
 ENV_VAR = "LLM_AUDIT_SERVE_PASSWORD"
 COOKIE = "llm_audit_session"

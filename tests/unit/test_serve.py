@@ -147,8 +147,17 @@ def test_login_goes_back_only_to_a_path_of_this_site(url):
         assert login(c, next="https://evil.example/").headers["location"] == "/exchanges"
 
 
-def test_another_host_name_is_refused_on_loopback(client):
+def test_another_host_name_is_refused_on_loopback(client, url):
     assert client.get("/exchanges", headers={"host": "evil.example"}).status_code == 400
+    assert client.get("/exchanges", headers={"host": "localhost:8765"}).status_code == 200
+    engine = open_read_only(url)
+    try:
+        app = build_app(engine, Sessions(PASSWORD), hosts=["audit.example"])
+        with TestClient(app, base_url="http://audit.example", follow_redirects=False) as c:
+            assert c.get("/login").status_code == 200  # a reverse proxy's name, allowed with --allow-host
+            assert c.get("/login", headers={"host": "evil.example"}).status_code == 400
+    finally:
+        engine.dispose()
 
 
 # -- headers ------------------------------------------------------------------------------------------
