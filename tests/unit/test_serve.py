@@ -332,7 +332,8 @@ def test_the_overview_draws_its_charts(client):
         "Exchanges by finding code",
     ):
         assert f"<figcaption>{title}</figcaption>" in page, title
-    assert page.count("<svg") == 6 and page.count("<rect") == 5 + 5 + 3 + 3 + 1 + 2  # days twice, users, models, rules, codes
+    # a bar per day (twice), per user, per model, per rule and per finding code
+    assert page.count("<svg") == 6 and page.count("<rect") == 5 + 5 + 3 + 3 + 1 + 2
     text = visible_text(page)
     assert "5 exchanges · 160 input and 26 output tokens · 2 blocked · 1 failed" in text
     assert "no-nightjar: 2" in text  # both blocked exchanges, by their rule (a bar's title)
