@@ -453,6 +453,9 @@ class ExchangeRecord:
             "reasoning_output_tokens": self.usage.get("reasoning_output_tokens"),
             "usage_source": "provider" if self.usage else "none",
             "usage_details": {k: v for k, v in self.usage.items() if k not in USAGE_COLUMNS} or None,
+            # priced by the writer, off the event loop (storage/cost.py)
+            "cost_usd": None,
+            "cost_prices": None,
             "error_code": self.error_code,
             "error_message": self.error_message,
             "findings": findings,

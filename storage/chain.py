@@ -14,7 +14,9 @@ sharing a database never contend). When a record is final, the writer *seals* it
 The canonical serialization is JSON with sorted keys and no spaces (orjson,
 ``OPT_SORT_KEYS``) of ``{"chain": id, "prev": hash, "content": {column: hash},
 "fields": {column: value}}``, where ``fields`` holds every column of ``exchanges`` but
-the content columns and the chain's own columns (:data:`CHAIN_COLUMNS`), and times are
+the content columns, the chain's own columns (:data:`CHAIN_COLUMNS`) and the derived
+ones (:data:`DERIVED_COLUMNS`: the cost, recomputed from the hashed usage when prices
+change), and times are
 written ``YYYY-MM-DDTHH:MM:SS.ffffffZ`` (UTC; a database that returns naive times
 returns UTC ones). NULL columns are left out, so that a column a later version adds does
 not change the hashes of earlier records. ``chain_seq`` is not hashed: the order is carried by the links, so
@@ -41,9 +43,15 @@ GENESIS = "0" * 64  # the prev_hash of a chain's first record
 ERASED = "[erased]"  # what erased content is replaced with
 CHAIN_COLUMNS = ("chain_id", "chain_seq", "prev_hash", "record_hash", "content_hashes", "erased_at")
 CONTENT_COLUMNS = ("request_body", "output_text", "output", "tool_calls", "delivered_text")
+# Derived data, not evidence: the cost is computed from the usage (which is hashed) and a
+# price list, and is computed again when prices change (llm-audit cost recompute); hashed,
+# every recompute would break the chain of every record it touched.
+DERIVED_COLUMNS = ("cost_usd", "cost_prices")
 _FIRST = ("chain_id", "chain_seq", "prev_hash", "record_hash", "id")  # a sealed row's first keys
 FIELD_COLUMNS = tuple(
-    str(c.name) for c in exchanges.columns if c.name not in CHAIN_COLUMNS and c.name not in CONTENT_COLUMNS
+    str(c.name)
+    for c in exchanges.columns
+    if c.name not in CHAIN_COLUMNS and c.name not in CONTENT_COLUMNS and c.name not in DERIVED_COLUMNS
 )
 
 

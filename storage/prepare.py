@@ -29,6 +29,7 @@ chain's content hashes reuse (:data:`Prepared.hashes`), and a scan of the short 
 from __future__ import annotations
 
 import hashlib
+import math
 import re
 import uuid
 from collections.abc import Callable
@@ -37,7 +38,7 @@ from datetime import datetime
 from typing import Any
 
 import orjson
-from sqlalchemy import JSON, BigInteger, Boolean, DateTime, Integer, String
+from sqlalchemy import JSON, BigInteger, Boolean, DateTime, Integer, Numeric, String
 
 from storage import chain
 from storage.chain import CONTENT_COLUMNS, split_big_strings
@@ -115,6 +116,9 @@ def prepare(row: dict[str, Any], *, postgres: bool, max_bytes: int = MAX_VALUE_B
                 continue
         elif value is None:
             if name in _SPECS:
+                continue
+        elif kind is float:
+            if name in _NUMERIC and math.isfinite(value) and abs(value) < _NUMERIC[name]:
                 continue
         elif kind is datetime or kind is bool:
             if _PLAIN.get(name) is kind:
@@ -289,6 +293,16 @@ def _check_int(bounds: tuple[int, int]) -> Callable[..., tuple[Any, None]]:
     return check
 
 
+def _check_number(name: str, value: Any, notes: _Notes, postgres: bool, max_bytes: int) -> tuple[Any, None]:
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        if math.isfinite(value) and abs(value) < _NUMERIC[name]:
+            return float(value), None
+        notes.add(name, f"{value!r} does not fit the column (below {_NUMERIC[name]:g}); stored NULL")
+    else:
+        notes.add(name, f"a {type(value).__name__}, not a number; stored NULL")
+    return None, None
+
+
 def _check_time(name: str, value: Any, notes: _Notes, postgres: bool, max_bytes: int) -> tuple[Any, None]:
     notes.add(name, f"a {type(value).__name__}, not a time; stored NULL")
     return None, None
@@ -313,6 +327,8 @@ def _specs() -> dict[str, tuple[Callable[..., tuple[Any, bytes | None]], bool]]:
             check = _check_bool
         elif isinstance(kind, Integer):  # BigInteger is one
             check = _check_int(_INT64 if isinstance(kind, BigInteger) else _INT32)
+        elif isinstance(kind, Numeric):
+            check = _check_number
         elif isinstance(kind, String) and kind.length:
             check = _check_string(kind.length)
         else:
@@ -335,6 +351,12 @@ _INT_BOUNDS = {
     c.name: _INT64 if isinstance(c.type, BigInteger) else _INT32
     for c in exchanges.columns
     if isinstance(c.type, Integer)
+}
+# numeric columns: the bound their values stay below (numeric(20, 12): 10**8)
+_NUMERIC = {
+    c.name: 10.0 ** ((c.type.precision or 20) - (c.type.scale or 0))
+    for c in exchanges.columns
+    if isinstance(c.type, Numeric)
 }
 _PLAIN = {
     c.name: datetime if isinstance(c.type, DateTime) else bool

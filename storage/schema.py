@@ -30,6 +30,7 @@ from sqlalchemy import (
     Index,
     Integer,
     MetaData,
+    Numeric,
     String,
     Table,
     Text,
@@ -42,6 +43,16 @@ IN_PROGRESS = "in_progress"  # the status of an exchange's write-ahead row, unti
 
 Json = JSON().with_variant(JSONB(), "postgresql")
 Time = DateTime(timezone=True)
+# Money, in US dollars: numeric(20, 12) is exact on PostgreSQL (sums in SQL, as stats and
+# budgets take them, are exact too), 12 decimal places hold a single token of the cheapest
+# price (a hundredth of a dollar per million tokens is 1e-8). SQLite has no decimal type:
+# the column has NUMERIC affinity and keeps a double (15 significant digits: far below a
+# nano-dollar for any exchange under a million dollars). Read back as float on both
+# (asdecimal=False): SQLAlchemy would otherwise convert SQLite's doubles to Decimal with a
+# warning about rounding, and the writer's spool serializes rows with orjson, which takes
+# floats, not Decimals. Costs are computed in Decimal (storage/cost.py) and rounded to
+# the 12 places once, when stored.
+Money = Numeric(20, 12, asdecimal=False)
 
 exchanges = Table(
     "exchanges",
@@ -93,6 +104,16 @@ exchanges = Table(
         "usage_details",
         Json,
         comment="Token counts by kind beyond the usage columns ({input_audio_tokens: ..., ...}); NULL when none were sent.",
+    ),
+    Column(
+        "cost_usd",
+        Money,
+        comment="Price of the exchange in US dollars (storage/cost.py); NULL when the price is unknown, never a guess.",
+    ),
+    Column(
+        "cost_prices",
+        String(64),
+        comment="Which price data computed cost_usd: genai-prices and its version, or override: and the file's sha256 prefix.",
     ),
     Column("error_code", String(255)),
     Column("error_message", Text),
@@ -264,6 +285,8 @@ exchange_view = Table(
     Column("connection_id", String(64), comment="As in exchanges."),
     Column("turn", Integer, comment="As in exchanges."),
     Column("usage_details", Json, comment="As in exchanges."),
+    Column("cost_usd", Money, comment="As in exchanges: US dollars, NULL when the price is unknown."),
+    Column("cost_prices", String(64), comment="As in exchanges."),
     Column("request_body", Json, comment="The request body (JSON)."),
     Column("event_count", Integer),
     Column("bytes_to_client", BigInteger),

@@ -50,8 +50,10 @@ ADDED_SINCE_0001 = {
     "client_status",  # by 0007
     "connection_id",
     "turn",  # by 0008
-    "usage_details",
-}  # by 0009
+    "usage_details",  # by 0009
+    "cost_usd",
+    "cost_prices",
+}  # by 0010
 INDEXED_IN_0001 = ("started_at", "ended_at", "user_id", "request_model", "status")  # one column each
 
 
