@@ -14,7 +14,6 @@ import asyncio
 import io
 import ipaddress
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, quote
@@ -36,9 +35,8 @@ from cli.formats import write_records
 from review import charts, exchange_page, selection
 from review.auth import COOKIE, FAILURE_PAUSE, SESSION_SECONDS, Sessions, log_access
 from review.chain import place
-from review.database import has_column
 from review.headers import SecurityHeaders
-from review.overview import COST_COLUMN, costs, overview
+from review.overview import overview
 from review.text import finalize
 from storage.database import first_line
 from storage.query import FIELDS, QueryError, get_exchange, iter_exchanges
@@ -50,14 +48,6 @@ MAX_FORM = 4096  # bytes of a login form
 SNIPPET = 160  # characters of the answer in the list
 EXPORT_BATCH = 200  # rows per chunk of an export
 OVERVIEW_SINCE = "30d"  # the overview's period unless the selection names one
-
-
-@dataclass(frozen=True)
-class Config:
-    engine: Engine
-    sessions: Sessions
-    with_cost: bool
-    loopback: bool = True
 
 
 def templates() -> Jinja2Templates:
@@ -74,12 +64,11 @@ def templates() -> Jinja2Templates:
 def build_app(engine: Engine, sessions: Sessions, *, loopback: bool = True, hosts: Sequence[str] = ()) -> Starlette:
     """The application over ``engine`` (opened read-only), with ``sessions``' password;
     on ``loopback``, only the loopback names and ``hosts`` are answered."""
-    config = Config(engine, sessions, has_column(engine, "exchanges", COST_COLUMN), loopback)
     pages = templates()
 
     def render(request: Request, name: str, status: int = 200, **context: Any) -> Response:
         context = {"statuses": selection.STATUSES} | context
-        context |= {"who": request.scope.get("who"), "with_cost": config.with_cost, "request": request}
+        context |= {"who": request.scope.get("who"), "request": request}
         return pages.TemplateResponse(request, name, context, status_code=status)
 
     def list_page(request: Request) -> Response:
@@ -89,10 +78,8 @@ def build_app(engine: Engine, sessions: Sessions, *, loopback: bool = True, host
             return render(request, "list.html", 400, error=str(e), chosen=selection.Selection(), rows=[], more=False)
         with engine.connect() as conn:
             rows, more = selection.page(conn, chosen)
-            cost = costs(conn, [r["id"] for r in rows]) if config.with_cost else {}
         for r in rows:
             r["snippet"] = _snippet(r)
-            r["cost_usd"] = cost.get(r["id"])
         after = selection.cursor(rows[-1]) if more and rows else None
         return render(request, "list.html", chosen=chosen, rows=rows, more=more, after=after)
 
@@ -104,7 +91,6 @@ def build_app(engine: Engine, sessions: Sessions, *, loopback: bool = True, host
             except QueryError as e:
                 return render(request, "error.html", 404, error=str(e))
             chain = place(conn, r)
-            cost = costs(conn, [r["id"]]).get(r["id"]) if config.with_cost else None
         return render(
             request,
             "exchange.html",
@@ -123,7 +109,6 @@ def build_app(engine: Engine, sessions: Sessions, *, loopback: bool = True, host
             findings=exchange_page.findings(r),
             verdicts=exchange_page.verdicts(r),
             chain=chain,
-            cost=cost,
         )
 
     def overview_page(request: Request) -> Response:
@@ -135,16 +120,15 @@ def build_app(engine: Engine, sessions: Sessions, *, loopback: bool = True, host
         except selection.SelectionError as e:
             return render(request, "overview.html", 400, error=str(e), chosen=selection.Selection(), o=None)
         with engine.connect() as conn:
-            o = overview(conn, chosen.filters, with_cost=config.with_cost)
+            o = overview(conn, chosen.filters)
         days = [(d["day"] or "-", d["exchanges"]) for d in o.by_day]
         tokens = [(d["day"] or "-", (d["input_tokens"] or 0) + (d["output_tokens"] or 0)) for d in o.by_day]
         figures = [
             charts.bar_chart("Exchanges per day", days),
             charts.bar_chart("Tokens per day (input + output)", tokens),
         ]
-        if o.cost_by_day is not None:
-            figures.append(charts.bar_chart("Cost per day (USD)", list(o.cost_by_day.items()), "{:,.4f}"))
         figures += [
+            charts.bar_chart("Cost per day (USD, where the price is known)", list(o.cost_by_day.items()), "{:,.4f}"),
             charts.bar_chart("Exchanges by user", [(u["user"] or "(no user)", u["exchanges"]) for u in o.by_user]),
             charts.bar_chart("Exchanges by model", [(m["model"] or "(no model)", m["exchanges"]) for m in o.by_model]),
             charts.bar_chart("Blocked exchanges by rule", o.blocked_rules),

@@ -17,7 +17,7 @@ from pathlib import Path
 from urllib.parse import quote
 
 import orjson
-from sqlalchemy import Engine, create_engine, event, inspect, text
+from sqlalchemy import Engine, create_engine, event, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 
@@ -96,8 +96,3 @@ def _check_schema(engine: Engine) -> None:
             f"the schema of {name!r} is at {revision}, not this version's {migrations.head()}: "
             "run 'llm-audit db upgrade' first (serve only reads)"
         )
-
-
-def has_column(engine: Engine, table: str, column: str) -> bool:
-    """Whether the database's ``table`` has ``column`` (a column a newer schema adds)."""
-    return any(c["name"] == column for c in inspect(engine).get_columns(table))

@@ -1,6 +1,6 @@
 """The overview's numbers: per day, per user and per model (the totals ``llm-audit stats``
 prints), blocked exchanges by rule, findings by code, and
-the cost where the database records one.
+the cost (``cost_usd``: what the writer priced; NULL where the price is unknown, left out).
 
 Rules and findings are counted from the view's ``verdict_rules`` and ``finding_codes``
 (each exchange's distinct ids, comma-separated), grouped in the database and split here:
@@ -13,13 +13,9 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import BigInteger, Connection, Numeric, cast, column, func, or_, select, table
+from sqlalchemy import BigInteger, Connection, cast, func, or_, select
 
 from storage.query import Filters, view
-from storage.schema import exchange_view
-
-COST_COLUMN = "cost_usd"  # exchanges.cost_usd, where the schema has it
-
 
 TOTALS = ("exchanges", "input_tokens", "output_tokens", "blocks", "errors")
 
@@ -32,10 +28,10 @@ class Overview:
     by_model: list[dict[str, Any]]  # {model, ...}, most exchanges first
     blocked_rules: list[tuple[str, int]]
     finding_codes: list[tuple[str, int]]
-    cost_by_day: dict[str, float] | None  # None: the database records no cost
+    cost_by_day: dict[str, float]  # days without a known price are left out
 
 
-def overview(conn: Connection, filters: Filters, *, with_cost: bool) -> Overview:
+def overview(conn: Connection, filters: Filters) -> Overview:
     """The overview of the exchanges ``filters`` select.
 
     The totals are those of ``llm-audit stats`` (a WebSocket connection's own record is
@@ -81,7 +77,7 @@ def overview(conn: Connection, filters: Filters, *, with_cost: bool) -> Overview
         by_model=rows("model"),
         blocked_rules=_split_counts(conn, filters, view.verdict_rules, view.blocked),
         finding_codes=_split_counts(conn, filters, view.finding_codes, None),
-        cost_by_day=_cost_by_day(conn, filters) if with_cost else None,
+        cost_by_day=_cost_by_day(conn, filters),
     )
 
 
@@ -102,24 +98,11 @@ def _split_counts(conn: Connection, filters: Filters, listed: Any, where: Any) -
 
 
 def _cost_by_day(conn: Connection, filters: Filters) -> dict[str, float]:
-    """USD per day, summed from ``exchanges.cost_usd`` (a column of a newer schema, named
-    here rather than imported so that this works on either)."""
-    costs = table("exchanges", column("id"), column(COST_COLUMN))
-    total = func.sum(cast(costs.c[COST_COLUMN], Numeric))
+    """US dollars per day, of the exchanges whose price is known (``cost_usd`` NULL: unknown)."""
     query = (
-        select(view.day, total)
-        .select_from(exchange_view.join(costs, costs.c.id == view.id))
-        .where(*filters.conditions())
+        select(view.day, func.sum(view.cost_usd))
+        .where(*filters.conditions(), view.cost_usd.is_not(None))
         .group_by(view.day)
         .order_by(view.day)
     )
     return {day: float(value or 0) for day, value in conn.execute(query)}
-
-
-def costs(conn: Connection, ids: list[str]) -> dict[str, float]:
-    """The recorded cost (USD) of each of ``ids`` that has one."""
-    if not ids:
-        return {}
-    costs = table("exchanges", column("id"), column(COST_COLUMN))
-    query = select(costs.c.id, costs.c[COST_COLUMN]).where(costs.c.id.in_(ids), costs.c[COST_COLUMN].is_not(None))
-    return {id: float(value) for id, value in conn.execute(query)}

@@ -334,6 +334,9 @@ def test_the_overview_draws_its_charts(client):
         assert f"<figcaption>{title}</figcaption>" in page, title
     # a bar per day (twice), per user, per model, per rule and per finding code
     assert page.count("<svg") == 6 and page.count("<rect") == 5 + 5 + 3 + 3 + 1 + 2
+    assert (
+        'Cost per day (USD, where the price is known)</figcaption>\n<p class="none">nothing in this selection' in page
+    )
     text = visible_text(page)
     assert "5 exchanges · 160 input and 26 output tokens · 2 blocked · 1 failed" in text
     assert "no-nightjar: 2" in text  # both blocked exchanges, by their rule (a bar's title)
@@ -418,27 +421,25 @@ def test_a_changed_record_does_not_verify(url, tmp_path):
         assert "Verifies:" in visible_text(c.get("/exchanges/alice-2").text)
 
 
-def test_cost_is_shown_where_the_database_records_it(url, tmp_path):
+def test_cost_is_shown_with_its_prices_or_as_unknown(url, tmp_path):
     if not url.startswith("sqlite"):
-        pytest.skip("the column is added to a copy of the SQLite file")
-    with serving(url) as c:
-        login(c)
-        assert "cost" not in visible_text(c.get("/exchanges/alice-1").text).lower()
+        pytest.skip("the prices are set on a copy of the SQLite file")
     copy = tmp_path / "costed.db"
     shutil.copy(url.removeprefix("sqlite:///"), copy)
-    con = sqlite3.connect(copy)
-    con.execute("ALTER TABLE exchanges ADD COLUMN cost_usd NUMERIC")
-    con.execute("UPDATE exchanges SET cost_usd = 0.0125 WHERE id = 'alice-1'")
-    con.execute("UPDATE exchanges SET cost_usd = 0.5 WHERE id = 'bob-2'")
+    con = sqlite3.connect(copy)  # as the writer prices a record (cost is outside the hash chain)
+    con.execute("UPDATE exchanges SET cost_usd = 0.0125, cost_prices = 'genai-prices 0.0.1' WHERE id = 'alice-1'")
+    con.execute("UPDATE exchanges SET cost_usd = 0.5, cost_prices = 'genai-prices 0.0.1' WHERE id = 'bob-2'")
     con.commit()
     con.close()
     with serving(f"sqlite:///{copy}") as c:
         login(c)
-        assert "cost: 0.012500 USD" in visible_text(c.get("/exchanges/alice-1").text)
-        assert "cost: not recorded" in visible_text(c.get("/exchanges/alice-2").text)
+        alice = visible_text(c.get("/exchanges/alice-1").text)
+        assert "cost: 0.012500 USD (prices: genai-prices 0.0.1)" in alice and "Verifies:" in alice
+        assert "cost: unknown (no price for this model and usage)" in visible_text(c.get("/exchanges/alice-2").text)
         assert "0.0125" in visible_text(c.get("/exchanges?user=alice").text)
         overview = visible_text(c.get("/overview?since=2026-03-01").text)
-        assert "Cost per day (USD)" in overview and "0.5125 USD" in overview and "2026-03-04: 0.5000" in overview
+        assert "Cost per day (USD, where the price is known)" in overview
+        assert "0.5125 USD where the price is known" in overview and "2026-03-04: 0.5000" in overview
 
 
 def test_the_password_comes_from_an_owner_only_file_or_the_environment(tmp_path):
