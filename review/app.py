@@ -32,6 +32,7 @@ from starlette.templating import Jinja2Templates
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from cli.formats import write_records
+from exchange import transcript
 from review import charts, exchange_page, selection
 from review.auth import COOKIE, FAILURE_PAUSE, SESSION_SECONDS, Sessions, log_access
 from review.chain import place
@@ -100,12 +101,12 @@ def build_app(engine: Engine, sessions: Sessions, *, loopback: bool = True, host
             messages=exchange_page.messages(r),
             tools=exchange_page.tools(r),
             raw_request=exchange_page.raw_request(r),
-            choices=exchange_page.transcript.choices(r),
-            has_output=exchange_page.transcript.has_output(r),
-            tool_calls=exchange_page.transcript.tool_calls(r),
+            choices=transcript.choices(r),
+            has_output=transcript.has_output(r),
+            tool_calls=transcript.tool_calls(r),
             received=exchange_page.received(r),
-            usage=exchange_page.transcript.usage_line(r),
-            error_line=exchange_page.transcript.error_line(r),
+            usage=transcript.usage_line(r),
+            error_line=transcript.error_line(r),
             findings=exchange_page.findings(r),
             verdicts=exchange_page.verdicts(r),
             chain=chain,

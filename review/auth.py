@@ -18,6 +18,7 @@ import secrets
 import stat
 import time
 from collections import deque
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -38,7 +39,7 @@ class PasswordError(Exception):
     """No usable password; the message is one line that names the fix."""
 
 
-def read_password(password_file: str | None, environ: dict[str, str] | os._Environ[str] = os.environ) -> str:
+def read_password(password_file: str | None, environ: Mapping[str, str] = os.environ) -> str:
     """The password: the first line of ``password_file`` (owner-only), else ``$LLM_AUDIT_SERVE_PASSWORD``."""
     if password_file:
         path = Path(password_file).expanduser()
@@ -93,8 +94,11 @@ class Sessions:
 
     def start(self, name: str) -> str:
         """A new session for ``name``; the signed cookie value."""
+        now = time.time()
+        for old in [sid for sid, (_, until) in self._live.items() if until < now]:  # memory stays bounded
+            del self._live[old]
         session_id = secrets.token_urlsafe(24)
-        self._live[session_id] = (name, time.time() + SESSION_SECONDS)
+        self._live[session_id] = (name, now + SESSION_SECONDS)
         return self._signer.sign(session_id).decode()
 
     def who(self, cookie: str | None) -> str | None:
