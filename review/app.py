@@ -122,14 +122,14 @@ def build_app(engine: Engine, sessions: Sessions, *, loopback: bool = True, host
             return render(request, "overview.html", 400, error=str(e), chosen=selection.Selection(), o=None)
         with engine.connect() as conn:
             o = overview(conn, chosen.filters)
-        days = [(d["day"] or "-", d["exchanges"]) for d in o.by_day]
-        tokens = [(d["day"] or "-", (d["input_tokens"] or 0) + (d["output_tokens"] or 0)) for d in o.by_day]
+        recent = o.by_day[-charts.MAX_BARS :]  # a chart has room for the newest days; the totals count all
+        days = [(d["day"] or "-", d["exchanges"]) for d in recent]
+        tokens = [(d["day"] or "-", (d["input_tokens"] or 0) + (d["output_tokens"] or 0)) for d in recent]
+        cost = list(o.cost_by_day.items())[-charts.MAX_BARS :]
         figures = [
             charts.bar_chart("Exchanges per day", days),
             charts.bar_chart("Tokens per day (input + output)", tokens),
-        ]
-        figures += [
-            charts.bar_chart("Cost per day (USD, where the price is known)", list(o.cost_by_day.items()), "{:,.4f}"),
+            charts.bar_chart("Cost per day (USD, where the price is known)", cost, "{:,.4f}"),
             charts.bar_chart("Exchanges by user", [(u["user"] or "(no user)", u["exchanges"]) for u in o.by_user]),
             charts.bar_chart("Exchanges by model", [(m["model"] or "(no model)", m["exchanges"]) for m in o.by_model]),
             charts.bar_chart("Blocked exchanges by rule", o.blocked_rules),
