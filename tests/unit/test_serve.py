@@ -49,6 +49,14 @@ def url(request, tmp_path_factory) -> str:
     return url
 
 
+@pytest.fixture(scope="module")
+def sqlite_url(tmp_path_factory) -> str:
+    """An SQLite database of the same records, for the tests that edit a copy of its file."""
+    folder = tmp_path_factory.mktemp("serve-sqlite")
+    fill(f"sqlite:///{folder / 'audit.db'}", folder)
+    return f"sqlite:///{folder / 'audit.db'}"
+
+
 @contextlib.contextmanager
 def serving(url: str) -> Iterator[TestClient]:
     engine = open_read_only(url)
@@ -403,11 +411,9 @@ def test_a_missing_or_outdated_database_is_refused_in_one_line(tmp_path):
         open_read_only(f"sqlite:///{tmp_path / 'other.db'}")
 
 
-def test_a_changed_record_does_not_verify(url, tmp_path):
-    if not url.startswith("sqlite"):
-        pytest.skip("the tampering is done on a copy of the SQLite file")
+def test_a_changed_record_does_not_verify(sqlite_url, tmp_path):
     copy = tmp_path / "tampered.db"
-    shutil.copy(url.removeprefix("sqlite:///"), copy)
+    shutil.copy(sqlite_url.removeprefix("sqlite:///"), copy)
     con = sqlite3.connect(copy)
     con.execute("UPDATE exchanges SET output_text = 'Lyon is the capital.' WHERE id = 'alice-1'")
     con.execute("UPDATE exchanges SET user_id = 'eve' WHERE id = 'bob-1'")
@@ -421,11 +427,9 @@ def test_a_changed_record_does_not_verify(url, tmp_path):
         assert "Verifies:" in visible_text(c.get("/exchanges/alice-2").text)
 
 
-def test_cost_is_shown_with_its_prices_or_as_unknown(url, tmp_path):
-    if not url.startswith("sqlite"):
-        pytest.skip("the prices are set on a copy of the SQLite file")
+def test_cost_is_shown_with_its_prices_or_as_unknown(sqlite_url, tmp_path):
     copy = tmp_path / "costed.db"
-    shutil.copy(url.removeprefix("sqlite:///"), copy)
+    shutil.copy(sqlite_url.removeprefix("sqlite:///"), copy)
     con = sqlite3.connect(copy)  # as the writer prices a record (cost is outside the hash chain)
     con.execute("UPDATE exchanges SET cost_usd = 0.0125, cost_prices = 'genai-prices 0.0.1' WHERE id = 'alice-1'")
     con.execute("UPDATE exchanges SET cost_usd = 0.5, cost_prices = 'genai-prices 0.0.1' WHERE id = 'bob-2'")
