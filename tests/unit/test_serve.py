@@ -274,6 +274,9 @@ def test_an_exchange_is_found_by_a_unique_start_of_its_id(client):
     assert HOSTILE[:7] in client.get("/exchanges/evil").text.replace("&lt;", "<")
     assert client.get("/exchanges/alice").status_code == 404  # alice-1 and alice-2
     assert client.get("/exchanges/nobody").status_code == 404
+    unknown = client.get("/exchanges/%3Cscript%3Ealert(1)%E2%80%AE")  # the id is echoed, escaped
+    assert unknown.status_code == 404 and "<script>" not in unknown.text and "\u202e" not in unknown.text
+    assert "no exchange with the id &#39;&lt;script&gt;alert(1)\\u202e&#39;" in unknown.text
 
 
 def test_findings_and_verdicts_are_explained_in_words(client):
