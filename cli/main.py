@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 
-from cli import cost, db, hosts, integrity, query, status
+from cli import cost, db, hosts, integrity, query, serve, status
 from cli.common import PROG, Commands, OneLineParser, db_option, run
 from storage.database import default_url
 
@@ -32,11 +32,12 @@ examples:
   {PROG} --db postgresql+psycopg://audit@db.example/audit db current
   {PROG} purge --older-than 365d --dry-run
   {PROG} status
+  {PROG} serve --password-file ~/.config/llm-audit/serve-password
   {PROG} <command> --help
 """
 
 # In the order ``--help`` lists them.
-GROUPS = (query, cost, db, integrity, status, hosts)
+GROUPS = (query, cost, db, integrity, status, hosts, serve)
 
 
 def build_parser() -> argparse.ArgumentParser:

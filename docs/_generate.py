@@ -44,7 +44,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 COMMAND = ".venv/bin/python -m docs._generate"
-PACKAGES = ("addon", "storage", "cli", "mockllm", "bench")  # the project's own packages
+PACKAGES = ("addon", "storage", "cli", "mockllm", "bench", "review")  # the project's own packages
 
 MARKER = re.compile(r"(<!-- generated: (?P<name>[\w:.-]+) -->\n)(?P<body>.*?)(<!-- end generated -->)", re.S)
 

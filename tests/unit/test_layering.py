@@ -24,9 +24,9 @@ import pytest
 from addon.dialects.registry import BUILTIN
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("addon", "storage", "exchange", "cli", "mockllm", "bench")
+PACKAGES = ("addon", "storage", "exchange", "cli", "mockllm", "bench", "review")
 # The packages whose modules must not import mitmproxy, and the one that may (the adapter).
-NO_MITMPROXY = ("addon", "exchange", "storage", "cli")
+NO_MITMPROXY = ("addon", "exchange", "storage", "cli", "review")
 ADAPTER = "addon.mitm"
 
 

@@ -1,0 +1,473 @@
+"""``llm-audit serve`` over HTTP, against real SQLite files and a real PostgreSQL server.
+
+The records are written by the real writer (sealed into a hash chain, as the proxy
+writes them: :mod:`review_data`); the application is driven in-process through
+Starlette's test client, request by request as a browser sends them. The real server
+process and a real browser are tested in ``tests/e2e/test_review_ui.py``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import io
+import re
+import shutil
+import sqlite3
+from collections.abc import Iterator
+
+import orjson
+import pytest
+from review_data import HOSTILE, NEWEST_FIRST, ROWS, fill
+from sqlalchemy import insert, text
+from sqlalchemy.exc import SQLAlchemyError
+from starlette.testclient import TestClient
+
+from cli import main as cli
+from review import app as review_app
+from review.app import build_app
+from review.auth import COOKIE, ENV_VAR, PasswordError, Sessions, read_password
+from review.database import open_read_only
+from review.headers import HEADERS
+from storage.database import DatabaseError
+from storage.schema import exchanges
+
+PASSWORD = "correct horse battery staple"
+PAGES = ["/", "/exchanges", "/exchanges/alice-1", "/exchanges/alice-1/print", "/overview"]
+EXPORTS = ["/export.csv", "/export.jsonl"]
+
+
+@pytest.fixture(scope="module", params=["sqlite", "postgresql"])
+def url(request, tmp_path_factory) -> str:
+    folder = tmp_path_factory.mktemp("serve")
+    url = (
+        f"sqlite:///{folder / 'audit.db'}"
+        if request.param == "sqlite"
+        else request.getfixturevalue("postgres").create_database()
+    )
+    fill(url, folder)
+    return url
+
+
+@pytest.fixture(scope="module")
+def sqlite_url(tmp_path_factory) -> str:
+    """An SQLite database of the same records, for the tests that edit a copy of its file."""
+    folder = tmp_path_factory.mktemp("serve-sqlite")
+    fill(f"sqlite:///{folder / 'audit.db'}", folder)
+    return f"sqlite:///{folder / 'audit.db'}"
+
+
+@contextlib.contextmanager
+def serving(url: str) -> Iterator[TestClient]:
+    engine = open_read_only(url)
+    try:
+        with TestClient(
+            build_app(engine, Sessions(PASSWORD)), base_url="http://127.0.0.1", follow_redirects=False
+        ) as c:
+            yield c
+    finally:
+        engine.dispose()
+
+
+@pytest.fixture(scope="module")
+def anonymous(url) -> Iterator[TestClient]:
+    with serving(url) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def client(url) -> Iterator[TestClient]:
+    with serving(url) as c:
+        assert login(c).status_code == 303
+        yield c
+
+
+def login(c: TestClient, password: str = PASSWORD, name: str = "rita", next: str = "/exchanges"):
+    return c.post("/login", data={"name": name, "password": password, "next": next})
+
+
+def visible_text(html: str) -> str:
+    """What a person reads: the markup's text, entities decoded, whitespace collapsed."""
+    import html as htmllib
+
+    body = re.sub(r"<(script|style)[^>]*>.*?</\1>", " ", html, flags=re.S)
+    return " ".join(htmllib.unescape(re.sub(r"<[^>]+>", " ", body)).split())
+
+
+def listed(c: TestClient, query: str = "") -> list[str]:
+    page = c.get(f"/exchanges?{query}")
+    assert page.status_code == 200, page.text
+    return re.findall(r'<a class="id" href="/exchanges/([^"]+)">', page.text)
+
+
+# -- login and sessions -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("path", [*PAGES[1:], *EXPORTS, "/exchanges/nope"])
+def test_every_page_but_login_sends_a_browser_to_the_login(anonymous, path):
+    response = anonymous.get(path)
+    if path.startswith("/export."):
+        assert response.status_code == 401
+    else:
+        assert response.status_code == 303
+        assert response.headers["location"].startswith("/login?next=")
+    assert "Paris" not in response.text and "alice" not in response.text
+
+
+def test_logout_needs_a_post_and_the_login_page_is_open(anonymous):
+    assert anonymous.get("/login").status_code == 200
+    assert anonymous.post("/logout").status_code == 401
+    assert anonymous.get("/static/style.css").status_code == 200
+
+
+def test_a_wrong_password_is_refused_slowly_and_then_not_at_all(url, monkeypatch):
+    monkeypatch.setattr(review_app, "FAILURE_PAUSE", 0.01)
+    with serving(url) as c:
+        wrong = login(c, "not the password at all")
+        assert wrong.status_code == 401 and "wrong password" in wrong.text and COOKIE not in wrong.cookies
+        for _ in range(9):
+            login(c, "guess")
+        assert login(c, PASSWORD).status_code == 429  # ten failures in a minute: even the right one waits
+
+
+def test_a_session_cookie_is_httponly_strict_and_signed(url):
+    with serving(url) as c:
+        response = login(c, next="/overview")
+        assert response.status_code == 303 and response.headers["location"] == "/overview"
+        cookie = response.headers["set-cookie"]
+        assert "HttpOnly" in cookie and "SameSite=strict" in cookie and "Path=/" in cookie
+        value = c.cookies[COOKIE]
+        c.cookies.clear()
+        c.cookies.set(COOKIE, value[:-2] + ("AA" if not value.endswith("AA") else "BB"))
+        assert c.get("/exchanges").status_code == 303  # a forged signature is no session
+        c.cookies.clear()
+        c.cookies.set(COOKIE, value)
+        assert c.get("/exchanges").status_code == 200
+        assert c.post("/logout").status_code == 303
+        c.cookies.clear()
+        c.cookies.set(COOKIE, value)  # a logged-out session stays out
+        assert c.get("/exchanges").status_code == 303
+
+
+def test_login_goes_back_only_to_a_path_of_this_site(url):
+    with serving(url) as c:
+        assert login(c, next="//evil.example/").headers["location"] == "/exchanges"
+        assert login(c, next="https://evil.example/").headers["location"] == "/exchanges"
+
+
+def test_another_host_name_is_refused_on_loopback(client, url):
+    assert client.get("/exchanges", headers={"host": "evil.example"}).status_code == 400
+    assert client.get("/exchanges", headers={"host": "localhost:8765"}).status_code == 200
+    engine = open_read_only(url)
+    try:
+        app = build_app(engine, Sessions(PASSWORD), hosts=["audit.example"])
+        with TestClient(app, base_url="http://audit.example", follow_redirects=False) as c:
+            assert c.get("/login").status_code == 200  # a reverse proxy's name, allowed with --allow-host
+            assert c.get("/login", headers={"host": "evil.example"}).status_code == 400
+    finally:
+        engine.dispose()
+
+
+# -- headers ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("path", [*PAGES, *EXPORTS, "/login", "/static/style.css"])
+def test_every_response_carries_the_safe_headers(client, path):
+    response = client.get(path)
+    for name, value in HEADERS.items():
+        assert response.headers[name] == value, name
+    csp = response.headers["content-security-policy"]
+    assert "default-src 'none'" in csp and "frame-ancestors 'none'" in csp and "script-src" not in csp
+    assert response.headers["cache-control"] == "no-store"
+
+
+def test_pages_have_no_script_and_no_inline_style(client):
+    for path in PAGES[1:]:
+        page = client.get(path).text
+        assert "<script" not in page.replace("&lt;script", "") and " style=" not in page and "<style" not in page
+
+
+# -- the list and its filters -------------------------------------------------------------------
+
+
+def test_the_list_is_newest_first(client):
+    assert listed(client) == NEWEST_FIRST
+
+
+@pytest.mark.parametrize(
+    "query, expected",
+    [
+        ("user=alice", ["alice-2", "alice-1"]),
+        ("user=alice&user=bob", ["bob-2", "bob-1", "alice-2", "alice-1"]),
+        ("model=claude-x", ["alice-2"]),
+        ("provider=openai", ["bob-2", "bob-1", "alice-1"]),
+        ("dialect=llm-stream", ["evil-1"]),
+        ("status=failed", ["alice-2"]),
+        ("blocked=1", ["bob-2", "bob-1"]),
+        ("finding=missing_stream_end", ["evil-1"]),
+        ("finding=invalid_json", []),  # a whole code, not a part of request_invalid_json
+        ("contains=capital+of+FRANCE", ["alice-1"]),
+        ("contains=nightjar", ["bob-2", "bob-1"]),
+        ("since=2026-03-02&until=2026-03-04", ["bob-1", "alice-2"]),
+        ("user=bob&status=blocked&since=2026-03-04", ["bob-2"]),
+        ("user=", NEWEST_FIRST),  # an empty field is no filter
+    ],
+)
+def test_each_filter_of_llm_audit_list(client, query, expected):
+    assert listed(client, query) == expected
+
+
+def test_pages_follow_each_other_by_keyset(client):
+    seen, query = [], "limit=2"
+    while True:
+        page = client.get(f"/exchanges?{query}").text
+        seen += re.findall(r'<a class="id" href="/exchanges/([^"]+)">', page)
+        more = re.search(r'href="/exchanges\?([^"]+)" rel="next"', page)
+        if not more:
+            break
+        query = more.group(1).replace("&amp;", "&")
+    assert seen == NEWEST_FIRST
+
+
+@pytest.mark.parametrize("query", ["since=yesterday", "limit=0", "after=garbage", "limit=9999"])
+def test_a_filter_that_cannot_be_read_is_one_line_on_the_page(client, query):
+    page = client.get(f"/exchanges?{query}")
+    assert page.status_code == 400
+    assert re.search(r'<p class="error" role="alert">[^<\n]+</p>', page.text)
+    assert "Traceback" not in page.text
+
+
+def test_the_form_keeps_the_filters(client):
+    page = client.get("/exchanges?user=bob&contains=%3Cb%3E&blocked=1").text
+    assert 'name="user" value="bob"' in page and 'value="&lt;b&gt;"' in page and "checked" in page
+
+
+# -- one exchange ---------------------------------------------------------------------------------
+
+
+def test_an_exchange_shows_its_transcript_usage_timings_and_chain(client):
+    response = client.get("/exchanges/alice-1")
+    assert response.status_code == 200
+    page = visible_text(response.text)
+    for expected in (
+        "system Answer in one sentence.",
+        "user What is the Capital of France?",
+        "lookup — Look a city up",
+        "reasoning France: Paris.",
+        "Paris is the capital.",
+        "finish reason tool_calls",
+        '"city": "Paris"',
+        "id call_1",
+        "input 100 · output 20 · total 120",
+        "started 2026-03-01 10:00:00.000 UTC",
+        "first chunk after 120 ms",
+        "duration 1.500 s",
+        "user agent test-agent/1",
+        "chain review-test",
+        "record 1",
+        "Verifies: the record matches its hashes and links to its neighbours in the chain.",
+    ):
+        assert expected in page, expected
+
+
+def test_an_exchange_is_found_by_a_unique_start_of_its_id(client):
+    assert HOSTILE[:7] in client.get("/exchanges/evil").text.replace("&lt;", "<")
+    assert client.get("/exchanges/alice").status_code == 404  # alice-1 and alice-2
+    assert client.get("/exchanges/nobody").status_code == 404
+    unknown = client.get("/exchanges/%3Cscript%3Ealert(1)%E2%80%AE")  # the id is echoed, escaped
+    assert unknown.status_code == 404 and "<script>" not in unknown.text and "\u202e" not in unknown.text
+    assert "no exchange with the id &#39;&lt;script&gt;alert(1)\\u202e&#39;" in unknown.text
+
+
+def test_findings_and_verdicts_are_explained_in_words(client):
+    failed = visible_text(client.get("/exchanges/alice-2").text)
+    assert "request_invalid_json : The request body is not JSON even to a lenient reader" in failed
+    assert "Detail: not JSON" in failed and "overloaded: Overloaded" in failed
+    assert "this is { not json" in failed  # a body no dialect reads: as it was sent
+    blocked = visible_text(client.get("/exchanges/bob-1").text)
+    assert "The rule no-nightjar blocked the request, because: internal code name." in blocked
+    assert "the client received the API's filtered outcome (HTTP 400) and none of the blocked text" in blocked
+
+
+def test_what_the_client_received_when_a_filter_cut_the_answer(client):
+    page = visible_text(client.get("/exchanges/bob-2").text)
+    assert "The rule no-nightjar blocked the answer, because: code name." in page
+    assert "What the client received A content filter changed the answer" in page
+    assert "Nothing to see here, Project Nightjar" in page  # what the upstream sent, also shown
+
+
+def test_no_header_is_shown_only_the_fingerprint(client):
+    page = client.get("/exchanges/alice-1").text
+    assert "authorization" not in page.lower() and "sha256:0123456789abcdef" in page
+
+
+def test_the_printable_page_has_the_exchange_without_navigation(client):
+    page = client.get("/exchanges/alice-1/print").text
+    assert "Paris is the capital." in page and 'class="printable"' in page
+    assert "/logout" not in page and "Printable page" not in page
+    assert "@media print" in client.get("/static/style.css").text
+
+
+# -- hostile content ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "path", ["/exchanges/evil-1", "/exchanges", "/exchanges?contains=pwned", "/overview?since=2026-03-01"]
+)
+def test_hostile_content_renders_as_inert_visible_text(client, path):
+    page = client.get(path).text
+    assert "<script>" not in page and "<img" not in page
+    assert "javascript:" not in re.sub(r">[^<]*<", "><", page)  # never in an attribute
+    assert "\u202e" not in page and "\x1b" not in page
+    if path == "/exchanges/evil-1":
+        assert "&lt;script&gt;alert(&#34;pwned&#34;)&lt;/script&gt;" in page
+        assert "\\x1b[31mred\\x1b[0m evil\\u202etxt.exe" in page
+        assert "[click me](javascript:alert(2))" in page  # markdown is not rendered: a link is text
+    text = visible_text(page)
+    assert "<script>" in text or path != "/exchanges/evil-1"
+
+
+# -- overview -------------------------------------------------------------------------------------
+
+
+def test_the_overview_draws_its_charts(client):
+    response = client.get("/overview?since=2026-03-01")
+    assert response.status_code == 200
+    page = response.text
+    for title in (
+        "Exchanges per day",
+        "Tokens per day (input + output)",
+        "Exchanges by user",
+        "Exchanges by model",
+        "Blocked exchanges by rule",
+        "Exchanges by finding code",
+    ):
+        assert f"<figcaption>{title}</figcaption>" in page, title
+    # a bar per day (twice), per user, per model, per rule and per finding code
+    assert page.count("<svg") == 6 and page.count("<rect") == 5 + 5 + 3 + 3 + 1 + 2
+    assert (
+        'Cost per day (USD, where the price is known)</figcaption>\n<p class="none">nothing in this selection' in page
+    )
+    text = visible_text(page)
+    assert "5 exchanges · 160 input and 26 output tokens · 2 blocked · 1 failed" in text
+    assert "no-nightjar: 2" in text  # both blocked exchanges, by their rule (a bar's title)
+    assert "missing_stream_end: 1" in text and "request_invalid_json: 1" in text
+    assert "2026-03-01: 1" in text and "gpt-4o: 3" in text and "mallory: 1" in text
+
+
+def test_the_overview_takes_the_filters_and_defaults_to_a_month(client):
+    assert "1 exchanges" in visible_text(client.get("/overview?since=2026-03-01&user=mallory").text)
+    page = client.get("/overview").text
+    assert 'name="since" value="30d"' in page
+
+
+# -- exports ------------------------------------------------------------------------------------------
+
+
+def cli_export(url: str, *args: str) -> str:
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert cli.main(["--db", url, "export", *args]) == 0
+    return out.getvalue()
+
+
+@pytest.mark.parametrize("fmt", ["csv", "jsonl"])
+@pytest.mark.parametrize("query, args", [("", []), ("user=bob&blocked=1", ["--user", "bob", "--blocked"])])
+def test_an_export_is_the_cli_export_of_the_same_selection(client, url, fmt, query, args):
+    response = client.get(f"/export.{fmt}?{query}")
+    assert response.status_code == 200
+    assert response.headers["content-disposition"] == f'attachment; filename="llm-audit-export.{fmt}"'
+    assert response.text == cli_export(url, "--format", fmt, *args)
+
+
+def test_the_csv_export_neutralises_formulas_and_controls(client):
+    rows = list(csv.DictReader(io.StringIO(client.get("/export.csv?user=mallory").text)))
+    assert [r["id"] for r in rows] == ["evil-1"] and "\x1b" not in rows[0]["output_text"]
+    jsonl = [orjson.loads(line) for line in client.get("/export.jsonl?user=mallory").text.splitlines()]
+    assert jsonl[0]["output_text"] == HOSTILE  # JSON keeps the text exact: escaping is the reader's job
+
+
+def test_the_export_follows_the_list_link(client):
+    page = client.get("/exchanges?user=alice").text
+    assert 'href="/export.csv?user=alice"' in page and 'href="/export.jsonl?user=alice"' in page
+
+
+# -- read-only, and what refuses to start -----------------------------------------------------------------
+
+
+def test_the_database_is_opened_read_only(url):
+    engine = open_read_only(url)
+    try:
+        with pytest.raises(SQLAlchemyError, match="(?i)read.only|readonly"), engine.begin() as conn:
+            conn.execute(insert(exchanges), [ROWS[0] | {"id": "written"}])
+        with pytest.raises(SQLAlchemyError), engine.begin() as conn:
+            conn.execute(text("DELETE FROM exchanges"))
+    finally:
+        engine.dispose()
+
+
+def test_a_missing_or_outdated_database_is_refused_in_one_line(tmp_path):
+    with pytest.raises(DatabaseError, match="there is no audit database at"):
+        open_read_only(f"sqlite:///{tmp_path / 'none.db'}")
+    sqlite3.connect(tmp_path / "other.db").execute("CREATE TABLE t (x)").connection.commit()
+    with pytest.raises(DatabaseError, match="no schema"):
+        open_read_only(f"sqlite:///{tmp_path / 'other.db'}")
+
+
+def test_a_changed_record_does_not_verify(sqlite_url, tmp_path):
+    copy = tmp_path / "tampered.db"
+    shutil.copy(sqlite_url.removeprefix("sqlite:///"), copy)
+    con = sqlite3.connect(copy)
+    con.execute("UPDATE exchanges SET output_text = 'Lyon is the capital.' WHERE id = 'alice-1'")
+    con.execute("UPDATE exchanges SET user_id = 'eve' WHERE id = 'bob-1'")
+    con.commit()
+    con.close()
+    with serving(f"sqlite:///{copy}") as c:
+        login(c)
+        edited = visible_text(c.get("/exchanges/alice-1").text)
+        assert "Does not verify:" in edited and "its content (output_text) does not match its hash" in edited
+        assert "its fields do not match its hash" in visible_text(c.get("/exchanges/bob-1").text)
+        assert "Verifies:" in visible_text(c.get("/exchanges/alice-2").text)
+
+
+def test_cost_is_shown_with_its_prices_or_as_unknown(sqlite_url, tmp_path):
+    copy = tmp_path / "costed.db"
+    shutil.copy(sqlite_url.removeprefix("sqlite:///"), copy)
+    con = sqlite3.connect(copy)  # as the writer prices a record (cost is outside the hash chain)
+    con.execute("UPDATE exchanges SET cost_usd = 0.0125, cost_prices = 'genai-prices 0.0.1' WHERE id = 'alice-1'")
+    con.execute("UPDATE exchanges SET cost_usd = 0.5, cost_prices = 'genai-prices 0.0.1' WHERE id = 'bob-2'")
+    con.commit()
+    con.close()
+    with serving(f"sqlite:///{copy}") as c:
+        login(c)
+        alice = visible_text(c.get("/exchanges/alice-1").text)
+        assert "cost: 0.012500 USD (prices: genai-prices 0.0.1)" in alice and "Verifies:" in alice
+        assert "cost: unknown (no price for this model and usage)" in visible_text(c.get("/exchanges/alice-2").text)
+        assert "0.0125" in visible_text(c.get("/exchanges?user=alice").text)
+        overview = visible_text(c.get("/overview?since=2026-03-01").text)
+        assert "Cost per day (USD, where the price is known)" in overview
+        assert "0.5125 USD where the price is known" in overview and "2026-03-04: 0.5000" in overview
+
+
+def test_the_password_comes_from_an_owner_only_file_or_the_environment(tmp_path):
+    path = tmp_path / "pw"
+    path.write_text(PASSWORD + "\nignored\n")
+    path.chmod(0o644)
+    with pytest.raises(PasswordError, match=f"can be read by others \\(mode 644\\): chmod 600 {path}"):
+        read_password(str(path), {})
+    path.chmod(0o600)
+    assert read_password(str(path), {}) == PASSWORD
+    assert read_password(None, {ENV_VAR: PASSWORD}) == PASSWORD
+    with pytest.raises(PasswordError, match="no password: set LLM_AUDIT_SERVE_PASSWORD or pass --password-file"):
+        read_password(None, {})
+    with pytest.raises(PasswordError, match="shorter than 12 characters"):
+        read_password(None, {ENV_VAR: "short"})
+    with pytest.raises(PasswordError, match="cannot read the password file"):
+        read_password(str(tmp_path / "missing"), {})
+
+
+def test_serve_refuses_to_start_without_a_password_in_one_line(url, capsys, monkeypatch):
+    monkeypatch.delenv(ENV_VAR, raising=False)
+    assert cli.main(["--db", url, "serve"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "no password" in err and "no default password" in err
