@@ -25,6 +25,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from decimal import Decimal
 from pathlib import Path
 
 import httpx
@@ -327,7 +328,8 @@ IN_PROGRESS = "in_progress"  # the status of an exchange's open record, before i
 
 
 def normalise(row: dict, backend: str) -> dict:
-    """One shape whatever the backend: JSON decoded, ``streamed`` a bool, times aware UTC datetimes.
+    """One shape whatever the backend: JSON decoded, ``streamed`` a bool, times aware UTC
+    datetimes, numerics (``cost_usd``) floats.
 
     SQLite hands back JSON as text, booleans as 0/1 and times as naive UTC text;
     psycopg hands back jsonb already decoded (a JSON string as a ``str``: never decode
@@ -348,6 +350,9 @@ def normalise(row: dict, backend: str) -> dict:
         if value is not None:
             assert isinstance(value, datetime), (column, value)
             row[column] = value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+    for column, value in row.items():
+        if isinstance(value, Decimal):  # psycopg reads numeric as Decimal; SQLite as a float
+            row[column] = float(value)
     return row
 
 
