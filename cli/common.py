@@ -135,10 +135,11 @@ def url(args: argparse.Namespace) -> str:
 
 
 @contextmanager
-def engine(args: argparse.Namespace, *, reading: bool = False, migrate: bool = True) -> Iterator[Engine]:
-    """The engine for ``--db``, disposed afterwards; ``reading``: the command only reads,
-    so a missing or empty database is an error, never a new file."""
-    opened = open_reader(url(args), hint=HINT) if reading else open_engine(url(args), migrate=migrate, hint=HINT)
+def engine(args: argparse.Namespace, *, existing: bool = False, migrate: bool = True) -> Iterator[Engine]:
+    """The engine for ``--db``, disposed afterwards; ``existing``: the command reads or
+    changes records already there (list, verify, purge, erase, cost recompute), so a
+    missing or empty database is an error (a mistyped path), never a new file."""
+    opened = open_reader(url(args), hint=HINT) if existing else open_engine(url(args), migrate=migrate, hint=HINT)
     try:
         yield opened
     finally:
@@ -148,7 +149,7 @@ def engine(args: argparse.Namespace, *, reading: bool = False, migrate: bool = T
 @contextmanager
 def reading(args: argparse.Namespace) -> Iterator[Connection]:
     """A connection for the query commands; a failure while reading becomes one line."""
-    with engine(args, reading=True) as opened:
+    with engine(args, existing=True) as opened:
         try:
             with opened.connect() as conn:
                 prepare(conn)

@@ -56,7 +56,7 @@ def _moment(value: str) -> datetime:
 
 def _cmd_recompute(args: argparse.Namespace) -> int:
     prices = load_prices(args.prices) if args.prices is not None else None
-    with engine(args) as db:
+    with engine(args, existing=True) as db:
         done = recompute(
             db, prices, since=args.since, until=args.until, batch_size=args.batch_size, dry_run=args.dry_run
         )

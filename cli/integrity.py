@@ -204,7 +204,7 @@ def _chain_heads(db: Engine) -> dict[str, Head]:
 
 def _cmd_checkpoint(args: argparse.Namespace) -> int:
     key = load_or_create_key(args.key)
-    with engine(args, reading=True) as db:
+    with engine(args, existing=True) as db:
         try:
             _refuse_tampered(db, args, key)
             heads = _chain_heads(db)
@@ -226,7 +226,7 @@ def _cmd_verify(args: argparse.Namespace) -> int:
         keys = [load_public_key(path) for path in args.public_key or [public_key_path(default_key_path())]]
         checkpoints = read_checkpoints(args.checkpoints, keys)
         statements = read_statements(args.checkpoints, keys)
-    with engine(args, reading=True) as db:
+    with engine(args, existing=True) as db:
         try:
             report = verify(db, checkpoints, statements)
         except SQLAlchemyError as e:
@@ -272,7 +272,7 @@ def _print_verdicts(report: Report) -> None:
 
 def _cmd_erase(args: argparse.Namespace) -> int:
     sign = _signer(args)
-    with engine(args) as db:
+    with engine(args, existing=True) as db:
         count = erase_user(db, args.user, actor=actor(), signer=sign)
     signed = f", signed in {args.dir}" if count else ""
     print(f"erased the content of {count} exchanges of user {args.user!r} (logged in erasure_log{signed})")
@@ -281,7 +281,7 @@ def _cmd_erase(args: argparse.Namespace) -> int:
 
 def _cmd_purge(args: argparse.Namespace) -> int:
     cutoff = _cutoff(args)
-    with engine(args) as db:
+    with engine(args, existing=True) as db:
         signer = None if args.dry_run else _signer(args)
         result = purge(
             db,

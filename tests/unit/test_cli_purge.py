@@ -229,6 +229,10 @@ def test_database_from_the_environment_and_db_wins(tmp_path):
 
 def test_default_database_is_the_proxys(tmp_path):
     env = {"XDG_DATA_HOME": str(tmp_path)}
+    missing = llm_audit("purge", "--older-than", "365d", env=env)  # no proxy has recorded yet
+    assert missing.returncode == 2 and "there is no audit database at" in missing.stderr
+    (tmp_path / "llm-audit").mkdir()
+    open_engine(f"sqlite:///{tmp_path}/llm-audit/audit.db").dispose()  # as the proxy makes it
     proc = llm_audit("purge", "--older-than", "365d", env=env)
     assert proc.returncode == 0, proc
     assert f"from sqlite:///{tmp_path}/llm-audit/audit.db " in proc.stdout

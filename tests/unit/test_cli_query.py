@@ -658,9 +658,22 @@ def test_errors_are_one_line_with_status_2(tmp_path, args, fragments):
     assert_one_line_error(*run("--db", f"sqlite:///{tmp_path / 'audit.db'}", *args), *fragments)
 
 
-@pytest.mark.parametrize("command", [["list"], ["show", "x"], ["stats"], ["export"]])
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["list"],
+        ["show", "x"],
+        ["stats"],
+        ["export"],
+        ["verify"],
+        # commands that change records already there: a mistyped path is no new database either
+        ["cost", "recompute"],
+        ["purge", "--older-than", "400d"],
+        ["erase", "--user", "alice"],
+    ],
+)
 @pytest.mark.parametrize("state", ["missing", "empty file", "no schema"])
-def test_a_read_only_command_never_creates_a_database(tmp_path, command, state):
+def test_a_command_on_existing_records_never_creates_a_database(tmp_path, command, state):
     folder = tmp_path / "nowhere"
     path = folder / "audit.db"
     if state != "missing":
