@@ -586,6 +586,18 @@ def test_a_page_opened_from_another_site_cannot_post_the_login_or_logout(url, mo
         assert c.post("/logout", headers={"origin": "http://127.0.0.1"}).status_code == 303  # an older browser
 
 
+def test_another_site_may_link_to_a_page_but_not_fetch_it(client):
+    probe = {"sec-fetch-site": "same-site", "sec-fetch-mode": "no-cors", "sec-fetch-dest": "image"}
+    for path in ("/exchanges?contains=Paris", "/export.csv", "/exchanges/alice-1"):  # a timing probe, an <img>
+        refused = client.get(path, headers=probe)
+        assert refused.status_code == 403 and "Paris" not in refused.text
+    assert client.get("/exchanges", headers={"origin": "http://localhost:3000"}).status_code == 403  # a CORS fetch
+    link = {"sec-fetch-site": "cross-site", "sec-fetch-mode": "navigate", "sec-fetch-dest": "document"}
+    assert client.get("/exchanges/alice-1", headers=link).status_code == 200  # a link followed
+    own = {"sec-fetch-site": "same-origin", "sec-fetch-mode": "no-cors", "sec-fetch-dest": "style"}
+    assert client.get("/static/style.css", headers=own).status_code == 200
+
+
 def test_a_request_cannot_forge_or_colour_an_access_log_line(client, caplog):
     caplog.set_level(logging.INFO, logger=ACCESS_LOG)
     client.get("/%0a2026-12-02 fake 127.0.0.1 admin GET /exchanges 200%1b[2J", headers={"x-forwarded-for": "a\x1bb"})
