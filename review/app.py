@@ -3,8 +3,8 @@ printable page), the overview, and the exports of the current selection.
 
 Every route but the login page and the style sheet needs a session (:class:`RequireLogin`
 answers a page request with a redirect to the login, anything else with 401); a form
-posted from another site's page is refused (:mod:`review.origin`); every response gets
-the security headers (:mod:`review.headers`) and an access-log line.
+posted, or a page fetched, by another site's page is refused (:mod:`review.origin`);
+every response gets the security headers (:mod:`review.headers`) and an access-log line.
 Routes are plain functions: Starlette runs them in its thread pool, so database work
 never blocks the event loop.
 """
