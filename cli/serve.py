@@ -80,7 +80,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     engine = open_read_only(url(args))
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s", stream=sys.stderr)
     logging.getLogger(ACCESS_LOG).setLevel(logging.INFO)
-    app = build_app(engine, Sessions(password), loopback=is_loopback(host), hosts=args.allow_host)
+    hosts = [host, *args.allow_host]  # its own address, say 127.0.0.2, is a name it is asked for
+    app = build_app(engine, Sessions(password), loopback=is_loopback(host), hosts=hosts)
     shown = f"[{host}]" if ":" in host else host
     where = make_url(url(args)).render_as_string(hide_password=True)
     print(f"{PROG} serve: reading {where} at http://{shown}:{port}/", file=sys.stderr)

@@ -9,6 +9,7 @@ Starlette and uvicorn with server-rendered Jinja2 pages: no script, no front-end
   read-only transactions);
 - :mod:`review.auth`: the password, sessions, login slowing, the access log;
 - :mod:`review.headers`: the security headers every response carries;
+- :mod:`review.origin`: requests from other sites' pages refused (but links to a page);
 - :mod:`review.selection`: the list's filters and keyset pages from a query string;
 - :mod:`review.exchange_page`, :mod:`review.overview`, :mod:`review.charts`: what the
   pages show;

@@ -2,8 +2,9 @@
 printable page), the overview, and the exports of the current selection.
 
 Every route but the login page and the style sheet needs a session (:class:`RequireLogin`
-answers a page request with a redirect to the login, anything else with 401); every
-response gets the security headers (:mod:`review.headers`) and an access-log line.
+answers a page request with a redirect to the login, anything else with 401); a form
+posted, or a page fetched, by another site's page is refused (:mod:`review.origin`);
+every response gets the security headers (:mod:`review.headers`) and an access-log line.
 Routes are plain functions: Starlette runs them in its thread pool, so database work
 never blocks the event loop.
 """
@@ -36,7 +37,8 @@ from exchange import transcript
 from review import charts, exchange_page, selection
 from review.auth import COOKIE, FAILURE_PAUSE, SESSION_SECONDS, Sessions, log_access
 from review.chain import place
-from review.headers import SecurityHeaders
+from review.headers import HEADERS, SecurityHeaders
+from review.origin import SameOrigin
 from review.overview import overview
 from review.text import finalize
 from storage.database import first_line
@@ -157,7 +159,12 @@ def build_app(engine: Engine, sessions: Sessions, *, loopback: bool = True, host
 
     async def login(request: Request) -> Response:
         body = await _bounded_body(request)
-        form = dict(parse_qsl(body.decode("utf-8", "replace"), max_num_fields=10))
+        try:
+            form = dict(parse_qsl(body.decode("utf-8", "replace"), max_num_fields=10))
+        except ValueError:  # more fields than the form has: no browser sent it
+            return render(
+                request, "login.html", 400, next="/exchanges", error="the login form is damaged: log in again"
+            )
         target = _safe_next(form.get("next"))
         if sessions.too_many_failures():
             return render(request, "login.html", 429, next=target, error="too many failed logins: wait a minute")
@@ -190,6 +197,12 @@ def build_app(engine: Engine, sessions: Sessions, *, loopback: bool = True, host
     async def database_error(request: Request, exc: Exception) -> Response:
         return render(request, "error.html", 503, error=f"cannot read the audit database: {first_line(exc)}")
 
+    def internal_error(request: Request, exc: Exception) -> Response:
+        """A bug's answer: one line and the safe headers (Starlette's own has neither the
+        ``no-store`` nor the policy: it is sent from outside every middleware). The
+        traceback goes to the server's log, never to the browser."""
+        return PlainTextResponse("internal error: the server's log says more", status_code=500, headers=HEADERS)
+
     routes = [
         Route("/", home),
         Route("/login", login_form, methods=["GET"]),
@@ -202,10 +215,14 @@ def build_app(engine: Engine, sessions: Sessions, *, loopback: bool = True, host
         Route("/export.{format}", export),
         Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
     ]
-    middleware = [Middleware(SecurityHeaders), Middleware(RequireLogin, sessions=sessions)]
+    middleware = [Middleware(SecurityHeaders), Middleware(RequireLogin, sessions=sessions), Middleware(SameOrigin)]
     if loopback:  # DNS rebinding: a page of another site must not reach a loopback server by a name
         middleware.append(Middleware(TrustedHostMiddleware, allowed_hosts=[*LOOPBACK_NAMES, *hosts]))
-    return Starlette(routes=routes, middleware=middleware, exception_handlers={SQLAlchemyError: database_error})
+    return Starlette(
+        routes=routes,
+        middleware=middleware,
+        exception_handlers={SQLAlchemyError: database_error, Exception: internal_error},
+    )
 
 
 def is_loopback(host: str) -> bool:

@@ -21,6 +21,7 @@ from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import quote
 
 from itsdangerous import BadSignature, SignatureExpired, TimestampSigner
 
@@ -33,6 +34,7 @@ SESSION_SECONDS = 8 * 3600  # a working day; then log in again
 MIN_PASSWORD = 12  # characters: a password shorter than this is refused at start
 FAILURE_PAUSE = 1.0  # seconds a failed login waits before it is answered
 FAILURES_PER_MINUTE = 10  # beyond this, logins are refused for the rest of the minute
+PATH_SAFE = "/:@!$&'()*+,;=-._~"  # what a logged path shows unencoded: RFC 3986's pchar but "%"
 
 
 class PasswordError(Exception):
@@ -71,9 +73,9 @@ def read_password(password_file: str | None, environ: Mapping[str, str] = os.env
 class Sessions:
     """The logged-in sessions of one server run, and the pace of failed logins."""
 
-    password: str
-    secret: bytes = field(default_factory=lambda: secrets.token_bytes(32))
-    _live: dict[str, tuple[str, float]] = field(default_factory=dict)  # id: (name, expiry)
+    password: str = field(repr=False)  # neither may reach a log line or a traceback's locals
+    secret: bytes = field(default_factory=lambda: secrets.token_bytes(32), repr=False)
+    _live: dict[str, tuple[str, float]] = field(default_factory=dict, repr=False)  # id: (name, expiry)
     _failures: deque[float] = field(default_factory=deque)
 
     def __post_init__(self) -> None:
@@ -130,5 +132,24 @@ def session_tag(cookie: str | None) -> str:
 
 
 def log_access(client: str, who: str | None, method: str, path: str, status: int) -> None:
-    """One access line: client, who (the name given at login), what, the answer's status."""
-    log.info("%s %s %s %s %d", client, who or "-", method, path, status)
+    """One access line: client, who (the name given at login), what, the answer's status.
+
+    Every field may come from whoever sends a request (the path, before any login; the
+    client, from a loopback proxy's ``X-Forwarded-For``; the name, typed at login): the
+    path is written percent-encoded and the others with their unprintable characters
+    escaped, so that no request can end the line and forge the next one, or send escape
+    sequences to the terminal that shows the log.
+    """
+    log.info(
+        "%s %s %s %s %d",
+        _printable(client),
+        _printable(who or "-"),
+        _printable(method),
+        quote(path, safe=PATH_SAFE),
+        status,
+    )
+
+
+def _printable(text: str) -> str:
+    """``text`` with what a terminal would act on, or a reader misread, escaped (and ``\\`` doubled)."""
+    return "".join(c if c.isprintable() and c != "\\" else ascii(c)[1:-1] for c in text)

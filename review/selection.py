@@ -21,11 +21,10 @@ from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import urlencode
 
-from sqlalchemy import Connection, and_, or_, select
+from sqlalchemy import Connection, and_, func, or_, select
 
 from storage.query import Filters, plain, view
 from storage.retention import RetentionError, parse_cutoff
-from storage.schema import exchange_view
 
 PAGE_SIZE = 50
 MAX_PAGE_SIZE = 500
@@ -36,6 +35,16 @@ MULTI = {
 }  # fmt: skip
 SINGLE = ("since", "until", "contains", "blocked")
 MAX_VALUE = 1000  # characters of one filter value
+# What the list shows of each exchange; of the texts that may be long, only their start.
+LISTED = tuple(
+    view[name]
+    for name in (
+        "id", "started_at", "user_id", "request_model", "status", "blocked",
+        "input_tokens", "output_tokens", "cost_usd", "error_code",
+    )
+)  # fmt: skip
+SNIPPETS = ("client_text", "error_message")
+SNIPPET_READ = 1000  # characters read of each: the list shows 160 of them, whitespace collapsed
 STATUSES = ("completed", "failed", "blocked", "client_aborted", "upstream_aborted", "interrupted", "in_progress")
 
 
@@ -87,7 +96,7 @@ def parse(params: Sequence[tuple[str, str]], now: datetime | None = None) -> Sel
 def _limit(value: str | None) -> int:
     if not value:
         return PAGE_SIZE
-    if not value.isdigit() or not 1 <= int(value) <= MAX_PAGE_SIZE:
+    if not (value.isascii() and value.isdigit()) or not 1 <= int(value) <= MAX_PAGE_SIZE:  # "²" is a digit to isdigit
         raise SelectionError(f"limit must be a whole number from 1 to {MAX_PAGE_SIZE}")
     return int(value)
 
@@ -99,11 +108,11 @@ def _after(value: str | None) -> tuple[datetime, str] | None:
     time, _, id = value.partition("~")
     try:
         started = datetime.fromisoformat(time)
-    except ValueError:
+        if not id or started.tzinfo is None:
+            raise ValueError(time)
+        return started.astimezone(UTC), id
+    except (ValueError, OverflowError):  # OverflowError: an offset that moves it past year 9999 or before 1
         raise SelectionError("the page link is damaged: start again from the first page") from None
-    if not id or started.tzinfo is None:
-        raise SelectionError("the page link is damaged: start again from the first page")
-    return started.astimezone(UTC), id
 
 
 def cursor(row: Mapping[str, Any]) -> str:
@@ -115,8 +124,10 @@ def page(conn: Connection, selection: Selection) -> tuple[list[dict[str, Any]], 
     """One page of the selection, newest first, and whether there are more after it.
 
     As :func:`storage.query.list_exchanges` does, the page's ids are chosen first (on
-    the indexes) and only those rows are read whole; a record without a start time
-    (none the proxy writes) is not listed.
+    the indexes) and only those rows are read; a record without a start time (none the
+    proxy writes) is not listed. Only what the list shows is read (:data:`LISTED`, and
+    the start of the answer and the error message): a record may hold tens of megabytes
+    (a hostile client's), and a page of 500 whole ones would not fit in memory.
     """
     conditions = selection.filters.conditions()
     if selection.after is not None:
@@ -126,6 +137,7 @@ def page(conn: Connection, selection: Selection) -> tuple[list[dict[str, Any]], 
         conditions.append(and_(view.started_at <= started, or_(view.started_at < started, view.id < id)))
     newest = (view.started_at.desc(), view.id.desc())
     ids = select(view.id).where(view.started_at.is_not(None), *conditions).order_by(*newest).limit(selection.limit + 1)
-    query = select(exchange_view).where(view.id.in_(ids.scalar_subquery())).order_by(*newest)
+    query = select(*LISTED, *(func.substr(view[name], 1, SNIPPET_READ).label(name) for name in SNIPPETS))
+    query = query.where(view.id.in_(ids.scalar_subquery())).order_by(*newest)
     rows = [plain(row) for row in conn.execute(query)]
     return rows[: selection.limit], len(rows) > selection.limit

@@ -183,7 +183,8 @@ def _starts_with(prefix: str) -> ColumnElement[bool]:
     character raised by one holds exactly the ids that start with it, and the LIKE keeps
     the answer exact whatever the collation.
     """
-    above = prefix[:-1] + chr(min(ord(prefix[-1]) + 1, sys.maxunicode))
+    last = min(ord(prefix[-1]) + 1, sys.maxunicode)
+    above = prefix[:-1] + chr(0xE000 if 0xD800 <= last <= 0xDFFF else last)  # no database takes a lone surrogate
     id = exchanges.c.id
     return and_(id >= prefix, id < above, id.startswith(prefix, autoescape=True))
 

@@ -81,7 +81,7 @@ def parse_cutoff(older_than: str, now: datetime) -> datetime:
     if _DATETIME.fullmatch(value):
         try:
             return datetime.fromisoformat(value).astimezone(UTC)
-        except ValueError as e:
+        except (ValueError, OverflowError) as e:  # OverflowError: its offset moves it past year 9999 or before 1
             raise RetentionError(f"{older_than!r} is not a valid date and time ({e})") from None
     if re.fullmatch(r"\d+(m|mo|y)", value, re.IGNORECASE):
         reason = "months and years vary in length (and m could be minutes); give days or weeks, e.g. 183d or 27w"

@@ -111,6 +111,21 @@ def test_pages_over_a_real_socket_and_the_access_log(server):
     assert "Paris" not in process.output and "secret-search" not in process.output and PASSWORD not in process.output
 
 
+def test_it_answers_on_the_loopback_address_it_listens_on(db_url):
+    port = free_port()
+    process = Process.start(
+        [str(BIN / "llm-audit"), "--db", db_url, "serve", "--listen", f"127.0.0.2:{port}"],
+        env=environ(LLM_AUDIT_SERVE_PASSWORD=PASSWORD),
+    )
+    try:
+        process.wait_line(rf"at http://127\.0\.0\.2:{port}/", timeout=60)
+        base = f"http://127.0.0.2:{port}"
+        wait_for(lambda: _answers(base), timeout=30, what="the review server on 127.0.0.2")
+        assert httpx.get(f"{base}/login", headers={"host": "evil.example"}).status_code == 400
+    finally:
+        process.stop()
+
+
 # -- a real browser ---------------------------------------------------------------------------------
 
 
