@@ -124,13 +124,6 @@ class Sessions:
             pass
 
 
-def session_tag(cookie: str | None) -> str:
-    """A short, stable tag of a session for the access log (never the cookie itself)."""
-    if not cookie:
-        return "-"
-    return hmac.new(b"access-log", cookie.encode(), "sha256").hexdigest()[:8]
-
-
 def log_access(client: str, who: str | None, method: str, path: str, status: int) -> None:
     """One access line: client, who (the name given at login), what, the answer's status.
 

@@ -348,11 +348,11 @@ def test_the_overview_draws_its_charts(client):
         "Exchanges by finding code",
     ):
         assert f"<figcaption>{title}</figcaption>" in page, title
-    # a bar per day (twice), per user, per model, per rule and per finding code
-    assert page.count("<svg") == 6 and page.count("<rect") == 5 + 5 + 3 + 3 + 1 + 2
-    assert (
-        'Cost per day (USD, where the price is known)</figcaption>\n<p class="none">nothing in this selection' in page
-    )
+    # a bar per day (three times: exchanges, tokens, cost), per user, per model, per rule
+    # and per finding code; the writer priced the exchanges of two of the days
+    assert page.count("<svg") == 7 and page.count("<rect") == 5 + 5 + 2 + 3 + 3 + 1 + 2
+    assert "<figcaption>Cost per day (USD, where the price is known)</figcaption>" in page
+    assert "<title>2026-03-01: 0.0004</title>" in page and "<title>2026-03-04: 0.0002</title>" in page
     text = visible_text(page)
     assert "5 exchanges · 160 input and 26 output tokens · 2 blocked · 1 failed" in text
     assert "no-nightjar: 2" in text  # both blocked exchanges, by their rule (a bar's title)
