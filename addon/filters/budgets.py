@@ -130,11 +130,13 @@ class Totals:
 
     @classmethod
     def of_row(cls, row: Mapping[str, Any]) -> Totals:
-        """One final exchange row's contribution."""
+        """One final exchange row's contribution. A negative count (the upstream's bytes)
+        adds nothing, as in the database's totals (:func:`storage.query.token_sum`): it
+        would take from the total, and a reply could reopen a budget it spent."""
         inp, out, cost = row.get("input_tokens"), row.get("output_tokens"), row.get("cost_usd")
         return cls(
-            inp or 0,
-            out or 0,
+            max(inp or 0, 0),
+            max(out or 0, 0),
             float(cost or 0),
             1,
             1 if cost is None else 0,

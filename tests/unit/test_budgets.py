@@ -363,6 +363,33 @@ def test_read_spend_sums_final_rows_of_the_range_leaving_out_the_proxys_own_sinc
     ]
 
 
+def test_hostile_token_counts_neither_break_the_totals_nor_reopen_a_budget(engine):
+    """The counts are the upstream's bytes: two rows of 2**62 overflowed SQLite's integer
+    sum ('integer overflow': no totals, every request in scope refused once they went
+    stale) and PostgreSQL's cast back to bigint (stats, the review page); a negative
+    count took from the total. The same rows in stats and the review page's overview."""
+    from review.overview import overview
+    from storage.query import Filters, stats
+
+    common = {"user_id": "mallory", "request_model": "gpt-4o", "provider": "openai", "proxy_instance": "p2"}
+    for inp, out in ((2**62, 1), (2**62, 1), (-(2**62), -(2**62)), (5, 1)):
+        put(engine, started_at=NOW, input_tokens=inp, output_tokens=out, **common)
+    day = period_start("day", NOW)
+    (spent,) = read_spend(engine, day, day + timedelta(days=1), "p1", EPOCH)
+    huge = int(float(2**63 + 5))  # a double's sum: exact to 2**53
+    assert (spent.input_tokens, spent.output_tokens, spent.exchanges) == (huge, 3, 4)
+    daily = budget('period = "day"\nper = "user"\nlimit_tokens = 1000')
+    b = book(daily)
+    fresh(b, [spent])
+    b.add(row(user="mallory", inp=-(2**62), out=-(2**62)))  # this proxy's own: adds nothing either
+    (verdict,) = b.check("openai", "gpt-4o", "mallory", None, NOW)
+    assert verdict.action == "block"
+    with engine.connect() as conn:
+        (total,) = stats(conn, Filters(), [])
+        assert (total["input_tokens"], total["output_tokens"]) == (huge, 3)
+        assert overview(conn, Filters()).totals["input_tokens"] == huge
+
+
 def test_the_refresher_reads_the_totals_into_the_book_off_the_event_loop(engine):
     today = datetime.now(UTC)
     put(engine, started_at=today, input_tokens=60, proxy_instance="p2", user_id="alice")
