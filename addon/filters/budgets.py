@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import re
 import time
+import unicodedata
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -45,6 +46,7 @@ PERIODS = ("day", "month")
 PER = ("user", "key", "model", "all")
 METERS = ("usd", "input", "output", "total")
 BUDGET_FILTER = "budget"  # the ``filter`` of every verdict a budget gives
+SUBJECT_CHARS = 255  # of a user id or model name: the database's columns keep this many
 STALE_AFTER_MIN = 15.0  # seconds: totals older than this (and 3 refreshes) cannot be trusted
 
 Period = Literal["day", "month"]
@@ -67,35 +69,55 @@ class Budget:
     _patterns: tuple[re.Pattern[str] | None, ...] = field(default=(None, None, None), compare=False, repr=False)
 
     def __post_init__(self) -> None:
-        compiled = tuple(_globs(p) for p in (self.providers, self.models, self.users))
+        compiled = (
+            _globs(tuple(map(fold, self.providers))),
+            _globs(tuple(map(fold, self.models))),
+            _globs(self.users),
+        )
         object.__setattr__(self, "_patterns", compiled)
 
     def applies(self, provider: str | None, model: str | None, user: str | None) -> bool:
         """Whether an exchange of this provider, requested model and user is in scope
-        (a pattern list never matches a missing value)."""
-        for pattern, value in zip(self._patterns, (provider, model, user)):
+        (a pattern list never matches a missing value). Providers and models compare
+        folded (:func:`fold`), user ids as they are."""
+        values = (fold(provider), fold(model), None if user is None else user[:SUBJECT_CHARS])
+        for pattern, value in zip(self._patterns, values):
             if pattern is not None and (value is None or pattern.fullmatch(value) is None):
                 return False
         return True
 
     def subject(self, user: str | None, key: str | None, model: str | None) -> str | None:
-        """Whose total an exchange counts in: the user, the key fingerprint, the model, or
-        ``""`` for all. ``None``: it has none (no user id), so this budget does not count it."""
+        """Whose total an exchange counts in: the user, the key fingerprint, the model
+        (folded), or ``""`` for all. ``None``: it has none (no user id), so this budget does
+        not count it. Each as the database keeps it (its first :data:`SUBJECT_CHARS`
+        characters), so that the totals read back after a restart are the same subject's."""
         match self.per:
             case "user":
-                return user
+                return None if user is None else user[:SUBJECT_CHARS]
             case "key":
                 return key
             case "model":
-                return model
+                return fold(model)
         return ""
 
     def describe_limit(self) -> str:
         return _amount(self.meter, self.limit)
 
 
+def fold(name: str | None) -> str | None:
+    """A provider or model name as budgets compare it: its first :data:`SUBJECT_CHARS`
+    characters (what the database keeps), NFKC-normalized, without surrounding blanks, in
+    case-folded form. The name is the client's: ``GPT-4o``, ``gpt-4o `` or a full-width
+    ``ｇｐｔ-4o`` that an upstream takes as ``gpt-4o`` must not fall outside a budget's
+    ``models`` or count as a subject of its own (counting them together errs on the
+    side of the limit)."""
+    if name is None:
+        return None
+    return unicodedata.normalize("NFKC", name[:SUBJECT_CHARS]).strip().casefold()
+
+
 def _globs(patterns: tuple[str, ...]) -> re.Pattern[str] | None:
-    """Shell-style patterns (``gpt-4o*``), case-sensitive, as one regular expression."""
+    """Shell-style patterns (``gpt-4o*``) as one regular expression."""
     return re.compile("|".join(f"(?:{translate(p)})" for p in patterns)) if patterns else None
 
 

@@ -286,6 +286,30 @@ def test_scope_patterns_limit_which_exchanges_count_and_which_requests_are_check
     assert b.check("anthropic", "gpt-4o", None, None, NOW) == []
 
 
+def test_variants_of_a_model_name_stay_in_scope_and_in_one_subject():
+    """The model name is the client's: a case, blank or full-width variant an upstream
+    takes as the same model neither leaves a budget's scope nor starts a total of its own."""
+    scoped = budget('period = "day"\nlimit_tokens = 10\nmodels = ["gpt-4o*"]\nproviders = ["openai"]')
+    per_model = Budget("pm", "block", "day", "model", "total", 10)
+    b = book(scoped, per_model)
+    fresh(b, [spend(model="GPT-4o", inp=6)])
+    b.add(row(model=" ｇｐｔ-4O ", inp=4, out=0))
+    for variant in ("gpt-4o", "GPT-4O", "gpt-4o ", "ｇｐｔ-４ｏ"):
+        assert sorted(v.rule_id for v in b.check("OpenAI", variant, None, None, NOW)) == ["b", "pm"], variant
+    assert b.check("openai", "gpt-5", None, None, NOW) == []
+
+
+def test_a_long_user_id_is_the_same_subject_in_the_database_and_in_memory():
+    """The database keeps a user id's first 255 characters: the totals read back (another
+    proxy's, or this one's after a restart) are those of the id the next request names."""
+    daily = budget('period = "day"\nper = "user"\nlimit_tokens = 10')
+    long_id = "u" * 300
+    b = book(daily)
+    fresh(b, [spend(user=long_id[:255], inp=10)])
+    (verdict,) = b.check("openai", "gpt-4o", long_id, None, NOW)
+    assert verdict.action == "block"
+
+
 def test_a_flag_budget_records_and_lets_the_request_pass():
     flag = Budget("soft", "flag", "day", "all", "total", 1.0, reason="soft limit")
     b = book(flag)
