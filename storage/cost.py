@@ -225,7 +225,23 @@ def _usage(row: Mapping[str, Any]) -> dict[str, int] | None:
         return None
     if row.get("dialect") in _REASONING_APART and "output_reasoning_tokens" in usage:
         usage["output_tokens"] = usage.get("output_tokens", 0) + usage["output_reasoning_tokens"]
-    return usage
+    return usage if _consistent(usage) else None
+
+
+def _consistent(usage: Mapping[str, int]) -> bool:
+    """Whether the parts fit in their wholes: cache reads and writes within the input,
+    reasoning within the output, each modality's within its side. genai-prices refuses
+    some contradictions, not all (cache reads and writes beyond the input on OpenAI's
+    list price a negative uncached input into a total that looks right): counts that
+    contradict each other are the upstream's error or a lie, and their price a guess."""
+    inp, out = usage.get("input_tokens", 0), usage.get("output_tokens", 0)
+    parts = (
+        (inp, ("cache_read_tokens", "cache_write_tokens")),
+        (out, ("output_reasoning_tokens",)),
+        (inp, ("input_text_tokens", "input_audio_tokens", "input_image_tokens")),
+        (out, ("output_text_tokens", "output_audio_tokens")),
+    )
+    return all(sum(usage.get(name, 0) for name in names) <= whole for whole, names in parts)
 
 
 def _count(value: Any) -> bool:
@@ -266,6 +282,8 @@ def load_prices(path: str | Path) -> Prices:
         doc = tomllib.loads(text)
     except UnicodeDecodeError:
         raise PricesError(f"{path}: not UTF-8 text; save the price file as UTF-8 TOML") from None
+    except RecursionError:  # tomllib parses nested arrays and tables recursively
+        raise PricesError(f"{path}: nested too deeply to be a price file; write flat [[price]] tables") from None
     except tomllib.TOMLDecodeError as e:
         at = _TOML_AT.search(str(e))  # Python 3.12's error has the line only in its text
         where = f"{path}:{at.group(1)}" if at else str(path)

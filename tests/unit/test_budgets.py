@@ -116,6 +116,13 @@ def test_a_bad_budget_rule_is_one_line_naming_file_line_and_fix(tmp_path, body, 
     assert fragment in message, message
 
 
+def test_a_rules_file_nested_too_deeply_is_one_line(tmp_path):
+    path = tmp_path / "rules.toml"
+    path.write_text("x = " + "[" * 100_000 + "]" * 100_000 + "\n")  # tomllib's RecursionError
+    with pytest.raises(RulesError, match="nested too deeply to be a rules file"):
+        load_rules(path)
+
+
 def test_a_budget_and_a_content_rule_cannot_share_an_id(tmp_path):
     text = (
         '[[rule]]\nid = "x"\nkind = "pii"\naction = "flag"\n\n'

@@ -317,6 +317,10 @@ def test_self_hosted_and_vendor_neutral_apis_cost_null_without_a_price_file(name
         {"provider": "lmsp", "dialect": "lmsp"},
         {"input_tokens": None, "output_tokens": None},  # no usage reported
         {"cache_read_input_tokens": 10**6},  # more cached than sent: counts that contradict
+        {"cache_read_input_tokens": 60, "cache_write_input_tokens": 60, "input_tokens": 100},  # (genai-prices priced it)
+        {"reasoning_output_tokens": 10**6},
+        {"usage_details": {"output_audio_tokens": 10**6}},
+        {"input_tokens": 2**62, "output_tokens": 2**62},  # beyond numeric(20, 12): unknown, the row still written
         {"input_tokens": -1},
         {"input_tokens": True},
         {"usage_details": {"input_audio_tokens": "many"}},
@@ -421,6 +425,9 @@ def test_reasoning_and_cache_writes_priced_apart_when_the_file_says_so(tmp_path)
         ("[[price]]\nmodel = 'x'\ninput = '1'\noutput = 1\n", 1, "is not a price"),
         ("[prices]\nmodel = 'x'\n", None, "unknown table or key 'prices'"),
         ("# nothing yet\n", None, "no [[price]] entries"),
+        ("x = " + "[" * 100_000 + "]" * 100_000 + "\n", None, "nested too deeply"),  # tomllib's RecursionError
+        ("[[price]]\nmodel = 'x'\ninput = inf\noutput = 1\n", 1, "input = inf is not a price"),
+        ("[[price]]\nmodel = 'x'\ninput = 1\noutput = nan\n", 1, "output = nan is not a price"),
     ],
 )
 def test_a_bad_price_file_is_one_line_naming_the_file_line_and_fix(tmp_path, text, line, says):
