@@ -94,6 +94,22 @@ _UNLISTED: set[tuple[str, str]] = set()
 _UNLISTED_MAX = 4096
 
 
+# the columns of a row that cost_of reads
+COLUMNS = (
+    "started_at",
+    "dialect",
+    "provider",
+    "request_model",
+    "response_model",
+    "input_tokens",
+    "output_tokens",
+    "cache_read_input_tokens",
+    "cache_write_input_tokens",
+    "reasoning_output_tokens",
+    "usage_details",
+)
+
+
 class Cost(NamedTuple):
     """An exchange's ``cost_usd`` and ``cost_prices`` (both None when the price is unknown)."""
 

@@ -47,7 +47,8 @@ PER = ("user", "key", "model", "all")
 METERS = ("usd", "input", "output", "total")
 BUDGET_FILTER = "budget"  # the ``filter`` of every verdict a budget gives
 SUBJECT_CHARS = 255  # of a user id or model name: the database's columns keep this many
-STALE_AFTER_MIN = 15.0  # seconds: totals older than this (and 3 refreshes) cannot be trusted
+STALE_AFTER_MIN = 15.0
+PENDING_MAX = 10_000  # rows waiting for their cost (BudgetBook.pending); beyond, counted unpriced  # seconds: totals older than this (and 3 refreshes) cannot be trusted
 
 Period = Literal["day", "month"]
 
@@ -320,7 +321,12 @@ class BudgetBook:
             totals.add(contribution)
             if b.meter == "usd" and later:
                 to_price.append((b.id, totals))
-        if to_price:
+        if to_price and len(self.pending) >= PENDING_MAX:
+            # the budgets' thread is not pricing (a database read that hangs): counted as
+            # an unknown cost, which the refusal says, rather than memory without end
+            for _, totals in to_price:
+                totals.unpriced += 1
+        elif to_price:
             self.pending.append((to_price, row))
             if self.on_pending is not None:
                 self.on_pending()

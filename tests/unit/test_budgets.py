@@ -13,6 +13,7 @@ from datetime import UTC, datetime, timedelta, timezone
 import pytest
 from sqlalchemy import Engine, create_engine, insert
 
+from addon.filters import budgets as budgets_module
 from addon.filters.budgets import (
     Budget,
     BudgetBook,
@@ -504,3 +505,42 @@ def test_new_rules_keep_the_book_in_force_until_the_new_one_is_read(tmp_path):
     finally:
         keeper.close()
         engine.dispose()
+
+
+def test_a_row_waiting_for_its_price_holds_only_what_pricing_reads(tmp_path, monkeypatch):
+    """A row waits on the budgets' thread for its cost: not with the exchange's content."""
+    seen: list[dict] = []
+    monkeypatch.setattr(BudgetKeeper, "_price", lambda self, r: seen.append(dict(r)) or 0.5)
+    engine = open_engine(f"sqlite:///{tmp_path / 'audit.db'}")
+    keeper = BudgetKeeper(Store(Writer(engine, "p1")))  # type: ignore[arg-type]
+    try:
+        keeper.configure([Budget("u", "block", "day", "all", "usd", 1.0)], "closed", 3600)
+        keeper.start()
+        big = {"request_body": {"messages": [{"role": "user", "content": "x" * 10**6}]}, "output_text": "y" * 10**6}
+        keeper.recorded(row(started=datetime.now(UTC)) | big)
+        deadline = time.monotonic() + 10
+        while not seen and time.monotonic() < deadline:
+            time.sleep(0.02)
+        (priced,) = seen
+        assert priced["request_model"] == "gpt-4o" and priced["input_tokens"] == 10
+        assert "request_body" not in priced and "output_text" not in priced
+    finally:
+        keeper.close()
+        engine.dispose()
+
+
+def test_rows_waiting_for_a_price_are_bounded_and_the_rest_count_as_unknown(monkeypatch):
+    """The budgets' thread stuck (a database read that hangs): the rows waiting for their
+    cost stop at PENDING_MAX; the others count as exchanges of unknown cost, and say so."""
+    monkeypatch.setattr(budgets_module, "PENDING_MAX", 3)
+    usd = budget('period = "day"\nlimit_usd = 1')
+    b = book(usd)
+    fresh(b)
+    b.pricer = lambda r: 0.1
+    for _ in range(5):
+        b.add(row(cost=None))
+    assert len(b.pending) == 3
+    assert b.total(usd, "", NOW).unpriced == 2
+    b.price_pending()
+    used = b.total(usd, "", NOW)
+    assert (round(used.cost_usd, 6), used.unpriced, used.exchanges) == (0.3, 2, 5)
