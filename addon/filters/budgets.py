@@ -47,8 +47,10 @@ PER = ("user", "key", "model", "all")
 METERS = ("usd", "input", "output", "total")
 BUDGET_FILTER = "budget"  # the ``filter`` of every verdict a budget gives
 SUBJECT_CHARS = 255  # of a user id or model name: the database's columns keep this many
-STALE_AFTER_MIN = 15.0
-PENDING_MAX = 10_000  # rows waiting for their cost (BudgetBook.pending); beyond, counted unpriced  # seconds: totals older than this (and 3 refreshes) cannot be trusted
+STALE_AFTER_MIN = 15.0  # seconds: totals older than this (and 3 refreshes) cannot be trusted
+UNPRICED_NOTES_MAX = 100  # models of unknown cost named in a line each; then one line for the rest
+MODEL_IN_NOTE = 100  # characters of a model name in such a line
+PENDING_MAX = 10_000  # rows waiting for their cost (BudgetBook.pending); beyond, counted unpriced
 
 Period = Literal["day", "month"]
 
@@ -271,6 +273,8 @@ class BudgetBook:
         self.error: str | None = None  # why the last refresh failed; None after a good one
         self.local: dict[tuple[str, str, str], Totals] = {}  # (budget, period key, subject)
         self.unpriced_models: set[tuple[str, str | None]] = set()  # (budget, model) reported once
+        self._newest = self.epoch  # the start of the newest record added, and its periods' keys
+        self._newest_keys: set[str] | None = None
         # Prices a row (US dollars, None when unknown), on the refresh thread; the rows
         # waiting for it, and who to wake. Only that thread adds costs to local totals,
         # only the event loop tokens: no field is written by both.
@@ -305,6 +309,7 @@ class BudgetBook:
         started = row.get("started_at")
         if row.get("status") == "in_progress" or not isinstance(started, datetime) or started < self.epoch:
             return
+        self._forget_past_periods(started)
         contribution = Totals.of_row(row)
         later = self.pricer is not None and row.get("cost_usd") is None
         if later:
@@ -331,6 +336,16 @@ class BudgetBook:
             if self.on_pending is not None:
                 self.on_pending()
 
+    def _forget_past_periods(self, started: datetime) -> None:
+        """Drop the local totals of periods before the newest record's: no check reads
+        them again, and kept they would grow with every period (and with every user id a
+        client makes up). A record that started before is never newer than the clock."""
+        keys = {period_key(p, started) for p in self.periods}
+        if self._newest_keys is None or (started >= self._newest and keys != self._newest_keys):
+            if self._newest_keys is not None:
+                self.local = {k: v for k, v in self.local.items() if k[1] in keys}
+            self._newest, self._newest_keys = started, keys
+
     def price_pending(self) -> list[str]:
         """Price the rows :meth:`add` left without a cost (on the refresh thread: a first
         lookup of a model takes milliseconds) and add their cost. Returns the lines to
@@ -345,12 +360,20 @@ class BudgetBook:
                     continue
                 totals.unpriced += 1
                 model = row.get("request_model")
-                if (budget_id, model) not in self.unpriced_models:
-                    self.unpriced_models.add((budget_id, model))
+                model = model[:MODEL_IN_NOTE] if isinstance(model, str) else None
+                if (budget_id, model) in self.unpriced_models or len(self.unpriced_models) > UNPRICED_NOTES_MAX:
+                    continue
+                self.unpriced_models.add((budget_id, model))
+                if len(self.unpriced_models) > UNPRICED_NOTES_MAX:  # model names are the client's: a bound
                     notes.append(
-                        f"budget {budget_id!r}: the cost of {model or 'an unnamed model'!r} is unknown; its "
-                        "exchanges count as $0 (give its price in a price file: llm_audit_prices)"
+                        f"budget {budget_id!r}: more models of unknown cost, not named one by one; their "
+                        "exchanges count as $0 too"
                     )
+                    continue
+                notes.append(
+                    f"budget {budget_id!r}: the cost of {model or 'an unnamed model'!r} is unknown; its "
+                    "exchanges count as $0 (give its price in a price file: llm_audit_prices)"
+                )
         return notes
 
     def total(self, budget: Budget, subject: str, now: datetime) -> Totals:

@@ -544,3 +544,32 @@ def test_rows_waiting_for_a_price_are_bounded_and_the_rest_count_as_unknown(monk
     b.price_pending()
     used = b.total(usd, "", NOW)
     assert (round(used.cost_usd, 6), used.unpriced, used.exchanges) == (0.3, 2, 5)
+
+
+def test_the_local_totals_of_past_periods_are_forgotten():
+    """Kept, they grew with every day, and with every user id a client made up."""
+    daily = budget('period = "day"\nper = "user"\nlimit_tokens = 100')
+    b = book(daily)
+    for i in range(50):
+        b.add(row(user=f"made-up-{i}", started=NOW))
+    assert len(b.local) == 50
+    tomorrow = NOW + timedelta(days=1)
+    b.add(row(user="alice", started=tomorrow, inp=7))
+    b.add(row(user="alice", started=NOW, inp=1))  # a late record of yesterday: kept until the next day
+    assert sorted(k[1] for k in b.local) == ["2026-12-02", "2026-12-03"]
+    assert b.total(daily, "alice", tomorrow).input_tokens == 7
+    b.add(row(user="alice", started=tomorrow + timedelta(days=1)))
+    assert [k[1] for k in b.local] == ["2026-12-04"]
+
+
+def test_models_of_unknown_cost_are_named_in_a_bounded_number_of_lines(monkeypatch):
+    monkeypatch.setattr(budgets_module, "UNPRICED_NOTES_MAX", 3)
+    usd = budget('period = "day"\nlimit_usd = 1')
+    b = book(usd)
+    b.pricer = lambda r: None
+    for i in range(10):
+        b.add(row(cost=None, model=f"made-up-{i}-" + "m" * 10_000))
+    notes = b.price_pending()
+    assert len(notes) == 4 and "more models of unknown cost" in notes[-1]
+    assert all(len(n) < 400 for n in notes)
+    assert b.total(usd, "", NOW).unpriced == 10

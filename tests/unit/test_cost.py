@@ -317,7 +317,11 @@ def test_self_hosted_and_vendor_neutral_apis_cost_null_without_a_price_file(name
         {"provider": "lmsp", "dialect": "lmsp"},
         {"input_tokens": None, "output_tokens": None},  # no usage reported
         {"cache_read_input_tokens": 10**6},  # more cached than sent: counts that contradict
-        {"cache_read_input_tokens": 60, "cache_write_input_tokens": 60, "input_tokens": 100},  # (genai-prices priced it)
+        {
+            "cache_read_input_tokens": 60,
+            "cache_write_input_tokens": 60,
+            "input_tokens": 100,
+        },  # (genai-prices priced it)
         {"reasoning_output_tokens": 10**6},
         {"usage_details": {"output_audio_tokens": 10**6}},
         {"input_tokens": 2**62, "output_tokens": 2**62},  # beyond numeric(20, 12): unknown, the row still written
