@@ -51,6 +51,7 @@ SHUTDOWN_SECONDS = 5.0  # what close() may take in all, whatever the collector d
 WARN_EVERY = 60.0  # seconds between two "not delivered" warnings (the first comes at once)
 CHECK_EVERY = 1.0  # seconds between the export thread's looks at failed batches while no row comes
 SCOPE = "llm-audit"
+MAX_DIMENSION_VALUES = 200  # distinct values of a metric dimension the traffic writes (_Dimensions)
 LOG_BATCH = 64  # content log records per export request
 # the columns the export reads; the content ones only with the content switch on
 COLUMNS = (
@@ -456,8 +457,10 @@ class _Instruments:
             "llm_audit.cost", unit="USD", description="Cost of the exchanges whose price is known"
         )
 
+        self.dimensions = _Dimensions()
+
     def record(self, row: Mapping[str, Any]) -> None:
-        attributes = semconv.metric_attributes(row)
+        attributes = self.dimensions.bound(semconv.metric_attributes(row))
         self.exchanges.add(1, attributes | {"llm_audit.status": str(row.get("status"))})
         if row.get("status") == "blocked":
             self.blocked.add(1, attributes)
@@ -475,6 +478,33 @@ class _Instruments:
         cost = semconv.cost(row.get("cost_usd"))
         if cost is not None:
             self.cost.add(cost, attributes)
+
+
+class _Dimensions:
+    """Bounds what the traffic writes into the metrics' dimensions.
+
+    Model names, the upstream's host and its error code are the client's and the
+    upstream's to choose: each new value makes a time series of every instrument, which
+    the SDK keeps for the life of the export (and a backend bills). The first
+    :data:`MAX_DIMENSION_VALUES` values of each are kept; the others are ``_OTHER``
+    (the conventions' value for what is not named). Spans keep the true value. Used by
+    the export thread only."""
+
+    BOUNDED = ("gen_ai.request.model", "gen_ai.response.model", "server.address", "server.port", "error.type")
+
+    def __init__(self) -> None:
+        self.seen: dict[str, set[Any]] = {name: set() for name in self.BOUNDED}
+
+    def bound(self, attributes: dict[str, Any]) -> dict[str, Any]:
+        for name, seen in self.seen.items():
+            value = attributes.get(name)
+            if value is None or value in seen:
+                continue
+            if len(seen) < MAX_DIMENSION_VALUES:
+                seen.add(value)
+            else:
+                attributes[name] = "_OTHER"
+        return attributes
 
 
 def _shut_down(providers: list[Any], deadline: float) -> None:

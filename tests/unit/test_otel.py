@@ -369,3 +369,19 @@ def test_scrub_replaces_known_secrets_and_every_url_query():
     for secret in ("dXNlcjpwYXNz", "abc123", "p@ss", "t/ok", "t%2Fok", "x:y", "b=c"):
         assert secret not in scrubbed
     assert scrubbed.endswith("what? done")
+
+
+def test_made_up_model_names_and_hosts_make_a_bounded_number_of_metric_series(receiver, monkeypatch):
+    """Each new model name or host was a time series of every instrument, kept for the
+    life of the export: past MAX_DIMENSION_VALUES they are _OTHER (spans keep the name)."""
+    monkeypatch.setattr(otel_export, "MAX_DIMENSION_VALUES", 5)
+    exporter = OtelExporter("proxy-a")
+    for i in range(40):
+        exporter.submit(row(id=f"{i:032x}", request_model=f"made-up-{i}", response_model=None, server_address=f"h{i}"))
+    exporter.close()
+    series = receiver.metrics()["llm_audit.exchanges"]
+    models = {p["attributes"]["gen_ai.request.model"] for p in series}
+    assert len(models) == 6 and "_OTHER" in models
+    assert len({p["attributes"]["server.address"] for p in series}) == 6
+    assert sum(int(p["as_int"]) for p in series) == 40
+    assert {s["attributes"]["gen_ai.request.model"] for s in receiver.spans()} == {f"made-up-{i}" for i in range(40)}
