@@ -136,12 +136,13 @@ class Totals:
     no_usage: int = 0  # exchanges the upstream reported no token counts for: counted as 0 tokens
 
     def add(self, other: Totals) -> None:
-        self.input_tokens += other.input_tokens
-        self.output_tokens += other.output_tokens
-        self.cost_usd += other.cost_usd
-        self.exchanges += other.exchanges
-        self.unpriced += other.unpriced
-        self.no_usage += other.no_usage
+        """Add ``other``'s figures, writing only the fields it adds to: the budgets' thread
+        adds the costs of this proxy's rows to the same totals the event loop adds their
+        tokens to (:meth:`BudgetBook.price_pending`), and ``x += 0`` from one thread would
+        write back a value the other has just replaced."""
+        for name in _TOTALS_FIELDS:
+            if value := getattr(other, name):
+                setattr(self, name, getattr(self, name) + value)
 
     def value(self, meter: str) -> float:
         match meter:
@@ -167,6 +168,9 @@ class Totals:
             1 if cost is None else 0,
             1 if inp is None and out is None else 0,
         )
+
+
+_TOTALS_FIELDS = ("input_tokens", "output_tokens", "cost_usd", "exchanges", "unpriced", "no_usage")
 
 
 class Spend(Protocol):

@@ -573,3 +573,25 @@ def test_models_of_unknown_cost_are_named_in_a_bounded_number_of_lines(monkeypat
     assert len(notes) == 4 and "more models of unknown cost" in notes[-1]
     assert all(len(n) < 400 for n in notes)
     assert b.total(usd, "", NOW).unpriced == 10
+
+
+def test_the_event_loop_never_writes_the_cost_the_budgets_thread_adds():
+    """add() on the event loop and price_pending() on the budgets' thread share a row's
+    totals: an ``x += 0`` of the cost from the event loop could write back a value the
+    thread had just replaced, and lose that cost."""
+    writes: list[str] = []
+
+    class Watched(Totals):
+        def __setattr__(self, name, value):
+            writes.append(name)
+            super().__setattr__(name, value)
+
+    usd = budget('period = "day"\nlimit_usd = 1')
+    b = book(usd)
+    b.pricer = lambda r: 0.5
+    b.local[("b", "2026-12-02", "")] = watched = Watched()
+    writes.clear()
+    b.add(row(cost=None, inp=10, out=5))
+    assert sorted(writes) == ["exchanges", "input_tokens", "output_tokens"]
+    b.price_pending()
+    assert (watched.cost_usd, watched.input_tokens, watched.unpriced) == (0.5, 10, 0)
