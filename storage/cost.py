@@ -48,6 +48,7 @@ GENAI_PRICES = f"genai-prices {genai_prices.__version__}"  # the cost_prices of 
 # The bundled price list, as a snapshot of our own: genai_prices.calc_price would use a
 # snapshot an UpdatePrices started anywhere in the process had fetched.
 SNAPSHOT = DataSnapshot(providers=_bundled_providers, from_auto_update=False)
+MODEL_CHARS_MAX = 200  # the longest name looked up (a Bedrock inference profile's ARN is some 100)
 SCALE = Decimal("1e-12")  # the column's 12 decimal places (storage.schema.Money)
 
 # gen_ai.provider.name (the provider column; addon/dialects/providers.py) -> genai-prices
@@ -202,10 +203,12 @@ def _cost(row: Mapping[str, Any], prices: Prices | None) -> Cost:
 def _names(*models: Any) -> list[str]:
     """The model names to look up, in order: each as recorded, then without the resource
     path Google's APIs put before it (``models/gemini-2.5-flash``,
-    ``publishers/google/models/...``)."""
+    ``publishers/google/models/...``). A name longer than :data:`MODEL_CHARS_MAX` is no
+    model's: not looked up (a look-up reads the name once per pattern of the list, 0.3 s
+    for a client's 1 MB name, on the writer's thread)."""
     out: list[str] = []
     for model in models:
-        if isinstance(model, str) and model:
+        if isinstance(model, str) and model and len(model) <= MODEL_CHARS_MAX:
             out += [model] if "models/" not in model else [model, model.rsplit("models/", 1)[1]]
     return list(dict.fromkeys(name for name in out if name))
 

@@ -325,6 +325,7 @@ def test_self_hosted_and_vendor_neutral_apis_cost_null_without_a_price_file(name
         {"reasoning_output_tokens": 10**6},
         {"usage_details": {"output_audio_tokens": 10**6}},
         {"input_tokens": 2**62, "output_tokens": 2**62},  # beyond numeric(20, 12): unknown, the row still written
+        {"request_model": "gpt-4o" + " " * 300, "response_model": None},  # no model's name (and a look-up's cost)
         {"input_tokens": -1},
         {"input_tokens": True},
         {"usage_details": {"input_audio_tokens": "many"}},
@@ -519,3 +520,17 @@ def test_the_proxy_option_loads_the_file_and_a_bad_one_at_run_time_keeps_the_pri
         tctx.configure(store, llm_audit_prices="")
         assert store.prices is None and store.writer.prices is None
         store.done()
+
+
+def test_a_client_s_huge_model_name_costs_the_writer_no_time(tmp_path):
+    """A look-up reads the name once per pattern of the list: a 1 MB name took 0.3 s of the
+    writer's thread per record (more on OpenRouter's list), and as long in a price file."""
+    import time
+
+    row = audited(*PRICED["openai-chat"][:5]) | {"response_model": None, "request_model": "x" * 10**6}
+    prices = load_prices(price_file(tmp_path))
+    started = time.perf_counter()
+    for provider in ("openai", "openrouter"):
+        assert cost_of(row | {"provider": provider}) == UNKNOWN
+        assert cost_of(row | {"provider": provider}, prices) == UNKNOWN
+    assert time.perf_counter() - started < 0.05
