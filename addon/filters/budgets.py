@@ -73,8 +73,8 @@ class Budget:
 
     def __post_init__(self) -> None:
         compiled = (
-            _globs(tuple(map(fold, self.providers))),
-            _globs(tuple(map(fold, self.models))),
+            _globs(tuple(_fold(p) for p in self.providers)),
+            _globs(tuple(_fold(p) for p in self.models)),
             _globs(self.users),
         )
         object.__setattr__(self, "_patterns", compiled)
@@ -114,8 +114,10 @@ def fold(name: str | None) -> str | None:
     ``ｇｐｔ-4o`` that an upstream takes as ``gpt-4o`` must not fall outside a budget's
     ``models`` or count as a subject of its own (counting them together errs on the
     side of the limit)."""
-    if name is None:
-        return None
+    return None if name is None else _fold(name)
+
+
+def _fold(name: str) -> str:
     return unicodedata.normalize("NFKC", name[:SUBJECT_CHARS]).strip().casefold()
 
 
