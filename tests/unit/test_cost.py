@@ -534,3 +534,20 @@ def test_a_client_s_huge_model_name_costs_the_writer_no_time(tmp_path):
         assert cost_of(row | {"provider": provider}) == UNKNOWN
         assert cost_of(row | {"provider": provider}, prices) == UNKNOWN
     assert time.perf_counter() - started < 0.05
+
+
+def test_counts_that_are_no_token_counts_are_not_recorded_and_say_so():
+    """The upstream's bytes: a negative count took from every sum, two of 2**62 overflowed
+    exchange_view.total_tokens on PostgreSQL (no SELECT of the view over that row)."""
+    dialect, path, request, body, provider = PRICED["openai-chat"][:5]
+    hostile = body | {"usage": {"prompt_tokens": -5, "completion_tokens": 2**62, "total_tokens": 1}}
+    row = audited(dialect, path, request, hostile, provider)
+    assert (row["input_tokens"], row["output_tokens"]) == (None, None)
+    details = [f["detail"] for f in row["findings"] if f["code"] == "usage_invalid"]
+    assert details == [
+        "input_tokens = -5 is not a token count; not recorded",
+        f"output_tokens = {2**62} is not a token count; not recorded",
+    ]
+    assert cost_of(row) == UNKNOWN
+    fine = audited(dialect, path, request, body | {"usage": {"prompt_tokens": 2**53, "completion_tokens": 0}}, provider)
+    assert fine["input_tokens"] == 2**53 and not [f for f in fine["findings"] if f["code"] == "usage_invalid"]
