@@ -95,6 +95,8 @@ CODES: dict[str, str] = {
     "fits; the detail gives the kept and true sizes and the SHA-256 of the raw upstream body.",
     "inspection_stopped": "Decoding the body would exceed the exchange's decode budget (a compression bomb): "
     "inspection stopped there, the bytes passed unchanged; the detail gives the reason, sizes and SHA-256.",
+    "usage_invalid": "A token count the upstream reported is negative or beyond 2^53 (no exchange uses that many): "
+    "that count is not recorded (NULL); the detail names it and its value.",
     "tool_call_truncated": "A tool call was cut off (token limit or stream end); its arguments are kept as received.",
     "event_id_invalid": "An SSE event id is not the integer the protocol requires (LMSP: integers from 1).",
     "event_id_not_increasing": "SSE event ids did not strictly increase.",

@@ -34,12 +34,13 @@ import inspect
 import logging
 import os
 import queue
+import re
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
-from urllib.parse import urlsplit
+from urllib.parse import parse_qsl, quote, unquote, urlsplit
 
 from addon import otel_semconv as semconv
 
@@ -50,6 +51,7 @@ SHUTDOWN_SECONDS = 5.0  # what close() may take in all, whatever the collector d
 WARN_EVERY = 60.0  # seconds between two "not delivered" warnings (the first comes at once)
 CHECK_EVERY = 1.0  # seconds between the export thread's looks at failed batches while no row comes
 SCOPE = "llm-audit"
+MAX_DIMENSION_VALUES = 200  # distinct values of a metric dimension the traffic writes (_Dimensions)
 LOG_BATCH = 64  # content log records per export request
 # the columns the export reads; the content ones only with the content switch on
 COLUMNS = (
@@ -128,11 +130,14 @@ class _Counting:
 
 
 class _LastMessage(logging.Handler):
-    """Keeps the SDK's last warning (why an export failed) for our own lines."""
+    """Keeps the SDK's last warning (why an export failed) for our own lines, without the
+    collector's credentials: the SDK's message quotes the request's error, and a
+    connection error names the URL with its query (``/v1/traces?api_key=...``)."""
 
-    def __init__(self) -> None:
+    def __init__(self, secrets: Sequence[str] = ()) -> None:
         super().__init__(logging.WARNING)
         self.last: str | None = None
+        self.secrets = sorted({s for s in secrets if len(s) >= 3}, key=len, reverse=True)
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
@@ -140,7 +145,44 @@ class _LastMessage(logging.Handler):
         except Exception:  # noqa: BLE001 - a malformed SDK message must not break its thread
             message = str(record.msg)
         if "shutdown" not in message.lower():  # the SDK's lines about our own shutdown are no cause
-            self.last = message[:300]
+            self.last = scrub(message, self.secrets)[:300]
+
+
+_URL_QUERY = re.compile(r"(?<=[^\s?])\?[^\s'\"()<>,]+")
+_URL_USERINFO = re.compile(r"//[^/\s@'\"]*@")
+
+
+def scrub(message: str, secrets: Sequence[str]) -> str:
+    """A message of the SDK as our log may quote it: every query string and user part of
+    a URL removed, and each known secret of the collector's settings replaced."""
+    for secret in secrets:
+        message = message.replace(secret, "[redacted]")
+    message = _URL_USERINFO.sub("//[redacted]@", message)
+    return _URL_QUERY.sub("?[query removed]", message)
+
+
+def collector_secrets(env: Mapping[str, str]) -> list[str]:
+    """What the collector's settings hold that our lines must not show: the values of
+    ``OTEL_EXPORTER_OTLP_*HEADERS``, and the user part and query values of every
+    ``OTEL_EXPORTER_OTLP_*ENDPOINT`` (as written and URL-decoded)."""
+    out: list[str] = []
+    for var, value in env.items():
+        if not var.startswith("OTEL_EXPORTER_OTLP_") or not value:
+            continue
+        if var.endswith("HEADERS"):
+            for item in value.split(","):
+                secret = item.partition("=")[2].strip()
+                out += [secret, unquote(secret)]
+        elif var.endswith("ENDPOINT"):
+            try:
+                parts = urlsplit(value.strip())
+            except ValueError:
+                continue
+            out += [p for p in (parts.username, parts.password) if p]
+            out += [unquote(p) for p in (parts.username, parts.password) if p]
+            for _, v in parse_qsl(parts.query, keep_blank_values=True):
+                out += [v, quote(v, safe="")]
+    return [s for s in out if s]
 
 
 class OtelExporter:
@@ -169,7 +211,7 @@ class OtelExporter:
         self._warned_at = -WARN_EVERY
         self._warned_lost = 0
         self._queue: queue.Queue[Any] = queue.Queue(QUEUE_SIZE)
-        self._sdk_log = _LastMessage()
+        self._sdk_log = _LastMessage(collector_secrets(env))
         self._quiet_sdk()
         self._setup(instance, env)
         self._thread = threading.Thread(target=self._run, name="llm-audit-otel", daemon=True)
@@ -415,8 +457,10 @@ class _Instruments:
             "llm_audit.cost", unit="USD", description="Cost of the exchanges whose price is known"
         )
 
+        self.dimensions = _Dimensions()
+
     def record(self, row: Mapping[str, Any]) -> None:
-        attributes = semconv.metric_attributes(row)
+        attributes = self.dimensions.bound(semconv.metric_attributes(row))
         self.exchanges.add(1, attributes | {"llm_audit.status": str(row.get("status"))})
         if row.get("status") == "blocked":
             self.blocked.add(1, attributes)
@@ -434,6 +478,33 @@ class _Instruments:
         cost = semconv.cost(row.get("cost_usd"))
         if cost is not None:
             self.cost.add(cost, attributes)
+
+
+class _Dimensions:
+    """Bounds what the traffic writes into the metrics' dimensions.
+
+    Model names, the upstream's host and its error code are the client's and the
+    upstream's to choose: each new value makes a time series of every instrument, which
+    the SDK keeps for the life of the export (and a backend bills). The first
+    :data:`MAX_DIMENSION_VALUES` values of each are kept; the others are ``_OTHER``
+    (the conventions' value for what is not named). Spans keep the true value. Used by
+    the export thread only."""
+
+    BOUNDED = ("gen_ai.request.model", "gen_ai.response.model", "server.address", "server.port", "error.type")
+
+    def __init__(self) -> None:
+        self.seen: dict[str, set[Any]] = {name: set() for name in self.BOUNDED}
+
+    def bound(self, attributes: dict[str, Any]) -> dict[str, Any]:
+        for name, seen in self.seen.items():
+            value = attributes.get(name)
+            if value is None or value in seen:
+                continue
+            if len(seen) < MAX_DIMENSION_VALUES:
+                seen.add(value)
+            else:
+                attributes[name] = "_OTHER"
+        return attributes
 
 
 def _shut_down(providers: list[Any], deadline: float) -> None:

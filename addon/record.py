@@ -267,7 +267,11 @@ class ExchangeRecord:
     def _usage(self, event: Usage) -> None:
         usage = self.usage
         for name, value in zip(_USAGE_FIELDS, _usage_values(event)):
-            if value is not None:
+            if value is None:
+                continue
+            if isinstance(value, int | float) and not 0 <= value <= MAX_TOKEN_COUNT:
+                self.add_finding("usage_invalid", f"{name} = {str(value)[:40]} is not a token count; not recorded")
+            else:
                 usage[name] = value
 
     def _meta(self, event: ResponseMeta) -> None:
@@ -471,6 +475,11 @@ class ExchangeRecord:
         }
 
 
+# The largest token count recorded (2^53: exact as a double, and two of them add up within
+# a 64-bit integer). The counts are the upstream's bytes: a negative count took from every
+# sum of usage and a budget's total, two of 2^62 overflowed exchange_view.total_tokens on
+# PostgreSQL (bigint out of range: no SELECT of the view over that row) and SQLite's sums.
+MAX_TOKEN_COUNT = 2**53
 _USAGE_FIELDS: tuple[str, ...] = Usage.__slots__
 _usage_values = attrgetter(*_USAGE_FIELDS)  # all of a Usage's counts in one call
 # How each event class is folded into the record (ExchangeRecord.apply).

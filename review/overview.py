@@ -13,9 +13,9 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import BigInteger, Connection, cast, func, or_, select
+from sqlalchemy import Connection, func, or_, select
 
-from storage.query import Filters, view
+from storage.query import Filters, token_sum, view
 
 TOTALS = ("exchanges", "input_tokens", "output_tokens", "blocks", "errors")
 
@@ -82,7 +82,7 @@ def overview(conn: Connection, filters: Filters) -> Overview:
 
 
 def _sum(column: Any) -> Any:
-    return cast(func.coalesce(func.sum(column), 0), BigInteger)
+    return token_sum(column)
 
 
 def _split_counts(conn: Connection, filters: Filters, listed: Any, where: Any) -> list[tuple[str, int]]:

@@ -48,6 +48,7 @@ GENAI_PRICES = f"genai-prices {genai_prices.__version__}"  # the cost_prices of 
 # The bundled price list, as a snapshot of our own: genai_prices.calc_price would use a
 # snapshot an UpdatePrices started anywhere in the process had fetched.
 SNAPSHOT = DataSnapshot(providers=_bundled_providers, from_auto_update=False)
+MODEL_CHARS_MAX = 200  # the longest name looked up (a Bedrock inference profile's ARN is some 100)
 SCALE = Decimal("1e-12")  # the column's 12 decimal places (storage.schema.Money)
 
 # gen_ai.provider.name (the provider column; addon/dialects/providers.py) -> genai-prices
@@ -92,6 +93,22 @@ _DETAILS = (
 # the CLI's); a lost update only costs a lookup.
 _UNLISTED: set[tuple[str, str]] = set()
 _UNLISTED_MAX = 4096
+
+
+# the columns of a row that cost_of reads
+COLUMNS = (
+    "started_at",
+    "dialect",
+    "provider",
+    "request_model",
+    "response_model",
+    "input_tokens",
+    "output_tokens",
+    "cache_read_input_tokens",
+    "cache_write_input_tokens",
+    "reasoning_output_tokens",
+    "usage_details",
+)
 
 
 class Cost(NamedTuple):
@@ -186,10 +203,12 @@ def _cost(row: Mapping[str, Any], prices: Prices | None) -> Cost:
 def _names(*models: Any) -> list[str]:
     """The model names to look up, in order: each as recorded, then without the resource
     path Google's APIs put before it (``models/gemini-2.5-flash``,
-    ``publishers/google/models/...``)."""
+    ``publishers/google/models/...``). A name longer than :data:`MODEL_CHARS_MAX` is no
+    model's: not looked up (a look-up reads the name once per pattern of the list, 0.3 s
+    for a client's 1 MB name, on the writer's thread)."""
     out: list[str] = []
     for model in models:
-        if isinstance(model, str) and model:
+        if isinstance(model, str) and model and len(model) <= MODEL_CHARS_MAX:
             out += [model] if "models/" not in model else [model, model.rsplit("models/", 1)[1]]
     return list(dict.fromkeys(name for name in out if name))
 
@@ -225,7 +244,23 @@ def _usage(row: Mapping[str, Any]) -> dict[str, int] | None:
         return None
     if row.get("dialect") in _REASONING_APART and "output_reasoning_tokens" in usage:
         usage["output_tokens"] = usage.get("output_tokens", 0) + usage["output_reasoning_tokens"]
-    return usage
+    return usage if _consistent(usage) else None
+
+
+def _consistent(usage: Mapping[str, int]) -> bool:
+    """Whether the parts fit in their wholes: cache reads and writes within the input,
+    reasoning within the output, each modality's within its side. genai-prices refuses
+    some contradictions, not all (cache reads and writes beyond the input on OpenAI's
+    list price a negative uncached input into a total that looks right): counts that
+    contradict each other are the upstream's error or a lie, and their price a guess."""
+    inp, out = usage.get("input_tokens", 0), usage.get("output_tokens", 0)
+    parts = (
+        (inp, ("cache_read_tokens", "cache_write_tokens")),
+        (out, ("output_reasoning_tokens",)),
+        (inp, ("input_text_tokens", "input_audio_tokens", "input_image_tokens")),
+        (out, ("output_text_tokens", "output_audio_tokens")),
+    )
+    return all(sum(usage.get(name, 0) for name in names) <= whole for whole, names in parts)
 
 
 def _count(value: Any) -> bool:
@@ -266,6 +301,8 @@ def load_prices(path: str | Path) -> Prices:
         doc = tomllib.loads(text)
     except UnicodeDecodeError:
         raise PricesError(f"{path}: not UTF-8 text; save the price file as UTF-8 TOML") from None
+    except RecursionError:  # tomllib parses nested arrays and tables recursively
+        raise PricesError(f"{path}: nested too deeply to be a price file; write flat [[price]] tables") from None
     except tomllib.TOMLDecodeError as e:
         at = _TOML_AT.search(str(e))  # Python 3.12's error has the line only in its text
         where = f"{path}:{at.group(1)}" if at else str(path)

@@ -20,11 +20,12 @@ from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import (
-    BigInteger,
     Connection,
+    Float,
     Row,
     Text,
     and_,
+    case,
     cast,
     func,
     literal,
@@ -221,6 +222,7 @@ def stats(conn: Connection, filters: Filters, by: Sequence[str]) -> list[dict[st
         rows[group].update(values)
     for row in rows.values():  # a sum of doubles on SQLite: to the column's 12 places
         row["cost_usd"] = None if row["cost_usd"] is None else round(float(row["cost_usd"]), 12)
+        row.update({name: int(row[name]) for name in TOKEN_FIELDS})  # token_sum's doubles
     fields = (*by, *STATS_FIELDS)
     ordered = sorted(
         ({name: row.get(name) for name in fields} for row in rows.values()),
@@ -235,9 +237,21 @@ def _answers() -> ColumnElement[bool]:
     return or_(view.turn.is_not(None), view.connection_id.is_(None))
 
 
-def _total(name: str) -> ColumnElement[int]:
-    """The sum of a token column, 0 when nothing was reported (an integer: PostgreSQL sums to numeric)."""
-    return cast(func.coalesce(func.sum(view[name]), 0), BigInteger).label(name)
+def _total(name: str) -> ColumnElement[float]:
+    """The sum of a token column (:func:`token_sum`), 0 when nothing was reported."""
+    return token_sum(view[name]).label(name)
+
+
+def token_sum(column: Any) -> ColumnElement[float]:
+    """The sum of a token column's counts, as a double, 0 when there are none.
+
+    The counts are the upstream's (hostile input, any 64-bit integer): a sum of integers
+    would end the query in an error (SQLite's ``integer overflow`` once two rows of a
+    group hold 2**62, PostgreSQL's ``bigint out of range`` casting its numeric back),
+    and with it ``stats``, the review page and the budgets' totals. A double does not
+    overflow and is exact to 2**53 tokens; a negative count is no count and adds nothing.
+    The caller turns it into an integer."""
+    return func.coalesce(func.sum(case((column >= 0, cast(column, Float)))), 0.0)
 
 
 def _percentiles(conn: Connection, filters: Filters, by: Sequence[str]) -> dict[tuple, dict[str, int]]:

@@ -21,27 +21,11 @@ from datetime import datetime
 from sqlalchemy import Engine, bindparam, select, update
 from sqlalchemy.exc import SQLAlchemyError
 
-from storage.cost import Prices, cost_of
+from storage.cost import COLUMNS, Prices, cost_of
 from storage.database import DatabaseError, first_line
 from storage.schema import IN_PROGRESS, exchanges
 
-# what cost_of reads of a row
-_READ = (
-    "id",
-    "started_at",
-    "dialect",
-    "provider",
-    "request_model",
-    "response_model",
-    "input_tokens",
-    "output_tokens",
-    "cache_read_input_tokens",
-    "cache_write_input_tokens",
-    "reasoning_output_tokens",
-    "usage_details",
-    "cost_usd",
-    "cost_prices",
-)
+_READ = ("id", *COLUMNS, "cost_usd", "cost_prices")  # what cost_of reads of a row, and what it gave
 _SAME = 5e-13  # half the column's last decimal place: a stored cost that round-tripped is the same
 
 

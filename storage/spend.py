@@ -18,6 +18,7 @@ from typing import NamedTuple
 
 from sqlalchemy import Engine, and_, case, func, literal, or_, select
 
+from storage.query import token_sum
 from storage.schema import IN_PROGRESS, exchanges
 
 
@@ -47,8 +48,8 @@ def read_spend(engine: Engine, start: datetime, end: datetime, instance: str | N
     query = (
         select(
             *groups,
-            func.coalesce(func.sum(c.input_tokens), 0),
-            func.coalesce(func.sum(c.output_tokens), 0),
+            token_sum(c.input_tokens),
+            token_sum(c.output_tokens),
             func.coalesce(func.sum(cost), 0),
             func.count(),
             func.sum(case((cost.is_(None), 1), else_=0)),

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import re
 import time
+import unicodedata
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -45,7 +46,11 @@ PERIODS = ("day", "month")
 PER = ("user", "key", "model", "all")
 METERS = ("usd", "input", "output", "total")
 BUDGET_FILTER = "budget"  # the ``filter`` of every verdict a budget gives
+SUBJECT_CHARS = 255  # of a user id or model name: the database's columns keep this many
 STALE_AFTER_MIN = 15.0  # seconds: totals older than this (and 3 refreshes) cannot be trusted
+UNPRICED_NOTES_MAX = 100  # models of unknown cost named in a line each; then one line for the rest
+MODEL_IN_NOTE = 100  # characters of a model name in such a line
+PENDING_MAX = 10_000  # rows waiting for their cost (BudgetBook.pending); beyond, counted unpriced
 
 Period = Literal["day", "month"]
 
@@ -67,35 +72,57 @@ class Budget:
     _patterns: tuple[re.Pattern[str] | None, ...] = field(default=(None, None, None), compare=False, repr=False)
 
     def __post_init__(self) -> None:
-        compiled = tuple(_globs(p) for p in (self.providers, self.models, self.users))
+        compiled = (
+            _globs(tuple(_fold(p) for p in self.providers)),
+            _globs(tuple(_fold(p) for p in self.models)),
+            _globs(self.users),
+        )
         object.__setattr__(self, "_patterns", compiled)
 
     def applies(self, provider: str | None, model: str | None, user: str | None) -> bool:
         """Whether an exchange of this provider, requested model and user is in scope
-        (a pattern list never matches a missing value)."""
-        for pattern, value in zip(self._patterns, (provider, model, user)):
+        (a pattern list never matches a missing value). Providers and models compare
+        folded (:func:`fold`), user ids as they are."""
+        values = (fold(provider), fold(model), None if user is None else user[:SUBJECT_CHARS])
+        for pattern, value in zip(self._patterns, values):
             if pattern is not None and (value is None or pattern.fullmatch(value) is None):
                 return False
         return True
 
     def subject(self, user: str | None, key: str | None, model: str | None) -> str | None:
-        """Whose total an exchange counts in: the user, the key fingerprint, the model, or
-        ``""`` for all. ``None``: it has none (no user id), so this budget does not count it."""
+        """Whose total an exchange counts in: the user, the key fingerprint, the model
+        (folded), or ``""`` for all. ``None``: it has none (no user id), so this budget does
+        not count it. Each as the database keeps it (its first :data:`SUBJECT_CHARS`
+        characters), so that the totals read back after a restart are the same subject's."""
         match self.per:
             case "user":
-                return user
+                return None if user is None else user[:SUBJECT_CHARS]
             case "key":
                 return key
             case "model":
-                return model
+                return fold(model)
         return ""
 
     def describe_limit(self) -> str:
         return _amount(self.meter, self.limit)
 
 
+def fold(name: str | None) -> str | None:
+    """A provider or model name as budgets compare it: its first :data:`SUBJECT_CHARS`
+    characters (what the database keeps), NFKC-normalized, without surrounding blanks, in
+    case-folded form. The name is the client's: ``GPT-4o``, ``gpt-4o `` or a full-width
+    ``ｇｐｔ-4o`` that an upstream takes as ``gpt-4o`` must not fall outside a budget's
+    ``models`` or count as a subject of its own (counting them together errs on the
+    side of the limit)."""
+    return None if name is None else _fold(name)
+
+
+def _fold(name: str) -> str:
+    return unicodedata.normalize("NFKC", name[:SUBJECT_CHARS]).strip().casefold()
+
+
 def _globs(patterns: tuple[str, ...]) -> re.Pattern[str] | None:
-    """Shell-style patterns (``gpt-4o*``), case-sensitive, as one regular expression."""
+    """Shell-style patterns (``gpt-4o*``) as one regular expression."""
     return re.compile("|".join(f"(?:{translate(p)})" for p in patterns)) if patterns else None
 
 
@@ -111,12 +138,13 @@ class Totals:
     no_usage: int = 0  # exchanges the upstream reported no token counts for: counted as 0 tokens
 
     def add(self, other: Totals) -> None:
-        self.input_tokens += other.input_tokens
-        self.output_tokens += other.output_tokens
-        self.cost_usd += other.cost_usd
-        self.exchanges += other.exchanges
-        self.unpriced += other.unpriced
-        self.no_usage += other.no_usage
+        """Add ``other``'s figures, writing only the fields it adds to: the budgets' thread
+        adds the costs of this proxy's rows to the same totals the event loop adds their
+        tokens to (:meth:`BudgetBook.price_pending`), and ``x += 0`` from one thread would
+        write back a value the other has just replaced."""
+        for name in _TOTALS_FIELDS:
+            if value := getattr(other, name):
+                setattr(self, name, getattr(self, name) + value)
 
     def value(self, meter: str) -> float:
         match meter:
@@ -130,16 +158,21 @@ class Totals:
 
     @classmethod
     def of_row(cls, row: Mapping[str, Any]) -> Totals:
-        """One final exchange row's contribution."""
+        """One final exchange row's contribution. A negative count (the upstream's bytes)
+        adds nothing, as in the database's totals (:func:`storage.query.token_sum`): it
+        would take from the total, and a reply could reopen a budget it spent."""
         inp, out, cost = row.get("input_tokens"), row.get("output_tokens"), row.get("cost_usd")
         return cls(
-            inp or 0,
-            out or 0,
+            max(inp or 0, 0),
+            max(out or 0, 0),
             float(cost or 0),
             1,
             1 if cost is None else 0,
             1 if inp is None and out is None else 0,
         )
+
+
+_TOTALS_FIELDS = ("input_tokens", "output_tokens", "cost_usd", "exchanges", "unpriced", "no_usage")
 
 
 class Spend(Protocol):
@@ -246,6 +279,8 @@ class BudgetBook:
         self.error: str | None = None  # why the last refresh failed; None after a good one
         self.local: dict[tuple[str, str, str], Totals] = {}  # (budget, period key, subject)
         self.unpriced_models: set[tuple[str, str | None]] = set()  # (budget, model) reported once
+        self._newest = self.epoch  # the start of the newest record added, and its periods' keys
+        self._newest_keys: set[str] | None = None
         # Prices a row (US dollars, None when unknown), on the refresh thread; the rows
         # waiting for it, and who to wake. Only that thread adds costs to local totals,
         # only the event loop tokens: no field is written by both.
@@ -280,6 +315,7 @@ class BudgetBook:
         started = row.get("started_at")
         if row.get("status") == "in_progress" or not isinstance(started, datetime) or started < self.epoch:
             return
+        self._forget_past_periods(started)
         contribution = Totals.of_row(row)
         later = self.pricer is not None and row.get("cost_usd") is None
         if later:
@@ -296,10 +332,25 @@ class BudgetBook:
             totals.add(contribution)
             if b.meter == "usd" and later:
                 to_price.append((b.id, totals))
-        if to_price:
+        if to_price and len(self.pending) >= PENDING_MAX:
+            # the budgets' thread is not pricing (a database read that hangs): counted as
+            # an unknown cost, which the refusal says, rather than memory without end
+            for _, totals in to_price:
+                totals.unpriced += 1
+        elif to_price:
             self.pending.append((to_price, row))
             if self.on_pending is not None:
                 self.on_pending()
+
+    def _forget_past_periods(self, started: datetime) -> None:
+        """Drop the local totals of periods before the newest record's: no check reads
+        them again, and kept they would grow with every period (and with every user id a
+        client makes up). A record that started before is never newer than the clock."""
+        keys = {period_key(p, started) for p in self.periods}
+        if self._newest_keys is None or (started >= self._newest and keys != self._newest_keys):
+            if self._newest_keys is not None:
+                self.local = {k: v for k, v in self.local.items() if k[1] in keys}
+            self._newest, self._newest_keys = started, keys
 
     def price_pending(self) -> list[str]:
         """Price the rows :meth:`add` left without a cost (on the refresh thread: a first
@@ -315,12 +366,20 @@ class BudgetBook:
                     continue
                 totals.unpriced += 1
                 model = row.get("request_model")
-                if (budget_id, model) not in self.unpriced_models:
-                    self.unpriced_models.add((budget_id, model))
+                model = model[:MODEL_IN_NOTE] if isinstance(model, str) else None
+                if (budget_id, model) in self.unpriced_models or len(self.unpriced_models) > UNPRICED_NOTES_MAX:
+                    continue
+                self.unpriced_models.add((budget_id, model))
+                if len(self.unpriced_models) > UNPRICED_NOTES_MAX:  # model names are the client's: a bound
                     notes.append(
-                        f"budget {budget_id!r}: the cost of {model or 'an unnamed model'!r} is unknown; its "
-                        "exchanges count as $0 (give its price in a price file: llm_audit_prices)"
+                        f"budget {budget_id!r}: more models of unknown cost, not named one by one; their "
+                        "exchanges count as $0 too"
                     )
+                    continue
+                notes.append(
+                    f"budget {budget_id!r}: the cost of {model or 'an unnamed model'!r} is unknown; its "
+                    "exchanges count as $0 (give its price in a price file: llm_audit_prices)"
+                )
         return notes
 
     def total(self, budget: Budget, subject: str, now: datetime) -> Totals:

@@ -200,6 +200,8 @@ def parse_rules(text: str, path: str = "<rules>") -> list[Rule | Budget]:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise _syntax_error(e, path) from None
+    except RecursionError:  # tomllib parses nested arrays and tables recursively
+        raise RulesError(path, None, "nested too deeply to be a rules file (rules are flat [[rule]] tables)") from None
     lines = _Lines(text)
     for key in data:
         if key != "rule":

@@ -36,12 +36,15 @@ from addon.filters.api import BLOCK, FILTER_ERROR, FLAG, Verdict
 from addon.filters.budgets import BUDGET_FILTER, Budget, BudgetBook, build_snapshot, period_end, period_start
 from addon.mitm.store import AuditStore
 from addon.record import ExchangeRecord
+from storage.cost import COLUMNS as COST_COLUMNS
 from storage.cost import cost_of
 from storage.database import first_line
 from storage.spend import Spend, read_spend
 
 log = logging.getLogger(__name__)
 
+# what a book reads of a final row (BudgetBook.add), and what pricing it reads
+BOOK_COLUMNS = tuple(dict.fromkeys(("status", "user_id", "api_key_fingerprint", "cost_usd", *COST_COLUMNS)))
 EARLIER_REFRESH = 300.0  # seconds between two reads of the month's earlier days
 FIRST_TRY = 0.1  # seconds between tries while a book has no totals yet
 _NEW_BOOK = object()  # a writer no book is made for: the next sync makes a new book
@@ -192,8 +195,13 @@ class BudgetKeeper:
             return [Verdict(action, FILTER_ERROR, reason, filter=BUDGET_FILTER, location="request")]
 
     def recorded(self, row: dict[str, Any]) -> None:
-        """The audit store took a record: count a final one in the books (never raises)."""
-        for book in {id(b): b for b in (self.book, self.next) if b is not None}.values():
+        """The audit store took a record: count a final one in the books (never raises).
+        A book keeps the columns it reads only: a row waiting to be priced would otherwise
+        hold the exchange's whole content."""
+        books = {id(b): b for b in (self.book, self.next) if b is not None}
+        if books:
+            row = {name: row.get(name) for name in BOOK_COLUMNS}
+        for book in books.values():
             try:
                 book.add(row)
             except Exception:  # the record is written; only its count is missing

@@ -13,6 +13,7 @@ from datetime import UTC, datetime, timedelta, timezone
 import pytest
 from sqlalchemy import Engine, create_engine, insert
 
+from addon.filters import budgets as budgets_module
 from addon.filters.budgets import (
     Budget,
     BudgetBook,
@@ -114,6 +115,13 @@ def test_a_bad_budget_rule_is_one_line_naming_file_line_and_fix(tmp_path, body, 
     message = error(text, tmp_path)
     assert message.startswith(f"{tmp_path / 'rules.toml'}:{line}: rule 'b': "), message
     assert fragment in message, message
+
+
+def test_a_rules_file_nested_too_deeply_is_one_line(tmp_path):
+    path = tmp_path / "rules.toml"
+    path.write_text("x = " + "[" * 100_000 + "]" * 100_000 + "\n")  # tomllib's RecursionError
+    with pytest.raises(RulesError, match="nested too deeply to be a rules file"):
+        load_rules(path)
 
 
 def test_a_budget_and_a_content_rule_cannot_share_an_id(tmp_path):
@@ -286,6 +294,30 @@ def test_scope_patterns_limit_which_exchanges_count_and_which_requests_are_check
     assert b.check("anthropic", "gpt-4o", None, None, NOW) == []
 
 
+def test_variants_of_a_model_name_stay_in_scope_and_in_one_subject():
+    """The model name is the client's: a case, blank or full-width variant an upstream
+    takes as the same model neither leaves a budget's scope nor starts a total of its own."""
+    scoped = budget('period = "day"\nlimit_tokens = 10\nmodels = ["gpt-4o*"]\nproviders = ["openai"]')
+    per_model = Budget("pm", "block", "day", "model", "total", 10)
+    b = book(scoped, per_model)
+    fresh(b, [spend(model="GPT-4o", inp=6)])
+    b.add(row(model=" ｇｐｔ-4O ", inp=4, out=0))
+    for variant in ("gpt-4o", "GPT-4O", "gpt-4o ", "ｇｐｔ-４ｏ"):
+        assert sorted(v.rule_id for v in b.check("OpenAI", variant, None, None, NOW)) == ["b", "pm"], variant
+    assert b.check("openai", "gpt-5", None, None, NOW) == []
+
+
+def test_a_long_user_id_is_the_same_subject_in_the_database_and_in_memory():
+    """The database keeps a user id's first 255 characters: the totals read back (another
+    proxy's, or this one's after a restart) are those of the id the next request names."""
+    daily = budget('period = "day"\nper = "user"\nlimit_tokens = 10')
+    long_id = "u" * 300
+    b = book(daily)
+    fresh(b, [spend(user=long_id[:255], inp=10)])
+    (verdict,) = b.check("openai", "gpt-4o", long_id, None, NOW)
+    assert verdict.action == "block"
+
+
 def test_a_flag_budget_records_and_lets_the_request_pass():
     flag = Budget("soft", "flag", "day", "all", "total", 1.0, reason="soft limit")
     b = book(flag)
@@ -361,6 +393,33 @@ def test_read_spend_sums_final_rows_of_the_range_leaving_out_the_proxys_own_sinc
         Spend("alice", "sha256:k", "gpt-4o", "openai", 111, 6, 0.25, 3, 2, 0),
         Spend("bob", None, "gpt-5", None, 7, 0, 0.0, 1, 1, 0),
     ]
+
+
+def test_hostile_token_counts_neither_break_the_totals_nor_reopen_a_budget(engine):
+    """The counts are the upstream's bytes: two rows of 2**62 overflowed SQLite's integer
+    sum ('integer overflow': no totals, every request in scope refused once they went
+    stale) and PostgreSQL's cast back to bigint (stats, the review page); a negative
+    count took from the total. The same rows in stats and the review page's overview."""
+    from review.overview import overview
+    from storage.query import Filters, stats
+
+    common = {"user_id": "mallory", "request_model": "gpt-4o", "provider": "openai", "proxy_instance": "p2"}
+    for inp, out in ((2**62, 1), (2**62, 1), (-(2**62), -(2**62)), (5, 1)):
+        put(engine, started_at=NOW, input_tokens=inp, output_tokens=out, **common)
+    day = period_start("day", NOW)
+    (spent,) = read_spend(engine, day, day + timedelta(days=1), "p1", EPOCH)
+    huge = int(float(2**63 + 5))  # a double's sum: exact to 2**53
+    assert (spent.input_tokens, spent.output_tokens, spent.exchanges) == (huge, 3, 4)
+    daily = budget('period = "day"\nper = "user"\nlimit_tokens = 1000')
+    b = book(daily)
+    fresh(b, [spent])
+    b.add(row(user="mallory", inp=-(2**62), out=-(2**62)))  # this proxy's own: adds nothing either
+    (verdict,) = b.check("openai", "gpt-4o", "mallory", None, NOW)
+    assert verdict.action == "block"
+    with engine.connect() as conn:
+        (total,) = stats(conn, Filters(), [])
+        assert (total["input_tokens"], total["output_tokens"]) == (huge, 3)
+        assert overview(conn, Filters()).totals["input_tokens"] == huge
 
 
 def test_the_refresher_reads_the_totals_into_the_book_off_the_event_loop(engine):
@@ -446,3 +505,93 @@ def test_new_rules_keep_the_book_in_force_until_the_new_one_is_read(tmp_path):
     finally:
         keeper.close()
         engine.dispose()
+
+
+def test_a_row_waiting_for_its_price_holds_only_what_pricing_reads(tmp_path, monkeypatch):
+    """A row waits on the budgets' thread for its cost: not with the exchange's content."""
+    seen: list[dict] = []
+    monkeypatch.setattr(BudgetKeeper, "_price", lambda self, r: seen.append(dict(r)) or 0.5)
+    engine = open_engine(f"sqlite:///{tmp_path / 'audit.db'}")
+    keeper = BudgetKeeper(Store(Writer(engine, "p1")))  # type: ignore[arg-type]
+    try:
+        keeper.configure([Budget("u", "block", "day", "all", "usd", 1.0)], "closed", 3600)
+        keeper.start()
+        big = {"request_body": {"messages": [{"role": "user", "content": "x" * 10**6}]}, "output_text": "y" * 10**6}
+        keeper.recorded(row(started=datetime.now(UTC)) | big)
+        deadline = time.monotonic() + 10
+        while not seen and time.monotonic() < deadline:
+            time.sleep(0.02)
+        (priced,) = seen
+        assert priced["request_model"] == "gpt-4o" and priced["input_tokens"] == 10
+        assert "request_body" not in priced and "output_text" not in priced
+    finally:
+        keeper.close()
+        engine.dispose()
+
+
+def test_rows_waiting_for_a_price_are_bounded_and_the_rest_count_as_unknown(monkeypatch):
+    """The budgets' thread stuck (a database read that hangs): the rows waiting for their
+    cost stop at PENDING_MAX; the others count as exchanges of unknown cost, and say so."""
+    monkeypatch.setattr(budgets_module, "PENDING_MAX", 3)
+    usd = budget('period = "day"\nlimit_usd = 1')
+    b = book(usd)
+    fresh(b)
+    b.pricer = lambda r: 0.1
+    for _ in range(5):
+        b.add(row(cost=None))
+    assert len(b.pending) == 3
+    assert b.total(usd, "", NOW).unpriced == 2
+    b.price_pending()
+    used = b.total(usd, "", NOW)
+    assert (round(used.cost_usd, 6), used.unpriced, used.exchanges) == (0.3, 2, 5)
+
+
+def test_the_local_totals_of_past_periods_are_forgotten():
+    """Kept, they grew with every day, and with every user id a client made up."""
+    daily = budget('period = "day"\nper = "user"\nlimit_tokens = 100')
+    b = book(daily)
+    for i in range(50):
+        b.add(row(user=f"made-up-{i}", started=NOW))
+    assert len(b.local) == 50
+    tomorrow = NOW + timedelta(days=1)
+    b.add(row(user="alice", started=tomorrow, inp=7))
+    b.add(row(user="alice", started=NOW, inp=1))  # a late record of yesterday: kept until the next day
+    assert sorted(k[1] for k in b.local) == ["2026-12-02", "2026-12-03"]
+    assert b.total(daily, "alice", tomorrow).input_tokens == 7
+    b.add(row(user="alice", started=tomorrow + timedelta(days=1)))
+    assert [k[1] for k in b.local] == ["2026-12-04"]
+
+
+def test_models_of_unknown_cost_are_named_in_a_bounded_number_of_lines(monkeypatch):
+    monkeypatch.setattr(budgets_module, "UNPRICED_NOTES_MAX", 3)
+    usd = budget('period = "day"\nlimit_usd = 1')
+    b = book(usd)
+    b.pricer = lambda r: None
+    for i in range(10):
+        b.add(row(cost=None, model=f"made-up-{i}-" + "m" * 10_000))
+    notes = b.price_pending()
+    assert len(notes) == 4 and "more models of unknown cost" in notes[-1]
+    assert all(len(n) < 400 for n in notes)
+    assert b.total(usd, "", NOW).unpriced == 10
+
+
+def test_the_event_loop_never_writes_the_cost_the_budgets_thread_adds():
+    """add() on the event loop and price_pending() on the budgets' thread share a row's
+    totals: an ``x += 0`` of the cost from the event loop could write back a value the
+    thread had just replaced, and lose that cost."""
+    writes: list[str] = []
+
+    class Watched(Totals):
+        def __setattr__(self, name, value):
+            writes.append(name)
+            super().__setattr__(name, value)
+
+    usd = budget('period = "day"\nlimit_usd = 1')
+    b = book(usd)
+    b.pricer = lambda r: 0.5
+    b.local[("b", "2026-12-02", "")] = watched = Watched()
+    writes.clear()
+    b.add(row(cost=None, inp=10, out=5))
+    assert sorted(writes) == ["exchanges", "input_tokens", "output_tokens"]
+    b.price_pending()
+    assert (watched.cost_usd, watched.input_tokens, watched.unpriced) == (0.5, 10, 0)

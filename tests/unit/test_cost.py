@@ -317,6 +317,15 @@ def test_self_hosted_and_vendor_neutral_apis_cost_null_without_a_price_file(name
         {"provider": "lmsp", "dialect": "lmsp"},
         {"input_tokens": None, "output_tokens": None},  # no usage reported
         {"cache_read_input_tokens": 10**6},  # more cached than sent: counts that contradict
+        {
+            "cache_read_input_tokens": 60,
+            "cache_write_input_tokens": 60,
+            "input_tokens": 100,
+        },  # (genai-prices priced it)
+        {"reasoning_output_tokens": 10**6},
+        {"usage_details": {"output_audio_tokens": 10**6}},
+        {"input_tokens": 2**62, "output_tokens": 2**62},  # beyond numeric(20, 12): unknown, the row still written
+        {"request_model": "gpt-4o" + " " * 300, "response_model": None},  # no model's name (and a look-up's cost)
         {"input_tokens": -1},
         {"input_tokens": True},
         {"usage_details": {"input_audio_tokens": "many"}},
@@ -421,6 +430,9 @@ def test_reasoning_and_cache_writes_priced_apart_when_the_file_says_so(tmp_path)
         ("[[price]]\nmodel = 'x'\ninput = '1'\noutput = 1\n", 1, "is not a price"),
         ("[prices]\nmodel = 'x'\n", None, "unknown table or key 'prices'"),
         ("# nothing yet\n", None, "no [[price]] entries"),
+        ("x = " + "[" * 100_000 + "]" * 100_000 + "\n", None, "nested too deeply"),  # tomllib's RecursionError
+        ("[[price]]\nmodel = 'x'\ninput = inf\noutput = 1\n", 1, "input = inf is not a price"),
+        ("[[price]]\nmodel = 'x'\ninput = 1\noutput = nan\n", 1, "output = nan is not a price"),
     ],
 )
 def test_a_bad_price_file_is_one_line_naming_the_file_line_and_fix(tmp_path, text, line, says):
@@ -508,3 +520,34 @@ def test_the_proxy_option_loads_the_file_and_a_bad_one_at_run_time_keeps_the_pri
         tctx.configure(store, llm_audit_prices="")
         assert store.prices is None and store.writer.prices is None
         store.done()
+
+
+def test_a_client_s_huge_model_name_costs_the_writer_no_time(tmp_path):
+    """A look-up reads the name once per pattern of the list: a 1 MB name took 0.3 s of the
+    writer's thread per record (more on OpenRouter's list), and as long in a price file."""
+    import time
+
+    row = audited(*PRICED["openai-chat"][:5]) | {"response_model": None, "request_model": "x" * 10**6}
+    prices = load_prices(price_file(tmp_path))
+    started = time.perf_counter()
+    for provider in ("openai", "openrouter"):
+        assert cost_of(row | {"provider": provider}) == UNKNOWN
+        assert cost_of(row | {"provider": provider}, prices) == UNKNOWN
+    assert time.perf_counter() - started < 0.05
+
+
+def test_counts_that_are_no_token_counts_are_not_recorded_and_say_so():
+    """The upstream's bytes: a negative count took from every sum, two of 2**62 overflowed
+    exchange_view.total_tokens on PostgreSQL (no SELECT of the view over that row)."""
+    dialect, path, request, body, provider = PRICED["openai-chat"][:5]
+    hostile = body | {"usage": {"prompt_tokens": -5, "completion_tokens": 2**62, "total_tokens": 1}}
+    row = audited(dialect, path, request, hostile, provider)
+    assert (row["input_tokens"], row["output_tokens"]) == (None, None)
+    details = [f["detail"] for f in row["findings"] if f["code"] == "usage_invalid"]
+    assert details == [
+        "input_tokens = -5 is not a token count; not recorded",
+        f"output_tokens = {2**62} is not a token count; not recorded",
+    ]
+    assert cost_of(row) == UNKNOWN
+    fine = audited(dialect, path, request, body | {"usage": {"prompt_tokens": 2**53, "completion_tokens": 0}}, provider)
+    assert fine["input_tokens"] == 2**53 and not [f for f in fine["findings"] if f["code"] == "usage_invalid"]

@@ -334,3 +334,54 @@ def test_without_the_sdk_one_line_names_the_fix(monkeypatch):
     monkeypatch.setattr(builtins, "__import__", no_sdk)
     with pytest.raises(OtelUnavailable, match=r"pip install 'llm-audit\[otel\]'"):
         OtelExporter("proxy-a")
+
+
+def test_the_sdks_reason_quoted_in_our_lines_carries_no_collector_credential(monkeypatch):
+    """A connection error names the URL with its query: the collector's credentials in the
+    endpoint's query or user part, or in the headers, never reach the proxy's log."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed again: nothing listens
+    monkeypatch.setenv(
+        "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", f"http://ingest:pw-{SECRET}@127.0.0.1:{port}/v1/traces?api_key=q-{SECRET}"
+    )
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_HEADERS", f"x-collector-token=h-{SECRET}")
+    monkeypatch.setenv("OTEL_METRICS_EXPORTER", "none")
+    monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "50")
+    exporter = OtelExporter("proxy-a")
+    exporter.submit(row())
+    exporter.close(timeout=2.0)
+    summary = exporter.summary()
+    assert "Connection refused" in summary  # the SDK's reason is still quoted
+    assert SECRET not in summary and "api_key" not in summary
+
+
+def test_scrub_replaces_known_secrets_and_every_url_query():
+    secrets = otel_export.collector_secrets(
+        {
+            "OTEL_EXPORTER_OTLP_HEADERS": "authorization=Basic%20dXNlcjpwYXNz,x-k=abc123",
+            "OTEL_EXPORTER_OTLP_LOGS_ENDPOINT": "https://u:p%40ss@c.example/v1/logs?token=t%2Fok",
+            "OTEL_SERVICE_NAME": "not-a-secret",
+        }
+    )
+    message = "Basic dXNlcjpwYXNz abc123 p@ss https://x:y@h/v1/logs?token=t/ok t%2Fok (url: /a?b=c) what? done"
+    scrubbed = otel_export.scrub(message, sorted(secrets, key=len, reverse=True))
+    for secret in ("dXNlcjpwYXNz", "abc123", "p@ss", "t/ok", "t%2Fok", "x:y", "b=c"):
+        assert secret not in scrubbed
+    assert scrubbed.endswith("what? done")
+
+
+def test_made_up_model_names_and_hosts_make_a_bounded_number_of_metric_series(receiver, monkeypatch):
+    """Each new model name or host was a time series of every instrument, kept for the
+    life of the export: past MAX_DIMENSION_VALUES they are _OTHER (spans keep the name)."""
+    monkeypatch.setattr(otel_export, "MAX_DIMENSION_VALUES", 5)
+    exporter = OtelExporter("proxy-a")
+    for i in range(40):
+        exporter.submit(row(id=f"{i:032x}", request_model=f"made-up-{i}", response_model=None, server_address=f"h{i}"))
+    exporter.close()
+    series = receiver.metrics()["llm_audit.exchanges"]
+    models = {p["attributes"]["gen_ai.request.model"] for p in series}
+    assert len(models) == 6 and "_OTHER" in models
+    assert len({p["attributes"]["server.address"] for p in series}) == 6
+    assert sum(int(p["as_int"]) for p in series) == 40
+    assert {s["attributes"]["gen_ai.request.model"] for s in receiver.spans()} == {f"made-up-{i}" for i in range(40)}
