@@ -36,6 +36,13 @@ def ctx(*texts: str) -> RequestContext:
     return RequestContext.from_body("openai-chat", {"messages": [{"role": "user", "content": t} for t in texts]})
 
 
+def NO_TIME() -> float:
+    """A clock that never moves: a test about what filters see must not turn into a test
+    of the machine's speed (a check over the time budget is a failed filter, not called
+    again; on a loaded machine a 5000-piece test crossed it now and then)."""
+    return 0.0
+
+
 class Recorder(BaseFilter):
     """Answers with a fixed verdict and remembers what it saw."""
 
@@ -81,7 +88,7 @@ def test_user_filter_verdicts_are_named_after_the_filter_and_allow_is_dropped():
     flagger = Recorder("flagger", Verdict(FLAG, "x", "because", filter="impostor"))
     allower = Recorder("allower", Verdict(ALLOW, "ok"))
     silent = Recorder("silent")
-    verdicts = FilterSet(filters=[flagger, allower, silent], failure="closed").check_request(ctx("hi"))
+    verdicts = FilterSet(filters=[flagger, allower, silent], failure="closed", clock=NO_TIME).check_request(ctx("hi"))
     assert verdicts == [Verdict(FLAG, "x", "because", filter="flagger", location="request")]
 
 
@@ -190,7 +197,7 @@ def test_streams_are_separate_and_each_has_its_location():
 
 def test_user_filters_see_each_piece_with_the_text_so_far_and_a_final_call():
     recorder = Recorder()
-    guard = FilterSet(filters=[recorder], failure="open").output_guard()
+    guard = FilterSet(filters=[recorder], failure="open", clock=NO_TIME).output_guard()
     releases = feed_all(guard, ["Hel", "lo", " you"])
     assert recorder.pieces == [
         ("Hel", "Hel", 3, False),
@@ -210,7 +217,7 @@ def test_a_user_filters_window_holds_text_until_it_could_block():
             if "forbidden" in tail:
                 return Verdict(BLOCK, "word")
 
-    guard = FilterSet(filters=[BlockWord()], failure="open").output_guard()
+    guard = FilterSet(filters=[BlockWord()], failure="open", clock=NO_TIME).output_guard()
     releases = [guard.feed(c) for c in "this is forbidden text"]
     assert guard.blocked is not None and guard.blocked.filter == "BlockWord"
     assert "forb" not in released(releases)
@@ -219,7 +226,7 @@ def test_a_user_filters_window_holds_text_until_it_could_block():
 
 def test_accumulated_text_of_many_pieces_is_not_rebuilt_each_time():
     recorder = Recorder()
-    guard = FilterSet(filters=[recorder], failure="open").output_guard()
+    guard = FilterSet(filters=[recorder], failure="open", clock=NO_TIME).output_guard()
     for ch in itertools.islice(itertools.cycle("abc"), 5000):
         guard.feed(ch)
     assert recorder.pieces[-1][1] == ("abc" * 2000)[:5000]
@@ -245,7 +252,7 @@ def test_a_failing_output_filter_is_reported_once_and_not_called_again(failure, 
 
 def test_user_filters_and_rules_report_together():
     recorder = Recorder(verdict=Verdict(FLAG, "every-piece"))
-    guard = FilterSet(RULES, [recorder], failure="open").output_guard()
+    guard = FilterSet(RULES, [recorder], failure="open", clock=NO_TIME).output_guard()
     releases = feed_all(guard, ["card 4111 1111 1111 1111", " ok"])
     rule_ids = [v.rule_id for r in releases for v in r.verdicts]
     assert rule_ids.count("every-piece") == 3 and rule_ids.count("cards") == 1
