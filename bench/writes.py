@@ -18,6 +18,10 @@ p99: what a crash of the proxy can lose.
 
 Sealing: what tamper evidence costs per record (``storage.chain.Chain.seal``: the content
 hashes, the canonical serialization, SHA-256), the same final rows sealed in a loop.
+
+Pricing: what the cost column costs the writer thread per final record
+(``storage.cost.cost_of`` with genai-prices' bundled list), for a model the list prices
+and for one it does not know.
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ from addon.redact import redact_headers
 from bench.common import ROOT, Sizes, percentile
 from bench.workloads import APIS, stream_items
 from storage.chain import Chain, Head
+from storage.cost import cost_of
 from storage.database import open_engine
 from storage.prepare import prepare
 from storage.spool import Spool
@@ -252,11 +257,30 @@ def sealing(count: int) -> dict[str, Any]:
     return out
 
 
+def pricing(count: int) -> dict[str, Any]:
+    """Microseconds per final record to price it, as the writer does (median of 5 rounds):
+    the template row as OpenAI's gpt-4o (priced), and as the mock's own model (unknown)."""
+    _, final = template_rows()
+    out: dict[str, Any] = {"records": count}
+    for name, model in (("priced_us_per_record", "gpt-4o"), ("unknown_us_per_record", final["request_model"])):
+        row = final | {"provider": "openai", "request_model": model, "response_model": model}
+        rounds = []
+        for _ in range(5):
+            started = time.perf_counter()
+            for _ in range(count):
+                cost_of(row)
+            rounds.append((time.perf_counter() - started) / count)
+        out[name] = sorted(rounds)[2] * 1e6
+    out["priced_usd"] = cost_of(final | {"provider": "openai", "response_model": "gpt-4o"}).usd
+    return out
+
+
 def measure(sizes: Sizes, tmp: Path) -> dict[str, Any]:
     folder = tmp / "writer"
     folder.mkdir()
     out: dict[str, Any] = {
         "sealing": sealing(max(sizes.writer_exchanges // 10, 100)),
+        "pricing": pricing(max(sizes.writer_exchanges // 10, 100)),
         "sqlite": sustained(f"sqlite:///{folder / 'sustained.db'}", folder, sizes.writer_exchanges),
         "sqlite_replay": replay(f"sqlite:///{folder / 'replay.db'}", folder, sizes.spool_records),
         "sqlite_durable": durable(f"sqlite:///{folder / 'durable.db'}", folder, sizes.durable_seconds),
@@ -307,5 +331,11 @@ def table(result: dict[str, Any]) -> list[str]:
             f"  hash chain: {result['sealing']['us_per_record']:.1f} µs per record to seal "
             f"(content hashes, canonical form, SHA-256; {result['sealing']['records']} records); "
             f"prepared and sealed as the writer does: {result['sealing']['prepared_us_per_record']:.1f} µs"
+        )
+    if "pricing" in result:
+        r = result["pricing"]
+        lines.append(
+            f"  pricing: {r['priced_us_per_record']:.1f} µs per record for a priced model (gpt-4o), "
+            f"{r['unknown_us_per_record']:.1f} µs for an unknown one ({r['records']} records)"
         )
     return lines
