@@ -468,6 +468,22 @@ class Proxy:
         )
 
 
+def mitmdump_at_start(
+    tmp_path: Path, *options: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """Run mitmdump with the addon on a fresh SQLite file and ``options`` (each ``name=value``,
+    given with ``--set``), for a test of what it says when it refuses to start: the process,
+    once ended. ``env``: the whole environment (default: this one, with a state folder of
+    its own)."""
+    args = [str(BIN / "mitmdump"), "--listen-port", "0", "--set", f"confdir={tmp_path}"]
+    args += ["--set", f"llm_audit_db=sqlite:///{tmp_path / 'audit.db'}", "-s", str(ROOT / "addon" / "llm_audit.py")]
+    for option in options:
+        args += ["--set", option]
+    if env is None:
+        env = os.environ | {"XDG_STATE_HOME": str(tmp_path / "state")}
+    return subprocess.run(args, capture_output=True, text=True, timeout=60, env=env)
+
+
 def start_proxy(
     tmp: Path,
     *args: str,

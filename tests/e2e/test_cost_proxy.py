@@ -17,7 +17,7 @@ from decimal import Decimal
 import genai_prices
 import orjson
 import pytest
-from conftest import BIN, ROOT, Proxy, Upstream, new_database, start_proxy
+from conftest import BIN, Proxy, Upstream, mitmdump_at_start, new_database, start_proxy
 
 from storage.cost import GENAI_PRICES, SNAPSHOT
 
@@ -123,23 +123,9 @@ def test_recorded_costs_are_genai_prices_figures_for_what_the_upstream_sent(requ
 def test_a_bad_price_file_stops_the_proxy_at_start_in_one_line(tmp_path):
     prices = tmp_path / "prices.toml"
     prices.write_text('[[price]]\nmodel = "x"\ninput = 1\noutput = "cheap"\n')
-    proc = subprocess.run(
-        [
-            str(BIN / "mitmdump"),
-            "--listen-port",
-            "0",
-            "--set",
-            f"confdir={tmp_path}",
-            "--set",
-            f"llm_audit_db=sqlite:///{tmp_path / 'audit.db'}",
-            "-s",
-            str(ROOT / "addon" / "llm_audit.py"),
-            "--set",
-            f"llm_audit_prices={prices}",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
+    proc = mitmdump_at_start(
+        tmp_path,
+        f"llm_audit_prices={prices}",
         env={"XDG_STATE_HOME": str(tmp_path / "state"), "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)},
     )
     out = proc.stdout + proc.stderr

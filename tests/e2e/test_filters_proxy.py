@@ -8,7 +8,6 @@ upstream, the official SDKs, and the audit rows read with plain SQL on both back
 from __future__ import annotations
 
 import ssl
-import subprocess
 import time
 import uuid
 from collections.abc import Iterator
@@ -19,7 +18,7 @@ import httpx2
 import openai
 import orjson
 import pytest
-from conftest import BACKENDS, BIN, ROOT, Proxy, guarded_proxy, start_proxy
+from conftest import BACKENDS, ROOT, Proxy, guarded_proxy, mitmdump_at_start, start_proxy
 from google.genai import types as genai_types
 from test_sdks_proxy import MESSAGES, genai_client
 
@@ -186,23 +185,9 @@ def test_unfiltered_request_has_no_verdicts(guarded, upstreams):
 def test_a_rules_file_with_an_error_stops_the_proxy_with_its_line(tmp_path):
     rules = tmp_path / "rules.toml"
     rules.write_text('[[rule]]\nid = "x"\nkind = "regex"\npattern = "(unclosed"\naction = "block"\n')
-    proc = subprocess.run(
-        [
-            str(BIN / "mitmdump"),
-            "--listen-port",
-            "0",
-            "--set",
-            f"confdir={tmp_path}",
-            "--set",
-            f"llm_audit_db=sqlite:///{tmp_path / 'audit.db'}",
-            "-s",
-            str(ROOT / "addon" / "llm_audit.py"),
-            "--set",
-            f"llm_rules={rules}",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
+    proc = mitmdump_at_start(
+        tmp_path,
+        f"llm_rules={rules}",
         env={"XDG_STATE_HOME": str(tmp_path / "state"), "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)},
     )
     out = proc.stdout + proc.stderr

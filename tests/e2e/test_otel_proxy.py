@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import os
 import socket
-import subprocess
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import orjson
 import pytest
-from conftest import BIN, ROOT, Proxy, Upstream, new_database, start_proxy, wait_for
+from conftest import Proxy, Upstream, mitmdump_at_start, new_database, start_proxy, wait_for
 from otlp_receiver import Receiver, start_receiver
 
 pytestmark = pytest.mark.e2e
@@ -193,23 +192,9 @@ def test_a_collector_that_is_down_loses_no_record_and_delays_no_stream(request, 
 
 
 def test_a_protocol_the_export_cannot_speak_stops_the_proxy_at_start_with_the_fix(tmp_path):
-    proc = subprocess.run(
-        [
-            str(BIN / "mitmdump"),
-            "--listen-port",
-            "0",
-            "--set",
-            f"confdir={tmp_path}",
-            "--set",
-            f"llm_audit_db=sqlite:///{tmp_path / 'audit.db'}",
-            "-s",
-            str(ROOT / "addon" / "llm_audit.py"),
-            "--set",
-            "llm_audit_otel=on",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
+    proc = mitmdump_at_start(
+        tmp_path,
+        "llm_audit_otel=on",
         env=os.environ | {"XDG_STATE_HOME": str(tmp_path / "state"), "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"},
     )
     out = proc.stdout + proc.stderr

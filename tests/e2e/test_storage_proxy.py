@@ -7,7 +7,6 @@ load, ``kill -9`` of the proxy, and SQLite files; the rows are read with plain S
 from __future__ import annotations
 
 import contextlib
-import os
 import signal
 import subprocess
 import threading
@@ -19,7 +18,7 @@ from datetime import UTC, datetime, timedelta
 import httpx
 import orjson
 import pytest
-from conftest import BIN, ROOT, Proxy, Upstream, new_database, start_proxy, wait_for
+from conftest import BIN, Proxy, Upstream, mitmdump_at_start, new_database, start_proxy, wait_for
 
 from storage.database import open_engine
 from storage.schema import exchanges
@@ -239,25 +238,7 @@ def test_automatic_retention_purges_old_exchanges_daily(request, tmp_path, upstr
 
 
 def test_retention_below_six_months_is_refused_at_start(tmp_path):
-    proc = subprocess.run(
-        [
-            str(BIN / "mitmdump"),
-            "--listen-port",
-            "0",
-            "--set",
-            f"confdir={tmp_path}",
-            "--set",
-            f"llm_audit_db=sqlite:///{tmp_path / 'audit.db'}",
-            "-s",
-            str(ROOT / "addon" / "llm_audit.py"),
-            "--set",
-            "llm_audit_retention_days=30",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env=os.environ | {"XDG_STATE_HOME": str(tmp_path / "state")},
-    )
+    proc = mitmdump_at_start(tmp_path, "llm_audit_retention_days=30")
     out = proc.stdout + proc.stderr
     assert proc.returncode != 0 and "Traceback" not in out
     assert [
