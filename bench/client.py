@@ -2,8 +2,8 @@
 
 The proxy under test shares two cores with the mock and the clients, so the client
 must cost little per chunk: it writes one request, reads the response head, and then
-only scans the body bytes for the mock's write stamps (``@`` + 19 digits of
-``time.time_ns()``, see the ``stamp`` scenario of ``mockllm``) and notes when each
+only scans the body bytes for the mock's write stamps (``~`` + the 19 digits of
+``time.time_ns()`` as letters ``a`` to ``j``, see the ``stamp`` scenario of ``mockllm``) and notes when each
 arrived, or for one given ``mark`` (the first text of an answer without stamps). Through a proxy it sends the absolute URL (plain-HTTP proxying), directly the
 path. ``Connection: close`` makes the end of the body the end of the connection.
 """
@@ -11,12 +11,12 @@ path. ``Connection: close`` makes the end of the body the end of the connection.
 from __future__ import annotations
 
 import asyncio
-import re
 import time
 from dataclasses import dataclass, field
 
-STAMP = re.compile(rb"@(\d{19})")
-STAMP_LEN = 20
+from mockllm.streams import STAMP_MARK, STAMP_PATTERN, stamp_time
+
+STAMP_LEN = len(STAMP_MARK)
 READ_SIZE = 256 * 1024
 
 
@@ -125,8 +125,8 @@ async def _read(
             result.body_bytes += len(body)
             scan = carry + body if carry else body
             end = 0
-            for m in STAMP.finditer(scan):
-                delays.append(now - int(m[1]))
+            for m in STAMP_PATTERN.finditer(scan):
+                delays.append(now - stamp_time(m[1]))
                 arrivals.append(now)
                 end = m.end()
             carry = scan[max(end, len(scan) - STAMP_LEN) :]

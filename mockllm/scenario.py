@@ -159,9 +159,10 @@ class Scenario:
     retain: int | None = _param(None, _int(0))
     """LMSP task events: only the last ``retain`` events are still kept."""
     stamp: bool = _param(False, _flag)
-    """Start each text delta with ``@`` and the wall-clock time of its write in
-    nanoseconds (``time.time_ns()``, 19 digits), for measuring per-event delay
-    (``scripts/bench``); not with an ``encoding``, whose bytes cannot be stamped."""
+    """Start each text delta with ``~`` and the wall-clock time of its write in
+    nanoseconds (``time.time_ns()``, its 19 digits as the letters ``a`` to ``j``), for
+    measuring per-event delay (``scripts/bench``); not with an ``encoding``, whose bytes
+    cannot be stamped."""
 
     @property
     def coding(self) -> str | None:

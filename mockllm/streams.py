@@ -28,6 +28,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import re
 import zlib
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -58,8 +59,14 @@ SYSTEM_FINGERPRINT = "fp_mock"
 DEFAULT_MODEL = "mock-model"
 """Served when neither the scenario nor the request names a model."""
 
-STAMP_MARK = b"@" + b"#" * 19
+STAMP_MARK = b"~" + b"#" * 19
 """Where a ``stamp`` scenario's write time goes (see :func:`stamp`): JSON-safe ASCII."""
+STAMP_LETTERS = b"abcdefghij"
+"""The write time's digits 0 to 9, written as letters (see :func:`stamp`)."""
+_TO_LETTERS = bytes.maketrans(b"0123456789", STAMP_LETTERS)
+_TO_DIGITS = bytes.maketrans(STAMP_LETTERS, b"0123456789")
+STAMP_PATTERN = re.compile(rb"~([a-j]{19})")
+"""A write stamp in the bytes a client receives; :func:`stamp_time` reads its group."""
 
 _AWKWARD_SIZES = (2, 3, 5)
 """Lengths that tool-argument fragments cycle through: they split JSON tokens like real streams do."""
@@ -96,13 +103,22 @@ def _plain_delta_texts(scenario: Scenario) -> list[str]:
 
 
 def stamp(data: bytes, now_ns: int) -> bytes:
-    """``data`` with every :data:`STAMP_MARK` replaced by ``@`` and ``now_ns`` (19 digits).
+    """``data`` with every :data:`STAMP_MARK` replaced by ``~`` and ``now_ns``'s 19
+    digits written as the letters ``a`` to ``j`` (``0`` to ``9``).
 
     The server calls this at the moment of each write (``stamp`` scenarios), so a
     client can tell how long each event took to reach it. The mark and the stamp
-    have the same length: event sizes do not change.
+    have the same length: event sizes do not change. Letters, not digits: the stamp is
+    in the answer text that content filters read, and ``@`` with a run of 19 digits
+    looks like an e-mail address and a card number to the PII detector in every delta,
+    which ordinary text does not (a word of letters is what prose brings).
     """
-    return data.replace(STAMP_MARK, b"@%019d" % now_ns)
+    return data.replace(STAMP_MARK, b"~" + (b"%019d" % now_ns).translate(_TO_LETTERS))
+
+
+def stamp_time(letters: bytes) -> int:
+    """The ``time.time_ns()`` a stamp's 19 letters (:data:`STAMP_PATTERN`'s group) stand for."""
+    return int(letters.translate(_TO_DIGITS))
 
 
 def _exact_utf8(unit: str, size: int) -> str:

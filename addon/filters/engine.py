@@ -22,11 +22,11 @@ verdict does is the ``failure`` policy:
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from functools import partial
 from itertools import islice
-from typing import Literal
+from typing import Any, Literal
 
 from addon.filters.api import (
     ALLOW,
@@ -39,8 +39,10 @@ from addon.filters.api import (
     TextSoFar,
     Verdict,
 )
+from addon.filters.detectors import Hit, Matcher
+from addon.filters.normalize import Folded, fold
 from addon.filters.rules import Rule
-from addon.filters.window import MAX_HITS_PER_RULE, StreamScanner
+from addon.filters.window import MAX_HITS_PER_RULE, StreamScanner, gate_set
 
 Failure = Literal["open", "closed"]
 DEFAULT_TIME_BUDGET = 0.005  # seconds a user filter may take per call
@@ -72,6 +74,7 @@ class FilterSet:
             raise ValueError(f"failure must be 'open' or 'closed', not {failure!r}")
         self.request_rules = [r for r in rules if r.on_request]
         self.response_rules = [r for r in rules if r.on_response]
+        self._request_gates = _gate_sets(self.request_rules)
         self.filters = [(f.name, f) for f in filters]
         self.failure = failure
         self.time_budget = time_budget
@@ -112,8 +115,9 @@ class FilterSet:
             blocking = self.filters or any(r.action == BLOCK for r in self.request_rules)
             verdict = self._error("llm-audit", f"cannot be checked: {', '.join(ctx.unreadable)}", "request")
             verdicts.append(verdict if blocking else replace(verdict, action=FLAG))
+        gates = _RequestGates(self._request_gates, [m.text for m in ctx.messages])
         for rule in self.request_rules:
-            hits = ((i, hit) for i, message in enumerate(ctx.messages) for hit in rule.find(message.text))
+            hits = ((i, hit) for i in range(len(ctx.messages)) for hit in gates.find(rule, i))
             limit = 1 if rule.action == BLOCK else MAX_HITS_PER_RULE  # one hit is enough to block
             verdicts.extend(rule.verdict(hit, hit.start, f"messages[{i}]") for i, hit in islice(hits, limit))
         for name, f in self.filters:
@@ -163,6 +167,48 @@ class _Stream:
             self.location = f"output.choices[{choice}].{kind}"
         self.scanner = StreamScanner(fs.response_rules, extra_hold=fs.filter_hold, location=self.location)
         self.so_far = TextSoFar() if fs.filters else None
+
+
+GateSets = dict[str, tuple[dict[Matcher, int], Any]]
+"""Per view: each matcher's entry in its gate set, and the set (None: run every matcher)."""
+
+
+def _gate_sets(rules: Sequence[Rule]) -> GateSets:
+    """The RE2 sets of the request rules' gates, one per view the rules read."""
+    by_view: dict[str, dict[Matcher, int]] = {}
+    for rule in rules:
+        entries = by_view.setdefault(rule.view, {})
+        for m in rule.matchers:
+            entries.setdefault(m, len(entries))
+    return {view: (entries, gate_set(list(entries)) if len(entries) > 1 else None) for view, entries in by_view.items()}
+
+
+class _RequestGates:
+    """The messages of one request, each seen once through each view and searched once
+    for all the rules' gates (what every match of a matcher contains: the ``@`` of an
+    address, a keyword): a rule runs its own search on a message only for the matchers
+    whose gates the message opens. With a hundred rules an ordinary prompt costs one set
+    search per view instead of a search per rule (the stream's check does the same,
+    :mod:`addon.filters.window`). The hits are the same as every matcher's own search
+    would give, in the same order: a message without a matcher's gate has no match of it.
+    """
+
+    def __init__(self, sets: GateSets, texts: list[str]) -> None:
+        self._sets = sets
+        self._texts = texts
+        self._seen: dict[tuple[int, str], tuple[Folded, set[int] | None]] = {}
+
+    def find(self, rule: Rule, i: int) -> Iterator[Hit]:
+        """``rule.find(texts[i])``, skipping the matchers whose gates are not in it."""
+        key = (i, rule.view)
+        seen = self._seen.get(key)
+        entries, gates = self._sets[rule.view]
+        if seen is None:
+            folded = fold(self._texts[i], rule.view)
+            seen = self._seen[key] = (folded, None if gates is None else set(gates.Match(folded[0]) or ()))
+        folded, opened = seen
+        matchers = rule.matchers if opened is None else [m for m in rule.matchers if entries[m] in opened]
+        return rule.find_folded(folded, matchers)
 
 
 class OutputGuard:

@@ -74,7 +74,7 @@ from __future__ import annotations
 
 import re
 import tomllib
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, NoReturn
@@ -93,7 +93,7 @@ from addon.filters.detectors import (
     re2_options,
     secrets_matcher,
 )
-from addon.filters.normalize import DEFAULT_VIEW, fold
+from addon.filters.normalize import DEFAULT_VIEW, Folded, fold
 from addon.filters.prefix import MAX_PREFIX_CHARS, MAX_SPAN, NoPrefix, pattern_width, prefix_pattern
 
 KINDS = ("regex", "keywords", "secrets", "pii", "budget")
@@ -162,8 +162,13 @@ class Rule:
     def find(self, text: str) -> Iterator[Hit]:
         """Every hit in a complete text (a request message), matched on the rule's view;
         ``start`` and ``end`` are offsets in ``text``, ``text`` the view's match."""
-        view, where = fold(text, self.view)
-        for matcher in self.matchers:
+        return self.find_folded(fold(text, self.view), self.matchers)
+
+    def find_folded(self, folded: Folded, matchers: Iterable[Matcher]) -> Iterator[Hit]:
+        """:meth:`find` on a text already seen through the rule's view, with only
+        ``matchers`` of the rule's (those that may match it; in the rule's order)."""
+        view, where = folded
+        for matcher in matchers:
             for hit in matcher.find(view):
                 if where is None:
                     yield hit

@@ -138,7 +138,7 @@ def _anchored(prefix: str) -> Any:
     return _try_compile(rf"(?:{prefix})\z")
 
 
-def _gate(m: Matcher) -> str:
+def gate_pattern(m: Matcher) -> str:
     """What a matcher's combined search looks for: its gate, or its pattern as it matches."""
     if m.gate:
         return m.gate
@@ -171,7 +171,7 @@ class _Plan:
 def _plan(tracks: tuple[tuple[Matcher, int], ...]) -> _Plan:
     """``tracks``: each matcher with its hold (0: holds nothing)."""
     matchers = list(dict.fromkeys(m for m, _ in tracks))
-    gates = "|".join(f"(?:{_gate(m)})" for m in matchers)
+    gates = "|".join(f"(?:{gate_pattern(m)})" for m in matchers)
     prefilter = _try_compile(gates) if matchers else None  # None: run every rule's own search
     scan_entries = [(m, m.hold) for m in matchers]
     release_entries = [(m, hold) for m, hold in tracks if hold > 0]
@@ -187,19 +187,19 @@ def _plan(tracks: tuple[tuple[Matcher, int], ...]) -> _Plan:
         max((hold for _, hold in release_entries), default=0),
         max((cap for _, cap in scan_entries), default=0),
         _try_compile(f"{gates}|{scan.pattern}") if same and prefilter and scan.regex and not scan.fixed else None,
-        _gate_set(matchers) if len(matchers) > 1 else None,
+        gate_set(matchers) if len(matchers) > 1 else None,
         tuple(matchers.index(m) for m, _ in tracks),
     )
 
 
-def _gate_set(matchers: list[Matcher]) -> Any:
+def gate_set(matchers: list[Matcher]) -> Any:
     """An RE2 set of the matchers' gates (None when RE2 refuses it: then all of them run)."""
     options = re2_options()
     options.never_capture = True
     gates = re2.Set.SearchSet(options)
     try:
         for m in matchers:
-            gates.Add(_gate(m))
+            gates.Add(gate_pattern(m))
         gates.Compile()
     except re2.error:
         return None

@@ -7,6 +7,7 @@ from fixtures.filters.samples import SECRETS
 
 from addon.filters.api import ALLOW, BLOCK, FLAG, BaseFilter, OutputPiece, RequestContext, Verdict, match_hash
 from addon.filters.engine import FILTER_ERROR, FilterSet, Release
+from addon.filters.window import MAX_HITS_PER_RULE
 from addon.filters.rules import parse_rules
 
 RULES = parse_rules("""
@@ -273,3 +274,59 @@ def test_verdict_validation_and_record_form():
         "filter": "",
         "location": "",
     }
+
+
+# -- requests: the gate sets change nothing ---------------------------------------------------
+
+GATED_RULES = parse_rules(
+    "\n".join(
+        [
+            '[[rule]]\nid = "kw"\nkind = "keywords"\nkeywords = ["Nightjar", "Kestrel-07", "blue fin"]\naction = "block"',
+            '[[rule]]\nid = "kw-raw"\nkind = "keywords"\nkeywords = ["Osprey"]\nnormalize = false\naction = "flag"',
+            '[[rule]]\nid = "kw-conf"\nkind = "keywords"\nkeywords = ["paypal"]\nconfusables = true\naction = "flag"',
+            "[[rule]]\nid = \"host\"\nkind = \"regex\"\npattern = '\\b[a-z0-9-]+\\.corp\\.example\\.com\\b'\naction = \"flag\"",
+            "[[rule]]\nid = \"ticket\"\nkind = \"regex\"\npattern = '(?i)\\bINC-\\d{5}\\b'\naction = \"block\"",
+            "[[rule]]\nid = \"digits\"\nkind = \"regex\"\npattern = '\\d{3}'\naction = \"flag\"",
+            '[[rule]]\nid = "creds"\nkind = "secrets"\naction = "block"',
+            '[[rule]]\nid = "pii"\nkind = "pii"\naction = "flag"',
+            '[[rule]]\nid = "pii-raw"\nkind = "pii"\nnormalize = false\naction = "block"',
+        ]
+    )
+)
+
+
+def ungated(fs: FilterSet, context: RequestContext) -> list[Verdict]:
+    """What check_request gave before the gate sets: every rule's own search of every message."""
+    verdicts: list[Verdict] = []
+    for rule in fs.request_rules:
+        hits = ((i, hit) for i, message in enumerate(context.messages) for hit in rule.find(message.text))
+        limit = 1 if rule.action == BLOCK else MAX_HITS_PER_RULE
+        verdicts.extend(rule.verdict(hit, hit.start, f"messages[{i}]") for i, hit in itertools.islice(hits, limit))
+    return verdicts
+
+
+GATED_TEXTS = [
+    "an ordinary prompt about birds and the weather",
+    "the Nightjar sings; so does the n\u200bightjar and the ＮＩＧＨＴＪＡＲ",
+    "Kestrel-07 and kestrel-07, blue  fin, Osprey and osprey, pаypal (Cyrillic a)",
+    "build-7.corp.example.com is down: INC-12345, inc-54321, INC-1234",
+    "mail bob@example.com or first.last+tag@mail.example.co.uk, not bob@localhost",
+    "card 4111 1111 1111 1111, and 4111-1111-1111-1112 (no Luhn), IBAN DE89 3704 0044 0532 0130 00",
+    "digits 1 22 333 4444 " + " ".join(str(n) for n in range(0, 3000, 7)),
+    *[text for samples in SECRETS.values() for text, _ in samples],
+    "",
+]
+
+
+@pytest.mark.parametrize("texts", [GATED_TEXTS, *([t] for t in GATED_TEXTS), GATED_TEXTS[::-1]])
+def test_request_verdicts_are_those_of_every_rules_own_search(texts):
+    fs = FilterSet(GATED_RULES, failure="open")
+    context = ctx(*texts)
+    assert fs.check_request(context) == ungated(fs, context)
+
+
+def test_request_verdicts_are_unchanged_where_the_gate_set_is_not_made():
+    """One matcher per view (no set): every matcher runs, as before."""
+    fs = FilterSet(GATED_RULES[4:5], failure="open")
+    context = ctx(*GATED_TEXTS)
+    assert fs.check_request(context) == ungated(fs, context) != []

@@ -34,6 +34,7 @@ from mockllm.streams import (
     REFUSAL_TEXT,
     SIGNATURE,
     STAMP_MARK,
+    STAMP_PATTERN,
     TOOL_ARGUMENTS,
     anthropic_events,
     anthropic_message,
@@ -54,6 +55,7 @@ from mockllm.streams import (
     raw_chunks,
     split_awkwardly,
     stamp,
+    stamp_time,
     tool_arguments,
 )
 
@@ -237,7 +239,7 @@ def test_stamp_marks_every_text_delta_and_keeps_sizes() -> None:
     stamped = [stamp(item, 1_760_000_000_123_456_789) for item in items]
     assert [len(s) for s in stamped] == [len(i) for i in items]
     texts = [data["delta"]["text"] for kind, data in parse_sse(b"".join(stamped)) if kind == "content.delta"]
-    assert all(t.startswith("@1760000000123456789") and len(t[20:].encode()) == 40 for t in texts)
+    assert all(t.startswith("~bhgaaaaaaabcdefghij") and len(t[20:].encode()) == 40 for t in texts)
 
 
 def test_raw_chunks_and_error_body() -> None:
@@ -915,7 +917,7 @@ def test_stamp_is_the_time_of_each_write(plain: tuple[str, Path | None]) -> None
     with client(ca) as c:
         response = c.post(f"{url}/v1/llm/stream?events=3&delay=0.05&stamp=1", json=REQUEST)
     after = time.time_ns()
-    stamps = [int(s) for s in re.findall(rb"@(\d{19})", response.content)]
+    stamps = [stamp_time(s) for s in STAMP_PATTERN.findall(response.content)]
     assert len(stamps) == 3 and stamps == sorted(stamps)
     assert before <= stamps[0] and stamps[-1] <= after
     assert stamps[2] - stamps[0] >= 2 * 0.05e9 * 0.9  # paced: stamped at the write, not when built
