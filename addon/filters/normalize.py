@@ -89,9 +89,28 @@ def _confusable_char(ch: str) -> str:
     return "".join(CONFUSABLES.get(c, c) for c in _nfkc_char(ch))
 
 
-def _folder(one: Callable[[str], str]) -> Fold:
+def _unchanged(text: str, also: re.Pattern[str] | None) -> bool:
+    """Whether the fold leaves every character of ``text`` as it is: checked at C speed
+    on the whole text, so that prose in any script costs no loop over its characters.
+
+    A text in NFKC (``unicodedata.is_normalized``) holds no character that NFKC alone
+    changes: such a character decomposes (NFKC of a character without a decomposition
+    is itself) into something that does not compose back to it (else NFKC would leave
+    it as it is), so NFKC of any text holding it replaces it. Then only the
+    default-ignorable characters, which the fold removes, and ``also`` (the letters the
+    confusables view maps) can change. ``tests/unit/test_filters_normalize.py`` checks
+    this against the character-by-character fold for every code point.
+    """
+    return (
+        unicodedata.is_normalized("NFKC", text)
+        and _IGNORABLE.search(text) is None
+        and (also is None or also.search(text) is None)
+    )
+
+
+def _folder(one: Callable[[str], str], also: re.Pattern[str] | None = None) -> Fold:
     def fold(text: str) -> Folded:
-        if text.isascii():  # nothing to do for ASCII: the common case, kept cheap
+        if text.isascii() or _unchanged(text, also):  # the common cases, kept cheap
             return text, None
         out: list[str] = []
         where: list[int] = []
@@ -106,7 +125,7 @@ def _folder(one: Callable[[str], str]) -> Fold:
 
 
 nfkc_fold: Fold = _folder(_nfkc_char)
-confusables_fold: Fold = _folder(_confusable_char)
+confusables_fold: Fold = _folder(_confusable_char, re.compile("[" + "".join(sorted(CONFUSABLES)) + "]"))
 _FOLDS: dict[str, Fold | None] = {"raw": None, "nfkc": nfkc_fold, "confusables": confusables_fold}
 
 

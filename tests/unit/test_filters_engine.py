@@ -7,8 +7,8 @@ from fixtures.filters.samples import SECRETS
 
 from addon.filters.api import ALLOW, BLOCK, FLAG, BaseFilter, OutputPiece, RequestContext, Verdict, match_hash
 from addon.filters.engine import FILTER_ERROR, FilterSet, Release
-from addon.filters.window import MAX_HITS_PER_RULE
 from addon.filters.rules import parse_rules
+from addon.filters.window import MAX_HITS_PER_RULE
 
 RULES = parse_rules("""
 [[rule]]
@@ -284,9 +284,9 @@ GATED_RULES = parse_rules(
             '[[rule]]\nid = "kw"\nkind = "keywords"\nkeywords = ["Nightjar", "Kestrel-07", "blue fin"]\naction = "block"',
             '[[rule]]\nid = "kw-raw"\nkind = "keywords"\nkeywords = ["Osprey"]\nnormalize = false\naction = "flag"',
             '[[rule]]\nid = "kw-conf"\nkind = "keywords"\nkeywords = ["paypal"]\nconfusables = true\naction = "flag"',
-            "[[rule]]\nid = \"host\"\nkind = \"regex\"\npattern = '\\b[a-z0-9-]+\\.corp\\.example\\.com\\b'\naction = \"flag\"",
-            "[[rule]]\nid = \"ticket\"\nkind = \"regex\"\npattern = '(?i)\\bINC-\\d{5}\\b'\naction = \"block\"",
-            "[[rule]]\nid = \"digits\"\nkind = \"regex\"\npattern = '\\d{3}'\naction = \"flag\"",
+            '[[rule]]\nid = "host"\nkind = "regex"\npattern = \'\\b[a-z0-9-]+\\.corp\\.example\\.com\\b\'\naction = "flag"',
+            '[[rule]]\nid = "ticket"\nkind = "regex"\npattern = \'(?i)\\bINC-\\d{5}\\b\'\naction = "block"',
+            '[[rule]]\nid = "digits"\nkind = "regex"\npattern = \'\\d{3}\'\naction = "flag"',
             '[[rule]]\nid = "creds"\nkind = "secrets"\naction = "block"',
             '[[rule]]\nid = "pii"\nkind = "pii"\naction = "flag"',
             '[[rule]]\nid = "pii-raw"\nkind = "pii"\nnormalize = false\naction = "block"',

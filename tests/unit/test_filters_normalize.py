@@ -1,10 +1,12 @@
 """The normalised view rules match on, and its map back to the original characters."""
 
+import random
+import re
 import unicodedata
 
 import pytest
 
-from addon.filters.normalize import CONFUSABLES, DEFAULT_IGNORABLE, fold
+from addon.filters.normalize import CONFUSABLES, DEFAULT_IGNORABLE, _confusable_char, _nfkc_char, _unchanged, fold
 from addon.filters.rules import RulesError, parse_rules
 
 
@@ -79,3 +81,50 @@ def test_bad_normalisation_options_are_refused_with_their_line(extra, message):
 def test_a_keyword_of_only_invisible_characters_is_refused():
     with pytest.raises(RulesError, match="only invisible"):
         parse_rules('[[rule]]\nid = "k"\nkind = "keywords"\nkeywords = ["\u200d\u00ad"]\naction = "block"')
+
+
+# -- the whole-text check that skips the loop changes nothing --------------------------------
+
+CONFUSABLE_CLASS = re.compile("[" + "".join(sorted(CONFUSABLES)) + "]")
+ALL_CODE_POINTS = [chr(cp) for cp in range(0x80, 0x110000)]
+
+
+def reference_fold(text: str, one) -> tuple[str, list[int] | None]:
+    """The fold character by character, with no shortcut: what ``fold`` must give."""
+    out, where = [], []
+    for i, ch in enumerate(text):
+        mapped = ch if ch < "\x80" else one(ch)
+        out.append(mapped)
+        where.extend([i] * len(mapped))
+    view = "".join(out)
+    return (text, None) if view == text else (view, where)
+
+
+@pytest.mark.parametrize(
+    ("one", "also"), [(_nfkc_char, None), (_confusable_char, CONFUSABLE_CLASS)], ids=["nfkc", "confusables"]
+)
+def test_no_code_point_the_fold_changes_passes_the_whole_text_check(one, also):
+    changed = [ch for ch in ALL_CODE_POINTS if one(ch) != ch]
+    assert len(changed) > 4000  # (the compatibility forms, the ignorables, the lookalikes)
+    for ch in changed:
+        for text in (ch, f"a{ch}b", f"\u00e9{ch}\u0301", f"日{ch}本"):
+            assert not _unchanged(text, also), (hex(ord(ch)), text)
+
+
+@pytest.mark.parametrize("view", ["nfkc", "confusables"])
+def test_fold_with_its_shortcut_is_the_fold_character_by_character(view):
+    one = _nfkc_char if view == "nfkc" else _confusable_char
+    rng = random.Random(20261202)
+    pool = (
+        "abc XYZ 123 .,;"
+        "éöüßøñç"  # precomposed Latin: NFKC leaves them
+        "日本語のテキスト한국어"  # CJK, kana, Hangul syllables
+        "ﾃｷｽﾄＮｉ①ﬁ\u00a0\u212a\U0001d40d"  # halfwidth, fullwidth, circled, ligature, NBSP, Kelvin, bold
+        "\u200b\u200d\u00ad\ufeff\U000e0041"  # default-ignorable
+        "\u0301\u0308\u0344e\u1100\u1161"  # combining marks, a non-starter decomposition, conjoining jamo
+        "аіоАΟ"  # lookalikes of Latin letters
+    )
+    texts = ["", "plain", "日本語", "héllo wörld", "\u0301", "e\u0301", "\u1100\u1161"]
+    texts += ["".join(rng.choice(pool) for _ in range(rng.randint(1, 40))) for _ in range(3000)]
+    for text in texts:
+        assert fold(text, view) == reference_fold(text, one), repr(text)
