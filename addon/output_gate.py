@@ -261,7 +261,11 @@ class OutputGate:
         self.blocked = self.guard.blocked
 
     def _deliver(self, event: Frame) -> None:
-        for ev in self.forwarded.on_event(event):
+        got = self.forwarded.read(event)  # (the hot path's answer: the text alone, or the events)
+        if isinstance(got, str):
+            self.delivered.append(got)
+            return
+        for ev in got:
             if isinstance(ev, TextDelta) and ev.choice == 0 and ev.kind == "text":
                 self.delivered.append(ev.text)
             elif isinstance(ev, TextSnapshot) and ev.choice == 0 and ev.kind == "text":
