@@ -76,9 +76,10 @@ _STOP = object()
 RETRY_MIN, RETRY_MAX = 0.5, 5.0
 # How long the first row of a batch waits for others to share its transaction. Streams
 # end at random moments, so without it each exchange's open and final rows took a
-# transaction (and an fsync of the head file) each: about 1.5 ms of the writer's CPU per
-# row at a model's pace, ten times a row's share in a batch. 20 ms keeps a final record
-# durable well within the crash window's 50 ms target (BENCHMARKS.md, "submit to durable").
+# transaction (and an fsync of the head file) each: in process, with a row every 4 ms,
+# 2.8 to 3.6 ms of the writer's CPU per exchange, against 1.3 to 1.5 ms with the window
+# and 0.33 ms when all rows come at once. 20 ms is under the crash window's 50 ms
+# target at p99 (BENCHMARKS.md, "submit to durable"; not measured again with it yet).
 GROUP_SECONDS = 0.02
 STRIKES = 3  # unexpected failures of one row before it is quarantined
 _LAZY_AT = 1024 * 1024  # characters of answer text from which a row is bound lazily (SQLite)
@@ -744,8 +745,9 @@ def _upsert_statement(engine: Engine) -> Any:
 def _head_statement(engine: Engine) -> Any:
     """INSERT ... ON CONFLICT (chain_id) DO UPDATE the head, WHERE it moves forward.
 
-    Built once, its values bound per call: building the statement anew for every batch
-    (its ``excluded`` proxies, its cache key) cost the writer about 0.4 ms per commit.
+    Built once, its values bound per call: building it anew for every batch made its
+    ``excluded`` proxies and its cache key again at every commit (the writer profile's
+    ``_make_proxy`` and ``_generate_cache_key`` calls).
     """
     stmt = insert_for(engine)(chains)
     return stmt.on_conflict_do_update(

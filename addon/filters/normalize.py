@@ -108,24 +108,32 @@ def _unchanged(text: str, also: re.Pattern[str] | None) -> bool:
     )
 
 
+def fold_each(text: str, one: Callable[[str], str]) -> Folded:
+    """The fold character by character (``one`` maps a non-ASCII character), with no
+    shortcut: what :func:`fold` gives, and what its whole-text check is tested against."""
+    out: list[str] = []
+    where: list[int] = []
+    for i, ch in enumerate(text):
+        mapped = ch if ch < "\x80" else one(ch)
+        out.append(mapped)
+        where.extend([i] * len(mapped))
+    view = "".join(out)
+    return (text, None) if view == text else (view, where)
+
+
 def _folder(one: Callable[[str], str], also: re.Pattern[str] | None = None) -> Fold:
     def fold(text: str) -> Folded:
         if text.isascii() or _unchanged(text, also):  # the common cases, kept cheap
             return text, None
-        out: list[str] = []
-        where: list[int] = []
-        for i, ch in enumerate(text):
-            mapped = ch if ch < "\x80" else one(ch)
-            out.append(mapped)
-            where.extend([i] * len(mapped))
-        view = "".join(out)
-        return (text, None) if view == text else (view, where)
+        return fold_each(text, one)
 
     return fold
 
 
 nfkc_fold: Fold = _folder(_nfkc_char)
-confusables_fold: Fold = _folder(_confusable_char, re.compile("[" + "".join(sorted(CONFUSABLES)) + "]"))
+CONFUSABLE_LETTERS = re.compile("[" + "".join(sorted(CONFUSABLES)) + "]")
+"""Any letter the confusables view maps (:data:`CONFUSABLES`)."""
+confusables_fold: Fold = _folder(_confusable_char, CONFUSABLE_LETTERS)
 _FOLDS: dict[str, Fold | None] = {"raw": None, "nfkc": nfkc_fold, "confusables": confusables_fold}
 
 
