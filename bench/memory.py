@@ -6,7 +6,8 @@ up; then
 * ``idle``: N streams are opened through it and held after their first event (the mock
   waits ten minutes before the next): RSS with them open, minus RSS before, per stream;
 * ``big``: one stream of about 200 MB of answer text passes; RSS is sampled every
-  20 ms until the audit row is written. What the audit must keep is that text (it is
+  20 ms until its audit row is written (the idle streams' rows are written first, so it is
+  the next row to complete). What the audit must keep is that text (it is
   the record), so the growth is compared with the text's size.
 """
 
@@ -89,12 +90,25 @@ def _rows_completed(proxy: Proxy) -> int:
         return con.execute("SELECT count(*) FROM exchanges WHERE status != 'in_progress'").fetchone()[0]
 
 
+def _settle(proxy: Proxy, timeout: float = 300) -> None:
+    """Wait until the proxy has written every exchange's final row (the idle streams'
+    too), so that the big stream's row is the next one to complete."""
+    if not proxy.db_url:
+        return
+    deadline = time.monotonic() + timeout
+    with sqlite3.connect(proxy.db_url.removeprefix("sqlite:///")) as con:
+        query = "SELECT count(*) FROM exchanges WHERE status = 'in_progress'"
+        while con.execute(query).fetchone()[0] and time.monotonic() < deadline:
+            time.sleep(0.1)
+
+
 def _big(mock: Mock, proxy: Proxy, nbytes: int) -> dict[str, Any]:
     events = max(1, nbytes // BIG_EVENT_TEXT)
     target = _target(mock, proxy)
     request = build_request(
         target, API.target, API.headers | {"x-mock": f"events={events}&size={BIG_EVENT_TEXT}"}, request_bytes(API)
     )
+    _settle(proxy)
     rows_before = _rows_completed(proxy)
     before = proxy.rss()
     with Sampler(proxy) as sampler:

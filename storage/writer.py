@@ -1,10 +1,11 @@
 """The background writer: records in from the proxy, upserts out to the database.
 
 mitmproxy's event loop only ever calls :meth:`AuditWriter.submit`, which puts a row on
-a queue and returns. A single thread drains the queue: the rows queued, and those that
-come within :data:`GROUP_SECONDS` of the first, are written in one transaction (up to
-``batch_size``); rows that queue while a write runs go into the next one (group commit,
-and a final record is durable within tens of milliseconds of its exchange's end).
+a queue and returns. A single thread drains the queue: the rows queued (and, while they
+are only open rows, those that come within :data:`GROUP_SECONDS` of the first) are
+written in one transaction (up to ``batch_size``); rows that queue while a write runs go
+into the next one (group commit, and a final record is durable within tens of
+milliseconds of its exchange's end).
 
 Nothing is lost:
 
@@ -74,12 +75,13 @@ log = logging.getLogger(__name__)
 
 _STOP = object()
 RETRY_MIN, RETRY_MAX = 0.5, 5.0
-# How long the first row of a batch waits for others to share its transaction. Streams
-# end at random moments, so without it each exchange's open and final rows took a
-# transaction (and an fsync of the head file) each: in process, with a row every 4 ms,
-# 2.8 to 3.6 ms of the writer's CPU per exchange, against 1.3 to 1.5 ms with the window
-# and 0.33 ms when all rows come at once. 20 ms is under the crash window's 50 ms
-# target at p99 (BENCHMARKS.md, "submit to durable"; not measured again with it yet).
+# How long an open row waits for others to share its transaction. Streams begin at
+# random moments, so without it each exchange's open row took a transaction (and an
+# fsync of the head file) of its own. In process, with a row every 4 ms, the writer's
+# CPU per exchange was 2.8 to 3.6 ms without any window and 1.3 to 1.5 ms when every row
+# waited up to 20 ms (0.33 ms when all rows come at once). Final records do not wait:
+# with them waiting too, "submit to durable" (BENCHMARKS.md) went from 14 ms to 84 ms at
+# p99 on SQLite, over the crash window's 50 ms target.
 GROUP_SECONDS = 0.02
 STRIKES = 3  # unexpected failures of one row before it is quarantined
 _LAZY_AT = 1024 * 1024  # characters of answer text from which a row is bound lazily (SQLite)
@@ -326,8 +328,11 @@ class AuditWriter:
     def _next_batch(self, stopping: bool) -> tuple[list[Any], bool]:
         """The rows queued now and those that come within :data:`GROUP_SECONDS` of the
         first, up to ``batch_size``: one transaction (and one fsync of the head file) for
-        them all. Waits at most a second for the first row, so a waiting spool is retried
-        even when no traffic comes; once stopping, takes what is queued and waits no more."""
+        them all. Only open rows wait for company: once the batch holds a final record, it
+        takes what is queued and is written, so the crash window of a finished exchange is
+        not lengthened. Waits at most a second for the first row, so a waiting spool is
+        retried even when no traffic comes; once stopping, takes what is queued and waits
+        no more."""
         batch: list[Any] = []
         if self._retry:  # rows of a step that failed: one at a time, so one row's failure is its own
             batch.append(self._retry.popleft())
@@ -345,10 +350,14 @@ class AuditWriter:
                 timeout = None
                 continue
             batch.append(item)
+            if stopping or _is_final(item):
+                timeout = None  # a final record waits for no one: what is queued goes with it
+                continue
+            if timeout is None:
+                continue
             if not closes:
                 closes = time.monotonic() + self.group_seconds
-            if not stopping:
-                timeout = max(0.0, closes - time.monotonic())
+            timeout = max(0.0, closes - time.monotonic())
         self._inflight, self._inflight_head = batch, self.chain.head
         return batch, stopping
 
@@ -755,6 +764,11 @@ def _head_statement(engine: Engine) -> Any:
         set_={"head_seq": stmt.excluded.head_seq, "head_hash": stmt.excluded.head_hash},
         where=chains.c.head_seq < stmt.excluded.head_seq,
     )
+
+
+def _is_final(row: Any) -> bool:
+    """Whether a queued row ends its exchange (anything but a write-ahead open row)."""
+    return not isinstance(row, dict) or row.get("status") != IN_PROGRESS
 
 
 def _large(row: dict[str, Any]) -> bool:

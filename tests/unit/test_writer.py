@@ -173,3 +173,21 @@ def test_a_spool_file_is_used_by_one_proxy_only(tmp_path):
         Spool(tmp_path / "spool.jsonl")
     spool.close()
     Spool(tmp_path / "spool.jsonl").close()
+
+
+def test_only_open_rows_wait_for_company(db, tmp_path):
+    """An open row waits up to the grouping window for others to share its transaction; a
+    final record never waits: it is written at once, with whatever is queued."""
+    writer = AuditWriter(engine_for(db), Spool(tmp_path / "spool.jsonl"), "test", group_seconds=3600)
+    try:
+        first, second = record(status_final=False), record(status_final=False)
+        writer.submit(first.to_row())
+        time.sleep(0.3)
+        assert first.id not in rows(db)  # an hour's window: still waiting for company
+        writer.submit(second.to_row())
+        second.terminal_seen = True
+        second.finish(OUTCOME_COMPLETE)
+        writer.submit(second.to_row())  # the final record closes the window at once
+        wait_until(lambda: rows(db) == {first.id: "in_progress", second.id: "completed"})
+    finally:
+        writer.close()
