@@ -80,8 +80,10 @@ RETRY_MIN, RETRY_MAX = 0.5, 5.0
 # fsync of the head file) of its own. In process, with a row every 4 ms, the writer's
 # CPU per exchange was 2.8 to 3.6 ms without any window and 1.3 to 1.5 ms when every row
 # waited up to 20 ms (0.33 ms when all rows come at once). Final records do not wait:
-# with them waiting too, "submit to durable" (BENCHMARKS.md) went from 14 ms to 84 ms at
-# p99 on SQLite, over the crash window's 50 ms target.
+# with them waiting too, "submit to durable" on SQLite (bench/writes.py, 20 s runs on one
+# machine) was 35 to 38 ms at p99 (p50 18.5 ms), against 19 to 22 ms with no window and
+# 12 to 24 ms as it is now (p50 1.4 to 3.6 ms); the full benchmark's 83.5 ms at p99 was
+# over the crash window's 50 ms target.
 GROUP_SECONDS = 0.02
 STRIKES = 3  # unexpected failures of one row before it is quarantined
 _LAZY_AT = 1024 * 1024  # characters of answer text from which a row is bound lazily (SQLite)
