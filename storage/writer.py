@@ -634,13 +634,21 @@ class AuditWriter:
         huge = sum(len(row.get("output_text") or "") for row in rows) > _TRIM_AFTER
         if huge:  # the pieces its record joined the text from are free: handed back before the copies are made
             _release_memory()
-        with self.engine.begin() as conn:
-            if len(large) < len(rows):
-                conn.execute(self._upsert, [row for row in rows if not _large(row)] if large else rows)
-            for row in large:
-                self._upsert_lazily(conn, row)
-            if head is not None:
-                self._advance_head(conn, head)
+        with self.engine.connect() as conn:
+            with conn.begin():
+                if len(large) < len(rows):
+                    conn.execute(self._upsert, [row for row in rows if not _large(row)] if large else rows)
+                for row in large:
+                    self._upsert_lazily(conn, row)
+                if head is not None:
+                    self._advance_head(conn, head)
+            if large:
+                # Committed. A prepared statement keeps its last bound values until it
+                # runs again, and sqlite3 caches its statements per connection: SQLite's
+                # copies of the huge texts (two of the answer: its column and the output's
+                # JSON) stayed allocated until the next row came. Closing this connection
+                # frees them at once; the pool opens a new one for the next write.
+                conn.invalidate()
         self.written += sum(1 for row in rows if row["status"] != IN_PROGRESS)  # final records
         self.last_write = datetime.now(UTC)
         if huge:
