@@ -7,8 +7,10 @@ up; then
   waits ten minutes before the next): RSS with them open, minus RSS before, per stream;
 * ``big``: one stream of about 200 MB of answer text passes; RSS is sampled every
   20 ms until its audit row is written (the idle streams' rows are written first, so it is
-  the next row to complete). What the audit must keep is that text (it is
-  the record), so the growth is compared with the text's size.
+  the next row to complete), and once more :data:`AFTER_WAIT` seconds later ("after":
+  what stays; half a second after the row, the proxy was still handing back a
+  gigabyte it had freed). What the audit must keep is that text (it is the record), so
+  the growth is compared with the text's size.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from bench.workloads import APIS, request_bytes
 API = APIS["openai-chat"]
 BIG_EVENT_TEXT = 16 * 1024  # text bytes per delta of the big stream
 IDLE_WAIT = 600  # seconds the mock waits before an idle stream's next event
+AFTER_WAIT = 3.0  # seconds after the big row is written before "after": what stays, not what is being freed
 
 
 class Sampler:
@@ -119,6 +122,7 @@ def _big(mock: Mock, proxy: Proxy, nbytes: int) -> dict[str, Any]:
         while proxy.db_url and _rows_completed(proxy) <= rows_before and time.monotonic() < deadline:
             time.sleep(0.05)
         time.sleep(0.5)
+    time.sleep(AFTER_WAIT)  # the flow's end and the writer's hand-back of freed memory
     after = proxy.rss()
     text = events * BIG_EVENT_TEXT
     return {
@@ -191,7 +195,7 @@ def table(result: dict[str, Any]) -> list[str]:
         )
         lines.append(
             f"  {variant:<6} one {b['text_bytes'] / mb:.0f} MiB stream: peak +{b['peak_growth'] / mb:.0f} MiB "
-            f"({b['peak_growth_per_text_byte']:.2f} x text), +{b['retained_after'] / mb:.0f} MiB after, "
+            f"({b['peak_growth_per_text_byte']:.2f} x text), {b['retained_after'] / mb:+.0f} MiB after, "
             f"{b['body_bytes'] / mb / b['seconds']:.1f} MiB/s"
         )
     s = result["summary"]
