@@ -36,5 +36,10 @@ ensure_venv() {
         echo "llm-audit: installing $spec into $VENV" >&2
         (cd "$ROOT" && "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check -e "$spec") || return 1
         echo "$want" > "$stamp"
+        # setup.py's own warning is hidden by --quiet: say once, at install, that the parser is the slower fallback
+        if [ "${LLM_AUDIT_PURE_PARSER:-}" != 1 ] && ! (cd "$ROOT" && "$VENV/bin/python" -W ignore -c \
+            'import sys, addon.framing.sse as s; sys.exit(not s.COMPILED)' 2>/dev/null); then
+            echo "llm-audit: the compiled SSE parser was not built (no C compiler, or mypyc refused the module: '$VENV/bin/pip install -e $ROOT' shows why); the pure-Python parser is used, with the same results" >&2
+        fi
     fi
 }
