@@ -89,7 +89,7 @@ def _confusable_char(ch: str) -> str:
     return "".join(CONFUSABLES.get(c, c) for c in _nfkc_char(ch))
 
 
-def _unchanged(text: str, also: re.Pattern[str] | None) -> bool:
+def _unchanged(text: str, also: re.Pattern[str] | None, latin1_changed: bytes) -> bool:
     """Whether the fold leaves every character of ``text`` as it is: checked at C speed
     on the whole text, so that prose in any script costs no loop over its characters.
 
@@ -100,12 +100,25 @@ def _unchanged(text: str, also: re.Pattern[str] | None) -> bool:
     default-ignorable characters, which the fold removes, and ``also`` (the letters the
     confusables view maps) can change. ``tests/unit/test_filters_normalize.py`` checks
     this against the character-by-character fold for every code point.
+
+    Text of Latin-1 characters alone (Western European prose) is checked by deleting
+    ``latin1_changed`` (those of U+0080 to U+00FF the fold changes, as Latin-1 bytes)
+    from its Latin-1 bytes with ``bytes.translate``, a table lookup per byte: about
+    1.2 us per KiB with the encoding, where the regular expressions' searches cost
+    about 13 us each, a character at a time in Python's engine. Within
+    Latin-1 the fold is one character at a time: every character there is a starter
+    whose decomposition (if it has one and is kept) composes back to it, so none
+    combines with its neighbours.
     """
-    return (
-        unicodedata.is_normalized("NFKC", text)
-        and _IGNORABLE.search(text) is None
-        and (also is None or also.search(text) is None)
-    )
+    try:
+        latin1 = text.encode("latin-1")  # (a copy for a one-byte string; fails fast on others)
+    except UnicodeEncodeError:
+        return (
+            unicodedata.is_normalized("NFKC", text)
+            and _IGNORABLE.search(text) is None
+            and (also is None or also.search(text) is None)
+        )
+    return len(latin1.translate(None, latin1_changed)) == len(latin1)
 
 
 def fold_each(text: str, one: Callable[[str], str]) -> Folded:
@@ -121,9 +134,16 @@ def fold_each(text: str, one: Callable[[str], str]) -> Folded:
     return (text, None) if view == text else (view, where)
 
 
+def latin1_changed(one: Callable[[str], str]) -> bytes:
+    """The characters from U+0080 to U+00FF that ``one`` changes, as Latin-1 bytes."""
+    return bytes(cp for cp in range(0x80, 0x100) if one(chr(cp)) != chr(cp))
+
+
 def _folder(one: Callable[[str], str], also: re.Pattern[str] | None = None) -> Fold:
+    changed = latin1_changed(one)
+
     def fold(text: str) -> Folded:
-        if text.isascii() or _unchanged(text, also):  # the common cases, kept cheap
+        if text.isascii() or _unchanged(text, also, changed):  # the common cases, kept cheap
             return text, None
         return fold_each(text, one)
 

@@ -14,6 +14,7 @@ from addon.filters.normalize import (
     _unchanged,
     fold,
     fold_each,
+    latin1_changed,
 )
 from addon.filters.rules import RulesError, parse_rules
 
@@ -102,9 +103,25 @@ ALL_CODE_POINTS = [chr(cp) for cp in range(0x80, 0x110000)]
 def test_no_code_point_the_fold_changes_passes_the_whole_text_check(one, also):
     changed = [ch for ch in ALL_CODE_POINTS if one(ch) != ch]
     assert len(changed) > 4000  # (the compatibility forms, the ignorables, the lookalikes)
+    in_latin1 = latin1_changed(one)
     for ch in changed:
-        for text in (ch, f"a{ch}b", f"\u00e9{ch}\u0301", f"日{ch}本"):
-            assert not _unchanged(text, also), (hex(ord(ch)), text)
+        for text in (ch, f"a{ch}b", f"\u00e9{ch}\u0301", f"日{ch}本", f"\u00e9{ch}"):
+            assert not _unchanged(text, also, in_latin1), (hex(ord(ch)), text)
+
+
+@pytest.mark.parametrize(
+    ("one", "also"), [(_nfkc_char, None), (_confusable_char, CONFUSABLE_LETTERS)], ids=["nfkc", "confusables"]
+)
+def test_latin1_text_passes_the_whole_text_check_exactly_when_the_fold_leaves_it(one, also):
+    # The check's shortcut for text of Latin-1 characters alone rests on the fold being
+    # one character at a time there: every pair and a sample of longer texts prove it.
+    in_latin1 = latin1_changed(one)
+    latin1 = [chr(cp) for cp in range(0x100)]
+    rng = random.Random(20261203)
+    texts = [a + b for a in latin1 for b in latin1 if not (a + b).isascii()]
+    texts += ["".join(rng.choice(latin1) for _ in range(rng.randint(3, 30))) + "\u00e9" for _ in range(5000)]
+    for text in texts:
+        assert _unchanged(text, also, in_latin1) == (fold_each(text, one) == (text, None)), repr(text)
 
 
 @pytest.mark.parametrize("view", ["nfkc", "confusables"])
