@@ -281,6 +281,12 @@ class OutputGuard:
         stream = self._streams.get(key)
         return (stream.scanner.length, stream.scanner.released) if stream is not None else (0, 0)
 
+    def released(self, key: StreamKey) -> int:
+        """How many characters of a stream were released: :meth:`progress`'s second half,
+        asked for every held event before it goes (no tuple made for it)."""
+        stream = self._streams.get(key)
+        return stream.scanner.released if stream is not None else 0
+
     def _stream(self, key: StreamKey) -> _Stream:
         stream = self._streams.get(key)
         if stream is None:
