@@ -201,15 +201,7 @@ class SSEParser:
             return []
         # (typed bytes from here: the compiled parser's operations on it are then direct)
         chunk: bytes = piece if type(piece) is bytes else bytes(piece)
-        if chunk[-2:] == b"\n\n" and not (
-            self._undecoded
-            or self._bom_pending
-            or self._skip_lf
-            or self._skip_line
-            or self._pending
-            or self._in_block
-            or self._skip_event
-        ):
+        if chunk[-2:] == b"\n\n" and self._at_clean_block_start():
             # The common case, first: a live stream's chunk that is one whole event, at a
             # block start with nothing held back. A chunk ending in LF holds no cut
             # character, so plain strict decoding gives what the incremental path
@@ -423,6 +415,22 @@ class SSEParser:
         (not when the upstream cut the connection), which only the caller knows.
         """
         return self._ended_inside_event or self._inside_event()
+
+    def _at_clean_block_start(self) -> bool:
+        """Whether the next byte starts a block with nothing held back or to skip.
+
+        The precondition of the one-event-per-chunk shortcuts: a chunk that ends with a
+        blank line can then be decoded whole and read as one block.
+        """
+        return not (
+            self._undecoded
+            or self._bom_pending
+            or self._skip_lf
+            or self._skip_line
+            or self._pending
+            or self._in_block
+            or self._skip_event
+        )
 
     def _inside_event(self) -> bool:
         return bool(self._in_block or self._skip_event or (self._pending_len and self._pending[0][:1] != ":"))
@@ -720,6 +728,10 @@ class SSEReader(SSEParser):
 
     def feed_bounded(self, data: bytes) -> list[tuple[Frame | None, int]]:
         """Events ``data`` completes with their end offsets (``None``: a block without one)."""
+        if data[-2:] == b"\n\n" and not (self._line or self._oversize) and self._at_clean_block_start():
+            one = self._one_event(data)
+            if one is not None:
+                return one
         if self._oversize:
             data = self._skip_oversize(data)
         if self._line and data.find(b"\n") < 0 and data.find(b"\r") < 0:
@@ -772,6 +784,29 @@ class SSEReader(SSEParser):
         self._bytes_fed = self._offset  # (for the offsets of later findings, once unbound)
         self._check_line()
         return out
+
+    def _one_event(self, data: bytes) -> list[tuple[Frame | None, int]] | None:
+        """The common case of :meth:`feed_bounded`, or None to take the general path.
+
+        A live stream's chunk is usually one whole common event at a clean block start
+        (the caller checks that, and that ``data`` ends with a blank line). Then the
+        chunk decodes whole (an LF at the end leaves no character cut) and its only
+        boundary is its end, so the line-by-line pass is not needed. Invalid UTF-8 (for
+        its finding at its offset), CR line ends, an oversize chunk and every block
+        :meth:`SSEParser._one_block` does not take go the general way.
+        """
+        try:
+            text = data.decode()
+        except UnicodeDecodeError:
+            return None
+        if len(text) > self.max_event_bytes or "\r" in text:
+            return None
+        ev = self._one_block(text)
+        if ev is None:
+            return None
+        self._offset += len(data)
+        self._bytes_fed = self._offset
+        return [(ev, self._bound(self._offset))]
 
     def _check_line(self) -> None:
         """Hand an unterminated line longer than the limit to the parser, which records

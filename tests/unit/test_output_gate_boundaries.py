@@ -110,6 +110,38 @@ def test_the_bounded_reader_reads_what_the_parser_reads_in_the_same_pass_that_fi
         assert ends == sorted(set(ends)) and all(at_block_start(body[:end], limit) for end in ends), (body, cuts)
 
 
+EVENTS = [
+    b"data: a\n\n", b"data:b\n\n", b"event: x\ndata: c\n\n", b"id: 7\ndata: d\n\n", b"id: 8\nevent: y\ndata: e\n\n",
+    b"event: \ndata: f\n\n", b"data: " + b"y" * 30 + b"\n\n", b"data: \xe2\x82\xac\n\n", b"data: \xff\n\n",
+    b"data: \r\n\n", b"id: \x00\ndata: g\n\n", b"id: 9\n\n", b"event: z\n\n", b": c\n\n", b"retry: 5\ndata: h\n\n",
+    b"data: i\ndata: j\n\n", b"\n\n", b"data: k\r\n\r\n", b"\xef\xbb\xbfdata: l\n\n", b"datax: m\n\n", b"data: n",
+]  # fmt: skip
+
+
+def test_one_event_per_chunk_reads_as_the_parser_reads_it() -> None:
+    """The reader's shortcut for a chunk that is one whole event at a block start, against
+    the parser: common and uncommon blocks (CR, invalid UTF-8, U+0000 ids, id- or
+    event-only blocks, over the limit), one or two per chunk, in any order."""
+    rng = random.Random(11)
+    for _ in range(3000):
+        chunks = [
+            b"".join(rng.choice(EVENTS) for _ in range(rng.choice([1, 1, 1, 2]))) for _ in range(rng.randint(1, 8))
+        ]
+        limit = rng.choice([8, 20, 1000])
+        parser = SSEParser(limit)
+        expected = parser.feed(b"".join(chunks)) + parser.end()
+        reader = SSEReader(limit)
+        bounded = [part for chunk in chunks for part in reader.feed_bounded(chunk)]
+        events = [frame for frame, _ in bounded if frame is not None] + reader.end()
+        assert events == expected, chunks
+        assert sorted(reader.findings) == sorted(parser.findings) and reader.pending_event == parser.pending_event, (
+            chunks
+        )
+        assert reader.last_event_id == parser.last_event_id and reader.events_dispatched == parser.events_dispatched
+        body, ends = b"".join(chunks), [end for _, end in bounded]
+        assert ends == sorted(set(ends)) and all(at_block_start(body[:end], limit) for end in ends), chunks
+
+
 def at_block_start(prefix: bytes, limit: int) -> bool:
     parser = SSEParser(limit)
     parser.feed(prefix)
