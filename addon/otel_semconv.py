@@ -21,6 +21,7 @@ from datetime import datetime
 from typing import Any
 
 from exchange.request import extract_messages
+from exchange.transcript import output_choices
 
 Row = Mapping[str, Any]
 PREFIX = "llm_audit."
@@ -160,9 +161,7 @@ def content(row: Row) -> dict[str, Any]:
     outputs: list[dict[str, Any]] = []
     output: Mapping[str, Any] = row["output"] if isinstance(row.get("output"), Mapping) else {}
     delivered = row.get("delivered_text")
-    for choice in output.get("choices") or ():
-        if not isinstance(choice, Mapping):
-            continue
+    for choice in output_choices(row):
         if not outputs_budget.room(len(outputs)):
             break
         text = delivered if isinstance(delivered, str) and choice.get("index") == 0 else choice.get("text")

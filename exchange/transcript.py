@@ -74,10 +74,31 @@ def model_line(row: Row) -> str | None:
     return asked or None
 
 
+def output_choices(row: Row) -> list[dict[str, Any]]:
+    """A row's ``output.choices``, each with its ``text``: choice 0's is ``output_text``.
+
+    :meth:`addon.record.ExchangeRecord.to_row` does not repeat choice 0's text in ``output``; a row
+    written before it did (its choice 0 keeps its own ``text``). Anything in ``output``
+    that is not a choice object is left out: this reads rows from the database, which
+    anyone with write access may have changed.
+    """
+    output = row.get("output")
+    found = output.get("choices") if isinstance(output, Mapping) else None
+    if not isinstance(found, list):
+        return []
+    text = row.get("output_text")
+    out: list[dict[str, Any]] = []
+    for c in found:
+        if isinstance(c, Mapping):
+            if type(c.get("index")) is int and c["index"] == 0 and "text" not in c:
+                c = {**c, "text": text if isinstance(text, str) else ""}
+            out.append(dict(c))
+    return out
+
+
 def choices(row: Row) -> list[Choice]:
     """The output's choices; when it has none, its text as one (an older or foreign row)."""
-    output = _output(row)
-    found = [_choice(c) for c in output.get("choices") or [] if isinstance(c, dict)]
+    found = [_choice(c) for c in output_choices(row)]
     if not found and row.get("output_text"):
         return [Choice(0, row["output_text"])]
     return found

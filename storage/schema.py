@@ -91,7 +91,11 @@ exchanges = Table(
     Column("streamed", Boolean, nullable=False, comment="True when the response was an event stream."),
     Column("request_body", Json, comment="The request body as JSON (a JSON string if it was not JSON)."),
     Column("output_text", Text, comment="Answer text of choice / content block 0."),
-    Column("output", Json, comment="Every choice's text, reasoning, refusal and stop reason; tool calls."),
+    Column(
+        "output",
+        Json,
+        comment="Every choice's reasoning, refusal, stop reason and text (choice 0's is output_text); tool calls.",
+    ),
     Column("tool_calls", Json, comment="List of {id, name, arguments}."),
     Column("finish_reasons", Json, comment="List of stop reasons, one per choice / block."),
     Column("input_tokens", BigInteger, comment="NULL when the upstream reported none."),

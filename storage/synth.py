@@ -139,7 +139,7 @@ def _row(
         "streamed": True,
         "request_body": {"model": model, "stream": True, "messages": [{"role": "system", "content": SYSTEM},
                                                                        {"role": "user", "content": prompt}]},
-        "output_text": answer, "output": {"choices": [{"index": 0, "text": answer, "finish_reason": "stop"}],
+        "output_text": answer, "output": {"choices": [{"index": 0, "finish_reason": "stop"}],
                                           "tool_calls": []},
         "tool_calls": [], "finish_reasons": ["stop"] if status == "completed" else [],
         "input_tokens": input_tokens, "output_tokens": output_tokens,

@@ -28,6 +28,8 @@ import orjson
 import pytest
 from conftest import BACKENDS, Proxy, guarded_proxy, wait_for
 
+from exchange.transcript import output_choices
+
 pytestmark = pytest.mark.e2e
 
 WORD = "Nightjar"
@@ -128,7 +130,7 @@ def test_legacy_completions_streamed_and_not_are_recorded_with_the_official_sdk(
     assert [ch.text for ch in completion.choices] == [MOCK_TEXT] * 4
     row = guarded.mock_row(mock_id)
     assert (row["dialect"], row["streamed"], row["status"]) == ("openai-completions", False, "completed")
-    assert [ch["text"] for ch in row["output"]["choices"]] == [MOCK_TEXT] * 4, "logprobs never doubled the text"
+    assert [ch["text"] for ch in output_choices(row)] == [MOCK_TEXT] * 4, "logprobs never doubled the text"
     assert row["input_tokens"] == completion.usage.prompt_tokens
 
 

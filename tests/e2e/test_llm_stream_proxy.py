@@ -23,6 +23,8 @@ import pytest
 from conftest import BIN, ROOT, Proxy, Upstream, new_database, start_proxy, wait_for
 from sqlalchemy.engine import make_url
 
+from exchange.transcript import output_choices
+
 pytestmark = pytest.mark.e2e
 
 # h1: HTTP/1.1 to a plain upstream; h1s: HTTP/1.1 over TLS; h2: HTTP/2 over TLS end to end
@@ -256,7 +258,7 @@ def test_nul_characters_pass_unchanged_and_are_recorded(proxy, upstreams):
     )
     assert row["status"] == "completed" and row["findings"] == reduced
     assert row["output_text"] == f"a{nul}b"
-    assert row["output"]["choices"][0]["text"] == f"a{nul}b"
+    assert output_choices(row)[0]["text"] == f"a{nul}b"
     assert row["request_body"]["messages"] == [{"role": "user", "content": f"x{nul}y"}]
 
 

@@ -26,6 +26,8 @@ from google import genai
 from google.genai import errors as genai_errors
 from google.genai import types as genai_types
 
+from exchange.transcript import output_choices
+
 pytestmark = pytest.mark.e2e
 
 MESSAGES: list[Any] = [{"role": "user", "content": "What is the weather in Vienna?"}]
@@ -370,7 +372,7 @@ def test_gemini_non_streamed_candidates_and_rate_limit(route):
     assert response.model_dump(exclude={"sdk_http_response"}) == direct.model_dump(exclude={"sdk_http_response"})
     row = route.row(mock_id)
     texts = ["".join(p.text for p in c.content.parts if p.text and not p.thought) for c in response.candidates]
-    assert [c["text"] for c in row["output"]["choices"]] == texts
+    assert [c["text"] for c in output_choices(row)] == texts
     assert (row["status"], row["streamed"]) == ("completed", False)
 
     def limited(http, headers):

@@ -19,6 +19,7 @@ from addon.dialects.anthropic import DIALECT
 from addon.dialects.registry import detect_request, detect_response
 from addon.framing.sse import SSEEvent
 from addon.record import OUTCOME_COMPLETE, OUTCOME_UPSTREAM_ABORTED
+from exchange.transcript import output_choices
 
 SHARED_STREAMS = Path(__file__).resolve().parents[2].parent / "shared" / "reference" / "streams"
 
@@ -394,7 +395,7 @@ def test_thinking_is_kept_as_reasoning_and_signature_and_redacted_thinking_are_i
     )
     row = audit(body)
     assert row["output_text"] == "Sunny."
-    assert row["output"]["choices"] == [
+    assert output_choices(row) == [
         {"index": 0, "text": "Sunny.", "reasoning": "The user wants the weather.", "finish_reason": "end_turn"}
     ]
     assert row["findings"] == []
@@ -524,7 +525,7 @@ def test_refusal_stop_reason_and_its_explanation_are_recorded():
     )
     row = audit(body)
     assert row["finish_reasons"] == ["refusal"]
-    assert row["output"]["choices"][0]["refusal"] == "Request could enable malware."
+    assert output_choices(row)[0]["refusal"] == "Request could enable malware."
     assert row["output_text"] == "I can"
 
 
@@ -662,7 +663,7 @@ def test_non_streamed_message_extracts_text_thinking_tool_call_usage_and_model()
     assert row["status"] == "completed"
     assert row["streamed"] is False
     assert row["output_text"] == "Let me look."
-    assert row["output"]["choices"][0]["reasoning"] == "Need the weather."
+    assert output_choices(row)[0]["reasoning"] == "Need the weather."
     assert calls(row) == [
         {"id": "toolu_9", "name": "get_weather", "arguments": '{"city":"Wien","units":["C","°"]}', "complete": True}
     ]
@@ -695,7 +696,7 @@ def test_non_streamed_refusal_is_recorded():
         }
     )
     assert row["finish_reasons"] == ["refusal"]
-    assert row["output"]["choices"][0]["refusal"] == "bio"
+    assert output_choices(row)[0]["refusal"] == "bio"
     assert (row["input_tokens"], row["output_tokens"]) == (3, 0)
 
 
@@ -768,7 +769,7 @@ def test_shared_anthropic_recordings_match_their_expected_extraction(name):
         assert audit(body, chunks) == whole
     row = whole
     assert row["output_text"] == expected["text"]
-    assert row["output"]["choices"][0].get("reasoning", "") == expected["thinking"]
+    assert output_choices(row)[0].get("reasoning", "") == expected["thinking"]
     assert row["response_model"] == expected["model"]
     assert row["response_id"] == expected["message_id"]
     assert row["event_count"] == expected["sse_events"]

@@ -28,6 +28,7 @@ from addon.output_gate import OutputGate
 from addon.record import ExchangeRecord
 from addon.redact import fingerprint
 from exchange.request import extract_messages
+from exchange.transcript import output_choices
 
 SHARED_CURSOR = Path(__file__).resolve().parents[2].parent / "shared" / "reference" / "protocol-samples" / "cursor"
 CONNECT = {"content-type": "application/connect+proto", "connect-protocol-version": "1"}
@@ -212,7 +213,7 @@ UNIFIED_BODY = (
 
 def test_unified_text_thinking_and_tool_calls():
     row = every_split(UNIFIED_BODY, UNIFIED)
-    choice = row["output"]["choices"][0]
+    choice = output_choices(row)[0]
     assert choice["text"] == "Answer" and choice["reasoning"] == "Let me think."
     assert row["tool_calls"] == [{"id": "tool-1", "name": "read_file", "arguments": '{"path":"a.py"}'}]
     assert "tool_call_truncated" not in codes(row)

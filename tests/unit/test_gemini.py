@@ -21,6 +21,7 @@ from addon.dialects import RequestView
 from addon.dialects.gemini import DIALECT
 from addon.dialects.registry import detect_request
 from addon.record import OUTCOME_COMPLETE, OUTCOME_UPSTREAM_ABORTED
+from exchange.transcript import output_choices
 
 SHARED_STREAMS = Path(__file__).resolve().parents[2].parent / "shared" / "reference" / "streams"
 
@@ -110,7 +111,7 @@ def codes(row: dict) -> list[str]:
 
 
 def choice(row: dict, index: int) -> dict:
-    return next(c for c in row["output"]["choices"] if c["index"] == index)
+    return next(c for c in output_choices(row) if c["index"] == index)
 
 
 def view(path: str, method: str = "POST", query: str = "alt=sse") -> RequestView:
@@ -252,7 +253,7 @@ def test_several_candidates_keep_their_own_text_and_output_text_is_candidate_zer
     )
     row = audit(body)
     assert row["output_text"] == "Eins zwei"
-    assert [(c["index"], c["text"], c["finish_reason"]) for c in row["output"]["choices"]] == [
+    assert [(c["index"], c["text"], c["finish_reason"]) for c in output_choices(row)] == [
         (0, "Eins zwei", "STOP"),
         (1, "One two", "MAX_TOKENS"),
     ]
@@ -260,7 +261,7 @@ def test_several_candidates_keep_their_own_text_and_output_text_is_candidate_zer
 
 def test_candidate_index_defaults_to_its_position_when_omitted():
     body = sse(chunk(cand({"text": "a"}, finish="STOP"), cand({"text": "b"}, finish="STOP")))
-    assert [c["text"] for c in audit(body)["output"]["choices"]] == ["a", "b"]
+    assert [c["text"] for c in output_choices(audit(body))] == ["a", "b"]
 
 
 def test_usage_is_cumulative_and_the_last_report_wins():

@@ -21,6 +21,7 @@ from addon.dialects.llm_stream import DIALECT
 from addon.dialects.registry import detect_request, detect_response
 from addon.framing.sse import SSEEvent
 from addon.record import OUTCOME_COMPLETE, OUTCOME_UPSTREAM_ABORTED
+from exchange.transcript import output_choices
 
 SHARED_STREAMS = Path(__file__).resolve().parents[2].parent / "shared" / "reference" / "streams"
 
@@ -173,7 +174,7 @@ def test_several_content_blocks_keep_their_own_text_and_output_text_is_block_zer
     )
     row = audit(body)
     assert row["output_text"] == "first block"
-    assert [c["text"] for c in row["output"]["choices"]] == ["first block", "second"]
+    assert [c["text"] for c in output_choices(row)] == ["first block", "second"]
     assert row["finish_reasons"] == ["end_turn", "max_tokens"]
 
 

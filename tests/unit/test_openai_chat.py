@@ -23,6 +23,7 @@ from addon.dialects.openai_chat import DIALECT
 from addon.dialects.registry import detect_request, detect_response
 from addon.framing.sse import SSEEvent
 from addon.record import OUTCOME_COMPLETE, OUTCOME_UPSTREAM_ABORTED
+from exchange.transcript import output_choices
 
 SHARED_STREAMS = Path(__file__).resolve().parents[2].parent / "shared" / "reference" / "streams"
 PATH = "/v1/chat/completions"
@@ -145,7 +146,7 @@ def codes(row: dict) -> list[str]:
 
 
 def texts(row: dict, kind: str = "text") -> list[str]:
-    return [c.get(kind, "") for c in row["output"]["choices"]]
+    return [c.get(kind, "") for c in output_choices(row)]
 
 
 # -- detection --------------------------------------------------------------------------
@@ -248,9 +249,7 @@ def test_text_stream_extracts_text_model_id_finish_reason_and_detailed_usage():
     assert row["usage_source"] == "provider"
     assert row["event_count"] == 7
     assert row["findings"] == []
-    assert row["output"]["choices"] == [
-        {"index": 0, "text": "Das Wetter in Wien: 24°C, sonnig ☀️.", "finish_reason": "stop"}
-    ]
+    assert output_choices(row) == [{"index": 0, "text": "Das Wetter in Wien: 24°C, sonnig ☀️.", "finish_reason": "stop"}]
 
 
 def test_record_is_the_same_for_every_two_way_split_and_byte_at_a_time():
@@ -434,7 +433,7 @@ def test_llamacpp_reasoning_content_is_reasoning_not_answer_text():
     )
     row = audit(body)
     assert row["output_text"] == "Olá!"
-    assert row["output"]["choices"][0]["reasoning"] == "The user wants Portuguese."
+    assert output_choices(row)[0]["reasoning"] == "The user wants Portuguese."
     assert row["cache_read_input_tokens"] is None  # llama.cpp timings are not usage
 
 
@@ -447,7 +446,7 @@ def test_openrouter_reasoning_field_is_reasoning_and_a_delta_with_both_names_cou
         "[DONE]",
     )
     row = audit(body)
-    assert row["output"]["choices"][0]["reasoning"] == "Think hard"
+    assert output_choices(row)[0]["reasoning"] == "Think hard"
     assert row["output_text"] == "Done"
 
 
@@ -462,7 +461,7 @@ def test_refusal_is_kept_apart_from_answer_text():
     )
     row = audit(body)
     assert row["output_text"] == ""
-    assert row["output"]["choices"][0]["refusal"] == "I'm sorry, I can't help with that."
+    assert output_choices(row)[0]["refusal"] == "I'm sorry, I can't help with that."
     assert row["status"] == "completed"
 
 
@@ -470,7 +469,7 @@ def test_content_parts_list_splits_text_and_thinking():
     parts = [{"type": "thinking", "thinking": [{"type": "text", "text": "hmm"}]}, {"type": "text", "text": "Answer"}]
     row = audit(sse(chunk(choice(content=parts)), chunk(choice(finish="stop")), "[DONE]"))
     assert row["output_text"] == "Answer"
-    assert row["output"]["choices"][0]["reasoning"] == "hmm"
+    assert output_choices(row)[0]["reasoning"] == "hmm"
 
 
 # -- tool calls ------------------------------------------------------------------------------
@@ -823,8 +822,8 @@ def test_non_streamed_completion_gives_text_reasoning_refusal_tool_calls_usage_a
     assert row["status"] == "completed"
     assert (row["response_model"], row["response_id"]) == (MODEL, "chatcmpl-xyz")
     assert row["output_text"] == "It is sunny."
-    assert row["output"]["choices"][1]["reasoning"] == "Use the tool."
-    assert row["output"]["choices"][2]["refusal"] == "I can't."
+    assert output_choices(row)[1]["reasoning"] == "Use the tool."
+    assert output_choices(row)[2]["refusal"] == "I can't."
     assert row["tool_calls"] == [
         {"id": "call_1", "name": "get_weather", "arguments": '{"city":"Vienna"}'},
         {"id": "call_2", "name": "get_time", "arguments": "{}"},
@@ -988,7 +987,7 @@ def test_shared_recording_matches_its_expected_extraction(name):
     assert row["findings"] == []
     assert row["event_count"] == expected["sse_events"]
     assert (row["response_model"], row["response_id"]) == (expected["model"], expected["id"])
-    choices = {c["index"]: c for c in row["output"]["choices"]}
+    choices = {c["index"]: c for c in output_choices(row)}
     assert sorted(choices) == [c["index"] for c in expected["choices"]]
     for exp in expected["choices"]:
         got = choices[exp["index"]]

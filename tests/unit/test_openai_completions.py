@@ -23,6 +23,7 @@ from addon.filters.engine import FilterSet
 from addon.filters.rules import parse_rules
 from addon.framing.sse import SSEEvent, SSEParser
 from addon.record import OUTCOME_COMPLETE, OUTCOME_UPSTREAM_ABORTED
+from exchange.transcript import output_choices
 
 PATH = "/v1/completions"
 REQUEST = {
@@ -186,7 +187,7 @@ def test_several_choices_and_a_batch_of_prompts_keep_their_own_text_and_finish()
         "[DONE]",
     )
     row = audit(body, request=REQUEST | {"prompt": ["x", "y", "z"]})
-    assert [(c["index"], c["text"], c["finish_reason"]) for c in row["output"]["choices"]] == [
+    assert [(c["index"], c["text"], c["finish_reason"]) for c in output_choices(row)] == [
         (0, "Aa", "stop"),
         (1, "Bb!", "stop"),
         (2, "", "length"),
@@ -235,7 +236,7 @@ def test_a_non_streamed_completion_gives_text_choices_and_usage():
         HEAD | {"choices": [choice("One", 0, "stop", logprobs("One")), choice("Two", 1, "length")], "usage": USAGE}
     )
     row = audit(body, event_stream=False, request=REQUEST | {"stream": False, "n": 2})
-    assert [c["text"] for c in row["output"]["choices"]] == ["One", "Two"]
+    assert [c["text"] for c in output_choices(row)] == ["One", "Two"]
     assert (row["finish_reasons"], row["output_tokens"], row["status"]) == (["stop", "length"], 7, "completed")
 
 

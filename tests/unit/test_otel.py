@@ -52,7 +52,7 @@ def row(**overrides) -> dict:
         "request_body": {"system": "be brief", "messages": [{"role": "user", "content": "what is 2+2?"}]},
         "output_text": "4",
         "output": {
-            "choices": [{"index": 0, "text": "4", "reasoning": "add", "finish_reason": "end_turn"}],
+            "choices": [{"index": 0, "reasoning": "add", "finish_reason": "end_turn"}],  # (its text: output_text)
             "tool_calls": [{"id": "t1", "name": "calc", "arguments": '{"a":2}', "complete": True}],
         },
         "finish_reasons": ["end_turn"],
@@ -166,6 +166,12 @@ def test_content_is_the_conversation_and_what_the_client_got():
             "finish_reason": "end_turn",
         }
     ]
+
+
+def test_content_gives_choice_zero_its_text_from_output_text_in_either_form():
+    for output in (row()["output"], {"choices": [{"index": 0, "text": "4", "finish_reason": "end_turn"}]}):
+        parts = otel_semconv.content(row(output=output))["gen_ai.output.messages"][0]["parts"]
+        assert {"type": "text", "content": "4"} in parts
 
 
 def test_content_of_hostile_rows_is_read_carefully():

@@ -15,6 +15,7 @@ from addon.dialects.registry import detect_request
 from addon.dialects.windsurf import DIALECT
 from addon.framing.envelope import connect_reader
 from addon.redact import fingerprint
+from exchange.transcript import output_choices
 
 GET_CHAT = "/exa.api_server_pb.ApiServerService/GetChatMessage"
 RAW_CHAT = "/exa.language_server_pb.LanguageServerService/RawGetChatMessage"
@@ -99,7 +100,7 @@ RESPONSE = (
 
 def test_the_response_reads_text_reasoning_tool_calls_usage_model_and_finish_at_every_split():
     row = every_split(RESPONSE, headers=GZIP)
-    choice = row["output"]["choices"][0]
+    choice = output_choices(row)[0]
     assert choice["text"] == "Autumn leaves fall" and choice["reasoning"] == "Thinking about seasons."
     assert choice["finish_reason"] == "stop" and row["status"] == "completed"
     assert row["tool_calls"] == [{"id": "tc-1", "name": "search", "arguments": '{"q":"haiku"}'}]
@@ -149,7 +150,7 @@ def test_raw_get_chat_message_in_protobuf():
     assert doc["model"] == "gpt-4o" and API_KEY not in orjson.dumps(doc).decode()
     body = env(m(1, f(5, "It "), f(6, 1))) + env(m(1, f(5, "works"), f(6, 0))) + end_stream()
     row = every_split(body, path=RAW_CHAT)
-    assert row["output_text"] == "It works" and row["output"]["choices"][0]["finish_reason"] == "stop"
+    assert row["output_text"] == "It works" and output_choices(row)[0]["finish_reason"] == "stop"
 
 
 def test_raw_get_chat_message_in_connect_json():
