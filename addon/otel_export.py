@@ -61,7 +61,7 @@ COLUMNS = (
     "streamed", "finish_reasons", *semconv.USAGE_ATTRIBUTES, "error_code", "findings", "verdicts",
     "connection_id", "turn", "cost_usd", "usage_details",
 )  # fmt: skip
-CONTENT_COLUMNS = ("request_body", "output_text", "output", "delivered_text")
+CONTENT_COLUMNS = ("request_body", "output_text", "output", "tool_calls", "delivered_text")
 PROTOCOL = "http/protobuf"
 _STOP = object()
 

@@ -21,7 +21,7 @@ from datetime import datetime
 from typing import Any
 
 from exchange.request import extract_messages
-from exchange.transcript import output_choices
+from exchange.transcript import output_choices, output_tool_calls
 
 Row = Mapping[str, Any]
 PREFIX = "llm_audit."
@@ -159,7 +159,6 @@ def content(row: Row) -> dict[str, Any]:
         inputs.append({"role": m.role, "parts": [{"type": "text", "content": inputs_budget.take(m.text)}]})
     inputs.reverse()
     outputs: list[dict[str, Any]] = []
-    output: Mapping[str, Any] = row["output"] if isinstance(row.get("output"), Mapping) else {}
     delivered = row.get("delivered_text")
     for choice in output_choices(row):
         if not outputs_budget.room(len(outputs)):
@@ -171,8 +170,8 @@ def content(row: Row) -> dict[str, Any]:
                 parts.append({"type": kind, "content": outputs_budget.take(value)})
         outputs.append({"role": "assistant", "parts": parts, "finish_reason": str(choice.get("finish_reason") or "")})
     calls: list[dict[str, Any]] = []
-    for c in output.get("tool_calls") or ():
-        if isinstance(c, Mapping) and outputs_budget.room(len(calls)):
+    for c in output_tool_calls(row):
+        if outputs_budget.room(len(calls)):
             arguments = outputs_budget.take(str(c.get("arguments") or ""))
             calls.append({"type": "tool_call", "id": c.get("id"), "name": c.get("name"), "arguments": arguments})
     if calls:

@@ -406,12 +406,12 @@ class ExchangeRecord:
             if n > FINDINGS_PER_CODE:
                 findings.append({"code": code, "detail": f"{n - FINDINGS_PER_CODE} more not listed"})
         choices = [c.as_dict(i) for i, c in sorted(self.choices.items())]
-        # each call's arguments are built once: ``output`` and ``tool_calls`` share the strings
         tool_calls = [t.as_dict() for t in self.tool_calls.values()]
-        # Choice 0's text is stored once, as output_text, not again in ``output``: the
-        # answer of a long stream would otherwise be written, hashed and held twice
-        # (writing a 16 MB answer's row took 0.33 s of CPU with it, 0.06 s without).
-        # Read it back with exchange.transcript.output_choices().
+        # Choice 0's text is stored once, as output_text, and each call's arguments once,
+        # in tool_calls, not again in ``output``: the answer of a long stream (or a tool
+        # call carrying a whole file) would otherwise be written, hashed and held twice
+        # (writing a 16 MB answer's row took 0.33 s of CPU with it, 0.06 s without). Read
+        # them back with exchange.transcript.output_choices() and output_tool_calls().
         output_text = next((c.pop("text") for c in choices if c["index"] == 0), "")
         return {
             "id": self.id,
@@ -445,9 +445,7 @@ class ExchangeRecord:
             "output_text": output_text,
             "output": {
                 "choices": choices,
-                "tool_calls": [
-                    d | {"complete": t.complete} for d, t in zip(tool_calls, self.tool_calls.values(), strict=True)
-                ],
+                "tool_calls": [{"id": t.id, "name": t.name, "complete": t.complete} for t in self.tool_calls.values()],
             },
             "tool_calls": tool_calls,
             "finish_reasons": self.client_finish_reasons

@@ -104,12 +104,6 @@ def choices(row: Row) -> list[Choice]:
     return found
 
 
-def _output(row: Row) -> dict[str, Any]:
-    """The row's ``output`` object; empty when it holds anything else (a foreign row)."""
-    output = row.get("output")
-    return output if isinstance(output, dict) else {}
-
-
 def _choice(c: dict[str, Any]) -> Choice:
     return Choice(
         c.get("index"),
@@ -129,10 +123,33 @@ def has_output(row: Row) -> bool:
     return bool(row.get("output_text")) or any(c.text or c.reasoning or c.refusal for c in choices(row))
 
 
+def output_tool_calls(row: Row) -> list[dict[str, Any]]:
+    """A row's ``output.tool_calls``, each with its ``arguments`` from the ``tool_calls`` column.
+
+    :meth:`addon.record.ExchangeRecord.to_row` keeps a call's arguments once, in the
+    ``tool_calls`` column (the same calls in the same order); ``output.tool_calls`` says
+    whether each is complete. A row written before keeps them in both. A call the column
+    does not have (a changed row) gets no arguments rather than another call's.
+    """
+    output = row.get("output")
+    found = output.get("tool_calls") if isinstance(output, Mapping) else None
+    if not isinstance(found, list):
+        return []
+    column = row.get("tool_calls")
+    column = column if isinstance(column, list) and len(column) == len(found) else []
+    out: list[dict[str, Any]] = []
+    for i, c in enumerate(found):
+        if isinstance(c, Mapping):
+            if "arguments" not in c:
+                kept = column[i] if column else None
+                c = {**c, "arguments": kept.get("arguments") if isinstance(kept, Mapping) else None}
+            out.append(dict(c))
+    return out
+
+
 def tool_calls(row: Row) -> list[ToolCall]:
     """The output's tool calls (the ``tool_calls`` column when the output has none)."""
-    output = _output(row)
-    calls = output.get("tool_calls") or row.get("tool_calls") or []
+    calls = output_tool_calls(row) or row.get("tool_calls") or []
     return [
         ToolCall(
             str(c.get("name")),

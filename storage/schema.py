@@ -94,7 +94,7 @@ exchanges = Table(
     Column(
         "output",
         Json,
-        comment="Every choice's reasoning, refusal, stop reason and text (choice 0's is output_text); tool calls.",
+        comment="Every choice's reasoning, refusal, stop reason and text (choice 0's is output_text); tool calls (their arguments are in tool_calls).",
     ),
     Column("tool_calls", Json, comment="List of {id, name, arguments}."),
     Column("finish_reasons", Json, comment="List of stop reasons, one per choice / block."),

@@ -86,7 +86,7 @@ RETRY_MIN, RETRY_MAX = 0.5, 5.0
 # over the crash window's 50 ms target.
 GROUP_SECONDS = 0.02
 STRIKES = 3  # unexpected failures of one row before it is quarantined
-_LAZY_AT = 1024 * 1024  # characters of answer text from which a row is bound lazily (SQLite)
+_LAZY_AT = 1024 * 1024  # characters of answer text and arguments from which a row is bound lazily (SQLite)
 _TRIM_AFTER = 16 * 1024 * 1024  # characters of output in one batch after which freed memory is handed back
 # an open record's chain columns and adoption proof (one statement needs every key)
 _UNSEALED = dict.fromkeys((*CHAIN_COLUMNS, "open_mac"))
@@ -782,8 +782,13 @@ def _is_final(row: Any) -> bool:
 
 
 def _large(row: dict[str, Any]) -> bool:
-    """Whether a row carries a huge answer, written through :meth:`AuditWriter._upsert_lazily`."""
-    return len(row.get("output_text") or "") + len(row.get("delivered_text") or "") >= _LAZY_AT
+    """Whether a row carries a huge answer (its text, or tool calls' arguments), written
+    through :meth:`AuditWriter._upsert_lazily`."""
+    size = len(row.get("output_text") or "") + len(row.get("delivered_text") or "")
+    calls = row.get("tool_calls")
+    if isinstance(calls, list):
+        size += sum(len(a) for c in calls if isinstance(c, dict) and isinstance(a := c.get("arguments"), str))
+    return size >= _LAZY_AT
 
 
 class _LazyParameters:

@@ -19,7 +19,7 @@ from addon.dialects.anthropic import DIALECT
 from addon.dialects.registry import detect_request, detect_response
 from addon.framing.sse import SSEEvent
 from addon.record import OUTCOME_COMPLETE, OUTCOME_UPSTREAM_ABORTED
-from exchange.transcript import output_choices
+from exchange.transcript import output_choices, output_tool_calls
 
 SHARED_STREAMS = Path(__file__).resolve().parents[2].parent / "shared" / "reference" / "streams"
 
@@ -163,7 +163,7 @@ def codes(row: dict) -> list[str]:
 
 
 def calls(row: dict) -> list[dict]:
-    return row["output"]["tool_calls"]
+    return output_tool_calls(row)
 
 
 # -- detection --------------------------------------------------------------------------

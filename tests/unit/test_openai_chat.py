@@ -23,7 +23,7 @@ from addon.dialects.openai_chat import DIALECT
 from addon.dialects.registry import detect_request, detect_response
 from addon.framing.sse import SSEEvent
 from addon.record import OUTCOME_COMPLETE, OUTCOME_UPSTREAM_ABORTED
-from exchange.transcript import output_choices
+from exchange.transcript import output_choices, output_tool_calls
 
 SHARED_STREAMS = Path(__file__).resolve().parents[2].parent / "shared" / "reference" / "streams"
 PATH = "/v1/chat/completions"
@@ -1001,7 +1001,7 @@ def test_shared_recording_matches_its_expected_extraction(name):
         for c in expected["choices"]
         for t in c.get("tool_calls", [])
     ]
-    assert row["output"]["tool_calls"] == expected_calls
+    assert output_tool_calls(row) == expected_calls
     usage = expected["usage"]
     assert (row["input_tokens"], row["output_tokens"]) == (usage["input_tokens"], usage["output_tokens"])
     assert row["reasoning_output_tokens"] == usage.get("reasoning_tokens")

@@ -24,6 +24,7 @@ from sqlalchemy import select
 
 from addon.events import Finish, StreamEnd, TextDelta, ToolCallDelta
 from addon.record import OUTCOME_COMPLETE, ExchangeRecord, Status, TextParts
+from exchange.transcript import output_tool_calls
 from storage import chain, writer
 from storage.chain import CONTENT_COLUMNS, canonical_pieces, check_record, content_hash, split_big_strings
 from storage.database import open_engine
@@ -157,8 +158,8 @@ def test_the_text_is_joined_once_and_shared():
     row = r.to_row()
     assert row["output_text"] is r.choices[0].text.whole()
     assert "text" not in row["output"]["choices"][0], "the answer is stored once, as output_text"
-    assert row["tool_calls"][0]["arguments"] is row["output"]["tool_calls"][0]["arguments"]
-    assert row["output"]["tool_calls"] == [row["tool_calls"][0] | {"complete": True}]
+    assert row["output"]["tool_calls"] == [{"id": "call_1", "name": "lookup", "complete": True}], "arguments once"
+    assert output_tool_calls(row) == [row["tool_calls"][0] | {"complete": True}]
     assert r.to_row() == row  # building the row again gives the same row
 
 
@@ -273,3 +274,9 @@ def test_rows_with_a_long_answer_or_a_big_body_are_looked_through(monkeypatch):
     for candidate in (row, row | {"bytes_from_upstream": 64 * 1024}):
         p = prepare(candidate, postgres=False)
         assert p.hashes["output"] == hashlib.sha256(orjson.dumps(p.row["output"], option=SORTED)).hexdigest()
+
+
+def test_a_huge_tool_call_is_bound_lazily_too():
+    assert writer._large({"tool_calls": [{"arguments": "x" * writer._LAZY_AT}]})
+    assert not writer._large({"output_text": "a", "tool_calls": [{"arguments": 5}, "x", {"arguments": None}]})
+    assert not writer._large({"tool_calls": "no"})
