@@ -646,8 +646,9 @@ class AuditWriter:
                 # Committed. A prepared statement keeps its last bound values until it
                 # runs again, and sqlite3 caches its statements per connection: SQLite's
                 # copies of the huge texts (the answer, and what the client was delivered
-                # when a filter made it differ) stayed allocated until the next row came. Closing this connection
-                # frees them at once; the pool opens a new one for the next write.
+                # when a filter made it differ) stayed allocated until the next row came.
+                # Closing this connection frees them at once; the pool opens a new one for
+                # the next write.
                 conn.invalidate()
         self.written += sum(1 for row in rows if row["status"] != IN_PROGRESS)  # final records
         self.last_write = datetime.now(UTC)

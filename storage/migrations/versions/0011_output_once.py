@@ -8,9 +8,10 @@ From this revision on the proxy writes ``output.choices[0]`` without its ``text`
 ``output_text``) and ``output.tool_calls`` without their ``arguments`` (they are in the
 ``tool_calls`` column, the same calls in the same order): a long stream's answer, or a tool
 call carrying a file, was written, hashed and held twice. ``exchange.transcript``'s
-``output_choices`` and ``output_tool_calls`` read a row in either form. Only the column's comment changes (PostgreSQL keeps comments; SQLite has none).
-Rows written before keep their repeated text: they are sealed in the hash chain as they
-are, and every reader takes either form.
+``output_choices`` and ``output_tool_calls`` read a row in either form. Only the
+column's comment changes (PostgreSQL keeps comments; SQLite has none, so this is a no-op
+there). Rows written before keep their repeated text: they are sealed in the hash chain
+as they are, and every reader takes either form.
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from alembic import op
-from sqlalchemy import JSON
 from sqlalchemy.dialects.postgresql import JSONB
 
 revision: str = "0011"
@@ -38,7 +38,7 @@ def _comment(comment: str, existing: str) -> None:
         "output",
         comment=comment,
         existing_comment=existing,
-        existing_type=JSON().with_variant(JSONB(), "postgresql"),
+        existing_type=JSONB(),  # (PostgreSQL only: the column is jsonb there)
     )
 
 
