@@ -1,9 +1,12 @@
 """Sections 2 and 3: what the audit costs a proxy, and what content filters add.
 
-The same load goes through three mitmdump processes side by side, one variant at a
+The same load goes through four mitmdump processes side by side, one variant at a
 time in rotating order, every run:
 
 * ``plain``: mitmdump streaming event streams (``bench/plain_stream.py``), no audit;
+* ``callable``: the same through a stream callable that returns every chunk as it came
+  (``bench/callable_stream.py``): what mitmproxy's callable path costs by itself, the
+  floor under the audit's ratio (the audit must read the bytes that way);
 * ``audit``: ``mitmdump -s addon/llm_audit.py`` recording to SQLite;
 * ``filters``: the same with ``llm_rules`` = 100 blocking rules of every kind (keywords,
   regex, secrets, PII: ``bench/rules.py``); compared with ``plain`` (the issue's target)
@@ -33,7 +36,7 @@ from bench.processes import Mock, Proxy, split_cores, start_mock, start_proxies,
 from bench.rules import write_rules
 from bench.workloads import APIS, request_bytes
 
-VARIANTS = ("plain", "audit", "filters")
+VARIANTS = ("plain", "callable", "audit", "filters")
 API = APIS["openai-chat"]
 SETTLE = 0.3  # seconds for the audit writer to flush (it batches within 50 ms)
 
@@ -156,10 +159,10 @@ def _medians(results: list[dict[str, Any]]) -> dict[str, Any]:
 def _paired(runs: dict[str, dict[str, list[dict[str, Any]]]]) -> dict[str, Any]:
     """Same-run comparisons (medians over runs): CPU ratios and delay differences.
 
-    ``audit`` and ``filters`` against ``plain``, and ``filters`` against ``audit``.
+    ``callable``, ``audit`` and ``filters`` against ``plain``, and ``filters`` against ``audit``.
     """
     out: dict[str, Any] = {}
-    for variant, base in (("audit", "plain"), ("filters", "plain"), ("filters", "audit")):
+    for variant, base in (("callable", "plain"), ("audit", "plain"), ("filters", "plain"), ("filters", "audit")):
         key = f"{variant}/{base}"
         out[key] = {}
         for load in ("paced", "bulk"):

@@ -28,6 +28,7 @@ except ImportError:  # the /proc fallback below serves Linux without it
 
 BIN = Path(sys.executable).parent
 PLAIN_ADDON = ROOT / "bench" / "plain_stream.py"
+CALLABLE_ADDON = ROOT / "bench" / "callable_stream.py"
 AUDIT_ADDON = ROOT / "addon" / "llm_audit.py"
 
 
@@ -138,11 +139,13 @@ def start_mock(tmp: Path, cpus: set[int] | None = None) -> Mock:
 def start_proxy(
     tmp: Path, variant: str, *, rules: Path | None = None, cpus: set[int] | None = None, extra: list[str] | None = None
 ) -> Proxy:
-    """mitmdump in one of three variants, on a free port, output quiet.
+    """mitmdump in one of four variants, on a free port, output quiet.
 
     ``plain``: streaming turned on for event streams, nothing else (what anyone
-    running mitmproxy in front of SSE must do); ``audit``: ``-s addon/llm_audit.py``
-    recording to an SQLite file; ``filters``: the same with ``llm_rules``.
+    running mitmproxy in front of SSE must do); ``callable``: the same through a stream
+    callable that returns each chunk unchanged (the floor of any addon that reads the
+    bytes); ``audit``: ``-s addon/llm_audit.py`` recording to an SQLite file;
+    ``filters``: the same with ``llm_rules``.
     """
     folder = tmp / f"proxy-{variant}-{time.monotonic_ns()}"
     folder.mkdir(parents=True)
@@ -151,6 +154,8 @@ def start_proxy(
     db_url = None
     if variant == "plain":
         args += ["-s", str(PLAIN_ADDON)]
+    elif variant == "callable":
+        args += ["-s", str(CALLABLE_ADDON)]
     else:
         db_url = f"sqlite:///{folder / 'audit.db'}"
         args += ["-s", str(AUDIT_ADDON), "--set", f"llm_audit_db={db_url}"]

@@ -45,6 +45,8 @@ def test_bench_smoke_writes_every_section(tmp_path: Path) -> None:
         for variant in level["variants"].values():
             assert variant["paced"]["failed"] == 0 and variant["bulk"]["failed"] == 0
     assert set(results["proxy"]["recorded"]["audit"]) == {"completed"}  # every stream recorded, complete
+    # the floor under rows 1 and 2: an identity stream callable, measured in the same runs
+    assert all("callable/plain" in level["vs_plain"] for level in results["proxy"]["levels"])
     assert results["writer"]["sqlite"]["exchanges_per_s"] > 0
     assert results["memory"]["audit"]["idle"]["opened"] == results["memory"]["audit"]["idle"]["streams"]
     assert {t["name"] for t in document["targets"]} >= {"parser throughput", "proxy CPU", "writer"}
@@ -54,6 +56,7 @@ def test_bench_smoke_writes_every_section(tmp_path: Path) -> None:
     assert [t["row"] for t in issue20] == ISSUE20_ROWS
     for t in issue20:
         assert t["target"] and t["measured"] and t["met"] in (True, False), t
+    assert all(t["values"]["floor"] and "stream callable alone" in t["measured"] for t in issue20[:2])
     assert set(results["knee"]["levels"][0]) >= {"plain", "audit", "direct"}
     assert all(lv[v]["failed"] == 0 for lv in results["knee"]["levels"] for v in ("plain", "audit", "direct"))
     assert "blocked" not in str(results["ttft"]["recorded"])  # the prose passes every rule
