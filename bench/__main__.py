@@ -4,6 +4,7 @@
     scripts/bench --smoke              # every section with tiny sizes (CI keeps it working)
     scripts/bench --only parsing,writer --out results.json
     scripts/bench --only parsing --profile prof/   # and where the time goes (bench/profile.py)
+    scripts/bench --against main~3     # this checkout's audit beside another revision's (bench/against.py)
 
 A section that fails is reported in the JSON (``{"error": ...}``) and makes the exit
 status 1; one that cannot run here (no PostgreSQL, no ``scripts/synth-db`` yet) is
@@ -23,7 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench import knee, limits, memory, overhead, parsing, profile, query, report, rules, ttft, writes
+from bench import against, knee, limits, memory, overhead, parsing, profile, query, report, rules, ttft, writes
 from bench.common import FULL, ROOT, SMOKE, Sizes
 
 SECTIONS: dict[str, tuple[Callable[[Sizes, Path], dict[str, Any]], Callable[[dict[str, Any]], list[str]]]] = {
@@ -45,6 +46,12 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
         "--out", type=Path, default=ROOT / "bench-results" / "results.json", help="the JSON file of results"
     )
     parser.add_argument("--only", default="", help=f"comma-separated sections of {', '.join(SECTIONS)}")
+    parser.add_argument(
+        "--against",
+        metavar="REV",
+        help="also compare this checkout's audit with REV's, the same loads through both in one run "
+        "(alone: only that comparison)",
+    )
     parser.add_argument(
         "--profile",
         type=Path,
@@ -76,8 +83,19 @@ def filters_view(proxy: dict[str, Any]) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     args = _args(argv)
     sizes = SMOKE if args.smoke else FULL
-    wanted = [s for s in args.only.split(",") if s] or list(SECTIONS)
-    unknown = [s for s in wanted if s not in SECTIONS]
+    sections = dict(SECTIONS)
+    if args.against:
+        try:
+            commit = against.commit_of(args.against)
+        except ValueError as e:
+            print(f"scripts/bench: {e}", file=sys.stderr)
+            return 2
+        rev = args.against
+        sections["against"] = (lambda sizes, tmp: against.measure(sizes, tmp, rev, commit), against.table)
+    wanted = [s for s in args.only.split(",") if s] or ([] if args.against else list(SECTIONS))
+    if args.against and "against" not in wanted:
+        wanted.append("against")
+    unknown = [s for s in wanted if s not in sections]
     if unknown:
         print(f"scripts/bench: unknown section {', '.join(unknown)} (known: {', '.join(SECTIONS)})", file=sys.stderr)
         return 2
@@ -99,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     failed = False
     with tempfile.TemporaryDirectory(prefix="llm-audit-bench-") as tmp:
         for name in wanted:
-            run, table = SECTIONS[name]
+            run, table = sections[name]
             folder = Path(tmp) / name
             folder.mkdir()
             started = time.perf_counter()

@@ -42,6 +42,7 @@ class Sizes:
     ttft_chars: int  # characters of prose per stream in the TTFT section (250 a second)
     ttft_rounds: int  # rounds of the TTFT section (every variant in turn, each round)
     ttft_streams: int  # concurrent streams per variant and round
+    against_runs: int  # rounds of --against (every variant in turn, each round)
 
 
 FULL = Sizes(
@@ -70,6 +71,7 @@ FULL = Sizes(
     ttft_chars=1500,
     ttft_rounds=5,
     ttft_streams=3,
+    against_runs=9,
 )
 
 SMOKE = Sizes(
@@ -98,6 +100,7 @@ SMOKE = Sizes(
     ttft_chars=200,
     ttft_rounds=1,
     ttft_streams=2,
+    against_runs=1,
 )
 
 

@@ -137,7 +137,13 @@ def start_mock(tmp: Path, cpus: set[int] | None = None) -> Mock:
 
 
 def start_proxy(
-    tmp: Path, variant: str, *, rules: Path | None = None, cpus: set[int] | None = None, extra: list[str] | None = None
+    tmp: Path,
+    variant: str,
+    *,
+    rules: Path | None = None,
+    cpus: set[int] | None = None,
+    extra: list[str] | None = None,
+    root: Path | None = None,
 ) -> Proxy:
     """mitmdump in one of four variants, on a free port, output quiet.
 
@@ -145,7 +151,8 @@ def start_proxy(
     running mitmproxy in front of SSE must do); ``callable``: the same through a stream
     callable that returns each chunk unchanged (the floor of any addon that reads the
     bytes); ``audit``: ``-s addon/llm_audit.py`` recording to an SQLite file;
-    ``filters``: the same with ``llm_rules``.
+    ``filters``: the same with ``llm_rules``. ``root``: the audit's code from another
+    tree (an exported revision, ``bench/against.py``) instead of this checkout's.
     """
     folder = tmp / f"proxy-{variant}-{time.monotonic_ns()}"
     folder.mkdir(parents=True)
@@ -158,7 +165,8 @@ def start_proxy(
         args += ["-s", str(CALLABLE_ADDON)]
     else:
         db_url = f"sqlite:///{folder / 'audit.db'}"
-        args += ["-s", str(AUDIT_ADDON), "--set", f"llm_audit_db={db_url}"]
+        addon = AUDIT_ADDON if root is None else root / "addon" / "llm_audit.py"
+        args += ["-s", str(addon), "--set", f"llm_audit_db={db_url}"]
         if variant == "filters":
             if rules is None:
                 raise ValueError("the filters variant needs a rules file")
@@ -172,6 +180,8 @@ def start_proxy(
         "XDG_DATA_HOME": str(folder / "data"),
         "PYTHONUNBUFFERED": "1",
     }
+    if root is not None:  # (ahead of the editable install, whose finder comes after sys.path)
+        env["PYTHONPATH"] = str(root)
     with log.open("wb") as out:
         proc = subprocess.Popen(
             [str(BIN / "mitmdump"), *args],

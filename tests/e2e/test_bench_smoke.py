@@ -62,3 +62,49 @@ def test_bench_smoke_writes_every_section(tmp_path: Path) -> None:
     assert "blocked" not in str(results["ttft"]["recorded"])  # the prose passes every rule
     assert set(results["parsing"]["summary"]["classes"]) == {"ascii", "non-ascii", "event"}
     assert "Issue 20 targets" in done.stdout.split("\nTargets\n")[-1]  # the last table
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(400)
+def test_bench_against_runs_another_revision_beside_this_one(tmp_path: Path) -> None:
+    """``--against REV`` exports REV, compiles its parser when this checkout's is compiled,
+    and runs its audit beside this one's; alone it runs only that comparison."""
+    out = tmp_path / "results.json"
+    done = subprocess.run(
+        [sys.executable, "-m", "bench", "--smoke", "--against", "HEAD", "--out", str(out)],
+        check=False,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=380,
+        stdin=subprocess.DEVNULL,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    results = orjson.loads(out.read_bytes())["results"]
+    assert list(results) == ["against"]
+    result = results["against"]
+    assert result["rev"] == "HEAD" and len(result["commit"]) == 40
+    assert result["compiled_parser"]["rev"] == result["compiled_parser"]["here"]
+    for load in ("bulk", "paced"):
+        compared = result["loads"][load]
+        assert set(compared["cpu_s_per_GB"]) == {"plain", "audit", "audit@rev", "filters", "filters@rev"}
+        assert set(compared["here_vs_rev"]) == {"audit", "filters"}
+    assert "Against HEAD" in done.stdout
+
+
+@pytest.mark.e2e
+def test_bench_against_refuses_what_is_not_a_commit() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "bench", "--against", "no-such-revision-here"],
+        check=False,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        stdin=subprocess.DEVNULL,
+    )
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [
+        "scripts/bench: --against no-such-revision-here: not a commit of this repository; "
+        "give a commit, branch or tag (git log --oneline)"
+    ]

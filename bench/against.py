@@ -1,0 +1,148 @@
+"""``scripts/bench --against REV``: this checkout's audit beside the audit of another
+revision, the same loads through both in one run.
+
+Why a section of its own: the machine's speed drifts by more than most changes are
+worth (plain mitmdump, one stream flat out, measured 19 to 36 CPU s/GB on one day), so
+two separate runs of ``scripts/bench`` cannot tell a 10% gain from noise. Here the
+variants take turns, load by load (rotating the order every run), and each run of one
+variant is compared with the run of the other just before or after it: the median of
+those paired ratios is the figure.
+
+Five mitmdump processes, pinned to the proxy's core: ``plain`` (as in section 2), the
+``audit`` and ``filters`` variants of this checkout, and the same two of ``REV``
+(``audit@REV``, ``filters@REV``). ``REV`` is exported with ``git archive`` into the
+section's folder (nothing in the checkout changes) and run from there with
+``PYTHONPATH`` pointing at it, its SSE parser compiled there when this checkout's is
+(``setup.py build_ext --inplace``; the section says when that failed and the pure
+parser ran). One stream, both loads of section 2: bulk (1 KiB deltas flat out) and
+paced.
+"""
+
+from __future__ import annotations
+
+import io
+import subprocess
+import tarfile
+from pathlib import Path
+from typing import Any
+
+from bench.common import ROOT, Sizes, median, ratio
+from bench.overhead import _load, warm_up
+from bench.processes import BIN, Proxy, split_cores, start_mock, start_proxy, stop_all
+from bench.rules import write_rules
+
+OURS = ("audit", "filters")
+
+
+def measure(sizes: Sizes, tmp: Path, rev: str, commit: str) -> dict[str, Any]:
+    """``rev`` as the user wrote it, ``commit`` what it names (:func:`commit_of`)."""
+    tree, compiled = _export(commit, tmp / "tree", build=_compiled_here())
+    proxy_cpus, other_cpus = split_cores()
+    rules = write_rules(tmp)
+    mock = start_mock(tmp, other_cpus)
+    proxies: dict[str, Proxy] = {}
+    try:
+        proxies["plain"] = start_proxy(tmp, "plain", cpus=proxy_cpus)
+        for variant in OURS:
+            proxies[variant] = start_proxy(tmp, variant, rules=rules, cpus=proxy_cpus)
+            proxies[f"{variant}@rev"] = start_proxy(tmp, variant, rules=rules, cpus=proxy_cpus, root=tree)
+        warm_up(mock, proxies)
+        loads = {
+            "bulk": f"events={max(1, sizes.bulk_bytes // sizes.bulk_event_bytes)}&size={sizes.bulk_event_bytes}&stamp=1",
+            "paced": f"events={sizes.paced_events}&delay={sizes.paced_delay}&stamp=1",
+        }
+        names = list(proxies)
+        runs: dict[str, dict[str, list[float]]] = {v: {load: [] for load in loads} for v in names}
+        for run in range(sizes.against_runs):
+            order = names[run % len(names) :] + names[: run % len(names)]
+            for load, scenario in loads.items():
+                for v in order:
+                    runs[v][load].append(_load(mock, proxies[v], 1, scenario, 0.0)["cpu_s_per_GB"])
+    finally:
+        stop_all([*proxies.values(), mock])
+    return {
+        "rev": rev,
+        "commit": commit,
+        "compiled_parser": {"here": _compiled_here(), "rev": compiled},
+        "runs": runs,
+        "loads": {load: _compare(runs, load) for load in ("bulk", "paced")},
+    }
+
+
+def _compare(runs: dict[str, dict[str, list[float]]], load: str) -> dict[str, Any]:
+    """Per variant: median CPU s/GB and ratio to plain; per pair: the median paired ratio."""
+    cpu = {v: median(r[load]) for v, r in runs.items()}
+    plain = runs["plain"][load]
+    out: dict[str, Any] = {
+        "cpu_s_per_GB": cpu,
+        "vs_plain": {v: median([x for a, b in zip(r[load], plain) if (x := ratio(a, b))]) for v, r in runs.items()},
+    }
+    out["here_vs_rev"] = {
+        v: median([x for a, b in zip(runs[v][load], runs[f"{v}@rev"][load]) if (x := ratio(a, b))]) for v in OURS
+    }
+    return out
+
+
+def commit_of(rev: str) -> str:
+    """The commit ``rev`` names; ValueError (one line, naming the fix) when none."""
+    try:
+        done = subprocess.run(
+            ["git", "-C", str(ROOT), "rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}"],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+    except OSError as e:
+        raise ValueError(f"--against needs git to export {rev} ({e}); install git or leave --against out") from e
+    if done.returncode != 0:
+        raise ValueError(
+            f"--against {rev}: not a commit of this repository; give a commit, branch or tag (git log --oneline)"
+        )
+    return done.stdout.strip()
+
+
+def _export(commit: str, tree: Path, *, build: bool) -> tuple[Path, bool]:
+    """The revision's files in ``tree`` (``git archive``), its parser compiled when ``build``."""
+    archive = subprocess.run(["git", "-C", str(ROOT), "archive", commit], capture_output=True, check=True).stdout
+    tree.mkdir(parents=True)
+    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+        tar.extractall(tree, filter="data")
+    if not build:
+        return tree, False
+    done = subprocess.run(
+        [str(BIN / "python"), "setup.py", "-q", "build_ext", "--inplace"],
+        cwd=tree,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    compiled = done.returncode == 0 and any((tree / "addon" / "framing").glob("sse_parser*.so"))
+    if not compiled:
+        print(f"--against: the revision's SSE parser was not compiled; its pure parser runs\n{done.stderr[-600:]}")
+    return tree, compiled
+
+
+def _compiled_here() -> bool:
+    from addon.framing import sse
+
+    return bool(sse.COMPILED)
+
+
+def table(result: dict[str, Any]) -> list[str]:
+    rev, rounds = result["rev"], len(result["runs"]["plain"]["bulk"])
+    compiled = result["compiled_parser"]
+    names = {v: v.replace("@rev", f"@{rev}") for v in result["runs"]}
+    width = max(len("variant"), *map(len, names.values()))
+    lines = [
+        f"Against {rev} ({result['commit'][:9]}): one stream, every variant in turn, {rounds} round(s); "
+        f"compiled parser here {compiled['here']}, at {rev} {compiled['rev']}",
+        f"{'load':<6} {'variant':<{width}} {'CPU s/GB':>9} {'vs plain':>8} {'here/rev':>9}",
+    ]
+    for load, cmp in result["loads"].items():
+        for v, cpu in cmp["cpu_s_per_GB"].items():
+            mine = cmp["here_vs_rev"].get(v)
+            lines.append(
+                f"{load:<6} {names[v]:<{width}} {cpu:9.1f} {cmp['vs_plain'][v]:7.2f}x"
+                f" {f'{mine:.3f}x' if mine is not None else '':>9}"
+            )
+    return lines
