@@ -269,7 +269,7 @@ class StreamAuditor:
             if frame is not None:
                 self._dispatch((frame,), end)
             else:  # bytes without a frame (an SSE comment): they still go in order
-                self._framed.append((None, (), end))
+                self._framed.append((None, (), end, None))
         if reader.held > self.max_event_bytes:
             self._unreadable(f"an event over {self.max_event_bytes} bytes cannot be checked")
             if not gate.holds:  # let through unchecked (llm_filter_failure=open)
@@ -466,7 +466,7 @@ class StreamAuditor:
             if isinstance(got, str):
                 record.add_text(got)
                 if gate is not None:
-                    self._framed.append((event, [TextDelta(got)], end))
+                    self._framed.append((event, [TextDelta(got)], end, normalizer.parsed))
                 continue
             common: list[Event] = got
             for ev in common:
@@ -474,7 +474,7 @@ class StreamAuditor:
                 if type(ev) is TurnEnd and self.on_turn_end is not None:
                     record = self.record = self.on_turn_end(record)
             if gate is not None:
-                self._framed.append((event, common, end))
+                self._framed.append((event, common, end, None))
         if self.normalizer is None and self.sniffed_bytes > SNIFF_LIMIT:
             self.ignored = True
         if len(self.reader.findings) > self._reported_findings:

@@ -303,7 +303,7 @@ class ConnectionAuditor:
         self.server_pending.add(len(content), text)
         framed: list[Framed] = []
         for item, end in bounded:
-            framed.append((item, self._server_frame(item) if item is not None else (), end - self.gate_base))
+            framed.append((item, self._server_frame(item) if item is not None else (), end - self.gate_base, None))
         problem = self._reader_problem(reader)
         self._collect(reader)
         self.holding_current = True

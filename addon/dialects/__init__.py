@@ -70,6 +70,10 @@ class Normalizer(ABC):
     framing: str = "sse"
     #: Encodes :meth:`ending` for the client: the writer of the framing the stream is in.
     writer: Writer = SSE_WRITER
+    #: The JSON object of the frame :meth:`read` last answered with its text alone, for
+    #: :meth:`read_parsed` of a second normalizer reading the same frame (the output
+    #: gate's); None where a dialect does not keep it.
+    parsed: Any = None
 
     @abstractmethod
     def on_event(self, event: Frame) -> list[Event]:
@@ -82,6 +86,13 @@ class Normalizer(ABC):
         :class:`~addon.events.TextDelta` nobody else reads. ``[TextDelta(text)]`` is
         what :meth:`on_event` gives for it; dialects with such a fast path override it."""
         return self.on_event(event)
+
+    def read_parsed(self, event: Frame, parsed: Any) -> list[Event] | str:
+        """:meth:`read`, for a frame whose data another normalizer has parsed already:
+        ``parsed`` is that normalizer's :attr:`parsed` right after it read the frame as
+        text alone (the JSON object of the frame's data, which it only read). Dialects
+        that parse JSON frames use it instead of parsing the same bytes again."""
+        return self.read(event)
 
     def on_end(self, cut: bool = False) -> list[Event]:
         """Conformance checks once the streamed body is over (cleanly or cut by upstream).
@@ -221,28 +232,41 @@ class JsonEventNormalizer(Normalizer):
     def read(self, event: Frame) -> list[Event] | str:
         return self.on_event(event) if self._own_on_event else self._read(event)
 
+    def read_parsed(self, event: Frame, parsed: Any) -> list[Event] | str:
+        # (a subclass with its own on_event reads the frame its own way: it parses again)
+        return self.on_event(event) if self._own_on_event else self._read_object(event, parsed)
+
     def _read(self, event: Frame) -> list[Event] | str:
         """One frame: its text alone when :meth:`text_of` knows the frame is only that,
         else its events. The JSON is parsed once, whichever way the frame goes."""
         data = event.data
-        ended = self.ended
         if data == "[DONE]":
             if self.ignores_done:
                 return []
+            ended = self.ended
             out: list[Event] = [_after_end(event)] if ended else []
             out.extend(self.on_done())
-        else:
-            obj = json_object(data)
-            if obj is None:
-                out = [_after_end(event)] if ended else []
-                out.append(Finding("invalid_json", f"event {event.event!r}: data is not one JSON object"))
-            elif ended:
-                out = [_after_end(event), *self.on_json(event, obj)]
-            else:
-                text = self.text_of(event, obj) if self._fast else None
-                if text is not None:
-                    return text
-                out = self.on_json(event, obj)
+            return self._note_end(out, ended)
+        obj = json_object(data)
+        if obj is not None:
+            return self._read_object(event, obj)
+        out = [_after_end(event)] if self.ended else []
+        out.append(Finding("invalid_json", f"event {event.event!r}: data is not one JSON object"))
+        return out
+
+    def _read_object(self, event: Frame, obj: dict[str, Any]) -> list[Event] | str:
+        """A frame whose data is the JSON object ``obj``; its text alone when it is only that."""
+        ended = self.ended
+        if ended:
+            return self._note_end([_after_end(event), *self.on_json(event, obj)], ended)
+        text = self.text_of(event, obj) if self._fast else None
+        if text is not None:
+            self.parsed = obj
+            return text
+        return self._note_end(self.on_json(event, obj), ended)
+
+    def _note_end(self, out: list[Event], ended: bool) -> list[Event]:
+        """``out``, noting whether it holds the terminal event."""
         if not ended:
             for e in out:
                 if isinstance(e, StreamEnd):

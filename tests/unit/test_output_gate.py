@@ -312,3 +312,43 @@ def test_sse_reader_reports_each_event_at_the_blank_line_ending_it_at_any_chunki
         assert (ends[-1] if ends else 0) + reader.held == len(body)
         events = [frame for frame, _ in bounded if frame is not None] + list(reader.unbound())
         assert events == expected
+
+
+_VOLATILE = ("id", "started_at", "ended_at", "first_chunk_at")
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_the_gate_reading_the_auditors_parse_gives_what_parsing_again_gives(name: str, monkeypatch) -> None:
+    """The gate's normalizer reads a frame the auditor read as text alone from the
+    auditor's JSON object (``Normalizer.read_parsed``) instead of parsing its bytes again.
+    Differential: the same streams, cut the same ways, clean, blocked and with a tool
+    call, give the same bytes to the client, the same row and the same state of the
+    gate's normalizer (what a termination continues from) when it parses again."""
+    from addon.dialects import JsonEventNormalizer
+
+    case = CASES[name]
+    reused = [0]
+    given = JsonEventNormalizer.read_parsed
+
+    def counting(self, event, parsed):  # type: ignore[no-untyped-def]
+        reused[0] += 1
+        return given(self, event, parsed)
+
+    def parse_again(self, event, parsed):  # type: ignore[no-untyped-def]
+        return self.read(event)
+
+    for scenario in (CLEAN, DIRTY, TOOL):
+        body = body_of(case, scenario)
+        for cuts in [[], byte_at_a_time(body), *some_cuts(body, seed=len(body), n=6)]:
+            runs = []
+            for read_parsed in (counting, parse_again):
+                monkeypatch.setattr(JsonEventNormalizer, "read_parsed", read_parsed)
+                sent, row, auditor = gated(case, body, cuts, BLOCKING)
+                gate = auditor.gate
+                assert gate is not None
+                kept = {k: v for k, v in row.items() if k not in _VOLATILE}
+                runs.append((sent, kept, vars(gate.forwarded), gate.delivered_text, gate.termination()))
+            assert runs[0] == runs[1], (scenario, cuts)
+    normalizer = case.dialect.normalizer(case.dialect.summarize(case.request, case.view))
+    if isinstance(normalizer, JsonEventNormalizer) and normalizer._fast and not normalizer._own_on_event:
+        assert reused[0] > 0  # (the others have no text fast path, or read every frame their own way)

@@ -40,8 +40,8 @@ def chat_gate() -> OutputGate:
 def test_the_gate_alone_releases_up_to_the_last_boundary_it_was_given_and_no_further() -> None:
     gate = chat_gate()
     assert gate.feed(b"abc", 3, []) == b""  # no boundary yet: everything held
-    assert gate.feed(b"de", 2, [(None, (), 4)]) == b"abcd"  # cut inside the second chunk
-    assert gate.feed(None, 0, [(None, (), 5)]) == b"e"
+    assert gate.feed(b"de", 2, [(None, (), 4, None)]) == b"abcd"  # cut inside the second chunk
+    assert gate.feed(None, 0, [(None, (), 5, None)]) == b"e"
     assert gate.feed(b"fg", 2, []) == b""
     assert gate.finish() == b""  # after the last boundary: never released
 
