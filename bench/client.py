@@ -88,7 +88,9 @@ async def stream(
                 except OSError:
                     pass
     except (OSError, TimeoutError, ValueError) as e:
-        result.error = f"{type(e).__name__}: {e}"
+        # (how far it got says where a stream stalled: before the head, or mid-body)
+        got = f"status {result.status}, {result.body_bytes} body bytes" if result.status else "no response head"
+        result.error = f"{type(e).__name__}: {e} ({got})"
     return result
 
 

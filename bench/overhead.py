@@ -53,9 +53,11 @@ def measure(sizes: Sizes, tmp: Path) -> dict[str, Any]:
     finally:
         stop_all([*proxies.values(), mock])
     recorded = {v: _recorded(p) for v, p in proxies.items() if p.db_url}
+    unfinished = {v: rows for v, p in proxies.items() if p.db_url and (rows := _unfinished(p))}
     return {
         "levels": levels,
         "recorded": recorded,
+        "unfinished": unfinished,
         "pinned": {"proxy": sorted(proxy_cpus), "others": sorted(other_cpus)},
         "summary": summarize(levels),
     }
@@ -183,6 +185,20 @@ def _recorded(proxy: Proxy) -> dict[str, int]:
         return dict(con.execute("SELECT status, count(*) FROM exchanges GROUP BY status").fetchall())
 
 
+def _unfinished(proxy: Proxy, limit: int = 10) -> list[dict[str, Any]]:
+    """What the audit proxy recorded of streams that did not complete: the evidence of a
+    failed load (the proxies' folders go with the run's temporary directory)."""
+    path = (proxy.db_url or "").removeprefix("sqlite:///")
+    with sqlite3.connect(path) as con:
+        rows = con.execute(
+            "SELECT status, error_code, error_message, event_count, length(output_text), started_at, ended_at"
+            " FROM exchanges WHERE status != 'completed' ORDER BY started_at LIMIT ?",
+            (limit,),
+        ).fetchall()
+    keys = ("status", "error_code", "error_message", "events", "text_chars", "started_at", "ended_at")
+    return [dict(zip(keys, row)) for row in rows]
+
+
 def summarize(levels: list[dict[str, Any]]) -> dict[str, Any]:
     """The worst case over concurrency levels of what the targets are about."""
     cpu_added = [lv["vs_plain"]["audit/plain"][load]["cpu_ratio"] - 1 for lv in levels for load in ("paced", "bulk")]
@@ -222,4 +238,10 @@ def table(result: dict[str, Any]) -> list[str]:
         f"audit vs plain, worst level: CPU {s['audit_cpu_added_max']:+.1%}, p99 per-event delay "
         f"{s['audit_delay_p99_added_ms_max']:+.2f} ms; rows recorded: {result['recorded']}"
     )
+    for variant, rows in result.get("unfinished", {}).items():
+        for row in rows:
+            lines.append(
+                f"  not completed ({variant}): {row['status']} {row['error_code']}: {row['error_message']}"
+                f" after {row['events']} events, {row['started_at']} to {row['ended_at']}"
+            )
     return lines

@@ -45,6 +45,7 @@ def test_bench_smoke_writes_every_section(tmp_path: Path) -> None:
         for variant in level["variants"].values():
             assert variant["paced"]["failed"] == 0 and variant["bulk"]["failed"] == 0
     assert set(results["proxy"]["recorded"]["audit"]) == {"completed"}  # every stream recorded, complete
+    assert results["proxy"]["unfinished"] == {}  # (what a failed load's rows said, when one fails)
     # the floor under rows 1 and 2: an identity stream callable, measured in the same runs
     assert all("callable/plain" in level["vs_plain"] for level in results["proxy"]["levels"])
     assert results["writer"]["sqlite"]["exchanges_per_s"] > 0
