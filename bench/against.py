@@ -4,9 +4,9 @@ revision, the same loads through both in one run.
 Why a section of its own: the machine's speed drifts by more than most changes are
 worth (plain mitmdump, one stream flat out, measured 19 to 36 CPU s/GB on one day), so
 two separate runs of ``scripts/bench`` cannot tell a 10% gain from noise. Here the
-variants take turns, load by load (rotating the order every run), and each run of one
-variant is compared with the run of the other just before or after it: the median of
-those paired ratios is the figure.
+variants take turns, load by load (the order rotating every round), and each variant's
+run is compared with the other revision's run of the same round: the median of those
+paired ratios is the figure.
 
 Five mitmdump processes, pinned to the proxy's core: ``plain`` (as in section 2), the
 ``audit`` and ``filters`` variants of this checkout, and the same two of ``REV``
