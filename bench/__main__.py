@@ -96,6 +96,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.against and "against" not in wanted:
         wanted.append("against")
     unknown = [s for s in wanted if s not in sections]
+    if "against" in unknown:
+        print("scripts/bench: the against section needs a revision: scripts/bench --against REV", file=sys.stderr)
+        return 2
     if unknown:
         print(f"scripts/bench: unknown section {', '.join(unknown)} (known: {', '.join(SECTIONS)})", file=sys.stderr)
         return 2

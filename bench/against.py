@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import ROOT, Sizes, median, ratio
-from bench.overhead import _load, warm_up
+from bench.overhead import _load, _recorded, warm_up
 from bench.processes import BIN, Proxy, split_cores, start_mock, start_proxy, stop_all
 from bench.rules import write_rules
 
@@ -52,26 +52,61 @@ def measure(sizes: Sizes, tmp: Path, rev: str, commit: str) -> dict[str, Any]:
             "paced": f"events={sizes.paced_events}&delay={sizes.paced_delay}&stamp=1",
         }
         names = list(proxies)
-        runs: dict[str, dict[str, list[float]]] = {v: {load: [] for load in loads} for v in names}
+        runs: dict[str, dict[str, list[float | None]]] = {v: {load: [] for load in loads} for v in names}
+        failed = dict.fromkeys(names, 0)
         for run in range(sizes.against_runs):
             order = names[run % len(names) :] + names[: run % len(names)]
             for load, scenario in loads.items():
                 for v in order:
-                    runs[v][load].append(_load(mock, proxies[v], 1, scenario, 0.0)["cpu_s_per_GB"])
+                    result = _load(mock, proxies[v], 1, scenario, 0.0)
+                    runs[v][load].append(result["cpu_s_per_GB"])
+                    failed[v] += result["failed"]
+        rev_code = {v: _runs_code_from(proxies[v].pid, tree) for v in names if v.endswith("@rev")}
     finally:
         stop_all([*proxies.values(), mock])
+    recorded = {v: _recorded(p) for v, p in proxies.items() if p.db_url}
+    _check_ran(recorded, rev_code)
     return {
         "rev": rev,
         "commit": commit,
         "compiled_parser": {"here": _compiled_here(), "rev": compiled},
+        "rev_code_loaded": rev_code,
+        "recorded": recorded,
+        "failed": failed,
         "runs": runs,
         "loads": {load: _compare(runs, load) for load in ("bulk", "paced")},
     }
 
 
-def _compare(runs: dict[str, dict[str, list[float]]], load: str) -> dict[str, Any]:
-    """Per variant: median CPU s/GB and ratio to plain; per pair: the median paired ratio."""
-    cpu = {v: median(r[load]) for v, r in runs.items()}
+def _runs_code_from(pid: int, tree: Path) -> bool | None:
+    """Whether the process has the revision's compiled parser mapped (proof that it runs the
+    exported tree, not this checkout); None when the tree has no compiled parser to tell by."""
+    if not any((tree / "addon" / "framing").glob("sse_parser*.so")):
+        return None
+    try:
+        maps = Path(f"/proc/{pid}/maps").read_text()
+    except OSError:
+        return None
+    return str(tree / "addon" / "framing") in maps
+
+
+def _check_ran(recorded: dict[str, dict[str, int]], rev_code: dict[str, bool | None]) -> None:
+    """Fail the section when a proxy of ours recorded nothing, or an unfinished stream, or
+    a revision's proxy did not run the revision's code: its figures would compare nothing
+    (an addon that fails to load leaves mitmdump running as a plain buffering proxy)."""
+    for variant in (*OURS, *(f"{v}@rev" for v in OURS)):
+        statuses = recorded.get(variant, {})
+        if not statuses or set(statuses) != {"completed"}:
+            raise RuntimeError(f"{variant} recorded {statuses or 'nothing'}: see its mitmdump.log")
+    wrong = [v for v, loaded in rev_code.items() if loaded is False]
+    if wrong:
+        raise RuntimeError(f"{', '.join(wrong)} did not run the exported revision's code")
+
+
+def _compare(runs: dict[str, dict[str, list[float | None]]], load: str) -> dict[str, Any]:
+    """Per variant: median CPU s/GB and ratio to plain; per pair: the median paired ratio
+    (a run that moved no bytes has no CPU per GB: it is left out)."""
+    cpu = {v: median([x for x in r[load] if x is not None]) for v, r in runs.items()}
     plain = runs["plain"][load]
     out: dict[str, Any] = {
         "cpu_s_per_GB": cpu,
@@ -103,7 +138,10 @@ def commit_of(rev: str) -> str:
 
 def _export(commit: str, tree: Path, *, build: bool) -> tuple[Path, bool]:
     """The revision's files in ``tree`` (``git archive``), its parser compiled when ``build``."""
-    archive = subprocess.run(["git", "-C", str(ROOT), "archive", commit], capture_output=True, check=True).stdout
+    exported = subprocess.run(["git", "-C", str(ROOT), "archive", commit], capture_output=True, check=False)
+    if exported.returncode != 0:
+        raise RuntimeError(f"git archive {commit} failed: {exported.stderr.decode(errors='replace').strip()}")
+    archive = exported.stdout
     tree.mkdir(parents=True)
     with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
         tar.extractall(tree, filter="data")

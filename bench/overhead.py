@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 import time
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
@@ -181,7 +182,7 @@ def _paired(runs: dict[str, dict[str, list[dict[str, Any]]]]) -> dict[str, Any]:
 def _recorded(proxy: Proxy) -> dict[str, int]:
     """Rows the audit proxy wrote, by status: every stream must be there, completed."""
     path = (proxy.db_url or "").removeprefix("sqlite:///")
-    with sqlite3.connect(path) as con:
+    with closing(sqlite3.connect(path)) as con:
         return dict(con.execute("SELECT status, count(*) FROM exchanges GROUP BY status").fetchall())
 
 
@@ -189,7 +190,7 @@ def _unfinished(proxy: Proxy, limit: int = 10) -> list[dict[str, Any]]:
     """What the audit proxy recorded of streams that did not complete: the evidence of a
     failed load (the proxies' folders go with the run's temporary directory)."""
     path = (proxy.db_url or "").removeprefix("sqlite:///")
-    with sqlite3.connect(path) as con:
+    with closing(sqlite3.connect(path)) as con:
         rows = con.execute(
             "SELECT status, error_code, error_message, event_count, length(output_text), started_at, ended_at"
             " FROM exchanges WHERE status != 'completed' ORDER BY started_at LIMIT ?",
@@ -240,8 +241,9 @@ def table(result: dict[str, Any]) -> list[str]:
     )
     for variant, rows in result.get("unfinished", {}).items():
         for row in rows:
+            why = ": ".join(str(x) for x in (row["error_code"], row["error_message"]) if x)
             lines.append(
-                f"  not completed ({variant}): {row['status']} {row['error_code']}: {row['error_message']}"
+                f"  not completed ({variant}): {row['status']}{f' ({why})' if why else ''}"
                 f" after {row['events']} events, {row['started_at']} to {row['ended_at']}"
             )
     return lines

@@ -211,6 +211,10 @@ class JsonEventNormalizer(Normalizer):
     _own_on_event: bool = False
     #: Whether :meth:`text_of` is asked first; set per class (see __init_subclass__).
     _fast: bool = False
+    #: Whether :meth:`read_parsed` may read from the parsed object: the class reads every
+    #: frame through this base's own path (no ``on_event``, ``read`` or ``_read`` of its
+    #: own, which might read more than the object); set per class.
+    _reads_objects: bool = True
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -221,6 +225,9 @@ class JsonEventNormalizer(Normalizer):
         text_owner = next(c for c in cls.__mro__ if "text_of" in c.__dict__)
         json_owner = next(c for c in cls.__mro__ if "on_json" in c.__dict__)
         cls._fast = text_owner is not JsonEventNormalizer and issubclass(text_owner, json_owner)
+        cls._reads_objects = not cls._own_on_event and all(
+            getattr(cls, name) is getattr(JsonEventNormalizer, name) for name in ("read", "_read")
+        )
 
     def __init__(self) -> None:
         self.ended = False
@@ -233,8 +240,8 @@ class JsonEventNormalizer(Normalizer):
         return self.on_event(event) if self._own_on_event else self._read(event)
 
     def read_parsed(self, event: Frame, parsed: Any) -> list[Event] | str:
-        # (a subclass with its own on_event reads the frame its own way: it parses again)
-        return self.on_event(event) if self._own_on_event else self._read_object(event, parsed)
+        # (a subclass that reads frames its own way reads this one so too: it parses again)
+        return self._read_object(event, parsed) if self._reads_objects else self.read(event)
 
     def _read(self, event: Frame) -> list[Event] | str:
         """One frame: its text alone when :meth:`text_of` knows the frame is only that,

@@ -86,6 +86,13 @@ def test_bench_against_runs_another_revision_beside_this_one(tmp_path: Path) -> 
     result = results["against"]
     assert result["rev"] == "HEAD" and len(result["commit"]) == 40
     assert result["compiled_parser"]["rev"] == result["compiled_parser"]["here"]
+    # the revision's proxies ran the exported tree's code (its compiled parser is mapped),
+    # not this checkout's, and every proxy recorded every stream, complete
+    loaded = set(result["rev_code_loaded"].values())
+    assert loaded == ({True} if result["compiled_parser"]["here"] else {None})
+    assert set(result["failed"].values()) == {0}
+    assert all(set(statuses) == {"completed"} for statuses in result["recorded"].values())
+    assert set(result["recorded"]) == {"audit", "audit@rev", "filters", "filters@rev"}
     for load in ("bulk", "paced"):
         compared = result["loads"][load]
         assert set(compared["cpu_s_per_GB"]) == {"plain", "audit", "audit@rev", "filters", "filters@rev"}
