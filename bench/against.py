@@ -112,9 +112,9 @@ def _compare(runs: dict[str, dict[str, list[float | None]]], load: str) -> dict[
         "cpu_s_per_GB": cpu,
         "vs_plain": {v: median([x for a, b in zip(r[load], plain) if (x := ratio(a, b))]) for v, r in runs.items()},
     }
-    out["here_vs_rev"] = {
-        v: median([x for a, b in zip(runs[v][load], runs[f"{v}@rev"][load]) if (x := ratio(a, b))]) for v in OURS
-    }
+    rounds = {v: [x for a, b in zip(runs[v][load], runs[f"{v}@rev"][load]) if (x := ratio(a, b))] for v in OURS}
+    out["here_vs_rev_rounds"] = rounds
+    out["here_vs_rev"] = {v: median(r) for v, r in rounds.items()}
     return out
 
 
@@ -174,13 +174,18 @@ def table(result: dict[str, Any]) -> list[str]:
     lines = [
         f"Against {rev} ({result['commit'][:9]}): one stream, every variant in turn, {rounds} round(s); "
         f"compiled parser here {compiled['here']}, at {rev} {compiled['rev']}",
-        f"{'load':<6} {'variant':<{width}} {'CPU s/GB':>9} {'vs plain':>8} {'here/rev':>9}",
+        f"{'load':<6} {'variant':<{width}} {'CPU s/GB':>9} {'vs plain':>8} {'here/rev':>9}  per round",
     ]
     for load, cmp in result["loads"].items():
         for v, cpu in cmp["cpu_s_per_GB"].items():
-            mine = cmp["here_vs_rev"].get(v)
+            mine, each = cmp["here_vs_rev"].get(v), cmp.get("here_vs_rev_rounds", {}).get(v)
+            spread = (
+                f"  {min(each):.2f} to {max(each):.2f}, {sum(x < 1 for x in each)} of {len(each)} below 1"
+                if each
+                else ""
+            )
             lines.append(
                 f"{load:<6} {names[v]:<{width}} {cpu:9.1f} {cmp['vs_plain'][v]:7.2f}x"
-                f" {f'{mine:.3f}x' if mine is not None else '':>9}"
+                f" {f'{mine:.3f}x' if mine is not None else '':>9}{spread}"
             )
     return lines

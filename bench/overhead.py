@@ -5,7 +5,7 @@ time in rotating order, every run:
 
 * ``plain``: mitmdump streaming event streams (``bench/plain_stream.py``), no audit;
 * ``callable``: the same through a stream callable that returns every chunk as it came
-  (``bench/callable_stream.py``): what mitmproxy's callable path costs by itself, the
+  (``bench/plain_stream.py`` with ``plain_stream_callable``): what mitmproxy's callable path costs by itself, the
   floor under the audit's ratio (the audit must read the bytes that way);
 * ``audit``: ``mitmdump -s addon/llm_audit.py`` recording to SQLite;
 * ``filters``: the same with ``llm_rules`` = 100 blocking rules of every kind (keywords,

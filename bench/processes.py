@@ -28,7 +28,6 @@ except ImportError:  # the /proc fallback below serves Linux without it
 
 BIN = Path(sys.executable).parent
 PLAIN_ADDON = ROOT / "bench" / "plain_stream.py"
-CALLABLE_ADDON = ROOT / "bench" / "callable_stream.py"
 AUDIT_ADDON = ROOT / "addon" / "llm_audit.py"
 
 
@@ -162,7 +161,7 @@ def start_proxy(
     if variant == "plain":
         args += ["-s", str(PLAIN_ADDON)]
     elif variant == "callable":
-        args += ["-s", str(CALLABLE_ADDON)]
+        args += ["-s", str(PLAIN_ADDON), "--set", "plain_stream_callable=true"]
     else:
         db_url = f"sqlite:///{folder / 'audit.db'}"
         addon = AUDIT_ADDON if root is None else root / "addon" / "llm_audit.py"

@@ -18,19 +18,24 @@ SECTIONS = ("parsing", "proxy", "filters", "knee", "ttft", "writer", "memory", "
 ISSUE20_ROWS = ["1", "2", "3a", "3b", "4", "5", "6", "7a", "7b", "8a", "8b"]
 
 
-@pytest.mark.e2e
-@pytest.mark.timeout(300)
-def test_bench_smoke_writes_every_section(tmp_path: Path) -> None:
-    out = tmp_path / "results.json"
-    done = subprocess.run(
-        [sys.executable, "-m", "bench", "--smoke", "--out", str(out)],
+def bench(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:
+    """``scripts/bench`` with ``args``, as a user runs it (its output captured)."""
+    return subprocess.run(
+        [sys.executable, "-m", "bench", *args],
         check=False,
         cwd=ROOT,
         capture_output=True,
         text=True,
-        timeout=280,
+        timeout=timeout,
         stdin=subprocess.DEVNULL,
     )
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(300)
+def test_bench_smoke_writes_every_section(tmp_path: Path) -> None:
+    out = tmp_path / "results.json"
+    done = bench("--smoke", "--out", str(out), timeout=280)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     document = orjson.loads(out.read_bytes())
     machine = document["machine"]
@@ -71,15 +76,7 @@ def test_bench_against_runs_another_revision_beside_this_one(tmp_path: Path) -> 
     """``--against REV`` exports REV, compiles its parser when this checkout's is compiled,
     and runs its audit beside this one's; alone it runs only that comparison."""
     out = tmp_path / "results.json"
-    done = subprocess.run(
-        [sys.executable, "-m", "bench", "--smoke", "--against", "HEAD", "--out", str(out)],
-        check=False,
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=380,
-        stdin=subprocess.DEVNULL,
-    )
+    done = bench("--smoke", "--against", "HEAD", "--out", str(out), timeout=380)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     results = orjson.loads(out.read_bytes())["results"]
     assert list(results) == ["against"]
@@ -97,20 +94,13 @@ def test_bench_against_runs_another_revision_beside_this_one(tmp_path: Path) -> 
         compared = result["loads"][load]
         assert set(compared["cpu_s_per_GB"]) == {"plain", "audit", "audit@rev", "filters", "filters@rev"}
         assert set(compared["here_vs_rev"]) == {"audit", "filters"}
-    assert "Against HEAD" in done.stdout
+        assert {v: len(r) for v, r in compared["here_vs_rev_rounds"].items()} == {"audit": 1, "filters": 1}
+    assert "Against HEAD" in done.stdout and "of 1 below 1" in done.stdout
 
 
 @pytest.mark.e2e
 def test_bench_against_refuses_what_is_not_a_commit() -> None:
-    done = subprocess.run(
-        [sys.executable, "-m", "bench", "--against", "no-such-revision-here"],
-        check=False,
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        stdin=subprocess.DEVNULL,
-    )
+    done = bench("--against", "no-such-revision-here", timeout=60)
     assert done.returncode == 2
     assert done.stderr.strip().splitlines() == [
         "scripts/bench: --against no-such-revision-here: not a commit of this repository; "
