@@ -293,6 +293,11 @@ class SSEParser:
             self._hold(text)  # no line end yet: the line goes on
             return events
         if self._pending:
+            done = self._pending_data_line(text, events)
+            if done:
+                if done < len(text):
+                    events += self._lines(text[done:])
+                return events
             pending = self._pending
             last_nl += self._pending_len
             pending.append(text)
@@ -459,11 +464,13 @@ class SSEParser:
         """
         pos = 0
         if self._data or self._event_type or self._in_block or self._skip_event:
-            # Finish the block in progress generically, up to its blank line.
+            # Finish the block in progress, up to its blank line: generically, unless all
+            # that is left of it is its data line.
             pos = _blank_line_end(text, 0, end)
             if pos < 0:
                 return 0
-            self._interpret(text[: pos - 1].split("\n"), events)
+            if not self._last_data_line(text, pos - 2, events):
+                self._interpret(text[: pos - 1].split("\n"), events)
         # Blank lines between blocks change nothing in this (clean) state.
         m = _NOT_LF_SEARCH(text, pos, end)
         pos = m.start() if m is not None else end
@@ -532,6 +539,73 @@ class SSEParser:
         self.events_dispatched += len(objs)
         self.last_event_id = self._id_buf
         return stop
+
+    def _last_data_line(self, text: str, stop: int, events: list[SSEEvent]) -> bool:
+        """Finish the block in progress if ``text[:stop]``, the rest of it before its blank
+        line, is one ``data`` line; whether it was.
+
+        That is how a large event ends when it spans chunks: its ``event:`` line came in
+        an earlier chunk (so the block is in progress), its data line ends in this one.
+        The generic path would slice the line out, split it and partition it again:
+        three copies of what may be megabytes (huge events at 16 KiB chunks went 0.94x
+        the fastest peer decoder's speed, BENCHMARKS.md). Anything :meth:`_interpret`
+        would record a finding for (a line or an event over the limit) is left to it.
+        """
+        if self._skip_event or not text.startswith("data:") or text.find("\n", 0, stop) >= 0:
+            return False
+        start = 6 if text.startswith("data: ") else 5
+        if not self._fits(stop, stop - start):
+            return False
+        self._end_block_with(text[start:stop], events)
+        return True
+
+    def _pending_data_line(self, text: str, events: list[SSEEvent]) -> int:
+        """Finish the block if the held line is a ``data`` line that ``text`` ends, followed
+        by the block's blank line; how much of ``text`` that took (0: it is not so).
+
+        The same as :meth:`_last_data_line` for a data line that arrived in pieces (a
+        huge event at 16 KiB reads): its value is joined from them once, instead of the
+        pieces being joined into the line and the value sliced out of it again.
+        """
+        pending = self._pending
+        head = pending[0]
+        if self._skip_event or len(head) < 6 or not head.startswith("data:"):
+            return 0  # (six characters tell "data: " from "data:" followed by more)
+        nl = text.find("\n")
+        if nl < 0 or text[nl + 1 : nl + 2] != "\n":
+            return 0
+        start = 6 if head[5] == " " else 5
+        stop = self._pending_len + nl  # the line's length
+        if not self._fits(stop, stop - start):
+            return 0
+        pending[0] = head[start:]
+        pending.append(text[:nl])
+        value = "".join(pending)
+        self._pending = []
+        self._pending_len = 0
+        self._pending_fresh = 0
+        self._end_block_with(value, events)
+        return nl + 2
+
+    def _fits(self, line_chars: int, value_chars: int) -> bool:
+        """Whether a data line of this length and value length stays within the size
+        limits (else :meth:`_interpret` records which one it broke)."""
+        limit = self.max_event_bytes
+        return line_chars <= limit and self._data_len + value_chars + 1 <= limit
+
+    def _end_block_with(self, value: str, events: list[SSEEvent]) -> None:
+        """The block's last data line ``value``, then its blank line: what :meth:`_interpret`
+        does for those two lines (dispatch, the id committed, the block's state reset)."""
+        data = self._data
+        data.append(value)
+        ident = self._id_buf
+        events.append(_new_event(self._event_type or "message", "\n".join(data), ident, self.retry))
+        self.last_event_id = ident
+        self.events_dispatched += 1
+        self._data = []
+        self._data_len = 0
+        self._event_type = ""
+        self._in_block = False
 
     def _hold(self, piece: str) -> None:
         """Keep an unterminated piece of a line, unless the line grew past the limit."""

@@ -353,6 +353,47 @@ def test_one_block_per_chunk_of_any_size_matches_reference_parser():
         assert outcome([body[i : i + size] for i in range(0, len(body), size)])[:3] == expected, size
 
 
+def test_data_line_ending_in_a_later_chunk_matches_reference_parser():
+    """A block whose last data line ends in a later chunk than it began (how a large event
+    arrives at 16 KiB reads), its field lines before it in earlier chunks or not: the
+    parser finishes it without the generic path (SSEParser._last_data_line and
+    _pending_data_line) - the same events, ids, findings and state as the whole body, also
+    at size limits just around the event's data, the line held in one piece or many."""
+    big = "x" * 1200
+    blocks = [
+        f"event: a\ndata: {big}\n\n",
+        f"id: 5\nevent: b\ndata:{big}\n\n",
+        f"event: c\ndata: first\ndata: {big}\n\n",
+        f"data: first\ndata:  {big}\n\n",
+        "event: d\ndata:\n\n",
+        f"event: e\ndata: {big}\ndata: after\n\n",
+        f"event: f\ndata: {big}\n: comment\n\n",
+        f"retry: 9\ndata: {big}\n\n",
+        f"data: {big}\n\n",
+        f"data:{big}\n\n",
+        f"data:{big}\nevent: late\n\n",
+        f"id: 6\ndata: {big}\n\n",
+    ]
+    for block in blocks:
+        body = (block + "data: next\n\n").encode()
+        data_at = body.rfind(b"data:", 0, len(block))
+        cuts = {*range(max(1, data_at - 3), data_at + 8), *range(len(block) - 8, len(block) + 1)}
+        reference = reference_parse(body)
+        for limit in (DEFAULT_MAX_EVENT_BYTES, len(big) - 1, len(big), len(big) + 1, len(big) + 7):
+            whole = outcome([body], max_event_bytes=limit)
+            if limit == DEFAULT_MAX_EVENT_BYTES:
+                assert whole[:3] == reference, block
+            for cut in sorted(cuts):
+                for chunks in (
+                    split_at(body, [cut]),
+                    split_at(body, [4, cut]),
+                    split_at(body, [*range(0, cut, 97), cut]),
+                ):
+                    assert outcome(chunks, max_event_bytes=limit) == whole, (block, limit, cut)
+                    with bulk_path_forced():
+                        assert outcome(chunks, max_event_bytes=limit) == whole, (block, limit, cut)
+
+
 def test_accepts_bytearray_and_memoryview_chunks():
     parser = SSEParser()
     events = parser.feed(bytearray(b"data: \xe2")) + parser.feed(memoryview(b"\x82\xac\n\n"))
