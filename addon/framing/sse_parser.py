@@ -71,6 +71,11 @@ _PENDING_COMPACT_AT = 256
 
 # Below this many characters of complete lines a chunk is not worth the block fast path.
 _FAST_MIN_CHARS = 256
+# A held data line this long is finished on its own (SSEParser._pending_data_line); a
+# shorter one is joined and read with the rest of the chunk in one pass, which is cheaper
+# than a second pass over the rest (in process, 1460-byte chunks of small OpenAI Chat and
+# Gemini deltas were 12 to 17% slower with the shortcut taken for every held line).
+_BIG_LINE_CHARS = 8192
 
 _utf8_decode = codecs.utf_8_decode
 _partition = str.partition
@@ -293,7 +298,7 @@ class SSEParser:
             self._hold(text)  # no line end yet: the line goes on
             return events
         if self._pending:
-            done = self._pending_data_line(text, events)
+            done = self._pending_data_line(text, events) if self._pending_len >= _BIG_LINE_CHARS else 0
             if done:
                 if done < len(text):
                     events += self._lines(text[done:])

@@ -390,8 +390,21 @@ def test_data_line_ending_in_a_later_chunk_matches_reference_parser():
                     split_at(body, [*range(0, cut, 97), cut]),
                 ):
                     assert outcome(chunks, max_event_bytes=limit) == whole, (block, limit, cut)
-                    with bulk_path_forced():
+                    with bulk_path_forced(), patch.object(sse_module, "_BIG_LINE_CHARS", 1):
                         assert outcome(chunks, max_event_bytes=limit) == whole, (block, limit, cut)
+                    with patch.object(sse_module, "_BIG_LINE_CHARS", 1):  # every held line finished on its own
+                        assert outcome(chunks, max_event_bytes=limit) == whole, (block, limit, cut)
+
+
+def test_a_data_line_held_past_the_big_line_size_is_finished_on_its_own():
+    """At the real threshold: a held data line of _BIG_LINE_CHARS or more takes the shortcut
+    (the test above forces it for shorter lines), with the same result as the whole body."""
+    big = "y" * (sse_module._BIG_LINE_CHARS + 100)
+    for block in (f"data: {big}\n\n", f"event: t\ndata: {big}\n\n"):
+        body = (block + "data: next\n\n").encode()
+        whole = outcome([body])
+        for size in (97, 1460, 4096):
+            assert outcome([body[i : i + size] for i in range(0, len(body), size)]) == whole, (block, size)
 
 
 def test_accepts_bytearray_and_memoryview_chunks():
