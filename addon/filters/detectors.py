@@ -106,19 +106,37 @@ class Subject:
         self._b = self._c = 0
 
     def char(self, b: int) -> int:
-        """The character offset of byte offset ``b`` (a character boundary)."""
+        """The character offset of byte offset ``b`` (a character boundary).
+
+        Counted from the nearest offset known: the last one asked for, the start or the
+        end. The first call on a piece is usually near its end (where a match may still be
+        in progress: the hold point), and counting from the start there decoded the whole
+        piece again (2.5 us of a 16 us check of a 1 KiB non-ASCII piece, in process).
+        """
         if self.ascii:
             return b
-        if b >= self._b:
-            self._c += len(self.data[self._b : b].decode())
+        data, last = self.data, self._b
+        size = len(data)
+        if abs(b - last) <= min(b, size - b):
+            if b >= last:
+                self._c += len(data[last:b].decode())
+            else:
+                self._c -= len(data[b:last].decode())
+        elif b <= size - b:
+            self._c = len(data[:b].decode())
         else:
-            self._c -= len(self.data[b : self._b].decode())
+            self._c = len(self.text) - len(data[b:].decode())
         self._b = b
         return self._c
 
     def byte(self, ch: int) -> int:
-        """The byte offset of character offset ``ch``."""
-        return ch if self.ascii else len(self.text[:ch].encode("utf-8", "replace"))
+        """The byte offset of character offset ``ch``, counted from the nearer end."""
+        if self.ascii:
+            return ch
+        text = self.text
+        if ch <= len(text) - ch:
+            return len(text[:ch].encode("utf-8", "replace"))
+        return len(self.data) - len(text[ch:].encode("utf-8", "replace"))
 
     def back(self, b: int, chars: int) -> int:
         """The byte offset ``chars`` characters before byte offset ``b``."""

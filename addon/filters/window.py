@@ -310,14 +310,20 @@ class _View:
         later check once the match in progress is decided."""
         plan, data = self.plan, subject.data
         found = detectors.spans(plan.both, data, at)[0]
-        if found[1] < len(data):  # a gate (the prefix patterns end at the end)
-            return False
-        if found[0] < found[1]:  # a gate to the end, or a match in progress?
-            if detectors.spans_at(plan.prefilter, data, found[0])[0] != _NO_MATCH:
+        if found == _NO_MATCH:
+            # No gate and nothing in progress: all of it is settled. (This is what the
+            # long way finds too, after two more searches: for keyword rules, the text
+            # that does not end with the start of a keyword, most pieces.)
+            start = self.length
+        else:
+            if found[1] < len(data):  # a gate (the prefix patterns end at the end)
                 return False
-        start = lo + subject.char(found[0])
-        if start < self.length - plan.scan.cap:  # (an unbounded one, cut by the cap: the long way)
-            return False
+            if found[0] < found[1]:  # a gate to the end, or a match in progress?
+                if detectors.spans_at(plan.prefilter, data, found[0])[0] != _NO_MATCH:
+                    return False
+            start = lo + subject.char(found[0])
+            if start < self.length - plan.scan.cap:  # (an unbounded one, cut by the cap: the long way)
+                return False
         self.scan_from = self.hold_from = max(self.scan_from, start)
         self.safe = self.original(self.hold_from, end)
         return True

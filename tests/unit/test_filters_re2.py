@@ -8,6 +8,7 @@ text. One deliberate change: the Anthropic key's version digits were ``\\d`` (an
 Unicode decimal digit) and are ``[0-9]`` now; keys are ASCII.
 """
 
+import random
 import re
 
 import pytest
@@ -245,3 +246,18 @@ def test_syntax_python_and_re2_read_differently_gets_no_prefix():
     for pattern in (r"x{,3}", r"[[:alpha:]]x", r"\pLx", r"a\z"):
         with pytest.raises(NoPrefix):
             prefix_pattern(pattern, False, 1)
+
+
+def test_subject_offsets_agree_with_counting_from_the_start_in_any_order_of_calls():
+    """``Subject.char`` and ``byte`` count from the nearest known offset (the last one, the
+    start or the end): the same offsets as encoding or decoding everything before them."""
+    rng = random.Random(20261206)
+    alphabet = ["a", " ", "é", "ñ", "€", "語", "\u200b", "🎉", "𝐍", "\ud800", "\udfff", "\n"]
+    for _ in range(300):
+        text = "".join(rng.choice(alphabet) for _ in range(rng.randrange(0, 80)))
+        subject = Subject(text)
+        starts = [len(text[:i].encode("utf-8", "replace")) for i in range(len(text) + 1)]
+        for _ in range(40):
+            ch = rng.randrange(len(text) + 1)
+            assert subject.char(starts[ch]) == ch
+            assert subject.byte(ch) == starts[ch]

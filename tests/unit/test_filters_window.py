@@ -12,7 +12,7 @@ from fixtures.filters.samples import CARDS, EMAILS, IBANS, NOT_CARDS, NOT_IBANS,
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from addon.filters import detectors
+from addon.filters import detectors, window
 from addon.filters.api import match_hash
 from addon.filters.rules import parse_rules
 from addon.filters.window import MAX_HITS_PER_RULE, StreamScanner
@@ -345,3 +345,36 @@ def test_confusable_letters_match_only_when_opted_in():
     for cut in range(len(text) + 1):
         check_stream(CONFUSABLE, text, [cut])
     check_stream(CONFUSABLE, text, range(1, len(text)))
+
+
+KEYWORDS_ONLY = parse_rules(r"""
+[[rule]]
+id = "codename"
+kind = "keywords"
+keywords = ["nightjar", "project bluebird"]
+action = "block"
+""")
+
+
+@settings(max_examples=200, deadline=None)
+@given(cut_texts())
+def test_the_one_search_check_releases_and_finds_what_the_long_way_does(case):
+    """A view whose rules all block is checked with one search (``_View._settled``), and
+    when it finds nothing at all, no gate and nothing in progress, settles there too: piece
+    by piece the same release and the same verdicts as the long way (prefilter, rules,
+    the reach of matches in progress), for keyword rules alone and for every kind."""
+    text, cuts = case
+    for rules in (KEYWORDS_ONLY, BLOCKING):
+        fast = run(rules, text, cuts)
+        settled = window._View._settled
+        window._View._settled = lambda *args: False  # the long way every time
+        try:
+            slow = run(rules, text, cuts)
+        finally:
+            window._View._settled = settled
+        assert _comparable(fast) == _comparable(slow), (text, cuts)
+
+
+def _comparable(result):
+    released, verdicts, progress = result
+    return released, [(v.rule_id, v.action, v.position, v.match_hash) for v in verdicts], progress
