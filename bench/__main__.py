@@ -5,6 +5,7 @@
     scripts/bench --only parsing,writer --out results.json
     scripts/bench --only parsing --profile prof/   # and where the time goes (bench/profile.py)
     scripts/bench --against main~3     # this checkout's audit beside another revision's (bench/against.py)
+    scripts/bench --against main~3 --rules my-rules.toml   # the filters variants with other rules
 
 A section that fails is reported in the JSON (``{"error": ...}``) and makes the exit
 status 1; one that cannot run here (no PostgreSQL, no ``scripts/synth-db`` yet) is
@@ -53,6 +54,13 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
         "(alone: only that comparison)",
     )
     parser.add_argument(
+        "--rules",
+        type=Path,
+        metavar="FILE",
+        help="with --against: the filters variants run these rules (an llm_rules TOML file) instead of "
+        "the 100 rules of bench/rules.py",
+    )
+    parser.add_argument(
         "--profile",
         type=Path,
         metavar="DIR",
@@ -90,8 +98,16 @@ def main(argv: list[str] | None = None) -> int:
         except ValueError as e:
             print(f"scripts/bench: {e}", file=sys.stderr)
             return 2
-        rev = args.against
-        sections["against"] = (lambda sizes, tmp: against.measure(sizes, tmp, rev, commit), against.table)
+        rev, rules_file = args.against, args.rules
+        sections["against"] = (
+            lambda sizes, tmp: against.measure(sizes, tmp, rev, commit, rules_file),
+            against.table,
+        )
+    if args.rules is not None:
+        problem = against.rules_problem(args.rules) if args.against else "--rules goes with --against REV"
+        if problem:
+            print(f"scripts/bench: {problem}", file=sys.stderr)
+            return 2
     wanted = [s for s in args.only.split(",") if s] or ([] if args.against else list(SECTIONS))
     if args.against and "against" not in wanted:
         wanted.append("against")

@@ -15,7 +15,9 @@ section's folder (nothing in the checkout changes) and run from there with
 ``PYTHONPATH`` pointing at it, its SSE parser compiled there when this checkout's is
 (``setup.py build_ext --inplace``; the section says when that failed and the pure
 parser ran). One stream, both loads of section 2: bulk (1 KiB deltas flat out) and
-paced.
+paced. The filters variants run the 100 rules of :mod:`bench.rules`, or the rules file
+given with ``--rules`` (a change that matters to one kind of rule set, keyword lists
+alone, say, is measured on that set).
 """
 
 from __future__ import annotations
@@ -26,19 +28,21 @@ import tarfile
 from pathlib import Path
 from typing import Any
 
+from addon.filters.rules import RulesError, parse_rules
 from bench.common import ROOT, Sizes, median, ratio
 from bench.overhead import _load, _recorded, warm_up
 from bench.processes import BIN, Proxy, split_cores, start_mock, start_proxy, stop_all
-from bench.rules import write_rules
+from bench.rules import DESCRIPTION, write_rules
 
 OURS = ("audit", "filters")
 
 
-def measure(sizes: Sizes, tmp: Path, rev: str, commit: str) -> dict[str, Any]:
-    """``rev`` as the user wrote it, ``commit`` what it names (:func:`commit_of`)."""
+def measure(sizes: Sizes, tmp: Path, rev: str, commit: str, rules_file: Path | None = None) -> dict[str, Any]:
+    """``rev`` as the user wrote it, ``commit`` what it names (:func:`commit_of`);
+    ``rules_file``: the filters variants' rules (None: :mod:`bench.rules`)."""
     tree, compiled = _export(commit, tmp / "tree", build=_compiled_here())
     proxy_cpus, other_cpus = split_cores()
-    rules = write_rules(tmp)
+    rules = write_rules(tmp) if rules_file is None else rules_file.resolve()
     mock = start_mock(tmp, other_cpus)
     proxies: dict[str, Proxy] = {}
     try:
@@ -69,6 +73,7 @@ def measure(sizes: Sizes, tmp: Path, rev: str, commit: str) -> dict[str, Any]:
     return {
         "rev": rev,
         "commit": commit,
+        "rules": DESCRIPTION if rules_file is None else str(rules_file),
         "compiled_parser": {"here": _compiled_here(), "rev": compiled},
         "rev_code_loaded": rev_code,
         "recorded": recorded,
@@ -116,6 +121,20 @@ def _compare(runs: dict[str, dict[str, list[float | None]]], load: str) -> dict[
     out["here_vs_rev_rounds"] = rounds
     out["here_vs_rev"] = {v: median(r) for v, r in rounds.items()}
     return out
+
+
+def rules_problem(path: Path) -> str | None:
+    """Why ``path`` cannot be the filters variants' rules (one line naming the fix), or None.
+
+    Checked before anything starts: a proxy refused by its rules would only say so in its log.
+    """
+    try:
+        parse_rules(path.read_text(), str(path))
+    except OSError as e:
+        return f"--rules {path}: {e.strerror or e}; give an llm_rules TOML file"
+    except RulesError as e:
+        return f"--rules: {e}"
+    return None
 
 
 def commit_of(rev: str) -> str:
@@ -174,6 +193,7 @@ def table(result: dict[str, Any]) -> list[str]:
     lines = [
         f"Against {rev} ({result['commit'][:9]}): one stream, every variant in turn, {rounds} round(s); "
         f"compiled parser here {compiled['here']}, at {rev} {compiled['rev']}",
+        f"filters: {result.get('rules', DESCRIPTION)}",
         f"{'load':<6} {'variant':<{width}} {'CPU s/GB':>9} {'vs plain':>8} {'here/rev':>9}  per round",
     ]
     for load, cmp in result["loads"].items():

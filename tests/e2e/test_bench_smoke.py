@@ -74,9 +74,12 @@ def test_bench_smoke_writes_every_section(tmp_path: Path) -> None:
 @pytest.mark.timeout(400)
 def test_bench_against_runs_another_revision_beside_this_one(tmp_path: Path) -> None:
     """``--against REV`` exports REV, compiles its parser when this checkout's is compiled,
-    and runs its audit beside this one's; alone it runs only that comparison."""
+    and runs its audit beside this one's; alone it runs only that comparison. ``--rules``
+    gives the filters variants a rules file of one's own (here a keyword list)."""
     out = tmp_path / "results.json"
-    done = bench("--smoke", "--against", "HEAD", "--out", str(out), timeout=380)
+    rules = tmp_path / "keywords.toml"
+    rules.write_text('[[rule]]\nid = "names"\nkind = "keywords"\nkeywords = ["Nightjar"]\naction = "block"\n')
+    done = bench("--smoke", "--against", "HEAD", "--rules", str(rules), "--out", str(out), timeout=380)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     results = orjson.loads(out.read_bytes())["results"]
     assert list(results) == ["against"]
@@ -96,6 +99,7 @@ def test_bench_against_runs_another_revision_beside_this_one(tmp_path: Path) -> 
         assert set(compared["here_vs_rev"]) == {"audit", "filters"}
         assert {v: len(r) for v, r in compared["here_vs_rev_rounds"].items()} == {"audit": 1, "filters": 1}
     assert "Against HEAD" in done.stdout and "of 1 below 1" in done.stdout
+    assert result["rules"] == str(rules) and f"filters: {rules}" in done.stdout
 
 
 @pytest.mark.e2e
@@ -106,3 +110,20 @@ def test_bench_against_refuses_what_is_not_a_commit() -> None:
         "scripts/bench: --against no-such-revision-here: not a commit of this repository; "
         "give a commit, branch or tag (git log --oneline)"
     ]
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["--rules", "x.toml"], "scripts/bench: --rules goes with --against REV"),
+        (
+            ["--against", "HEAD", "--rules", "/no/such/rules.toml"],
+            "scripts/bench: --rules /no/such/rules.toml: No such file or directory; give an llm_rules TOML file",
+        ),
+    ],
+)
+def test_bench_rules_names_the_fix_before_anything_starts(args: list[str], says: str) -> None:
+    done = bench(*args, timeout=60)
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [says]
