@@ -306,14 +306,16 @@ class _View:
     def _settled(self, subject: Subject, lo: int, at: int, end: int) -> bool:
         """The one-search check of a view whose rules all block: True when no gate starts
         before the leftmost match in progress (which then starts the hold and the next
-        check); a gate after it is of a blocking rule, held from there on, and found by a
-        later check once the match in progress is decided."""
+        check), or when there is neither (all of it is settled); a gate after a match in
+        progress is of a blocking rule, held from there on, and found by a later check once
+        the match in progress is decided."""
         plan, data = self.plan, subject.data
         found = detectors.spans(plan.both, data, at)[0]
         if found == _NO_MATCH:
-            # No gate and nothing in progress: all of it is settled. (This is what the
-            # long way finds too, after two more searches: for keyword rules, the text
-            # that does not end with the start of a keyword, most pieces.)
+            # No gate and nothing in progress: all of it is settled. (The long way finds
+            # that too, after two more searches.) Only where no prefix pattern matches at
+            # the very end: keyword rules, on text that does not end with the start of a
+            # keyword, most pieces; the other kinds' prefixes match even the empty end.
             start = self.length
         else:
             if found[1] < len(data):  # a gate (the prefix patterns end at the end)
