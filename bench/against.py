@@ -28,7 +28,7 @@ import tarfile
 from pathlib import Path
 from typing import Any
 
-from addon.filters.rules import RulesError, parse_rules
+from addon.filters.rules import RulesError, load_rules
 from bench.common import ROOT, Sizes, median, ratio
 from bench.overhead import _load, _recorded, warm_up
 from bench.processes import BIN, Proxy, split_cores, start_mock, start_proxy, stop_all
@@ -129,11 +129,9 @@ def rules_problem(path: Path) -> str | None:
     Checked before anything starts: a proxy refused by its rules would only say so in its log.
     """
     try:
-        parse_rules(path.read_text(), str(path))
-    except OSError as e:
-        return f"--rules {path}: {e.strerror or e}; give an llm_rules TOML file"
+        load_rules(path)  # (the proxy's own loader: unreadable, not UTF-8, not TOML, a bad rule)
     except RulesError as e:
-        return f"--rules: {e}"
+        return f"--rules: {e}; give an llm_rules TOML file"
     return None
 
 

@@ -118,12 +118,21 @@ def test_bench_against_refuses_what_is_not_a_commit() -> None:
     [
         (["--rules", "x.toml"], "scripts/bench: --rules goes with --against REV"),
         (
+            ["--against", "HEAD", "--rules", "{bad}"],
+            "scripts/bench: --rules: {bad}:1: TOML syntax error: Expected '=' after a key in a key/value pair"
+            " (column 5); give an llm_rules TOML file",
+        ),
+        (
             ["--against", "HEAD", "--rules", "/no/such/rules.toml"],
-            "scripts/bench: --rules /no/such/rules.toml: No such file or directory; give an llm_rules TOML file",
+            "scripts/bench: --rules: /no/such/rules.toml: cannot read the rules file: No such file or directory;"
+            " give an llm_rules TOML file",
         ),
     ],
 )
-def test_bench_rules_names_the_fix_before_anything_starts(args: list[str], says: str) -> None:
+def test_bench_rules_names_the_fix_before_anything_starts(args: list[str], says: str, tmp_path: Path) -> None:
+    bad = tmp_path / "rules.toml"
+    bad.write_text("not toml\n")
+    args, says = [a.replace("{bad}", str(bad)) for a in args], says.replace("{bad}", str(bad))
     done = bench(*args, timeout=60)
     assert done.returncode == 2
     assert done.stderr.strip().splitlines() == [says]

@@ -47,8 +47,9 @@ def as_flags(rules):
     return [replace(r, action="flag") for r in rules]
 
 
-def run(rules, text, cuts, **kw):
-    """Stream ``text`` cut at ``cuts``; the released text, verdicts, and (fed, released) after each piece."""
+def run(rules, text, cuts, watch=None, **kw):
+    """Stream ``text`` cut at ``cuts``; the released text, verdicts, and (fed, released) after
+    each piece, with ``watch(scanner)`` after them when given."""
     scanner = StreamScanner(rules, **kw)
     released, verdicts, progress, prev = "", [], [], 0
     for cut in [*sorted(cuts), len(text)]:
@@ -56,7 +57,7 @@ def run(rules, text, cuts, **kw):
         released += out
         verdicts += found
         prev = cut
-        progress.append((cut, len(released)))
+        progress.append((cut, len(released)) if watch is None else (cut, len(released), watch(scanner)))
     out, found = scanner.flush()
     return released + out, verdicts + found, progress
 
@@ -369,26 +370,16 @@ def test_the_one_search_check_settles_where_the_long_way_does(case, letter):
     text, cuts = case
     text = text.replace("a", letter or "a")
     for rules in (KEYWORDS_ONLY, BLOCKING):
-        fast = _pieces(rules, text, cuts)
+        fast = run(rules, text, cuts, watch=_view_states)
         settled = window._View._settled
         window._View._settled = lambda *args: False  # the long way every time
         try:
-            slow = _pieces(rules, text, cuts)
+            slow = run(rules, text, cuts, watch=_view_states)
         finally:
             window._View._settled = settled
         assert fast == slow, (text, cuts)
 
 
-def _pieces(rules, text, cuts):
-    """After each piece (and the flush): the text released, the verdicts, and each view's
-    ``scan_from``, ``hold_from`` and ``safe``."""
-    scanner = StreamScanner(rules)
-    out, prev = [], 0
-    for cut in [*sorted(cuts), len(text)]:
-        released, found = scanner.feed(text[prev:cut])
-        prev = cut
-        views = [(v.scan_from, v.hold_from, v.safe) for v in scanner._views]
-        out.append((released, [(v.rule_id, v.action, v.position, v.match_hash) for v in found], views))
-    released, found = scanner.flush()
-    out.append((released, [(v.rule_id, v.action, v.position, v.match_hash) for v in found]))
-    return out
+def _view_states(scanner):
+    """Each view's ``scan_from``, ``hold_from`` and ``safe``."""
+    return [(v.scan_from, v.hold_from, v.safe) for v in scanner._views]
