@@ -10,7 +10,10 @@ up; then
   the next row to complete), and once more :data:`AFTER_WAIT` seconds later ("after":
   what stays; half a second after the row, the proxy was still handing back a
   gigabyte it had freed). What the audit must keep is that text (it is the record), so
-  the growth is compared with the text's size.
+  the growth is compared with the text's size. The record keeps all of it (the record
+  cap is raised above it); the row keeps its first 128 MiB, the writer's limit for one
+  value (``storage.prepare.MAX_VALUE_BYTES``, a ``stored_reduced`` finding), so the
+  peak covers both the cut and the write.
 """
 
 from __future__ import annotations

@@ -37,7 +37,7 @@ from typing import Any
 
 import orjson
 
-from storage.schema import IN_PROGRESS, exchanges
+from storage.schema import ANSWER_BYTES, IN_PROGRESS, exchanges
 
 GENESIS = "0" * 64  # the prev_hash of a chain's first record
 ERASED = "[erased]"  # what erased content is replaced with
@@ -48,10 +48,13 @@ CONTENT_COLUMNS = ("request_body", "output_text", "output", "tool_calls", "deliv
 # every recompute would break the chain of every record it touched.
 DERIVED_COLUMNS = ("cost_usd", "cost_prices")
 _FIRST = ("chain_id", "chain_seq", "prev_hash", "record_hash", "id")  # a sealed row's first keys
+# Another form of a content column, not a field: a huge answer's UTF-8 bytes on SQLite,
+# in place of output_text (storage/writer.py); the record is hashed with its text.
+STORED_FORMS = (ANSWER_BYTES,)
 FIELD_COLUMNS = tuple(
     str(c.name)
     for c in exchanges.columns
-    if c.name not in CHAIN_COLUMNS and c.name not in CONTENT_COLUMNS and c.name not in DERIVED_COLUMNS
+    if c.name not in CHAIN_COLUMNS + CONTENT_COLUMNS + DERIVED_COLUMNS + STORED_FORMS
 )
 
 

@@ -2,8 +2,9 @@
 
 The content columns (:data:`storage.chain.CONTENT_COLUMNS`: the request body, output
 text, output, tool calls, delivered text) of every final exchange of the user become
-the erasure marker ``"[erased]"`` (those that were NULL stay NULL) and ``erased_at`` is
-set. Their content hashes stay:
+the erasure marker ``"[erased]"`` (those that were NULL stay NULL; a huge answer's UTF-8
+bytes, ``output_text_utf8``, are dropped and its ``output_text`` becomes the marker) and
+``erased_at`` is set. Their content hashes stay:
 they are what the hash chain holds, so ``llm-audit verify`` still checks every record
 and reports erased ones as erased, not tampered. Everything else stays (the user id,
 times, model, token counts), so the audit trail shows that exchanges happened and were
@@ -20,12 +21,13 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from sqlalchemy import Engine, case, insert, literal, select, update
+from sqlalchemy import Engine, and_, case, insert, literal, select, update
 from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.sql.elements import ColumnElement
 
 from storage.chain import CONTENT_COLUMNS, ERASED
 from storage.database import DatabaseError, first_line
-from storage.schema import IN_PROGRESS, erasure_log, exchanges
+from storage.schema import ANSWER_BYTES, IN_PROGRESS, erasure_log, exchanges
 from storage.statements import Signer
 
 
@@ -49,7 +51,7 @@ def erase_user(
             count = conn.execute(
                 update(exchanges)
                 .where(*which)
-                .values({name: _erased(name) for name in CONTENT_COLUMNS} | {"erased_at": now})
+                .values({name: _erased(name) for name in CONTENT_COLUMNS} | {ANSWER_BYTES: None, "erased_at": now})
             ).rowcount
             conn.execute(insert(erasure_log).values(erased_at=now, actor=actor, user_id=user_id, erased_count=count))
     except SQLAlchemyError as e:
@@ -60,4 +62,7 @@ def erase_user(
 def _erased(name: str):
     """The marker in place of a column's content; a column that held nothing stays NULL."""
     column = exchanges.c[name]
-    return case((column.is_(None), None), else_=literal(ERASED, column.type))
+    empty: ColumnElement[bool] = column.is_(None)
+    if name == "output_text":  # a huge answer may be in its bytes column (storage/writer.py)
+        empty = and_(empty, exchanges.c[ANSWER_BYTES].is_(None))
+    return case((empty, None), else_=literal(ERASED, column.type))

@@ -41,7 +41,7 @@ import orjson
 from sqlalchemy import JSON, BigInteger, Boolean, DateTime, Integer, Numeric, String
 
 from storage import chain
-from storage.chain import CONTENT_COLUMNS, split_big_strings
+from storage.chain import CONTENT_COLUMNS, STORED_FORMS, split_big_strings
 from storage.schema import exchanges
 
 MAX_DEPTH = 254  # JSON nesting stored as JSON (orjson's limit); deeper is stored as its JSON text
@@ -134,6 +134,9 @@ def prepare(row: dict[str, Any], *, postgres: bool, max_bytes: int = MAX_VALUE_B
         if name in streamed and (digest := _streamed_hash(name, value, postgres, max_bytes)) is not None:
             hashes[name] = digest  # stored as it is
             continue
+        if name in streamed and (cut := _cut_streamed(name, value, notes, postgres, max_bytes)) is not None:
+            changed[name], hashes[name] = cut
+            continue
         stored, encoded = check(name, value, notes, postgres, max_bytes)
         if content and encoded is not None:
             hashes[name] = hashlib.sha256(encoded).hexdigest()
@@ -194,6 +197,46 @@ def _streamed_hash(name: str, value: Any, postgres: bool, max_bytes: int) -> str
     except TypeError:  # lone surrogates
         return None
     return digest.hexdigest() if size <= max_bytes else None
+
+
+def _cut_streamed(name: str, value: Any, notes: _Notes, postgres: bool, max_bytes: int) -> tuple[str, str] | None:
+    """A long text over ``max_bytes`` as JSON, cut as :func:`_check_text` cuts it (the
+    same text kept, the same note, the same content hash) a slice at a time: that check
+    holds the text's JSON, its UTF-8 and the part kept all at once, several times the
+    text (a 200 MiB answer peaked at five times its size). (kept text, content hash), or
+    None for anything else (the check runs): not a long text, not over, lone surrogates,
+    U+0000 on PostgreSQL."""
+    if type(value) is not str or len(value) < chain.BIG_STRING or (postgres and "\x00" in value):
+        return None
+    step = chain._SLICE
+    json_size, size, whole = 2, 0, hashlib.sha256()
+    keep: int | None = None  # characters kept: the whole ones within max_bytes of UTF-8
+    kept_size = 0
+    for i in range(0, len(value), step):
+        part = value[i : i + step]
+        try:
+            json_size += len(orjson.dumps(part)) - 2
+        except TypeError:  # lone surrogates
+            return None
+        data = part.encode()
+        if keep is None and size + len(data) > max_bytes:
+            head = data[: max_bytes - size].decode("utf-8", "ignore")
+            keep, kept_size = i + len(head), size + len(head.encode())
+        size += len(data)
+        whole.update(data)
+    if json_size <= max_bytes:
+        return None
+    kept = value if keep is None else value[:keep]
+    kept_size = size if keep is None else kept_size
+    notes.add(
+        name,
+        f"{size} bytes, over the {max_bytes} stored: kept the first {kept_size} bytes of "
+        f"the text; sha256 of the whole: {whole.hexdigest()}",
+    )
+    digest = hashlib.sha256()
+    for piece in chain.canonical_pieces(kept):
+        digest.update(piece)
+    return kept, digest.hexdigest()
 
 
 def minimal_row(row: dict[str, Any], reason: str) -> dict[str, Any]:
@@ -317,6 +360,8 @@ def _specs() -> dict[str, tuple[Callable[..., tuple[Any, bytes | None]], bool]]:
     """Each column's (check, is content), by its type in :data:`storage.schema.exchanges`."""
     specs: dict[str, tuple[Callable[..., tuple[Any, bytes | None]], bool]] = {}
     for column in exchanges.columns:
+        if column.name in STORED_FORMS:  # the writer's to fill, never a record's (a record carrying it drops it)
+            continue
         kind = column.type
         check: Callable[..., tuple[Any, bytes | None]]
         if isinstance(kind, JSON):

@@ -34,11 +34,15 @@ from sqlalchemy import (
 )
 from sqlalchemy.sql.elements import ColumnElement
 
-from storage.schema import exchange_view, exchanges
+from storage.schema import ANSWER_BYTES, exchange_view, exchanges
 
 view = exchange_view.c
 FIELDS = tuple(c.name for c in exchange_view.columns)
 DERIVED_FIELDS = tuple(name for name in FIELDS if name not in exchanges.c)
+# What get_exchange reads of exchanges, and of the view: the answer as the view gives it
+# (from output_text_utf8 when a huge one was stored as bytes), never the bytes.
+_STORED = tuple(c for c in exchanges.columns if c.name != ANSWER_BYTES)
+_FROM_VIEW = (*DERIVED_FIELDS, "output_text")
 
 # What ``stats --by`` groups on: the key's name (also its field name) and its column.
 GROUP_KEYS: dict[str, ColumnElement[Any]] = {
@@ -164,15 +168,15 @@ def get_exchange(conn: Connection, id_or_prefix: str) -> dict[str, Any]:
     The id may be shortened to any prefix that is unique (``list`` shows the first 12
     characters); an unknown or ambiguous one is a :class:`QueryError`.
     """
-    rows = conn.execute(select(exchanges).where(exchanges.c.id == id_or_prefix)).all()
+    rows = conn.execute(select(*_STORED).where(exchanges.c.id == id_or_prefix)).all()
     if not rows and id_or_prefix:
-        rows = conn.execute(select(exchanges).where(_starts_with(id_or_prefix)).limit(2)).all()
+        rows = conn.execute(select(*_STORED).where(_starts_with(id_or_prefix)).limit(2)).all()
     if not rows:
         raise QueryError(f"no exchange with the id {id_or_prefix!r}")
     if len(rows) > 1:
         raise QueryError(f"{id_or_prefix!r} is the start of several exchange ids; give more of it")
     record = plain(rows[0])
-    derived = conn.execute(select(*(view[name] for name in DERIVED_FIELDS)).where(view.id == record["id"])).one()
+    derived = conn.execute(select(*(view[name] for name in _FROM_VIEW)).where(view.id == record["id"])).one()
     return record | plain(derived)
 
 

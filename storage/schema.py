@@ -29,6 +29,7 @@ from sqlalchemy import (
     DateTime,
     Index,
     Integer,
+    LargeBinary,
     MetaData,
     Numeric,
     String,
@@ -40,6 +41,7 @@ from sqlalchemy.dialects.postgresql import JSONB
 metadata = MetaData()
 
 IN_PROGRESS = "in_progress"  # the status of an exchange's write-ahead row, until it ends
+ANSWER_BYTES = "output_text_utf8"  # a huge answer's column on SQLite, in place of output_text
 
 Json = JSON().with_variant(JSONB(), "postgresql")
 Time = DateTime(timezone=True)
@@ -166,6 +168,14 @@ exchanges = Table(
     Column(
         "open_mac", String(64), comment="HMAC of the write-ahead row by the proxy that opened it (storage/adoption.py)."
     ),
+    # The last column of the table, and it must stay last (migration 0012, storage/writer.py):
+    # SQLite writes a zero-filled BLOB there without making it in memory.
+    Column(
+        ANSWER_BYTES,
+        LargeBinary,
+        comment="The answer as UTF-8 bytes when it was too long to write as text (SQLite, a million characters "
+        "and more); output_text is then NULL. exchange_view.output_text reads either.",
+    ),
     Index("ix_exchanges_started_at", "started_at"),
     Index("ix_exchanges_ended_at", "ended_at"),
     Index("ix_exchanges_chain_id_chain_seq", "chain_id", "chain_seq"),
@@ -282,7 +292,7 @@ exchange_view = Table(
         comment="Distinct rule ids of content-filter verdicts, sorted, comma-separated; NULL when none.",
     ),
     Column("tool_call_count", Integer, comment="Number of tool calls in the output."),
-    Column("output_text", Text),
+    Column("output_text", Text, comment="Answer text of choice / content block 0, from either column of exchanges."),
     Column("delivered_text", Text),
     Column("client_text", Text, comment="What the client received: delivered_text, else output_text."),
     Column("client_status", Integer, comment="HTTP status the client received: client_status, else http_status."),

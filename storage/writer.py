@@ -66,7 +66,7 @@ from storage.headfile import HeadFile
 from storage.lease import Lease
 from storage.prepare import MAX_VALUE_BYTES, Prepared, minimal_row, prepare
 from storage.quarantine import Entry, Quarantine, recover
-from storage.schema import IN_PROGRESS, chains, exchanges
+from storage.schema import ANSWER_BYTES, IN_PROGRESS, chains, exchanges
 from storage.schema import quarantine as quarantine_table
 from storage.spool import Spool, safe_name
 from storage.status import WriterStatus, status_path
@@ -87,6 +87,8 @@ RETRY_MIN, RETRY_MAX = 0.5, 5.0
 GROUP_SECONDS = 0.02
 STRIKES = 3  # unexpected failures of one row before it is quarantined
 _LAZY_AT = 1024 * 1024  # characters of answer text and arguments from which a row is bound lazily (SQLite)
+_BYTES_AT = 1024 * 1024  # characters of answer text from which it is written as bytes (SQLite: _write_answer_bytes)
+_SLICE = 1024 * 1024  # characters of a huge answer encoded and written at a time
 _TRIM_AFTER = 16 * 1024 * 1024  # characters of output in one batch after which freed memory is handed back
 # an open record's chain columns and adoption proof (one statement needs every key)
 _UNSEALED = dict.fromkeys((*CHAIN_COLUMNS, "open_mac"))
@@ -366,6 +368,8 @@ class AuditWriter:
     def _store(self, batch: list[Any]) -> None:
         """Prepare and seal the rows, then to the database when nothing waits before them,
         else behind it in the spool."""
+        if sum(_answer_chars(row) for row in batch) > _TRIM_AFTER:
+            _release_memory()  # the pieces a record joined its answer from are free: handed back before any copy
         prepared = [self._prepare(row) for row in batch]
         if self.spool or self._held or time.monotonic() < self._retry_at:
             self._spool([self._seal(p) for p in prepared])
@@ -630,8 +634,13 @@ class AuditWriter:
         rows: list[dict[str, Any]] = [_UNSEALED | row for row in {row["id"]: row for row in batch}.values()]
         ours = [row for row in rows if is_sealed(row) and row["chain_id"] == self.instance]
         head = max((Head(row["chain_seq"], row["record_hash"]) for row in ours), key=lambda h: h.seq, default=None)
+        huge = sum(_answer_chars(row) for row in rows) > _TRIM_AFTER
+        answers: dict[str, tuple[str, str | None]] = {}  # id: (answer text, record hash) written as bytes
+        if self._sqlite:
+            answers = {row["id"]: (row["output_text"], row["record_hash"]) for row in rows if _long_answer(row)}
+            if answers:  # each row goes in without its answer; the answer follows, a slice at a time
+                rows = [row | {"output_text": None} if row["id"] in answers else row for row in rows]
         large = [row for row in rows if _large(row)] if self._sqlite else []
-        huge = sum(len(row.get("output_text") or "") for row in rows) > _TRIM_AFTER
         if huge:  # the pieces its record joined the text from are free: handed back before the copies are made
             _release_memory()
         with self.engine.connect() as conn:
@@ -640,15 +649,17 @@ class AuditWriter:
                     conn.execute(self._upsert, [row for row in rows if not _large(row)] if large else rows)
                 for row in large:
                     self._upsert_lazily(conn, row)
+                for rid, (text, record_hash) in answers.items():
+                    _write_answer_bytes(conn.connection.driver_connection, rid, text, record_hash)
                 if head is not None:
                     self._advance_head(conn, head)
-            if large:
+            if large or answers:
                 # Committed. A prepared statement keeps its last bound values until it
                 # runs again, and sqlite3 caches its statements per connection: SQLite's
-                # copies of the huge texts (the answer, and what the client was delivered
-                # when a filter made it differ) stayed allocated until the next row came.
-                # Closing this connection frees them at once; the pool opens a new one for
-                # the next write.
+                # copies of the huge texts (what the client was delivered when a filter
+                # made it differ, tool calls' arguments) stayed allocated until the next
+                # row came; a huge answer's bytes filled the page cache. Closing this
+                # connection frees them at once; the pool opens a new one for the next write.
                 conn.invalidate()
         self.written += sum(1 for row in rows if row["status"] != IN_PROGRESS)  # final records
         self.last_write = datetime.now(UTC)
@@ -782,9 +793,49 @@ def _is_final(row: Any) -> bool:
     return not isinstance(row, dict) or row.get("status") != IN_PROGRESS
 
 
+def _answer_chars(row: Any) -> int:
+    """The length of a row's answer text (0 for anything else: a row not yet prepared may hold anything)."""
+    text = row.get("output_text") if isinstance(row, dict) else None
+    return len(text) if type(text) is str else 0
+
+
+def _long_answer(row: dict[str, Any]) -> bool:
+    """Whether a row's answer is long enough to be written as bytes (:func:`_write_answer_bytes`)."""
+    text = row.get("output_text")
+    return type(text) is str and len(text) >= _BYTES_AT
+
+
+def _write_answer_bytes(sqlite: Any, rid: str, text: str, record_hash: str | None) -> None:
+    """Write a huge answer into ``output_text_utf8`` of the row just upserted, a slice at a time.
+
+    Bound as a text parameter, SQLite would copy the answer and then build the whole row
+    in memory around it: about twice the text, on top of the text the proxy holds. A
+    zero-filled BLOB in a row's last column is the one value SQLite writes without
+    making it, and incremental blob I/O then fills it in place: one slice in memory.
+    ``sqlite``: the transaction's own ``sqlite3`` connection, so the row and its answer
+    are committed together or not at all.
+
+    Only the row this batch wrote gets the bytes: one without an answer in either
+    column and sealed with this record's hash (the upsert leaves a row that was already
+    final as it is, and that row keeps its own answer).
+    """
+    size = len(text) if text.isascii() else sum(len(text[i : i + _SLICE].encode()) for i in range(0, len(text), _SLICE))
+    found = sqlite.execute(
+        f"UPDATE exchanges SET {ANSWER_BYTES} = zeroblob(?) WHERE id = ? AND output_text IS NULL "
+        f"AND {ANSWER_BYTES} IS NULL AND record_hash IS ? RETURNING rowid",
+        (size, rid, record_hash),
+    ).fetchall()
+    if not found:
+        return
+    with sqlite.blobopen("exchanges", ANSWER_BYTES, found[0][0]) as blob:
+        for i in range(0, len(text), _SLICE):
+            blob.write(text[i : i + _SLICE].encode())
+
+
 def _large(row: dict[str, Any]) -> bool:
-    """Whether a row carries a huge answer (its text, or tool calls' arguments), written
-    through :meth:`AuditWriter._upsert_lazily`."""
+    """Whether a row carries huge texts to bind (what the client was delivered, tool calls'
+    arguments; on SQLite the answer itself goes in as bytes, :func:`_write_answer_bytes`),
+    written through :meth:`AuditWriter._upsert_lazily`."""
     size = len(row.get("output_text") or "") + len(row.get("delivered_text") or "")
     calls = row.get("tool_calls")
     if isinstance(calls, list):

@@ -333,9 +333,12 @@ def normalise(row: dict, backend: str) -> dict:
 
     SQLite hands back JSON as text, booleans as 0/1 and times as naive UTC text;
     psycopg hands back jsonb already decoded (a JSON string as a ``str``: never decode
-    twice), real booleans and aware datetimes.
+    twice), real booleans and aware datetimes. A huge answer SQLite holds as UTF-8 bytes
+    (``output_text_utf8``) is read as ``output_text``, as ``exchange_view`` reads it.
     """
     row = dict(row)
+    if (data := row.pop("output_text_utf8", None)) is not None and row.get("output_text") is None:
+        row["output_text"] = bytes(data).decode()
     if backend == "sqlite":
         for column in JSON_COLUMNS:
             if row.get(column) is not None:

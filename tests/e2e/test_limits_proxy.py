@@ -108,6 +108,11 @@ def test_a_stream_far_beyond_the_cap_keeps_what_fits_and_its_usage(capped, upstr
     assert row["status"] == "completed" and row["output_tokens"] is not None
     assert row["finish_reasons"] == ["stop"]
     assert len(row["output_text"].encode()) == CAP
+    if capped.backend == "sqlite":  # a million characters and more: stored as UTF-8 bytes, read as text
+        stored = "SELECT output_text IS NULL AS text_null, length(output_text_utf8) AS size FROM exchanges WHERE id = ?"
+        assert capped.sql(stored, (row["id"],)) == [{"text_null": 1, "size": CAP}]
+        view = capped.sql("SELECT output_text FROM exchange_view WHERE id = ?", (row["id"],))
+        assert view == [{"output_text": row["output_text"]}]
     (detail,) = findings(row, "content_truncated")
     assert f"kept {CAP} of {12 * MIB} content bytes" in detail
     assert f"{call.size} bytes from the upstream, sha256 {call.sha256.hexdigest()}" in detail

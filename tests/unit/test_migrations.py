@@ -52,8 +52,9 @@ ADDED_SINCE_0001 = {
     "turn",  # by 0008
     "usage_details",  # by 0009
     "cost_usd",
-    "cost_prices",
-}  # by 0010
+    "cost_prices",  # by 0010
+    "output_text_utf8",  # by 0012
+}
 INDEXED_IN_0001 = ("started_at", "ended_at", "user_id", "request_model", "status")  # one column each
 
 

@@ -29,7 +29,7 @@ from storage import chain, writer
 from storage.chain import CONTENT_COLUMNS, canonical_pieces, check_record, content_hash, split_big_strings
 from storage.database import open_engine
 from storage.prepare import prepare
-from storage.schema import exchanges
+from storage.schema import ANSWER_BYTES, exchanges
 from storage.spool import Spool
 from storage.verify import verify
 
@@ -251,6 +251,12 @@ def test_huge_rows_verify_on_both_backends(url, tmp_path):
         _write(engine, tmp_path, rows, "both")
         with engine.connect() as conn:
             stored = [dict(r) for r in conn.execute(select(exchanges).order_by(exchanges.c.chain_seq)).mappings()]
+        as_bytes = 0
+        for r in stored:  # on SQLite a huge answer is stored as its UTF-8 bytes (test_answer_bytes.py)
+            if (data := r.pop(ANSWER_BYTES)) is not None:
+                assert r["output_text"] is None
+                r["output_text"], as_bytes = data.decode(), as_bytes + 1
+        assert as_bytes == (2 if url.startswith("sqlite") else 0)
         assert [r["id"] for r in stored] == [r["id"] for r in rows[len(rows) // 2 :]]
         assert all(check_record(r) is None for r in stored)
         big = next(r for r in stored if len(r["output_text"]) > writer._LAZY_AT)

@@ -1,0 +1,196 @@
+"""A huge answer on SQLite is stored as UTF-8 bytes in the last column, and read as its text.
+
+From a million characters on (``storage.writer._BYTES_AT``) the writer puts the answer in
+``output_text_utf8`` (a zero-filled BLOB written a slice at a time) and leaves
+``output_text`` NULL; ``exchange_view``, ``llm-audit show`` and ``verify`` read the text
+back, the hash chain covers it as text, erasure drops the bytes, and a row that is
+already final is never given another answer's bytes. A long answer over the writer's
+per-value limit is cut a slice at a time, to exactly what the whole-value check keeps.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import hashlib
+import sqlite3
+import time
+
+from alembic import command
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from test_writer_memory import TRICKY, _write, huge_record
+
+from storage import chain, migrations, writer
+from storage import prepare as prepare_module
+from storage.database import open_engine
+from storage.erase import erase_user
+from storage.query import get_exchange
+from storage.schema import ANSWER_BYTES
+from storage.spool import Spool
+from storage.verify import verify
+
+ASCII = "a" * (writer._BYTES_AT + 5)
+NON_ASCII = TRICKY * (writer._BYTES_AT // len(TRICKY) + 1)
+
+
+def _db(tmp_path, *texts: str, user: str | None = None):
+    path = tmp_path / "audit.db"
+    engine = open_engine(f"sqlite:///{path}")
+    records = [huge_record(text) for text in texts]
+    for r in records:
+        r.user_id = user
+    _write(engine, tmp_path, [r.to_row() for r in records], "bytes")
+    return engine, path, [r.id for r in records]
+
+
+def _raw(path, sql: str, *args):
+    con = sqlite3.connect(path)
+    try:
+        return con.execute(sql, args).fetchall()
+    finally:
+        con.close()
+
+
+def test_a_huge_answer_is_stored_as_bytes_and_read_back_as_its_text(tmp_path):
+    short = "x" * (writer._BYTES_AT - 1)
+    engine, path, ids = _db(tmp_path, ASCII, NON_ASCII, short)
+    try:
+        stored = {
+            rid: (text_null, data)
+            for rid, text_null, data in _raw(path, f"SELECT id, output_text IS NULL, {ANSWER_BYTES} FROM exchanges")
+        }
+        assert stored[ids[0]] == (1, ASCII.encode()) and stored[ids[1]] == (1, NON_ASCII.encode())
+        assert stored[ids[2]] == (0, None), "below the threshold: text, as before"
+        for rid, text in zip(ids, (ASCII, NON_ASCII, short), strict=True):
+            view = _raw(
+                path, "SELECT output_text, client_text, typeof(output_text) FROM exchange_view WHERE id = ?", rid
+            )
+            assert view == [(text, text, "text")]
+            with engine.connect() as conn:
+                shown = get_exchange(conn, rid)
+            assert shown["output_text"] == text and ANSWER_BYTES not in shown
+        assert verify(engine).ok
+    finally:
+        engine.dispose()
+
+
+def test_the_bytes_column_is_the_last_of_exchanges(tmp_path):
+    """SQLite writes a zero-filled BLOB without making it only in a row's last column: a
+    column added after it would make every huge answer cost its size in memory again."""
+    open_engine(f"sqlite:///{tmp_path / 'audit.db'}").dispose()
+    columns = _raw(tmp_path / "audit.db", "PRAGMA table_info(exchanges)")
+    assert columns[-1][1] == ANSWER_BYTES
+
+
+def test_sqlite_never_holds_a_huge_answer_while_writing_it(tmp_path):
+    """Counted by SQLite's own allocator (its high-water mark), in the library this
+    Python's sqlite3 uses: a count, not a timing or RSS. Bound as text, the answer cost
+    SQLite twice its size (the bound copy, then the row built around it)."""
+    lib = ctypes.CDLL(ctypes.util.find_library("sqlite3"))
+    lib.sqlite3_memory_highwater.restype = lib.sqlite3_memory_used.restype = ctypes.c_int64
+    text = NON_ASCII * 8
+    engine = open_engine(f"sqlite:///{tmp_path / 'audit.db'}")
+    w = writer.AuditWriter(engine, Spool(tmp_path / "spool.jsonl"), "test", max_value_bytes=1 << 30)
+    try:
+        row = huge_record(text).to_row()
+        lib.sqlite3_memory_highwater(1)
+        before = lib.sqlite3_memory_used()
+        w.submit(row)
+        deadline = time.monotonic() + 60
+        while w.pending and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert not w.pending
+        assert lib.sqlite3_memory_highwater(0) - before < len(text.encode()) // 4
+    finally:
+        w.close()
+        engine.dispose()
+    assert _raw(tmp_path / "audit.db", f"SELECT length({ANSWER_BYTES}) FROM exchanges") == [(len(text.encode()),)]
+
+
+def test_verify_finds_bytes_changed_bytes_beside_a_text_and_bytes_that_are_not_utf8(tmp_path):
+    engine, path, ids = _db(tmp_path, NON_ASCII, "small")
+    con = sqlite3.connect(path)
+    try:
+        for change, args in (
+            (
+                f"UPDATE exchanges SET {ANSWER_BYTES} = CAST(replace(CAST({ANSWER_BYTES} AS TEXT), 'é', 'e') AS BLOB) WHERE id = ?",
+                (ids[0],),
+            ),
+            (f"UPDATE exchanges SET {ANSWER_BYTES} = ? WHERE id = ?", (b"planted", ids[1])),
+            (f"UPDATE exchanges SET {ANSWER_BYTES} = ? WHERE id = ?", (b"\xff" + NON_ASCII.encode()[1:], ids[0])),
+        ):
+            saved = con.execute(f"SELECT id, {ANSWER_BYTES} FROM exchanges").fetchall()
+            con.execute(change, args)
+            con.commit()
+            report = verify(engine)
+            assert not report.ok, change
+            assert any(p.kind == "modified" for c in report.chains for p in c.problems), change
+            con.executemany(f"UPDATE exchanges SET {ANSWER_BYTES} = ? WHERE id = ?", [(d, i) for i, d in saved])
+            con.commit()
+            assert verify(engine).ok
+    finally:
+        con.close()
+        engine.dispose()
+
+
+def test_erasure_drops_the_bytes_and_leaves_the_marker(tmp_path):
+    engine, path, ids = _db(tmp_path, NON_ASCII, user="alice")
+    try:
+        assert erase_user(engine, "alice", actor="test") == 1
+        assert _raw(path, f"SELECT output_text, {ANSWER_BYTES} FROM exchanges") == [(chain.ERASED, None)]
+        assert _raw(path, "SELECT output_text FROM exchange_view") == [(chain.ERASED,)]
+        report = verify(engine)
+        assert report.ok and sum(c.erased for c in report.chains) == 1
+    finally:
+        engine.dispose()
+
+
+def test_a_final_row_is_never_given_another_answer(tmp_path):
+    """The upsert leaves a row that is already final as it is; so do its bytes: a second
+    final record under the same id (a replay, or a forgery through the spool) gets nothing.
+    (It was sealed into the chain all the same, so verify reports it missing: as before.)"""
+    engine, path, ids = _db(tmp_path, NON_ASCII)
+    try:
+        other = huge_record(ASCII)
+        other.id = ids[0]
+        _write(engine, tmp_path, [other.to_row()], "again")
+        assert _raw(path, f"SELECT output_text, {ANSWER_BYTES} FROM exchanges") == [(None, NON_ASCII.encode())]
+        assert [(p.kind, p.seq) for c in verify(engine).chains for p in c.problems] == [("deleted", 2)]
+    finally:
+        engine.dispose()
+
+
+def test_downgrading_puts_the_answer_back_in_output_text(tmp_path):
+    engine, path, ids = _db(tmp_path, NON_ASCII)
+    try:
+        with engine.begin() as conn:
+            command.downgrade(migrations.config(conn), "0011")
+        assert _raw(path, "SELECT output_text FROM exchanges") == [(NON_ASCII,)]
+        assert ANSWER_BYTES not in [c[1] for c in _raw(path, "PRAGMA table_info(exchanges)")]
+    finally:
+        engine.dispose()
+    engine = open_engine(f"sqlite:///{path}")  # and up again: the text stays where it is
+    try:
+        assert verify(engine).ok
+    finally:
+        engine.dispose()
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.text(alphabet='ab"\\\né漢😀\x00\x1f', max_size=40), st.integers(1, 90), st.booleans())
+def test_a_long_text_over_the_limit_is_cut_as_the_whole_value_check_cuts_it(value, max_bytes, postgres):
+    saved = chain.BIG_STRING, chain._SLICE
+    chain.BIG_STRING, chain._SLICE = 4, 3  # every text of 4 characters on is cut a slice at a time
+    try:
+        sliced = prepare_module._Notes()
+        cut = prepare_module._cut_streamed("output_text", value, sliced, postgres, max_bytes)
+        whole = prepare_module._Notes()
+        stored, encoded = prepare_module._check_text("output_text", value, whole, postgres, max_bytes)
+    finally:
+        chain.BIG_STRING, chain._SLICE = saved
+    if cut is None:
+        assert len(value) < 4 or len(encoded) <= max_bytes or (postgres and "\x00" in value)
+        return
+    assert cut == (stored, hashlib.sha256(encoded).hexdigest())
+    assert sliced.items == whole.items
