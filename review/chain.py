@@ -15,8 +15,8 @@ from typing import Any
 
 from sqlalchemy import Connection, select
 
-from storage.chain import GENESIS, check_record, is_sealed
-from storage.schema import IN_PROGRESS, chains, exchanges
+from storage.chain import GENESIS, check_record, fold_answer_bytes, is_sealed
+from storage.schema import ANSWER_BYTES, IN_PROGRESS, chains, exchanges
 
 
 @dataclass(frozen=True)
@@ -36,6 +36,19 @@ class Place:
         return self.sealed and not self.problems
 
 
+def _stored_answer(conn: Connection, record: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
+    """``record`` with its answer as ``verify`` reads it (a huge one from its UTF-8 bytes on
+    SQLite, not the view's reading), and what is wrong with the stored form: the page and
+    ``verify`` judge the same values."""
+    c = exchanges.c
+    stored = conn.execute(select(c.output_text, c[ANSWER_BYTES]).where(c.id == record.get("id"))).mappings().first()
+    if stored is None:
+        return record, None
+    answer = dict(stored)
+    problem = fold_answer_bytes(answer, conn.dialect.name == "sqlite")
+    return record | {"output_text": answer["output_text"]}, problem
+
+
 def place(conn: Connection, record: dict[str, Any]) -> Place:
     """The chain position of ``record`` (a whole row of ``exchanges``) and what checking it found."""
     if not is_sealed(record):
@@ -47,6 +60,9 @@ def place(conn: Connection, record: dict[str, Any]) -> Place:
         return Place(sealed=False, note=note, problems=() if record.get("status") == IN_PROGRESS else (note,))
     chain_id, seq = record.get("chain_id"), record.get("chain_seq")
     problems: list[str] = []
+    record, problem = _stored_answer(conn, record)
+    if problem is not None:
+        problems.append(f"its stored answer cannot be read: {problem}")
     try:
         if (problem := check_record(record)) is not None:
             problems.append(f"this record does not match its hash: {problem}")

@@ -240,6 +240,32 @@ class Chain:
         return sealed
 
 
+def fold_answer_bytes(record: dict[str, Any], sqlite: bool) -> str | None:
+    """Put a huge answer stored as UTF-8 bytes (``output_text_utf8``, on SQLite) back in
+    ``output_text``, where the record was hashed with it; what is wrong with the stored
+    form (None: nothing). The column is removed from ``record`` either way.
+
+    Only the writer fills the column, on SQLite, with the UTF-8 of a final record's
+    answer while ``output_text`` is NULL: any other value there (bytes beside a text,
+    bytes that are not UTF-8, a number or a text SQLite let in, anything on PostgreSQL,
+    whose view never reads it) is tampering, whatever the hash says.
+    """
+    data = record.pop(ANSWER_BYTES, None)
+    if data is None:
+        return None
+    if not sqlite:
+        return f"{ANSWER_BYTES} holds a value on PostgreSQL, where the proxy never writes it"
+    if not isinstance(data, bytes | memoryview):
+        return f"{ANSWER_BYTES} holds a {type(data).__name__}, not bytes"
+    if record.get("output_text") is not None:
+        return f"{ANSWER_BYTES} holds bytes beside output_text"
+    try:
+        record["output_text"] = bytes(data).decode()
+    except UnicodeDecodeError:
+        return f"{ANSWER_BYTES} holds bytes that are not UTF-8"
+    return None
+
+
 def check_record(row: dict[str, Any]) -> str | None:
     """What is wrong with one sealed record by itself (None: it matches its hashes).
 

@@ -206,8 +206,13 @@ def _cut_streamed(name: str, value: Any, notes: _Notes, postgres: bool, max_byte
     text (a 200 MiB answer peaked at five times its size). (kept text, content hash), or
     None for anything else (the check runs): not a long text, not over, lone surrogates,
     U+0000 on PostgreSQL."""
-    if type(value) is not str or len(value) < chain.BIG_STRING or (postgres and "\x00" in value):
-        return None
+    if (
+        name in _JSON_COLUMNS
+        or type(value) is not str
+        or len(value) < chain.BIG_STRING
+        or (postgres and "\x00" in value)
+    ):
+        return None  # (a JSON column's string is checked, and cut, as JSON)
     step = chain._SLICE
     json_size, size, whole = 2, 0, hashlib.sha256()
     keep: int | None = None  # characters kept: the whole ones within max_bytes of UTF-8

@@ -40,9 +40,10 @@ view = exchange_view.c
 FIELDS = tuple(c.name for c in exchange_view.columns)
 DERIVED_FIELDS = tuple(name for name in FIELDS if name not in exchanges.c)
 # What get_exchange reads of exchanges, and of the view: the answer as the view gives it
-# (from output_text_utf8 when a huge one was stored as bytes), never the bytes.
-_STORED = tuple(c for c in exchanges.columns if c.name != ANSWER_BYTES)
-_FROM_VIEW = (*DERIVED_FIELDS, "output_text")
+# (from output_text_utf8 when a huge one was stored as bytes), once, and never the bytes.
+_STORED = tuple(c for c in exchanges.columns if c.name not in (ANSWER_BYTES, "output_text"))
+_FROM_VIEW = ("output_text", *DERIVED_FIELDS)
+_RECORD = (*(c.name for c in exchanges.columns if c.name != ANSWER_BYTES), *DERIVED_FIELDS)  # its keys, in order
 
 # What ``stats --by`` groups on: the key's name (also its field name) and its column.
 GROUP_KEYS: dict[str, ColumnElement[Any]] = {
@@ -175,9 +176,9 @@ def get_exchange(conn: Connection, id_or_prefix: str) -> dict[str, Any]:
         raise QueryError(f"no exchange with the id {id_or_prefix!r}")
     if len(rows) > 1:
         raise QueryError(f"{id_or_prefix!r} is the start of several exchange ids; give more of it")
-    record = plain(rows[0])
-    derived = conn.execute(select(*(view[name] for name in _FROM_VIEW)).where(view.id == record["id"])).one()
-    return record | plain(derived)
+    stored = plain(rows[0])
+    derived = plain(conn.execute(select(*(view[name] for name in _FROM_VIEW)).where(view.id == stored["id"])).one())
+    return {name: derived[name] if name in derived else stored[name] for name in _RECORD}
 
 
 def _starts_with(prefix: str) -> ColumnElement[bool]:

@@ -92,7 +92,7 @@ exchanges = Table(
     Column("task_id", String(255), comment="LMSP task id; links a resumed event stream to its task."),
     Column("streamed", Boolean, nullable=False, comment="True when the response was an event stream."),
     Column("request_body", Json, comment="The request body as JSON (a JSON string if it was not JSON)."),
-    Column("output_text", Text, comment="Answer text of choice / content block 0."),
+    Column("output_text", Text, comment="Answer text of choice / content block 0 (NULL when in output_text_utf8)."),
     Column(
         "output",
         Json,
@@ -173,8 +173,8 @@ exchanges = Table(
     Column(
         ANSWER_BYTES,
         LargeBinary,
-        comment="The answer as UTF-8 bytes when it was too long to write as text (SQLite, a million characters "
-        "and more); output_text is then NULL. exchange_view.output_text reads either.",
+        comment="SQLite: the answer as UTF-8 bytes when it was too long to write as text (2^20 characters and more); "
+        "output_text is then NULL and exchange_view.output_text reads this. NULL on PostgreSQL.",
     ),
     Index("ix_exchanges_started_at", "started_at"),
     Index("ix_exchanges_ended_at", "ended_at"),

@@ -48,10 +48,19 @@ from typing import Any
 
 from sqlalchemy import JSON, Connection, DateTime, Engine, String, func, select, type_coerce
 
-from storage.chain import CONTENT_COLUMNS, ERASED, GENESIS, Head, check_record, content_hash, utc_text
+from storage.chain import (
+    CONTENT_COLUMNS,
+    ERASED,
+    GENESIS,
+    Head,
+    check_record,
+    content_hash,
+    fold_answer_bytes,
+    utc_text,
+)
 from storage.checkpoint import Checkpoint
 from storage.retention import MIN_RETENTION
-from storage.schema import ANSWER_BYTES, IN_PROGRESS, chains, exchanges, quarantine
+from storage.schema import IN_PROGRESS, chains, exchanges, quarantine
 from storage.statements import SignedStart, Statements
 
 UNREADABLE_KEY = "_unreadable"  # on a row read by verify: the columns whose stored text cannot be decoded
@@ -266,7 +275,8 @@ def _rows(conn: Connection, chain_id: str, start: int) -> Iterator[dict[str, Any
     )
     for row in result.mappings():
         record = dict(row)
-        _answer_from_bytes(record)
+        if (problem := fold_answer_bytes(record, sqlite)) is not None:
+            record.setdefault(UNREADABLE_KEY, []).append(problem)
         for name, process in processors.items():
             if record[name] is not None and process is not None:
                 try:
@@ -274,23 +284,6 @@ def _rows(conn: Connection, chain_id: str, start: int) -> Iterator[dict[str, Any
                 except (ValueError, TypeError) as e:
                     record.setdefault(UNREADABLE_KEY, []).append(f"{name}: {type(e).__name__}")
         yield record
-
-
-def _answer_from_bytes(record: dict[str, Any]) -> None:
-    """Put a huge answer stored as UTF-8 bytes (``output_text_utf8``, on SQLite) back in
-    ``output_text``, where the record was hashed with it. Bytes that are not UTF-8, or
-    bytes beside a text (the view would show the text; the bytes would be evidence no
-    hash covers), are tampering with that record."""
-    data = record.pop(ANSWER_BYTES, None)
-    if data is None:
-        return
-    if record["output_text"] is not None:
-        record.setdefault(UNREADABLE_KEY, []).append(f"{ANSWER_BYTES}: bytes beside output_text")
-        return
-    try:
-        record["output_text"] = bytes(data).decode()
-    except UnicodeDecodeError as e:
-        record.setdefault(UNREADABLE_KEY, []).append(f"{ANSWER_BYTES}: {type(e).__name__}")
 
 
 def _verify_chain(

@@ -635,7 +635,7 @@ class AuditWriter:
         ours = [row for row in rows if is_sealed(row) and row["chain_id"] == self.instance]
         head = max((Head(row["chain_seq"], row["record_hash"]) for row in ours), key=lambda h: h.seq, default=None)
         huge = sum(_answer_chars(row) for row in rows) > _TRIM_AFTER
-        answers: dict[str, tuple[str, str | None]] = {}  # id: (answer text, record hash) written as bytes
+        answers: dict[str, tuple[str, str]] = {}  # id: (answer text, record hash) written as bytes
         if self._sqlite:
             answers = {row["id"]: (row["output_text"], row["record_hash"]) for row in rows if _long_answer(row)}
             if answers:  # each row goes in without its answer; the answer follows, a slice at a time
@@ -800,12 +800,14 @@ def _answer_chars(row: Any) -> int:
 
 
 def _long_answer(row: dict[str, Any]) -> bool:
-    """Whether a row's answer is long enough to be written as bytes (:func:`_write_answer_bytes`)."""
+    """Whether a row's answer is written as bytes (:func:`_write_answer_bytes`): a final,
+    sealed record's, of :data:`_BYTES_AT` characters or more. An open row keeps its text:
+    adoption (``storage/adoption.py``) seals it as stored."""
     text = row.get("output_text")
-    return type(text) is str and len(text) >= _BYTES_AT
+    return type(text) is str and len(text) >= _BYTES_AT and row["status"] != IN_PROGRESS and is_sealed(row)
 
 
-def _write_answer_bytes(sqlite: Any, rid: str, text: str, record_hash: str | None) -> None:
+def _write_answer_bytes(sqlite: Any, rid: str, text: str, record_hash: str) -> None:
     """Write a huge answer into ``output_text_utf8`` of the row just upserted, a slice at a time.
 
     Bound as a text parameter, SQLite would copy the answer and then build the whole row
@@ -820,14 +822,13 @@ def _write_answer_bytes(sqlite: Any, rid: str, text: str, record_hash: str | Non
     final as it is, and that row keeps its own answer).
     """
     size = len(text) if text.isascii() else sum(len(text[i : i + _SLICE].encode()) for i in range(0, len(text), _SLICE))
-    found = sqlite.execute(
-        f"UPDATE exchanges SET {ANSWER_BYTES} = zeroblob(?) WHERE id = ? AND output_text IS NULL "
-        f"AND {ANSWER_BYTES} IS NULL AND record_hash IS ? RETURNING rowid",
-        (size, rid, record_hash),
-    ).fetchall()
-    if not found:
-        return
-    with sqlite.blobopen("exchanges", ANSWER_BYTES, found[0][0]) as blob:
+    mine = f"id = ? AND output_text IS NULL AND {ANSWER_BYTES} IS NULL AND record_hash = ?"
+    if not sqlite.execute(
+        f"UPDATE exchanges SET {ANSWER_BYTES} = zeroblob(?) WHERE {mine}", (size, rid, record_hash)
+    ).rowcount:
+        return  # the row was final already: it keeps its own answer
+    (rowid,) = sqlite.execute("SELECT rowid FROM exchanges WHERE id = ?", (rid,)).fetchone()
+    with sqlite.blobopen("exchanges", ANSWER_BYTES, rowid) as blob:
         for i in range(0, len(text), _SLICE):
             blob.write(text[i : i + _SLICE].encode())
 

@@ -19,8 +19,11 @@ import time
 from alembic import command
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from sqlalchemy import text
 from test_writer_memory import TRICKY, _write, huge_record
 
+from addon.record import Status
+from review.chain import place
 from storage import chain, migrations, writer
 from storage import prepare as prepare_module
 from storage.database import open_engine
@@ -105,6 +108,14 @@ def test_sqlite_never_holds_a_huge_answer_while_writing_it(tmp_path):
     finally:
         w.close()
         engine.dispose()
+    # The control: the counter is this sqlite3's (bound as text, the same answer costs SQLite
+    # at least its size), not a library linked in some other way that never moves.
+    con = sqlite3.connect(":memory:")
+    lib.sqlite3_memory_highwater(1)
+    before = lib.sqlite3_memory_used()
+    con.execute("SELECT length(?)", (text,)).fetchone()
+    assert lib.sqlite3_memory_highwater(0) - before >= len(text.encode())
+    con.close()
     assert _raw(tmp_path / "audit.db", f"SELECT length({ANSWER_BYTES}) FROM exchanges") == [(len(text.encode()),)]
 
 
@@ -131,6 +142,73 @@ def test_verify_finds_bytes_changed_bytes_beside_a_text_and_bytes_that_are_not_u
             assert verify(engine).ok
     finally:
         con.close()
+        engine.dispose()
+
+
+def test_verify_and_the_review_page_report_values_sqlite_let_in_and_the_view_ignores_them(tmp_path):
+    """SQLite lets any type into any column: a number, a text or a real where the bytes go
+    (``bytes(0)`` would even pass for an empty answer) is tampering, and the view does not
+    read it. The review page judges the stored values as verify does."""
+    engine, path, ids = _db(tmp_path, "", "small")
+    con = sqlite3.connect(path)
+    try:
+        for rid, text_value, planted in (
+            (ids[0], None, 0),
+            (ids[0], None, "text"),
+            (ids[0], None, 1.5),
+            (ids[1], "small", b"small"),  # bytes beside the text: the view shows the text, the hash matches it
+        ):
+            con.execute(
+                f"UPDATE exchanges SET output_text = ?, {ANSWER_BYTES} = ? WHERE id = ?", (text_value, planted, rid)
+            )
+            con.commit()
+            report = verify(engine)
+            assert [p.kind for c in report.chains for p in c.problems] == ["modified"], planted
+            assert "stored values cannot be read" in report.chains[0].problems[0].detail
+            view = _raw(path, "SELECT output_text FROM exchange_view WHERE id = ?", rid)
+            assert view == [(text_value,)], "the view reads nothing but a BLOB, and the text first"
+            with engine.connect() as conn:
+                page = place(conn, get_exchange(conn, rid))
+            assert not page.verifies and any("stored answer cannot be read" in p for p in page.problems)
+            original = "" if rid == ids[0] else "small"
+            con.execute(f"UPDATE exchanges SET output_text = ?, {ANSWER_BYTES} = NULL WHERE id = ?", (original, rid))
+            con.commit()
+            assert verify(engine).ok
+    finally:
+        con.close()
+        engine.dispose()
+
+
+def test_an_open_row_keeps_its_answer_as_text(tmp_path):
+    """Only a final, sealed record's answer goes in as bytes: an open row is sealed as it
+    is stored when a restart adopts it (storage/adoption.py)."""
+    r = huge_record(ASCII)
+    r.status = Status.IN_PROGRESS
+    engine = open_engine(f"sqlite:///{tmp_path / 'audit.db'}")
+    try:
+        _write(engine, tmp_path, [r.to_row()], "open")
+        assert _raw(tmp_path / "audit.db", f"SELECT output_text IS NULL, {ANSWER_BYTES} FROM exchanges") == [(0, None)]
+    finally:
+        engine.dispose()
+
+
+def test_bytes_on_postgresql_are_tampering_and_its_view_never_reads_them(postgres, tmp_path):
+    engine = open_engine(postgres.create_database())
+    try:
+        rows = [huge_record(ASCII).to_row(), huge_record("small").to_row()]
+        _write(engine, tmp_path, rows, "pg")
+        with engine.begin() as conn:
+            stored = conn.execute(text(f"SELECT {ANSWER_BYTES} FROM exchanges")).scalars().all()
+            assert stored == [None, None], "the writer never puts bytes there"
+            conn.execute(text(f"UPDATE exchanges SET {ANSWER_BYTES} = '\\x00ff' WHERE id = :id"), {"id": rows[1]["id"]})
+        report = verify(engine)
+        assert [p.kind for c in report.chains for p in c.problems] == ["modified"]
+        with engine.connect() as conn:  # invalid UTF-8 there breaks no query
+            assert conn.execute(text("SELECT output_text FROM exchange_view ORDER BY output_text")).scalars().all() == [
+                ASCII,
+                "small",
+            ]
+    finally:
         engine.dispose()
 
 
@@ -194,3 +272,12 @@ def test_a_long_text_over_the_limit_is_cut_as_the_whole_value_check_cuts_it(valu
         return
     assert cut == (stored, hashlib.sha256(encoded).hexdigest())
     assert sliced.items == whole.items
+
+
+def test_a_json_columns_string_is_left_to_the_json_check():
+    """``output`` and ``tool_calls`` hold JSON: a long string there is cut as JSON text
+    (its own note and hash), never by the slice-at-a-time cut of a text column."""
+    value = "x" * (chain.BIG_STRING + 10)
+    for name in ("output", "tool_calls"):
+        assert prepare_module._cut_streamed(name, value, prepare_module._Notes(), False, 1024) is None
+    assert prepare_module._cut_streamed("output_text", value, prepare_module._Notes(), False, 1024) is not None
