@@ -43,7 +43,7 @@ DERIVED_FIELDS = tuple(name for name in FIELDS if name not in exchanges.c)
 # (from output_text_utf8 when a huge one was stored as bytes), once, and never the bytes.
 _STORED = tuple(c for c in exchanges.columns if c.name not in (ANSWER_BYTES, "output_text"))
 _FROM_VIEW = ("output_text", *DERIVED_FIELDS)
-_RECORD = (*(c.name for c in exchanges.columns if c.name != ANSWER_BYTES), *DERIVED_FIELDS)  # its keys, in order
+_RECORD = tuple(str(name) for name in (*(c.name for c in exchanges.columns if c.name != ANSWER_BYTES), *DERIVED_FIELDS))
 
 # What ``stats --by`` groups on: the key's name (also its field name) and its column.
 GROUP_KEYS: dict[str, ColumnElement[Any]] = {
