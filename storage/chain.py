@@ -48,13 +48,14 @@ CONTENT_COLUMNS = ("request_body", "output_text", "output", "tool_calls", "deliv
 # every recompute would break the chain of every record it touched.
 DERIVED_COLUMNS = ("cost_usd", "cost_prices")
 _FIRST = ("chain_id", "chain_seq", "prev_hash", "record_hash", "id")  # a sealed row's first keys
-# Another form of a content column, not a field: a huge answer's UTF-8 bytes on SQLite,
-# in place of output_text (storage/writer.py); the record is hashed with its text.
-STORED_FORMS = (ANSWER_BYTES,)
+# Other forms of a content column, not fields (each: the content column it stands in for):
+# a huge answer's UTF-8 bytes on SQLite, in place of output_text (storage/writer.py). The
+# record is hashed with the content column; erasure drops the form (storage/erase.py).
+STORED_FORMS = {ANSWER_BYTES: "output_text"}
 FIELD_COLUMNS = tuple(
     str(c.name)
     for c in exchanges.columns
-    if c.name not in CHAIN_COLUMNS + CONTENT_COLUMNS + DERIVED_COLUMNS + STORED_FORMS
+    if c.name not in (*CHAIN_COLUMNS, *CONTENT_COLUMNS, *DERIVED_COLUMNS, *STORED_FORMS)
 )
 
 
@@ -96,6 +97,13 @@ class Pieces:
             yield b'"'
             at = end
         yield view[at:]
+
+
+def utf8_slices(text: str) -> Iterator[bytes]:
+    """``text`` in UTF-8, :data:`_SLICE` characters at a time: a huge text is never encoded
+    whole (a slice of a ``str`` never splits a character)."""
+    for i in range(0, len(text), _SLICE):
+        yield text[i : i + _SLICE].encode()
 
 
 def canonical_pieces(value: Any) -> Iterable[bytes | memoryview]:

@@ -23,11 +23,10 @@ from datetime import UTC, datetime
 
 from sqlalchemy import Engine, and_, case, insert, literal, select, update
 from sqlalchemy.exc import SQLAlchemyError
-from sqlalchemy.sql.elements import ColumnElement
 
-from storage.chain import CONTENT_COLUMNS, ERASED
+from storage.chain import CONTENT_COLUMNS, ERASED, STORED_FORMS
 from storage.database import DatabaseError, first_line
-from storage.schema import ANSWER_BYTES, IN_PROGRESS, erasure_log, exchanges
+from storage.schema import IN_PROGRESS, erasure_log, exchanges
 from storage.statements import Signer
 
 
@@ -51,7 +50,9 @@ def erase_user(
             count = conn.execute(
                 update(exchanges)
                 .where(*which)
-                .values({name: _erased(name) for name in CONTENT_COLUMNS} | {ANSWER_BYTES: None, "erased_at": now})
+                .values(
+                    {name: _erased(name) for name in CONTENT_COLUMNS} | dict.fromkeys(STORED_FORMS) | {"erased_at": now}
+                )
             ).rowcount
             conn.execute(insert(erasure_log).values(erased_at=now, actor=actor, user_id=user_id, erased_count=count))
     except SQLAlchemyError as e:
@@ -60,9 +61,9 @@ def erase_user(
 
 
 def _erased(name: str):
-    """The marker in place of a column's content; a column that held nothing stays NULL."""
+    """The marker in place of a column's content; a column that held nothing, in any of its
+    stored forms (:data:`storage.chain.STORED_FORMS`), stays NULL."""
     column = exchanges.c[name]
-    empty: ColumnElement[bool] = column.is_(None)
-    if name == "output_text":  # a huge answer may be in its bytes column (storage/writer.py)
-        empty = and_(empty, exchanges.c[ANSWER_BYTES].is_(None))
+    forms = [exchanges.c[form] for form, of in STORED_FORMS.items() if of == name]
+    empty = and_(column.is_(None), *(form.is_(None) for form in forms))
     return case((empty, None), else_=literal(ERASED, column.type))

@@ -58,7 +58,7 @@ from sqlalchemy import Engine, select, update
 from sqlalchemy.exc import SQLAlchemyError
 
 from storage.adoption import adopt_interrupted, load_or_create_secret, open_mac
-from storage.chain import CHAIN_COLUMNS, GENESIS, Chain, Head, is_sealed
+from storage.chain import CHAIN_COLUMNS, GENESIS, Chain, Head, is_sealed, utf8_slices
 from storage.checkpoint import Checkpointer, CheckpointError
 from storage.cost import Prices, cost_of
 from storage.database import DatabaseError, first_line, insert_for
@@ -88,7 +88,6 @@ GROUP_SECONDS = 0.02
 STRIKES = 3  # unexpected failures of one row before it is quarantined
 _LAZY_AT = 1024 * 1024  # characters of answer text and arguments from which a row is bound lazily (SQLite)
 _BYTES_AT = 1024 * 1024  # characters of answer text from which it is written as bytes (SQLite: _write_answer_bytes)
-_SLICE = 1024 * 1024  # characters of a huge answer encoded and written at a time
 _TRIM_AFTER = 16 * 1024 * 1024  # characters of output in one batch after which freed memory is handed back
 # an open record's chain columns and adoption proof (one statement needs every key)
 _UNSEALED = dict.fromkeys((*CHAIN_COLUMNS, "open_mac"))
@@ -821,7 +820,7 @@ def _write_answer_bytes(sqlite: Any, rid: str, text: str, record_hash: str) -> N
     column and sealed with this record's hash (the upsert leaves a row that was already
     final as it is, and that row keeps its own answer).
     """
-    size = len(text) if text.isascii() else sum(len(text[i : i + _SLICE].encode()) for i in range(0, len(text), _SLICE))
+    size = len(text) if text.isascii() else sum(map(len, utf8_slices(text)))
     mine = f"id = ? AND output_text IS NULL AND {ANSWER_BYTES} IS NULL AND record_hash = ?"
     if not sqlite.execute(
         f"UPDATE exchanges SET {ANSWER_BYTES} = zeroblob(?) WHERE {mine}", (size, rid, record_hash)
@@ -829,8 +828,8 @@ def _write_answer_bytes(sqlite: Any, rid: str, text: str, record_hash: str) -> N
         return  # the row was final already: it keeps its own answer
     (rowid,) = sqlite.execute("SELECT rowid FROM exchanges WHERE id = ?", (rid,)).fetchone()
     with sqlite.blobopen("exchanges", ANSWER_BYTES, rowid) as blob:
-        for i in range(0, len(text), _SLICE):
-            blob.write(text[i : i + _SLICE].encode())
+        for data in utf8_slices(text):
+            blob.write(data)
 
 
 def _large(row: dict[str, Any]) -> bool:
