@@ -5,7 +5,10 @@ up; then
 
 * ``idle``: N streams are opened through it and held after their first event (the mock
   waits ten minutes before the next): RSS with them open, minus RSS before, per stream;
-* ``big``: one stream of about 200 MB of answer text passes; RSS is sampled every
+* ``big`` and ``big_ascii``: one stream of about 200 MB of answer text passes (the
+  mock's ``tök0 tök1 …``, a two-byte ``ö`` in each word; then all ASCII, the heavier
+  case: a Python string of ASCII text takes one byte a character, as its UTF-8 does, so
+  every copy of it weighs its full size against the text); RSS is sampled every
   20 ms until its audit row is written (the idle streams' rows are written first, so it is
   the next row to complete), and once more :data:`AFTER_WAIT` seconds later ("after":
   what stays; half a second after the row, the proxy was still handing back a
@@ -108,12 +111,11 @@ def _settle(proxy: Proxy, timeout: float = 300) -> None:
             time.sleep(0.1)
 
 
-def _big(mock: Mock, proxy: Proxy, nbytes: int) -> dict[str, Any]:
+def _big(mock: Mock, proxy: Proxy, nbytes: int, ascii: bool) -> dict[str, Any]:
     events = max(1, nbytes // BIG_EVENT_TEXT)
     target = _target(mock, proxy)
-    request = build_request(
-        target, API.target, API.headers | {"x-mock": f"events={events}&size={BIG_EVENT_TEXT}"}, request_bytes(API)
-    )
+    scenario = f"events={events}&size={BIG_EVENT_TEXT}" + ("&ascii=1" if ascii else "")
+    request = build_request(target, API.target, API.headers | {"x-mock": scenario}, request_bytes(API))
     _settle(proxy)
     rows_before = _rows_completed(proxy)
     before = proxy.rss()
@@ -166,7 +168,8 @@ def _variant(sizes: Sizes, tmp: Path, mock: Mock, variant: str, cpus: set[int]) 
             "per_stream": (rss_open - before) / sizes.idle_streams,
         }
         time.sleep(1.0)
-        return {"idle": idle, "big": _big(mock, proxy, sizes.big_stream_bytes)}
+        big = _big(mock, proxy, sizes.big_stream_bytes, ascii=False)
+        return {"idle": idle, "big": big, "big_ascii": _big(mock, proxy, sizes.big_stream_bytes, ascii=True)}
     finally:
         proxy.stop()
 
@@ -179,31 +182,43 @@ def measure(sizes: Sizes, tmp: Path) -> dict[str, Any]:
     finally:
         mock.stop()
     plain, audit = out["plain"], out["audit"]
+    added = {
+        text: (audit[key]["peak_growth"] - plain[key]["peak_growth"]) / audit[key]["text_bytes"]
+        for text, key in (("non_ascii", "big"), ("ascii", "big_ascii"))
+    }
     out["summary"] = {
         "idle_added_per_stream": audit["idle"]["per_stream"] - plain["idle"]["per_stream"],
-        "big_added_per_text_byte": (audit["big"]["peak_growth"] - plain["big"]["peak_growth"])
-        / audit["big"]["text_bytes"],
+        "big_added_per_text_byte": max(added.values()),  # the heavier text's
+        "big_added_per_text_byte_by_text": added,
     }
     return out
+
+
+_TEXTS = (("big", "non_ascii", "non-ASCII"), ("big_ascii", "ascii", "ASCII"))  # result key, summary key, label
 
 
 def table(result: dict[str, Any]) -> list[str]:
     mb = 1024 * 1024
     lines = ["5. Memory (proxy RSS)"]
     for variant in ("plain", "audit"):
-        i, b = result[variant]["idle"], result[variant]["big"]
+        i = result[variant]["idle"]
         lines.append(
             f"  {variant:<6} {i['opened']}/{i['streams']} idle streams: {i['rss_before'] / mb:.0f} -> "
             f"{i['rss_open'] / mb:.0f} MiB ({i['per_stream'] / 1024:.1f} KiB/stream)"
         )
-        lines.append(
-            f"  {variant:<6} one {b['text_bytes'] / mb:.0f} MiB stream: peak +{b['peak_growth'] / mb:.0f} MiB "
-            f"({b['peak_growth_per_text_byte']:.2f} x text), {b['retained_after'] / mb:+.0f} MiB after, "
-            f"{b['body_bytes'] / mb / b['seconds']:.1f} MiB/s"
-        )
+        for key, _, label in _TEXTS:
+            if (b := result[variant].get(key)) is None:
+                continue  # a run recorded before the ASCII stream was measured
+            lines.append(
+                f"  {variant:<6} one {b['text_bytes'] / mb:.0f} MiB stream of {label} text: peak "
+                f"+{b['peak_growth'] / mb:.0f} MiB ({b['peak_growth_per_text_byte']:.2f} x text), "
+                f"{b['retained_after'] / mb:+.0f} MiB after, {b['body_bytes'] / mb / b['seconds']:.1f} MiB/s"
+            )
     s = result["summary"]
+    by_text = s.get("big_added_per_text_byte_by_text", {"non_ascii": s["big_added_per_text_byte"]})
+    at_peak = " and ".join(f"{by_text[k]:.2f} ({label})" for _, k, label in _TEXTS if k in by_text)
     lines.append(
         f"  audit adds {s['idle_added_per_stream'] / 1024:.1f} KiB per idle stream and "
-        f"{s['big_added_per_text_byte']:.2f} bytes per byte of streamed text at peak"
+        f"{at_peak} bytes per byte of streamed text at peak"
     )
     return lines

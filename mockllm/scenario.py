@@ -98,6 +98,9 @@ class Scenario:
     """Explicit answer text, split into ``events`` pieces; default is ``tök0 tök1 …``."""
     size: int | None = _param(None, _int(0))
     """UTF-8 bytes of text per delta (default text only), for big events."""
+    ascii: bool = _param(False, _flag)
+    """The default text in ASCII (``tok0 tok1 …``, one byte a character) instead of
+    ``tök0 tök1 …`` (a two-byte ``ö`` in each word)."""
     delay: float = _param(0.0, _seconds)
     """Seconds between consecutive body writes."""
     first_delay: float = _param(0.0, _seconds)

@@ -6,7 +6,7 @@ received. Determinism is therefore a feature: timestamps are the constant
 :data:`CREATED`, ids are derived from a digest of the request and scenario
 (the same request gets the same ids, different requests different ones) and
 the default text is ``tök0 tök1 …`` (the ``ö`` makes every stream carry
-multi-byte UTF-8).
+multi-byte UTF-8; ``ascii`` gives ``tok0 tok1 …``).
 
 Every dialect renders the same abstract answer: :func:`generate` turns a
 request and a :class:`~mockllm.scenario.Scenario` into a :class:`Generation`
@@ -97,9 +97,10 @@ def _plain_delta_texts(scenario: Scenario) -> list[str]:
     count = scenario.events
     if scenario.text is not None:
         return split_text(scenario.text, count)
+    word = "tok" if scenario.ascii else "tök"
     if scenario.size is not None:
-        return [_exact_utf8(f"tök{i} ", scenario.size) for i in range(count)]
-    return [f"tök{i}" if i == 0 else f" tök{i}" for i in range(count)]
+        return [_exact_utf8(f"{word}{i} ", scenario.size) for i in range(count)]
+    return [f"{word}{i}" if i == 0 else f" {word}{i}" for i in range(count)]
 
 
 def stamp(data: bytes, now_ns: int) -> bytes:

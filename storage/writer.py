@@ -42,7 +42,6 @@ file (:mod:`storage.status`) tells ``llm-audit status`` whether records flow.
 
 from __future__ import annotations
 
-import ctypes
 import logging
 import os
 import queue
@@ -64,6 +63,7 @@ from storage.cost import Prices, cost_of
 from storage.database import DatabaseError, first_line, insert_for
 from storage.headfile import HeadFile
 from storage.lease import Lease
+from storage.memory import release_freed_memory
 from storage.prepare import MAX_VALUE_BYTES, Prepared, minimal_row, prepare
 from storage.quarantine import Entry, Quarantine, recover
 from storage.schema import ANSWER_BYTES, IN_PROGRESS, chains, exchanges
@@ -368,7 +368,7 @@ class AuditWriter:
         """Prepare and seal the rows, then to the database when nothing waits before them,
         else behind it in the spool."""
         if sum(_answer_chars(row) for row in batch) > _TRIM_AFTER:
-            _release_memory()  # the pieces a record joined its answer from are free: handed back before any copy
+            release_freed_memory()  # the pieces a record joined its answer from are free: handed back before any copy
         prepared = [self._prepare(row) for row in batch]
         if self.spool or self._held or time.monotonic() < self._retry_at:
             self._spool([self._seal(p) for p in prepared])
@@ -641,7 +641,7 @@ class AuditWriter:
                 rows = [row | {"output_text": None} if row["id"] in answers else row for row in rows]
         large = [row for row in rows if _large(row)] if self._sqlite else []
         if huge:  # the pieces its record joined the text from are free: handed back before the copies are made
-            _release_memory()
+            release_freed_memory()
         with self.engine.connect() as conn:
             with conn.begin():
                 if len(large) < len(rows):
@@ -663,7 +663,7 @@ class AuditWriter:
         self.written += sum(1 for row in rows if row["status"] != IN_PROGRESS)  # final records
         self.last_write = datetime.now(UTC)
         if huge:
-            _release_memory()
+            release_freed_memory()
         if head is not None and head.seq > self.committed.seq:
             self.committed = head
             self._head_file.save(head)
@@ -861,17 +861,3 @@ class _LazyParameters:
         value = self._params[name]
         process = self._processors.get(name)
         return value if process is None else process(value)
-
-
-def _release_memory() -> None:
-    """Hand freed heap memory back to the system after a huge record.
-
-    Writing one record copies its text several times (the row, its hash, the driver's
-    parameters); glibc keeps the freed pages, so a single 200 MB stream would leave the
-    proxy a gigabyte larger for good. ``malloc_trim`` returns them (glibc only; a no-op
-    elsewhere).
-    """
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass

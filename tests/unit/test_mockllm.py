@@ -193,6 +193,13 @@ def test_size_gives_exact_utf8_bytes() -> None:
     assert "ö" in texts[0]
 
 
+def test_ascii_gives_one_byte_a_character() -> None:
+    envelopes = assert_valid_llm_stream(expected("events=3&size=1001&ascii=1"))
+    texts = [e["delta"]["text"] for e in envelopes if e["type"] == "content.delta"]
+    assert [len(t) for t in texts] == [len(t.encode()) for t in texts] == [1001] * 3
+    assert texts[0].startswith("tok0 tok0 ")
+
+
 def test_tool_call() -> None:
     envelopes = assert_valid_llm_stream(expected("events=0&tool=get_weather"))
     assert [e["type"] for e in envelopes] == ["stream.start", "tool.call", "content.stop", "usage", "stream.end"]

@@ -15,6 +15,7 @@ import ctypes.util
 import hashlib
 import sqlite3
 import time
+import tracemalloc
 
 import orjson
 import pytest
@@ -190,6 +191,54 @@ def _rows() -> list[dict]:
         opened.append(r.to_row())
         r.finish(OUTCOME_COMPLETE, ended)
     return opened + [r.to_row() for r in records]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.text(alphabet=st.sampled_from("ab é漢😀\x00"), max_size=9), max_size=40), st.integers(1, 30))
+def test_a_long_text_grown_in_place_is_the_join(pieces, grow_at):
+    """The in-place growth gives the very text the join gives, whatever the characters'
+    widths (a part wider than the text so far makes CPython copy it once, wider)."""
+    small = {"__slots__": (), "COMPACT_AT": 3, "GROW_AT": grow_at, "TRIM_EVERY": 5}
+    parts = type("SmallParts", (TextParts,), small)()
+    for piece in pieces:
+        parts.append(piece)
+    text = parts.whole()
+    assert text == "".join(pieces) and list(parts) == ([text] if pieces else [])
+    parts.append("more")
+    assert parts.whole() == "".join(pieces) + "more"
+
+
+@pytest.mark.parametrize("piece", [64, 16 * 1024])
+def test_a_long_text_is_joined_without_holding_its_parts_beside_it(piece):
+    """Counted by tracemalloc (every Python allocation, its peak): joining 32 Mi
+    characters of parts holds the parts and the whole at once; growing the text in
+    place holds little more than the text. The control shows what the join would cost."""
+    size = 32 * 1024 * 1024
+    unit = ("tok1 " * (piece // 5 + 1))[:piece]
+
+    def filled() -> TextParts:
+        parts = TextParts()
+        for _ in range(size // piece):
+            parts.append(unit[:-1] + "x")  # a new string each time, as a stream's deltas are
+        return parts
+
+    def peak_above(start: int, join) -> float:
+        tracemalloc.reset_peak()
+        text = join()
+        assert len(text) == size
+        return (tracemalloc.get_traced_memory()[1] - start) / size
+
+    tracemalloc.start()
+    try:
+        parts = filled()
+        joined = peak_above(tracemalloc.get_traced_memory()[0], lambda: "".join(parts))
+        del parts
+        parts = filled()
+        grown = peak_above(tracemalloc.get_traced_memory()[0], parts.whole)
+    finally:
+        tracemalloc.stop()
+    assert joined > 0.95, "the control: a join holds the whole beside its parts"
+    assert grown < 0.15, "the text and the part being appended (4 MiB at 16 KiB pieces: an eighth)"
 
 
 def test_rows_bound_lazily_on_sqlite_are_stored_exactly_as_through_sqlalchemy(monkeypatch, tmp_path):
