@@ -11,6 +11,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import threading
+import uuid
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -163,6 +164,45 @@ def test_downgrade_to_0002_drops_the_view_and_restores_the_indexes(empty_url):
     engine = open_engine(empty_url)  # and up again
     assert schema_differences(engine) == [] and inspect(engine).get_view_names() == ["exchange_view"]
     engine.dispose()
+
+
+def test_the_view_made_again_keeps_its_grants_on_postgresql(postgres):
+    """Migrations that make exchange_view again (0007 to 0010 on the way up, 0004 to 0010
+    on the way down) give back every grant on it: an analyst's SELECT, one given with
+    grant option, PUBLIC's; the owner's own privileges are the owner's anyway."""
+    url = postgres.create_database()
+    analyst, lead = (f"r_{uuid.uuid4().hex[:10]}" for _ in range(2))
+    engine = bare_engine(url)
+    try:
+        with engine.begin() as conn:
+            command.upgrade(migrations.config(conn), "0006")
+            conn.execute(text(f"CREATE ROLE {analyst}; CREATE ROLE {lead}"))
+            conn.execute(text(f"GRANT SELECT ON exchange_view TO {analyst}"))
+            conn.execute(text(f"GRANT SELECT, REFERENCES ON exchange_view TO {lead} WITH GRANT OPTION"))
+            conn.execute(text("GRANT SELECT ON exchange_view TO PUBLIC"))
+        expected = grants_on_the_view(engine)
+        assert len(expected) == 4
+        for target in ("head", "0005"):  # up through the view's rebuilds, then down through them
+            with engine.begin() as conn:
+                (command.upgrade if target == "head" else command.downgrade)(migrations.config(conn), target)
+            assert grants_on_the_view(engine) == expected, target
+    finally:
+        with engine.begin() as conn:
+            conn.execute(text("DROP VIEW IF EXISTS exchange_view"))
+            conn.execute(text(f"DROP ROLE IF EXISTS {analyst}; DROP ROLE IF EXISTS {lead}"))
+        engine.dispose()
+
+
+def grants_on_the_view(engine: Engine) -> set[tuple]:
+    with engine.connect() as conn:
+        return set(
+            conn.execute(
+                text(
+                    "SELECT grantee, privilege_type, is_grantable FROM information_schema.table_privileges "
+                    "WHERE table_name = 'exchange_view' AND grantee <> current_user"
+                )
+            )
+        )
 
 
 def test_database_created_before_migrations_is_adopted_and_stamped(empty_url):

@@ -20,13 +20,17 @@ and creates it again at its end: on SQLite, Alembic's batch mode drops a column 
 the table and renaming the copy, which SQLite refuses while a view refers to the table
 ("error in view exchange_view: no such table"); PostgreSQL refuses to drop or retype a
 column a view uses. ``view_sql(SQLITE)`` and ``view_sql(POSTGRESQL)`` below give this
-revision's statement (0004's downgrade uses them).
+revision's statement (0004's downgrade uses them). Such a migration drops the view with
+:func:`drop_view` and makes it again with :func:`create_view`, which give PostgreSQL's
+grants on it back: a view made again is a new object with none, and an analyst's
+``GRANT SELECT ON exchange_view`` would otherwise be gone after an upgrade.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
+import sqlalchemy as sa
 from alembic import op
 
 revision: str = "0003"
@@ -131,6 +135,37 @@ def view_sql(expressions: dict[str, str]) -> str:
     """``CREATE VIEW exchange_view`` with one backend's expressions for the derived columns."""
     columns = ",\n  ".join(f"{expressions[name]} AS {name}" if name in expressions else name for name in COLUMNS)
     return f"CREATE VIEW exchange_view AS SELECT\n  {columns}\nFROM exchanges"
+
+
+# Every grant on the view but its owner's own, as (grantee, privilege, grantable); the
+# grantee quoted, PUBLIC for everyone.
+_GRANTS = sa.text("""
+SELECT CASE WHEN a.grantee = 0 THEN 'PUBLIC' ELSE quote_ident(r.rolname) END, a.privilege_type, a.is_grantable
+FROM pg_class c CROSS JOIN LATERAL aclexplode(c.relacl) a LEFT JOIN pg_roles r ON r.oid = a.grantee
+WHERE c.oid = to_regclass('exchange_view') AND a.grantee <> c.relowner
+ORDER BY 1, 2
+""")
+
+
+def drop_view() -> list[str]:
+    """Drop ``exchange_view``; the statements that give its grants back (PostgreSQL; none
+    on SQLite, which has no grants), for :func:`create_view`."""
+    grants: list[str] = []
+    bind = op.get_bind()
+    if bind.dialect.name == "postgresql":
+        for grantee, privilege, grantable in bind.execute(_GRANTS):
+            option = " WITH GRANT OPTION" if grantable else ""
+            grants.append(f"GRANT {privilege} ON exchange_view TO {grantee}{option}")
+    op.execute("DROP VIEW exchange_view")
+    return grants
+
+
+def create_view(sql: str, grants: Sequence[str]) -> None:
+    """Make ``exchange_view`` again with ``sql``, and give back the grants
+    :func:`drop_view` found on the one it dropped."""
+    op.execute(sql)
+    for grant in grants:
+        op.execute(grant)
 
 
 # Columns that had an index of their own, now indexed together with started_at.

@@ -139,7 +139,7 @@ def _seal_existing_records(batch: int = 500) -> None:
 def downgrade() -> None:
     # Dropping columns copies the table on SQLite, which a view on it forbids: see 0003.
     view = importlib.import_module("storage.migrations.versions.0003_exchange_view")
-    op.execute("DROP VIEW exchange_view")
+    grants = view.drop_view()
     op.drop_table("erasure_log")
     op.drop_table("chains")
     with op.batch_alter_table("purge_log") as batch:
@@ -148,4 +148,6 @@ def downgrade() -> None:
     with op.batch_alter_table("exchanges") as batch:
         for name in ("erased_at", "content_hashes", "record_hash", "prev_hash", "chain_seq", "chain_id"):
             batch.drop_column(name)
-    op.execute(view.view_sql(view.POSTGRESQL if op.get_bind().dialect.name == "postgresql" else view.SQLITE))
+    view.create_view(
+        view.view_sql(view.POSTGRESQL if op.get_bind().dialect.name == "postgresql" else view.SQLITE), grants
+    )

@@ -52,10 +52,12 @@ def upgrade() -> None:
 def downgrade() -> None:
     # Dropping columns copies the table on SQLite, which a view on it forbids: see 0003.
     view = importlib.import_module("storage.migrations.versions.0003_exchange_view")
-    op.execute("DROP VIEW exchange_view")
+    grants = view.drop_view()
     with op.batch_alter_table("chains") as batch:
         batch.drop_column("lease_until")
         batch.drop_column("lease_holder")
     with op.batch_alter_table("exchanges") as batch:
         batch.drop_column("open_mac")
-    op.execute(view.view_sql(view.POSTGRESQL if op.get_bind().dialect.name == "postgresql" else view.SQLITE))
+    view.create_view(
+        view.view_sql(view.POSTGRESQL if op.get_bind().dialect.name == "postgresql" else view.SQLITE), grants
+    )

@@ -26,6 +26,9 @@ down_revision: str | None = "0006"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
+# The view's own revision: drop_view and create_view keep PostgreSQL's grants on it.
+VIEW = importlib.import_module("storage.migrations.versions.0003_exchange_view")
+
 COMMENT = (
     "HTTP status the client received when the proxy replaced the upstream's answer "
     "(a blocked held answer); NULL when the client got http_status."
@@ -33,26 +36,25 @@ COMMENT = (
 
 
 def _view_sql(with_client_status: bool) -> str:
-    view = importlib.import_module("storage.migrations.versions.0003_exchange_view")
-    expressions = view.POSTGRESQL if op.get_bind().dialect.name == "postgresql" else view.SQLITE
+    expressions = VIEW.POSTGRESQL if op.get_bind().dialect.name == "postgresql" else VIEW.SQLITE
     if not with_client_status:
-        return view.view_sql(expressions)
-    at = view.COLUMNS.index("client_text") + 1
-    columns = (*view.COLUMNS[:at], "client_status", *view.COLUMNS[at:])
+        return VIEW.view_sql(expressions)
+    at = VIEW.COLUMNS.index("client_text") + 1
+    columns = (*VIEW.COLUMNS[:at], "client_status", *VIEW.COLUMNS[at:])
     expressions = expressions | {"client_status": "coalesce(client_status, http_status)"}
     body = ",\n  ".join(f"{expressions[name]} AS {name}" if name in expressions else name for name in columns)
     return f"CREATE VIEW exchange_view AS SELECT\n  {body}\nFROM exchanges"
 
 
 def upgrade() -> None:
-    op.execute("DROP VIEW exchange_view")
+    grants = VIEW.drop_view()
     with op.batch_alter_table("exchanges") as batch:
         batch.add_column(sa.Column("client_status", sa.Integer(), comment=COMMENT))
-    op.execute(_view_sql(with_client_status=True))
+    VIEW.create_view(_view_sql(with_client_status=True), grants)
 
 
 def downgrade() -> None:
-    op.execute("DROP VIEW exchange_view")
+    grants = VIEW.drop_view()
     with op.batch_alter_table("exchanges") as batch:
         batch.drop_column("client_status")
-    op.execute(_view_sql(with_client_status=False))
+    VIEW.create_view(_view_sql(with_client_status=False), grants)

@@ -29,6 +29,9 @@ down_revision: str | None = "0007"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
+# The view's own revision: drop_view and create_view keep PostgreSQL's grants on it.
+VIEW = importlib.import_module("storage.migrations.versions.0003_exchange_view")
+
 CONNECTION_COMMENT = "The stream or connection the record came over (shared by its turns); NULL for a single exchange."
 TURN_COMMENT = "Position of this answer in its stream or connection: 0, 1, ...; NULL for a single exchange."
 
@@ -45,18 +48,18 @@ def _view_sql(with_turns: bool) -> str:
 
 
 def upgrade() -> None:
-    op.execute("DROP VIEW exchange_view")
+    grants = VIEW.drop_view()
     with op.batch_alter_table("exchanges") as batch:
         batch.add_column(sa.Column("connection_id", sa.String(64), comment=CONNECTION_COMMENT))
         batch.add_column(sa.Column("turn", sa.Integer(), comment=TURN_COMMENT))
     op.create_index("ix_exchanges_connection_id_turn", "exchanges", ["connection_id", "turn"])
-    op.execute(_view_sql(with_turns=True))
+    VIEW.create_view(_view_sql(with_turns=True), grants)
 
 
 def downgrade() -> None:
-    op.execute("DROP VIEW exchange_view")
+    grants = VIEW.drop_view()
     op.drop_index("ix_exchanges_connection_id_turn", table_name="exchanges")
     with op.batch_alter_table("exchanges") as batch:
         batch.drop_column("turn")
         batch.drop_column("connection_id")
-    op.execute(_view_sql(with_turns=False))
+    VIEW.create_view(_view_sql(with_turns=False), grants)

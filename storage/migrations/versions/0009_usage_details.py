@@ -26,6 +26,9 @@ down_revision: str | None = "0008"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
+# The view's own revision: drop_view and create_view keep PostgreSQL's grants on it.
+VIEW = importlib.import_module("storage.migrations.versions.0003_exchange_view")
+
 JSON = sa.JSON().with_variant(postgresql.JSONB(), "postgresql")
 COMMENT = "Token counts by kind beyond the usage columns ({input_audio_tokens: ..., ...}); NULL when none were sent."
 
@@ -41,14 +44,14 @@ def _view_sql(with_details: bool) -> str:
 
 
 def upgrade() -> None:
-    op.execute("DROP VIEW exchange_view")
+    grants = VIEW.drop_view()
     with op.batch_alter_table("exchanges") as batch:
         batch.add_column(sa.Column("usage_details", JSON, comment=COMMENT))
-    op.execute(_view_sql(with_details=True))
+    VIEW.create_view(_view_sql(with_details=True), grants)
 
 
 def downgrade() -> None:
-    op.execute("DROP VIEW exchange_view")
+    grants = VIEW.drop_view()
     with op.batch_alter_table("exchanges") as batch:
         batch.drop_column("usage_details")
-    op.execute(_view_sql(with_details=False))
+    VIEW.create_view(_view_sql(with_details=False), grants)

@@ -28,6 +28,9 @@ down_revision: str | None = "0009"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
+# The view's own revision: drop_view and create_view keep PostgreSQL's grants on it.
+VIEW = importlib.import_module("storage.migrations.versions.0003_exchange_view")
+
 # As storage.schema.Money: numeric(20, 12), read back as float (see there why).
 MONEY = sa.Numeric(20, 12, asdecimal=False)
 COST_COMMENT = "Price of the exchange in US dollars (storage/cost.py); NULL when the price is unknown, never a guess."
@@ -47,16 +50,16 @@ def _view_sql(with_cost: bool) -> str:
 
 
 def upgrade() -> None:
-    op.execute("DROP VIEW exchange_view")
+    grants = VIEW.drop_view()
     with op.batch_alter_table("exchanges") as batch:
         batch.add_column(sa.Column("cost_usd", MONEY, comment=COST_COMMENT))
         batch.add_column(sa.Column("cost_prices", sa.String(64), comment=PRICES_COMMENT))
-    op.execute(_view_sql(with_cost=True))
+    VIEW.create_view(_view_sql(with_cost=True), grants)
 
 
 def downgrade() -> None:
-    op.execute("DROP VIEW exchange_view")
+    grants = VIEW.drop_view()
     with op.batch_alter_table("exchanges") as batch:
         batch.drop_column("cost_prices")
         batch.drop_column("cost_usd")
-    op.execute(_view_sql(with_cost=False))
+    VIEW.create_view(_view_sql(with_cost=False), grants)

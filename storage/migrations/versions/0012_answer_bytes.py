@@ -33,6 +33,9 @@ down_revision: str | None = "0011"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
+# The view's own revision: drop_view and create_view keep PostgreSQL's grants on it.
+VIEW = importlib.import_module("storage.migrations.versions.0003_exchange_view")
+
 COMMENT = (
     "SQLite: the answer as UTF-8 bytes when it was too long to write as text (2^20 characters and more); "
     "output_text is then NULL and exchange_view.output_text reads this. NULL on PostgreSQL."
@@ -64,11 +67,11 @@ def _view_sql(either_form: bool) -> str:
 def upgrade() -> None:
     sqlite = op.get_bind().dialect.name != "postgresql"
     if sqlite:
-        op.execute("DROP VIEW exchange_view")
+        grants = VIEW.drop_view()
     with op.batch_alter_table("exchanges") as batch:
         batch.add_column(sa.Column("output_text_utf8", sa.LargeBinary(), comment=COMMENT))
     if sqlite:
-        op.execute(_view_sql(either_form=True))
+        VIEW.create_view(_view_sql(either_form=True), grants)
     else:  # (comments: PostgreSQL only)
         op.alter_column("exchanges", "output_text", comment=TEXT_COMMENT[1], existing_comment=TEXT_COMMENT[0])
 
@@ -76,7 +79,7 @@ def upgrade() -> None:
 def downgrade() -> None:
     sqlite = op.get_bind().dialect.name != "postgresql"
     if sqlite:
-        op.execute("DROP VIEW exchange_view")
+        grants = VIEW.drop_view()
         # the answers stored as bytes, kept as text
         op.execute(f"UPDATE exchanges SET output_text = {ANSWER} WHERE output_text_utf8 IS NOT NULL")
     else:
@@ -84,4 +87,4 @@ def downgrade() -> None:
     with op.batch_alter_table("exchanges") as batch:
         batch.drop_column("output_text_utf8")
     if sqlite:
-        op.execute(_view_sql(either_form=False))
+        VIEW.create_view(_view_sql(either_form=False), grants)
