@@ -22,20 +22,22 @@ up; then
 from __future__ import annotations
 
 import asyncio
-import sqlite3
 import threading
 import time
 from pathlib import Path
 from typing import Any, Self
 
+from sqlalchemy import create_engine, text
+
 from bench.client import Target, build_request, stream
 from bench.common import Sizes
-from bench.processes import Mock, Proxy, split_cores, start_mock, start_proxy
+from bench.processes import Mock, Proxy, split_cores, start_mock, start_postgres, start_proxy
 from bench.workloads import APIS, request_bytes
 
 API = APIS["openai-chat"]
 BIG_EVENT_TEXT = 16 * 1024  # text bytes per delta of the big stream
 IDLE_WAIT = 600  # seconds the mock waits before an idle stream's next event
+ON_POSTGRESQL = "audit_postgresql"  # the audit writing to PostgreSQL: the big streams only
 AFTER_WAIT = 3.0  # seconds after the big row is written before "after": what stays, not what is being freed
 
 
@@ -92,23 +94,28 @@ async def _hold_idle(target: Target, count: int, proxy: Proxy) -> tuple[int, int
     return rss, sum(1 for r in results if r.ttfc is not None)
 
 
-def _rows_completed(proxy: Proxy) -> int:
+def _count(proxy: Proxy, where: str) -> int:
+    """Rows of the proxy's audit database matching ``where`` (0 without one)."""
     if not proxy.db_url:
         return 0
-    with sqlite3.connect(proxy.db_url.removeprefix("sqlite:///")) as con:
-        return con.execute("SELECT count(*) FROM exchanges WHERE status != 'in_progress'").fetchone()[0]
+    engine = create_engine(proxy.db_url)
+    try:
+        with engine.connect() as conn:
+            return conn.execute(text(f"SELECT count(*) FROM exchanges WHERE {where}")).scalar_one()
+    finally:
+        engine.dispose()
+
+
+def _rows_completed(proxy: Proxy) -> int:
+    return _count(proxy, "status != 'in_progress'")
 
 
 def _settle(proxy: Proxy, timeout: float = 300) -> None:
     """Wait until the proxy has written every exchange's final row (the idle streams'
     too), so that the big stream's row is the next one to complete."""
-    if not proxy.db_url:
-        return
     deadline = time.monotonic() + timeout
-    with sqlite3.connect(proxy.db_url.removeprefix("sqlite:///")) as con:
-        query = "SELECT count(*) FROM exchanges WHERE status = 'in_progress'"
-        while con.execute(query).fetchone()[0] and time.monotonic() < deadline:
-            time.sleep(0.1)
+    while _count(proxy, "status = 'in_progress'") and time.monotonic() < deadline:
+        time.sleep(0.1)
 
 
 def _big(mock: Mock, proxy: Proxy, nbytes: int, ascii: bool) -> dict[str, Any]:
@@ -148,12 +155,21 @@ async def _warm_up(target: Target, request: bytes) -> None:
     await asyncio.gather(*(stream(target, request, timeout=60) for _ in range(8)))
 
 
-def _variant(sizes: Sizes, tmp: Path, mock: Mock, variant: str, cpus: set[int]) -> dict[str, Any]:
+def _variant(
+    sizes: Sizes, tmp: Path, mock: Mock, variant: str, cpus: set[int], db_url: str | None = None
+) -> dict[str, Any]:
     # The audit keeps the whole big stream (its record cap raised above it), so the peak is
     # measured against text the audit really holds and writes, not the default 32 MiB cap.
     keep_all = ["--set", f"llm_audit_max_record_bytes={2 * sizes.big_stream_bytes}"] if variant == "audit" else []
-    proxy = start_proxy(tmp, variant, cpus=cpus, extra=keep_all)
+    proxy = start_proxy(tmp, variant, cpus=cpus, extra=keep_all, db_url=db_url)
     try:
+        if db_url is not None:  # the big streams only, into another database
+            target = _target(mock, proxy)
+            warm = build_request(target, API.target, API.headers | {"x-mock": "events=20"}, request_bytes(API))
+            asyncio.run(_warm_up(target, warm))
+            time.sleep(0.5)
+            big = _big(mock, proxy, sizes.big_stream_bytes, ascii=False)
+            return {"big": big, "big_ascii": _big(mock, proxy, sizes.big_stream_bytes, ascii=True)}
         target = _target(mock, proxy)
         warm = build_request(target, API.target, API.headers | {"x-mock": "events=20"}, request_bytes(API))
         asyncio.run(_warm_up(target, warm))
@@ -179,44 +195,62 @@ def measure(sizes: Sizes, tmp: Path) -> dict[str, Any]:
     mock = start_mock(tmp, other_cpus)
     try:
         out = {v: _variant(sizes, tmp, mock, v, proxy_cpus) for v in ("plain", "audit")}
+        server, problem = start_postgres()
+        if server is None:
+            out[ON_POSTGRESQL] = {"skipped": problem}
+        else:
+            try:
+                out[ON_POSTGRESQL] = _variant(sizes, tmp, mock, "audit", proxy_cpus, server.create_database())
+            finally:
+                server.destroy()
     finally:
         mock.stop()
     plain, audit = out["plain"], out["audit"]
-    added = {
-        text: (audit[key]["peak_growth"] - plain[key]["peak_growth"]) / audit[key]["text_bytes"]
-        for text, key in (("non_ascii", "big"), ("ascii", "big_ascii"))
-    }
+    added: dict[str, float] = {}  # per text (and backend): peak RSS the audit adds, per byte of text
+    for variant, _, suffix in _BACKENDS[1:]:
+        for key, kind, _ in _TEXTS:
+            if (big := out[variant].get(key)) is not None:
+                added[kind + suffix] = (big["peak_growth"] - plain[key]["peak_growth"]) / big["text_bytes"]
     out["summary"] = {
         "idle_added_per_stream": audit["idle"]["per_stream"] - plain["idle"]["per_stream"],
-        "big_added_per_text_byte": max(added.values()),  # the heavier text's
+        "big_added_per_text_byte": max(added.values()),  # the heaviest case's
         "big_added_per_text_byte_by_text": added,
     }
     return out
 
 
 _TEXTS = (("big", "non_ascii", "non-ASCII"), ("big_ascii", "ascii", "ASCII"))  # result key, summary key, label
+_BACKENDS = (("plain", "plain", ""), ("audit", "audit", ""), (ON_POSTGRESQL, "audit/pg", "_postgresql"))
 
 
 def table(result: dict[str, Any]) -> list[str]:
     mb = 1024 * 1024
-    lines = ["5. Memory (proxy RSS)"]
-    for variant in ("plain", "audit"):
-        i = result[variant]["idle"]
-        lines.append(
-            f"  {variant:<6} {i['opened']}/{i['streams']} idle streams: {i['rss_before'] / mb:.0f} -> "
-            f"{i['rss_open'] / mb:.0f} MiB ({i['per_stream'] / 1024:.1f} KiB/stream)"
-        )
-        for key, _, label in _TEXTS:
-            if (b := result[variant].get(key)) is None:
-                continue  # a run recorded before the ASCII stream was measured
+    lines = ["5. Memory (proxy RSS; audit/pg: the audit writing to PostgreSQL)"]
+    for variant, name, _ in _BACKENDS:
+        run = result.get(variant, {})
+        if "skipped" in run:
+            lines.append(f"  {name:<8} skipped: {run['skipped']}")
+        if (i := run.get("idle")) is not None:
             lines.append(
-                f"  {variant:<6} one {b['text_bytes'] / mb:.0f} MiB stream of {label} text: peak "
+                f"  {name:<8} {i['opened']}/{i['streams']} idle streams: {i['rss_before'] / mb:.0f} -> "
+                f"{i['rss_open'] / mb:.0f} MiB ({i['per_stream'] / 1024:.1f} KiB/stream)"
+            )
+        for key, _, label in _TEXTS:
+            if (b := run.get(key)) is None:
+                continue  # a run recorded before this stream was measured
+            lines.append(
+                f"  {name:<8} one {b['text_bytes'] / mb:.0f} MiB stream of {label} text: peak "
                 f"+{b['peak_growth'] / mb:.0f} MiB ({b['peak_growth_per_text_byte']:.2f} x text), "
                 f"{b['retained_after'] / mb:+.0f} MiB after, {b['body_bytes'] / mb / b['seconds']:.1f} MiB/s"
             )
     s = result["summary"]
     by_text = s.get("big_added_per_text_byte_by_text", {"non_ascii": s["big_added_per_text_byte"]})
-    at_peak = " and ".join(f"{by_text[k]:.2f} ({label})" for _, k, label in _TEXTS if k in by_text)
+    at_peak = ", ".join(
+        f"{by_text[k + suffix]:.2f} ({label}{', PostgreSQL' if suffix else ''})"
+        for _, _, suffix in _BACKENDS[1:]
+        for _, k, label in _TEXTS
+        if k + suffix in by_text
+    )
     lines.append(
         f"  audit adds {s['idle_added_per_stream'] / 1024:.1f} KiB per idle stream and "
         f"{at_peak} bytes per byte of streamed text at peak"

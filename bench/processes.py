@@ -18,6 +18,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from bench.common import ROOT
 
@@ -143,6 +144,7 @@ def start_proxy(
     cpus: set[int] | None = None,
     extra: list[str] | None = None,
     root: Path | None = None,
+    db_url: str | None = None,
 ) -> Proxy:
     """mitmdump in one of four variants, on a free port, output quiet.
 
@@ -152,18 +154,20 @@ def start_proxy(
     bytes); ``audit``: ``-s addon/llm_audit.py`` recording to an SQLite file;
     ``filters``: the same with ``llm_rules``. ``root``: the audit's code from another
     tree (an exported revision, ``bench/against.py``) instead of this checkout's.
+    ``db_url``: the audit's database instead of a new SQLite file (a PostgreSQL one).
     """
     folder = tmp / f"proxy-{variant}-{time.monotonic_ns()}"
     folder.mkdir(parents=True)
     port = free_port()
     args = ["--listen-host", "127.0.0.1", "--listen-port", str(port), "-q", "--set", f"confdir={folder / 'mitm'}"]
-    db_url = None
+    if variant in ("plain", "callable"):
+        db_url = None
     if variant == "plain":
         args += ["-s", str(PLAIN_ADDON)]
     elif variant == "callable":
         args += ["-s", str(PLAIN_ADDON), "--set", "plain_stream_callable=true"]
     else:
-        db_url = f"sqlite:///{folder / 'audit.db'}"
+        db_url = db_url or f"sqlite:///{folder / 'audit.db'}"
         addon = AUDIT_ADDON if root is None else root / "addon" / "llm_audit.py"
         args += ["-s", str(addon), "--set", f"llm_audit_db={db_url}"]
         if variant == "filters":
@@ -255,3 +259,17 @@ def stop_all(processes: list[Managed]) -> None:
             p.proc.send_signal(signal.SIGTERM)
     for p in processes:
         p.stop()
+
+
+def start_postgres() -> tuple[Any, str | None]:
+    """A throwaway PostgreSQL server (``tests/pgserver.py``; ``destroy()`` it), or None and
+    the reason there is none."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    try:
+        from pgserver import PgServer, PostgresUnavailable  # type: ignore[import-not-found]  # tests/, put on sys.path above
+    except ImportError as e:
+        return None, f"tests/pgserver.py cannot be imported: {e}"
+    try:
+        return PgServer().start(), None
+    except PostgresUnavailable as e:
+        return None, str(e).splitlines()[0]

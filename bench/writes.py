@@ -27,7 +27,6 @@ and for one it does not know.
 from __future__ import annotations
 
 import random
-import sys
 import threading
 import time
 import uuid
@@ -39,7 +38,8 @@ import orjson
 from addon.auditor import StreamAuditor, summary_into_record
 from addon.record import ExchangeRecord
 from addon.redact import redact_headers
-from bench.common import ROOT, Sizes, percentile
+from bench.common import Sizes, percentile
+from bench.processes import start_postgres
 from bench.workloads import APIS, stream_items
 from storage.chain import Chain, Head
 from storage.cost import cost_of
@@ -218,19 +218,6 @@ def durable(url: str, folder: Path, seconds: float) -> dict[str, Any]:
     }
 
 
-def _postgres(folder: Path):
-    """A throwaway PostgreSQL server (tests/pgserver.py), or the reason there is none."""
-    sys.path.insert(0, str(ROOT / "tests"))
-    try:
-        from pgserver import PgServer, PostgresUnavailable  # type: ignore[import-not-found]  # tests/, put on sys.path above
-    except ImportError as e:
-        return None, f"tests/pgserver.py cannot be imported: {e}"
-    try:
-        return PgServer().start(), None
-    except PostgresUnavailable as e:
-        return None, str(e).splitlines()[0]
-
-
 def sealing(count: int) -> dict[str, Any]:
     """Microseconds per record to seal a realistic final row into a chain, and to prepare it
     (:func:`storage.prepare.prepare`) and seal it with the content hashes the preparation
@@ -285,7 +272,7 @@ def measure(sizes: Sizes, tmp: Path) -> dict[str, Any]:
         "sqlite_replay": replay(f"sqlite:///{folder / 'replay.db'}", folder, sizes.spool_records),
         "sqlite_durable": durable(f"sqlite:///{folder / 'durable.db'}", folder, sizes.durable_seconds),
     }
-    server, problem = _postgres(folder)
+    server, problem = start_postgres()
     if server is None:
         out["postgresql"] = out["postgresql_replay"] = out["postgresql_durable"] = {"skipped": problem}
         return out

@@ -45,6 +45,7 @@ from __future__ import annotations
 import logging
 import os
 import queue
+import struct
 import threading
 import time
 from collections import deque
@@ -53,7 +54,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 import orjson
-from sqlalchemy import Engine, select, update
+from sqlalchemy import Column, Engine, MetaData, String, Table, Text, bindparam, select, text, update
+from sqlalchemy.dialects import postgresql
 from sqlalchemy.exc import SQLAlchemyError
 
 from storage.adoption import adopt_interrupted, load_or_create_secret, open_mac
@@ -87,7 +89,9 @@ RETRY_MIN, RETRY_MAX = 0.5, 5.0
 GROUP_SECONDS = 0.02
 STRIKES = 3  # unexpected failures of one row before it is quarantined
 _LAZY_AT = 1024 * 1024  # characters of answer text and arguments from which a row is bound lazily (SQLite)
-_BYTES_AT = 1024 * 1024  # characters of answer text from which it is written as bytes (SQLite: _write_answer_bytes)
+_BYTES_AT = (
+    1024 * 1024
+)  # characters of answer text from which it is written apart: as bytes (SQLite), staged (PostgreSQL)
 _TRIM_AFTER = 16 * 1024 * 1024  # characters of output in one batch after which freed memory is handed back
 # an open record's chain columns and adoption proof (one statement needs every key)
 _UNSEALED = dict.fromkeys((*CHAIN_COLUMNS, "open_mac"))
@@ -129,6 +133,8 @@ class AuditWriter:
         self._inflight_head = Head()  # the chain's head before them
         self._held: list[dict[str, Any]] = []  # sealed rows neither the database nor the spool took
         self._upsert = _upsert_statement(engine)
+        self._staged_upsert = _staged_upsert_statement()  # PostgreSQL's, for a huge answer (_stage)
+        self._can_stage: bool | None = None  # PostgreSQL: may this role make a temporary table (asked once)
         self._head_upsert = _head_statement(engine)
         self._insert = insert_for(engine)
         self._postgres = engine.dialect.name == "postgresql"
@@ -640,10 +646,17 @@ class AuditWriter:
             if answers:  # each row goes in without its answer; the answer follows, a slice at a time
                 rows = [row | {"output_text": None} if row["id"] in answers else row for row in rows]
         large = [row for row in rows if _large(row)] if self._sqlite else []
+        staged = [row for row in rows if _stageable(row)] if self._postgres else []
         if huge:  # the pieces its record joined the text from are free: handed back before the copies are made
             release_freed_memory()
         with self.engine.connect() as conn:
             with conn.begin():
+                if staged and self._stage(conn, staged):
+                    ids = {row["id"] for row in staged}
+                    rows = [row for row in rows if row["id"] not in ids]
+                    conn.execute(self._staged_upsert, [_without_answer(row) for row in staged])
+                else:
+                    staged = []
                 if len(large) < len(rows):
                     conn.execute(self._upsert, [row for row in rows if not _large(row)] if large else rows)
                 for row in large:
@@ -652,7 +665,7 @@ class AuditWriter:
                     _write_answer_bytes(conn.connection.driver_connection, rid, text, record_hash)
                 if head is not None:
                     self._advance_head(conn, head)
-            if large or answers:
+            if large or answers or staged:
                 # Committed. A prepared statement keeps its last bound values until it
                 # runs again, and sqlite3 caches its statements per connection: SQLite's
                 # copies of the huge texts (what the client was delivered when a filter
@@ -660,7 +673,7 @@ class AuditWriter:
                 # row came; a huge answer's bytes filled the page cache. Closing this
                 # connection frees them at once; the pool opens a new one for the next write.
                 conn.invalidate()
-        self.written += sum(1 for row in rows if row["status"] != IN_PROGRESS)  # final records
+        self.written += sum(1 for row in (*rows, *staged) if row["status"] != IN_PROGRESS)  # final records
         self.last_write = datetime.now(UTC)
         if huge:
             release_freed_memory()
@@ -668,6 +681,30 @@ class AuditWriter:
             self.committed = head
             self._head_file.save(head)
             self._checkpoint()
+
+    def _stage(self, conn, rows: list[dict[str, Any]]) -> bool:
+        """PostgreSQL: copy the rows' huge answers into this session's staging table, a
+        slice at a time, for :data:`_staged_upsert_statement` to take them from; False
+        (bind them as text, as before) where the role may not make a temporary table.
+
+        Why: bound as a parameter, the answer is encoded whole by psycopg and copied whole
+        again into libpq's buffer: a 200 MiB answer took the proxy to 3.4 times its size.
+        ``COPY ... FROM STDIN`` in binary form takes the UTF-8 bytes in pieces, and a text
+        column's binary form is its UTF-8 itself, so nothing is escaped or held whole.
+        """
+        if self._can_stage is None:
+            self._can_stage = bool(
+                conn.execute(text("SELECT has_database_privilege(current_database(), 'TEMPORARY')")).scalar()
+            )
+            if not self._can_stage:
+                log.info(
+                    "llm-audit: this database role may not create temporary tables; huge answers are bound as "
+                    "text (about three times their size in memory while written)"
+                )
+        if not self._can_stage:
+            return False
+        _copy_answers(conn.connection.driver_connection, {row["id"]: row["output_text"] for row in rows})
+        return True
 
     def _upsert_lazily(self, conn, row: dict[str, Any]) -> None:
         """Upsert one row with a huge text on SQLite, each parameter made as the driver binds it.
@@ -770,6 +807,66 @@ def _upsert_statement(engine: Engine) -> Any:
         set_={c.name: stmt.excluded[c.name] for c in exchanges.columns if c.name != "id"},
         where=exchanges.c.status == IN_PROGRESS,
     )
+
+
+# PostgreSQL's staging table for huge answers: one per session (temporary), emptied by
+# every commit, so a staged answer never outlives the transaction that wrote its row.
+_STAGE = Table("llm_audit_answers", MetaData(), Column("id", String, primary_key=True), Column("answer", Text))
+_STAGE_DDL = (
+    "CREATE TEMPORARY TABLE IF NOT EXISTS llm_audit_answers (id text PRIMARY KEY, answer text) ON COMMIT DELETE ROWS"
+)
+_COPY_STAGE = "COPY llm_audit_answers (id, answer) FROM STDIN (FORMAT BINARY)"
+_PGCOPY_HEADER = b"PGCOPY\n\xff\r\n\x00" + struct.pack("!ii", 0, 0)  # signature, flags, no extension
+_PGCOPY_TRAILER = struct.pack("!h", -1)
+_COPY_MAX_CHARS = (2**31 - 1) // 4  # a field's length is a signed 32-bit count of bytes
+
+
+def _staged_upsert_statement() -> Any:
+    """The upsert of a row whose answer waits in :data:`_STAGE` (PostgreSQL): the answer is
+    read there by the statement itself, so the row goes in whole, in one statement, as any
+    other (an answer set by a later UPDATE would change a final record, which the proxy
+    role's trigger refuses)."""
+    answer = select(_STAGE.c.answer).where(_STAGE.c.id == bindparam("staged_id")).scalar_subquery()
+    stmt = postgresql.insert(exchanges).values(output_text=answer)
+    return stmt.on_conflict_do_update(
+        index_elements=[exchanges.c.id],
+        set_={c.name: stmt.excluded[c.name] for c in exchanges.columns if c.name != "id"},
+        where=exchanges.c.status == IN_PROGRESS,
+    )
+
+
+def _stageable(row: dict[str, Any]) -> bool:
+    """Whether a row's answer goes through the staging table: a huge answer, as on SQLite
+    (:func:`_long_answer`), without U+0000 (which prepare has already made U+FFFD on
+    PostgreSQL; a row still holding one is left to the plain statement, to be refused and
+    reduced as before)."""
+    if not _long_answer(row):
+        return False
+    answer: str = row["output_text"]
+    return len(answer) < _COPY_MAX_CHARS and "\x00" not in answer
+
+
+def _without_answer(row: dict[str, Any]) -> dict[str, Any]:
+    params = {k: v for k, v in row.items() if k != "output_text"}
+    params["staged_id"] = row["id"]
+    return params
+
+
+def _copy_answers(pg: Any, answers: dict[str, str]) -> None:
+    """``COPY`` the answers into :data:`_STAGE` in PostgreSQL's binary format, one UTF-8
+    slice at a time (:func:`storage.chain.utf8_slices`). ``pg``: the transaction's own
+    psycopg connection."""
+    with pg.cursor() as cur:
+        cur.execute(_STAGE_DDL)
+        with cur.copy(_COPY_STAGE) as copy:
+            copy.write(_PGCOPY_HEADER)
+            for rid, answer in answers.items():
+                key = rid.encode()
+                size = len(answer) if answer.isascii() else sum(map(len, utf8_slices(answer)))
+                copy.write(struct.pack("!hi", 2, len(key)) + key + struct.pack("!i", size))
+                for data in utf8_slices(answer):
+                    copy.write(data)
+            copy.write(_PGCOPY_TRAILER)
 
 
 def _head_statement(engine: Engine) -> Any:

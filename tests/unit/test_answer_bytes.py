@@ -14,15 +14,20 @@ import ctypes
 import ctypes.util
 import hashlib
 import sqlite3
+import subprocess
+import sys
 import time
+import uuid
+from pathlib import Path
 
+import pytest
 from alembic import command
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from sqlalchemy import text
 from test_writer_memory import TRICKY, _write, huge_record
 
-from addon.record import Status
+from addon.record import OUTCOME_COMPLETE, Status
 from review.chain import place
 from storage import chain, migrations, writer
 from storage import prepare as prepare_module
@@ -35,6 +40,8 @@ from storage.verify import verify
 
 ASCII = "a" * (writer._BYTES_AT + 5)
 NON_ASCII = TRICKY * (writer._BYTES_AT // len(TRICKY) + 1)
+COPY = writer._copy_answers
+BIN = Path(sys.executable).parent
 
 
 def _db(tmp_path, *texts: str, user: str | None = None):
@@ -210,6 +217,89 @@ def test_bytes_on_postgresql_are_tampering_and_its_view_never_reads_them(postgre
             ]
     finally:
         engine.dispose()
+
+
+NO_NUL = TRICKY.replace("\x00", "")  # U+0000: never on PostgreSQL
+PG_TEXTS = (ASCII, NO_NUL * (writer._BYTES_AT // len(NO_NUL) + 1))
+
+
+def _opened_then_final(*texts: str) -> list[dict]:
+    """Each record's write-ahead open row, then its final row (so the final one is an upsert
+    over an open row, as the proxy writes it), and one final row with no open row before it."""
+    records = [huge_record(t) for t in texts]
+    opened = []
+    for r in records[:-1]:
+        r.status, ended = Status.IN_PROGRESS, r.ended_at
+        opened.append(r.to_row())
+        r.finish(OUTCOME_COMPLETE, ended)
+    return opened + [r.to_row() for r in records]
+
+
+def _stored_answers(engine) -> dict[str, tuple]:
+    with engine.connect() as conn:
+        rows = conn.execute(text(f"SELECT id, output_text, {ANSWER_BYTES}, status FROM exchanges")).all()
+    return {rid: (answer, data, status) for rid, answer, data, status in rows}
+
+
+@pytest.mark.parametrize("role", ["owner", "proxy role"])
+def test_a_huge_answer_on_postgresql_is_staged_and_stored_as_its_text(postgres, tmp_path, monkeypatch, role):
+    """PostgreSQL keeps the answer in output_text: the writer copies it into a temporary
+    table a slice at a time (COPY, binary) and the row's upsert takes it from there. Tabs,
+    line ends, backslashes and every width of character come back exactly; verify agrees.
+    The proxy role (``db roles``), whose trigger refuses any change to a final record,
+    writes it too: the row goes in whole, in one upsert."""
+    copies = []
+    monkeypatch.setattr(writer, "_copy_answers", lambda pg, answers: copies.append(list(answers)) or COPY(pg, answers))
+    url = postgres.create_database()
+    if role == "proxy role":
+        open_engine(url).dispose()
+        applied = subprocess.run(
+            [str(BIN / "llm-audit"), "--db", url, "db", "roles", "--apply"], capture_output=True, text=True, timeout=60
+        )
+        assert applied.returncode == 0, applied.stderr
+        user = f"u_{uuid.uuid4().hex[:10]}"
+        with postgres.connect(url.rsplit("/", 1)[1]) as conn:
+            conn.execute(f"CREATE ROLE {user} LOGIN IN ROLE llm_audit_proxy")
+            conn.commit()
+        url = url.replace("://postgres@", f"://{user}@")
+    engine = open_engine(url)
+    try:
+        rows = _opened_then_final(*PG_TEXTS, PG_TEXTS[1])
+        _write(engine, tmp_path, rows, "pg-staged")
+        stored = _stored_answers(engine)
+        finals = [row for row in rows if row["status"] != "in_progress"]
+        assert {row["id"]: stored[row["id"]] for row in finals} == {
+            row["id"]: (row["output_text"], None, "completed") for row in finals
+        }
+        assert sorted(sum(copies, [])) == sorted(row["id"] for row in finals), "every huge answer went through COPY"
+        assert verify(engine).ok
+        with engine.connect() as conn:  # the staging table is the session's, emptied by the commit
+            assert conn.execute(text("SELECT to_regclass('llm_audit_answers')")).scalar() is None
+    finally:
+        engine.dispose()
+
+
+def test_a_role_that_may_not_make_temporary_tables_binds_the_answer_as_before(postgres, tmp_path, monkeypatch):
+    url = postgres.create_database()
+    database = url.rsplit("/", 1)[1]
+    role = f"u_{uuid.uuid4().hex[:10]}"
+    open_engine(url).dispose()
+    with postgres.connect(database) as conn:
+        conn.execute(f"REVOKE TEMPORARY ON DATABASE {database} FROM PUBLIC")
+        conn.execute(f"CREATE ROLE {role} LOGIN")
+        conn.execute(f"GRANT SELECT, INSERT, UPDATE ON exchanges, chains TO {role}")
+        conn.execute(f"GRANT SELECT ON alembic_version, exchange_view TO {role}")
+        conn.commit()
+    engine = open_engine(url.replace("://postgres@", f"://{role}@"))
+    monkeypatch.setattr(writer, "_copy_answers", lambda *_: pytest.fail("staged without the privilege"))
+    try:
+        rows = _opened_then_final(PG_TEXTS[1], "small")
+        _write(engine, tmp_path, rows, "pg-no-temp")
+        stored = _stored_answers(engine)
+        assert all(stored[row["id"]][0] == row["output_text"] for row in rows[-2:])
+    finally:
+        engine.dispose()
+    assert verify(open_engine(url)).ok
 
 
 def test_erasure_drops_the_bytes_and_leaves_the_marker(tmp_path):
