@@ -811,11 +811,15 @@ def _upsert_statement(engine: Engine) -> Any:
 
 # PostgreSQL's staging table for huge answers: one per session (temporary), emptied by
 # every commit, so a staged answer never outlives the transaction that wrote its row.
-_STAGE = Table("llm_audit_answers", MetaData(), Column("id", String, primary_key=True), Column("answer", Text))
+# Named with its schema wherever it is read or written: a table of that name elsewhere on
+# the search path (made by anyone who may create tables) is never the one used.
+_STAGE = Table(
+    "llm_audit_answers", MetaData(), Column("id", String, primary_key=True), Column("answer", Text), schema="pg_temp"
+)
 _STAGE_DDL = (
     "CREATE TEMPORARY TABLE IF NOT EXISTS llm_audit_answers (id text PRIMARY KEY, answer text) ON COMMIT DELETE ROWS"
 )
-_COPY_STAGE = "COPY llm_audit_answers (id, answer) FROM STDIN (FORMAT BINARY)"
+_COPY_STAGE = "COPY pg_temp.llm_audit_answers (id, answer) FROM STDIN (FORMAT BINARY)"
 _PGCOPY_HEADER = b"PGCOPY\n\xff\r\n\x00" + struct.pack("!ii", 0, 0)  # signature, flags, no extension
 _PGCOPY_TRAILER = struct.pack("!h", -1)
 _COPY_MAX_CHARS = (2**31 - 1) // 4  # a field's length is a signed 32-bit count of bytes
