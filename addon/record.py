@@ -129,20 +129,36 @@ class TextParts:
         kept in every version since 2.4; a big string's block is grown by ``mremap``, not
         copied), each part is dropped as soon as it is in, and the freed parts' pages are
         handed back as it goes (glibc would keep them), so the text and its parts together
-        stay near the text's size. ``tests/unit/test_record_memory.py`` measures it.
+        stay near the text's size. ``tests/unit/test_writer_memory.py`` measures it.
+
+        Interrupted (an exception while it grows), the parts are put back in order, the
+        text grown so far first, so a later call gives the whole text. Only when CPython
+        cannot grow the text (no memory) does it drop it: the parts after it are kept,
+        and the caller's error, recorded as an ``audit_internal_error`` finding, says so.
         """
         parts = self._chunks
         parts.reverse()  # popped from the end: the first part first
         text = parts.pop()
+        part: str | None = None  # popped, not yet in the text
         freed = 0
-        while parts:
-            part = parts.pop()
-            text += part
-            freed += len(part)
-            del part
-            if freed >= self.TRIM_EVERY:
-                release_freed_memory()
-                freed = 0
+        try:
+            while parts:
+                part = parts.pop()
+                text += part
+                freed += len(part)
+                part = None
+                if freed >= self.TRIM_EVERY:
+                    release_freed_memory()
+                    freed = 0
+        except BaseException:
+            parts.reverse()
+            if part is not None:
+                parts.insert(0, part)
+            try:
+                parts.insert(0, text)
+            except UnboundLocalError:  # the failed in-place append dropped it (MemoryError)
+                pass
+            raise
         release_freed_memory()
         return text
 

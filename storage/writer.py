@@ -634,6 +634,12 @@ class AuditWriter:
         self._backoff = min(self._backoff * 2, RETRY_MAX)
 
     def _write(self, batch: list[dict[str, Any]]) -> None:
+        try:
+            self._write_batch(batch)
+        except _StagingFailed:
+            self._write_batch(batch)  # staging is off from now on: the same rows, their answers bound
+
+    def _write_batch(self, batch: list[dict[str, Any]]) -> None:
         # The same record may be queued twice in one batch (open, then final): keep the
         # last version of each, in order.
         rows: list[dict[str, Any]] = [_UNSEALED | row for row in {row["id"]: row for row in batch}.values()]
@@ -692,19 +698,37 @@ class AuditWriter:
         ``COPY ... FROM STDIN`` in binary form takes the UTF-8 bytes in pieces, and a text
         column's binary form is its UTF-8 itself, so nothing is escaped or held whole.
         """
+        pg = conn.connection.driver_connection
         if self._can_stage is None:
-            self._can_stage = bool(
-                conn.execute(text("SELECT has_database_privilege(current_database(), 'TEMPORARY')")).scalar()
-            )
-            if not self._can_stage:
-                log.info(
-                    "llm-audit: this database role may not create temporary tables; huge answers are bound as "
-                    "text (about three times their size in memory while written)"
-                )
+            # psycopg 3's COPY, and UTF-8 as the session reads it (binary COPY takes text
+            # in the client encoding): another driver or encoding binds, as before
+            why = None
+            if type(pg).__module__.partition(".")[0] != "psycopg":
+                why = f"the driver is {type(pg).__module__}, not psycopg 3"
+            elif pg.info.encoding != "utf-8":
+                why = f"the session's client encoding is {pg.info.encoding}, not UTF-8"
+            elif not conn.execute(text("SELECT has_database_privilege(current_database(), 'TEMPORARY')")).scalar():
+                why = "this database role may not create temporary tables"
+            if why is None:
+                self._can_stage = True
+            else:
+                self._stop_staging(why)
         if not self._can_stage:
             return False
-        _copy_answers(conn.connection.driver_connection, {row["id"]: row["output_text"] for row in rows})
+        try:
+            _copy_answers(pg, {row["id"]: row["output_text"] for row in rows})
+        except Exception as e:
+            self._stop_staging(f"staging failed: {first_line(e)}")
+            raise _StagingFailed from e
         return True
+
+    def _stop_staging(self, why: str) -> None:
+        self._can_stage = False
+        log.warning(
+            "llm-audit: huge answers are bound as text on this database (%s): about three times their size in "
+            "memory while written",
+            why,
+        )
 
     def _upsert_lazily(self, conn, row: dict[str, Any]) -> None:
         """Upsert one row with a huge text on SQLite, each parameter made as the driver binds it.
@@ -823,6 +847,10 @@ _COPY_STAGE = "COPY pg_temp.llm_audit_answers (id, answer) FROM STDIN (FORMAT BI
 _PGCOPY_HEADER = b"PGCOPY\n\xff\r\n\x00" + struct.pack("!ii", 0, 0)  # signature, flags, no extension
 _PGCOPY_TRAILER = struct.pack("!h", -1)
 _COPY_MAX_CHARS = (2**31 - 1) // 4  # a field's length is a signed 32-bit count of bytes
+
+
+class _StagingFailed(Exception):
+    """Staging a batch's answers failed; its transaction is rolled back and staging turned off."""
 
 
 def _staged_upsert_statement() -> Any:

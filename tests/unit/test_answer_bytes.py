@@ -311,6 +311,57 @@ def test_a_role_that_may_not_make_temporary_tables_binds_the_answer_as_before(po
     assert verify(open_engine(url)).ok
 
 
+def test_a_client_encoding_other_than_utf8_binds_the_answer(postgres, tmp_path, monkeypatch):
+    """Binary COPY reads text in the session's client encoding: with LATIN1 the UTF-8
+    slices would be stored as other characters (and verify would call it tampering), so
+    such a session binds the answer as before."""
+    url = postgres.create_database()
+    database = url.rsplit("/", 1)[1]
+    open_engine(url).dispose()
+    with postgres.connect(database) as conn:
+        conn.execute(f"ALTER DATABASE \"{database}\" SET client_encoding = 'LATIN1'")
+        conn.commit()
+    monkeypatch.setattr(writer, "_copy_answers", lambda *_: pytest.fail("staged in LATIN1"))
+    engine = open_engine(url)
+    try:
+        rows = _opened_then_final("é" * (writer._BYTES_AT + 5), "é small")
+        _write(engine, tmp_path, rows, "pg-latin1")
+        stored = _stored_answers(engine)
+        assert [stored[row["id"]][0] for row in rows[-2:]] == [row["output_text"] for row in rows[-2:]]
+        assert verify(engine).ok
+    finally:
+        engine.dispose()
+
+
+def test_a_staging_failure_writes_the_batch_again_bound_and_stops_staging(postgres, tmp_path, monkeypatch, caplog):
+    """Whatever makes staging fail later (TEMPORARY revoked while the proxy runs, a
+    database without binary COPY, another driver): the batch is written again with its
+    answers bound, whole, never reduced to a minimal row; later batches bind at once."""
+    calls = []
+
+    def failing(pg, answers):
+        calls.append(list(answers))
+        raise RuntimeError("permission denied to create temporary tables")
+
+    monkeypatch.setattr(writer, "_copy_answers", failing)
+    engine = open_engine(postgres.create_database())
+    try:
+        rows = _opened_then_final(*PG_TEXTS, "small")
+        _write(engine, tmp_path, rows, "pg-stage-fails")
+        stored = _stored_answers(engine)
+        finals = [row for row in rows if row["status"] != "in_progress"]
+        assert {row["id"]: stored[row["id"]] for row in finals} == {
+            row["id"]: (row["output_text"], None, "completed") for row in finals
+        }
+        assert len(calls) == 1, "tried once, then off"
+        assert "one by one" not in caplog.text, "the batch itself is written again, not row by row"
+        assert verify(engine).ok
+        with engine.connect() as conn:
+            assert "refused" not in str(conn.execute(text("SELECT findings FROM exchanges")).all()), "no minimal row"
+    finally:
+        engine.dispose()
+
+
 def test_erasure_drops_the_bytes_and_leaves_the_marker(tmp_path):
     engine, path, ids = _db(tmp_path, NON_ASCII, user="alice")
     try:

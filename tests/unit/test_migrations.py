@@ -166,22 +166,25 @@ def test_downgrade_to_0002_drops_the_view_and_restores_the_indexes(empty_url):
     engine.dispose()
 
 
-def test_the_view_made_again_keeps_its_grants_on_postgresql(postgres):
+def test_the_view_made_again_keeps_its_owner_and_grants_on_postgresql(postgres):
     """Migrations that make exchange_view again (0007 to 0010 on the way up, 0004 to 0010
-    on the way down) give back every grant on it: an analyst's SELECT, one given with
-    grant option, PUBLIC's; the owner's own privileges are the owner's anyway."""
+    on the way down) give back its owner and every grant on it: an analyst's SELECT, one
+    given with grant option, PUBLIC's, a grant on some of its columns; the owner's own
+    privileges are the owner's anyway."""
     url = postgres.create_database()
-    analyst, lead = (f"r_{uuid.uuid4().hex[:10]}" for _ in range(2))
+    analyst, lead, clerk, owner = (f"r_{uuid.uuid4().hex[:10]}" for _ in range(4))
     engine = bare_engine(url)
     try:
         with engine.begin() as conn:
             command.upgrade(migrations.config(conn), "0006")
-            conn.execute(text(f"CREATE ROLE {analyst}; CREATE ROLE {lead}"))
+            conn.execute(text(f"CREATE ROLE {analyst}; CREATE ROLE {lead}; CREATE ROLE {clerk}; CREATE ROLE {owner}"))
             conn.execute(text(f"GRANT SELECT ON exchange_view TO {analyst}"))
             conn.execute(text(f"GRANT SELECT, REFERENCES ON exchange_view TO {lead} WITH GRANT OPTION"))
             conn.execute(text("GRANT SELECT ON exchange_view TO PUBLIC"))
+            conn.execute(text(f"GRANT SELECT (id, status) ON exchange_view TO {clerk}"))
+            conn.execute(text(f"ALTER VIEW exchange_view OWNER TO {owner}"))
         expected = grants_on_the_view(engine)
-        assert len(expected) == 4
+        assert len(expected[1]) == 4 and len(expected[2]) == 2 and expected[0] == owner
         for target in ("head", "0005"):  # up through the view's rebuilds, then down through them
             with engine.begin() as conn:
                 (command.upgrade if target == "head" else command.downgrade)(migrations.config(conn), target)
@@ -189,20 +192,32 @@ def test_the_view_made_again_keeps_its_grants_on_postgresql(postgres):
     finally:
         with engine.begin() as conn:
             conn.execute(text("DROP VIEW IF EXISTS exchange_view"))
-            conn.execute(text(f"DROP ROLE IF EXISTS {analyst}; DROP ROLE IF EXISTS {lead}"))
+            for role in (analyst, lead, clerk, owner):
+                conn.execute(text(f"DROP ROLE IF EXISTS {role}"))
         engine.dispose()
 
 
-def grants_on_the_view(engine: Engine) -> set[tuple]:
+def grants_on_the_view(engine: Engine) -> tuple[str, set[tuple], set[tuple]]:
+    """The view's owner, the grants on it and those on its columns (not the owner's)."""
     with engine.connect() as conn:
-        return set(
-            conn.execute(
-                text(
-                    "SELECT grantee, privilege_type, is_grantable FROM information_schema.table_privileges "
-                    "WHERE table_name = 'exchange_view' AND grantee <> current_user"
-                )
-            )
+        owner = conn.execute(text("SELECT pg_get_userbyid(relowner) FROM pg_class WHERE relname = 'exchange_view'"))
+        owner_name = owner.scalar_one()
+        where = "table_name = 'exchange_view' AND grantee <> :owner"
+        on_view = conn.execute(
+            text(
+                f"SELECT grantee, privilege_type, is_grantable FROM information_schema.table_privileges WHERE {where}"
+            ),
+            {"owner": owner_name},
         )
+        on_columns = conn.execute(
+            text(
+                "SELECT grantee, column_name, privilege_type FROM information_schema.column_privileges "
+                f"WHERE {where} AND grantee NOT IN (SELECT grantee FROM information_schema.table_privileges "
+                f"WHERE {where})"
+            ),
+            {"owner": owner_name},
+        )
+        return owner_name, set(on_view), set(on_columns)
 
 
 def test_database_created_before_migrations_is_adopted_and_stamped(empty_url):

@@ -208,6 +208,40 @@ def test_a_long_text_grown_in_place_is_the_join(pieces, grow_at):
     assert parts.whole() == "".join(pieces) + "more"
 
 
+class _Refused(str):
+    """A part whose appending fails, as growing a string fails without memory."""
+
+    def __radd__(self, other):
+        raise MemoryError
+
+
+@pytest.mark.parametrize("where", ["appending", "handing memory back"])
+def test_a_growth_interrupted_leaves_the_parts_in_order(monkeypatch, where):
+    """An exception while the text grows puts the parts back, the text grown so far first:
+    a later call gives the whole text, never the parts reversed or a text without its start."""
+    small = {"__slots__": (), "COMPACT_AT": 1, "GROW_AT": 1, "TRIM_EVERY": 4}
+    parts = type("SmallParts", (TextParts,), small)()
+    for piece in ("AA", "BB", "CC", "DD", "EE"):
+        parts.append(piece)
+    if where == "appending":
+        parts._chunks[2] = _Refused("CC")
+    else:
+        calls = []
+        monkeypatch.setattr(
+            "addon.record.release_freed_memory", lambda: calls.append(1) or (len(calls) == 1 and throw())
+        )
+    with pytest.raises(MemoryError):
+        parts.whole()
+    assert "".join(parts) == "AABBCCDDEE"
+    if where == "appending":
+        parts._chunks[:] = [str(p) for p in parts._chunks]
+    assert parts.whole() == "AABBCCDDEE"
+
+
+def throw():
+    raise MemoryError
+
+
 @pytest.mark.parametrize("piece", [64, 16 * 1024])
 def test_a_long_text_is_joined_without_holding_its_parts_beside_it(piece):
     """Counted by tracemalloc (every Python allocation, its peak): joining 32 Mi

@@ -137,35 +137,74 @@ def view_sql(expressions: dict[str, str]) -> str:
     return f"CREATE VIEW exchange_view AS SELECT\n  {columns}\nFROM exchanges"
 
 
-# Every grant on the view but its owner's own, as (grantee, privilege, grantable); the
-# grantee quoted, PUBLIC for everyone.
+# Every grant on the view (and on its columns) but its owner's own, as (column or NULL,
+# the column quoted, grantee, privilege, grantable); the grantee quoted, PUBLIC for everyone.
 _GRANTS = sa.text("""
-SELECT CASE WHEN a.grantee = 0 THEN 'PUBLIC' ELSE quote_ident(r.rolname) END, a.privilege_type, a.is_grantable
+SELECT NULL, NULL, CASE WHEN a.grantee = 0 THEN 'PUBLIC' ELSE quote_ident(r.rolname) END, a.privilege_type,
+       a.is_grantable
 FROM pg_class c CROSS JOIN LATERAL aclexplode(c.relacl) a LEFT JOIN pg_roles r ON r.oid = a.grantee
 WHERE c.oid = to_regclass('exchange_view') AND a.grantee <> c.relowner
-ORDER BY 1, 2
+UNION ALL
+SELECT t.attname, quote_ident(t.attname), CASE WHEN a.grantee = 0 THEN 'PUBLIC' ELSE quote_ident(r.rolname) END,
+       a.privilege_type, a.is_grantable
+FROM pg_class c JOIN pg_attribute t ON t.attrelid = c.oid CROSS JOIN LATERAL aclexplode(t.attacl) a
+LEFT JOIN pg_roles r ON r.oid = a.grantee
+WHERE c.oid = to_regclass('exchange_view') AND NOT t.attisdropped AND a.grantee <> c.relowner
+ORDER BY 1 NULLS FIRST, 3, 4
+""")
+# The view's owner, quoted, when it is not the role running the migration.
+_OTHER_OWNER = sa.text("""
+SELECT quote_ident(pg_get_userbyid(relowner)) FROM pg_class
+WHERE oid = to_regclass('exchange_view') AND pg_get_userbyid(relowner) <> current_user
 """)
 
 
-def drop_view() -> list[str]:
-    """Drop ``exchange_view``; the statements that give its grants back (PostgreSQL; none
-    on SQLite, which has no grants), for :func:`create_view`."""
-    grants: list[str] = []
+class Grants:
+    """What :func:`drop_view` found on the view it dropped (PostgreSQL): its owner when
+    another role owns it, and each grant, with its column for a column's grant.
+
+    (A plain class: Alembic loads this module under no name in ``sys.modules``, where a
+    dataclass cannot read its annotations.)
+    """
+
+    def __init__(self) -> None:
+        self.owner: str | None = None
+        self.grants: list[tuple[str | None, str]] = []
+
+
+def drop_view() -> Grants:
+    """Drop ``exchange_view``; what :func:`create_view` needs to give its owner and grants
+    back (nothing on SQLite, which has neither)."""
+    saved = Grants()
     bind = op.get_bind()
     if bind.dialect.name == "postgresql":
-        for grantee, privilege, grantable in bind.execute(_GRANTS):
+        saved.owner = bind.execute(_OTHER_OWNER).scalar()
+        for column, quoted, grantee, privilege, grantable in bind.execute(_GRANTS):
+            on = f"{privilege} ({quoted})" if column is not None else privilege
             option = " WITH GRANT OPTION" if grantable else ""
-            grants.append(f"GRANT {privilege} ON exchange_view TO {grantee}{option}")
+            saved.grants.append((column, f"GRANT {on} ON exchange_view TO {grantee}{option}"))
     op.execute("DROP VIEW exchange_view")
-    return grants
+    return saved
 
 
-def create_view(sql: str, grants: Sequence[str]) -> None:
-    """Make ``exchange_view`` again with ``sql``, and give back the grants
-    :func:`drop_view` found on the one it dropped."""
+def create_view(sql: str, saved: Grants) -> None:
+    """Make ``exchange_view`` again with ``sql``, then give back the owner and the grants
+    :func:`drop_view` found: the grants are given by the role running the migration, and
+    a column's grant only while the new view still has that column."""
     op.execute(sql)
-    for grant in grants:
+    if saved.owner is not None:
+        op.execute(f"ALTER VIEW exchange_view OWNER TO {saved.owner}")
+    columns = None
+    for column, grant in saved.grants:
+        if column is not None:
+            if columns is None:
+                columns = set(op.get_bind().execute(_COLUMNS).scalars())
+            if column not in columns:
+                continue
         op.execute(grant)
+
+
+_COLUMNS = sa.text("SELECT attname FROM pg_attribute WHERE attrelid = to_regclass('exchange_view') AND attnum > 0")
 
 
 # Columns that had an index of their own, now indexed together with started_at.
