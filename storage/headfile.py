@@ -3,34 +3,75 @@
 At its next start the writer compares it with the database's head (see
 ``AuditWriter._vouch``): records found after it were not written by this proxy as far as
 it knows (an insider's consistent append while it was stopped), so its checkpoints name
-them instead of signing them in. Written after each commit that moves the head (one
-small file, replaced whole), on the writer thread.
+them instead of signing them in. Written after each commit that moves the head, on the
+writer thread.
+
+Why two slots written in place rather than a small file replaced whole: the file is
+saved after every commit, and on this machine creating, writing and renaming a file
+cost 0.3 ms of CPU each time (the file system's work for a rename over a file), against
+0.04 ms for a write in place and its fsync: a quarter of the writer's CPU per exchange
+at a model's pace. A write in place can be torn by a crash, so the head goes into one
+of two fixed slots in turn, each with its CRC-32; the newest slot that checks out is the
+head. A file of the earlier format (one JSON object, replaced whole) is still read.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import zlib
 from pathlib import Path
 
 import orjson
 
 from storage.chain import Head
-from storage.files import private_dir
+from storage.files import FILE_MODE, private_dir
 
 log = logging.getLogger(__name__)
+
+SLOT = 128  # bytes per slot: a JSON object padded with spaces, then a line feed
+
+
+def _slot(head: Head) -> bytes:
+    body = orjson.dumps({"seq": head.seq, "hash": head.hash})
+    line = orjson.dumps({"seq": head.seq, "hash": head.hash, "crc": zlib.crc32(body)})
+    if len(line) >= SLOT:
+        raise ValueError(f"a chain head of {len(line)} bytes does not fit a slot")
+    return line.ljust(SLOT - 1) + b"\n"
+
+
+def _read(data: bytes) -> Head | None:
+    """The head in one slot (or in a file of the earlier format); None when it does not check out."""
+    doc = orjson.loads(data)
+    head = Head(int(doc["seq"]), str(doc["hash"]))
+    if "crc" in doc and doc["crc"] != zlib.crc32(orjson.dumps({"seq": head.seq, "hash": head.hash})):
+        return None
+    return head
 
 
 class HeadFile:
     def __init__(self, path: Path) -> None:
         self.path = path
         self._failed = False
+        self._fd: int | None = None
+        self._writes = 0  # which slot is next
 
     def load(self) -> Head | None:
         """The head last saved; None when there is none (a first start) or it cannot be read."""
         try:
-            doc = orjson.loads(self.path.read_bytes())
-            return Head(int(doc["seq"]), str(doc["hash"]))
+            data = self.path.read_bytes()
+            if len(data) != 2 * SLOT:  # the earlier format: one JSON object
+                return _read(data)
+            heads = []
+            for slot in (data[:SLOT], data[SLOT:]):
+                try:
+                    heads.append(_read(slot))
+                except (ValueError, KeyError, TypeError, orjson.JSONDecodeError):
+                    continue  # torn by a crash while it was written: the other slot holds the head before
+            found = [h for h in heads if h is not None]
+            if not found:
+                raise ValueError("neither slot checks out")
+            return max(found, key=lambda h: h.seq)
         except FileNotFoundError:
             return None
         except (OSError, ValueError, KeyError, TypeError, orjson.JSONDecodeError) as e:
@@ -42,18 +83,38 @@ class HeadFile:
             return None
 
     def save(self, head: Head) -> None:
-        """Replace the file with ``head`` (fsync'd: it must survive the crash it is for)."""
-        tmp = self.path.with_suffix(".tmp")
+        """Write ``head`` into the next slot (fsync'd: it must survive the crash it is for)."""
         try:
-            private_dir(self.path.parent)
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-            with os.fdopen(fd, "wb") as f:
-                f.write(orjson.dumps({"seq": head.seq, "hash": head.hash}))
-                f.flush()
-                os.fsync(f.fileno())
-            tmp.replace(self.path)
+            fd = self._open()
+            os.pwrite(fd, _slot(head), SLOT * (self._writes % 2))
+            os.fsync(fd)
+            self._writes += 1
             self._failed = False
-        except OSError as e:
+        except (OSError, ValueError) as e:
+            self.close()  # opened again at the next save
             if not self._failed:
                 log.warning("llm-audit: cannot write %s (%s)", self.path, e)
             self._failed = True
+
+    def close(self) -> None:
+        if self._fd is not None:
+            fd, self._fd = self._fd, None
+            os.close(fd)
+
+    def _open(self) -> int:
+        """The file, open for writing in place; a file of another size (none yet, the
+        earlier format) is made two slots of the head it holds first, so both check out."""
+        if self._fd is None:
+            private_dir(self.path.parent)
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, FILE_MODE)
+            try:
+                if os.fstat(fd).st_size != 2 * SLOT:
+                    known = self.load() if os.fstat(fd).st_size else None
+                    os.ftruncate(fd, 0)
+                    os.pwrite(fd, _slot(known or Head()) * 2, 0)
+                    os.fsync(fd)
+            except BaseException:
+                os.close(fd)
+                raise
+            self._fd = fd
+        return self._fd

@@ -200,6 +200,7 @@ class AuditWriter:
         self._checkpoint(final=True)
         self._report(force=True, alive=False, stopped=True)
         self.spool.close()
+        self._head_file.close()
         self.engine.dispose()
 
     def summary(self) -> str:
