@@ -29,7 +29,9 @@ from storage.files import FILE_MODE, private_dir
 
 log = logging.getLogger(__name__)
 
-SLOT = 128  # bytes per slot: a JSON object padded with spaces, then a line feed
+# Bytes per slot: a JSON object padded with spaces, then a line feed. A disk sector each,
+# so that a write the device tears can reach only the slot being written.
+SLOT = 512
 
 
 def _slot(head: Head) -> bytes:
