@@ -106,6 +106,11 @@ def utf8_slices(text: str) -> Iterator[bytes]:
         yield text[i : i + _SLICE].encode()
 
 
+def utf8_size(text: str) -> int:
+    """The length of ``text`` in UTF-8, counted a slice at a time (:func:`utf8_slices`)."""
+    return len(text) if text.isascii() else sum(map(len, utf8_slices(text)))
+
+
 def canonical_pieces(value: Any) -> Iterable[bytes | memoryview]:
     """``orjson.dumps(value, option=OPT_SORT_KEYS)`` in pieces whose concatenation is exactly
     those bytes, without the whole in memory when ``value`` holds big strings (the answer

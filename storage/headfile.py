@@ -42,13 +42,25 @@ def _slot(head: Head) -> bytes:
     return line.ljust(SLOT - 1) + b"\n"
 
 
-def _read(data: bytes) -> Head | None:
-    """The head in one slot (or in a file of the earlier format); None when it does not check out."""
+def _read(data: bytes, slot: bool = True) -> Head | None:
+    """The head in one slot, or (``slot`` False) in a file of the earlier format, which has
+    no CRC; None when a slot's CRC does not check out."""
     doc = orjson.loads(data)
     head = Head(int(doc["seq"]), str(doc["hash"]))
-    if "crc" in doc and doc["crc"] != zlib.crc32(orjson.dumps({"seq": head.seq, "hash": head.hash})):
+    if slot and doc.get("crc") != zlib.crc32(orjson.dumps({"seq": head.seq, "hash": head.hash})):
         return None
     return head
+
+
+def _slots(data: bytes) -> list[Head | None]:
+    """Each slot's head, None for one a crash tore (or that does not check out)."""
+    heads: list[Head | None] = []
+    for at in (0, SLOT):
+        try:
+            heads.append(_read(data[at : at + SLOT]))
+        except (ValueError, KeyError, TypeError, orjson.JSONDecodeError):
+            heads.append(None)
+    return heads
 
 
 class HeadFile:
@@ -56,21 +68,16 @@ class HeadFile:
         self.path = path
         self._failed = False
         self._fd: int | None = None
-        self._writes = 0  # which slot is next
+        self._next = 0  # the slot written next: never the one holding the newest head
 
     def load(self) -> Head | None:
         """The head last saved; None when there is none (a first start) or it cannot be read."""
         try:
             data = self.path.read_bytes()
             if len(data) != 2 * SLOT:  # the earlier format: one JSON object
-                return _read(data)
-            heads = []
-            for slot in (data[:SLOT], data[SLOT:]):
-                try:
-                    heads.append(_read(slot))
-                except (ValueError, KeyError, TypeError, orjson.JSONDecodeError):
-                    continue  # torn by a crash while it was written: the other slot holds the head before
-            found = [h for h in heads if h is not None]
+                return _read(data, slot=False)
+            # a slot torn by a crash while it was written: the other holds the head before
+            found = [h for h in _slots(data) if h is not None]
             if not found:
                 raise ValueError("neither slot checks out")
             return max(found, key=lambda h: h.seq)
@@ -88,9 +95,9 @@ class HeadFile:
         """Write ``head`` into the next slot (fsync'd: it must survive the crash it is for)."""
         try:
             fd = self._open()
-            os.pwrite(fd, _slot(head), SLOT * (self._writes % 2))
+            os.pwrite(fd, _slot(head), SLOT * self._next)
             os.fsync(fd)
-            self._writes += 1
+            self._next = 1 - self._next
             self._failed = False
         except (OSError, ValueError) as e:
             self.close()  # opened again at the next save
@@ -115,6 +122,10 @@ class HeadFile:
                     os.ftruncate(fd, 0)
                     os.pwrite(fd, _slot(known or Head()) * 2, 0)
                     os.fsync(fd)
+                    self._next = 0
+                else:  # after a restart: the slot of the older head (or a torn one) is next
+                    first, second = _slots(os.pread(fd, 2 * SLOT, 0))
+                    self._next = 0 if first is None or (second is not None and first.seq < second.seq) else 1
             except BaseException:
                 os.close(fd)
                 raise

@@ -59,7 +59,7 @@ from sqlalchemy.dialects import postgresql
 from sqlalchemy.exc import SQLAlchemyError
 
 from storage.adoption import adopt_interrupted, load_or_create_secret, open_mac
-from storage.chain import CHAIN_COLUMNS, GENESIS, Chain, Head, is_sealed, utf8_slices
+from storage.chain import CHAIN_COLUMNS, GENESIS, Chain, Head, is_sealed, utf8_size, utf8_slices
 from storage.checkpoint import Checkpointer, CheckpointError
 from storage.cost import Prices, cost_of
 from storage.database import DatabaseError, first_line, insert_for
@@ -89,9 +89,8 @@ RETRY_MIN, RETRY_MAX = 0.5, 5.0
 GROUP_SECONDS = 0.02
 STRIKES = 3  # unexpected failures of one row before it is quarantined
 _LAZY_AT = 1024 * 1024  # characters of answer text and arguments from which a row is bound lazily (SQLite)
-_BYTES_AT = (
-    1024 * 1024
-)  # characters of answer text from which it is written apart: as bytes (SQLite), staged (PostgreSQL)
+# characters of answer text from which it is written apart: as bytes (SQLite), staged (PostgreSQL)
+_BYTES_AT = 1024 * 1024
 _TRIM_AFTER = 16 * 1024 * 1024  # characters of output in one batch after which freed memory is handed back
 # an open record's chain columns and adoption proof (one statement needs every key)
 _UNSEALED = dict.fromkeys((*CHAIN_COLUMNS, "open_mac"))
@@ -895,7 +894,7 @@ def _copy_answers(pg: Any, answers: dict[str, str]) -> None:
             copy.write(_PGCOPY_HEADER)
             for rid, answer in answers.items():
                 key = rid.encode()
-                size = len(answer) if answer.isascii() else sum(map(len, utf8_slices(answer)))
+                size = utf8_size(answer)
                 copy.write(struct.pack("!hi", 2, len(key)) + key + struct.pack("!i", size))
                 for data in utf8_slices(answer):
                     copy.write(data)
@@ -950,7 +949,7 @@ def _write_answer_bytes(sqlite: Any, rid: str, text: str, record_hash: str) -> N
     column and sealed with this record's hash (the upsert leaves a row that was already
     final as it is, and that row keeps its own answer).
     """
-    size = len(text) if text.isascii() else sum(map(len, utf8_slices(text)))
+    size = utf8_size(text)
     mine = f"id = ? AND output_text IS NULL AND {ANSWER_BYTES} IS NULL AND record_hash = ?"
     if not sqlite.execute(
         f"UPDATE exchanges SET {ANSWER_BYTES} = zeroblob(?) WHERE {mine}", (size, rid, record_hash)

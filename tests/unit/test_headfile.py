@@ -54,6 +54,36 @@ def test_a_torn_slot_leaves_the_head_before_it(tmp_path, caplog):
     assert "neither slot checks out" in caplog.text
 
 
+def test_after_a_restart_the_first_save_goes_into_the_older_slot(tmp_path):
+    """The newest head survives a crash that tears the first write of the next run."""
+    path = tmp_path / "head-x.json"
+    f = HeadFile(path)
+    for head in heads(3):
+        f.save(head)
+    f.close()
+    g = HeadFile(path)
+    g.save(Head(4, "d" * 64))
+    g.close()
+    data = bytearray(path.read_bytes())
+    newest = 0 if orjson.loads(bytes(data[:SLOT]))["seq"] == 4 else SLOT
+    data[newest : newest + 20] = b"\x00" * 20
+    path.write_bytes(bytes(data))
+    assert HeadFile(path).load() == heads(3)[-1]
+
+
+def test_a_slot_without_its_crc_is_not_the_head(tmp_path):
+    path = tmp_path / "head-x.json"
+    f = HeadFile(path)
+    for head in heads(2):
+        f.save(head)
+    f.close()
+    data = bytearray(path.read_bytes())
+    older = 0 if orjson.loads(bytes(data[:SLOT]))["seq"] == 1 else SLOT
+    data[older : older + SLOT] = orjson.dumps({"seq": 9, "hash": "f" * 64}).ljust(SLOT - 1) + b"\n"
+    path.write_bytes(bytes(data))
+    assert HeadFile(path).load() == heads(2)[-1]
+
+
 def test_a_file_of_the_earlier_format_is_read_and_kept_at_the_first_save(tmp_path):
     path = tmp_path / "head-x.json"
     path.write_bytes(orjson.dumps({"seq": 41, "hash": "a" * 64}))
