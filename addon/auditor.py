@@ -15,7 +15,8 @@ of decoding and parsing, the rest waits as encoded bytes (a backlog) for the nex
 or, once the body has ended, for :meth:`StreamAuditor.drain` in slices the proxy
 schedules on the event loop; and per exchange at most what :data:`DECODE_BUDGET`
 allows, after which inspection stops (finding ``inspection_stopped``) while the bytes
-keep passing unchanged. Neither changes what is read, only when.
+keep passing unchanged. Neither changes what is read, only when; nor does reading a
+stream that nothing holds back in runs of raw chunks (:data:`READ_RUN`).
 
 With output content filters, an :class:`~addon.output_gate.OutputGate` sits on the
 event path: :meth:`StreamAuditor.feed` then returns only the bytes whose text the
@@ -63,6 +64,14 @@ DECODE_BUDGET = DecodeBudget(max_decoded=1024 * 1024 * 1024, ratio=100, floor=16
 # Encoded bytes allowed to wait for decoding: an upstream sending faster than the
 # auditor decodes stops being inspected rather than being held in memory.
 MAX_BACKLOG = 16 * 1024 * 1024
+# A stream nothing holds back (no output filter, no turns) is read in runs of about this
+# many bytes rather than chunk by chunk: its bytes pass at once either way, and nothing
+# reads the record before the body ends, while a run of events costs less to read than
+# its events one call at a time (the reader's and the dispatch's fixed cost per call,
+# paid once a run: in process 4.0 against 5.7 µs per small delta). What a run holds is read
+# when it fills, when the body ends or is cut (:meth:`StreamAuditor.catch_up`), so the
+# record is the same; only when the reading happens changes.
+READ_RUN = 32 * 1024
 
 
 class StreamAuditor:
@@ -120,6 +129,9 @@ class StreamAuditor:
         self._decoded_size = 0
         self._framed: list[Framed] = []
         self._released: list[bytes] = []
+        # Raw chunks of a run not read yet (see READ_RUN), and their size.
+        self._run: list[bytes] = []
+        self._run_size = 0
         if self.decoder is None and record is not None:
             record.add_finding("decode_failed", f"unsupported Content-Encoding {content_encoding!r}")
             self._unreadable(f"unsupported Content-Encoding {content_encoding!r}")
@@ -159,12 +171,30 @@ class StreamAuditor:
                 # bytes it releases are counted per raw chunk): it reads within the
                 # exchange's decode budget, not per call.
                 self._work(None if gate is not None and gate.holds else CALL_SECONDS)
+            elif gate is None and self.on_turn_end is None and self.normalizer is not None:
+                self._run.append(chunk)
+                self._run_size += len(chunk)
+                if self._run_size >= READ_RUN:
+                    self._read_run()
             else:
                 self._read(chunk)
         out = chunk if gate is None else self._gated(gate, self._released_now())
         if self.record is not None:
             self.record.bytes_to_client += len(out)
         return out
+
+    def catch_up(self) -> None:
+        """Read the chunks of the current run: the record then holds everything that
+        came (for an exchange cut before its end; :meth:`end` does it itself)."""
+        if self._run:
+            self._read_run()
+
+    def _read_run(self) -> None:
+        run = self._run
+        data = run[0] if len(run) == 1 else b"".join(run)
+        self._run, self._run_size = [], 0
+        if self.active:
+            self._read(data)
 
     def drain(self, seconds: float = CALL_SECONDS) -> bool:
         """Work off the backlog for about ``seconds``; whether some of it is left."""
@@ -190,6 +220,7 @@ class StreamAuditor:
         """The exchange is recorded: drop what it kept (the record and its text, the
         reader, the gate); anything fed later passes through untouched."""
         self.record = self.normalizer = self.gate = self.decoder = None
+        self._run, self._run_size = [], 0
         self._fresh_reader()
 
     def _fresh_reader(self) -> None:
@@ -340,6 +371,7 @@ class StreamAuditor:
         The proxy works the backlog off with :meth:`drain` first; what is left is read
         here at once (within the decode budget).
         """
+        self.catch_up()
         self._work(None)
         if trailers and not self.stopped and self.active:
             self._trailers(trailers)

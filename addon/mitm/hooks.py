@@ -220,6 +220,8 @@ class ExchangeHooks:
                 if not turns.pending:
                     continue  # a turn nothing arrived for is no record
             if state is not None and not isinstance(state, Sniffing):
+                if (auditor := _auditor(state)) is not None:
+                    auditor.catch_up()
                 state.record.add_finding("proxy_shutdown", "the proxy stopped during the exchange")
                 state.record.finish(OUTCOME_CLIENT_ABORTED)
                 self.store.submit(state.record)
@@ -547,6 +549,8 @@ def _settle_abort(flow: http.HTTPFlow, record: ExchangeRecord, auditor: StreamAu
     outcome to finish it with (a client that hung up after the terminal event lost
     nothing)."""
     message = flow.error.msg if flow.error else None
+    if auditor is not None:
+        auditor.catch_up()  # the record holds what came before it is judged
     if outcome == OUTCOME_CLIENT_ABORTED and client_had_everything(record):
         outcome = OUTCOME_COMPLETE
     if auditor is not None:

@@ -9,7 +9,9 @@ offset or at many random ones, with and without a small content cap: the rows mu
 equal. The streams are the shared recordings (when ``../shared`` is there), the mock's
 streams for each dialect, and inline ones written to sit on every edge of the fast
 paths' conditions (a second choice, reasoning beside text, a new id, usage on a text
-chunk, a first event that is a delta, ...).
+chunk, a first event that is a delta, ...). Each is also read in runs of raw chunks
+(``READ_RUN``, the proxy's way when nothing holds the stream back) and chunk by chunk:
+the rows must not tell them apart.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from typing import Any
 import pytest
 from pipeline import audit_bytes
 
+from addon import auditor as auditor_module
 from addon.dialects import Dialect, JsonEventNormalizer, RequestView
 from addon.dialects import gemini as gemini_module
 from addon.dialects.anthropic import DIALECT as ANTHROPIC
@@ -113,13 +116,21 @@ def splits(body: bytes, seed: int) -> list[list[int]]:
 
 
 def assert_same(monkeypatch: pytest.MonkeyPatch, api: str, body: bytes) -> None:
+    """The rows equal: read in runs (the proxy's way: these bodies are one run), in runs
+    of 97 bytes (runs that fill mid-stream, cut anywhere), chunk by chunk, and chunk by
+    chunk the careful way."""
     cases = [(cuts, outcome, None) for cuts in splits(body, len(body)) for outcome in (OUTCOME_COMPLETE,)]
     cases += [([], OUTCOME_UPSTREAM_ABORTED, None), ([], OUTCOME_COMPLETE, 40), ([7], OUTCOME_COMPLETE, 301)]
     fast = [audit(api, body, *case) for case in cases]
-    with careful_way(monkeypatch):
-        careful = [audit(api, body, *case) for case in cases]
-    for case, f, c in zip(cases, fast, careful):
-        assert f == c, f"{api} split {case}"
+    with monkeypatch.context() as m:
+        m.setattr(auditor_module, "READ_RUN", 97)
+        runs = [audit(api, body, *case) for case in cases]
+        m.setattr(auditor_module, "READ_RUN", 0)  # every chunk read as it comes
+        chunked = [audit(api, body, *case) for case in cases]
+        with careful_way(monkeypatch):
+            careful = [audit(api, body, *case) for case in cases]
+    for case, f, r, ch, c in zip(cases, fast, runs, chunked, careful):
+        assert f == r == ch == c, f"{api} split {case}"
     assert fast[0]["event_count"] > 0
 
 
