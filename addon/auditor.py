@@ -68,10 +68,15 @@ MAX_BACKLOG = 16 * 1024 * 1024
 # many bytes rather than chunk by chunk: its bytes pass at once either way, and nothing
 # reads the record before the body ends, while a run of events costs less to read than
 # its events one call at a time (the reader's and the dispatch's fixed cost per call,
-# paid once a run: in process 4.0 against 5.7 µs per small delta). What a run holds is read
-# when it fills, when the body ends or is cut (:meth:`StreamAuditor.catch_up`), so the
-# record is the same; only when the reading happens changes.
+# paid once a run: in process 4.0 against 5.7 µs per small delta). What a run holds is
+# read when it fills, after the body ends (by :meth:`StreamAuditor.drain`, off the
+# client's end of stream) or when it is cut (:meth:`StreamAuditor.catch_up`), so the
+# record holds the same; only when the reading happens changes (and with it, as with
+# where chunks were cut, the order of the reader's findings among the dialect's).
 READ_RUN = 32 * 1024
+# ... or of this many chunks: an upstream sending tiny chunks must not make a flow hold
+# thousands of objects (16,384 two-byte chunks held 0.7 MB).
+READ_RUN_CHUNKS = 256
 
 
 class StreamAuditor:
@@ -142,14 +147,19 @@ class StreamAuditor:
 
     @property
     def pending(self) -> bool:
-        """Encoded bytes wait to be decoded and read (see :meth:`drain`)."""
+        """Bytes wait to be read (see :meth:`drain`): a run, or encoded bytes to decode."""
+        return bool(self._run) or self._encoded_pending()
+
+    def _encoded_pending(self) -> bool:
         decoder = self.decoder
         return self.active and decoder is not None and decoder.encoded and not decoder.drained()
 
     def feed(self, chunk: bytes, now: float | None = None) -> bytes:
         """Inspect one chunk from the upstream; return the bytes the client gets now.
 
-        Without a gate that is the chunk itself, at once.
+        Without a gate that is the chunk itself, at once. A stream nothing holds back is
+        read in runs (:data:`READ_RUN`): its record lags by up to a run until
+        :meth:`catch_up`, :meth:`drain` or :meth:`end`.
         """
         record = self.record
         if record is not None:
@@ -172,9 +182,10 @@ class StreamAuditor:
                 # exchange's decode budget, not per call.
                 self._work(None if gate is not None and gate.holds else CALL_SECONDS)
             elif gate is None and self.on_turn_end is None and self.normalizer is not None:
-                self._run.append(chunk)
+                run = self._run
+                run.append(chunk)
                 self._run_size += len(chunk)
-                if self._run_size >= READ_RUN:
+                if self._run_size >= READ_RUN or len(run) >= READ_RUN_CHUNKS:
                     self._read_run()
             else:
                 self._read(chunk)
@@ -197,7 +208,9 @@ class StreamAuditor:
             self._read(data)
 
     def drain(self, seconds: float = CALL_SECONDS) -> bool:
-        """Work off the backlog for about ``seconds``; whether some of it is left."""
+        """Read the run, then work off the backlog for about ``seconds``; whether some
+        of it is left."""
+        self.catch_up()
         self._work(seconds)
         self._to_gate()  # (a gate that holds bytes leaves no backlog: nothing is released here)
         return self.pending
@@ -231,7 +244,7 @@ class StreamAuditor:
         """Decode and read the backlog, slice by slice, for up to ``seconds`` (None: all
         of it, within the exchange's decode budget)."""
         decoder = self.decoder
-        if not self.pending or decoder is None:
+        if not self._encoded_pending() or decoder is None:
             return
         deadline = None if seconds is None else time.perf_counter() + seconds
         try:
@@ -243,7 +256,7 @@ class StreamAuditor:
                 self._read(data)
                 if not self.active or (deadline is not None and time.perf_counter() >= deadline):
                     break
-            if self.pending and decoder.backlog > MAX_BACKLOG:
+            if self._encoded_pending() and decoder.backlog > MAX_BACKLOG:
                 self._halt("inspection_stopped", f"over {MAX_BACKLOG} encoded bytes wait to be decoded")
         except DecodeError as e:
             self._halt("decode_failed", str(e)[:300])
@@ -529,6 +542,10 @@ class StreamAuditor:
             self._reported_findings = len(findings)
 
     def _fail(self, error: Exception) -> None:
+        try:  # what the reader found before the failure (earlier in the same run) is kept
+            self._collect_reader_findings()
+        except Exception:
+            log.debug("llm-audit: reader findings lost in a failure", exc_info=True)
         self.failed = True
         log.exception("llm-audit: inspecting the stream failed; it passes uninspected from here")
         detail = f"{type(error).__name__}: {error}"[:300]

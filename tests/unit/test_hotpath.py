@@ -448,3 +448,27 @@ def test_plain_delta_is_text_alone(api: str) -> None:
     else:
         assert got == "hi"
     assert normalizer.on_event(frames[-1]) != []  # (on_event still gives the events)
+
+
+def test_a_failure_mid_run_keeps_what_the_reader_found_before_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The reader reads a whole run before its events are dispatched: when the dialect
+    then fails on one of them, the reader's findings from earlier in the run still reach
+    the record, as they do when the chunks are read one by one."""
+    dialect, request, view, _ = APIS["openai-chat"]
+    cls = type(dialect.normalizer(dialect.summarize(request, view)))
+    real = cls.read
+
+    def read(self, event):
+        if "boom" in getattr(event, "data", ""):
+            raise RuntimeError("boom")
+        return real(self, event)
+
+    monkeypatch.setattr(cls, "read", read)
+    first = sse((None, chat({"content": "a"}))).replace(b'"a"', b'"a\xff"')
+    body = first + sse((None, chat({"content": "boom"})), (None, chat({"content": "c"})), (None, "[DONE]"))
+    rows = []
+    for run_bytes in (0, 32 * 1024):
+        monkeypatch.setattr(auditor_module, "READ_RUN", run_bytes)
+        rows.append(audit("openai-chat", body, [len(first)]))
+    codes = [[f["code"] for f in row["findings"]] for row in rows]
+    assert codes[0] == codes[1] == ["sse_invalid_utf8", "audit_internal_error"]

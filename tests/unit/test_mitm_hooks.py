@@ -176,3 +176,98 @@ def test_done_writes_the_exchanges_still_open_as_cut_off():
     row = store.rows[-1]
     assert row["status"] == "client_aborted" and "proxy_shutdown" in [f["code"] for f in row["findings"]]
     assert h.flows == {}
+
+
+# -- a stream read in runs (addon.auditor.READ_RUN) ----------------------------------------------
+
+
+def _row_of(kind: str, sniffed: bool) -> dict:
+    """The row of a 50-delta stream cut (or ended) by ``kind``, its chunks 37 bytes each."""
+    from addon.record import OUTCOME_CLIENT_ABORTED, OUTCOME_UPSTREAM_ABORTED
+
+    h, store = hooks()
+    flow = tflow.tflow(req=http.Request.make("GET", "https://example.com/events")) if sniffed else chat_flow()
+    h.request(flow)
+    flow.response = response_headers(SSE)
+    h.responseheaders(flow)
+    body = b"".join(chunk(f"tok{i} ") for i in range(50)) + (
+        b"data: [DONE]\n\n" if kind in ("complete", "had_all") else b""
+    )
+    for i in range(0, len(body), 37):
+        flow.response.stream(body[i : i + 37])
+    if kind == "complete":
+        flow.response.stream(b"")
+        h.response(flow)
+    elif kind == "shutdown":
+        h.done()
+    else:
+        flow.error = Error("connection closed")
+        outcome = OUTCOME_UPSTREAM_ABORTED if kind == "upstream" else OUTCOME_CLIENT_ABORTED
+        h._record_aborted(flow, h.flows.pop(flow.id), outcome)
+    row = store.rows[-1]  # (the first is the write-ahead open record)
+    return {k: v for k, v in row.items() if k not in ("id", "started_at", "first_chunk_at", "ended_at")}
+
+
+def test_a_stream_read_in_runs_is_recorded_as_one_read_chunk_by_chunk_however_it_ends(monkeypatch) -> None:
+    """Ended, cut by either side (a client that had it all too), or cut off by the proxy
+    stopping: whether its chunks were read in runs or one by one, the row is the same,
+    with every delta that came (the catch-up before the record is judged or written)."""
+    from addon import auditor
+
+    whole = "".join(f"tok{i} " for i in range(50))
+    for kind in ("complete", "client", "had_all", "upstream", "shutdown"):
+        for sniffed in (False, True):
+            for run_bytes in (32 * 1024, 100):
+                monkeypatch.setattr(auditor, "READ_RUN", run_bytes)
+                in_runs = _row_of(kind, sniffed)
+            monkeypatch.setattr(auditor, "READ_RUN", 0)
+            assert in_runs == _row_of(kind, sniffed), (kind, sniffed)
+            assert in_runs["output_text"] == whole, (kind, sniffed)
+
+
+def test_a_run_of_tiny_chunks_is_read_at_256_chunks() -> None:
+    """An upstream sending a byte at a time does not make a flow hold thousands of objects."""
+    from addon.auditor import READ_RUN_CHUNKS
+
+    h, _ = hooks()
+    flow = chat_flow()
+    h.request(flow)
+    flow.response = response_headers(SSE)
+    h.responseheaders(flow)
+    body = b"".join(chunk(f"tok{i} ") for i in range(60))
+    auditor = h.flows[flow.id].auditor
+    for i in range(len(body)):
+        flow.response.stream(body[i : i + 1])
+        assert len(auditor._run) < READ_RUN_CHUNKS
+    assert auditor.record.event_count >= 55  # read as the runs filled, not at the end
+
+
+def test_the_last_run_is_read_off_the_clients_end_of_stream_and_at_shutdown() -> None:
+    """With an event loop, ``response`` returns before the last run is read (a task reads
+    it, as a backlog); a proxy stopping before the task ran reads it then and settles the
+    exchange as complete."""
+    import asyncio
+
+    async def scenario(stop_first: bool) -> tuple[bool, list[dict]]:
+        h, store = hooks()
+        flow = chat_flow()
+        h.request(flow)
+        flow.response = response_headers(SSE)
+        h.responseheaders(flow)
+        for piece in (chunk("a"), chunk("b"), b"data: [DONE]\n\n", b""):
+            flow.response.stream(piece)
+        h.response(flow)
+        waited = bool(h.draining) and len(store.rows) == 1  # the open record only
+        if stop_first:
+            h.done()
+        else:
+            await asyncio.sleep(0.01)
+        return waited, store.rows
+
+    for stop_first in (False, True):
+        waited, rows = asyncio.run(scenario(stop_first))
+        assert waited
+        row = rows[-1]
+        assert len(rows) == 2
+        assert (row["status"], row["output_text"]) == ("completed", "ab")
+        assert not any(f["code"] == "proxy_shutdown" for f in row["findings"])
