@@ -480,8 +480,9 @@ class ExchangeHooks:
 
     def _after_backlog(self, auditor: StreamAuditor, record: ExchangeRecord, settle: Callable[[], None]) -> None:
         """Settle an ended exchange once its backlog of encoded bytes is read, in slices
-        scheduled on the event loop: the hook returns at once, so the client's end of
-        stream is not delayed and other flows run between the slices."""
+        scheduled on the event loop, so other flows run between the slices. (mitmproxy
+        runs tasks eagerly: the first slice, at most ``CALL_SECONDS``, runs within the
+        hook, before the client gets the end of the body.)"""
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:  # no event loop (a test driving the hooks): end() reads it all

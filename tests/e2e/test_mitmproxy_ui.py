@@ -72,6 +72,32 @@ def view(flow, message) -> contentviews.ContentviewResult:
         return contentviews.prettify_message(message, flow)
 
 
+def test_saved_flows_without_filters_hold_the_body_and_comment(request, backend, tmp_path, upstreams):
+    """Without content filters the auditor reads a stream in runs (``READ_RUN``); the last
+    run is read in the ``response`` hook, before ``-w`` saves the flow, so the saved flow
+    still has what the client received and the record's comment."""
+    flows_file = tmp_path / "flows.mitm"
+    p = start_proxy(tmp_path, "-w", str(flows_file), **new_database(request, backend, tmp_path))
+    ids = {name: uuid.uuid4().hex for name in ("small", "runs")}
+    try:
+        with p.client() as client:
+            url = f"{upstreams['h1'].url}/v1/chat/completions"
+            got = {
+                "small": received(client, url, CHAT, "events=6", ids["small"]),
+                "runs": received(client, url, CHAT, "events=40&size=2000", ids["runs"]),  # over 32 KiB
+            }
+        rows = {name: p.mock_row(mock_id) for name, mock_id in ids.items()}
+    finally:
+        assert p.process.stop() == 0
+    flows = saved_flows(flows_file)
+    for name, mock_id in ids.items():
+        flow, row = flows[mock_id], rows[name]
+        assert flow.response.raw_content == got[name], name
+        assert flow.comment == f"gpt-4o · {row['input_tokens']}→{row['output_tokens']} tok · completed", name
+        assert row["output_text"] and row["status"] == "completed", name
+    assert len(got["runs"]) > 2 * 32 * 1024  # read in several runs, the last in the hook
+
+
 def test_saved_flows_hold_what_the_client_received_with_comment_and_marker(request, backend, tmp_path, upstreams):
     rules = tmp_path / "rules.toml"
     rules.write_text(RULES)

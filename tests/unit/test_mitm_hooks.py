@@ -245,7 +245,8 @@ def test_a_run_of_tiny_chunks_is_read_at_256_chunks() -> None:
 def test_the_last_run_is_read_in_the_response_hook_before_later_addons_see_the_flow() -> None:
     """mitmproxy runs ``-w``'s saving and mitmdump's printing after this addon's
     ``response`` hook: the record of a stream read in runs is settled, and the flow given
-    its body and comment, within the hook, even with an event loop running."""
+    its body and comment, within the hook, with an event loop running and whether or not
+    its tasks run eagerly (mitmproxy's do; ``asyncio.run``'s do not)."""
     import asyncio
 
     async def scenario() -> tuple[list[dict], http.HTTPFlow]:
