@@ -168,7 +168,7 @@ class BudgetKeeper:
         engine = self._target[1]
         if book is not None and book.snapshot is None and engine is not None and self.refresher is not None:
             self.refresher.refresh_now(book, engine)
-            self._promote()
+        self._promote()  # (also when the refresh thread read the totals first)
 
     def close(self) -> None:
         if self.refresher is not None:

@@ -507,6 +507,25 @@ def test_new_rules_keep_the_book_in_force_until_the_new_one_is_read(tmp_path):
         engine.dispose()
 
 
+def test_start_puts_the_book_in_force_when_the_thread_read_its_totals_first(tmp_path):
+    """The refresh thread may read a new book's totals before ``start`` does (it is woken
+    when the book is made): ``start`` still puts that book in force."""
+    engine = open_engine(f"sqlite:///{tmp_path / 'audit.db'}")
+    store = Store(Writer(engine, "p1"))
+    keeper = BudgetKeeper(store)  # type: ignore[arg-type]
+    try:
+        keeper.configure([Budget("d", "block", "day", "all", "input", 50.0)], "closed", 3600)
+        deadline = time.monotonic() + 10
+        while keeper.next is not None and keeper.next.snapshot is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert keeper.next is not None and keeper.next.snapshot is not None  # the thread's read
+        keeper.start()
+        assert keeper.book is not None and keeper.next is None
+    finally:
+        keeper.close()
+        engine.dispose()
+
+
 def test_a_row_waiting_for_its_price_holds_only_what_pricing_reads(tmp_path, monkeypatch):
     """A row waits on the budgets' thread for its cost: not with the exchange's content."""
     seen: list[dict] = []
