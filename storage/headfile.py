@@ -73,7 +73,10 @@ class HeadFile:
     def load(self) -> Head | None:
         """The head last saved; None when there is none (a first start) or it cannot be read."""
         try:
-            data = self.path.read_bytes()
+            with self.path.open("rb") as f:
+                data = f.read(2 * SLOT + 1)  # (a file grown by someone else is not read whole)
+            if len(data) > 2 * SLOT:
+                raise ValueError(f"over {2 * SLOT} bytes: not a head file")
             if len(data) != 2 * SLOT:  # the earlier format: one JSON object
                 return _read(data, slot=False)
             # a slot torn by a crash while it was written: the other holds the head before

@@ -19,6 +19,21 @@ def heads(n: int) -> list[Head]:
     return [Head(i, f"{i:064x}") for i in range(1, n + 1)]
 
 
+def saved(path, *runs: list[Head]) -> bytearray:
+    """The file after each run of saves (a HeadFile each, closed: a restart between runs)."""
+    for run in runs:
+        f = HeadFile(path)
+        for head in run:
+            f.save(head)
+        f.close()
+    return bytearray(path.read_bytes())
+
+
+def slot_of(data: bytearray, seq: int) -> int:
+    """Where the slot holding head ``seq`` starts."""
+    return 0 if orjson.loads(bytes(data[:SLOT]))["seq"] == seq else SLOT
+
+
 def test_the_last_head_saved_is_loaded(tmp_path):
     path = tmp_path / "state" / "head-x.json"
     assert HeadFile(path).load() is None, "a first start has none"
@@ -34,13 +49,9 @@ def test_the_last_head_saved_is_loaded(tmp_path):
 
 def test_a_torn_slot_leaves_the_head_before_it(tmp_path, caplog):
     path = tmp_path / "head-x.json"
-    f = HeadFile(path)
     first, second, third = heads(3)
-    for head in (first, second, third):
-        f.save(head)
-    f.close()
-    data = bytearray(path.read_bytes())
-    newest = 0 if orjson.loads(bytes(data[:SLOT]))["seq"] == 3 else SLOT
+    data = saved(path, [first, second, third])
+    newest = slot_of(data, 3)
     data[newest + 10 : newest + 20] = b"\x00" * 10  # a write cut short by a crash
     path.write_bytes(bytes(data))
     assert HeadFile(path).load() == second
@@ -57,15 +68,8 @@ def test_a_torn_slot_leaves_the_head_before_it(tmp_path, caplog):
 def test_after_a_restart_the_first_save_goes_into_the_older_slot(tmp_path):
     """The newest head survives a crash that tears the first write of the next run."""
     path = tmp_path / "head-x.json"
-    f = HeadFile(path)
-    for head in heads(3):
-        f.save(head)
-    f.close()
-    g = HeadFile(path)
-    g.save(Head(4, "d" * 64))
-    g.close()
-    data = bytearray(path.read_bytes())
-    newest = 0 if orjson.loads(bytes(data[:SLOT]))["seq"] == 4 else SLOT
+    data = saved(path, heads(3), [Head(4, "d" * 64)])
+    newest = slot_of(data, 4)
     data[newest : newest + 20] = b"\x00" * 20
     path.write_bytes(bytes(data))
     assert HeadFile(path).load() == heads(3)[-1]
@@ -73,12 +77,8 @@ def test_after_a_restart_the_first_save_goes_into_the_older_slot(tmp_path):
 
 def test_a_slot_without_its_crc_is_not_the_head(tmp_path):
     path = tmp_path / "head-x.json"
-    f = HeadFile(path)
-    for head in heads(2):
-        f.save(head)
-    f.close()
-    data = bytearray(path.read_bytes())
-    older = 0 if orjson.loads(bytes(data[:SLOT]))["seq"] == 1 else SLOT
+    data = saved(path, heads(2))
+    older = slot_of(data, 1)
     data[older : older + SLOT] = orjson.dumps({"seq": 9, "hash": "f" * 64}).ljust(SLOT - 1) + b"\n"
     path.write_bytes(bytes(data))
     assert HeadFile(path).load() == heads(2)[-1]
@@ -107,3 +107,11 @@ def test_a_head_file_that_cannot_be_written_is_said_once_and_tried_again(tmp_pat
     f.save(Head(3, "c" * 64))
     f.close()
     assert HeadFile(blocker / "head-x.json").load() == Head(3, "c" * 64)
+
+
+def test_a_file_grown_past_two_slots_is_not_read_whole(tmp_path, caplog):
+    """A head file someone made huge is refused after reading just past its size."""
+    path = tmp_path / "head-x.json"
+    path.write_bytes(b" " * (64 * 1024 * 1024))
+    assert HeadFile(path).load() is None
+    assert "not a head file" in caplog.text

@@ -7,17 +7,21 @@ leaves a flow in, which the e2e tests see only through the rows.
 
 from __future__ import annotations
 
+import asyncio
+
 import orjson
 from mitmproxy import http
 from mitmproxy.flow import Error
 from mitmproxy.test import tflow
 
+from addon import auditor
+from addon.auditor import READ_RUN_CHUNKS
 from addon.filters.engine import FilterSet
 from addon.filters.rules import parse_rules
 from addon.mitm.content_filters import ContentFilters
 from addon.mitm.flow_state import AnsweredByProxy, HeldWhole, Recording, Sniffing, Streaming
 from addon.mitm.hooks import ExchangeHooks
-from addon.record import ExchangeRecord, Status
+from addon.record import OUTCOME_CLIENT_ABORTED, OUTCOME_UPSTREAM_ABORTED, ExchangeRecord, Status
 
 BLOCK_WORD = parse_rules("""
 [[rule]]
@@ -183,8 +187,6 @@ def test_done_writes_the_exchanges_still_open_as_cut_off():
 
 def _row_of(kind: str, sniffed: bool) -> dict:
     """The row of a 50-delta stream cut (or ended) by ``kind``, its chunks 37 bytes each."""
-    from addon.record import OUTCOME_CLIENT_ABORTED, OUTCOME_UPSTREAM_ABORTED
-
     h, store = hooks()
     flow = tflow.tflow(req=http.Request.make("GET", "https://example.com/events")) if sniffed else chat_flow()
     h.request(flow)
@@ -212,34 +214,30 @@ def test_a_stream_read_in_runs_is_recorded_as_one_read_chunk_by_chunk_however_it
     """Ended, cut by either side (a client that had it all too), or cut off by the proxy
     stopping: whether its chunks were read in runs or one by one, the row is the same,
     with every delta that came (the catch-up before the record is judged or written)."""
-    from addon import auditor
-
     whole = "".join(f"tok{i} " for i in range(50))
     for kind in ("complete", "client", "had_all", "upstream", "shutdown"):
         for sniffed in (False, True):
-            for run_bytes in (32 * 1024, 100):
-                monkeypatch.setattr(auditor, "READ_RUN", run_bytes)
-                in_runs = _row_of(kind, sniffed)
             monkeypatch.setattr(auditor, "READ_RUN", 0)
-            assert in_runs == _row_of(kind, sniffed), (kind, sniffed)
-            assert in_runs["output_text"] == whole, (kind, sniffed)
+            one_by_one = _row_of(kind, sniffed)
+            assert one_by_one["output_text"] == whole, (kind, sniffed)
+            for run_bytes in (32 * 1024, 100):  # one run read at the end; runs that fill
+                monkeypatch.setattr(auditor, "READ_RUN", run_bytes)
+                assert _row_of(kind, sniffed) == one_by_one, (kind, sniffed, run_bytes)
 
 
 def test_a_run_of_tiny_chunks_is_read_at_256_chunks() -> None:
     """An upstream sending a byte at a time does not make a flow hold thousands of objects."""
-    from addon.auditor import READ_RUN_CHUNKS
-
     h, _ = hooks()
     flow = chat_flow()
     h.request(flow)
     flow.response = response_headers(SSE)
     h.responseheaders(flow)
     body = b"".join(chunk(f"tok{i} ") for i in range(60))
-    auditor = h.flows[flow.id].auditor
+    reading = h.flows[flow.id].auditor
     for i in range(len(body)):
         flow.response.stream(body[i : i + 1])
-        assert len(auditor._run) < READ_RUN_CHUNKS
-    assert auditor.record.event_count >= 55  # read as the runs filled, not at the end
+        assert len(reading._run) < READ_RUN_CHUNKS
+    assert reading.record.event_count >= 55  # read as the runs filled, not at the end
 
 
 def test_the_last_run_is_read_in_the_response_hook_before_later_addons_see_the_flow() -> None:
@@ -247,7 +245,6 @@ def test_the_last_run_is_read_in_the_response_hook_before_later_addons_see_the_f
     ``response`` hook: the record of a stream read in runs is settled, and the flow given
     its body and comment, within the hook, with an event loop running and whether or not
     its tasks run eagerly (mitmproxy's do; ``asyncio.run``'s do not)."""
-    import asyncio
 
     async def scenario() -> tuple[list[dict], http.HTTPFlow]:
         h, store = hooks()
