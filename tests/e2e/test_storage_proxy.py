@@ -204,6 +204,8 @@ def test_spool_left_at_shutdown_is_replayed_at_the_next_start(tmp_path, upstream
             timeout=20,
             what="spooled rows replayed",
         )
+        # the spool is emptied once the whole replay is committed, just after its rows show
+        wait_for(lambda: (tmp_path / "spool.jsonl").stat().st_size == 0, timeout=10, what="the spool emptied")
         assert (tmp_path / "spool.jsonl").stat().st_size == 0
     finally:
         restarted.process.stop()
