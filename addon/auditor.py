@@ -23,7 +23,9 @@ event path: :meth:`StreamAuditor.feed` then returns only the bytes whose text th
 filters have passed, and, when a filter blocks, the dialect's termination instead of the
 rest (the proxy then ends the stream). The auditor reads a chunk through to the record
 first, then hands it to the gate in one call (the raw bytes, their decoded size, the
-frames with their events and the reader's end offsets): one hand-off per chunk.
+frames with their events and the reader's end offsets): one hand-off per chunk. Filters
+that only flag hold nothing back: their gate is handed what was read, a run at a time,
+and the chunks go to the client as they came.
 
 It is sans-IO (no mitmproxy, no database) so that it can be tested with plain bytes,
 and it never lets an exception escape into the proxy: a failure of the auditor becomes
@@ -64,11 +66,12 @@ DECODE_BUDGET = DecodeBudget(max_decoded=1024 * 1024 * 1024, ratio=100, floor=16
 # Encoded bytes allowed to wait for decoding: an upstream sending faster than the
 # auditor decodes stops being inspected rather than being held in memory.
 MAX_BACKLOG = 16 * 1024 * 1024
-# A stream nothing holds back (no output filter, no turns) is read in runs of about this
-# many bytes rather than chunk by chunk: its bytes pass at once either way, and nothing
-# reads the record before the body ends, while a run of events costs less to read than
-# its events one call at a time (the reader's and the dispatch's fixed cost per call,
-# paid once a run: in process 4.0 against 5.7 µs per small delta). What a run holds is
+# A stream nothing holds back (no output filter that can block, no turns) is read in
+# runs of about this many bytes rather than chunk by chunk: its bytes pass at once either
+# way, and nothing reads the record (or a flag's verdict) before the body ends, while a
+# run of events costs less to read than its events one call at a time (the reader's and
+# the dispatch's fixed cost per call, paid once a run: in process 4.0 against 5.7 µs per
+# small delta; a gate that only flags checks a run's text as one piece). What a run holds is
 # read when it fills, when the body ends (in the response hook, before mitmproxy's later
 # addons see the flow: the last run of the bench's paced stream took 0.1 ms) or when it
 # is cut (:meth:`StreamAuditor.catch_up`), so the record holds the same; only when the
@@ -155,9 +158,9 @@ class StreamAuditor:
     def feed(self, chunk: bytes, now: float | None = None) -> bytes:
         """Inspect one chunk from the upstream; return the bytes the client gets now.
 
-        Without a gate that is the chunk itself, at once. A stream nothing holds back is
-        read in runs (:data:`READ_RUN`): its record lags by up to a run until
-        :meth:`catch_up` or :meth:`end`.
+        Without a gate, or with one that only flags, that is the chunk itself, at once.
+        A stream nothing holds back is read in runs (:data:`READ_RUN`): its record lags
+        by up to a run until :meth:`catch_up` or :meth:`end`.
         """
         record = self.record
         if record is not None:
@@ -170,7 +173,8 @@ class StreamAuditor:
         if self.stopped:
             return b""
         gate = self.gate
-        self._raw_chunk = chunk if gate is not None else None
+        passes = gate is None or gate.flags_only  # the chunk goes as it came: nothing is held back
+        self._raw_chunk = None if passes else chunk
         decoder = self.decoder
         if decoder is not None and not (self.ignored or self.failed or self.halted):  # (self.active)
             if decoder.encoded:
@@ -179,7 +183,7 @@ class StreamAuditor:
                 # bytes it releases are counted per raw chunk): it reads within the
                 # exchange's decode budget, not per call.
                 self._work(None if gate is not None and gate.holds else CALL_SECONDS)
-            elif gate is None and self.on_turn_end is None and self.normalizer is not None:
+            elif passes and self.on_turn_end is None and self.normalizer is not None:
                 run = self._run
                 run.append(chunk)
                 self._run_size += len(chunk)
@@ -187,16 +191,24 @@ class StreamAuditor:
                     self._read_run()
             else:
                 self._read(chunk)
-        out = chunk if gate is None else self._gated(gate, self._released_now())
+        if gate is None:
+            out = chunk
+        elif passes:  # (the gate's verdicts on what was read are taken; it releases no bytes)
+            out = self._gated(gate, self._released_now()) + chunk
+        else:
+            out = self._gated(gate, self._released_now())
         if self.record is not None:
             self.record.bytes_to_client += len(out)
         return out
 
     def catch_up(self) -> None:
         """Read the chunks of the current run: the record then holds everything that
-        came (for an exchange cut before its end; :meth:`end` does it itself)."""
+        came, with the verdicts of a gate that only flags (for an exchange cut before its
+        end; :meth:`end` and :meth:`finish` do it themselves)."""
         if self._run:
             self._read_run()
+            if self.gate is not None:
+                self._gated(self.gate, self._released_now(), terminate=False)
 
     def _read_run(self) -> None:
         run = self._run
@@ -219,6 +231,7 @@ class StreamAuditor:
         gate = self.gate
         if gate is None or self.stopped:
             return b""
+        self.catch_up()  # the gate's last checks see all the text
         self._work(None)  # the gate decides on everything before the body may end
         out = self._gated(gate, self._released_now() + gate.finish())
         if self.record is not None:

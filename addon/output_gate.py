@@ -93,6 +93,9 @@ class OutputGate:
     ``holds`` False (only flag rules: nothing can block) checks the output the same
     way but forwards every chunk as it arrives. ``split_raw``: the body has no
     Content-Encoding, so raw offsets are decoded offsets and chunks may be cut.
+    ``flags_only``: no filter of the guard can block, so the gate never holds or ends
+    anything; the auditor then forwards the chunks itself and hands the gate only what it
+    read (:class:`~addon.auditor.StreamAuditor` reads such a stream in runs).
     """
 
     def __init__(
@@ -102,6 +105,7 @@ class OutputGate:
         self.forwarded = forwarded
         forwarded.keeps_delivered = True  # it reads only what the client gets: its termination may repeat it
         self.holds = holds
+        self.flags_only = not guard.may_block
         self.split_raw = split_raw
         self.failure = failure
         self.verdicts: list[Verdict] = []  # new verdicts, taken by the auditor
@@ -128,8 +132,11 @@ class OutputGate:
         self._decoded += decoded
         if self._raw:  # (without holding, what was read may come after its chunk went out)
             self._raw[-1] = (self._raw[-1][0], self._decoded)
-        for event, common, end, parsed in framed:
-            self._on_frame(event, common, end, parsed)
+        if self.holds:
+            for event, common, end, parsed in framed:
+                self._on_frame(event, common, end, parsed)
+        else:
+            self._check_unheld(framed)
         return self._release()
 
     def _on_frame(self, event: Frame | None, common: Iterable[Event], end: int, parsed: Any) -> None:
@@ -146,6 +153,35 @@ class OutputGate:
                 break
         if self.holds:  # (an event carrying the block is never released: it needs what never comes)
             self._held.append(_Held(end, event, None if self.blocked is not None else needs, parsed))
+
+    def _check_unheld(self, framed: Iterable[Framed]) -> None:
+        """Check frames nothing waits for: consecutive text deltas of one stream are fed
+        to the guard as one piece (a run of a stream read in runs, or one chunk's events).
+
+        The guard finds the same matches wherever the text is cut (the window's
+        split-everywhere tests), and one check of a run's text costs less than one check
+        per event. Events are not held, so nothing here decides when bytes go.
+        """
+        key: StreamKey = (0, "text", None)
+        pieces: list[str] = []
+        for _event, common, _end, _parsed in framed:
+            for ev in common:
+                if self.blocked is not None:
+                    return
+                if type(ev) is TextDelta:
+                    stream = (ev.choice, ev.kind, None)
+                    if stream != key and pieces:
+                        self._feed(key, "".join(pieces), [])
+                        pieces = []
+                    key = stream
+                    pieces.append(ev.text)
+                    continue
+                if pieces:
+                    self._feed(key, "".join(pieces), [])
+                    pieces = []
+                self._check(ev, [])
+        if pieces and self.blocked is None:
+            self._feed(key, "".join(pieces), [])
 
     def on_body(self, common: Iterable[Event]) -> None:
         """A whole body (a JSON answer): check all its output at once."""

@@ -238,6 +238,11 @@ class OutputGuard:
         self._failed: set[int] = set()  # filters (by index) that failed in this exchange
         self.blocked: Verdict | None = None
 
+    @property
+    def may_block(self) -> bool:
+        """Whether any of its filters can block; else it only records verdicts (flags)."""
+        return self._fs.may_block_output
+
     def feed(self, text: str, *, choice: int = 0, kind: str = "text", tool_key: str | None = None) -> Release:
         """A new piece of one stream: what may be released now, and the verdicts."""
         if self.blocked is not None or not text:

@@ -185,9 +185,24 @@ def test_done_writes_the_exchanges_still_open_as_cut_off():
 # -- a stream read in runs (addon.auditor.READ_RUN) ----------------------------------------------
 
 
-def _row_of(kind: str, sniffed: bool) -> dict:
+FLAG_TOKENS = parse_rules("""
+[[rule]]
+id = "tok42-seen"
+kind = "keywords"
+keywords = ["tok42"]
+action = "flag"
+
+[[rule]]
+id = "teens"
+kind = "regex"
+pattern = "tok1[0-9] tok"
+action = "flag"
+""")
+
+
+def _row_of(kind: str, sniffed: bool, rules=None) -> dict:
     """The row of a 50-delta stream cut (or ended) by ``kind``, its chunks 37 bytes each."""
-    h, store = hooks()
+    h, store = hooks(rules)
     flow = tflow.tflow(req=http.Request.make("GET", "https://example.com/events")) if sniffed else chat_flow()
     h.request(flow)
     flow.response = response_headers(SSE)
@@ -207,22 +222,27 @@ def _row_of(kind: str, sniffed: bool) -> dict:
         outcome = OUTCOME_UPSTREAM_ABORTED if kind == "upstream" else OUTCOME_CLIENT_ABORTED
         h._record_aborted(flow, h.flows.pop(flow.id), outcome)
     row = store.rows[-1]  # (the first is the write-ahead open record)
+    # (a run's text is checked as one piece: its verdicts come rule by rule, not in text order)
+    row["verdicts"] = sorted(row["verdicts"], key=lambda v: (v["position"], v["rule_id"]))
     return {k: v for k, v in row.items() if k not in ("id", "started_at", "first_chunk_at", "ended_at")}
 
 
 def test_a_stream_read_in_runs_is_recorded_as_one_read_chunk_by_chunk_however_it_ends(monkeypatch) -> None:
     """Ended, cut by either side (a client that had it all too), or cut off by the proxy
     stopping: whether its chunks were read in runs or one by one, the row is the same,
-    with every delta that came (the catch-up before the record is judged or written)."""
+    with every delta that came (the catch-up before the record is judged or written),
+    and, under rules that only flag, every verdict."""
     whole = "".join(f"tok{i} " for i in range(50))
     for kind in ("complete", "client", "had_all", "upstream", "shutdown"):
-        for sniffed in (False, True):
+        for sniffed, rules in ((False, None), (True, None), (False, FLAG_TOKENS)):
             monkeypatch.setattr(auditor, "READ_RUN", 0)
-            one_by_one = _row_of(kind, sniffed)
+            one_by_one = _row_of(kind, sniffed, rules)
             assert one_by_one["output_text"] == whole, (kind, sniffed)
+            if rules is not None:  # flag rules: their gate checks the text, a run at a time
+                assert {v["rule_id"] for v in one_by_one["verdicts"]} == {"tok42-seen", "teens"}, kind
             for run_bytes in (32 * 1024, 100):  # one run read at the end; runs that fill
                 monkeypatch.setattr(auditor, "READ_RUN", run_bytes)
-                assert _row_of(kind, sniffed) == one_by_one, (kind, sniffed, run_bytes)
+                assert _row_of(kind, sniffed, rules) == one_by_one, (kind, sniffed, rules, run_bytes)
 
 
 def test_a_run_of_tiny_chunks_is_read_at_256_chunks() -> None:

@@ -24,6 +24,7 @@ import orjson
 import pytest
 from test_block_responses import CASES, Case, Reader, codes, sse_events
 
+from addon import auditor as auditor_module
 from addon.auditor import StreamAuditor, summary_into_record
 from addon.filters.api import BaseFilter, OutputPiece, Verdict
 from addon.filters.engine import FILTER_ERROR, FilterSet
@@ -215,6 +216,62 @@ def test_flag_only_rules_change_nothing_on_the_wire(name: str) -> None:
         assert sent[:-1] == [body[a:b] for a, b in zip(bounds, bounds[1:])] and sent[-1] == b""
         assert [(v["action"], v["rule_id"]) for v in row["verdicts"]] == [("flag", "code-name-seen")]
         assert row["status"] == "completed" and row["delivered_text"] is None
+
+
+FLAG_EVERY_KIND = FilterSet(
+    parse_rules(f"""
+[[rule]]
+id = "word"
+kind = "keywords"
+keywords = ["{WORD}"]
+action = "flag"
+
+[[rule]]
+id = "phrase"
+kind = "regex"
+pattern = "plan and (mail|more)"
+action = "flag"
+
+[[rule]]
+id = "secret"
+kind = "secrets"
+action = "flag"
+
+[[rule]]
+id = "personal"
+kind = "pii"
+action = "flag"
+"""),
+    failure="closed",
+)
+# (an address at the very end is decided only when the stream's text ends: by its
+# terminal event, or without one by the body's end)
+FLAGGED = "events=16&text=Ask+about+the+{w}+plan+and+more:+the+key+AKIAIOSFODNN7EXAMPLE,+write+to+ada%40example.com"
+
+
+@pytest.mark.parametrize("name", CASES)
+@pytest.mark.parametrize("end", ["", "&no_end=1", "&reasoning=1"])
+def test_flag_only_rules_find_the_same_read_in_runs_as_event_by_event(
+    name: str, end: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A gate that only flags is handed what was read a run at a time, the run's text as
+    one piece per stream: the row (verdicts and their positions included) is the one read
+    event by event (byte at a time, each chunk read as it comes), and the wire unchanged."""
+    case = CASES[name]
+    body = body_of(case, Scenario.parse(FLAGGED.format(w=WORD) + end))
+
+    def row_of(run_bytes: int, cuts: list[int]) -> dict[str, Any]:
+        monkeypatch.setattr(auditor_module, "READ_RUN", run_bytes)
+        sent, row, _ = gated(case, body, cuts, FLAG_EVERY_KIND)
+        assert b"".join(sent) == body
+        row["verdicts"].sort(key=lambda v: (v["location"], v["position"], v["rule_id"]))  # (rule by rule in a run)
+        return {k: v for k, v in row.items() if k not in ("id", "started_at", "ended_at", "first_chunk_at")}
+
+    reference = row_of(0, byte_at_a_time(body))
+    assert {v["rule_id"] for v in reference["verdicts"]} >= {"word", "phrase", "secret", "personal"}
+    for cuts in ([], *some_cuts(body, 5, 6)):
+        for run_bytes in (0, 97, 32 * 1024):
+            assert row_of(run_bytes, cuts) == reference, (cuts, run_bytes)
 
 
 def test_release_first_rules_send_each_event_as_soon_as_it_is_whole() -> None:
