@@ -27,7 +27,8 @@ text the client was shown.
 
 The auditor hands the gate each chunk once (:meth:`OutputGate.feed`: the raw bytes, what
 they decoded to, the frames read with their events and ends) and gets back the bytes the
-client may have; the gate does not call back.
+client may have; the gate does not call back. The text deltas of one hand-off are checked
+as one piece per stream (:meth:`OutputGate._check_frames`).
 
 Sans-IO: bytes and events in, bytes out; the proxy sends them and ends the stream.
 """
@@ -132,12 +133,58 @@ class OutputGate:
         self._decoded += decoded
         if self._raw:  # (without holding, what was read may come after its chunk went out)
             self._raw[-1] = (self._raw[-1][0], self._decoded)
-        if self.holds:
-            for event, common, end, parsed in framed:
-                self._on_frame(event, common, end, parsed)
-        else:
-            self._check_unheld(framed)
+        self._check_frames(framed)
         return self._release()
+
+    def _check_frames(self, framed: Iterable[Framed]) -> None:
+        """Check the frames of one hand-off, in order. Consecutive frames that are each
+        one text delta of the same stream (nearly every frame) are fed to the guard as
+        one piece; held, each waits until the guard has released the text up to its own
+        end. (A gate that only flags is handed a whole run of a stream read in runs.)
+
+        Why: the guard's fixed cost per piece is most of the gate's cost per event (in
+        process, 100 rules on 1 KiB OpenAI Chat deltas read 16 KiB at a time: 591 against
+        217 µs per chunk of about 12 events, the audit alone 102 to 118 µs). The guard
+        releases the same text wherever its input is cut, so a hand-off that is not
+        blocked releases the same bytes (tests/unit/test_output_gate.py). One that is
+        blocked releases none of its frames, where one check per frame released those
+        before the blocking one that were clear: the client gets less of the text before
+        a block, never any of what it blocks.
+        """
+        key: StreamKey = (0, "text", None)
+        batch: list[tuple[Framed, str]] = []
+        for item in framed:
+            common = item[1]
+            if len(common) == 1 and type(ev := common[0]) is TextDelta:
+                stream = (ev.choice, ev.kind, None)
+                if batch and stream != key:
+                    self._check_batch(key, batch)
+                    batch = []
+                key = stream
+                batch.append((item, ev.text))
+                continue
+            if batch:
+                self._check_batch(key, batch)
+                batch = []
+            self._on_frame(*item)
+        if batch:
+            self._check_batch(key, batch)
+
+    def _check_batch(self, stream: StreamKey, batch: list[tuple[Framed, str]]) -> None:
+        """Check a batch of frames, each one text delta of ``stream`` (with its text), as one piece."""
+        if len(batch) == 1:
+            self._on_frame(*batch[0][0])
+            return
+        if self.blocked is not None:
+            return
+        at = self.guard.progress(stream)[0]
+        self._feed(stream, "".join(text for _, text in batch), [])
+        if not self.holds:
+            return
+        blocked = self.blocked is not None
+        for (event, _common, end, parsed), text in batch:
+            at += len(text)
+            self._held.append(_Held(end, event, None if blocked else [(stream, at)], parsed))
 
     def _on_frame(self, event: Frame | None, common: Iterable[Event], end: int, parsed: Any) -> None:
         """A frame of the stream is complete: check the output it carries.
@@ -153,35 +200,6 @@ class OutputGate:
                 break
         if self.holds:  # (an event carrying the block is never released: it needs what never comes)
             self._held.append(_Held(end, event, None if self.blocked is not None else needs, parsed))
-
-    def _check_unheld(self, framed: Iterable[Framed]) -> None:
-        """Check frames nothing waits for: consecutive text deltas of one stream are fed
-        to the guard as one piece (a run of a stream read in runs, or one chunk's events).
-
-        The guard finds the same matches wherever the text is cut (the window's
-        split-everywhere tests), and one check of a run's text costs less than one check
-        per event. Events are not held, so nothing here decides when bytes go.
-        """
-        key: StreamKey = (0, "text", None)
-        pieces: list[str] = []
-        for _event, common, _end, _parsed in framed:
-            for ev in common:
-                if self.blocked is not None:
-                    return
-                if type(ev) is TextDelta:
-                    stream = (ev.choice, ev.kind, None)
-                    if stream != key and pieces:
-                        self._feed(key, "".join(pieces), [])
-                        pieces = []
-                    key = stream
-                    pieces.append(ev.text)
-                    continue
-                if pieces:
-                    self._feed(key, "".join(pieces), [])
-                    pieces = []
-                self._check(ev, [])
-        if pieces and self.blocked is None:
-            self._feed(key, "".join(pieces), [])
 
     def on_body(self, common: Iterable[Event]) -> None:
         """A whole body (a JSON answer): check all its output at once."""
