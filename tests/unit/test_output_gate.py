@@ -329,79 +329,12 @@ class BlockAfter(BaseFilter):
 
 
 def test_a_user_filter_blocks_mid_stream_and_the_client_gets_what_was_checked_before() -> None:
-    """Checked event by event (a chunk each, as a model's pace sends them), the events
-    before the block reach the client; in one chunk, the chunk's text is checked as one
-    piece, and none of it does (``OutputGate._check_frames``)."""
     case = CASES["openai-chat"]
     body = body_of(case, CLEAN)
-    events = case.stream(case.request, CLEAN)
-    for cuts, some in (([sum(map(len, events[: i + 1])) for i in range(len(events) - 1)], True), ([], False)):
-        sent, row, auditor = gated(case, body, cuts, FilterSet((), [BlockAfter()], failure="closed"))
-        shown = client_text(case, b"".join(sent))
-        assert (0 < len(shown) if some else shown == "") and len(shown) <= 20
-        assert (row["delivered_text"] or "") == shown
-        assert [v["rule_id"] for v in row["verdicts"]] == ["too-long"] and row["status"] == "blocked"
-
-
-BLOCK_EVERY_KIND = FilterSet(
-    parse_rules(f"""
-[[rule]]
-id = "word"
-kind = "keywords"
-keywords = ["{WORD}", "Nightingale song"]
-action = "block"
-
-[[rule]]
-id = "phrase"
-kind = "regex"
-pattern = "plan and (mail|more)"
-action = "block"
-
-[[rule]]
-id = "secret"
-kind = "secrets"
-action = "block"
-
-[[rule]]
-id = "personal"
-kind = "pii"
-action = "block"
-"""),
-    failure="closed",
-)
-# Text with the starts of matches that do not come (keyword prefixes, the start of an
-# address), so that the guard holds tails back and then releases them.
-HELD_THEN_CLEAR = "events=24&text=Night+falls+on+the+Nightingale+and+its+nest;+the+plan+and+a+jar;+ada%40+is+no+address"
-
-
-def _frame_by_frame(gate: OutputGate, framed) -> None:
-    """The gate checking each frame on its own (before ``_check_frames``): the reference."""
-    for item in framed:
-        gate._on_frame(*item)
-
-
-@pytest.mark.parametrize("name", CASES)
-def test_a_hand_off_checked_as_one_piece_releases_what_frame_by_frame_checks_release(
-    name: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The text deltas of one hand-off are checked as one piece: not blocked, the client
-    gets the same bytes at every call as when each frame was checked on its own; blocked,
-    never more of the text (and never any of the match: the no-leak tests)."""
-    case = CASES[name]
-    for scenario, blocked in ((HELD_THEN_CLEAR, False), (CLEAN, False), ("events=30&size=300", False), (DIRTY, True)):
-        body = body_of(case, Scenario.parse(scenario) if isinstance(scenario, str) else scenario)
-        tcp = list(range(1460, len(body), 1460))
-        for cuts in ([], tcp, *some_cuts(body, 11, 6)):
-            with monkeypatch.context() as m:
-                m.setattr(OutputGate, "_check_frames", _frame_by_frame)
-                reference, ref_row, _ = gated(case, body, cuts, BLOCK_EVERY_KIND)
-            sent, row, _ = gated(case, body, cuts, BLOCK_EVERY_KIND)
-            assert (row["status"] == "blocked") is blocked and (ref_row["status"] == "blocked") is blocked
-            if not blocked:
-                assert sent == reference, cuts
-                assert b"".join(sent) == body
-            else:
-                assert client_text(case, b"".join(reference)).startswith(client_text(case, b"".join(sent)))
+    sent, row, auditor = gated(case, body, [], FilterSet((), [BlockAfter()], failure="closed"))
+    shown = client_text(case, b"".join(sent))
+    assert 0 < len(shown) <= 20 and row["delivered_text"] == shown
+    assert [v["rule_id"] for v in row["verdicts"]] == ["too-long"] and row["status"] == "blocked"
 
 
 # -- the SSE reader's boundaries ------------------------------------------------------------------
