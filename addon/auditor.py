@@ -141,6 +141,8 @@ class StreamAuditor:
         # Raw chunks of a run not read yet (see READ_RUN), and their size.
         self._run: list[bytes] = []
         self._run_size = 0
+        self._last_checked = False  # a gate that only flags had its last checks (last_checks)
+        self._block_settled = False  # the gate's block is in the record (and its ending sent)
         if self.decoder is None and record is not None:
             record.add_finding("decode_failed", f"unsupported Content-Encoding {content_encoding!r}")
             self._unreadable(f"unsupported Content-Encoding {content_encoding!r}")
@@ -203,12 +205,25 @@ class StreamAuditor:
 
     def catch_up(self) -> None:
         """Read the chunks of the current run: the record then holds everything that
-        came, with the verdicts of a gate that only flags (for an exchange cut before its
-        end; :meth:`end` and :meth:`finish` do it themselves)."""
+        came (for an exchange cut before its end; :meth:`end` does it itself)."""
         if self._run:
             self._read_run()
-            if self.gate is not None:
-                self._gated(self.gate, self._released_now(), terminate=False)
+
+    def last_checks(self) -> None:
+        """The exchange is over and all of it that will be read is read: a gate that only
+        flags checks what it was not handed yet and the end of the text (a match only the
+        end decides: a keyword as the last word, an address at the very end), and its
+        verdicts go into the record. Once; :meth:`end` does it itself. Never raises."""
+        gate = self.gate
+        if gate is None or not gate.flags_only or self._last_checked:
+            return
+        self._last_checked = True
+        try:
+            self._to_gate()
+            gate.finish()  # (it holds nothing: no bytes come back)
+            self._gated(gate, b"", terminate=False)
+        except Exception as e:  # noqa: BLE001 - the traffic must never see our bugs
+            self._fail(e)
 
     def _read_run(self) -> None:
         run = self._run
@@ -229,9 +244,8 @@ class StreamAuditor:
         For the stream callable's end-of-body call; :meth:`end` then settles the record.
         """
         gate = self.gate
-        if gate is None or self.stopped:
-            return b""
-        self.catch_up()  # the gate's last checks see all the text
+        if gate is None or self.stopped or gate.flags_only:
+            return b""  # (a gate that only flags holds nothing: its last checks come with end())
         self._work(None)  # the gate decides on everything before the body may end
         out = self._gated(gate, self._released_now() + gate.finish())
         if self.record is not None:
@@ -360,8 +374,9 @@ class StreamAuditor:
             if record is not None:
                 record.verdicts.extend(v.as_dict() for v in gate.verdicts)
             gate.verdicts.clear()
-        if gate.blocked is None:
+        if gate.blocked is None or self._block_settled:
             return out
+        self._block_settled = True  # (once: a turn's end may have settled it before the chunk's end)
         self.stopped = True
         verdict = gate.blocked
         message = block_message(verdict.rule_id, verdict.reason)
@@ -400,6 +415,7 @@ class StreamAuditor:
         try:
             self._settle(cut_by_upstream)
         finally:
+            self.last_checks()
             self.report_limits()
 
     def _settle(self, cut_by_upstream: bool) -> None:
@@ -523,16 +539,30 @@ class StreamAuditor:
                     self._framed.append((event, [TextDelta(got)], end, normalizer.parsed))
                 continue
             common: list[Event] = got
+            framed = gate is not None
+            if gate is not None and self.on_turn_end is not None and any(type(ev) is TurnEnd for ev in common):
+                self._framed.append((event, common, end, None))
+                self._gate_before_turn_end(gate)
+                framed = False
             for ev in common:
                 record.apply(ev)
                 if type(ev) is TurnEnd and self.on_turn_end is not None:
                     record = self.record = self.on_turn_end(record)
-            if gate is not None:
+            if framed:
                 self._framed.append((event, common, end, None))
         if self.normalizer is None and self.sniffed_bytes > SNIFF_LIMIT:
             self.ignored = True
         if len(self.reader.findings) > self._reported_findings:
             self._collect_reader_findings()
+
+    def _gate_before_turn_end(self, gate: OutputGate) -> None:
+        """A frame ends a turn: the gate checks what was read up to it first, so that the
+        verdicts on the turn's text, and a block with its ending, go into the turn's own
+        record before that record is written (the released bytes and the ending go out
+        with this chunk, in order)."""
+        self._to_gate()
+        if gate.verdicts or gate.blocked is not None:
+            self._released.append(self._gated(gate, b""))
 
     def _claim(self, first_event: Frame) -> bool:
         on_claim = self.on_claim

@@ -99,7 +99,8 @@ class ExchangeHooks:
         self.store = store
         self.filters = filters
         self.flows: dict[str, FlowState] = {}
-        self.draining: dict[asyncio.Task, ExchangeRecord] = {}  # records waiting for their backlog to be read
+        # exchanges waiting for their backlog to be read, with their records
+        self.draining: dict[asyncio.Task, tuple[StreamAuditor, ExchangeRecord]] = {}
         self.max_event_bytes = DEFAULT_MAX_EVENT_BYTES
         self.max_record_bytes = DEFAULT_MAX_RECORD_BYTES
         self.view_bytes = DEFAULT_VIEW_BYTES
@@ -222,12 +223,14 @@ class ExchangeHooks:
             if state is not None and not isinstance(state, Sniffing):
                 if (auditor := _auditor(state)) is not None:
                     auditor.catch_up()
+                    auditor.last_checks()
                 state.record.add_finding("proxy_shutdown", "the proxy stopped during the exchange")
                 state.record.finish(OUTCOME_CLIENT_ABORTED)
                 self.store.submit(state.record)
         self.flows.clear()
-        for task, record in self.draining.items():  # ended, but their backlog was not read yet
+        for task, (auditor, record) in self.draining.items():  # ended, but their backlog was not read yet
             task.cancel()
+            auditor.last_checks()  # (flag rules' verdicts on what was read)
             record.add_finding("proxy_shutdown", "the proxy stopped while the body was still being read")
             record.finish(OUTCOME_COMPLETE)
             self.store.submit(record)
@@ -324,7 +327,9 @@ class ExchangeHooks:
             if streaming and isinstance(live, Streaming):
                 auditor = live.auditor
                 auditor.stopped = True  # nothing more of the upstream is read or sent
-                normalizer = auditor.gate.forwarded if auditor.gate is not None else auditor.normalizer
+                # (what the client got: a holding gate's second reader; else all the auditor read)
+                gate = auditor.gate
+                normalizer = gate.forwarded if gate is not None and gate.holds else auditor.normalizer
                 if normalizer is not None:
                     ending = normalizer.termination(block.rule_id, block.reason)
                     record.block(message, [normalizer.filter_stop_reason] if ending else None)
@@ -489,7 +494,7 @@ class ExchangeHooks:
             settle()
             return
         task = loop.create_task(_drain(auditor, settle))
-        self.draining[task] = record
+        self.draining[task] = (auditor, record)
         task.add_done_callback(self._drained)
 
     def _drained(self, task: asyncio.Task) -> None:
@@ -558,6 +563,7 @@ def _settle_abort(flow: http.HTTPFlow, record: ExchangeRecord, auditor: StreamAu
         if outcome != OUTCOME_CLIENT_ABORTED:
             auditor.end(cut_by_upstream=True)
         else:
+            auditor.last_checks()  # (the text the client had: flag rules' verdicts)
             auditor.report_limits()
     if flow.response is not None and record.http_status is None:
         response_into_record(record, flow.response)  # refused before the responseheaders hook

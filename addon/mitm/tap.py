@@ -47,7 +47,8 @@ def make_tap(
                 early_end.end_after_this_chunk(flow)
         except Exception:  # StreamAuditor guards itself; this is the last line
             log.exception("llm-audit: stream tap failed")
-            out = chunk if auditor.gate is None else b""
+            gate = auditor.gate  # (a gate that may block fails closed; one that only flags holds nothing)
+            out = chunk if gate is None or gate.flags_only else b""
         if copy is not None and out:
             if auditor.record is None and auditor.ignored:
                 copy.data = None  # no dialect claimed it: not ours to show

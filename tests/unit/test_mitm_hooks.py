@@ -8,6 +8,7 @@ leaves a flow in, which the e2e tests see only through the rows.
 from __future__ import annotations
 
 import asyncio
+import gzip
 
 import orjson
 from mitmproxy import http
@@ -243,6 +244,94 @@ def test_a_stream_read_in_runs_is_recorded_as_one_read_chunk_by_chunk_however_it
             for run_bytes in (32 * 1024, 100):  # one run read at the end; runs that fill
                 monkeypatch.setattr(auditor, "READ_RUN", run_bytes)
                 assert _row_of(kind, sniffed, rules) == one_by_one, (kind, sniffed, rules, run_bytes)
+
+
+FLAG_CODE_NAME = parse_rules("""
+[[rule]]
+id = "code"
+kind = "keywords"
+keywords = ["Nightjar"]
+action = "flag"
+""")
+
+
+def _flagged_at_the_end(kind: str, encoding: str | None, monkeypatch) -> dict:
+    """The row of a stream whose very last text is a keyword a flag rule looks for (only
+    the end decides it: more letters could follow), ended or cut by ``kind``; a compressed
+    one read with a backlog (one slice per call), drained as the proxy's task does."""
+    monkeypatch.setattr(auditor, "CALL_SECONDS", 0.0)
+    h, store = hooks(FLAG_CODE_NAME)
+    flow = chat_flow()
+    h.request(flow)
+    flow.response = response_headers(SSE | ({"content-encoding": encoding} if encoding else {}))
+    h.responseheaders(flow)
+    body = b"".join(chunk("filler text " * 10) for _ in range(400)) + chunk("the plan is ") + chunk("Nightjar")
+    for i in range(0, len(data := gzip.compress(body) if encoding else body), 4096):
+        flow.response.stream(data[i : i + 4096])
+    state = h.flows[flow.id]
+    while state.auditor.drain():  # (what the event loop reads between chunks and after the body)
+        pass
+    if kind == "shutdown":
+        h.done()
+    elif kind == "complete":
+        flow.response.stream(b"")
+        h.response(flow)
+    else:
+        flow.error = Error("connection closed")
+        outcome = OUTCOME_UPSTREAM_ABORTED if kind == "upstream" else OUTCOME_CLIENT_ABORTED
+        h._record_aborted(flow, h.flows.pop(flow.id), outcome)
+    return store.rows[-1]
+
+
+def test_flag_rules_decide_a_match_at_the_very_end_however_the_exchange_ends(monkeypatch) -> None:
+    """A match only the end decides is flagged whether the body ended or was cut by
+    either side or by the proxy stopping, read in runs or, compressed, from a backlog."""
+    for encoding in (None, "gzip"):
+        for kind in ("complete", "client", "upstream", "shutdown"):
+            row = _flagged_at_the_end(kind, encoding, monkeypatch)
+            assert (row["output_text"] or "").endswith("Nightjar"), (kind, encoding)
+            assert [v["rule_id"] for v in row["verdicts"]] == ["code"], (kind, encoding)
+
+
+def test_an_ndjson_answer_whose_last_line_has_no_line_feed_is_checked_by_flag_rules() -> None:
+    """Ollama's last line without its line feed becomes a frame only when the body ends:
+    the client parses it, and flag rules check it too."""
+    for final_lf in (b"\n", b""):
+        h, store = hooks(FLAG_CODE_NAME)
+        body = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+        request = http.Request.make(
+            "POST", "http://localhost:11434/api/chat", orjson.dumps(body), {"content-type": "application/json"}
+        )
+        flow = tflow.tflow(req=request)
+        h.request(flow)
+        flow.response = response_headers({"content-type": "application/x-ndjson"})
+        h.responseheaders(flow)
+        lines = [
+            {"model": "m", "message": {"role": "assistant", "content": t}, "done": d}
+            for t, d in (("It is ", False), ("Nightjar.", True))
+        ]
+        flow.response.stream(b"\n".join(orjson.dumps(line) for line in lines) + final_lf)
+        flow.response.stream(b"")
+        h.response(flow)
+        row = store.rows[-1]
+        assert (row["dialect"], row["output_text"]) == ("ollama", "It is Nightjar."), final_lf
+        assert [v["rule_id"] for v in row["verdicts"]] == ["code"], final_lf
+
+
+def test_a_tap_that_fails_under_flag_rules_still_passes_the_chunk(monkeypatch) -> None:
+    """Blocking filters fail closed (the chunk is withheld); flag rules hold nothing, so
+    the chunk goes on."""
+    h, _ = hooks(FLAG_CODE_NAME)
+    flow = chat_flow()
+    h.request(flow)
+    flow.response = response_headers(SSE)
+    h.responseheaders(flow)
+
+    def broken(self, chunk, now=None):
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(auditor.StreamAuditor, "feed", broken)
+    assert flow.response.stream(chunk("a")) == chunk("a")
 
 
 def test_a_run_of_tiny_chunks_is_read_at_256_chunks() -> None:

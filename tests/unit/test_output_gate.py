@@ -26,12 +26,16 @@ from test_block_responses import CASES, Case, Reader, codes, sse_events
 
 from addon import auditor as auditor_module
 from addon.auditor import StreamAuditor, summary_into_record
+from addon.dialects.ollama import OllamaNormalizer
+from addon.events import StreamEnd, TurnEnd
 from addon.filters.api import BaseFilter, OutputPiece, Verdict
 from addon.filters.engine import FILTER_ERROR, FilterSet
 from addon.filters.rules import parse_rules
+from addon.framing import select
 from addon.framing.sse import SSEParser, SSEReader
 from addon.output_gate import OutputGate
 from addon.record import OUTCOME_COMPLETE, ExchangeRecord
+from addon.turns import Turns
 from mockllm.scenario import Scenario
 
 WORD = "Nightjar"
@@ -272,6 +276,55 @@ def test_flag_only_rules_find_the_same_read_in_runs_as_event_by_event(
     for cuts in ([], *some_cuts(body, 5, 6)):
         for run_bytes in (0, 97, 32 * 1024):
             assert row_of(run_bytes, cuts) == reference, (cuts, run_bytes)
+
+
+class _TurnsOfOllama(OllamaNormalizer):
+    """Ollama's answer lines with its end as a turn's end: a stand-in for a long-lived
+    stream of turns (Cursor's chat) in a framing that is easy to write by hand."""
+
+    def on_json(self, event, obj):
+        return [TurnEnd() if type(e) is StreamEnd else e for e in super().on_json(event, obj)]
+
+    def read(self, event):
+        return self.on_event(event)
+
+
+@pytest.mark.parametrize("action", ["flag", "block"])
+def test_a_turns_verdicts_and_block_go_into_its_own_record(action: str) -> None:
+    """A chunk carrying a turn's last text and its end: the gate checks the text before
+    the turn's record is written, so the verdict (and a block, with one ending for the
+    client) is that turn's, not the next one's."""
+    filters = FilterSet(
+        parse_rules(f'[[rule]]\nid = "code"\nkind = "keywords"\nkeywords = ["{WORD}"]\naction = "{action}"\n'),
+        failure="closed",
+    )
+    written: list[dict[str, Any]] = []
+    first = ExchangeRecord(dialect="ollama", http_method="POST", url_path="/x", streamed=True, http_status=200)
+    turns = Turns(first, "conn-1", lambda r: written.append(r.to_row()))
+    turns.open()
+    gate = OutputGate(
+        filters.output_guard(), _TurnsOfOllama(), holds=filters.may_block_output, split_raw=True, failure="closed"
+    )
+    auditor = StreamAuditor(
+        first,
+        _TurnsOfOllama(),
+        None,
+        1 << 20,
+        gate=gate,
+        on_turn_end=turns.end_turn,
+        framing=select("application/x-ndjson", 200, "ndjson"),
+    )
+    lines = [
+        {"model": "m", "message": {"role": "assistant", "content": c}, "done": d}
+        for c, d in ((f"the {WORD}.", False), ("", True))
+    ]
+    out = auditor.feed(b"".join(orjson.dumps(line) + b"\n" for line in lines))
+    [row] = [w for w in written if w["status"] != "in_progress"]
+    assert (row["turn"], row["status"]) == (0, "blocked" if action == "block" else "completed")
+    assert [(v["rule_id"], v["action"]) for v in row["verdicts"]] == [("code", action)]
+    assert turns.record.verdicts == []  # (the next turn's record)
+    if action == "block":
+        assert WORD.encode() not in out and out.count(b"content_filter") == 1
 
 
 def test_release_first_rules_send_each_event_as_soon_as_it_is_whole() -> None:
