@@ -559,8 +559,18 @@ class StreamAuditor:
         """A frame ends a turn: the gate checks what was read up to it first, so that the
         verdicts on the turn's text, and a block with its ending, go into the turn's own
         record before that record is written (the released bytes and the ending go out
-        with this chunk, in order)."""
+        with this chunk, in order).
+
+        A compressed chunk is not handed over yet: it goes whole, and only part of what it
+        decodes to may have been read so far (its slices are read one at a time), so the
+        gate could clear it on the first slice's frames. It is handed with the rest of
+        the chunk's frames, at the end of :meth:`feed`."""
+        raw = None
+        if not gate.split_raw:
+            raw, self._raw_chunk = self._raw_chunk, None
         self._to_gate()
+        if raw is not None:
+            self._raw_chunk = raw
         if gate.verdicts or gate.blocked is not None:
             self._released.append(self._gated(gate, b""))
 

@@ -47,8 +47,10 @@ def make_tap(
                 early_end.end_after_this_chunk(flow)
         except Exception:  # StreamAuditor guards itself; this is the last line
             log.exception("llm-audit: stream tap failed")
-            gate = auditor.gate  # (a gate that may block fails closed; one that only flags holds nothing)
-            out = chunk if gate is None or gate.flags_only else b""
+            # (a gate that may block fails closed; one that only flags holds nothing; a
+            # stream the proxy ended gets nothing more)
+            gate = auditor.gate
+            out = chunk if (gate is None or gate.flags_only) and not auditor.stopped else b""
         if copy is not None and out:
             if auditor.record is None and auditor.ignored:
                 copy.data = None  # no dialect claimed it: not ours to show

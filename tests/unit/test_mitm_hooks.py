@@ -320,18 +320,24 @@ def test_an_ndjson_answer_whose_last_line_has_no_line_feed_is_checked_by_flag_ru
 
 def test_a_tap_that_fails_under_flag_rules_still_passes_the_chunk(monkeypatch) -> None:
     """Blocking filters fail closed (the chunk is withheld); flag rules hold nothing, so
-    the chunk goes on."""
-    h, _ = hooks(FLAG_CODE_NAME)
-    flow = chat_flow()
-    h.request(flow)
-    flow.response = response_headers(SSE)
-    h.responseheaders(flow)
+    the chunk goes on, unless the proxy already ended the stream."""
 
     def broken(self, chunk, now=None):
         raise RuntimeError("a bug")
 
     monkeypatch.setattr(auditor.StreamAuditor, "feed", broken)
-    assert flow.response.stream(chunk("a")) == chunk("a")
+    for rules, stopped, passes in (
+        (FLAG_CODE_NAME, False, True),
+        (BLOCK_WORD, False, False),
+        (FLAG_CODE_NAME, True, False),
+    ):
+        h, _ = hooks(rules)
+        flow = chat_flow()
+        h.request(flow)
+        flow.response = response_headers(SSE)
+        h.responseheaders(flow)
+        h.flows[flow.id].auditor.stopped = stopped
+        assert flow.response.stream(chunk("a")) == (chunk("a") if passes else []), (rules, stopped)
 
 
 def test_a_run_of_tiny_chunks_is_read_at_256_chunks() -> None:

@@ -327,6 +327,50 @@ def test_a_turns_verdicts_and_block_go_into_its_own_record(action: str) -> None:
         assert WORD.encode() not in out and out.count(b"content_filter") == 1
 
 
+@pytest.mark.parametrize("level", [1, 9])
+def test_a_compressed_chunk_is_not_released_at_a_turns_end_before_all_it_decodes_to_is_checked(
+    level: int,
+) -> None:
+    """A gzip chunk decoding to one turn that ends exactly where the first decoded slice
+    ends, then the next turn with a blocked word: checking the first turn's end early
+    must not release the chunk (it goes whole, and the rest of it decodes to the word)."""
+    filters = FilterSet(
+        parse_rules(f'[[rule]]\nid = "code"\nkind = "keywords"\nkeywords = ["{WORD}"]\naction = "block"\n'),
+        failure="closed",
+    )
+    first = ExchangeRecord(dialect="ollama", http_method="POST", url_path="/x", streamed=True, http_status=200)
+    written: list[dict[str, Any]] = []
+    turns = Turns(first, "conn-1", lambda r: written.append(r.to_row()))
+    turns.open()
+
+    def next_turn(record: ExchangeRecord) -> ExchangeRecord:
+        record = turns.end_turn(record)
+        turns.open()  # (the client's next prompt opened it)
+        return record
+
+    gate = OutputGate(filters.output_guard(), _TurnsOfOllama(), holds=True, split_raw=False, failure="closed")
+    auditor = StreamAuditor(
+        first,
+        _TurnsOfOllama(),
+        "gzip",
+        1 << 20,
+        gate=gate,
+        on_turn_end=next_turn,
+        framing=select("application/x-ndjson", 200, "ndjson"),
+    )
+
+    def line(content: str, done: bool) -> bytes:
+        return orjson.dumps({"model": "m", "message": {"role": "assistant", "content": content}, "done": done}) + b"\n"
+
+    end = line("", True)
+    turn0 = line("x" * (auditor_module.SLICE - len(end) - len(line("", False))), False) + end
+    assert len(turn0) == auditor_module.SLICE
+    out = auditor.feed(gzip.compress(turn0 + line(f"the plan is {WORD}.", False) + end, compresslevel=level))
+    assert out == b"" or WORD.encode() not in zlib.decompressobj(zlib.MAX_WBITS | 16).decompress(out)
+    assert auditor.stopped
+    assert [(w["turn"], w["status"]) for w in written if w["status"] != "in_progress"] == [(0, "completed"), (1, "blocked")]
+
+
 def test_release_first_rules_send_each_event_as_soon_as_it_is_whole() -> None:
     case = CASES["llm-stream"]
     fs = FilterSet(
