@@ -454,6 +454,10 @@ class ConnectionAuditor:
         detail += f": {reason}"[:200] if reason else ""
         if turns.pending:
             record = turns.record
+            gate = self.gate
+            if gate is not None and not gate.holds:  # the end of the text the client had: flag rules' last checks
+                gate.finish()
+                self._verdicts(gate)
             # the dialect's end checks (an answer never completed), and what the close means to it
             for ev in [*self.normalizer.on_end(cut=True), *self.normalizer.on_close(code, reason)]:
                 record.apply(ev)

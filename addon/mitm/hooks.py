@@ -229,6 +229,8 @@ class ExchangeHooks:
                 self.store.submit(state.record)
         self.flows.clear()
         for task, (auditor, record) in self.draining.items():  # ended, but their backlog was not read yet
+            if task.done():
+                continue  # settled and written; only its callback, which forgets it, has not run
             task.cancel()
             auditor.last_checks()  # (flag rules' verdicts on what was read)
             record.add_finding("proxy_shutdown", "the proxy stopped while the body was still being read")

@@ -291,3 +291,21 @@ def test_messages_held_behind_text_are_bounded() -> None:
     assert cut and json.loads(cut[0].onward[-1][0]) == {"done": True}  # the protocol's end of the answer
     a.from_server(j({"done": True}), True)  # the upstream's own end (after the cancel)
     assert final(written)[0]["status"] == Status.BLOCKED
+
+
+def test_a_turn_cut_by_a_close_gets_the_last_checks_of_flag_rules() -> None:
+    """A flag rule's match that only the end decides (the answer's very last word) is
+    flagged when a close cuts the turn, by either side, as when the turn ends itself."""
+    flag = '[[rule]]\nid = "code"\nkind = "keywords"\nkeywords = ["Nightjar"]\naction = "flag"\n'
+    for close in ("client", "upstream", None):
+        a, written = auditor(flag)
+        a.from_client(j({"say": "question"}), True)
+        for piece in ("the plan is ", "Nightjar"):
+            a.from_server(j({"delta": piece}), True)
+        if close is None:
+            a.from_server(j({"done": True}), True)
+        else:
+            a.closed(1006, "", by_client=close == "client")
+        row = final(written)[-1]
+        assert row["output_text"] == "the plan is Nightjar", close
+        assert [v["rule_id"] for v in row["verdicts"]] == ["code"], close

@@ -376,3 +376,27 @@ def test_the_last_run_is_read_in_the_response_hook_before_later_addons_see_the_f
     assert [row["status"] for row in rows] == ["in_progress", "completed"]
     assert rows[-1]["output_text"] == "ab"
     assert flow.comment.endswith("completed") and flow.response.raw_content
+
+
+def test_a_backlog_read_to_its_end_is_not_written_again_at_shutdown() -> None:
+    """A drain task that settled its exchange (and wrote it) before its done-callback ran
+    is still in the table when the proxy stops: its record is not submitted twice."""
+
+    async def scenario() -> list[dict]:
+        h, store = hooks()
+        flow = chat_flow()
+        h.request(flow)
+        flow.response = response_headers(SSE | {"content-encoding": "gzip"})
+        h.responseheaders(flow)
+        flow.response.stream(gzip.compress(chunk("a") + b"data: [DONE]\n\n"))
+        flow.response.stream(b"")
+        state = h.flows.pop(flow.id)
+        task = asyncio.get_running_loop().create_task(asyncio.sleep(0))
+        await task  # done; its callbacks have not run
+        h._record_complete(flow, state)
+        h.draining[task] = (state.auditor, state.record)
+        h.done()
+        return store.rows
+
+    rows = asyncio.run(scenario())
+    assert [row["status"] for row in rows] == ["in_progress", "completed"]
