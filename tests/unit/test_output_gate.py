@@ -368,7 +368,10 @@ def test_a_compressed_chunk_is_not_released_at_a_turns_end_before_all_it_decodes
     out = auditor.feed(gzip.compress(turn0 + line(f"the plan is {WORD}.", False) + end, compresslevel=level))
     assert out == b"" or WORD.encode() not in zlib.decompressobj(zlib.MAX_WBITS | 16).decompress(out)
     assert auditor.stopped
-    assert [(w["turn"], w["status"]) for w in written if w["status"] != "in_progress"] == [(0, "completed"), (1, "blocked")]
+    assert [(w["turn"], w["status"]) for w in written if w["status"] != "in_progress"] == [
+        (0, "completed"),
+        (1, "blocked"),
+    ]
 
 
 def test_release_first_rules_send_each_event_as_soon_as_it_is_whole() -> None:
