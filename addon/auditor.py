@@ -141,8 +141,6 @@ class StreamAuditor:
         # Raw chunks of a run not read yet (see READ_RUN), and their size.
         self._run: list[bytes] = []
         self._run_size = 0
-        self._last_checked = False  # a gate that only flags had its last checks (last_checks)
-        self._block_settled = False  # the gate's block is in the record (and its ending sent)
         if self.decoder is None and record is not None:
             record.add_finding("decode_failed", f"unsupported Content-Encoding {content_encoding!r}")
             self._unreadable(f"unsupported Content-Encoding {content_encoding!r}")
@@ -193,12 +191,9 @@ class StreamAuditor:
                     self._read_run()
             else:
                 self._read(chunk)
-        if gate is None:
-            out = chunk
-        elif passes:  # (the gate's verdicts on what was read are taken; it releases no bytes)
-            out = self._gated(gate, self._released_now()) + chunk
-        else:
-            out = self._gated(gate, self._released_now())
+        out = chunk if gate is None else self._gated(gate, self._released_now())
+        if gate is not None and passes:  # (the gate took what was read; the chunk goes after what it had)
+            out += chunk
         if self.record is not None:
             self.record.bytes_to_client += len(out)
         return out
@@ -210,18 +205,20 @@ class StreamAuditor:
             self._read_run()
 
     def last_checks(self) -> None:
-        """The exchange is over and all of it that will be read is read: a gate that only
-        flags checks what it was not handed yet and the end of the text (a match only the
-        end decides: a keyword as the last word, an address at the very end), and its
-        verdicts go into the record. Once; :meth:`end` does it itself. Never raises."""
+        """The exchange is over and all of it that will be read is read: a gate that holds
+        nothing (it only flags, or stopped holding under ``failure=open``) checks what it
+        was not handed yet and the end of the text (a match only the end decides: a keyword
+        as the last word, an address at the very end), unless the body's end did it
+        (:meth:`finish`: a second check would ask user filters again). Its verdicts go into the record; a block
+        found now stops nothing (the client had the text), so it is a verdict only.
+        :meth:`end` does it itself. Never raises."""
         gate = self.gate
-        if gate is None or not gate.flags_only or self._last_checked:
+        if gate is None or gate.holds or gate.ended:
             return
-        self._last_checked = True
         try:
             self._to_gate()
-            gate.finish()  # (it holds nothing: no bytes come back)
-            self._gated(gate, b"", terminate=False)
+            gate.finish()  # (what bytes it gives back are not sent: the exchange is over)
+            self._take_verdicts(gate)
         except Exception as e:  # noqa: BLE001 - the traffic must never see our bugs
             self._fail(e)
 
@@ -368,15 +365,13 @@ class StreamAuditor:
             self.gate.unreadable(reason)
 
     def _gated(self, gate: OutputGate, out: bytes, terminate: bool = True) -> bytes:
-        """Take the gate's verdicts; once it blocks, end the stream with the termination."""
-        record = self.record
-        if gate.verdicts:
-            if record is not None:
-                record.verdicts.extend(v.as_dict() for v in gate.verdicts)
-            gate.verdicts.clear()
-        if gate.blocked is None or self._block_settled:
+        """Take the gate's verdicts; once it blocks, end the stream with the termination
+        (once: a turn's end may have settled the block before the chunk's end, and a
+        stream the proxy already ended gets no second ending)."""
+        self._take_verdicts(gate)
+        if gate.blocked is None or self.stopped:
             return out
-        self._block_settled = True  # (once: a turn's end may have settled it before the chunk's end)
+        record = self.record
         self.stopped = True
         verdict = gate.blocked
         message = block_message(verdict.rule_id, verdict.reason)
@@ -400,6 +395,12 @@ class StreamAuditor:
         if record is not None:  # (no ending: the client already had the upstream's own end)
             record.block(message, [gate.forwarded.filter_stop_reason] if ending else None)
         return out + ending
+
+    def _take_verdicts(self, gate: OutputGate) -> None:
+        if gate.verdicts:
+            if self.record is not None:
+                self.record.verdicts.extend(v.as_dict() for v in gate.verdicts)
+            gate.verdicts.clear()
 
     def end(self, cut_by_upstream: bool = False, trailers: Iterable[tuple[str, str]] = ()) -> None:
         """The body is over: read what waits, flush the parser, read the HTTP trailers

@@ -112,6 +112,7 @@ class OutputGate:
         self.verdicts: list[Verdict] = []  # new verdicts, taken by the auditor
         self.delivered: list[str] = []  # choice 0's answer text as the client received it
         self.blocked: Verdict | None = None
+        self.ended = False  # finish() made the last check of every stream
         self._raw: deque[tuple[bytes, int]] = deque()  # (raw chunk or its rest, decoded offset it reaches)
         self._decoded = 0  # decoded bytes of the body so far
         self._held: deque[_Held] = deque()
@@ -242,13 +243,15 @@ class OutputGate:
         return self._take(self._free)
 
     def finish(self) -> bytes:
-        """The body is over: a last check of every stream, then what may still go.
+        """The body is over: a last check of every stream (a match only the end decides is
+        found here), then what may still go.
 
         Bytes after the reader's last boundary (a cut-off event) are not released: no
         filter has seen the text they carry, and an event source discards them anyway.
         """
         if self.blocked is None:
             self._settle(self.guard.flush_all().values())
+        self.ended = True
         return self._release()
 
     def take_all(self) -> bytes:

@@ -17,6 +17,7 @@ from mitmproxy.test import tflow
 
 from addon import auditor
 from addon.auditor import READ_RUN_CHUNKS
+from addon.filters.api import BaseFilter, OutputPiece, Verdict
 from addon.filters.engine import FilterSet
 from addon.filters.rules import parse_rules
 from addon.mitm.content_filters import ContentFilters
@@ -291,6 +292,63 @@ def test_flag_rules_decide_a_match_at_the_very_end_however_the_exchange_ends(mon
             row = _flagged_at_the_end(kind, encoding, monkeypatch)
             assert (row["output_text"] or "").endswith("Nightjar"), (kind, encoding)
             assert [v["rule_id"] for v in row["verdicts"]] == ["code"], (kind, encoding)
+
+
+def test_a_gate_that_stopped_holding_gets_the_last_checks_when_the_exchange_is_cut() -> None:
+    """Under ``failure=open`` an event too large to check makes a blocking gate stop
+    holding: the client then gets every byte, and a match only the end decides is still
+    recorded, as a verdict (it stopped nothing), however the exchange ends."""
+    for kind in ("complete", "client", "upstream", "shutdown"):
+        h, store = hooks(BLOCK_WORD)
+        h.filters.filterset = FilterSet(BLOCK_WORD, failure="open")
+        h.max_event_bytes = 300
+        flow = chat_flow()
+        h.request(flow)
+        flow.response = response_headers(SSE)
+        h.responseheaders(flow)
+        big = chunk("y" * 600)  # (cut across chunks: the reader holds more than it may check)
+        sent = b""
+        for piece in (big[:400], big[400:], chunk("The plan is called "), chunk("Nightjar")):
+            got = flow.response.stream(piece)
+            sent += got if isinstance(got, bytes) else b"".join(got)
+        if kind == "complete":
+            flow.response.stream(b"")
+            h.response(flow)
+        elif kind == "shutdown":
+            h.done()
+        else:
+            flow.error = Error("connection closed")
+            outcome = OUTCOME_UPSTREAM_ABORTED if kind == "upstream" else OUTCOME_CLIENT_ABORTED
+            h._record_aborted(flow, h.flows.pop(flow.id), outcome)
+        row = store.rows[-1]
+        assert b"Nightjar" in sent, kind
+        assert ("code-names", "block") in [(v["rule_id"], v["action"]) for v in row["verdicts"]], kind
+
+
+class FlagTheEnd(BaseFilter):
+    """A user filter that flags every stream's end (the last piece, ``final``)."""
+
+    name = "flag-the-end"
+
+    def check_output(self, piece: OutputPiece) -> Verdict | None:
+        return Verdict("flag", "the-end", "") if piece.final else None
+
+
+def test_the_end_of_a_stream_is_checked_once() -> None:
+    """The body's end checks the end of every stream; the exchange's end does not check
+    it again (a user filter would be asked twice), here for a gate that stopped holding."""
+    h, store = hooks()
+    h.filters.filterset = FilterSet((), [FlagTheEnd()], failure="open")
+    h.max_event_bytes = 300
+    flow = chat_flow()
+    h.request(flow)
+    flow.response = response_headers(SSE)
+    h.responseheaders(flow)
+    big = chunk("y" * 600)
+    for piece in (big[:400], big[400:], chunk("the end"), b""):
+        flow.response.stream(piece)
+    h.response(flow)
+    assert [v["rule_id"] for v in store.rows[-1]["verdicts"]].count("the-end") == 1
 
 
 def test_an_ndjson_answer_whose_last_line_has_no_line_feed_is_checked_by_flag_rules() -> None:

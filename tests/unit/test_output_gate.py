@@ -289,11 +289,16 @@ class _TurnsOfOllama(OllamaNormalizer):
         return self.on_event(event)
 
 
-@pytest.mark.parametrize("action", ["flag", "block"])
-def test_a_turns_verdicts_and_block_go_into_its_own_record(action: str) -> None:
-    """A chunk carrying a turn's last text and its end: the gate checks the text before
-    the turn's record is written, so the verdict (and a block, with one ending for the
-    client) is that turn's, not the next one's."""
+def _turn_line(content: str, done: bool) -> bytes:
+    return orjson.dumps({"model": "m", "message": {"role": "assistant", "content": content}, "done": done}) + b"\n"
+
+
+def _auditor_of_turns(
+    action: str, encoding: str | None, reopen: bool = False
+) -> tuple[StreamAuditor, Turns, list[dict[str, Any]]]:
+    """An auditor of a stream of turns (:class:`_TurnsOfOllama`) with a gate of one
+    keyword rule; the rows its turns write. ``reopen``: each next turn opens at once, as
+    when the client's next prompt came."""
     filters = FilterSet(
         parse_rules(f'[[rule]]\nid = "code"\nkind = "keywords"\nkeywords = ["{WORD}"]\naction = "{action}"\n'),
         failure="closed",
@@ -302,23 +307,39 @@ def test_a_turns_verdicts_and_block_go_into_its_own_record(action: str) -> None:
     first = ExchangeRecord(dialect="ollama", http_method="POST", url_path="/x", streamed=True, http_status=200)
     turns = Turns(first, "conn-1", lambda r: written.append(r.to_row()))
     turns.open()
+
+    def end_turn(record: ExchangeRecord) -> ExchangeRecord:
+        record = turns.end_turn(record)
+        if reopen:
+            turns.open()
+        return record
+
     gate = OutputGate(
-        filters.output_guard(), _TurnsOfOllama(), holds=filters.may_block_output, split_raw=True, failure="closed"
+        filters.output_guard(),
+        _TurnsOfOllama(),
+        holds=filters.may_block_output,
+        split_raw=encoding is None,
+        failure="closed",
     )
     auditor = StreamAuditor(
         first,
         _TurnsOfOllama(),
-        None,
+        encoding,
         1 << 20,
         gate=gate,
-        on_turn_end=turns.end_turn,
+        on_turn_end=end_turn,
         framing=select("application/x-ndjson", 200, "ndjson"),
     )
-    lines = [
-        {"model": "m", "message": {"role": "assistant", "content": c}, "done": d}
-        for c, d in ((f"the {WORD}.", False), ("", True))
-    ]
-    out = auditor.feed(b"".join(orjson.dumps(line) + b"\n" for line in lines))
+    return auditor, turns, written
+
+
+@pytest.mark.parametrize("action", ["flag", "block"])
+def test_a_turns_verdicts_and_block_go_into_its_own_record(action: str) -> None:
+    """A chunk carrying a turn's last text and its end: the gate checks the text before
+    the turn's record is written, so the verdict (and a block, with one ending for the
+    client) is that turn's, not the next one's."""
+    auditor, turns, written = _auditor_of_turns(action, None)
+    out = auditor.feed(_turn_line(f"the {WORD}.", False) + _turn_line("", True))
     [row] = [w for w in written if w["status"] != "in_progress"]
     assert (row["turn"], row["status"]) == (0, "blocked" if action == "block" else "completed")
     assert [(v["rule_id"], v["action"]) for v in row["verdicts"]] == [("code", action)]
@@ -334,38 +355,11 @@ def test_a_compressed_chunk_is_not_released_at_a_turns_end_before_all_it_decodes
     """A gzip chunk decoding to one turn that ends exactly where the first decoded slice
     ends, then the next turn with a blocked word: checking the first turn's end early
     must not release the chunk (it goes whole, and the rest of it decodes to the word)."""
-    filters = FilterSet(
-        parse_rules(f'[[rule]]\nid = "code"\nkind = "keywords"\nkeywords = ["{WORD}"]\naction = "block"\n'),
-        failure="closed",
-    )
-    first = ExchangeRecord(dialect="ollama", http_method="POST", url_path="/x", streamed=True, http_status=200)
-    written: list[dict[str, Any]] = []
-    turns = Turns(first, "conn-1", lambda r: written.append(r.to_row()))
-    turns.open()
-
-    def next_turn(record: ExchangeRecord) -> ExchangeRecord:
-        record = turns.end_turn(record)
-        turns.open()  # (the client's next prompt opened it)
-        return record
-
-    gate = OutputGate(filters.output_guard(), _TurnsOfOllama(), holds=True, split_raw=False, failure="closed")
-    auditor = StreamAuditor(
-        first,
-        _TurnsOfOllama(),
-        "gzip",
-        1 << 20,
-        gate=gate,
-        on_turn_end=next_turn,
-        framing=select("application/x-ndjson", 200, "ndjson"),
-    )
-
-    def line(content: str, done: bool) -> bytes:
-        return orjson.dumps({"model": "m", "message": {"role": "assistant", "content": content}, "done": done}) + b"\n"
-
-    end = line("", True)
-    turn0 = line("x" * (auditor_module.SLICE - len(end) - len(line("", False))), False) + end
+    auditor, _, written = _auditor_of_turns("block", "gzip", reopen=True)
+    end = _turn_line("", True)
+    turn0 = _turn_line("x" * (auditor_module.SLICE - len(end) - len(_turn_line("", False))), False) + end
     assert len(turn0) == auditor_module.SLICE
-    out = auditor.feed(gzip.compress(turn0 + line(f"the plan is {WORD}.", False) + end, compresslevel=level))
+    out = auditor.feed(gzip.compress(turn0 + _turn_line(f"the plan is {WORD}.", False) + end, compresslevel=level))
     assert out == b"" or WORD.encode() not in zlib.decompressobj(zlib.MAX_WBITS | 16).decompress(out)
     assert auditor.stopped
     assert [(w["turn"], w["status"]) for w in written if w["status"] != "in_progress"] == [
