@@ -138,6 +138,7 @@ class StreamAuditor:
         self._decoded_size = 0
         self._framed: list[Framed] = []
         self._released: list[bytes] = []
+        self._counted = 0  # bytes of _released already counted into a turn's record
         # Raw chunks of a run not read yet (see READ_RUN), and their size.
         self._run: list[bytes] = []
         self._run_size = 0
@@ -163,17 +164,19 @@ class StreamAuditor:
         by up to a run until :meth:`catch_up` or :meth:`end`.
         """
         record = self.record
+        gate = self.gate
+        passes = gate is None or gate.flags_only  # the chunk goes as it came: nothing is held back
         if record is not None:
             if record.first_chunk_at is None:
                 record.first_chunk_at = now or time.time()
             record.bytes_from_upstream += len(chunk)
+            if passes and not self.stopped:  # (counted now: a turn it ends is written before feed returns)
+                record.bytes_to_client += len(chunk)
             self.sha256.update(chunk)  # (before any claim too: the hash covers the whole body)
         elif self.on_claim is not None:
             self.sha256.update(chunk)
         if self.stopped:
-            return b""
-        gate = self.gate
-        passes = gate is None or gate.flags_only  # the chunk goes as it came: nothing is held back
+            return self._take_released()  # (an ending decided between chunks: a turn's idle end)
         self._raw_chunk = None if passes else chunk
         decoder = self.decoder
         if decoder is not None and not (self.ignored or self.failed or self.halted):  # (self.active)
@@ -191,11 +194,14 @@ class StreamAuditor:
                     self._read_run()
             else:
                 self._read(chunk)
-        out = chunk if gate is None else self._gated(gate, self._released_now())
-        if gate is not None and passes:  # (the gate took what was read; the chunk goes after what it had)
-            out += chunk
-        if self.record is not None:
-            self.record.bytes_to_client += len(out)
+        if gate is None:
+            if record is None and self.record is not None:  # (claimed by this chunk's first event)
+                self.record.bytes_to_client += len(chunk)
+            return chunk
+        out = self._gated(gate, self._released_now())
+        if passes:  # (the gate took what was read; the chunk goes after what it had)
+            return out + chunk
+        self._count_sent(out)
         return out
 
     def catch_up(self) -> None:
@@ -222,6 +228,32 @@ class StreamAuditor:
         except Exception as e:  # noqa: BLE001 - the traffic must never see our bugs
             self._fail(e)
 
+    def end_idle_turn(self, reason: str) -> None:
+        """The proxy ends the current turn of a stream of turns (``reason``: nothing
+        arrived for a while; its end marker may have moved): as its marker would, the
+        gate checks the turn's text to its end first (a match only the end decides), and
+        the turn's record is written complete, with the finding ``turn_idle_timeout``.
+
+        The proxy cannot send between chunks: bytes the gate releases now, or a block's
+        ending, go with the next chunk or the body's end (what a block withheld stays
+        withheld). Never raises."""
+        if self.on_turn_end is None or self.record is None:
+            return
+        gate = self.gate
+        try:
+            self._work(None)  # (what came of the turn is the turn's, within the decode budget)
+            if gate is not None and self.active and not self.stopped:
+                self._to_gate()
+                self._released.append(gate.end_turn())
+                self._close_turn(gate)
+        except Exception as e:  # noqa: BLE001 - the traffic must never see our bugs
+            self._fail(e)
+        record = self.record
+        if record is not None:
+            record.add_finding("turn_idle_timeout", reason)
+            record.apply(TurnEnd())  # complete as far as it came, with the finding
+            self.record = self.on_turn_end(record)
+
     def _read_run(self) -> None:
         run = self._run
         data = run[0] if len(run) == 1 else b"".join(run)
@@ -241,12 +273,13 @@ class StreamAuditor:
         For the stream callable's end-of-body call; :meth:`end` then settles the record.
         """
         gate = self.gate
-        if gate is None or self.stopped or gate.flags_only:
+        if self.stopped:
+            return self._take_released()  # (an ending decided between chunks: a turn's idle end)
+        if gate is None or gate.flags_only:
             return b""  # (a gate that only flags holds nothing: its last checks come with end())
         self._work(None)  # the gate decides on everything before the body may end
         out = self._gated(gate, self._released_now() + gate.finish())
-        if self.record is not None:
-            self.record.bytes_to_client += len(out)
+        self._count_sent(out)
         return out
 
     def release(self) -> None:
@@ -354,8 +387,18 @@ class StreamAuditor:
     def _released_now(self) -> bytes:
         """What the gate released for the client, the current chunk handed to it first."""
         self._to_gate()
+        return self._take_released()
+
+    def _take_released(self) -> bytes:
         out, self._released = b"".join(self._released), []
         return out
+
+    def _count_sent(self, out: bytes) -> None:
+        """Count what a call sends to the client, less what a turn that ended in it took
+        into its own record (:meth:`_gate_before_turn_end`)."""
+        if self.record is not None:
+            self.record.bytes_to_client += len(out) - self._counted
+        self._counted = 0
 
     def _unreadable(self, reason: str) -> None:
         """The output cannot be checked from here: the gate's failure policy decides, after
@@ -375,6 +418,8 @@ class StreamAuditor:
         self.stopped = True
         verdict = gate.blocked
         message = block_message(verdict.rule_id, verdict.reason)
+        if record is not None and gate.holds:  # (a turn's record may be written before the body ends)
+            self._note_delivered(gate, record)
         if not terminate:  # a held body: the proxy replaces it whole and says what the client got
             if record is not None:
                 record.block(message)
@@ -395,6 +440,13 @@ class StreamAuditor:
         if record is not None:  # (no ending: the client already had the upstream's own end)
             record.block(message, [gate.forwarded.filter_stop_reason] if ending else None)
         return out + ending
+
+    @staticmethod
+    def _note_delivered(gate: OutputGate, record: ExchangeRecord) -> None:
+        """The text the client got, when a filter made it differ from the output."""
+        delivered = gate.delivered_text
+        if delivered != (record.output_text or ""):
+            record.delivered_text = delivered
 
     def _take_verdicts(self, gate: OutputGate) -> None:
         if gate.verdicts:
@@ -426,9 +478,7 @@ class StreamAuditor:
         if gate is not None:
             self._to_gate()  # (frames read after the body ended are checked, no longer sent)
             if self.record is not None and gate.holds:
-                delivered = gate.delivered_text
-                if delivered != (self.record.output_text or ""):
-                    self.record.delivered_text = delivered
+                self._note_delivered(gate, self.record)
             if gate.verdicts:
                 self._gated(gate, b"", terminate=False)  # verdicts of text read after the body ended
         if self.stopped or not self.active:
@@ -527,6 +577,8 @@ class StreamAuditor:
                 self._collect_reader_findings()
             return
         for event in events:
+            if self.stopped and self.on_turn_end is not None:
+                return  # a filter ended a stream of turns: what follows the block is no turn's
             if self.normalizer is None and not self._claim(event):
                 return
             record, normalizer = self.record, self.normalizer
@@ -572,8 +624,25 @@ class StreamAuditor:
         self._to_gate()
         if raw is not None:
             self._raw_chunk = raw
+        self._close_turn(gate)
+
+    def _close_turn(self, gate: OutputGate) -> None:
+        """The gate has checked the current turn to its end: its verdicts, a block with
+        its ending, the bytes released for it and the text its client got go into the
+        turn's record, before that record is written; the gate's delivered text starts
+        again for the next turn."""
+        record = self.record
         if gate.verdicts or gate.blocked is not None:
             self._released.append(self._gated(gate, b""))
+        if record is None:
+            return
+        if gate.holds:
+            self._note_delivered(gate, record)
+            gate.delivered.clear()
+        if not gate.flags_only:  # (else the chunks were counted as they came, in feed)
+            sent = sum(map(len, self._released)) - self._counted
+            record.bytes_to_client += sent
+            self._counted += sent
 
     def _claim(self, first_event: Frame) -> bool:
         on_claim = self.on_claim

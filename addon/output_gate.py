@@ -203,6 +203,13 @@ class OutputGate:
             self._check(ev, [])
         self._settle(self.guard.flush_all().values())
 
+    def end_turn(self) -> bytes:
+        """The current turn ended without a frame saying so (the proxy's idle end of a
+        turn): its text is whole, as at a turn's end marker; the bytes that may go now."""
+        if self.blocked is None:
+            self._settle(self.guard.flush_all().values())
+        return self._release()
+
     def unreadable(self, reason: str) -> None:
         """The output cannot be checked (an event too large to parse): the failure policy decides.
 

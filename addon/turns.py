@@ -32,7 +32,7 @@ from addon.dialects import Dialect, RequestView
 from addon.filters.api import BLOCK, Verdict
 from addon.filters.engine import FILTER_ERROR
 from addon.framing import Frame, Reader
-from addon.record import OUTCOME_COMPLETE, ExchangeRecord
+from addon.record import OUTCOME_COMPLETE, ExchangeRecord, Status
 from addon.redact import redact_values
 
 log = logging.getLogger(__name__)
@@ -91,11 +91,16 @@ class Turns:
         self.last_activity = time.monotonic()
 
     def open(self) -> None:
-        """The current turn began (a prompt, an answer): write its record ahead, once."""
+        """The current turn began (a prompt, an answer): write its record ahead, once.
+
+        A record already settled (a filter blocked the turn in the chunk that began it)
+        is not written ahead: it is final, and a final record written twice would take
+        two links of the hash chain for one row; the turn's end writes it."""
         self.touch()
         if not self.opened and not self.closed:
             self.opened = True
-            self.submit(self.record)
+            if self.record.status == Status.IN_PROGRESS:
+                self.submit(self.record)
 
     def touch(self) -> None:
         """Something arrived (a heartbeat, say): the stream is not idle, but no turn begins."""
@@ -104,8 +109,7 @@ class Turns:
     def answered(self) -> None:
         """Response bytes were read: the turn begins once its record has an answer in it
         (text, a tool call, an error), not with a keep-alive or the stream's closing frame."""
-        record = self.record
-        if record.choices or record.tool_calls or record.error_code is not None or record.error_message is not None:
+        if _has_answer(self.record):
             self.open()
         else:
             self.touch()
@@ -119,8 +123,9 @@ class Turns:
         """The current turn is over: write its record as complete; the next turn's record.
 
         An end marker for a turn that never began (nothing of it arrived) writes nothing:
-        a stream of bare markers must not make a record each."""
-        if not self.opened:
+        a stream of bare markers must not make a record each. A turn whose answer came
+        with its end marker (in one chunk, before :meth:`answered` could open it) began."""
+        if self.closed or (not self.opened and not _has_answer(record)):
             self.record = _next_turn(record, same_turn=True)
             return self.record
         record.finish(OUTCOME_COMPLETE)
@@ -137,6 +142,14 @@ class Turns:
     def pending(self) -> bool:
         """The current turn has a record to write when the stream ends."""
         return self.opened
+
+
+def _has_answer(record: ExchangeRecord) -> bool:
+    """The turn's record has an answer in it (text, a tool call, an error), not only a
+    keep-alive or the stream's closing frame."""
+    return bool(
+        record.choices or record.tool_calls or record.error_code is not None or record.error_message is not None
+    )
 
 
 def _next_turn(previous: ExchangeRecord, same_turn: bool = False) -> ExchangeRecord:

@@ -88,6 +88,9 @@ RETRY_MIN, RETRY_MAX = 0.5, 5.0
 # over the crash window's 50 ms target.
 GROUP_SECONDS = 0.02
 STRIKES = 3  # unexpected failures of one row before it is quarantined
+# Final records' ids remembered to refuse a second final record of one exchange: an
+# exchange's records come within its lifetime, long inside this many others (about 0.5 MB).
+FINAL_IDS_KEPT = 4096
 _LAZY_AT = 1024 * 1024  # characters of answer text and arguments from which a row is bound lazily (SQLite)
 # characters of answer text from which it is written apart: as bytes (SQLite), staged (PostgreSQL)
 _BYTES_AT = 1024 * 1024
@@ -127,6 +130,7 @@ class AuditWriter:
         self.last_error: str | None = None
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._retry: deque[Any] = deque()  # rows put back after an unexpected failure: first in line
+        self._finals = _RecentIds(FINAL_IDS_KEPT)  # ids of final records taken lately (see _once)
         self._strikes: dict[Any, int] = {}  # unexpected failures per record id
         self._inflight: list[Any] = []  # the rows the thread works on, neither written nor spooled yet
         self._inflight_head = Head()  # the chain's head before them
@@ -358,6 +362,8 @@ class AuditWriter:
                 stopping = True
                 timeout = None
                 continue
+            if not self._once(item):
+                continue
             batch.append(item)
             if stopping or _is_final(item):
                 timeout = None  # a final record waits for no one: what is queued goes with it
@@ -369,6 +375,21 @@ class AuditWriter:
             timeout = max(0.0, closes - time.monotonic())
         self._inflight, self._inflight_head = batch, self.chain.head
         return batch, stopping
+
+    def _once(self, row: Any) -> bool:
+        """Whether a row is to be written: not a second final record of an exchange whose
+        final record was taken already. The upsert leaves a final row as it is, so the
+        second would change nothing in the table, yet it would be sealed: a link of the
+        hash chain with no row, which ``verify`` reports as a deleted record. The
+        recorder submits each final record once; this keeps a bug there from reading as
+        tampering (logged as an error, the first record stands)."""
+        if not _is_final(row) or not isinstance(row, dict):
+            return True
+        record_id = row.get("id")
+        if not isinstance(record_id, str) or self._finals.add(record_id):
+            return True
+        log.error("llm-audit: record %s was submitted final twice; the first one stands", record_id)
+        return False
 
     def _store(self, batch: list[Any]) -> None:
         """Prepare and seal the rows, then to the database when nothing waits before them,
@@ -821,6 +842,25 @@ class AuditWriter:
                 len(foreign),
                 foreign[0],
             )
+
+
+class _RecentIds:
+    """The last ``size`` ids added, for a membership test (bounded memory)."""
+
+    def __init__(self, size: int) -> None:
+        self._order: deque[str] = deque()
+        self._ids: set[str] = set()
+        self._size = size
+
+    def add(self, record_id: str) -> bool:
+        """Add an id; False when it was among the recent ones already."""
+        if record_id in self._ids:
+            return False
+        self._ids.add(record_id)
+        self._order.append(record_id)
+        if len(self._order) > self._size:
+            self._ids.discard(self._order.popleft())
+        return True
 
 
 def _upsert_statement(engine: Engine) -> Any:

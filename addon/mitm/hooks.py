@@ -41,7 +41,7 @@ from addon.auditor import StreamAuditor
 from addon.dialects import Dialect, Normalizer, RequestSummary, RequestView, media_type, parse_json_body
 from addon.dialects.blocking import block_message
 from addon.dialects.registry import detect_request, detect_streamed_request
-from addon.events import Finding, TurnEnd
+from addon.events import Finding
 from addon.filters.api import Verdict
 from addon.framing import DEFAULT_MAX_EVENT_BYTES, select
 from addon.mitm import early_end, printed_output
@@ -369,10 +369,7 @@ class ExchangeHooks:
             turns = _turns(state)
             if turns is None or not isinstance(state, Streaming) or turns.idle_for(now) < self.turn_idle_seconds:
                 continue
-            record = turns.record
-            record.add_finding("turn_idle_timeout", f"nothing arrived for {self.turn_idle_seconds:g} s")
-            record.apply(TurnEnd())  # the proxy ends it: complete as far as it came, with the finding
-            state.auditor.record = turns.end_turn(record)
+            state.auditor.end_idle_turn(f"nothing arrived for {self.turn_idle_seconds:g} s")
 
     # -- the response ---------------------------------------------------------------------
 

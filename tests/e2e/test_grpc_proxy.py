@@ -258,10 +258,21 @@ def test_grpc_request_filter_answers_before_anything_goes_upstream(channels: Cha
 
 @pytest.fixture(scope="module")
 def idle_ending(request, tmp_path_factory, grpc_upstream: Upstream, proxy: Proxy) -> Iterator[Proxy]:
-    """A mitmdump that ends a turn nothing arrived for in one second."""
+    """A mitmdump that ends a turn nothing arrived for in one second, with a rule that
+    flags the answer's last word (only the end of the text decides it: it could go on)."""
     tmp = tmp_path_factory.mktemp(f"grpc-idle-{proxy.backend}")
     database = new_database(request, proxy.backend, tmp)
-    p = start_proxy(tmp, "--set", "llm_audit_turn_idle_seconds=1", upstream_ca=grpc_upstream.ca, **database)
+    rules = tmp / "rules.toml"
+    rules.write_text('[[rule]]\nid = "last-word"\nkind = "keywords"\nkeywords = ["tök4"]\naction = "flag"\n')
+    p = start_proxy(
+        tmp,
+        "--set",
+        "llm_audit_turn_idle_seconds=1",
+        "--set",
+        f"llm_rules={rules}",
+        upstream_ca=grpc_upstream.ca,
+        **database,
+    )
     yield p
     p.process.stop()
 
@@ -269,7 +280,8 @@ def idle_ending(request, tmp_path_factory, grpc_upstream: Upstream, proxy: Proxy
 def test_a_turn_without_its_end_marker_is_recorded_after_the_idle_timeout(channels: Channels, idle_ending: Proxy):
     """Cursor's agent stream whose ``turn_ended`` never comes (a release moved the field):
     the turn's record is written, complete with the finding ``turn_idle_timeout``, while
-    the stream is still open."""
+    the stream is still open; the turn's text is checked to its end first, so the flag on
+    its last word is in the turn's record."""
     from agent.v1 import agent_pb2 as pb
     from agent.v1.agent_pb2_grpc import AgentServiceStub
 
@@ -296,3 +308,4 @@ def test_a_turn_without_its_end_marker_is_recorded_after_the_idle_timeout(channe
         call.cancel()
     assert (row["dialect"], row["status"], row["turn"], row["output_text"]) == ("cursor", "completed", 0, text)
     assert [f["code"] for f in row["findings"]] == ["turn_idle_timeout"]
+    assert [(v["rule_id"], v["action"]) for v in row["verdicts"]] == [("last-word", "flag")]

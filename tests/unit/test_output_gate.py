@@ -294,13 +294,15 @@ def _turn_line(content: str, done: bool) -> bytes:
 
 
 def _auditor_of_turns(
-    action: str, encoding: str | None, reopen: bool = False
+    action: str | None, encoding: str | None, reopen: bool = False
 ) -> tuple[StreamAuditor, Turns, list[dict[str, Any]]]:
     """An auditor of a stream of turns (:class:`_TurnsOfOllama`) with a gate of one
-    keyword rule; the rows its turns write. ``reopen``: each next turn opens at once, as
-    when the client's next prompt came."""
+    keyword rule (``action`` None: no gate); the rows its turns write. ``reopen``: each
+    next turn opens at once, as when the client's next prompt came."""
     filters = FilterSet(
-        parse_rules(f'[[rule]]\nid = "code"\nkind = "keywords"\nkeywords = ["{WORD}"]\naction = "{action}"\n'),
+        parse_rules(
+            f'[[rule]]\nid = "code"\nkind = "keywords"\nkeywords = ["{WORD}"]\naction = "{action or "flag"}"\n'
+        ),
         failure="closed",
     )
     written: list[dict[str, Any]] = []
@@ -326,7 +328,7 @@ def _auditor_of_turns(
         _TurnsOfOllama(),
         encoding,
         1 << 20,
-        gate=gate,
+        gate=gate if action is not None else None,
         on_turn_end=end_turn,
         framing=select("application/x-ndjson", 200, "ndjson"),
     )
@@ -366,6 +368,73 @@ def test_a_compressed_chunk_is_not_released_at_a_turns_end_before_all_it_decodes
         (0, "completed"),
         (1, "blocked"),
     ]
+
+
+@pytest.mark.parametrize("action", ["flag", "block"])
+def test_a_turn_the_proxy_ends_as_idle_is_checked_to_its_end(action: str) -> None:
+    """A turn whose end marker never comes, its keyword the very last word (only the end
+    of the text decides it): the proxy's idle end checks the turn as its marker would, so
+    the verdict is the turn's own; a block's ending goes with the next chunk, and the
+    word never does."""
+    auditor, turns, written = _auditor_of_turns(action, None)
+    out = auditor.feed(_turn_line(f"the plan is {WORD}", False))
+    auditor.end_idle_turn("nothing arrived for 1 s")
+    [row] = [w for w in written if w["status"] != "in_progress"]
+    assert (row["turn"], row["status"]) == (0, "blocked" if action == "block" else "completed")
+    assert [(v["rule_id"], v["action"]) for v in row["verdicts"]] == [("code", action)]
+    assert [f["code"] for f in row["findings"]] == ["turn_idle_timeout"]
+    assert turns.record.verdicts == [] and turns.record.turn == 1
+    out += auditor.feed(_turn_line("later", False))
+    if action == "block":
+        assert WORD.encode() not in out and out.count(b"content_filter") == 1
+        assert auditor.stopped and row["delivered_text"] == ""  # (the one event carrying the word)
+    else:
+        assert out == _turn_line(f"the plan is {WORD}", False) + _turn_line("later", False)
+
+
+@pytest.mark.parametrize("action", [None, "flag", "block"])
+@pytest.mark.parametrize("cut", ["whole", "per line", "idle"])
+def test_each_turns_record_counts_the_bytes_and_the_text_its_client_got(action: str | None, cut: str) -> None:
+    """Three turns (a clean one, one whose word a block rule withholds, a clean one),
+    each answer arriving with its end or before it: each turn's record counts the bytes
+    sent for it, not the next turn's, and its delivered text is its own (none when it is
+    the output); after a block nothing more is read into a turn."""
+    auditor, turns, written = _auditor_of_turns(action, None)
+    end = b"" if cut == "idle" else _turn_line("", True)
+    lines = [
+        _turn_line("one", False) + end,
+        _turn_line(f"two {WORD}.", False) + end,
+        _turn_line("three", False) + end,
+    ]
+    sent = b""
+    for piece in [p for line in lines for p in ([line] if cut != "per line" else line.splitlines(keepends=True))]:
+        sent += auditor.feed(piece)
+        turns.answered()  # (as the proxy's tap does after each chunk)
+        if auditor.stopped:
+            break  # (the proxy ends the stream after this chunk)
+        if cut == "idle":
+            auditor.end_idle_turn("nothing arrived for 1 s")
+    sent += auditor.finish()
+    auditor.end()
+    if turns.pending:  # (as the proxy writes the last turn when the body ends)
+        turns.record.finish(OUTCOME_COMPLETE)
+        written.append(turns.record.to_row())
+    rows = [w for w in written if w["status"] != "in_progress"]
+    if action == "block":  # (the event carrying the word is withheld; nothing after it is read into a turn)
+        assert [(r["turn"], r["status"], r["delivered_text"]) for r in rows] == [
+            (0, "completed", None),
+            (1, "blocked", ""),
+        ]
+        assert rows[0]["bytes_to_client"] == len(lines[0])
+        assert sum(r["bytes_to_client"] for r in rows) == len(sent) and WORD.encode() not in sent
+        return
+    assert [(r["turn"], r["output_text"], r["delivered_text"]) for r in rows] == [
+        (0, "one", None),
+        (1, f"two {WORD}.", None),
+        (2, "three", None),
+    ]
+    assert [r["bytes_to_client"] for r in rows] == [len(line) for line in lines]
+    assert sent == b"".join(lines)
 
 
 def test_release_first_rules_send_each_event_as_soon_as_it_is_whole() -> None:

@@ -19,6 +19,7 @@ from sqlalchemy import create_engine, event, select
 from addon.record import OUTCOME_COMPLETE, ExchangeRecord
 from storage.schema import exchanges, metadata
 from storage.spool import Spool, SpoolLocked
+from storage.verify import verify
 from storage.writer import AuditWriter
 
 
@@ -90,6 +91,25 @@ def test_a_late_open_record_never_undoes_a_final_one(db, tmp_path):
     writer.submit(open_row)
     writer.close()
     assert rows(db) == {r.id: "completed"}
+
+
+def test_a_second_final_record_of_one_exchange_is_not_sealed(db, tmp_path, caplog):
+    """A bug that submits an exchange's final record twice must not read as tampering:
+    the upsert would leave the first row, and a second seal would be a chain link
+    without a row (``verify``: a deleted record). The first stands; the error is logged."""
+    writer = writer_for(db, tmp_path)
+    r = record(bytes_to_client=1)
+    writer.submit(r.to_row())
+    r.bytes_to_client = 2
+    writer.submit(r.to_row())
+    later = record()
+    writer.submit(later.to_row())
+    writer.close()
+    assert rows(db) == {r.id: "completed", later.id: "completed"}
+    with sqlite3.connect(db) as con:
+        assert con.execute("SELECT bytes_to_client FROM exchanges WHERE id = ?", (r.id,)).fetchone() == (1,)
+    assert verify(engine_for(db)).ok
+    assert f"record {r.id} was submitted final twice" in caplog.text
 
 
 def test_records_are_spooled_while_the_database_is_locked_and_replayed_in_order(db, tmp_path, caplog):
