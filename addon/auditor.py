@@ -130,6 +130,8 @@ class StreamAuditor:
         self._limits_reported = False
         self._reported_findings = 0
         self.gate = gate
+        if gate is not None and on_turn_end is not None:
+            gate.deliver_on_send = False  # (each turn's delivered text is noted at its end: _close_turn)
         self.stopped = False  # a filter blocked: the stream is to end after what feed returned
         self.ending_trailers: list[tuple[str, str]] = []  # and with these HTTP trailers (gRPC's status)
         self.max_event_bytes = max_event_bytes
@@ -176,7 +178,7 @@ class StreamAuditor:
         elif self.on_claim is not None:
             self.sha256.update(chunk)
         if self.stopped:
-            return self._take_released()  # (an ending decided between chunks: a turn's idle end)
+            return b""
         self._raw_chunk = None if passes else chunk
         decoder = self.decoder
         if decoder is not None and not (self.ignored or self.failed or self.halted):  # (self.active)
@@ -201,7 +203,7 @@ class StreamAuditor:
         out = self._gated(gate, self._released_now())
         if passes:  # (the gate took what was read; the chunk goes after what it had)
             return out + chunk
-        self._count_sent(out)
+        self._count_sent(out, None if gate.split_raw else record)
         return out
 
     def catch_up(self) -> None:
@@ -234,25 +236,28 @@ class StreamAuditor:
         gate checks the turn's text to its end first (a match only the end decides), and
         the turn's record is written complete, with the finding ``turn_idle_timeout``.
 
-        The proxy cannot send between chunks: bytes the gate releases now, or a block's
-        ending, go with the next chunk or the body's end (what a block withheld stays
-        withheld). Never raises."""
-        if self.on_turn_end is None or self.record is None:
-            return
-        gate = self.gate
+        Only a gate that holds nothing back checks to the end: one that may block keeps
+        holding the turn's last text, for the idle end is a guess (the answer may go on
+        after a long pause, and a word cut across the pause must still be seen whole;
+        the proxy could not send what a check releases until the next chunk anyway). Its
+        verdicts so far, and the bytes and text sent so far, are the turn's. Never raises."""
         try:
+            if self.on_turn_end is None or self.record is None:
+                return
+            gate = self.gate
             self._work(None)  # (what came of the turn is the turn's, within the decode budget)
             if gate is not None and self.active and not self.stopped:
                 self._to_gate()
-                self._released.append(gate.end_turn())
+                if not gate.holds:
+                    gate.end_turn()
                 self._close_turn(gate)
+            record = self.record
+            if record is not None:
+                record.add_finding("turn_idle_timeout", reason)
+                record.apply(TurnEnd())  # complete as far as it came, with the finding
+                self.record = self.on_turn_end(record)
         except Exception as e:  # noqa: BLE001 - the traffic must never see our bugs
             self._fail(e)
-        record = self.record
-        if record is not None:
-            record.add_finding("turn_idle_timeout", reason)
-            record.apply(TurnEnd())  # complete as far as it came, with the finding
-            self.record = self.on_turn_end(record)
 
     def _read_run(self) -> None:
         run = self._run
@@ -273,9 +278,7 @@ class StreamAuditor:
         For the stream callable's end-of-body call; :meth:`end` then settles the record.
         """
         gate = self.gate
-        if self.stopped:
-            return self._take_released()  # (an ending decided between chunks: a turn's idle end)
-        if gate is None or gate.flags_only:
+        if gate is None or self.stopped or gate.flags_only:
             return b""  # (a gate that only flags holds nothing: its last checks come with end())
         self._work(None)  # the gate decides on everything before the body may end
         out = self._gated(gate, self._released_now() + gate.finish())
@@ -393,11 +396,15 @@ class StreamAuditor:
         out, self._released = b"".join(self._released), []
         return out
 
-    def _count_sent(self, out: bytes) -> None:
+    def _count_sent(self, out: bytes, arrival: ExchangeRecord | None = None) -> None:
         """Count what a call sends to the client, less what a turn that ended in it took
-        into its own record (:meth:`_gate_before_turn_end`)."""
-        if self.record is not None:
-            self.record.bytes_to_client += len(out) - self._counted
+        into its own record (:meth:`_close_turn`); ``arrival``: the record the rest goes
+        to instead of the current one (a compressed chunk goes whole: all of it to the
+        turn it came in, as its ``bytes_from_upstream``; the proxy writes the turns a
+        chunk ended only after this, :meth:`~addon.turns.Turns.hold`)."""
+        record = arrival if arrival is not None else self.record
+        if record is not None:
+            record.bytes_to_client += len(out) - self._counted
         self._counted = 0
 
     def _unreadable(self, reason: str) -> None:

@@ -117,6 +117,13 @@ class OutputGate:
         self._decoded = 0  # decoded bytes of the body so far
         self._held: deque[_Held] = deque()
         self._free = 0  # decoded offset up to which the client may have the bytes
+        # A compressed chunk goes whole, maybe after the frames it carries are cleared (a
+        # later frame in it waits, or is blocked): its frames count as delivered only when
+        # it is sent. ``deliver_on_send`` False counts them when cleared (a stream of turns
+        # sets it: a turn's record must say what it got before the chunk's fate is known).
+        self.deliver_on_send = not split_raw
+        self._unsent: deque[_Held] = deque()  # cleared frames whose chunk has not gone yet
+        self._sent = 0  # the decoded offset the chunks sent so far reach
 
     # -- input ----------------------------------------------------------------------------
 
@@ -203,12 +210,11 @@ class OutputGate:
             self._check(ev, [])
         self._settle(self.guard.flush_all().values())
 
-    def end_turn(self) -> bytes:
+    def end_turn(self) -> None:
         """The current turn ended without a frame saying so (the proxy's idle end of a
-        turn): its text is whole, as at a turn's end marker; the bytes that may go now."""
+        turn), for a gate that holds nothing: its text is whole, as at a turn's end marker."""
         if self.blocked is None:
             self._settle(self.guard.flush_all().values())
-        return self._release()
 
     def unreadable(self, reason: str) -> None:
         """The output cannot be checked (an event too large to parse): the failure policy decides.
@@ -225,6 +231,10 @@ class OutputGate:
         if verdict.action == FLAG:
             self.holds = False
             self._held.clear()
+            while self._unsent:  # (their chunks go with the rest now)
+                held = self._unsent.popleft()
+                assert held.event is not None
+                self._deliver(held.event, held.parsed)
         else:
             self.blocked = verdict
 
@@ -239,15 +249,26 @@ class OutputGate:
             self._raw.clear()
             return out
         released = self.guard.released
+        on_send = self.deliver_on_send
         while self._held:
             held = self._held[0]
             if not _cleared(held.needs, released):
                 break
             self._held.popleft()
             if held.event is not None:
-                self._deliver(held.event, held.parsed)
+                if on_send:
+                    self._unsent.append(held)
+                else:
+                    self._deliver(held.event, held.parsed)
             self._free = max(self._free, held.end)
-        return self._take(self._free)
+        out = self._take(self._free)
+        if on_send:
+            unsent = self._unsent
+            while unsent and unsent[0].end <= self._sent:
+                held = unsent.popleft()
+                assert held.event is not None
+                self._deliver(held.event, held.parsed)
+        return out
 
     def finish(self) -> bytes:
         """The body is over: a last check of every stream (a match only the end decides is
@@ -268,6 +289,7 @@ class OutputGate:
         out = b"".join(chunk for chunk, _ in self._raw)
         self._raw.clear()
         self._held.clear()
+        self._unsent.clear()
         self.holds = False
         return out
 
@@ -357,6 +379,7 @@ class OutputGate:
             if end <= upto:
                 out.append(chunk)
                 raw.popleft()
+                self._sent = end
                 continue
             start = end - len(chunk)
             if self.split_raw and upto > start:

@@ -89,6 +89,10 @@ class Turns:
         self.opened = False  # the current turn's write-ahead row was submitted
         self.closed = False  # the exchange is recorded: what still arrives opens no record
         self.last_activity = time.monotonic()
+        # While the tap handles a chunk, the turns it ends wait here to be written: what
+        # the chunk sends for them is counted only once the gate has decided (see hold).
+        self.holding = False
+        self._ended: list[ExchangeRecord] = []
 
     def open(self) -> None:
         """The current turn began (a prompt, an answer): write its record ahead, once.
@@ -129,10 +133,29 @@ class Turns:
             self.record = _next_turn(record, same_turn=True)
             return self.record
         record.finish(OUTCOME_COMPLETE)
-        self.submit(record)
+        if self.holding:
+            self._ended.append(record)
+        else:
+            self.submit(record)
         self.record = _next_turn(record)
         self.opened = False
         return self.record
+
+    def hold(self) -> None:
+        """Keep the records of turns that end from now until :meth:`write_held`: the
+        stream callable's chunk may end a turn before the bytes the client gets for it
+        are known (a compressed chunk goes whole, once all it decodes to is checked)."""
+        self.holding = True
+
+    def write_held(self) -> None:
+        """Write the turns that ended while held, in order. Never raises."""
+        self.holding = False
+        ended, self._ended = self._ended, []
+        for record in ended:
+            try:
+                self.submit(record)
+            except Exception:  # (the stream callable's last line: it must not raise)
+                log.exception("llm-audit: writing a turn's record failed")
 
     def idle_for(self, now: float) -> float:
         """How long an open turn has waited for anything (0 when no turn is open)."""
@@ -140,8 +163,9 @@ class Turns:
 
     @property
     def pending(self) -> bool:
-        """The current turn has a record to write when the stream ends."""
-        return self.opened
+        """The current turn has a record to write when the stream ends: it was opened,
+        or its answer came without anything opening it (read only as the body ended)."""
+        return self.opened or (not self.closed and _has_answer(self.record))
 
 
 def _has_answer(record: ExchangeRecord) -> bool:

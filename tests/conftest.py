@@ -97,6 +97,8 @@ class Process:
         return wait_for(find, timeout, what=f"{pattern!r} in output:\n{self.output}")
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 20.0) -> int:
+        """Stop the process; a proxy that submitted an exchange's final record twice (the
+        writer refuses the second and logs it) fails the test that stops it."""
         if self.proc.poll() is None:
             self.proc.send_signal(sig)
             try:
@@ -104,6 +106,8 @@ class Process:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+        twice = [line for line in self.lines if "was submitted final twice" in line]
+        assert not twice, "\n".join(twice)
         return self.proc.returncode
 
 

@@ -100,7 +100,7 @@ class ExchangeHooks:
         self.filters = filters
         self.flows: dict[str, FlowState] = {}
         # exchanges waiting for their backlog to be read, with their records
-        self.draining: dict[asyncio.Task, tuple[StreamAuditor, ExchangeRecord]] = {}
+        self.draining: dict[asyncio.Task, tuple[StreamAuditor, Recorded]] = {}
         self.max_event_bytes = DEFAULT_MAX_EVENT_BYTES
         self.max_record_bytes = DEFAULT_MAX_RECORD_BYTES
         self.view_bytes = DEFAULT_VIEW_BYTES
@@ -192,7 +192,7 @@ class ExchangeHooks:
         if state is None or isinstance(state, Sniffing):
             return
         if isinstance(state, Streaming) and state.auditor.pending:
-            self._after_backlog(state.auditor, state.record, lambda: self._record_complete(flow, state))
+            self._after_backlog(state.auditor, state, lambda: self._record_complete(flow, state))
         else:
             self._record_complete(flow, state)
 
@@ -207,32 +207,39 @@ class ExchangeHooks:
             outcome = OUTCOME_UPSTREAM_ABORTED
         auditor = _auditor(state)
         if auditor is not None and auditor.pending:
-            self._after_backlog(auditor, state.record, lambda: self._record_aborted(flow, state, outcome))
+            self._after_backlog(auditor, state, lambda: self._record_aborted(flow, state, outcome))
         else:
             self._record_aborted(flow, state, outcome)
 
     def done(self) -> None:
         """Submit the exchanges still open as cut off, and those whose backlog was not
         read yet as read so far; the store's ``done``, after this one, writes them."""
-        for live in self.flows.values():
-            state, turns = _current_turn(live), _turns(live)
+        for state in self.flows.values():
+            if state is None or isinstance(state, Sniffing):
+                continue
+            if (auditor := _auditor(state)) is not None:
+                auditor.catch_up()  # (it may end turns: the record is the current turn's after it)
+                auditor.last_checks()
+            turns = _turns(state)
+            if turns is not None and not turns.pending:
+                turns.close()
+                continue  # a turn nothing arrived for is no record
+            record = _latest(state).record
+            record.add_finding("proxy_shutdown", "the proxy stopped during the exchange")
+            record.finish(OUTCOME_CLIENT_ABORTED)
+            self.store.submit(record)
             if turns is not None:
                 turns.close()
-                if not turns.pending:
-                    continue  # a turn nothing arrived for is no record
-            if state is not None and not isinstance(state, Sniffing):
-                if (auditor := _auditor(state)) is not None:
-                    auditor.catch_up()
-                    auditor.last_checks()
-                state.record.add_finding("proxy_shutdown", "the proxy stopped during the exchange")
-                state.record.finish(OUTCOME_CLIENT_ABORTED)
-                self.store.submit(state.record)
         self.flows.clear()
-        for task, (auditor, record) in self.draining.items():  # ended, but their backlog was not read yet
+        for task, (auditor, state) in self.draining.items():  # ended, but their backlog was not read yet
             if task.done():
                 continue  # settled and written; only its callback, which forgets it, has not run
             task.cancel()
             auditor.last_checks()  # (flag rules' verdicts on what was read)
+            turns = _turns(state)
+            if turns is not None and not turns.pending:
+                continue
+            record = _latest(state).record
             record.add_finding("proxy_shutdown", "the proxy stopped while the body was still being read")
             record.finish(OUTCOME_COMPLETE)
             self.store.submit(record)
@@ -452,19 +459,20 @@ class ExchangeHooks:
             _complete(flow, state)
         except Exception as e:  # the record is written whatever happens
             log.exception("llm-audit: failed to finish a record")
-            state.record.add_finding("audit_internal_error", f"{type(e).__name__}: {e}"[:300])
-            state.record.finish(OUTCOME_COMPLETE)
+            _latest(state).record.add_finding("audit_internal_error", f"{type(e).__name__}: {e}"[:300])
+        state = _latest(state)  # (reading the rest may have ended turns)
+        state.record.finish(OUTCOME_COMPLETE)
         self._write(flow, state)
 
     def _record_aborted(self, flow: http.HTTPFlow, state: Recorded, outcome: str) -> None:
-        record = state.record
         try:
-            outcome = _settle_abort(flow, record, _auditor(state), outcome)
+            outcome = _settle_abort(flow, state, outcome)
         except Exception as e:  # the record is written whatever happens
             log.exception("llm-audit: failed to settle an aborted exchange")
-            record.add_finding("audit_internal_error", f"{type(e).__name__}: {e}"[:300])
+            _latest(state).record.add_finding("audit_internal_error", f"{type(e).__name__}: {e}"[:300])
             outcome = OUTCOME_UPSTREAM_ABORTED
-        record.finish(outcome)
+        state = _latest(state)  # (reading the rest may have ended turns)
+        state.record.finish(outcome)
         self._write(flow, state)
 
     def _write(self, flow: http.HTTPFlow, state: Recorded) -> None:
@@ -482,7 +490,7 @@ class ExchangeHooks:
             # its connection lasts: the auditor drops the record and its text.
             auditor.release()
 
-    def _after_backlog(self, auditor: StreamAuditor, record: ExchangeRecord, settle: Callable[[], None]) -> None:
+    def _after_backlog(self, auditor: StreamAuditor, state: Recorded, settle: Callable[[], None]) -> None:
         """Settle an ended exchange once its backlog of encoded bytes is read, in slices
         scheduled on the event loop, so other flows run between the slices. (mitmproxy
         runs tasks eagerly: the first slice, at most ``CALL_SECONDS``, runs within the
@@ -493,7 +501,7 @@ class ExchangeHooks:
             settle()
             return
         task = loop.create_task(_drain(auditor, settle))
-        self.draining[task] = (auditor, record)
+        self.draining[task] = (auditor, state)
         task.add_done_callback(self._drained)
 
     def _drained(self, task: asyncio.Task) -> None:
@@ -507,6 +515,12 @@ def _upgrades(request: http.Request) -> bool:
 
 def _turns(state: FlowState | None) -> Turns | None:
     return state.turns if isinstance(state, Recording | Streaming) else None
+
+
+def _latest(state: Recorded) -> Recorded:
+    """The exchange's state with its current turn's record (reading the body may end turns)."""
+    current = _current_turn(state)
+    return current if current is not None and not isinstance(current, Sniffing) else state
 
 
 def _current_turn(state: FlowState | None) -> FlowState | None:
@@ -546,17 +560,17 @@ def _complete(flow: http.HTTPFlow, state: Recorded) -> None:
             auditor.end()
             if auditor.stopped and auditor.gate is not None and auditor.gate.blocked is not None:
                 replace_held(flow, state, auditor.gate.blocked)
-    state.record.finish(OUTCOME_COMPLETE)
 
 
-def _settle_abort(flow: http.HTTPFlow, record: ExchangeRecord, auditor: StreamAuditor | None, outcome: str) -> str:
+def _settle_abort(flow: http.HTTPFlow, state: Recorded, outcome: str) -> str:
     """Read what an aborted exchange's auditor still holds and note why it failed; the
     outcome to finish it with (a client that hung up after the terminal event lost
     nothing)."""
     message = flow.error.msg if flow.error else None
+    auditor = _auditor(state)
     if auditor is not None:
         auditor.catch_up()  # the record holds what came before it is judged
-    if outcome == OUTCOME_CLIENT_ABORTED and client_had_everything(record):
+    if outcome == OUTCOME_CLIENT_ABORTED and client_had_everything(_latest(state).record):
         outcome = OUTCOME_COMPLETE
     if auditor is not None:
         if outcome != OUTCOME_CLIENT_ABORTED:
@@ -564,6 +578,7 @@ def _settle_abort(flow: http.HTTPFlow, record: ExchangeRecord, auditor: StreamAu
         else:
             auditor.last_checks()  # (the text the client had: flag rules' verdicts)
             auditor.report_limits()
+    record = _latest(state).record  # (of the turn current now: reading may have ended turns)
     if flow.response is not None and record.http_status is None:
         response_into_record(record, flow.response)  # refused before the responseheaders hook
     if message and refused_by_mitmproxy(message):

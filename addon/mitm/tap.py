@@ -35,22 +35,29 @@ def make_tap(
     """
 
     def tap(chunk: bytes) -> bytes | list[bytes]:
+        if turns is not None:
+            turns.hold()  # (a turn this chunk ends is written once its bytes are counted)
         try:
             out = auditor.feed(chunk) if chunk else auditor.finish()
             if turns is not None and chunk:
                 turns.answered()
-            if auditor.stopped and chunk:
+            if auditor.stopped:
                 if auditor.ending_trailers and flow.response is not None:
+                    # (also at the body's end: mitmproxy sends the trailers after this call)
                     flow.response.trailers = http.Headers(
                         [(k.encode(), v.encode()) for k, v in auditor.ending_trailers]
                     )
-                early_end.end_after_this_chunk(flow)
+                if chunk:
+                    early_end.end_after_this_chunk(flow)
         except Exception:  # StreamAuditor guards itself; this is the last line
             log.exception("llm-audit: stream tap failed")
             # (a gate that may block fails closed; one that only flags holds nothing; a
             # stream the proxy ended gets nothing more)
             gate = auditor.gate
             out = chunk if (gate is None or gate.flags_only) and not auditor.stopped else b""
+        finally:
+            if turns is not None:
+                turns.write_held()
         if copy is not None and out:
             if auditor.record is None and auditor.ignored:
                 copy.data = None  # no dialect claimed it: not ours to show

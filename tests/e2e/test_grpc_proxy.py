@@ -225,6 +225,34 @@ def test_grpc_output_filter_ends_the_stream_with_status_7_in_trailers(channels: 
     assert "tök2" not in (row["delivered_text"] or "")
 
 
+LAST_WORD_RULE = """
+[[rule]]
+id = "no-tok4"
+kind = "keywords"
+keywords = ["tök4"]
+scope = "response"
+action = "block"
+"""
+
+
+@pytest.fixture(scope="module")
+def last_word_filtered(request, tmp_path_factory, grpc_upstream: Upstream, proxy: Proxy) -> Iterator[Proxy]:
+    yield from filtering_proxy(request, tmp_path_factory, proxy.backend, LAST_WORD_RULE, grpc_upstream.ca)
+
+
+def test_grpc_a_block_only_the_end_decides_still_ends_with_status_7(channels: Channels, last_word_filtered: Proxy):
+    """The answer's very last word is blocked: only the body's end decides it (the word
+    could go on), so the block's status goes out with the body's end, as trailers that
+    replace the upstream's ``grpc-status: 0``."""
+    mock_id = uuid.uuid4().hex
+    with channels.open(last_word_filtered) as channel:
+        code, message = grpc_failure(lambda: stream_chat(channel, [("x-mock-id", mock_id)]))
+    assert code == "PERMISSION_DENIED" and "no-tok4" in message
+    row = last_word_filtered.mock_row(mock_id)
+    assert (row["dialect"], row["status"]) == ("cursor", "blocked")
+    assert "tök4" not in (row["delivered_text"] or "")
+
+
 def test_grpc_request_filter_blocks_a_message_of_a_bidirectional_stream(channels: Channels, request_filtered: Proxy):
     """Cursor's agent over gRPC: the first turn passes, the follow-up about Graz is not
     forwarded; grpcio gets PERMISSION_DENIED."""

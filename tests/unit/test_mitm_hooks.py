@@ -14,6 +14,7 @@ import orjson
 from mitmproxy import http
 from mitmproxy.flow import Error
 from mitmproxy.test import tflow
+from protoenc import end_stream, env, f, m
 
 from addon import auditor
 from addon.auditor import READ_RUN_CHUNKS
@@ -452,9 +453,48 @@ def test_a_backlog_read_to_its_end_is_not_written_again_at_shutdown() -> None:
         task = asyncio.get_running_loop().create_task(asyncio.sleep(0))
         await task  # done; its callbacks have not run
         h._record_complete(flow, state)
-        h.draining[task] = (state.auditor, state.record)
+        h.draining[task] = (state.auditor, state)
         h.done()
         return store.rows
 
     rows = asyncio.run(scenario())
     assert [row["status"] for row in rows] == ["in_progress", "completed"]
+
+
+# -- a long-lived stream of turns (Cursor's agent over Connect) -----------------------------------
+
+CONNECT = {"content-type": "application/connect+proto", "connect-protocol-version": "1"}
+
+
+def _agent_flow(h: ExchangeHooks) -> http.HTTPFlow:
+    """Cursor's agent stream, its first prompt sent (turn 0 opened and written ahead)."""
+    request = http.Request.make("POST", "https://api2.cursor.sh/agent.v1.AgentService/Run", b"", CONNECT)
+    flow = tflow.tflow(req=request)
+    h.requestheaders(flow)
+    flow.request.stream(env(m(1, m(2, m(1, m(1, f(1, "first question")))))))
+    return flow
+
+
+def _text(text: str) -> bytes:
+    return env(m(1, m(1, f(1, text))))
+
+
+TURN_ENDED = env(m(1, m(14, f(1, 3), f(2, 5))))
+
+
+def test_turns_read_only_as_the_body_ends_are_each_written_once(monkeypatch) -> None:
+    """A compressed backlog read after the body ended holds turn 0's end and all of turn 1
+    (its answer only: nothing opened it): both are written, each once, with their own
+    text; the record settled at the end is the current turn's, not the first one's."""
+    monkeypatch.setattr(auditor, "CALL_SECONDS", 0.0)  # one slice per chunk: the rest waits
+    h, store = hooks()
+    flow = _agent_flow(h)
+    flow.response = response_headers(CONNECT | {"content-encoding": "gzip"})
+    h.responseheaders(flow)
+    body = _text("a" * 40_000) + TURN_ENDED + _text("second answer") + end_stream()
+    flow.response.stream(gzip.compress(body))
+    flow.response.stream(b"")
+    h.response(flow)  # (no event loop: the backlog is read at once)
+    final = [(r["turn"], r["status"], len(r["output_text"] or "")) for r in store.rows if r["status"] != "in_progress"]
+    assert final == [(0, "completed", 40_000), (1, "completed", len("second answer"))]
+    assert len({r["id"] for r in store.rows if r["status"] != "in_progress"}) == 2
