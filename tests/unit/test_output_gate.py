@@ -466,6 +466,88 @@ def test_each_turns_record_counts_the_bytes_and_the_text_its_client_got(
     assert text == b"".join(lines)
 
 
+def _through_tap(auditor: StreamAuditor, turns: Turns, chunk: bytes) -> bytes:
+    """One call of the proxy's stream callable (addon/mitm/tap.py) on a stream of turns."""
+    turns.hold()
+    try:
+        out = auditor.feed(chunk) if chunk else auditor.finish()
+        if chunk:
+            turns.answered()
+    finally:
+        turns.write_held()
+    return out
+
+
+def _random_turns(rnd: random.Random, blocked: bool) -> list[tuple[bytes, bool]]:
+    """A stream of one to four turns of one to three lines each, every turn ended by its
+    marker or left to an idle end; (a line, whether an idle end may follow it)."""
+    items: list[tuple[bytes, bool]] = []
+    for t in range(rnd.randint(1, 4)):
+        for _ in range(rnd.randint(1, 3)):
+            word = WORD if blocked and rnd.random() < 0.15 else f"w{rnd.randint(0, 99)}"
+            items.append((_turn_line(f"t{t} {word} ", False), True))
+        if rnd.random() < 0.5:
+            items[-1] = (items[-1][0], False)  # (its marker comes next: no idle end before it)
+            items.append((_turn_line("", True), True))
+    return items
+
+
+@pytest.mark.parametrize("encoding", [None, "gzip"])
+@pytest.mark.parametrize("action", [None, "flag", "block"])
+def test_random_streams_of_turns_keep_every_invariant(action: str | None, encoding: str | None) -> None:
+    """Random streams of turns, cut anywhere, turns ended by their markers or by idle
+    ends, through the tap as the proxy calls it: nothing a block rule stops reaches the
+    client, no record is written final twice or with an internal error, and the turns'
+    records count exactly the bytes the client got (one blocked record if any); without
+    a block the client gets the body unchanged and no record has a delivered text."""
+    for seed in range(100):
+        rnd = random.Random(seed)
+        auditor, turns, written = _auditor_of_turns(action, encoding, reopen=rnd.random() < 0.5)
+        items = _random_turns(rnd, action == "block")
+        body = b"".join(line for line, _ in items)
+        idles, at = set(), 0
+        for line, idle_may_follow in items:
+            at += len(line)
+            if idle_may_follow and rnd.random() < 0.3:
+                idles.add(at)
+        cuts = sorted({rnd.randint(1, len(body)) for _ in range(rnd.randint(1, 12))} | idles | {len(body)})
+        packer = zlib.compressobj(wbits=zlib.MAX_WBITS | 16)
+        sent, start = b"", 0
+        for cut in cuts:  # (a chunk may hold a turn's answer and its end, or parts of two turns)
+            piece, start = body[start:cut], cut
+            last = cut == len(body)
+            chunk = (
+                piece
+                if not encoding
+                else packer.compress(piece) + packer.flush(zlib.Z_FINISH if last else zlib.Z_SYNC_FLUSH)
+            )
+            sent += _through_tap(auditor, turns, chunk)
+            if auditor.stopped:
+                break
+            if cut in idles and turns.idle_for(float("inf")) > 0:
+                auditor.end_idle_turn("nothing arrived for 60 s")
+        sent += _through_tap(auditor, turns, b"")
+        auditor.end()
+        if turns.pending:  # (as the proxy writes the last turn when the body ends)
+            turns.record.finish(OUTCOME_COMPLETE)
+            written.append(turns.record.to_row())
+        rows = [w for w in written if w["status"] != "in_progress"]
+        text = zlib.decompressobj(zlib.MAX_WBITS | 16).decompress(sent) if encoding else sent
+        where = f"seed {seed}"
+        assert len({r["id"] for r in rows}) == len(rows), where
+        assert not any(f["code"] == "audit_internal_error" for r in rows for f in r["findings"]), where
+        assert sum(r["bytes_to_client"] for r in rows) == len(sent), where
+        if action == "block":
+            assert WORD.encode() not in text, where
+        if auditor.stopped:  # (one blocked record; no answer is read into a turn after it)
+            statuses = [r["status"] for r in rows]
+            assert statuses.count("blocked") == 1, where
+            assert not any(r["output_text"] for r in rows[statuses.index("blocked") + 1 :]), where
+        else:
+            assert text == body, where
+            assert all(r["delivered_text"] is None for r in rows), where
+
+
 def test_the_text_of_a_compressed_chunk_withheld_for_a_later_block_is_not_delivered() -> None:
     """A compressed chunk goes whole or not at all: one carrying clean text and then a
     blocked word is withheld, so its clean text is not in ``delivered_text`` (it was
