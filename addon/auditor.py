@@ -232,20 +232,26 @@ class StreamAuditor:
 
     def end_idle_turn(self, reason: str) -> None:
         """The proxy ends the current turn of a stream of turns (``reason``: nothing
-        arrived for a while; its end marker may have moved): as its marker would, the
-        gate checks the turn's text to its end first (a match only the end decides), and
-        the turn's record is written complete, with the finding ``turn_idle_timeout``.
+        arrived for a while; its end marker may have moved): the turn's record is written
+        complete, with the finding ``turn_idle_timeout``, and the gate's verdicts, the
+        bytes and the text sent so far are the turn's.
 
-        Only a gate that holds nothing back checks to the end: one that may block keeps
-        holding the turn's last text, for the idle end is a guess (the answer may go on
-        after a long pause, and a word cut across the pause must still be seen whole;
-        the proxy could not send what a check releases until the next chunk anyway). Its
-        verdicts so far, and the bytes and text sent so far, are the turn's. Never raises."""
+        A gate that holds nothing back first checks the turn's text to its end, as a
+        marker would (a match only the end decides). One that may block keeps holding the
+        turn's last text: the idle end is a guess (the answer may go on after a long
+        pause, and a word cut across the pause must still be seen whole; the proxy could
+        not send what a check releases until the next chunk anyway).
+
+        A turn whose compressed bytes still wait to be read is not over: a slice of them
+        is read (``CALL_SECONDS``, on the event loop) and the turn ends at a later call,
+        once they are. Never raises."""
         try:
             if self.on_turn_end is None or self.record is None:
                 return
             gate = self.gate
-            self._work(None)  # (what came of the turn is the turn's, within the decode budget)
+            self._work(CALL_SECONDS)
+            if self.pending:
+                return
             if gate is not None and self.active and not self.stopped:
                 self._to_gate()
                 if not gate.holds:

@@ -122,7 +122,7 @@ class OutputGate:
         # it is sent. ``deliver_on_send`` False counts them when cleared (a stream of turns
         # sets it: a turn's record must say what it got before the chunk's fate is known).
         self.deliver_on_send = not split_raw
-        self._unsent: deque[_Held] = deque()  # cleared frames whose chunk has not gone yet
+        self._unsent: deque[tuple[int, Frame, Any]] = deque()  # (end, frame, parsed) cleared, its chunk not gone yet
         self._sent = 0  # the decoded offset the chunks sent so far reach
 
     # -- input ----------------------------------------------------------------------------
@@ -231,10 +231,7 @@ class OutputGate:
         if verdict.action == FLAG:
             self.holds = False
             self._held.clear()
-            while self._unsent:  # (their chunks go with the rest now)
-                held = self._unsent.popleft()
-                assert held.event is not None
-                self._deliver(held.event, held.parsed)
+            self._deliver_unsent()  # (their chunks go with the rest now)
         else:
             self.blocked = verdict
 
@@ -257,18 +254,22 @@ class OutputGate:
             self._held.popleft()
             if held.event is not None:
                 if on_send:
-                    self._unsent.append(held)
+                    self._unsent.append((held.end, held.event, held.parsed))
                 else:
                     self._deliver(held.event, held.parsed)
             self._free = max(self._free, held.end)
         out = self._take(self._free)
         if on_send:
-            unsent = self._unsent
-            while unsent and unsent[0].end <= self._sent:
-                held = unsent.popleft()
-                assert held.event is not None
-                self._deliver(held.event, held.parsed)
+            self._deliver_unsent(self._sent)
         return out
+
+    def _deliver_unsent(self, upto: int | None = None) -> None:
+        """Count as delivered the cleared frames whose bytes went out: those ending by the
+        decoded offset ``upto`` (None: all, their chunks go now)."""
+        unsent = self._unsent
+        while unsent and (upto is None or unsent[0][0] <= upto):
+            _, event, parsed = unsent.popleft()
+            self._deliver(event, parsed)
 
     def finish(self) -> bytes:
         """The body is over: a last check of every stream (a match only the end decides is
@@ -289,7 +290,7 @@ class OutputGate:
         out = b"".join(chunk for chunk, _ in self._raw)
         self._raw.clear()
         self._held.clear()
-        self._unsent.clear()
+        self._deliver_unsent()
         self.holds = False
         return out
 

@@ -91,8 +91,7 @@ class Turns:
         self.last_activity = time.monotonic()
         # While the tap handles a chunk, the turns it ends wait here to be written: what
         # the chunk sends for them is counted only once the gate has decided (see hold).
-        self.holding = False
-        self._ended: list[ExchangeRecord] = []
+        self._held: list[ExchangeRecord] | None = None
 
     def open(self) -> None:
         """The current turn began (a prompt, an answer): write its record ahead, once.
@@ -133,8 +132,8 @@ class Turns:
             self.record = _next_turn(record, same_turn=True)
             return self.record
         record.finish(OUTCOME_COMPLETE)
-        if self.holding:
-            self._ended.append(record)
+        if self._held is not None:
+            self._held.append(record)
         else:
             self.submit(record)
         self.record = _next_turn(record)
@@ -145,13 +144,12 @@ class Turns:
         """Keep the records of turns that end from now until :meth:`write_held`: the
         stream callable's chunk may end a turn before the bytes the client gets for it
         are known (a compressed chunk goes whole, once all it decodes to is checked)."""
-        self.holding = True
+        self._held = []
 
     def write_held(self) -> None:
         """Write the turns that ended while held, in order. Never raises."""
-        self.holding = False
-        ended, self._ended = self._ended, []
-        for record in ended:
+        held, self._held = self._held or [], None
+        for record in held:
             try:
                 self.submit(record)
             except Exception:  # (the stream callable's last line: it must not raise)

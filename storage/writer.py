@@ -48,7 +48,7 @@ import queue
 import struct
 import threading
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any
@@ -383,7 +383,7 @@ class AuditWriter:
         hash chain with no row, which ``verify`` reports as a deleted record. The
         recorder submits each final record once; this keeps a bug there from reading as
         tampering (logged as an error, the first record stands)."""
-        if not _is_final(row) or not isinstance(row, dict):
+        if not isinstance(row, dict) or row.get("status") == IN_PROGRESS:
             return True
         record_id = row.get("id")
         if not isinstance(record_id, str) or self._finals.add(record_id):
@@ -848,18 +848,16 @@ class _RecentIds:
     """The last ``size`` ids added, for a membership test (bounded memory)."""
 
     def __init__(self, size: int) -> None:
-        self._order: deque[str] = deque()
-        self._ids: set[str] = set()
+        self._ids: OrderedDict[str, None] = OrderedDict()
         self._size = size
 
     def add(self, record_id: str) -> bool:
         """Add an id; False when it was among the recent ones already."""
         if record_id in self._ids:
             return False
-        self._ids.add(record_id)
-        self._order.append(record_id)
-        if len(self._order) > self._size:
-            self._ids.discard(self._order.popleft())
+        self._ids[record_id] = None
+        if len(self._ids) > self._size:
+            self._ids.popitem(last=False)
         return True
 
 

@@ -99,7 +99,7 @@ class ExchangeHooks:
         self.store = store
         self.filters = filters
         self.flows: dict[str, FlowState] = {}
-        # exchanges waiting for their backlog to be read, with their records
+        # exchanges waiting for their backlog to be read: their auditors and states
         self.draining: dict[asyncio.Task, tuple[StreamAuditor, Recorded]] = {}
         self.max_event_bytes = DEFAULT_MAX_EVENT_BYTES
         self.max_record_bytes = DEFAULT_MAX_RECORD_BYTES
@@ -215,20 +215,13 @@ class ExchangeHooks:
         """Submit the exchanges still open as cut off, and those whose backlog was not
         read yet as read so far; the store's ``done``, after this one, writes them."""
         for state in self.flows.values():
-            if state is None or isinstance(state, Sniffing):
+            if isinstance(state, Sniffing):
                 continue
             if (auditor := _auditor(state)) is not None:
                 auditor.catch_up()  # (it may end turns: the record is the current turn's after it)
                 auditor.last_checks()
-            turns = _turns(state)
-            if turns is not None and not turns.pending:
-                turns.close()
-                continue  # a turn nothing arrived for is no record
-            record = _latest(state).record
-            record.add_finding("proxy_shutdown", "the proxy stopped during the exchange")
-            record.finish(OUTCOME_CLIENT_ABORTED)
-            self.store.submit(record)
-            if turns is not None:
+            self._submit_cut(state, "the proxy stopped during the exchange", OUTCOME_CLIENT_ABORTED)
+            if (turns := _turns(state)) is not None:
                 turns.close()
         self.flows.clear()
         for task, (auditor, state) in self.draining.items():  # ended, but their backlog was not read yet
@@ -236,14 +229,19 @@ class ExchangeHooks:
                 continue  # settled and written; only its callback, which forgets it, has not run
             task.cancel()
             auditor.last_checks()  # (flag rules' verdicts on what was read)
-            turns = _turns(state)
-            if turns is not None and not turns.pending:
-                continue
-            record = _latest(state).record
-            record.add_finding("proxy_shutdown", "the proxy stopped while the body was still being read")
-            record.finish(OUTCOME_COMPLETE)
-            self.store.submit(record)
+            self._submit_cut(state, "the proxy stopped while the body was still being read", OUTCOME_COMPLETE)
         self.draining.clear()
+
+    def _submit_cut(self, state: Recorded, detail: str, outcome: str) -> None:
+        """Write the record of an exchange (its current turn's) the proxy's stop cut off;
+        a turn nothing arrived for is no record."""
+        turns = _turns(state)
+        if turns is not None and not turns.pending:
+            return
+        record = _latest(state).record
+        record.add_finding("proxy_shutdown", detail)
+        record.finish(outcome)
+        self.store.submit(record)
 
     # -- the request ----------------------------------------------------------------------
 

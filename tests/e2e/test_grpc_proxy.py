@@ -196,11 +196,6 @@ def test_grpc_cursor_agent_two_turns_full_duplex(channels: Channels, proxy: Prox
 
 
 @pytest.fixture(scope="module")
-def output_filtered(request, tmp_path_factory, grpc_upstream: Upstream, proxy: Proxy) -> Iterator[Proxy]:
-    yield from filtering_proxy(request, tmp_path_factory, proxy.backend, RPC_OUTPUT_RULE, grpc_upstream.ca)
-
-
-@pytest.fixture(scope="module")
 def request_filtered(request, tmp_path_factory, grpc_upstream: Upstream, proxy: Proxy) -> Iterator[Proxy]:
     yield from filtering_proxy(request, tmp_path_factory, proxy.backend, RPC_REQUEST_RULES, grpc_upstream.ca)
 
@@ -212,19 +207,6 @@ def grpc_failure(call: Callable[[], Any]) -> tuple[str, str]:
     return error.code().name, error.details()
 
 
-def test_grpc_output_filter_ends_the_stream_with_status_7_in_trailers(channels: Channels, output_filtered: Proxy):
-    """grpcio reports the filter's block as its normal error: PERMISSION_DENIED (7), the
-    rule in the message, sent as HTTP/2 trailers after the text before the word."""
-    mock_id = uuid.uuid4().hex
-    with channels.open(output_filtered) as channel:
-        code, message = grpc_failure(lambda: stream_chat(channel, [("x-mock-id", mock_id)]))
-    assert code == "PERMISSION_DENIED" and "no-tok2" in message
-
-    row = output_filtered.mock_row(mock_id)
-    assert (row["dialect"], row["status"]) == ("cursor", "blocked")
-    assert "tök2" not in (row["delivered_text"] or "")
-
-
 LAST_WORD_RULE = """
 [[rule]]
 id = "no-tok4"
@@ -233,24 +215,39 @@ keywords = ["tök4"]
 scope = "response"
 action = "block"
 """
+OUTPUT_BLOCKS = {
+    # a word inside the answer: the status goes as trailers after the text before it
+    "inside": (RPC_OUTPUT_RULE, "no-tok2", "tök2"),
+    # the answer's very last word: only the body's end decides it (the word could go on),
+    # so the status goes with the body's end, replacing the upstream's grpc-status 0
+    "last-word": (LAST_WORD_RULE, "no-tok4", "tök4"),
+}
 
 
-@pytest.fixture(scope="module")
-def last_word_filtered(request, tmp_path_factory, grpc_upstream: Upstream, proxy: Proxy) -> Iterator[Proxy]:
-    yield from filtering_proxy(request, tmp_path_factory, proxy.backend, LAST_WORD_RULE, grpc_upstream.ca)
+@pytest.fixture(scope="module", params=list(OUTPUT_BLOCKS))
+def output_filtered(
+    request, tmp_path_factory, grpc_upstream: Upstream, proxy: Proxy
+) -> Iterator[tuple[Proxy, str, str]]:
+    """A proxy whose output rule blocks a word of the answer: (it, the rule, the word)."""
+    rules, rule, word = OUTPUT_BLOCKS[request.param]
+    for p in filtering_proxy(request, tmp_path_factory, proxy.backend, rules, grpc_upstream.ca):
+        yield p, rule, word
 
 
-def test_grpc_a_block_only_the_end_decides_still_ends_with_status_7(channels: Channels, last_word_filtered: Proxy):
-    """The answer's very last word is blocked: only the body's end decides it (the word
-    could go on), so the block's status goes out with the body's end, as trailers that
-    replace the upstream's ``grpc-status: 0``."""
+def test_grpc_output_filter_ends_the_stream_with_status_7_in_trailers(
+    channels: Channels, output_filtered: tuple[Proxy, str, str]
+):
+    """grpcio reports the filter's block as its normal error: PERMISSION_DENIED (7), the
+    rule in the message, sent as HTTP/2 trailers."""
+    proxy, rule, word = output_filtered
     mock_id = uuid.uuid4().hex
-    with channels.open(last_word_filtered) as channel:
+    with channels.open(proxy) as channel:
         code, message = grpc_failure(lambda: stream_chat(channel, [("x-mock-id", mock_id)]))
-    assert code == "PERMISSION_DENIED" and "no-tok4" in message
-    row = last_word_filtered.mock_row(mock_id)
+    assert code == "PERMISSION_DENIED" and rule in message
+
+    row = proxy.mock_row(mock_id)
     assert (row["dialect"], row["status"]) == ("cursor", "blocked")
-    assert "tök4" not in (row["delivered_text"] or "")
+    assert word not in (row["delivered_text"] or "")
 
 
 def test_grpc_request_filter_blocks_a_message_of_a_bidirectional_stream(channels: Channels, request_filtered: Proxy):

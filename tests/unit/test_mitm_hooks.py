@@ -203,6 +203,20 @@ action = "flag"
 """)
 
 
+def _end(h: ExchangeHooks, flow: http.HTTPFlow, kind: str) -> None:
+    """End the exchange as ``kind`` says: its body ends (``complete``), the proxy stops
+    (``shutdown``), or a side cuts it (``upstream``; else the client)."""
+    if kind == "complete":
+        flow.response.stream(b"")
+        h.response(flow)
+    elif kind == "shutdown":
+        h.done()
+    else:
+        flow.error = Error("connection closed")
+        outcome = OUTCOME_UPSTREAM_ABORTED if kind == "upstream" else OUTCOME_CLIENT_ABORTED
+        h._record_aborted(flow, h.flows.pop(flow.id), outcome)
+
+
 def _row_of(kind: str, sniffed: bool, rules=None) -> dict:
     """The row of a 50-delta stream cut (or ended) by ``kind``, its chunks 37 bytes each."""
     h, store = hooks(rules)
@@ -215,15 +229,7 @@ def _row_of(kind: str, sniffed: bool, rules=None) -> dict:
     )
     for i in range(0, len(body), 37):
         flow.response.stream(body[i : i + 37])
-    if kind == "complete":
-        flow.response.stream(b"")
-        h.response(flow)
-    elif kind == "shutdown":
-        h.done()
-    else:
-        flow.error = Error("connection closed")
-        outcome = OUTCOME_UPSTREAM_ABORTED if kind == "upstream" else OUTCOME_CLIENT_ABORTED
-        h._record_aborted(flow, h.flows.pop(flow.id), outcome)
+    _end(h, flow, "client" if kind == "had_all" else kind)
     row = store.rows[-1]  # (the first is the write-ahead open record)
     # (a run's text is checked as one piece: its verdicts come rule by rule, not in text order)
     row["verdicts"] = sorted(row["verdicts"], key=lambda v: (v["position"], v["rule_id"]))
@@ -273,15 +279,7 @@ def _flagged_at_the_end(kind: str, encoding: str | None, monkeypatch) -> dict:
     state = h.flows[flow.id]
     while state.auditor.drain():  # (what the event loop reads between chunks and after the body)
         pass
-    if kind == "shutdown":
-        h.done()
-    elif kind == "complete":
-        flow.response.stream(b"")
-        h.response(flow)
-    else:
-        flow.error = Error("connection closed")
-        outcome = OUTCOME_UPSTREAM_ABORTED if kind == "upstream" else OUTCOME_CLIENT_ABORTED
-        h._record_aborted(flow, h.flows.pop(flow.id), outcome)
+    _end(h, flow, kind)
     return store.rows[-1]
 
 
@@ -312,15 +310,7 @@ def test_a_gate_that_stopped_holding_gets_the_last_checks_when_the_exchange_is_c
         for piece in (big[:400], big[400:], chunk("The plan is called "), chunk("Nightjar")):
             got = flow.response.stream(piece)
             sent += got if isinstance(got, bytes) else b"".join(got)
-        if kind == "complete":
-            flow.response.stream(b"")
-            h.response(flow)
-        elif kind == "shutdown":
-            h.done()
-        else:
-            flow.error = Error("connection closed")
-            outcome = OUTCOME_UPSTREAM_ABORTED if kind == "upstream" else OUTCOME_CLIENT_ABORTED
-            h._record_aborted(flow, h.flows.pop(flow.id), outcome)
+        _end(h, flow, kind)
         row = store.rows[-1]
         assert b"Nightjar" in sent, kind
         assert ("code-names", "block") in [(v["rule_id"], v["action"]) for v in row["verdicts"]], kind

@@ -335,6 +335,33 @@ def _auditor_of_turns(
     return auditor, turns, written
 
 
+def _through_tap(auditor: StreamAuditor, turns: Turns, chunk: bytes) -> bytes:
+    """One call of the proxy's stream callable (addon/mitm/tap.py) on a stream of turns."""
+    turns.hold()
+    try:
+        out = auditor.feed(chunk) if chunk else auditor.finish()
+        if chunk:
+            turns.answered()
+    finally:
+        turns.write_held()
+    return out
+
+
+def _final_rows(auditor: StreamAuditor, turns: Turns, written: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The body ended: the final rows of the stream's turns, the last one written as the
+    proxy writes it when the body ends."""
+    auditor.end()
+    if turns.pending:
+        turns.record.finish(OUTCOME_COMPLETE)
+        written.append(turns.record.to_row())
+    return [w for w in written if w["status"] != "in_progress"]
+
+
+def _gunzip(data: bytes) -> bytes:
+    """What a client decodes of a gzip body, as far as it came."""
+    return zlib.decompressobj(zlib.MAX_WBITS | 16).decompress(data)
+
+
 @pytest.mark.parametrize("action", ["flag", "block"])
 def test_a_turns_verdicts_and_block_go_into_its_own_record(action: str) -> None:
     """A chunk carrying a turn's last text and its end: the gate checks the text before
@@ -362,7 +389,7 @@ def test_a_compressed_chunk_is_not_released_at_a_turns_end_before_all_it_decodes
     turn0 = _turn_line("x" * (auditor_module.SLICE - len(end) - len(_turn_line("", False))), False) + end
     assert len(turn0) == auditor_module.SLICE
     out = auditor.feed(gzip.compress(turn0 + _turn_line(f"the plan is {WORD}.", False) + end, compresslevel=level))
-    assert out == b"" or WORD.encode() not in zlib.decompressobj(zlib.MAX_WBITS | 16).decompress(out)
+    assert out == b"" or WORD.encode() not in _gunzip(out)
     assert auditor.stopped
     assert [(w["turn"], w["status"]) for w in written if w["status"] != "in_progress"] == [
         (0, "completed"),
@@ -386,6 +413,25 @@ def test_a_turn_the_proxy_ends_as_idle_is_checked_to_its_end_by_flag_rules() -> 
     assert out == _turn_line(f"the plan is {WORD}", False) + _turn_line("later", False)
 
 
+def test_an_idle_end_reads_a_compressed_backlog_a_slice_at_a_time(monkeypatch) -> None:
+    """A turn whose compressed bytes still wait to be read is not over: each idle check
+    reads one slice of them (never the whole backlog at once on the event loop), and
+    the turn ends once all of it is read, with all of its text."""
+    monkeypatch.setattr(auditor_module, "CALL_SECONDS", 0.0)  # (one slice per call)
+    auditor, turns, written = _auditor_of_turns(None, "gzip")
+    text = "".join(f"word{i} " for i in range(10_000))
+    _through_tap(auditor, turns, gzip.compress(_turn_line(text, False)))
+    checks = 0
+    while not [w for w in written if w["status"] != "in_progress"]:
+        assert auditor.pending or checks == 0
+        auditor.end_idle_turn("nothing arrived for 1 s")
+        checks += 1
+    [row] = [w for w in written if w["status"] != "in_progress"]
+    assert row["output_text"] == text and [f["code"] for f in row["findings"]] == ["turn_idle_timeout"]
+    slices = -(-len(_turn_line(text, False)) // auditor_module.SLICE)
+    assert checks == slices - 1  # (the chunk's own call read the first)
+
+
 @pytest.mark.parametrize("encoding", [None, "gzip"])
 def test_a_word_cut_across_an_idle_end_is_still_blocked(encoding: str | None) -> None:
     """The idle end is a guess (the answer may go on after a long pause): a gate that may
@@ -398,7 +444,7 @@ def test_a_word_cut_across_an_idle_end_is_still_blocked(encoding: str | None) ->
     turns.open()  # (the client's next message)
     out += auditor.feed(pack(_turn_line("jar and more", False)))
     assert auditor.stopped
-    sent = zlib.decompressobj(zlib.MAX_WBITS | 16).decompress(out) if encoding and out else out
+    sent = _gunzip(out) if encoding else out
     assert b"jar" not in sent
     assert [(w["turn"], w["status"], len(w["verdicts"])) for w in written if w["status"] != "in_progress"] == [
         (0, "completed", 0)
@@ -430,10 +476,7 @@ def test_each_turns_record_counts_the_bytes_and_the_text_its_client_got(
     sent = b""
     for turn in chunks:
         for piece in turn:
-            turns.hold()  # (as the proxy's tap does around each chunk)
-            sent += auditor.feed(piece)
-            turns.answered()
-            turns.write_held()
+            sent += _through_tap(auditor, turns, piece)
             if auditor.stopped:
                 break  # (the proxy ends the stream after this chunk)
         if auditor.stopped:
@@ -441,14 +484,10 @@ def test_each_turns_record_counts_the_bytes_and_the_text_its_client_got(
         if cut == "idle":
             auditor.end_idle_turn("nothing arrived for 1 s")
     if encoding and not auditor.stopped:
-        sent += auditor.feed(packer.flush())  # (the gzip trailer: after the last turn, in none)
-    sent += auditor.finish()
-    auditor.end()
-    if turns.pending:  # (as the proxy writes the last turn when the body ends)
-        turns.record.finish(OUTCOME_COMPLETE)
-        written.append(turns.record.to_row())
-    rows = [w for w in written if w["status"] != "in_progress"]
-    text = zlib.decompressobj(zlib.MAX_WBITS | 16).decompress(sent) if encoding else sent
+        sent += _through_tap(auditor, turns, packer.flush())  # (the gzip trailer: after the last turn, in none)
+    sent += _through_tap(auditor, turns, b"")
+    rows = _final_rows(auditor, turns, written)
+    text = _gunzip(sent) if encoding else sent
     if action == "block":  # (the event carrying the word is withheld; nothing after it is read into a turn)
         assert [(r["turn"], r["status"], r["delivered_text"]) for r in rows] == [
             (0, "completed", None),
@@ -464,18 +503,6 @@ def test_each_turns_record_counts_the_bytes_and_the_text_its_client_got(
     ]
     assert [r["bytes_to_client"] for r in rows] == [sum(map(len, turn)) for turn in chunks]
     assert text == b"".join(lines)
-
-
-def _through_tap(auditor: StreamAuditor, turns: Turns, chunk: bytes) -> bytes:
-    """One call of the proxy's stream callable (addon/mitm/tap.py) on a stream of turns."""
-    turns.hold()
-    try:
-        out = auditor.feed(chunk) if chunk else auditor.finish()
-        if chunk:
-            turns.answered()
-    finally:
-        turns.write_held()
-    return out
 
 
 def _random_turns(rnd: random.Random, blocked: bool) -> list[tuple[bytes, bool]]:
@@ -527,12 +554,8 @@ def test_random_streams_of_turns_keep_every_invariant(action: str | None, encodi
             if cut in idles and turns.idle_for(float("inf")) > 0:
                 auditor.end_idle_turn("nothing arrived for 60 s")
         sent += _through_tap(auditor, turns, b"")
-        auditor.end()
-        if turns.pending:  # (as the proxy writes the last turn when the body ends)
-            turns.record.finish(OUTCOME_COMPLETE)
-            written.append(turns.record.to_row())
-        rows = [w for w in written if w["status"] != "in_progress"]
-        text = zlib.decompressobj(zlib.MAX_WBITS | 16).decompress(sent) if encoding else sent
+        rows = _final_rows(auditor, turns, written)
+        text = _gunzip(sent) if encoding else sent
         where = f"seed {seed}"
         assert len({r["id"] for r in rows}) == len(rows), where
         assert not any(f["code"] == "audit_internal_error" for r in rows for f in r["findings"]), where
@@ -570,7 +593,7 @@ def test_the_text_of_a_compressed_chunk_withheld_for_a_later_block_is_not_delive
         sent += auditor.feed(packer.compress(b"".join(lines)) + packer.flush(zlib.Z_SYNC_FLUSH))
     auditor.end()
     assert auditor.stopped and record.status == "blocked"
-    assert zlib.decompressobj(zlib.MAX_WBITS | 16).decompress(sent) == _turn_line("first part. ", False)
+    assert _gunzip(sent) == _turn_line("first part. ", False)
     assert record.delivered_text == "first part. "
 
 
