@@ -263,6 +263,9 @@ class ExchangeRecord:
     content_bytes: int = 0
     content_kept: int = 0
     _finding_counts: dict[str, int] = field(default_factory=dict)
+    # set by the audit store when it takes this record final (not a column): a second
+    # final submission is refused before anyone counts it
+    submitted_final: bool = False
 
     # -- accumulation -------------------------------------------------------------------
 

@@ -188,12 +188,19 @@ class AuditStore:
         if self.writer is None:
             log.error("llm-audit: no database configured; record %s dropped", record.id)
             return
+        final = record.status != Status.IN_PROGRESS
+        if final and record.submitted_final:
+            # The writer refuses it too (storage.writer's _once); refused here, the budgets
+            # and the export do not count the exchange twice either.
+            log.error("llm-audit: record %s was submitted final twice; the first one stands", record.id)
+            return
         row = record.to_row()
         # first: the writer's thread takes the row over (and prices it) once submitted
         for listener in self.listeners:
             listener(row)
-        if self.export is not None and row["status"] != Status.IN_PROGRESS:
+        if final and self.export is not None:
             self.export(row)
+        record.submitted_final = final
         self.writer.submit(row)
 
     # -- not recording: say so and stop ---------------------------------------------------

@@ -211,3 +211,34 @@ def test_only_open_rows_wait_for_company(db, tmp_path):
         wait_until(lambda: rows(db) == {first.id: "in_progress", second.id: "completed"})
     finally:
         writer.close()
+
+
+def test_the_audit_store_refuses_a_second_final_record_before_its_listeners_count_it(tmp_path, caplog, monkeypatch):
+    """The budgets and the OpenTelemetry export are handed each row before the writer's
+    thread sees it: a second final record must be refused before them too, or the
+    exchange is counted (and exported) twice while the database keeps it once."""
+    from mitmproxy.test import taddons
+
+    from addon.mitm.store import AuditStore
+
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "data"))
+    db = tmp_path / "audit.db"
+    store = AuditStore()
+    counted, exported = [], []
+    store.listeners.append(lambda row: counted.append(row["status"]))
+    store.export = lambda row: exported.append(row["id"])
+    with taddons.context(store, loadcore=False) as tctx:
+        tctx.configure(store, llm_audit_db=f"sqlite:///{db}")
+        r = record(status_final=False)
+        store.submit(r)
+        r.terminal_seen = True
+        r.finish(OUTCOME_COMPLETE)
+        store.submit(r)
+        store.submit(r)
+        store.done()
+    assert counted == ["in_progress", "completed"]
+    assert exported == [r.id]
+    assert rows(db) == {r.id: "completed"}
+    assert verify(engine_for(db)).ok
+    assert caplog.text.count(f"record {r.id} was submitted final twice") == 1
