@@ -128,7 +128,6 @@ class StreamAuditor:
         self.halted: str | None = None  # why inspection stopped (a bomb, bad encoding); bytes still pass
         self._over_budget = False  # halted by the decode budget (reported at the end, with the sizes)
         self._limits_reported = False
-        self._reported_findings = 0
         self.gate = gate
         if gate is not None and on_turn_end is not None:
             gate.deliver_on_send = False  # (each turn's delivered text is noted at its end: _close_turn)
@@ -299,23 +298,28 @@ class StreamAuditor:
         self._fresh_reader()
 
     def _fresh_reader(self) -> None:
-        """A reader holding nothing (and keeping no whole body): what it held is let go."""
+        """A reader holding nothing (and keeping no whole body): what it held is let go,
+        its findings taken into the record first."""
+        self._collect_reader_findings()
         self.reader = self.framing.reader(self.max_event_bytes, 0, self.headers)
 
     def _work(self, seconds: float | None) -> None:
         """Decode and read the backlog, slice by slice, for up to ``seconds`` (None: all
-        of it, within the exchange's decode budget)."""
+        of it, within the exchange's decode budget). A read that decodes nothing (empty
+        gzip members, zstd frames) is bounded too and may leave work: the loop goes on
+        while the decoder is not drained, checking the time after every read."""
         decoder = self.decoder
         if not self.pending or decoder is None:
             return
         deadline = None if seconds is None else time.perf_counter() + seconds
         try:
-            while data := decoder.read(SLICE):
-                reason = DECODE_BUDGET.exceeded(decoder.decoded, decoder.taken)
-                if reason is not None:
-                    self._halt("inspection_stopped", reason)
-                    return
-                self._read(data)
+            while (data := decoder.read(SLICE)) or not decoder.drained():
+                if data:
+                    reason = DECODE_BUDGET.exceeded(decoder.decoded, decoder.taken)
+                    if reason is not None:
+                        self._halt("inspection_stopped", reason)
+                        return
+                    self._read(data)
                 if not self.active or (deadline is not None and time.perf_counter() >= deadline):
                     break
             if self.pending and decoder.backlog > MAX_BACKLOG:
@@ -339,8 +343,7 @@ class StreamAuditor:
             else:
                 self._decoded_size += len(data)
                 self._frame(gate, data)
-            if self.reader.unreadable is not None:
-                self._check_reader()
+            self._check_reader()  # (a gate holding bytes may have had no frame: its findings are taken here)
         except Exception as e:  # noqa: BLE001 - the traffic must never see our bugs
             self._fail(e)
 
@@ -586,7 +589,7 @@ class StreamAuditor:
                 else:
                     for ev in got:
                         apply(ev)
-            if len(self.reader.findings) > self._reported_findings:
+            if self.reader.findings:
                 self._collect_reader_findings()
             return
         for event in events:
@@ -618,7 +621,7 @@ class StreamAuditor:
                 self._framed.append((event, common, end, None))
         if self.normalizer is None and self.sniffed_bytes > SNIFF_LIMIT:
             self.ignored = True
-        if len(self.reader.findings) > self._reported_findings:
+        if self.reader.findings:
             self._collect_reader_findings()
 
     def _gate_before_turn_end(self, gate: OutputGate) -> None:
@@ -667,11 +670,19 @@ class StreamAuditor:
         return True
 
     def _collect_reader_findings(self) -> None:
+        """Move the reader's findings into the record, emptying the reader's list (as the
+        request tap and the WebSocket auditor do): the record keeps FINDINGS_PER_CODE of
+        each code and counts the rest, so a stream of a million broken frames costs a
+        count, not a million entries held for the exchange's life. Before a dialect claims
+        the stream (no record yet) they wait in the reader, at most SNIFF_LIMIT's worth,
+        for the record the claim makes."""
         findings = self.reader.findings
-        if self.record is not None and len(findings) > self._reported_findings:
-            for code, detail in findings[self._reported_findings :]:
-                self.record.add_finding(code, detail)
-            self._reported_findings = len(findings)
+        record = self.record
+        if record is not None and findings:
+            add = record.add_finding
+            for code, detail in findings:
+                add(code, detail)
+            findings.clear()
 
     def _fail(self, error: Exception) -> None:
         try:  # what the reader found before the failure (earlier in the same run) is kept

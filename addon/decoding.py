@@ -7,11 +7,14 @@ and decodes a copy here so the auditor can read it.
 A compressed body can inflate a thousandfold (a 1.6 KB brotli body to 1 GiB), and the
 auditor runs on mitmproxy's event loop, so nothing here decodes more than asked for:
 :meth:`Decoder.feed` only queues the encoded bytes, :meth:`Decoder.read` returns at most
-``limit`` decoded bytes and does work in proportion to that, and the caller decides how
-much to read per call and when to stop (:class:`DecodeBudget`). Each coding consumes its
-input in small steps, so a backlog of encoded bytes is never copied whole per call.
-Concatenated gzip members and zstd frames are read one after the other, as the
-standard tools do. The output does not depend on how the input was split.
+``limit`` decoded bytes and does a bounded amount of work (at most :data:`READ_STEPS`
+steps of at most :data:`IN_STEP` encoded bytes each, even when they decode to nothing:
+a body may hold thousands of empty gzip members or zstd frames), and the caller decides
+how much to read per call and when to stop (:class:`DecodeBudget`). The encoded bytes
+wait in a queue read through an offset, so the cost stays in proportion to the input
+however many members it holds. Concatenated gzip members and zstd frames are read one
+after the other, as the standard tools do. The output does not depend on how the input
+was split.
 """
 
 from __future__ import annotations
@@ -25,6 +28,11 @@ from backports import zstd
 # Encoded bytes handed to a decompressor per step: small, so that the backlog kept
 # here, not inside the decompressor, holds what is not decoded yet.
 IN_STEP = 16 * 1024
+# Steps one read may take before it returns, with or without output: what bounds a
+# read's work when the steps decode nothing (empty members, a long gzip header).
+READ_STEPS = 32
+GZIP_MAGIC = b"\x1f\x8b"
+GARBAGE = "gzip: trailing garbage after the last member"
 
 
 class DecodeError(Exception):
@@ -32,7 +40,11 @@ class DecodeError(Exception):
 
 
 class Stage:
-    """One coding: encoded bytes queued by :meth:`feed`, decoded by :meth:`read`."""
+    """One coding: encoded bytes queued by :meth:`feed`, decoded by :meth:`read`.
+
+    A step hands the decompressor a view of the queue at ``_pos`` and moves ``_pos`` past
+    what it used; what follows a member's end simply stays queued for the next member.
+    """
 
     def __init__(self) -> None:
         self._in = bytearray()
@@ -44,29 +56,34 @@ class Stage:
         return len(self._in) - self._pos
 
     def feed(self, data: bytes) -> None:
-        if self._pos and self._pos >= len(self._in) // 2:  # compact now and then, not per read
-            del self._in[: self._pos]
-            self._pos = 0
+        """Queue ``data``. The consumed front is dropped now and then (not per read), all
+        but the last step's bytes: a zstd decompressor may hand some of them back."""
+        cut = self._pos - IN_STEP
+        if cut > 0 and cut >= len(self._in) // 2:
+            del self._in[:cut]
+            self._pos -= cut
         self._in += data
 
+    def _view(self, size: int) -> memoryview:
+        """The next ``size`` queued bytes, not copied (released before the next feed)."""
+        return memoryview(self._in)[self._pos : self._pos + size]
+
     def _take(self, size: int = IN_STEP) -> bytes:
-        piece = bytes(self._in[self._pos : self._pos + size])
+        """The next ``size`` queued bytes, consumed."""
+        with self._view(size) as view:
+            piece = bytes(view)
         self._pos += len(piece)
         return piece
 
-    def _give_back(self, data: bytes) -> None:
-        """Bytes taken but not consumed (after the end of a member or frame) go back to
-        the front of the queue (inserted: they may predate a compaction)."""
-        if data:
-            self._in[self._pos : self._pos] = data
-
     def read(self, limit: int) -> bytes:
-        """At most ``limit`` decoded bytes; ``b""`` when it needs more input.
-
-        A step may decode nothing (a gzip member's trailer, a zstd frame's end), so
-        steps repeat until there is output or nothing left to work on.
+        """At most ``limit`` decoded bytes; ``b""`` when it needs more input or when its
+        :data:`READ_STEPS` steps decoded nothing (:meth:`drained` tells which: a caller
+        reads on while it is False).
         """
-        while (out := self._step(limit)) is not None:
+        for _ in range(READ_STEPS):
+            out = self._step(limit)
+            if out is None:
+                break
             if out:
                 return out
         return b""
@@ -76,7 +93,7 @@ class Stage:
         raise NotImplementedError
 
     def drained(self) -> bool:
-        """Whether everything fed so far has been decoded and read."""
+        """Whether nothing fed so far is left to decode or read without more input."""
         raise NotImplementedError
 
 
@@ -91,42 +108,63 @@ class IdentityStage(Stage):
 
 
 class ZlibStage(Stage):
-    """gzip (members one after the other) or zlib/raw deflate."""
+    """gzip (members one after the other) or zlib/raw deflate (one stream)."""
 
     def __init__(self, wbits: int) -> None:
         super().__init__()
         self.wbits = wbits
         self._d = zlib.decompressobj(wbits)
-        self._more = False  # the last read filled its limit: output may be waiting
+        self._padding = False  # zero bytes followed the last member
+        self._more = False  # the last step filled its limit: output may be waiting
 
     def _step(self, limit: int) -> bytes | None:
         d = self._d
-        piece = d.unconsumed_tail or self._take()
-        if not piece and not self._more:
+        if d.eof:
+            return self._after_end()
+        if not self.backlog and not self._more:
             return None
-        try:
-            out = d.decompress(piece, limit)
-        except zlib.error as e:
-            raise DecodeError(f"{self.name}: {e}") from None
-        self._more = len(out) >= limit
-        if d.eof:  # unused_data: all that follows the member (a stale unconsumed_tail too)
-            rest = d.unused_data
-            self._d = zlib.decompressobj(self.wbits)
-            if rest and self.wbits & 16 and not rest.startswith(b"\x1f\x8b"):
-                if rest.strip(b"\0"):  # gzip(1) ignores zero padding after the last member
-                    raise DecodeError("gzip: trailing garbage after the last member")
-                rest = b""
-            if rest and not self.wbits & 16:
-                raise DecodeError("deflate: data after the end of the stream")
-            self._give_back(rest)
+        with self._view(IN_STEP) as piece:
+            try:
+                out = d.decompress(piece, limit)
+            except zlib.error as e:
+                raise DecodeError(f"{self.name}: {e}") from None
+            self._pos += len(piece) - len(d.unused_data if d.eof else d.unconsumed_tail)  # (both at an end)
+        self._more = len(out) >= limit and not d.eof
         return out
+
+    def _after_end(self) -> bytes | None:
+        """What follows a member's end: the next member, zero padding (gzip(1) ignores it
+        after the last member) or nothing yet. Anything else is an error, raised here, a
+        step after the one that ended the member: its output was returned."""
+        head = self._in[self._pos : self._pos + len(GZIP_MAGIC)]
+        if not head:
+            return None
+        if not self.wbits & 16:
+            raise DecodeError("deflate: data after the end of the stream")
+        if self._padding or not head[0]:
+            self._skip_padding()
+        elif GZIP_MAGIC.startswith(head):  # (its first byte alone too: a legal split)
+            self._d = zlib.decompressobj(self.wbits)
+        else:
+            raise DecodeError(GARBAGE)
+        return b""
+
+    def _skip_padding(self) -> None:
+        """Consume the zero bytes of the next step; any other byte after them is garbage."""
+        with self._view(IN_STEP) as view:
+            window = bytes(view)
+        zeros = len(window) - len(window.lstrip(b"\0"))
+        self._pos += zeros
+        self._padding = True
+        if zeros < len(window):
+            raise DecodeError(GARBAGE)
 
     @property
     def name(self) -> str:
         return "gzip" if self.wbits & 16 else "deflate"
 
     def drained(self) -> bool:
-        return self.backlog == 0 and not self._d.unconsumed_tail and not self._more
+        return self.backlog == 0 and not self._more
 
 
 class DeflateStage(ZlibStage):
@@ -149,7 +187,7 @@ class DeflateStage(ZlibStage):
         return super()._step(limit)
 
     def drained(self) -> bool:
-        return self.backlog == 0 if not self._detected else super().drained()
+        return self.backlog < 2 if not self._detected else super().drained()
 
 
 class BrotliStage(Stage):
@@ -188,7 +226,10 @@ class BrotliStage(Stage):
 
 
 class ZstdStage(Stage):
-    """zstd: one decompressor per frame (a body may hold several)."""
+    """zstd: one decompressor per frame (a body may hold several; a decompressor ends
+    with its frame). It keeps the input of a step it had no room to decode yet; what it
+    kept past the frame's end it hands back (``unused_data``), and ``_pos`` moves back
+    over those bytes (the queue keeps the last step's bytes, see :meth:`Stage.feed`)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -196,23 +237,20 @@ class ZstdStage(Stage):
 
     def _step(self, limit: int) -> bytes | None:
         d = self._d
-        if d.needs_input:
-            piece = self._take()
-            if not piece:
-                return None
-        else:
-            piece = b""
-        try:
-            out = d.decompress(piece, max_length=limit)
-        except zstd.ZstdError as e:
-            raise DecodeError(f"zstd: {e}") from None
-        if d.eof:
-            self._give_back(d.unused_data)
-            self._d = zstd.ZstdDecompressor()
+        if d.eof and self.backlog:
+            d = self._d = zstd.ZstdDecompressor()
+        if d.eof or (d.needs_input and not self.backlog):
+            return None
+        with self._view(IN_STEP if d.needs_input else 0) as piece:
+            try:
+                out = d.decompress(piece, max_length=limit)
+            except zstd.ZstdError as e:
+                raise DecodeError(f"zstd: {e}") from None
+            self._pos += len(piece) - len(d.unused_data)
         return out
 
     def drained(self) -> bool:
-        return self.backlog == 0 and self._d.needs_input
+        return self.backlog == 0 and (self._d.eof or self._d.needs_input)
 
 
 _STAGES: dict[str, Callable[[], Stage]] = {
@@ -250,24 +288,30 @@ class Decoder:
         return self.stages[0].backlog
 
     def read(self, limit: int) -> bytes:
-        """At most ``limit`` decoded bytes; ``b""`` once everything fed is decoded."""
+        """At most ``limit`` decoded bytes after a bounded amount of work; ``b""`` when
+        nothing is decoded yet: :meth:`drained` then tells whether more input is needed
+        (True) or work is left for the next read (False), so a caller reads while
+        ``read(limit) or not drained()``."""
         out = self._read(len(self.stages) - 1, limit)
         self.decoded += len(out)
         return out
 
     def _read(self, index: int, limit: int) -> bytes:
+        """A read of stage ``index``; a stage that needs input is fed one read of the stage
+        before it and read once more, so each stage reads at most twice per call."""
         stage = self.stages[index]
-        while True:
-            out = stage.read(limit)
-            if out or index == 0:
-                return out
-            more = self._read(index - 1, limit)
-            if not more:
-                return b""
-            stage.feed(more)
+        out = stage.read(limit)
+        if out or index == 0 or not stage.drained():
+            return out
+        more = self._read(index - 1, limit)
+        if not more:
+            return b""
+        stage.feed(more)
+        return stage.read(limit)
 
     def drained(self) -> bool:
-        """Whether every byte fed so far has been decoded and read."""
+        """Whether every byte fed so far has been decoded and read, as far as it can be
+        without more input."""
         return all(stage.drained() for stage in self.stages)
 
 

@@ -70,6 +70,11 @@ CODES: dict[str, str] = {
     "request_token_prompt": "A legacy Completions prompt is token ids, which the request filters cannot read.",
     # llm-stream event envelope (draft section 5)
     "invalid_json": "An event's data is not exactly one JSON object (draft section 5.1).",
+    "text_interleaved": "Text of one kind came for two content blocks (or output items) open at once; a client puts "
+    "each block together on its own, the filters read the text in arrival order, so with blocking filters "
+    "llm_filter_failure decided (closed: blocked).",
+    "lenient_json": "An event's data is JSON only as lenient readers take it (NaN, Infinity, 1e400, a lone "
+    "surrogate escape), as the clients' SDKs do; it was read that way, and its text checked by the filters.",
     "first_event_not_stream_start": "The first event is not stream.start (draft section 5.3.1).",
     "stream_start_seq_not_zero": "stream.start does not carry seq 0 (draft section 5.2.1).",
     "seq_invalid": "An event's seq is missing or not a non-negative integer.",
@@ -97,6 +102,10 @@ CODES: dict[str, str] = {
     "inspection stopped there, the bytes passed unchanged; the detail gives the reason, sizes and SHA-256.",
     "usage_invalid": "A token count the upstream reported is negative or beyond 2^53 (no exchange uses that many): "
     "that count is not recorded (NULL); the detail names it and its value.",
+    "record_limit": "The answer named more than one record keeps of what it counts rather than sizes: choices "
+    "past the first 128 (OpenAI's n is at most 128), tool calls past the first 4096, stop reasons over 64 "
+    "characters (cut). Those events were left out of the record (their bytes still passed); the detail says "
+    "which and how many.",
     "tool_call_truncated": "A tool call was cut off (token limit or stream end); its arguments are kept as received.",
     "event_id_invalid": "An SSE event id is not the integer the protocol requires (LMSP: integers from 1).",
     "event_id_not_increasing": "SSE event ids did not strictly increase.",

@@ -28,7 +28,6 @@ from addon.events import (
     StreamEnd,
     StreamError,
     TextDelta,
-    TextEnd,
     TextSnapshot,
     ToolCallDelta,
     TurnEnd,
@@ -40,9 +39,23 @@ from storage.memory import release_freed_memory
 # counted, so a stream of a million broken events cannot grow the record without bound.
 FINDINGS_PER_CODE = 20
 
-# The most content (answer text, reasoning, refusals, tool arguments: UTF-8 bytes) one
-# record keeps; the proxy's llm_audit_max_record_bytes sets it per exchange.
+# A finding's detail is kept up to this many characters: the record holds up to
+# FINDINGS_PER_CODE of each code, so no upstream string quoted in one may grow it (the
+# longest detail by design, server_prompt, is 8 KiB of the prompt and a header).
+MAX_FINDING_DETAIL = 16 * 1024
+
+# The most content (answer text, reasoning, refusals, tool arguments, tool names and ids:
+# UTF-8 bytes) one record keeps; the proxy's llm_audit_max_record_bytes sets it per exchange.
 DEFAULT_MAX_RECORD_BYTES = 32 * 1024 * 1024
+
+# What the upstream names rather than sends as content is bounded by count, not by the
+# content cap: an event naming a new choice or tool call costs the record an object
+# whatever its size (400,000 one-event choices held 338 MB and took 370 ms to write).
+# Events beyond these are counted, not kept (finding record_limit, see to_row).
+MAX_CHOICES = 128  # OpenAI's n is at most 128; the other vendors send one choice
+MAX_TOOL_CALLS = 4096  # per answer: agents make many, their names, ids and arguments count toward the cap
+MAX_TOOL_KEY = 256  # characters of a call's key (an upstream's item or call id) it is assembled by
+MAX_FINISH_REASON = 64  # characters of a stop reason (the vendors' are words: stop, MALFORMED_FUNCTION_CALL)
 
 
 class Status(StrEnum):
@@ -263,6 +276,9 @@ class ExchangeRecord:
     content_bytes: int = 0
     content_kept: int = 0
     _finding_counts: dict[str, int] = field(default_factory=dict)
+    # events the count limits left out (MAX_CHOICES, MAX_TOOL_CALLS, MAX_FINISH_REASON), by
+    # the LEFT_OUT key naming them: reported by to_row
+    _left_out: dict[str, int] = field(default_factory=dict)
     # set by the audit store when it takes this record final (not a column): a second
     # final submission is refused before anyone counts it
     submitted_final: bool = False
@@ -292,7 +308,8 @@ class ExchangeRecord:
             return
         c = self.choices.get(0)
         if c is None:
-            c = self.choices[0] = Choice()
+            self._text(TextDelta(text))  # the first text of choice 0: it may be past MAX_CHOICES
+            return
         parts = c.text
         self.content_bytes += size
         self.content_kept = kept
@@ -301,6 +318,8 @@ class ExchangeRecord:
 
     def _text(self, event: TextDelta) -> None:
         c = self._choice(event.choice)
+        if c is None:
+            return
         kind = event.kind
         parts = c.text if kind == "text" else c.reasoning if kind == "reasoning" else c.refusal
         carried = self.content_bytes
@@ -312,7 +331,14 @@ class ExchangeRecord:
         self._replace_text(event.text, event.choice, event.kind)
 
     def _finish(self, event: Finish) -> None:
-        self._choice(event.choice).finish_reason = event.reason
+        c = self._choice(event.choice)
+        if c is None:
+            return
+        reason = event.reason
+        if len(reason) > MAX_FINISH_REASON:
+            self._leave_out("finish_reason")
+            reason = reason[:MAX_FINISH_REASON]
+        c.finish_reason = reason
 
     def _usage(self, event: Usage) -> None:
         usage = self.usage
@@ -350,7 +376,12 @@ class ExchangeRecord:
         n = self._finding_counts.get(code, 0) + 1
         self._finding_counts[code] = n
         if n <= FINDINGS_PER_CODE:
-            self.findings.append({"code": code, "detail": detail})
+            self.findings.append({"code": code, "detail": detail[:MAX_FINDING_DETAIL]})
+
+    def _leave_out(self, what: str) -> None:
+        """Count an event a count limit left out of the record (``what``: a LEFT_OUT key);
+        to_row reports the counts, so the limit is visible without a finding per event."""
+        self._left_out[what] = self._left_out.get(what, 0) + 1
 
     @property
     def content_truncated(self) -> bool:
@@ -375,9 +406,14 @@ class ExchangeRecord:
         self.content_kept += len(cut.encode("utf-8", "surrogatepass"))
         return cut
 
-    def _choice(self, index: int) -> Choice:
+    def _choice(self, index: int) -> Choice | None:
+        """The choice ``index`` (made by its first event), or None past MAX_CHOICES: an
+        upstream naming a new index per event must not make an object per event."""
         c = self.choices.get(index)
         if c is None:
+            if len(self.choices) >= MAX_CHOICES:
+                self._leave_out("choice")
+                return None
             c = self.choices[index] = Choice()
         return c
 
@@ -385,6 +421,8 @@ class ExchangeRecord:
         """A snapshot replaces a choice's text of ``kind``: the replaced text no longer
         counts as kept or carried content, the snapshot does."""
         c = self._choice(choice)
+        if c is None:
+            return
         parts = c.text if kind == "text" else c.reasoning if kind == "reasoning" else c.refusal
         self.content_kept -= sum(len(p.encode("utf-8", "surrogatepass")) for p in parts)
         self.content_bytes -= parts.carried
@@ -395,12 +433,20 @@ class ExchangeRecord:
         parts.carried = self.content_bytes - carried
 
     def _tool_fragment(self, d: ToolCallDelta) -> None:
-        """Fold a tool-call fragment into its call (created by the first one of its key)."""
-        call = self.tool_calls.get(d.key)
+        """Fold a tool-call fragment into its call (created by the first one of its key,
+        up to MAX_TOOL_CALLS). Its name and id count toward the cap as its arguments do:
+        they are the upstream's strings too, of any length."""
+        key = d.key if len(d.key) <= MAX_TOOL_KEY else d.key[:MAX_TOOL_KEY]
+        call = self.tool_calls.get(key)
         if call is None:
-            call = self.tool_calls[d.key] = ToolCall(key=d.key, choice=d.choice)
-        call.id = call.id or d.id
-        call.name = call.name or d.name
+            if len(self.tool_calls) >= MAX_TOOL_CALLS:
+                self._leave_out("tool_call")
+                return
+            call = self.tool_calls[key] = ToolCall(key=key, choice=d.choice)
+        if not call.id and d.id:
+            call.id = self._fit(d.id) or None
+        if not call.name and d.name:
+            call.name = self._fit(d.name) or None
         if d.arguments and (arguments := self._fit(d.arguments)):
             call.arguments.append(arguments)
         call.complete = call.complete or d.complete
@@ -455,6 +501,8 @@ class ExchangeRecord:
         for code, n in self._finding_counts.items():
             if n > FINDINGS_PER_CODE:
                 findings.append({"code": code, "detail": f"{n - FINDINGS_PER_CODE} more not listed"})
+        for what, n in self._left_out.items():
+            findings.append({"code": "record_limit", "detail": LEFT_OUT[what].format(n=n)})
         choices = [c.as_dict(i) for i, c in sorted(self.choices.items())]
         tool_calls = [t.as_dict() for t in self.tool_calls.values()]
         # Choice 0's text is stored once, as output_text, and each call's arguments once,
@@ -526,6 +574,12 @@ class ExchangeRecord:
         }
 
 
+# What each count of ExchangeRecord._left_out says in its record_limit finding.
+LEFT_OUT: dict[str, str] = {
+    "choice": f"events of choices past the first {MAX_CHOICES} not kept: {{n}}",
+    "tool_call": f"fragments of tool calls past the first {MAX_TOOL_CALLS} not kept: {{n}}",
+    "finish_reason": f"stop reasons cut to {MAX_FINISH_REASON} characters: {{n}}",
+}
 # The largest token count recorded (2^53: exact as a double, and two of them add up within
 # a 64-bit integer). The counts are the upstream's bytes: a negative count took from every
 # sum of usage and a budget's total, two of 2^62 overflowed exchange_view.total_tokens on
@@ -535,7 +589,6 @@ _USAGE_FIELDS: tuple[str, ...] = Usage.__slots__
 _usage_values = attrgetter(*_USAGE_FIELDS)  # all of a Usage's counts in one call
 # How each event class is folded into the record (ExchangeRecord.apply).
 _FOLD: dict[type, Any] = {
-    TextEnd: ExchangeRecord._ignored,
     ShownText: ExchangeRecord._ignored,
     PromptText: ExchangeRecord._ignored,
     TextDelta: ExchangeRecord._text,

@@ -214,6 +214,13 @@ class RequestTap:
     def __call__(self, chunk: bytes) -> bytes | list[bytes]:
         if self.blocked:
             return []  # nothing after a blocked message goes upstream
+        if self.turns.closed:
+            # The exchange is recorded (its response ended): its records are final and
+            # sealed, so nothing more is read into them (the row the writer holds shares
+            # their request body). What the client still sends goes unread; with request
+            # filters, unchecked it does not go at all (the RPC is over: an upstream
+            # discards it anyway).
+            return chunk if self.check is None else ([] if chunk else b"")
         try:
             if self.check is None:
                 self._read(self.reader.feed(chunk) if chunk else self.reader.end())

@@ -23,9 +23,11 @@ DATA frames or chunks, so the reader keeps the 5-byte prefix across feeds and re
 the offset just past every envelope (``feed_bounded``): the output gate releases a
 message's bytes once the dialect has read it. Memory is bounded by ``max_event_bytes``:
 a longer envelope is skipped as it arrives (finding ``envelope_too_large``), and a
-compressed message is decompressed through :mod:`addon.decoding`'s bounded decoders,
-stopping once the output passes that limit, so a gzip bomb costs at most the limit. A
-zero-length envelope is a valid frame (Cursor sends them as keepalives).
+compressed message is decompressed through :mod:`addon.decoding`'s bounded decoders as
+its bytes arrive (each feed's work in proportion to the feed, not one long call at the
+message's end), stopping once the output passes that limit, so a gzip bomb costs at
+most the limit. A zero-length envelope is a valid frame (Cursor sends them as
+keepalives).
 
 The writers encode the frames a dialect ends a stream with: an :class:`RpcStatus`
 becomes a Connect EndStreamResponse envelope, a gRPC-Web trailer frame, or, for gRPC,
@@ -46,7 +48,7 @@ from urllib.parse import unquote_to_bytes
 
 import orjson
 
-from addon.decoding import DecodeError, make_decoder
+from addon.decoding import DecodeError, Decoder, make_decoder
 from addon.framing import Frame, Framing, register
 
 PREFIX = 5
@@ -233,6 +235,9 @@ class EnvelopeReader:
         "_need",
         "_pieces",
         "_skip",
+        "_length",
+        "_decoder",
+        "_failure",
         "_offset",
         "_boundary",
         "_ended_inside",
@@ -252,8 +257,11 @@ class EnvelopeReader:
         self._head = bytearray()  # the prefix of the envelope being read, until it has 5 bytes
         self._flags = 0
         self._need = -1  # message bytes still to come (-1: reading a prefix)
-        self._pieces: list[bytes] = []
+        self._pieces: list[bytes] = []  # the message (decompressed as it comes, if compressed)
         self._skip = False  # the envelope is over the limit: its bytes are not kept
+        self._length = 0  # the envelope's length
+        self._decoder: Decoder | None = None  # a compressed message's, while it comes
+        self._failure: tuple[str, str] | None = None  # why the message cannot be read (a finding at its end)
         self._offset = 0  # bytes scanned
         self._boundary = 0  # offset just past the last envelope
         self._ended_inside = False
@@ -280,8 +288,8 @@ class EnvelopeReader:
                     self._done(pos, out)
                 continue
             take = min(self._need, end - pos)
-            if not self._skip:
-                self._pieces.append(bytes(view[pos : pos + take]))
+            if not self._skip and self._failure is None:
+                self._keep(bytes(view[pos : pos + take]))
             self._need -= take
             pos += take
             if self._need == 0:
@@ -319,14 +327,17 @@ class EnvelopeReader:
         """A prefix is complete: the envelope's flags and length."""
         head = self._head
         self._flags = head[0]
-        self._need = int.from_bytes(head[1:5], "big")
+        self._need = self._length = int.from_bytes(head[1:5], "big")
         head.clear()
         self._pieces = []
+        self._decoder = self._failure = None
         self._skip = self._need > self.max_event_bytes
         if self._skip:
             self.findings.append(
                 ("envelope_too_large", f"envelope of {self._need} bytes, over {self.max_event_bytes}; skipped")
             )
+        elif self._flags & FLAG_COMPRESSED:
+            self._decoder = self._message_decoder()
 
     def _done(self, pos: int, out: list[tuple[Frame | None, int]]) -> None:
         """The envelope's last byte is at ``pos`` of this feed: report it and its end."""
@@ -351,42 +362,50 @@ class EnvelopeReader:
             self.findings.append(
                 ("envelope_reserved_flags", f"flags 0x{flags:02x}: reserved bits set; read as {event}")
             )
-        if flags & FLAG_COMPRESSED:
-            raw = self._decompress(payload)
-            if raw is None:
-                return None
-        else:
-            raw = payload
+        if self._failure is not None:  # (a compressed message's)
+            self._unread(*self._failure)
+            return None
         self.frames_read += 1
-        return Envelope(raw, flags, event)
+        return Envelope(payload, flags, event)
 
-    def _decompress(self, payload: bytes) -> bytes | None:
-        """The message decompressed, at most ``max_event_bytes`` of it; None (a finding) if
-        it cannot be, or would be larger."""
+    def _message_decoder(self) -> Decoder | None:
+        """The decoder of a compressed message; None, the reason kept as its failure, if
+        there is none."""
         encoding = self.encoding
         decoder = make_decoder(encoding) if encoding and encoding != "identity" else None
         if decoder is None:
             named = encoding not in (None, "identity")
             why = f"unsupported message encoding {encoding!r}" if named else "compressed flag without an encoding"
-            self._unread("envelope_decompress_failed", why)
-            return None
-        decoder.feed(payload)
-        pieces: list[bytes] = []
-        size = 0
+            self._failure = ("envelope_decompress_failed", why)
+        return decoder
+
+    def _keep(self, data: bytes) -> None:
+        """Keep the message's next bytes; a compressed message's are decompressed now, at
+        most ``max_event_bytes`` of output (past it, or on bad data, the message is
+        dropped and the reason kept)."""
+        decoder = self._decoder
+        if decoder is None:
+            self._pieces.append(data)
+            return
+        decoder.feed(data)
         try:
-            while piece := decoder.read(_SLICE):
-                size += len(piece)
-                if size > self.max_event_bytes:
-                    detail = (
-                        f"a {len(payload)}-byte {encoding} message decompresses to over {self.max_event_bytes} bytes"
+            while (piece := decoder.read(_SLICE)) or not decoder.drained():
+                if decoder.decoded > self.max_event_bytes:
+                    size = f"a {self._length}-byte {self.encoding} message"
+                    self._drop(
+                        ("envelope_too_large", f"{size} decompresses to over {self.max_event_bytes} bytes; skipped")
                     )
-                    self._unread("envelope_too_large", detail + "; skipped")
-                    return None
-                pieces.append(piece)
+                    return
+                if piece:
+                    self._pieces.append(piece)
         except DecodeError as e:
-            self._unread("envelope_decompress_failed", str(e)[:200])
-            return None
-        return b"".join(pieces)
+            self._drop(("envelope_decompress_failed", str(e)[:200]))
+
+    def _drop(self, failure: tuple[str, str]) -> None:
+        """The message cannot be read: let go of it; ``failure`` is reported at its end."""
+        self._failure = failure
+        self._decoder = None
+        self._pieces = []
 
     def _unread(self, code: str, detail: str) -> None:
         """A message whose content cannot be known: a finding, and a gate holding the

@@ -1,9 +1,11 @@
 """The bounded decoders: every coding, several members and frames, any split of the
-bytes, bounded output per read, bombs stopped at the budget."""
+bytes, bounded output and work per read, bombs stopped at the budget, the text decoded
+before bad data kept."""
 
 from __future__ import annotations
 
 import gzip
+import random
 import zlib
 
 import brotli
@@ -12,7 +14,7 @@ from backports import zstd
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from addon.decoding import DecodeBudget, DecodeError, make_decoder
+from addon.decoding import READ_STEPS, DecodeBudget, DecodeError, Decoder, make_decoder
 
 PLAIN = b"".join(b'data: {"n": %d, "text": "t\xc3\xb6k %d"}\n\n' % (i, i) for i in range(3000))
 
@@ -35,15 +37,20 @@ ENCODED = {
 HEADER = {"gzip-members": "gzip", "deflate-raw": "deflate", "zstd-frames": "zstd"}
 
 
+def read_out(decoder: Decoder, limit: int, out: list[bytes]) -> None:
+    """Read all that ``decoder`` can decode now, as a caller does (a read that decodes
+    nothing may leave work: reading goes on while the decoder is not drained)."""
+    while (data := decoder.read(limit)) or not decoder.drained():
+        assert len(data) <= limit
+        out.append(data)
+
+
 def decode_all(encoding: str, pieces: list[bytes], limit: int = 4096) -> bytes:
     decoder = make_decoder(encoding)
-    out = []
+    out: list[bytes] = []
     for piece in pieces:
         decoder.feed(piece)
-        while data := decoder.read(limit):
-            assert len(data) <= limit
-            out.append(data)
-    assert decoder.drained()
+        read_out(decoder, limit, out)
     return b"".join(out)
 
 
@@ -123,9 +130,163 @@ def test_bad_input_raises_decode_error(coding: str, data: bytes) -> None:
     decoder = make_decoder(coding)
     decoder.feed(data)
     with pytest.raises(DecodeError):
-        while decoder.read(4096):
-            pass
+        read_out(decoder, 4096, [])
 
 
 def test_gzip_zero_padding_after_the_last_member_is_ignored() -> None:
     assert decode_all("gzip", [gzip.compress(b"ok") + bytes(8)]) == b"ok"
+
+
+def test_gzip_zero_padding_followed_by_anything_is_garbage_however_split() -> None:
+    body = gzip.compress(b"ok") + bytes(4) + gzip.compress(b"more")
+    for cut in range(len(body) + 1):
+        decoder = make_decoder("gzip")
+        out: list[bytes] = []
+        with pytest.raises(DecodeError, match="trailing garbage"):
+            for piece in (body[:cut], body[cut:]):
+                decoder.feed(piece)
+                read_out(decoder, 4096, out)
+        assert b"".join(out) == b"ok"
+
+
+# -- work per read: bodies of empty members and frames ---------------------------------------
+
+EMPTY = {"gzip": gzip.compress(b"", mtime=0), "zstd": zstd.compress(b"")}
+PACK = {"gzip": lambda data: gzip.compress(data, mtime=0), "zstd": zstd.compress}
+
+
+@pytest.mark.parametrize("coding", sorted(EMPTY))
+def test_a_read_over_empty_members_does_bounded_work_and_returns_without_output(coding: str) -> None:
+    """Thousands of members that decode to nothing: each read consumes at most
+    READ_STEPS of them (it used to walk the whole backlog in one call), returns b"" while
+    work is left, and reading on gives the text after them."""
+    empty = EMPTY[coding]
+    body = empty * 3000 + PACK[coding](b"data: x\n\n")
+    decoder = make_decoder(coding)
+    decoder.feed(body)
+    out: list[bytes] = []
+    empty_reads = 0
+    while True:
+        before = decoder.taken
+        data = decoder.read(16 * 1024)
+        if not data and decoder.drained():
+            break
+        if not data:
+            empty_reads += 1
+            assert decoder.taken - before <= READ_STEPS * len(empty)
+        out.append(data)
+    assert b"".join(out) == b"data: x\n\n"
+    assert empty_reads >= 3000 // READ_STEPS
+
+
+@pytest.mark.parametrize("coding", sorted(EMPTY))
+def test_reads_move_through_the_queue_and_each_member_costs_a_few_steps(coding: str) -> None:
+    """What follows a member's end stays where it is in the queue (it was inserted back
+    at the front, moving the whole backlog once per member: quadratic), and a member
+    costs at most two steps: the work is linear in the input."""
+    members = 2000
+    body = EMPTY[coding] * members + PACK[coding](PLAIN)
+    decoder = make_decoder(coding)
+    decoder.feed(body)
+    queue = decoder.stages[0]._in
+    out: list[bytes] = []
+    while (data := decoder.read(16 * 1024)) or not decoder.drained():
+        assert decoder.stages[0]._in is queue and len(queue) == len(body)
+        out.append(data)
+    assert b"".join(out) == PLAIN
+    assert len(out) <= 2 * members // READ_STEPS + 2 * len(PLAIN) // (16 * 1024) + 4
+
+
+@pytest.mark.parametrize("coding", sorted(EMPTY))
+def test_empty_members_decode_the_same_whole_and_split_at_every_byte(coding: str) -> None:
+    empty = EMPTY[coding]
+    body = empty * 40 + PACK[coding](b"hello") + empty * 40 + PACK[coding](b" world") + empty * 3
+    assert decode_all(coding, [body]) == b"hello world"
+    for cut in range(len(body) + 1):
+        assert decode_all(coding, [body[:cut], body[cut:]]) == b"hello world", cut
+    assert decode_all(coding, [body[i : i + 1] for i in range(len(body))], limit=3) == b"hello world"
+
+
+def test_what_a_zstd_frame_hands_back_past_its_end_survives_a_feed_in_between() -> None:
+    """A zstd decompressor that fills its limit keeps the rest of its step's input and,
+    at the frame's end, hands back what follows it: the queue keeps those bytes through a
+    feed (it drops only older ones), and the offset moves back over them."""
+    noise = random.Random(0).randbytes(40_000)
+    body = zstd.compress(noise) + zstd.compress(b"a" * 100_000) + zstd.compress(b"end")
+    decoder = make_decoder("zstd")
+    decoder.feed(body)
+    out: list[bytes] = []
+    while sum(map(len, out)) < len(noise) + 4096:  # (inside the second frame, its limit filled)
+        out.append(decoder.read(4096))
+    decoder.feed(zstd.compress(b"!"))
+    read_out(decoder, 4096, out)
+    assert b"".join(out) == noise + b"a" * 100_000 + b"end!"
+
+
+def test_a_deflate_body_of_one_byte_waits_for_more_and_is_drained() -> None:
+    """Both bytes tell which deflate it is: with one, the decoder waits (drained), so a
+    caller reading while it is not drained does not spin."""
+    decoder = make_decoder("deflate")
+    decoder.feed(zlib.compress(b"ok")[:1])
+    assert decoder.read(4096) == b"" and decoder.drained()
+    decoder.feed(zlib.compress(b"ok")[1:])
+    assert decoder.read(4096) == b"ok"
+
+
+@settings(max_examples=150, deadline=None)
+@given(coding=st.sampled_from(["gzip", "deflate", "br", "zstd", "gzip, br"]), data=st.binary(max_size=400))
+def test_reading_on_while_not_drained_always_ends(coding: str, data: bytes) -> None:
+    """On any bytes (valid heads, then anything), reading on while the decoder is not
+    drained ends: drained, or a DecodeError."""
+    head = {"gzip": EMPTY["gzip"][:10], "zstd": EMPTY["zstd"][:4]}.get(coding, b"")
+    decoder = make_decoder(coding)
+    decoder.feed(head + data)
+    for _ in range(10_000):
+        try:
+            if not decoder.read(64) and decoder.drained():
+                return
+        except DecodeError:
+            return
+    raise AssertionError("still not drained after 10000 reads")
+
+
+# -- the text before bad data, and legal splits ----------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "coding, pack, why",
+    [
+        ("gzip", lambda data: gzip.compress(data, mtime=0), "trailing garbage"),
+        ("deflate", zlib.compress, "data after the end of the stream"),
+        ("zstd", zstd.compress, "zstd"),
+    ],
+)
+@pytest.mark.parametrize("garbage", [b"\n", b"trailing garbage"])
+def test_the_text_decoded_before_trailing_garbage_is_kept(coding: str, pack, why: str, garbage: bytes) -> None:
+    """A whole answer in one member and a stray byte after it (a client reads the
+    answer): the decoder returns all of the answer, then raises."""
+    decoder = make_decoder(coding)
+    decoder.feed(pack(PLAIN[:20_000]) + garbage)
+    out: list[bytes] = []
+    with pytest.raises(DecodeError, match=why):
+        read_out(decoder, 16 * 1024, out)
+    assert b"".join(out) == PLAIN[:20_000]
+
+
+def test_a_split_one_byte_into_the_next_members_magic_changes_nothing() -> None:
+    first, second = gzip.compress(PLAIN[:3000], mtime=0), gzip.compress(PLAIN[3000:6000], mtime=0)
+    body = first + second
+    assert decode_all("gzip", [body[: len(first) + 1], body[len(first) + 1 :]]) == PLAIN[:6000]
+
+
+@pytest.mark.parametrize("coding", ["gzip", "zstd"])
+def test_a_body_of_several_members_decodes_the_same_split_anywhere(coding: str) -> None:
+    """Every cut (one and two of them) of members of text, an empty one and trailing
+    zero padding (gzip) gives the whole body's output."""
+    parts = [b"data: one\n\n", b"", b"data: two\n\n", b"data: three\n\n"]
+    body = b"".join(PACK[coding](part) for part in parts) + (bytes(3) if coding == "gzip" else b"")
+    expected = b"".join(parts)
+    for cut in range(len(body) + 1):
+        assert decode_all(coding, [body[:cut], body[cut:]], limit=5) == expected, cut
+        for second in range(cut, len(body) + 1, 7):
+            assert decode_all(coding, [body[:cut], body[cut:second], body[second:]]) == expected, (cut, second)

@@ -16,13 +16,16 @@ from pathlib import Path
 
 import brotli
 import pytest
+from backports import zstd
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from protoenc import end_stream, env, genv
 
+from addon.decoding import Decoder, make_decoder
 from addon.dialects import RequestView
 from addon.dialects.anthropic import DIALECT as ANTHROPIC
 from addon.dialects.connect_rpc import DIALECT as GRPC_DIALECT
+from addon.framing import envelope as envelope_module
 from addon.framing import select
 from addon.framing.envelope import (
     CODES,
@@ -187,12 +190,13 @@ def test_reserved_flag_bits_are_a_finding_and_the_envelope_a_message():
     ],
 )
 def test_a_message_that_cannot_be_decompressed_is_skipped_with_a_finding(headers, payload, why):
-    reader = connect_reader(MAX, MAX, headers)
     body = env(payload, 1) + env(b"after")
-    bounded = reader.feed_bounded(body)
-    assert [(f.raw if f else None, end) for f, end in bounded] == [(None, 5 + len(payload)), (b"after", len(body))]
-    assert reader.findings[0][0] == "envelope_decompress_failed" and why in reader.findings[0][1]
-    assert reader.unreadable is not None  # a gate holding the stream applies the failure policy
+    for cut in range(len(body) + 1):  # (decompressed as it comes: the failure is reported once, at its end)
+        reader = connect_reader(MAX, MAX, headers)
+        bounded = reader.feed_bounded(body[:cut]) + reader.feed_bounded(body[cut:])
+        assert [(f.raw if f else None, end) for f, end in bounded] == [(None, 5 + len(payload)), (b"after", len(body))]
+        assert [code for code, _ in reader.findings] == ["envelope_decompress_failed"] and why in reader.findings[0][1]
+        assert reader.unreadable is not None  # a gate holding the stream applies the failure policy
 
 
 def test_an_envelope_over_the_limit_is_skipped_as_it_arrives_in_bounded_memory():
@@ -227,6 +231,42 @@ def test_a_gzip_bomb_costs_at_most_the_limit():
     assert frames == [(0, "message", b"after")]
     assert reader.findings[0][0] == "envelope_too_large" and "decompresses to over" in reader.findings[0][1]
     assert peak < 8 * limit
+
+
+EMPTY_MEMBER = {"gzip": (gzip.compress(b"", mtime=0), gzip.compress), "zstd": (zstd.compress(b""), zstd.compress)}
+
+
+@pytest.mark.parametrize("coding", sorted(EMPTY_MEMBER))
+def test_a_compressed_message_is_decompressed_as_its_bytes_come(coding, monkeypatch):
+    """A message of many empty gzip members (zstd frames) before its text is decoded feed
+    by feed, each feed's work in proportion to it, not in one call at the message's end
+    (1 MiB of them took seconds there)."""
+    empty, pack = EMPTY_MEMBER[coding]
+    body = env(empty * 500 + pack(b"\x0a\x02hi"), 1)
+    decoders: list[Decoder] = []
+
+    def spy(encoding: str) -> Decoder | None:
+        decoder = make_decoder(encoding)
+        assert decoder is not None
+        decoders.append(decoder)
+        return decoder
+
+    monkeypatch.setattr(envelope_module, "make_decoder", spy)
+    reader = grpc_reader(MAX, MAX, {"grpc-encoding": coding})
+    frames = []
+    for at in range(0, len(body), 256):
+        frames += reader.feed(body[at : at + 256])
+        assert len(decoders) == 1 and decoders[0].fed == min(at + 256, len(body)) - 5 and decoders[0].drained()
+    assert [f.raw for f in frames] == [b"\x0a\x02hi"] and reader.findings == []
+
+
+@pytest.mark.parametrize("coding", sorted(EMPTY_MEMBER))
+def test_a_message_of_empty_members_gives_the_same_frame_split_anywhere(coding):
+    empty, pack = EMPTY_MEMBER[coding]
+    body = env(empty * 20 + pack(b"\x0a\x02hi") + empty * 2, 1) + env(b"after")
+    for cut in range(len(body) + 1):
+        frames = frames_of(grpc_reader(MAX, MAX, {"grpc-encoding": coding}), body, [cut])
+        assert frames == [(1, "message", b"\x0a\x02hi"), (0, "message", b"after")], cut
 
 
 def test_a_body_ending_inside_an_envelope_is_pending():

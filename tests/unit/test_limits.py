@@ -6,14 +6,33 @@ from __future__ import annotations
 
 import hashlib
 import random
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 from test_block_responses import CASES
 from test_output_gate import BLOCK_RULES, gated
 
 from addon.auditor import StreamAuditor, summary_into_record
+from addon.dialects import Dialect, RequestView
+from addon.dialects.connect_rpc import DIALECT as CONNECT
+from addon.events import Finish, TextDelta, TextSnapshot, ToolCallDelta
 from addon.filters.engine import FilterSet
-from addon.record import OUTCOME_COMPLETE, OUTCOME_UPSTREAM_ABORTED, ExchangeRecord
+from addon.findings import CODES
+from addon.framing import select
+from addon.framing.envelope import envelope
+from addon.output_gate import OutputGate
+from addon.record import (
+    FINDINGS_PER_CODE,
+    MAX_CHOICES,
+    MAX_FINDING_DETAIL,
+    MAX_FINISH_REASON,
+    MAX_TOOL_CALLS,
+    MAX_TOOL_KEY,
+    OUTCOME_COMPLETE,
+    OUTCOME_UPSTREAM_ABORTED,
+    ExchangeRecord,
+)
 from mockllm.scenario import Scenario
 from mockllm.streams import Encoder, plan_body
 
@@ -80,21 +99,166 @@ def test_a_stream_beyond_the_cap_keeps_what_fits_and_its_metadata() -> None:
 
 def test_the_cap_cuts_on_a_character_boundary_and_counts_utf8_bytes() -> None:
     record = ExchangeRecord(content_limit=5)
-    from addon.events import TextDelta
-
     record.apply(TextDelta("aö"))  # 3 bytes
     record.apply(TextDelta("öö"))  # 4 bytes: one ö fits
     record.apply(TextDelta("x"))
     assert record.output_text == "aöö" and record.content_kept == 5 and record.content_bytes == 8
 
 
-def test_tool_arguments_count_against_the_cap() -> None:
+def test_tool_names_ids_and_arguments_count_against_the_cap() -> None:
     record, _ = audit(body("events=2&tool=get_weather&tools=3"), cap=1024 + 20)
     assert not record.content_truncated
-    small, _ = audit(body("events=2&size=1000&tool=get_weather&tools=3"), cap=2010)
-    assert small.content_truncated and small.content_kept == 2010
-    assert len(small.output_text.encode()) == 2000  # the text came first; 10 bytes were left for the arguments
-    assert "".join("".join(c.arguments) for c in small.tool_calls.values()) == '{"city":"V'
+    calls = list(record.tool_calls.values())
+    tools = sum(len(c.id) + len(c.name) + len("".join(c.arguments).encode()) for c in calls)
+    assert record.content_bytes == len(record.output_text.encode()) + tools
+    # the text came first; then the first call's id and name, and 10 bytes of its arguments
+    size = 2000 + len(calls[0].id) + len("get_weather") + 10
+    small, _ = audit(body("events=2&size=1000&tool=get_weather&tools=3"), cap=size)
+    assert small.content_truncated and small.content_kept == size
+    first, *rest = small.tool_calls.values()
+    assert (
+        len(first.id) == len(calls[0].id) and first.name == "get_weather" and "".join(first.arguments) == '{"city":"V'
+    )
+    assert all(c.id is None and c.name is None and not c.arguments for c in rest)  # the cap was full
+
+
+def limit_findings(record: ExchangeRecord) -> list[str]:
+    return [f["detail"] for f in record.to_row()["findings"] if f["code"] == "record_limit"]
+
+
+def test_choices_past_the_limit_are_counted_not_kept() -> None:
+    record = ExchangeRecord()
+    n = 3 * MAX_CHOICES
+    for i in range(n):  # each event names a new choice, as a hostile upstream may
+        record.apply(Finish("stop", choice=i))
+        record.apply(TextDelta("x", choice=i))
+        record.apply(TextSnapshot("y", choice=i, kind="reasoning"))
+    assert len(record.choices) == MAX_CHOICES and sorted(record.choices) == list(range(MAX_CHOICES))
+    row = record.to_row()
+    assert len(row["output"]["choices"]) == MAX_CHOICES and len(row["finish_reasons"]) == MAX_CHOICES
+    assert limit_findings(record) == [
+        f"events of choices past the first {MAX_CHOICES} not kept: {3 * (n - MAX_CHOICES)}"
+    ]
+    assert record.content_kept == record.content_bytes == 2 * MAX_CHOICES  # what was left out is not content kept
+    assert str(MAX_CHOICES) in CODES["record_limit"] and str(MAX_TOOL_CALLS) in CODES["record_limit"]
+
+
+def test_answer_text_of_choice_zero_after_the_limit_is_left_out_too() -> None:
+    record = ExchangeRecord()
+    for i in range(1, MAX_CHOICES + 1):
+        record.apply(Finish("stop", choice=i))
+    record.add_text("late")  # the auditor's fast path for choice 0
+    assert 0 not in record.choices and len(record.choices) == MAX_CHOICES and record.output_text == ""
+    assert limit_findings(record) == [f"events of choices past the first {MAX_CHOICES} not kept: 1"]
+
+
+def test_tool_calls_past_the_limit_are_counted_not_kept() -> None:
+    record = ExchangeRecord()
+    for i in range(MAX_TOOL_CALLS + 10):
+        record.apply(ToolCallDelta(f"k{i}", "{}", id=f"id{i}", name="f"))
+        record.apply(ToolCallDelta(f"k{i}", complete=True))
+    assert len(record.tool_calls) == MAX_TOOL_CALLS
+    row = record.to_row()
+    assert len(row["tool_calls"]) == len(row["output"]["tool_calls"]) == MAX_TOOL_CALLS
+    assert limit_findings(record) == [f"fragments of tool calls past the first {MAX_TOOL_CALLS} not kept: 20"]
+
+
+def test_a_tool_calls_key_name_and_id_are_bounded() -> None:
+    record = ExchangeRecord(content_limit=1000)
+    long = "n" * 5000
+    record.apply(ToolCallDelta("k" * 5000, "{}", id=long, name=long))
+    record.apply(ToolCallDelta("k" * 5000 + "more", '"x"', name="other"))  # the same call: its key is cut alike
+    (call,) = record.tool_calls.values()
+    assert len(call.key) == MAX_TOOL_KEY and call.id == "n" * 1000 and call.name is None
+    assert record.content_kept == 1000 and record.content_truncated
+
+
+def test_a_long_stop_reason_is_cut_and_counted() -> None:
+    record = ExchangeRecord()
+    record.apply(Finish("s" * 100_000))
+    record.apply(Finish("stop"))
+    record.apply(Finish("t" * 100_000))
+    assert record.choices[0].finish_reason == "t" * MAX_FINISH_REASON
+    assert limit_findings(record) == [f"stop reasons cut to {MAX_FINISH_REASON} characters: 2"]
+
+
+def test_a_findings_detail_is_bounded() -> None:
+    record = ExchangeRecord()
+    for _ in range(2 * FINDINGS_PER_CODE):
+        record.add_finding("protobuf_unmapped", "x" * (10 * MAX_FINDING_DETAIL))
+    findings = record.to_row()["findings"]
+    assert len(findings) == FINDINGS_PER_CODE + 1
+    assert all(len(f["detail"]) <= MAX_FINDING_DETAIL for f in findings)
+    assert findings[-1]["detail"] == f"{FINDINGS_PER_CODE} more not listed"
+
+
+# -- reader findings: taken into the record as they come, none held by the reader ---------------
+
+BROKEN = 5000  # broken frames of each stream below, each a reader finding
+
+
+def connect_auditor(gate: bool, data: bytes, code: str) -> tuple[StreamAuditor, bytes, str]:
+    """A Connect stream of ``data``, each envelope of it a reader finding ``code``."""
+    view = RequestView("POST", "/acme.ai.v1.ChatService/Generate", "", {"content-type": "application/connect+proto"})
+    return reader_auditor(CONNECT, None, view, "application/connect+proto", gate), data, code
+
+
+def compressed_envelopes(gate: bool) -> tuple[StreamAuditor, bytes, str]:
+    """6-byte envelopes flagged compressed with no message encoding (a holding gate stops
+    reading at the first: its text cannot be checked, so it is not tested with one)."""
+    return connect_auditor(gate, envelope(1, b"x") * BROKEN, "envelope_decompress_failed")
+
+
+def large_envelopes(gate: bool) -> tuple[StreamAuditor, bytes, str]:
+    """Envelopes over the event limit (1024 bytes), each skipped."""
+    return connect_auditor(gate, envelope(0, b"x" * 1100) * BROKEN, "envelope_too_large")
+
+
+def sse_auditor(gate: bool) -> tuple[StreamAuditor, bytes, str]:
+    """An OpenAI chat stream of lines over the event limit (1024 bytes)."""
+    data = (b"data: " + b"x" * 1100 + b"\n\n") * BROKEN
+    return reader_auditor(CASE.dialect, CASE.request, CASE.view, "text/event-stream", gate), data, "sse_line_too_long"
+
+
+def reader_auditor(dialect: Dialect, request: Any, view: RequestView, content_type: str, gate: bool) -> StreamAuditor:
+    """An auditor of a ``content_type`` response to ``request``, with an event limit of
+    1024 bytes and, if ``gate``, output filters holding its text back."""
+    record = ExchangeRecord(dialect=dialect.name, streamed=True, http_status=200)
+    summary = dialect.summarize(request, view)
+    summary_into_record(record, summary)
+    normalizer = dialect.normalizer(summary)
+    framing = select(content_type, 200, normalizer.framing)
+    holding = None
+    if gate:
+        filters = FilterSet(BLOCK_RULES, failure="open")
+        guard, forwarded = filters.output_guard(), dialect.normalizer(summary)
+        holding = OutputGate(guard, forwarded, holds=True, split_raw=True, failure="open")
+    return StreamAuditor(record, normalizer, None, 1024, framing=framing, gate=holding, headers=view.headers)
+
+
+@pytest.mark.parametrize(
+    "make,gate",
+    [
+        (compressed_envelopes, False),
+        (large_envelopes, False),
+        (large_envelopes, True),
+        (sse_auditor, False),
+        (sse_auditor, True),
+    ],
+)
+def test_reader_findings_are_taken_into_the_record_not_kept_by_the_reader(
+    make: Callable[[bool], tuple[StreamAuditor, bytes, str]], gate: bool
+) -> None:
+    auditor, data, code = make(gate)
+    record = auditor.record
+    for at in range(0, len(data), 6000):
+        auditor.feed(data[at : at + 6000])
+        assert len(auditor.reader.findings) == 0  # (it held every finding of the exchange's life)
+    auditor.end()
+    assert len(auditor.reader.findings) == 0
+    found = [f["detail"] for f in record.to_row()["findings"] if f["code"] == code]
+    assert len(found) == FINDINGS_PER_CODE + 1  # the record's cap, and all of them counted
+    assert found[-1] == f"{BROKEN - FINDINGS_PER_CODE} more not listed"
 
 
 def test_a_json_body_beyond_the_cap_passes_unread() -> None:

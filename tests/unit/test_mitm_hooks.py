@@ -11,6 +11,7 @@ import asyncio
 import gzip
 
 import orjson
+import pytest
 from mitmproxy import http
 from mitmproxy.flow import Error
 from mitmproxy.test import tflow
@@ -488,3 +489,26 @@ def test_turns_read_only_as_the_body_ends_are_each_written_once(monkeypatch) -> 
     final = [(r["turn"], r["status"], len(r["output_text"] or "")) for r in store.rows if r["status"] != "in_progress"]
     assert final == [(0, "completed", 40_000), (1, "completed", len("second answer"))]
     assert len({r["id"] for r in store.rows if r["status"] != "in_progress"}) == 2
+
+
+@pytest.mark.parametrize("filtered", [False, True])
+def test_what_a_client_sends_after_its_exchange_is_recorded_changes_no_record(filtered: bool) -> None:
+    """mitmproxy calls the request's stream callable while the client still sends, after
+    the response hook wrote the final record: a message read then went into that record,
+    whose row the writer holds (it shares the request body): a row changed after it was
+    handed over, or after it was sealed (``verify``: modified). Unread now; with request
+    filters it does not go upstream unchecked either."""
+    rules = parse_rules('[[rule]]\nid = "k"\nkind = "keywords"\nkeywords = ["Nightjar"]\naction = "block"')
+    h, store = hooks(rules if filtered else None)
+    flow = _agent_flow(h)
+    flow.response = response_headers(CONNECT)
+    h.responseheaders(flow)
+    for piece in (_text("answer 0"), end_stream(), b""):
+        flow.response.stream(piece)
+    h.response(flow)
+    final = [r for r in store.rows if r["status"] != "in_progress"]
+    before = orjson.dumps([r["request_body"] for r in final])
+    late = env(m(1, m(2, m(1, m(1, f(1, "a later question about Nightjar"))))))
+    assert flow.request.stream(late) == ([] if filtered else late)
+    assert orjson.dumps([r["request_body"] for r in final]) == before
+    assert [(r["status"], r["turn"]) for r in store.rows] == [("in_progress", 0), ("completed", 0)]
