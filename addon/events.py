@@ -39,19 +39,6 @@ class TextDelta:
 
 
 @dataclass(frozen=True, slots=True)
-class TextEnd:
-    """One choice's text of one ``kind`` is over for now (a content block or part closed).
-
-    The record needs nothing from it; content filters do: text they hold back to see a
-    match whole is released when its block ends, instead of waiting for the response's
-    end while later blocks (a tool call, say) queue behind it.
-    """
-
-    choice: int = 0
-    kind: str = "text"
-
-
-@dataclass(frozen=True, slots=True)
 class ShownText:
     """Text a client may show a person that is not part of the record's output.
 
@@ -182,7 +169,6 @@ class Finding:
 Event = (
     ResponseMeta
     | TextDelta
-    | TextEnd
     | ShownText
     | TextSnapshot
     | ToolCallDelta
@@ -231,7 +217,6 @@ def _quick_init(cls: type) -> None:
 for _cls in (
     ResponseMeta,
     TextDelta,
-    TextEnd,
     ShownText,
     TextSnapshot,
     ToolCallDelta,

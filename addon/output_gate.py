@@ -43,18 +43,17 @@ from typing import Any
 from addon.dialects import Normalizer
 from addon.events import (
     Event,
-    Finish,
+    Finding,
     ShownText,
-    StreamEnd,
     StreamError,
     TextDelta,
-    TextEnd,
     TextSnapshot,
     ToolCallDelta,
     TurnEnd,
 )
 from addon.filters.api import BLOCK, FLAG, Verdict
-from addon.filters.engine import FILTER_ERROR, OutputGuard, Release, StreamKey
+from addon.filters.engine import FILTER_ERROR, MAX_STREAMS, OutputGuard, Release, StreamKey
+from addon.filters.json_text import JsonEscapes
 from addon.framing import Frame
 
 #: One frame as the auditor read it: the frame (None: bytes that end without one), the
@@ -124,6 +123,8 @@ class OutputGate:
         self.deliver_on_send = not split_raw
         self._unsent: deque[tuple[int, Frame, Any]] = deque()  # (end, frame, parsed) cleared, its chunk not gone yet
         self._sent = 0  # the decoded offset the chunks sent so far reach
+        self._escapes: dict[StreamKey, JsonEscapes] = {}  # each tool call's arguments, read as the tool reads them
+        self._uncounted = False  # (a gate that only flags) said that streams past MAX_STREAMS went unchecked
 
     # -- input ----------------------------------------------------------------------------
 
@@ -312,33 +313,45 @@ class OutputGate:
 
     def _check(self, ev: Event, needs: list[tuple[StreamKey, int]]) -> None:
         """Feed the guard every string of ``ev`` a client may show a person: text of any
-        kind, a tool call's name and arguments, an error's message."""
+        kind, a tool call's name and arguments, an error's message.
+
+        A stream's text is one text until the body ends (:meth:`finish`) or its turn does:
+        the end of a content block, a stop reason, an error, even the terminal event is
+        no place to stop looking for a match, since the clients join the text across them
+        (the SDKs concatenate a choice's deltas after a ``finish_reason``, Anthropic's
+        ``get_final_text`` joins the text blocks, and they read on after
+        ``message_stop``). So a match cut across any of them is still one match, and the
+        text held at such an end waits for more of its stream or for the end of the body.
+        Names and error messages arrive whole and are checked whole."""
         match ev:
             case TextDelta(text=text, choice=choice, kind=kind):
                 self._feed((choice, kind, None), text, needs)
             case ShownText(text=text, choice=choice, kind=kind) | TextSnapshot(text=text, choice=choice, kind=kind):
                 self._whole((choice, kind, None), text, needs)
-            case ToolCallDelta(key=key, arguments=arguments, name=name, choice=choice, complete=complete):
+            case ToolCallDelta(key=key, arguments=arguments, name=name, choice=choice):
                 if name:
                     self._whole((choice, "tool_name", key), name, needs)
-                stream: StreamKey = (choice, "tool_arguments", key)
                 if arguments:
-                    self._feed(stream, arguments, needs)
-                if complete:
-                    self._flush(stream)
-            case TextEnd(choice=choice, kind=kind):
-                self._flush((choice, kind, None))
-            case Finish(choice=choice):
-                for stream in [s for s in self.guard.streams() if s[0] == choice]:
-                    self._flush(stream)
+                    stream = (choice, "tool_arguments", key)
+                    escapes = self._escapes.get(stream)
+                    if escapes is None and self.guard.takes(stream):
+                        escapes = self._escapes[stream] = JsonEscapes()
+                    if escapes is None:
+                        self._too_many()
+                    else:
+                        self._feed(stream, escapes.feed(arguments), needs)  # (as the tool reads them)
             case StreamError(message=message):
                 if message:
                     self._whole((0, "error", None), message, needs)
+            case TurnEnd():  # (a turn's end: its answer is whole, nothing waits for more)
                 self._settle(self.guard.flush_all().values())
-            case StreamEnd() | TurnEnd():  # (a turn's end: its answer is whole, nothing waits for more)
-                self._settle(self.guard.flush_all().values())
+            case Finding(code="text_interleaved"):  # (what the filters read is not what the client shows)
+                self.unreadable("text of two blocks of one kind came interleaved")
 
     def _feed(self, stream: StreamKey, text: str, needs: list[tuple[StreamKey, int]]) -> None:
+        if not self.guard.takes(stream):
+            self._too_many()
+            return
         choice, kind, tool_key = stream
         self._settle([self.guard.feed(text, choice=choice, kind=kind, tool_key=tool_key)])
         needs.append((stream, self.guard.progress(stream)[0]))  # released up to here: the event may go
@@ -347,6 +360,19 @@ class OutputGate:
         """A string that arrives whole (a name, a message): checked and released at once."""
         self._feed(stream, text, needs)
         self._flush(stream)
+
+    def _too_many(self) -> None:
+        """An answer with more text streams (choices, tool calls) than the guard checks:
+        the failure policy decides, as for any output that cannot be checked; a gate that
+        only flags says so once and checks the streams it has."""
+        reason = f"more than {MAX_STREAMS} text streams (choices, tool calls) in one answer"
+        if self.holds:
+            self.unreadable(reason)
+        elif not self._uncounted:
+            self._uncounted = True
+            self.verdicts.append(
+                Verdict(FLAG, FILTER_ERROR, reason + ": the rest not checked", filter="llm-audit", location="output")
+            )
 
     def _flush(self, stream: StreamKey) -> None:
         choice, kind, tool_key = stream

@@ -15,7 +15,6 @@ Everything here is sans-IO: no mitmproxy, no database.
 
 from __future__ import annotations
 
-import json
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -23,6 +22,7 @@ from typing import Any
 
 import orjson
 
+from addon import json_read
 from addon.dialects.blocking import BlockedResponse
 from addon.dialects.providers import provider_for_host
 from addon.events import Event, Finding, StreamEnd, StreamError, TextDelta
@@ -254,9 +254,12 @@ class JsonEventNormalizer(Normalizer):
             out: list[Event] = [_after_end(event)] if ended else []
             out.extend(self.on_done())
             return self._note_end(out, ended)
-        obj = json_object(data)
+        obj, lenient = read_json_object(data)
         if obj is not None:
-            return self._read_object(event, obj)
+            if not lenient:
+                return self._read_object(event, obj)
+            got = self._read_object(event, obj)
+            return [lenient_json(event), TextDelta(got)] if isinstance(got, str) else [lenient_json(event), *got]
         out = [_after_end(event)] if self.ended else []
         out.append(Finding("invalid_json", f"event {event.event!r}: data is not one JSON object"))
         return out
@@ -416,13 +419,10 @@ def parse_json_body(body: bytes) -> tuple[Any, Finding | None]:
     if not body:
         return None, None
     try:
-        return orjson.loads(body), None
-    except orjson.JSONDecodeError as e:
-        strict_error = str(e)[:200]
-    try:
-        return json.loads(body), Finding("request_lenient_json", f"read as Python servers read it ({strict_error})")
-    except (ValueError, RecursionError):  # (JSONDecodeError and UnicodeDecodeError are ValueErrors)
-        return UNREADABLE, Finding("request_invalid_json", strict_error)
+        doc, lenient = json_read.loads(body)
+    except ValueError as e:  # (JSONDecodeError and UnicodeDecodeError are ValueErrors)
+        return UNREADABLE, Finding("request_invalid_json", str(e)[:200])
+    return doc, Finding("request_lenient_json", "read as Python servers read it") if lenient else None
 
 
 def load_body_json(body: bytes) -> tuple[Any, Finding | None]:
@@ -439,15 +439,17 @@ def load_body_json(body: bytes) -> tuple[Any, Finding | None]:
     except orjson.JSONDecodeError:
         pass
     try:
-        body.decode("utf-8")
-        return None, None  # valid UTF-8: simply not JSON
+        text, finding = body.decode("utf-8"), None
     except UnicodeDecodeError as e:
-        where = e.start
+        text = body.decode("utf-8", "replace")
+        finding = Finding("response_invalid_utf8", f"invalid UTF-8 at byte {e.start}; read with U+FFFD")
     try:
-        doc = orjson.loads(body.decode("utf-8", "replace"))
-    except orjson.JSONDecodeError:
-        return None, None
-    return doc, Finding("response_invalid_utf8", f"invalid UTF-8 at byte {where}; read with U+FFFD")
+        doc, lenient = json_read.loads(text)
+    except ValueError:
+        return None, None  # simply not JSON
+    if lenient and finding is None:
+        finding = Finding("lenient_json", "the response body: JSON only lenient readers take (the SDKs' do)")
+    return doc, finding
 
 
 def media_type(value: str) -> tuple[str, dict[str, str]]:
@@ -509,12 +511,68 @@ def _error_object_events(obj: dict[str, Any]) -> list[Event]:
 
 
 def json_object(data: str | bytes) -> dict[str, Any] | None:
-    """``data`` parsed as one JSON object, or ``None``."""
+    """``data`` parsed as one JSON object (leniently when it must be: :func:`read_json_object`), or ``None``."""
+    return read_json_object(data)[0]
+
+
+def read_json_object(data: str | bytes) -> tuple[dict[str, Any] | None, bool]:
+    """``data`` parsed as one JSON object, or ``None``; and whether only a lenient reader
+    takes it (:func:`addon.json_read.loads`: the SDKs read it, so the audit does)."""
     try:
-        obj = orjson.loads(data)
-    except orjson.JSONDecodeError:
-        return None
-    return obj if isinstance(obj, dict) else None
+        obj, lenient = json_read.loads(data)
+    except ValueError:  # (JSONDecodeError and UnicodeDecodeError are ValueErrors)
+        return None, False
+    return (obj, lenient) if isinstance(obj, dict) else (None, False)
+
+
+@dataclass(slots=True)
+class OpenBlocks:
+    """The content blocks (or output parts) of an answer that got text and have not ended,
+    by kind of text.
+
+    A client puts each block's text together on its own; the filters read a kind's text
+    in arrival order, as one text (a match may span two blocks: the clients join them
+    too). Text of one kind in two open blocks at once is interleaved: what the filters
+    read is then not what any client shows, so it is a finding (``text_interleaved``),
+    on which a gate that may block lets the failure policy decide (:mod:`addon.output_gate`).
+    Counted per kind, so each piece costs the same however many blocks were opened.
+    """
+
+    _kinds: dict[Any, str] = field(default_factory=dict)  # block -> the kind of text it got
+    _open: dict[str, int] = field(default_factory=dict)  # kind -> how many open blocks got text of it
+    _groups: dict[Any, list[Any]] = field(default_factory=dict)  # group -> its blocks that got text (end_group)
+
+    def text(self, block: Any, kind: str, group: Any = None) -> list[Event]:
+        """Text of ``kind`` for ``block`` (of ``group``: an output item, whose end ends
+        its parts): a finding when another open block has text of that kind."""
+        had = self._kinds.get(block)
+        if had != kind:
+            if had is not None:
+                self._open[had] -= 1
+            elif group is not None:
+                self._groups.setdefault(group, []).append(block)
+            self._kinds[block] = kind
+            self._open[kind] = self._open.get(kind, 0) + 1
+        if self._open[kind] > 1:
+            return [Finding("text_interleaved", f"{kind} of block {block!r} while another block's was open")]
+        return []
+
+    def end(self, block: Any) -> None:
+        """The block ended: its text is whole."""
+        kind = self._kinds.pop(block, None)
+        if kind is not None:
+            self._open[kind] -= 1
+
+    def end_group(self, group: Any) -> None:
+        """Every block of ``group`` ended (an output item is done, whether or not its
+        parts' own done events came)."""
+        for block in self._groups.pop(group, ()):
+            self.end(block)
+
+
+def lenient_json(event: Frame) -> Finding:
+    """The finding for an event only lenient readers take (:func:`read_json_object`)."""
+    return Finding("lenient_json", f"event {event.event!r}: JSON only lenient readers take (the SDKs' do)")
 
 
 def _str_or_none(value: Any) -> str | None:

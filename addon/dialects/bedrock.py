@@ -62,6 +62,7 @@ from addon.dialects import (
     BlockedResponse,
     Dialect,
     Normalizer,
+    OpenBlocks,
     RequestSummary,
     RequestView,
     int_field,
@@ -80,7 +81,6 @@ from addon.events import (
     StreamEnd,
     StreamError,
     TextDelta,
-    TextEnd,
     ToolCallDelta,
     Usage,
 )
@@ -189,7 +189,7 @@ class BedrockNormalizer(Normalizer):
         self.ended = False
         self.usage_seen = False
         self.tool_blocks: set[int | None] = set()
-        self.text_blocks: dict[int | None, str] = {}  # open block index -> "text" | "reasoning"
+        self.blocks = OpenBlocks()  # the blocks that got text, for interleaving
         self.unknown_reported = False
         self.answer: dict[str, Any] | None = None  # a whole Converse answer read
 
@@ -259,7 +259,8 @@ class BedrockNormalizer(Normalizer):
             if index in self.tool_blocks:
                 self.tool_blocks.discard(index)
                 return [ToolCallDelta(_key(index), complete=True)]
-            return [TextEnd(0, self.text_blocks.pop(index, "text"))]
+            self.blocks.end(index)
+            return []
         if kind == "messageStop":
             reason = str_field(obj, "stopReason")
             return [Finish(reason)] if reason else []
@@ -271,8 +272,7 @@ class BedrockNormalizer(Normalizer):
     def _delta(self, index: int | None, delta: dict[str, Any]) -> list[Event]:
         text = str_field(delta, "text")
         if text:
-            self.text_blocks[index] = "text"
-            return [TextDelta(text)]
+            return [*self.blocks.text(index, "text"), TextDelta(text)]
         tool = _dict(delta, "toolUse")
         if tool:
             self.tool_blocks.add(index)
@@ -280,8 +280,7 @@ class BedrockNormalizer(Normalizer):
             return [ToolCallDelta(_key(index), fragment)] if fragment else []
         thought = str_field(_dict(delta, "reasoningContent"), "text")
         if thought:
-            self.text_blocks[index] = "reasoning"
-            return [TextDelta(thought, kind="reasoning")]
+            return [*self.blocks.text(index, "reasoning"), TextDelta(thought, kind="reasoning")]
         return []  # a signature or redacted reasoning (opaque), server tool results, citations
 
     # -- InvokeModelWithResponseStream chunks ---------------------------------------------------

@@ -48,7 +48,7 @@ from addon.dialects import (
     str_field,
 )
 from addon.dialects.blocking import FILTERED_CODE, block_message, frame, json_response, random_id
-from addon.events import Event, Finding, Finish, ShownText, StreamError, TextDelta, TextEnd, TurnEnd
+from addon.events import Event, Finding, Finish, ShownText, StreamError, TextDelta, TurnEnd
 from addon.framing import Frame
 from addon.framing.ws_json import WRITER
 
@@ -156,8 +156,6 @@ class CopilotNormalizer(Normalizer):
             text = obj.get("text")
             if isinstance(text, str) and text:
                 out.append(ShownText(text, 0, "replaced_text"))
-        elif kind == "partCompleted":
-            out.append(TextEnd())
         elif kind in ("done", "error"):
             self._end(kind, obj, message_id, out)
         elif kind == "challenge":

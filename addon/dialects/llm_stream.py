@@ -28,7 +28,9 @@ from addon.dialects import (
     accepted_media_types,
     int_field,
     json_object,
+    lenient_json,
     media_type,
+    read_json_object,
     str_field,
 )
 from addon.dialects.blocking import FILTERED_CODE, block_message, event_stream, frame, json_response, unix_now
@@ -146,8 +148,8 @@ class LLMStreamNormalizer(Normalizer):
     def read(self, event: Frame) -> list[Event] | str:
         """The event's common events, checked; a ``content.delta`` of block 0 that passes
         every check is its text alone (see :meth:`Normalizer.read`)."""
-        out: list[Event] = []
-        obj = json_object(event.data)
+        obj, lenient = read_json_object(event.data)
+        out: list[Event] = [lenient_json(event)] if lenient else []
         first = not self.seen_any
         self.seen_any = True
         if obj is None:

@@ -52,6 +52,7 @@ from addon.dialects import (
     Dialect,
     JsonEventNormalizer,
     Normalizer,
+    OpenBlocks,
     RequestSummary,
     RequestView,
     int_field,
@@ -67,12 +68,13 @@ from addon.events import (
     StreamEnd,
     StreamError,
     TextDelta,
-    TextEnd,
     ToolCallDelta,
     Usage,
 )
 from addon.framing import Frame
 from exchange.request import tool_names
+
+_NO_BLOCK = object()  # no block's text deltas may be read alone yet
 
 # Content blocks that are tool invocations: client tools, Anthropic-run server tools
 # (web_search, code_execution, ...) and MCP connector calls. All stream their input as
@@ -159,6 +161,8 @@ class AnthropicNormalizer(JsonEventNormalizer):
         self.tool_blocks: dict[int | None, Any] = {}  # block index -> input of content_block_start
         self.json_seen: set[int | None] = set()  # tool blocks that streamed a non-empty fragment
         self.text_blocks: dict[int | None, str] = {}  # open text / thinking block index -> its kind
+        self.blocks = OpenBlocks()  # the blocks that got text, for interleaving
+        self.fast_block: Any = _NO_BLOCK  # the open block whose text deltas text_of may read alone
 
     # -- stream -------------------------------------------------------------------------
 
@@ -180,7 +184,11 @@ class AnthropicNormalizer(JsonEventNormalizer):
         if type(delta) is not dict or delta.get("type") != "text_delta":
             return None
         text = delta.get("text")
-        return text if type(text) is str and text else None
+        if type(text) is not str or not text:
+            return None
+        if obj.get("index") != self.fast_block and self._text(int_field(obj, "index"), "text"):
+            return None  # (interleaved: on_json reads it, with the finding)
+        return text
 
     def _message_start(self, obj: dict[str, Any]) -> list[Event]:
         message = _dict(obj, "message")
@@ -215,11 +223,15 @@ class AnthropicNormalizer(JsonEventNormalizer):
         if kind == "text":
             self.text_blocks[index] = "text"
             text = block.get("text")
-            return [TextDelta(text)] if isinstance(text, str) and text else []
+            return [*self._text(index, "text"), TextDelta(text)] if isinstance(text, str) and text else []
         if kind == "thinking":
             self.text_blocks[index] = "reasoning"
             text = block.get("thinking")
-            return [TextDelta(text, kind="reasoning")] if isinstance(text, str) and text else []
+            return (
+                [*self._text(index, "reasoning"), TextDelta(text, kind="reasoning")]
+                if isinstance(text, str) and text
+                else []
+            )
         if kind in TOOL_BLOCKS:
             self.tool_blocks[index] = block.get("input")
             return [ToolCallDelta(_key(index), id=str_field(block, "id"), name=str_field(block, "name"))]
@@ -232,10 +244,16 @@ class AnthropicNormalizer(JsonEventNormalizer):
         kind = delta.get("type")
         if kind == "text_delta":
             text = delta.get("text")
-            return [TextDelta(text)] if isinstance(text, str) and text else []
+            return (
+                [*self._text(int_field(obj, "index"), "text"), TextDelta(text)]
+                if isinstance(text, str) and text
+                else []
+            )
         if kind == "thinking_delta":
             text = delta.get("thinking")
-            return [TextDelta(text, kind="reasoning")] if isinstance(text, str) and text else []
+            if not isinstance(text, str) or not text:
+                return []
+            return [*self._text(int_field(obj, "index"), "reasoning"), TextDelta(text, kind="reasoning")]
         if kind == "input_json_delta":
             fragment = delta.get("partial_json")
             index = int_field(obj, "index")
@@ -247,10 +265,21 @@ class AnthropicNormalizer(JsonEventNormalizer):
             return [ToolCallDelta(_key(index), fragment)]
         return []  # signature_delta, citations_delta, future types
 
+    def _text(self, index: int | None, kind: str) -> list[Event]:
+        """Text of ``kind`` for block ``index``: noted, a finding when interleaved (:class:`OpenBlocks`)."""
+        found = self.blocks.text(index, kind)
+        if kind == "text":
+            self.fast_block = _NO_BLOCK if found else index
+        return found
+
     def _block_stop(self, obj: dict[str, Any]) -> list[Event]:
         index = int_field(obj, "index")
+        self.blocks.end(index)
+        if index == self.fast_block:
+            self.fast_block = _NO_BLOCK
         if index not in self.tool_blocks:
-            return [TextEnd(0, self.text_blocks.pop(index, "text"))]
+            self.text_blocks.pop(index, None)
+            return []
         start_input = self.tool_blocks.pop(index)
         arguments = ""
         if index not in self.json_seen and isinstance(start_input, dict):

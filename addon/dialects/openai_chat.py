@@ -92,6 +92,7 @@ from addon.events import (
     ToolCallDelta,
 )
 from addon.framing import Frame
+from addon.record import MAX_CHOICES, MAX_TOOL_CALLS
 from exchange.request import tool_names
 
 PATH_SUFFIX = CHAT_PATH_SUFFIX
@@ -212,7 +213,8 @@ class OpenAIChatNormalizer(JsonEventNormalizer):
 
     def _chunk_choice(self, choice: dict[str, Any], position: int, out: list[Event]) -> None:
         index = choice_index(choice, position)
-        self.finished.setdefault(index, False)
+        if len(self.finished) < MAX_CHOICES:  # (the record keeps no more: past them the upstream is hostile)
+            self.finished.setdefault(index, False)
         delta = choice.get("delta")
         if not isinstance(delta, dict):
             delta = choice.get("message")  # a server sending whole messages as chunks
@@ -228,7 +230,8 @@ class OpenAIChatNormalizer(JsonEventNormalizer):
                 self._tool_fragment(index, -1, {"function": function_call}, out)
         reason = choice.get("finish_reason")
         if isinstance(reason, str) and reason:
-            self.finished[index] = True
+            if index in self.finished:
+                self.finished[index] = True
             out.append(Finish(reason, choice=index))
             if reason not in TRUNCATING_FINISHES:
                 for key in self.open_calls.pop(index, ()):
@@ -237,6 +240,10 @@ class OpenAIChatNormalizer(JsonEventNormalizer):
     def _tool_fragment(self, choice: int, index: int, call: dict[str, Any], out: list[Event]) -> None:
         call_id, name, arguments = _call_fields(call)
         slot = self.calls.get((choice, index))
+        if slot is None and len(self.calls) >= MAX_TOOL_CALLS:  # (read and checked, not remembered)
+            key = f"{choice}.{index}" if index >= 0 else f"{choice}.function_call"
+            out.append(ToolCallDelta(key, arguments, id=call_id, name=name, choice=choice))
+            return
         if slot is None or (call_id is not None and slot[1] is not None and call_id != slot[1]):
             # a new call; servers that number every call 0 are told apart by their ids
             if slot is None:
@@ -357,9 +364,13 @@ def _texts(part: dict[str, Any], choice: int, out: list[Event]) -> None:
     reasoning, other = part.get("reasoning_content"), part.get("reasoning")
     if isinstance(reasoning, str) and reasoning:
         out.append(TextDelta(reasoning, choice, "reasoning"))
-    # vLLM sends both with the same text: read once; different texts are both shown somewhere
+    # vLLM sends both with the same text: read once; different texts are both shown
+    # somewhere, each by the clients that read its field, but the filters read one
+    # reasoning text: interleaved, it is neither (see addon.dialects.OpenBlocks)
     if isinstance(other, str) and other and other != reasoning:
         out.append(TextDelta(other, choice, "reasoning"))
+        if isinstance(reasoning, str) and reasoning:  # (after the text: what either holds whole is checked first)
+            out.append(Finding("text_interleaved", "reasoning_content and reasoning carry different text"))
     content = part.get("content")
     if isinstance(content, str):
         if content:

@@ -82,7 +82,6 @@ from addon.events import (
     ResponseMeta,
     ShownText,
     StreamError,
-    TextEnd,
     TurnEnd,
     Usage,
 )
@@ -235,7 +234,6 @@ class _Response(ResponsesNormalizer):
             key = (self._item_id(obj), int_field(obj, "content_index") or 0)
             self._settle_part(key[0], key[1], part, out)
             self.parts_done.add(key)
-            out.append(TextEnd(0, "text"))
 
     def _transcript_delta(self, obj: dict[str, Any], out: list[Event]) -> None:
         self._delta(obj, out, "content", "content_index", "text")

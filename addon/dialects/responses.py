@@ -53,7 +53,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from addon.dialects import JsonEventNormalizer, int_field, str_field
+from addon.dialects import JsonEventNormalizer, OpenBlocks, int_field, str_field
 from addon.events import (
     Event,
     Finding,
@@ -63,7 +63,6 @@ from addon.events import (
     StreamEnd,
     StreamError,
     TextDelta,
-    TextEnd,
     ToolCallDelta,
     Usage,
 )
@@ -185,6 +184,8 @@ class ResponsesNormalizer(JsonEventNormalizer):
         self.items_done: set[int] = set()
         self.item_places: dict[str, int] = {}  # item id -> its output_index
         self.part_types: dict[tuple[str, int], str] = {}  # (item id, content_index) -> part type
+        self.blocks = OpenBlocks()  # the parts that got text, by item, for interleaving
+        self.fast_part: Any = None  # the open part whose text deltas text_of may read alone
 
     # -- dispatch -------------------------------------------------------------------------
 
@@ -217,6 +218,8 @@ class ResponsesNormalizer(JsonEventNormalizer):
         if type(delta) is not str or not delta:
             return None
         key = (self._item_id(obj), "content", int_field(obj, "content_index") or 0)
+        if key != self.fast_part and self._enter(key, "text", "content"):
+            return None  # (interleaved: on_json reads it, with the finding)
         got = self.parts.get(key)
         if got is None:
             self.parts[key] = [delta]
@@ -328,10 +331,21 @@ class ResponsesNormalizer(JsonEventNormalizer):
 
     def _item_done(self, obj: dict[str, Any], out: list[Event]) -> None:
         item = obj.get("item")
+        item_id = item.get("id") if isinstance(item, dict) else None
+        item_id = item_id if isinstance(item_id, str) else self._item_id(obj)
+        self.blocks.end_group(item_id)  # (its parts are whole, whether or not their done events came)
+        if self.fast_part is not None and self.fast_part[0] == item_id:
+            self.fast_part = None
         if isinstance(item, dict):
             if self.keeps_delivered:
                 self._keep_item(int_field(obj, "output_index"), item, done=True)
             self._settle_item(item, int_field(obj, "output_index"), None, out)
+
+    def _part_ended(self, key: tuple[str, str, int]) -> None:
+        """A part's done event: its text is whole (:class:`~addon.dialects.OpenBlocks`)."""
+        self.blocks.end(key)
+        if key == self.fast_part:
+            self.fast_part = None
 
     def _part_added(self, obj: dict[str, Any], out: list[Event]) -> None:
         """``response.content_part.added``: which kind of part (text or refusal) an open
@@ -499,7 +513,15 @@ class ResponsesNormalizer(JsonEventNormalizer):
             self.parts[key] = [delta]
         else:
             got.append(delta)
+        out += self._enter(key, kind, space)
         out.append(TextDelta(delta, 0, kind))
+
+    def _enter(self, key: tuple[str, str, int], kind: str, space: str) -> list[Event]:
+        """Text of ``kind`` for part ``key``: noted, a finding when interleaved (:class:`~addon.dialects.OpenBlocks`)."""
+        found = self.blocks.text(key, kind, key[0])
+        if kind == "text" and space == "content":
+            self.fast_part = None if found else key
+        return found
 
     def _text_delta(self, obj: dict[str, Any], out: list[Event]) -> None:
         self._delta(obj, out, "content", "content_index", "text")
@@ -518,7 +540,7 @@ class ResponsesNormalizer(JsonEventNormalizer):
         if isinstance(full, str):
             key = (self._item_id(obj), space, int_field(obj, index_field) or 0)
             self._settle_text(key, full, kind, out)
-            out.append(TextEnd(0, kind))
+            self._part_ended(key)
 
     def _text_done(self, obj: dict[str, Any], out: list[Event]) -> None:
         self._done(obj, out, "content", "content_index", "text", "text")
@@ -544,7 +566,7 @@ class ResponsesNormalizer(JsonEventNormalizer):
             space, index_field = PART_SPACE.get(part_type, ("content", "content_index"))
             key = (self._item_id(obj), space, int_field(obj, index_field) or 0)
             self._settle_text(key, text, field_kind[1], out)
-            out.append(TextEnd(0, field_kind[1]))
+            self._part_ended(key)
 
     def _arguments_delta(self, obj: dict[str, Any], out: list[Event]) -> None:
         delta = obj.get("delta")

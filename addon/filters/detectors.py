@@ -59,7 +59,6 @@ NOT_WORD = rf"[^{WORD}]"
 SPACE = "[\t\n\x0b\x0c\r\x1c-\x1f \x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000]"
 
 _UNANCHORED = re2._Anchor.UNANCHORED
-_ANCHOR_START = re2._Anchor.ANCHOR_START
 _NO_MATCH = (-1, -1)
 
 
@@ -81,12 +80,6 @@ def spans(regex: Any, data: bytes, pos: int) -> list[tuple[int, int]]:
     it makes underneath (google-re2's ``_Regexp._regexp.Match``).
     """
     result: list[tuple[int, int]] = regex._regexp.Match(_UNANCHORED, data, pos, len(data))
-    return result
-
-
-def spans_at(regex: Any, data: bytes, pos: int) -> list[tuple[int, int]]:
-    """As :func:`spans`, for a match that starts at ``pos``."""
-    result: list[tuple[int, int]] = regex._regexp.Match(_ANCHOR_START, data, pos, len(data))
     return result
 
 

@@ -48,6 +48,9 @@ Failure = Literal["open", "closed"]
 DEFAULT_TIME_BUDGET = 0.005  # seconds a user filter may take per call
 
 StreamKey = tuple[int, str, str | None]  # (choice, kind, tool_key)
+# The most streams one exchange's output is checked as: choices times kinds of text, and
+# two per tool call (the record keeps 128 choices and 4096 calls, addon.record).
+MAX_STREAMS = 4096
 
 
 @dataclass(frozen=True, slots=True)
@@ -277,9 +280,10 @@ class OutputGuard:
         """The end of the response: :meth:`flush` every stream seen, by its key."""
         return {key: self.flush(choice=key[0], kind=key[1], tool_key=key[2]) for key in list(self._streams)}
 
-    def streams(self) -> list[StreamKey]:
-        """The streams seen so far."""
-        return list(self._streams)
+    def takes(self, key: StreamKey) -> bool:
+        """Whether a piece of stream ``key`` can be checked: a stream seen, or room for a
+        new one (:data:`MAX_STREAMS`: each holds a scanner, and an upstream names them)."""
+        return key in self._streams or len(self._streams) < MAX_STREAMS
 
     def progress(self, key: StreamKey) -> tuple[int, int]:
         """How many characters of a stream were fed, and how many released."""

@@ -31,6 +31,7 @@ from typing import Any
 import msgpack
 import orjson
 
+from addon import json_read
 from addon.framing import Frame, Framing, register
 
 RS = 0x1E  # the ASCII Record Separator that ends every JSON record
@@ -103,8 +104,8 @@ def _json_record(raw: bytes, handshake: bool) -> tuple[HubMessage | None, str | 
     except UnicodeDecodeError:
         text = raw.decode("utf-8", "replace")
     try:
-        obj = orjson.loads(text)
-    except orjson.JSONDecodeError as exc:
+        obj, _ = json_read.loads(text)  # (as JavaScript's JSON.parse takes it: a lone surrogate escape too)
+    except ValueError as exc:
         return None, f"a record that is not JSON ({str(exc)[:120]})"
     if not isinstance(obj, dict):
         return None, f"a record that is a JSON {type(obj).__name__}, not an object"

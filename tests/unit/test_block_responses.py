@@ -920,6 +920,17 @@ def test_a_held_answer_is_replaced_by_the_apis_filtered_answer_with_its_id_and_u
     assert TEXT.encode() not in replacement.body and "tök" not in replacement.body.decode()
 
 
+@pytest.mark.parametrize("name", WHOLE)
+def test_a_whole_answer_only_lenient_readers_take_is_read_as_the_sdks_read_it(name: str) -> None:
+    """The SDKs' ``json.loads`` takes NaN where orjson does not: read as not JSON, the
+    answer's text was neither recorded nor checked (a held answer went out unchecked)."""
+    case = CASES[name]
+    answer = orjson.dumps(WHOLE[name][0](case.request | {"stream": False}, Scenario.parse("")))
+    row = read(case, answer[:-1] + b',"zz":NaN}', event_stream=False)
+    assert row["output_text"] and row["output_text"] == read(case, answer, event_stream=False)["output_text"]
+    assert codes(row) == ["lenient_json"]
+
+
 def test_the_sdks_read_a_replaced_answer_as_their_apis_filtered_answer(upstream: Upstream) -> None:
     client = openai_client(upstream.serve(filtered("openai-chat")[0]))
     chat = client.chat.completions.create(model="gpt-4o", messages=MESSAGES)

@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import copy
 import gzip
+import itertools
 import random
+import re
 import zlib
 from typing import Any
 
@@ -161,6 +163,27 @@ def test_a_blocked_word_cut_across_events_never_reaches_the_client(name: str) ->
         assert row["bytes_to_client"] == len(received) and codes(row) == []
 
 
+def lenient(body: bytes, value: bytes) -> bytes:
+    """Each event's JSON object with one more member only lenient readers take (the SDKs' do)."""
+    return re.sub(rb"\}(\r?\n\r?\n)", lambda m: b',"zz":' + value + b"}" + m.group(1), body)
+
+
+@pytest.mark.parametrize("value", [b"NaN", b"1e400", b'"\\ud800"'])
+@pytest.mark.parametrize("name", CASES)
+def test_events_only_lenient_readers_take_are_read_and_checked_as_the_sdks_read_them(name: str, value: bytes) -> None:
+    """orjson refuses them, the openai and anthropic SDKs' ``json.loads`` does not (nor
+    JavaScript's ``JSON.parse`` a lone surrogate): skipped as unreadable, their text went
+    to the client past every filter."""
+    case = CASES[name]
+    body = lenient(body_of(case, DIRTY), value)
+    assert WORD in client_text(case, body)
+    for cuts in [[], byte_at_a_time(body)]:
+        sent, row, _ = gated(case, body, cuts, BLOCKING)
+        assert WORD not in client_text(case, b"".join(sent))
+        assert (row["status"], row["error_code"]) == ("blocked", "content_filtered")
+        assert "lenient_json" in codes(row)
+
+
 @pytest.mark.parametrize("name", CASES)
 def test_what_the_client_gets_is_a_well_formed_filtered_stream(name: str) -> None:
     case = CASES[name]
@@ -184,10 +207,15 @@ def test_llm_stream_seq_continues_from_the_last_event_the_client_got() -> None:
     assert (data[-3]["stop_reason"], data[-2]["code"]) == ("content_filter", "content_filtered")
 
 
+@pytest.mark.parametrize("escaped", [False, True])
 @pytest.mark.parametrize("name", ["llm-stream", "openai-chat", "openai-responses", "anthropic-messages", "lmsp"])
-def test_a_blocked_tool_call_argument_is_cut_before_the_client_sees_it(name: str) -> None:
+def test_a_blocked_tool_call_argument_is_cut_before_the_client_sees_it(name: str, escaped: bool) -> None:
+    """``escaped``: the arguments spell the word with a JSON escape (``\\u0056ienna``),
+    which the tool reads as the word: checked as the tool reads them."""
     case = CASES[name]
     body = body_of(case, TOOL)
+    if escaped:  # (the only capital V is the word's; its backslash escaped in the event's JSON string)
+        body = body.replace(b"V", b"\\\\u0056")
     for cuts in [[], byte_at_a_time(body)]:
         sent, row, _ = gated(case, body, cuts, BLOCKING)
         received = b"".join(sent)
@@ -197,15 +225,262 @@ def test_a_blocked_tool_call_argument_is_cut_before_the_client_sees_it(name: str
         assert codes(row) == []  # the cut call is the proxy's doing, not a truncation by upstream
 
 
-def test_the_text_held_at_the_end_of_an_anthropic_text_block_does_not_hold_the_tool_call_back() -> None:
+def _sse(*objs: dict[str, Any], named: bool = False, crlf: bool = False) -> list[bytes]:
+    """One SSE event per object (``event:`` its type when ``named``)."""
+    end = "\r\n\r\n" if crlf else "\n\n"
+    head = (lambda o: f"event: {o['type']}\n") if named else (lambda o: "")
+    return [f"{head(o)}data: {orjson.dumps(o).decode()}{end}".encode() for o in objs]
+
+
+def _chat(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
+    return {
+        "id": "c1",
+        "object": "chat.completion.chunk",
+        "model": "m",
+        "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+    }
+
+
+def _anthropic(*middle: dict[str, Any]) -> list[bytes]:
+    start = {
+        "type": "message_start",
+        "message": {
+            "id": "msg_1",
+            "type": "message",
+            "role": "assistant",
+            "model": "m",
+            "content": [],
+            "usage": {"input_tokens": 1, "output_tokens": 1},
+        },
+    }
+    return _sse(start, *middle, named=True)
+
+
+def _block(index: int, text: str, kind: str = "text") -> list[dict[str, Any]]:
+    return [
+        {"type": "content_block_start", "index": index, "content_block": {"type": kind, kind: ""}},
+        {"type": "content_block_delta", "index": index, "delta": {"type": f"{kind}_delta", kind: text}},
+        {"type": "content_block_stop", "index": index},
+    ]
+
+
+def _gemini(text: str) -> dict[str, Any]:
+    return {
+        "candidates": [{"content": {"role": "model", "parts": [{"text": text}]}, "finishReason": "STOP", "index": 0}]
+    }
+
+
+# A word cut across an end the gate might take for the end of its text, which the
+# clients join across: each SDK concatenates a choice's deltas after a finish_reason,
+# Anthropic's get_final_text joins the text blocks and the SDK reads on after message_stop,
+# Gemini's chunks are each shown and joined.
+ACROSS_ENDS = {
+    "openai-chat, a finish_reason between": (
+        "openai-chat",
+        _sse(
+            _chat({"role": "assistant", "content": "the Nigh"}),
+            _chat({}, "stop"),
+            _chat({"content": "tjar plan"}),
+            _chat({}, "stop"),
+        )
+        + [b"data: [DONE]\n\n"],
+    ),
+    "anthropic, two text blocks": (
+        "anthropic-messages",
+        _anthropic(*_block(0, "the Nigh"), *_block(1, "tjar plan"), {"type": "message_stop"}),
+    ),
+    "anthropic, after message_stop": (
+        "anthropic-messages",
+        _anthropic(*_block(0, "the Nigh")[:2], {"type": "message_stop"}, _block(0, "tjar plan")[1]),
+    ),
+    "anthropic, a tool call between": (
+        "anthropic-messages",
+        _anthropic(
+            *_block(0, "the Nigh"),
+            {
+                "type": "content_block_start",
+                "index": 1,
+                "content_block": {"type": "tool_use", "id": "t", "name": "f", "input": {}},
+            },
+            {"type": "content_block_stop", "index": 1},
+            *_block(2, "tjar plan"),
+            {"type": "message_stop"},
+        ),
+    ),
+    "gemini, a finishReason between": ("gemini", _sse(_gemini("the Nigh"), _gemini("tjar plan"), crlf=True)),
+}
+
+
+@pytest.mark.parametrize("label", ACROSS_ENDS)
+def test_a_word_cut_across_the_end_of_a_block_a_choice_or_the_stream_is_still_one_word(label: str) -> None:
+    name, events = ACROSS_ENDS[label]
+    case, body = CASES[name], b"".join(events)
+    assert WORD in client_text(case, body)  # (our reader joins them, as the SDKs do)
+    for cuts in [[], list(itertools.accumulate(map(len, events[:-1]))), byte_at_a_time(body)]:
+        sent, row, _ = gated(case, body, cuts, BLOCKING)
+        assert WORD not in client_text(case, b"".join(sent)) and row["status"] == "blocked"
+
+
+def test_text_held_at_a_blocks_end_waits_for_more_of_its_stream_or_the_end_of_the_body() -> None:
+    """What could still become a match stays held across a block's end, and the events
+    after it (a tool call) wait with it; at the end of the body it all goes."""
     case = CASES["anthropic-messages"]
-    events = case.stream(case.request, Scenario.parse("events=4&tool=get_weather"))
-    stop = next(i for i, e in enumerate(events) if b"content_block_stop" in e)
-    fs = FilterSet(
-        parse_rules('[[rule]]\nid = "x"\nkind = "regex"\npattern = "z{40}"\naction = "block"'), failure="closed"
+    tool = {
+        "type": "content_block_start",
+        "index": 1,
+        "content_block": {"type": "tool_use", "id": "t", "name": "f", "input": {}},
+    }
+    events = _anthropic(
+        *_block(0, "see the Nigh"), tool, {"type": "content_block_stop", "index": 1}, {"type": "message_stop"}
     )
-    sent, _, _ = gated(case, b"".join(events), [sum(map(len, events[: stop + 1]))], fs)
-    assert sent[0] == b"".join(events[: stop + 1])  # the block's end released all its text at once
+    body = b"".join(events)
+    sent, row, _ = gated(case, body, list(itertools.accumulate(map(len, events[:-1]))), BLOCKING)
+    assert b"".join(sent) == body and row["status"] == "completed"
+    assert b"tool_use" not in b"".join(sent[:-1]) and b"tool_use" in sent[-1]
+
+
+def _responses_delta(n: int, item: str, text: str) -> dict[str, Any]:
+    return {
+        "type": "response.output_text.delta",
+        "sequence_number": n,
+        "item_id": item,
+        "output_index": int(item == "b"),
+        "content_index": 0,
+        "delta": text,
+    }
+
+
+def _responses_item(n: int, item: str, done: bool = False) -> dict[str, Any]:
+    kind = "response.output_item.done" if done else "response.output_item.added"
+    return {
+        "type": kind,
+        "sequence_number": n,
+        "output_index": int(item == "b"),
+        "item": {"id": item, "type": "message", "role": "assistant", "content": []},
+    }
+
+
+# Text of one kind for two blocks open at once: each client puts each block together on
+# its own (the word is whole in block 0), the filters read it in arrival order.
+INTERLEAVED = {
+    "anthropic blocks": (
+        "anthropic-messages",
+        _anthropic(
+            _block(0, "")[0],
+            _block(1, "")[0],
+            {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "the Nigh"}},
+            {"type": "content_block_delta", "index": 1, "delta": {"type": "text_delta", "text": "x"}},
+            {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "tjar plan"}},
+            _block(0, "")[2],
+            _block(1, "")[2],
+            {"type": "message_stop"},
+        ),
+    ),
+    "responses items": (
+        "openai-responses",
+        _sse(
+            {
+                "type": "response.created",
+                "sequence_number": 0,
+                "response": {"id": "r", "object": "response", "status": "in_progress", "model": "m", "output": []},
+            },
+            _responses_item(1, "a"),
+            _responses_item(2, "b"),
+            _responses_delta(3, "a", "the Nigh"),
+            _responses_delta(4, "b", "x"),
+            _responses_delta(5, "a", "tjar plan"),
+            named=True,
+        ),
+    ),
+    "chat reasoning fields": (
+        "openai-chat",
+        _sse(
+            _chat({"role": "assistant", "reasoning_content": "the Nigh", "reasoning": "a"}),
+            _chat({"reasoning_content": "tjar plan", "reasoning": "b"}),
+            _chat({"content": "ok"}, "stop"),
+        )
+        + [b"data: [DONE]\n\n"],
+    ),
+}
+
+
+@pytest.mark.parametrize("failure", ["closed", "open"])
+@pytest.mark.parametrize("label", INTERLEAVED)
+def test_text_of_two_open_blocks_interleaved_follows_the_failure_policy(label: str, failure: str) -> None:
+    name, events = INTERLEAVED[label]
+    case, body = CASES[name], b"".join(events)
+    for cuts in [[], list(itertools.accumulate(map(len, events[:-1])))]:
+        sent, row, _ = gated(case, body, cuts, FilterSet(BLOCK_RULES, failure=failure))
+        received = b"".join(sent)
+        assert (row["status"] == "blocked") == (failure == "closed") and "text_interleaved" in codes(row)
+        assert (b"tjar plan" in received) == (failure == "open")
+        assert [(v["action"], v["rule_id"]) for v in row["verdicts"]][:1] == [
+            ("block" if failure == "closed" else "flag", "filter_error")
+        ]
+
+
+def test_blocks_one_after_another_are_not_interleaved() -> None:
+    """Sequential blocks (and items whose parts end only with the item) are the normal case."""
+    events = _sse(
+        _responses_item(1, "a"),
+        _responses_delta(2, "a", "one "),
+        _responses_item(3, "a", done=True),
+        _responses_item(4, "b"),
+        _responses_delta(5, "b", "two"),
+        _responses_item(6, "b", done=True),
+        named=True,
+    )
+    _, row, _ = gated(CASES["openai-responses"], b"".join(events), [], BLOCKING)
+    assert "text_interleaved" not in codes(row) and row["verdicts"] == []
+    _, row, _ = gated(
+        CASES["anthropic-messages"], b"".join(_anthropic(*_block(0, "one "), *_block(1, "two"))), [], BLOCKING
+    )
+    assert "text_interleaved" not in codes(row) and row["verdicts"] == []
+
+
+@pytest.mark.parametrize("rules", [BLOCK_RULES, FLAG_RULES])
+def test_more_text_streams_than_the_guard_checks_follow_the_failure_policy(rules) -> None:
+    """Each choice (and tool call) is a stream with its own scanner, and the upstream names
+    them: past MAX_STREAMS the policy decides (closed: blocked), or a gate that only flags
+    says once that the rest went unchecked; memory stays bounded either way."""
+    from addon.filters.engine import MAX_STREAMS
+
+    events = _sse(
+        *(
+            _chat({"content": "x"}) | {"choices": [{"index": i, "delta": {"content": "x"}}]}
+            for i in range(MAX_STREAMS + 50)
+        )
+    )
+    sent, row, auditor = gated(CASES["openai-chat"], b"".join(events), [], FilterSet(rules, failure="closed"))
+    assert (row["status"] == "blocked") == (rules is BLOCK_RULES) and "record_limit" in codes(row)
+    assert [v["rule_id"] for v in row["verdicts"]] == ["filter_error"]
+    assert len(auditor.gate.guard._streams) == MAX_STREAMS
+
+
+def _gunzip_members(data: bytes) -> bytes:
+    """What a client decodes of a body of gzip members, as far as it came."""
+    out = b""
+    while data:
+        d = zlib.decompressobj(zlib.MAX_WBITS | 16)
+        out += d.decompress(data)
+        if not d.eof:
+            break
+        data = d.unused_data
+    return out
+
+
+@pytest.mark.parametrize("cut", [None, 4096])
+def test_a_blocked_word_after_many_empty_gzip_members_is_still_blocked(cut: int | None) -> None:
+    """A read of the decoder is bounded, so one over empty members returns nothing with
+    work left: a gate that holds must read on until the chunk is decoded (it stopped at
+    the first empty read, and the word went out unchecked)."""
+    case = CASES["llm-stream"]
+    body = gzip.compress(b"", mtime=0) * 2000 + gzip.compress(body_of(case, DIRTY), mtime=0)
+    cuts = [] if cut is None else list(range(cut, len(body), cut))
+    sent, row, _ = gated(case, body, cuts, BLOCKING, encoding="gzip")
+    received = b"".join(sent)
+    assert row["status"] == "blocked"
+    assert len(received) < len(body) and WORD not in client_text(case, _gunzip_members(received))
 
 
 @pytest.mark.parametrize("name", CASES)

@@ -77,11 +77,11 @@ def assert_blocked_everywhere(body: bytes, location: str, secret: str = WORD) ->
 def test_reasoning_under_both_names_is_checked_and_recorded():
     body = chat(
         {"role": "assistant", "content": ""},
-        {"reasoning_content": "I think", "reasoning": f" of {WORD}"},
+        {"reasoning_content": "I think", "reasoning": f" of {WORD}."},
         {"content": "Done."},
     )
-    row = assert_blocked_everywhere(body, "output.choices[0].reasoning")
-    assert row["output"]["choices"][0]["reasoning"] == f"I think of {WORD}"
+    row = assert_blocked_everywhere(body, "output.choices[0].reasoning")  # (before the two texts are interleaved)
+    assert row["output"]["choices"][0]["reasoning"] == f"I think of {WORD}."
     clean = chat({"reasoning_content": "I think", "reasoning": "I think"}, {"content": "Done."})
     sent, row, _ = gated(CHAT, clean, [], BLOCKING)
     assert b"".join(sent) == clean and row["output"]["choices"][0]["reasoning"] == "I think"
