@@ -10,7 +10,9 @@ database backends. Each case got through before:
   answer;
 - strings outside the answer text (reasoning under both names, a tool call's name, an
   error message, an unknown content part, a Responses final text that differs from the
-  deltas), sent as exact upstream bytes (the mock's ``raw``).
+  deltas), sent as exact upstream bytes (the mock's ``raw``);
+- (issue 20's review) an event only lenient JSON readers take, a word cut across a
+  ``finish_reason``, a JSON escape in a tool call's arguments: each reached the SDK.
 """
 
 from __future__ import annotations
@@ -236,6 +238,25 @@ CHAT_BYPASSES = {
     "unknown content part": (
         chat({"content": [{"type": "output_text", "text": f"the {WORD} plan"}]}),
         "output.choices[0].text",
+    ),
+    # (issue 20's review) JSON only lenient readers take: the SDK's json.loads reads NaN
+    "event only lenient readers take": (
+        chat({"content": f"the {WORD} plan", "x": float("nan")}),
+        "output.choices[0].text",
+    ),
+    # the SDK joins a choice's deltas after a finish_reason
+    "a finish_reason between the halves": (
+        chat({"content": "the Nigh"}, finish="stop").replace(b"data: [DONE]\n\n", b"") + chat({"content": "tjar plan"}),
+        "output.choices[0].text",
+    ),
+    # the tool reads json.loads of its arguments: \u004e is N
+    "a JSON escape in a tool call's arguments": (
+        chat(
+            {"role": "assistant", "content": None},
+            {"tool_calls": [CALL | {"function": {"name": "f", "arguments": '{"about": "\\u004eightjar"}'}}]},
+            finish="tool_calls",
+        ),
+        "output.tool_calls[0.0].arguments",
     ),
 }
 
