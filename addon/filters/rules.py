@@ -74,6 +74,7 @@ from __future__ import annotations
 
 import re
 import tomllib
+import unicodedata
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -409,7 +410,7 @@ class _Entry:
         if not given:
             self.fail(None, "missing 'keywords'")
         # A keyword is read the way the text is: "Ｎightjar" in the file is "Nightjar".
-        words = sorted(dict.fromkeys(fold(w, view)[0] for w in given), key=len, reverse=True)
+        words = sorted(dict.fromkeys(fold(w, view)[0] for w in _spellings(given, view)), key=len, reverse=True)
         if not words[-1].strip():
             self.fail("keywords", "a keyword is only invisible characters")
         case_sensitive = self.get("case_sensitive", bool, False)
@@ -472,6 +473,20 @@ def _keyword_prefixes(words: list[str], case_sensitive: bool) -> str:
     if len(pattern) > MAX_PREFIX_CHARS:
         raise NoPrefix("too large")
     return pattern if case_sensitive else f"(?i:{pattern})"
+
+
+def _spellings(words: Iterable[str], view: str) -> Iterator[str]:
+    """Each keyword, and (in a normalised view) its composed and decomposed spellings.
+
+    The view maps one character at a time (:mod:`addon.filters.normalize`), so it does
+    not compose ``e`` and a combining U+0301 that follows it: ``Café`` written
+    decomposed, or ``한국`` in conjoining jamo, looks the same and is another string. A
+    keyword matches both whole spellings (not a word mixing the two)."""
+    for word in words:
+        yield word
+        if view != "raw":
+            yield unicodedata.normalize("NFC", word)
+            yield unicodedata.normalize("NFD", word)
 
 
 def _keyword_pattern(word: str, case_sensitive: bool) -> str:

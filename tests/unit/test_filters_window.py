@@ -8,6 +8,7 @@ the same positions and hashes.
 
 from dataclasses import replace
 
+import pytest
 from fixtures.filters.samples import CARDS, EMAILS, IBANS, NOT_CARDS, NOT_IBANS, NOT_SECRETS, SECRETS
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -383,3 +384,26 @@ def test_the_one_search_check_settles_where_the_long_way_does(case, letter):
 def _view_states(scanner):
     """Each view's ``scan_from``, ``hold_from`` and ``safe``."""
     return [(v.scan_from, v.hold_from, v.safe) for v in scanner._views]
+
+
+ACCENTED = parse_rules('[[rule]]\nid = "names"\nkind = "keywords"\nkeywords = ["Café", "한국"]\naction = "block"')
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "at the Cafe\u0301 now",
+        "at the Café now",
+        "in \u1112\u1161\u11ab\u1100\u116e\u11a8 now",
+        "in 한국 now",
+        "CAFE\u0301!",
+    ],
+)
+def test_a_keyword_is_matched_composed_and_decomposed_wherever_the_stream_is_cut(text: str) -> None:
+    """The view maps one character at a time, so ``e`` and a combining U+0301 after it
+    stay two characters: the decomposed spelling of a keyword (which looks the same) went
+    through. Each cut, between a letter and its mark too: blocked, nothing of it released."""
+    start = next(i for i in range(len(text)) if text[i : i + 1].lower() in "c\u1112한")
+    for cuts in [[], *([i] for i in range(1, len(text)))]:
+        released, verdicts, _ = run(ACCENTED, text, cuts)
+        assert [v.rule_id for v in verdicts] == ["names"] and len(released) <= start, cuts
