@@ -94,6 +94,7 @@ ERRORS = {
 }
 ROLES = {1: "user", 2: "assistant"}  # ConversationMessage.type: HUMAN, AI
 SERVER_PROMPT_CHARS = 8192
+MAX_PROMPTS = 64  # server prompts remembered as reported, per stream (the upstream names them)
 MESSAGE_STRINGS = 100_000  # (no count limit of its own: the budget of strings() bounds the work)
 MESSAGE_CHARS = 256 * 1024  # a string of a tool result or action kept in the request's messages
 
@@ -291,7 +292,8 @@ class CursorNormalizer(RpcNormalizer):
         if prompt:
             digest = hashlib.sha256(prompt.encode()).hexdigest()
             if digest not in self.prompts:
-                self.prompts.add(digest)
+                if len(self.prompts) < MAX_PROMPTS:  # (past them each is a finding again: the record counts those)
+                    self.prompts.add(digest)
                 size = len(prompt.encode())
                 detail = f"{size} bytes, sha256 {digest}: {clean(prompt[:SERVER_PROMPT_CHARS])}"
                 out.append(Finding("server_prompt", detail))

@@ -202,6 +202,21 @@ def test_stream_chat_text_and_the_server_prompt_at_every_split():
     assert row["event_count"] == 5
 
 
+def test_the_server_prompts_remembered_as_reported_are_bounded():
+    """The upstream names its prompts: a stream of distinct ones grew a set of digests
+    without end; past MAX_PROMPTS each is a finding again, which the record counts."""
+    from addon.dialects.cursor import MAX_PROMPTS, CursorNormalizer
+
+    prompts = [env(f(5, f"prompt {i}")) for i in range(MAX_PROMPTS + 10)]
+    row = audit(genv(f(4, "")) + b"".join(prompts) + b"".join(prompts[:3]) + end_stream(), STREAM_CHAT, headers=GZIP)
+    assert "more not listed" in row["findings"][-1]["detail"] and codes(row).count("server_prompt") == 21
+    normalizer = DIALECT.normalizer(DIALECT.summarize(None, view(STREAM_CHAT)))
+    assert isinstance(normalizer, CursorNormalizer)
+    for i in range(MAX_PROMPTS * 10):
+        normalizer._chat(parse(f(5, f"prompt {i}")), [])
+    assert len(normalizer.prompts) == MAX_PROMPTS
+
+
 UNIFIED_BODY = (
     env(m(5, f(1, "pad")))
     + env(m(2, m(25, f(1, "Let me think."))))
