@@ -365,7 +365,16 @@ class StreamAuditor:
         if self.record is not None and code == "decode_failed":
             self.record.add_finding(code, reason)
         self._over_budget = code == "inspection_stopped"
-        self._unreadable(f"the body cannot be inspected: {reason}")
+        gate, raw = self.gate, self._raw_chunk
+        if gate is not None and gate.holds and not gate.split_raw and raw is not None:
+            # The compressed chunk in hand did not decode whole: handed over now, it would
+            # count as checked (all it decoded to was) and go out. The policy decides first.
+            self._raw_chunk = None
+            self._unreadable(f"the body cannot be inspected: {reason}")
+            if gate.blocked is None:  # (open: it goes, unchecked)
+                self._raw_chunk = raw
+        else:
+            self._unreadable(f"the body cannot be inspected: {reason}")
         self._fresh_reader()
 
     def _frame(self, gate: OutputGate, data: bytes) -> None:

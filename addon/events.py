@@ -84,6 +84,7 @@ class ToolCallDelta:
     name: str | None = None
     choice: int = 0
     complete: bool = False
+    free_form: bool = False  # the arguments are free text (a Responses custom tool's input), not JSON
 
 
 @dataclass(frozen=True, slots=True)

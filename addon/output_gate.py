@@ -125,6 +125,7 @@ class OutputGate:
         self._sent = 0  # the decoded offset the chunks sent so far reach
         self._escapes: dict[StreamKey, JsonEscapes] = {}  # each tool call's arguments, read as the tool reads them
         self._uncounted = False  # (a gate that only flags) said that streams past MAX_STREAMS went unchecked
+        self._writing: StreamKey | None = None  # the stream the last text was of (see _check)
 
     # -- input ----------------------------------------------------------------------------
 
@@ -215,7 +216,7 @@ class OutputGate:
         """The current turn ended without a frame saying so (the proxy's idle end of a
         turn), for a gate that holds nothing: its text is whole, as at a turn's end marker."""
         if self.blocked is None:
-            self._settle(self.guard.flush_all().values())
+            self._end_turn([])
 
     def unreadable(self, reason: str) -> None:
         """The output cannot be checked (an event too large to parse): the failure policy decides.
@@ -320,19 +321,25 @@ class OutputGate:
         no place to stop looking for a match, since the clients join the text across them
         (the SDKs concatenate a choice's deltas after a ``finish_reason``, Anthropic's
         ``get_final_text`` joins the text blocks, and they read on after
-        ``message_stop``). So a match cut across any of them is still one match, and the
-        text held at such an end waits for more of its stream or for the end of the body.
-        Names and error messages arrive whole and are checked whole."""
+        ``message_stop``). So a match cut across any of them is still one match. What a
+        stream holds waits only while that stream is being written: when another's text
+        comes (a tool call after the text, the answer after the reasoning) it goes, so
+        the other's bytes are not held behind it for the rest of the answer, and the
+        stream is still read as one text (:meth:`StreamScanner.let_go`). Names and error
+        messages arrive whole and are checked whole."""
         match ev:
             case TextDelta(text=text, choice=choice, kind=kind):
                 self._feed((choice, kind, None), text, needs)
             case ShownText(text=text, choice=choice, kind=kind) | TextSnapshot(text=text, choice=choice, kind=kind):
                 self._whole((choice, kind, None), text, needs)
-            case ToolCallDelta(key=key, arguments=arguments, name=name, choice=choice):
+            case ToolCallDelta(key=key, arguments=arguments, name=name, choice=choice, free_form=free_form):
                 if name:
                     self._whole((choice, "tool_name", key), name, needs)
                 if arguments:
                     stream = (choice, "tool_arguments", key)
+                    if free_form:  # (a custom tool's input: free text, read as it is)
+                        self._feed(stream, arguments, needs)
+                        return
                     escapes = self._escapes.get(stream)
                     if escapes is None and self.guard.takes(stream):
                         escapes = self._escapes[stream] = JsonEscapes()
@@ -344,7 +351,7 @@ class OutputGate:
                 if message:
                     self._whole((0, "error", None), message, needs)
             case TurnEnd():  # (a turn's end: its answer is whole, nothing waits for more)
-                self._settle(self.guard.flush_all().values())
+                self._end_turn(needs)
             case Finding(code="text_interleaved"):  # (what the filters read is not what the client shows)
                 self.unreadable("text of two blocks of one kind came interleaved")
 
@@ -352,6 +359,10 @@ class OutputGate:
         if not self.guard.takes(stream):
             self._too_many()
             return
+        if stream != self._writing:  # (another stream's bytes must not wait behind what this one held)
+            if self._writing is not None:
+                self.guard.let_go(self._writing)
+            self._writing = stream
         choice, kind, tool_key = stream
         self._settle([self.guard.feed(text, choice=choice, kind=kind, tool_key=tool_key)])
         needs.append((stream, self.guard.progress(stream)[0]))  # released up to here: the event may go
@@ -360,6 +371,22 @@ class OutputGate:
         """A string that arrives whole (a name, a message): checked and released at once."""
         self._feed(stream, text, needs)
         self._flush(stream)
+
+    def _end_turn(self, needs: list[tuple[StreamKey, int]]) -> None:
+        """A turn's end: every stream is checked to its end and all its text released, and
+        the next turn's streams start afresh (a long stream of turns would otherwise
+        count every stream of every turn against MAX_STREAMS, and keep their scanners).
+        What the frames held so far wait for is released: they need nothing now."""
+        self._settle(self.guard.flush_all().values())
+        if self.blocked is not None:
+            return
+        for held in self._held:
+            if held.needs is not None:
+                held.needs = []
+        needs.clear()
+        self.guard.forget()
+        self._escapes.clear()
+        self._writing = None
 
     def _too_many(self) -> None:
         """An answer with more text streams (choices, tool calls) than the guard checks:

@@ -89,7 +89,11 @@ def fingerprint(secret: str) -> str:
     value = secret.strip()
     if value.lower().startswith(SCHEMES):
         value = value.split(" ", 1)[1].strip()
-    return "sha256:" + hashlib.sha256(value.encode("utf-8", "surrogateescape")).hexdigest()[:16]
+    try:  # (the bytes mitmproxy decoded with surrogateescape, as they came)
+        raw = value.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:  # (a lone surrogate a lenient JSON reader made of an escape)
+        raw = value.encode("utf-8", "surrogatepass")
+    return "sha256:" + hashlib.sha256(raw).hexdigest()[:16]
 
 
 def is_credential_name(name: str) -> bool:
@@ -108,8 +112,15 @@ def is_credential_param(name: str) -> bool:
 
 
 def holds_secret(value: str) -> bool:
-    """Rule 3: the value carries a credential the ``secrets`` detector knows."""
-    return _SECRETS.search(value) is not None
+    """Rule 3: the value carries a credential the ``secrets`` detector knows.
+
+    RE2 reads UTF-8, which a lone surrogate has none of (lenient JSON readers make them
+    from ``\\ud800``, mitmproxy from undecodable header bytes): such a character is read
+    as U+FFFD, which is part of no credential."""
+    try:
+        return _SECRETS.search(value) is not None
+    except UnicodeEncodeError:
+        return _SECRETS.search(value.encode("utf-8", "replace").decode()) is not None
 
 
 def redacted(value: str) -> str:

@@ -185,6 +185,7 @@ class ResponsesNormalizer(JsonEventNormalizer):
         self.item_places: dict[str, int] = {}  # item id -> its output_index
         self.part_types: dict[tuple[str, int], str] = {}  # (item id, content_index) -> part type
         self.blocks = OpenBlocks()  # the parts that got text, by item, for interleaving
+        self.free_form: set[str] = set()  # custom tool calls: their input is free text, not JSON
         self.fast_part: Any = None  # the open part whose text deltas text_of may read alone
 
     # -- dispatch -------------------------------------------------------------------------
@@ -319,7 +320,10 @@ class ResponsesNormalizer(JsonEventNormalizer):
         elif index is not None:
             self.item_at[index] = item_id
         self.opened.add(item_id)
-        payload = CALL_PAYLOAD.get(str_field(item, "type") or "")
+        kind = str_field(item, "type") or ""
+        payload = CALL_PAYLOAD.get(kind)
+        if kind == "custom_tool_call":
+            self.free_form.add(item_id)
         if payload is not None:
             # Announce the call so that it keeps its place; arguments follow as deltas
             # (an added item whose arguments are already there counts as a first delta).
@@ -485,6 +489,8 @@ class ResponsesNormalizer(JsonEventNormalizer):
         if isinstance(full, str) and have != full and full.startswith(have):
             tail = full[len(have) :]
             have = full
+        elif isinstance(full, str) and have != full:  # (the client's SDK may take these: checked too)
+            self._disagreement((item_id, "arguments", 0), full, "arguments", out, finding=True)
         self.arguments[item_id] = [have]
         call_id = name = None
         if item is not None:
@@ -499,7 +505,11 @@ class ResponsesNormalizer(JsonEventNormalizer):
             if item_id not in self.undeclared:
                 self.undeclared.add(item_id)
                 out.append(Finding("undeclared_tool", name))
-        out.append(ToolCallDelta(item_id, arguments, id=call_id, name=name, complete=whole))
+        out.append(
+            ToolCallDelta(
+                item_id, arguments, id=call_id, name=name, complete=whole, free_form=item_id in self.free_form
+            )
+        )
 
     # -- deltas and their done events ------------------------------------------------------
 
@@ -578,12 +588,18 @@ class ResponsesNormalizer(JsonEventNormalizer):
             self.arguments[item_id] = [delta]
         else:
             got.append(delta)
-        out.append(ToolCallDelta(item_id, delta))
+        out.append(ToolCallDelta(item_id, delta, free_form=item_id in self.free_form))
+
+    def _input_delta(self, obj: dict[str, Any], out: list[Event]) -> None:
+        """A custom tool's input: free text, read as it is (not as JSON)."""
+        self.free_form.add(self._item_id(obj))
+        self._arguments_delta(obj, out)
 
     def _arguments_done(self, obj: dict[str, Any], out: list[Event]) -> None:
         self._settle_call(self._item_id(obj), obj.get("arguments"), None, True, out)
 
     def _input_done(self, obj: dict[str, Any], out: list[Event]) -> None:
+        self.free_form.add(self._item_id(obj))
         self._settle_call(self._item_id(obj), obj.get("input"), None, True, out)
 
 
@@ -623,7 +639,7 @@ _HANDLERS = {
     "response.reasoning_summary_part.done": ResponsesNormalizer._part_done,
     "response.function_call_arguments.delta": ResponsesNormalizer._arguments_delta,
     "response.function_call_arguments.done": ResponsesNormalizer._arguments_done,
-    "response.custom_tool_call_input.delta": ResponsesNormalizer._arguments_delta,
+    "response.custom_tool_call_input.delta": ResponsesNormalizer._input_delta,
     "response.custom_tool_call_input.done": ResponsesNormalizer._input_done,
     "error": ResponsesNormalizer._error,
 }

@@ -280,6 +280,17 @@ class OutputGuard:
         """The end of the response: :meth:`flush` every stream seen, by its key."""
         return {key: self.flush(choice=key[0], kind=key[1], tool_key=key[2]) for key in list(self._streams)}
 
+    def let_go(self, key: StreamKey) -> None:
+        """Release what stream ``key`` holds, still reading it as one text (:meth:`StreamScanner.let_go`)."""
+        stream = self._streams.get(key)
+        if stream is not None and self.blocked is None:
+            stream.scanner.let_go()
+
+    def forget(self) -> None:
+        """A turn is over and every stream flushed: the next turn's streams start afresh
+        (on a stream of turns one guard lasts for the whole body)."""
+        self._streams.clear()
+
     def takes(self, key: StreamKey) -> bool:
         """Whether a piece of stream ``key`` can be checked: a stream seen, or room for a
         new one (:data:`MAX_STREAMS`: each holds a scanner, and an upstream names them)."""

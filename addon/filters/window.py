@@ -471,6 +471,14 @@ class StreamScanner:
             view.end_block()
         return released, verdicts
 
+    def let_go(self) -> str:
+        """Another stream of the answer came (a tool call after the text, the answer after
+        the reasoning): what this one holds goes now, so that the other's bytes are not
+        held behind it, but it is still read with whatever of it follows: a match across
+        the break is found and blocks the rest (the client then has only the part before
+        the break, which matched nothing on its own)."""
+        return self._release(self._length)
+
     def _check(self, view: _View, final: bool, verdicts: list[Verdict]) -> None:
         found, blocked = view.check(final, self._length, self._location)
         verdicts.extend(found)

@@ -321,22 +321,37 @@ def test_a_word_cut_across_the_end_of_a_block_a_choice_or_the_stream_is_still_on
         assert WORD not in client_text(case, b"".join(sent)) and row["status"] == "blocked"
 
 
-def test_text_held_at_a_blocks_end_waits_for_more_of_its_stream_or_the_end_of_the_body() -> None:
-    """What could still become a match stays held across a block's end, and the events
-    after it (a tool call) wait with it; at the end of the body it all goes."""
+@pytest.mark.parametrize("after", ["tool call", "answer after the reasoning"])
+def test_what_a_stream_holds_goes_when_another_streams_text_comes(after: str) -> None:
+    """What could still become a match at the end of a block is not held while another
+    stream is written (held, it kept every later event, a whole tool call or the whole
+    answer, until the end of the body); the stream is still read as one text (a word
+    cut across the other stream's text is blocked: ACROSS_ENDS)."""
     case = CASES["anthropic-messages"]
-    tool = {
-        "type": "content_block_start",
-        "index": 1,
-        "content_block": {"type": "tool_use", "id": "t", "name": "f", "input": {}},
-    }
-    events = _anthropic(
-        *_block(0, "see the Nigh"), tool, {"type": "content_block_stop", "index": 1}, {"type": "message_stop"}
-    )
+    if after == "tool call":
+        first = _block(0, "see the Nigh")
+        then = [
+            {
+                "type": "content_block_start",
+                "index": 1,
+                "content_block": {"type": "tool_use", "id": "t", "name": "f", "input": {}},
+            },
+            {
+                "type": "content_block_delta",
+                "index": 1,
+                "delta": {"type": "input_json_delta", "partial_json": '{"a": 1}'},
+            },
+            {"type": "content_block_stop", "index": 1},
+        ]
+    else:
+        first, then = _block(0, "I think of the Nigh", "thinking"), _block(1, "The answer is here.")
+    events = _anthropic(*first, *then, {"type": "message_stop"})
     body = b"".join(events)
     sent, row, _ = gated(case, body, list(itertools.accumulate(map(len, events[:-1]))), BLOCKING)
     assert b"".join(sent) == body and row["status"] == "completed"
-    assert b"tool_use" not in b"".join(sent[:-1]) and b"tool_use" in sent[-1]
+    assert b"".join(sent[:-2]) == b"".join(
+        events[:-1]
+    )  # (each event as it came: sent[-2] is message_stop's, sent[-1] the end's)
 
 
 def _responses_delta(n: int, item: str, text: str) -> dict[str, Any]:
@@ -469,17 +484,30 @@ def _gunzip_members(data: bytes) -> bytes:
     return out
 
 
-@pytest.mark.parametrize("cut", [None, 4096])
-def test_a_blocked_word_after_many_empty_gzip_members_is_still_blocked(cut: int | None) -> None:
+@pytest.mark.parametrize("failure", ["closed", "open"])
+@pytest.mark.parametrize("members", [60, 2000])
+@pytest.mark.parametrize("cut", [None, 512])
+def test_a_blocked_word_after_many_empty_gzip_members_is_still_blocked(
+    cut: int | None, members: int, failure: str
+) -> None:
     """A read of the decoder is bounded, so one over empty members returns nothing with
     work left: a gate that holds must read on until the chunk is decoded (it stopped at
-    the first empty read, and the word went out unchecked)."""
+    the first empty read, and the word went out unchecked). Past MAX_EMPTY_MEMBERS the
+    body is not read further and the policy decides; the chunk whose decoding stopped
+    must not count as checked (it went out whole under ``closed``)."""
     case = CASES["llm-stream"]
-    body = gzip.compress(b"", mtime=0) * 2000 + gzip.compress(body_of(case, DIRTY), mtime=0)
+    body = gzip.compress(b"", mtime=0) * members + gzip.compress(body_of(case, DIRTY), mtime=0)
     cuts = [] if cut is None else list(range(cut, len(body), cut))
-    sent, row, _ = gated(case, body, cuts, BLOCKING, encoding="gzip")
+    sent, row, _ = gated(case, body, cuts, FilterSet(BLOCK_RULES, failure=failure), encoding="gzip")
     received = b"".join(sent)
-    assert row["status"] == "blocked"
+    rules = [v["rule_id"] for v in row["verdicts"]]
+    if members == 60:  # (within the limit: read, and the word found)
+        assert row["status"] == "blocked" and rules == ["no-code-name"]
+    elif failure == "closed":
+        assert row["status"] == "blocked" and rules == ["filter_error"] and "decode_failed" in codes(row)
+    else:  # (open: it goes unchecked, and the record says so)
+        assert received == body and rules == ["filter_error"] and "decode_failed" in codes(row)
+        return
     assert len(received) < len(body) and WORD not in client_text(case, _gunzip_members(received))
 
 
@@ -608,6 +636,19 @@ def _auditor_of_turns(
         framing=select("application/x-ndjson", 200, "ndjson"),
     )
     return auditor, turns, written
+
+
+def test_each_turn_s_streams_start_afresh_and_none_is_kept_past_its_turn() -> None:
+    """On a stream of turns one gate lasts for the whole body: a turn's end flushed its
+    streams but kept them, so a long agent session counted every tool call of every
+    turn against MAX_STREAMS and was blocked (filter_error) past 4096 of them."""
+    auditor, turns, written = _auditor_of_turns("block", None)
+    for n in range(5):
+        piece = _turn_line(f"turn {n} says hello", False) + _turn_line("", True)
+        sent = auditor.feed(piece)
+        assert sent == piece and not auditor.gate.guard._streams and not auditor.gate._escapes
+    final = [r for r in written if r["status"] != "in_progress"]
+    assert [r["status"] for r in final] == ["completed"] * 5 and all(not r["verdicts"] for r in final)
 
 
 def _through_tap(auditor: StreamAuditor, turns: Turns, chunk: bytes) -> bytes:

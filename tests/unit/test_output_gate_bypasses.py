@@ -17,6 +17,8 @@ import pytest
 from test_block_responses import CASES, Reader, codes, sse_events
 from test_output_gate import BLOCKING, WORD, body_of, byte_at_a_time, client_text, every_cut, gated, some_cuts
 
+from addon.filters.engine import FilterSet
+from addon.filters.rules import parse_rules
 from mockllm.scenario import Scenario
 
 ZWJ, SHY, ZWSP = "\u200d", "\u00ad", "\u200b"
@@ -169,6 +171,48 @@ def test_a_final_text_that_differs_harmlessly_is_a_finding_and_passes():
     sent, row, _ = gated(RESPONSES, body, [], BLOCKING)
     assert b"".join(sent) == body
     assert (row["status"], codes(row), row["output_text"]) == ("completed", ["final_text_mismatch"], "Hello there")
+
+
+def tool_stream(kind: str, deltas: list[str], final: str) -> bytes:
+    """A Responses call item (``function_call``: JSON arguments; ``custom_tool_call``: free-form input)."""
+    field, space = (
+        ("input", "custom_tool_call_input") if kind == "custom_tool_call" else ("arguments", "function_call_arguments")
+    )
+    item = {"id": "c_1", "type": kind, "call_id": "call_1", "name": "apply_patch", field: ""}
+    created = {"id": "resp_1", "object": "response", "status": "in_progress", "model": "m", "output": []}
+    done = item | {field: final, "status": "completed"}
+    return responses(
+        ("response.created", {"response": created}),
+        ("response.output_item.added", {"output_index": 0, "item": item}),
+        *((f"response.{space}.delta", {"item_id": "c_1", "output_index": 0, "delta": d}) for d in deltas),
+        (f"response.{space}.done", {"item_id": "c_1", "output_index": 0, field: final}),
+        ("response.output_item.done", {"output_index": 0, "item": done}),
+        ("response.completed", {"response": created | {"status": "completed", "output": [done]}}),
+    )
+
+
+def test_a_custom_tools_input_is_read_as_the_free_text_it_is():
+    """Not JSON: no escape is decoded in it (``\\f`` in a path is two characters to the
+    tool, ``\\u0061`` in code six); function arguments are JSON and are decoded."""
+    unc = parse_rules('[[rule]]\nid = "share"\nkind = "keywords"\nkeywords = ["fs01\\\\finance"]\naction = "block"')
+    path = "copy \\\\fs01\\finance\\q3.xlsx to the share"
+    sent, row, _ = gated(
+        RESPONSES, tool_stream("custom_tool_call", [path[:12], path[12:]], path), [], FilterSet(unc, failure="closed")
+    )
+    assert row["status"] == "blocked" and [v["rule_id"] for v in row["verdicts"]] == ["share"]
+    code = f'print("{WORD[:-2]}\\u0061r")'
+    body = tool_stream("custom_tool_call", [code], code)
+    sent, row, _ = gated(RESPONSES, body, [], BLOCKING)
+    assert b"".join(sent) == body and row["verdicts"] == []
+    args = f'{{"about": "{WORD[:-2]}\\u0061r"}}'
+    _, row, _ = gated(RESPONSES, tool_stream("function_call", [args], args), [], BLOCKING)
+    assert row["status"] == "blocked"
+
+
+def test_final_arguments_that_differ_from_the_deltas_are_checked():
+    body = tool_stream("function_call", ['{"city": "Paris"}'], f'{{"city": "{WORD}"}}')
+    _, row, _ = gated(RESPONSES, body, [], BLOCKING)
+    assert row["status"] == "blocked" and "final_text_mismatch" in codes(row)
 
 
 def anthropic(*events: dict) -> bytes:

@@ -93,3 +93,43 @@ def test_printed_urls_lose_their_credentials_even_inside_escape_sequences():
     line = "127.0.0.1:5000: POST \x1b[1mhttps://h/v1/x?key=AIzaSECRET&alt=sse\x1b[22m HTTP/2.0"
     printed = redact_printed(line)
     assert "AIzaSECRET" not in printed and "alt=sse" in printed and printed.endswith("\x1b[22m HTTP/2.0")
+
+
+def test_a_value_with_a_lone_surrogate_is_checked_not_raised_on():
+    """RE2 reads UTF-8, and lenient JSON readers make lone surrogates of ``\\ud800``: a
+    Connect or SignalR JSON message carrying one stopped the audit of its stream
+    (UnicodeEncodeError through rpc.clean_json)."""
+    assert redact_headers([("x-note", "a\ud800b")]) == {"x-note": "a\ud800b"}
+    assert redact_headers([("x-note", f"{OPENAI_KEY} \ud800")])["x-note"].startswith("[redacted sha256:")
+
+
+def test_a_connect_json_message_with_a_lone_surrogate_is_recorded_with_the_rest_of_its_stream():
+    import struct
+
+    from addon.auditor import StreamAuditor, summary_into_record
+    from addon.dialects import RequestView
+    from addon.dialects.connect_rpc import DIALECT
+    from addon.framing import select
+    from addon.record import OUTCOME_COMPLETE, ExchangeRecord
+
+    def envelope(flags: int, payload: bytes) -> bytes:
+        return struct.pack(">BI", flags, len(payload)) + payload
+
+    body = [
+        envelope(0, b'{"text":"Hello ","meta":{"note":"\\ud800"}}'),
+        envelope(0, b'{"text":"world"}'),
+        envelope(2, b"{}"),
+    ]
+    view = RequestView("POST", "/acme.ai.v1.ChatService/Generate", "", {"content-type": "application/connect+json"})
+    summary = DIALECT.summarize(None, view)
+    record = ExchangeRecord(dialect=DIALECT.name, streamed=True, http_status=200)
+    summary_into_record(record, summary)
+    normalizer = DIALECT.normalizer(summary)
+    framing = select("application/connect+json", 200, normalizer.framing)
+    auditor = StreamAuditor(record, normalizer, None, 1 << 20, framing=framing, headers=view.headers)
+    assert b"".join(auditor.feed(c) for c in body) + auditor.finish() == b"".join(body)
+    auditor.end()
+    record.finish(OUTCOME_COMPLETE)
+    row = record.to_row()
+    assert row["status"] == "completed" and row["output_text"].endswith("world")
+    assert "audit_internal_error" not in [f["code"] for f in row["findings"]]
