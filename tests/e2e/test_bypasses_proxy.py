@@ -224,7 +224,8 @@ CHAT_BYPASSES = {
         "output.choices[0].text",
     ),
     "reasoning under both names": (
-        chat({"reasoning_content": "I think", "reasoning": f"of {WORD}"}, {"content": "Done."}),
+        # (the word whole in one field: blocked before the two different texts count as interleaved)
+        chat({"reasoning_content": "I think", "reasoning": f"of {WORD}."}, {"content": "Done."}),
         "output.choices[0].reasoning",
     ),
     "tool name": (
