@@ -361,7 +361,7 @@ class OutputGate:
             return
         if stream != self._writing:  # (another stream's bytes must not wait behind what this one held)
             if self._writing is not None:
-                self.guard.let_go(self._writing)
+                self._settle([self.guard.let_go(self._writing)])
             self._writing = stream
         choice, kind, tool_key = stream
         self._settle([self.guard.feed(text, choice=choice, kind=kind, tool_key=tool_key)])

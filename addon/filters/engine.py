@@ -280,11 +280,15 @@ class OutputGuard:
         """The end of the response: :meth:`flush` every stream seen, by its key."""
         return {key: self.flush(choice=key[0], kind=key[1], tool_key=key[2]) for key in list(self._streams)}
 
-    def let_go(self, key: StreamKey) -> None:
-        """Release what stream ``key`` holds, still reading it as one text (:meth:`StreamScanner.let_go`)."""
+    def let_go(self, key: StreamKey) -> Release:
+        """Release what stream ``key`` holds, still reading it as one text (:meth:`StreamScanner.let_go`):
+        the verdicts of a match the break completes."""
         stream = self._streams.get(key)
-        if stream is not None and self.blocked is None:
-            stream.scanner.let_go()
+        if stream is None or self.blocked is not None:
+            return Release()
+        verdicts = stream.scanner.let_go()
+        self.blocked = stream.scanner.blocked
+        return Release("", tuple(verdicts))
 
     def forget(self) -> None:
         """A turn is over and every stream flushed: the next turn's streams start afresh

@@ -250,6 +250,17 @@ class _View:
         # has grown past this, so each character is copied a bounded number of times.
         self.trim_at = 2 * (max(self.plan.keep_back, self.plan.scan_back) + CONTEXT) + 256
 
+    def state(self) -> tuple[Any, ...]:
+        """What a check changes (:meth:`StreamScanner.let_go` checks as if at an end, then undoes it)."""
+        where = None if self.where is None else array("q", self.where)
+        tracks = [(t.resume, t.hits) for t in self.tracks]
+        return (self.buf, self.base, self.length, where, self.scan_from, self.hold_from, self.safe, tracks)
+
+    def restore(self, state: tuple[Any, ...]) -> None:
+        self.buf, self.base, self.length, self.where, self.scan_from, self.hold_from, self.safe, tracks = state
+        for t, (resume, hits) in zip(self.tracks, tracks, strict=True):
+            t.resume, t.hits = resume, hits
+
     def add(self, text: str, start: int) -> None:
         """A piece of the stream that starts at original offset ``start``."""
         view, where = (text, None) if self.fold is None else self.fold(text)
@@ -471,13 +482,29 @@ class StreamScanner:
             view.end_block()
         return released, verdicts
 
-    def let_go(self) -> str:
+    def let_go(self) -> list[Verdict]:
         """Another stream of the answer came (a tool call after the text, the answer after
         the reasoning): what this one holds goes now, so that the other's bytes are not
         held behind it, but it is still read with whatever of it follows: a match across
         the break is found and blocks the rest (the client then has only the part before
-        the break, which matched nothing on its own)."""
-        return self._release(self._length)
+        the break, which matched nothing on its own).
+
+        What holds it may be a match that only its end decides (a keyword waiting for the
+        next character to show it is a whole word): the break is checked as an end first,
+        and a block found so stands. Otherwise the views are put back as they were, so
+        the text after the break is read with the text before it."""
+        if self.blocked is not None:
+            return []
+        saved = [_View.state(view) for view in self._views]
+        verdicts: list[Verdict] = []
+        for view in self._views:
+            self._check(view, True, verdicts)
+        if self.blocked is not None:
+            return verdicts
+        for view, state in zip(self._views, saved, strict=True):
+            view.restore(state)
+        self._release(self._length)
+        return []
 
     def _check(self, view: _View, final: bool, verdicts: list[Verdict]) -> None:
         found, blocked = view.check(final, self._length, self._location)

@@ -354,6 +354,25 @@ def test_what_a_stream_holds_goes_when_another_streams_text_comes(after: str) ->
     )  # (each event as it came: sent[-2] is message_stop's, sent[-1] the end's)
 
 
+def test_a_keyword_that_ends_a_stream_s_text_is_blocked_when_another_stream_comes() -> None:
+    """A keyword at the very end of a text waits for the next character to show it is a
+    whole word; when another stream's text comes instead (a tool call, a suggestion), the
+    break is checked as an end before what was held goes (released unchecked, the word
+    reached Copilot's ChatHub client: e2e test_a_chathub_answer_cut_ends_as_a_filtered_turn)."""
+    tool = {
+        "type": "content_block_start",
+        "index": 1,
+        "content_block": {"type": "tool_use", "id": "t", "name": "f", "input": {}},
+    }
+    events = _anthropic(
+        *_block(0, f"the code is {WORD}"), tool, {"type": "content_block_stop", "index": 1}, {"type": "message_stop"}
+    )
+    body = b"".join(events)
+    for cuts in [[], list(itertools.accumulate(map(len, events[:-1]))), byte_at_a_time(body)]:
+        sent, row, _ = gated(CASES["anthropic-messages"], body, cuts, BLOCKING)
+        assert WORD not in client_text(CASES["anthropic-messages"], b"".join(sent)) and row["status"] == "blocked"
+
+
 def _responses_delta(n: int, item: str, text: str) -> dict[str, Any]:
     return {
         "type": "response.output_text.delta",
