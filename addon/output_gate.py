@@ -336,17 +336,7 @@ class OutputGate:
                 if name:
                     self._whole((choice, "tool_name", key), name, needs)
                 if arguments:
-                    stream = (choice, "tool_arguments", key)
-                    if free_form:  # (a custom tool's input: free text, read as it is)
-                        self._feed(stream, arguments, needs)
-                        return
-                    escapes = self._escapes.get(stream)
-                    if escapes is None and self.guard.takes(stream):
-                        escapes = self._escapes[stream] = JsonEscapes()
-                    if escapes is None:
-                        self._too_many()
-                    else:
-                        self._feed(stream, escapes.feed(arguments), needs)  # (as the tool reads them)
+                    self._arguments((choice, "tool_arguments", key), arguments, free_form, needs)
             case StreamError(message=message):
                 if message:
                     self._whole((0, "error", None), message, needs)
@@ -366,6 +356,21 @@ class OutputGate:
         choice, kind, tool_key = stream
         self._settle([self.guard.feed(text, choice=choice, kind=kind, tool_key=tool_key)])
         needs.append((stream, self.guard.progress(stream)[0]))  # released up to here: the event may go
+
+    def _arguments(
+        self, stream: StreamKey, arguments: str, free_form: bool, needs: list[tuple[StreamKey, int]]
+    ) -> None:
+        """A tool call's arguments, checked as the tool reads them: JSON with its string
+        escapes decoded, or (a custom tool's input) free text as it is."""
+        if not free_form:
+            escapes = self._escapes.get(stream)
+            if escapes is None:
+                if not self.guard.takes(stream):
+                    self._too_many()
+                    return
+                escapes = self._escapes[stream] = JsonEscapes()
+            arguments = escapes.feed(arguments)
+        self._feed(stream, arguments, needs)
 
     def _whole(self, stream: StreamKey, text: str, needs: list[tuple[StreamKey, int]]) -> None:
         """A string that arrives whole (a name, a message): checked and released at once."""

@@ -68,7 +68,9 @@ from addon.dialects import (
     int_field,
     json_object,
     json_strings,
+    lenient_json,
     load_body_json,
+    read_json_object,
     str_field,
 )
 from addon.dialects.blocking import block_message, event_stream, frame, json_response, kept
@@ -208,7 +210,9 @@ class BedrockNormalizer(Normalizer):
             message = getattr(event, "headers", {}).get(":error-message")
             out.append(StreamError(event.event or "error", message if isinstance(message, str) else None))
         else:
-            obj = json_object(event.data)
+            obj, lenient = read_json_object(event.data)
+            if lenient:
+                out.append(lenient_json(event))
             if obj is None:
                 out.append(Finding("invalid_json", f"event {event.event!r}: data is not one JSON object"))
             elif self.converse:

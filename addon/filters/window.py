@@ -493,8 +493,8 @@ class StreamScanner:
         next character to show it is a whole word): the break is checked as an end first,
         and a block found so stands. Otherwise the views are put back as they were, so
         the text after the break is read with the text before it."""
-        if self.blocked is not None:
-            return []
+        if self.blocked is not None or self._released == self._length:
+            return []  # (nothing held: nothing to check or let go, the common case)
         saved = [_View.state(view) for view in self._views]
         verdicts: list[Verdict] = []
         for view in self._views:

@@ -217,6 +217,17 @@ def test_converse_stream_text_reasoning_tool_use_stop_and_usage_at_every_split()
     assert row["findings"] == []
 
 
+def test_an_event_only_lenient_json_readers_take_is_read_with_a_finding():
+    """botocore reads event payloads with json.loads, which takes NaN: the text is read
+    (and checked by the filters), and the record says the JSON was lenient."""
+    text = encode_message(
+        [(":event-type", "contentBlockDelta"), (":content-type", "application/json"), (":message-type", "event")],
+        b'{"contentBlockIndex": 0, "delta": {"text": "Par"}, "x": NaN}',
+    )
+    row = audit(event("messageStart", {"role": "assistant"}) + text)
+    assert row["output_text"] == "Par" and "lenient_json" in [f["code"] for f in row["findings"]]
+
+
 def test_an_exception_message_fails_the_exchange_with_its_type():
     start = event("messageStart", {"role": "assistant"})
     text = event("contentBlockDelta", {"contentBlockIndex": 0, "delta": {"text": "Par"}})
