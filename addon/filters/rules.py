@@ -72,6 +72,7 @@ refuses the whole file with :class:`RulesError`: ``path:line: reason``.
 
 from __future__ import annotations
 
+import itertools
 import re
 import tomllib
 import unicodedata
@@ -178,11 +179,13 @@ class Rule:
 
     def verdict(self, hit: Hit, position: int, location: str = "") -> Verdict:
         """The verdict for a hit at ``position`` of the original text (the hash is of the
-        normalised match, so evasions of one word share its hash)."""
+        normalised match, composed, so evasions of one word and its spellings share its
+        hash)."""
         reason = self.reason or _DEFAULT_REASONS[self.kind]
         if hit.label:
             reason = f"{reason} ({hit.label})"
-        return Verdict(self.action, self.id, reason, position, match_hash(hit.text), FILTER_NAME, location)
+        matched = hit.text if self.view == "raw" else unicodedata.normalize("NFC", hit.text)
+        return Verdict(self.action, self.id, reason, position, match_hash(matched), FILTER_NAME, location)
 
 
 def load_rules(path: str | Path) -> list[Rule | Budget]:
@@ -410,13 +413,13 @@ class _Entry:
         if not given:
             self.fail(None, "missing 'keywords'")
         # A keyword is read the way the text is: "Ｎightjar" in the file is "Nightjar".
-        words = sorted(dict.fromkeys(fold(w, view)[0] for w in _spellings(given, view)), key=len, reverse=True)
-        if not words[-1].strip():
+        spelled = _spelled_keywords(given, view)
+        if any(not "".join(unit[0] for unit in units).strip() for units in spelled):
             self.fail("keywords", "a keyword is only invisible characters")
         case_sensitive = self.get("case_sensitive", bool, False)
         # One alternation, longest first, with word edges that also work for words that
         # start or end with punctuation ("C++"): no letter, digit or _ on either side.
-        words_pattern = "|".join(_keyword_pattern(w, case_sensitive) for w in words)
+        words_pattern = "|".join(_spelled_pattern(units, case_sensitive) for units in spelled)
         try:
             regex = re2.compile(
                 rf"(?:^|{NOT_WORD})(?P<_keyword>{words_pattern})(?:$|{NOT_WORD})", re2_options(case_sensitive)
@@ -425,11 +428,11 @@ class _Entry:
             self.fail("keywords", f"too many or too long keywords for RE2: {_re2_reason(e)}")
         prefix: str | None
         try:
-            prefix = _keyword_prefixes(words, case_sensitive)
+            prefix = _keyword_prefixes(spelled, case_sensitive)
             re2.compile(prefix, re2_options())
         except (NoPrefix, re2.error):  # a long list ("too large"): hold the rule's whole window, as before
             prefix = None
-        span = len(words[0])
+        span = _longest(spelled[0])
         # The words alone find every match: the word edges are Unicode classes, a large
         # automaton, left to the rule's own search.
         gate = words_pattern if case_sensitive else f"(?i:{words_pattern})"
@@ -454,39 +457,104 @@ def _re2_reason(e: Exception) -> str:
 _DOTTED_I = "[iI\u0130\u0131]"
 
 
-def _keyword_prefixes(words: list[str], case_sensitive: bool) -> str:
+def _keyword_prefixes(spelled: list[Spelled], case_sensitive: bool) -> str:
     """The texts a keyword match may still grow from: a word edge (the text's start or a
     character that is no letter, digit or ``_``), then the start of a keyword, at least
-    its first character. The edge is part of the pattern, so a word that merely ends in
-    a keyword's first letters ("Morni" for "nightjar") holds nothing back; the hold
-    starts one character early, at the edge (the window searches ``behind`` characters
-    before where a match may start). :class:`~addon.filters.prefix.NoPrefix` when too large.
+    its first character (or the start of its spelling: the ``e`` of an ``é`` that a
+    U+0301 may still follow). The edge is part of the pattern, so a word that merely
+    ends in a keyword's first letters ("Morni" for "nightjar") holds nothing back; the
+    hold starts one character early, at the edge (the window searches ``behind``
+    characters before where a match may start).
+    :class:`~addon.filters.prefix.NoPrefix` when too large.
     """
     alternatives = []
-    for word in words:
-        units = [_keyword_pattern(ch, case_sensitive) for ch in word]
+    for units in spelled:
         rest = ""
         for unit in reversed(units[1:]):
-            rest = f"(?:{unit}{rest})?"
-        alternatives.append(units[0] + rest)
+            rest = f"(?:{_unit_then(unit, rest, case_sensitive)})?"
+        alternatives.append(f"(?:{_unit_then(units[0], rest, case_sensitive)})")
     pattern = rf"(?:^|{NOT_WORD})(?:{'|'.join(alternatives)})"
     if len(pattern) > MAX_PREFIX_CHARS:
         raise NoPrefix("too large")
     return pattern if case_sensitive else f"(?i:{pattern})"
 
 
-def _spellings(words: Iterable[str], view: str) -> Iterator[str]:
-    """Each keyword, and (in a normalised view) its composed and decomposed spellings.
+# A keyword as the view may show it: for each of its characters, every spelling of that
+# character the view can hold ("é", and "e" + U+0301), longest first.
+Spelled = tuple[tuple[str, ...], ...]
+
+# Combining marks on one letter whose orders are all tried (4! = 24 orders); a letter
+# with more is matched with its marks in their canonical order only.
+MAX_MARK_ORDERS = 4
+
+
+def _spelled_keywords(words: Iterable[str], view: str) -> list[Spelled]:
+    """The keywords as the view shows them, each character with all its spellings,
+    longest keyword first (one alternation: the longest of overlapping keywords wins).
 
     The view maps one character at a time (:mod:`addon.filters.normalize`), so it does
     not compose ``e`` and a combining U+0301 that follows it: ``Café`` written
-    decomposed, or ``한국`` in conjoining jamo, looks the same and is another string. A
-    keyword matches both whole spellings (not a word mixing the two)."""
+    decomposed, ``한국`` in conjoining jamo, or a word with some letters composed and
+    others not, looks the same and is another string. So each character of a keyword
+    matches every spelling canonically equivalent to it. The raw view matches the
+    keyword as it is written."""
+    spelled: dict[str, Spelled] = {}
     for word in words:
-        yield word
-        if view != "raw":
-            yield unicodedata.normalize("NFC", word)
-            yield unicodedata.normalize("NFD", word)
+        if view == "raw":
+            spelled.setdefault(word, tuple((ch,) for ch in word))
+            continue
+        seen = fold(unicodedata.normalize("NFC", fold(word, view)[0]), view)[0]
+        spelled.setdefault(seen, tuple(_equivalents(ch, view) for ch in seen))
+    return sorted(spelled.values(), key=_longest, reverse=True)
+
+
+def _equivalents(ch: str, view: str) -> tuple[str, ...]:
+    """``ch`` and every spelling canonically equivalent to it, as the view shows them,
+    longest first: the letter composed, decomposed, or in part (``ệ``: ``ẹ`` + U+0302,
+    ``ê`` + U+0323, ``e`` and both marks in either order; ``한``: ``하`` + ``ᆫ``)."""
+    nfd = unicodedata.normalize("NFD", ch)
+    if nfd == ch:
+        return (ch,)
+    base, marks = nfd[0], nfd[1:]
+    orders = itertools.permutations(marks) if len(marks) <= MAX_MARK_ORDERS else iter([tuple(marks)])
+    found = {ch: None}
+    for order in orders:
+        for cut in range(len(order) + 1):
+            head = unicodedata.normalize("NFC", base + "".join(order[:cut]))
+            spelling = head + "".join(order[cut:])
+            if len(head) == 1 and unicodedata.normalize("NFD", spelling) == nfd:
+                found[fold(spelling, view)[0]] = None
+    return tuple(sorted(found, key=len, reverse=True))
+
+
+def _longest(units: Spelled) -> int:
+    """The most characters a match of this keyword can take."""
+    return sum(len(unit[0]) for unit in units)
+
+
+def _spelled_pattern(units: Spelled, case_sensitive: bool) -> str:
+    return "".join(_unit_pattern(unit, case_sensitive) for unit in units)
+
+
+def _unit_pattern(unit: tuple[str, ...], case_sensitive: bool) -> str:
+    """One character of a keyword in any of its spellings, as RE2 syntax."""
+    if len(unit) == 1:
+        return _keyword_pattern(unit[0], case_sensitive)
+    return "(?:" + "|".join(_keyword_pattern(spelling, case_sensitive) for spelling in unit) + ")"
+
+
+def _unit_then(unit: tuple[str, ...], then: str, case_sensitive: bool) -> str:
+    """One character of a keyword followed by ``then``, or the start of a spelling of it
+    that the text may end with (RE2 syntax, to be grouped)."""
+    return _unit_pattern(unit, case_sensitive) + then + _partial_pattern(unit, case_sensitive)
+
+
+def _partial_pattern(unit: tuple[str, ...], case_sensitive: bool) -> str:
+    """``|`` and each start of a character's spellings that is no spelling of it (the
+    ``e`` of ``e`` + U+0301: the text may end there, the mark still to come); empty
+    when there is none."""
+    starts = dict.fromkeys(s[:end] for s in unit for end in range(1, len(s)))
+    return "".join("|" + _keyword_pattern(start, case_sensitive) for start in starts if start not in unit)
 
 
 def _keyword_pattern(word: str, case_sensitive: bool) -> str:

@@ -12,7 +12,8 @@ database backends. Each case got through before:
   error message, an unknown content part, a Responses final text that differs from the
   deltas), sent as exact upstream bytes (the mock's ``raw``);
 - (issue 20's review) an event only lenient JSON readers take, a word cut across a
-  ``finish_reason``, a JSON escape in a tool call's arguments: each reached the SDK.
+  ``finish_reason``, a JSON escape in a tool call's arguments: each reached the SDK;
+- a keyword with accented letters written half composed, half decomposed.
 """
 
 from __future__ import annotations
@@ -35,11 +36,12 @@ from exchange.transcript import output_choices
 pytestmark = pytest.mark.e2e
 
 WORD = "Nightjar"
+ACCENTED = "Việt Café"  # a second code name, with letters a text may spell several ways
 RULES = f"""
 [[rule]]
 id = "no-code-name"
 kind = "keywords"
-keywords = ["{WORD}"]
+keywords = ["{WORD}", "{ACCENTED}"]
 action = "block"
 reason = "internal code name"
 """
@@ -202,6 +204,41 @@ def test_a_chat_request_hiding_the_word_is_blocked(guarded, upstreams, transport
             pass
     assert raised.value.code == "content_filter"
     assert_request_blocked(guarded, up, mock_id)
+
+
+# the first word composed, the second decomposed; ệ as ẹ and a circumflex, é as e and an acute
+MIXED_SPELLING = "Vi\u1eb9\u0302t Cafe\u0301"
+
+
+def test_a_request_with_a_keyword_spelled_half_decomposed_is_blocked(guarded, upstreams, transport):
+    up = upstreams[transport]
+    mock_id, headers = mock()
+    with pytest.raises(openai.APIError) as raised:
+        for _ in client(guarded, up, transport).chat.completions.create(
+            model="gpt-4o",
+            messages=[{"role": "user", "content": f"Tell me about {MIXED_SPELLING}."}],
+            stream=True,
+            extra_headers=headers,
+        ):
+            pass
+    assert raised.value.code == "content_filter"
+    assert_request_blocked(guarded, up, mock_id)
+
+
+def test_an_answer_with_a_keyword_spelled_half_decomposed_is_cut(guarded, upstreams, transport):
+    """Cut between each letter and its mark: the SDK gets only the text before the word."""
+    up = upstreams[transport]
+    pieces = ["at the Vi\u1eb9", "\u0302t Cafe", "\u0301 now"]
+    mock_id, headers = mock(raw(chat(*({"content": p} for p in pieces))))
+    chunks = list(
+        client(guarded, up, transport).chat.completions.create(
+            model="gpt-4o", messages=[{"role": "user", "content": "hi"}], stream=True, extra_headers=headers
+        )
+    )
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text in ("", "at", "at ", "at the", "at the ")
+    assert chunks[-1].choices[0].finish_reason == "content_filter"
+    assert_output_blocked(guarded, mock_id, "output.choices[0].text")
 
 
 # -- strings outside the answer text, as exact upstream bytes -------------------------------

@@ -407,3 +407,39 @@ def test_a_keyword_is_matched_composed_and_decomposed_wherever_the_stream_is_cut
     for cuts in [[], *([i] for i in range(1, len(text)))]:
         released, verdicts, _ = run(ACCENTED, text, cuts)
         assert [v.rule_id for v in verdicts] == ["names"] and len(released) <= start, cuts
+
+
+MIXED = parse_rules('[[rule]]\nid = "names"\nkind = "keywords"\nkeywords = ["Café Việt", "한국"]\naction = "block"')
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "at the Café Vie\u0323\u0302t now",  # the first word composed, the second decomposed
+        "at the Cafe\u0301 Vi\u1eb9\u0302t now",  # the ệ in part: ẹ and the circumflex
+        "at the Cafe\u0301 Vi\u00ea\u0323t now",  # ... ê and the dot below
+        "at the Cafe\u0301 Vie\u0302\u0323t now",  # the marks out of their canonical order
+        "in \ud55c\u1100\u116e\u11a8 now",  # 한 composed, 국 in conjoining jamo
+        "in \ud558\u11ab\uad6d now",  # 하 and a final ᆫ, then 국
+    ],
+)
+def test_a_keyword_spelled_half_composed_half_decomposed_is_blocked_wherever_the_stream_is_cut(text: str) -> None:
+    """Each letter of a keyword matches every spelling that looks the same: a word with
+    some letters composed and others decomposed went through, the keyword matching only
+    its whole composed and whole decomposed spellings."""
+    start = next(i for i in range(len(text)) if text[i : i + 1].lower() in "c\ud55c\ud558")
+    for cuts in [[], *([i] for i in range(1, len(text)))]:
+        released, verdicts, _ = run(MIXED, text, cuts)
+        assert [v.rule_id for v in verdicts] == ["names"] and len(released) <= start, cuts
+
+
+def test_every_spelling_of_a_keyword_shares_one_match_hash() -> None:
+    """The hash is of the composed match, so a report groups a word's spellings."""
+    hashes = {run(MIXED, text, [])[1][0].match_hash for text in ("in 한국", "in \u1112\u1161\u11ab\u1100\u116e\u11a8")}
+    assert len(hashes) == 1
+
+
+def test_a_decomposed_letter_is_not_another_letter() -> None:
+    """Spellings are of the same letter only: ``Cafe`` with a grave accent is no ``Café``."""
+    released, verdicts, _ = run(MIXED, "the Cafe\u0300 Việt.", [])
+    assert verdicts == [] and released == "the Cafe\u0300 Việt."
