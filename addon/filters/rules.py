@@ -72,7 +72,9 @@ refuses the whole file with :class:`RulesError`: ``path:line: reason``.
 
 from __future__ import annotations
 
+import functools
 import itertools
+import logging
 import re
 import tomllib
 import unicodedata
@@ -97,6 +99,8 @@ from addon.filters.detectors import (
 )
 from addon.filters.normalize import DEFAULT_VIEW, Folded, fold
 from addon.filters.prefix import MAX_PREFIX_CHARS, MAX_SPAN, NoPrefix, pattern_width, prefix_pattern
+
+log = logging.getLogger(__name__)
 
 KINDS = ("regex", "keywords", "secrets", "pii", "budget")
 SCOPES = ("request", "response", "both")
@@ -281,9 +285,12 @@ class _Entry:
         self.table, self.index, self.lines, self.path = table, index, lines, path
 
     def fail(self, key: str | None, reason: str) -> NoReturn:
+        raise RulesError(self.path, self.lines.of(self.index, key), f"{self.name()}: {reason}")
+
+    def name(self) -> str:
+        """How messages name the rule: its id, else its place in the file."""
         rule_id = self.table.get("id") if isinstance(self.table, dict) else None
-        name = f"rule {rule_id!r}" if isinstance(rule_id, str) else f"rule #{self.index + 1}"
-        raise RulesError(self.path, self.lines.of(self.index, key), f"{name}: {reason}")
+        return f"rule {rule_id!r}" if isinstance(rule_id, str) else f"rule #{self.index + 1}"
 
     def get(self, key: str, kind: type, default: Any = _MISSING) -> Any:
         value = self.table.get(key, _MISSING)
@@ -408,12 +415,29 @@ class _Entry:
         span = high or window or DEFAULT_REGEX_SPAN
         return (Matcher(regex, span, prefix=prefix, prefix_len=high),)
 
+    def _spellings(self, given: tuple[str, ...], view: str) -> list[Spelled]:
+        """The keywords with every spelling of their letters; when that makes a pattern
+        too large for RE2 (which refuses it, "pattern too large", after flooding stderr),
+        their whole spellings, as written, NFC and NFD, and a warning naming the rule."""
+        spelled = _spelled_keywords(given, view)
+        if _size(spelled) <= MAX_SPELLED_BYTES:
+            return spelled
+        whole = _spelled_keywords(given, view, every_spelling=False)
+        if _size(whole) >= _size(spelled):  # (no letter with other spellings: nothing to give up)
+            return spelled
+        log.warning(
+            "%s: too many keywords to match every spelling of their letters; each is matched "
+            "as written, composed (NFC) and decomposed (NFD)",
+            self.name(),
+        )
+        return whole
+
     def _keywords(self, view: str) -> tuple[Matcher, ...]:
         given = self.strings("keywords")
         if not given:
             self.fail(None, "missing 'keywords'")
         # A keyword is read the way the text is: "Ｎightjar" in the file is "Nightjar".
-        spelled = _spelled_keywords(given, view)
+        spelled = self._spellings(given, view)
         if any(not "".join(unit[0] for unit in units).strip() for units in spelled):
             self.fail("keywords", "a keyword is only invisible characters")
         case_sensitive = self.get("case_sensitive", bool, False)
@@ -467,12 +491,15 @@ def _keyword_prefixes(spelled: list[Spelled], case_sensitive: bool) -> str:
     characters before where a match may start).
     :class:`~addon.filters.prefix.NoPrefix` when too large.
     """
-    alternatives = []
+    alternatives, size = [], 0
     for units in spelled:
         rest = ""
         for unit in reversed(units[1:]):
             rest = f"(?:{_unit_then(unit, rest, case_sensitive)})?"
         alternatives.append(f"(?:{_unit_then(units[0], rest, case_sensitive)})")
+        size += len(alternatives[-1]) + 1
+        if size > MAX_PREFIX_CHARS:  # (known before the whole of a long list is written out)
+            raise NoPrefix("too large")
     pattern = rf"(?:^|{NOT_WORD})(?:{'|'.join(alternatives)})"
     if len(pattern) > MAX_PREFIX_CHARS:
         raise NoPrefix("too large")
@@ -483,12 +510,19 @@ def _keyword_prefixes(spelled: list[Spelled], case_sensitive: bool) -> str:
 # character the view can hold ("é", and "e" + U+0301), longest first.
 Spelled = tuple[tuple[str, ...], ...]
 
+# The most UTF-8 bytes all keywords' spellings may have together. RE2 refuses a pattern
+# from about 2 to 3.5 MB ("pattern too large"; 200,000 ASCII keywords, 1.8 MB, compile
+# in about a second); every spelling of every letter makes Vietnamese, each letter with
+# up to two marks, four times as large: 20,000 keywords, 2 MB. Beyond it, a list is
+# matched in its whole NFC and NFD spellings, as before every spelling was.
+MAX_SPELLED_BYTES = 2_000_000
+
 # Combining marks on one letter whose orders are all tried (4! = 24 orders); a letter
 # with more is matched with its marks in their canonical order only.
 MAX_MARK_ORDERS = 4
 
 
-def _spelled_keywords(words: Iterable[str], view: str) -> list[Spelled]:
+def _spelled_keywords(words: Iterable[str], view: str, every_spelling: bool = True) -> list[Spelled]:
     """The keywords as the view shows them, each character with all its spellings,
     longest keyword first (one alternation: the longest of overlapping keywords wins).
 
@@ -497,17 +531,23 @@ def _spelled_keywords(words: Iterable[str], view: str) -> list[Spelled]:
     decomposed, ``한국`` in conjoining jamo, or a word with some letters composed and
     others not, looks the same and is another string. So each character of a keyword
     matches every spelling canonically equivalent to it. The raw view matches the
-    keyword as it is written."""
+    keyword as it is written. Without ``every_spelling`` (a list too large for that),
+    each keyword is matched as written and in its whole NFC and NFD spellings."""
     spelled: dict[str, Spelled] = {}
     for word in words:
         if view == "raw":
             spelled.setdefault(word, tuple((ch,) for ch in word))
-            continue
-        seen = fold(unicodedata.normalize("NFC", fold(word, view)[0]), view)[0]
-        spelled.setdefault(seen, tuple(_equivalents(ch, view) for ch in seen))
+        elif every_spelling:
+            seen = fold(unicodedata.normalize("NFC", fold(word, view)[0]), view)[0]
+            spelled.setdefault(seen, tuple(_equivalents(ch, view) for ch in seen))
+        else:
+            for spelling in (word, unicodedata.normalize("NFC", word), unicodedata.normalize("NFD", word)):
+                seen = fold(spelling, view)[0]
+                spelled.setdefault(seen, tuple((ch,) for ch in seen))
     return sorted(spelled.values(), key=_longest, reverse=True)
 
 
+@functools.lru_cache(maxsize=4096)  # (a list of thousands of words spells the same letters)
 def _equivalents(ch: str, view: str) -> tuple[str, ...]:
     """``ch`` and every spelling canonically equivalent to it, as the view shows them,
     longest first: the letter composed, decomposed, or in part (``ệ``: ``ẹ`` + U+0302,
@@ -532,10 +572,16 @@ def _longest(units: Spelled) -> int:
     return sum(len(unit[0]) for unit in units)
 
 
+def _size(spelled: list[Spelled]) -> int:
+    """The UTF-8 bytes of all keywords' spellings: what the pattern's size grows with."""
+    return sum(len(spelling.encode("utf-8", "surrogatepass")) for word in spelled for unit in word for spelling in unit)
+
+
 def _spelled_pattern(units: Spelled, case_sensitive: bool) -> str:
     return "".join(_unit_pattern(unit, case_sensitive) for unit in units)
 
 
+@functools.lru_cache(maxsize=4096)  # (a long list spells the same letters again and again)
 def _unit_pattern(unit: tuple[str, ...], case_sensitive: bool) -> str:
     """One character of a keyword in any of its spellings, as RE2 syntax."""
     if len(unit) == 1:
@@ -549,6 +595,7 @@ def _unit_then(unit: tuple[str, ...], then: str, case_sensitive: bool) -> str:
     return _unit_pattern(unit, case_sensitive) + then + _partial_pattern(unit, case_sensitive)
 
 
+@functools.lru_cache(maxsize=4096)  # (a long list spells the same letters again and again)
 def _partial_pattern(unit: tuple[str, ...], case_sensitive: bool) -> str:
     """``|`` and each start of a character's spellings that is no spelling of it (the
     ``e`` of ``e`` + U+0301: the text may end there, the mark still to come); empty

@@ -6,6 +6,7 @@ must never have released a character at or after that match's start, and must re
 the same positions and hashes.
 """
 
+import unicodedata
 from dataclasses import replace
 
 import pytest
@@ -14,6 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from addon.filters import detectors, window
+from addon.filters import rules as rules_module
 from addon.filters.api import match_hash
 from addon.filters.rules import parse_rules
 from addon.filters.window import MAX_HITS_PER_RULE, StreamScanner
@@ -443,3 +445,21 @@ def test_a_decomposed_letter_is_not_another_letter() -> None:
     """Spellings are of the same letter only: ``Cafe`` with a grave accent is no ``Café``."""
     released, verdicts, _ = run(MIXED, "the Cafe\u0300 Việt.", [])
     assert verdicts == [] and released == "the Cafe\u0300 Việt."
+
+
+def test_a_list_too_large_for_every_spelling_is_matched_whole_composed_and_decomposed(monkeypatch, caplog) -> None:
+    """Every spelling of every letter makes a pattern several times larger: a list that
+    RE2 would refuse so ("pattern too large") loads with its whole NFC and NFD spellings
+    and says so, as lists loaded before; an ASCII list has no other spelling, no warning."""
+    monkeypatch.setattr(rules_module, "MAX_SPELLED_BYTES", 10)
+    [ascii_rule] = parse_rules('[[rule]]\nid = "a"\nkind = "keywords"\nkeywords = ["Nightjar plan"]\naction = "block"')
+    assert not caplog.records
+    rules = parse_rules('[[rule]]\nid = "v"\nkind = "keywords"\nkeywords = ["Việt Café"]\naction = "block"')
+    assert [r.getMessage() for r in caplog.records] == [
+        "rule 'v': too many keywords to match every spelling of their letters; each is matched as written, "
+        "composed (NFC) and decomposed (NFD)"
+    ]
+    for text in ("in Việt Café.", unicodedata.normalize("NFD", "in Việt Café.")):
+        assert [v.rule_id for v in run(rules, text, [3])[1]] == ["v"]
+    assert run(rules, "in Vie\u0323\u0302t Café.", [])[1] == []
+    assert [h.text for h in ascii_rule.find("the nightjar plan")] == ["nightjar plan"]
