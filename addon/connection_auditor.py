@@ -59,6 +59,10 @@ Out = tuple[bytes, bool]
 #: Close codes of a connection that ended as its protocol ends one (RFC 6455 7.4.1):
 #: normal, going away, and a close frame without a code.
 NORMAL_CLOSES = frozenset({1000, 1001, 1005})
+#: Reader findings about what the reader handed over all the same, not a message it could
+#: not: :data:`~addon.turns.READ_ANYWAY`, and a record read as lenient JSON readers read it
+#: (SignalR's: the filters check it).
+READ_ALL_THE_SAME = READ_ANYWAY | {"lenient_json"}
 #: Checks a client message's reading: the verdict that blocks it, if any.
 RequestCheck = Callable[[FilterSet, ExchangeRecord, dict[str, Any]], Verdict | None]
 
@@ -236,7 +240,10 @@ class ConnectionAuditor:
     def _refuse(self, frame: Frame | None, verdict: Verdict, release: int) -> Relay:
         """A request filter blocked a client message: what came before it goes on, it and
         the rest of its message do not, the client gets the protocol's refusal, and the
-        turn is recorded as blocked."""
+        turn is recorded as blocked. The reader's findings on the message (its frames
+        after the blocked one included) are that turn's: collected before its record is
+        written, not left for the next message to put in the next turn's."""
+        self._collect(self.client_reader)
         before = self._client_release(release)
         self.client_from += len(self.client_held)
         self.client_held.clear()
@@ -496,7 +503,7 @@ class ConnectionAuditor:
     @staticmethod
     def _reader_problem(reader: Any) -> str | None:
         """Why the reader could not hand over a message it read (None: it could)."""
-        problem = next((f"{code}: {detail}" for code, detail in reader.findings if code not in READ_ANYWAY), None)
+        problem = next((f"{code}: {detail}" for code, detail in reader.findings if code not in READ_ALL_THE_SAME), None)
         return problem or reader.unreadable
 
     def _fail(self, error: Exception, content: bytes, text: bool, from_client: bool) -> Relay:

@@ -63,8 +63,9 @@ CODES: dict[str, str] = {
     # request side
     "request_invalid_json": "The request body is not JSON even to a lenient reader; it was forwarded unchanged "
     "(stored as text) or, with request filters, handled by llm_filter_failure.",
-    "request_lenient_json": "The request body is JSON only as Python servers read it (NaN, Infinity, 1e400, a lone "
-    "surrogate escape, a byte order mark); it was read that way.",
+    "request_lenient_json": "The request body (or a streamed request's message: Connect JSON, a Copilot client "
+    "message) is JSON only as Python "
+    "servers read it (NaN, Infinity, 1e400, a lone surrogate escape, a byte order mark); it was read that way.",
     "request_missing_field": "The request envelope lacks a REQUIRED field (llm-stream draft section 4.2).",
     "request_invalid_field": "A request envelope field has the wrong type or value.",
     "request_token_prompt": "A legacy Completions prompt is token ids, which the request filters cannot read.",
@@ -73,8 +74,9 @@ CODES: dict[str, str] = {
     "text_interleaved": "Text of one kind came for two content blocks (or output items) open at once; a client puts "
     "each block together on its own, the filters read the text in arrival order, so with blocking filters "
     "llm_filter_failure decided (closed: blocked).",
-    "lenient_json": "An event's data is JSON only as lenient readers take it (NaN, Infinity, 1e400, a lone "
-    "surrogate escape), as the clients' SDKs do; it was read that way, and its text checked by the filters.",
+    "lenient_json": "An event's data (or a Bedrock chunk, a Connect message or EndStreamResponse, a SignalR record "
+    "or handshake, a Copilot message) is JSON only as lenient readers take it (NaN, Infinity, 1e400, a lone surrogate escape), as the "
+    "clients' SDKs do; it was read that way, and its text checked by the filters.",
     "first_event_not_stream_start": "The first event is not stream.start (draft section 5.3.1).",
     "stream_start_seq_not_zero": "stream.start does not carry seq 0 (draft section 5.2.1).",
     "seq_invalid": "An event's seq is missing or not a non-negative integer.",
@@ -105,7 +107,9 @@ CODES: dict[str, str] = {
     "record_limit": "The answer named more than one record keeps of what it counts rather than sizes: choices "
     "past the first 128 (OpenAI's n is at most 128), tool calls past the first 4096, stop reasons over 64 "
     "characters (cut). Those events were left out of the record (their bytes still passed); the detail says "
-    "which and how many.",
+    "which and how many. Or more than a dialect remembers of what it names: content blocks open at once, output "
+    "items, parts or calls (4096), blocks with text open at once (64): past them nothing new is remembered, their "
+    "text still recorded and checked; once per exchange, the detail says which.",
     "tool_call_truncated": "A tool call was cut off (token limit or stream end); its arguments are kept as received.",
     "event_id_invalid": "An SSE event id is not the integer the protocol requires (LMSP: integers from 1).",
     "event_id_not_increasing": "SSE event ids did not strictly increase.",

@@ -525,6 +525,13 @@ def read_json_object(data: str | bytes) -> tuple[dict[str, Any] | None, bool]:
     return (obj, lenient) if isinstance(obj, dict) else (None, False)
 
 
+#: The content blocks with text an :class:`OpenBlocks` remembers open at once. Text of one
+#: kind in two open blocks is interleaving (there are three kinds), so past a few it was
+#: reported long before; the bound keeps a hostile upstream naming a new block per event
+#: from growing the table without end.
+MAX_OPEN_BLOCKS = 64
+
+
 @dataclass(slots=True)
 class OpenBlocks:
     """The content blocks (or output parts) of an answer that got text and have not ended,
@@ -535,12 +542,16 @@ class OpenBlocks:
     too). Text of one kind in two open blocks at once is interleaved: what the filters
     read is then not what any client shows, so it is a finding (``text_interleaved``),
     on which a gate that may block lets the failure policy decide (:mod:`addon.output_gate`).
-    Counted per kind, so each piece costs the same however many blocks were opened.
+    Counted per kind, so each piece costs the same however many blocks were opened. At
+    most :data:`MAX_OPEN_BLOCKS` are remembered; a block past them is not (``record_limit``,
+    once), its text still read.
     """
 
     _kinds: dict[Any, str] = field(default_factory=dict)  # block -> the kind of text it got
     _open: dict[str, int] = field(default_factory=dict)  # kind -> how many open blocks got text of it
-    _groups: dict[Any, list[Any]] = field(default_factory=dict)  # group -> its blocks that got text (end_group)
+    _groups: dict[Any, set[Any]] = field(default_factory=dict)  # group -> its open blocks that got text (end_group)
+    _group_of: dict[Any, Any] = field(default_factory=dict)  # block -> its group
+    _full: bool = False  # a block was left out: record_limit reported
 
     def text(self, block: Any, kind: str, group: Any = None) -> list[Event]:
         """Text of ``kind`` for ``block`` (of ``group``: an output item, whose end ends
@@ -549,8 +560,11 @@ class OpenBlocks:
         if had != kind:
             if had is not None:
                 self._open[had] -= 1
+            elif len(self._kinds) >= MAX_OPEN_BLOCKS:
+                return self._left_out()
             elif group is not None:
-                self._groups.setdefault(group, []).append(block)
+                self._groups.setdefault(group, set()).add(block)
+                self._group_of[block] = group
             self._kinds[block] = kind
             self._open[kind] = self._open.get(kind, 0) + 1
         if self._open[kind] > 1:
@@ -562,12 +576,32 @@ class OpenBlocks:
         kind = self._kinds.pop(block, None)
         if kind is not None:
             self._open[kind] -= 1
+            group = self._group_of.pop(block, None)
+            members = self._groups.get(group) if group is not None else None
+            if members is not None:
+                members.discard(block)
+                if not members:
+                    del self._groups[group]
 
     def end_group(self, group: Any) -> None:
         """Every block of ``group`` ended (an output item is done, whether or not its
         parts' own done events came)."""
         for block in self._groups.pop(group, ()):
             self.end(block)
+
+    @property
+    def full(self) -> bool:
+        """No new block is remembered now. A fast path that drops what :meth:`text`
+        returns leaves a new block's text to its full reading then (which gets the finding)."""
+        return len(self._kinds) >= MAX_OPEN_BLOCKS
+
+    def _left_out(self) -> list[Event]:
+        """A block past :data:`MAX_OPEN_BLOCKS`: not remembered; the finding the first time."""
+        if self._full:
+            return []
+        self._full = True
+        detail = f"content blocks with text open at once past the first {MAX_OPEN_BLOCKS} not tracked for interleaving"
+        return [Finding("record_limit", f"{detail} (text_interleaved was reported); their text is read")]
 
 
 def lenient_json(event: Frame) -> Finding:

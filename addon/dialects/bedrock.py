@@ -66,7 +66,6 @@ from addon.dialects import (
     RequestSummary,
     RequestView,
     int_field,
-    json_object,
     json_strings,
     lenient_json,
     load_body_json,
@@ -88,6 +87,7 @@ from addon.events import (
 )
 from addon.framing import Frame, Message
 from addon.framing.eventstream import EVENTSTREAM_WRITER, MEDIA_TYPE
+from addon.record import MAX_TOOL_CALLS
 from exchange.request import tool_names
 
 _PATH = re.compile(r"(?:^|/)model/([^/]+)/(converse-stream|converse|invoke-with-response-stream|invoke)$")
@@ -98,6 +98,8 @@ FILTER_EXCEPTION = "validationException"  # what Bedrock sends for a request it 
 FILTER_ERROR_TYPE = "ValidationException"  # the same, as x-amzn-ErrorType names it
 FILTERED_STOP = "content_filtered"  # Converse's stop reason for filtered content
 METRICS = "amazon-bedrock-invocationMetrics"
+#: A native chunk (not Anthropic's) only lenient readers take: botocore and the SDKs read it.
+LENIENT_CHUNK = Finding("lenient_json", "a chunk's bytes: JSON only lenient readers take (the SDKs' do)")
 # Anthropic Messages stream events: a chunk holding one is read by the Anthropic normalizer.
 ANTHROPIC_EVENTS = frozenset(
     {
@@ -190,7 +192,8 @@ class BedrockNormalizer(Normalizer):
         self.filter_stop_reason = FILTER_EXCEPTION if op in STREAMING else held
         self.ended = False
         self.usage_seen = False
-        self.tool_blocks: set[int | None] = set()
+        self.tool_blocks: set[int | None] = set()  # open toolUse blocks, at most MAX_TOOL_CALLS
+        self.blocks_full = False  # a toolUse block past them was left out (record_limit reported)
         self.blocks = OpenBlocks()  # the blocks that got text, for interleaving
         self.unknown_reported = False
         self.answer: dict[str, Any] | None = None  # a whole Converse answer read
@@ -204,7 +207,10 @@ class BedrockNormalizer(Normalizer):
         kind = getattr(event, "message_type", "event")
         if kind == "exception":
             self.ended = True  # the services end the stream with it
-            out.append(StreamError(event.event or "exception", _message(event.data)))
+            message, lenient = _message(event.data)
+            if lenient:
+                out.append(lenient_json(event))
+            out.append(StreamError(event.event or "exception", message))
         elif kind == "error":
             self.ended = True
             message = getattr(event, "headers", {}).get(":error-message")
@@ -255,8 +261,8 @@ class BedrockNormalizer(Normalizer):
             tool = _dict(_dict(obj, "start"), "toolUse")
             if not tool:
                 return []  # a server tool's result block, future kinds
-            self.tool_blocks.add(index)
-            return [ToolCallDelta(_key(index), id=str_field(tool, "toolUseId"), name=str_field(tool, "name"))]
+            out = self._tool_block(index)
+            return [*out, ToolCallDelta(_key(index), id=str_field(tool, "toolUseId"), name=str_field(tool, "name"))]
         if kind == "contentBlockDelta":
             return self._delta(index, _dict(obj, "delta"))
         if kind == "contentBlockStop":
@@ -279,13 +285,27 @@ class BedrockNormalizer(Normalizer):
             return [*self.blocks.text(index, "text"), TextDelta(text)]
         tool = _dict(delta, "toolUse")
         if tool:
-            self.tool_blocks.add(index)
+            out = self._tool_block(index)
             fragment = str_field(tool, "input")
-            return [ToolCallDelta(_key(index), fragment)] if fragment else []
+            return [*out, ToolCallDelta(_key(index), fragment)] if fragment else out
         thought = str_field(_dict(delta, "reasoningContent"), "text")
         if thought:
             return [*self.blocks.text(index, "reasoning"), TextDelta(thought, kind="reasoning")]
         return []  # a signature or redacted reasoning (opaque), server tool results, citations
+
+    def _tool_block(self, index: int | None) -> list[Event]:
+        """A toolUse block opened: remembered (its stop completes the call) unless
+        :data:`~addon.record.MAX_TOOL_CALLS` are open, which only an upstream naming a new
+        index per event does; then not (its fragments are still read), and the first time
+        the finding ``record_limit``."""
+        if index in self.tool_blocks or len(self.tool_blocks) < MAX_TOOL_CALLS:
+            self.tool_blocks.add(index)
+            return []
+        if self.blocks_full:
+            return []
+        self.blocks_full = True
+        detail = f"toolUse blocks open at once past the first {MAX_TOOL_CALLS} not kept open"
+        return [Finding("record_limit", f"{detail}: their fragments are read, their calls not completed")]
 
     # -- InvokeModelWithResponseStream chunks ---------------------------------------------------
 
@@ -297,14 +317,17 @@ class BedrockNormalizer(Normalizer):
             text = base64.b64decode(raw).decode("utf-8", "replace")
         except (binascii.Error, ValueError):
             return [Finding("invalid_json", "a chunk's bytes are not base64")]
-        native = json_object(text)
+        native, lenient = read_json_object(text)
         if native is None:
             return [Finding("invalid_json", "a chunk's bytes are not one JSON object")]
         kind = native.get("type")
         if self.inner is not None or (isinstance(kind, str) and kind in ANTHROPIC_EVENTS):
+            # (the Anthropic normalizer reads the text again: lenient JSON is its finding then)
             out = self._anthropic().on_event(Message(text, kind if isinstance(kind, str) else "message"))
         else:
             out = self._native(native, streamed=True)
+            if lenient:
+                out = [LENIENT_CHUNK, *out]
         self._note(out)
         return out + self._metrics(native, out)
 
@@ -430,11 +453,13 @@ def _json_text(value: Any) -> str:
         return ""
 
 
-def _message(data: str) -> str | None:
-    obj = json_object(data)
+def _message(data: str) -> tuple[str | None, bool]:
+    """An exception's message (its JSON's ``message``, else its first 500 characters),
+    and whether only lenient readers take its JSON (botocore's ``json.loads`` does)."""
+    obj, lenient = read_json_object(data)
     if obj is not None:
-        return str_field(obj, "message") or str_field(obj, "Message")
-    return data[:500] or None
+        return str_field(obj, "message") or str_field(obj, "Message"), lenient
+    return data[:500] or None, False
 
 
 def _first_int(obj: dict[str, Any], *names: str) -> int | None:

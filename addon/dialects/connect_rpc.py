@@ -25,9 +25,10 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from addon.dialects import Normalizer, RequestSummary, RequestView, json_object, json_strings
+from addon.dialects import Normalizer, RequestSummary, RequestView, json_strings, read_json_object
 from addon.dialects.protowire import parse, strings
 from addon.dialects.rpc import (
+    LENIENT_MESSAGE,
     UNMAPPED_CHARS,
     UNMAPPED_STRINGS,
     RpcDialect,
@@ -41,14 +42,16 @@ from addon.dialects.rpc import (
 from addon.events import Event, Finding, TextDelta
 
 
-def message_strings(payload: bytes, codec: str) -> list[str]:
-    """The strings of one message (bounded), credentials fingerprinted."""
-    found: list[str] = []
-    if codec == "json":  # (keys named like credentials fingerprinted first: "apiKey", "token")
-        found = json_strings(clean_json(json_object(payload)), limit=UNMAPPED_STRINGS)
-    else:
-        found = strings(parse(payload), UNMAPPED_STRINGS, UNMAPPED_CHARS)
-    return [clean(s[:UNMAPPED_CHARS]) for s in found]
+def message_strings(payload: bytes, codec: str) -> tuple[list[str], bool]:
+    """The strings of one message (bounded), credentials fingerprinted; and whether its
+    JSON is JSON only to lenient readers (:func:`addon.json_read.loads`: Python's
+    ``json.loads`` takes ``NaN``, JavaScript's ``JSON.parse`` a lone surrogate escape; a
+    peer acts on such a message, so the audit reads it too, and says so)."""
+    if codec != "json":
+        return [clean(s[:UNMAPPED_CHARS]) for s in strings(parse(payload), UNMAPPED_STRINGS, UNMAPPED_CHARS)], False
+    doc, lenient = read_json_object(payload)  # (keys named like credentials fingerprinted first: "apiKey", "token")
+    found = json_strings(clean_json(doc), limit=UNMAPPED_STRINGS)
+    return [clean(s[:UNMAPPED_CHARS]) for s in found], lenient
 
 
 _CREDENTIAL_WORDS = re.compile(
@@ -78,7 +81,10 @@ class ConnectRpc(RpcDialect):
         codec = (protocol_of(request.headers) or ("", "proto"))[1]
         if handles_credentials(request.path):
             return  # (a login, a token exchange: its strings are passwords and keys; its metadata is kept)
-        add_message(doc, "user", "\n".join(message_strings(payload, codec)))
+        found, lenient = message_strings(payload, codec)
+        if lenient:
+            findings.append(Finding("request_lenient_json", "a Connect JSON request message: read as servers read it"))
+        add_message(doc, "user", "\n".join(found))
 
 
 class ConnectRpcNormalizer(RpcNormalizer):
@@ -87,8 +93,9 @@ class ConnectRpcNormalizer(RpcNormalizer):
     def on_message(self, raw: bytes) -> list[Event]:
         if handles_credentials(self.rpc):
             return []
-        found = message_strings(raw, self.codec)
-        return [TextDelta("\n".join(found))] if found else []
+        found, lenient = message_strings(raw, self.codec)
+        out: list[Event] = [LENIENT_MESSAGE] if lenient else []
+        return [*out, TextDelta("\n".join(found))] if found else out
 
 
 DIALECT = ConnectRpc()

@@ -75,22 +75,47 @@ def split_objects(data: str) -> tuple[list[dict[str, Any]], list[Finding]]:
             return [one], []
         return [], [Finding("invalid_json", "a Copilot message is not a JSON object")]
     objects: list[dict[str, Any]] = []
+    findings: list[Finding] = []
     pos, end = 0, len(data)
     while len(objects) < MAX_OBJECTS:
         while pos < end and data[pos] in " \t\r\n":
             pos += 1
         if pos >= end:
-            return objects, []
+            return objects, findings
+        start = pos
         try:
             obj, pos = _DECODER.raw_decode(data, pos)
         except (ValueError, RecursionError):  # (also integers beyond Python's digit limit)
-            return objects, [Finding("invalid_json", f"a Copilot message is not JSON from offset {pos}")]
+            return objects, [*findings, Finding("invalid_json", f"a Copilot message is not JSON from offset {pos}")]
         if not isinstance(obj, dict):
-            return objects, [Finding("invalid_json", "a Copilot message holds a JSON value that is not an object")]
+            return objects, [
+                *findings,
+                Finding("invalid_json", "a Copilot message holds a JSON value that is not an object"),
+            ]
+        if not findings and _lenient(data[start:pos]):
+            findings.append(LENIENT_MESSAGE)
         objects.append(obj)
     return objects, [
-        Finding("invalid_json", f"a Copilot message holds more than {MAX_OBJECTS} objects; the rest unread")
+        *findings,
+        Finding("invalid_json", f"a Copilot message holds more than {MAX_OBJECTS} objects; the rest unread"),
     ]
+
+
+#: A message only lenient readers take (``NaN``, a lone surrogate escape): read all the
+#: same, as the Copilot client's ``JSON.parse`` (a lone surrogate) or a Python peer reads it.
+LENIENT_MESSAGE = Finding("lenient_json", "a Copilot message: JSON only lenient readers take")
+
+
+_REQUEST_CODES = {"lenient_json": "request_lenient_json"}
+
+
+def _lenient(text: str) -> bool:
+    """Whether orjson (strict JSON) refuses an object Python's reader took."""
+    try:
+        orjson.loads(text)
+    except orjson.JSONDecodeError:
+        return True
+    return False
 
 
 class Copilot(Dialect):
@@ -197,8 +222,9 @@ class CopilotNormalizer(Normalizer):
 
     def on_client(self, frame: Frame) -> tuple[dict[str, Any], list[Finding]]:
         objects, unread = split_objects(frame.data)
-        # (the request-side code: a message the filters could not read takes the failure policy)
-        findings = [Finding("request_invalid_json", f.detail) for f in unread]
+        # (the request-side codes: a message the filters could not read takes the failure
+        # policy; one read leniently was read, as the server reads it)
+        findings = [Finding(_REQUEST_CODES.get(f.code, "request_invalid_json"), f.detail) for f in unread]
         reading: dict[str, Any] = {}
         for obj in objects:
             if obj.get("event") != "send":

@@ -75,6 +75,7 @@ from addon.events import (
 from addon.framing import Frame, Writer
 from addon.framing.json_array import JSON_ARRAY_WRITER
 from addon.framing.sse import SSEWriter
+from addon.record import MAX_CHOICES
 from exchange.request import tool_names
 
 GENERATE = "generateContent"
@@ -314,10 +315,12 @@ class GeminiNormalizer(JsonEventNormalizer):
         if streamed and not sse:
             self.framing = "json-array"  # streamGenerateContent without alt=sse
         self.chunks = 0  # GenerateContentResponse objects read
-        self.candidates: dict[int, bool] = {}  # candidate index -> it has a finishReason
+        # candidate index -> it has a finishReason; the first MAX_CHOICES (the record keeps no
+        # more: past them an upstream naming a new index per chunk)
+        self.candidates: dict[int, bool] = {}
         self.finished = False  # a finishReason (or a blocked prompt) was seen
         self.calls = 0  # function calls so far, for unique keys
-        self.open_calls: dict[int, _OpenCall] = {}  # candidate -> call still streaming
+        self.open_calls: dict[int, _OpenCall] = {}  # candidate (one of candidates) -> call still streaming
         self.meta: tuple[str | None, str | None] = (None, None)
         self.usage: tuple[int | None, ...] | None = None  # the counts last reported
         self.answer: dict[str, Any] | None = None  # a whole response read (an array's last element)
@@ -449,7 +452,8 @@ class GeminiNormalizer(JsonEventNormalizer):
     def _candidate(self, candidate: dict[str, Any], position: int, out: list[Event]) -> None:
         index = int_field(candidate, "index")
         choice = position if index is None else index  # proto3 JSON omits index 0
-        self.candidates.setdefault(choice, False)
+        if len(self.candidates) < MAX_CHOICES:
+            self.candidates.setdefault(choice, False)
         content = candidate.get("content")
         parts = content.get("parts") if isinstance(content, dict) else None
         if isinstance(parts, list):
@@ -466,7 +470,8 @@ class GeminiNormalizer(JsonEventNormalizer):
         reason = str_field(candidate, "finishReason")
         if reason and reason != UNSPECIFIED_FINISH:
             self.finished = True
-            self.candidates[choice] = True
+            if choice in self.candidates:
+                self.candidates[choice] = True
             self._close(choice, out)  # a call still streaming now never completes
             out.append(Finish(reason, choice))
 
@@ -480,10 +485,12 @@ class GeminiNormalizer(JsonEventNormalizer):
         if open_call is not None and name and open_call.name and name != open_call.name:
             self._close(choice, out)  # another function: the open one never finished
             open_call = None
-        if open_call is None and not streaming:
+        if open_call is None and (not streaming or choice not in self.candidates):
+            # a whole call; or a part of one still streaming for a candidate past MAX_CHOICES,
+            # whose events the record does not keep: read, not remembered
             if name is None and call_id is None and "args" not in call:
                 return  # an empty functionCall closing nothing
-            out.append(ToolCallDelta(self._key(), _encode_args(call.get("args")), call_id, name, choice, True))
+            out.append(ToolCallDelta(self._key(), _encode_args(call.get("args")), call_id, name, choice, not streaming))
             return
         if open_call is None:
             open_call = self.open_calls[choice] = _OpenCall(self._key())

@@ -72,6 +72,7 @@ from addon.events import (
     Usage,
 )
 from addon.framing import Frame
+from addon.record import MAX_TOOL_CALLS
 from exchange.request import tool_names
 
 _NO_BLOCK = object()  # no block's text deltas may be read alone yet
@@ -82,6 +83,9 @@ _NO_BLOCK = object()  # no block's text deltas may be read alone yet
 TOOL_BLOCKS = frozenset({"tool_use", "server_tool_use", "mcp_tool_use"})
 FILTER_ERROR_TYPE = "invalid_request_error"  # Anthropic's type for a request refused on policy
 REFUSAL = "refusal"  # the stop reason of an answer Anthropic's classifiers stopped
+# Content blocks open at once the normalizer remembers (Anthropic opens one at a time; the
+# record keeps no more tool calls): past it, an upstream naming a new index per event.
+MAX_BLOCKS = MAX_TOOL_CALLS
 
 
 class AnthropicMessages(Dialect):
@@ -159,9 +163,10 @@ class AnthropicNormalizer(JsonEventNormalizer):
         self.message: dict[str, Any] | None = None  # message_start's message, or the whole message read
         self.usage: dict[str, int] = {}  # Anthropic's raw counts, merged as they arrive
         self.tool_blocks: dict[int | None, Any] = {}  # block index -> input of content_block_start
-        self.json_seen: set[int | None] = set()  # tool blocks that streamed a non-empty fragment
+        self.json_seen: set[int | None] = set()  # open tool blocks that streamed a non-empty fragment
         self.text_blocks: dict[int | None, str] = {}  # open text / thinking block index -> its kind
         self.blocks = OpenBlocks()  # the blocks that got text, for interleaving
+        self.blocks_full = False  # a block past MAX_BLOCKS was left out (record_limit reported)
         self.fast_block: Any = _NO_BLOCK  # the open block whose text deltas text_of may read alone
 
     # -- stream -------------------------------------------------------------------------
@@ -186,8 +191,8 @@ class AnthropicNormalizer(JsonEventNormalizer):
         text = delta.get("text")
         if type(text) is not str or not text:
             return None
-        if obj.get("index") != self.fast_block and self._text(int_field(obj, "index"), "text"):
-            return None  # (interleaved: on_json reads it, with the finding)
+        if obj.get("index") != self.fast_block and (self.blocks.full or self._text(int_field(obj, "index"), "text")):
+            return None  # (interleaved, or past the blocks remembered: on_json reads it, with the finding)
         return text
 
     def _message_start(self, obj: dict[str, Any]) -> list[Event]:
@@ -221,20 +226,18 @@ class AnthropicNormalizer(JsonEventNormalizer):
         kind = block.get("type")
         index = int_field(obj, "index")
         if kind == "text":
-            self.text_blocks[index] = "text"
+            out = self._remember(self.text_blocks, index, "text")
             text = block.get("text")
-            return [*self._text(index, "text"), TextDelta(text)] if isinstance(text, str) and text else []
+            return [*out, *self._text(index, "text"), TextDelta(text)] if isinstance(text, str) and text else out
         if kind == "thinking":
-            self.text_blocks[index] = "reasoning"
+            out = self._remember(self.text_blocks, index, "reasoning")
             text = block.get("thinking")
-            return (
-                [*self._text(index, "reasoning"), TextDelta(text, kind="reasoning")]
-                if isinstance(text, str) and text
-                else []
-            )
+            if isinstance(text, str) and text:
+                return [*out, *self._text(index, "reasoning"), TextDelta(text, kind="reasoning")]
+            return out
         if kind in TOOL_BLOCKS:
-            self.tool_blocks[index] = block.get("input")
-            return [ToolCallDelta(_key(index), id=str_field(block, "id"), name=str_field(block, "name"))]
+            out = self._remember(self.tool_blocks, index, block.get("input"))
+            return [*out, ToolCallDelta(_key(index), id=str_field(block, "id"), name=str_field(block, "name"))]
         return []  # redacted_thinking (opaque), *_tool_result, container_upload, future types
 
     def _block_delta(self, obj: dict[str, Any]) -> list[Event]:
@@ -257,13 +260,29 @@ class AnthropicNormalizer(JsonEventNormalizer):
         if kind == "input_json_delta":
             fragment = delta.get("partial_json")
             index = int_field(obj, "index")
+            out: list[Event] = []
             if index not in self.tool_blocks:  # no content_block_start seen: still a tool call
-                self.tool_blocks[index] = None
+                out = self._remember(self.tool_blocks, index, None)
             if not isinstance(fragment, str) or not fragment:  # the first fragment is often ""
-                return []
-            self.json_seen.add(index)
-            return [ToolCallDelta(_key(index), fragment)]
+                return out
+            if index in self.tool_blocks:
+                self.json_seen.add(index)
+            return [*out, ToolCallDelta(_key(index), fragment)]
         return []  # signature_delta, citations_delta, future types
+
+    def _remember(self, table: dict[int | None, Any], index: int | None, value: Any) -> list[Event]:
+        """``table[index] = value`` (a block opened), unless that makes more than
+        :data:`MAX_BLOCKS` open: then the block is not remembered (its text and fragments
+        are still read; a tool call among them is not completed, nor is its start's input
+        kept) and, the first time, the finding ``record_limit``."""
+        if index in table or len(self.tool_blocks) + len(self.text_blocks) < MAX_BLOCKS:
+            table[index] = value
+            return []
+        if self.blocks_full:
+            return []
+        self.blocks_full = True
+        detail = f"content blocks open at once past the first {MAX_BLOCKS} not kept open: their text is read"
+        return [Finding("record_limit", f"{detail}, their tool calls are not completed")]
 
     def _text(self, index: int | None, kind: str) -> list[Event]:
         """Text of ``kind`` for block ``index``: noted, a finding when interleaved (:class:`OpenBlocks`)."""
@@ -277,12 +296,14 @@ class AnthropicNormalizer(JsonEventNormalizer):
         self.blocks.end(index)
         if index == self.fast_block:
             self.fast_block = _NO_BLOCK
+        self.text_blocks.pop(index, None)
         if index not in self.tool_blocks:
-            self.text_blocks.pop(index, None)
             return []
         start_input = self.tool_blocks.pop(index)
+        streamed = index in self.json_seen
+        self.json_seen.discard(index)  # (kept only while the block is open: bounded with it)
         arguments = ""
-        if index not in self.json_seen and isinstance(start_input, dict):
+        if not streamed and isinstance(start_input, dict):
             # Nothing streamed: the input is the one content_block_start carried ({} for a
             # tool without parameters), as the SDKs and the non-streamed message have it.
             arguments = _compact_json(start_input)

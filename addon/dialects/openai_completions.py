@@ -70,6 +70,7 @@ from addon.dialects.openai_choices import (
 )
 from addon.events import Event, Finding, Finish, ResponseMeta, TextDelta
 from addon.framing import Frame, Message
+from addon.record import MAX_CHOICES
 from exchange.request import token_prompts
 
 PATH_SUFFIX = "/completions"
@@ -139,7 +140,8 @@ class OpenAICompletionsNormalizer(JsonEventNormalizer):
             add_error(obj, out)
         for position, choice in choices_of(obj):
             index = choice_index(choice, position)
-            self.finished.setdefault(index, False)
+            if len(self.finished) < MAX_CHOICES:  # (the record keeps no more: past them the upstream is hostile)
+                self.finished.setdefault(index, False)
             self._choice(choice, index, out)
         add_usage(obj, out)
         return out
@@ -172,7 +174,8 @@ class OpenAICompletionsNormalizer(JsonEventNormalizer):
             out.append(TextDelta(text, index))
         reason = choice.get("finish_reason")
         if isinstance(reason, str) and reason:
-            self.finished[index] = True
+            if index in self.finished:
+                self.finished[index] = True
             out.append(Finish(reason, choice=index))
 
     def ending(self, rule_id: str, reason: str) -> list[Frame]:

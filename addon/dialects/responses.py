@@ -51,6 +51,7 @@ never raised on.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Any, ClassVar
 
 from addon.dialects import JsonEventNormalizer, OpenBlocks, int_field, str_field
@@ -67,6 +68,7 @@ from addon.events import (
     Usage,
 )
 from addon.framing import Frame
+from addon.record import MAX_TOOL_CALLS
 
 # Statuses after which a response no longer changes (a stop reason).
 FINAL_STATUSES = frozenset({"completed", "incomplete", "failed", "cancelled"})
@@ -93,6 +95,9 @@ PART_SPACE = {
     "reasoning_text": ("reasoning", "content_index"),
 }
 NO_ERROR_OBJECT = "the response failed without an error object"
+# What each of a response's tables (parts, calls, items) remembers: a response has a few
+# dozen; the record keeps no more tool calls. Past it, an upstream naming a new one per event.
+MAX_KEYS = MAX_TOOL_CALLS
 TEXT_DELTA = "response.output_text.delta"
 
 
@@ -187,6 +192,7 @@ class ResponsesNormalizer(JsonEventNormalizer):
         self.blocks = OpenBlocks()  # the parts that got text, by item, for interleaving
         self.free_form: set[str] = set()  # custom tool calls: their input is free text, not JSON
         self.fast_part: Any = None  # the open part whose text deltas text_of may read alone
+        self.keys_full = False  # a table reached MAX_KEYS (record_limit reported)
 
     # -- dispatch -------------------------------------------------------------------------
 
@@ -219,9 +225,11 @@ class ResponsesNormalizer(JsonEventNormalizer):
         if type(delta) is not str or not delta:
             return None
         key = (self._item_id(obj), "content", int_field(obj, "content_index") or 0)
-        if key != self.fast_part and self._enter(key, "text", "content"):
-            return None  # (interleaved: on_json reads it, with the finding)
         got = self.parts.get(key)
+        if got is None and len(self.parts) >= MAX_KEYS:
+            return None  # (past the parts remembered: on_json reads it, with the finding)
+        if key != self.fast_part and (self.blocks.full or self._enter(key, "text", "content")):
+            return None  # (interleaved, or past the blocks remembered: on_json reads it, with the finding)
         if got is None:
             self.parts[key] = [delta]
         else:
@@ -317,19 +325,20 @@ class ResponsesNormalizer(JsonEventNormalizer):
         item_id = str_field(item, "id")
         if item_id is None:
             item_id = self.item_at.get(index or 0) or f"#{index or 0}"
-        elif index is not None:
+        elif index is not None and self._room(self.item_at, index, out):
             self.item_at[index] = item_id
-        self.opened.add(item_id)
+        if self._room(self.opened, item_id, out):
+            self.opened.add(item_id)
         kind = str_field(item, "type") or ""
         payload = CALL_PAYLOAD.get(kind)
         if kind == "custom_tool_call":
-            self.free_form.add(item_id)
+            self._free_form(item_id, out)
         if payload is not None:
             # Announce the call so that it keeps its place; arguments follow as deltas
             # (an added item whose arguments are already there counts as a first delta).
             args = item.get(payload)
             args = args if isinstance(args, str) else ""
-            if args:
+            if args and self._room(self.arguments, item_id, out):
                 self.arguments.setdefault(item_id, []).append(args)
             self._call(item_id, args, str_field(item, "call_id"), str_field(item, "name"), False, out)
 
@@ -356,7 +365,9 @@ class ResponsesNormalizer(JsonEventNormalizer):
         message item has at each index, for :meth:`output_so_far`."""
         part = obj.get("part")
         if self.keeps_delivered and isinstance(part, dict) and isinstance(part.get("type"), str):
-            self.part_types[(self._item_id(obj), int_field(obj, "content_index") or 0)] = part["type"]
+            key = (self._item_id(obj), int_field(obj, "content_index") or 0)
+            if self._room(self.part_types, key, out):
+                self.part_types[key] = part["type"]
 
     # -- what the client received (the output gate's normalizer) --------------------------
 
@@ -366,6 +377,8 @@ class ResponsesNormalizer(JsonEventNormalizer):
         item_id = item.get("id")
         if index is None:  # no output_index: the item of the same id, else the next place
             index = self.item_places.get(item_id, len(self.items)) if isinstance(item_id, str) else len(self.items)
+        if not self._room(self.items, index) or isinstance(item_id, str) and not self._room(self.item_places, item_id):
+            return  # (the client's copy of a response past MAX_KEYS items: not rebuilt)
         if isinstance(item_id, str):
             self.item_places[item_id] = index
         payload = TEXT_PAYLOAD.get(str_field(item, "type") or "")
@@ -454,7 +467,8 @@ class ResponsesNormalizer(JsonEventNormalizer):
         """Compare a repeated whole text with the deltas; emit only what is missing."""
         got = self.parts.get(key)
         if got is None:
-            self.parts[key] = [full]
+            if self._room(self.parts, key, out):
+                self.parts[key] = [full]
             if full and (not self.continuation or key[0] in self.opened):
                 out.append(TextDelta(full, 0, kind))
             return
@@ -477,7 +491,8 @@ class ResponsesNormalizer(JsonEventNormalizer):
             return
         if finding and not any(k == key for k, _ in self.disagreeing):
             out.append(Finding("final_text_mismatch", f"{kind} of {key[0]}: the final text differs from the deltas"))
-        self.disagreeing.add(seen)
+        if self._room(self.disagreeing, seen, out):
+            self.disagreeing.add(seen)
         if full:
             out.append(ShownText(full, 0, "final_text"))
 
@@ -491,7 +506,8 @@ class ResponsesNormalizer(JsonEventNormalizer):
             have = full
         elif isinstance(full, str) and have != full:  # (the client's SDK may take these: checked too)
             self._disagreement((item_id, "arguments", 0), full, "arguments", out, finding=True)
-        self.arguments[item_id] = [have]
+        if self._room(self.arguments, item_id, out):
+            self.arguments[item_id] = [have]
         call_id = name = None
         if item is not None:
             call_id, name = str_field(item, "call_id"), str_field(item, "name")
@@ -502,7 +518,7 @@ class ResponsesNormalizer(JsonEventNormalizer):
     ) -> None:
         """A call fragment; a name the request did not declare is reported once per call."""
         if name is not None and self.declared_tools is not None and name not in self.declared_tools:
-            if item_id not in self.undeclared:
+            if item_id not in self.undeclared and self._room(self.undeclared, item_id, out):
                 self.undeclared.add(item_id)
                 out.append(Finding("undeclared_tool", name))
         out.append(
@@ -519,10 +535,10 @@ class ResponsesNormalizer(JsonEventNormalizer):
             return
         key = (self._item_id(obj), space, int_field(obj, index_field) or 0)
         got = self.parts.get(key)
-        if got is None:
-            self.parts[key] = [delta]
-        else:
+        if got is not None:
             got.append(delta)
+        elif self._room(self.parts, key, out):
+            self.parts[key] = [delta]
         out += self._enter(key, kind, space)
         out.append(TextDelta(delta, 0, kind))
 
@@ -584,23 +600,43 @@ class ResponsesNormalizer(JsonEventNormalizer):
             return
         item_id = self._item_id(obj)
         got = self.arguments.get(item_id)
-        if got is None:
-            self.arguments[item_id] = [delta]
-        else:
+        if got is not None:
             got.append(delta)
+        elif self._room(self.arguments, item_id, out):
+            self.arguments[item_id] = [delta]
         out.append(ToolCallDelta(item_id, delta, free_form=item_id in self.free_form))
 
     def _input_delta(self, obj: dict[str, Any], out: list[Event]) -> None:
         """A custom tool's input: free text, read as it is (not as JSON)."""
-        self.free_form.add(self._item_id(obj))
+        self._free_form(self._item_id(obj), out)
         self._arguments_delta(obj, out)
 
     def _arguments_done(self, obj: dict[str, Any], out: list[Event]) -> None:
         self._settle_call(self._item_id(obj), obj.get("arguments"), None, True, out)
 
     def _input_done(self, obj: dict[str, Any], out: list[Event]) -> None:
-        self.free_form.add(self._item_id(obj))
+        self._free_form(self._item_id(obj), out)
         self._settle_call(self._item_id(obj), obj.get("input"), None, True, out)
+
+    def _free_form(self, item_id: str, out: list[Event]) -> None:
+        """A custom tool call: its input is free text, not JSON."""
+        if self._room(self.free_form, item_id, out):
+            self.free_form.add(item_id)
+
+    # -- bounds ---------------------------------------------------------------------------
+
+    def _room(self, table: Collection[Any], key: Any, out: list[Event] | None = None) -> bool:
+        """Whether ``table`` may keep ``key``: it holds it, or fewer than :data:`MAX_KEYS`.
+        Past that, nothing new is kept there (an upstream naming a new item, part or call
+        per event); their text is still read, and the first time ``out`` gets the finding
+        ``record_limit``."""
+        if len(table) < MAX_KEYS or key in table:
+            return True
+        if out is not None and not self.keys_full:
+            self.keys_full = True
+            detail = f"output items, parts or calls past the first {MAX_KEYS} of a table not kept"
+            out.append(Finding("record_limit", f"{detail}: their final texts are read as they come, not compared"))
+        return False
 
 
 def _part(part_type: str, text: str) -> dict[str, Any]:

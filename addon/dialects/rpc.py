@@ -51,8 +51,8 @@ from addon.dialects import (
     RequestSummary,
     RequestView,
     error_body_events,
-    json_object,
     media_type,
+    read_json_object,
 )
 from addon.dialects.blocking import block_message
 from addon.dialects.protowire import Message, encode_field, field_text, messages_at, parse, strings
@@ -90,6 +90,10 @@ _RPC_PATH = re.compile(r"/(?P<service>[A-Za-z_][\w]*(?:\.[A-Za-z_][\w]*)+)/(?P<m
 # What one request body may cost to read (its messages are the record's request_body).
 MAX_REQUEST_MESSAGES = 1024
 MAX_REQUEST_MESSAGE_BYTES = 8 * 1024 * 1024
+#: A Connect JSON response message only lenient readers take (the client's SDK reads it).
+LENIENT_MESSAGE = Finding("lenient_json", "a Connect JSON message: JSON only lenient readers take (the SDKs' do)")
+#: An EndStreamResponse only lenient readers take (connect-es's JSON.parse takes a lone surrogate escape).
+LENIENT_END = Finding("lenient_json", "the EndStreamResponse: JSON only lenient readers take (the SDKs' do)")
 
 
 def rpc_name(path: str) -> str | None:
@@ -300,16 +304,19 @@ class RpcNormalizer(Normalizer):
     # -- the end of a stream ----------------------------------------------------------------
 
     def _end_stream(self, data: str) -> list[Event]:
-        """Connect's EndStreamResponse: ``{}`` (or metadata only) is success."""
+        """Connect's EndStreamResponse: ``{}`` (or metadata only) is success. JSON only
+        lenient readers take is read (the clients' readers take it), with ``lenient_json``."""
         self.ended = True
-        doc = json_object(data)
+        doc, lenient = read_json_object(data)
         if doc is None:
             return [Finding("end_stream_invalid", "the EndStreamResponse is not one JSON object"), StreamEnd()]
+        out: list[Event] = [LENIENT_END] if lenient else []
         error = doc.get("error")
         if error is None:
-            return [StreamEnd()]
+            return [*out, StreamEnd()]
         if not isinstance(error, dict) or not isinstance(error.get("code"), str):
-            return [Finding("end_stream_invalid", "an error without a code"), StreamError("unknown", None), StreamEnd()]
+            out += [Finding("end_stream_invalid", "an error without a code"), StreamError("unknown", None)]
+            return [*out, StreamEnd()]
         message = error.get("message") if isinstance(error.get("message"), str) else None
         details = []
         for item in error.get("details") or []:
@@ -317,7 +324,7 @@ class RpcNormalizer(Normalizer):
                 value = b64decode(item["value"])
                 if value is not None:
                     details.append((item["type"], value))
-        return [StreamError(error["code"], self._with_details(message, details)), StreamEnd()]
+        return [*out, StreamError(error["code"], self._with_details(message, details)), StreamEnd()]
 
     def _trailers(self, data: str) -> list[Event]:
         """gRPC's status: ``grpc-status`` 0 is success; details from ``grpc-status-details-bin``."""

@@ -31,13 +31,13 @@ the shape the server uses for its own content-policy blocks.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
-import orjson
-
-from addon.dialects import Normalizer, RequestSummary, RequestView, json_object
+from addon.dialects import Normalizer, RequestSummary, RequestView, read_json_object
 from addon.dialects.protowire import Message, field_int, field_text, parse, readable
 from addon.dialects.rpc import (
+    LENIENT_MESSAGE,
     RpcDialect,
     RpcNormalizer,
     RpcSummary,
@@ -114,10 +114,12 @@ def _readable(msg: Message, number: int) -> str | None:
 
 def _read_json_request(payload: bytes, doc: dict[str, Any], findings: list[Finding]) -> None:
     """A Connect JSON request to the language server: proto3 JSON names (camelCase)."""
-    body = json_object(payload)
+    body, lenient = read_json_object(payload)
     if body is None:
         findings.append(Finding("request_invalid_json", "the request message is not one JSON object"))
         return
+    if lenient:  # (read as the language server reads it, and said)
+        findings.append(Finding("request_lenient_json", "a Connect JSON request message: read as servers read it"))
     body = clean_json(body)
     add_message(
         doc, "system", body.get("systemPromptOverride") if isinstance(body.get("systemPromptOverride"), str) else None
@@ -212,14 +214,14 @@ class WindsurfNormalizer(RpcNormalizer):
 
     def _json_message(self, raw: bytes) -> list[Event]:
         """``RawGetChatMessageResponse`` in Connect's JSON codec: ``deltaMessage``."""
-        doc = json_object(raw)
+        doc, lenient = read_json_object(raw)
         if doc is None:
             return [Finding("response_invalid_json", "a response message is not one JSON object")]
+        out: list[Event] = [LENIENT_MESSAGE] if lenient else []
         delta = doc.get("deltaMessage")
         if not isinstance(delta, dict):
-            found = orjson.dumps(clean_json(doc)).decode()[:400]
-            return [Finding("protobuf_unmapped", f"RawGetChatMessageResponse (JSON): no deltaMessage: {found}")]
-        out: list[Event] = []
+            found = json.dumps(clean_json(doc))[:400]  # (ASCII: a lone surrogate escaped, which orjson refuses)
+            return [*out, Finding("protobuf_unmapped", f"RawGetChatMessageResponse (JSON): no deltaMessage: {found}")]
         text = delta.get("text")
         self._raw_delta(
             text if isinstance(text, str) else None, delta.get("inProgress") is True, delta.get("isError") is True, out

@@ -19,7 +19,10 @@ hostile body cannot become a huge object graph.
 
 Each record is a :class:`HubMessage` frame, its ``message`` normalized to the JSON
 protocol's field names for both encodings, so the dialects read one shape. Bad records
-are findings (``signalr_invalid``), never exceptions. Sans-IO: no mitmproxy.
+are findings (``signalr_invalid``), never exceptions. JSON is read as the peers' readers
+take it (:mod:`addon.json_read`), the handshake included: a record only a lenient reader
+takes (``NaN``, a lone surrogate escape) is read, with the finding ``lenient_json``.
+Sans-IO: no mitmproxy.
 """
 
 from __future__ import annotations
@@ -97,24 +100,25 @@ def _id_of(message: Mapping[str, Any]) -> str:
     return value if isinstance(value, str) else ""
 
 
-def _json_record(raw: bytes, handshake: bool) -> tuple[HubMessage | None, str | None]:
-    """One JSON record read: (frame, None) or (frame or None, why it is malformed)."""
+def _json_record(raw: bytes, handshake: bool) -> tuple[HubMessage | None, str | None, bool]:
+    """One JSON record read: (frame, None) or (frame or None, why it is malformed); and
+    whether only a lenient reader takes its JSON (:func:`addon.json_read.loads`)."""
     try:
         text = raw.decode()
     except UnicodeDecodeError:
         text = raw.decode("utf-8", "replace")
     try:
-        obj, _ = json_read.loads(text)  # (as JavaScript's JSON.parse takes it: a lone surrogate escape too)
+        obj, lenient = json_read.loads(text)  # (as JavaScript's JSON.parse takes it: a lone surrogate escape too)
     except ValueError as exc:
-        return None, f"a record that is not JSON ({str(exc)[:120]})"
+        return None, f"a record that is not JSON ({str(exc)[:120]})", False
     if not isinstance(obj, dict):
-        return None, f"a record that is a JSON {type(obj).__name__}, not an object"
+        return None, f"a record that is a JSON {type(obj).__name__}, not an object", lenient
     if handshake:
-        return HubMessage(HANDSHAKE, text, "", obj, raw), None
+        return HubMessage(HANDSHAKE, text, "", obj, raw), None, lenient
     kind = obj.get("type")
     name = TYPE_NAMES.get(kind) if isinstance(kind, int) and not isinstance(kind, bool) else None
     frame = HubMessage(name or UNKNOWN, text, _id_of(obj), obj, raw)
-    return frame, None if name else f"a record of unknown type {str(kind)[:40]!r}"
+    return frame, None if name else f"a record of unknown type {str(kind)[:40]!r}", lenient
 
 
 def _from_array(items: list[Any]) -> tuple[dict[str, Any], str | None]:
@@ -299,9 +303,12 @@ class HubReader:
         handshake = not self._handshaken
         frame: HubMessage | None = None
         if not skipped and raw.strip():
-            frame, problem = _json_record(raw, handshake)
+            frame, problem, lenient = _json_record(raw, handshake)
             if problem:
                 self._invalid(problem)
+            if lenient:  # (read all the same: a peer's reader takes it, so the filters check it)
+                what = "the handshake" if handshake else f"a {frame.event if frame else 'malformed'} record"
+                self.findings.append(("lenient_json", f"{what}: JSON only lenient readers take"))
         if handshake and (raw.strip() or skipped):
             self._handshaken = True
         out.append((frame, self._boundary))
@@ -389,14 +396,15 @@ def varint(n: int) -> bytes:
 def handshake_framing(first: bytes) -> str | None:
     """The framing of a connection whose first client message is ``first``: a SignalR
     handshake (a JSON object then 0x1E) naming protocol ``json`` or ``messagepack``,
-    version 1; None for anything else."""
+    version 1; None for anything else. Read leniently, as the reader reads it after
+    (which records ``lenient_json``): a handshake read strictly here would leave a
+    connection the hub accepts unclaimed, and unrecorded."""
     end = first.find(RS, 0, 4097)  # (a handshake is short: no scan of a large first message)
     if end < 0 or end > 4096:
         return None
-    obj = None
-    try:
-        obj = orjson.loads(first[:end])
-    except orjson.JSONDecodeError:
+    try:  # (leniently, as the records after it: a handshake only that takes is no way past the audit)
+        obj, _ = json_read.loads(first[:end])
+    except ValueError:
         return None
     if not isinstance(obj, dict) or obj.get("version") != 1 or isinstance(obj.get("version"), bool):
         return None

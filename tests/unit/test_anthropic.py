@@ -572,6 +572,58 @@ def test_stream_cut_mid_tool_call_keeps_partial_output_and_reports_both_problems
     assert set(codes(row)) == {"missing_stream_end", "tool_call_truncated"}
 
 
+def limits(row: dict) -> list[str]:
+    """The record_limit findings' details."""
+    return [f["detail"] for f in row["findings"] if f["code"] == "record_limit"]
+
+
+def test_an_upstream_naming_a_new_block_per_event_grows_no_table_past_its_bound():
+    """Anthropic opens one block at a time. An upstream opening a new index per event (a
+    tool block, a fragment of a block never started, a text block) is remembered up to
+    MAX_BLOCKS open blocks; past them nothing new is kept, the finding record_limit says
+    so once, and the text and fragments are still read."""
+    from addon.dialects import MAX_OPEN_BLOCKS
+    from addon.dialects.messages import MAX_BLOCKS, AnthropicNormalizer
+    from addon.record import ExchangeRecord
+
+    normalizer, record = AnthropicNormalizer(), ExchangeRecord(dialect=DIALECT.name)
+
+    def feed(**obj: object) -> None:
+        for event in normalizer.on_event(SSEEvent(str(obj["type"]), json.dumps(obj), "", None)):
+            record.apply(event)
+
+    n = MAX_BLOCKS + 100
+    tool = {"type": "tool_use", "name": "f", "input": {}}
+    for i in range(n):
+        feed(type="content_block_start", index=i, content_block=tool | {"id": f"t{i}"})
+        feed(type="content_block_delta", index=n + i, delta={"type": "input_json_delta", "partial_json": ""})
+        feed(type="content_block_start", index=2 * n + i, content_block={"type": "text", "text": f"w{i} "})
+        feed(type="content_block_delta", index=3 * n + i, delta={"type": "text_delta", "text": f"x{i} "})
+    assert len(normalizer.tool_blocks) + len(normalizer.text_blocks) == MAX_BLOCKS
+    assert len(normalizer.json_seen) <= MAX_BLOCKS and len(normalizer.blocks._kinds) == MAX_OPEN_BLOCKS
+    row = record.to_row()
+    assert sum("content blocks open at once" in d for d in limits(row)) == 1
+    assert sum("not tracked for interleaving" in d for d in limits(row)) == 1
+    assert [row["output_text"].count(c) for c in "wx"] == [n, n]  # all the text, none dropped
+    assert "text_interleaved" in codes(row)
+
+
+def test_a_tool_block_s_state_ends_with_it():
+    """What a tool block keeps (its start's input, whether fragments came) goes at its
+    stop: a stream of many blocks one after another keeps none of it."""
+    from addon.dialects.messages import AnthropicNormalizer
+
+    normalizer = AnthropicNormalizer()
+    for i in range(50):
+        for obj in (
+            {"type": "content_block_start", "index": i, "content_block": {"type": "tool_use", "input": {}}},
+            {"type": "content_block_delta", "index": i, "delta": {"type": "input_json_delta", "partial_json": "{}"}},
+            {"type": "content_block_stop", "index": i},
+        ):
+            normalizer.on_event(SSEEvent(obj["type"], json.dumps(obj), "", None))
+    assert (normalizer.tool_blocks, normalizer.json_seen, normalizer.text_blocks) == ({}, set(), {})
+
+
 def test_clean_end_of_body_without_message_stop_is_upstream_aborted():
     row = audit(TEXT_STREAM[: TEXT_STREAM.index(b"event: message_stop")])
     assert row["status"] == "upstream_aborted"

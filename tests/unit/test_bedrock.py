@@ -228,6 +228,24 @@ def test_an_event_only_lenient_json_readers_take_is_read_with_a_finding():
     assert row["output_text"] == "Par" and "lenient_json" in [f["code"] for f in row["findings"]]
 
 
+def test_an_upstream_naming_a_new_tool_block_per_event_grows_no_table_past_its_bound():
+    """ConverseStream opens one block at a time: toolUse blocks past MAX_TOOL_CALLS open at
+    once are not remembered (their fragments are still read), with record_limit once."""
+    from addon.framing import Message
+    from addon.record import MAX_TOOL_CALLS
+
+    normalizer, record = BedrockNormalizer("converse-stream", None, False), ExchangeRecord(dialect="bedrock")
+    for i in range(MAX_TOOL_CALLS + 100):
+        start = {"contentBlockIndex": i, "start": {"toolUse": {"toolUseId": f"t{i}", "name": "f"}}}
+        delta = {"contentBlockIndex": 10**6 + i, "delta": {"toolUse": {"input": "{"}}}  # a block never started
+        for kind, obj in (("contentBlockStart", start), ("contentBlockDelta", delta)):
+            for e in normalizer.on_event(Message(orjson.dumps(obj).decode(), kind)):
+                record.apply(e)
+    assert len(normalizer.tool_blocks) == MAX_TOOL_CALLS
+    limits = [f["detail"] for f in record.to_row()["findings"] if f["code"] == "record_limit"]
+    assert sum("toolUse blocks open at once" in d for d in limits) == 1
+
+
 def test_an_exception_message_fails_the_exchange_with_its_type():
     start = event("messageStart", {"role": "assistant"})
     text = event("contentBlockDelta", {"contentBlockIndex": 0, "delta": {"text": "Par"}})
@@ -356,6 +374,46 @@ def test_nova_native_stream_is_read_as_converse_events():
         3,
         1,
     )
+
+
+def raw_chunk(native: bytes) -> bytes:
+    """A chunk whose base64 holds ``native`` as it is (JSON orjson would not write)."""
+    return event("chunk", {"bytes": base64.b64encode(native).decode()})
+
+
+@pytest.mark.parametrize(
+    "native",
+    [
+        b'{"contentBlockDelta": {"delta": {"text": "Salut"}, "contentBlockIndex": 0}, "x": NaN}',  # Nova: Converse events
+        b'{"generation": "Salut", "stop_reason": null, "x": 1e400}',  # Llama
+        b'{"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "Salut"}, "x": NaN}',
+    ],
+)
+def test_a_chunk_only_lenient_json_readers_take_is_read_with_one_finding(native: bytes):
+    """botocore's and the SDKs' json.loads take NaN and 1e400: the chunk's text is read
+    (and checked by the filters), with one lenient_json finding (an Anthropic chunk's is
+    the Anthropic normalizer's)."""
+    strict = native.replace(b"NaN", b"0").replace(b"1e400", b"0")
+    stop = {"messageStop": {"stopReason": "end_turn"}, "amazon-bedrock-invocationMetrics": {"inputTokenCount": 1}}
+    row = audit(raw_chunk(native) + chunk(stop), "invoke-with-response-stream")
+    assert row["output_text"] == "Salut"
+    assert [f["code"] for f in row["findings"]].count("lenient_json") == 1
+    row = audit(raw_chunk(strict) + chunk(stop), "invoke-with-response-stream")
+    assert "lenient_json" not in [f["code"] for f in row["findings"]]
+
+
+def test_an_exception_only_lenient_json_readers_take_is_read_with_a_finding():
+    lenient = encode_message(
+        [
+            (":exception-type", "throttlingException"),
+            (":content-type", "application/json"),
+            (":message-type", "exception"),
+        ],
+        b'{"message": "Too many tokens", "retry": NaN}',
+    )
+    row = audit(event("messageStart", {"role": "assistant"}) + lenient)
+    assert (row["error_code"], row["error_message"]) == ("throttlingException", "Too many tokens")
+    assert "lenient_json" in [f["code"] for f in row["findings"]]
 
 
 def test_an_unknown_model_payload_is_a_finding():

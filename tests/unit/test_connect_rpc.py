@@ -124,6 +124,39 @@ def test_a_connect_error_and_json_codec():
     assert row["status"] == "failed"
 
 
+def codes(row: dict) -> list[str]:
+    return [x["code"] for x in row["findings"]]
+
+
+def test_json_messages_only_lenient_readers_take_are_read_with_a_finding():
+    """A message the client's JSON reader takes (NaN for Python's json.loads, a lone
+    surrogate escape for JSON.parse) is read, its strings checked, and the record says so;
+    the EndStreamResponse the same."""
+    body = env('{"text": "partial", "score": NaN}') + end_stream(
+        '{"error": {"code": "internal", "message": "x"}, "n": 1e400}'
+    )
+    row = every_split(body, "application/connect+json")
+    assert row["output_text"] == "partial" and row["error_code"] == "internal"
+    assert codes(row).count("lenient_json") == 2
+    strict = audit(env('{"text": "partial"}') + end_stream(), "application/connect+json")
+    assert "lenient_json" not in codes(strict)
+
+
+def test_a_unary_json_answer_only_lenient_readers_take_is_read_with_a_finding():
+    row = audit(b'{"text": "\\ud800 answer", "n": NaN}', "application/json", **{"connect-protocol-version": "1"})
+    assert "answer" in row["output_text"] and "lenient_json" in codes(row)
+
+
+def test_a_json_request_message_only_lenient_readers_take_is_read_with_a_finding():
+    request = view("application/connect+json")
+    doc, finding = DIALECT.parse_request(env('{"prompt": "Summarise this", "t": NaN}'), request)
+    assert doc["messages"] == [{"role": "user", "content": "Summarise this"}]
+    assert finding is not None and finding.code == "request_lenient_json"
+    doc, findings = DIALECT.parse_request_message(b'{"prompt": "again", "t": Infinity}', request)
+    assert doc["messages"][0]["content"] == "again" and [f.code for f in findings] == ["request_lenient_json"]
+    assert DIALECT.parse_request(env('{"prompt": "strict"}'), request)[1] is None
+
+
 @pytest.mark.parametrize(
     "end, status, code",
     [("{not json", "completed", "end_stream_invalid"), ('{"error":{}}', "failed", "end_stream_invalid")],

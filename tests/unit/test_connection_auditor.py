@@ -17,7 +17,7 @@ from addon.dialects import Normalizer, RequestSummary
 from addon.events import Event, Finding, Finish, TextDelta, TurnEnd
 from addon.filters.engine import FilterSet
 from addon.filters.rules import parse_rules
-from addon.framing import Frame, Message
+from addon.framing import Frame, Framing, Message
 from addon.framing.ws_json import FRAMING, WRITER
 from addon.mitm.content_filters import check_message
 from addon.record import ExchangeRecord, Status
@@ -76,7 +76,9 @@ class ToyDialect:
     name = "toy"
 
 
-def auditor(rules: str | None = None, failure: str = "closed") -> tuple[ConnectionAuditor, list[dict[str, Any]]]:
+def auditor(
+    rules: str | None = None, failure: str = "closed", framing: Framing = FRAMING
+) -> tuple[ConnectionAuditor, list[dict[str, Any]]]:
     written: list[dict[str, Any]] = []
     turns = Turns(ExchangeRecord(dialect="toy"), "conn-1", lambda r: written.append(r.to_row()))
     filters = FilterSet(parse_rules(rules), failure=failure) if rules else None  # type: ignore[arg-type]
@@ -87,7 +89,7 @@ def auditor(rules: str | None = None, failure: str = "closed") -> tuple[Connecti
         return check_message(fs, DIALECT, RequestSummary(), record, doc)
 
     a = ConnectionAuditor(
-        FRAMING,
+        framing,
         Toy(),
         Toy,
         turns,
@@ -169,6 +171,25 @@ def test_a_blocked_client_message_is_refused_and_not_forwarded() -> None:
     assert a.from_client(j({"say": "hello"}), True) == Relay()
     rows = final(written)
     assert rows[0]["status"] == Status.BLOCKED and rows[0]["turn"] == 0
+
+
+def test_the_reader_s_findings_on_a_refused_message_are_its_turn_s() -> None:
+    """A refused message may carry more records (SignalR), a malformed one among them: the
+    reader's finding on it is in the refused turn's record, not in the next turn's (left in
+    the reader, it also made the next, innocent message look unreadable: refused)."""
+    from addon.framing.signalr import JSON_FRAMING
+
+    a, written = auditor(RULES, framing=JSON_FRAMING)
+    a.from_client(b'{"protocol":"json","version":1}\x1e', True)
+    a.from_server(b"{}\x1e", True)
+    relay = a.from_client(b'{"type":1,"say":"what is Nightjar?"}\x1e{not json\x1e', True)
+    assert relay.onward == [] and relay.back
+    a.from_client(b'{"type":1,"say":"hello"}\x1e', True)
+    a.from_server(b'{"type":1,"delta":"hi"}\x1e{"type":1,"done":true}\x1e', True)
+    rows = final(written)
+    assert [(r["turn"], r["status"]) for r in rows] == [(0, Status.BLOCKED), (1, Status.COMPLETED)]
+    assert [f["code"] for f in rows[0]["findings"]] == ["signalr_invalid"]
+    assert rows[1]["findings"] == []
 
 
 def test_a_connection_closed_during_an_answer_records_the_partial_turn() -> None:

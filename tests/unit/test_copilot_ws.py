@@ -159,3 +159,19 @@ def test_any_event_shapes_never_raise(messages: list[dict]) -> None:
         norm.on_client(client(json.dumps(message)))
     parsed(norm.ending("r", "x"))
     norm.on_end()
+
+
+def test_a_message_only_lenient_readers_take_is_read_with_the_finding() -> None:
+    """``NaN`` (a Python peer) or a lone surrogate escape (the client's JSON.parse): the
+    message was read all the same, silently; now with ``lenient_json`` (request side:
+    ``request_lenient_json``, not unread, so no failure policy)."""
+    objects, findings = split_objects('{"event":"appendText","messageId":"b","text":"hi \\ud800","x":NaN}')
+    assert objects[0]["text"] == "hi \ud800" and [f.code for f in findings] == ["lenient_json"]
+    objects, findings = split_objects('{"a":1}\x1e{"b":NaN}\x1e{"c":NaN}')
+    assert len(objects) == 3 and [f.code for f in findings] == ["lenient_json"]
+    assert split_objects('{"a":1}{"b":2}') == ([{"a": 1}, {"b": 2}], [])
+    reading, findings = CopilotNormalizer().on_client(
+        client('{"event":"send","content":[{"type":"text","text":"hi"}],"x":NaN}')
+    )
+    assert reading["messages"] == [{"role": "user", "content": "hi"}]
+    assert [f.code for f in findings] == ["request_lenient_json"]

@@ -259,6 +259,22 @@ def test_several_candidates_keep_their_own_text_and_output_text_is_candidate_zer
     ]
 
 
+def test_an_upstream_naming_a_new_candidate_per_chunk_grows_no_table_past_the_choices_kept():
+    """Candidates past MAX_CHOICES (the record keeps no more) are not remembered, nor is a
+    call still streaming for one; the record counts their events (record_limit)."""
+    from addon.dialects.gemini import GeminiNormalizer
+    from addon.record import MAX_CHOICES, ExchangeRecord
+
+    normalizer, record = GeminiNormalizer(), ExchangeRecord(dialect=DIALECT.name)
+    streaming = {"functionCall": {"name": "f", "willContinue": True}}
+    for i in range(MAX_CHOICES + 300):
+        for event in normalizer.on_json(None, chunk(cand({"text": "t"}, streaming, index=i))):  # type: ignore[arg-type]
+            record.apply(event)
+    assert (len(normalizer.candidates), len(normalizer.open_calls)) == (MAX_CHOICES, MAX_CHOICES)
+    assert any(f["code"] == "record_limit" for f in record.to_row()["findings"])
+    assert len(normalizer.ending("r", "x")[0].data) < 20_000  # a SAFETY finish per candidate kept
+
+
 def test_candidate_index_defaults_to_its_position_when_omitted():
     body = sse(chunk(cand({"text": "a"}, finish="STOP"), cand({"text": "b"}, finish="STOP")))
     assert [c["text"] for c in output_choices(audit(body))] == ["a", "b"]

@@ -309,3 +309,19 @@ def test_a_token_id_prompt_cannot_be_read_and_the_failure_policy_decides():
     [flagged] = FilterSet([replace(r, action="flag") for r in RULES], failure="closed").check_request(ctx)
     assert flagged.action == "flag", "only flag rules: nothing to block for"
     assert FilterSet([], failure="closed").check_request(ctx) == []
+
+
+def test_choices_past_what_the_record_keeps_are_not_remembered():
+    """An upstream naming a new choice index per event grew the normalizer's table of
+    finished choices without end (the record keeps 128 choices); the ending still finishes
+    every choice remembered."""
+    from addon.dialects.openai_completions import OpenAICompletionsNormalizer
+    from addon.record import MAX_CHOICES
+
+    normalizer = OpenAICompletionsNormalizer()
+    for i in range(MAX_CHOICES + 300):
+        obj = chunk(choice("x", i, "stop" if i % 2 else None))
+        normalizer.on_json(SSEEvent("", json.dumps(obj)), obj)
+    assert len(normalizer.finished) == MAX_CHOICES
+    ending = [json.loads(f.data) for f in normalizer.ending("r", "why")[:-1]]
+    assert [c["choices"][0]["index"] for c in ending] == list(range(0, MAX_CHOICES, 2))

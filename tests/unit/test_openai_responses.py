@@ -912,3 +912,34 @@ def test_the_output_so_far_is_rebuilt_from_what_the_gates_normalizer_read():
         call | {"status": "incomplete", "arguments": '{"a'},
     ]
     assert "content" not in n.items[0], "the text is kept once, in the deltas"
+
+
+def test_an_upstream_naming_a_new_item_part_or_call_per_event_grows_no_table_past_its_bound():
+    """A response has a few dozen items and parts. An upstream naming a new one per event
+    is remembered up to MAX_KEYS per table; past that nothing new is kept, the finding
+    record_limit says so once, and the text is still recorded (a final text past the
+    bound as it comes, not compared with the deltas); an item's ended parts are forgotten."""
+    from addon.dialects.responses import MAX_KEYS
+
+    n = OpenAIResponsesNormalizer()
+    n.keeps_delivered = True
+    record = ExchangeRecord(dialect=DIALECT.name)
+
+    def feed(kind: str, **data: object) -> None:
+        for event in n.on_event(SSEEvent(event=kind, data=orjson.dumps({"type": kind, **data}).decode())):
+            record.apply(event)
+
+    count = MAX_KEYS + 100
+    for i in range(count):
+        item = {"id": f"ct_{i}", "type": "custom_tool_call", "call_id": f"c{i}", "name": "f", "input": "x"}
+        feed("response.output_item.added", output_index=i, item=item)
+        feed("response.output_text.delta", item_id="msg", content_index=i, delta=f"w{i} ")
+        feed("response.output_text.done", item_id="msg", content_index=i, text=f"w{i} ")
+        feed("response.function_call_arguments.delta", item_id=f"fc_{i}", delta="{")
+    tables = (n.parts, n.arguments, n.opened, n.item_at, n.items, n.item_places, n.free_form, n.part_types)
+    assert [len(t) <= MAX_KEYS for t in tables] == [True] * len(tables) and len(n.parts) == MAX_KEYS
+    assert n.blocks._groups == {}
+    row = record.to_row()
+    limits = [f["detail"] for f in row["findings"] if f["code"] == "record_limit"]
+    assert sum("output items, parts or calls" in d for d in limits) == 1
+    assert set(row["output_text"].split()) == {f"w{i}" for i in range(count)}

@@ -282,6 +282,23 @@ def test_a_refused_prompt_through_the_connection_pipeline() -> None:
     assert written[-1]["status"] == "blocked"
 
 
+def test_records_only_lenient_json_readers_take_are_claimed_read_and_checked() -> None:
+    """A handshake and records only lenient JSON readers take (NaN) are read as the others:
+    the connection is recorded, a blocked word in such a record is refused, an innocent one
+    goes on (read, not "unreadable"), and the turns' records say the JSON was lenient."""
+    lenient_hello = b'{"protocol":"json","version":1,"x":NaN}\x1e'
+    a, written = pipeline(DIALECT, "signalr_json", lenient_hello)
+    prompt = rec(PROMPT | {"arguments": ["what is Nightjar?"]}).replace(b"}\x1e", b',"n":NaN}\x1e')
+    assert a.from_client(prompt, True).onward == []  # refused: the filters read it
+    again = rec(PROMPT | {"invocationId": "2", "arguments": ["hello"]}).replace(b"}\x1e", b',"n":NaN}\x1e')
+    assert a.from_client(again, True).onward is None  # goes on as it came
+    a.from_server(rec({}, {"type": 3, "invocationId": "2", "result": "hi"}), True)
+    rows = {row["turn"]: row for row in written}
+    assert (rows[0]["status"], rows[1]["status"], rows[1]["output_text"]) == ("blocked", "completed", "hi")
+    assert [f["code"] for f in rows[0]["findings"]] == ["lenient_json", "lenient_json"]  # the handshake's, the prompt's
+    assert [f["code"] for f in rows[1]["findings"]] == ["lenient_json"]
+
+
 def test_a_completion_of_another_invocation_is_not_the_turns_outcome() -> None:
     conn = Connection(view("/hub"), HELLO)
     conn.send(rec(PROMPT))

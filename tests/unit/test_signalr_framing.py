@@ -150,6 +150,28 @@ def test_handshake_framing() -> None:
         assert handshake_framing(other) is None, other
 
 
+LENIENT_HELLO = b'{"protocol":"json","version":1,"x":NaN}\x1e'
+
+
+def test_a_handshake_only_lenient_json_readers_take_is_claimed_and_read_with_a_finding() -> None:
+    """Records are read as the peers' JSON readers take them; the handshake the same, or a
+    hub that accepts it would go unrecorded."""
+    assert handshake_framing(LENIENT_HELLO) == "signalr_json"
+    assert handshake_framing(b'{"protocol":"messagepack","version":1,"x":"\\ud800"}\x1e') == "signalr_msgpack"
+    reader = json_reader()
+    frames = reader.feed(LENIENT_HELLO + b'{"type":2,"invocationId":"1","item":"hi","n":1e400}\x1e{"type":6}\x1e')
+    assert [(f.event, f.message.get("item")) for f in frames] == [
+        ("handshake", None),
+        ("stream_item", "hi"),
+        ("ping", None),
+    ]
+    assert [c for c, _ in reader.findings] == ["lenient_json", "lenient_json"]
+    assert "lenient_json" in CODES
+    strict = json_reader()
+    strict.feed(JSON_HELLO + b'{"type":6}\x1e')
+    assert strict.findings == []
+
+
 def test_a_server_handshake_error_is_read() -> None:
     reader = json_reader()
     (frame,) = reader.feed(b'{"error":"Requested protocol \'messagepack\' is not available."}\x1e')

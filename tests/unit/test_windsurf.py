@@ -175,3 +175,17 @@ def test_raw_get_chat_message_in_connect_json():
         headers=JSON_STREAM,
     )
     assert error["status"] == "failed" and error["error_message"] == "quota exceeded"
+
+
+def test_connect_json_only_lenient_readers_take_is_read_with_the_finding():
+    """``NaN`` or a lone surrogate escape: read as the language server and the client
+    read it (it was, silently), now with ``lenient_json`` / ``request_lenient_json``; a
+    message without ``deltaMessage`` and a lone surrogate is reported, not a crash."""
+    request = '{"chatMessages": [{"source": "CHAT_MESSAGE_SOURCE_USER", "text": "Hello"}], "temperature": NaN}'
+    doc, finding = DIALECT.parse_request(env(request), view(RAW_CHAT, JSON_STREAM))
+    assert doc["messages"] == [{"role": "user", "content": "Hello"}] and finding.code == "request_lenient_json"
+    body = env('{"deltaMessage": {"text": "Hi \\ud800", "inProgress": true}}') + env('{"x": "\\udc00"}') + end_stream()
+    row = audit(body, path=RAW_CHAT, headers=JSON_STREAM)
+    assert row["output_text"].startswith("Hi ")
+    codes = [f["code"] for f in row["findings"]]
+    assert codes.count("lenient_json") == 2 and "protobuf_unmapped" in codes
