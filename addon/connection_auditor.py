@@ -158,10 +158,12 @@ class ConnectionAuditor:
         self.client_from = 0  # offset of client_held[0]
         self.suppressing = False  # the answer was cut: the rest of it is read, not delivered
         self.turn_over = False  # a frame of this message ended the turn
+        self.going_on: tuple[int, ...] = ()  # the answers that turn's end left in progress (TurnEnd.going_on)
         self.holding_current = False  # the message being read is among the held bytes
         self.failed = False
-        # the proxy sent the upstream a message of its own (a cancel): only then can an
-        # upstream frame answer one (Normalizer.for_proxy, not asked of every message)
+        # the proxy cut an answer (and sent the upstream a cancel, where the protocol has
+        # one): only then can an upstream frame be the proxy's, the answer to its cancel or
+        # the rest of what it cut (Normalizer.for_proxy, not asked of every message)
         self.asked_upstream = False
         self._next_gate()
 
@@ -285,13 +287,12 @@ class ConnectionAuditor:
         self.server_offset += len(content)
         if self.suppressing or gate is None:
             frames = reader.feed(content)
+            # (asked before the frames are read: reading the end of what the proxy cut ends it)
+            ours = self.asked_upstream and frames and all(self.normalizer.for_proxy(f) for f in frames)
             for frame in frames:
                 self._server_frame(frame)
             self._collect(reader)
-            if self.asked_upstream and frames and all(self.normalizer.for_proxy(f) for f in frames):
-                self._end_of_message()
-                return Relay(onward=[])  # (the upstream's answer to the proxy's own message)
-            if self.suppressing:
+            if ours or self.suppressing:  # (the upstream's answer to the proxy's own message; the rest of a cut answer)
                 if self.turn_over:
                     self.suppressing = False
                 self._end_of_message()
@@ -342,6 +343,7 @@ class ConnectionAuditor:
             record.apply(ev)
             if type(ev) is TurnEnd:
                 self.turn_over = True
+                self.going_on = ev.going_on
             elif type(ev) is PromptText:
                 self._transcribed(record, ev)
         return events
@@ -367,19 +369,30 @@ class ConnectionAuditor:
 
     def _end_of_message(self) -> None:
         """After a server message: the turn it answered begins (its record written ahead)
-        or, when it carried the turn's end, is written, and the next turn gets a gate."""
+        or, when it carried the turn's end, is written, and the next turn gets a gate.
+
+        Not while another answer goes on (OpenAI Realtime's responses at once): the gate
+        keeps reading that one's text, as one text with what follows (the gate ended only
+        the ended answer's, :meth:`OutputGate._end_turn`); what it counts as the client's
+        text starts again, for the next turn's record."""
         self.turns.answered()
         if not self.turn_over:
             return
         self.turn_over = False
+        going_on, self.going_on = self.going_on, ()
         self.turns.end_turn(self.turns.record)
-        if not self.suppressing and not self.server_pending.items:
+        if self.suppressing:
+            return
+        if going_on and self.gate is not None:
+            self.gate.delivered.clear()
+        elif not self.server_pending.items:
             self._next_gate()
 
     def _cut(self, gate: OutputGate, released: bytes) -> Relay:
         """An output filter blocked the answer: what was cleared before goes, then the
         protocol's end of the answer; the upstream is asked to stop; the rest of the
-        answer is read, not delivered, up to its end (unless this message ended it)."""
+        answer is read, not delivered, up to its end (unless this message ended it, and
+        no other answer goes on beside it: the protocol's ending closed that one too)."""
         verdict = gate.blocked
         assert verdict is not None
         record = self.turns.record
@@ -399,9 +412,10 @@ class ConnectionAuditor:
         self.connection.bytes_to_client += sent
         record.delivered_text = gate.delivered_text
         self.turns.open()
-        cancel = self._encode(self.normalizer.upstream_cancel()) if not self.turn_over else []
-        self.asked_upstream = self.asked_upstream or bool(cancel)
-        self.suppressing = not self.turn_over
+        answering = not self.turn_over or bool(self.going_on)
+        cancel = self._encode(self.normalizer.upstream_cancel()) if answering else []
+        self.asked_upstream = self.asked_upstream or answering
+        self.suppressing = answering
         self.gate = None  # (a new one comes with the next turn)
         return Relay(onward=out + ending, back=cancel, close=self.normalizer.close_after_block(verdict.reason))
 

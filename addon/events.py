@@ -145,7 +145,15 @@ class StreamEnd:
 class TurnEnd:
     """One turn of a long-lived stream is over (Cursor's ``turn_ended``), though the
     stream goes on: what was read so far is one exchange's record, and what follows
-    belongs to the next turn's. Streams that end with their answer never emit it."""
+    belongs to the next turn's. Streams that end with their answer never emit it.
+
+    ``going_on``: on a stream that carries several answers at once, each on a choice of
+    its own (OpenAI Realtime's responses in progress side by side), the choices of those
+    that did not end here. Only the answer that ended is whole: the others' text so far
+    is still one text with what follows, for the output filters (the default, none, is
+    the end of everything the turn carried)."""
+
+    going_on: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

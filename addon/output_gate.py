@@ -87,6 +87,12 @@ def _cleared(needs: list[tuple[StreamKey, int]] | None, released: Callable[[Stre
     return True
 
 
+def _still_needed(needs: list[tuple[StreamKey, int]], going_on: tuple[int, ...]) -> list[tuple[StreamKey, int]]:
+    """What a held frame still waits for once a turn ended: positions in the streams of
+    the answers ``going_on`` (the ended ones' are all released, and forgotten)."""
+    return [need for need in needs if need[0][0] in going_on] if going_on else []
+
+
 class OutputGate:
     """Releases an event stream's bytes as the guard clears the text they carry.
 
@@ -340,8 +346,8 @@ class OutputGate:
             case StreamError(message=message):
                 if message:
                     self._whole((0, "error", None), message, needs)
-            case TurnEnd():  # (a turn's end: its answer is whole, nothing waits for more)
-                self._end_turn(needs)
+            case TurnEnd(going_on=going_on):  # (a turn's end: its answer is whole, nothing waits for more)
+                self._end_turn(needs, going_on)
             case Finding(code="text_interleaved"):  # (what the filters read is not what the client shows)
                 self.unreadable("text of two blocks of one kind came interleaved")
 
@@ -377,21 +383,29 @@ class OutputGate:
         self._feed(stream, text, needs)
         self._flush(stream)
 
-    def _end_turn(self, needs: list[tuple[StreamKey, int]]) -> None:
+    def _end_turn(self, needs: list[tuple[StreamKey, int]], going_on: tuple[int, ...] = ()) -> None:
         """A turn's end: every stream is checked to its end and all its text released, and
         the next turn's streams start afresh (a long stream of turns would otherwise
         count every stream of every turn against MAX_STREAMS, and keep their scanners).
-        What the frames held so far wait for is released: they need nothing now."""
-        self._settle(self.guard.flush_all().values())
+        What the frames held so far wait for is released: they need nothing now.
+
+        ``going_on`` (the :class:`~addon.events.TurnEnd`'s): the choices of answers still in
+        progress beside the one that ended (OpenAI Realtime's responses at once). Only the
+        ended answer's streams end here (a match at its very end is still found); the
+        others' are left as they are, their held text and what their checks know kept, and
+        the frames held for them still wait for them: a word cut across the other
+        answer's end is one word."""
+        self._settle(self.guard.flush_all(going_on).values())
         if self.blocked is not None:
             return
         for held in self._held:
             if held.needs is not None:
-                held.needs = []
-        needs.clear()
-        self.guard.forget()
-        self._escapes.clear()
-        self._writing = None
+                held.needs = _still_needed(held.needs, going_on)
+        needs[:] = _still_needed(needs, going_on)
+        self.guard.forget(going_on)
+        self._escapes = {key: escapes for key, escapes in self._escapes.items() if key[0] in going_on}
+        if self._writing is not None and self._writing[0] not in going_on:
+            self._writing = None
 
     def _too_many(self) -> None:
         """An answer with more text streams (choices, tool calls) than the guard checks:

@@ -20,6 +20,13 @@ parameter), ``fail_after=N`` ends the answer with the protocol's error after N p
 ``close=CODE`` (``close_after=N``) closes the WebSocket instead; ``tool=NAME`` makes
 Realtime and Gemini Live call that tool with ``{"text": X}``.
 
+Realtime runs an out-of-band response (``response.create`` with ``response.conversation:
+"none"``, its prompt the text of its own ``input``, else its ``instructions``) beside the
+default one, as the service does. Two text responses whose prompts carry ``interleave=1``
+take turns, a piece each, from the moment the second one is asked for, in the order the
+client asked for them, each one's end (its done events and ``response.done``) one turn:
+their events interleave the same way every run.
+
 Each connection is kept like an HTTP exchange for ``/_mock/requests/{id}`` and
 ``/_mock/sent/{id}``: ``id`` is the upgrade's ``x-mock-id`` header or the ``mock_id``
 query parameter. ``body`` is every frame payload received (or sent) concatenated;
@@ -80,16 +87,18 @@ class Plan:
     close_after: int = 0
     tool: str | None = None
     """Call this tool (Realtime, Gemini Live) with ``{"text": text}`` instead of answering."""
+    interleave: bool = False
+    """Take turns with another Realtime response that has it (:class:`_Turns`)."""
 
     @classmethod
     def parse(cls, prompt: str, query: dict[str, list[str]] | None = None) -> Plan:
         """The knobs in ``prompt`` (and ``delay_ms`` in the query); ``say:`` takes the rest."""
-        knobs = dict(re.findall(r"\b(delay_ms|fail_after|close_after|close)=(\d+)", prompt))
+        knobs = dict(re.findall(r"\b(delay_ms|fail_after|close_after|close|interleave)=(\d+)", prompt))
         if "delay_ms" not in knobs and query and query.get("delay_ms"):
             knobs["delay_ms"] = query["delay_ms"][-1]
         said = re.search(r"say:\s*(.*)", prompt, re.DOTALL)
         text = (
-            re.sub(r"\b(delay_ms|fail_after|close_after|close)=\d+\s*|\btool=\w+\s*", "", said[1]).strip()
+            re.sub(r"\b(delay_ms|fail_after|close_after|close|interleave)=\d+\s*|\btool=\w+\s*", "", said[1]).strip()
             if said
             else ""
         )
@@ -100,6 +109,7 @@ class Plan:
             close=int(knobs["close"]) if "close" in knobs else None,
             close_after=int(knobs.get("close_after", 0)),
             tool=tool[1] if (tool := re.search(r"\btool=(\w+)", prompt)) else None,
+            interleave=knobs.get("interleave", "0") != "0",
         )
 
     def pieces(self) -> list[str]:
@@ -366,8 +376,44 @@ _REALTIME_QUIET = {
 
 
 @dataclass
+class _Turns:
+    """Realtime responses that take turns, a piece each (the ``interleave`` knob), in the
+    order they were asked for: once two have joined, the first one's turn, then the next."""
+
+    order: list[str] = field(default_factory=list)
+    paired: asyncio.Event = field(default_factory=asyncio.Event)
+    moved: asyncio.Condition = field(default_factory=asyncio.Condition)
+
+    def join(self, response_id: str) -> None:
+        """Called as the client's ``response.create`` is handled: the order is the client's."""
+        self.order.append(response_id)
+        if len(self.order) >= 2:
+            self.paired.set()
+
+    async def take(self, response_id: str) -> None:
+        """Wait for the response's turn (nothing to wait for when it never joined)."""
+        if response_id not in self.order:
+            return
+        await self.paired.wait()
+        async with self.moved:
+            await self.moved.wait_for(lambda: self.order[0] == response_id)
+
+    async def give(self, response_id: str, leave: bool = False) -> None:
+        """The response's turn is over: the next one's (``leave``: it is done)."""
+        if response_id not in self.order:
+            return
+        async with self.moved:
+            self.order.remove(response_id)
+            if not leave:
+                self.order.append(response_id)
+            elif not self.order:
+                self.paired.clear()
+            self.moved.notify_all()
+
+
+@dataclass
 class _Realtime:
-    """A Realtime session: its names (GA or beta), settings, conversation and live response."""
+    """A Realtime session: its names (GA or beta), settings, conversation and live responses."""
 
     conn: Connection
     beta: bool
@@ -375,8 +421,11 @@ class _Realtime:
     modalities: list[str] = field(default_factory=lambda: ["text"])
     instructions: str = ""
     last_user_text: str = ""
-    active: asyncio.Task[None] | None = None
-    cancelled: asyncio.Event = field(default_factory=asyncio.Event)
+    active: asyncio.Task[None] | None = None  # the default response in progress
+    active_id: str | None = None
+    beside: set[asyncio.Task[None]] = field(default_factory=set)  # out-of-band responses in progress
+    cancels: dict[str, asyncio.Event] = field(default_factory=dict)  # each response in progress: its cancel
+    turns: _Turns = field(default_factory=_Turns)
     id: str = field(default_factory=lambda: _id("sess"))
 
     def name(self, ga: str, beta: str) -> str:
@@ -406,20 +455,23 @@ class _Realtime:
         elif kind == "conversation.item.create":
             await self.add_item(_object(event.get("item")), event.get("previous_item_id"))
         elif kind == "response.create":
-            if self.active is not None and not self.active.done():
+            options = _object(event.get("response"))
+            out_of_band = options.get("conversation") == "none"
+            if not out_of_band and self.active is not None and not self.active.done():
                 await self.error(
                     "Conversation already has an active response", event_id, "conversation_already_has_active_response"
                 )
                 return
-            self.cancelled = asyncio.Event()
-            self.active = asyncio.create_task(self.respond(_object(event.get("response"))))
+            self.start(options, out_of_band)
         elif kind == "response.cancel":
-            if self.active is None or self.active.done():
+            wanted = event.get("response_id") or self.active_id
+            cancel = self.cancels.get(wanted) if isinstance(wanted, str) else None
+            if cancel is None:
                 await self.error(
                     "Cancellation failed: no active response found", event_id, "response_cancel_not_active"
                 )
             else:
-                self.cancelled.set()
+                cancel.set()
         elif kind == "input_audio_buffer.commit":
             await self.emit("input_audio_buffer.committed", previous_item_id=None, item_id=_id("item"))
         elif kind not in _REALTIME_QUIET:
@@ -443,30 +495,48 @@ class _Realtime:
             await self.emit("conversation.item.added", previous_item_id=previous, item=item)
             await self.emit("conversation.item.done", previous_item_id=previous, item=item)
 
-    async def respond(self, options: dict[str, Any]) -> None:
-        """Stream one response; ``response.cancel`` ends it as ``cancelled``."""
-        with contextlib.suppress(Closed):
-            await self._respond(options)
+    def start(self, options: dict[str, Any], out_of_band: bool) -> None:
+        """A response, in a task of its own; an out-of-band one's prompt is its own input."""
+        response_id = _id("resp")
+        prompt = (_input_text(options.get("input")) if out_of_band else self.last_user_text) or str(
+            options.get("instructions") or ""
+        )
+        plan = Plan.parse(prompt, self.conn.query)
+        if plan.interleave:
+            self.turns.join(response_id)
+        self.cancels[response_id] = asyncio.Event()
+        task = asyncio.create_task(self.respond(options, response_id, prompt, plan))
+        if out_of_band:
+            self.beside.add(task)
+            task.add_done_callback(self.beside.discard)
+        else:
+            self.active, self.active_id = task, response_id
 
-    async def _respond(self, options: dict[str, Any]) -> None:
+    async def respond(self, options: dict[str, Any], response_id: str, prompt: str, plan: Plan) -> None:
+        """Stream one response; ``response.cancel`` ends it as ``cancelled``."""
+        try:
+            with contextlib.suppress(Closed):
+                await self._respond(options, response_id, prompt, plan)
+        finally:
+            self.cancels.pop(response_id, None)
+
+    async def _respond(self, options: dict[str, Any], response_id: str, prompt: str, plan: Plan) -> None:
         modalities = options.get("output_modalities") or options.get("modalities") or self.modalities
         audio = "audio" in modalities
-        prompt = self.last_user_text or str(options.get("instructions") or "")
-        plan = Plan.parse(prompt, self.conn.query)
-        response_id = _id("resp")
+        cancelled = self.cancels[response_id]
         response: dict[str, Any] = {"object": "realtime.response", "id": response_id, "status": "in_progress"}
         response |= {"status_details": None, "output": [], "conversation_id": _id("conv"), "usage": None}
         response[self.name("output_modalities", "modalities")] = modalities
         await self.emit("response.created", response=response)
         at = {"response_id": response_id, "output_index": 0}
         if plan.tool is not None:
-            item, said = await self._function_call(plan, plan.tool, at)
+            item, said = await self._function_call(plan, plan.tool, at, cancelled)
         else:
-            item, said = await self._message(plan, audio, at)
+            item, said = await self._message(plan, audio, at, cancelled)
         await self.emit("response.output_item.done", **at, item=item)
         status = "completed"
         details: dict[str, Any] | None = None
-        if self.cancelled.is_set():
+        if cancelled.is_set():
             status, details = "cancelled", {"type": "cancelled", "reason": "client_cancelled"}
         elif plan.fails:
             error = {"type": "server_error", "code": "mock_failure", "message": "The mock failed on purpose."}
@@ -474,9 +544,14 @@ class _Realtime:
         usage = self.usage(prompt, said, audio)
         response |= {"status": status, "status_details": details, "output": [item], "usage": usage}
         await self.emit("response.done", response=response)
+        await self.turns.give(response_id, leave=True)
 
-    async def _message(self, plan: Plan, audio: bool, at: dict[str, Any]) -> tuple[dict[str, Any], str]:
-        """An assistant message item: text deltas, or transcript and audio deltas; it and its text."""
+    async def _message(
+        self, plan: Plan, audio: bool, at: dict[str, Any], cancelled: asyncio.Event
+    ) -> tuple[dict[str, Any], str]:
+        """An assistant message item: text deltas, or transcript and audio deltas; it and its
+        text. Taking turns (``interleave``), a piece is a turn, and so is the end (its done
+        events here, up to the response's ``response.done``)."""
         item: dict[str, Any] = {
             "id": _id("item"),
             "object": "realtime.item",
@@ -492,25 +567,31 @@ class _Realtime:
         transcript = self.name("response.output_audio_transcript", "response.audio_transcript")
         audio_name = self.name("response.output_audio", "response.audio")
         said = ""
+        response_id = at["response_id"]
         async for index, piece in plan.paced(self.conn):
-            if self.cancelled.is_set():
+            await self.turns.take(response_id)
+            if cancelled.is_set():
                 break
             said += piece
             await self.emit(f"{transcript if audio else text_delta}.delta", **part_at, delta=piece)
             if audio and index < 2:
                 await self.emit(f"{audio_name}.delta", **part_at, delta=base64.b64encode(b"\x00\x01" * 8).decode())
+            await self.turns.give(response_id)
+        await self.turns.take(response_id)
         if audio:
             await self.emit(f"{audio_name}.done", **part_at)
             await self.emit(f"{transcript}.done", **part_at, transcript=said)
         else:
             await self.emit(f"{text_delta}.done", **part_at, text=said)
         await self.emit("response.content_part.done", **part_at, part={"type": kind, key: said})
-        finished = not self.cancelled.is_set() and not plan.fails
+        finished = not cancelled.is_set() and not plan.fails
         content_type = self.name("output_audio" if audio else "output_text", kind)
         item |= {"status": "completed" if finished else "incomplete", "content": [{"type": content_type, key: said}]}
         return item, said
 
-    async def _function_call(self, plan: Plan, name: str, at: dict[str, Any]) -> tuple[dict[str, Any], str]:
+    async def _function_call(
+        self, plan: Plan, name: str, at: dict[str, Any], cancelled: asyncio.Event
+    ) -> tuple[dict[str, Any], str]:
         """A function call item whose arguments (``{"text": <the answer>}``) stream in pieces."""
         item: dict[str, Any] = {"id": _id("item"), "object": "realtime.item", "type": "function_call"}
         item |= {"status": "in_progress", "name": name, "call_id": _id("call"), "arguments": ""}
@@ -520,12 +601,12 @@ class _Realtime:
         pieces = Plan(arguments, plan.delay, plan.fail_after, plan.close, plan.close_after)
         said = ""
         async for _, piece in pieces.paced(self.conn):
-            if self.cancelled.is_set():
+            if cancelled.is_set():
                 break
             said += piece
             await self.emit("response.function_call_arguments.delta", **call_at, delta=piece)
         await self.emit("response.function_call_arguments.done", **call_at, name=name, arguments=said)
-        finished = not self.cancelled.is_set() and not pieces.fails
+        finished = not cancelled.is_set() and not pieces.fails
         return item | {"status": "completed" if finished else "incomplete", "arguments": said}, said
 
     @staticmethod
@@ -554,8 +635,15 @@ async def serve_realtime(conn: Connection, scope: dict[str, Any]) -> None:
         while True:
             await session.handle(_loads(await conn.next()))
     finally:
-        if session.active is not None:
-            session.active.cancel()
+        for task in [session.active, *session.beside]:
+            if task is not None:
+                task.cancel()
+
+
+def _input_text(items: Any) -> str:
+    """The text of the messages in a ``response.create``'s ``input`` (an out-of-band prompt)."""
+    parts = [part for item in _list(items) for part in _list(_object(item).get("content"))]
+    return " ".join(part["text"] for part in parts if isinstance(part, dict) and isinstance(part.get("text"), str))
 
 
 # -- Gemini Live ----------------------------------------------------------------------------

@@ -12,6 +12,13 @@ the outcome) ends it with :class:`~addon.events.TurnEnd`. The GA names and the o
 names (``response.text.delta``, ``response.audio_transcript.delta``, ...) are both read;
 which one the server speaks is remembered for what the proxy sends.
 
+Two responses may be in progress at once (an out-of-band one, ``response.conversation:
+"none"``, beside the default one), their events interleaved. Each response in progress
+has a choice of its own for its text, calls and stop reason (the lowest no other one in
+progress has: one at a time, always 0), so that the output filters read each as its own
+text, and its ``TurnEnd`` names the others' choices as ``going_on``: its end ends only its
+text (:meth:`~addon.output_gate.OutputGate._end_turn`).
+
 - Text (``response.output_text.delta``) and the audio's transcript
   (``response.output_audio_transcript.delta``) are both the answer's text: the
   transcript is what the user hears, so the filters and the record treat it as what a
@@ -41,22 +48,25 @@ which one the server speaks is remembered for what the proxy sends.
 
 When an output filter cuts a response, the client gets an ``error`` event (type
 ``invalid_request_error``, code ``content_filtered``, the rule and reason: the one place
-for a message), the done events of the parts and items still open (in the names the
-server speaks: GA ``response.output_text.done``, beta ``response.text.done``, ...), then
-``response.done`` for that response, ``incomplete`` with reason
-``content_filter``: what OpenAI sends when its own safety filter cuts a response, so a
-client handles it as a moderation cut rather than as a server failure to retry
-(``failed``). Its output is what the client received, parts typed in the session's
-names (GA ``output_text`` / ``output_audio``, beta ``text`` / ``audio``); a function call
-whose arguments were cut is left out, so no client runs it. Upstream is asked to stop
-with ``response.cancel``. A client event a request filter blocks is answered with an
-``error`` whose ``error.event_id`` names it. Event ids the proxy makes are
-``event_llmaudit_...``.
+for a message), then, for each response in progress as the client knows it (the one
+whose text was blocked, and one beside it, whose events waited behind the blocked text
+and are dropped with it), the done events of its parts and items still open (in the
+names the server speaks: GA ``response.output_text.done``, beta ``response.text.done``,
+...) and its ``response.done``, ``incomplete`` with reason ``content_filter``: what
+OpenAI sends when its own safety filter cuts a response, so a client handles it as a
+moderation cut rather than as a server failure to retry (``failed``). Its output is
+what the client received, parts typed in the session's names (GA ``output_text`` /
+``output_audio``, beta ``text`` / ``audio``); a function call whose arguments were cut is
+left out, so no client runs it. Upstream is asked to stop each response in progress
+with ``response.cancel``, and what it still sends of them is the proxy's, not the
+client's (:meth:`RealtimeNormalizer.for_proxy`). A client event a request filter blocks
+is answered with an ``error`` whose ``error.event_id`` names it. Event ids the proxy
+makes are ``event_llmaudit_...``.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 from urllib.parse import parse_qs
 
@@ -82,6 +92,8 @@ from addon.events import (
     ResponseMeta,
     ShownText,
     StreamError,
+    TextDelta,
+    ToolCallDelta,
     TurnEnd,
     Usage,
 )
@@ -205,10 +217,11 @@ class _Response(ResponsesNormalizer):
     Made at ``response.created`` and dropped at ``response.done``: a long session holds
     only the responses in progress."""
 
-    def __init__(self, response: dict[str, Any], declared_tools: frozenset[str] | None, keeps: bool) -> None:
+    def __init__(self, response: dict[str, Any], declared_tools: frozenset[str] | None, keeps: bool, slot: int) -> None:
         super().__init__(declared_tools)
         self.response = response  # the object response.created announced
         self.keeps_delivered = keeps
+        self.slot = slot  # its choice in the common events (RealtimeNormalizer._open)
         self.cancelled = False  # the client asked to cancel it (response.cancel)
         self.parts_done: set[tuple[str, int]] = set()  # (item id, content index) whose done event came
 
@@ -265,6 +278,17 @@ class _Response(ResponsesNormalizer):
             items.append((index, item))
         return items
 
+    def filtered(self, beta: bool) -> dict[str, Any]:
+        """Its ``response.done`` object when a filter cut it: ``incomplete`` with reason
+        ``content_filter``, the output the client received."""
+        return self.response | {
+            "object": "realtime.response",
+            "status": "incomplete",
+            "status_details": {"type": "incomplete", "reason": "content_filter"},
+            "output": [item for _, item in self.delivered(beta)],
+            "usage": None,
+        }
+
     def closing(self, beta: bool) -> list[dict[str, Any]]:
         """The done events of the parts and items still open, in the session's names
         (beta ``response.text.done`` / ``response.audio_transcript.done``), so that a
@@ -299,6 +323,23 @@ class _Response(ResponsesNormalizer):
                 {"type": "response.output_item.done", "response_id": response_id, "output_index": index, "item": item}
             )
         return events
+
+
+def _on_slot(events: list[Event], slot: int) -> list[Event]:
+    """A response's events on its choice ``slot`` (the Responses reader says choice 0)."""
+    return [_slotted(ev, slot) for ev in events]
+
+
+def _slotted(ev: Event, slot: int) -> Event:
+    if type(ev) is TextDelta:
+        return TextDelta(ev.text, slot, ev.kind)
+    if type(ev) is ShownText:
+        return ShownText(ev.text, slot, ev.kind)
+    if type(ev) is ToolCallDelta:
+        return replace(ev, choice=slot)
+    if type(ev) is Finish:
+        return Finish(ev.reason, slot)
+    return ev
 
 
 def _delivered_part(kind: str, text: str, beta: bool) -> dict[str, Any]:
@@ -339,6 +380,7 @@ class RealtimeNormalizer(JsonEventNormalizer):
         self.beta = beta  # the server speaks the beta event names
         self.declared_tools: frozenset[str] | None = None  # the session's, once it says
         self.responses: dict[str, _Response] = {}  # in progress, oldest first
+        self.cut: set[str] = set()  # responses in progress that the proxy ended for the client (for_proxy)
 
     # -- server events --------------------------------------------------------------------
 
@@ -351,7 +393,10 @@ class RealtimeNormalizer(JsonEventNormalizer):
         out: list[Event] = []
         handler = _RESPONSE_EVENTS.get(kind)
         if handler is not None:
-            handler(self._reader(str_field(obj, "response_id")), obj, out)
+            reader = self._reader(str_field(obj, "response_id"))
+            handler(reader, obj, out)
+            if reader.slot:
+                return _on_slot(out, reader.slot)
         elif kind == "response.created":
             self._created(_object(obj.get("response")), out)
         elif kind == "response.done":
@@ -386,11 +431,28 @@ class RealtimeNormalizer(JsonEventNormalizer):
             out.append(ResponseMeta(model=model))
 
     def _open(self, response: dict[str, Any]) -> _Response:
+        """A response in progress, on the lowest choice no other one in progress has.
+
+        Why a choice each: two responses may be in progress at once (an out-of-band one,
+        ``response.conversation: "none"``, beside the default one), their deltas
+        interleaved on the one socket. The output filters read each choice as a text of its
+        own and its end (``response.done``'s :class:`~addon.events.TurnEnd`, naming the
+        others as ``going_on``) as that text's end alone; on one choice the two would be
+        one text, a word of one cut by the other's deltas or end. One at a time, every
+        response is choice 0, as before."""
         if len(self.responses) >= MAX_OPEN_RESPONSES:  # never done: forget the oldest
-            del self.responses[next(iter(self.responses))]
+            oldest = next(iter(self.responses))
+            del self.responses[oldest]
+            self.cut.discard(oldest)
         key = str_field(response, "id") or random_id("resp_llmaudit_")
-        reader = self.responses[key] = _Response(dict(response, id=key), self.declared_tools, self.keeps_delivered)
+        reader = _Response(dict(response, id=key), self.declared_tools, self.keeps_delivered, self._free_slot())
+        self.responses[key] = reader
         return reader
+
+    def _free_slot(self) -> int:
+        """The lowest choice no response in progress has (at most MAX_OPEN_RESPONSES)."""
+        taken = {reader.slot for reader in self.responses.values()}
+        return next(slot for slot in range(MAX_OPEN_RESPONSES + 1) if slot not in taken)
 
     def _reader(self, response_id: str | None) -> _Response:
         """The response an event belongs to; one never announced is read all the same."""
@@ -407,26 +469,29 @@ class RealtimeNormalizer(JsonEventNormalizer):
         out.append(ResponseMeta(model=self.model, response_id=response_id))
 
     def _finished(self, response: dict[str, Any], out: list[Event]) -> None:
-        """``response.done``: the turn's output settled, usage, stop reason, then TurnEnd."""
+        """``response.done``: the turn's output settled, usage, stop reason, then TurnEnd,
+        which names the responses still in progress (their choices) as going on."""
         response_id = str_field(response, "id")
         reader = self.responses.pop(response_id, None) if response_id else None
         if reader is None:
-            reader = _Response(response, self.declared_tools, False)
-        out.append(ResponseMeta(model=self.model, response_id=response_id))
+            reader = _Response(response, self.declared_tools, False, self._free_slot())
+        self.cut.discard(response_id or "")
+        answer: list[Event] = [ResponseMeta(model=self.model, response_id=response_id)]
         status = str_field(response, "status")
-        reader._output(response.get("output"), status, out)
+        reader._output(response.get("output"), status, answer)
         usage = realtime_usage(response.get("usage"))
         if usage is not None:
-            out.append(usage)
+            answer.append(usage)
         details = _object(response.get("status_details"))
         if status is None:
-            out.append(Finding("missing_field", "response.done without a status"))
+            answer.append(Finding("missing_field", "response.done without a status"))
         else:
-            out.append(Finish(stop_reason(status, details)))
+            answer.append(Finish(stop_reason(status, details)))
         if status == "failed":
             err = details.get("error")
-            out.append(problem_error(err) if isinstance(err, dict) else StreamError(None, "the response failed"))
-        out.append(TurnEnd())
+            answer.append(problem_error(err) if isinstance(err, dict) else StreamError(None, "the response failed"))
+        out += _on_slot(answer, reader.slot) if reader.slot else answer
+        out.append(TurnEnd(tuple(r.slot for r in self.responses.values())))
 
     def _error(self, err: dict[str, Any], out: list[Event]) -> None:
         if self.responses and str_field(err, "event_id") is None:
@@ -473,21 +538,18 @@ class RealtimeNormalizer(JsonEventNormalizer):
     # -- what the proxy sends --------------------------------------------------------------
 
     def ending(self, rule_id: str, reason: str) -> list[Frame]:
-        reader = self._current()
-        if reader is None:
+        """The ``error``, then each response in progress as the client knows it closed:
+        the done events of its open parts and items and its ``response.done``, filtered.
+
+        Every one of them, not only the one whose text was blocked: the responses share
+        the socket, so what the upstream sent of the others after the blocked text was
+        held behind it (their ``response.done`` too, maybe) and is dropped with it, and a
+        client waiting for a response's end must get one."""
+        if not self.responses:
             return []
-        done = reader.response | {
-            "object": "realtime.response",
-            "status": "incomplete",
-            "status_details": {"type": "incomplete", "reason": "content_filter"},
-            "output": [item for _, item in reader.delivered(self.beta)],
-            "usage": None,
-        }
-        events = [
-            {"type": "error", "error": _error(rule_id, reason, None)},
-            *reader.closing(self.beta),
-            {"type": "response.done", "response": done},
-        ]
+        events = [{"type": "error", "error": _error(rule_id, reason, None)}]
+        for reader in self.responses.values():
+            events += [*reader.closing(self.beta), {"type": "response.done", "response": reader.filtered(self.beta)}]
         return [frame({"type": e.pop("type"), "event_id": event_id(), **e}) for e in events]
 
     def refusal(self, frame_: Frame, rule_id: str, reason: str) -> list[Frame]:
@@ -496,20 +558,35 @@ class RealtimeNormalizer(JsonEventNormalizer):
         return [frame({"type": "error", "event_id": event_id(), "error": error})]
 
     def for_proxy(self, frame: Frame) -> bool:
-        """An error about an event the proxy sent (its ``response.cancel``, ``event_llmaudit_…``)."""
-        if PROXY_EVENT not in frame.data:
+        """An error about an event the proxy sent (its ``response.cancel``, ``event_llmaudit_…``),
+        or an event of a response the proxy cut (:meth:`upstream_cancel`), up to its own
+        ``response.done``: the client has that response's end from the proxy already, and
+        another response beside it may go on (the connection's suppression of the rest of
+        a cut answer ends with the first response that ends). Parsed only when the data
+        names one of them."""
+        data = frame.data
+        ours = PROXY_EVENT in data
+        if not ours and not (self.cut and any(response_id in data for response_id in self.cut)):
             return False
-        obj = json_object(frame.data)
-        error = obj.get("error") if obj is not None and obj.get("type") == "error" else None
-        return isinstance(error, dict) and str(error.get("event_id") or "").startswith(PROXY_EVENT)
+        obj = json_object(data)
+        if obj is None:
+            return False
+        error = obj.get("error") if ours and obj.get("type") == "error" else None
+        if isinstance(error, dict):
+            return str(error.get("event_id") or "").startswith(PROXY_EVENT)
+        return (str_field(obj, "response_id") or str_field(_object(obj.get("response")), "id")) in self.cut
 
     def upstream_cancel(self) -> list[Frame]:
-        """``response.cancel`` for the response cut, unless the client cancelled it already
-        (the server would answer a second cancel with an error the client never caused)."""
-        reader = self._current()
-        if reader is None or reader.cancelled:
-            return []
-        return [frame({"type": "response.cancel", "event_id": event_id(), "response_id": reader.response["id"]})]
+        """``response.cancel`` for each response in progress (the proxy's ending closed them
+        all for the client, :meth:`ending`), unless the client cancelled it already (the
+        server would answer a second cancel with an error the client never caused); each is
+        noted as cut, so that the rest of it is the proxy's (:meth:`for_proxy`)."""
+        self.cut.update(self.responses)
+        return [
+            frame({"type": "response.cancel", "event_id": event_id(), "response_id": reader.response["id"]})
+            for reader in self.responses.values()
+            if not reader.cancelled
+        ]
 
 
 def _item_shown(item: dict[str, Any], out: list[Event]) -> None:

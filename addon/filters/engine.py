@@ -22,7 +22,7 @@ verdict does is the ``failure`` policy:
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass, replace
 from functools import partial
 from itertools import islice
@@ -276,9 +276,15 @@ class OutputGuard:
                 return Release(released, tuple(verdicts))
         return Release("", tuple(verdicts))
 
-    def flush_all(self) -> dict[StreamKey, Release]:
-        """The end of the response: :meth:`flush` every stream seen, by its key."""
-        return {key: self.flush(choice=key[0], kind=key[1], tool_key=key[2]) for key in list(self._streams)}
+    def flush_all(self, going_on: Collection[int] = ()) -> dict[StreamKey, Release]:
+        """The end of the response: :meth:`flush` every stream seen, by its key, but those
+        of the choices ``going_on`` (answers still in progress beside the one that ended,
+        :class:`~addon.events.TurnEnd`): their text is not at its end."""
+        return {
+            key: self.flush(choice=key[0], kind=key[1], tool_key=key[2])
+            for key in list(self._streams)
+            if key[0] not in going_on
+        }
 
     def let_go(self, key: StreamKey) -> Release:
         """Release what stream ``key`` holds, still reading it as one text (:meth:`StreamScanner.let_go`):
@@ -290,10 +296,15 @@ class OutputGuard:
         self.blocked = stream.scanner.blocked
         return Release("", tuple(verdicts))
 
-    def forget(self) -> None:
-        """A turn is over and every stream flushed: the next turn's streams start afresh
-        (on a stream of turns one guard lasts for the whole body)."""
-        self._streams.clear()
+    def forget(self, going_on: Collection[int] = ()) -> None:
+        """A turn is over and its streams flushed: the next turn's streams start afresh
+        (on a stream of turns one guard lasts for the whole body). The streams of the
+        choices ``going_on`` (answers still in progress, :meth:`flush_all`) are kept, with
+        their held text and everything their checks know."""
+        if going_on:
+            self._streams = {key: s for key, s in self._streams.items() if key[0] in going_on}
+        else:
+            self._streams.clear()
 
     def takes(self, key: StreamKey) -> bool:
         """Whether a piece of stream ``key`` can be checked: a stream seen, or room for a

@@ -14,12 +14,16 @@ blocked client message never reaches the upstream.
 
 from __future__ import annotations
 
+import asyncio
+import json
 import uuid
 from collections.abc import Iterator
 from datetime import UTC
+from typing import Any
 
 import genai_prices
 import pytest
+import websockets
 
 from storage.cost import SNAPSHOT
 from tests import wsclients
@@ -154,6 +158,85 @@ def test_realtime_request_block_never_reaches_the_upstream(filtering: Proxy, ups
     assert "Graz" not in str(received)
     rows = wait_for(lambda: [r for r in by_mock(filtering, mid) if r["status"] == "blocked"] or None)
     assert rows[0]["turn"] == 0
+
+
+def realtime_two_at_once(upstream: Any, proxy: Proxy, mid: str, first: str, beside: str) -> list[dict]:
+    """A ``websockets`` client that asks for the default response ``first`` and, beside it,
+    an out-of-band one ``beside`` (the mock makes them take turns, a piece each); once both
+    have ended for it and the mock has sent both ends, one more response ("say: All fine.").
+    Every event it received, in order."""
+
+    def user(text: str) -> dict:
+        return {"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]}
+
+    def ended_upstream() -> bool:
+        sent = upstream.sent(mid).get("frames", [])
+        return sum('"response.done"' in f.get("text", "") for f in sent) >= 2
+
+    async def read_until_done(ws: Any, events: list[dict], responses: int) -> None:
+        while sum(e["type"] == "response.done" for e in events) < responses:
+            events.append(json.loads(await asyncio.wait_for(ws.recv(), 20)))
+
+    async def talk() -> list[dict]:
+        url = wsclients.ws_url(upstream.url, "/v1/realtime?model=gpt-realtime")
+        headers = {"Authorization": "Bearer sk-test-realtime", "x-mock-id": mid}
+        ssl = wsclients.ssl_context(url, proxy.ca)
+        async with websockets.connect(url, proxy=proxy.url, ssl=ssl, additional_headers=headers) as ws:
+            for event in (
+                {"type": "session.update", "session": {"type": "realtime", "output_modalities": ["text"]}},
+                {"type": "conversation.item.create", "item": user(f"say: {first} interleave=1")},
+                {"type": "response.create"},
+                {"type": "response.create",
+                 "response": {"conversation": "none", "input": [user(f"say: {beside} interleave=1")]}},
+            ):  # fmt: skip
+                await ws.send(json.dumps(event))
+            events: list[dict] = []
+            await read_until_done(ws, events, 2)
+            await asyncio.to_thread(wait_for, ended_upstream, 20, what="the mock's end of both responses")
+            for event in (
+                {"type": "conversation.item.create", "item": user("say: All fine.")},
+                {"type": "response.create"},
+            ):
+                await ws.send(json.dumps(event))
+            await read_until_done(ws, events, 3)
+            return events
+
+    return asyncio.run(talk())
+
+
+@pytest.mark.parametrize(
+    "first", ["One two three.", "One two."], ids=["across-the-other-s-deltas", "across-the-other-s-end"]
+)
+def test_realtime_two_responses_at_once_are_two_texts_and_both_end(filtering: Proxy, upstreams, first: str) -> None:
+    """The out-of-band response writes the blocked word across the default one's deltas
+    ("One two three.": "thre" between "Nigh" and "tjar"), or across its end ("One two.": its
+    response.done between them): it is one word all the same, the client never gets it,
+    both responses end for it once, nothing of them comes after, and the session goes on."""
+    mid = mock_id()
+    events = realtime_two_at_once(upstreams["h2"], filtering, mid, first, "The Nightjar sings.")
+    ids = list(dict.fromkeys(e["response"]["id"] for e in events if e["type"] == "response.created"))
+    assert len(ids) == 3, events
+
+    def of(rid: str) -> list[dict]:
+        return [e for e in events if rid in (e.get("response_id"), (e.get("response") or {}).get("id"))]
+
+    said = {rid: "".join(e["delta"] for e in of(rid) if e["type"] == "response.output_text.delta") for rid in ids}
+    assert "Nightj" not in json.dumps(events) and not any("tjar" in text for text in said.values()), said
+    assert [e["error"]["code"] for e in events if e["type"] == "error"] == ["content_filtered"]
+    for rid in ids:
+        kinds = [e["type"] for e in of(rid)]
+        assert kinds[0] == "response.created" and kinds.count("response.done") == 1, (rid, kinds)
+        assert kinds[-1] == "response.done", (rid, kinds)  # nothing of it after its end
+    dones = [e["response"] for e in events if e["type"] == "response.done"]
+    assert [d["status"] for d in dones] == ["incomplete", "incomplete", "completed"]
+    assert said[ids[2]] == "All fine."
+    cancels = [f for f in upstreams["h2"].received(mid)["frames"] if '"response.cancel"' in f.get("text", "")]
+    assert cancels  # the upstream was asked to stop what was cut
+    turns, conn = connection_rows(filtering, mid, 3)
+    blocked = [t for t in turns if t["status"] == "blocked"]
+    assert len(blocked) == 1 and [v["rule_id"] for v in blocked[0]["verdicts"]] == ["no-code-name"]
+    assert turns[2]["status"] == "completed" and turns[2]["output_text"] == "All fine."
+    assert conn["status"] == "completed"
 
 
 def test_a_websocket_no_dialect_claims_passes_unchanged_and_unrecorded(proxy: Proxy, upstreams) -> None:

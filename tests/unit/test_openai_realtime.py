@@ -212,13 +212,16 @@ def test_shared_ga_frames() -> None:
     records = turns(RealtimeNormalizer("gpt-realtime"), lines)
     done = next(r for r in records if r.terminal_seen)
     assert done.response_id == "resp_CsZyL5IuqSgPEut0cI82K" and done.response_model == "gpt-realtime"
-    # (the file's lines come from two responses of one log: the first's deltas precede it)
-    assert text(done).endswith("Claro, dime qué es lo que tienes en mente. ¿Te gustaría conversar sobre algo en "
-                               "particular? Estoy aquí para ayudarte.")  # fmt: skip
+    # (the file's lines come from three responses of one log, never done but this one: each
+    # is in progress on a choice of its own, and the one done is the one with a stop reason)
+    (answer,) = [c for c in done.choices.values() if c.finish_reason is not None]
+    assert answer.text.whole() == ("Claro, dime qué es lo que tienes en mente. ¿Te gustaría conversar sobre algo en "
+                                   "particular? Estoy aquí para ayudarte.")  # fmt: skip
+    assert text(done) == "The"  # the first response's delta, on choice 0
     assert done.usage["input_tokens"] == 132 and done.usage["output_tokens"] == 188
     assert done.usage["cache_read_input_tokens"] == 64
     assert (done.usage["output_text_tokens"], done.usage["output_audio_tokens"]) == (41, 147)
-    assert done.choices[0].finish_reason == "stop"
+    assert answer.finish_reason == "stop"
 
 
 @pytest.mark.skipif(not SAMPLE_DIR.exists(), reason="../shared protocol samples not present")
@@ -420,4 +423,7 @@ def test_any_event_shapes_never_raise(messages: list[dict]) -> None:
         norm.on_client(client(json.dumps(message)))
     parsed(norm.ending("r", "x"))
     parsed(norm.upstream_cancel())
+    for message in messages:  # (what the upstream still sends of the responses cut)
+        assert isinstance(norm.for_proxy(client(json.dumps(message))), bool)
+    events(norm, messages)
     norm.on_end()
