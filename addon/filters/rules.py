@@ -415,41 +415,48 @@ class _Entry:
         span = high or window or DEFAULT_REGEX_SPAN
         return (Matcher(regex, span, prefix=prefix, prefix_len=high),)
 
-    def _spellings(self, given: tuple[str, ...], view: str) -> list[Spelled]:
-        """The keywords with every spelling of their letters; when that makes a pattern
-        too large for RE2 (which refuses it, "pattern too large", after flooding stderr),
-        their whole spellings, as written, NFC and NFD, and a warning naming the rule."""
+    def _keyword_search(
+        self, given: tuple[str, ...], view: str, case_sensitive: bool
+    ) -> tuple[list[Spelled], str, Any]:
+        """The keywords as the view shows them (every spelling of their letters), their
+        alternation and its compiled search. When RE2 cannot take that (a long list,
+        "pattern too large"), their whole spellings (as written, NFC and NFD: fewer
+        alternatives, and words sharing their starts), with a warning naming the rule.
+
+        One alternation, longest first, with word edges that also work for words that
+        start or end with punctuation ("C++"): no letter, digit or _ on either side."""
+        # A keyword is read the way the text is: "Ｎightjar" in the file is "Nightjar".
         spelled = _spelled_keywords(given, view)
-        if _size(spelled) <= MAX_SPELLED_BYTES:
-            return spelled
+        if any(not "".join(unit[0] for unit in units).strip() for units in spelled):
+            self.fail("keywords", "a keyword is only invisible characters")
+        pattern = _alternation(spelled, case_sensitive)
+        if len(pattern) <= MAX_KEYWORD_PATTERN:  # (larger, RE2 would refuse it after flooding stderr)
+            try:
+                return spelled, pattern, _keyword_regex(pattern, case_sensitive)
+            except re2.error:
+                pass
         whole = _spelled_keywords(given, view, every_spelling=False)
-        if _size(whole) >= _size(spelled):  # (no letter with other spellings: nothing to give up)
-            return spelled
-        log.warning(
-            "%s: too many keywords to match every spelling of their letters; each is matched "
-            "as written, composed (NFC) and decomposed (NFD)",
-            self.name(),
-        )
-        return whole
+        whole_pattern = _alternation(whole, case_sensitive)
+        if len(whole_pattern) >= len(pattern):  # (no letter with other spellings: nothing to give up)
+            whole, whole_pattern = spelled, pattern
+        try:
+            regex = _keyword_regex(whole_pattern, case_sensitive)
+        except re2.error as e:  # (too many keywords for RE2's memory budget): one line, not a traceback
+            self.fail("keywords", f"too many or too long keywords for RE2: {_re2_reason(e)}")
+        if whole is not spelled:
+            log.warning(
+                "%s: too many keywords to match every spelling of their letters; each is matched "
+                "as written, composed (NFC) and decomposed (NFD)",
+                self.name(),
+            )
+        return whole, whole_pattern, regex
 
     def _keywords(self, view: str) -> tuple[Matcher, ...]:
         given = self.strings("keywords")
         if not given:
             self.fail(None, "missing 'keywords'")
-        # A keyword is read the way the text is: "Ｎightjar" in the file is "Nightjar".
-        spelled = self._spellings(given, view)
-        if any(not "".join(unit[0] for unit in units).strip() for units in spelled):
-            self.fail("keywords", "a keyword is only invisible characters")
         case_sensitive = self.get("case_sensitive", bool, False)
-        # One alternation, longest first, with word edges that also work for words that
-        # start or end with punctuation ("C++"): no letter, digit or _ on either side.
-        words_pattern = "|".join(_spelled_pattern(units, case_sensitive) for units in spelled)
-        try:
-            regex = re2.compile(
-                rf"(?:^|{NOT_WORD})(?P<_keyword>{words_pattern})(?:$|{NOT_WORD})", re2_options(case_sensitive)
-            )
-        except re2.error as e:  # (too many keywords for RE2's memory budget): one line, not a traceback
-            self.fail("keywords", f"too many or too long keywords for RE2: {_re2_reason(e)}")
+        spelled, words_pattern, regex = self._keyword_search(given, view, case_sensitive)
         prefix: str | None
         try:
             prefix = _keyword_prefixes(spelled, case_sensitive)
@@ -506,58 +513,80 @@ def _keyword_prefixes(spelled: list[Spelled], case_sensitive: bool) -> str:
     return pattern if case_sensitive else f"(?i:{pattern})"
 
 
-# A keyword as the view may show it: for each of its characters, every spelling of that
-# character the view can hold ("é", and "e" + U+0301), longest first.
+# A keyword as the view may show it: for each of its letters (a character and the
+# combining marks after it), every spelling of that letter the view can hold ("é", and
+# "e" + U+0301), longest first.
 Spelled = tuple[tuple[str, ...], ...]
 
-# The most UTF-8 bytes all keywords' spellings may have together. RE2 refuses a pattern
-# from about 2 to 3.5 MB ("pattern too large"; 200,000 ASCII keywords, 1.8 MB, compile
-# in about a second); every spelling of every letter makes Vietnamese, each letter with
-# up to two marks, four times as large: 20,000 keywords, 2 MB. Beyond it, a list is
-# matched in its whole NFC and NFD spellings, as before every spelling was.
-MAX_SPELLED_BYTES = 2_000_000
+# The longest keyword alternation tried with every spelling of every letter. RE2 refuses
+# a pattern from about 2.2 to 3.5 million characters, by its kind ("pattern too large",
+# after flooding stderr: measured here, 30,000 Vietnamese words of 8 letters, 2.2 million,
+# fail; 150,000 ASCII words, 1.8 million, compile); every spelling of every letter makes
+# a list of Vietnamese, most letters with a mark or two, about four times as long as the
+# list. Beyond it, or when RE2 refuses the pattern, a list is matched in its whole
+# spellings, as written, NFC and NFD (as before every spelling was).
+MAX_KEYWORD_PATTERN = 1_500_000
 
 # Combining marks on one letter whose orders are all tried (4! = 24 orders); a letter
-# with more is matched with its marks in their canonical order only.
+# with more is matched with its marks in their canonical order, and as written.
 MAX_MARK_ORDERS = 4
 
 
 def _spelled_keywords(words: Iterable[str], view: str, every_spelling: bool = True) -> list[Spelled]:
-    """The keywords as the view shows them, each character with all its spellings,
-    longest keyword first (one alternation: the longest of overlapping keywords wins).
+    """The keywords as the view shows them, each letter with all its spellings, longest
+    keyword first (one alternation: the longest of overlapping keywords wins).
 
     The view maps one character at a time (:mod:`addon.filters.normalize`), so it does
-    not compose ``e`` and a combining U+0301 that follows it: ``Café`` written
-    decomposed, ``한국`` in conjoining jamo, or a word with some letters composed and
-    others not, looks the same and is another string. So each character of a keyword
-    matches every spelling canonically equivalent to it. The raw view matches the
-    keyword as it is written. Without ``every_spelling`` (a list too large for that),
-    each keyword is matched as written and in its whole NFC and NFD spellings."""
+    not compose ``e`` and a combining U+0301 that follows it, nor put marks in their
+    canonical order: ``Café`` written decomposed, ``한국`` in conjoining jamo, a word with
+    some letters composed and others not, or a letter's marks in another order (Arabic
+    shadda and fatha, Hebrew dagesh and qamats) looks the same and is another string. So
+    each letter of a keyword matches every spelling canonically equivalent to it, and the
+    keyword as written (its marks in an order kept whole, past MAX_MARK_ORDERS). The raw
+    view matches the keyword as written. Without ``every_spelling`` (a list too large for
+    that), each keyword is matched as written and in its whole NFC and NFD spellings."""
     spelled: dict[str, Spelled] = {}
     for word in words:
         if view == "raw":
             spelled.setdefault(word, tuple((ch,) for ch in word))
-        elif every_spelling:
-            seen = fold(unicodedata.normalize("NFC", fold(word, view)[0]), view)[0]
-            spelled.setdefault(seen, tuple(_equivalents(ch, view) for ch in seen))
+            continue
+        written = fold(word, view)[0]
+        if every_spelling:
+            seen = fold(unicodedata.normalize("NFC", written), view)[0]
+            spelled.setdefault(seen, tuple(_equivalents(letter, view) for letter in _letters(seen)))
+            spellings: tuple[str, ...] = (written,)
         else:
-            for spelling in (word, unicodedata.normalize("NFC", word), unicodedata.normalize("NFD", word)):
-                seen = fold(spelling, view)[0]
-                spelled.setdefault(seen, tuple((ch,) for ch in seen))
+            spellings = (written, *(fold(unicodedata.normalize(form, word), view)[0] for form in ("NFC", "NFD")))
+        for spelling in spellings:
+            spelled.setdefault(spelling, tuple((ch,) for ch in spelling))
     return sorted(spelled.values(), key=_longest, reverse=True)
 
 
+def _letters(text: str) -> list[str]:
+    """``text`` cut before each character that is no combining mark (canonical class 0):
+    each piece a letter and the marks on it."""
+    letters: list[str] = []
+    for ch in text:
+        if letters and unicodedata.combining(ch):
+            letters[-1] += ch
+        else:
+            letters.append(ch)
+    return letters
+
+
 @functools.lru_cache(maxsize=4096)  # (a list of thousands of words spells the same letters)
-def _equivalents(ch: str, view: str) -> tuple[str, ...]:
-    """``ch`` and every spelling canonically equivalent to it, as the view shows them,
-    longest first: the letter composed, decomposed, or in part (``ệ``: ``ẹ`` + U+0302,
-    ``ê`` + U+0323, ``e`` and both marks in either order; ``한``: ``하`` + ``ᆫ``)."""
-    nfd = unicodedata.normalize("NFD", ch)
-    if nfd == ch:
-        return (ch,)
+def _equivalents(letter: str, view: str) -> tuple[str, ...]:
+    """``letter`` (a character and the combining marks on it) and every spelling
+    canonically equivalent to it, as the view shows them, longest first: composed,
+    decomposed or in part, its marks in any order that keeps the order of marks of one
+    class (``ệ``: ``ẹ`` + U+0302, ``ê`` + U+0323, ``e`` and both marks in either order;
+    ``ẹ́``: ``é`` + U+0323 too; ``한``: ``하`` + ``ᆫ``)."""
+    nfd = unicodedata.normalize("NFD", letter)
+    if nfd == letter and len(letter) == 1:
+        return (letter,)
     base, marks = nfd[0], nfd[1:]
     orders = itertools.permutations(marks) if len(marks) <= MAX_MARK_ORDERS else iter([tuple(marks)])
-    found = {ch: None}
+    found = {fold(letter, view)[0]: None}
     for order in orders:
         for cut in range(len(order) + 1):
             head = unicodedata.normalize("NFC", base + "".join(order[:cut]))
@@ -572,13 +601,14 @@ def _longest(units: Spelled) -> int:
     return sum(len(unit[0]) for unit in units)
 
 
-def _size(spelled: list[Spelled]) -> int:
-    """The UTF-8 bytes of all keywords' spellings: what the pattern's size grows with."""
-    return sum(len(spelling.encode("utf-8", "surrogatepass")) for word in spelled for unit in word for spelling in unit)
+def _alternation(spelled: list[Spelled], case_sensitive: bool) -> str:
+    """All keywords in all their spellings, one RE2 alternation."""
+    return "|".join("".join(_unit_pattern(unit, case_sensitive) for unit in units) for units in spelled)
 
 
-def _spelled_pattern(units: Spelled, case_sensitive: bool) -> str:
-    return "".join(_unit_pattern(unit, case_sensitive) for unit in units)
+def _keyword_regex(alternation: str, case_sensitive: bool) -> Any:
+    """The keyword search: the alternation between word edges (:data:`NOT_WORD`)."""
+    return re2.compile(rf"(?:^|{NOT_WORD})(?P<_keyword>{alternation})(?:$|{NOT_WORD})", re2_options(case_sensitive))
 
 
 @functools.lru_cache(maxsize=4096)  # (a long list spells the same letters again and again)

@@ -6,6 +6,7 @@ must never have released a character at or after that match's start, and must re
 the same positions and hashes.
 """
 
+import random
 import unicodedata
 from dataclasses import replace
 
@@ -435,6 +436,35 @@ def test_a_keyword_spelled_half_composed_half_decomposed_is_blocked_wherever_the
         assert [v.rule_id for v in verdicts] == ["names"] and len(released) <= start, cuts
 
 
+MARKED = parse_rules(
+    '[[rule]]\nid = "marked"\nkind = "keywords"\naction = "block"\n'
+    'keywords = ["\u1eb9\u0301d\u00e1", "\u0645\u062d\u0645\u0651\u064e\u062f", "q\u0301\u0323x"]'
+)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "x \u1eb9\u0301d\u00e1 y",  # Yoruba ẹ́: ẹ and an acute
+        "x \u00e9\u0323d\u00e1 y",  # ... é and a dot below (no character composes both marks)
+        "x e\u0301\u0323da\u0301 y",  # ... e and both marks out of their canonical order
+        "x \u0645\u062d\u0645\u0651\u064e\u062f y",  # Arabic shadda then fatha, as the keyword is written
+        "x \u0645\u062d\u0645\u064e\u0651\u062f y",  # ... fatha then shadda (canonical order)
+        "a q\u0301\u0323x b",  # marks on a letter that composes with neither, as written
+        "a q\u0323\u0301x b",  # ... in canonical order
+    ],
+)
+def test_a_letter_s_marks_in_any_order_and_the_keyword_as_written_are_blocked(text: str) -> None:
+    """A letter is a character and the combining marks on it: marks that compose with no
+    character were each a letter of their own, in canonical order only, so a keyword
+    typed with its marks in another order missed the very text it was typed as."""
+    start = text.index(" ") + 1
+    for cuts in [[], *([i] for i in range(1, len(text)))]:
+        released, verdicts, _ = run(MARKED, text, cuts)
+        assert [v.rule_id for v in verdicts] == ["marked"] and len(released) <= start, cuts
+    assert [h.start for h in MARKED[0].find(text)] == [start]
+
+
 def test_every_spelling_of_a_keyword_shares_one_match_hash() -> None:
     """The hash is of the composed match, so a report groups a word's spellings."""
     hashes = {run(MIXED, text, [])[1][0].match_hash for text in ("in 한국", "in \u1112\u1161\u11ab\u1100\u116e\u11a8")}
@@ -451,7 +481,7 @@ def test_a_list_too_large_for_every_spelling_is_matched_whole_composed_and_decom
     """Every spelling of every letter makes a pattern several times larger: a list that
     RE2 would refuse so ("pattern too large") loads with its whole NFC and NFD spellings
     and says so, as lists loaded before; an ASCII list has no other spelling, no warning."""
-    monkeypatch.setattr(rules_module, "MAX_SPELLED_BYTES", 10)
+    monkeypatch.setattr(rules_module, "MAX_KEYWORD_PATTERN", 10)
     [ascii_rule] = parse_rules('[[rule]]\nid = "a"\nkind = "keywords"\nkeywords = ["Nightjar plan"]\naction = "block"')
     assert not caplog.records
     rules = parse_rules('[[rule]]\nid = "v"\nkind = "keywords"\nkeywords = ["Việt Café"]\naction = "block"')
@@ -463,3 +493,21 @@ def test_a_list_too_large_for_every_spelling_is_matched_whole_composed_and_decom
         assert [v.rule_id for v in run(rules, text, [3])[1]] == ["v"]
     assert run(rules, "in Vie\u0323\u0302t Café.", [])[1] == []
     assert [h.text for h in ascii_rule.find("the nightjar plan")] == ["nightjar plan"]
+
+
+def test_a_list_whose_every_spelling_re2_refuses_is_matched_whole(monkeypatch, caplog) -> None:
+    """A pattern under the bound that RE2 still refuses ("pattern too large"): 30,000
+    words of letters with a mark each, refused with every spelling, load with their whole
+    spellings (as they loaded before every spelling was)."""
+    monkeypatch.setattr(rules_module, "MAX_KEYWORD_PATTERN", 10**9)
+    rng = random.Random(1)
+    words = sorted({"".join(rng.choice("\u1ecb\u00ed\u00ec\u1ec9\u0129") for _ in range(8)) for _ in range(30_500)})
+    toml = (
+        '[[rule]]\nid = "big"\nkind = "keywords"\naction = "block"\nkeywords = ['
+        + ", ".join(f'"{w}"' for w in words)
+        + "]"
+    )
+    [rule] = parse_rules(toml)
+    assert [r.getMessage().split(":")[0] for r in caplog.records] == ["rule 'big'"]
+    text = f"x {unicodedata.normalize('NFD', words[7])} y"
+    assert [h.text for h in rule.find(text)] == [unicodedata.normalize("NFD", words[7])]
