@@ -149,6 +149,7 @@ class ConnectionAuditor:
         self.current_filters, self.check = filters, check
         self.filters: FilterSet | None = None
         self.gate: OutputGate | None = None
+        self.gate_filters: FilterSet | None = None  # the filter set the gate checks with
         self.forwarded: Normalizer | None = None  # reads what the client got (with a gate)
         self.server_offset = 0  # server bytes read so far
         self.gate_base = 0  # where the current gate's offsets begin
@@ -374,7 +375,9 @@ class ConnectionAuditor:
         Not while another answer goes on (OpenAI Realtime's responses at once): the gate
         keeps reading that one's text, as one text with what follows (the gate ended only
         the ended answer's, :meth:`OutputGate._end_turn`); what it counts as the client's
-        text starts again, for the next turn's record."""
+        text starts again, for the next turn's record. The filters in force are read
+        again all the same, and a changed set gets its gate once that drops nothing
+        (:meth:`_reload`)."""
         self.turns.answered()
         if not self.turn_over:
             return
@@ -385,8 +388,33 @@ class ConnectionAuditor:
             return
         if going_on and self.gate is not None:
             self.gate.delivered.clear()
+            self._reload(self.gate, going_on)
         elif not self.server_pending.items:
             self._next_gate()
+
+    def _reload(self, gate: OutputGate, going_on: tuple[int, ...]) -> None:
+        """A turn ended while the answers ``going_on`` go on: the filters in force are read
+        again, so that the client's next messages are checked with a reloaded set at
+        once, and when the set changed, a fresh gate with it takes over, if the old one
+        is idle (:meth:`OutputGate.idle`: no message waits, no text is held, no match of
+        a blocking rule may be in progress in the answers going on).
+
+        Why not at once: the old gate may hold text of an answer going on (the start of a
+        word the next piece may complete) or hold messages behind it; ending its streams
+        as a turn's end would release that text checked as an end, and a fresh gate would
+        read the rest as a new text, so a match across the two would reach the client
+        (and dropping them would lose the answer). So the old filters check the output
+        until such a turn end (on a connection whose responses always overlap, the first
+        one where the others hold nothing); from there the fresh gate reads the rest of
+        each answer going on as a text of its own: a match of a rule new to the set that
+        began before it is not found (its start went out under the old set), a flag
+        rule's match across it is not flagged, and positions count from the hand-over."""
+        self._read_filters()
+        if self.filters is self.gate_filters or self.server_pending.items or not gate.idle(going_on):
+            return
+        self._new_gate()
+        if self.gate is not None:
+            gate.hand_over(self.gate, going_on)
 
     def _cut(self, gate: OutputGate, released: bytes) -> Relay:
         """An output filter blocked the answer: what was cleared before goes, then the
@@ -434,11 +462,20 @@ class ConnectionAuditor:
 
     def _next_gate(self) -> None:
         """A new turn: the filters in force now, and a fresh gate for its answer."""
+        self._read_filters()
+        self._new_gate()
+
+    def _read_filters(self) -> None:
+        """The filters in force now (the request checks use them from here); on a
+        failure to read them, the ones read last."""
         try:
             self.filters = self.current_filters()
         except Exception:
             log.exception("llm-audit: could not read the content filters")
-        filters = self.filters
+
+    def _new_gate(self) -> None:
+        """A fresh gate with the filters read last (None: they check no output)."""
+        filters = self.gate_filters = self.filters
         self.gate = None
         if filters is None or not filters.checks_output:
             return

@@ -71,9 +71,10 @@ CODES: dict[str, str] = {
     "request_token_prompt": "A legacy Completions prompt is token ids, which the request filters cannot read.",
     # llm-stream event envelope (draft section 5)
     "invalid_json": "An event's data is not exactly one JSON object (draft section 5.1).",
-    "text_interleaved": "Text of one kind came for two content blocks (or output items) open at once; a client puts "
-    "each block together on its own, the filters read the text in arrival order, so with blocking filters "
-    "llm_filter_failure decided (closed: blocked).",
+    "text_interleaved": "Text of one kind came for two content blocks (or output items) open at once, or for more "
+    "OpenAI Realtime responses in progress at once than are told apart (8); a client puts each together on its "
+    "own, the filters read the text in arrival order, so with blocking filters llm_filter_failure decided "
+    "(closed: blocked).",
     "lenient_json": "An event's data (or a Bedrock chunk, a Connect message or EndStreamResponse, a SignalR record "
     "or handshake, a Copilot message) is JSON only as lenient readers take it (NaN, Infinity, 1e400, a lone surrogate escape), as the "
     "clients' SDKs do; it was read that way, and its text checked by the filters.",

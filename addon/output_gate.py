@@ -36,7 +36,7 @@ Sans-IO: bytes and events in, bytes out; the proxy sends them and ends the strea
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -132,6 +132,7 @@ class OutputGate:
         self._escapes: dict[StreamKey, JsonEscapes] = {}  # each tool call's arguments, read as the tool reads them
         self._uncounted = False  # (a gate that only flags) said that streams past MAX_STREAMS went unchecked
         self._writing: StreamKey | None = None  # the stream the last text was of (see _check)
+        self._let_go: set[StreamKey] = set()  # streams whose held text was let go, not fed since (see idle)
 
     # -- input ----------------------------------------------------------------------------
 
@@ -348,16 +349,23 @@ class OutputGate:
                     self._whole((0, "error", None), message, needs)
             case TurnEnd(going_on=going_on):  # (a turn's end: its answer is whole, nothing waits for more)
                 self._end_turn(needs, going_on)
-            case Finding(code="text_interleaved"):  # (what the filters read is not what the client shows)
-                self.unreadable("text of two blocks of one kind came interleaved")
+            case Finding(
+                code="text_interleaved", detail=detail
+            ):  # (what the filters read is not what the client shows)
+                self.unreadable(f"text came interleaved: {detail}")
 
     def _feed(self, stream: StreamKey, text: str, needs: list[tuple[StreamKey, int]]) -> None:
         if not self.guard.takes(stream):
             self._too_many()
             return
         if stream != self._writing:  # (another stream's bytes must not wait behind what this one held)
-            if self._writing is not None:
-                self._settle([self.guard.let_go(self._writing)])
+            writing = self._writing
+            if writing is not None:
+                length, released = self.guard.progress(writing)
+                if released < length:  # (a match may still be in progress there: see idle)
+                    self._let_go.add(writing)
+                self._settle([self.guard.let_go(writing)])
+            self._let_go.discard(stream)
             self._writing = stream
         choice, kind, tool_key = stream
         self._settle([self.guard.feed(text, choice=choice, kind=kind, tool_key=tool_key)])
@@ -404,8 +412,31 @@ class OutputGate:
         needs[:] = _still_needed(needs, going_on)
         self.guard.forget(going_on)
         self._escapes = {key: escapes for key, escapes in self._escapes.items() if key[0] in going_on}
+        if self._let_go:
+            self._let_go = {key for key in self._let_go if key[0] in going_on}
         if self._writing is not None and self._writing[0] not in going_on:
             self._writing = None
+
+    def idle(self, going_on: Collection[int]) -> bool:
+        """Whether a fresh gate (with other filters: a rules reload) may take over the
+        answers on the choices ``going_on`` now, at a turn's end, without dropping
+        anything or missing a match of the rules this one checks: nothing is blocked,
+        held or unsent, every stream has released all its text, and none has a match
+        in progress (a stream whose held text was let go for another's, :meth:`_feed`,
+        is one until it is fed again: a later piece may still complete a match there,
+        which this gate would block and a fresh one would not see begin). A stream
+        holds nothing only where no match of a blocking rule may be in progress, so
+        none spans the hand-over; a flag rule's may (it holds nothing), and a fresh
+        gate reads the rest of each answer going on as a text of its own."""
+        if self.blocked is not None or self._held or self._raw or self._unsent:
+            return False
+        return not any(key[0] in going_on for key in self._let_go)
+
+    def hand_over(self, fresh: OutputGate, going_on: Collection[int]) -> None:
+        """``fresh`` takes over the answers on the choices ``going_on`` from this gate,
+        which is :meth:`idle`: their tool calls' argument decoders go with them (one may
+        hold the start of an escape whose bytes the client has, its character not read)."""
+        fresh._escapes.update((key, e) for key, e in self._escapes.items() if key[0] in going_on)
 
     def _too_many(self) -> None:
         """An answer with more text streams (choices, tool calls) than the guard checks:

@@ -380,6 +380,8 @@ class RealtimeNormalizer(JsonEventNormalizer):
         self.beta = beta  # the server speaks the beta event names
         self.declared_tools: frozenset[str] | None = None  # the session's, once it says
         self.responses: dict[str, _Response] = {}  # in progress, oldest first
+        # responses forgotten in progress (_open: past MAX_OPEN_RESPONSES), oldest first, at most as many
+        self.evicted: dict[str, _Response] = {}
         self.cut: set[str] = set()  # responses in progress that the proxy ended for the client (for_proxy)
 
     # -- server events --------------------------------------------------------------------
@@ -393,7 +395,7 @@ class RealtimeNormalizer(JsonEventNormalizer):
         out: list[Event] = []
         handler = _RESPONSE_EVENTS.get(kind)
         if handler is not None:
-            reader = self._reader(str_field(obj, "response_id"))
+            reader = self._reader(str_field(obj, "response_id"), out)
             handler(reader, obj, out)
             if reader.slot:
                 return _on_slot(out, reader.slot)
@@ -430,7 +432,7 @@ class RealtimeNormalizer(JsonEventNormalizer):
             self.model = model
             out.append(ResponseMeta(model=model))
 
-    def _open(self, response: dict[str, Any]) -> _Response:
+    def _open(self, response: dict[str, Any], out: list[Event]) -> _Response:
         """A response in progress, on the lowest choice no other one in progress has.
 
         Why a choice each: two responses may be in progress at once (an out-of-band one,
@@ -439,13 +441,37 @@ class RealtimeNormalizer(JsonEventNormalizer):
         own and its end (``response.done``'s :class:`~addon.events.TurnEnd`, naming the
         others as ``going_on``) as that text's end alone; on one choice the two would be
         one text, a word of one cut by the other's deltas or end. One at a time, every
-        response is choice 0, as before."""
-        if len(self.responses) >= MAX_OPEN_RESPONSES:  # never done: forget the oldest
-            oldest = next(iter(self.responses))
-            del self.responses[oldest]
-            self.cut.discard(oldest)
+        response is choice 0, as before.
+
+        At most :data:`MAX_OPEN_RESPONSES` are kept (an upstream may open responses and
+        never end them: each holds its items, parts and the filters' streams of its
+        choice). A response past that forgets the oldest one in progress, which is noted
+        in :attr:`evicted` (as many at most, the oldest forgotten), and is the finding
+        ``text_interleaved``, put first in ``out``, before any event of the frame: the
+        new response takes the evicted one's choice, whose streams the output gate never
+        ended, so its text would be read as the continuation of the evicted one's (``x`` +
+        ``Nightjar``: no word edge), and what the evicted one still sends is read anew on
+        another choice. What the filters read is then not what the client shows, and the
+        gate hands that to the failure policy (``closed``: blocked) before any of that text.
+        A response evicted earlier that comes back is the same finding (unless the proxy
+        cut it: the rest of it is the proxy's). The evicted ones are cancelled and ended
+        with the others when a filter cuts (:meth:`ending`, :meth:`upstream_cancel`)."""
         key = str_field(response, "id") or random_id("resp_llmaudit_")
+        back = self.evicted.pop(key, None)
+        if len(self.responses) >= MAX_OPEN_RESPONSES:  # never done: forget the oldest
+            oldest, forgotten = next(iter(self.responses.items()))
+            del self.responses[oldest]
+            if len(self.evicted) >= MAX_OPEN_RESPONSES:
+                dropped = next(iter(self.evicted))
+                del self.evicted[dropped]
+                self.cut.discard(dropped)
+            self.evicted[oldest] = forgotten
+            out.insert(0, Finding("text_interleaved", f"more than {MAX_OPEN_RESPONSES} responses in progress at once"))
+        elif back is not None and key not in self.cut:
+            out.insert(0, Finding("text_interleaved", "a response forgotten in progress went on"))
         reader = _Response(dict(response, id=key), self.declared_tools, self.keeps_delivered, self._free_slot())
+        if back is not None:
+            reader.cancelled = back.cancelled
         self.responses[key] = reader
         return reader
 
@@ -454,18 +480,18 @@ class RealtimeNormalizer(JsonEventNormalizer):
         taken = {reader.slot for reader in self.responses.values()}
         return next(slot for slot in range(MAX_OPEN_RESPONSES + 1) if slot not in taken)
 
-    def _reader(self, response_id: str | None) -> _Response:
+    def _reader(self, response_id: str | None, out: list[Event]) -> _Response:
         """The response an event belongs to; one never announced is read all the same."""
         if response_id is not None:
-            return self.responses.get(response_id) or self._open({"id": response_id})
-        return next(reversed(self.responses.values())) if self.responses else self._open({})
+            return self.responses.get(response_id) or self._open({"id": response_id}, out)
+        return next(reversed(self.responses.values())) if self.responses else self._open({}, out)
 
     def _created(self, response: dict[str, Any], out: list[Event]) -> None:
         response_id = str_field(response, "id")
         if response_id in self.responses:
             self.responses[response_id].response = response
         else:
-            self._open(response)
+            self._open(response, out)
         out.append(ResponseMeta(model=self.model, response_id=response_id))
 
     def _finished(self, response: dict[str, Any], out: list[Event]) -> None:
@@ -474,6 +500,10 @@ class RealtimeNormalizer(JsonEventNormalizer):
         response_id = str_field(response, "id")
         reader = self.responses.pop(response_id, None) if response_id else None
         if reader is None:
+            if response_id in self.evicted:  # (its text, read anew on another choice: _open)
+                del self.evicted[response_id]
+                if response_id not in self.cut:
+                    out.append(Finding("text_interleaved", "a response forgotten in progress ended"))
             reader = _Response(response, self.declared_tools, False, self._free_slot())
         self.cut.discard(response_id or "")
         answer: list[Event] = [ResponseMeta(model=self.model, response_id=response_id)]
@@ -528,6 +558,8 @@ class RealtimeNormalizer(JsonEventNormalizer):
         if kind == "response.cancel":
             response_id = str_field(doc, "response_id")
             reader = self.responses.get(response_id) if response_id else self._current()
+            if reader is None and response_id:
+                reader = self.evicted.get(response_id)
             if reader is not None:
                 reader.cancelled = True
         return {}, findings  # audio appends, commits, truncates: control, never kept
@@ -544,11 +576,12 @@ class RealtimeNormalizer(JsonEventNormalizer):
         Every one of them, not only the one whose text was blocked: the responses share
         the socket, so what the upstream sent of the others after the blocked text was
         held behind it (their ``response.done`` too, maybe) and is dropped with it, and a
-        client waiting for a response's end must get one."""
-        if not self.responses:
+        client waiting for a response's end must get one. The evicted ones too
+        (:meth:`_open`): the client has them open."""
+        if not self.responses and not self.evicted:
             return []
         events = [{"type": "error", "error": _error(rule_id, reason, None)}]
-        for reader in self.responses.values():
+        for reader in [*self.evicted.values(), *self.responses.values()]:
             events += [*reader.closing(self.beta), {"type": "response.done", "response": reader.filtered(self.beta)}]
         return [frame({"type": e.pop("type"), "event_id": event_id(), **e}) for e in events]
 
@@ -580,11 +613,12 @@ class RealtimeNormalizer(JsonEventNormalizer):
         """``response.cancel`` for each response in progress (the proxy's ending closed them
         all for the client, :meth:`ending`), unless the client cancelled it already (the
         server would answer a second cancel with an error the client never caused); each is
-        noted as cut, so that the rest of it is the proxy's (:meth:`for_proxy`)."""
-        self.cut.update(self.responses)
+        noted as cut, so that the rest of it is the proxy's (:meth:`for_proxy`). The evicted
+        ones too (:meth:`_open`): the upstream may still send them."""
+        self.cut.update(self.evicted, self.responses)
         return [
             frame({"type": "response.cancel", "event_id": event_id(), "response_id": reader.response["id"]})
-            for reader in self.responses.values()
+            for reader in [*self.evicted.values(), *self.responses.values()]
             if not reader.cancelled
         ]
 

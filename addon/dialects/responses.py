@@ -464,13 +464,20 @@ class ResponsesNormalizer(JsonEventNormalizer):
                         self._settle_text((item_id, space, index), text, field_kind[1], out)
 
     def _settle_text(self, key: tuple[str, str, int], full: str, kind: str, out: list[Event]) -> None:
-        """Compare a repeated whole text with the deltas; emit only what is missing."""
+        """Compare a repeated whole text with the deltas; emit only what is missing.
+
+        A part not remembered (past :data:`MAX_KEYS` parts: :meth:`_room`) may have had its
+        deltas already, as TextDelta: its whole text is then :class:`~addon.events.ShownText`,
+        checked by the filters on its own and not added to the record's text (as a
+        TextDelta it would double the record's text, and the filters would read the text
+        joined to itself)."""
         got = self.parts.get(key)
         if got is None:
-            if self._room(self.parts, key, out):
+            kept = self._room(self.parts, key, out)
+            if kept:
                 self.parts[key] = [full]
             if full and (not self.continuation or key[0] in self.opened):
-                out.append(TextDelta(full, 0, kind))
+                out.append(TextDelta(full, 0, kind) if kept else ShownText(full, 0, "final_text"))
             return
         have = got[0] if len(got) == 1 else "".join(got)
         if have != full and full.startswith(have):

@@ -943,3 +943,36 @@ def test_an_upstream_naming_a_new_item_part_or_call_per_event_grows_no_table_pas
     limits = [f["detail"] for f in row["findings"] if f["code"] == "record_limit"]
     assert sum("output items, parts or calls" in d for d in limits) == 1
     assert set(row["output_text"].split()) == {f"w{i}" for i in range(count)}
+
+
+def test_a_part_past_max_keys_has_its_text_once_and_its_done_text_checked_on_its_own(monkeypatch):
+    """A part the normalizer does not remember (past MAX_KEYS parts) gets its deltas as
+    text, and its ``.done`` text only as ShownText (checked by the filters on its own),
+    not as text again: the record's text is not doubled, and the filters do not read the
+    part's text joined to itself ("jar Night" + "jar Night" holds "Nightjar")."""
+    from addon.dialects import responses
+    from addon.events import ShownText, TextDelta
+    from addon.filters.engine import FilterSet
+    from addon.filters.rules import parse_rules
+    from addon.output_gate import OutputGate
+
+    monkeypatch.setattr(responses, "MAX_KEYS", 2)
+    rules = '[[rule]]\nid = "k"\nkind = "keywords"\nkeywords = ["Nightjar"]\nscope = "response"\naction = "block"\n'
+    filters = FilterSet(parse_rules(rules), failure="closed")
+    gate = OutputGate(filters.output_guard(), OpenAIResponsesNormalizer(), holds=True, split_raw=True, failure="closed")
+    n = OpenAIResponsesNormalizer()
+    record = ExchangeRecord(dialect=DIALECT.name)
+    events = []
+    for i, text in enumerate(["p0 ", "p1 ", "jar Night"]):
+        for kind, field in (("response.output_text.delta", "delta"), ("response.output_text.done", "text")):
+            data = orjson.dumps({"type": kind, "item_id": "msg", "output_index": 0, "content_index": i, field: text})
+            frame = SSEEvent(event=kind, data=data.decode())
+            got = n.on_event(frame)
+            gate.feed(b"", 0, [(frame, got, 0, None)])
+            events += got
+    for event in events:
+        record.apply(event)
+    assert [ev.text for ev in events if type(ev) is TextDelta] == ["p0 ", "p1 ", "jar Night"]
+    assert [(ev.text, ev.kind) for ev in events if type(ev) is ShownText] == [("jar Night", "final_text")]
+    assert record.to_row()["output_text"] == "p0 p1 jar Night"
+    assert gate.blocked is None

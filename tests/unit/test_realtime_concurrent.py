@@ -18,8 +18,8 @@ import pytest
 
 from addon.connection_auditor import ConnectionAuditor
 from addon.dialects import RequestView
-from addon.dialects.openai_realtime import DIALECT, RealtimeNormalizer
-from addon.events import Event, TextDelta, TurnEnd
+from addon.dialects.openai_realtime import DIALECT, MAX_OPEN_RESPONSES, RealtimeNormalizer
+from addon.events import Event, Finding, TextDelta, TurnEnd
 from addon.filters.engine import FilterSet
 from addon.filters.rules import parse_rules
 from addon.framing import Message
@@ -323,3 +323,142 @@ def test_one_response_at_a_time_is_unchanged() -> None:
     assert "tjar" not in client.text("resp_1") and client.text("resp_2") == "All fine."
     assert [m["response_id"] for m in client.upstream] == ["resp_1"]
     assert [r["status"] for r in client.rows()] == [Status.BLOCKED, Status.COMPLETED]
+
+
+# -- more responses in progress than the dialect keeps ----------------------------------------------
+
+
+def read(reading: RealtimeNormalizer, *messages: dict[str, Any]) -> list[Event]:
+    out: list[Event] = []
+    for message in messages:
+        out += reading.on_event(Message(json.dumps(message)))
+    return out
+
+
+def eight_open() -> list[dict[str, Any]]:
+    return [m for i in range(MAX_OPEN_RESPONSES) for m in created(f"resp_{i}")]
+
+
+def test_a_response_past_the_ones_kept_is_text_interleaved_before_any_text() -> None:
+    """A 9th response in progress forgets the oldest one, whose choice it takes (the gate's
+    streams of that choice never ended): the finding text_interleaved comes first in that
+    frame's events, before any text; so does an evicted response that comes back (read
+    anew, on another choice), and its end."""
+    reading = RealtimeNormalizer()
+    read(reading, *eight_open(), delta("resp_0", "Call me x"))
+    for message in [delta("resp_8", "Nightjar"), created("resp_9")[0]]:  # (a delta of a response never announced too)
+        events = read(reading, message)
+        assert isinstance(events[0], Finding) and events[0].code == "text_interleaved", events
+    assert set(reading.evicted) == {"resp_0", "resp_1"}
+    read(reading, *finished("resp_2", "."))  # (room for one: resp_0 comes back without evicting)
+    events = read(reading, delta("resp_0", "tjar sings."))
+    assert [type(e) for e in events] == [Finding, TextDelta] and events[0].code == "text_interleaved"
+    assert not any(isinstance(e, Finding) for e in read(reading, *finished("resp_4", ".")))  # (a kept one: none)
+    events = read(reading, finished("resp_1", "Its text.")[-1])  # (the evicted one's response.done)
+    assert isinstance(events[0], Finding) and events[0].code == "text_interleaved"
+    assert [e.text for e in events if type(e) is TextDelta] == ["Its text."] and not reading.evicted
+
+
+def test_responses_never_ended_are_kept_within_bounds() -> None:
+    """An upstream opening responses without ending them: at most MAX_OPEN_RESPONSES in
+    progress and as many evicted are remembered, and what the proxy cut stays within them."""
+    reading = RealtimeNormalizer()
+    for i in range(100):
+        read(reading, *created(f"resp_{i}"))
+        if i % 10 == 0:
+            reading.upstream_cancel()
+    assert len(reading.responses) == len(reading.evicted) == MAX_OPEN_RESPONSES
+    assert reading.cut <= set(reading.responses) | set(reading.evicted)
+
+
+def test_a_ninth_response_does_not_continue_the_text_of_the_one_it_evicted() -> None:
+    """resp_0 ends on a word character; the 9th response takes its choice: read as the
+    continuation, "x" + "Nightjar" would be no word and pass. The eviction blocks first
+    (failure policy closed): no text of the new response reaches the client, every
+    response the client saw begin is ended once, and each is cancelled upstream."""
+    client = Client().server(*eight_open(), delta("resp_0", "Call me x"), *created("resp_8"))
+    client.server(delta("resp_8", "Nightjar"), delta("resp_8", " sings."), *finished("resp_8", "Nightjar sings."))
+    assert "Nightjar" not in json.dumps(client.got)
+    (error,) = [e for e in client.got if e["type"] == "error"]
+    assert error["error"]["code"] == "content_filtered"
+    assert_each_response_ended_once(client, *(f"resp_{i}" for i in range(MAX_OPEN_RESPONSES)))
+    cancelled = {m["response_id"] for m in client.upstream if m["type"] == "response.cancel"}
+    assert cancelled == {f"resp_{i}" for i in range(MAX_OPEN_RESPONSES + 1)}
+    blocked = client.rows()[0]
+    assert blocked["status"] == Status.BLOCKED
+    assert "text_interleaved" in [f["code"] for f in blocked["findings"]]
+
+
+def test_what_an_evicted_response_sends_later_never_reaches_the_client() -> None:
+    """resp_0 holds "The Nigh" when a 9th response evicts it; its "tjar sings." read anew
+    on another choice would pass. It is blocked at the eviction, and the rest of resp_0
+    (cancelled upstream with the others) is the proxy's."""
+    client = Client().server(*eight_open(), delta("resp_1", "fine."), delta("resp_0", "The Nigh"), *created("resp_8"))
+    got = len(client.got)
+    client.server(delta("resp_8", " ok."), delta("resp_0", "tjar sings."), *finished("resp_0", "The Nightjar sings."))
+    assert client.got[got:] == [] and "Nigh" not in json.dumps(client.got)
+    assert_each_response_ended_once(client, *(f"resp_{i}" for i in range(MAX_OPEN_RESPONSES)))
+    client.server(*finished("resp_8", " ok."), *one_at_a_time("All fine.", "resp_C"))
+    assert client.text("resp_C") == "All fine."
+
+
+# -- a rules reload while responses overlap ----------------------------------------------------------
+
+
+def reload(client: Client, rules: str) -> None:
+    """The rules file changed: the filter set in force from now on."""
+    new = FilterSet(parse_rules(rules), failure="closed")
+    client.auditor.current_filters = lambda: new
+
+
+def test_a_reload_reaches_a_connection_whose_responses_always_overlap() -> None:
+    """A response the upstream leaves open (no text of its own) beside every other: no
+    turn ends with none left open, yet the reloaded rules check the next responses (from
+    the first response's end after the reload) and the client's messages at once."""
+    client = Client(RULES.replace("Nightjar", "Albatross")).server(*created("resp_keep"))
+    client.server(*one_at_a_time("The Nightjar sings.", "resp_1"))
+    assert client.text("resp_1") == "The Nightjar sings."  # (not blocked yet)
+    reload(client, RULES.replace('scope = "response"', 'scope = "both"'))
+    client.server(*one_at_a_time("The Nightjar sings.", "resp_2"))  # (began under the old set: its gate's)
+    client.server(*one_at_a_time("The Nightjar sings.", "resp_3"), *one_at_a_time("The Nightjar sings.", "resp_4"))
+    assert "Nightjar" not in client.text("resp_3") + client.text("resp_4")
+    asked = {"type": "conversation.item.create", "event_id": "evt_1",
+             "item": {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Nightjar?"}]}}  # fmt: skip
+    relay = client.auditor.from_client(json.dumps(asked).encode(), True)
+    assert relay.onward == [] and [json.loads(m)["error"]["event_id"] for m, _ in relay.back] == ["evt_1"]
+
+
+def test_a_reload_waits_while_the_response_going_on_may_be_writing_a_match() -> None:
+    """B's " Nigh" was let go when A wrote (the client has it), and A's end is a turn end
+    with B going on: a fresh gate would read B's "tjar" as a new text and pass it. The old
+    gate keeps B until a turn end where nothing of it is in progress: "tjar" blocks."""
+    client = Client().server(
+        *created("resp_A"), *created("resp_B"), delta("resp_B", "The Nigh"), delta("resp_A", "One.")
+    )
+    assert client.text("resp_B") == "The Nigh"  # (let go for A's text)
+    reload(client, RULES.replace('"Nightjar"', '"Nightjar", "Albatross"'))
+    client.server(
+        *finished("resp_A", "One."), delta("resp_B", "tjar sings."), *finished("resp_B", "The Nightjar sings.")
+    )
+    assert client.text("resp_B") == "The Nigh"
+    assert_each_response_ended_once(client, "resp_A", "resp_B")
+    client.server(*one_at_a_time("An Albatross.", "resp_C"))  # (the reloaded set, at the next turn)
+    assert "Albatross" not in client.text("resp_C")
+
+
+def test_a_reload_hands_a_tool_call_s_cut_escape_to_the_fresh_gate() -> None:
+    """B's arguments end in the start of an escape (``\\u004``: the client has it, the
+    filters read its character when it is whole) when A's end hands B to a fresh gate: the
+    fresh gate reads the rest with it, ``\\u004E`` + ``ightjar`` = Nightjar, and blocks."""
+    call = {"id": "item_call", "type": "function_call", "call_id": "call_1", "name": "say", "arguments": ""}
+    args = {"type": "response.function_call_arguments.delta", "response_id": "resp_B", "item_id": "item_call",
+            "output_index": 0, "call_id": "call_1"}  # fmt: skip
+    client = Client(RULES.replace("Nightjar", "Albatross")).server(
+        *created("resp_A"), created("resp_B")[0],
+        {"type": "response.output_item.added", "response_id": "resp_B", "output_index": 0, "item": call},
+        args | {"delta": '{"text": "The \\u004'},
+    )  # fmt: skip
+    reload(client, RULES)
+    client.server(*finished("resp_A", "One."), args | {"delta": 'Eightjar sings."}'})
+    assert [e.get("delta") for e in client.got if e["type"] == args["type"]] == ['{"text": "The \\u004']
+    assert [e["error"]["code"] for e in client.got if e["type"] == "error"] == ["content_filtered"]
