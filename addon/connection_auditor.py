@@ -15,9 +15,10 @@ What goes on. Without content filters every message goes on unchanged (a :class:
 with ``onward`` None). With them:
 
 - each client frame is checked by the request filters before its message goes on; a
-  blocked one is not forwarded (nor what follows it in its message), the client gets
-  the protocol's refusal (:meth:`~addon.dialects.Normalizer.refusal`) and the turn is
-  recorded as blocked;
+  blocked one is not forwarded (nor what follows it in its message, nor when its
+  refusal cannot be built), the client gets the protocol's refusal
+  (:meth:`~addon.dialects.Normalizer.refusal`) and the turn is recorded as blocked; the
+  answer in progress, if any, goes on through its gate;
 - server messages pass through an :class:`~addon.output_gate.OutputGate`, one per turn,
   which holds a message until the filters have passed all the text it carries (the
   guarantee of the HTTP path: no character of a match reaches the client). When it
@@ -65,6 +66,17 @@ NORMAL_CLOSES = frozenset({1000, 1001, 1005})
 READ_ALL_THE_SAME = READ_ANYWAY | {"lenient_json"}
 #: Checks a client message's reading: the verdict that blocks it, if any.
 RequestCheck = Callable[[FilterSet, ExchangeRecord, dict[str, Any]], Verdict | None]
+
+
+class _EveryChoice:
+    """Every choice (answer) a gate reads: the ``going_on`` of :meth:`OutputGate.idle`
+    and :meth:`OutputGate.hand_over` where no turn's end says which answers go on."""
+
+    def __contains__(self, item: object) -> bool:
+        return True
+
+
+EVERY_CHOICE: Any = _EveryChoice()
 
 
 @dataclass(slots=True)
@@ -249,22 +261,54 @@ class ConnectionAuditor:
         self._collect(self.client_reader)
         before = self._client_release(release)
         self.client_from += len(self.client_held)
-        self.client_held.clear()
+        self.client_held.clear()  # (from here the refused message is nobody's to forward: not even _fail's)
         self.client_pending.clear()
         record = self.turns.record
         record.verdicts.append(verdict.as_dict())
         record.block(block_message(verdict.rule_id, verdict.reason))
+        try:
+            back = self._refusal(frame, verdict)
+        except Exception as e:  # noqa: BLE001 - our bug: the failure policy decides, the message stays refused
+            relay = self._fail(e, b"", True, from_client=True)  # (nothing is held: it forwards nothing)
+            self.turns.open()
+            self.turns.end_turn(record)
+            return relay if relay.close is not None else Relay(onward=before)
+        record.bytes_to_client += sum(len(m) for m, _ in back)
+        self.turns.open()
+        self.turns.end_turn(record)
+        self._gate_after_refusal()
+        return Relay(onward=before, back=back, close=self.normalizer.close_after_block(verdict.reason))
+
+    def _refusal(self, frame: Frame | None, verdict: Verdict) -> list[Out]:
+        """The protocol's refusal of the client message ``frame`` (none for a message the
+        reader could not read), as messages to the client; the normalizers learn the
+        client's view of it."""
         normalizer = self.forwarded or self.normalizer
         frames = normalizer.refusal(frame, verdict.rule_id, verdict.reason) if frame is not None else []
         for reader in {id(n): n for n in (self.normalizer, normalizer)}.values():
             for refused in frames:  # both learn the client's view: that request was answered
                 reader.on_event(refused)
-        back = self._encode(frames)
-        record.bytes_to_client += sum(len(m) for m, _ in back)
-        self.turns.open()
-        self.turns.end_turn(record)
-        self._next_gate()
-        return Relay(onward=before, back=back, close=self.normalizer.close_after_block(verdict.reason))
+        return self._encode(frames)
+
+    def _gate_after_refusal(self) -> None:
+        """After a refused client message (the end of its turn): the filters in force are
+        read again (the client's next messages are checked with them); the gate stays,
+        unless the set changed and it is idle (nothing of an answer going on waits, is
+        held, or may be a match in progress), when a fresh one with the new set takes
+        over as at a turn's end (:meth:`_reload`).
+
+        The server's answer in progress is not the refused message's: a gate swapped
+        while it holds that answer's text would drop the text, and the messages it held
+        would be cut at the wrong boundaries (a piece of JSON to the client)."""
+        self._read_filters()
+        gate = self.gate
+        if gate is not None:
+            if self.filters is self.gate_filters or self.server_pending.items or not gate.idle(EVERY_CHOICE):
+                gate.delivered.clear()  # (what the client gets from here is the next turn's)
+                return
+        self._new_gate()
+        if gate is not None and self.gate is not None:
+            gate.hand_over(self.gate, EVERY_CHOICE)
 
     # -- the server's messages ------------------------------------------------------------
 

@@ -18,6 +18,10 @@ a frame's bytes itself. Decisions that hold everywhere:
 
 - The message names the rule id and the reason, never the matched text (the proxy does
   not have it here, and filters keep it out of ``reason``).
+- Every value a dialect puts in a frame it builds (an id the client or the upstream
+  sent, read leniently) is encoded by :func:`addon.json_read.dumps`, which never refuses one: a lone
+  surrogate escape (``"\\ud800"``, which ``JSON.parse`` and Python's ``json`` take) is
+  written back as the same escape, so the client reads back the id it sent.
 - Ids the proxy has to invent (a response id when none came from upstream) are random,
   so that a client storing them never sees one twice; timestamps are the current time.
 """
@@ -30,8 +34,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import orjson
-
+from addon import json_read
 from addon.framing import Frame, Message, Writer
 from addon.framing.sse import SSE_WRITER
 
@@ -61,9 +64,9 @@ def block_message(rule_id: str, reason: str) -> str:
 
 def frame(data: Mapping[str, Any] | str, event: str = "message", *, event_id: int | None = None) -> Message:
     """One frame a dialect sends in place of upstream's (a stream it cut, a blocked
-    stream), for its framing's writer to encode: ``data`` a JSON object (compact JSON) or
-    a literal string (OpenAI's ``[DONE]``)."""
-    text = data if isinstance(data, str) else orjson.dumps(data).decode()
+    stream), for its framing's writer to encode: ``data`` a JSON object (compact JSON,
+    :func:`addon.json_read.dumps`) or a literal string (OpenAI's ``[DONE]``)."""
+    text = data if isinstance(data, str) else json_read.dumps(data)
     return Message(text, event, "" if event_id is None else str(event_id))
 
 
@@ -79,7 +82,7 @@ def json_response(
     obj: Mapping[str, Any] | list[Any], status: int = BLOCKED_STATUS, content_type: str = "application/json"
 ) -> BlockedResponse:
     """A JSON answer: an error document (HTTP 400 by default) or a 200 body."""
-    return BlockedResponse(status, [("content-type", content_type)], orjson.dumps(obj))
+    return BlockedResponse(status, [("content-type", content_type)], json_read.dumps(obj).encode())
 
 
 def openai_error(message: str, code: str) -> dict[str, Any]:

@@ -48,8 +48,7 @@ from __future__ import annotations
 
 from typing import Any
 
-import orjson
-
+from addon import json_read
 from addon.dialects import (
     BlockedResponse,
     Dialect,
@@ -421,7 +420,7 @@ def _call_fields(call: dict[str, Any]) -> tuple[str | None, str | None, str]:
     name = name if isinstance(name, str) and name else None
     if not isinstance(arguments, str):
         # an object where the API has a JSON string (some compatible servers): keep it as JSON
-        arguments = "" if arguments is None else orjson.dumps(arguments, default=str).decode()
+        arguments = "" if arguments is None else json_read.dumps(arguments)  # (lenient values too: never raises)
     return call_id, name, arguments
 
 

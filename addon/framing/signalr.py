@@ -32,7 +32,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import msgpack
-import orjson
 
 from addon import json_read
 from addon.framing import Frame, Framing, register
@@ -88,8 +87,9 @@ class HubMessage:
 
 def hub_message(message: dict[str, Any]) -> HubMessage:
     """A frame for ``message`` (JSON field names), as the dialects build their
-    terminations; either writer encodes it."""
-    data = orjson.dumps(message).decode()
+    terminations; either writer encodes it. An id read leniently (a lone surrogate
+    escape) is written back as the same escape (:func:`addon.json_read.dumps`)."""
+    data = json_read.dumps(message)
     kind = message.get("type")
     event = TYPE_NAMES.get(kind, UNKNOWN) if isinstance(kind, int) else HANDSHAKE
     return HubMessage(event, data, _id_of(message), message, data.encode())
@@ -396,17 +396,19 @@ def varint(n: int) -> bytes:
 def handshake_framing(first: bytes) -> str | None:
     """The framing of a connection whose first client message is ``first``: a SignalR
     handshake (a JSON object then 0x1E) naming protocol ``json`` or ``messagepack``,
-    version 1; None for anything else. Read leniently, as the reader reads it after
-    (which records ``lenient_json``): a handshake read strictly here would leave a
-    connection the hub accepts unclaimed, and unrecorded."""
+    version 1; None for anything else. Read exactly as the reader reads it after
+    (:func:`_json_record`): leniently (which records ``lenient_json``), since a handshake
+    read strictly here would leave a connection the hub accepts unclaimed, and unrecorded;
+    and as UTF-8 text, since bytes in another encoding (a BOM, UTF-16) that ``json.loads``
+    would take are a record the reader rejects, a connection claimed but never read."""
     end = first.find(RS, 0, 4097)  # (a handshake is short: no scan of a large first message)
     if end < 0 or end > 4096:
         return None
-    try:  # (leniently, as the records after it: a handshake only that takes is no way past the audit)
-        obj, _ = json_read.loads(first[:end])
-    except ValueError:
+    frame, problem, _ = _json_record(first[:end], True)
+    if frame is None or problem is not None:
         return None
-    if not isinstance(obj, dict) or obj.get("version") != 1 or isinstance(obj.get("version"), bool):
+    obj = frame.message
+    if obj.get("version") != 1 or isinstance(obj.get("version"), bool):
         return None
     return {"json": JSON_FRAMING.name, "messagepack": MSGPACK_FRAMING.name}.get(obj.get("protocol"))  # type: ignore[arg-type]
 

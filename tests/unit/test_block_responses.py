@@ -953,3 +953,39 @@ def test_the_sdks_read_a_replaced_answer_as_their_apis_filtered_answer(upstream:
         answer = gclient.models.generate_content(model=GEMINI_MODEL, contents="hi")
     assert answer.candidates is not None and answer.candidates[0].finish_reason == genai_types.FinishReason.SAFETY
     assert not answer.text  # (finishMessage, which names the rule, reaches Vertex clients only)
+
+
+# -- values only a lenient reader takes ---------------------------------------------------------
+
+
+def test_frames_and_bodies_write_what_only_lenient_readers_take() -> None:
+    """A lone surrogate (an id sent as ``"\\ud800"``) and an integer beyond 64 bits are
+    read (as the SDKs read them), so the frames and bodies the proxy builds with them are
+    written too, the same value back (orjson refuses both: the block path raised)."""
+    import json
+
+    from addon.dialects.blocking import frame, json_response
+    from addon.json_read import dumps
+
+    value = {"id": "chatcmpl-\ud800", "n": 2**70, "text": "é"}
+    assert json.loads(dumps(value)) == value and dumps(value).isascii()
+    assert dumps({"id": "x", "text": "é"}) == '{"id":"x","text":"é"}'  # (the common case: orjson)
+    assert json.loads(frame(value, "chunk").data) == value
+    assert json.loads(json_response({"error": value}).body) == {"error": value}
+
+
+def test_a_stream_whose_ids_only_lenient_readers_take_is_cut_with_those_ids() -> None:
+    """The upstream's completion id is a lone surrogate escape: the cut stream's last
+    chunk carries it back (the termination raised, and the stream was not ended)."""
+    import json
+
+    from addon.dialects import RequestSummary
+
+    normalizer = openai_chat.DIALECT.normalizer(RequestSummary(model="gpt-4o", stream=True))
+    chunk = '{"id":"chatcmpl-\\ud800","object":"chat.completion.chunk","created":1,"model":"gpt-4o",'
+    chunk += '"choices":[{"index":0,"delta":{"role":"assistant","content":"Hi"},"finish_reason":null}]}'
+    for event in SSEParser().feed(f"data: {chunk}\n\n".encode()):
+        normalizer.on_event(event)
+    tail = normalizer.termination("r", "x").decode()
+    chunks = [json.loads(line[6:]) for line in tail.splitlines() if line.startswith("data: {")]
+    assert chunks and {c["id"] for c in chunks} == {"chatcmpl-\ud800"}

@@ -330,3 +330,54 @@ def test_a_turn_cut_by_a_close_gets_the_last_checks_of_flag_rules() -> None:
         row = final(written)[-1]
         assert row["output_text"] == "the plan is Nightjar", close
         assert [v["rule_id"] for v in row["verdicts"]] == ["code"], close
+
+
+@pytest.mark.parametrize("failure", ["open", "closed"])
+def test_a_refused_message_stays_refused_when_its_refusal_cannot_be_built(failure: str) -> None:
+    """Our bug in building the refusal (once: a lone surrogate id orjson refused) must not
+    let the blocked message go on: the failure policy decides for the rest, the message
+    is dropped all the same, and the turn is recorded as blocked."""
+    a, written = auditor(RULES, failure=failure, framing=_signalr_json())
+    a.from_client(b'{"protocol":"json","version":1}\x1e', True)
+    a.from_server(b"{}\x1e", True)
+
+    def broken(frame: Frame, rule_id: str, reason: str) -> list[Frame]:
+        raise TypeError("str is not valid UTF-8: surrogates not allowed")
+
+    a.normalizer.refusal = broken  # type: ignore[method-assign]
+    assert a.forwarded is not None
+    a.forwarded.refusal = broken  # type: ignore[method-assign]
+    clean, blocked = b'{"type":1,"say":"hello"}\x1e', b'{"type":1,"say":"what is Nightjar?"}\x1e'
+    relay = a.from_client(clean + blocked, True)
+    assert relay.back == []
+    if failure == "open":
+        assert relay.onward == [(clean, True)]  # what came before it, checked, goes on; it does not
+        assert relay.close is None
+    else:
+        assert relay.onward == [] and relay.close is not None and relay.close[0] == 1011
+    row = final(written)[0]
+    assert row["status"] == Status.BLOCKED
+    assert "audit_internal_error" in [f["code"] for f in row["findings"]]
+
+
+def _signalr_json() -> Framing:
+    from addon.framing.signalr import JSON_FRAMING
+
+    return JSON_FRAMING
+
+
+def test_a_refusal_while_the_gate_holds_the_answer_leaves_the_answer_whole() -> None:
+    """A client message refused while the server's answer is held (the start of a word a
+    later piece may complete): the answer goes on whole, message by message, in order
+    (a fresh gate took the place of the one holding it: the held text was lost and the
+    messages after it were cut at the wrong boundaries, pieces of JSON to the client)."""
+    a, _ = auditor(RULES)
+    a.from_client(j({"say": "a question"}), True)
+    sent = [j({"delta": "The "}), j({"delta": "Nigh"})]
+    relays = [(m, a.from_server(m, True)) for m in sent]
+    refused = a.from_client(j({"say": "and Nightjar?"}), True)
+    assert refused.onward == [] and json.loads(refused.back[0][0]) == {"refused": "internal code name"}
+    rest = [j({"delta": "tingale"}), j({"done": True})]
+    relays += [(m, a.from_server(m, True)) for m in rest]
+    assert delivered(relays) == sent + rest
+    assert not a.failed

@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import pytest
+
 from addon.connection_auditor import ConnectionAuditor, Relay
 from addon.dialects import Dialect, RequestView
 from addon.dialects.gemini_live import DIALECT as GEMINI_LIVE
@@ -205,3 +207,91 @@ def test_a_realtime_error_between_answers_is_checked() -> None:
         relay = a.from_server(j({"type": "error", "error": {"type": "invalid_request_error", "message": message,
                                                              "event_id": event_id}}), True)  # fmt: skip
         assert relay.onward == [], event_id
+
+
+# -- ids only a lenient reader takes --------------------------------------------------------------
+
+
+def signalr_auditor(failure: str) -> tuple[ConnectionAuditor, list[dict[str, Any]]]:
+    from addon.dialects.signalr import DIALECT as SIGNALR
+
+    written: list[dict[str, Any]] = []
+    summary = SIGNALR.summarize(None, RequestView("GET", "/hub", "", {}))
+    turns = Turns(ExchangeRecord(dialect=SIGNALR.name), "conn-1", lambda r: written.append(r.to_row()))
+    filters = FilterSet(parse_rules(RULES), failure=failure)  # type: ignore[arg-type]
+    a = ConnectionAuditor(
+        FRAMINGS["signalr_json"],
+        SIGNALR.normalizer(summary),
+        lambda: SIGNALR.normalizer(summary),
+        turns,
+        ExchangeRecord(dialect=SIGNALR.name, connection_id="conn-1"),
+        max_event_bytes=1 << 20,
+        max_record_bytes=1 << 20,
+        filters=lambda: filters,
+        check=lambda fs, record, doc: check_message(fs, SIGNALR, summary, record, doc),
+    )
+    a.from_client(b'{"protocol":"json","version":1}\x1e', True)
+    a.from_server(b"{}\x1e", True)
+    return a, written
+
+
+@pytest.mark.parametrize("failure", ["open", "closed"])
+def test_a_blocked_invocation_whose_id_is_a_lone_surrogate_is_refused_with_that_id(failure: str) -> None:
+    """The hub's JSON.parse takes ``"\\ud800"`` as an id, so the reader does: the refusal
+    of a blocked invocation carries it back (building it raised, and the blocked
+    invocation went to the hub under failure policy open, the connection closed 1011
+    under closed)."""
+    a, written = signalr_auditor(failure)
+    relay = a.from_client(b'{"type":4,"invocationId":"\\ud800","target":"Chat","arguments":["Nightjar?"]}\x1e', True)
+    assert relay.onward == [] and relay.close is None and not a.failed
+    ((back, text),) = relay.back
+    assert text and back.endswith(b"\x1e")
+    refusal = json.loads(back[:-1])
+    assert refusal["type"] == 3 and refusal["invocationId"] == "\ud800" and "no-code-name" in refusal["error"]
+    assert final(written)[0]["status"] == Status.BLOCKED
+
+
+def test_a_blocked_answer_whose_id_is_a_lone_surrogate_is_ended_and_the_audit_goes_on() -> None:
+    """The answer's Completion and the hub's CancelInvocation carry the id back; the
+    filters keep checking the next answers (the ending raised: the match went on under
+    failure policy open and nothing was checked after it)."""
+    a, written = signalr_auditor("open")
+    sid = b'"\\ud800"'
+    a.from_client(b'{"type":4,"invocationId":' + sid + b',"target":"Chat","arguments":["hi"]}\x1e', True)
+    sent = [b'{"type":2,"invocationId":' + sid + b',"item":"the code name is Nightjar"}\x1e',
+            b'{"type":2,"invocationId":' + sid + b',"item":" today."}\x1e',
+            b'{"type":3,"invocationId":' + sid + b"}\x1e"]  # fmt: skip
+    relays = [(m, a.from_server(m, True)) for m in sent]
+    got = delivered(relays)
+    assert [json.loads(m[:-1]) for m in got] == [
+        {
+            "type": 3,
+            "invocationId": "\ud800",
+            "error": "Blocked by content filter rule 'no-code-name': internal code name",
+        }
+    ]
+    assert [json.loads(m[:-1]) for r in relays for m, _ in r[1].back] == [{"type": 5, "invocationId": "\ud800"}]
+    a.from_client(b'{"type":4,"invocationId":"2","target":"Chat","arguments":["again"]}\x1e', True)
+    again = b'{"type":2,"invocationId":"2","item":"Nightjar again"}\x1e'
+    assert a.from_server(again, True).onward != [(again, True)] and not a.failed
+    assert final(written)[0]["status"] == Status.BLOCKED
+
+
+def test_a_blocked_copilot_answer_whose_message_id_is_a_lone_surrogate_is_ended_with_it() -> None:
+    from addon.dialects.copilot import DIALECT as COPILOT
+
+    a, written = auditor(COPILOT, "/c/api/chat")
+    a.from_client(j({"event": "send", "content": [{"type": "text", "text": "hi"}]}), True)
+    sent = [b'{"event":"startMessage","messageId":"\\ud800"}',
+            b'{"event":"appendText","messageId":"\\ud800","text":"the code name is Nightjar"}',
+            b'{"event":"appendText","messageId":"\\ud800","text":" today"}',
+            b'{"event":"done","messageId":"\\ud800"}',
+            j({"event": "startMessage", "messageId": "m2"}),
+            j({"event": "appendText", "messageId": "m2", "text": "again Nightjar here"}),
+            j({"event": "done", "messageId": "m2"})]  # fmt: skip
+    got = [json.loads(m) for m in delivered([(m, a.from_server(m, True)) for m in sent])]
+    assert [(e["event"], e["messageId"]) for e in got] == [
+        ("startMessage", "\ud800"), ("error", "\ud800"), ("done", "\ud800"),
+        ("startMessage", "m2"), ("error", "m2"), ("done", "m2"),
+    ]  # fmt: skip
+    assert not a.failed and "Nightjar" not in json.dumps(got)

@@ -1025,3 +1025,25 @@ def test_non_streamed_json_with_an_invalid_utf8_byte_keeps_its_text_and_status()
 def test_an_http_error_body_with_invalid_utf8_keeps_its_message():
     row = audit_json(b'{"error": {"code": "x", "message": "bad \xff input"}}', status=400)
     assert (row["status"], row["error_code"], row["error_message"]) == ("failed", "x", "bad \ufffd input")
+
+
+def test_tool_call_arguments_sent_as_an_object_only_lenient_readers_take_are_recorded():
+    """Some compatible servers send ``arguments`` as an object: kept as JSON text. One
+    holding a lone surrogate or an integer past 64 bits (read leniently) made orjson
+    raise there, and the record lost the rest of the answer."""
+    call = {
+        "index": 0,
+        "id": "c1",
+        "type": "function",
+        "function": {"name": "f", "arguments": {"x": "\\ud800", "n": 2**70}},
+    }
+    body = (
+        b'data: {"id":"a","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":'
+        + json.dumps({"tool_calls": [call]}).replace('"\\\\ud800"', '"\\ud800"').encode()
+        + b',"finish_reason":null}]}\n\ndata: {"id":"a","object":"chat.completion.chunk","created":1,"model":"m",'
+        + b'"choices":[{"index":0,"delta":{"content":"after"},"finish_reason":"stop"}]}\n\ndata: [DONE]\n\n'
+    )
+    row = audit(body)
+    assert row["output_text"] == "after"
+    [tool] = output_tool_calls(row)
+    assert json.loads(tool["arguments"]) == {"x": "\ud800", "n": 2**70}

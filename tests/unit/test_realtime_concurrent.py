@@ -462,3 +462,53 @@ def test_a_reload_hands_a_tool_call_s_cut_escape_to_the_fresh_gate() -> None:
     client.server(*finished("resp_A", "One."), args | {"delta": 'Eightjar sings."}'})
     assert [e.get("delta") for e in client.got if e["type"] == args["type"]] == ['{"text": "The \\u004']
     assert [e["error"]["code"] for e in client.got if e["type"] == "error"] == ["content_filtered"]
+
+
+# -- a client message refused while an answer goes on --------------------------------------------
+
+BOTH = RULES.replace('scope = "response"', 'scope = "both"')
+ASKED = {"type": "conversation.item.create", "event_id": "evt_1",
+         "item": {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Nightjar?"}]}}  # fmt: skip
+
+
+def refuse(client: Client) -> None:
+    relay = client.auditor.from_client(json.dumps(ASKED).encode(), True)
+    assert relay.onward == [] and [json.loads(m)["error"]["event_id"] for m, _ in relay.back] == ["evt_1"]
+
+
+@pytest.mark.parametrize("reloaded", [False, True], ids=["same-rules", "reloaded"])
+def test_a_refused_client_message_leaves_the_answer_in_progress_whole(reloaded: bool) -> None:
+    """The gate holds the answer's "Nigh" (a later piece may complete a match) when the
+    client sends a message a request rule refuses: the answer goes on whole, each message
+    as it came (a fresh gate in the holding one's place lost "Nigh" and cut the messages
+    after it at the wrong boundaries: the client got pieces of JSON), with a reload in
+    between too (the gate that holds text keeps the answer)."""
+    client = Client(BOTH).server(*created("resp_1"), delta("resp_1", "The "), delta("resp_1", "Nigh"))
+    assert client.text("resp_1") == "The "
+    if reloaded:
+        reload(client, BOTH.replace('"Nightjar"', '"Nightjar", "Albatross"'))
+    refuse(client)
+    client.server(delta("resp_1", "tingale sings."), *finished("resp_1", "The Nightingale sings."))
+    assert client.text("resp_1") == "The Nightingale sings."
+    assert_each_response_ended_once(client, "resp_1")
+    assert not client.auditor.failed
+
+
+def test_a_word_across_a_refused_client_message_still_blocks() -> None:
+    client = Client(BOTH).server(*created("resp_1"), delta("resp_1", "The "), delta("resp_1", "Nigh"))
+    refuse(client)
+    client.server(delta("resp_1", "tjar sings."), *finished("resp_1", "The Nightjar sings."))
+    assert client.text("resp_1") == "The "
+    assert_each_response_ended_once(client, "resp_1")
+    assert [e["type"] for e in client.upstream] == ["response.cancel"]
+
+
+def test_a_refusal_between_answers_gives_the_next_answer_the_reloaded_rules() -> None:
+    """Nothing of an answer goes on at the refusal: the next answer is checked with the
+    rules in force then (a fresh gate), as after any turn's end."""
+    client = Client(BOTH).server(*one_at_a_time("One two.", "resp_1"))
+    reload(client, BOTH.replace('"Nightjar"', '"Nightjar", "Albatross"'))
+    refuse(client)
+    client.server(*one_at_a_time("An Albatross flies.", "resp_2"))
+    assert "Albatross" not in client.text("resp_2")
+    assert_each_response_ended_once(client, "resp_2")

@@ -362,3 +362,59 @@ def test_a_message_of_a_million_empty_records_is_not_read_record_by_record(encod
     assert any("records in one message" in detail for _, detail in reader.findings)
     ping = b'{"type":6}' + RS if encoding == "json" else b"\x02\x91\x06"
     assert [f.event for f in reader.feed(ping)] == ["ping"]
+
+
+def test_a_frame_for_an_id_only_lenient_readers_take_is_written_as_the_same_id() -> None:
+    """An invocation id sent as a lone surrogate escape (the JSON reader takes it, as the
+    peers' JSON.parse does) is written back as that escape: the client reads back its own
+    id (orjson refused to write it, and the refusal of a blocked request raised)."""
+    frame = hub_message({"type": 3, "invocationId": "\ud800", "error": "no"})
+    assert (frame.event, frame.id) == ("completion", "\ud800")
+    assert frame.data == '{"type":3,"invocationId":"\\ud800","error":"no"}'
+    (text,) = JSON_WRITER.encode_messages([frame, hub_message({"type": 5, "invocationId": "\udfff x"})])
+    reader = json_reader()
+    reader.feed(b"{}\x1e")
+    assert [f.id for f in reader.feed(text)] == ["\ud800", "\udfff x"]
+    big = hub_message({"type": 2, "invocationId": "1", "item": 2**70})  # (a lenient reader's integer)
+    assert json.loads(big.data)["item"] == 2**70
+
+
+def test_a_msgpack_id_is_never_a_lone_surrogate_and_any_msgpack_message_makes_a_frame() -> None:
+    """MessagePack strings are read strictly as UTF-8 (a surrogate's bytes are a malformed
+    record), so the ids the MessagePack writer writes back are valid text; and a frame
+    for a message with MessagePack's values (bytes, integer keys) is made all the same
+    (its JSON text, which only a JSON connection sends, is a best effort)."""
+    body = b"\x93\x05\x80\xa3\xed\xa0\x80"  # [5, {}, <the UTF-8 bytes of U+D800>]
+    reader = msgpack_reader()
+    assert [f.event for f in reader.feed(b"{}\x1e" + varint(len(body)) + body)] == ["handshake"]
+    assert [c for c, _ in reader.findings] == ["signalr_invalid"]
+    message = {"type": 2, "invocationId": "1", "item": {"audio": b"\x00\x01", 7: "x"}}
+    frame = hub_message(message)
+    assert frame.message == message and frame.id == "1"
+    (binary,) = MSGPACK_WRITER.encode_messages([frame])
+    reader = msgpack_reader()
+    reader.feed(b"{}\x1e")
+    assert [f.message for f in reader.feed(binary)] == [message]
+
+
+@pytest.mark.parametrize(
+    "first",
+    [
+        b"\xef\xbb\xbf" + JSON_HELLO,  # a UTF-8 BOM
+        '{"protocol":"json","version":1}'.encode("utf-16-le") + RS,
+        '{"protocol":"json","version":1}'.encode("utf-16") + RS,
+        '{"protocol":"json","version":1}'.encode("utf-32-le") + RS,
+        JSON_HELLO,
+        LENIENT_HELLO,
+        b'{"protocol":"json","version":1,"\\ud800":"\\udfff"}\x1e',
+        b'{"protocol":"json","version":1,"x":"\xff"}\x1e',  # (invalid UTF-8: read with replacement)
+    ],
+    ids=["bom", "utf-16-le", "utf-16", "utf-32-le", "plain", "nan", "surrogates", "invalid-utf8"],
+)
+def test_a_handshake_is_claimed_exactly_when_the_reader_reads_it(first: bytes) -> None:
+    """The detection reads the handshake as the reader does (UTF-8 text, leniently):
+    ``json.loads`` of the bytes took a BOM, UTF-16 and UTF-32, which the reader rejects,
+    so a connection was claimed whose every record then went unread."""
+    reader = json_reader()
+    read = [f.event for f in reader.feed(first)] == ["handshake"]
+    assert (handshake_framing(first) == "signalr_json") is read
