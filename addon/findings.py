@@ -69,6 +69,12 @@ CODES: dict[str, str] = {
     "request_missing_field": "The request envelope lacks a REQUIRED field (llm-stream draft section 4.2).",
     "request_invalid_field": "A request envelope field has the wrong type or value.",
     "request_token_prompt": "A legacy Completions prompt is token ids, which the request filters cannot read.",
+    "strings_unread": "A payload a dialect reads without a schema (a SignalR hub's invocation arguments, items or "
+    "results; a Connect or gRPC message of a service nobody mapped) held strings past what it reads: nested deeper "
+    "than 32 levels, or (Connect, gRPC) past the first 4096 strings or 1 MiB characters of a string. No filter "
+    "checked them; the detail says which bound cut them. With blocking filters llm_filter_failure decided, in a "
+    "client's message (a WebSocket message, a streamed request's) and in an answer alike (closed: blocked, open: "
+    "let through with this finding).",
     # llm-stream event envelope (draft section 5)
     "invalid_json": "An event's data is not exactly one JSON object (draft section 5.1).",
     "text_interleaved": "Text of one kind came for two content blocks (or output items) open at once, or for more "

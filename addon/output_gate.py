@@ -349,10 +349,8 @@ class OutputGate:
                     self._whole((0, "error", None), message, needs)
             case TurnEnd(going_on=going_on):  # (a turn's end: its answer is whole, nothing waits for more)
                 self._end_turn(needs, going_on)
-            case Finding(
-                code="text_interleaved", detail=detail
-            ):  # (what the filters read is not what the client shows)
-                self.unreadable(f"text came interleaved: {detail}")
+            case Finding(code="text_interleaved" | "strings_unread" as code, detail=detail):
+                self.unreadable(f"{code}: {detail}")  # (the filters cannot read it as the client shows it)
 
     def _feed(self, stream: StreamKey, text: str, needs: list[tuple[StreamKey, int]]) -> None:
         if not self.guard.takes(stream):

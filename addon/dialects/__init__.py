@@ -631,27 +631,56 @@ def json_strings(
     limit: int | None = None,
     max_chars: int | None = None,
     max_depth: int = 32,
+    cut: list[str] | None = None,
 ) -> list[str]:
     """Every non-empty string in a JSON value, depth first: what a dialect reads of a part
     or payload of unknown shape (the filters must see text a client may show). Bounded:
     ``max_depth`` levels, at most ``limit`` strings and ``max_chars`` characters in all
-    (the last string cut to fit); keys in ``skip_keys`` are not read."""
+    (the last string cut to fit); keys in ``skip_keys`` are not read.
+
+    ``cut``, when given, gets what the bounds left out, each reason once (strings, or
+    objects or arrays that may hold some, deeper than ``max_depth``; a string past
+    ``limit``; characters past ``max_chars``): the filters cannot check that text, so a
+    reader says so (finding ``strings_unread``) and the failure policy decides. The walk
+    stops at the first string past ``limit`` or ``max_chars``."""
     out: list[str] = []
     budget = [max_chars if max_chars is not None else -1]
+    stop = [False]
+
+    def left_out(reason: str) -> None:
+        if cut is not None and reason not in cut:
+            cut.append(reason)
 
     def walk(item: Any, depth: int) -> None:
-        if depth > max_depth or (limit is not None and len(out) >= limit) or budget[0] == 0:
+        if stop[0]:
             return
         if isinstance(item, str):
-            if item:
+            if not item:
+                return
+            if depth > max_depth:
+                left_out(f"strings nested deeper than {max_depth} levels")
+            elif (limit is not None and len(out) >= limit) or budget[0] == 0:
+                stop[0] = True  # (one is enough to say so)
+                left_out(f"strings past the first {limit}" if budget[0] else f"text past {max_chars} characters")
+            else:
                 if budget[0] > 0:
+                    if len(item) > budget[0]:
+                        left_out(f"text past {max_chars} characters")
                     item, budget[0] = item[: budget[0]], max(budget[0] - len(item), 0)
                 out.append(item)
         elif isinstance(item, dict):
+            if depth > max_depth:
+                if item:
+                    left_out(f"strings nested deeper than {max_depth} levels")
+                return
             for key, v in item.items():
                 if key not in skip_keys:
                     walk(v, depth + 1)
         elif isinstance(item, list):
+            if depth > max_depth:
+                if item:
+                    left_out(f"strings nested deeper than {max_depth} levels")
+                return
             for v in item:
                 walk(v, depth + 1)
 

@@ -29,8 +29,7 @@ from addon.dialects import Normalizer, RequestSummary, RequestView, json_strings
 from addon.dialects.protowire import parse, strings
 from addon.dialects.rpc import (
     LENIENT_MESSAGE,
-    UNMAPPED_CHARS,
-    UNMAPPED_STRINGS,
+    STRINGS_DEPTH,
     RpcDialect,
     RpcNormalizer,
     add_message,
@@ -38,20 +37,44 @@ from addon.dialects.rpc import (
     clean_json,
     protocol_of,
     rpc_name,
+    unread_finding,
 )
 from addon.events import Event, Finding, TextDelta
 
 
-def message_strings(payload: bytes, codec: str) -> tuple[list[str], bool]:
+def message_strings(payload: bytes, codec: str, cut: list[str] | None = None) -> tuple[list[str], bool]:
     """The strings of one message (bounded), credentials fingerprinted; and whether its
     JSON is JSON only to lenient readers (:func:`addon.json_read.loads`: Python's
     ``json.loads`` takes ``NaN``, JavaScript's ``JSON.parse`` a lone surrogate escape; a
-    peer acts on such a message, so the audit reads it too, and says so)."""
-    if codec != "json":
-        return [clean(s[:UNMAPPED_CHARS]) for s in strings(parse(payload), UNMAPPED_STRINGS, UNMAPPED_CHARS)], False
-    doc, lenient = read_json_object(payload)  # (keys named like credentials fingerprinted first: "apiKey", "token")
-    found = json_strings(clean_json(doc), limit=UNMAPPED_STRINGS)
-    return [clean(s[:UNMAPPED_CHARS]) for s in found], lenient
+    peer acts on such a message, so the audit reads it too, and says so).
+
+    ``cut`` gets what the bounds left out (strings past the first :data:`READ_STRINGS`,
+    characters of a string past :data:`READ_CHARS`, JSON nested deeper than 32 levels):
+    no filter reads that text, so the reader says so
+    (:func:`~addon.dialects.rpc.unread_finding`) and the failure policy decides. The
+    bounds are far above an ordinary prompt or answer (a long one is one string), so
+    that only a message built to hide text meets them. (A protobuf message's strings
+    nested deeper than :data:`~addon.dialects.protowire.MAX_DEPTH` or past its byte
+    budget are not told.)"""
+    if codec != "json":  # (one more string and character asked for: whether the bounds cut any)
+        found = strings(parse(payload), READ_STRINGS + 1, READ_CHARS + 1)
+        if cut is not None and len(found) > READ_STRINGS:
+            cut.append(f"strings past the first {READ_STRINGS}")
+        lenient = False
+    else:
+        doc, lenient = read_json_object(payload)  # (keys named like credentials fingerprinted first: "apiKey", "token")
+        found = json_strings(clean_json(doc, max_depth=STRINGS_DEPTH), limit=READ_STRINGS, cut=cut)
+    if cut is not None and any(len(s) > READ_CHARS for s in found):
+        cut.append(f"characters of a string past the first {READ_CHARS}")
+    return [clean(s[:READ_CHARS]) for s in found[:READ_STRINGS]], lenient
+
+
+#: What :func:`message_strings` reads of one message of a service nobody mapped: its
+#: strings, and the characters of each. A message is at most 8 MiB (MAX_REQUEST_MESSAGE_BYTES,
+#: the framing's message bound), so these bound the work, not an ordinary message: the
+#: record's ``unmapped`` findings keep far less (UNMAPPED_STRINGS of UNMAPPED_CHARS).
+READ_STRINGS = 4096
+READ_CHARS = 1 << 20
 
 
 _CREDENTIAL_WORDS = re.compile(
@@ -81,9 +104,12 @@ class ConnectRpc(RpcDialect):
         codec = (protocol_of(request.headers) or ("", "proto"))[1]
         if handles_credentials(request.path):
             return  # (a login, a token exchange: its strings are passwords and keys; its metadata is kept)
-        found, lenient = message_strings(payload, codec)
+        cut: list[str] = []
+        found, lenient = message_strings(payload, codec, cut)
         if lenient:
             findings.append(Finding("request_lenient_json", "a Connect JSON request message: read as servers read it"))
+        if cut:  # (the message is not read whole: turns.UNREAD_MESSAGE, the failure policy decides)
+            findings.append(unread_finding(cut, "a request message"))
         add_message(doc, "user", "\n".join(found))
 
 
@@ -93,8 +119,11 @@ class ConnectRpcNormalizer(RpcNormalizer):
     def on_message(self, raw: bytes) -> list[Event]:
         if handles_credentials(self.rpc):
             return []
-        found, lenient = message_strings(raw, self.codec)
+        cut: list[str] = []
+        found, lenient = message_strings(raw, self.codec, cut)
         out: list[Event] = [LENIENT_MESSAGE] if lenient else []
+        if cut:
+            out.append(unread_finding(cut, "a response message"))
         return [*out, TextDelta("\n".join(found))] if found else out
 
 

@@ -12,7 +12,7 @@ from typing import Any
 
 from addon.dialects import Dialect, Normalizer, RequestSummary, RequestView, json_strings
 from addon.dialects.blocking import BlockedResponse, block_message, json_response
-from addon.dialects.rpc import clean, clean_json
+from addon.dialects.rpc import STRINGS_DEPTH, clean, clean_json, unread_finding
 from addon.events import Event, Finding, Finish, ShownText, StreamError, TextDelta, TurnEnd
 from addon.framing import Frame
 from addon.framing.signalr import HubMessage, HubWriter, hub_message
@@ -22,10 +22,12 @@ _FINDING_TARGETS, _FINDING_STRINGS, _FINDING_CHARS = 8, 4, 120
 _ENDED_KEPT = 16  # ended invocations remembered
 
 
-def strings_of(value: Any) -> list[str]:
+def strings_of(value: Any, cut: list[str] | None = None) -> list[str]:
     """The strings of a hub message's payload, credentials fingerprinted. Not cut: the
-    filters must see all of a prompt or an answer (the reader bounds a record's size)."""
-    return [clean(s) for s in json_strings(clean_json(value))]
+    filters must see all of a prompt or an answer (the reader bounds a record's size),
+    but for strings nested deeper than 32 levels (the walk's bound), which ``cut`` gets
+    noted (see :func:`~addon.dialects.json_strings`)."""
+    return [clean(s) for s in json_strings(clean_json(value, max_depth=STRINGS_DEPTH), cut=cut)]
 
 
 def user_doc(text: str, target: Any, **extra: Any) -> dict[str, Any]:
@@ -52,6 +54,7 @@ class HubNormalizer(Normalizer):
         self.unmapped_targets: list[str] = []
         self.unmapped_count = 0
         self.unmapped_strings: list[str] = []
+        self.unread: list[str] = []  # what the bounds left out of the client message being read
         # invocations whose turn ended (the last few): what the hub still sends for one
         # (its answer to a CancelInvocation after a block ended the turn) is not a new turn's
         self.ended: deque[str] = deque(maxlen=_ENDED_KEPT)
@@ -67,19 +70,22 @@ class HubNormalizer(Normalizer):
                 self.framing, self.writer.binary = "signalr_msgpack", True
             return {}, []
         if frame.event in ("invocation", "stream_invocation"):
+            self.unread = []
             doc = self.on_invoke(frame)
             if doc and frame.id:
                 self._open(frame.id)
-            return doc, []
+            # strings the reading left out: the message is unread (turns.UNREAD_MESSAGE), the failure policy decides
+            return doc, [unread_finding(self.unread, "an invocation's arguments")] if self.unread else []
         if frame.event == "cancel_invocation" and frame.id and frame.id == self.active:
             self.cancelled = True
         return {}, []
 
     def on_invoke(self, frame: HubMessage) -> dict[str, Any]:
         """The request reading of a client invocation ({} for one that is no prompt);
-        a non-empty reading of one with an id opens a turn."""
+        a non-empty reading of one with an id opens a turn. What :func:`strings_of` leaves
+        out goes to :attr:`unread` (the message is then not read whole)."""
         message = frame.message
-        text = "\n".join(strings_of(message.get("arguments")))
+        text = "\n".join(strings_of(message.get("arguments"), self.unread))
         return user_doc(text, message.get("target"))
 
     def _open(self, invocation: str) -> None:
@@ -158,15 +164,18 @@ class HubNormalizer(Normalizer):
         return out
 
     def _unmapped(self, where: str, value: Any) -> list[Event]:
-        """The strings of a payload nobody mapped: shown text, noted for the finding."""
-        found = json_strings(value)  # (the client shows these as they are: the filters must too)
+        """The strings of a payload nobody mapped: shown text, noted for the finding; what
+        the walk's bound left out (nested deeper than 32 levels) is ``strings_unread``."""
+        cut: list[str] = []
+        found = json_strings(value, cut=cut)  # (the client shows these as they are: the filters must too)
         self.unmapped_count += 1
         if where not in self.unmapped_targets and len(self.unmapped_targets) < _FINDING_TARGETS:
             self.unmapped_targets.append(where)
         room = _FINDING_STRINGS - len(self.unmapped_strings)
         if room > 0:  # (the finding is stored: credentials fingerprinted, by key name too)
             self.unmapped_strings.extend(strings_of(value)[:room])
-        return [ShownText(s, kind="unmapped") for s in found]
+        shown: list[Event] = [ShownText(s, kind="unmapped") for s in found]
+        return [unread_finding(cut, where), *shown] if cut else shown
 
     def on_end(self, cut: bool = False) -> list[Event]:
         out = self.unmapped_finding()

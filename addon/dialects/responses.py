@@ -67,6 +67,7 @@ from addon.events import (
     ToolCallDelta,
     Usage,
 )
+from addon.filters.json_text import JsonEscapes
 from addon.framing import Frame
 from addon.record import MAX_TOOL_CALLS
 
@@ -504,8 +505,27 @@ class ResponsesNormalizer(JsonEventNormalizer):
             out.append(ShownText(full, 0, "final_text"))
 
     def _settle_call(self, item_id: str, full: Any, item: dict[str, Any] | None, whole: bool, out: list[Event]) -> None:
-        """A call's whole arguments: fill in what is missing and mark it complete."""
+        """A call's whole arguments: fill in what is missing and mark it complete.
+
+        A call not remembered (past :data:`MAX_KEYS` calls: :meth:`_room`) may have had
+        its deltas already, as :class:`~addon.events.ToolCallDelta`: its whole arguments
+        are then :class:`~addon.events.ShownText` (JSON escapes decoded, as the gate reads
+        a call's arguments and the tool reads them), checked by the output filters on
+        their own and not added to the record, and the call gets an empty fragment that
+        completes it and names it. As a ToolCallDelta they would be appended to what the
+        deltas gave (``{"a":1}{"a":1}`` recorded) and the filters would read the
+        arguments joined to themselves. With no delta before, the record has no
+        arguments for such a call (as for a part's text past the same bound)."""
+        call_id = name = None
+        if item is not None:
+            call_id, name = str_field(item, "call_id"), str_field(item, "name")
         got = self.arguments.get(item_id)
+        if got is None and not self._room(self.arguments, item_id, out):
+            self._call(item_id, "", call_id, name, whole, out)
+            if isinstance(full, str) and full:
+                shown = full if item_id in self.free_form else JsonEscapes().feed(full)
+                out.append(ShownText(shown, 0, "final_text"))
+            return
         have = "" if not got else got[0] if len(got) == 1 else "".join(got)
         tail = ""
         if isinstance(full, str) and have != full and full.startswith(have):
@@ -513,11 +533,7 @@ class ResponsesNormalizer(JsonEventNormalizer):
             have = full
         elif isinstance(full, str) and have != full:  # (the client's SDK may take these: checked too)
             self._disagreement((item_id, "arguments", 0), full, "arguments", out, finding=True)
-        if self._room(self.arguments, item_id, out):
-            self.arguments[item_id] = [have]
-        call_id = name = None
-        if item is not None:
-            call_id, name = str_field(item, "call_id"), str_field(item, "name")
+        self.arguments[item_id] = [have]  # (remembered, or room for it: see above)
         self._call(item_id, tail, call_id, name, whole, out)
 
     def _call(

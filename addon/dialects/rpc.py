@@ -184,19 +184,33 @@ def clean(value: str) -> str:
     return redacted(value) if holds_secret(value) else value
 
 
-def clean_json(value: Any, depth: int = 0) -> Any:
+def clean_json(value: Any, depth: int = 0, max_depth: int = 32) -> Any:
     """A JSON body (Connect's JSON codec) with credentials fingerprinted: values of keys
-    named like credentials (``apiKey``, ``userJwt``) and strings holding a known secret."""
-    if depth > 32:
+    named like credentials (``apiKey``, ``userJwt``) and strings holding a known secret.
+    Bounded: what lies deeper than ``max_depth`` levels is None. A reader of its strings
+    passes one level more than :func:`~addon.dialects.json_strings` reads, so that the
+    bound that cuts them is that one's, which says so (:data:`STRINGS_DEPTH`)."""
+    if depth > max_depth:
         return None
     if isinstance(value, dict):
         return {
-            k: credential(v) if isinstance(v, str) and is_credential_name(k) else clean_json(v, depth + 1)
+            k: credential(v) if isinstance(v, str) and is_credential_name(k) else clean_json(v, depth + 1, max_depth)
             for k, v in value.items()
         }
     if isinstance(value, list):
-        return [clean_json(v, depth + 1) for v in value]
+        return [clean_json(v, depth + 1, max_depth) for v in value]
     return clean(value) if isinstance(value, str) else value
+
+
+#: How deep :func:`clean_json` goes for a reader of strings: one level past
+#: :func:`~addon.dialects.json_strings`'s bound (32), which reports what it cuts.
+STRINGS_DEPTH = 33
+
+
+def unread_finding(cut: list[str], what: str) -> Finding:
+    """The finding ``strings_unread``: ``what`` held strings past a reader's bounds
+    (``cut``: which, from :func:`~addon.dialects.json_strings`), which no filter checked."""
+    return Finding("strings_unread", f"{what}: {'; '.join(cut)} not read")
 
 
 # -- statuses ---------------------------------------------------------------------------------

@@ -13,7 +13,7 @@ from pipeline import audit_bytes
 from protoenc import end_stream, env, f, genv, m
 
 from addon.dialects import RequestView
-from addon.dialects.connect_rpc import DIALECT
+from addon.dialects.connect_rpc import DIALECT, READ_CHARS, READ_STRINGS
 from addon.dialects.registry import detect_request
 from addon.framing import Message, select
 from addon.framing.envelope import grpc_web_reader, parse_header_block, pct_decode, pct_encode
@@ -297,3 +297,70 @@ def test_strings_no_field_maps_are_checked_by_the_request_filters():
     record = ExchangeRecord(request_body={"messages": [], "unmapped_strings": ["context: FORBIDDEN"]})
     verdict = check_request(FilterSet(parse_rules(rules), failure="closed"), record, DIALECT, RequestSummary())
     assert verdict is not None and verdict.rule_id == "x"
+
+
+def deep(value: object, depth: int) -> object:
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+@pytest.mark.parametrize(
+    ("message", "bound"),
+    [
+        (env(json.dumps({"a": deep("Nightjar", 40)})), "deeper than 32 levels"),
+        (env(json.dumps({"a": [f"s{i}" for i in range(READ_STRINGS)] + ["Nightjar"]})), f"first {READ_STRINGS}"),
+        (env(json.dumps({"a": "x" * READ_CHARS + " Nightjar"})), f"past the first {READ_CHARS}"),
+        (env(b"".join(f(1, f"s{i}") for i in range(READ_STRINGS)) + f(1, "Nightjar")), f"first {READ_STRINGS}"),
+        (env(f(1, "x" * READ_CHARS + " Nightjar")), f"past the first {READ_CHARS}"),
+    ],
+)
+@pytest.mark.parametrize("fail_open", [False, True])
+def test_strings_past_the_readers_bounds_are_unread_and_the_policy_decides(message, bound, fail_open):
+    """A streamed request message whose strings lie past what the reader of an unmapped
+    service reads (nested deeper than 32 levels, past READ_STRINGS strings or READ_CHARS characters of
+    one, bounds far above an ordinary message: JSON and protobuf) is not read whole: ``strings_unread``, which the request tap
+    treats as unread, so ``closed`` blocks it and ``open`` lets it go with the finding,
+    where the filters used to pass it unsaid; the response side says so too."""
+    from addon.filters.api import Verdict
+    from addon.framing.envelope import connect_reader
+    from addon.turns import RequestTap, Turns
+
+    codec = "proto" if message[5:6] != b"{" else "json"
+    request = view(f"application/connect+{codec}")
+    written: list[dict] = []
+    turns = Turns(ExchangeRecord(dialect=DIALECT.name), "c", lambda r: written.append(r.to_row()))
+    blocks: list[Verdict] = []
+
+    def check(record: ExchangeRecord, doc: dict) -> Verdict | None:
+        text = "\n".join(m["content"] for m in doc.get("messages", []))
+        return Verdict("block", "k", "code name", location="request") if "Nightjar" in text else None
+
+    tap = RequestTap(connect_reader(8 << 20, 8 << 20, {}), DIALECT, request, turns, 8 << 20, check, blocks.append)
+    tap.fail_open = fail_open
+    fine = env(json.dumps({"a": deep("hello", 30)})) if codec == "json" else env(f(1, "hello"))
+    assert tap(fine) == fine
+    out = tap(message)
+    if fail_open:
+        assert out == message and blocks == []
+    else:
+        assert out == [] and [v.rule_id for v in blocks] == ["filter_error"]
+    (finding,) = [x for x in turns.record.findings if x["code"] == "strings_unread"]
+    assert bound in finding["detail"] and finding["detail"].startswith("a request message")
+    normalizer = DIALECT.normalizer(DIALECT.summarize(None, request))
+    events = normalizer.on_message(message[5:])
+    assert [type(e).__name__ for e in events][:1] == ["Finding"] and events[0].code == "strings_unread"
+    assert bound in events[0].detail
+    assert not any(type(e).__name__ == "Finding" for e in normalizer.on_message(fine[5:]))
+
+
+def test_a_long_prompt_or_answer_of_an_unmapped_service_is_read_whole():
+    """An ordinary long string (a prompt, an answer) is far inside the reader's bounds:
+    read whole, no strings_unread (which under `closed` would refuse it)."""
+    from addon.dialects.connect_rpc import message_strings
+
+    long = "word " * 20_000 + "Nightjar"
+    for payload, codec in ((json.dumps({"prompt": long}).encode(), "json"), (f(1, long), "proto")):
+        cut: list[str] = []
+        found, _ = message_strings(payload, codec, cut)
+        assert found == [long] and cut == []

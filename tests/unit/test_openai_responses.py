@@ -976,3 +976,57 @@ def test_a_part_past_max_keys_has_its_text_once_and_its_done_text_checked_on_its
     assert [(ev.text, ev.kind) for ev in events if type(ev) is ShownText] == [("jar Night", "final_text")]
     assert record.to_row()["output_text"] == "p0 p1 jar Night"
     assert gate.blocked is None
+
+
+def test_a_call_past_max_keys_has_its_arguments_once_and_its_done_arguments_checked_on_their_own(monkeypatch):
+    """A call the normalizer does not remember (past MAX_KEYS calls) gets its deltas as
+    arguments, and its ``.done`` arguments only as ShownText (escapes decoded, checked by
+    the filters on their own), not appended again: the record's arguments are not
+    doubled (``{"a":1}{"a":1}``), the filters do not read a custom tool's input joined to
+    itself ("jar Night" + "jar Night" holds "Nightjar"), and a keyword only the final
+    arguments hold (behind a JSON escape) is still blocked."""
+    from addon.dialects import responses
+    from addon.events import ShownText, ToolCallDelta
+    from addon.filters.engine import FilterSet
+    from addon.filters.rules import parse_rules
+    from addon.output_gate import OutputGate
+
+    monkeypatch.setattr(responses, "MAX_KEYS", 2)
+    rules = '[[rule]]\nid = "k"\nkind = "keywords"\nkeywords = ["Nightjar"]\nscope = "response"\naction = "block"\n'
+
+    def run(calls):
+        filters = FilterSet(parse_rules(rules), failure="closed")
+        gate = OutputGate(
+            filters.output_guard(), OpenAIResponsesNormalizer(), holds=True, split_raw=True, failure="closed"
+        )
+        n, events = OpenAIResponsesNormalizer(), []
+        for item_id, kind, delta, done in calls:
+            frames = [(f"response.{kind}.delta", "delta", delta)] if delta else []
+            frames.append((f"response.{kind}.done", "input" if kind.startswith("custom") else "arguments", done))
+            for name, field, value in frames:
+                data = orjson.dumps({"type": name, "item_id": item_id, "output_index": 0, field: value})
+                frame = SSEEvent(event=name, data=data.decode())
+                got = n.on_event(frame)
+                gate.feed(b"", 0, [(frame, got, 0, None)])
+                events += got
+        record = ExchangeRecord(dialect=DIALECT.name)
+        for event in events:
+            record.apply(event)
+        return events, record.to_row(), gate
+
+    args = '{"a":1}'
+    calls = [("fc0", "function_call_arguments", args, args), ("fc1", "function_call_arguments", args, args)]
+    events, row, gate = run([*calls, ("fc2", "function_call_arguments", args, args)])
+    assert [c["arguments"] for c in row["tool_calls"]] == [args, args, args]
+    assert [ev.arguments for ev in events if type(ev) is ToolCallDelta and ev.key == "fc2"] == [args, ""]
+    assert [(ev.text, ev.kind) for ev in events if type(ev) is ShownText] == [(args, "final_text")]
+    assert gate.blocked is None
+
+    events, row, gate = run([*calls, ("ct", "custom_tool_call_input", "jar Night", "jar Night")])
+    assert row["tool_calls"][2]["arguments"] == "jar Night"
+    assert gate.blocked is None
+
+    hidden = '{"q":"Night\\u006aar"}'  # (no delta: only the final arguments hold it)
+    events, row, gate = run([*calls, ("fc2", "function_call_arguments", "", hidden)])
+    assert [(ev.text, ev.kind) for ev in events if type(ev) is ShownText] == [('{"q":"Nightjar"}', "final_text")]
+    assert gate.blocked is not None and gate.blocked.rule_id == "k"

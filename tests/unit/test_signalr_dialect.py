@@ -6,6 +6,7 @@ import json
 import random
 
 import msgpack
+import pytest
 from hub_driver import Connection, view
 
 from addon.dialects.registry import detect_request, detect_websocket
@@ -224,7 +225,7 @@ reason = "internal code name"
 """
 
 
-def pipeline(dialect, framing: str, first: bytes):  # type: ignore[no-untyped-def]
+def pipeline(dialect, framing: str, first: bytes, failure: str = "closed"):  # type: ignore[no-untyped-def]
     from addon.connection_auditor import ConnectionAuditor
     from addon.filters.engine import FilterSet
     from addon.filters.rules import parse_rules
@@ -235,7 +236,7 @@ def pipeline(dialect, framing: str, first: bytes):  # type: ignore[no-untyped-de
 
     written: list[dict] = []
     turns = Turns(ExchangeRecord(dialect=dialect.name), "conn-1", lambda r: written.append(r.to_row()))
-    filters = FilterSet(parse_rules(RULES), failure="closed")
+    filters = FilterSet(parse_rules(RULES), failure=failure)
     summary = dialect.summarize(None, view("/hub"))
     a = ConnectionAuditor(
         FRAMINGS[framing],
@@ -321,3 +322,76 @@ def test_unmapped_server_strings_reach_the_output_filters_unredacted() -> None:
     assert events == [ShownText(key, kind="unmapped")]
     (finding,) = n.unmapped_finding()
     assert isinstance(finding, Finding) and key not in finding.detail
+
+
+def nested(value: object, depth: int) -> object:
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+def test_a_prompt_nested_past_the_readers_bound_is_unread_and_the_policy_decides() -> None:
+    """Arguments nested deeper than the walk reads (32 levels) are not read by the
+    filters: the message is not read whole (``strings_unread``), so ``closed`` refuses it
+    and ``open`` lets it go on with the finding, where it used to reach the hub unchecked
+    and unsaid. Within the bound a blocked word is refused and an innocent prompt goes on."""
+    for failure in ("closed", "open"):
+        a, written = pipeline(DIALECT, "signalr_json", HELLO, failure)
+        within = a.from_client(rec(PROMPT | {"arguments": [nested("what is Nightjar?", 30)]}), True)
+        assert within.onward == [] and within.back  # (the filters read it: refused)
+        fine = a.from_client(rec(PROMPT | {"invocationId": "2", "arguments": [nested("hello", 30)]}), True)
+        assert fine.onward is None and not fine.back
+        a.from_server(rec({}, {"type": 3, "invocationId": "2", "result": "hi"}), True)
+        deep = a.from_client(rec(PROMPT | {"invocationId": "3", "arguments": ["hello", nested("Nightjar", 40)]}), True)
+        if failure == "closed":
+            assert deep.onward == []
+            (back,) = deep.back
+            assert json.loads(back[0].rstrip(b"\x1e"))["invocationId"] == "3"
+            row = written[-1]
+            assert row["status"] == "blocked"
+            assert "could not be checked (strings_unread" in row["verdicts"][-1]["reason"]
+        else:
+            assert deep.onward is None and not deep.back  # (forwarded, flagged)
+            a.from_server(rec({"type": 3, "invocationId": "3", "result": "ok"}), True)
+            row = written[-1]
+            assert row["status"] == "completed"
+        (finding,) = [f for f in row["findings"] if f["code"] == "strings_unread"]
+        assert "deeper than 32 levels" in finding["detail"]
+
+
+def test_server_strings_nested_past_the_readers_bound_are_a_finding() -> None:
+    """An unmapped item nested deeper than the walk reads: its shallow strings are shown
+    text, and what the bound left out is the finding ``strings_unread`` (before them)."""
+    from addon.dialects.hub import HubNormalizer
+    from addon.events import Finding
+    from addon.framing.signalr import hub_message
+
+    n = HubNormalizer()
+    n.on_client(hub_message(PROMPT))
+    events = n.on_event(hub_message({"type": 2, "invocationId": "1", "item": ["shallow", nested("Nightjar", 40)]}))
+    assert [type(e).__name__ for e in events] == ["Finding", "ShownText"]
+    assert isinstance(events[0], Finding) and events[0].code == "strings_unread"
+    assert "item of 1" in events[0].detail and "deeper than 32 levels" in events[0].detail
+    assert n.on_event(hub_message({"type": 2, "invocationId": "1", "item": [nested("fine", 30)]})) == [
+        ShownText("fine", kind="unmapped")
+    ]
+
+
+@pytest.mark.parametrize("failure", ["closed", "open"])
+def test_an_answer_with_strings_past_the_readers_bound_is_the_failure_policy_s(failure: str) -> None:
+    """Server strings nested deeper than the walk reads reach the client unread by any
+    filter: the finding `strings_unread` now goes to the failure policy (it was only
+    recorded: "Nightjar" 40 levels deep passed under `closed`)."""
+    a, written = pipeline(DIALECT, "signalr_json", HELLO, failure)
+    a.from_client(rec(PROMPT), True)
+    a.from_server(b"{}\x1e", True)
+    relay = a.from_server(rec({"type": 2, "invocationId": "1", "item": ["x", nested("Nightjar", 40)]}), True)
+    if failure == "open":
+        assert relay.onward is None  # (forwarded as it came)
+    else:
+        assert b"Nightjar" not in b"".join(m for m, _ in relay.onward) and relay.back  # (cancelled)
+    a.from_server(rec({"type": 3, "invocationId": "1"}), True)
+    row = written[-1]
+    action = "block" if failure == "closed" else "flag"
+    assert [(v["rule_id"], v["action"]) for v in row["verdicts"]] == [("filter_error", action)]
+    assert row["status"] == ("blocked" if failure == "closed" else "completed")
