@@ -78,39 +78,44 @@ class Message:
     text: str
 
 
-def extract_messages(body: Any) -> list[Message]:
-    """The messages of a request body, system prompts first; ``[]`` for other bodies."""
+def extract_messages(body: Any, cut: list[str] | None = None) -> list[Message]:
+    """The messages of a request body, system prompts first; ``[]`` for other bodies.
+
+    ``cut`` gets a note for each message with text nested deeper than the reader goes
+    (``_MAX_DEPTH`` levels: no API nests its parts so deep, so only a body built to hide
+    text from the filters does; a permissive server may read it all the same)."""
     if not isinstance(body, dict):
         return []
+    cut = [] if cut is None else cut
     out: list[Message] = []
-    _add(out, "system", body.get("system"))  # Anthropic
-    _add(out, "system", body.get("instructions"))  # Responses, LMSP
+    _add(out, "system", body.get("system"), cut)  # Anthropic
+    _add(out, "system", body.get("instructions"), cut)  # Responses, LMSP
     for key in ("systemInstruction", "system_instruction"):  # Gemini
-        _add(out, "system", body.get(key))
+        _add(out, "system", body.get(key), cut)
     unmapped = body.get("unmapped_strings")  # a protobuf dialect's reading: fields it could not map
     if isinstance(unmapped, list) and unmapped:  # (context the model reads, a prompt whose field moved)
-        _add(out, "context", "\n".join(s for s in unmapped if isinstance(s, str)))
+        _add(out, "context", "\n".join(s for s in unmapped if isinstance(s, str)), cut)
     for key in ("messages", "contents"):  # Chat, llm-stream, Anthropic; Gemini
         items = body.get(key)
         if isinstance(items, list):
             for item in items:
-                _add_item(out, item)
+                _add_item(out, item, cut)
     prompt = body.get("prompt")  # legacy Completions
     for item in prompt if isinstance(prompt, list) else [prompt]:
         if isinstance(item, str):
-            _add(out, "user", item)
+            _add(out, "user", item, cut)
     if isinstance(body.get("suffix"), str):
-        _add(out, "user", body["suffix"])
+        _add(out, "user", body["suffix"], cut)
     if isinstance(body.get("template"), str):  # Ollama /api/generate: the prompt template, text the model reads
-        _add(out, "system", body["template"])
+        _add(out, "system", body["template"], cut)
     if isinstance(body.get("inputText"), str):  # Amazon Titan on Bedrock InvokeModel
-        _add(out, "user", body["inputText"])
+        _add(out, "user", body["inputText"], cut)
     items = body.get("input")  # Responses, LMSP
     if isinstance(items, str):
-        _add(out, "user", items)
+        _add(out, "user", items, cut)
     elif isinstance(items, list):
         for item in items:
-            _add_item(out, item)
+            _add_item(out, item, cut)
     return out
 
 
@@ -163,39 +168,62 @@ def token_prompts(body: Any) -> bool:
     return any(isinstance(p, int) or (isinstance(p, list) and p) for p in prompt)
 
 
-def _add_item(out: list[Message], item: Any) -> None:
+def _add_item(out: list[Message], item: Any, cut: list[str]) -> None:
     if isinstance(item, str):
-        _add(out, "user", item)
+        _add(out, "user", item, cut)
     elif isinstance(item, dict):
         role, kind = item.get("role"), item.get("type")
         if not isinstance(role, str):
             role = _ITEM_ROLES.get(kind, "user") if isinstance(kind, str) else "user"
-        _add(out, _ROLES.get(role, role), item)
+        _add(out, _ROLES.get(role, role), item, cut)
 
 
-def _add(out: list[Message], role: str, value: Any) -> None:
+def _add(out: list[Message], role: str, value: Any, cut: list[str]) -> None:
     parts: list[str] = []
-    _collect(value, parts, 0)
+    if _collect(value, parts, 0):
+        cut.append(f"a {role} message's text nested deeper than {_MAX_DEPTH} levels")
     text = "\n".join(p for p in parts if p)
     if text:
         out.append(Message(role, text))
 
 
-def _collect(value: Any, parts: list[str], depth: int) -> None:
+def _collect(value: Any, parts: list[str], depth: int) -> bool:
+    """The text of ``value`` into ``parts``; whether text lay deeper than ``_MAX_DEPTH``."""
     if depth > _MAX_DEPTH:
-        return
+        return _holds_text(value)
+    deeper = False
     if isinstance(value, str):
         parts.append(value)
     elif isinstance(value, list):
         for v in value:
-            _collect(v, parts, depth + 1)
+            deeper = _collect(v, parts, depth + 1) or deeper
     elif isinstance(value, dict):
         for key in _TEXT_KEYS:
             if key in value and not (key in _JSON_KEYS and isinstance(value[key], dict | list)):
-                _collect(value[key], parts, depth + 1)
+                deeper = _collect(value[key], parts, depth + 1) or deeper
         for key in _JSON_KEYS:
             if isinstance(value.get(key), dict | list):
                 parts.append(_json(value[key]))
+    return deeper
+
+
+def _holds_text(value: Any, budget: int = 10_000) -> bool:
+    """Whether ``value`` holds text the reader would take, at any depth (walked without
+    recursion, at most ``budget`` values: past it, as if it did)."""
+    stack = [value]
+    while stack:
+        budget -= 1
+        if budget < 0:
+            return True
+        item = stack.pop()
+        if isinstance(item, str):
+            if item:
+                return True
+        elif isinstance(item, list):
+            stack.extend(item)
+        elif isinstance(item, dict):
+            stack.extend(item[key] for key in (*_TEXT_KEYS, *_JSON_KEYS) if key in item)
+    return False
 
 
 def _json(value: Any) -> str:

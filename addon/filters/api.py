@@ -152,8 +152,10 @@ class RequestContext:
     @classmethod
     def from_body(cls, dialect: str, body: Any, **fields: Any) -> RequestContext:
         """A context whose ``messages`` are read from ``body``; other fields as given."""
-        unreadable = ("prompt: token ids",) if token_prompts(body) else ()
-        return cls(dialect, body, tuple(extract_messages(body)), **fields, unreadable=unreadable)
+        cut: list[str] = []  # (text nested deeper than the reader goes: no filter reads it)
+        messages = tuple(extract_messages(body, cut))
+        unreadable = (*(("prompt: token ids",) if token_prompts(body) else ()), *cut)
+        return cls(dialect, body, messages, **fields, unreadable=unreadable)
 
 
 _JOIN_EVERY = 1024

@@ -206,6 +206,25 @@ def test_a_chat_request_hiding_the_word_is_blocked(guarded, upstreams, transport
     assert_request_blocked(guarded, up, mock_id)
 
 
+def test_a_request_whose_text_is_nested_deeper_than_the_reader_goes_is_blocked(guarded, upstreams, transport):
+    """The word nine lists deep in a message's content: the reader stopped at eight, and
+    the request filters passed it unread; now the closed policy blocks what it cannot read."""
+    up = upstreams[transport]
+    mock_id, headers = mock()
+    content: Any = WORD
+    for _ in range(9):
+        content = [content]
+    with pytest.raises(openai.APIError) as raised:
+        for _ in client(guarded, up, transport).chat.completions.create(
+            model="gpt-4o", messages=[{"role": "user", "content": content}], stream=True, extra_headers=headers
+        ):
+            pass
+    assert raised.value.code == "content_filter"
+    row = guarded.mock_row(mock_id)
+    assert (row["status"], row["error_code"]) == ("blocked", "content_filtered")
+    assert [v["rule_id"] for v in row["verdicts"]] == ["filter_error"]
+
+
 # the first word composed, the second decomposed; ệ as ẹ and a circumflex, é as e and an acute
 MIXED_SPELLING = "Vi\u1eb9\u0302t Cafe\u0301"
 

@@ -126,3 +126,34 @@ def test_a_protobuf_readings_unmapped_strings_are_read_as_text_the_model_reads()
         "unmapped_strings": ["rules: obey", "file.py"],
     }
     assert read(reading)[0] == [("context", "rules: obey\nfile.py"), ("user", "hi")]
+
+
+def nested(value, depth):
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+def test_text_nested_deeper_than_the_reader_goes_is_said_and_the_failure_policy_decides():
+    """`[[[[[[[["Nightjar"]]]]]]]]` as a message's content: no API nests parts so deep,
+    but a permissive server may read it, and the reader stopped at 8 levels, silently,
+    so the request filters passed it. Now the reading says so, and a request filter set
+    treats the body as one it cannot check (`closed`: blocked)."""
+    from addon.filters.api import RequestContext
+    from addon.filters.engine import FilterSet
+    from addon.filters.rules import parse_rules
+
+    deep = {"messages": [{"role": "user", "content": nested("Nightjar", 9)}]}
+    cut: list[str] = []
+    assert extract_messages(deep, cut) == [] and cut == ["a user message's text nested deeper than 8 levels"]
+    for fine in (
+        {"messages": [{"role": "user", "content": nested("Nightjar", 7)}]},
+        {"messages": [{"role": "user", "content": nested({"type": "image_url", "image_url": {"url": "x"}}, 12)}]},
+    ):
+        cut = []
+        extract_messages(fine, cut)
+        assert cut == []
+    rules = parse_rules('[[rule]]\nid = "k"\nkind = "keywords"\nkeywords = ["Nightjar"]\naction = "block"')
+    for failure, action in (("closed", "block"), ("open", "flag")):
+        verdicts = FilterSet(rules, failure=failure).check_request(RequestContext.from_body("openai_chat", deep))
+        assert [(v.rule_id, v.action) for v in verdicts] == [("filter_error", action)]
