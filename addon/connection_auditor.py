@@ -48,10 +48,11 @@ from addon.dialects.blocking import block_message
 from addon.events import Event, PromptText, TurnEnd
 from addon.filters.api import Verdict
 from addon.filters.engine import FilterSet
+from addon.findings import UNREAD_MESSAGE
 from addon.framing import Frame, Framing
 from addon.output_gate import Framed, OutputGate
 from addon.record import OUTCOME_CLIENT_ABORTED, OUTCOME_COMPLETE, OUTCOME_UPSTREAM_ABORTED, ExchangeRecord
-from addon.turns import READ_ANYWAY, UNREAD_MESSAGE, Turns, merge_request, unchecked
+from addon.turns import READ_ANYWAY, Turns, merge_request, unchecked
 
 log = logging.getLogger(__name__)
 

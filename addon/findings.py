@@ -143,3 +143,8 @@ CODES: dict[str, str] = {
     "server_prompt": "The response disclosed the prompt the server built for the model (Cursor's filled_prompt); "
     "the detail gives its size, SHA-256 and its text (cut at 8 KiB).",
 }
+
+#: Findings of a dialect's reading that mean it could not read a request message whole
+#: (``strings_unread``: strings past what a reader of unknown payloads reads): the
+#: request filters could not check it, so the failure policy decides.
+UNREAD_MESSAGE = frozenset({"protobuf_invalid", "request_invalid_json", "strings_unread"})

@@ -31,6 +31,7 @@ from typing import Any
 from addon.dialects import Dialect, RequestView
 from addon.filters.api import BLOCK, Verdict
 from addon.filters.engine import FILTER_ERROR
+from addon.findings import UNREAD_MESSAGE
 from addon.framing import Frame, Reader
 from addon.record import OUTCOME_COMPLETE, ExchangeRecord, Status
 from addon.redact import redact_values
@@ -42,9 +43,6 @@ DEFAULT_TURN_IDLE_SECONDS = 60
 MAX_REQUEST_MESSAGES = 1000
 # Reader findings that still hand the message over; any other means a message went unread.
 READ_ANYWAY = frozenset({"envelope_reserved_flags", "sse_invalid_utf8"})
-# A dialect's findings that mean it could not read a message whole (``strings_unread``:
-# strings past what a reader of unknown payloads reads, deeper than its bound, say).
-UNREAD_MESSAGE = frozenset({"protobuf_invalid", "request_invalid_json", "strings_unread"})
 
 # What a turn's record takes over from the one before: the request side and the response's head.
 _CARRIED = (

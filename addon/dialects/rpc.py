@@ -57,6 +57,7 @@ from addon.dialects import (
 from addon.dialects.blocking import block_message
 from addon.dialects.protowire import Message, encode_field, field_text, messages_at, parse, strings
 from addon.events import Event, Finding, ShownText, StreamEnd, StreamError
+from addon.findings import UNREAD_MESSAGE
 from addon.framing import FRAMINGS, Frame, Writer
 from addon.framing.envelope import (
     CONNECT_HTTP_STATUS,
@@ -483,9 +484,11 @@ def finished_doc(doc: dict[str, Any], payloads: int, size: int) -> dict[str, Any
 
 
 def first_finding(findings: list[Finding]) -> Finding | None:
-    """``parse_request`` returns one finding: the first, saying how many more there were."""
+    """``parse_request`` returns one finding: the first that says a message went unread
+    (:data:`~addon.findings.UNREAD_MESSAGE`: the request filters' failure policy reads
+    it), else the first; saying how many more there were."""
     if not findings:
         return None
-    first = findings[0]
+    first = next((f for f in findings if f.code in UNREAD_MESSAGE), findings[0])
     more = len(findings) - 1
     return Finding(first.code, f"{first.detail} (+{more} more findings)") if more else first

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,7 @@ from addon.filters.budgets import Budget
 from addon.filters.engine import FILTER_ERROR, Failure, FilterSet
 from addon.filters.loader import FilterFiles
 from addon.filters.rules import Rule, RulesError, load_rules
+from addon.findings import UNREAD_MESSAGE
 from addon.mitm import early_end
 from addon.mitm.budgets import BudgetKeeper
 from addon.mitm.store import AuditStore
@@ -186,7 +188,10 @@ def check_message(
 
 def _request_context(record: ExchangeRecord, dialect: Dialect, summary: RequestSummary) -> RequestContext:
     """What the request filters read of a request: its conversation and metadata. A body
-    that is not JSON to any reader is checked as raw text, and the policy decides."""
+    that is not JSON to any reader is checked as raw text, and the policy decides; so it
+    does for a body the dialect could not read whole (a finding of
+    :data:`~addon.findings.UNREAD_MESSAGE`: a protobuf body that does not parse, strings
+    past a reader's bounds)."""
     fields: dict[str, Any] = dict(
         tools=summary.declared_tools or frozenset(),
         user_id=summary.user_id,
@@ -199,4 +204,6 @@ def _request_context(record: ExchangeRecord, dialect: Dialect, summary: RequestS
         return RequestContext(
             dialect.name, None, (Message("user", body),), **fields, unreadable=("the body is not JSON",)
         )
-    return RequestContext.from_body(dialect.name, body if isinstance(body, (dict, list)) else None, **fields)
+    context = RequestContext.from_body(dialect.name, body if isinstance(body, (dict, list)) else None, **fields)
+    unread = tuple(f"{f['code']}: {f['detail']}" for f in record.findings if f["code"] in UNREAD_MESSAGE)
+    return replace(context, unreadable=(*context.unreadable, *unread)) if unread else context

@@ -364,3 +364,31 @@ def test_a_long_prompt_or_answer_of_an_unmapped_service_is_read_whole():
         cut: list[str] = []
         found, _ = message_strings(payload, codec, cut)
         assert found == [long] and cut == []
+
+
+@pytest.mark.parametrize(
+    ("body", "code"),
+    [
+        (env(json.dumps({"a": deep("Nightjar", 40)})), "strings_unread"),
+        (env(b"".join(f(1, f"s{i}") for i in range(READ_STRINGS)) + f(1, "Nightjar")), "strings_unread"),
+    ],
+)
+@pytest.mark.parametrize("failure", ["closed", "open"])
+def test_a_whole_request_body_read_in_part_is_the_failure_policy_s(body, code, failure):
+    """A unary request (the whole body read at once, not streamed message by message) whose
+    reading left strings out was recorded with the finding, and the request filters
+    passed it as read: now the policy decides, as for a streamed message."""
+    from addon.dialects import RequestSummary
+    from addon.filters.engine import FilterSet
+    from addon.filters.rules import parse_rules
+    from addon.mitm.content_filters import check_request
+
+    codec = "proto" if body[5:6] != b"{" else "json"
+    doc, finding = DIALECT.parse_request(body, view(f"application/connect+{codec}"))
+    assert finding is not None and finding.code == code
+    record = ExchangeRecord(request_body=doc)
+    record.apply(finding)
+    rules = '[[rule]]\nid = "x"\nkind = "keywords"\nkeywords = ["Nightjar"]\nscope = "request"\naction = "block"\n'
+    verdict = check_request(FilterSet(parse_rules(rules), failure=failure), record, DIALECT, RequestSummary())
+    assert (verdict is not None) == (failure == "closed")
+    assert [v["rule_id"] for v in record.verdicts] == ["filter_error"]
