@@ -348,8 +348,11 @@ class BedrockNormalizer(Normalizer):
             text_part = {
                 k: v for k, v in native.items() if k not in _NOT_TEXT
             }  # (top level only: a nested "p" is text)
-            shown = "\n".join(json_strings(text_part, max_chars=64 * 1024))
-            out = [ShownText(shown, kind="unknown_payload")] if shown else []
+            cut: list[str] = []  # (what the bounds left out: no filter reads it, the policy decides)
+            shown = "\n".join(json_strings(text_part, max_chars=64 * 1024, cut=cut))
+            out = [Finding("strings_unread", f"a native payload: {'; '.join(cut)} not read")] if cut else []
+            if shown:
+                out.append(ShownText(shown, kind="unknown_payload"))
             if not self.unknown_reported:
                 self.unknown_reported = True
                 out.append(Finding("bedrock_unknown_payload", f"keys {sorted(native)[:8]}"))

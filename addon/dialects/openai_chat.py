@@ -401,7 +401,10 @@ def _content_part(item: dict[str, Any], choice: int, out: list[Event]) -> None:
             if isinstance(text, str) and text:
                 out.append(TextDelta(text, choice, "reasoning"))
     elif kind not in MEDIA_PARTS:
-        strings = json_strings(item, skip_keys=_PART_META, max_depth=MAX_PART_DEPTH)
+        cut: list[str] = []  # (what the walk's bound left out: no filter reads it, the policy decides)
+        strings = json_strings(item, skip_keys=_PART_META, max_depth=MAX_PART_DEPTH, cut=cut)
+        if cut:
+            out.append(Finding("strings_unread", f"content part {str(kind)[:40]!r}: {'; '.join(cut)} not read"))
         if strings:
             out.append(Finding("unknown_content_part", f"type {str(kind)[:40]!r}: read as answer text"))
             out.extend(TextDelta(s, choice) for s in strings)

@@ -449,6 +449,22 @@ def test_an_unknown_payloads_strings_go_to_the_output_filters_and_base64_is_read
     ][:1] == ["hi"]
 
 
+def test_an_unknown_payload_past_what_is_read_of_it_is_strings_unread():
+    """Text of an unknown payload past its first 64 KiB went to the client unread by any
+    filter, silently: now the finding strings_unread (which the gate's failure policy
+    decides on) comes before the text that was read."""
+    normalizer = BEDROCK.normalizer(
+        BEDROCK.summarize(None, RequestView("POST", "/model/x/invoke-with-response-stream", "", {}))
+    )
+    payload = {"say": "x" * (64 * 1024) + " the Nightjar plan"}
+    events = normalizer._chunk({"bytes": base64.b64encode(orjson.dumps(payload)).decode()})
+    assert [(type(e).__name__, getattr(e, "code", "")) for e in events][:2] == [
+        ("Finding", "strings_unread"),
+        ("ShownText", ""),
+    ]
+    assert "Nightjar" not in events[1].text
+
+
 @pytest.mark.parametrize(
     ("request_body", "answer", "text", "finish"),
     [

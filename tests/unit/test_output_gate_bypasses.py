@@ -15,7 +15,17 @@ from dataclasses import replace
 
 import pytest
 from test_block_responses import CASES, Reader, codes, sse_events
-from test_output_gate import BLOCKING, WORD, body_of, byte_at_a_time, client_text, every_cut, gated, some_cuts
+from test_output_gate import (
+    BLOCK_RULES,
+    BLOCKING,
+    WORD,
+    body_of,
+    byte_at_a_time,
+    client_text,
+    every_cut,
+    gated,
+    some_cuts,
+)
 
 from addon.filters.engine import FilterSet
 from addon.filters.rules import parse_rules
@@ -114,6 +124,21 @@ def test_content_parts_of_an_unknown_type_are_answer_text_and_a_finding():
     clean = chat({"content": [{"type": "text", "text": "Hi"}, {"type": "image_url", "image_url": {"url": "x"}}]})
     sent, row, _ = gated(CHAT, clean, [], BLOCKING)
     assert b"".join(sent) == clean and (row["output_text"], codes(row)) == ("Hi", [])
+
+
+def test_a_content_part_nested_past_the_walk_is_the_failure_policy_s():
+    """An unknown content part's text nested deeper than the walk reads (6 levels) went
+    to the client unread by any filter, silently: now strings_unread, and `closed` blocks."""
+    nested: object = f"the {WORD} plan"
+    for _ in range(8):
+        nested = [nested]
+    body = chat({"content": [{"type": "output_text", "text": nested}]})
+    for cuts in [[], byte_at_a_time(body)]:
+        sent, row, _ = gated(CHAT, body, cuts, BLOCKING)
+        assert WORD.encode() not in b"".join(sent) and row["status"] == "blocked"
+        assert [v["rule_id"] for v in row["verdicts"]] == ["filter_error"] and "strings_unread" in codes(row)
+    sent, row, _ = gated(CHAT, body, [], FilterSet(BLOCK_RULES, failure="open"))
+    assert b"".join(sent) == body and "strings_unread" in codes(row)
 
 
 # -- Responses: a final text that is not what the deltas said ----------------------------------
