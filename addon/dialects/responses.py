@@ -491,9 +491,12 @@ class ResponsesNormalizer(JsonEventNormalizer):
             self._disagreement(key, full, kind, out, finding=not resumed)
         self.parts[key] = [have]  # kept as one string: later repeats compare cheaply
 
-    def _disagreement(self, key: tuple[str, str, int], full: str, kind: str, out: list[Event], finding: bool) -> None:
-        """A final text that is not what the deltas said: each different one is checked, the
-        first one of a part is a finding."""
+    def _disagreement(
+        self, key: tuple[str, str, int], full: str, kind: str, out: list[Event], finding: bool, shown: str | None = None
+    ) -> None:
+        """A final text that is not what the deltas said: each different one is checked (as
+        ``shown``, when the client reads it otherwise: a call's arguments, JSON escapes
+        decoded), the first one of a part is a finding."""
         seen = (key, hash(full))
         if seen in self.disagreeing:
             return
@@ -502,7 +505,7 @@ class ResponsesNormalizer(JsonEventNormalizer):
         if self._room(self.disagreeing, seen, out):
             self.disagreeing.add(seen)
         if full:
-            out.append(ShownText(full, 0, "final_text"))
+            out.append(ShownText(full if shown is None else shown, 0, "final_text"))
 
     def _settle_call(self, item_id: str, full: Any, item: dict[str, Any] | None, whole: bool, out: list[Event]) -> None:
         """A call's whole arguments: fill in what is missing and mark it complete.
@@ -531,8 +534,11 @@ class ResponsesNormalizer(JsonEventNormalizer):
         if isinstance(full, str) and have != full and full.startswith(have):
             tail = full[len(have) :]
             have = full
-        elif isinstance(full, str) and have != full:  # (the client's SDK may take these: checked too)
-            self._disagreement((item_id, "arguments", 0), full, "arguments", out, finding=True)
+        elif (
+            isinstance(full, str) and have != full
+        ):  # (the client's SDK may take these: checked too, as the tool reads them)
+            shown = full if item_id in self.free_form else JsonEscapes().feed(full)
+            self._disagreement((item_id, "arguments", 0), full, "arguments", out, finding=True, shown=shown)
         self.arguments[item_id] = [have]  # (remembered, or room for it: see above)
         self._call(item_id, tail, call_id, name, whole, out)
 

@@ -240,6 +240,14 @@ def test_final_arguments_that_differ_from_the_deltas_are_checked():
     assert row["status"] == "blocked" and "final_text_mismatch" in codes(row)
 
 
+def test_final_arguments_that_differ_are_read_as_the_tool_reads_them():
+    """The differing final arguments were checked raw: a JSON escape (``\u004e`` is N)
+    hid the word from the filters, not from the tool's json.loads."""
+    escaped = f'{{"city": "\\u004e{WORD[1:]}"}}'
+    _, row, _ = gated(RESPONSES, tool_stream("function_call", ['{"city": "Paris"}'], escaped), [], BLOCKING)
+    assert row["status"] == "blocked" and "final_text_mismatch" in codes(row)
+
+
 def anthropic(*events: dict) -> bytes:
     return b"".join(f"event: {e['type']}\ndata: {json.dumps(e)}\n\n".encode() for e in events)
 
