@@ -525,6 +525,22 @@ def read_json_object(data: str | bytes) -> tuple[dict[str, Any] | None, bool]:
     return (obj, lenient) if isinstance(obj, dict) else (None, False)
 
 
+@dataclass(slots=True)
+class LimitNotice:
+    """The finding ``record_limit`` a normalizer gives the first time one of its tables
+    is full (an upstream naming a new block, item or call per event), then nothing: one
+    finding per exchange and bound, however many keys are left out after it."""
+
+    detail: str
+    given: bool = False
+
+    def reached(self) -> list[Event]:
+        if self.given:
+            return []
+        self.given = True
+        return [Finding("record_limit", self.detail)]
+
+
 #: The content blocks with text an :class:`OpenBlocks` remembers open at once. Text of one
 #: kind in two open blocks is interleaving (there are three kinds), so past a few it was
 #: reported long before; the bound keeps a hostile upstream naming a new block per event
@@ -551,7 +567,12 @@ class OpenBlocks:
     _open: dict[str, int] = field(default_factory=dict)  # kind -> how many open blocks got text of it
     _groups: dict[Any, set[Any]] = field(default_factory=dict)  # group -> its open blocks that got text (end_group)
     _group_of: dict[Any, Any] = field(default_factory=dict)  # block -> its group
-    _full: bool = False  # a block was left out: record_limit reported
+    _limit: LimitNotice = field(
+        default_factory=lambda: LimitNotice(
+            f"content blocks with text open at once past the first {MAX_OPEN_BLOCKS} not tracked for "
+            "interleaving (text_interleaved was reported); their text is read"
+        )
+    )
 
     def text(self, block: Any, kind: str, group: Any = None) -> list[Event]:
         """Text of ``kind`` for ``block`` (of ``group``: an output item, whose end ends
@@ -560,8 +581,8 @@ class OpenBlocks:
         if had != kind:
             if had is not None:
                 self._open[had] -= 1
-            elif len(self._kinds) >= MAX_OPEN_BLOCKS:
-                return self._left_out()
+            elif len(self._kinds) >= MAX_OPEN_BLOCKS:  # (not remembered; the finding the first time)
+                return self._limit.reached()
             elif group is not None:
                 self._groups.setdefault(group, set()).add(block)
                 self._group_of[block] = group
@@ -594,14 +615,6 @@ class OpenBlocks:
         """No new block is remembered now. A fast path that drops what :meth:`text`
         returns leaves a new block's text to its full reading then (which gets the finding)."""
         return len(self._kinds) >= MAX_OPEN_BLOCKS
-
-    def _left_out(self) -> list[Event]:
-        """A block past :data:`MAX_OPEN_BLOCKS`: not remembered; the finding the first time."""
-        if self._full:
-            return []
-        self._full = True
-        detail = f"content blocks with text open at once past the first {MAX_OPEN_BLOCKS} not tracked for interleaving"
-        return [Finding("record_limit", f"{detail} (text_interleaved was reported); their text is read")]
 
 
 def lenient_json(event: Frame) -> Finding:

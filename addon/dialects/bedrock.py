@@ -61,6 +61,7 @@ import orjson
 from addon.dialects import (
     BlockedResponse,
     Dialect,
+    LimitNotice,
     Normalizer,
     OpenBlocks,
     RequestSummary,
@@ -193,7 +194,10 @@ class BedrockNormalizer(Normalizer):
         self.ended = False
         self.usage_seen = False
         self.tool_blocks: set[int | None] = set()  # open toolUse blocks, at most MAX_TOOL_CALLS
-        self.blocks_full = False  # a toolUse block past them was left out (record_limit reported)
+        self.blocks_limit = LimitNotice(
+            f"toolUse blocks open at once past the first {MAX_TOOL_CALLS} not kept open: "
+            "their fragments are read, their calls not completed"
+        )
         self.blocks = OpenBlocks()  # the blocks that got text, for interleaving
         self.unknown_reported = False
         self.answer: dict[str, Any] | None = None  # a whole Converse answer read
@@ -301,11 +305,7 @@ class BedrockNormalizer(Normalizer):
         if index in self.tool_blocks or len(self.tool_blocks) < MAX_TOOL_CALLS:
             self.tool_blocks.add(index)
             return []
-        if self.blocks_full:
-            return []
-        self.blocks_full = True
-        detail = f"toolUse blocks open at once past the first {MAX_TOOL_CALLS} not kept open"
-        return [Finding("record_limit", f"{detail}: their fragments are read, their calls not completed")]
+        return self.blocks_limit.reached()
 
     # -- InvokeModelWithResponseStream chunks ---------------------------------------------------
 

@@ -51,6 +51,7 @@ from addon.dialects import (
     BlockedResponse,
     Dialect,
     JsonEventNormalizer,
+    LimitNotice,
     Normalizer,
     OpenBlocks,
     RequestSummary,
@@ -166,7 +167,10 @@ class AnthropicNormalizer(JsonEventNormalizer):
         self.json_seen: set[int | None] = set()  # open tool blocks that streamed a non-empty fragment
         self.text_blocks: dict[int | None, str] = {}  # open text / thinking block index -> its kind
         self.blocks = OpenBlocks()  # the blocks that got text, for interleaving
-        self.blocks_full = False  # a block past MAX_BLOCKS was left out (record_limit reported)
+        self.blocks_limit = LimitNotice(
+            f"content blocks open at once past the first {MAX_BLOCKS} not kept open: their text is read, "
+            "their tool calls are not completed"
+        )
         self.fast_block: Any = _NO_BLOCK  # the open block whose text deltas text_of may read alone
 
     # -- stream -------------------------------------------------------------------------
@@ -278,11 +282,7 @@ class AnthropicNormalizer(JsonEventNormalizer):
         if index in table or len(self.tool_blocks) + len(self.text_blocks) < MAX_BLOCKS:
             table[index] = value
             return []
-        if self.blocks_full:
-            return []
-        self.blocks_full = True
-        detail = f"content blocks open at once past the first {MAX_BLOCKS} not kept open: their text is read"
-        return [Finding("record_limit", f"{detail}, their tool calls are not completed")]
+        return self.blocks_limit.reached()
 
     def _text(self, index: int | None, kind: str) -> list[Event]:
         """Text of ``kind`` for block ``index``: noted, a finding when interleaved (:class:`OpenBlocks`)."""

@@ -54,7 +54,7 @@ from __future__ import annotations
 from collections.abc import Collection
 from typing import Any, ClassVar
 
-from addon.dialects import JsonEventNormalizer, OpenBlocks, int_field, str_field
+from addon.dialects import JsonEventNormalizer, LimitNotice, OpenBlocks, int_field, str_field
 from addon.events import (
     Event,
     Finding,
@@ -193,7 +193,10 @@ class ResponsesNormalizer(JsonEventNormalizer):
         self.blocks = OpenBlocks()  # the parts that got text, by item, for interleaving
         self.free_form: set[str] = set()  # custom tool calls: their input is free text, not JSON
         self.fast_part: Any = None  # the open part whose text deltas text_of may read alone
-        self.keys_full = False  # a table reached MAX_KEYS (record_limit reported)
+        self.keys_limit = LimitNotice(
+            f"output items, parts or calls past the first {MAX_KEYS} of a table not kept: "
+            "their final texts are read as they come, not compared"
+        )
 
     # -- dispatch -------------------------------------------------------------------------
 
@@ -661,10 +664,8 @@ class ResponsesNormalizer(JsonEventNormalizer):
         ``record_limit``."""
         if len(table) < MAX_KEYS or key in table:
             return True
-        if out is not None and not self.keys_full:
-            self.keys_full = True
-            detail = f"output items, parts or calls past the first {MAX_KEYS} of a table not kept"
-            out.append(Finding("record_limit", f"{detail}: their final texts are read as they come, not compared"))
+        if out is not None:
+            out += self.keys_limit.reached()
         return False
 
 
