@@ -190,58 +190,39 @@ def test_a_token_id_prompt_that_no_filter_can_read_is_refused_under_the_closed_p
 # -- invisible characters in a request ------------------------------------------------------
 
 
-@pytest.mark.parametrize("word", [ZWJ.join(WORD), SHY.join(WORD), "Ｎｉｇｈｔｊａｒ"])
-def test_a_chat_request_hiding_the_word_is_blocked(guarded, upstreams, transport, word):
-    up = upstreams[transport]
-    mock_id, headers = mock()
-    with pytest.raises(openai.APIError) as raised:
-        for _ in client(guarded, up, transport).chat.completions.create(
-            model="gpt-4o",
-            messages=[{"role": "user", "content": f"Tell me about {word}."}],
-            stream=True,
-            extra_headers=headers,
-        ):
-            pass
-    assert raised.value.code == "content_filter"
-    assert_request_blocked(guarded, up, mock_id)
+# the first word composed, the second decomposed; ệ as ẹ and a circumflex, é as e and an acute
+MIXED_SPELLING = "Vi\u1eb9\u0302t Cafe\u0301"
 
 
-def test_a_request_whose_text_is_nested_deeper_than_the_reader_goes_is_blocked(guarded, upstreams, transport):
-    """The word nine lists deep in a message's content: the reader stopped at eight, and
-    the request filters passed it unread; now the closed policy blocks what it cannot read."""
-    up = upstreams[transport]
+def refused_by_the_proxy(guarded: Proxy, up, transport: str, content: Any) -> str:
+    """Send one chat message through the proxy with the SDK; the SDK gets the content
+    filter's error. The mock id, for the record."""
     mock_id, headers = mock()
-    content: Any = WORD
-    for _ in range(9):
-        content = [content]
     with pytest.raises(openai.APIError) as raised:
         for _ in client(guarded, up, transport).chat.completions.create(
             model="gpt-4o", messages=[{"role": "user", "content": content}], stream=True, extra_headers=headers
         ):
             pass
     assert raised.value.code == "content_filter"
-    row = guarded.mock_row(mock_id)
+    return mock_id
+
+
+@pytest.mark.parametrize("word", [ZWJ.join(WORD), SHY.join(WORD), "Ｎｉｇｈｔｊａｒ", MIXED_SPELLING])
+def test_a_chat_request_hiding_the_word_is_blocked(guarded, upstreams, transport, word):
+    """Invisible characters, fullwidth letters, and the second keyword half decomposed."""
+    up = upstreams[transport]
+    assert_request_blocked(guarded, up, refused_by_the_proxy(guarded, up, transport, f"Tell me about {word}."))
+
+
+def test_a_request_whose_text_is_nested_deeper_than_the_reader_goes_is_blocked(guarded, upstreams, transport):
+    """The word nine lists deep in a message's content: the reader stopped at eight, and
+    the request filters passed it unread; now the closed policy blocks what it cannot read."""
+    content: Any = WORD
+    for _ in range(9):
+        content = [content]
+    row = guarded.mock_row(refused_by_the_proxy(guarded, upstreams[transport], transport, content))
     assert (row["status"], row["error_code"]) == ("blocked", "content_filtered")
     assert [v["rule_id"] for v in row["verdicts"]] == ["filter_error"]
-
-
-# the first word composed, the second decomposed; ệ as ẹ and a circumflex, é as e and an acute
-MIXED_SPELLING = "Vi\u1eb9\u0302t Cafe\u0301"
-
-
-def test_a_request_with_a_keyword_spelled_half_decomposed_is_blocked(guarded, upstreams, transport):
-    up = upstreams[transport]
-    mock_id, headers = mock()
-    with pytest.raises(openai.APIError) as raised:
-        for _ in client(guarded, up, transport).chat.completions.create(
-            model="gpt-4o",
-            messages=[{"role": "user", "content": f"Tell me about {MIXED_SPELLING}."}],
-            stream=True,
-            extra_headers=headers,
-        ):
-            pass
-    assert raised.value.code == "content_filter"
-    assert_request_blocked(guarded, up, mock_id)
 
 
 def test_an_answer_with_a_keyword_spelled_half_decomposed_is_cut(guarded, upstreams, transport):
