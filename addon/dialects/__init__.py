@@ -394,6 +394,31 @@ class Dialect(ABC):
         """
 
 
+class Reading(dict[str, Any]):
+    """A request reading a dialect builds itself (protobuf, a hub's invocation), in the
+    shared shape the record keeps; and :attr:`unkept`, the text the request filters read
+    that the record does not keep as sent.
+
+    Why two: the record keeps what it cannot tell from a credential fingerprinted (a
+    string of a field nobody mapped that holds an API key), and keeps strings nobody
+    mapped only up to its bounds; the filters must read all of it, as sent, or a key
+    pasted into a file, or the text after a file's first lines, goes upstream unchecked.
+    An attribute rather than a key: a client's JSON body can hold any key, and the record
+    must keep that body as sent. The record never stores :attr:`unkept`
+    (:func:`unkept_of`)."""
+
+    __slots__ = ("unkept",)
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.unkept: list[str] = []
+
+
+def unkept_of(reading: Any) -> list[str]:
+    """The text of a request reading the record does not keep as sent ([] for a body read as JSON)."""
+    return reading.unkept if isinstance(reading, Reading) else []
+
+
 class _Unreadable:
     """The parsed value of a request body that is not JSON even to a lenient reader."""
 

@@ -23,58 +23,50 @@ credentials the secrets detector knows are fingerprinted.
 from __future__ import annotations
 
 import re
-from typing import Any
 
-from addon.dialects import Normalizer, RequestSummary, RequestView, json_strings, read_json_object
+from addon.dialects import Normalizer, Reading, RequestSummary, RequestView, json_strings, read_json_object
 from addon.dialects.protowire import parse, strings
 from addon.dialects.rpc import (
     LENIENT_MESSAGE,
+    READ_CHARS,
+    READ_STRINGS,
     STRINGS_DEPTH,
     RpcDialect,
     RpcNormalizer,
     add_message,
-    clean,
     clean_json,
+    kept_strings,
+    kept_text,
     protocol_of,
     rpc_name,
     unread_finding,
 )
-from addon.events import Event, Finding, TextDelta
+from addon.events import Event, Finding, ShownText, TextDelta
 
 
 def message_strings(payload: bytes, codec: str, cut: list[str] | None = None) -> tuple[list[str], bool]:
-    """The strings of one message (bounded), credentials fingerprinted; and whether its
-    JSON is JSON only to lenient readers (:func:`addon.json_read.loads`: Python's
-    ``json.loads`` takes ``NaN``, JavaScript's ``JSON.parse`` a lone surrogate escape; a
-    peer acts on such a message, so the audit reads it too, and says so).
+    """The strings of one message (bounded), as sent but for the values of keys named
+    like credentials (the client's own: fingerprinted); and whether its JSON is JSON only
+    to lenient readers (:func:`addon.json_read.loads`: Python's ``json.loads`` takes
+    ``NaN``, JavaScript's ``JSON.parse`` a lone surrogate escape; a peer acts on such a
+    message, so the audit reads it too, and says so). The filters read these; the record
+    keeps them with credentials fingerprinted (:func:`~addon.dialects.rpc.kept_text`,
+    :func:`~addon.dialects.rpc.kept_strings`).
 
-    ``cut`` gets what the bounds left out (strings past the first :data:`READ_STRINGS`,
-    characters of a string past :data:`READ_CHARS`, JSON nested deeper than 32 levels):
-    no filter reads that text, so the reader says so
-    (:func:`~addon.dialects.rpc.unread_finding`) and the failure policy decides. The
-    bounds are far above an ordinary prompt or answer (a long one is one string), so
-    that only a message built to hide text meets them. (A protobuf message's strings
-    nested deeper than :data:`~addon.dialects.protowire.MAX_DEPTH` or past its byte
-    budget are not told.)"""
-    if codec != "json":  # (one more string and character asked for: whether the bounds cut any)
-        found = strings(parse(payload), READ_STRINGS + 1, READ_CHARS + 1)
-        if cut is not None and len(found) > READ_STRINGS:
-            cut.append(f"strings past the first {READ_STRINGS}")
-        lenient = False
-    else:
-        doc, lenient = read_json_object(payload)  # (keys named like credentials fingerprinted first: "apiKey", "token")
-        found = json_strings(clean_json(doc, max_depth=STRINGS_DEPTH), limit=READ_STRINGS, cut=cut)
+    ``cut`` gets what the bounds left out (strings past the first
+    :data:`~addon.dialects.rpc.READ_STRINGS`, characters of a string past
+    :data:`~addon.dialects.rpc.READ_CHARS`, JSON nested deeper than 32 levels, a protobuf
+    message nested past :func:`~addon.dialects.protowire.strings`' bounds): no filter
+    reads that text, so the reader says so (:func:`~addon.dialects.rpc.unread_finding`)
+    and the failure policy decides. The bounds are far above an ordinary prompt or answer
+    (a long one is one string), so that only a message built to hide text meets them."""
+    if codec != "json":
+        return strings(parse(payload), READ_STRINGS, READ_CHARS, cut=cut), False
+    doc, lenient = read_json_object(payload)  # (keys named like credentials fingerprinted first: "apiKey", "token")
+    found = json_strings(clean_json(doc, max_depth=STRINGS_DEPTH, texts=False), limit=READ_STRINGS, cut=cut)
     if cut is not None and any(len(s) > READ_CHARS for s in found):
         cut.append(f"characters of a string past the first {READ_CHARS}")
-    return [clean(s[:READ_CHARS]) for s in found[:READ_STRINGS]], lenient
-
-
-#: What :func:`message_strings` reads of one message of a service nobody mapped: its
-#: strings, and the characters of each. A message is at most 8 MiB (MAX_REQUEST_MESSAGE_BYTES,
-#: the framing's message bound), so these bound the work, not an ordinary message: the
-#: record's ``unmapped`` findings keep far less (UNMAPPED_STRINGS of UNMAPPED_CHARS).
-READ_STRINGS = 4096
-READ_CHARS = 1 << 20
+    return [s[:READ_CHARS] for s in found], lenient
 
 
 _CREDENTIAL_WORDS = re.compile(
@@ -100,7 +92,7 @@ class ConnectRpc(RpcDialect):
     def normalizer(self, request: RequestSummary) -> Normalizer:
         return ConnectRpcNormalizer(request)
 
-    def read_message(self, payload: bytes, request: RequestView, doc: dict[str, Any], findings: list[Finding]) -> None:
+    def read_message(self, payload: bytes, request: RequestView, doc: Reading, findings: list[Finding]) -> None:
         codec = (protocol_of(request.headers) or ("", "proto"))[1]
         if handles_credentials(request.path):
             return  # (a login, a token exchange: its strings are passwords and keys; its metadata is kept)
@@ -110,7 +102,7 @@ class ConnectRpc(RpcDialect):
             findings.append(Finding("request_lenient_json", "a Connect JSON request message: read as servers read it"))
         if cut:  # (the message is not read whole: turns.UNREAD_MESSAGE, the failure policy decides)
             findings.append(unread_finding(cut, "a request message"))
-        add_message(doc, "user", "\n".join(found))
+        add_message(doc, "user", kept_text(doc, found))
 
 
 class ConnectRpcNormalizer(RpcNormalizer):
@@ -124,7 +116,10 @@ class ConnectRpcNormalizer(RpcNormalizer):
         out: list[Event] = [LENIENT_MESSAGE] if lenient else []
         if cut:
             out.append(unread_finding(cut, "a response message"))
-        return [*out, TextDelta("\n".join(found))] if found else out
+        if not found:
+            return out
+        kept, sent = kept_strings(found)
+        return [*out, TextDelta(kept), *([ShownText(sent, kind="unmapped")] if sent is not None else [])]
 
 
 DIALECT = ConnectRpc()

@@ -38,6 +38,7 @@ from urllib.parse import parse_qs
 from addon.dialects import Normalizer, RequestSummary, RequestView, str_field
 from addon.dialects.blocking import block_message
 from addon.dialects.hub import HubDialect, HubNormalizer, strings_of, user_doc
+from addon.dialects.rpc import kept_text
 from addon.events import Event, Finding, ResponseMeta, ShownText, StreamError, TextDelta, TextSnapshot
 from addon.framing import Frame
 from addon.framing.signalr import HubMessage, handshake_framing, hub_message
@@ -99,7 +100,7 @@ class ChatHubNormalizer(HubNormalizer):
             doc["messages"][:0] = [
                 {
                     "role": "assistant" if m.get("author") == "bot" else "user",
-                    "content": "\n".join(strings_of(m["text"])),
+                    "content": kept_text(doc, strings_of(m["text"])),
                 }
                 for m in earlier
                 if isinstance(m, dict) and isinstance(m.get("text"), str)

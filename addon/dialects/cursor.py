@@ -42,9 +42,8 @@ from __future__ import annotations
 
 import binascii
 import hashlib
-from typing import Any
 
-from addon.dialects import Normalizer, RequestSummary, RequestView
+from addon.dialects import Normalizer, Reading, RequestSummary, RequestView
 from addon.dialects.blocking import block_message
 from addon.dialects.protowire import (
     Message,
@@ -56,6 +55,9 @@ from addon.dialects.protowire import (
     strings,
 )
 from addon.dialects.rpc import (
+    CONTEXT_STRINGS,
+    READ_CHARS,
+    READ_STRINGS,
     RpcDialect,
     RpcNormalizer,
     RpcSummary,
@@ -64,11 +66,13 @@ from addon.dialects.rpc import (
     block_status,
     clean,
     credential,
+    kept_strings,
     rpc_name,
     unmapped,
     unmapped_strings,
+    unread_finding,
 )
-from addon.events import Event, Finding, TextDelta, ToolCallDelta, TurnEnd, Usage
+from addon.events import Event, Finding, ShownText, TextDelta, ToolCallDelta, TurnEnd, Usage
 from addon.framing.envelope import RpcStatus
 
 CHAT, UNIFIED, AGENT, BIDI_APPEND = "chat", "unified", "agent", "bidi_append"
@@ -95,8 +99,6 @@ ERRORS = {
 ROLES = {1: "user", 2: "assistant"}  # ConversationMessage.type: HUMAN, AI
 SERVER_PROMPT_CHARS = 8192
 MAX_PROMPTS = 64  # server prompts remembered as reported, per stream (the upstream names them)
-MESSAGE_STRINGS = 100_000  # (no count limit of its own: the budget of strings() bounds the work)
-MESSAGE_CHARS = 256 * 1024  # a string of a tool result or action kept in the request's messages
 
 # The fields each message is known to have (cursor.md): others with text are reported.
 CHAT_RESPONSE = frozenset({1, 2, 3, 4, 5, 7, 10, 11, 12, 13, 16, 17, 22})
@@ -141,39 +143,49 @@ class Cursor(RpcDialect):
 
     # -- requests -------------------------------------------------------------------------
 
-    def read_message(self, payload: bytes, request: RequestView, doc: dict[str, Any], findings: list[Finding]) -> None:
+    def read_message(self, payload: bytes, request: RequestView, doc: Reading, findings: list[Finding]) -> None:
         api = api_of(rpc_name(request.path))
         msg = parse(payload)
-        self._read_request(api, msg, request, doc, findings)
+        cut: list[str] = []
+        self._read_request(api, msg, request, doc, findings, cut)
         if (problem := msg.cut_short()) is not None:  # (after reading: nested messages count)
             findings.append(Finding("protobuf_invalid", f"request message: {problem}"))
+        if cut:  # (the message is not read whole: turns.UNREAD_MESSAGE, the failure policy decides)
+            findings.append(unread_finding(cut, "a request message"))
 
     def _read_request(
-        self, api: str | None, msg: Message, request: RequestView, doc: dict[str, Any], findings: list[Finding]
+        self,
+        api: str | None,
+        msg: Message,
+        request: RequestView,
+        doc: Reading,
+        findings: list[Finding],
+        cut: list[str],
     ) -> None:
         if api == CHAT:
-            _read_chat_request(msg, doc)
+            _read_chat_request(msg, doc, cut)
         elif api == UNIFIED:
             for request_msg in msg.messages(1):
-                _read_chat_request(request_msg, doc, unified=True)
+                _read_chat_request(request_msg, doc, cut, unified=True)
             for result in msg.messages(2):  # ClientSideToolV2Result: its layout is not public
-                add_message(doc, "tool", message_text(result))
+                add_message(doc, "tool", message_text(result, cut))
         elif api == AGENT and request.path.endswith("/RunSSE"):
             doc["request_id"] = field_text(msg, 1)  # BidiRequestId
         elif api == AGENT:
-            _read_agent_message(msg, doc)
+            _read_agent_message(msg, doc, cut)
         elif api == BIDI_APPEND:
             doc["request_id"] = field_text(msg, 2, 1)
             data = field_text(msg, 1) or ""
             try:
-                _read_agent_message(parse(binascii.unhexlify(data.strip())), doc)
+                _read_agent_message(parse(binascii.unhexlify(data.strip())), doc, cut)
             except (binascii.Error, ValueError):
                 findings.append(Finding("protobuf_invalid", "BidiAppendRequest.data is not hex"))
 
 
-def _read_chat_request(msg: Message, doc: dict[str, Any], unified: bool = False) -> None:
+def _read_chat_request(msg: Message, doc: Reading, cut: list[str], unified: bool = False) -> None:
     """``GetChatRequest`` (old API) or ``StreamUnifiedChatRequest``: the conversation,
-    model, its API key (fingerprinted) and conversation id."""
+    model, its API key (fingerprinted) and conversation id; the strings of the fields
+    not mapped (the open file, context: :func:`~addon.dialects.rpc.add_strings`)."""
     conversation, details, conversation_id = (1, 5, 23) if unified else (2, 7, 15)
     for item in msg.messages(conversation):
         add_message(doc, ROLES.get(field_int(item, 2) or 0, "user"), field_text(item, 1))
@@ -184,10 +196,10 @@ def _read_chat_request(msg: Message, doc: dict[str, Any], unified: bool = False)
     doc["conversation_id"] = field_text(msg, conversation_id) or doc.get("conversation_id")
     if not unified:
         doc["request_id"] = field_text(msg, 9) or doc.get("request_id")
-    add_strings(doc, unmapped_strings(msg, UNIFIED_REQUEST_MAPPED if unified else CHAT_REQUEST_MAPPED))
+    add_strings(doc, unmapped_strings(msg, UNIFIED_REQUEST_MAPPED if unified else CHAT_REQUEST_MAPPED, cut))
 
 
-def _read_agent_message(msg: Message, doc: dict[str, Any]) -> None:
+def _read_agent_message(msg: Message, doc: Reading, cut: list[str]) -> None:
     """``AgentClientMessage``: a run request (model, conversation, the action's text as
     the user's: its layout is not public), tool results (exec), other client messages."""
     for run in msg.messages(1):
@@ -197,21 +209,21 @@ def _read_agent_message(msg: Message, doc: dict[str, Any]) -> None:
         if key:
             doc["api_key"] = credential(key)
         for action in run.messages(2):
-            add_message(doc, "user", message_text(action))
-        add_strings(doc, unmapped_strings(run, frozenset({2, 3, 5})))
+            add_message(doc, "user", message_text(action, cut))
+        add_strings(doc, unmapped_strings(run, frozenset({2, 3, 5}), cut))
     for number, role in ((2, "tool"), (4, "user"), (6, "user")):  # exec results, actions, interaction answers
         for part in msg.messages(number):
-            add_message(doc, role, message_text(part))
-    add_strings(doc, unmapped_strings(msg, frozenset({1, 2, 4, 5, 6})))
+            add_message(doc, role, message_text(part, cut))
+    add_strings(doc, unmapped_strings(msg, frozenset({1, 2, 4, 5, 6}), cut))
 
 
-def message_text(msg: Message) -> str:
+def message_text(msg: Message, cut: list[str]) -> str:
     """The text of a message whose layout is not public (a tool result, an action): its
-    strings, one per line, each up to :data:`MESSAGE_CHARS` (the request filters read them
-    all: how many there are is bounded by the message's size and the strings budget)."""
+    strings, one per line, to :data:`~addon.dialects.rpc.CONTEXT_STRINGS` of
+    :data:`~addon.dialects.rpc.READ_CHARS` (``cut`` gets what those bounds left out)."""
     # (verbatim, as every dialect keeps a prompt: a key pasted into it is the request
     # filters' to find, which a fingerprint in its place would hide from them)
-    return "\n".join(strings(msg, limit=MESSAGE_STRINGS, max_chars=MESSAGE_CHARS))
+    return "\n".join(strings(msg, CONTEXT_STRINGS, READ_CHARS, cut=cut))
 
 
 def error_details(value: bytes) -> str | None:
@@ -319,8 +331,10 @@ class CursorNormalizer(RpcNormalizer):
             out.append(ToolCallDelta(self.agent_call, "", _readable_text(started, 1)))
         for partial in update.messages(7):
             key = _readable_text(partial, 1) or self.agent_call or self._key()
-            args = "".join(clean(s) for s in strings(partial, skip=frozenset({1})))
+            args, sent = kept_strings(self._strings(partial, frozenset({1}), out), "")
             out.append(ToolCallDelta(key, args))
+            if sent is not None:
+                out.append(ShownText(sent, kind="tool_arguments"))
         for completed in update.messages(3):
             key = _readable_text(completed, 1) or self.agent_call or self._key()
             out.append(ToolCallDelta(key, complete=True))
@@ -339,9 +353,23 @@ class CursorNormalizer(RpcNormalizer):
     def _exec(self, execution: Message, out: list[Event]) -> None:
         """``exec_server_message``: a tool the client is to run; its layout is not public,
         so its strings are the call's arguments (what it runs: commands, paths)."""
-        found = [clean(s) for s in strings(execution)]
+        found = self._strings(execution, frozenset(), out)
         if found:
-            out.append(ToolCallDelta(self._key("exec"), "\n".join(found), None, "exec", 0, True))
+            args, sent = kept_strings(found)
+            out.append(ToolCallDelta(self._key("exec"), args, None, "exec", 0, True))
+            if sent is not None:
+                out.append(ShownText(sent, kind="tool_arguments"))
+
+    @staticmethod
+    def _strings(msg: Message, skip: frozenset[int], out: list[Event]) -> list[str]:
+        """The strings of an answer's message whose layout is not public, as sent (the
+        record keeps them with credentials fingerprinted: :func:`kept_strings`); what the
+        bounds left out is told (``strings_unread``: the failure policy decides)."""
+        cut: list[str] = []
+        found = strings(msg, READ_STRINGS, READ_CHARS, skip=skip, cut=cut)
+        if cut:
+            out.append(unread_finding(cut, "a tool call's message"))
+        return found
 
     def _key(self, prefix: str = "call") -> str:
         self.calls += 1

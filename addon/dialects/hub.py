@@ -10,9 +10,9 @@ from __future__ import annotations
 from collections import deque
 from typing import Any
 
-from addon.dialects import Dialect, Normalizer, RequestSummary, RequestView, json_strings
+from addon.dialects import Dialect, Normalizer, Reading, RequestSummary, RequestView, json_strings
 from addon.dialects.blocking import BlockedResponse, block_message, json_response
-from addon.dialects.rpc import STRINGS_DEPTH, clean, clean_json, unread_finding
+from addon.dialects.rpc import STRINGS_DEPTH, clean, clean_json, kept_text, unread_finding
 from addon.events import Event, Finding, Finish, ShownText, StreamError, TextDelta, TurnEnd
 from addon.framing import Frame
 from addon.framing.signalr import HubMessage, HubWriter, hub_message
@@ -23,16 +23,22 @@ _ENDED_KEPT = 16  # ended invocations remembered
 
 
 def strings_of(value: Any, cut: list[str] | None = None) -> list[str]:
-    """The strings of a hub message's payload, credentials fingerprinted. Not cut: the
-    filters must see all of a prompt or an answer (the reader bounds a record's size),
-    but for strings nested deeper than 32 levels (the walk's bound), which ``cut`` gets
-    noted (see :func:`~addon.dialects.json_strings`)."""
-    return [clean(s) for s in json_strings(clean_json(value, max_depth=STRINGS_DEPTH), cut=cut)]
+    """The strings of a hub message's payload, as sent but for the values of keys named
+    like credentials (the client's own, as a header's: fingerprinted). The request
+    filters read these; the record keeps them with credentials fingerprinted
+    (:func:`~addon.dialects.rpc.kept_text`). Not cut: the filters must see all of a
+    prompt or an answer (the reader bounds a record's size), but for strings nested
+    deeper than 32 levels (the walk's bound), which ``cut`` gets noted (see
+    :func:`~addon.dialects.json_strings`)."""
+    return json_strings(clean_json(value, max_depth=STRINGS_DEPTH, texts=False), cut=cut)
 
 
-def user_doc(text: str, target: Any, **extra: Any) -> dict[str, Any]:
-    """The shared request shape of one client invocation."""
-    doc: dict[str, Any] = {"messages": [{"role": "user", "content": text}]}
+def user_doc(text: str | list[str], target: Any, **extra: Any) -> Reading:
+    """The shared request shape of one client invocation: its prompt ``text``, or the
+    strings of its arguments (:func:`strings_of`: one per line, kept as
+    :func:`~addon.dialects.rpc.kept_text` keeps them)."""
+    doc = Reading(messages=[])
+    doc["messages"].append({"role": "user", "content": text if isinstance(text, str) else kept_text(doc, text)})
     if isinstance(target, str):
         doc["hub_target"] = target
     doc.update({k: v for k, v in extra.items() if v is not None})
@@ -85,8 +91,7 @@ class HubNormalizer(Normalizer):
         a non-empty reading of one with an id opens a turn. What :func:`strings_of` leaves
         out goes to :attr:`unread` (the message is then not read whole)."""
         message = frame.message
-        text = "\n".join(strings_of(message.get("arguments"), self.unread))
-        return user_doc(text, message.get("target"))
+        return user_doc(strings_of(message.get("arguments"), self.unread), message.get("target"))
 
     def _open(self, invocation: str) -> None:
         """A new turn: the invocation ``invocation`` is being answered."""
@@ -173,7 +178,7 @@ class HubNormalizer(Normalizer):
             self.unmapped_targets.append(where)
         room = _FINDING_STRINGS - len(self.unmapped_strings)
         if room > 0:  # (the finding is stored: credentials fingerprinted, by key name too)
-            self.unmapped_strings.extend(strings_of(value)[:room])
+            self.unmapped_strings.extend(clean(s) for s in strings_of(value)[:room])
         shown: list[Event] = [ShownText(s, kind="unmapped") for s in found]
         return [unread_finding(cut, where), *shown] if cut else shown
 

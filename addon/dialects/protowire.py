@@ -16,7 +16,7 @@ fields), or 4 bytes (5); 3 and 4 open and close a group (deprecated; skipped her
 Hostile input costs bounded work and never raises: a message is read as far as it is
 valid and :attr:`Message.problem` says where it stopped; nesting is bounded by
 :data:`MAX_DEPTH`, fields per message by :data:`MAX_FIELDS`, collected strings by the
-caller's limits. Imported by the protobuf dialects; registers no dialect.
+caller's limits and :data:`STRINGS_BUDGET` (and :func:`strings` tells what they left out). Imported by the protobuf dialects; registers no dialect.
 """
 
 from __future__ import annotations
@@ -29,8 +29,10 @@ VARINT, I64, LEN, SGROUP, EGROUP, I32 = 0, 1, 2, 3, 4, 5
 MAX_FIELDS = 100_000
 #: How deep nested messages (and groups) are followed.
 MAX_DEPTH = 32
-#: Bytes :func:`strings` may read as nested messages in one call.
-STRINGS_BUDGET = 4 * 1024 * 1024
+#: Fields :func:`strings` may read from nested messages in one call: the work of a walk
+#: (about a microsecond a field), whatever the bytes (a blob that is no message stops at
+#: its first field). Far above a real request's (hundreds to a few thousand).
+STRINGS_BUDGET = 500_000
 _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]").search
 
 
@@ -147,8 +149,8 @@ class Message:
 
     __slots__ = ("fields", "problem", "_nested")
 
-    def __init__(self, data: bytes) -> None:
-        self.fields, self.problem = read_fields(data)
+    def __init__(self, data: bytes, max_fields: int = MAX_FIELDS) -> None:
+        self.fields, self.problem = read_fields(data, max_fields)
         self._nested: dict[int, list[Message]] = {}
 
     def values(self, number: int) -> list[int | bytes]:
@@ -249,37 +251,85 @@ def readable(value: bytes) -> str | None:
 
 
 def strings(
-    msg: Message, limit: int = 64, max_chars: int = 2000, skip: frozenset[int] = frozenset(), depth: int = 0
+    msg: Message,
+    limit: int = 64,
+    max_chars: int = 2000,
+    skip: frozenset[int] = frozenset(),
+    depth: int = 0,
+    cut: list[str] | None = None,
 ) -> list[str]:
     """The text strings found in ``msg``, depth first, at most ``limit`` of them, each cut
-    at ``max_chars`` characters: what a record keeps of fields it could not map.
+    at ``max_chars`` characters: what a reader keeps of fields it could not map.
 
     A length-delimited value that looks like text is a string; one that does not is read
-    as a nested message and searched in turn, while the bytes read that way stay under
-    :data:`STRINGS_BUDGET` (nested junk costs bounded work, not its depth times its size).
-    ``skip``: field numbers of ``msg`` itself not to search (those the dialect did map).
-    """
+    as a nested message and searched in turn, down to :data:`MAX_DEPTH` levels and while
+    the fields read that way stay under :data:`STRINGS_BUDGET` (nested junk costs bounded
+    work; an image or other blob that is no message stops at its first bytes and costs
+    nearly nothing). ``skip``: field numbers of ``msg`` itself not to search (those the
+    dialect did map).
+
+    ``cut``, when given, gets what the bounds left out, each reason once (a string past
+    ``limit``, characters past ``max_chars``, a message nested past the depth or the
+    budget): no filter reads that text, so the reader says so (finding
+    ``strings_unread``) and the failure policy decides."""
     out: list[str] = []
-    _collect(msg, out, limit, max_chars, skip, depth, [STRINGS_BUDGET])
+    _Collect(out, limit, max_chars, cut).walk(msg, skip, depth)
     return out
 
 
-def _collect(
-    msg: Message, out: list[str], limit: int, max_chars: int, skip: frozenset[int], depth: int, budget: list[int]
-) -> None:
-    for f in msg.fields:
-        if len(out) >= limit:
-            return
-        if f.wire != LEN or f.number in skip or not isinstance(f.value, bytes):
-            continue
-        found = readable(f.value)
-        if found is not None:
-            out.append(found[:max_chars])
-        elif depth < MAX_DEPTH and budget[0] >= len(f.value):
-            budget[0] -= len(f.value)
-            nested = Message(f.value)
-            if nested.fields and nested.problem is None:
-                _collect(nested, out, limit, max_chars, frozenset(), depth + 1, budget)
+class _Collect:
+    """One :func:`strings` walk: what it found, its bounds, and what they left out."""
+
+    __slots__ = ("budget", "cut", "limit", "max_chars", "out")
+
+    def __init__(self, out: list[str], limit: int, max_chars: int, cut: list[str] | None) -> None:
+        self.out, self.limit, self.max_chars, self.cut = out, limit, max_chars, cut
+        self.budget = STRINGS_BUDGET
+
+    def left_out(self, reason: str) -> None:
+        if self.cut is not None and reason not in self.cut:
+            self.cut.append(reason)
+
+    def walk(self, msg: Message, skip: frozenset[int], depth: int) -> bool:
+        """Collect ``msg``'s strings; False once the walk must stop (``limit`` reached)."""
+        for f in msg.fields:
+            if f.wire != LEN or f.number in skip or not isinstance(f.value, bytes):
+                continue
+            found = readable(f.value)
+            if found is not None:
+                if len(self.out) >= self.limit:
+                    self.left_out(f"strings past the first {self.limit}")
+                    return False
+                if len(found) > self.max_chars:
+                    self.left_out(f"characters of a string past the first {self.max_chars}")
+                self.out.append(found[: self.max_chars])
+                continue
+            nested = self._nested(f.value)
+            if nested is None:
+                continue
+            if depth >= MAX_DEPTH:
+                self.left_out(f"messages nested deeper than {MAX_DEPTH} levels")
+            elif not self.walk(nested, frozenset(), depth + 1):
+                return False
+        return True
+
+    def _nested(self, value: bytes) -> Message | None:
+        """``value`` read as a message with fields (None: it is none), its fields charged
+        to the budget. One cut short by the budget or :data:`MAX_FIELDS` is searched as
+        far as it was read, and the rest is told."""
+        if self.budget <= 0:
+            self.left_out(f"values past the first {STRINGS_BUDGET} fields read")
+            return None
+        nested = Message(value, max_fields=min(self.budget, MAX_FIELDS))
+        self.budget -= len(nested.fields)
+        if nested.problem is not None and nested.problem.startswith(TOO_MANY_FIELDS):
+            self.left_out(
+                f"values past the first {STRINGS_BUDGET} fields read"
+                if self.budget <= 0
+                else f"fields of a message past the first {MAX_FIELDS}"
+            )
+            return nested
+        return nested if nested.fields and nested.problem is None else None
 
 
 # -- writing: the few messages the dialects send (error details) ------------------------------

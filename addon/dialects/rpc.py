@@ -48,6 +48,7 @@ from addon.dialects import (
     BlockedResponse,
     Dialect,
     Normalizer,
+    Reading,
     RequestSummary,
     RequestView,
     error_body_events,
@@ -91,6 +92,16 @@ _RPC_PATH = re.compile(r"/(?P<service>[A-Za-z_][\w]*(?:\.[A-Za-z_][\w]*)+)/(?P<m
 # What one request body may cost to read (its messages are the record's request_body).
 MAX_REQUEST_MESSAGES = 1024
 MAX_REQUEST_MESSAGE_BYTES = 8 * 1024 * 1024
+#: What a reader reads of one message's strings nobody mapped (for the filters): how
+#: many, and the characters of each. A message is at most MAX_REQUEST_MESSAGE_BYTES, so
+#: these bound the work, not an ordinary message (a long prompt or an open file is one
+#: string); the record keeps far less of them (UNMAPPED_STRINGS of UNMAPPED_CHARS).
+READ_STRINGS = 4096
+READ_CHARS = 1 << 20
+#: Strings a Cursor or Windsurf request reading reads of one message: those requests
+#: carry the editor's context (open files, code blocks, rules: thousands of strings), so
+#: the bound is far higher; the work stays bounded by protowire's field budget.
+CONTEXT_STRINGS = 100_000
 #: A Connect JSON response message only lenient readers take (the client's SDK reads it).
 LENIENT_MESSAGE = Finding("lenient_json", "a Connect JSON message: JSON only lenient readers take (the SDKs' do)")
 #: An EndStreamResponse only lenient readers take (connect-es's JSON.parse takes a lone surrogate escape).
@@ -185,22 +196,27 @@ def clean(value: str) -> str:
     return redacted(value) if holds_secret(value) else value
 
 
-def clean_json(value: Any, depth: int = 0, max_depth: int = 32) -> Any:
+def clean_json(value: Any, depth: int = 0, max_depth: int = 32, texts: bool = True) -> Any:
     """A JSON body (Connect's JSON codec) with credentials fingerprinted: values of keys
-    named like credentials (``apiKey``, ``userJwt``) and strings holding a known secret.
-    Bounded: what lies deeper than ``max_depth`` levels is None. A reader of its strings
-    passes one level more than :func:`~addon.dialects.json_strings` reads, so that the
-    bound that cuts them is that one's, which says so (:data:`STRINGS_DEPTH`)."""
+    named like credentials (``apiKey``, ``userJwt``: the client's own, as a header's),
+    and, unless ``texts`` is False, other strings holding a known secret (a reader of the
+    text the filters read fingerprints those only in what the record keeps:
+    :func:`kept_text`). Bounded: what lies deeper than ``max_depth`` levels is None. A
+    reader of its strings passes one level more than :func:`~addon.dialects.json_strings`
+    reads, so that the bound that cuts them is that one's, which says so
+    (:data:`STRINGS_DEPTH`)."""
     if depth > max_depth:
         return None
     if isinstance(value, dict):
         return {
-            k: credential(v) if isinstance(v, str) and is_credential_name(k) else clean_json(v, depth + 1, max_depth)
+            k: credential(v)
+            if isinstance(v, str) and is_credential_name(k)
+            else clean_json(v, depth + 1, max_depth, texts)
             for k, v in value.items()
         }
     if isinstance(value, list):
-        return [clean_json(v, depth + 1, max_depth) for v in value]
-    return clean(value) if isinstance(value, str) else value
+        return [clean_json(v, depth + 1, max_depth, texts) for v in value]
+    return clean(value) if texts and isinstance(value, str) else value
 
 
 #: How deep :func:`clean_json` goes for a reader of strings: one level past
@@ -379,7 +395,7 @@ class RpcDialect(Dialect):
     json_requests = False
 
     @abstractmethod
-    def read_message(self, payload: bytes, request: RequestView, doc: dict[str, Any], findings: list[Finding]) -> None:
+    def read_message(self, payload: bytes, request: RequestView, doc: Reading, findings: list[Finding]) -> None:
         """Read one request message into ``doc`` (see :func:`new_doc`), problems into ``findings``."""
 
     def streams_request(self, request: RequestView) -> bool:
@@ -447,21 +463,23 @@ def unmapped(kind: str, msg: Message, known: frozenset[int]) -> list[Event]:
     return out
 
 
-def unmapped_strings(msg: Message, mapped: frozenset[int]) -> list[str]:
-    """The strings of a request message's fields the dialect did not map (bounded,
-    credentials fingerprinted): context the model reads (files, rules) and moved fields."""
-    return [clean(s) for s in strings(msg, UNMAPPED_STRINGS, UNMAPPED_CHARS, skip=mapped)]
+def unmapped_strings(msg: Message, mapped: frozenset[int], cut: list[str]) -> list[str]:
+    """The strings of a request message's fields the dialect did not map, as sent:
+    context the model reads (open files, rules) and moved fields. Read to
+    :data:`CONTEXT_STRINGS` of :data:`READ_CHARS`; ``cut`` gets what those bounds left
+    out (:func:`unread_finding`). :func:`add_strings` keeps them."""
+    return strings(msg, CONTEXT_STRINGS, READ_CHARS, skip=mapped, cut=cut)
 
 
 # -- request readings -------------------------------------------------------------------------
 
 
-def new_doc(request: RequestView) -> dict[str, Any]:
+def new_doc(request: RequestView) -> Reading:
     """The start of a request's reading: which method, in which protocol, its conversation
     in the shared ``messages`` shape (``{"role", "content"}``, as the request filters and
     transcripts read any API's)."""
     protocol = (protocol_of(request.headers) or (CONNECT_UNARY, ""))[0]
-    return {"rpc": rpc_name(request.path) or request.path, "protocol": protocol, "messages": []}
+    return Reading(rpc=rpc_name(request.path) or request.path, protocol=protocol, messages=[])
 
 
 def add_message(doc: dict[str, Any], role: str, content: str | None) -> None:
@@ -470,17 +488,46 @@ def add_message(doc: dict[str, Any], role: str, content: str | None) -> None:
         doc["messages"].append({"role": role, "content": content})
 
 
-def add_strings(doc: dict[str, Any], found: list[str]) -> None:
-    """Strings of unmapped fields, bounded over the whole request."""
-    if found:
-        kept = doc.setdefault("unmapped_strings", [])
-        kept.extend(found[: max(0, UNMAPPED_STRINGS - len(kept))])
+def add_strings(doc: Reading, found: list[str]) -> None:
+    """Strings of unmapped fields (as sent): the record keeps :data:`UNMAPPED_STRINGS` of
+    them over the whole request, each cut at :data:`UNMAPPED_CHARS`, credentials
+    fingerprinted; the request filters read every one as sent (:attr:`Reading.unkept`
+    gets each the record does not keep so)."""
+    if not found:
+        return
+    kept = doc.setdefault("unmapped_strings", [])
+    for value in found:
+        recorded = clean(value[:UNMAPPED_CHARS]) if len(kept) < UNMAPPED_STRINGS else None
+        if recorded is not None:
+            kept.append(recorded)
+        if recorded != value:
+            doc.unkept.append(value)
 
 
-def finished_doc(doc: dict[str, Any], payloads: int, size: int) -> dict[str, Any]:
+def kept_text(doc: Reading, found: list[str]) -> str:
+    """The strings of a message nobody mapped as the record keeps them, one per line,
+    credentials fingerprinted; the filters read each one it does not keep as sent
+    (:attr:`Reading.unkept`)."""
+    kept = [clean(s) for s in found]
+    doc.unkept.extend(raw for raw, recorded in zip(found, kept, strict=True) if raw is not recorded)
+    return "\n".join(kept)
+
+
+def kept_strings(found: list[str], sep: str = "\n") -> tuple[str, str | None]:
+    """Strings of an answer nobody mapped, joined by ``sep``: as the record keeps them
+    (credentials fingerprinted), and as sent when that differs (the output filters must
+    read that: :class:`~addon.events.ShownText`), else None."""
+    kept = [clean(s) for s in found]
+    changed = any(raw is not recorded for raw, recorded in zip(found, kept, strict=True))
+    return sep.join(kept), sep.join(found) if changed else None
+
+
+def finished_doc(doc: Reading, payloads: int, size: int) -> Reading:
     """The reading as the record keeps it: the message count and size, no empty parts."""
     doc["request_messages"], doc["request_bytes"] = payloads, size
-    return {k: v for k, v in doc.items() if v not in (None, [], "")}
+    finished = Reading({k: v for k, v in doc.items() if v not in (None, [], "")})
+    finished.unkept = doc.unkept
+    return finished
 
 
 def first_finding(findings: list[Finding]) -> Finding | None:

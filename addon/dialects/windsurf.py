@@ -34,10 +34,12 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from addon.dialects import Normalizer, RequestSummary, RequestView, read_json_object
+from addon.dialects import Normalizer, Reading, RequestSummary, RequestView, json_strings, read_json_object
 from addon.dialects.protowire import Message, field_int, field_text, parse, readable
 from addon.dialects.rpc import (
+    CONTEXT_STRINGS,
     LENIENT_MESSAGE,
+    STRINGS_DEPTH,
     RpcDialect,
     RpcNormalizer,
     RpcSummary,
@@ -46,10 +48,12 @@ from addon.dialects.rpc import (
     clean,
     clean_json,
     credential,
+    kept_text,
     protocol_of,
     rpc_name,
     unmapped,
     unmapped_strings,
+    unread_finding,
 )
 from addon.events import Event, Finding, Finish, ResponseMeta, StreamError, TextDelta, ToolCallDelta, Usage
 
@@ -74,17 +78,20 @@ class Windsurf(RpcDialect):
     def normalizer(self, request: RequestSummary) -> Normalizer:
         return WindsurfNormalizer(request)
 
-    def read_message(self, payload: bytes, request: RequestView, doc: dict[str, Any], findings: list[Finding]) -> None:
+    def read_message(self, payload: bytes, request: RequestView, doc: Reading, findings: list[Finding]) -> None:
         codec = (protocol_of(request.headers) or ("", "proto"))[1]
+        cut: list[str] = []
         if codec == "json":
-            _read_json_request(payload, doc, findings)
-            return
-        msg = parse(payload)
-        self._read_proto_request(msg, request, doc)
-        if (problem := msg.cut_short()) is not None:  # (after reading: nested messages count)
-            findings.append(Finding("protobuf_invalid", f"request message: {problem}"))
+            _read_json_request(payload, doc, findings, cut)
+        else:
+            msg = parse(payload)
+            self._read_proto_request(msg, request, doc, cut)
+            if (problem := msg.cut_short()) is not None:  # (after reading: nested messages count)
+                findings.append(Finding("protobuf_invalid", f"request message: {problem}"))
+        if cut:  # (the message is not read whole: turns.UNREAD_MESSAGE, the failure policy decides)
+            findings.append(unread_finding(cut, "a request message"))
 
-    def _read_proto_request(self, msg: Message, request: RequestView, doc: dict[str, Any]) -> None:
+    def _read_proto_request(self, msg: Message, request: RequestView, doc: Reading, cut: list[str]) -> None:
         for metadata in msg.messages(1):
             for number, name in ((3, "api_key"), (21, "user_jwt")):
                 value = field_text(metadata, number)
@@ -97,14 +104,14 @@ class Windsurf(RpcDialect):
                 text = _readable(item, 5) or _readable(item, 3)
                 add_message(doc, ROLES.get(field_int(item, 2) or 0, "user"), text)
             doc["model"] = field_text(msg, 5) or doc.get("model")
-            add_strings(doc, unmapped_strings(msg, RAW_CHAT_MAPPED))
+            add_strings(doc, unmapped_strings(msg, RAW_CHAT_MAPPED, cut))
             return
         add_message(doc, "system", _readable(msg, 2))
         for item in msg.messages(3):
             add_message(doc, ROLES.get(field_int(item, 2) or 0, "user"), field_text(item, 3))
         doc["model"] = field_text(msg, 21) or doc.get("model")
         doc["conversation_id"] = field_text(msg, 16) or doc.get("conversation_id")
-        add_strings(doc, unmapped_strings(msg, GET_CHAT_MAPPED))
+        add_strings(doc, unmapped_strings(msg, GET_CHAT_MAPPED, cut))
 
 
 def _readable(msg: Message, number: int) -> str | None:
@@ -112,7 +119,13 @@ def _readable(msg: Message, number: int) -> str | None:
     return next((t for v in msg.values(number) if isinstance(v, bytes) and (t := readable(v))), None)
 
 
-def _read_json_request(payload: bytes, doc: dict[str, Any], findings: list[Finding]) -> None:
+#: The keys of a JSON request the reading maps; the strings of the others (and of a chat
+#: message's other keys) are read as a protobuf request's unmapped fields are
+#: (``metadata`` holds the client's credentials: kept, not read).
+JSON_MAPPED = frozenset({"systemPromptOverride", "chatMessages", "messages", "chatModelName", "model", "metadata"})
+
+
+def _read_json_request(payload: bytes, doc: Reading, findings: list[Finding], cut: list[str]) -> None:
     """A Connect JSON request to the language server: proto3 JSON names (camelCase)."""
     body, lenient = read_json_object(payload)
     if body is None:
@@ -120,21 +133,27 @@ def _read_json_request(payload: bytes, doc: dict[str, Any], findings: list[Findi
         return
     if lenient:  # (read as the language server reads it, and said)
         findings.append(Finding("request_lenient_json", "a Connect JSON request message: read as servers read it"))
-    body = clean_json(body)
-    add_message(
-        doc, "system", body.get("systemPromptOverride") if isinstance(body.get("systemPromptOverride"), str) else None
-    )
-    for item in body.get("chatMessages") or body.get("messages") or []:
-        if isinstance(item, dict):
-            content = next((item[k] for k in ("text", "content", "prompt") if isinstance(item.get(k), str)), None)
-            source = item.get("source", item.get("role"))
-            role = source.lower().removeprefix("chat_message_source_") if isinstance(source, str) else "user"
-            add_message(doc, role if role in ("user", "assistant", "system", "tool") else "user", content)
+    body = clean_json(body, max_depth=STRINGS_DEPTH, texts=False)  # (the client's own credentials fingerprinted)
+    system = body.get("systemPromptOverride")
+    add_message(doc, "system", kept_text(doc, [system]) if isinstance(system, str) else None)
+    others: list[Any] = [{k: v for k, v in body.items() if k not in JSON_MAPPED}]
+    items = body.get("chatMessages") or body.get("messages") or []
+    for item in items if isinstance(items, list) else [items]:
+        if not isinstance(item, dict):
+            others.append(item)
+            continue
+        key = next((k for k in ("text", "content", "prompt") if isinstance(item.get(k), str)), None)
+        source = item.get("source", item.get("role"))
+        role = source.lower().removeprefix("chat_message_source_") if isinstance(source, str) else "user"
+        kept = kept_text(doc, [item[key]]) if key is not None else None
+        add_message(doc, role if role in ("user", "assistant", "system", "tool") else "user", kept)
+        others.append({k: v for k, v in item.items() if k != key})
     model = body.get("chatModelName") or body.get("model")
     doc["model"] = model if isinstance(model, str) else doc.get("model")
     metadata = body.get("metadata")
     if isinstance(metadata, dict):
-        doc["metadata"] = metadata
+        doc["metadata"] = clean_json(metadata)
+    add_strings(doc, json_strings(others, limit=CONTEXT_STRINGS, cut=cut))  # (what no key above maps)
 
 
 class WindsurfNormalizer(RpcNormalizer):

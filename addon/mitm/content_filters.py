@@ -21,7 +21,7 @@ from typing import Any
 
 from mitmproxy.addonmanager import Loader
 
-from addon.dialects import Dialect, RequestSummary
+from addon.dialects import Dialect, RequestSummary, unkept_of
 from addon.filters.api import BLOCK, RequestContext, Verdict
 from addon.filters.budgets import Budget
 from addon.filters.engine import FILTER_ERROR, Failure, FilterSet
@@ -205,5 +205,8 @@ def _request_context(record: ExchangeRecord, dialect: Dialect, summary: RequestS
             dialect.name, None, (Message("user", body),), **fields, unreadable=("the body is not JSON",)
         )
     context = RequestContext.from_body(dialect.name, body if isinstance(body, (dict, list)) else None, **fields)
+    unkept = unkept_of(body)  # (a dialect's own reading: text the record keeps fingerprinted or cut)
+    if unkept:
+        context = replace(context, messages=(*context.messages, *(Message("context", text) for text in unkept)))
     unread = tuple(f"{f['code']}: {f['detail']}" for f in record.findings if f["code"] in UNREAD_MESSAGE)
     return replace(context, unreadable=(*context.unreadable, *unread)) if unread else context

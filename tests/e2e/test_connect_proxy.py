@@ -496,6 +496,27 @@ def test_es_request_filter_blocks_a_unary_call_before_it_goes_upstream(es_reques
     assert (row["dialect"], row["status"], row["http_status"]) == ("grpc", "blocked", 403)
 
 
+AWS_KEY = "AKIA" + "IOSFODNN7EXAMPLE"  # (an access key id the secrets detector knows)
+
+
+@pytest.mark.parametrize(
+    "file",
+    ["x = 1\n" * 500 + "# ask the Graz office", f"# the Graz office's key: {AWS_KEY}"],
+    ids=["past-its-first-2000-characters", "beside-a-key"],
+)
+def test_es_request_filter_reads_the_whole_open_file_cursor_sends(es_request_filtered: EsClient, file: str):
+    """Cursor sends the open file in a field nobody maps: the request filters read all of
+    it as sent (before: its first 2000 characters, and a string holding a key only as
+    the key's fingerprint), while the record keeps its bounded, fingerprinted copy."""
+    es = es_request_filtered
+    out, mock_id = es.run("stream-chat", es.proxy, currentFile=file)
+    assert out["error"]["code"] == "PermissionDenied" and "no-graz" in out["error"]["message"]
+    assert b"Graz" not in es.upstream.received(mock_id).get("body", b"")  # (a stream's headers go first)
+    row = es.proxy.mock_row(mock_id)
+    assert row["status"] == "blocked" and AWS_KEY.encode() not in orjson.dumps(row["request_body"])
+    assert "src/app.py" in row["request_body"]["unmapped_strings"]
+
+
 @pytest.mark.parametrize("route", ["h1", "h2"])
 def test_py_output_filter_ends_a_connect_stream_with_permission_denied(
     es_output_filtered: EsClient, upstreams, proto_python, route: str

@@ -2,7 +2,7 @@
  * One call of @connectrpc/connect-node (Cursor's own stack: connect-es with @bufbuild/protobuf
  * v2) against the mock's Connect server, over HTTP/2 with TLS, gzip both ways.
  *
- * argv[2] is JSON: {call, baseUrl, genDir, mockId, scenario, close}. genDir holds the code
+ * argv[2] is JSON: {call, baseUrl, genDir, mockId, scenario, close, currentFile}. genDir holds the code
  * protoc-gen-es generated from tests/fixtures/proto at test time (never committed). With
  * HTTPS_PROXY set, the HTTP/2 session goes through an HTTP CONNECT tunnel to that proxy
  * (connect-node takes the socket through nodeOptions.createConnection; Node's http2 has no
@@ -21,7 +21,7 @@ import { pathToFileURL } from "node:url";
 const PROMPT = "What is the weather in Vienna?";
 const FOLLOW_UP = "And in Graz tomorrow?";
 
-/** @typedef {{call: string, baseUrl: string, genDir: string, mockId: string, scenario?: string, close?: string}} Config */
+/** @typedef {{call: string, baseUrl: string, genDir: string, mockId: string, scenario?: string, close?: string, currentFile?: string}} Config */
 
 /** @param {Config} c @param {string} file */
 async function gen(c, file) {
@@ -117,6 +117,7 @@ async function streamChat(c) {
     conversation: [{ text: PROMPT, type: ConversationMessage_MessageType.HUMAN }],
     modelDetails: { modelName: "gpt-4o-mini" },
     conversationId: "conv-stream-chat",
+    currentFile: c.currentFile === undefined ? undefined : { relativeWorkspacePath: "src/app.py", contents: c.currentFile },
   };
   let text = "";
   let filledPrompt = "";

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import time
-
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from protoenc import f, fixed32, fixed64, group, m, tag, varint
@@ -141,19 +139,40 @@ def test_the_reader_never_raises_on_any_bytes(data):
         assert field.number > 0
 
 
-def test_strings_reads_nested_junk_within_a_budget():
+def test_strings_reads_nested_junk_within_a_budget_and_tells_what_it_left():
     data = f(1, "leaf")
     for _ in range(MAX_DEPTH - 2):
         data = m(1, data, f(2, b"\x00" * 20_000))  # each level drags its nested bytes along
-    started = time.perf_counter()
-    strings(parse(data))
-    assert time.perf_counter() - started < 5
+    cut: list[str] = []
+    assert strings(parse(data), max_chars=50_000, cut=cut)[0] == "leaf" and cut == []
     small = protowire.STRINGS_BUDGET
     try:
         protowire.STRINGS_BUDGET = 100
-        assert strings(parse(m(1, m(1, f(1, "deep")), f(2, b"\x00" * 200)))) == []  # over the budget: not read
+        many = m(1, *[f(3, 7)] * 150, m(4, f(1, "deep")))  # 151 fields: the budget runs out first
+        cut = []
+        assert strings(parse(m(1, many)), cut=cut) == []
+        assert cut == ["values past the first 100 fields read"]
     finally:
         protowire.STRINGS_BUDGET = small
+
+
+def test_strings_tells_each_bound_it_met():
+    """Count, length, depth: each reason once, so that the reader can say the message was
+    not read whole (finding strings_unread)."""
+    cut: list[str] = []
+    assert strings(parse(f(1, "a") + f(2, "b") + f(3, "c")), limit=2, cut=cut) == ["a", "b"]
+    assert cut == ["strings past the first 2"]
+    cut = []
+    assert strings(parse(f(1, "abcdef")), max_chars=4, cut=cut) == ["abcd"]
+    assert cut == ["characters of a string past the first 4"]
+    deep = f(1, "bottom")
+    for _ in range(MAX_DEPTH + 1):
+        deep = m(1, deep)
+    cut = []
+    assert strings(parse(deep), cut=cut) == [] and cut == [f"messages nested deeper than {MAX_DEPTH} levels"]
+    cut = []
+    assert strings(parse(f(5, b"\x89PNG\r\n\x1a\n\x00\x00" + bytes(range(256)) * 40)), cut=cut) == []
+    assert cut == []  # a blob that is no message is no text left out
 
 
 def test_text_with_control_characters_that_is_no_message_is_still_text():
