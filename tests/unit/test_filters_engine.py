@@ -330,3 +330,42 @@ def test_request_verdicts_are_unchanged_where_the_gate_set_is_not_made():
     fs = FilterSet(GATED_RULES[4:5], failure="open")
     context = ctx(*GATED_TEXTS)
     assert fs.check_request(context) == ungated(fs, context) != []
+
+
+def test_a_large_list_of_keywords_in_every_spelling_works_beside_every_other_kind_of_rule(caplog):
+    """The keywords' gate joins every rule's gate in one RE2 set: a list of thousands of
+    marked words, each letter in every spelling, with regex, secrets and PII rules beside
+    it, loads, blocks a word written half composed, half decomposed wherever the stream is
+    cut, and lets innocent text through."""
+    import random
+    import unicodedata
+
+    rng = random.Random(7)
+    letters = "aăâbcdđeêghiklmnoôơpqrstuưvxyàảãáạằẳẵắặầẩẫấậèẻẽéẹềểễếệìỉĩíịòỏõóọồổỗốộờởỡớợùủũúụừửữứựỳỷỹýỵ"
+    words = sorted({"".join(rng.choice(letters) for _ in range(rng.randint(5, 10))) for _ in range(3000)})
+    others = "".join(
+        f'[[rule]]\nid = "r{i}"\nkind = "regex"\npattern = \'\\bproj{i}-[0-9]{{4}}\\b\'\naction = "block"\n\n'
+        for i in range(40)
+    )
+    toml = (
+        others
+        + '[[rule]]\nid = "s"\nkind = "secrets"\naction = "block"\n\n'
+        + '[[rule]]\nid = "p"\nkind = "pii"\naction = "block"\n\n'
+        + '[[rule]]\nid = "v"\nkind = "keywords"\naction = "block"\nkeywords = ['
+        + ", ".join(f'"{w}"' for w in words)
+        + "]\n"
+    )
+    filters = FilterSet(parse_rules(toml), failure="closed")
+    assert not caplog.records  # (every spelling, not the fallback to whole spellings)
+    word = next(w for w in words if unicodedata.normalize("NFD", w[:3]) != w[:3])
+    mixed = unicodedata.normalize("NFD", word[:3]) + word[3:]
+
+    def blocked_by(text: str, step: int) -> list[str]:
+        guard = filters.output_guard()
+        found = [v.rule_id for i in range(0, len(text), step) for v in guard.feed(text[i : i + step]).verdicts]
+        return found + [v.rule_id for r in guard.flush_all().values() for v in r.verdicts]
+
+    for step in (1, 2, 5):
+        assert blocked_by(f"so {mixed} it is.", step) == ["v"]
+        assert blocked_by(f"call proj7-1234 now {unicodedata.normalize('NFD', word)}", step)[:1] == ["r7"]
+    assert blocked_by("nothing to see in this sentence at all, " * 10, 7) == []
