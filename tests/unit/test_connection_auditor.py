@@ -11,9 +11,10 @@ import json
 from typing import Any
 
 import pytest
+from conn_driver import RULES, connection
 
 from addon.connection_auditor import ConnectionAuditor, Relay
-from addon.dialects import Normalizer, RequestSummary
+from addon.dialects import Normalizer, RequestSummary, RequestView
 from addon.events import Event, Finding, Finish, TextDelta, TurnEnd
 from addon.filters.engine import FilterSet
 from addon.filters.rules import parse_rules
@@ -22,16 +23,6 @@ from addon.framing.ws_json import FRAMING, WRITER
 from addon.mitm.content_filters import check_message
 from addon.record import ExchangeRecord, Status
 from addon.turns import Turns
-
-RULES = """
-[[rule]]
-id = "no-code-name"
-kind = "keywords"
-keywords = ["Nightjar"]
-scope = "both"
-action = "block"
-reason = "internal code name"
-"""
 
 
 class Toy(Normalizer):
@@ -238,18 +229,7 @@ def test_a_gemini_live_close_during_an_answer_is_that_answer_s_error() -> None:
 
 def dialect_auditor(dialect: Any) -> tuple[ConnectionAuditor, list[dict[str, Any]]]:
     """A connection auditor with a real WebSocket dialect and no filters."""
-    from addon.dialects import RequestView
-    from addon.framing.ws_json import FRAMING as WS_JSON
-
-    summary = dialect.summarize(None, RequestView("GET", "/v1/realtime", "model=m", {}))
-    written: list[dict[str, Any]] = []
-    turns = Turns(ExchangeRecord(dialect=dialect.name), "c", lambda r: written.append(r.to_row()))
-    a = ConnectionAuditor(
-        WS_JSON, dialect.normalizer(summary), lambda: dialect.normalizer(summary), turns,
-        ExchangeRecord(dialect=dialect.name, connection_id="c"),
-        max_event_bytes=1 << 20, max_record_bytes=1 << 20, filters=lambda: None, check=lambda *_: None,
-    )  # fmt: skip
-    return a, written
+    return connection(dialect, "ws_json", RequestView("GET", "/v1/realtime", "model=m", {}), rules=None)
 
 
 REALTIME_VOICE = [

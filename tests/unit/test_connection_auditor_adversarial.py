@@ -5,50 +5,20 @@ answer began, and what the record must say."""
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, Literal
 
 import pytest
+from conn_driver import RULES, connection
 
 from addon.connection_auditor import ConnectionAuditor, Relay
 from addon.dialects import Dialect, RequestView
 from addon.dialects.gemini_live import DIALECT as GEMINI_LIVE
 from addon.dialects.openai_realtime import DIALECT as REALTIME
-from addon.filters.engine import FilterSet
-from addon.filters.rules import parse_rules
-from addon.framing import FRAMINGS
-from addon.mitm.content_filters import check_message
-from addon.record import ExchangeRecord, Status
-from addon.turns import Turns
-
-RULES = """
-[[rule]]
-id = "no-code-name"
-kind = "keywords"
-keywords = ["Nightjar"]
-scope = "both"
-action = "block"
-reason = "internal code name"
-"""
+from addon.record import Status
 
 
 def auditor(dialect: Dialect, path: str, rules: str | None = RULES) -> tuple[ConnectionAuditor, list[dict[str, Any]]]:
-    written: list[dict[str, Any]] = []
-    view = RequestView("GET", path, "", {})
-    summary = dialect.summarize(None, view)
-    turns = Turns(ExchangeRecord(dialect=dialect.name), "conn-1", lambda r: written.append(r.to_row()))
-    filters = FilterSet(parse_rules(rules), failure="closed") if rules else None
-    a = ConnectionAuditor(
-        FRAMINGS["ws_json"],
-        dialect.normalizer(summary),
-        lambda: dialect.normalizer(summary),
-        turns,
-        ExchangeRecord(dialect=dialect.name, connection_id="conn-1"),
-        max_event_bytes=1 << 20,
-        max_record_bytes=1 << 20,
-        filters=lambda: filters,
-        check=lambda fs, record, doc: check_message(fs, dialect, summary, record, doc),
-    )
-    return a, written
+    return connection(dialect, "ws_json", RequestView("GET", path, "", {}), rules)
 
 
 def j(obj: Any) -> bytes:
@@ -212,24 +182,10 @@ def test_a_realtime_error_between_answers_is_checked() -> None:
 # -- ids only a lenient reader takes --------------------------------------------------------------
 
 
-def signalr_auditor(failure: str) -> tuple[ConnectionAuditor, list[dict[str, Any]]]:
+def signalr_auditor(failure: Literal["open", "closed"]) -> tuple[ConnectionAuditor, list[dict[str, Any]]]:
     from addon.dialects.signalr import DIALECT as SIGNALR
 
-    written: list[dict[str, Any]] = []
-    summary = SIGNALR.summarize(None, RequestView("GET", "/hub", "", {}))
-    turns = Turns(ExchangeRecord(dialect=SIGNALR.name), "conn-1", lambda r: written.append(r.to_row()))
-    filters = FilterSet(parse_rules(RULES), failure=failure)  # type: ignore[arg-type]
-    a = ConnectionAuditor(
-        FRAMINGS["signalr_json"],
-        SIGNALR.normalizer(summary),
-        lambda: SIGNALR.normalizer(summary),
-        turns,
-        ExchangeRecord(dialect=SIGNALR.name, connection_id="conn-1"),
-        max_event_bytes=1 << 20,
-        max_record_bytes=1 << 20,
-        filters=lambda: filters,
-        check=lambda fs, record, doc: check_message(fs, SIGNALR, summary, record, doc),
-    )
+    a, written = connection(SIGNALR, "signalr_json", RequestView("GET", "/hub", "", {}), failure=failure)
     a.from_client(b'{"protocol":"json","version":1}\x1e', True)
     a.from_server(b"{}\x1e", True)
     return a, written

@@ -15,19 +15,16 @@ import json
 from typing import Any
 
 import pytest
+from conn_driver import connection
 
-from addon.connection_auditor import ConnectionAuditor
 from addon.dialects import RequestView
 from addon.dialects.openai_realtime import DIALECT, MAX_OPEN_RESPONSES, RealtimeNormalizer
 from addon.events import Event, Finding, TextDelta, TurnEnd
 from addon.filters.engine import FilterSet
 from addon.filters.rules import parse_rules
 from addon.framing import Message
-from addon.framing.ws_json import FRAMING
-from addon.mitm.content_filters import check_message
 from addon.output_gate import OutputGate
-from addon.record import ExchangeRecord, Status
-from addon.turns import Turns
+from addon.record import Status
 
 RULES = """
 [[rule]]
@@ -118,16 +115,8 @@ class Client:
     delivered, per response; the messages the proxy sent the upstream."""
 
     def __init__(self, rules: str = RULES) -> None:
-        summary = DIALECT.summarize(None, RequestView("GET", "/v1/realtime", "model=gpt-realtime", {}))
-        filters = FilterSet(parse_rules(rules), failure="closed")
-        self.written: list[dict[str, Any]] = []
-        turns = Turns(ExchangeRecord(dialect=DIALECT.name), "conn", lambda r: self.written.append(r.to_row()))
-        self.auditor = ConnectionAuditor(
-            FRAMING, DIALECT.normalizer(summary), lambda: DIALECT.normalizer(summary), turns,
-            ExchangeRecord(dialect=DIALECT.name, connection_id="conn"),
-            max_event_bytes=1 << 20, max_record_bytes=1 << 20, filters=lambda: filters,
-            check=lambda fs, record, doc: check_message(fs, DIALECT, summary, record, doc),
-        )  # fmt: skip
+        view = RequestView("GET", "/v1/realtime", "model=gpt-realtime", {})
+        self.auditor, self.written = connection(DIALECT, "ws_json", view, rules)
         self.got: list[dict[str, Any]] = []  # the events the client received, in order
         self.upstream: list[dict[str, Any]] = []  # what the proxy itself sent the upstream
 

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import json
 import random
+from typing import Literal
 
 import msgpack
 import pytest
+from conn_driver import connection
 from hub_driver import Connection, view
 
 from addon.dialects.registry import detect_request, detect_websocket
@@ -214,41 +216,9 @@ def test_unmapped_pushes_without_a_turn_are_a_finding_at_the_end() -> None:
 
 # -- through the proxy's per-connection pipeline (addon/connection_auditor.py) ------------------
 
-RULES = """
-[[rule]]
-id = "no-code-name"
-kind = "keywords"
-keywords = ["Nightjar"]
-scope = "both"
-action = "block"
-reason = "internal code name"
-"""
 
-
-def pipeline(dialect, framing: str, first: bytes, failure: str = "closed"):  # type: ignore[no-untyped-def]
-    from addon.connection_auditor import ConnectionAuditor
-    from addon.filters.engine import FilterSet
-    from addon.filters.rules import parse_rules
-    from addon.framing import FRAMINGS
-    from addon.mitm.content_filters import check_message
-    from addon.record import ExchangeRecord
-    from addon.turns import Turns
-
-    written: list[dict] = []
-    turns = Turns(ExchangeRecord(dialect=dialect.name), "conn-1", lambda r: written.append(r.to_row()))
-    filters = FilterSet(parse_rules(RULES), failure=failure)
-    summary = dialect.summarize(None, view("/hub"))
-    a = ConnectionAuditor(
-        FRAMINGS[framing],
-        dialect.normalizer(summary),
-        lambda: dialect.normalizer(summary),
-        turns,
-        ExchangeRecord(dialect=dialect.name, connection_id="conn-1"),
-        max_event_bytes=1 << 20,
-        max_record_bytes=1 << 20,
-        filters=lambda: filters,
-        check=lambda fs, record, doc: check_message(fs, dialect, summary, record, doc),
-    )
+def pipeline(dialect, framing: str, first: bytes, failure: Literal["open", "closed"] = "closed"):  # type: ignore[no-untyped-def]
+    a, written = connection(dialect, framing, view("/hub"), failure=failure)
     a.from_client(first, True)
     return a, written
 
