@@ -43,7 +43,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from addon.dialects import Normalizer
+from addon.dialects import Normalizer, unkept_of
 from addon.dialects.blocking import block_message
 from addon.events import Event, PromptText, TurnEnd
 from addon.filters.api import Verdict
@@ -212,7 +212,7 @@ class ConnectionAuditor:
             if item is not None:
                 frame = item
                 doc, unread = self._client_frame(frame)
-                verdict = self.check(filters, self.turns.record, doc) if doc else None
+                verdict = self.check(filters, self.turns.record, doc) if doc or unkept_of(doc) else None
                 if verdict is None and unread is not None and closed:
                     verdict = unchecked(unread)
                 if verdict is not None:

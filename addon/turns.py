@@ -28,7 +28,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import fields
 from typing import Any
 
-from addon.dialects import Dialect, RequestView
+from addon.dialects import Dialect, RequestView, unkept_of
 from addon.filters.api import BLOCK, Verdict
 from addon.filters.engine import FILTER_ERROR
 from addon.findings import UNREAD_MESSAGE
@@ -327,7 +327,7 @@ class RequestTap:
         return out or []
 
     def _verdict(self, doc: dict[str, Any]) -> Verdict | None:
-        return self.check(self.turns.record, doc) if self.check is not None and doc else None
+        return self.check(self.turns.record, doc) if self.check is not None and (doc or unkept_of(doc)) else None
 
     def _collect_findings(self) -> None:
         findings = self.reader.findings

@@ -407,11 +407,14 @@ class Reading(dict[str, Any]):
     must keep that body as sent. The record never stores :attr:`unkept`
     (:func:`unkept_of`)."""
 
-    __slots__ = ("unkept",)
+    __slots__ = ("credentials", "unkept")
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.unkept: list[str] = []
+        # the client's own credentials the reading found in fields it maps (kept as
+        # fingerprints): taken out of what the filters read, as a header is
+        self.credentials: list[str] = []
 
 
 def unkept_of(reading: Any) -> list[str]:

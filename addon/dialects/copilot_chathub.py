@@ -38,7 +38,7 @@ from urllib.parse import parse_qs
 from addon.dialects import Normalizer, RequestSummary, RequestView, str_field
 from addon.dialects.blocking import block_message
 from addon.dialects.hub import HubDialect, HubNormalizer, strings_of, user_doc
-from addon.dialects.rpc import kept_text
+from addon.dialects.rpc import clean_json, clean_text, kept_text
 from addon.events import Event, Finding, ResponseMeta, ShownText, StreamError, TextDelta, TextSnapshot
 from addon.framing import Frame
 from addon.framing.signalr import HubMessage, handshake_framing, hub_message
@@ -91,9 +91,9 @@ class ChatHubNormalizer(HubNormalizer):
         doc = user_doc(
             text,
             target,
-            tone=str_field(arg, "tone"),
-            optionsSets=arg.get("optionsSets") if isinstance(arg.get("optionsSets"), list) else None,
-            conversationId=str_field(arg, "conversationId"),
+            tone=clean_text(str_field(arg, "tone")),
+            optionsSets=clean_json(arg["optionsSets"]) if isinstance(arg.get("optionsSets"), list) else None,
+            conversationId=clean_text(str_field(arg, "conversationId")),
         )
         earlier = arg.get("previousMessages")
         if isinstance(earlier, list):

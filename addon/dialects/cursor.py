@@ -55,7 +55,6 @@ from addon.dialects.protowire import (
     strings,
 )
 from addon.dialects.rpc import (
-    CONTEXT_STRINGS,
     READ_CHARS,
     READ_STRINGS,
     RpcDialect,
@@ -65,9 +64,14 @@ from addon.dialects.rpc import (
     add_strings,
     block_status,
     clean,
-    credential,
+    clean_text,
     kept_strings,
+    own_credential,
+    payload_text,
+    protocol_of,
+    read_strings_message,
     rpc_name,
+    strings_answer,
     unmapped,
     unmapped_strings,
     unread_finding,
@@ -145,13 +149,16 @@ class Cursor(RpcDialect):
 
     def read_message(self, payload: bytes, request: RequestView, doc: Reading, findings: list[Finding]) -> None:
         api = api_of(rpc_name(request.path))
+        if (protocol_of(request.headers) or ("", "proto"))[1] == "json":
+            read_strings_message(payload, "json", doc, findings)  # (Connect's JSON codec: no field path is known in it)
+            return
         msg = parse(payload)
         cut: list[str] = []
         self._read_request(api, msg, request, doc, findings, cut)
         if (problem := msg.cut_short()) is not None:  # (after reading: nested messages count)
             findings.append(Finding("protobuf_invalid", f"request message: {problem}"))
-        if cut:  # (the message is not read whole: turns.UNREAD_MESSAGE, the failure policy decides)
-            findings.append(unread_finding(cut, "a request message"))
+        if cut:  # (the record's reading is; the filters read the message's bytes whole: payload_text)
+            findings.append(Finding("content_truncated", f"a request message: {'; '.join(cut)} not kept"))
 
     def _read_request(
         self,
@@ -177,7 +184,9 @@ class Cursor(RpcDialect):
             doc["request_id"] = field_text(msg, 2, 1)
             data = field_text(msg, 1) or ""
             try:
-                _read_agent_message(parse(binascii.unhexlify(data.strip())), doc, cut)
+                inner = binascii.unhexlify(data.strip())
+                _read_agent_message(parse(inner), doc, cut)
+                doc.unkept.append(payload_text(inner, doc.credentials))  # (the filters read its bytes too)
             except (binascii.Error, ValueError):
                 findings.append(Finding("protobuf_invalid", "BidiAppendRequest.data is not hex"))
 
@@ -189,41 +198,41 @@ def _read_chat_request(msg: Message, doc: Reading, cut: list[str], unified: bool
     conversation, details, conversation_id = (1, 5, 23) if unified else (2, 7, 15)
     for item in msg.messages(conversation):
         add_message(doc, ROLES.get(field_int(item, 2) or 0, "user"), field_text(item, 1))
-    doc["model"] = field_text(msg, details, 1) or doc.get("model")
+    doc["model"] = clean_text(field_text(msg, details, 1)) or doc.get("model")
     key = field_text(msg, details, 2)
     if key:
-        doc["api_key"] = credential(key)
-    doc["conversation_id"] = field_text(msg, conversation_id) or doc.get("conversation_id")
+        doc["api_key"] = own_credential(doc, key)
+    doc["conversation_id"] = clean_text(field_text(msg, conversation_id)) or doc.get("conversation_id")
     if not unified:
-        doc["request_id"] = field_text(msg, 9) or doc.get("request_id")
-    add_strings(doc, unmapped_strings(msg, UNIFIED_REQUEST_MAPPED if unified else CHAT_REQUEST_MAPPED, cut))
+        doc["request_id"] = clean_text(field_text(msg, 9)) or doc.get("request_id")
+    add_strings(doc, unmapped_strings(msg, UNIFIED_REQUEST_MAPPED if unified else CHAT_REQUEST_MAPPED))
 
 
 def _read_agent_message(msg: Message, doc: Reading, cut: list[str]) -> None:
     """``AgentClientMessage``: a run request (model, conversation, the action's text as
     the user's: its layout is not public), tool results (exec), other client messages."""
     for run in msg.messages(1):
-        doc["model"] = field_text(run, 3, 1) or doc.get("model")
-        doc["conversation_id"] = field_text(run, 5) or doc.get("conversation_id")
+        doc["model"] = clean_text(field_text(run, 3, 1)) or doc.get("model")
+        doc["conversation_id"] = clean_text(field_text(run, 5)) or doc.get("conversation_id")
         key = field_text(run, 3, 2)
         if key:
-            doc["api_key"] = credential(key)
+            doc["api_key"] = own_credential(doc, key)
         for action in run.messages(2):
             add_message(doc, "user", message_text(action, cut))
-        add_strings(doc, unmapped_strings(run, frozenset({2, 3, 5}), cut))
+        add_strings(doc, unmapped_strings(run, frozenset({2, 3, 5})))
     for number, role in ((2, "tool"), (4, "user"), (6, "user")):  # exec results, actions, interaction answers
         for part in msg.messages(number):
             add_message(doc, role, message_text(part, cut))
-    add_strings(doc, unmapped_strings(msg, frozenset({1, 2, 4, 5, 6}), cut))
+    add_strings(doc, unmapped_strings(msg, frozenset({1, 2, 4, 5, 6})))
 
 
 def message_text(msg: Message, cut: list[str]) -> str:
     """The text of a message whose layout is not public (a tool result, an action): its
-    strings, one per line, to :data:`~addon.dialects.rpc.CONTEXT_STRINGS` of
-    :data:`~addon.dialects.rpc.READ_CHARS` (``cut`` gets what those bounds left out)."""
+    strings, one per line, to :data:`~addon.dialects.rpc.READ_STRINGS` of them (``cut``
+    gets what the record leaves out; the filters read it all in the message's bytes)."""
     # (verbatim, as every dialect keeps a prompt: a key pasted into it is the request
     # filters' to find, which a fingerprint in its place would hide from them)
-    return "\n".join(strings(msg, CONTEXT_STRINGS, READ_CHARS, cut=cut))
+    return "\n".join(strings(msg, READ_STRINGS, READ_CHARS, cut=cut))
 
 
 def error_details(value: bytes) -> str | None:
@@ -258,6 +267,8 @@ class CursorNormalizer(RpcNormalizer):
         self.prompts: set[str] = set()  # hashes of the server prompts reported
 
     def on_message(self, raw: bytes) -> list[Event]:
+        if self.codec == "json":
+            return strings_answer(raw, "json")  # (Connect's JSON codec: no field path is known in it)
         msg = parse(raw)
         out: list[Event] = []
         if self.api == CHAT:
@@ -307,7 +318,7 @@ class CursorNormalizer(RpcNormalizer):
                 if len(self.prompts) < MAX_PROMPTS:  # (past them each is a finding again: the record counts those)
                     self.prompts.add(digest)
                 size = len(prompt.encode())
-                detail = f"{size} bytes, sha256 {digest}: {clean(prompt[:SERVER_PROMPT_CHARS])}"
+                detail = f"{size} bytes, sha256 {digest}: {clean(prompt)[:SERVER_PROMPT_CHARS]}"
                 out.append(Finding("server_prompt", detail))
 
     def _unified_call(self, call: Message, out: list[Event]) -> None:

@@ -20,6 +20,9 @@ from addon.framing.signalr import HubMessage, HubWriter, hub_message
 #: What one ``signalr_unmapped`` finding keeps: targets named, strings quoted, their length.
 _FINDING_TARGETS, _FINDING_STRINGS, _FINDING_CHARS = 8, 4, 120
 _ENDED_KEPT = 16  # ended invocations remembered
+#: Client records that carry text to the hub: invocations, and a client stream's items
+#: and completion.
+_CLIENT_TEXT = frozenset(("invocation", "stream_invocation", "stream_item", "completion"))
 
 
 def strings_of(value: Any, cut: list[str] | None = None) -> list[str]:
@@ -75,16 +78,22 @@ class HubNormalizer(Normalizer):
             if message.get("protocol") == "messagepack":
                 self.framing, self.writer.binary = "signalr_msgpack", True
             return {}, []
+        self.unread = []
+        doc: dict[str, Any] = {}
         if frame.event in ("invocation", "stream_invocation"):
-            self.unread = []
             doc = self.on_invoke(frame)
             if doc and frame.id:
                 self._open(frame.id)
-            # strings the reading left out: the message is unread (turns.UNREAD_MESSAGE), the failure policy decides
-            return doc, [unread_finding(self.unread, "an invocation's arguments")] if self.unread else []
-        if frame.event == "cancel_invocation" and frame.id and frame.id == self.active:
+        elif frame.event == "cancel_invocation" and frame.id and frame.id == self.active:
             self.cancelled = True
-        return {}, []
+        if frame.event in _CLIENT_TEXT:
+            # Every string of the record reaches the request filters, whatever the reading
+            # mapped: a prompt's other keys, a client-to-server stream's items, telemetry.
+            reading = doc if isinstance(doc, Reading) else Reading(doc)
+            reading.unkept.extend(strings_of(message, self.unread))
+            doc = reading
+        # strings the reading left out: the message is unread (turns.UNREAD_MESSAGE), the failure policy decides
+        return doc, [unread_finding(self.unread, "a client message")] if self.unread else []
 
     def on_invoke(self, frame: HubMessage) -> dict[str, Any]:
         """The request reading of a client invocation ({} for one that is no prompt);

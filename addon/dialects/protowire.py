@@ -32,7 +32,7 @@ MAX_DEPTH = 32
 #: Fields :func:`strings` may read from nested messages in one call: the work of a walk
 #: (about a microsecond a field), whatever the bytes (a blob that is no message stops at
 #: its first field). Far above a real request's (hundreds to a few thousand).
-STRINGS_BUDGET = 500_000
+STRINGS_BUDGET = 200_000
 _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]").search
 
 

@@ -52,12 +52,22 @@ from addon.dialects import (
     RequestSummary,
     RequestView,
     error_body_events,
+    json_strings,
     media_type,
     read_json_object,
 )
 from addon.dialects.blocking import block_message
-from addon.dialects.protowire import Message, encode_field, field_text, messages_at, parse, strings
-from addon.events import Event, Finding, ShownText, StreamEnd, StreamError
+from addon.dialects.protowire import (
+    MAX_FIELDS,
+    TOO_MANY_FIELDS,
+    Message,
+    encode_field,
+    field_text,
+    messages_at,
+    parse,
+    strings,
+)
+from addon.events import Event, Finding, ShownText, StreamEnd, StreamError, TextDelta
 from addon.findings import UNREAD_MESSAGE
 from addon.framing import FRAMINGS, Frame, Writer
 from addon.framing.envelope import (
@@ -94,13 +104,13 @@ MAX_REQUEST_MESSAGES = 1024
 MAX_REQUEST_MESSAGE_BYTES = 8 * 1024 * 1024
 #: What a reader reads of one message's strings nobody mapped (for the filters): how
 #: many, and the characters of each. A message is at most MAX_REQUEST_MESSAGE_BYTES, so
-#: these bound the work, not an ordinary message (a long prompt or an open file is one
-#: string); the record keeps far less of them (UNMAPPED_STRINGS of UNMAPPED_CHARS).
+#: a string is never cut (an open file of several MiB is one string), and the count
+#: bounds the work, not an ordinary message; the record keeps far less of them
+#: (UNMAPPED_STRINGS of UNMAPPED_CHARS).
 READ_STRINGS = 4096
-READ_CHARS = 1 << 20
-#: Strings a Cursor or Windsurf request reading reads of one message: those requests
-#: carry the editor's context (open files, code blocks, rules: thousands of strings), so
-#: the bound is far higher; the work stays bounded by protowire's field budget.
+READ_CHARS = MAX_REQUEST_MESSAGE_BYTES
+#: Strings a Windsurf JSON request reading reads of one message: those requests carry
+#: the editor's context (open files, code blocks, rules: thousands of strings).
 CONTEXT_STRINGS = 100_000
 #: A Connect JSON response message only lenient readers take (the client's SDK reads it).
 LENIENT_MESSAGE = Finding("lenient_json", "a Connect JSON message: JSON only lenient readers take (the SDKs' do)")
@@ -190,10 +200,43 @@ def credential(value: str) -> str:
     return redacted(value)
 
 
+def own_credential(doc: Reading, value: str) -> str:
+    """The client's own credential in a field the dialect maps (Cursor's
+    ``ModelDetails.api_key``, Windsurf's metadata): its fingerprint, for the record; the
+    filters do not read it (:func:`payload_text`), as they read no header."""
+    doc.credentials.append(value)
+    return credential(value)
+
+
+_CONTROLS = str.maketrans(dict.fromkeys((*range(9), 11, 12, *range(14, 32), 127), "\n"))
+
+
+def payload_text(payload: bytes, credentials: list[str]) -> str:
+    """A protobuf message's bytes as text, for the request filters: every string a peer
+    may read in it, whatever holds it (a field nobody maps, a mapped message's other
+    fields, a string that also parses as a message, one with a byte that is not UTF-8, a
+    group, a message nested past a reader's bounds). Every string field is its UTF-8
+    bytes as they are, so the bytes read as text (undecodable bytes as U+FFFD) hold them
+    all; the tags and lengths between them become line breaks, so that no two fields
+    read as one word. The client's own ``credentials`` are taken out (their fingerprints
+    in their place)."""
+    text = payload.decode("utf-8", "replace").translate(_CONTROLS)
+    for value in credentials:
+        if value:
+            text = text.replace(value, credential(value))
+    return text
+
+
 def clean(value: str) -> str:
     """A string kept from a field nobody mapped: itself, or its fingerprint when it holds
     a credential the secrets detector knows (a JWT, an API key)."""
     return redacted(value) if holds_secret(value) else value
+
+
+def clean_text(value: str | None) -> str | None:
+    """:func:`clean` of a string that may be missing (an id, a model name: kept as sent
+    unless it holds a credential)."""
+    return clean(value) if value is not None else None
 
 
 def clean_json(value: Any, depth: int = 0, max_depth: int = 32, texts: bool = True) -> Any:
@@ -210,13 +253,24 @@ def clean_json(value: Any, depth: int = 0, max_depth: int = 32, texts: bool = Tr
     if isinstance(value, dict):
         return {
             k: credential(v)
-            if isinstance(v, str) and is_credential_name(k)
+            if isinstance(v, str) and _credential_value(k, v, texts)
             else clean_json(v, depth + 1, max_depth, texts)
             for k, v in value.items()
         }
     if isinstance(value, list):
         return [clean_json(v, depth + 1, max_depth, texts) for v in value]
     return clean(value) if texts and isinstance(value, str) else value
+
+
+def _credential_value(key: Any, value: str, texts: bool) -> bool:
+    """Whether ``value`` is the client's own credential: under a key named like one
+    (``apiKey``, ``token``). For the record, any such value; for the filters' reading
+    (``texts`` False) only a value that reads as one token: a name as broad as the
+    headers' rules (``author``, ``monkey``, ``private``) must not hide a prompt."""
+    return isinstance(key, str) and is_credential_name(key) and (texts or (len(value) < 4096 and not _SPACE(value)))
+
+
+_SPACE = re.compile(r"\s").search
 
 
 #: How deep :func:`clean_json` goes for a reader of strings: one level past
@@ -409,13 +463,25 @@ class RpcDialect(Dialect):
         payloads, findings = request_messages(content, request)
         doc = new_doc(request)
         for payload in payloads:
-            self.read_message(payload, request, doc, findings)
+            self._read(payload, request, doc, findings)
         return finished_doc(doc, len(payloads), sum(map(len, payloads))), first_finding(findings)
 
     def parse_request_message(self, payload: bytes, request: RequestView) -> tuple[dict[str, Any], list[Finding]]:
         doc, findings = new_doc(request), list[Finding]()
-        self.read_message(payload, request, doc, findings)
+        self._read(payload, request, doc, findings)
         return finished_doc(doc, 1, len(payload)), findings
+
+    def _read(self, payload: bytes, request: RequestView, doc: Reading, findings: list[Finding]) -> None:
+        """One request message: the dialect's reading, and for a protobuf message its bytes
+        as text (:func:`payload_text`) for the filters, whatever the reading could map."""
+        self.read_message(payload, request, doc, findings)
+        if (protocol_of(request.headers) or ("", "proto"))[1] != "json" and self.reads_text(request):
+            doc.unkept.append(payload_text(payload, doc.credentials))
+
+    def reads_text(self, request: RequestView) -> bool:
+        """Whether this request's text is read at all (False: a method that carries the
+        client's credentials, a login: its metadata alone is kept)."""
+        return True
 
     def accepts_body(self, body: Any, request: RequestView) -> bool:
         return True  # the request line decides; the body is not JSON
@@ -451,24 +517,29 @@ def unmapped(kind: str, msg: Message, known: frozenset[int]) -> list[Event]:
     unknown = numbers - known
     if not unknown:
         return out
-    found = [clean(s) for s in strings(msg, _FINDING_STRINGS, _FINDING_CHARS, skip=known)]
+    found = [clean(s)[:_FINDING_CHARS] for s in strings(msg, _FINDING_STRINGS, READ_CHARS, skip=known)]
     if found or not numbers & known:
         detail = f"{kind}: fields {sorted(unknown)[:32]}; strings {orjson.dumps(found).decode()}"
         out.append(Finding("protobuf_unmapped", detail))
     if found:
         # Text a client may render from a field that moved: the output filters check it
-        # (ShownText: checked, not recorded as the answer), so a move is no way past them.
-        shown = strings(msg, UNMAPPED_STRINGS, UNMAPPED_CHARS, skip=known)
+        # (ShownText: checked, not recorded as the answer), so a move is no way past them;
+        # all of it, and what the bounds leave out is said (strings_unread).
+        cut: list[str] = []
+        shown = strings(msg, READ_STRINGS, READ_CHARS, skip=known, cut=cut)
         out.append(ShownText("\n".join(shown), kind="unmapped"))
+        if cut:
+            out.append(unread_finding(cut, f"{kind}'s fields nobody mapped"))
     return out
 
 
-def unmapped_strings(msg: Message, mapped: frozenset[int], cut: list[str]) -> list[str]:
-    """The strings of a request message's fields the dialect did not map, as sent:
-    context the model reads (open files, rules) and moved fields. Read to
-    :data:`CONTEXT_STRINGS` of :data:`READ_CHARS`; ``cut`` gets what those bounds left
-    out (:func:`unread_finding`). :func:`add_strings` keeps them."""
-    return strings(msg, CONTEXT_STRINGS, READ_CHARS, skip=mapped, cut=cut)
+def unmapped_strings(msg: Message, mapped: frozenset[int]) -> list[str]:
+    """The first strings of a request message's fields the dialect did not map, as sent
+    (context the model reads: open files, rules; moved fields), for the record
+    (:func:`add_strings`). The filters read them all in the message's bytes
+    (:func:`payload_text`), so the walk stops at what the record keeps: a request of
+    thousands of strings costs no more than one of 64."""
+    return strings(msg, UNMAPPED_STRINGS, READ_CHARS, skip=mapped)
 
 
 # -- request readings -------------------------------------------------------------------------
@@ -497,7 +568,7 @@ def add_strings(doc: Reading, found: list[str]) -> None:
         return
     kept = doc.setdefault("unmapped_strings", [])
     for value in found:
-        recorded = clean(value[:UNMAPPED_CHARS]) if len(kept) < UNMAPPED_STRINGS else None
+        recorded = clean(value)[:UNMAPPED_CHARS] if len(kept) < UNMAPPED_STRINGS else None
         if recorded is not None:
             kept.append(recorded)
         if recorded != value:
@@ -513,6 +584,65 @@ def kept_text(doc: Reading, found: list[str]) -> str:
     return "\n".join(kept)
 
 
+def message_strings(payload: bytes, codec: str, cut: list[str] | None = None) -> tuple[list[str], bool]:
+    """The strings of one message (bounded), as sent but for the values of keys named
+    like credentials (the client's own: fingerprinted); and whether its JSON is JSON only
+    to lenient readers (:func:`addon.json_read.loads`: Python's ``json.loads`` takes
+    ``NaN``, JavaScript's ``JSON.parse`` a lone surrogate escape; a peer acts on such a
+    message, so the audit reads it too, and says so). The filters read these; the record
+    keeps them with credentials fingerprinted (:func:`kept_text`,
+    :func:`kept_strings`).
+
+    ``cut`` gets what the bounds left out (strings past the first
+    :data:`READ_STRINGS`, characters of a string past
+    :data:`READ_CHARS`, JSON nested deeper than 32 levels, a protobuf
+    message nested past :func:`~addon.dialects.protowire.strings`' bounds): no filter
+    reads that text, so the reader says so (:func:`unread_finding`)
+    and the failure policy decides. The bounds are far above an ordinary prompt or answer
+    (a long one is one string), so that only a message built to hide text meets them."""
+    if codec != "json":
+        msg = parse(payload)
+        if cut is not None and msg.problem is not None and msg.problem.startswith(TOO_MANY_FIELDS):
+            cut.append(f"fields of a message past the first {MAX_FIELDS}")
+        return strings(msg, READ_STRINGS, READ_CHARS, cut=cut), False
+    doc, lenient = read_json_object(payload)  # (keys named like credentials fingerprinted first: "apiKey", "token")
+    if doc is None and payload.strip() and cut is not None:
+        cut.append("the message, which is no JSON object to any reader")
+    found = json_strings(clean_json(doc, max_depth=STRINGS_DEPTH, texts=False), limit=READ_STRINGS, cut=cut)
+    if cut is not None and any(len(s) > READ_CHARS for s in found):
+        cut.append(f"characters of a string past the first {READ_CHARS}")
+    return [s[:READ_CHARS] for s in found], lenient
+
+
+def strings_answer(raw: bytes, codec: str) -> list[Event]:
+    """An answer message no field path is known in (a service nobody mapped, Cursor's
+    JSON codec): its strings are the answer's text (credentials fingerprinted in the
+    record, read as sent by the output filters)."""
+    cut: list[str] = []
+    found, lenient = message_strings(raw, codec, cut)
+    out: list[Event] = [LENIENT_MESSAGE] if lenient else []
+    if cut:
+        out.append(unread_finding(cut, "a response message"))
+    if found:
+        kept, sent = kept_strings(found)
+        out.append(TextDelta(kept))
+        if sent is not None:
+            out.append(ShownText(sent, kind="unmapped"))
+    return out
+
+
+def read_strings_message(payload: bytes, codec: str, doc: Reading, findings: list[Finding]) -> None:
+    """A request message no field path is known in (a service nobody mapped, Cursor's
+    JSON codec): its strings (:func:`message_strings`) are the user's message."""
+    cut: list[str] = []
+    found, lenient = message_strings(payload, codec, cut)
+    if lenient:
+        findings.append(Finding("request_lenient_json", "a Connect JSON request message: read as servers read it"))
+    if cut:  # (the message is not read whole: turns.UNREAD_MESSAGE, the failure policy decides)
+        findings.append(unread_finding(cut, "a request message"))
+    add_message(doc, "user", kept_text(doc, found))
+
+
 def kept_strings(found: list[str], sep: str = "\n") -> tuple[str, str | None]:
     """Strings of an answer nobody mapped, joined by ``sep``: as the record keeps them
     (credentials fingerprinted), and as sent when that differs (the output filters must
@@ -526,7 +656,7 @@ def finished_doc(doc: Reading, payloads: int, size: int) -> Reading:
     """The reading as the record keeps it: the message count and size, no empty parts."""
     doc["request_messages"], doc["request_bytes"] = payloads, size
     finished = Reading({k: v for k, v in doc.items() if v not in (None, [], "")})
-    finished.unkept = doc.unkept
+    finished.unkept, finished.credentials = doc.unkept, doc.credentials
     return finished
 
 

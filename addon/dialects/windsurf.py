@@ -47,15 +47,15 @@ from addon.dialects.rpc import (
     add_strings,
     clean,
     clean_json,
-    credential,
     kept_text,
+    own_credential,
     protocol_of,
     rpc_name,
     unmapped,
     unmapped_strings,
     unread_finding,
 )
-from addon.events import Event, Finding, Finish, ResponseMeta, StreamError, TextDelta, ToolCallDelta, Usage
+from addon.events import Event, Finding, Finish, ResponseMeta, ShownText, StreamError, TextDelta, ToolCallDelta, Usage
 
 GET_CHAT = "exa.api_server_pb.ApiServerService/GetChatMessage"
 RAW_CHAT = "exa.language_server_pb.LanguageServerService/RawGetChatMessage"
@@ -85,18 +85,18 @@ class Windsurf(RpcDialect):
             _read_json_request(payload, doc, findings, cut)
         else:
             msg = parse(payload)
-            self._read_proto_request(msg, request, doc, cut)
+            self._read_proto_request(msg, request, doc)
             if (problem := msg.cut_short()) is not None:  # (after reading: nested messages count)
                 findings.append(Finding("protobuf_invalid", f"request message: {problem}"))
         if cut:  # (the message is not read whole: turns.UNREAD_MESSAGE, the failure policy decides)
             findings.append(unread_finding(cut, "a request message"))
 
-    def _read_proto_request(self, msg: Message, request: RequestView, doc: Reading, cut: list[str]) -> None:
+    def _read_proto_request(self, msg: Message, request: RequestView, doc: Reading) -> None:
         for metadata in msg.messages(1):
             for number, name in ((3, "api_key"), (21, "user_jwt")):
                 value = field_text(metadata, number)
                 if value:
-                    doc[name] = credential(value)
+                    doc[name] = own_credential(doc, value)
             doc["client"] = _readable(metadata, 1) or doc.get("client")
         if rpc_name(request.path) == RAW_CHAT:
             add_message(doc, "system", field_text(msg, 3))
@@ -104,19 +104,21 @@ class Windsurf(RpcDialect):
                 text = _readable(item, 5) or _readable(item, 3)
                 add_message(doc, ROLES.get(field_int(item, 2) or 0, "user"), text)
             doc["model"] = field_text(msg, 5) or doc.get("model")
-            add_strings(doc, unmapped_strings(msg, RAW_CHAT_MAPPED, cut))
+            add_strings(doc, unmapped_strings(msg, RAW_CHAT_MAPPED))
             return
         add_message(doc, "system", _readable(msg, 2))
         for item in msg.messages(3):
             add_message(doc, ROLES.get(field_int(item, 2) or 0, "user"), field_text(item, 3))
         doc["model"] = field_text(msg, 21) or doc.get("model")
         doc["conversation_id"] = field_text(msg, 16) or doc.get("conversation_id")
-        add_strings(doc, unmapped_strings(msg, GET_CHAT_MAPPED, cut))
+        add_strings(doc, unmapped_strings(msg, GET_CHAT_MAPPED))
 
 
 def _readable(msg: Message, number: int) -> str | None:
-    """Field ``number`` when it is text (not a nested message)."""
-    return next((t for v in msg.values(number) if isinstance(v, bytes) and (t := readable(v))), None)
+    """Field ``number`` when it is text (not a nested message): its last value, as
+    protobuf parsers keep a singular field sent twice (the filters read every value in
+    the message's bytes, :func:`~addon.dialects.rpc.payload_text`)."""
+    return next((t for v in reversed(msg.values(number)) if isinstance(v, bytes) and (t := readable(v))), None)
 
 
 #: The keys of a JSON request the reading maps; the strings of the others (and of a chat
@@ -138,6 +140,7 @@ def _read_json_request(payload: bytes, doc: Reading, findings: list[Finding], cu
     add_message(doc, "system", kept_text(doc, [system]) if isinstance(system, str) else None)
     others: list[Any] = [{k: v for k, v in body.items() if k not in JSON_MAPPED}]
     items = body.get("chatMessages") or body.get("messages") or []
+    others += [value for key, value in body.items() if key in ("chatMessages", "messages") and value is not items]
     for item in items if isinstance(items, list) else [items]:
         if not isinstance(item, dict):
             others.append(item)
@@ -149,7 +152,7 @@ def _read_json_request(payload: bytes, doc: Reading, findings: list[Finding], cu
         add_message(doc, role if role in ("user", "assistant", "system", "tool") else "user", kept)
         others.append({k: v for k, v in item.items() if k != key})
     model = body.get("chatModelName") or body.get("model")
-    doc["model"] = model if isinstance(model, str) else doc.get("model")
+    doc["model"] = clean(model) if isinstance(model, str) else doc.get("model")
     metadata = body.get("metadata")
     if isinstance(metadata, dict):
         doc["metadata"] = clean_json(metadata)
@@ -226,6 +229,8 @@ class WindsurfNormalizer(RpcNormalizer):
     def _raw_delta(self, text: str | None, in_progress: bool, is_error: bool, out: list[Event]) -> None:
         if is_error:
             out.append(StreamError("error", clean(text) if text else None))
+            if text and clean(text) is not text:  # (the record keeps a key's fingerprint; the filters read it as sent)
+                out.append(ShownText(text, kind="error"))
         elif text:
             out.append(TextDelta(text))
         if not in_progress and not is_error:

@@ -206,7 +206,7 @@ def _request_context(record: ExchangeRecord, dialect: Dialect, summary: RequestS
         )
     context = RequestContext.from_body(dialect.name, body if isinstance(body, (dict, list)) else None, **fields)
     unkept = unkept_of(body)  # (a dialect's own reading: text the record keeps fingerprinted or cut)
-    if unkept:
-        context = replace(context, messages=(*context.messages, *(Message("context", text) for text in unkept)))
+    if unkept:  # (one message: a request of thousands of strings is not thousands of checks)
+        context = replace(context, messages=(*context.messages, Message("context", "\n".join(unkept))))
     unread = tuple(f"{f['code']}: {f['detail']}" for f in record.findings if f["code"] in UNREAD_MESSAGE)
     return replace(context, unreadable=(*context.unreadable, *unread)) if unread else context

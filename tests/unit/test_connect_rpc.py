@@ -13,8 +13,9 @@ from pipeline import audit_bytes
 from protoenc import end_stream, env, f, genv, m
 
 from addon.dialects import RequestView
-from addon.dialects.connect_rpc import DIALECT, READ_CHARS, READ_STRINGS
+from addon.dialects.connect_rpc import DIALECT
 from addon.dialects.registry import detect_request
+from addon.dialects.rpc import READ_STRINGS
 from addon.framing import Message, select
 from addon.framing.envelope import grpc_web_reader, parse_header_block, pct_decode, pct_encode
 from addon.record import ExchangeRecord
@@ -310,16 +311,14 @@ def deep(value: object, depth: int) -> object:
     [
         (env(json.dumps({"a": deep("Nightjar", 40)})), "deeper than 32 levels"),
         (env(json.dumps({"a": [f"s{i}" for i in range(READ_STRINGS)] + ["Nightjar"]})), f"first {READ_STRINGS}"),
-        (env(json.dumps({"a": "x" * READ_CHARS + " Nightjar"})), f"past the first {READ_CHARS}"),
         (env(b"".join(f(1, f"s{i}") for i in range(READ_STRINGS)) + f(1, "Nightjar")), f"first {READ_STRINGS}"),
-        (env(f(1, "x" * READ_CHARS + " Nightjar")), f"past the first {READ_CHARS}"),
     ],
 )
 @pytest.mark.parametrize("fail_open", [False, True])
 def test_strings_past_the_readers_bounds_are_unread_and_the_policy_decides(message, bound, fail_open):
     """A streamed request message whose strings lie past what the reader of an unmapped
-    service reads (nested deeper than 32 levels, past READ_STRINGS strings or READ_CHARS characters of
-    one, bounds far above an ordinary message: JSON and protobuf) is not read whole: ``strings_unread``, which the request tap
+    service reads (nested deeper than 32 levels, past READ_STRINGS strings, bounds far above an
+    ordinary message: JSON and protobuf; no string is cut, READ_CHARS being the message's bound) is not read whole: ``strings_unread``, which the request tap
     treats as unread, so ``closed`` blocks it and ``open`` lets it go with the finding,
     where the filters used to pass it unsaid; the response side says so too."""
     from addon.filters.api import Verdict
@@ -357,7 +356,7 @@ def test_strings_past_the_readers_bounds_are_unread_and_the_policy_decides(messa
 def test_a_long_prompt_or_answer_of_an_unmapped_service_is_read_whole():
     """An ordinary long string (a prompt, an answer) is far inside the reader's bounds:
     read whole, no strings_unread (which under `closed` would refuse it)."""
-    from addon.dialects.connect_rpc import message_strings
+    from addon.dialects.rpc import message_strings
 
     long = "word " * 20_000 + "Nightjar"
     for payload, codec in ((json.dumps({"prompt": long}).encode(), "json"), (f(1, long), "proto")):
@@ -390,5 +389,7 @@ def test_a_whole_request_body_read_in_part_is_the_failure_policy_s(body, code, f
     record.apply(finding)
     rules = '[[rule]]\nid = "x"\nkind = "keywords"\nkeywords = ["Nightjar"]\nscope = "request"\naction = "block"\n'
     verdict = check_request(FilterSet(parse_rules(rules), failure=failure), record, DIALECT, RequestSummary())
-    assert (verdict is not None) == (failure == "closed")
-    assert [v["rule_id"] for v in record.verdicts] == ["filter_error"]
+    # (a protobuf message's bytes are read as text too: the word past the bound is found all the same)
+    found = [] if codec == "json" else ["x"]
+    assert (verdict is not None) == (failure == "closed" or bool(found))
+    assert [v["rule_id"] for v in record.verdicts] == ["filter_error", *found]

@@ -14,15 +14,17 @@ import json
 
 import orjson
 import pytest
+from conn_driver import connection
 from hub_driver import Connection
 from hub_driver import view as ws_view
-from protoenc import env, f, m
+from protoenc import env, f, m, tag, varint
 
 from addon.dialects import RequestSummary, RequestView
 from addon.dialects.connect_rpc import DIALECT as CONNECT
+from addon.dialects.connect_rpc import handles_credentials
 from addon.dialects.copilot_chathub import DIALECT as COPILOT
 from addon.dialects.cursor import DIALECT as CURSOR
-from addon.dialects.rpc import CONTEXT_STRINGS, UNMAPPED_CHARS, UNMAPPED_STRINGS
+from addon.dialects.rpc import UNMAPPED_CHARS, UNMAPPED_STRINGS
 from addon.dialects.signalr import DIALECT as SIGNALR
 from addon.dialects.windsurf import DIALECT as WINDSURF
 from addon.events import ShownText, TextDelta, ToolCallDelta
@@ -51,17 +53,21 @@ KEY = "AKIA" + "IOSFODNN7EXAMPLE"  # (an AWS access key id the secrets detector 
 CONNECT_PROTO = {"content-type": "application/connect+proto", "connect-protocol-version": "1"}
 CONNECT_JSON = {"content-type": "application/connect+json", "connect-protocol-version": "1"}
 STREAM_CHAT = "/aiserver.v1.AiService/StreamChat"
+UNIFIED = "/aiserver.v1.ChatService/StreamUnifiedChatWithTools"
+BIDI_APPEND = "/aiserver.v1.BidiService/BidiAppend"
+UNARY_JSON = {"content-type": "application/json", "connect-protocol-version": "1"}
 GET_CHAT = "/exa.api_server_pb.ApiServerService/GetChatMessage"
 FILTERS = FilterSet(parse_rules(RULES), failure="closed")
 
 
-def verdicts(dialect, doc, findings=()) -> set[str]:  # type: ignore[no-untyped-def]
-    """The rules that blocked a request read as ``doc``; the record it gives keeps no key."""
+def verdicts(dialect, doc, findings=(), prompt_kept: bool = False) -> set[str]:  # type: ignore[no-untyped-def]
+    """The rules that blocked a request read as ``doc``; the record it gives keeps no key
+    (but in a prompt, ``prompt_kept``: prompts are kept verbatim, as every dialect keeps them)."""
     record = ExchangeRecord(request_body=doc)
     for finding in findings:
         record.apply(finding)
     check_request(FILTERS, record, dialect, RequestSummary())
-    assert KEY.encode() not in orjson.dumps(record.to_row())  # (never stored: only its fingerprint)
+    assert prompt_kept or KEY.encode() not in orjson.dumps(record.to_row())  # (never stored: only its fingerprint)
     return {v["rule_id"] for v in record.verdicts if v["action"] == "block"}
 
 
@@ -101,7 +107,7 @@ def test_a_word_the_record_does_not_keep_as_sent_is_still_read(file):
 
 def test_an_innocent_request_reads_as_before():
     doc, finding = read_cursor(cursor_request(m(1, f(1, "src/app.py"), f(2, "print('hi')"))))
-    assert finding is None and doc.unkept == [] and verdicts(CURSOR, doc) == set()
+    assert finding is None and verdicts(CURSOR, doc) == set()
 
 
 def nested(text: str, depth: int) -> bytes:
@@ -113,20 +119,21 @@ def nested(text: str, depth: int) -> bytes:
 
 
 @pytest.mark.parametrize(
-    ("fields", "bound"),
+    "fields",
     [
-        (
-            [m(20, *(f(1, f"s{i}") for i in range(CONTEXT_STRINGS // 2)))] * 2 + [f(20, "Nightjar")],
-            f"first {CONTEXT_STRINGS}",
-        ),
-        ([m(3, nested("Nightjar", 40))], "nested deeper than"),
+        [m(20, *(f(1, f"s{i}") for i in range(50_000)))] * 2 + [f(20, "Nightjar")],
+        [m(3, nested("Nightjar", 40))],
     ],
-    ids=["strings", "depth"],
+    ids=["100k-strings", "40-levels-deep"],
 )
-def test_strings_past_the_readers_bounds_are_unread_and_refused_under_closed(fields, bound):
+def test_strings_past_the_readings_bounds_are_read_by_the_filters_and_refuse_nothing(fields):
+    """What the record's reading of a Cursor request stops at (its 64 context strings, a
+    message nested past 32 levels) the filters still read in the message's bytes: the
+    word is found, and an ordinary request with a big context is no strings_unread
+    (which `closed` would refuse)."""
     doc, finding = read_cursor(cursor_request(*fields))
-    assert finding is not None and finding.code == "strings_unread" and bound in finding.detail
-    assert verdicts(CURSOR, doc, [finding]) == {"filter_error"}
+    assert finding is None
+    assert verdicts(CURSOR, doc) == {"word"}
 
 
 def test_windsurf_proto_and_json_requests_are_read_as_sent():
@@ -196,3 +203,153 @@ def test_a_signalr_prompt_and_copilot_history_are_read_as_sent():
         json.dumps({"type": 4, "invocationId": "0", "target": "chat", "arguments": [arg]}).encode() + b"\x1e"
     )
     assert verdicts(COPILOT, doc) == {"creds", "word"}
+
+
+# -- every byte of a protobuf request, and every string of a hub's client record ------------------
+
+SECRET_TEXT = f"Nightjar {KEY}"
+
+
+def group_hiding(text: str) -> bytes:
+    """``text`` inside a group inside a string that also parses as a message: a reader
+    that takes it for a message (groups skipped) finds no string in it; a server reads
+    the string whole."""
+    raw = text.encode()
+    return b"\x08\x01" + tag(1, 3) + tag(1, 2) + varint(len(raw)) + raw + tag(1, 4)
+
+
+@pytest.mark.parametrize(
+    ("path", "message"),
+    [
+        (STREAM_CHAT, cursor_request(m(1, f(1, "a.py"), f(2, group_hiding(SECRET_TEXT))))),
+        (STREAM_CHAT, cursor_request(m(1, f(1, "a.py"), f(2, "café: ".encode("latin-1") + SECRET_TEXT.encode())))),
+        (
+            STREAM_CHAT,
+            env(m(2, f(1, "what does this do?"), f(2, 1), m(3, f(2, SECRET_TEXT)))),
+        ),  # a mapped message's field
+        (STREAM_CHAT, cursor_request(m(1, nested(SECRET_TEXT, 40)))),  # nested past the reader's depth
+        (UNIFIED, env(m(1, m(1, f(1, "go on"), f(2, 1), m(18, f(1, "tc1"), f(2, SECRET_TEXT)))))),
+        (BIDI_APPEND, env(f(1, (m(2, f(1, "hi")) + f(3, SECRET_TEXT)).hex()) + m(2, f(1, "rid")))),
+    ],
+    ids=["a-group-in-a-string", "not-utf-8", "mapped-message-field", "too-deep", "tool-results", "bidi-append-hex"],
+)
+def test_every_string_of_a_protobuf_request_reaches_the_filters(path, message):
+    """Whatever holds it, a string of the message is in its bytes: the filters read them
+    as text (addon.dialects.rpc.payload_text), so no wire trick and no field the reading
+    skips hides a word or a key."""
+    doc, finding = CURSOR.parse_request(message, RequestView("POST", path, "", CONNECT_PROTO))
+    assert {"word", "creds"} <= verdicts(CURSOR, doc, [finding] if finding else [])
+
+
+def test_the_clients_own_key_is_not_a_secret_going_upstream():
+    """Cursor's ModelDetails.api_key and Windsurf's metadata keys are the client's own
+    credentials (as its headers): fingerprinted, and not read by the filters."""
+    doc, _ = read_cursor(env(m(2, f(1, "hi"), f(2, 1)) + m(7, f(1, "gpt-4o"), f(2, KEY))))
+    assert verdicts(CURSOR, doc) == set() and doc["api_key"] == redacted(KEY)
+    body = env(m(1, f(3, KEY)) + m(3, f(2, 1), f(3, "hi")))
+    doc, _ = WINDSURF.parse_request(body, RequestView("POST", GET_CHAT, "", CONNECT_PROTO))
+    assert verdicts(WINDSURF, doc) == set() and doc["api_key"] == redacted(KEY)
+
+
+def test_windsurf_reads_the_last_value_of_a_field_sent_twice():
+    """Protobuf parsers keep the last value of a singular field: so does the reading."""
+    raw_chat = "/exa.language_server_pb.LanguageServerService/RawGetChatMessage"
+    body = env(m(2, f(2, 1), f(5, "hi"), f(5, SECRET_TEXT)) + f(5, "m"))
+    doc, _ = WINDSURF.parse_request(body, RequestView("POST", raw_chat, "", CONNECT_PROTO))
+    assert doc["messages"] == [{"role": "user", "content": SECRET_TEXT}]  # (a prompt: kept verbatim)
+    assert {"word", "creds"} <= verdicts(WINDSURF, doc, prompt_kept=True)
+
+
+def test_cursor_in_connects_json_codec_is_read_as_a_service_nobody_mapped():
+    message = {"conversation": [{"text": SECRET_TEXT, "type": "MESSAGE_TYPE_HUMAN"}]}
+    doc, finding = CURSOR.parse_request(env(json.dumps(message)), RequestView("POST", STREAM_CHAT, "", CONNECT_JSON))
+    assert finding is None and {"word", "creds"} <= verdicts(CURSOR, doc)
+    view = RequestView("POST", STREAM_CHAT, "", CONNECT_JSON)
+    normalizer = CURSOR.normalizer(CURSOR.summarize(None, view))
+    events = normalizer.on_message(json.dumps({"text": f"here: {KEY}"}).encode())
+    assert events == [TextDelta(redacted(f"here: {KEY}")), ShownText(f"here: {KEY}", kind="unmapped")]
+
+
+def test_a_cursor_file_of_several_mib_is_read_whole_not_refused():
+    """A string is never cut for the filters (a message is at most 8 MiB): a big open
+    file is read to its end, and is no strings_unread (which `closed` refuses)."""
+    text = "x = 1\n" * 400_000 + "# Nightjar"  # 2.4 MB
+    doc, finding = read_cursor(cursor_request(m(1, f(1, "big.py"), f(2, text))))
+    assert finding is None and verdicts(CURSOR, doc) == {"word"}
+
+
+def test_a_key_across_the_records_cut_is_kept_only_as_its_fingerprint():
+    text = "x" * (UNMAPPED_CHARS - 10) + " " + KEY
+    doc, _ = read_cursor(cursor_request(m(1, f(2, text))))
+    assert doc["unmapped_strings"] == [redacted(text)]
+
+
+def test_a_connect_message_that_is_no_json_is_unread():
+    doc, finding = CONNECT.parse_request(
+        b'{"prompt": "Nightjar"', RequestView("POST", "/acme.ai.v1.Chat/Generate", "", UNARY_JSON)
+    )
+    assert finding is not None and finding.code == "strings_unread"
+    assert verdicts(CONNECT, doc, [finding]) == {"filter_error"}
+
+
+@pytest.mark.parametrize(
+    ("message", "blocked"),
+    [
+        ({"author": "the Nightjar plan"}, {"word"}),  # (a name like a credential's, holding a prompt)
+        ({"private": "the Nightjar"}, {"word"}),
+        ({"apiKey": KEY}, set()),  # (one token under a credential's name: the client's own)
+    ],
+)
+def test_only_a_credential_under_a_credentials_name_is_the_clients_own(message, blocked):
+    doc, _ = CONNECT.parse_request(
+        json.dumps(message).encode(), RequestView("POST", "/acme.ai.v1.Chat/Generate", "", UNARY_JSON)
+    )
+    assert verdicts(CONNECT, doc) == blocked
+
+
+@pytest.mark.parametrize(
+    ("path", "expected"),
+    [
+        ("/acme.auth.v1.Auth/Login", True),
+        ("/x.v1.S/RefreshToken", True),
+        ("/x.v1.S/SignIn", True),
+        ("/x.v1.S/GetUserJwt", True),
+        ("/x.v1.S/CountTokens", False),
+        ("/x.v1.AuthoringService/CreateDraft", False),
+        ("/oauth-gw/acme.ai.v1.Chat/Generate", False),
+    ],
+)
+def test_a_method_carries_credentials_by_its_own_words(path, expected):
+    """Only a login's strings go unread: a service, a routing prefix or a word that holds
+    one (CountTokens) turns neither the record's reading nor the filters off."""
+    assert handles_credentials(path) is expected
+
+
+@pytest.mark.parametrize(
+    "record",
+    [
+        {"type": 2, "invocationId": "s1", "item": SECRET_TEXT},  # a client-to-server stream's item
+        {"type": 3, "invocationId": "s1", "result": SECRET_TEXT},  # the client's completion
+        {"type": 1, "target": "Metrics", "arguments": [{"note": SECRET_TEXT}]},  # telemetry (no turn)
+        {
+            "type": 4,
+            "invocationId": "0",
+            "target": "chat",
+            "arguments": [{"message": {"text": "hi"}, "context": SECRET_TEXT}],
+        },
+    ],
+    ids=["stream-item", "completion", "metrics", "chat-argument-key"],
+)
+def test_every_string_of_a_hub_client_record_reaches_the_filters(record):
+    a, written = connection(COPILOT, "signalr_json", ws_view("/sydney/ChatHub"), RULES)
+    a.from_client(b'{"protocol":"json","version":1}\x1e', True)
+    a.from_server(b"{}\x1e", True)
+    relay = a.from_client(json.dumps(record).encode() + b"\x1e", True)
+    assert relay.onward == []  # refused: not forwarded
+    assert KEY.encode() not in orjson.dumps(written)
+
+
+def test_messagepack_keys_that_are_not_strings_never_raise():
+    from addon.dialects.rpc import clean_json
+
+    assert clean_json({1: "a", (2, 3): {"apiKey": "k"}}, texts=False) == {1: "a", (2, 3): {"apiKey": redacted("k")}}
