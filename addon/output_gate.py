@@ -337,6 +337,8 @@ class OutputGate:
         match ev:
             case TextDelta(text=text, choice=choice, kind=kind):
                 self._feed((choice, kind, None), text, needs)
+            case ShownText(text=text, choice=choice, kind="payload"):
+                self._beside((choice, "payload", None), text, needs)
             case ShownText(text=text, choice=choice, kind=kind) | TextSnapshot(text=text, choice=choice, kind=kind):
                 self._whole((choice, kind, None), text, needs)
             case ToolCallDelta(key=key, arguments=arguments, name=name, choice=choice, free_form=free_form):
@@ -388,6 +390,20 @@ class OutputGate:
         """A string that arrives whole (a name, a message): checked and released at once."""
         self._feed(stream, text, needs)
         self._flush(stream)
+
+    def _beside(self, stream: StreamKey, text: str, needs: list[tuple[StreamKey, int]]) -> None:
+        """A message's whole text checked beside the stream being written (a protobuf
+        answer's bytes read as text, :func:`~addon.dialects.rpc.payload_text`): checked
+        and flushed at once, with no switch of streams, so the text stream keeps what it
+        holds (the event carrying this waits behind it, in order). A switch here would let
+        go of the text's held tail at every message of the answer."""
+        if not self.guard.takes(stream):
+            self._too_many()
+            return
+        choice, kind, tool_key = stream
+        self._settle([self.guard.feed(text, choice=choice, kind=kind, tool_key=tool_key)])
+        self._flush(stream)
+        needs.append((stream, self.guard.progress(stream)[0]))
 
     def _end_turn(self, needs: list[tuple[StreamKey, int]], going_on: tuple[int, ...] = ()) -> None:
         """A turn's end: every stream is checked to its end and all its text released, and

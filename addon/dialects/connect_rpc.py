@@ -77,10 +77,12 @@ class ConnectRpc(RpcDialect):
 class ConnectRpcNormalizer(RpcNormalizer):
     """Each response message's strings as text; the status from the protocol's end."""
 
+    @property
+    def reads_text(self) -> bool:  # type: ignore[override]
+        return not handles_credentials(self.rpc)
+
     def on_message(self, raw: bytes) -> list[Event]:
-        if handles_credentials(self.rpc):
-            return []
-        return strings_answer(raw, self.codec)
+        return strings_answer(raw, self.codec) if self.reads_text else []
 
 
 DIALECT = ConnectRpc()

@@ -67,7 +67,7 @@ from addon.dialects.protowire import (
     parse,
     strings,
 )
-from addon.events import Event, Finding, ShownText, StreamEnd, StreamError, TextDelta
+from addon.events import Event, Finding, ShownText, StreamEnd, StreamError, TextDelta, TurnEnd
 from addon.findings import UNREAD_MESSAGE
 from addon.framing import FRAMINGS, Frame, Writer
 from addon.framing.envelope import (
@@ -327,6 +327,8 @@ class RpcNormalizer(Normalizer):
     """Reads the frames of one Connect or gRPC response; dialects read its messages."""
 
     filter_stop_reason = BLOCK_CODE
+    #: The answer's text is read (False: a method that carries credentials, a login).
+    reads_text = True
 
     def __init__(self, summary: RequestSummary) -> None:
         rpc = summary if isinstance(summary, RpcSummary) else RpcSummary()
@@ -364,7 +366,17 @@ class RpcNormalizer(Normalizer):
             self.messages += 1
             self.message_bytes += len(payload)
             if payload:  # a zero-length message is a keepalive
-                out.extend(self.on_message(payload))
+                out.extend(self._message(payload))
+        return out
+
+    def _message(self, payload: bytes) -> list[Event]:
+        """One data message's events; and, protobuf, its bytes as text for the output
+        filters (:func:`payload_text`: every string of it, whatever field holds it,
+        checked beside the answer's text, not recorded)."""
+        out = self.on_message(payload)
+        if self.codec != "json" and self.reads_text:  # (before a turn's end: checked as that turn's)
+            at = next((i for i, ev in enumerate(out) if type(ev) is TurnEnd), len(out))
+            out.insert(at, ShownText(payload_text(payload, []), kind="payload"))
         return out
 
     def on_end(self, cut: bool = False) -> list[Event]:
@@ -379,7 +391,7 @@ class RpcNormalizer(Normalizer):
         body is Connect's ``{"code", "message"}``; a successful one, one message."""
         if http_status >= 400:
             return error_body_events(body)
-        out = self.on_message(body) if body else []
+        out = self._message(body) if body else []
         self.ended = True
         return [*out, StreamEnd()]
 

@@ -353,3 +353,40 @@ def test_messagepack_keys_that_are_not_strings_never_raise():
     from addon.dialects.rpc import clean_json
 
     assert clean_json({1: "a", (2, 3): {"apiKey": "k"}}, texts=False) == {1: "a", (2, 3): {"apiKey": redacted("k")}}
+
+
+# -- every string of a protobuf answer message, checked beside its text -----------------------
+
+
+def answered(dialect, path: str, body: bytes) -> tuple[bytes, dict]:  # type: ignore[no-untyped-def]
+    """``body`` through an auditor whose output gate blocks on RULES: what the client got, the row."""
+    from addon.auditor import StreamAuditor, summary_into_record
+    from addon.framing import select
+    from addon.output_gate import OutputGate
+
+    summary = dialect.summarize(None, RequestView("POST", path, "", CONNECT_PROTO))
+    record = ExchangeRecord(dialect=dialect.name, streamed=True, http_status=200)
+    summary_into_record(record, summary)
+    normalizer = dialect.normalizer(summary)
+    gate = OutputGate(FILTERS.output_guard(), dialect.normalizer(summary), holds=True, split_raw=True, failure="closed")
+    framing = select("application/connect+proto", 200, normalizer.framing)
+    auditor = StreamAuditor(record, normalizer, None, 1 << 20, gate=gate, framing=framing, headers=CONNECT_PROTO)
+    sent = auditor.feed(body) + auditor.finish()
+    auditor.end()
+    record.finish("complete")
+    return sent, record.to_row()
+
+
+@pytest.mark.parametrize(
+    ("dialect", "path", "message"),
+    [
+        (CURSOR, STREAM_CHAT, f(1, "Here: ") + f(7, "the Nightjar plan")),  # a field known but not read
+        (CURSOR, "/agent.v1.AgentService/Run", m(1, m(2, f(1, "tc1"), f(2, "the Nightjar plan")))),
+        (CONNECT, "/acme.ai.v1.Chat/Generate", f(1, group_hiding("the Nightjar plan"))),
+    ],
+    ids=["cursor-intermediate-text", "cursor-tool-call-started", "generic-group-in-a-string"],
+)
+def test_every_string_of_a_protobuf_answer_reaches_the_output_filters(dialect, path, message):
+    sent, row = answered(dialect, path, env(m(2, f(1, "Ask about it. "))) + env(message) + env(f(1, "More.")))
+    assert row["status"] == "blocked" and b"Nightjar" not in sent
+    assert any(v["rule_id"] == "word" for v in row["verdicts"])
