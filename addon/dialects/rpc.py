@@ -67,7 +67,7 @@ from addon.dialects.protowire import (
     parse,
     strings,
 )
-from addon.events import Event, Finding, ShownText, StreamEnd, StreamError, TextDelta, TurnEnd
+from addon.events import Event, Finding, ShownText, StreamEnd, StreamError, TextDelta, ToolCallDelta, TurnEnd
 from addon.findings import UNREAD_MESSAGE
 from addon.framing import FRAMINGS, Frame, Writer
 from addon.framing.envelope import (
@@ -209,6 +209,33 @@ def own_credential(doc: Reading, value: str) -> str:
 
 
 _CONTROLS = str.maketrans(dict.fromkeys((*range(9), 11, 12, *range(14, 32), 127), "\n"))
+
+
+def unread_text(text: str, events: list[Event]) -> str | None:
+    """What of a message's ``text`` (:func:`payload_text`) its events did not carry to the
+    filters already: each string they carry taken out once (a line break in its place),
+    so that a match in the answer's text is not reported twice. None when nothing that
+    could be a word is left (the tags and lengths of a text delta's message)."""
+    for ev in events:
+        for carried in _carried(ev):
+            for piece in carried.split("\n"):
+                if piece:
+                    text = text.replace(piece, "\n", 1)
+    return text if _WORDLIKE(text) else None
+
+
+def _carried(ev: Event) -> tuple[str, ...]:
+    """The strings an event hands the filters."""
+    if isinstance(ev, (TextDelta, ShownText)):
+        return (ev.text,)
+    if isinstance(ev, ToolCallDelta):
+        return tuple(s for s in (ev.name, ev.arguments) if s)
+    if isinstance(ev, StreamError):
+        return (ev.message,) if ev.message else ()
+    return ()
+
+
+_WORDLIKE = re.compile(r"\S\S").search
 
 
 def payload_text(payload: bytes, credentials: list[str]) -> str:
@@ -374,9 +401,11 @@ class RpcNormalizer(Normalizer):
         filters (:func:`payload_text`: every string of it, whatever field holds it,
         checked beside the answer's text, not recorded)."""
         out = self.on_message(payload)
-        if self.codec != "json" and self.reads_text:  # (before a turn's end: checked as that turn's)
-            at = next((i for i, ev in enumerate(out) if type(ev) is TurnEnd), len(out))
-            out.insert(at, ShownText(payload_text(payload, []), kind="payload"))
+        if self.codec != "json" and self.reads_text:
+            rest = unread_text(payload_text(payload, []), out)
+            if rest is not None:  # (before a turn's end: checked as that turn's)
+                at = next((i for i, ev in enumerate(out) if type(ev) is TurnEnd), len(out))
+                out.insert(at, ShownText(rest, kind="payload"))
         return out
 
     def on_end(self, cut: bool = False) -> list[Event]:

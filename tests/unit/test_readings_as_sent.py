@@ -17,7 +17,7 @@ import pytest
 from conn_driver import connection
 from hub_driver import Connection
 from hub_driver import view as ws_view
-from protoenc import env, f, m, tag, varint
+from protoenc import end_stream, env, f, m, tag, varint
 
 from addon.dialects import RequestSummary, RequestView
 from addon.dialects.connect_rpc import DIALECT as CONNECT
@@ -358,8 +358,8 @@ def test_messagepack_keys_that_are_not_strings_never_raise():
 # -- every string of a protobuf answer message, checked beside its text -----------------------
 
 
-def answered(dialect, path: str, body: bytes) -> tuple[bytes, dict]:  # type: ignore[no-untyped-def]
-    """``body`` through an auditor whose output gate blocks on RULES: what the client got, the row."""
+def answered(dialect, path: str, body: bytes, filters: FilterSet = FILTERS) -> tuple[bytes, dict]:  # type: ignore[no-untyped-def]
+    """``body`` through an auditor whose output gate checks ``filters`` (RULES): what the client got, the row."""
     from addon.auditor import StreamAuditor, summary_into_record
     from addon.framing import select
     from addon.output_gate import OutputGate
@@ -368,7 +368,8 @@ def answered(dialect, path: str, body: bytes) -> tuple[bytes, dict]:  # type: ig
     record = ExchangeRecord(dialect=dialect.name, streamed=True, http_status=200)
     summary_into_record(record, summary)
     normalizer = dialect.normalizer(summary)
-    gate = OutputGate(FILTERS.output_guard(), dialect.normalizer(summary), holds=True, split_raw=True, failure="closed")
+    guard = filters.output_guard()
+    gate = OutputGate(guard, dialect.normalizer(summary), holds=guard.may_block, split_raw=True, failure="closed")
     framing = select("application/connect+proto", 200, normalizer.framing)
     auditor = StreamAuditor(record, normalizer, None, 1 << 20, gate=gate, framing=framing, headers=CONNECT_PROTO)
     sent = auditor.feed(body) + auditor.finish()
@@ -390,3 +391,16 @@ def test_every_string_of_a_protobuf_answer_reaches_the_output_filters(dialect, p
     sent, row = answered(dialect, path, env(m(2, f(1, "Ask about it. "))) + env(message) + env(f(1, "More.")))
     assert row["status"] == "blocked" and b"Nightjar" not in sent
     assert any(v["rule_id"] == "word" for v in row["verdicts"])
+
+
+def test_a_match_in_the_answers_text_is_reported_once():
+    """The bytes checked beside the text are what its events did not carry: a flag on a
+    word of a text delta is one verdict, not one for the text and one for the bytes."""
+    flags = FilterSet(parse_rules(RULES.replace('action = "block"', 'action = "flag"')), failure="closed")
+    body = env(m(2, f(1, "the Nightjar "))) + env(m(2, f(1, "plan, with "))) + env(m(2, f(1, KEY))) + end_stream()
+    sent, row = answered(CURSOR, UNIFIED, body, flags)
+    assert sent == body and row["status"] == "completed"
+    assert sorted((v["rule_id"], v["location"]) for v in row["verdicts"]) == [
+        ("creds", "output.choices[0].text"),
+        ("word", "output.choices[0].text"),
+    ]
