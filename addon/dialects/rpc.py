@@ -58,10 +58,12 @@ from addon.dialects import (
 )
 from addon.dialects.blocking import block_message
 from addon.dialects.protowire import (
+    LEN,
     MAX_FIELDS,
     TOO_MANY_FIELDS,
     Message,
     encode_field,
+    encode_varint,
     field_text,
     messages_at,
     parse,
@@ -211,17 +213,34 @@ def own_credential(doc: Reading, value: str) -> str:
 _CONTROLS = str.maketrans(dict.fromkeys((*range(9), 11, 12, *range(14, 32), 127), "\n"))
 
 
-def unread_text(text: str, events: list[Event]) -> str | None:
-    """What of a message's ``text`` (:func:`payload_text`) its events did not carry to the
-    filters already: each string they carry taken out once (a line break in its place),
-    so that a match in the answer's text is not reported twice. None when nothing that
-    could be a word is left (the tags and lengths of a text delta's message)."""
+def unread_text(payload: bytes, events: list[Event]) -> str | None:
+    """What of a message's bytes its events did not carry to the filters already, as text
+    (:func:`payload_text`): each string field whose value an event carries is blanked,
+    so that a match in the answer's text is not reported twice. Only a whole field is
+    blanked (its tag, length and value found together), so that a carried piece cannot
+    blank the same letters inside another field's text. None when nothing that could be
+    a word is left (a text delta's message)."""
+    data = bytearray(payload)
     for ev in events:
         for carried in _carried(ev):
             for piece in carried.split("\n"):
                 if piece:
-                    text = text.replace(piece, "\n", 1)
+                    _blank_field(data, piece.encode("utf-8", "replace"))
+    text = payload_text(bytes(data), [])
     return text if _WORDLIKE(text) else None
+
+
+def _blank_field(data: bytearray, value: bytes) -> None:
+    """Blank the first length-delimited field of ``data`` whose value is ``value``."""
+    framed = encode_varint(len(value)) + value
+    at = data.find(framed)
+    while at >= 0:
+        tag = data[at - 1] if at >= 1 else 0x80
+        long_tag = at >= 2 and data[at - 2] & 0x80 and data[at - 2] & 7 == LEN and tag < 0x80
+        if (tag < 0x80 and tag & 7 == LEN) or long_tag:
+            data[at : at + len(framed)] = bytes(len(framed))
+            return
+        at = data.find(framed, at + 1)
 
 
 def _carried(ev: Event) -> tuple[str, ...]:
@@ -402,7 +421,7 @@ class RpcNormalizer(Normalizer):
         checked beside the answer's text, not recorded)."""
         out = self.on_message(payload)
         if self.codec != "json" and self.reads_text:
-            rest = unread_text(payload_text(payload, []), out)
+            rest = unread_text(payload, out)
             if rest is not None:  # (before a turn's end: checked as that turn's)
                 at = next((i for i, ev in enumerate(out) if type(ev) is TurnEnd), len(out))
                 out.insert(at, ShownText(rest, kind="payload"))

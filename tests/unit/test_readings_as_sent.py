@@ -382,10 +382,11 @@ def answered(dialect, path: str, body: bytes, filters: FilterSet = FILTERS) -> t
     ("dialect", "path", "message"),
     [
         (CURSOR, STREAM_CHAT, f(1, "Here: ") + f(7, "the Nightjar plan")),  # a field known but not read
+        (CURSOR, STREAM_CHAT, f(7, "the Nightjar plan") + f(1, "the Nigh")),  # its text a piece of the other's
         (CURSOR, "/agent.v1.AgentService/Run", m(1, m(2, f(1, "tc1"), f(2, "the Nightjar plan")))),
         (CONNECT, "/acme.ai.v1.Chat/Generate", f(1, group_hiding("the Nightjar plan"))),
     ],
-    ids=["cursor-intermediate-text", "cursor-tool-call-started", "generic-group-in-a-string"],
+    ids=["cursor-intermediate-text", "text-carried-elsewhere", "cursor-tool-call-started", "generic-group-in-a-string"],
 )
 def test_every_string_of_a_protobuf_answer_reaches_the_output_filters(dialect, path, message):
     sent, row = answered(dialect, path, env(m(2, f(1, "Ask about it. "))) + env(message) + env(f(1, "More.")))
