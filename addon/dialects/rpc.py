@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import re
 from abc import abstractmethod
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -230,6 +231,22 @@ def unread_text(payload: bytes, events: list[Event]) -> str | None:
     return text if _WORDLIKE(text) else None
 
 
+def unread_strings(payload: bytes, events: list[Event]) -> str | None:
+    """What of a JSON message's strings its events did not carry to the filters already
+    (each carried string taken out once, whole), one per line; None if none is left."""
+    doc, _ = read_json_object(payload)
+    if doc is None:
+        return None
+    carried = Counter(piece for ev in events for text in _carried(ev) for piece in text.split("\n"))
+    left = []
+    for found in json_strings(doc, limit=READ_STRINGS):
+        if carried[found] > 0:
+            carried[found] -= 1
+        else:
+            left.append(found)
+    return "\n".join(left) if left else None
+
+
 def _blank_field(data: bytearray, value: bytes) -> None:
     """Blank the first length-delimited field of ``data`` whose value is ``value``."""
     framed = encode_varint(len(value)) + value
@@ -416,12 +433,13 @@ class RpcNormalizer(Normalizer):
         return out
 
     def _message(self, payload: bytes) -> list[Event]:
-        """One data message's events; and, protobuf, its bytes as text for the output
-        filters (:func:`payload_text`: every string of it, whatever field holds it,
-        checked beside the answer's text, not recorded)."""
+        """One data message's events; and what of it they did not carry, for the output
+        filters (checked beside the answer's text, not recorded): a protobuf message's
+        bytes as text (:func:`unread_text`: every string of it, whatever field holds it),
+        a JSON message's other strings (:func:`unread_strings`: a key a release moved)."""
         out = self.on_message(payload)
-        if self.codec != "json" and self.reads_text:
-            rest = unread_text(payload, out)
+        if self.reads_text:
+            rest = unread_strings(payload, out) if self.codec == "json" else unread_text(payload, out)
             if rest is not None:  # (before a turn's end: checked as that turn's)
                 at = next((i for i, ev in enumerate(out) if type(ev) is TurnEnd), len(out))
                 out.insert(at, ShownText(rest, kind="payload"))

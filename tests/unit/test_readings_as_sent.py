@@ -358,20 +358,23 @@ def test_messagepack_keys_that_are_not_strings_never_raise():
 # -- every string of a protobuf answer message, checked beside its text -----------------------
 
 
-def answered(dialect, path: str, body: bytes, filters: FilterSet = FILTERS) -> tuple[bytes, dict]:  # type: ignore[no-untyped-def]
+def answered(
+    dialect, path: str, body: bytes, filters: FilterSet = FILTERS, headers: dict | None = None
+) -> tuple[bytes, dict]:  # type: ignore[no-untyped-def]
     """``body`` through an auditor whose output gate checks ``filters`` (RULES): what the client got, the row."""
     from addon.auditor import StreamAuditor, summary_into_record
     from addon.framing import select
     from addon.output_gate import OutputGate
 
-    summary = dialect.summarize(None, RequestView("POST", path, "", CONNECT_PROTO))
+    headers = headers or CONNECT_PROTO
+    summary = dialect.summarize(None, RequestView("POST", path, "", headers))
     record = ExchangeRecord(dialect=dialect.name, streamed=True, http_status=200)
     summary_into_record(record, summary)
     normalizer = dialect.normalizer(summary)
     guard = filters.output_guard()
     gate = OutputGate(guard, dialect.normalizer(summary), holds=guard.may_block, split_raw=True, failure="closed")
-    framing = select("application/connect+proto", 200, normalizer.framing)
-    auditor = StreamAuditor(record, normalizer, None, 1 << 20, gate=gate, framing=framing, headers=CONNECT_PROTO)
+    framing = select(headers["content-type"], 200, normalizer.framing)
+    auditor = StreamAuditor(record, normalizer, None, 1 << 20, gate=gate, framing=framing, headers=headers)
     sent = auditor.feed(body) + auditor.finish()
     auditor.end()
     record.finish("complete")
@@ -405,3 +408,17 @@ def test_a_match_in_the_answers_text_is_reported_once():
         ("creds", "output.choices[0].text"),
         ("word", "output.choices[0].text"),
     ]
+
+
+@pytest.mark.parametrize(
+    "moved",
+    [{"message": {"text": "the Nightjar plan"}}, {"deltaMessage": {"text": "ok", "note": "the Nightjar plan"}}],
+    ids=["no-delta-message", "delta-message-other-key"],
+)
+def test_a_json_answers_strings_in_keys_nobody_maps_reach_the_output_filters(moved):
+    """Windsurf in Connect's JSON codec: a key a release moved the text to, or one beside
+    the text, is checked beside the answer (its other strings, not the text again)."""
+    raw_chat = "/exa.language_server_pb.LanguageServerService/RawGetChatMessage"
+    body = env(json.dumps({"deltaMessage": {"text": "Ask. ", "inProgress": True}})) + env(json.dumps(moved))
+    sent, row = answered(WINDSURF, raw_chat, body, headers=CONNECT_JSON)
+    assert row["status"] == "blocked" and b"Nightjar" not in sent
