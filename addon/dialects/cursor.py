@@ -177,11 +177,11 @@ class Cursor(RpcDialect):
             for result in msg.messages(2):  # ClientSideToolV2Result: its layout is not public
                 add_message(doc, "tool", message_text(result, cut))
         elif api == AGENT and request.path.endswith("/RunSSE"):
-            doc["request_id"] = field_text(msg, 1)  # BidiRequestId
+            doc["request_id"] = clean_text(field_text(msg, 1))  # BidiRequestId
         elif api == AGENT:
             _read_agent_message(msg, doc, cut)
         elif api == BIDI_APPEND:
-            doc["request_id"] = field_text(msg, 2, 1)
+            doc["request_id"] = clean_text(field_text(msg, 2, 1))
             data = field_text(msg, 1) or ""
             try:
                 inner = binascii.unhexlify(data.strip())

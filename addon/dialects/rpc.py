@@ -211,7 +211,8 @@ def own_credential(doc: Reading, value: str) -> str:
     return credential(value)
 
 
-_CONTROLS = str.maketrans(dict.fromkeys((*range(9), 11, 12, *range(14, 32), 127), "\n"))
+_CONTROL_BYTES = bytes((*range(9), 11, 12, *range(14, 32), 127))
+_CONTROLS = bytes.maketrans(_CONTROL_BYTES, b"\n" * len(_CONTROL_BYTES))
 
 
 def unread_text(payload: bytes, events: list[Event]) -> str | None:
@@ -220,15 +221,25 @@ def unread_text(payload: bytes, events: list[Event]) -> str | None:
     so that a match in the answer's text is not reported twice. Only a whole field is
     blanked (its tag, length and value found together), so that a carried piece cannot
     blank the same letters inside another field's text. None when nothing that could be
-    a word is left (a text delta's message)."""
+    a word is left (a text delta's message).
+
+    The searches for the fields are bounded (:data:`_BLANK_SEARCH` times the message's
+    size in all): carried strings in an order no search expects cost no more; what is
+    not blanked then is only checked twice."""
     data = bytearray(payload)
+    search = [_BLANK_SEARCH * len(data) + 4096, 0]  # (bytes left to search, where the last field was)
     for ev in events:
-        for carried in _carried(ev):
-            for piece in carried.split("\n"):
-                if piece:
-                    _blank_field(data, piece.encode("utf-8", "replace"))
+        for carried in _carried(ev):  # (a string whole, else each line of a joined text)
+            if search[0] > 0 and not _blank_field(data, carried, search):
+                for piece in carried.split("\n") if "\n" in carried else ():
+                    if piece and search[0] > 0:
+                        _blank_field(data, piece, search)
     text = payload_text(bytes(data), [])
     return text if _WORDLIKE(text) else None
+
+
+#: How many times its size the searches of :func:`unread_text` may read of a message.
+_BLANK_SEARCH = 4
 
 
 def unread_strings(payload: bytes, events: list[Event]) -> str | None:
@@ -237,7 +248,7 @@ def unread_strings(payload: bytes, events: list[Event]) -> str | None:
     doc, _ = read_json_object(payload)
     if doc is None:
         return None
-    carried = Counter(piece for ev in events for text in _carried(ev) for piece in text.split("\n"))
+    carried = Counter(piece for ev in events for text in _carried(ev) for piece in (text, *text.split("\n")))
     left = []
     for found in json_strings(doc, limit=READ_STRINGS):
         if carried[found] > 0:
@@ -247,17 +258,29 @@ def unread_strings(payload: bytes, events: list[Event]) -> str | None:
     return "\n".join(left) if left else None
 
 
-def _blank_field(data: bytearray, value: bytes) -> None:
-    """Blank the first length-delimited field of ``data`` whose value is ``value``."""
+def _blank_field(data: bytearray, text: str, search: list[int]) -> bool:
+    """Blank the first length-delimited field of ``data`` whose value is ``text``, looked
+    for after the last one blanked, then from the start (events carry fields in order);
+    whether one was. ``search``: the bytes left to search, and where the last field was."""
+    value = text.encode("utf-8", "replace")
     framed = encode_varint(len(value)) + value
-    at = data.find(framed)
-    while at >= 0:
-        tag = data[at - 1] if at >= 1 else 0x80
-        long_tag = at >= 2 and data[at - 2] & 0x80 and data[at - 2] & 7 == LEN and tag < 0x80
-        if (tag < 0x80 and tag & 7 == LEN) or long_tag:
-            data[at : at + len(framed)] = bytes(len(framed))
-            return
-        at = data.find(framed, at + 1)
+    for start in (search[1], 0) if search[1] else (0,):
+        at = data.find(framed, start)
+        while at >= 0:
+            search[0] -= at - start
+            tag = data[at - 1] if at >= 1 else 0x80
+            long_tag = at >= 2 and data[at - 2] & 0x80 and data[at - 2] & 7 == LEN and tag < 0x80
+            if (tag < 0x80 and tag & 7 == LEN) or long_tag:
+                data[at : at + len(framed)] = bytes(len(framed))
+                search[1] = at + len(framed)
+                return True
+            if search[0] <= 0:
+                return False
+            start, at = at + 1, data.find(framed, at + 1)
+        search[0] -= len(data) - start
+        if search[0] <= 0:
+            return False
+    return False
 
 
 def _carried(ev: Event) -> tuple[str, ...]:
@@ -283,7 +306,7 @@ def payload_text(payload: bytes, credentials: list[str]) -> str:
     all; the tags and lengths between them become line breaks, so that no two fields
     read as one word. The client's own ``credentials`` are taken out (their fingerprints
     in their place)."""
-    text = payload.decode("utf-8", "replace").translate(_CONTROLS)
+    text = payload.translate(_CONTROLS).decode("utf-8", "replace")  # (control bytes are ASCII: never in a character)
     for value in credentials:
         if value:
             text = text.replace(value, credential(value))
@@ -392,6 +415,9 @@ class RpcNormalizer(Normalizer):
     filter_stop_reason = BLOCK_CODE
     #: The answer's text is read (False: a method that carries credentials, a login).
     reads_text = True
+    #: Its JSON messages are read by field names, which may leave strings unread (their
+    #: other strings are then checked beside the text). False: every string is read.
+    maps_json = False
 
     def __init__(self, summary: RequestSummary) -> None:
         rpc = summary if isinstance(summary, RpcSummary) else RpcSummary()
@@ -438,7 +464,7 @@ class RpcNormalizer(Normalizer):
         bytes as text (:func:`unread_text`: every string of it, whatever field holds it),
         a JSON message's other strings (:func:`unread_strings`: a key a release moved)."""
         out = self.on_message(payload)
-        if self.reads_text:
+        if self.reads_text and (self.codec != "json" or self.maps_json):
             rest = unread_strings(payload, out) if self.codec == "json" else unread_text(payload, out)
             if rest is not None:  # (before a turn's end: checked as that turn's)
                 at = next((i for i, ev in enumerate(out) if type(ev) is TurnEnd), len(out))
@@ -595,7 +621,9 @@ def unmapped(kind: str, msg: Message, known: frozenset[int]) -> list[Event]:
     unknown = numbers - known
     if not unknown:
         return out
-    found = [clean(s)[:_FINDING_CHARS] for s in strings(msg, _FINDING_STRINGS, READ_CHARS, skip=known)]
+    cut: list[str] = []
+    shown = strings(msg, READ_STRINGS, READ_CHARS, skip=known, cut=cut)
+    found = [clean(s)[:_FINDING_CHARS] for s in shown[:_FINDING_STRINGS]]
     if found or not numbers & known:
         detail = f"{kind}: fields {sorted(unknown)[:32]}; strings {orjson.dumps(found).decode()}"
         out.append(Finding("protobuf_unmapped", detail))
@@ -603,8 +631,6 @@ def unmapped(kind: str, msg: Message, known: frozenset[int]) -> list[Event]:
         # Text a client may render from a field that moved: the output filters check it
         # (ShownText: checked, not recorded as the answer), so a move is no way past them;
         # all of it, and what the bounds leave out is said (strings_unread).
-        cut: list[str] = []
-        shown = strings(msg, READ_STRINGS, READ_CHARS, skip=known, cut=cut)
         out.append(ShownText("\n".join(shown), kind="unmapped"))
         if cut:
             out.append(unread_finding(cut, f"{kind}'s fields nobody mapped"))
@@ -657,9 +683,10 @@ def kept_text(doc: Reading, found: list[str]) -> str:
     """The strings of a message nobody mapped as the record keeps them, one per line,
     credentials fingerprinted; the filters read each one it does not keep as sent
     (:attr:`Reading.unkept`)."""
-    kept = [clean(s) for s in found]
-    doc.unkept.extend(raw for raw, recorded in zip(found, kept, strict=True) if raw is not recorded)
-    return "\n".join(kept)
+    kept, sent = kept_strings(found)
+    if sent is not None:
+        doc.unkept.append(sent)
+    return kept
 
 
 def message_strings(payload: bytes, codec: str, cut: list[str] | None = None) -> tuple[list[str], bool]:

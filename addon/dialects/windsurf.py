@@ -162,6 +162,8 @@ def _read_json_request(payload: bytes, doc: Reading, findings: list[Finding], cu
 class WindsurfNormalizer(RpcNormalizer):
     """Reads ``GetChatMessage`` (or ``RawGetChatMessage``) deltas into common events."""
 
+    maps_json = True  # (its JSON answers are read by field names: deltaMessage.text)
+
     def __init__(self, summary: RequestSummary) -> None:
         super().__init__(summary)
         self.raw_api = (summary.rpc if isinstance(summary, RpcSummary) else "") == RAW_CHAT

@@ -164,7 +164,10 @@ def check_request(
     handles) follows the failure policy too: ``closed`` blocks, ``open`` forwards.
     """
     try:
-        verdicts = filters.check_request(_request_context(record, dialect, summary))
+        context = _request_context(record, dialect, summary)
+        verdicts = filters.check_request(context)
+        if unkept_of(record.request_body):
+            verdicts = _once(verdicts, f"messages[{len(context.messages) - 1}]")
     except Exception as e:  # our bug must not decide the policy
         log.exception("llm-audit: checking a request failed")
         action = BLOCK if filters.failure == "closed" else "flag"
@@ -184,6 +187,14 @@ def check_message(
     verdict = check_request(filters, probe, dialect, summary)
     record.verdicts.extend(probe.verdicts)
     return verdict
+
+
+def _once(verdicts: list[Verdict], unkept: str) -> list[Verdict]:
+    """The verdicts, less those on the unkept text (``unkept``: its location) that repeat a
+    rule's match found in the messages already: that text holds what the messages do (a
+    protobuf message's bytes hold its prompt), and one match is one verdict."""
+    seen = {(v.rule_id, v.match_hash) for v in verdicts if v.location != unkept and v.match_hash}
+    return [v for v in verdicts if v.location != unkept or (v.rule_id, v.match_hash) not in seen]
 
 
 def _request_context(record: ExchangeRecord, dialect: Dialect, summary: RequestSummary) -> RequestContext:

@@ -422,3 +422,30 @@ def test_a_json_answers_strings_in_keys_nobody_maps_reach_the_output_filters(mov
     body = env(json.dumps({"deltaMessage": {"text": "Ask. ", "inProgress": True}})) + env(json.dumps(moved))
     sent, row = answered(WINDSURF, raw_chat, body, headers=CONNECT_JSON)
     assert row["status"] == "blocked" and b"Nightjar" not in sent
+
+
+FLAGS = FilterSet(parse_rules(RULES.replace('action = "block"', 'action = "flag"')), failure="closed")
+
+
+def flagged(dialect, doc) -> list[str]:  # type: ignore[no-untyped-def]
+    record = ExchangeRecord(request_body=doc)
+    check_request(FLAGS, record, dialect, RequestSummary())
+    return [v["location"] for v in record.verdicts]
+
+
+def test_a_match_in_a_request_is_reported_once():
+    """The bytes the filters read beside a request's messages hold those messages too: a
+    match found in a message is not reported again for the bytes (a flag is one verdict
+    per match), while a match only the bytes hold still is."""
+    doc, _ = read_cursor(env(m(2, f(1, "about Nightjar?"), f(2, 1)) + m(1, f(2, "file about Nightjar"))))
+    assert len(flagged(CURSOR, doc)) == 2  # (the prompt, the file: not the bytes again)
+    doc, _ = CONNECT.parse_request(env(f(1, "Nightjar")), RequestView("POST", "/a.b.v1.C/G", "", CONNECT_PROTO))
+    assert flagged(CONNECT, doc) == ["messages[0]"]
+    doc, _ = read_cursor(cursor_request(m(1, f(2, group_hiding("the Nightjar plan")))))
+    assert len(flagged(CURSOR, doc)) == 1  # (only the bytes hold it)
+
+
+def test_a_multi_line_text_delta_is_reported_once():
+    body = env(m(2, f(1, "line one\nthe Nightjar\nline three"))) + end_stream()
+    sent, row = answered(CURSOR, UNIFIED, body, FLAGS)
+    assert [v["location"] for v in row["verdicts"]] == ["output.choices[0].text"]
