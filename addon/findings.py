@@ -63,6 +63,9 @@ CODES: dict[str, str] = {
     # request side
     "request_invalid_json": "The request body is not JSON even to a lenient reader; it was forwarded unchanged "
     "(stored as text) or, with request filters, handled by llm_filter_failure.",
+    "request_too_large": "The request body's Content-Encoding decodes to more than llm_audit_max_record_bytes, or "
+    "at a compression bomb's ratio: it was not read or stored (the detail gives the reason, the sizes and the "
+    "SHA-256 of the bytes sent); forwarded unchanged or, with request filters, handled by llm_filter_failure.",
     "request_lenient_json": "The request body (or a streamed request's message: Connect JSON, a Copilot client "
     "message) is JSON only as Python "
     "servers read it (NaN, Infinity, 1e400, a lone surrogate escape, a byte order mark); it was read that way.",
@@ -149,4 +152,4 @@ CODES: dict[str, str] = {
 #: Findings of a dialect's reading that mean it could not read a request message whole
 #: (``strings_unread``: strings past what a reader of unknown payloads reads): the
 #: request filters could not check it, so the failure policy decides.
-UNREAD_MESSAGE = frozenset({"protobuf_invalid", "request_invalid_json", "strings_unread"})
+UNREAD_MESSAGE = frozenset({"protobuf_invalid", "request_invalid_json", "request_too_large", "strings_unread"})

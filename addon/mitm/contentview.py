@@ -38,12 +38,13 @@ from mitmproxy.contentviews import Metadata
 from mitmproxy.options import Options
 
 from addon.auditor import SNIFF_LIMIT, StreamAuditor, summary_into_record
-from addon.dialects import Dialect, RequestSummary, RequestView, media_type, parse_json_body
+from addon.dialects import UNREADABLE, Dialect, RequestSummary, RequestView, media_type, parse_json_body
 from addon.dialects.registry import detect_request, detect_response
 from addon.framing import select
 from addon.framing.sse import SSEParser
 from addon.hosts import server_name
-from addon.record import OUTCOME_COMPLETE, ExchangeRecord, Status
+from addon.mitm.flow_record import request_content
+from addon.record import DEFAULT_MAX_RECORD_BYTES, OUTCOME_COMPLETE, ExchangeRecord, Status
 from exchange import transcript
 from exchange.request import declared_tools, extract_messages
 
@@ -100,7 +101,8 @@ def _request_dialect(request: http.Request) -> tuple[Dialect | None, RequestView
 
     def body() -> Any:
         if not parsed:
-            parsed.append(parse_json_body(request.get_content(strict=False) or b"")[0])
+            data = request_content(request, DEFAULT_MAX_RECORD_BYTES)[0]
+            parsed.append(parse_json_body(data)[0] if data is not None else UNREADABLE)
         return parsed[0]
 
     return detect_request(view, body), view, body

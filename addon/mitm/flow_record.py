@@ -9,12 +9,14 @@ settles its status and error (:class:`~addon.record.ExchangeRecord`).
 from __future__ import annotations
 
 import functools
+import hashlib
 from typing import Any
 
 from mitmproxy import http
 from mitmproxy.connection import ConnectionState
 
-from addon.auditor import summary_into_record
+from addon.auditor import DECODE_BUDGET, summary_into_record
+from addon.decoding import IN_STEP, DecodeError, make_decoder
 from addon.dialects import UNREADABLE, Dialect, RequestSummary, RequestView, media_type
 from addon.events import Finding
 from addon.hosts import server_name
@@ -24,16 +26,64 @@ from addon.record import OUTCOME_CLIENT_ABORTED, OUTCOME_UPSTREAM_ABORTED, Excha
 from addon.redact import api_key_fingerprint, redact_headers, redact_query
 
 
+def request_content(req: http.Request, max_bytes: int) -> tuple[bytes | None, list[Finding]]:
+    """The request body as the upstream reads it, its Content-Encoding undone, and what
+    was wrong with it; ``None`` when it decodes to more than ``max_bytes`` or is a
+    compression bomb (finding ``request_too_large``): it is not read, and the request
+    filters' failure policy decides.
+
+    Why not mitmproxy's ``get_content``: it decodes the whole body in one call, so a
+    0.5 MB gzip body of zeros took 1.5 s of the event loop and 512 MiB of memory (a
+    32 MB one, 32 GiB). Here the proxy's bounded decoder reads a slice at a time and
+    stops at the budget the response side uses (:data:`~addon.auditor.DECODE_BUDGET`).
+    The bytes sent upstream are never touched. An unknown coding is read as it is, as
+    ``get_content(strict=False)`` does."""
+    raw = req.raw_content or b""
+    encoding = req.headers.get("content-encoding", "").strip().lower()
+    if not raw or encoding in ("", "identity"):
+        return raw, []
+    decoder = make_decoder(encoding)
+    if decoder is None:
+        return raw, [Finding("decode_failed", f"the request's unsupported Content-Encoding {encoding!r}: read as sent")]
+    decoder.feed(raw)
+    out = bytearray()
+    try:
+        while (piece := decoder.read(IN_STEP * 4)) or not decoder.drained():
+            out += piece
+            over = DECODE_BUDGET.exceeded(len(out), decoder.taken)
+            if over is None and len(out) > max_bytes:
+                over = f"decoded size over llm_audit_max_record_bytes ({max_bytes})"
+            if over is not None:
+                sizes = f"{len(out)} bytes decoded from {decoder.taken} of {len(raw)}"
+                return None, [
+                    Finding("request_too_large", f"{over}; {sizes}; sha256 {hashlib.sha256(raw).hexdigest()}")
+                ]
+    except DecodeError as e:  # what decodes before bad data is read; nothing decoding: the body as sent
+        after = f", after {len(out)} bytes" if out else ""
+        problem = Finding("decode_failed", f"the request's Content-Encoding {encoding!r}{after}: {e}"[:300])
+        return (bytes(out) if out else raw), [problem]
+    return bytes(out), []
+
+
 def start_record(
-    flow: http.HTTPFlow, dialect: Dialect, instance: str, parsed: tuple[Any, Finding | None] | None = None
+    flow: http.HTTPFlow,
+    dialect: Dialect,
+    instance: str,
+    max_bytes: int,
+    parsed: tuple[Any, Finding | None] | None = None,
+    content: tuple[bytes | None, list[Finding]] | None = None,
 ) -> tuple[ExchangeRecord, RequestSummary]:
     """A record with the request side filled in, and what the dialect read from the
-    request. ``parsed``: the body as detection already parsed it (else it is parsed here)."""
+    request. ``parsed``: the body as detection already parsed it (else it is parsed
+    here); ``content``: :func:`request_content` as detection already read it."""
     req = flow.request
-    content = req.get_content(strict=False) or b""
+    data, findings = content or request_content(req, max_bytes)
     path, _, query = req.path.partition("?")
     view = RequestView(req.method, path, query, req.headers)
-    body_json, finding = parsed or dialect.parse_request(content, view)
+    if data is None:  # too large to read: the request line and headers tell what they can
+        body_json, finding = UNREADABLE, None
+    else:
+        body_json, finding = parsed or dialect.parse_request(data, view)
     host = server_name(req.host, flow.client_conn.sni, req.host_header)
     record = ExchangeRecord(
         dialect=dialect.name,
@@ -49,15 +99,22 @@ def start_record(
         proxy_instance=instance,
         api_key_fingerprint=api_key_fingerprint({k.lower(): v for k, v in req.headers.items(multi=True)}, query),
         request_headers=redact_headers(req.headers.items(multi=True)),
-        request_body=content.decode("utf-8", "replace") if body_json is UNREADABLE else body_json,
+        request_body=_unread_body(data) if body_json is UNREADABLE else body_json,
     )
-    if finding is not None:
-        record.apply(finding)
+    for found in (*findings, finding):
+        if found is not None:
+            record.apply(found)
     readable = None if body_json is UNREADABLE else body_json
     summary = dialect.summarize(readable, view)
     summary.user_id = summary.user_id or proxy_user(flow) or redirected_user(flow)
     summary_into_record(record, summary)
     return record, summary
+
+
+def _unread_body(data: bytes | None) -> str | None:
+    """What the record keeps of a body no reader took: its text, or nothing when it was
+    too large to read (the finding says its size and hash)."""
+    return None if data is None else data.decode("utf-8", "replace")
 
 
 def response_into_record(record: ExchangeRecord, resp: http.Response) -> None:

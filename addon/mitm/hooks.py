@@ -38,7 +38,7 @@ from mitmproxy import http
 from mitmproxy.addonmanager import Loader
 
 from addon.auditor import StreamAuditor
-from addon.dialects import Dialect, Normalizer, RequestSummary, RequestView, media_type, parse_json_body
+from addon.dialects import UNREADABLE, Dialect, Normalizer, RequestSummary, RequestView, media_type, parse_json_body
 from addon.dialects.blocking import block_message
 from addon.dialects.registry import detect_request, detect_streamed_request
 from addon.events import Finding
@@ -52,6 +52,7 @@ from addon.mitm.flow_record import (
     abort_side,
     client_had_everything,
     refused_by_mitmproxy,
+    request_content,
     response_into_record,
     start_record,
 )
@@ -251,11 +252,18 @@ class ExchangeHooks:
             return  # answered before it could go upstream (proxyauth's 407, ...), opened streamed, a WebSocket
         req = flow.request
         path, _, query = req.path.partition("?")
+        read: list[tuple[bytes | None, list[Finding]]] = []  # (each on demand: most requests are no dialect's)
         parsed: list[tuple[Any, Finding | None]] = []
+
+        def content() -> tuple[bytes | None, list[Finding]]:
+            if not read:
+                read.append(request_content(req, self.max_record_bytes))
+            return read[0]
 
         def body() -> Any:
             if not parsed:
-                parsed.append(parse_json_body(req.get_content(strict=False) or b""))
+                data = content()[0]
+                parsed.append(parse_json_body(data) if data is not None else (UNREADABLE, None))
             return parsed[0][0]
 
         view = RequestView(req.method, path, query, req.headers)
@@ -263,7 +271,7 @@ class ExchangeHooks:
         if dialect is None:
             return
         reused = parsed[0] if parsed and dialect.json_requests else None
-        record, summary = start_record(flow, dialect, self.store.instance, reused)
+        record, summary = start_record(flow, dialect, self.store.instance, self.max_record_bytes, reused, content())
         recording = self.flows[flow.id] = Recording(record, dialect.normalizer(summary))
         filters = self.filters.current()
         block = self.filters.check_budgets(record)  # from totals in memory: no database here
@@ -293,7 +301,7 @@ class ExchangeHooks:
         dialect = detect_streamed_request(view)
         if dialect is None:
             return
-        record, summary = start_record(flow, dialect, self.store.instance)
+        record, summary = start_record(flow, dialect, self.store.instance, self.max_record_bytes)
         turns = Turns(record, flow.id if dialect.has_turns(view) else None, self.store.submit)
         recording = self.flows[flow.id] = Recording(record, dialect.normalizer(summary), turns=turns)
         filters = self.filters.current()
@@ -429,7 +437,7 @@ class ExchangeHooks:
 
         def claim(dialect: Dialect) -> tuple[ExchangeRecord, Normalizer]:
             """Called from the tap when a dialect claims the stream by its first event."""
-            record, summary = start_record(flow, dialect, self.store.instance)
+            record, summary = start_record(flow, dialect, self.store.instance, self.max_record_bytes)
             normalizer = dialect.normalizer(summary)
             response_into_record(record, resp)
             if isinstance(self.flows.get(flow.id), Sniffing):

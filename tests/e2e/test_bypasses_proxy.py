@@ -22,6 +22,7 @@ import base64
 import json
 import ssl
 import uuid
+import zlib
 from collections.abc import Iterator
 from typing import Any
 
@@ -360,3 +361,39 @@ def test_a_responses_final_text_that_differs_from_its_deltas_is_checked(guarded,
     row = assert_output_blocked(guarded, mock_id, "output.choices[0].final_text")
     assert row["output_text"] == "Hello there"
     assert "final_text_mismatch" in [f["code"] for f in row["findings"]]
+
+
+# -- a compressed request ------------------------------------------------------------------------
+
+
+def post_gzip(proxy: Proxy, up, transport: str, sent: bytes) -> tuple[httpx.Response, str]:
+    """POST a gzip-encoded chat body through the proxy; the response and the mock id."""
+    mock_id, headers = mock()
+    headers |= {"content-type": "application/json", "content-encoding": "gzip"}
+    verify = ssl.create_default_context(cafile=str(proxy.ca))
+    with httpx.Client(proxy=proxy.url, verify=verify, http2=transport == "h2", timeout=60) as c:
+        return c.post(f"{up.url}/v1/chat/completions", content=sent, headers=headers), mock_id
+
+
+def gzipped(body: bytes, spaces: int = 0) -> bytes:
+    """``body`` then ``spaces`` spaces (JSON whitespace), gzip-encoded a MiB at a time."""
+    encoder = zlib.compressobj(9, zlib.DEFLATED, 31)
+    parts = [encoder.compress(body)] + [encoder.compress(b" " * (1 << 20)) for _ in range(spaces >> 20)]
+    return b"".join(parts) + encoder.flush()
+
+
+def test_a_compressed_request_is_checked_and_a_bomb_is_refused(guarded, upstreams, transport):
+    """The word in a gzip-encoded body is blocked; a body that decodes past the decode
+    budget (64 MiB of spaces after it) cannot be read, so the closed policy refuses it.
+    Before, mitmproxy decoded any body whole in the proxy's memory and the bomb passed."""
+    up = upstreams[transport]
+    chat = orjson.dumps({"model": "gpt-4o", "messages": [{"role": "user", "content": f"about {WORD}"}]})
+    resp, mock_id = post_gzip(guarded, up, transport, gzipped(chat))
+    assert resp.status_code == 400 and resp.json()["error"]["code"] == "content_filter"
+    assert_request_blocked(guarded, up, mock_id)
+    innocent = orjson.dumps({"model": "gpt-4o", "messages": [{"role": "user", "content": "hello"}]})
+    resp, mock_id = post_gzip(guarded, up, transport, gzipped(innocent, 64 << 20))
+    assert resp.status_code == 400 and resp.json()["error"]["code"] == "content_filter"
+    row = assert_request_blocked(guarded, up, mock_id, rule_id="filter_error")
+    assert "request_too_large" in row["verdicts"][0]["reason"] and row["request_body"] is None
+    assert [f["code"] for f in row["findings"]] == ["request_too_large"]

@@ -16,6 +16,7 @@ import subprocess
 import threading
 import time
 import uuid
+import zlib
 from collections.abc import Iterator
 
 import httpx
@@ -166,9 +167,9 @@ def test_a_cut_bomb_is_upstream_aborted(capped, upstreams):
     assert row["status"] == "upstream_aborted" and findings(row, "inspection_stopped")
 
 
-def test_a_300_mb_stream_leaves_the_proxy_memory_bounded(capped, upstreams):
-    upstream = upstreams["h1"]
-    proc = psutil.Process(capped.process.proc.pid)
+def peak_rss(proxy: Proxy, work):
+    """``work()``'s result, and the proxy's resident memory before and at its peak meanwhile."""
+    proc = psutil.Process(proxy.process.proc.pid)
     peak = [proc.memory_info().rss]
     done = threading.Event()
 
@@ -179,18 +180,58 @@ def test_a_300_mb_stream_leaves_the_proxy_memory_bounded(capped, upstreams):
     sampler = threading.Thread(target=sample)
     sampler.start()
     try:
-        call = Call(capped, upstream, f"events=2&size=65536&repeat={300 * MIB // 65536}")
+        return work(), peak[0], max(peak)
     finally:
         done.set()
         sampler.join()
-    assert call.size > 300 * MIB and call.unchanged(upstream)
-    print(
-        f"300 MB stream: proxy RSS {peak[0] / MIB:.0f} MiB before, peak {max(peak) / MIB:.0f} MiB, {call.seconds:.1f} s"
+
+
+def test_a_300_mb_stream_leaves_the_proxy_memory_bounded(capped, upstreams):
+    upstream = upstreams["h1"]
+    call, before, peak = peak_rss(
+        capped, lambda: Call(capped, upstream, f"events=2&size=65536&repeat={300 * MIB // 65536}")
     )
-    assert max(peak) < 400 * MIB
+    assert call.size > 300 * MIB and call.unchanged(upstream)
+    print(f"300 MB stream: proxy RSS {before / MIB:.0f} MiB before, peak {peak / MIB:.0f} MiB, {call.seconds:.1f} s")
+    assert peak < 400 * MIB
     row = capped.mock_row(call.id, timeout=60)
     assert row["status"] == "completed" and row["output_tokens"] is not None
     assert findings(row, "content_truncated")
+
+
+def gzip_bomb(head: bytes, size: int) -> bytes:
+    """``head`` then ``size`` bytes of spaces (JSON whitespace), gzip-encoded a MiB at a time."""
+    encoder = zlib.compressobj(9, zlib.DEFLATED, 31)
+    parts = [encoder.compress(head)] + [encoder.compress(b" " * MIB) for _ in range(size // MIB)]
+    return b"".join(parts) + encoder.flush()
+
+
+def test_a_compression_bomb_in_a_request_is_not_decoded_whole(capped, upstreams):
+    """A 1 MB gzip request body of 1 GiB: mitmproxy's own decoding took it whole into the
+    proxy's memory. Now it is read up to the decode budget, recorded with its sizes and
+    hash, forwarded unchanged, and other flows are served meanwhile."""
+    upstream = upstreams["h1"]
+    mock_id = uuid.uuid4().hex
+    body = orjson.dumps({"model": "mock-model", "messages": [{"role": "user", "content": "Hi"}]})
+    sent = gzip_bomb(body, 1024 * MIB)
+
+    def post() -> httpx.Response:
+        headers = {"content-type": "application/json", "content-encoding": "gzip", "x-mock-id": mock_id}
+        with capped.client() as client:
+            return client.post(f"{upstream.url}/v1/chat/completions", content=sent, headers=headers)
+
+    (resp, probes), before, peak = peak_rss(capped, lambda: probe_while(capped, upstream, post))
+    print(f"request bomb: proxy RSS {before / MIB:.0f} MiB before, peak {peak / MIB:.0f} MiB; {len(probes)} probes")
+    assert resp.status_code == 200 and upstream.received(mock_id)["body"] == sent
+    assert peak - before < 200 * MIB
+    row = capped.mock_row(mock_id, timeout=60)
+    assert row["dialect"] == "openai-chat" and row["request_body"] is None
+    (detail,) = findings(row, "request_too_large")
+    assert (
+        f"over llm_audit_max_record_bytes ({CAP})" in detail and f"sha256 {hashlib.sha256(sent).hexdigest()}" in detail
+    )
+    for probe in probes:
+        assert probe.unchanged(upstream) and capped.mock_row(probe.id)["status"] == "completed"
 
 
 def test_the_log_verifies_after_all_of_it(capped, upstreams):

@@ -9,9 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import gzip
+import hashlib
+import resource
+import zlib
 
+import brotli
 import orjson
 import pytest
+from backports import zstd
 from mitmproxy import http
 from mitmproxy.flow import Error
 from mitmproxy.test import tflow
@@ -512,3 +517,113 @@ def test_what_a_client_sends_after_its_exchange_is_recorded_changes_no_record(fi
     assert flow.request.stream(late) == ([] if filtered else late)
     assert orjson.dumps([r["request_body"] for r in final]) == before
     assert [(r["status"], r["turn"]) for r in store.rows] == [("in_progress", 0), ("completed", 0)]
+
+
+# -- a compressed request body ------------------------------------------------------------------
+
+BOMB_SIZE = 256 * 1024 * 1024  # JSON whitespace: a valid body, a few hundred KB in gzip
+
+
+def gzip_body(head: bytes, spaces: int = 0) -> bytes:
+    """``head`` then ``spaces`` spaces, gzip-encoded a MiB at a time (never whole in memory)."""
+    encoder = zlib.compressobj(9, zlib.DEFLATED, 31)
+    out = [encoder.compress(head)]
+    for start in range(0, spaces, 1 << 20):
+        out.append(encoder.compress(b" " * min(1 << 20, spaces - start)))
+    return b"".join(out) + encoder.flush()
+
+
+def gzip_chat_flow(body: bytes) -> http.HTTPFlow:
+    flow = chat_flow()
+    flow.request.headers["content-encoding"] = "gzip"
+    flow.request.raw_content = body
+    return flow
+
+
+def chat_json(text: str) -> bytes:
+    return orjson.dumps({"model": "m", "messages": [{"role": "user", "content": text}], "stream": True})
+
+
+def test_a_compressed_request_is_read_as_the_upstream_reads_it() -> None:
+    h, store = hooks(BLOCK_WORD)
+    flow = gzip_chat_flow(gzip_body(chat_json("about Nightjar")))
+    h.request(flow)
+    assert isinstance(h.flows[flow.id], AnsweredByProxy)
+    h, store = hooks()
+    flow = gzip_chat_flow(gzip_body(chat_json("hello")))
+    h.request(flow)
+    (row,) = store.rows
+    assert row["request_body"]["messages"] == [{"role": "user", "content": "hello"}] and row["findings"] == []
+
+
+def test_a_compression_bomb_request_is_not_decoded_whole_and_the_failure_policy_decides() -> None:
+    """mitmproxy's get_content decoded all of it at once: 256 MiB in memory and about a
+    second of the event loop for this body, 32 GiB for a 32 MB one."""
+    sent = gzip_body(chat_json("hi"), BOMB_SIZE)
+    h, store = hooks()
+    flow = gzip_chat_flow(sent)
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    h.request(flow)
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 64 * 1024  # KiB: far below 256 MiB
+    assert flow.request.raw_content == sent  # what goes upstream is untouched
+    (row,) = store.rows
+    assert row["dialect"] == "openai-chat" and row["request_body"] is None  # recognised by its line
+    ((code, detail),) = [(f["code"], f["detail"]) for f in row["findings"]]
+    assert code == "request_too_large" and "compression ratio over 100:1" in detail
+    assert f"sha256 {hashlib.sha256(sent).hexdigest()}" in detail
+
+    h, store = hooks(BLOCK_WORD)  # closed: what no filter could read is refused
+    flow = gzip_chat_flow(sent)
+    h.request(flow)
+    assert isinstance(h.flows[flow.id], AnsweredByProxy)
+    h.response(flow)
+    (row,) = store.rows
+    assert [v["rule_id"] for v in row["verdicts"]] == ["filter_error"]
+    assert "request_too_large" in row["verdicts"][0]["reason"]
+
+
+@pytest.mark.parametrize(
+    ("coding", "encode"),
+    [
+        ("gzip", lambda b: zlib.compress(b, wbits=31)),
+        ("deflate", zlib.compress),
+        ("br", brotli.compress),
+        ("zstd", zstd.compress),
+        ("gzip, br", lambda b: brotli.compress(zlib.compress(b, wbits=31))),
+    ],
+)
+def test_a_request_over_the_record_limit_once_decoded_is_not_read(coding, encode) -> None:
+    body = chat_json("x" * 3000)
+    h, store = hooks()
+    h.max_record_bytes = 2048
+    flow = chat_flow()
+    flow.request.headers["content-encoding"] = coding
+    flow.request.raw_content = encode(body)
+    h.request(flow)
+    (row,) = store.rows
+    assert [f["code"] for f in row["findings"]] == ["request_too_large"]
+    assert "over llm_audit_max_record_bytes (2048)" in row["findings"][0]["detail"]
+    h.max_record_bytes = 4096
+    flow = chat_flow()
+    flow.request.headers["content-encoding"] = coding
+    flow.request.raw_content = encode(body)
+    h.request(flow)
+    assert store.rows[-1]["request_body"]["messages"][0]["content"] == "x" * 3000
+
+
+@pytest.mark.parametrize(
+    ("coding", "sent", "code", "body"),
+    [
+        ("gzip", b"not gzip", "decode_failed", "not gzip"),  # nothing decodes: the bytes as sent
+        ("gzip", zlib.compress(chat_json("hi"), wbits=31) + b"junk", "decode_failed", orjson.loads(chat_json("hi"))),
+        ("snappy", chat_json("hi"), "decode_failed", orjson.loads(chat_json("hi"))),  # unknown: read as sent
+    ],
+)
+def test_a_request_whose_coding_fails_is_read_as_far_as_it_decodes(coding, sent, code, body) -> None:
+    h, store = hooks()
+    flow = chat_flow()
+    flow.request.headers["content-encoding"] = coding
+    flow.request.raw_content = sent
+    h.request(flow)
+    (row,) = store.rows
+    assert row["findings"][0]["code"] == code and row["request_body"] == body
