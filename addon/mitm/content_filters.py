@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -154,6 +154,17 @@ class ContentFilters:
             early_end.install_request_side()  # a blocked message of a bidirectional stream ends it
 
 
+@dataclass(slots=True)
+class RequestCheck:
+    """A request's check, its first step done: what the filters read of the request and
+    the rules' verdicts. That step may run off the event loop (a large request's, in
+    :class:`~addon.mitm.hooks.ExchangeHooks`); :func:`finish_check` runs the rest on it.
+    ``context`` is None when the first step failed (its verdict says so)."""
+
+    context: RequestContext | None
+    verdicts: list[Verdict]
+
+
 def check_request(
     filters: FilterSet, record: ExchangeRecord, dialect: Dialect, summary: RequestSummary
 ) -> Verdict | None:
@@ -163,19 +174,40 @@ def check_request(
     A failure of the checking itself (not of one user filter, which the filter set
     handles) follows the failure policy too: ``closed`` blocks, ``open`` forwards.
     """
+    return finish_check(filters, record, check_rules(filters, record, dialect, summary))
+
+
+def check_rules(filters: FilterSet, record: ExchangeRecord, dialect: Dialect, summary: RequestSummary) -> RequestCheck:
+    """The first step of :func:`check_request`: the context and the rules' verdicts.
+    Thread-safe: it reads the record and writes nothing."""
     try:
         context = _request_context(record, dialect, summary)
-        verdicts = filters.check_request(context)
-        if unkept_of(record.request_body):
-            verdicts = _once(verdicts, f"messages[{len(context.messages) - 1}]")
+        return RequestCheck(context, filters.check_request_rules(context))
     except Exception as e:  # our bug must not decide the policy
         log.exception("llm-audit: checking a request failed")
-        action = BLOCK if filters.failure == "closed" else "flag"
-        verdicts = [
-            Verdict(action, FILTER_ERROR, f"{type(e).__name__}: {e}"[:300], filter="llm-audit", location="request")
-        ]
+        return RequestCheck(None, [_failed(filters, e)])
+
+
+def finish_check(filters: FilterSet, record: ExchangeRecord, check: RequestCheck) -> Verdict | None:
+    """The rest of :func:`check_request`, on the event loop: the user filters, and the
+    verdicts into the record; the verdict that blocks the request, if any."""
+    verdicts = check.verdicts
+    if check.context is not None:
+        try:
+            verdicts = verdicts + filters.check_request_filters(check.context)
+            if unkept_of(record.request_body):
+                verdicts = _once(verdicts, f"messages[{len(check.context.messages) - 1}]")
+        except Exception as e:  # our bug must not decide the policy
+            log.exception("llm-audit: checking a request failed")
+            verdicts = [_failed(filters, e)]
     record.verdicts.extend(v.as_dict() for v in verdicts)
     return next((v for v in verdicts if v.action == BLOCK), None)
+
+
+def _failed(filters: FilterSet, e: Exception) -> Verdict:
+    """The verdict on a request whose checking failed: the failure policy's."""
+    action = BLOCK if filters.failure == "closed" else "flag"
+    return Verdict(action, FILTER_ERROR, f"{type(e).__name__}: {e}"[:300], filter="llm-audit", location="request")
 
 
 def check_message(

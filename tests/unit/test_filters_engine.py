@@ -1,6 +1,7 @@
 """FilterSet and OutputGuard: rules and user filters together, failures under both policies."""
 
 import itertools
+import random
 
 import pytest
 from fixtures.filters.samples import SECRETS
@@ -320,6 +321,16 @@ GATED_TEXTS = [
 
 @pytest.mark.parametrize("texts", [GATED_TEXTS, *([t] for t in GATED_TEXTS), GATED_TEXTS[::-1]])
 def test_request_verdicts_are_those_of_every_rules_own_search(texts):
+    fs = FilterSet(GATED_RULES, failure="open")
+    context = ctx(*texts)
+    assert fs.check_request(context) == ungated(fs, context)
+
+
+def test_request_verdicts_of_many_messages_are_those_of_every_rules_own_search():
+    """Messages are found by the gates each opens, then searched in their order: the same
+    verdicts, in the same order, as searching every message for every rule."""
+    rng = random.Random(3)
+    texts = [rng.choice(GATED_TEXTS) for _ in range(300)]
     fs = FilterSet(GATED_RULES, failure="open")
     context = ctx(*texts)
     assert fs.check_request(context) == ungated(fs, context)

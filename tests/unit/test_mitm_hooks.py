@@ -627,3 +627,59 @@ def test_a_request_whose_coding_fails_is_read_as_far_as_it_decodes(coding, sent,
     h.request(flow)
     (row,) = store.rows
     assert row["findings"][0]["code"] == code and row["request_body"] == body
+
+
+# -- a large request is read off the event loop ---------------------------------------------------
+
+
+def many_messages_flow(count: int, last: str) -> http.HTTPFlow:
+    """A chat request of ``count`` tiny messages and then ``last``: costly to read for its size."""
+    messages = [{"role": "user", "content": "ab"}] * count + [{"role": "user", "content": last}]
+    body = orjson.dumps({"model": "m", "messages": messages, "stream": True})
+    request = http.Request.make(
+        "POST", "https://api.openai.com/v1/chat/completions", body, {"content-type": "application/json"}
+    )
+    return tflow.tflow(req=request)
+
+
+def test_a_large_request_is_read_in_a_thread_while_the_event_loop_runs_on() -> None:
+    """Its reading and the rules' check ran on the event loop and stalled every stream
+    meanwhile; now the loop's other tasks run while it is read. The outcome is the same:
+    blocked with the rule's verdict, or recorded whole."""
+
+    async def run(text: str, rules) -> tuple[list, int, Store]:
+        h, store = hooks(rules)
+        flow = many_messages_flow(100_000, text)
+        ticks = 0
+
+        async def tick() -> None:
+            nonlocal ticks
+            while True:
+                await asyncio.sleep(0.001)
+                ticks += 1
+
+        ticker = asyncio.get_running_loop().create_task(tick())
+        await asyncio.sleep(0)
+        pending = h.request(flow)
+        assert pending is not None  # a coroutine mitmproxy awaits
+        await pending
+        ticker.cancel()
+        return [type(h.flows[flow.id]).__name__], ticks, store
+
+    state, ticks, store = asyncio.run(run("about Nightjar", BLOCK_WORD))
+    assert state == ["AnsweredByProxy"] and ticks > 0 and store.rows == []
+    state, ticks, store = asyncio.run(run("hello", None))
+    assert state == ["Recording"] and ticks > 0
+    (row,) = store.rows
+    assert len(row["request_body"]["messages"]) == 100_001
+
+
+def test_a_small_request_is_read_at_once_even_with_a_loop_running() -> None:
+    async def run() -> object:
+        h, store = hooks(BLOCK_WORD)
+        flow = chat_flow("about Nightjar")
+        pending = h.request(flow)
+        assert isinstance(h.flows[flow.id], AnsweredByProxy)
+        return pending
+
+    assert asyncio.run(run()) is None
