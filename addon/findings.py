@@ -143,6 +143,9 @@ CODES: dict[str, str] = {
     "the detail says how.",
     "protobuf_invalid": "A protobuf message is not valid wire format (truncated, a bad tag); what could be read was "
     "read.",
+    "protobuf_budget": "A protobuf message held more fields than the proxy parses in reading one (50,000, its nested "
+    "messages included): the record keeps what was read before; the filters still read all its text (its bytes "
+    "as text, request and answer).",
     "protobuf_unmapped": "A protobuf message holds fields the dialect does not map (the schema moved, or a message "
     "kind it does not know); the detail gives the fields and the strings found in them.",
     "server_prompt": "The response disclosed the prompt the server built for the model (Cursor's filled_prompt); "

@@ -22,6 +22,9 @@ caller's limits and :data:`STRINGS_BUDGET` (and :func:`strings` tells what they 
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import NamedTuple
 
 VARINT, I64, LEN, SGROUP, EGROUP, I32 = 0, 1, 2, 3, 4, 5
@@ -33,7 +36,48 @@ MAX_DEPTH = 32
 #: (about a microsecond a field), whatever the bytes (a blob that is no message stops at
 #: its first field). Far above a real request's (hundreds to a few thousand).
 STRINGS_BUDGET = 200_000
+#: Fields all the reading of one message may parse together (see :func:`budget`): its
+#: nested messages, the dialect's paths and the string walks. About 2 µs a field, so at
+#: most about 0.1 s of the event loop, where a stream's message is read; a real request
+#: holds hundreds to a few thousand (Cursor's conversation and code chunks).
+MESSAGE_BUDGET = 50_000
 _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]").search
+
+
+class Budget:
+    """What one message's reading may still parse (see :func:`budget`)."""
+
+    __slots__ = ("fields", "left")
+
+    def __init__(self, fields: int) -> None:
+        self.fields = self.left = fields
+
+    @property
+    def spent(self) -> bool:
+        """Whether the reading ran out of it: what the record keeps stops there."""
+        return self.left <= 0
+
+
+_BUDGET: ContextVar[Budget | None] = ContextVar("protowire_budget", default=None)
+
+
+@contextmanager
+def budget(fields: int = MESSAGE_BUDGET) -> Iterator[Budget]:
+    """Bound the fields parsed while reading one message, in this thread, to ``fields``.
+
+    Each limit of its own (:data:`MAX_FIELDS` a message, :data:`STRINGS_BUDGET` a walk)
+    bounds one parse; a message of many nested messages, each parsed by a path, a check
+    whether a value is text and a walk, multiplied them: 1.8 MB of tiny fields took 1.3 s
+    of the event loop, and a stream's messages are read there. Past the budget every
+    message reads as cut short (:data:`OVER_BUDGET`) and the walks stop; the caller
+    says so once, from :attr:`Budget.spent` (its dialect's finding). The filters read
+    the message's bytes as text whatever its reading kept (``rpc.payload_text``)."""
+    spent = Budget(fields)
+    token = _BUDGET.set(spent)
+    try:
+        yield spent
+    finally:
+        _BUDGET.reset(token)
 
 
 class Field(NamedTuple):
@@ -59,16 +103,34 @@ def _varint(data: bytes, pos: int) -> tuple[int, int] | None:
 
 
 TOO_MANY_FIELDS = "over"  # how the problem of a message cut short by the field limit begins
+OVER_BUDGET = "past"  # ... and by the budget of the whole message's reading (see budget)
+
+
+def cut_by_budget(problem: str | None) -> bool:
+    """Whether a message's problem is only that its reading's :func:`budget` ran out."""
+    return problem is not None and problem.startswith(OVER_BUDGET)
 
 
 def read_fields(data: bytes, max_fields: int = MAX_FIELDS) -> tuple[list[Field], str | None]:
     """The fields of one message in wire order, and why reading stopped early (None: it
-    did not). Groups are skipped."""
+    did not). Groups are skipped. Charged to the :func:`budget` when one is set."""
+    spent = _BUDGET.get()
+    if spent is None:
+        return _read_fields(data, max_fields, f"{TOO_MANY_FIELDS} {max_fields} fields")
+    if spent.left >= max_fields:
+        read = _read_fields(data, max_fields, f"{TOO_MANY_FIELDS} {max_fields} fields")
+    else:
+        read = _read_fields(data, spent.left, f"{OVER_BUDGET} the {spent.fields} fields its reading may parse")
+    spent.left -= len(read[0])
+    return read
+
+
+def _read_fields(data: bytes, max_fields: int, too_many: str) -> tuple[list[Field], str | None]:
     fields: list[Field] = []
     pos, size = 0, len(data)
     while pos < size:
         if len(fields) >= max_fields:
-            return fields, f"{TOO_MANY_FIELDS} {max_fields} fields; the rest was not read"
+            return fields, f"{too_many}; the rest was not read"
         start = pos
         tag = _varint(data, pos)
         if tag is None:
@@ -174,17 +236,16 @@ class Message:
             for value in self.values(number):
                 if isinstance(value, bytes):
                     nested = Message(value)
-                    if nested.problem is None:
-                        found.append(nested)
-                    elif nested.problem.startswith(TOO_MANY_FIELDS):
+                    if nested.problem is None or nested.problem.startswith((TOO_MANY_FIELDS, OVER_BUDGET)):
                         found.append(nested)
             self._nested[number] = found
         return found
 
     def cut_short(self) -> str | None:
         """Why this message, or a nested one read so far, was not read to its end (call
-        it after reading the paths): what may hide behind it was not seen."""
-        if self.problem is not None:
+        it after reading the paths): what may hide behind it was not seen. A cut by the
+        reading's :func:`budget` is not one: whoever set the budget says so, once."""
+        if self.problem is not None and not cut_by_budget(self.problem):
             return self.problem
         for number, nested in self._nested.items():
             for msg in nested:
@@ -247,6 +308,8 @@ def readable(value: bytes) -> str | None:
     if not decoded or not _CONTROL(decoded):
         return decoded or None
     nested = Message(value)
+    if cut_by_budget(nested.problem):
+        return None  # (cannot tell, past the reading's budget: not kept; the filters read the bytes)
     return decoded if not nested.fields or nested.problem is not None else None
 
 
@@ -322,6 +385,8 @@ class _Collect:
             return None
         nested = Message(value, max_fields=min(self.budget, MAX_FIELDS))
         self.budget -= len(nested.fields)
+        if cut_by_budget(nested.problem):  # (said once, by whoever set the budget)
+            return nested
         if nested.problem is not None and nested.problem.startswith(TOO_MANY_FIELDS):
             self.left_out(
                 f"values past the first {STRINGS_BUDGET} fields read"

@@ -61,8 +61,10 @@ from addon.dialects.blocking import block_message
 from addon.dialects.protowire import (
     LEN,
     MAX_FIELDS,
+    MESSAGE_BUDGET,
     TOO_MANY_FIELDS,
     Message,
+    budget,
     encode_field,
     encode_varint,
     field_text,
@@ -364,6 +366,11 @@ _SPACE = re.compile(r"\s").search
 STRINGS_DEPTH = 33
 
 
+def over_budget(what: str) -> Finding:
+    """The finding of a protobuf message whose reading ran out of its field budget."""
+    return Finding("protobuf_budget", f"{what}: past the {MESSAGE_BUDGET} fields its reading may parse")
+
+
 def unread_finding(cut: list[str], what: str) -> Finding:
     """The finding ``strings_unread``: ``what`` held strings past a reader's bounds
     (``cut``: which, from :func:`~addon.dialects.json_strings`), which no filter checked."""
@@ -463,11 +470,15 @@ class RpcNormalizer(Normalizer):
         filters (checked beside the answer's text, not recorded): a protobuf message's
         bytes as text (:func:`unread_text`: every string of it, whatever field holds it),
         a JSON message's other strings (:func:`unread_strings`: a key a release moved)."""
-        out = self.on_message(payload)
+        with budget() as reading:
+            out = self.on_message(payload)
+        at = next((i for i, ev in enumerate(out) if type(ev) is TurnEnd), len(out))  # (before a turn's end: its own)
+        if reading.spent:
+            out.insert(at, over_budget("a response message"))
+            at += 1
         if self.reads_text and (self.codec != "json" or self.maps_json):
             rest = unread_strings(payload, out) if self.codec == "json" else unread_text(payload, out)
-            if rest is not None:  # (before a turn's end: checked as that turn's)
-                at = next((i for i, ev in enumerate(out) if type(ev) is TurnEnd), len(out))
+            if rest is not None:
                 out.insert(at, ShownText(rest, kind="payload"))
         return out
 
@@ -578,7 +589,10 @@ class RpcDialect(Dialect):
     def _read(self, payload: bytes, request: RequestView, doc: Reading, findings: list[Finding]) -> None:
         """One request message: the dialect's reading, and for a protobuf message its bytes
         as text (:func:`payload_text`) for the filters, whatever the reading could map."""
-        self.read_message(payload, request, doc, findings)
+        with budget() as reading:
+            self.read_message(payload, request, doc, findings)
+        if reading.spent:
+            findings.append(over_budget("a request message"))
         if (protocol_of(request.headers) or ("", "proto"))[1] != "json" and self.reads_text(request):
             doc.unkept.append(payload_text(payload, doc.credentials))
 

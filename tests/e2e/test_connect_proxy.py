@@ -36,6 +36,7 @@ from conftest import (
     filtering_proxy,
     wait_for,
 )
+from protoenc import env, f, m
 
 pytestmark = pytest.mark.e2e
 
@@ -529,3 +530,24 @@ def test_py_output_filter_ends_a_connect_stream_with_permission_denied(
     code, message = py_stream_chat(py.upstream.url, py.http(filtering), {"x-mock-id": mock_id})
     assert code == "PERMISSION_DENIED" and "no-tok2" in message
     assert filtering.mock_row(mock_id)["status"] == "blocked"
+
+
+def test_a_message_of_many_tiny_fields_is_read_within_its_budget_and_still_checked(es_request_filtered: EsClient):
+    """Cursor's StreamChat with 99,000 two-letter context strings and the question after
+    them (1.2 MB): a stream's message is read on the event loop, and its reading parsed
+    those fields several times over (about 1 s). Now the reading stops at its budget
+    (finding protobuf_budget) and the request filters still read the question in the
+    message's bytes: the message is not forwarded."""
+    es = es_request_filtered
+    mock_id = uuid.uuid4().hex
+    tiny = m(1, f(1, "ab"))
+    message = m(2, f(1, "what does this do?"), f(2, 1)) + m(7, f(1, "gpt-4o")) + m(20, *[tiny] * 99_000)
+    body = env(message + m(20, m(1, f(1, FOLLOW_UP))))
+    headers = {"content-type": "application/connect+proto", "connect-protocol-version": "1", "x-mock-id": mock_id}
+    with es.proxy.client(http2=True) as client:
+        resp = client.post(f"{es.upstream.url}/aiserver.v1.AiService/StreamChat", content=body, headers=headers)
+    assert b"no-graz" in resp.content  # the Connect end of stream the proxy wrote
+    assert b"Graz" not in es.upstream.received(mock_id).get("body", b"")
+    row = es.proxy.mock_row(mock_id)
+    assert row["status"] == "blocked" and any(v["rule_id"] == "no-graz" for v in row["verdicts"])
+    assert "protobuf_budget" in [x["code"] for x in row["findings"]]

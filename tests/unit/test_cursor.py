@@ -471,9 +471,13 @@ def test_a_field_sent_twice_is_read_as_protobuf_parsers_read_it_the_last_value()
 
 
 def test_padding_past_the_field_limit_is_reported_not_silently_hiding_the_prompt():
+    """The reading stops at its field budget and says so; the filters read the prompt in
+    the message's bytes all the same (before the budget: protobuf_invalid, refused under
+    closed, after parsing all 100,001 fields)."""
     padded = m(1, f(99, 0) * 100_001 + m(2, f(1, "FORBIDDEN")))
-    _, findings = DIALECT.parse_request_message(padded, view(AGENT))
-    assert [x.code for x in findings] == ["protobuf_invalid"]  # the failure policy decides on it
+    doc, findings = DIALECT.parse_request_message(padded, view(AGENT))
+    assert [x.code for x in findings] == ["protobuf_budget"]
+    assert "FORBIDDEN" in "\n".join(doc.unkept)
 
 
 def test_every_string_of_an_action_and_text_with_control_characters_reach_the_request_filters():

@@ -132,7 +132,7 @@ def test_strings_past_the_readings_bounds_are_read_by_the_filters_and_refuse_not
     word is found, and an ordinary request with a big context is no strings_unread
     (which `closed` would refuse)."""
     doc, finding = read_cursor(cursor_request(*fields))
-    assert finding is None
+    assert finding is None or finding.code == "protobuf_budget"  # (100k fields: past the reading's budget)
     assert verdicts(CURSOR, doc) == {"word"}
 
 
@@ -449,3 +449,39 @@ def test_a_multi_line_text_delta_is_reported_once():
     body = env(m(2, f(1, "line one\nthe Nightjar\nline three"))) + end_stream()
     sent, row = answered(CURSOR, UNIFIED, body, FLAGS)
     assert [v["location"] for v in row["verdicts"]] == ["output.choices[0].text"]
+
+
+# -- one message's reading has a field budget ----------------------------------------------------
+
+
+TINY = m(1, f(1, "ab"))  # a context item of one two-letter string
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        (STREAM_CHAT, cursor_request(m(20, *[TINY] * 99_000), f(21, "Nightjar"))),
+        (
+            UNIFIED,
+            env(
+                b"".join(m(1, m(1, f(1, "hi"), f(2, 1)), m(20, *[TINY] * 99_000)) for _ in range(3)) + f(9, "Nightjar")
+            ),
+        ),
+    ],
+    ids=["stream-chat", "unified-three-requests"],
+)
+def test_a_request_of_many_tiny_fields_is_read_within_its_budget_and_checked_whole(path, body):
+    """Each limit bounded one parse, and a message's reading parsed its fields many times
+    over: 1.8 MB of three requests of 99,000 tiny strings took 1.3 s of the event loop.
+    The reading now stops at its budget and says so (no failure policy: nothing is
+    unread), and the filters find the word after it in the message's bytes."""
+    doc, finding = CURSOR.parse_request(body, RequestView("POST", path, "", CONNECT_PROTO))
+    assert finding is not None and finding.code == "protobuf_budget"
+    assert verdicts(CURSOR, doc, [finding]) == {"word"}
+
+
+def test_an_answer_of_many_tiny_fields_is_read_within_its_budget_and_checked_whole():
+    message = b"".join(m(3, f(1, "ab")) for _ in range(99_000)) + f(7, "the Nightjar plan")
+    sent, row = answered(CURSOR, STREAM_CHAT, env(m(2, f(1, "Ask about it. "))) + env(message) + env(f(1, "More.")))
+    assert row["status"] == "blocked" and b"Nightjar" not in sent
+    assert "protobuf_budget" in [x["code"] for x in row["findings"]]
