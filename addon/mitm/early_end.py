@@ -22,11 +22,17 @@ HTTP/2 the message is the same ("stream reset by client (CANCEL)") whether the c
 the upstream reset the stream. :func:`install_error_side` notes the side on the flow
 (``flow.metadata["llm_audit_error_from"]``: ``client`` or ``upstream``) from the kind of
 protocol error mitmproxy handles, before its ``error`` hook runs.
+
+WebSocket (:func:`install_websocket_close`, :func:`install_websocket_fragments`,
+:func:`install_websocket_inflate_bound`): closing with a code, cutting an injected text
+message between characters, and a bound on what a compressed message may inflate to
+(wsproto's permessage-deflate, which mitmproxy uses).
 """
 
 from __future__ import annotations
 
 import functools
+import zlib
 from collections.abc import Callable
 
 from mitmproxy import http
@@ -262,6 +268,59 @@ def install_websocket_fragments() -> None:
 
     setattr(fragments, _PATCHED, True)
     wslayer.Fragmentizer.__call__ = fragments  # type: ignore[method-assign]
+
+
+def install_websocket_inflate_bound() -> None:
+    """Bound what a WebSocket message may inflate to (permessage-deflate), as the
+    proxy's own decoder bounds an HTTP body (:data:`~addon.auditor.DECODE_BUDGET`).
+
+    mitmproxy 12.3 decompresses a compressed message through wsproto's
+    ``PerMessageDeflate``, which inflates each piece of a frame whole: a 1 MB frame of
+    zeros from either peer becomes 1 GiB in the proxy's memory before any hook sees it,
+    on any WebSocket through the proxy. The patched extension inflates at most what the
+    budget still allows a message (more than 16 MiB at over 100 times the compressed
+    bytes read, or more than 1 GiB, is a bomb) and past it closes the connection with
+    1009 (message too big), as RFC 6455 has a peer do with a message it cannot take. A
+    message within the budget is inflated exactly as before."""
+    from wsproto import extensions
+    from wsproto.frame_protocol import CloseReason
+
+    from addon.auditor import DECODE_BUDGET
+
+    deflate = extensions.PerMessageDeflate
+    original_payload, original_complete = deflate.frame_inbound_payload_data, deflate.frame_inbound_complete
+    if getattr(original_payload, _PATCHED, False):
+        return
+
+    @functools.wraps(original_payload)
+    def payload(self: extensions.PerMessageDeflate, proto: object, data: bytes) -> bytes | CloseReason:
+        if not self._inbound_compressed or not self._inbound_is_compressible or self._decompressor is None:
+            return original_payload(self, proto, data)  # type: ignore[arg-type]
+        taken, made = getattr(self, _INFLATED, (0, 0))
+        taken += len(data)
+        allowed = min(DECODE_BUDGET.max_decoded, max(DECODE_BUDGET.floor, DECODE_BUDGET.ratio * taken))
+        try:
+            out = self._decompressor.decompress(bytes(data), max(1, allowed - made + 1))  # (0 is no limit)
+        except zlib.error:
+            return CloseReason.INVALID_FRAME_PAYLOAD_DATA
+        made += len(out)
+        if self._decompressor.unconsumed_tail or DECODE_BUDGET.exceeded(made, taken):
+            return CloseReason.MESSAGE_TOO_BIG
+        setattr(self, _INFLATED, (taken, made))
+        return out
+
+    @functools.wraps(original_complete)
+    def complete(self: extensions.PerMessageDeflate, proto: object, fin: bool) -> bytes | CloseReason | None:
+        if fin:
+            setattr(self, _INFLATED, (0, 0))  # (the next message has a budget of its own)
+        return original_complete(self, proto, fin)  # type: ignore[arg-type]
+
+    setattr(payload, _PATCHED, True)
+    deflate.frame_inbound_payload_data = payload  # type: ignore[method-assign]
+    deflate.frame_inbound_complete = complete  # type: ignore[method-assign]
+
+
+_INFLATED = "_llm_audit_inflated"  # on a PerMessageDeflate: (compressed bytes read, bytes inflated) of its message
 
 
 def _text_cuts(content: bytes, lengths: list[int], size: int) -> list[tuple[int, int]]:

@@ -81,6 +81,7 @@ class WebSocketHooks:
     def load(self, loader: Loader) -> None:
         early_end.install_websocket_close()
         early_end.install_websocket_fragments()
+        early_end.install_websocket_inflate_bound()
 
     # -- hooks ------------------------------------------------------------------------------
 
