@@ -25,6 +25,11 @@ _ENDED_KEPT = 16  # ended invocations remembered
 _CLIENT_TEXT = frozenset(("invocation", "stream_invocation", "stream_item", "completion"))
 
 
+#: Strings read of one hub message at most: far above a conversation's (Copilot sends a
+#: few dozen); past them the message is one the filters cannot check whole.
+MESSAGE_STRINGS = 100_000
+
+
 def strings_of(value: Any, cut: list[str] | None = None) -> list[str]:
     """The strings of a hub message's payload, as sent but for the values of keys named
     like credentials (the client's own, as a header's: fingerprinted). The request
@@ -32,8 +37,10 @@ def strings_of(value: Any, cut: list[str] | None = None) -> list[str]:
     (:func:`~addon.dialects.rpc.kept_text`). Not cut: the filters must see all of a
     prompt or an answer (the reader bounds a record's size), but for strings nested
     deeper than 32 levels (the walk's bound), which ``cut`` gets noted (see
-    :func:`~addon.dialects.json_strings`)."""
-    return json_strings(clean_json(value, max_depth=STRINGS_DEPTH, texts=False), cut=cut)
+    :func:`~addon.dialects.json_strings`) and strings past the first :data:`MESSAGE_STRINGS`
+    of a message (no client sends so many; past them reading one costs the event loop
+    more than a tenth of a second)."""
+    return json_strings(clean_json(value, max_depth=STRINGS_DEPTH, texts=False), limit=MESSAGE_STRINGS, cut=cut)
 
 
 def user_doc(text: str | list[str], target: Any, **extra: Any) -> Reading:

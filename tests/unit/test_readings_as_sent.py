@@ -485,3 +485,45 @@ def test_an_answer_of_many_tiny_fields_is_read_within_its_budget_and_checked_who
     sent, row = answered(CURSOR, STREAM_CHAT, env(m(2, f(1, "Ask about it. "))) + env(message) + env(f(1, "More.")))
     assert row["status"] == "blocked" and b"Nightjar" not in sent
     assert "protobuf_budget" in [x["code"] for x in row["findings"]]
+
+
+def test_a_hub_message_of_very_many_strings_is_read_to_its_bound_and_the_policy_decides():
+    """Every string of a hub message reaches the filters; a message of more than
+    100,000 (no client sends so many) cost the event loop seconds at the 8 MiB a message
+    may have. Past the bound the message is not read whole: strings_unread, the failure
+    policy decides. A key among many strings is still fingerprinted in the record."""
+    from addon.dialects.hub import MESSAGE_STRINGS
+
+    hello = b'{"protocol":"json","version":1}\x1e'
+    conn = Connection(ws_view("/hub"), hello)
+    many = {"type": 1, "invocationId": "1", "target": "Ask", "arguments": ["ab"] * MESSAGE_STRINGS + ["Nightjar"]}
+    (doc,) = conn.send(json.dumps(many).encode() + b"\x1e")
+    assert "Nightjar" not in doc.unkept
+    assert [f["code"] for f in conn.record.to_row()["findings"]] == ["strings_unread"]
+    conn = Connection(ws_view("/hub"), hello)
+    keyed = {"type": 1, "invocationId": "1", "target": "Ask", "arguments": ["ab"] * 5000 + [f"use {KEY}"]}
+    (doc,) = conn.send(json.dumps(keyed).encode() + b"\x1e")
+    assert KEY not in json.dumps(doc) and verdicts(SIGNALR, doc) == {"creds"}
+    assert conn.record.to_row()["findings"] == []
+
+
+@pytest.mark.parametrize(
+    "found",
+    [
+        ["plain", "text"],
+        [KEY, "after"],
+        ["before", KEY],
+        ["a", f"x {KEY} y", "b"],
+        [KEY[:8], KEY[8:]],  # a key in two strings is in neither
+        ["aws_secret_access_key", "= " + "A" * 40],  # nor a key whose name and value are apart
+        [f"eyJ{'a' * 20}.eyJ{'b' * 20}", "", "sk-" + "A" * 20 + "T3BlbkFJ" + "B" * 20],
+    ],
+)
+def test_strings_kept_are_those_each_strings_own_check_keeps(found):
+    """One search of the strings joined decides that none holds a key (it costs one
+    search, not one a string); when it finds one, each string is checked as before."""
+    from addon.dialects.rpc import clean, kept_strings
+
+    kept = [clean(s) for s in found]
+    expected = ("\n".join(kept), "\n".join(found) if kept != found else None)
+    assert kept_strings(found) == expected
