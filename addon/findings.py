@@ -63,9 +63,13 @@ CODES: dict[str, str] = {
     # request side
     "request_invalid_json": "The request body is not JSON even to a lenient reader; it was forwarded unchanged "
     "(stored as text) or, with request filters, handled by llm_filter_failure.",
-    "request_too_large": "The request body's Content-Encoding decodes to more than llm_audit_max_record_bytes, or "
-    "at a compression bomb's ratio: it was not read or stored (the detail gives the reason, the sizes and the "
-    "SHA-256 of the bytes sent); forwarded unchanged or, with request filters, handled by llm_filter_failure.",
+    "request_too_large": "The request body's Content-Encoding decodes to more than 256 MiB, or at a compression "
+    "bomb's ratio (or a sniffed stream's request is over 1 MiB): it was not read or stored (the detail gives the "
+    "reason, the sizes and the SHA-256 of the bytes sent); forwarded unchanged or, with request filters, handled by "
+    "llm_filter_failure.",
+    "request_decode_failed": "The request body's Content-Encoding could not be decoded (unknown, bad data, more "
+    "empty members than an encoder makes, or the header sent twice): what decoded was read, and with request "
+    "filters llm_filter_failure decides, since the server's decoder may read on.",
     "request_lenient_json": "The request body (or a streamed request's message: Connect JSON, a Copilot client "
     "message) is JSON only as Python "
     "servers read it (NaN, Infinity, 1e400, a lone surrogate escape, a byte order mark); it was read that way.",
@@ -155,4 +159,6 @@ CODES: dict[str, str] = {
 #: Findings of a dialect's reading that mean it could not read a request message whole
 #: (``strings_unread``: strings past what a reader of unknown payloads reads): the
 #: request filters could not check it, so the failure policy decides.
-UNREAD_MESSAGE = frozenset({"protobuf_invalid", "request_invalid_json", "request_too_large", "strings_unread"})
+UNREAD_MESSAGE = frozenset(
+    {"protobuf_invalid", "request_decode_failed", "request_invalid_json", "request_too_large", "strings_unread"}
+)

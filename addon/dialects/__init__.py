@@ -413,8 +413,9 @@ class Reading(dict[str, Any]):
         super().__init__(*args, **kwargs)
         self.unkept: list[str] = []
         # the client's own credentials the reading found in fields it maps (kept as
-        # fingerprints): taken out of what the filters read, as a header is
-        self.credentials: list[str] = []
+        # fingerprints), each as its whole field as sent (tag, length, value) and its
+        # fingerprint: taken out of what the filters read, as a header is
+        self.credentials: list[tuple[bytes, str]] = []
 
 
 def unkept_of(reading: Any) -> list[str]:

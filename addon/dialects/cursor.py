@@ -201,7 +201,7 @@ def _read_chat_request(msg: Message, doc: Reading, cut: list[str], unified: bool
     doc["model"] = clean_text(field_text(msg, details, 1)) or doc.get("model")
     key = field_text(msg, details, 2)
     if key:
-        doc["api_key"] = own_credential(doc, key)
+        doc["api_key"] = own_credential(doc, 2, key)
     doc["conversation_id"] = clean_text(field_text(msg, conversation_id)) or doc.get("conversation_id")
     if not unified:
         doc["request_id"] = clean_text(field_text(msg, 9)) or doc.get("request_id")
@@ -216,7 +216,7 @@ def _read_agent_message(msg: Message, doc: Reading, cut: list[str]) -> None:
         doc["conversation_id"] = clean_text(field_text(run, 5)) or doc.get("conversation_id")
         key = field_text(run, 3, 2)
         if key:
-            doc["api_key"] = own_credential(doc, key)
+            doc["api_key"] = own_credential(doc, 2, key)
         for action in run.messages(2):
             add_message(doc, "user", message_text(action, cut))
         add_strings(doc, unmapped_strings(run, frozenset({2, 3, 5})))

@@ -47,10 +47,12 @@ _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]").search
 class Budget:
     """What one message's reading may still parse (see :func:`budget`)."""
 
-    __slots__ = ("fields", "left")
+    __slots__ = ("fields", "first", "left", "top_cut")
 
     def __init__(self, fields: int) -> None:
         self.fields = self.left = fields
+        self.first = True  # the next parse is the message itself's
+        self.top_cut = False  # the message itself was cut short by the budget
 
     @property
     def spent(self) -> bool:
@@ -68,10 +70,14 @@ def budget(fields: int = MESSAGE_BUDGET) -> Iterator[Budget]:
     Each limit of its own (:data:`MAX_FIELDS` a message, :data:`STRINGS_BUDGET` a walk)
     bounds one parse; a message of many nested messages, each parsed by a path, a check
     whether a value is text and a walk, multiplied them: 1.8 MB of tiny fields took 1.3 s
-    of the event loop, and a stream's messages are read there. Past the budget every
-    message reads as cut short (:data:`OVER_BUDGET`) and the walks stop; the caller
-    says so once, from :attr:`Budget.spent` (its dialect's finding). The filters read
-    the message's bytes as text whatever its reading kept (``rpc.payload_text``)."""
+    of the event loop, and a stream's messages are read there. Every message parsed is
+    charged its fields and one. Past the budget a message reads as cut short
+    (:data:`OVER_BUDGET`), :meth:`Message.messages` finds none and the walks stop; the
+    caller says so once, from :attr:`Budget.spent` (its dialect's finding). The filters
+    read the message's bytes as text whatever its reading kept (``rpc.payload_text``),
+    but not what a field of the message itself holds encoded (Cursor's BidiAppend
+    carries its message hex-encoded): the message itself cut short by the budget
+    (:attr:`Budget.top_cut`) is one its reader could not read, and says so as such."""
     spent = Budget(fields)
     token = _BUDGET.set(spent)
     try:
@@ -113,16 +119,26 @@ def cut_by_budget(problem: str | None) -> bool:
 
 def read_fields(data: bytes, max_fields: int = MAX_FIELDS) -> tuple[list[Field], str | None]:
     """The fields of one message in wire order, and why reading stopped early (None: it
-    did not). Groups are skipped. Charged to the :func:`budget` when one is set."""
+    did not). Groups are skipped. Charged to the :func:`budget` when one is set: its
+    fields and one for the message (a message of no fields costs its object and a walk)."""
     spent = _BUDGET.get()
     if spent is None:
         return _read_fields(data, max_fields, f"{TOO_MANY_FIELDS} {max_fields} fields")
-    if spent.left >= max_fields:
+    if spent.left > max_fields:
         read = _read_fields(data, max_fields, f"{TOO_MANY_FIELDS} {max_fields} fields")
     else:
-        read = _read_fields(data, spent.left, f"{OVER_BUDGET} the {spent.fields} fields its reading may parse")
-    spent.left -= len(read[0])
+        too_many = f"{OVER_BUDGET} the {spent.fields} fields its reading may parse"
+        read = _read_fields(data, max(spent.left - 1, 0), too_many)
+    spent.left -= len(read[0]) + 1
+    if spent.first:
+        spent.first, spent.top_cut = False, cut_by_budget(read[1])
     return read
+
+
+def _spent() -> bool:
+    """Whether this reading's :func:`budget` is spent: nothing more is parsed or walked."""
+    spent = _BUDGET.get()
+    return spent is not None and spent.left <= 0
 
 
 def _read_fields(data: bytes, max_fields: int, too_many: str) -> tuple[list[Field], str | None]:
@@ -232,8 +248,12 @@ class Message:
         and :meth:`cut_short` reports it."""
         found = self._nested.get(number)
         if found is None:
+            if _spent():
+                return []  # (not remembered: this message's reading goes no further)
             found = []
             for value in self.values(number):
+                if _spent():
+                    break
                 if isinstance(value, bytes):
                     nested = Message(value)
                     if nested.problem is None or nested.problem.startswith((TOO_MANY_FIELDS, OVER_BUDGET)):
@@ -354,8 +374,11 @@ class _Collect:
             self.cut.append(reason)
 
     def walk(self, msg: Message, skip: frozenset[int], depth: int) -> bool:
-        """Collect ``msg``'s strings; False once the walk must stop (``limit`` reached)."""
+        """Collect ``msg``'s strings; False once the walk must stop (``limit`` reached, or
+        the reading's :func:`budget` spent)."""
         for f in msg.fields:
+            if _spent():
+                return False
             if f.wire != LEN or f.number in skip or not isinstance(f.value, bytes):
                 continue
             found = readable(f.value)

@@ -63,6 +63,7 @@ from addon.dialects.protowire import (
     MAX_FIELDS,
     MESSAGE_BUDGET,
     TOO_MANY_FIELDS,
+    Budget,
     Message,
     budget,
     encode_field,
@@ -205,12 +206,14 @@ def credential(value: str) -> str:
     return redacted(value)
 
 
-def own_credential(doc: Reading, value: str) -> str:
-    """The client's own credential in a field the dialect maps (Cursor's
-    ``ModelDetails.api_key``, Windsurf's metadata): its fingerprint, for the record; the
-    filters do not read it (:func:`payload_text`), as they read no header."""
-    doc.credentials.append(value)
-    return credential(value)
+def own_credential(doc: Reading, number: int, value: str) -> str:
+    """The client's own credential in field ``number`` of a message the dialect maps
+    (Cursor's ``ModelDetails.api_key``, Windsurf's metadata): its fingerprint, for the
+    record; the filters do not read that field (:func:`payload_text`), as they read no
+    header."""
+    kept = credential(value)
+    doc.credentials.append((encode_field(number, value), kept))
+    return kept
 
 
 _CONTROL_BYTES = bytes((*range(9), 11, 12, *range(14, 32), 127))
@@ -299,20 +302,22 @@ def _carried(ev: Event) -> tuple[str, ...]:
 _WORDLIKE = re.compile(r"\S\S").search
 
 
-def payload_text(payload: bytes, credentials: list[str]) -> str:
+def payload_text(payload: bytes, credentials: list[tuple[bytes, str]]) -> str:
     """A protobuf message's bytes as text, for the request filters: every string a peer
     may read in it, whatever holds it (a field nobody maps, a mapped message's other
     fields, a string that also parses as a message, one with a byte that is not UTF-8, a
     group, a message nested past a reader's bounds). Every string field is its UTF-8
     bytes as they are, so the bytes read as text (undecodable bytes as U+FFFD) hold them
     all; the tags and lengths between them become line breaks, so that no two fields
-    read as one word. The client's own ``credentials`` are taken out (their fingerprints
-    in their place)."""
-    text = payload.translate(_CONTROLS).decode("utf-8", "replace")  # (control bytes are ASCII: never in a character)
-    for value in credentials:
-        if value:
-            text = text.replace(value, credential(value))
-    return text
+    read as one word. The client's own ``credentials`` are taken out, each whole field
+    (tag, length and value) where it stands, once: the client picks the value, so taking
+    out every occurrence of it would let a key named like a word take that word out of
+    the prompt (a key of ``a`` took every ``a``). A field whose bytes occur twice is left
+    in: the filters read the key, which is the client's own doing."""
+    for field, kept in credentials:
+        if payload.count(field) == 1:
+            payload = payload.replace(field, b"\n" + kept.encode() + b"\n")
+    return payload.translate(_CONTROLS).decode("utf-8", "replace")  # (control bytes are ASCII: never in a character)
 
 
 def clean(value: str) -> str:
@@ -366,8 +371,13 @@ _SPACE = re.compile(r"\s").search
 STRINGS_DEPTH = 33
 
 
-def over_budget(what: str) -> Finding:
-    """The finding of a protobuf message whose reading ran out of its field budget."""
+def over_budget(what: str, reading: Budget) -> Finding:
+    """The finding of a protobuf message whose reading ran out of its field budget: in
+    a message nested in it, ``protobuf_budget`` (the filters read its bytes); in the
+    message itself, ``protobuf_invalid`` (what its fields hold, decoded, was not read:
+    the failure policy decides on a request)."""
+    if reading.top_cut:
+        return Finding("protobuf_invalid", f"{what}: over the {MESSAGE_BUDGET} fields its reading may parse")
     return Finding("protobuf_budget", f"{what}: past the {MESSAGE_BUDGET} fields its reading may parse")
 
 
@@ -474,7 +484,7 @@ class RpcNormalizer(Normalizer):
             out = self.on_message(payload)
         at = next((i for i, ev in enumerate(out) if type(ev) is TurnEnd), len(out))  # (before a turn's end: its own)
         if reading.spent:
-            out.insert(at, over_budget("a response message"))
+            out.insert(at, over_budget("a response message", reading))
             at += 1
         if self.reads_text and (self.codec != "json" or self.maps_json):
             rest = unread_strings(payload, out) if self.codec == "json" else unread_text(payload, out)
@@ -592,7 +602,7 @@ class RpcDialect(Dialect):
         with budget() as reading:
             self.read_message(payload, request, doc, findings)
         if reading.spent:
-            findings.append(over_budget("a request message"))
+            findings.append(over_budget("a request message", reading))
         if (protocol_of(request.headers) or ("", "proto"))[1] != "json" and self.reads_text(request):
             doc.unkept.append(payload_text(payload, doc.credentials))
 

@@ -96,7 +96,7 @@ class Windsurf(RpcDialect):
             for number, name in ((3, "api_key"), (21, "user_jwt")):
                 value = field_text(metadata, number)
                 if value:
-                    doc[name] = own_credential(doc, value)
+                    doc[name] = own_credential(doc, number, value)
             doc["client"] = _readable(metadata, 1) or doc.get("client")
         if rpc_name(request.path) == RAW_CHAT:
             add_message(doc, "system", field_text(msg, 3))

@@ -25,26 +25,48 @@ from addon.mitm import early_end
 from addon.record import OUTCOME_CLIENT_ABORTED, OUTCOME_UPSTREAM_ABORTED, ExchangeRecord, Status
 from addon.redact import api_key_fingerprint, redact_headers, redact_query
 
+#: The most a compressed request body is decoded to (past it, or at a compression
+#: bomb's ratio: ``request_too_large``). Far above any API's own request limit
+#: (Anthropic's is 32 MB), and no more than the same body sent uncompressed would hold
+#: in memory: mitmproxy holds a request body whole, and that one is read at any size.
+MAX_REQUEST_DECODED = 256 * 1024 * 1024
+#: What a request is read of when only its answer told the proxy it is an exchange (an
+#: event stream a dialect claims by its first event): read on the event loop, for a
+#: summary (the model, the user), in the tap.
+SNIFFED_REQUEST_BYTES = 1024 * 1024
 
-def request_content(req: http.Request, max_bytes: int) -> tuple[bytes | None, list[Finding]]:
+
+def request_content(
+    req: http.Request, max_bytes: int = MAX_REQUEST_DECODED, *, identity_too: bool = False
+) -> tuple[bytes | None, list[Finding]]:
     """The request body as the upstream reads it, its Content-Encoding undone, and what
-    was wrong with it; ``None`` when it decodes to more than ``max_bytes`` or is a
-    compression bomb (finding ``request_too_large``): it is not read, and the request
-    filters' failure policy decides.
+    was wrong with it; ``None`` when it decodes to more than ``max_bytes`` (``identity_too``:
+    or is that large as sent) or at a compression bomb's ratio (finding
+    ``request_too_large``): it is not read, and the request filters' failure policy
+    decides. So it does for a coding that cannot be decoded (``request_decode_failed``:
+    unknown, bad data, more empty gzip members or zstd frames than any encoder makes,
+    or Content-Encoding sent twice, which servers read differently: Go takes the
+    first): what decoded is read, but a server's decoder may read on.
 
     Why not mitmproxy's ``get_content``: it decodes the whole body in one call, so a
     0.5 MB gzip body of zeros took 1.5 s of the event loop and 512 MiB of memory (a
     32 MB one, 32 GiB). Here the proxy's bounded decoder reads a slice at a time and
     stops at the budget the response side uses (:data:`~addon.auditor.DECODE_BUDGET`).
-    The bytes sent upstream are never touched. An unknown coding is read as it is, as
-    ``get_content(strict=False)`` does."""
+    The bytes sent upstream are never touched."""
     raw = req.raw_content or b""
-    encoding = req.headers.get("content-encoding", "").strip().lower()
-    if not raw or encoding in ("", "identity"):
+    codings = req.headers.get_all("content-encoding")
+    encoding = ", ".join(codings).strip().lower()
+    if not raw:
+        return raw, []
+    if len(codings) > 1:
+        return raw, [_undecoded(f"Content-Encoding sent {len(codings)} times ({encoding!r}): read as sent")]
+    if encoding in ("", "identity"):
+        if identity_too and len(raw) > max_bytes:
+            return None, [_too_large(f"over the {max_bytes} bytes read", raw, len(raw), len(raw))]
         return raw, []
     decoder = make_decoder(encoding)
     if decoder is None:
-        return raw, [Finding("decode_failed", f"the request's unsupported Content-Encoding {encoding!r}: read as sent")]
+        return raw, [_undecoded(f"unsupported Content-Encoding {encoding!r}: read as sent")]
     decoder.feed(raw)
     out = bytearray()
     try:
@@ -52,24 +74,28 @@ def request_content(req: http.Request, max_bytes: int) -> tuple[bytes | None, li
             out += piece
             over = DECODE_BUDGET.exceeded(len(out), decoder.taken)
             if over is None and len(out) > max_bytes:
-                over = f"decoded size over llm_audit_max_record_bytes ({max_bytes})"
+                over = f"decoded size over the {max_bytes} bytes read"
             if over is not None:
-                sizes = f"{len(out)} bytes decoded from {decoder.taken} of {len(raw)}"
-                return None, [
-                    Finding("request_too_large", f"{over}; {sizes}; sha256 {hashlib.sha256(raw).hexdigest()}")
-                ]
+                return None, [_too_large(over, raw, len(out), decoder.taken)]
     except DecodeError as e:  # what decodes before bad data is read; nothing decoding: the body as sent
         after = f", after {len(out)} bytes" if out else ""
-        problem = Finding("decode_failed", f"the request's Content-Encoding {encoding!r}{after}: {e}"[:300])
-        return (bytes(out) if out else raw), [problem]
+        return (bytes(out) if out else raw), [_undecoded(f"Content-Encoding {encoding!r}{after}: {e}")]
     return bytes(out), []
+
+
+def _undecoded(detail: str) -> Finding:
+    return Finding("request_decode_failed", detail[:300])
+
+
+def _too_large(reason: str, raw: bytes, decoded: int, taken: int) -> Finding:
+    sizes = f"{decoded} bytes decoded from {taken} of {len(raw)}"
+    return Finding("request_too_large", f"{reason}; {sizes}; sha256 {hashlib.sha256(raw).hexdigest()}")
 
 
 def start_record(
     flow: http.HTTPFlow,
     dialect: Dialect,
     instance: str,
-    max_bytes: int,
     parsed: tuple[Any, Finding | None] | None = None,
     content: tuple[bytes | None, list[Finding]] | None = None,
 ) -> tuple[ExchangeRecord, RequestSummary]:
@@ -77,7 +103,7 @@ def start_record(
     request. ``parsed``: the body as detection already parsed it (else it is parsed
     here); ``content``: :func:`request_content` as detection already read it."""
     req = flow.request
-    data, findings = content or request_content(req, max_bytes)
+    data, findings = content or request_content(req)
     path, _, query = req.path.partition("?")
     view = RequestView(req.method, path, query, req.headers)
     if data is None:  # too large to read: the request line and headers tell what they can

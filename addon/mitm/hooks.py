@@ -51,6 +51,8 @@ from addon.mitm.answers import answer_blocked, replace_held
 from addon.mitm.content_filters import ContentFilters, RequestCheck, check_message, check_rules, finish_check
 from addon.mitm.contentview import annotate, show_comment_column
 from addon.mitm.flow_record import (
+    MAX_REQUEST_DECODED,
+    SNIFFED_REQUEST_BYTES,
     abort_side,
     client_had_everything,
     refused_by_mitmproxy,
@@ -90,16 +92,15 @@ SIZE_OPTIONS = (
     ("llm_audit_max_record_bytes", "max_record_bytes", 1024),
     ("llm_audit_view_bytes", "view_bytes", 0),
 )
-# A request body larger than this, or compressed, is read in a worker thread (see
-# ExchangeHooks._open_off_loop). Below it the worst a body costs the loop is some tens of
-# milliseconds (64 KiB of the tiniest messages, 1,850 of them, about 10 ms under the
-# benchmark's 98 request rules; a Cursor message of 10,900 two-byte strings, about 35 ms); above it
-# agents' long conversations start, and the hop to the thread (about 0.1 ms) is nothing
-# beside their reading.
+# A request body larger than this, sent or decoded, is read in a worker thread (see
+# ExchangeHooks._open_off_loop): JSON past 64 KiB, anything else (protobuf) past 8 KiB.
+# Below it the worst a body costs the loop is some tens of milliseconds: 64 KiB of JSON
+# at most about 26 ms under the benchmark's 98 request rules (the tiniest messages, 1,850
+# of them, about 10 ms), protobuf about 4 us a byte at worst (64 KiB of a Cursor request
+# of tiny conversation messages took 245 ms). The hop to the thread (about 0.1 ms) is
+# nothing beside the reading of a body past these.
 HEAVY_BODY = 64 * 1024
-# Requests read at once in worker threads: they share the interpreter with the event loop
-# anyway, and each holds its decoded body and its reading in memory.
-READERS = 4
+HEAVY_BINARY_BODY = 8 * 1024
 
 
 class RequestRead(NamedTuple):
@@ -131,6 +132,7 @@ class ExchangeHooks:
         self.turn_idle_seconds = DEFAULT_TURN_IDLE_SECONDS
         self.idle_watch: asyncio.Task | None = None  # ends idle turns of long-lived streams
         self.readers: ThreadPoolExecutor | None = None  # (made at the first large request, shut at done)
+        self.stopped = False  # done() ran: the store takes no more records
 
     # -- options and the UI -------------------------------------------------------------
 
@@ -252,8 +254,9 @@ class ExchangeHooks:
             if (turns := _turns(state)) is not None:
                 turns.close()
         self.flows.clear()
+        self.stopped = True
         if self.readers is not None:  # (a request still being read never went upstream)
-            self.readers.shutdown(wait=False)
+            self.readers.shutdown(wait=False, cancel_futures=True)
             self.readers = None
         for task, (auditor, state) in self.draining.items():  # ended, but their backlog was not read yet
             if task.done():
@@ -279,37 +282,50 @@ class ExchangeHooks:
     def _open(self, flow: http.HTTPFlow) -> Awaitable[None] | None:
         """Open the record of a request a dialect recognises and run the request filters.
 
-        A large or compressed body is read off the event loop (:meth:`_open_off_loop`);
-        the others here, at once."""
+        A body over :data:`HEAVY_BODY` (JSON) or :data:`HEAVY_BINARY_BODY`, sent or
+        decoded, is read off the event loop (:meth:`_open_off_loop`); the others here."""
         if flow.response is not None or flow.id in self.flows or _upgrades(flow.request):
             return None  # answered before it could go upstream (proxyauth's 407, ...), opened streamed, a WebSocket
         filters = self.filters.current()
-        if _heavy(flow.request) and _loop_running():
+        running = _loop_running()  # (not when a test drives the hooks by hand: all is read here)
+        heavy = HEAVY_BODY if "json" in flow.request.headers.get("content-type", "") else HEAVY_BINARY_BODY
+        if running and len(flow.request.raw_content or b"") > heavy:
             return self._open_off_loop(flow, filters)
-        self._opened(flow, self._read_request(flow, filters), filters)
+        try:
+            read = self._read_request(flow, filters, heavy if running else MAX_REQUEST_DECODED)
+        except _Heavy:  # (a small compressed body that decodes past it)
+            return self._open_off_loop(flow, filters)
+        self._opened(flow, read, filters)
         return None
 
     async def _open_off_loop(self, flow: http.HTTPFlow, filters: FilterSet | None) -> None:
         """:meth:`_read_request` in a worker thread, the rest on the event loop.
 
-        Reading a request costs in proportion to what it holds, not to its size: 15 MB
-        of half a million tiny messages took 4.5 s to check, a 1.8 MB protobuf message
-        of tiny fields 1.3 s to read, and a compressed body decodes up to the record
-        limit. On the event loop that stalled every stream of every client meanwhile; in
-        a thread the loop keeps its turn (the interpreter switches threads every 5 ms).
-        The request waits for its own reading, as it did; mitmproxy awaits the hook."""
+        Reading a request costs in proportion to what it holds, not to its size: 9.3 MB
+        of 300,000 tiny messages took 2.8 s to read and check, and a compressed body
+        decodes to many times its size. On the event loop that stalled every stream of
+        every client meanwhile. The reader is one thread: threads share the interpreter
+        with the loop, which kept about half its pace beside one reader and 4 % beside
+        four (the review's measure), so requests are read one at a time. The request
+        waits for its own reading, as it did; mitmproxy awaits the hook."""
         try:
             loop = asyncio.get_running_loop()
             if self.readers is None:
-                self.readers = ThreadPoolExecutor(READERS, thread_name_prefix="llm-audit-request")
+                self.readers = ThreadPoolExecutor(1, thread_name_prefix="llm-audit-request")
             read = await loop.run_in_executor(self.readers, self._read_request, flow, filters)
+            if self.stopped:
+                return  # (the proxy stopped while it was read: it never went upstream)
             self._opened(flow, read, filters)
         except Exception:  # auditing must never break a request
             log.exception("llm-audit: failed to inspect a request; it is forwarded unaudited")
 
-    def _read_request(self, flow: http.HTTPFlow, filters: FilterSet | None) -> RequestRead | None:
+    def _read_request(
+        self, flow: http.HTTPFlow, filters: FilterSet | None, max_bytes: int = MAX_REQUEST_DECODED
+    ) -> RequestRead | None:
         """What a request is (None: no dialect's), its record and the rules' verdicts.
-        Reads the flow and writes nothing shared, so it may run in a worker thread."""
+        Reads the flow and writes nothing shared, so it may run in a worker thread.
+        Raises :class:`_Heavy` when the body decodes past ``max_bytes`` (on the loop:
+        :data:`HEAVY_BODY` or :data:`HEAVY_BINARY_BODY`; it is read in the thread then)."""
         req = flow.request
         path, _, query = req.path.partition("?")
         read: list[tuple[bytes | None, list[Finding]]] = []  # (each on demand: most requests are no dialect's)
@@ -317,7 +333,9 @@ class ExchangeHooks:
 
         def content() -> tuple[bytes | None, list[Finding]]:
             if not read:
-                read.append(request_content(req, self.max_record_bytes))
+                read.append(request_content(req, max_bytes))
+                if read[0][0] is None and max_bytes < MAX_REQUEST_DECODED:
+                    raise _Heavy
             return read[0]
 
         def body() -> Any:
@@ -331,7 +349,7 @@ class ExchangeHooks:
         if dialect is None:
             return None
         reused = parsed[0] if parsed and dialect.json_requests else None
-        record, summary = start_record(flow, dialect, self.store.instance, self.max_record_bytes, reused, content())
+        record, summary = start_record(flow, dialect, self.store.instance, reused, content())
         check = check_rules(filters, record, dialect, summary) if filters is not None else None
         return RequestRead(dialect, view, record, summary, check)
 
@@ -369,7 +387,7 @@ class ExchangeHooks:
         dialect = detect_streamed_request(view)
         if dialect is None:
             return
-        record, summary = start_record(flow, dialect, self.store.instance, self.max_record_bytes)
+        record, summary = start_record(flow, dialect, self.store.instance)
         turns = Turns(record, flow.id if dialect.has_turns(view) else None, self.store.submit)
         recording = self.flows[flow.id] = Recording(record, dialect.normalizer(summary), turns=turns)
         filters = self.filters.current()
@@ -505,7 +523,8 @@ class ExchangeHooks:
 
         def claim(dialect: Dialect) -> tuple[ExchangeRecord, Normalizer]:
             """Called from the tap when a dialect claims the stream by its first event."""
-            record, summary = start_record(flow, dialect, self.store.instance, self.max_record_bytes)
+            content = request_content(flow.request, SNIFFED_REQUEST_BYTES, identity_too=True)
+            record, summary = start_record(flow, dialect, self.store.instance, content=content)
             normalizer = dialect.normalizer(summary)
             response_into_record(record, resp)
             if isinstance(self.flows.get(flow.id), Sniffing):
@@ -582,10 +601,8 @@ class ExchangeHooks:
         self.draining.pop(task, None)
 
 
-def _heavy(request: http.Request) -> bool:
-    """Whether reading this request's body may cost the event loop more than a moment."""
-    coding = request.headers.get("content-encoding", "").strip().lower()
-    return len(request.raw_content or b"") > HEAVY_BODY or coding not in ("", "identity")
+class _Heavy(Exception):
+    """A request body that decodes past what is read on the loop: read in the worker thread."""
 
 
 def _loop_running() -> bool:

@@ -149,7 +149,7 @@ class WebSocketHooks:
         return Live(auditor)
 
     def _record(self, flow: http.HTTPFlow, dialect: Dialect) -> tuple[ExchangeRecord, RequestSummary]:
-        record, summary = start_record(flow, dialect, self.store.instance, self.sizes.max_record_bytes)
+        record, summary = start_record(flow, dialect, self.store.instance)
         if flow.response is not None:
             response_into_record(record, flow.response)
         record.streamed = True

@@ -29,6 +29,7 @@ from addon.filters.engine import FilterSet
 from addon.filters.rules import parse_rules
 from addon.mitm.content_filters import ContentFilters
 from addon.mitm.flow_state import AnsweredByProxy, HeldWhole, Recording, Sniffing, Streaming
+from addon.mitm.flow_record import request_content
 from addon.mitm.hooks import ExchangeHooks
 from addon.record import OUTCOME_CLIENT_ABORTED, OUTCOME_UPSTREAM_ABORTED, ExchangeRecord, Status
 
@@ -592,7 +593,11 @@ def test_a_compression_bomb_request_is_not_decoded_whole_and_the_failure_policy_
         ("gzip, br", lambda b: brotli.compress(zlib.compress(b, wbits=31))),
     ],
 )
-def test_a_request_over_the_record_limit_once_decoded_is_not_read(coding, encode) -> None:
+def test_a_compressed_request_is_read_whatever_the_record_keeps_and_not_past_its_bound(coding, encode) -> None:
+    """llm_audit_max_record_bytes bounds what a record keeps, not what can be checked: a
+    body read whole uncompressed is read whole compressed (under `closed`, a lower
+    record limit refused larger compressed requests). Past the bound of what is
+    decoded, it is not read."""
     body = chat_json("x" * 3000)
     h, store = hooks()
     h.max_record_bytes = 2048
@@ -601,22 +606,19 @@ def test_a_request_over_the_record_limit_once_decoded_is_not_read(coding, encode
     flow.request.raw_content = encode(body)
     h.request(flow)
     (row,) = store.rows
-    assert [f["code"] for f in row["findings"]] == ["request_too_large"]
-    assert "over llm_audit_max_record_bytes (2048)" in row["findings"][0]["detail"]
-    h.max_record_bytes = 4096
-    flow = chat_flow()
-    flow.request.headers["content-encoding"] = coding
-    flow.request.raw_content = encode(body)
-    h.request(flow)
-    assert store.rows[-1]["request_body"]["messages"][0]["content"] == "x" * 3000
+    assert row["findings"] == [] and row["request_body"]["messages"][0]["content"] == "x" * 3000
+    data, findings = request_content(flow.request, 2048)
+    assert data is None and [f.code for f in findings] == ["request_too_large"]
+    assert "decoded size over the 2048 bytes read" in findings[0].detail
+    assert request_content(flow.request, 4096) == (body, [])
 
 
 @pytest.mark.parametrize(
     ("coding", "sent", "code", "body"),
     [
-        ("gzip", b"not gzip", "decode_failed", "not gzip"),  # nothing decodes: the bytes as sent
-        ("gzip", zlib.compress(chat_json("hi"), wbits=31) + b"junk", "decode_failed", orjson.loads(chat_json("hi"))),
-        ("snappy", chat_json("hi"), "decode_failed", orjson.loads(chat_json("hi"))),  # unknown: read as sent
+        ("gzip", b"not gzip", "request_decode_failed", "not gzip"),  # nothing decodes: the bytes as sent
+        ("gzip", gzip_body(chat_json("hi")) + b"junk", "request_decode_failed", orjson.loads(chat_json("hi"))),
+        ("snappy", chat_json("hi"), "request_decode_failed", orjson.loads(chat_json("hi"))),  # unknown: as sent
     ],
 )
 def test_a_request_whose_coding_fails_is_read_as_far_as_it_decodes(coding, sent, code, body) -> None:
@@ -627,6 +629,40 @@ def test_a_request_whose_coding_fails_is_read_as_far_as_it_decodes(coding, sent,
     h.request(flow)
     (row,) = store.rows
     assert row["findings"][0]["code"] == code and row["request_body"] == body
+    h, store = hooks(BLOCK_WORD)  # a server's decoder may read on: under `closed`, refused
+    flow = chat_flow()
+    flow.request.headers["content-encoding"] = coding
+    flow.request.raw_content = sent
+    h.request(flow)
+    assert isinstance(h.flows[flow.id], AnsweredByProxy)
+
+
+def test_text_behind_what_the_decoder_gives_up_on_is_not_let_through() -> None:
+    """A benign gzip member, 65 empty ones (the decoder stops at 64: no encoder makes
+    more) and the word: Python's and Go's gzip read on to the word. So does a second
+    Content-Encoding header line, which Go's Header.Get does not read. Under `closed`
+    both are refused; the record says why."""
+    empty = b"".join(gzip_body(b"") for _ in range(65))
+    cases = {
+        "empty members": (
+            {"content-encoding": "gzip"},
+            gzip_body(b'{"model": "m", "messages": [')
+            + empty
+            + gzip_body(b'{"role": "user", "content": "Nightjar"}]}'),
+        ),
+        "header twice": ({}, gzip_body(chat_json("about Nightjar"))),
+    }
+    for name, (headers, sent) in cases.items():
+        h, store = hooks(BLOCK_WORD)
+        flow = chat_flow()
+        flow.request.headers.update(headers)
+        if name == "header twice":
+            flow.request.headers.set_all("content-encoding", ["gzip", "br"])
+        flow.request.raw_content = sent
+        h.request(flow)
+        assert isinstance(h.flows[flow.id], AnsweredByProxy), name
+        h.response(flow)
+        assert "request_decode_failed" in [f["code"] for f in store.rows[-1]["findings"]], name
 
 
 # -- a large request is read off the event loop ---------------------------------------------------
@@ -683,3 +719,43 @@ def test_a_small_request_is_read_at_once_even_with_a_loop_running() -> None:
         return pending
 
     assert asyncio.run(run()) is None
+
+
+def test_a_small_compressed_body_is_read_at_once_unless_it_decodes_large() -> None:
+    """Every compressed body went to the reader thread, so a 100-byte gzip request waited
+    behind any large one; now only one that decodes past what is read on the loop does."""
+
+    async def run(text: str) -> tuple[object, Store]:
+        h, store = hooks()
+        flow = gzip_chat_flow(gzip_body(chat_json(text)))
+        pending = h.request(flow)
+        if pending is not None:
+            await pending
+        return pending, store
+
+    pending, store = asyncio.run(run("hello"))
+    assert pending is None and store.rows[-1]["request_body"]["messages"][0]["content"] == "hello"
+    pending, store = asyncio.run(run("x" * 100_000))  # 200 bytes of gzip, 100 KB of JSON
+    assert pending is not None and store.rows[-1]["request_body"]["messages"][0]["content"] == "x" * 100_000
+
+
+@pytest.mark.parametrize("coding", [None, "gzip"])
+def test_a_sniffed_streams_request_is_read_on_the_loop_only_up_to_1_mib(coding) -> None:
+    """A request only its answer's first event revealed is read in the tap, on the event
+    loop: 30 MiB of it took some 200 ms there. At most 1 MiB of it is read now."""
+    h, store = hooks()
+    body = orjson.dumps({"note": "x" * (2 << 20)})
+    request = http.Request.make("POST", "https://example.com/events", body, {"content-type": "application/json"})
+    if coding:
+        request.headers["content-encoding"] = coding
+        request.raw_content = gzip_body(body)
+    flow = tflow.tflow(req=request)
+    h.request(flow)
+    flow.response = response_headers(SSE)
+    h.responseheaders(flow)
+    flow.response.stream(chunk("Hi"))
+    stream_through(h, flow, b"data: [DONE]\n\n")
+    h.response(flow)
+    row = store.rows[-1]
+    assert row["output_text"] == "Hi" and row["request_body"] is None
+    assert [f["code"] for f in row["findings"]] == ["request_too_large"]

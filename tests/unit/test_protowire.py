@@ -190,13 +190,17 @@ def test_one_messages_reading_parses_at_most_its_budget_in_all_and_says_so():
     conversation = m(2, *(m(1, f(1, f"s{i}")) for i in range(3000)))
     data = f(1, "model") + conversation + m(7, f(1, "after"))
     with protowire.budget(5000) as reading:
-        msg = parse(data)
-        found = path(msg, 2, 1, 1)
+        msg = parse(data)  # its 3 fields and one
+        found = path(msg, 2, 1, 1)  # 3000 fields and one, then each nested message its field and one
         texts = strings(msg, 64, 2000, skip=frozenset({2}))
+        assert msg.messages(7) == []  # nothing more is parsed
     assert reading.spent and reading.fields - reading.left == 5000
-    assert len(found) == 5000 - 3 - 3000 and msg.cut_short() is None  # (the budget's cut is said by its owner)
-    assert texts == ["model"]  # field 7's message came after the budget ran out: not taken for text
-    assert protowire.cut_by_budget(msg.messages(2)[0].messages(1)[-1].problem)
+    assert len(found) == (5000 - 4 - 3001) // 2 and msg.cut_short() is None  # (the budget's cut is said by its owner)
+    assert not reading.top_cut  # (the message itself was read whole)
+    assert texts == []  # a walk once the budget is spent stops at once
+    with protowire.budget(2) as reading:  # the message itself cut short: its reader could not read it
+        parse(data)
+    assert reading.top_cut
     with protowire.budget(100_000) as reading:  # room to spare: the same reading as without one
         roomy = parse(data)
         assert path(roomy, 2, 1, 1) == path(parse(data), 2, 1, 1) and not reading.spent

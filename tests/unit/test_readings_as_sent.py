@@ -251,6 +251,27 @@ def test_the_clients_own_key_is_not_a_secret_going_upstream():
     assert verdicts(WINDSURF, doc) == set() and doc["api_key"] == redacted(KEY)
 
 
+@pytest.mark.parametrize("key", ["Nightjar", "a", "the Nightjar plan"])
+def test_the_clients_own_key_takes_out_its_field_not_its_value_everywhere(key):
+    """The client picks its key: taking every occurrence of it out of what the filters
+    read let a key named like the word (or ``a``) take the word out of a context string
+    the record does not keep (past its 64). Only the key's own field is taken out."""
+    context = [f(1, f"s{i}") for i in range(UNMAPPED_STRINGS)] + [f(1, "about the Nightjar plan")]
+    body = env(m(2, f(1, "hi"), f(2, 1)) + m(7, f(1, "gpt-4o"), f(2, key)) + m(20, *context))
+    doc, finding = read_cursor(body)
+    assert finding is None and doc["api_key"] == redacted(key)
+    assert verdicts(CURSOR, doc) == {"word"}
+
+
+def test_a_key_whose_field_occurs_twice_is_left_for_the_filters():
+    """Its field's bytes twice (the second inside a prompt): which one is the key's
+    cannot be told without offsets, so neither is taken out; the secrets rule sees it."""
+    field = f(2, KEY)
+    body = env(m(2, f(1, "hi"), f(2, 1)) + m(7, f(1, "gpt-4o"), field) + m(20, f(1, field.decode("latin-1"))))
+    doc, _ = read_cursor(body)
+    assert doc["api_key"] == redacted(KEY) and "creds" in verdicts(CURSOR, doc)
+
+
 def test_windsurf_reads_the_last_value_of_a_field_sent_twice():
     """Protobuf parsers keep the last value of a singular field: so does the reading."""
     raw_chat = "/exa.language_server_pb.LanguageServerService/RawGetChatMessage"
@@ -481,7 +502,7 @@ def test_a_request_of_many_tiny_fields_is_read_within_its_budget_and_checked_who
 
 
 def test_an_answer_of_many_tiny_fields_is_read_within_its_budget_and_checked_whole():
-    message = b"".join(m(3, f(1, "ab")) for _ in range(99_000)) + f(7, "the Nightjar plan")
+    message = m(40, *[m(1, f(1, "ab"))] * 99_000) + f(7, "the Nightjar plan")  # (40: a field nobody maps, walked)
     sent, row = answered(CURSOR, STREAM_CHAT, env(m(2, f(1, "Ask about it. "))) + env(message) + env(f(1, "More.")))
     assert row["status"] == "blocked" and b"Nightjar" not in sent
     assert "protobuf_budget" in [x["code"] for x in row["findings"]]
