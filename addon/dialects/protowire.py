@@ -22,9 +22,7 @@ caller's limits and :data:`STRINGS_BUDGET` (and :func:`strings` tells what they 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
-from contextlib import contextmanager
-from contextvars import ContextVar
+from contextvars import ContextVar, Token
 from typing import NamedTuple
 
 VARINT, I64, LEN, SGROUP, EGROUP, I32 = 0, 1, 2, 3, 4, 5
@@ -47,12 +45,21 @@ _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]").search
 class Budget:
     """What one message's reading may still parse (see :func:`budget`)."""
 
-    __slots__ = ("fields", "first", "left", "top_cut")
+    __slots__ = ("fields", "first", "left", "token", "top_cut")
 
     def __init__(self, fields: int) -> None:
         self.fields = self.left = fields
         self.first = True  # the next parse is the message itself's
         self.top_cut = False  # the message itself was cut short by the budget
+        self.token: Token[Budget | None] | None = None  # (while entered: what it replaced)
+
+    def __enter__(self) -> Budget:
+        self.token = _BUDGET.set(self)
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        if self.token is not None:
+            _BUDGET.reset(self.token)
 
     @property
     def spent(self) -> bool:
@@ -63,8 +70,7 @@ class Budget:
 _BUDGET: ContextVar[Budget | None] = ContextVar("protowire_budget", default=None)
 
 
-@contextmanager
-def budget(fields: int = MESSAGE_BUDGET) -> Iterator[Budget]:
+def budget(fields: int = MESSAGE_BUDGET) -> Budget:
     """Bound the fields parsed while reading one message, in this thread, to ``fields``.
 
     Each limit of its own (:data:`MAX_FIELDS` a message, :data:`STRINGS_BUDGET` a walk)
@@ -77,13 +83,11 @@ def budget(fields: int = MESSAGE_BUDGET) -> Iterator[Budget]:
     read the message's bytes as text whatever its reading kept (``rpc.payload_text``),
     but not what a field of the message itself holds encoded (Cursor's BidiAppend
     carries its message hex-encoded): the message itself cut short by the budget
-    (:attr:`Budget.top_cut`) is one its reader could not read, and says so as such."""
-    spent = Budget(fields)
-    token = _BUDGET.set(spent)
-    try:
-        yield spent
-    finally:
-        _BUDGET.reset(token)
+    (:attr:`Budget.top_cut`) is one its reader could not read, and says so as such.
+
+    The budget is its own context manager (``with budget() as reading:``), a class
+    rather than a generator: it is entered for every message of a stream."""
+    return Budget(fields)
 
 
 class Field(NamedTuple):
