@@ -28,8 +28,8 @@ from addon.filters.api import BaseFilter, OutputPiece, Verdict
 from addon.filters.engine import FilterSet
 from addon.filters.rules import parse_rules
 from addon.mitm.content_filters import ContentFilters
-from addon.mitm.flow_state import AnsweredByProxy, HeldWhole, Recording, Sniffing, Streaming
 from addon.mitm.flow_record import request_content
+from addon.mitm.flow_state import AnsweredByProxy, HeldWhole, Recording, Sniffing, Streaming
 from addon.mitm.hooks import ExchangeHooks
 from addon.record import OUTCOME_CLIENT_ABORTED, OUTCOME_UPSTREAM_ABORTED, ExchangeRecord, Status
 
