@@ -41,7 +41,7 @@ from mitmproxy.addonmanager import Loader
 from addon.auditor import StreamAuditor
 from addon.dialects import UNREADABLE, Dialect, Normalizer, RequestSummary, RequestView, media_type, parse_json_body
 from addon.dialects.blocking import block_message
-from addon.dialects.registry import detect_request, detect_streamed_request
+from addon.dialects.registry import claimed_by_line, detect_request, detect_streamed_request
 from addon.events import Finding
 from addon.filters.api import Verdict
 from addon.filters.engine import FilterSet
@@ -286,6 +286,10 @@ class ExchangeHooks:
         decoded, is read off the event loop (:meth:`_open_off_loop`); the others here."""
         if flow.response is not None or flow.id in self.flows or _upgrades(flow.request):
             return None  # answered before it could go upstream (proxyauth's 407, ...), opened streamed, a WebSocket
+        req = flow.request
+        path, _, query = req.path.partition("?")
+        if not claimed_by_line(RequestView(req.method, path, query, req.headers)):
+            return None  # (no dialect's: its body is never read, and never waits for the reader)
         filters = self.filters.current()
         running = _loop_running()  # (not when a test drives the hooks by hand: all is read here)
         heavy = HEAVY_BODY if "json" in flow.request.headers.get("content-type", "") else HEAVY_BINARY_BODY

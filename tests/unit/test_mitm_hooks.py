@@ -759,3 +759,20 @@ def test_a_sniffed_streams_request_is_read_on_the_loop_only_up_to_1_mib(coding) 
     row = store.rows[-1]
     assert row["output_text"] == "Hi" and row["request_body"] is None
     assert [f["code"] for f in row["findings"]] == ["request_too_large"]
+
+
+def test_a_large_request_no_dialect_claims_by_its_line_never_waits_for_the_reader() -> None:
+    """The reader thread reads requests one at a time: an upload through the proxy that
+    no dialect recognises by its line and headers must not queue behind a costly one."""
+
+    async def run() -> object:
+        h, store = hooks(BLOCK_WORD)
+        request = http.Request.make(
+            "POST", "https://example.com/upload", b"x" * (1 << 20), {"content-type": "image/png"}
+        )
+        flow = tflow.tflow(req=request)
+        pending = h.request(flow)
+        assert flow.id not in h.flows and store.rows == []
+        return pending
+
+    assert asyncio.run(run()) is None
