@@ -40,12 +40,6 @@ def detect_request(request: RequestView, body: Callable[[], Any]) -> Dialect | N
     return by_line if by_line is not None and body() is UNREADABLE else None
 
 
-def claimed_by_line(request: RequestView) -> bool:
-    """Whether any dialect recognises this request by its line and headers: only then
-    can :func:`detect_request` claim it (and read its body)."""
-    return any(dialect.matches(request) for dialect in REGISTRY)
-
-
 def detect_response(first_event: Frame) -> Dialect | None:
     """The dialect that claims an unrecognised event stream by its first event."""
     for dialect in REGISTRY:

@@ -41,7 +41,7 @@ from mitmproxy.addonmanager import Loader
 from addon.auditor import StreamAuditor
 from addon.dialects import UNREADABLE, Dialect, Normalizer, RequestSummary, RequestView, media_type, parse_json_body
 from addon.dialects.blocking import block_message
-from addon.dialects.registry import claimed_by_line, detect_request, detect_streamed_request
+from addon.dialects.registry import REGISTRY, detect_request, detect_streamed_request
 from addon.events import Finding
 from addon.filters.api import Verdict
 from addon.filters.engine import FilterSet
@@ -288,7 +288,7 @@ class ExchangeHooks:
             return None  # answered before it could go upstream (proxyauth's 407, ...), opened streamed, a WebSocket
         req = flow.request
         path, _, query = req.path.partition("?")
-        if not claimed_by_line(RequestView(req.method, path, query, req.headers)):
+        if not _claimed_by_line(RequestView(req.method, path, query, req.headers)):
             return None  # (no dialect's: its body is never read, and never waits for the reader)
         filters = self.filters.current()
         running = _loop_running()  # (not when a test drives the hooks by hand: all is read here)
@@ -603,6 +603,12 @@ class ExchangeHooks:
 
     def _drained(self, task: asyncio.Task) -> None:
         self.draining.pop(task, None)
+
+
+def _claimed_by_line(request: RequestView) -> bool:
+    """Whether any dialect recognises this request by its line and headers: only then can
+    :func:`~addon.dialects.registry.detect_request` claim it, and read its body."""
+    return any(dialect.matches(request) for dialect in REGISTRY)
 
 
 class _Heavy(Exception):
