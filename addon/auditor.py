@@ -49,6 +49,7 @@ from addon.framing import Frame, Framing, Message, select
 from addon.framing.whole import Body
 from addon.output_gate import Framed, OutputGate
 from addon.record import DEFAULT_MAX_RECORD_BYTES, ExchangeRecord
+from addon.redact import redact_values
 
 log = logging.getLogger(__name__)
 
@@ -144,8 +145,9 @@ class StreamAuditor:
         self._run: list[bytes] = []
         self._run_size = 0
         if self.decoder is None and record is not None:
-            record.add_finding("decode_failed", f"unsupported Content-Encoding {content_encoding!r}")
-            self._unreadable(f"unsupported Content-Encoding {content_encoding!r}")
+            coding = redact_values(content_encoding)  # (a header's value: it may hold a key)
+            record.add_finding("decode_failed", f"unsupported Content-Encoding {coding!r}")
+            self._unreadable(f"unsupported Content-Encoding {coding!r}")
 
     @property
     def active(self) -> bool:
@@ -313,7 +315,7 @@ class StreamAuditor:
             return
         deadline = None if seconds is None else time.perf_counter() + seconds
         try:
-            while (data := decoder.read(SLICE)) or not decoder.drained():
+            for data in decoder.slices(SLICE):
                 if data:
                     reason = DECODE_BUDGET.exceeded(decoder.decoded, decoder.taken)
                     if reason is not None:

@@ -20,7 +20,7 @@ was split.
 from __future__ import annotations
 
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import brotli
 from backports import zstd
@@ -326,6 +326,13 @@ class Decoder:
         out = self._read(len(self.stages) - 1, limit)
         self.decoded += len(out)
         return out
+
+    def slices(self, limit: int) -> Iterator[bytes]:
+        """Each :meth:`read` of at most ``limit`` bytes until the decoder is drained: what
+        every caller loops over (one may be ``b""``, a read that decoded nothing, its work
+        bounded all the same); the caller may stop between any two."""
+        while (out := self.read(limit)) or not self.drained():
+            yield out
 
     def _read(self, index: int, limit: int) -> bytes:
         """A read of stage ``index``; a stage that needs input is fed one read of the stage

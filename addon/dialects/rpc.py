@@ -231,15 +231,14 @@ def unread_text(payload: bytes, events: list[Event]) -> str | None:
     The searches for the fields are bounded (:data:`_BLANK_SEARCH` times the message's
     size in all): carried strings in an order no search expects cost no more; what is
     not blanked then is only checked twice."""
-    data = bytearray(payload)
-    search = [_BLANK_SEARCH * len(data) + 4096, 0]  # (bytes left to search, where the last field was)
+    blanker = _Blanker(payload)
     for ev in events:
         for carried in _carried(ev):  # (a string whole, else each line of a joined text)
-            if search[0] > 0 and not _blank_field(data, carried, search):
-                for piece in carried.split("\n") if "\n" in carried else ():
-                    if piece and search[0] > 0:
-                        _blank_field(data, piece, search)
-    text = payload_text(bytes(data), [])
+            if not blanker.blank(carried) and "\n" in carried:
+                for piece in carried.split("\n"):
+                    if piece:
+                        blanker.blank(piece)
+    text = payload_text(bytes(blanker.data), [])
     return text if _WORDLIKE(text) else None
 
 
@@ -263,29 +262,40 @@ def unread_strings(payload: bytes, events: list[Event]) -> str | None:
     return "\n".join(left) if left else None
 
 
-def _blank_field(data: bytearray, text: str, search: list[int]) -> bool:
-    """Blank the first length-delimited field of ``data`` whose value is ``text``, looked
-    for after the last one blanked, then from the start (events carry fields in order);
-    whether one was. ``search``: the bytes left to search, and where the last field was."""
-    value = text.encode("utf-8", "replace")
-    framed = encode_varint(len(value)) + value
-    for start in (search[1], 0) if search[1] else (0,):
-        at = data.find(framed, start)
-        while at >= 0:
-            search[0] -= at - start
-            tag = data[at - 1] if at >= 1 else 0x80
-            long_tag = at >= 2 and data[at - 2] & 0x80 and data[at - 2] & 7 == LEN and tag < 0x80
-            if (tag < 0x80 and tag & 7 == LEN) or long_tag:
-                data[at : at + len(framed)] = bytes(len(framed))
-                search[1] = at + len(framed)
-                return True
-            if search[0] <= 0:
+class _Blanker:
+    """One message's bytes, whole string fields blanked in them one by one; the searches
+    read at most :data:`_BLANK_SEARCH` times the message's size in all."""
+
+    __slots__ = ("after", "data", "left")
+
+    def __init__(self, payload: bytes) -> None:
+        self.data = bytearray(payload)
+        self.left = _BLANK_SEARCH * len(payload) + 4096  # bytes the searches may still read
+        self.after = 0  # where the field blanked last ends
+
+    def blank(self, text: str) -> bool:
+        """Blank the first length-delimited field whose value is ``text``, looked for after
+        the last one blanked, then from the start (events carry fields in order); whether
+        one was (never, once the searches' bytes are spent)."""
+        data, value = self.data, text.encode("utf-8", "replace")
+        framed = encode_varint(len(value)) + value
+        for start in (self.after, 0) if self.after else (0,):
+            if self.left <= 0:
                 return False
-            start, at = at + 1, data.find(framed, at + 1)
-        search[0] -= len(data) - start
-        if search[0] <= 0:
-            return False
-    return False
+            at = data.find(framed, start)
+            while at >= 0:
+                self.left -= at - start
+                tag = data[at - 1] if at >= 1 else 0x80
+                long_tag = at >= 2 and data[at - 2] & 0x80 and data[at - 2] & 7 == LEN and tag < 0x80
+                if (tag < 0x80 and tag & 7 == LEN) or long_tag:
+                    data[at : at + len(framed)] = bytes(len(framed))
+                    self.after = at + len(framed)
+                    return True
+                if self.left <= 0:
+                    return False
+                start, at = at + 1, data.find(framed, at + 1)
+            self.left -= len(data) - start
+        return False
 
 
 def _carried(ev: Event) -> tuple[str, ...]:

@@ -389,7 +389,7 @@ class EnvelopeReader:
             return
         decoder.feed(data)
         try:
-            while (piece := decoder.read(_SLICE)) or not decoder.drained():
+            for piece in decoder.slices(_SLICE):
                 if decoder.decoded > self.max_event_bytes:
                     size = f"a {self._length}-byte {self.encoding} message"
                     self._drop(

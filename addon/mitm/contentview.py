@@ -44,7 +44,7 @@ from addon.framing import select
 from addon.framing.sse import SSEParser
 from addon.hosts import server_name
 from addon.mitm.flow_record import request_content
-from addon.record import DEFAULT_MAX_RECORD_BYTES, OUTCOME_COMPLETE, ExchangeRecord, Status
+from addon.record import OUTCOME_COMPLETE, ExchangeRecord, Status
 from exchange import transcript
 from exchange.request import declared_tools, extract_messages
 
@@ -101,7 +101,7 @@ def _request_dialect(request: http.Request) -> tuple[Dialect | None, RequestView
 
     def body() -> Any:
         if not parsed:
-            data = request_content(request, DEFAULT_MAX_RECORD_BYTES)[0]
+            data = request_content(request)[0]  # (as the proxy reads it)
             parsed.append(parse_json_body(data)[0] if data is not None else UNREADABLE)
         return parsed[0]
 

@@ -23,7 +23,7 @@ from addon.hosts import server_name
 from addon.local_user import is_transparent, local_user
 from addon.mitm import early_end
 from addon.record import OUTCOME_CLIENT_ABORTED, OUTCOME_UPSTREAM_ABORTED, ExchangeRecord, Status
-from addon.redact import api_key_fingerprint, redact_headers, redact_query
+from addon.redact import api_key_fingerprint, redact_headers, redact_query, redact_values
 
 #: The most a compressed request body is decoded to (past it, or at a compression
 #: bomb's ratio: ``request_too_large``). Far above any API's own request limit
@@ -56,30 +56,31 @@ def request_content(
     raw = req.raw_content or b""
     codings = req.headers.get_all("content-encoding")
     encoding = ", ".join(codings).strip().lower()
+    named = redact_values(encoding)  # (as the findings name it: a header's value may hold a key)
     if not raw:
         return raw, []
     if len(codings) > 1:
-        return raw, [_undecoded(f"Content-Encoding sent {len(codings)} times ({encoding!r}): read as sent")]
+        return raw, [_undecoded(f"Content-Encoding sent {len(codings)} times ({named!r}): read as sent")]
     if encoding in ("", "identity"):
         if identity_too and len(raw) > max_bytes:
             return None, [_too_large(f"over the {max_bytes} bytes read", raw, len(raw), len(raw))]
         return raw, []
     decoder = make_decoder(encoding)
     if decoder is None:
-        return raw, [_undecoded(f"unsupported Content-Encoding {encoding!r}: read as sent")]
+        return raw, [_undecoded(f"unsupported Content-Encoding {named!r}: read as sent")]
     decoder.feed(raw)
     out = bytearray()
     try:
-        while (piece := decoder.read(IN_STEP * 4)) or not decoder.drained():
+        for piece in decoder.slices(IN_STEP * 4):
             out += piece
-            over = DECODE_BUDGET.exceeded(len(out), decoder.taken)
-            if over is None and len(out) > max_bytes:
+            over = DECODE_BUDGET.exceeded(decoder.decoded, decoder.taken)
+            if over is None and decoder.decoded > max_bytes:
                 over = f"decoded size over the {max_bytes} bytes read"
             if over is not None:
-                return None, [_too_large(over, raw, len(out), decoder.taken)]
+                return None, [_too_large(over, raw, decoder.decoded, decoder.taken)]
     except DecodeError as e:  # what decodes before bad data is read; nothing decoding: the body as sent
         after = f", after {len(out)} bytes" if out else ""
-        return (bytes(out) if out else raw), [_undecoded(f"Content-Encoding {encoding!r}{after}: {e}")]
+        return (bytes(out) if out else raw), [_undecoded(f"Content-Encoding {named!r}{after}: {e}")]
     return bytes(out), []
 
 

@@ -96,7 +96,7 @@ SIZE_OPTIONS = (
 # ExchangeHooks._open_off_loop): JSON past 64 KiB, anything else (protobuf) past 8 KiB.
 # Below it the worst a body costs the loop is some tens of milliseconds: 64 KiB of JSON
 # at most about 26 ms under the benchmark's 98 request rules (the tiniest messages, 1,850
-# of them, about 10 ms), protobuf about 4 us a byte at worst (64 KiB of a Cursor request
+# of them, about 10 ms), 8 KiB of protobuf at most about 25 ms (64 KiB of a Cursor request
 # of tiny conversation messages took 245 ms). The hop to the thread (about 0.1 ms) is
 # nothing beside the reading of a body past these.
 HEAVY_BODY = 64 * 1024
