@@ -129,6 +129,8 @@ class StreamAuditor:
         self.halted: str | None = None  # why inspection stopped (a bomb, bad encoding); bytes still pass
         self._over_budget = False  # halted by the decode budget (reported at the end, with the sizes)
         self._limits_reported = False
+        self._read_ahead = False  # read_whole ran: a whole body is read, up to the gate's check of
+        self._body_events: list[Event] | None = None  # these events (None: nothing to check)
         self.gate = gate
         if gate is not None and on_turn_end is not None:
             gate.deliver_on_send = False  # (each turn's delivered text is noted at its end: _close_turn)
@@ -504,7 +506,8 @@ class StreamAuditor:
         gate = self.gate
         if gate is not None:
             self._to_gate()  # (frames read after the body ended are checked, no longer sent)
-            if self.record is not None and gate.holds:
+            if self.record is not None and gate.holds and self.framing.streamed:
+                # (a whole body's text is checked below: the client has none of it yet)
                 self._note_delivered(gate, self.record)
             if gate.verdicts:
                 self._gated(gate, b"", terminate=False)  # verdicts of text read after the body ended
@@ -562,22 +565,58 @@ class StreamAuditor:
             sizes = f"; {decoded} bytes decoded" if decoded is not None else ""
             record.add_finding("inspection_stopped", f"{self.halted}{sizes}; {raw}")
 
-    def _read_body(self) -> None:
-        """The whole body's one frame, read by the dialect (a JSON answer, an error)."""
+    def read_whole(self, held: bytes | None = None) -> None:
+        """Read a whole body (a JSON answer, an error) into the record, up to the gate:
+        the costly part of :meth:`end` for such a body, which :meth:`end` then leaves out.
+
+        ``held``: a body mitmproxy held whole (:class:`~addon.mitm.flow_state.HeldWhole`),
+        fed here. Why apart: decoding a body and the dialect's reading cost in proportion
+        to what it holds (11 MB of 300,000 tiny Anthropic text blocks took 0.7 s), so the
+        proxy runs this in its reader thread, off the event loop. It touches only this
+        exchange's auditor, record, normalizer and gate (the gate only keeps the held
+        bytes, and checks the body's text here only when no user filter is to be asked:
+        user filters are called with :meth:`end`, on the loop). A second call does
+        nothing. Never raises."""
+        if self._read_ahead or self.framing.streamed:
+            return
+        self._read_ahead = True
+        if held is not None:
+            self.feed(held)
+        self.catch_up()
+        self._work(None)
+        if not self.stopped and self.active:
+            self._body_events = self._whole_body_events()
+            if self.gate is not None and not self.gate.guard.asks_user_filters:
+                self._read_body()  # (the rules' check: end() then finds it done)
+
+    def _whole_body_events(self) -> list[Event] | None:
+        """The whole body's one frame, read by the dialect into the record; its events
+        (None: no record, or the dialect could not read it)."""
         record, normalizer = self.record, self.normalizer
         if record is None or normalizer is None:
-            return
+            return None
         try:
             for frame in self.reader.end():
-                if not isinstance(frame, Body):
-                    continue
-                events = normalizer.on_body(frame.raw, record.http_status or 0)
-                for ev in events:
-                    record.apply(ev)
-                if self.gate is not None:
-                    self.gate.on_body(events)
-                    self._gated(self.gate, b"", terminate=False)  # the proxy replaces a blocked body whole
+                if isinstance(frame, Body):
+                    events = normalizer.on_body(frame.raw, record.http_status or 0)
+                    for ev in events:
+                        record.apply(ev)
+                    return events
         except Exception as e:  # noqa: BLE001 - a body the dialect cannot read
+            self._fail(e)
+        return None
+
+    def _read_body(self) -> None:
+        """The whole body's events (read ahead by :meth:`read_whole`, or now), checked by the gate."""
+        events = self._body_events if self._read_ahead else self._whole_body_events()
+        self._read_ahead, self._body_events = True, None
+        gate = self.gate
+        if gate is None or events is None:
+            return
+        try:
+            gate.on_body(events)
+            self._gated(gate, b"", terminate=False)  # the proxy replaces a blocked body whole
+        except Exception as e:  # noqa: BLE001 - a filter the gate could not run
             self._fail(e)
 
     def _dispatch(self, events: Iterable[Frame], end: int = 0) -> None:

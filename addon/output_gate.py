@@ -212,12 +212,34 @@ class OutputGate:
             self._held.append(_Held(end, event, None if self.blocked is not None else needs, parsed))
 
     def on_body(self, common: Iterable[Event]) -> None:
-        """A whole body (a JSON answer): check all its output at once."""
+        """A whole body (a JSON answer): check all its output at once.
+
+        Consecutive text of one stream is checked as one piece, as a gate that holds
+        nothing checks a run (:meth:`_check_frames`): the guard finds the same matches
+        however its input is cut, and none of a whole body goes out before all of it is
+        checked. One by one, the 300,000 tiny text blocks of an 11 MB Anthropic answer
+        took 1.9 s under one keyword rule."""
+        key: StreamKey = (0, "text", None)
+        batch: list[str] = []
         for ev in common:
+            if type(ev) is TextDelta:
+                stream = (ev.choice, ev.kind, None)
+                if batch and stream != key:
+                    self._check_batch(key, batch)
+                    batch = []
+                key = stream
+                batch.append(ev.text)
+                continue
+            if batch:
+                self._check_batch(key, batch)
+                batch = []
             if self.blocked is not None:
                 return
             self._check(ev, [])
-        self._settle(self.guard.flush_all().values())
+        if batch:
+            self._check_batch(key, batch)
+        if self.blocked is None:
+            self._settle(self.guard.flush_all().values())
 
     def end_turn(self) -> None:
         """The current turn ended without a frame saying so (the proxy's idle end of a

@@ -143,6 +143,9 @@ class Scenario:
     repeat: int | None = _param(None, _int(1))
     """Write the body's second item (a text delta, in a stream) this many more times:
     very long streams, made as they are written."""
+    blocks: int = _param(0, _int(0))
+    """Anthropic, a request that does not stream: this many text blocks (``tök0 ``,
+    ``tök1 `` …) before the answer's own: an answer costly to read."""
     crlf: bool = _param(False, _flag)
     """Use CRLF line ends in the SSE framing."""
     comment: bool = _param(False, _flag)

@@ -1144,6 +1144,7 @@ def anthropic_message(request: dict[str, Any], scenario: Scenario) -> dict[str, 
         if part.kind == "reasoning":
             content.append({"type": "thinking", "thinking": generation.reasoning_text, "signature": SIGNATURE})
         elif part.kind == "text":
+            content += ({"type": "text", "text": f"tök{i} "} for i in range(scenario.blocks))
             content.append({"type": "text", "text": generation.text})
         elif part.call is not None and part.call.complete:
             content.append(_anthropic_block(generation, part) | {"input": orjson.loads(part.call.arguments)})

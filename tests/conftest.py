@@ -388,7 +388,33 @@ class Proxy:
     def client(self, http2: bool = False, **kwargs) -> httpx.Client:
         """An httpx client that goes through the proxy and trusts its CA."""
         ctx = ssl.create_default_context(cafile=str(self.ca))
-        return httpx.Client(proxy=self.url, verify=ctx, http2=http2, timeout=30, **kwargs)
+        return httpx.Client(proxy=self.url, verify=ctx, http2=http2, **{"timeout": 30, **kwargs})
+
+    def while_a_stream_flows(self, upstream: Upstream, work: Callable[[], object]) -> tuple[object, list[float]]:
+        """Run ``work`` while a paced stream (60 chat events, 50 ms apart) goes through
+        this proxy: its result, and the pauses between the stream's chunks in seconds
+        (what a costly piece of work on the proxy's event loop stalls)."""
+        gaps: list[float] = []
+
+        def paced() -> None:
+            body = {"model": "mock-model", "messages": [{"role": "user", "content": "Hi"}], "stream": True}
+            headers = {"content-type": "application/json", "x-mock": "events=60&delay=0.05"}
+            with self.client() as client:
+                url = f"{upstream.url}/v1/chat/completions"
+                with client.stream("POST", url, content=orjson.dumps(body), headers=headers) as resp:
+                    last = time.perf_counter()
+                    for _ in resp.iter_raw():
+                        now = time.perf_counter()
+                        gaps.append(now - last)
+                        last = now
+
+        probe = threading.Thread(target=paced)
+        probe.start()
+        time.sleep(0.5)  # the stream is under way
+        result = work()
+        probe.join()
+        assert len(gaps) > 30, "the paced stream went through"
+        return result, gaps
 
     def sql(self, query: str, params: tuple = ()) -> list[dict]:
         """Run plain SQL on the audit database as a user would: sqlite3 or psycopg, no SQLAlchemy.

@@ -276,6 +276,12 @@ class OutputGuard:
         """Whether any of its filters can block; else it only records verdicts (flags)."""
         return self._fs.may_block_output
 
+    @property
+    def asks_user_filters(self) -> bool:
+        """Whether checking may call user filters (their code runs only on the event
+        loop); without them a check is the rules' alone, which any thread may run."""
+        return bool(self._fs.filters)
+
     def feed(self, text: str, *, choice: int = 0, kind: str = "text", tool_key: str | None = None) -> Release:
         """A new piece of one stream: what may be released now, and the verdicts."""
         if self.blocked is not None or not text:

@@ -232,6 +232,31 @@ def test_a_compression_bomb_in_a_request_is_not_decoded_whole(capped, upstreams)
         assert probe.unchanged(upstream) and capped.mock_row(probe.id)["status"] == "completed"
 
 
+def test_an_answer_costly_to_read_is_read_while_other_streams_flow(capped, upstreams):
+    """A JSON answer of 110,000 tiny Anthropic text blocks (4 MB, under the cap): the
+    dialect's reading of it ran on the event loop, and every stream through the proxy
+    stood still meanwhile. Now it is read in the reader thread, and recorded whole."""
+    upstream = upstreams["h1"]
+    mock_id = uuid.uuid4().hex
+    body = {"model": "claude-x", "max_tokens": 1_000_000, "messages": [{"role": "user", "content": "Hi"}]}
+    headers = {"content-type": "application/json", "x-mock-id": mock_id, "x-mock": "blocks=110000"}
+
+    def post() -> httpx.Response:
+        with capped.client() as client:
+            return client.post(f"{upstream.url}/v1/messages", content=orjson.dumps(body), headers=headers)
+
+    resp, gaps = capped.while_a_stream_flows(
+        upstreams["h2"], post
+    )  # (another mock: its making of the answer stalls it)
+    assert isinstance(resp, httpx.Response) and resp.status_code == 200
+    blocks = resp.json()["content"]
+    print(f"{len(resp.content) / 1e6:.1f} MB answer: the paced stream's longest pause {max(gaps) * 1000:.0f} ms")
+    assert len(blocks) == 110_001 and len(resp.content) < CAP
+    row = capped.mock_row(mock_id, timeout=60)
+    assert row["status"] == "completed" and row["output_text"] == "".join(b["text"] for b in blocks)
+    assert max(gaps) < 1.0  # a sanity bound (the pause was the whole reading)
+
+
 def test_the_log_verifies_after_all_of_it(capped, upstreams):
     probe = Call(capped, upstreams["h1"], "events=3")
     assert capped.mock_row(probe.id)["status"] == "completed"

@@ -327,6 +327,32 @@ def test_a_held_anthropic_message_is_replaced_by_a_refusal(guarded, upstreams):
     assert_replaced(guarded, mock_id, "refusal")
 
 
+def test_a_held_answer_costly_to_read_is_checked_while_other_streams_flow(guarded, upstreams):
+    """An Anthropic message of 300,000 tiny text blocks before the one with the word (11
+    MB): reading it and checking it block by block took seconds of the event loop, and
+    every stream through the proxy stood still meanwhile. Now it is read and
+    checked by the rules in the reader thread: it is still replaced by a refusal, and a
+    paced stream going at the same time keeps flowing."""
+    up = upstreams["h1"]
+    mock_id = uuid.uuid4().hex
+    headers = {"x-mock": "blocks=300000&text=" + TEXT.replace(" ", "+"), "x-mock-id": mock_id}
+
+    def ask() -> anthropic.types.Message:
+        with http_client(guarded, "h1", httpx2) as http:
+            client = anthropic.Anthropic(base_url=up.url, api_key="sk-ant-test", max_retries=0, http_client=http)
+            return client.messages.create(
+                model="claude-sonnet-4", max_tokens=400_000, messages=MESSAGES, extra_headers=headers, timeout=60
+            )
+
+    message, gaps = guarded.while_a_stream_flows(
+        upstreams["h2"], ask
+    )  # (another mock: its making of the answer stalls it)
+    print(f"held 300,000-block answer: the paced stream's longest pause {max(gaps) * 1000:.0f} ms")
+    assert isinstance(message, anthropic.types.Message) and (message.stop_reason, message.content) == ("refusal", [])
+    assert_replaced(guarded, mock_id, "refusal")
+    assert max(gaps) < 1.0  # a sanity bound (the pause was the whole reading and check, seconds)
+
+
 def test_a_held_gemini_answer_is_replaced_by_a_safety_finish(guarded, upstreams):
     up = upstreams["h1"]
     mock_id, headers = ids()

@@ -18,6 +18,7 @@ import orjson
 import pytest
 from backports import zstd
 from mitmproxy import http
+from mitmproxy.connection import ConnectionState
 from mitmproxy.flow import Error
 from mitmproxy.test import tflow
 from protoenc import end_stream, env, f, m
@@ -450,7 +451,7 @@ def test_a_backlog_read_to_its_end_is_not_written_again_at_shutdown() -> None:
         task = asyncio.get_running_loop().create_task(asyncio.sleep(0))
         await task  # done; its callbacks have not run
         h._record_complete(flow, state)
-        h.draining[task] = (state.auditor, state)
+        h.draining[task] = (state.auditor, state, "complete")
         h.done()
         return store.rows
 
@@ -799,3 +800,133 @@ def test_a_key_in_an_unknown_content_encoding_is_kept_only_as_its_fingerprint() 
     h.response(flow)
     assert "decode_failed" in [f["code"] for f in store.rows[-1]["findings"]]
     assert key not in orjson.dumps(store.rows[-1]).decode()
+
+
+# -- a large JSON answer is read off the event loop -----------------------------------------------
+
+
+def many_blocks(count: int, last: str) -> bytes:
+    """An Anthropic message of ``count`` tiny text blocks and then ``last``: costly to read for its size."""
+    content = [{"type": "text", "text": "ab "}] * count + [{"type": "text", "text": last}]
+    message = {"id": "msg_1", "type": "message", "role": "assistant", "model": "claude", "content": content}
+    return orjson.dumps(message | {"stop_reason": "end_turn", "usage": {"input_tokens": 1, "output_tokens": count}})
+
+
+def messages_flow() -> http.HTTPFlow:
+    body = {"model": "claude", "max_tokens": 100_000, "messages": [{"role": "user", "content": "hi"}]}
+    headers = {"content-type": "application/json", "anthropic-version": "2023-06-01"}
+    return tflow.tflow(
+        req=http.Request.make("POST", "https://api.anthropic.com/v1/messages", orjson.dumps(body), headers)
+    )
+
+
+async def answered(h: ExchangeHooks, body: bytes, ticks: list[int]) -> http.HTTPFlow:
+    """A non-streamed chat exchange through the hooks, as mitmproxy runs them, while a
+    ticker counts the event loop's turns; returns once its record is settled."""
+
+    async def tick() -> None:
+        while True:
+            await asyncio.sleep(0.001)
+            ticks[0] += 1
+
+    ticker = asyncio.get_running_loop().create_task(tick())
+    flow = messages_flow()
+    h.request(flow)
+    flow.response = response_headers({"content-type": "application/json"})
+    h.responseheaders(flow)
+    if isinstance(h.flows[flow.id], HeldWhole):
+        flow.response.raw_content = body  # mitmproxy held it whole
+    else:
+        stream_through(h, flow, body)
+    pending = h.response(flow)
+    if pending is not None:  # held: mitmproxy awaits the check
+        await pending
+    while h.draining:  # (passed as it came: settled in a task nobody awaits)
+        await asyncio.sleep(0.01)
+    ticker.cancel()
+    return flow
+
+
+@pytest.mark.parametrize("rules", [None, BLOCK_WORD], ids=["passed", "held"])
+def test_a_large_json_answer_is_read_in_a_thread_while_the_event_loop_runs_on(rules) -> None:
+    """Its reading (and the rules' check) ran on the event loop and stalled every stream
+    meanwhile; now the loop's other tasks run while it is read. The outcome is the same:
+    recorded whole, or (held) blocked and replaced."""
+    body = many_blocks(50_000, "about Nightjar")
+
+    async def run() -> tuple[http.HTTPFlow, Store, int]:
+        h, store = hooks(rules)
+        ticks = [0]
+        flow = await answered(h, body, ticks)
+        return flow, store, ticks[0]
+
+    flow, store, ticks = asyncio.run(run())
+    row = store.rows[-1]
+    assert ticks > 0 and row["output_text"] == "ab " * 50_000 + "about Nightjar"
+    if rules is None:
+        assert row["status"] == "completed"
+    else:
+        assert row["status"] == "blocked" and b"Nightjar" not in flow.response.content
+
+
+def test_a_small_json_answer_is_read_at_once() -> None:
+    async def run() -> tuple[object, Store]:
+        h, store = hooks()
+        flow = messages_flow()
+        h.request(flow)
+        flow.response = response_headers({"content-type": "application/json"})
+        h.responseheaders(flow)
+        stream_through(h, flow, many_blocks(1, "hello"))
+        return h.response(flow), store
+
+    pending, store = asyncio.run(run())
+    assert pending is None and store.rows[-1]["status"] == "completed"
+
+
+def test_an_answer_being_read_when_the_proxy_stops_is_written_once() -> None:
+    """The proxy stops while the reader thread reads an answer: the reader finishes first
+    (the record is not written while the thread still changes it), the record is written
+    with ``proxy_shutdown``, and the task that would have settled it writes nothing more."""
+
+    async def run() -> Store:
+        h, store = hooks()
+        flow = messages_flow()
+        h.request(flow)
+        flow.response = response_headers({"content-type": "application/json"})
+        h.responseheaders(flow)
+        stream_through(h, flow, many_blocks(50_000, "bye"))
+        assert h.response(flow) is None and h.draining  # read in the thread, nobody waits
+        h.done()
+        await asyncio.sleep(0.05)
+        return store
+
+    store = asyncio.run(run())
+    finals = [row for row in store.rows if row["status"] != "in_progress"]
+    assert len(finals) == 1 and "proxy_shutdown" in [f["code"] for f in finals[0]["findings"]]
+
+
+def test_a_large_answer_the_upstream_cut_is_read_in_a_thread_and_written_as_cut() -> None:
+    """What came of a whole answer the upstream cut is still read (a dialect may take
+    what it can of it), off the loop as a complete one is, and written as cut."""
+
+    async def run() -> tuple[Store, bool]:
+        h, store = hooks()
+        flow = messages_flow()
+        h.request(flow)
+        flow.response = response_headers({"content-type": "application/json"})
+        h.responseheaders(flow)
+        body = many_blocks(50_000, "bye")
+        flow.response.stream(body[:-10])  # the upstream hung up before its end
+        flow.server_conn.state = ConnectionState.CLOSED
+        flow.client_conn.state = ConnectionState.OPEN
+        flow.error = Error("connection closed")
+        h.error(flow)
+        off_loop = bool(h.draining)
+        while h.draining:
+            await asyncio.sleep(0.01)
+        return store, off_loop
+
+    store, off_loop = asyncio.run(run())
+    row = store.rows[-1]
+    assert off_loop and row["status"] == "upstream_aborted"
+    assert [f["code"] for f in row["findings"]] == ["response_invalid_json"]  # (as read on the loop)
