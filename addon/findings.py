@@ -80,7 +80,8 @@ CODES: dict[str, str] = {
     "results; a Connect or gRPC message of a service nobody mapped; an OpenAI Chat content part of an unknown "
     "type; a Bedrock model payload no reader knows) held strings past what it reads: nested deeper than 32 levels "
     "(a content part: 6), or past the first 4096 strings (Connect, gRPC; also a JSON message that is no JSON to "
-    "any reader; a SignalR hub's client message: 100,000), or past 64 KiB of text (Bedrock). No filter "
+    "any reader; a SignalR hub's client message: 100,000), or past the first 100,000 JSON values (objects, "
+    "arrays, numbers: a SignalR hub's message, a Connect JSON message), or past 64 KiB of text (Bedrock). No filter "
     "checked them; the detail says which bound cut them. With blocking filters llm_filter_failure decided, in a "
     "client's message (a WebSocket message, a streamed request's) and in an answer alike (closed: blocked, open: "
     "let through with this finding).",

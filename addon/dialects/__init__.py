@@ -16,7 +16,7 @@ Everything here is sans-IO: no mitmproxy, no database.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -674,19 +674,26 @@ def json_strings(
     max_chars: int | None = None,
     max_depth: int = 32,
     cut: list[str] | None = None,
+    max_values: int | None = None,
+    value_of: Callable[[Any, str], str] | None = None,
 ) -> list[str]:
     """Every non-empty string in a JSON value, depth first: what a dialect reads of a part
     or payload of unknown shape (the filters must see text a client may show). Bounded:
     ``max_depth`` levels, at most ``limit`` strings and ``max_chars`` characters in all
-    (the last string cut to fit); keys in ``skip_keys`` are not read.
+    (the last string cut to fit), at most ``max_values`` values visited (objects, arrays,
+    numbers: a message of a million empty objects holds no string, and walking it cost
+    the event loop half a second); keys in ``skip_keys`` are not read. ``value_of(key,
+    string)`` gives what is read of a string under ``key`` (a credential's fingerprint).
 
     ``cut``, when given, gets what the bounds left out, each reason once (strings, or
     objects or arrays that may hold some, deeper than ``max_depth``; a string past
-    ``limit``; characters past ``max_chars``): the filters cannot check that text, so a
-    reader says so (finding ``strings_unread``) and the failure policy decides. The walk
-    stops at the first string past ``limit`` or ``max_chars``."""
+    ``limit``; characters past ``max_chars``; values past ``max_values``): the filters
+    cannot check that text, so a reader says so (finding ``strings_unread``) and the
+    failure policy decides. The walk stops at the first string past ``limit`` or
+    ``max_chars``, or the first value past ``max_values``."""
     out: list[str] = []
     budget = [max_chars if max_chars is not None else -1]
+    values = [max_values if max_values is not None else -1]  # (left to visit; -1: no bound)
     stop = [False]
 
     def left_out(reason: str) -> None:
@@ -694,8 +701,11 @@ def json_strings(
             cut.append(reason)
 
     def walk(item: Any, depth: int) -> None:
-        if stop[0]:
+        if values[0] == 0:
+            stop[0] = True
+            left_out(f"values past the first {max_values}")
             return
+        values[0] -= 1
         if isinstance(item, str):
             if not item:
                 return
@@ -717,7 +727,9 @@ def json_strings(
                 return
             for key, v in item.items():
                 if key not in skip_keys:
-                    walk(v, depth + 1)
+                    walk(value_of(key, v) if value_of is not None and isinstance(v, str) else v, depth + 1)
+                    if stop[0]:
+                        return
         elif isinstance(item, list):
             if depth > max_depth:
                 if item:
@@ -725,6 +737,8 @@ def json_strings(
                 return
             for v in item:
                 walk(v, depth + 1)
+                if stop[0]:
+                    return
 
     walk(value, 0)
     return out

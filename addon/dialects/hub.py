@@ -12,7 +12,7 @@ from typing import Any
 
 from addon.dialects import Dialect, Normalizer, Reading, RequestSummary, RequestView, json_strings
 from addon.dialects.blocking import BlockedResponse, block_message, json_response
-from addon.dialects.rpc import STRINGS_DEPTH, clean, clean_json, kept_text, unread_finding
+from addon.dialects.rpc import MESSAGE_VALUES, clean, kept_text, own_key_value, unread_finding
 from addon.events import Event, Finding, Finish, ShownText, StreamError, TextDelta, TurnEnd
 from addon.framing import Frame
 from addon.framing.signalr import HubMessage, HubWriter, hub_message
@@ -37,10 +37,11 @@ def strings_of(value: Any, cut: list[str] | None = None) -> list[str]:
     (:func:`~addon.dialects.rpc.kept_text`). Not cut: the filters must see all of a
     prompt or an answer (the reader bounds a record's size), but for strings nested
     deeper than 32 levels (the walk's bound), which ``cut`` gets noted (see
-    :func:`~addon.dialects.json_strings`) and strings past the first :data:`MESSAGE_STRINGS`
-    of a message (no client sends so many; past them reading one costs the event loop
-    more than a tenth of a second)."""
-    return json_strings(clean_json(value, max_depth=STRINGS_DEPTH, texts=False), limit=MESSAGE_STRINGS, cut=cut)
+    :func:`~addon.dialects.json_strings`), strings past the first :data:`MESSAGE_STRINGS`
+    of a message and values past the first :data:`~addon.dialects.rpc.MESSAGE_VALUES` (no
+    client sends so many; past them reading one costs the event loop more than a tenth of
+    a second)."""
+    return json_strings(value, limit=MESSAGE_STRINGS, cut=cut, max_values=MESSAGE_VALUES, value_of=own_key_value)
 
 
 def user_doc(text: str | list[str], target: Any, **extra: Any) -> Reading:
@@ -188,13 +189,15 @@ class HubNormalizer(Normalizer):
         """The strings of a payload nobody mapped: shown text, noted for the finding; what
         the walk's bound left out (nested deeper than 32 levels) is ``strings_unread``."""
         cut: list[str] = []
-        found = json_strings(value, cut=cut)  # (the client shows these as they are: the filters must too)
+        # (the client shows these as they are: the filters must too)
+        found = json_strings(value, limit=MESSAGE_STRINGS, cut=cut, max_values=MESSAGE_VALUES)
         self.unmapped_count += 1
         if where not in self.unmapped_targets and len(self.unmapped_targets) < _FINDING_TARGETS:
             self.unmapped_targets.append(where)
         room = _FINDING_STRINGS - len(self.unmapped_strings)
         if room > 0:  # (the finding is stored: credentials fingerprinted, by key name too)
-            self.unmapped_strings.extend(clean(s) for s in strings_of(value)[:room])
+            kept = json_strings(value, limit=room, max_values=MESSAGE_VALUES, value_of=own_key_value)
+            self.unmapped_strings.extend(clean(s) for s in kept)
         shown: list[Event] = [ShownText(s, kind="unmapped") for s in found]
         return [unread_finding(cut, where), *shown] if cut else shown
 

@@ -118,6 +118,12 @@ READ_CHARS = MAX_REQUEST_MESSAGE_BYTES
 #: Strings a Windsurf JSON request reading reads of one message: those requests carry
 #: the editor's context (open files, code blocks, rules: thousands of strings).
 CONTEXT_STRINGS = 100_000
+#: JSON values (objects, arrays, numbers, strings) a reading of one message's strings
+#: visits at most: a message read as it passes is read on the event loop, and a SignalR
+#: message of a million empty objects (4 MB) held no string and took 1.03 s to read (now
+#: 0.13 s, most of it the JSON parse). Far above a conversation's (a few thousand); past
+#: them the filters cannot read it whole.
+MESSAGE_VALUES = 100_000
 #: A Connect JSON response message only lenient readers take (the client's SDK reads it).
 LENIENT_MESSAGE = Finding("lenient_json", "a Connect JSON message: JSON only lenient readers take (the SDKs' do)")
 #: An EndStreamResponse only lenient readers take (connect-es's JSON.parse takes a lone surrogate escape).
@@ -246,15 +252,17 @@ def unread_text(payload: bytes, events: list[Event]) -> str | None:
 _BLANK_SEARCH = 4
 
 
-def unread_strings(payload: bytes, events: list[Event]) -> str | None:
+def unread_strings(payload: bytes, events: list[Event], cut: list[str]) -> str | None:
     """What of a JSON message's strings its events did not carry to the filters already
-    (each carried string taken out once, whole), one per line; None if none is left."""
+    (each carried string taken out once, whole), one per line; None if none is left.
+    ``cut`` gets what the reading's bounds left out (:data:`READ_STRINGS`,
+    :data:`MESSAGE_VALUES`)."""
     doc, _ = read_json_object(payload)
     if doc is None:
         return None
     carried = Counter(piece for ev in events for text in _carried(ev) for piece in (text, *text.split("\n")))
     left = []
-    for found in json_strings(doc, limit=READ_STRINGS):
+    for found in json_strings(doc, limit=READ_STRINGS, cut=cut, max_values=MESSAGE_VALUES):
         if carried[found] > 0:
             carried[found] -= 1
         else:
@@ -363,6 +371,13 @@ def clean_json(value: Any, depth: int = 0, max_depth: int = 32, texts: bool = Tr
     if isinstance(value, list):
         return [clean_json(v, depth + 1, max_depth, texts) for v in value]
     return clean(value) if texts and isinstance(value, str) else value
+
+
+def own_key_value(key: Any, value: str) -> str:
+    """What a reader of strings reads of ``value`` under ``key``: its fingerprint when it
+    is the client's own credential (:func:`clean_json` with ``texts`` False, one value at
+    a time: for :func:`~addon.dialects.json_strings`' ``value_of``)."""
+    return credential(value) if _credential_value(key, value, False) else value
 
 
 def _credential_value(key: Any, value: str, texts: bool) -> bool:
@@ -497,7 +512,11 @@ class RpcNormalizer(Normalizer):
             out.insert(at, over_budget("a response message", reading))
             at += 1
         if self.reads_text and (self.codec != "json" or self.maps_json):
-            rest = unread_strings(payload, out) if self.codec == "json" else unread_text(payload, out)
+            cut: list[str] = []
+            rest = unread_strings(payload, out, cut) if self.codec == "json" else unread_text(payload, out)
+            if cut:  # (the filters cannot read all of it: the failure policy decides)
+                out.insert(at, unread_finding(cut, "a response message"))
+                at += 1
             if rest is not None:
                 out.insert(at, ShownText(rest, kind="payload"))
         return out
@@ -747,7 +766,7 @@ def message_strings(payload: bytes, codec: str, cut: list[str] | None = None) ->
     doc, lenient = read_json_object(payload)  # (keys named like credentials fingerprinted first: "apiKey", "token")
     if doc is None and payload.strip() and cut is not None:
         cut.append("the message, which is no JSON object to any reader")
-    found = json_strings(clean_json(doc, max_depth=STRINGS_DEPTH, texts=False), limit=READ_STRINGS, cut=cut)
+    found = json_strings(doc, limit=READ_STRINGS, cut=cut, max_values=MESSAGE_VALUES, value_of=own_key_value)
     if cut is not None and any(len(s) > READ_CHARS for s in found):
         cut.append(f"characters of a string past the first {READ_CHARS}")
     return [s[:READ_CHARS] for s in found], lenient

@@ -15,7 +15,7 @@ from protoenc import end_stream, env, f, genv, m
 from addon.dialects import RequestView
 from addon.dialects.connect_rpc import DIALECT
 from addon.dialects.registry import detect_request
-from addon.dialects.rpc import READ_STRINGS
+from addon.dialects.rpc import MESSAGE_VALUES, READ_STRINGS
 from addon.framing import Message, select
 from addon.framing.envelope import grpc_web_reader, parse_header_block, pct_decode, pct_encode
 from addon.record import ExchangeRecord
@@ -312,6 +312,7 @@ def deep(value: object, depth: int) -> object:
         (env(json.dumps({"a": deep("Nightjar", 40)})), "deeper than 32 levels"),
         (env(json.dumps({"a": [f"s{i}" for i in range(READ_STRINGS)] + ["Nightjar"]})), f"first {READ_STRINGS}"),
         (env(b"".join(f(1, f"s{i}") for i in range(READ_STRINGS)) + f(1, "Nightjar")), f"first {READ_STRINGS}"),
+        (env(json.dumps({"a": [{}] * MESSAGE_VALUES + ["Nightjar"]})), f"values past the first {MESSAGE_VALUES}"),
     ],
 )
 @pytest.mark.parametrize("fail_open", [False, True])

@@ -528,6 +528,35 @@ def test_a_hub_message_of_very_many_strings_is_read_to_its_bound_and_the_policy_
     assert conn.record.to_row()["findings"] == []
 
 
+@pytest.mark.parametrize("filler", [{}, [], 0, None], ids=["objects", "arrays", "numbers", "nulls"])
+def test_a_hub_message_of_very_many_values_is_read_to_its_bound_and_the_policy_decides(filler):
+    """A message of a million empty objects (4 MB) holds no string, but every value was
+    walked, several times over (the credentials' copy, then the strings): 1.03 s of the
+    event loop. The walk stops at MESSAGE_VALUES: strings_unread, the failure policy
+    decides; the word after the bound is not read whole, so the record does not keep it."""
+    from addon.dialects.rpc import MESSAGE_VALUES
+
+    hello = b'{"protocol":"json","version":1}\x1e'
+    conn = Connection(ws_view("/hub"), hello)
+    many = {"type": 1, "invocationId": "1", "target": "Ask", "arguments": [filler] * MESSAGE_VALUES + ["Nightjar"]}
+    (doc,) = conn.send(json.dumps(many).encode() + b"\x1e")
+    assert "Nightjar" not in doc.unkept
+    [finding] = conn.record.to_row()["findings"]
+    assert finding["code"] == "strings_unread" and f"values past the first {MESSAGE_VALUES}" in finding["detail"]
+
+
+def test_json_strings_stops_at_its_values_bound_and_reads_keyed_values_as_told():
+    from addon.dialects import json_strings
+
+    cut: list[str] = []
+    assert json_strings([{}, "a", [1, "b"], "c"], max_values=5, cut=cut) == ["a"]
+    assert cut == ["values past the first 5"]
+    cut = []
+    assert json_strings([{}, "a", [1, "b"], "c"], max_values=7, cut=cut) == ["a", "b", "c"] and cut == []
+    shown = json_strings({"apiKey": "k1", "x": ["apiKey"], "y": {"token": "t"}}, value_of=lambda k, v: f"{k}={v}")
+    assert shown == ["apiKey=k1", "apiKey", "token=t"]
+
+
 @pytest.mark.parametrize(
     "found",
     [

@@ -189,3 +189,17 @@ def test_connect_json_only_lenient_readers_take_is_read_with_the_finding():
     assert row["output_text"].startswith("Hi ")
     codes = [f["code"] for f in row["findings"]]
     assert codes.count("lenient_json") == 2 and "protobuf_unmapped" in codes
+
+
+def test_a_json_answer_message_past_the_readers_values_bound_says_what_the_filters_did_not_read():
+    """What of a JSON answer message no field carries is read for the output filters; a
+    message of very many values (a million empty objects held no string and took a
+    second of the event loop) is read to MESSAGE_VALUES, and the rest is said unread
+    (``strings_unread``: the output filters' failure policy decides)."""
+    from addon.dialects.rpc import MESSAGE_VALUES
+
+    message = {"deltaMessage": {"text": "Hi"}, "pad": [{}] * MESSAGE_VALUES + ["Nightjar"]}
+    row = audit(env(json.dumps(message)) + end_stream(), path=RAW_CHAT, headers=JSON_STREAM)
+    assert row["output_text"] == "Hi"
+    [detail] = [x["detail"] for x in row["findings"] if x["code"] == "strings_unread"]
+    assert detail == f"a response message: values past the first {MESSAGE_VALUES} not read"
