@@ -203,7 +203,7 @@ class StreamAuditor:
             if record is None and self.record is not None:  # (claimed by this chunk's first event)
                 self.record.bytes_to_client += len(chunk)
             return chunk
-        out = self._gated(gate, self._released_now())
+        out = self._gated(gate, self._released_now(), terminate=self.framing.streamed)  # (a whole one is replaced)
         if passes:  # (the gate took what was read; the chunk goes after what it had)
             return out + chunk
         self._count_sent(out, None if gate.split_raw else record)
@@ -359,6 +359,9 @@ class StreamAuditor:
             return
         if not self.framing.streamed:  # a whole body over the record cap
             self.too_large = self.ignored = True
+            # Not read, so not checked: one held for blocking filters goes to the failure
+            # policy (it went out unchecked: a word past the cap reached the client).
+            self._unreadable(f"the body cannot be inspected: {reason}")
         elif self.gate is not None:
             self._unreadable(f"the body cannot be inspected: {reason}")
             self.ignored = True
@@ -434,7 +437,7 @@ class StreamAuditor:
         it has checked every frame read before (in order, as they came)."""
         if self.gate is not None:
             self._to_gate()
-            self.gate.unreadable(reason)
+            self.gate.unreadable(reason, whole=not self.framing.streamed)
 
     def _gated(self, gate: OutputGate, out: bytes, terminate: bool = True) -> bytes:
         """Take the gate's verdicts; once it blocks, end the stream with the termination

@@ -114,7 +114,8 @@ CODES: dict[str, str] = {
     "response_invalid_utf8": "A JSON response body holds bytes that are not UTF-8; it was read with U+FFFD in their place.",
     "response_refused": "mitmproxy refused the upstream's response (e.g. Content-Length with chunked, or over "
     "body_size_limit); the client got mitmproxy's error.",
-    "body_too_large": "A non-stream response body exceeded llm_audit_max_record_bytes decoded; it passed unread.",
+    "body_too_large": "A non-stream response body exceeded llm_audit_max_record_bytes decoded; it passed unread "
+    "(held for blocking filters, llm_filter_failure decided: closed refused it).",
     "content_truncated": "The exchange carried more content than llm_audit_max_record_bytes: the record keeps what "
     "fits; the detail gives the kept and true sizes and the SHA-256 of the raw upstream body.",
     "inspection_stopped": "Decoding the body would exceed the exchange's decode budget (a compression bomb): "

@@ -247,13 +247,14 @@ class OutputGate:
         if self.blocked is None:
             self._end_turn([])
 
-    def unreadable(self, reason: str) -> None:
+    def unreadable(self, reason: str, whole: bool = False) -> None:
         """The output cannot be checked (an event too large to parse): the failure policy decides.
 
         ``closed`` blocks; ``open`` records it and lets the rest of the stream through
-        unchecked (nothing is held from here on).
+        unchecked (nothing is held from here on). ``whole``: a body read whole (a JSON
+        answer), which mitmproxy holds for this gate when it may block, not the gate.
         """
-        if self.blocked is not None or not self.holds:
+        if self.blocked is not None or not (self.holds or (whole and not self.flags_only)):
             return
         verdict = Verdict(
             FLAG if self.failure == "open" else BLOCK, FILTER_ERROR, reason, filter="llm-audit", location="output"

@@ -353,6 +353,34 @@ def test_a_held_answer_costly_to_read_is_checked_while_other_streams_flow(guarde
     assert max(gaps) < 1.0  # a sanity bound (the pause was the whole reading and check, seconds)
 
 
+def test_a_held_answer_over_the_record_cap_is_the_failure_policy_s(tmp_path, upstreams):
+    """A whole answer over ``llm_audit_max_record_bytes`` is not read, so not checked: a
+    word past the cap went to the client past the blocking rules. Now the failure policy
+    decides (closed: refused with the verdict ``filter_error``; the answer unread, the
+    API's filtered answer cannot be made from it, so the client gets the dialect's error)."""
+    rules = tmp_path / "rules.toml"
+    rules.write_text(RULES)
+    proxy = start_proxy(tmp_path, "--set", f"llm_rules={rules}", "--set", "llm_audit_max_record_bytes=1048576")
+    try:
+        up = upstreams["h1"]
+        mock_id = uuid.uuid4().hex
+        headers = {"x-mock": "blocks=40000&text=" + TEXT.replace(" ", "+"), "x-mock-id": mock_id}
+        with http_client(proxy, "h1", httpx2) as http:
+            client = anthropic.Anthropic(base_url=up.url, api_key="sk-ant-test", max_retries=0, http_client=http)
+            with pytest.raises(anthropic.BadRequestError) as refused:
+                client.messages.create(
+                    model="claude-sonnet-4", max_tokens=100_000, messages=MESSAGES, extra_headers=headers, timeout=60
+                )
+        assert "filter_error" in str(refused.value) and WORD not in str(refused.value.body)
+        assert up.sent(mock_id)["size"] > 1048576
+        row = proxy.mock_row(mock_id)
+        assert (row["status"], row["client_status"], row["delivered_text"]) == ("blocked", 400, "")
+        assert [v["rule_id"] for v in row["verdicts"]] == ["filter_error"]
+        assert "body_too_large" in [f["code"] for f in row["findings"]]
+    finally:
+        proxy.process.stop()
+
+
 def test_a_held_gemini_answer_is_replaced_by_a_safety_finish(guarded, upstreams):
     up = upstreams["h1"]
     mock_id, headers = ids()

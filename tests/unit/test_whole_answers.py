@@ -23,7 +23,8 @@ from addon.auditor import StreamAuditor, summary_into_record
 from addon.filters.api import BaseFilter, OutputPiece, Verdict
 from addon.filters.engine import FilterSet
 from addon.framing import select
-from addon.output_gate import OutputGate
+from addon.mitm.flow_state import OutputCheck
+from addon.mitm.tap import output_gate
 from addon.record import OUTCOME_COMPLETE, ExchangeRecord
 from mockllm.scenario import Scenario
 from mockllm.streams import (
@@ -55,29 +56,30 @@ def answer(case: Case, scenario: str) -> bytes:
     return orjson.dumps(WHOLE[case.name](request, Scenario.parse(scenario)))
 
 
-def auditor_for(case: Case, filters: FilterSet | None, encoding: str | None = None) -> StreamAuditor:
-    """The proxy's auditor for a whole answer: held (a gate that may block) or passed as it came."""
+def auditor_for(
+    case: Case, filters: FilterSet | None, encoding: str | None = None, cap: int = 1 << 20
+) -> StreamAuditor:
+    """The proxy's auditor for a whole answer, with the proxy's gate (``tap.output_gate``:
+    a whole body's holds nothing itself; mitmproxy holds it when filters may block)."""
     record = ExchangeRecord(dialect=case.name, streamed=False, http_status=200)
     summary = case.dialect.summarize(case.request | {"stream": False}, case.view)
     summary_into_record(record, summary)
     normalizer = case.dialect.normalizer(summary)
-    gate = None
-    if filters is not None:
-        gate = OutputGate(
-            filters.output_guard(),
-            case.dialect.normalizer(summary),
-            holds=filters.may_block_output,
-            split_raw=encoding is None,
-            failure=filters.failure,
-        )
     framing = select("application/json", 200, normalizer.framing)
-    return StreamAuditor(record, normalizer, encoding, 1 << 20, gate=gate, framing=framing)
+    check = OutputCheck(filters, case.dialect, summary, case.view) if filters is not None else None
+    gate = output_gate(check, framing.streamed, encoding)
+    return StreamAuditor(record, normalizer, encoding, 1 << 20, gate=gate, framing=framing, max_record_bytes=cap)
+
+
+def is_held(auditor: StreamAuditor) -> bool:
+    """Whether the proxy holds the body whole (``HeldWhole``): filters that may block."""
+    return auditor.gate is not None and auditor.gate.guard.may_block
 
 
 def settled(auditor: StreamAuditor, body: bytes, ahead: bool) -> dict[str, Any]:
     """Feed the body as the proxy does (held: whole at the end; else as it came), read it
     ahead or at its end, and settle: what the record and the gate say."""
-    held = auditor.gate is not None and auditor.gate.holds
+    held = is_held(auditor)
     if not held:
         auditor.feed(body)
     if ahead:
@@ -155,10 +157,30 @@ def test_user_filters_are_asked_when_the_answer_settles_not_in_the_reading_ahead
     filters = FilterSet(rules, [asked], failure="closed")
     body = answer(case, CLEAN)
     auditor = auditor_for(case, filters)
-    held = filters.may_block_output
+    held = is_held(auditor)
     if not held:
         auditor.feed(body)
     auditor.read_whole(body if held else None)
     assert asked.calls == 0 and auditor.record is not None and auditor.record.output_text
     auditor.end()
     assert asked.calls > 0
+
+
+@pytest.mark.parametrize("failure", ["closed", "open"])
+@pytest.mark.parametrize("ahead", [False, True], ids=["at_end", "ahead"])
+def test_a_held_answer_over_the_record_cap_is_the_failure_policy_s(failure, ahead) -> None:
+    """Over the record cap a whole answer is not read, so not checked: it went to the
+    client unchecked, a word past the cap and all. Now the failure policy decides:
+    ``closed`` blocks it (verdict ``filter_error``), ``open`` lets it go with the verdict."""
+    case = CASES["anthropic-messages"]
+    message = orjson.loads(answer(case, CLEAN))
+    message["content"][0]["text"] = "x" * 5000 + f" the {WORD} plan"
+    filters = FilterSet(BLOCK_RULES, failure=failure)
+    outcome = settled(auditor_for(case, filters, cap=4096), orjson.dumps(message), ahead=ahead)
+    row = outcome["row"]
+    assert [v["rule_id"] for v in row["verdicts"]] == ["filter_error"]
+    assert "body_too_large" in [f["code"] for f in row["findings"]]
+    if failure == "closed":
+        assert outcome["stopped"] and row["status"] == "blocked"
+    else:
+        assert not outcome["stopped"] and row["status"] == "completed"
