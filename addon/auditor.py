@@ -437,7 +437,7 @@ class StreamAuditor:
         it has checked every frame read before (in order, as they came)."""
         if self.gate is not None:
             self._to_gate()
-            self.gate.unreadable(reason, whole=not self.framing.streamed)
+            self.gate.unreadable(reason)
 
     def _gated(self, gate: OutputGate, out: bytes, terminate: bool = True) -> bytes:
         """Take the gate's verdicts; once it blocks, end the stream with the termination

@@ -17,6 +17,37 @@ from typing import Any
 
 import orjson
 
+#: A document this large is first counted (:func:`too_costly`): below it, what a parse
+#: makes is bounded by the size (36 MiB of Python objects at most, from 1 MiB of ``{},``).
+COUNT_FROM = 1 << 20
+#: Objects and arrays one parse of a whole body may make (an empty object is 64 bytes
+#: as a Python dict, from 3 bytes of JSON): 32 MiB of ``{},`` made 1.15 GB.
+MAX_CONTAINERS = 500_000
+#: Values one parse may make, counted by their commas (a comma inside a string counts
+#: too, so the count is high for text: prose has about one in 20 characters, so this is
+#: 40 MB of prose, far past any model's context). 32 MiB of ``1000,`` made 614 MB.
+MAX_VALUES = 2_000_000
+
+
+def too_costly(data: str | bytes) -> str | None:
+    """Why parsing ``data`` whole would cost the proxy too much memory, or None.
+
+    Why counted rather than parsed with a limit: neither orjson nor the standard
+    library bounds what a parse makes, and a streaming parser would not give the
+    dialects their documents. Counting the structural characters is a few passes at
+    memory speed (a few ms for 32 MiB)."""
+    if len(data) < COUNT_FROM:
+        return None
+    if isinstance(data, str):
+        containers, values = data.count("{") + data.count("["), data.count(",")
+    else:
+        containers, values = data.count(b"{") + data.count(b"["), data.count(b",")
+    if containers > MAX_CONTAINERS:
+        return f"about {containers} JSON objects and arrays in {len(data)} bytes, over the {MAX_CONTAINERS} one reading makes"
+    if values > MAX_VALUES:
+        return f"about {values} JSON values in {len(data)} bytes, over the {MAX_VALUES} one reading makes"
+    return None
+
 
 def loads(data: str | bytes) -> tuple[Any, bool]:
     """``data`` parsed, and whether only a lenient reader takes it; ValueError when none does."""

@@ -99,18 +99,27 @@ class OutputGate:
     ``holds`` False (only flag rules: nothing can block) checks the output the same
     way but forwards every chunk as it arrives. ``split_raw``: the body has no
     Content-Encoding, so raw offsets are decoded offsets and chunks may be cut.
-    ``flags_only``: no filter of the guard can block, so the gate never holds or ends
+    ``whole``: the body is read whole (a JSON answer): mitmproxy holds it while it may
+    block, and a block replaces it. ``flags_only``: no filter of the guard can block, so the gate never holds or ends
     anything; the auditor then forwards the chunks itself and hands the gate only what it
     read (:class:`~addon.auditor.StreamAuditor` reads such a stream in runs).
     """
 
     def __init__(
-        self, guard: OutputGuard, forwarded: Normalizer, *, holds: bool, split_raw: bool, failure: str
+        self,
+        guard: OutputGuard,
+        forwarded: Normalizer,
+        *,
+        holds: bool,
+        split_raw: bool,
+        failure: str,
+        whole: bool = False,
     ) -> None:
         self.guard = guard
         self.forwarded = forwarded
         forwarded.keeps_delivered = True  # it reads only what the client gets: its termination may repeat it
         self.holds = holds
+        self.whole = whole
         self.flags_only = not guard.may_block
         self.split_raw = split_raw
         self.failure = failure
@@ -247,14 +256,14 @@ class OutputGate:
         if self.blocked is None:
             self._end_turn([])
 
-    def unreadable(self, reason: str, whole: bool = False) -> None:
+    def unreadable(self, reason: str) -> None:
         """The output cannot be checked (an event too large to parse): the failure policy decides.
 
         ``closed`` blocks; ``open`` records it and lets the rest of the stream through
-        unchecked (nothing is held from here on). ``whole``: a body read whole (a JSON
-        answer), which mitmproxy holds for this gate when it may block, not the gate.
+        unchecked (nothing is held from here on). A whole body's gate holds nothing
+        itself, but the body is held (by mitmproxy) when the gate may block: it decides too.
         """
-        if self.blocked is not None or not (self.holds or (whole and not self.flags_only)):
+        if self.blocked is not None or not (self.holds or (self.whole and not self.flags_only)):
             return
         verdict = Verdict(
             FLAG if self.failure == "open" else BLOCK, FILTER_ERROR, reason, filter="llm-audit", location="output"
@@ -374,7 +383,7 @@ class OutputGate:
                     self._whole((0, "error", None), message, needs)
             case TurnEnd(going_on=going_on):  # (a turn's end: its answer is whole, nothing waits for more)
                 self._end_turn(needs, going_on)
-            case Finding(code="text_interleaved" | "strings_unread" as code, detail=detail):
+            case Finding(code="text_interleaved" | "strings_unread" | "json_too_costly" as code, detail=detail):
                 self.unreadable(f"{code}: {detail}")  # (the filters cannot read it as the client shows it)
 
     def _feed(self, stream: StreamKey, text: str, needs: list[tuple[StreamKey, int]]) -> None:

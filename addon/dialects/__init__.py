@@ -18,6 +18,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from hashlib import sha256
 from typing import Any
 
 import orjson
@@ -111,6 +112,8 @@ class Normalizer(ABC):
             return error_body_events(body)
         doc, finding = load_body_json(body)
         if not isinstance(doc, dict):
+            if finding is not None and finding.code == "json_too_costly":
+                return [finding]
             return [Finding("response_invalid_json", "the response body is not one JSON object")]
         return [*([finding] if finding else []), *self.on_response(doc), StreamEnd()]
 
@@ -447,6 +450,9 @@ def parse_json_body(body: bytes) -> tuple[Any, Finding | None]:
     """
     if not body:
         return None, None
+    costly = json_read.too_costly(body)
+    if costly is not None:  # (a client's body must not make the proxy run out of memory)
+        return UNREADABLE, Finding("request_too_large", f"not read: {costly}; sha256 {sha256(body).hexdigest()}")
     try:
         doc, lenient = json_read.loads(body)
     except ValueError as e:  # (JSONDecodeError and UnicodeDecodeError are ValueErrors)
@@ -463,6 +469,9 @@ def load_body_json(body: bytes) -> tuple[Any, Finding | None]:
     """
     if not body:
         return None, None
+    costly = json_read.too_costly(body)
+    if costly is not None:  # (an upstream's body must not make the proxy run out of memory)
+        return None, Finding("json_too_costly", f"the response body, not read: {costly}")
     try:
         return orjson.loads(body), None
     except orjson.JSONDecodeError:
@@ -516,6 +525,8 @@ def error_body_events(body: bytes) -> list[Event]:
     ``{"code", "message"}`` and RFC 9457 problem objects (``type``/``title``/``detail``).
     """
     obj, finding = load_body_json(body)
+    if finding is not None and finding.code == "json_too_costly":
+        return [StreamError(None, None), finding]
     if obj is None and body:
         text = body[:500].decode("utf-8", "replace")
         return [StreamError(None, text or None), Finding("response_invalid_json", "error body is not JSON")]

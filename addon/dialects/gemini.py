@@ -399,6 +399,8 @@ class GeminiNormalizer(JsonEventNormalizer):
             return gemini_error_body_events(body)
         doc, finding = load_body_json(body)
         out: list[Event] = [finding] if finding else []
+        if finding is not None and finding.code == "json_too_costly":
+            return out  # (not read piece by piece either: the pieces would make as much)
         if isinstance(doc, dict):  # generateContent: one whole response
             self.answer, self.array = doc, False
             self._chunk(doc, out)

@@ -79,4 +79,5 @@ def output_gate(check: OutputCheck | None, streamed: bool, encoding: str | None)
         holds=streamed and filters.may_block_output,
         split_raw=encoding is None or encoding.strip().lower() in ("", "identity"),
         failure=filters.failure,
+        whole=not streamed,
     )

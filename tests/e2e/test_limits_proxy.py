@@ -232,6 +232,29 @@ def test_a_compression_bomb_in_a_request_is_not_decoded_whole(capped, upstreams)
         assert probe.unchanged(upstream) and capped.mock_row(probe.id)["status"] == "completed"
 
 
+def test_a_json_request_of_millions_of_objects_is_not_read(capped, upstreams):
+    """24 MiB of empty JSON objects in a request: parsed, they were some 900 MB of Python
+    objects in the proxy (a client could exhaust its memory). Now the body is counted
+    first and not read (``request_too_large``), forwarded unchanged, stored as text."""
+    upstream = upstreams["h1"]
+    mock_id = uuid.uuid4().hex
+    head = b'{"model":"mock-model","messages":[{"role":"user","content":"Hi"}],"pad":['
+    sent = head + b"{}," * (8 * MIB) + b"{}]}"
+
+    def post() -> httpx.Response:
+        headers = {"content-type": "application/json", "x-mock-id": mock_id}
+        with capped.client() as client:
+            return client.post(f"{upstream.url}/v1/chat/completions", content=sent, headers=headers)
+
+    resp, before, peak = peak_rss(capped, post)
+    print(f"24 MiB of empty objects: proxy RSS {before / MIB:.0f} MiB before, peak {peak / MIB:.0f} MiB")
+    assert resp.status_code == 200 and upstream.received(mock_id)["body"] == sent
+    assert peak - before < 300 * MIB
+    row = capped.mock_row(mock_id, timeout=60)
+    (detail,) = findings(row, "request_too_large")
+    assert "JSON objects and arrays" in detail and row["dialect"] == "openai-chat"
+
+
 def test_an_answer_costly_to_read_is_read_while_other_streams_flow(capped, upstreams):
     """A JSON answer of 110,000 tiny Anthropic text blocks (4 MB, under the cap): the
     dialect's reading of it ran on the event loop, and every stream through the proxy

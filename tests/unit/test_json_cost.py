@@ -1,0 +1,94 @@
+"""A JSON body is not read when reading it would cost the proxy gigabytes.
+
+Neither orjson nor the standard library bounds what a parse makes: 32 MiB of ``{},``
+(an answer under the record cap) made 1.15 GB of Python objects, and a request may be
+read up to 256 MiB. A body over 1 MiB is counted first (:func:`addon.json_read.too_costly`):
+past 500,000 objects and arrays, or 2,000,000 values, it is not read. A request is then
+``request_too_large`` (the request filters' failure policy decides); an answer
+``json_too_costly`` (held for blocking filters, the failure policy decides). Ordinary
+large bodies (a long prompt, an image in base64) are far inside the bounds.
+"""
+
+from __future__ import annotations
+
+import base64
+import tracemalloc
+
+import orjson
+import pytest
+from test_whole_answers import CASES, answer, auditor_for, settled
+
+from addon.dialects import UNREADABLE, load_body_json, parse_json_body
+from addon.filters.engine import FilterSet
+from addon.filters.rules import parse_rules
+from addon.json_read import COUNT_FROM, MAX_CONTAINERS, MAX_VALUES, too_costly
+
+BLOCK = parse_rules('[[rule]]\nid = "k"\nkind = "keywords"\nkeywords = ["Nightjar"]\naction = "block"\n')
+
+
+def padded(pad: list, **fields: object) -> bytes:
+    return orjson.dumps({**fields, "pad": pad})
+
+
+@pytest.mark.parametrize(
+    ("pad", "bound"),
+    [([{}] * (MAX_CONTAINERS + 1), "objects and arrays"), ([1000] * (MAX_VALUES + 1), "values")],
+    ids=["objects", "numbers"],
+)
+def test_a_request_of_too_many_values_is_not_read_and_the_policy_decides(pad, bound) -> None:
+    body = padded(pad, model="gpt-4o", messages=[{"role": "user", "content": "Nightjar"}])
+    doc, finding = parse_json_body(body)
+    assert doc is UNREADABLE and finding is not None and finding.code == "request_too_large"
+    assert bound in finding.detail and "sha256" in finding.detail
+
+
+def test_ordinary_large_bodies_are_read() -> None:
+    """A long prompt (3 MB of prose: commas, brackets in the text) and an image in base64
+    (8 MB) are read as before."""
+    prose = "It was, as they say, a [long] day {again}, and so on. " * 60_000
+    image = base64.b64encode(bytes(range(256)) * 24_000).decode()
+    for content in (prose, [{"type": "image_url", "image_url": {"url": f"data:image/png;base64,{image}"}}]):
+        body = orjson.dumps({"model": "m", "messages": [{"role": "user", "content": content}]})
+        assert len(body) > COUNT_FROM and too_costly(body) is None
+        doc, finding = parse_json_body(body)
+        assert finding is None and doc["messages"][0]["content"] == content
+
+
+def test_a_small_body_is_never_counted() -> None:
+    assert too_costly(b"[" + b"{}," * 300_000 + b"{}]") is None  # (under 1 MiB: what it makes is bounded)
+
+
+def test_a_costly_answer_is_not_read_and_its_memory_stays_small() -> None:
+    body = b"[" + b"{}," * (8 << 20) + b"{}]"  # 24 MiB of empty objects
+    tracemalloc.start()
+    try:
+        doc, finding = load_body_json(body)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert doc is None and finding is not None and finding.code == "json_too_costly"
+    assert peak < 16 << 20  # (read, it made some 900 MB)
+
+
+@pytest.mark.parametrize("failure", ["closed", "open"])
+def test_a_held_costly_answer_is_the_failure_policy_s(failure) -> None:
+    """An answer the proxy cannot afford to read is not checked either: with blocking
+    filters it goes to the failure policy (the SDK would read it, and show its text)."""
+    case = CASES["anthropic-messages"]
+    message = orjson.loads(answer(case, "events=3&text=the+Nightjar+plan"))
+    message["pad"] = [{}] * (MAX_CONTAINERS + 1)
+    filters = FilterSet(BLOCK, failure=failure)
+    outcome = settled(auditor_for(case, filters, cap=32 << 20), orjson.dumps(message), ahead=True)
+    row = outcome["row"]
+    assert [f["code"] for f in row["findings"]] == ["json_too_costly"]
+    assert [v["rule_id"] for v in row["verdicts"]] == ["filter_error"]
+    assert outcome["stopped"] == (failure == "closed")
+
+
+def test_a_costly_answer_passes_with_its_finding_without_filters() -> None:
+    case = CASES["anthropic-messages"]
+    message = orjson.loads(answer(case, "events=3"))
+    message["pad"] = [{}] * (MAX_CONTAINERS + 1)
+    outcome = settled(auditor_for(case, None, cap=32 << 20), orjson.dumps(message), ahead=True)
+    assert [f["code"] for f in outcome["row"]["findings"]] == ["json_too_costly"]
+    assert not outcome["stopped"] and not outcome["row"]["output_text"]
