@@ -635,7 +635,8 @@ class ExchangeHooks:
         task = loop.create_task(self._settle_whole(flow, state, settle))
         self.draining[task] = (state.auditor, state, outcome)
         task.add_done_callback(self._drained)
-        return task if isinstance(state, HeldWhole) else None
+        # (shielded: should mitmproxy cancel its wait, the record is still settled and written)
+        return asyncio.shield(task) if isinstance(state, HeldWhole) else None
 
     async def _settle_whole(
         self, flow: http.HTTPFlow, state: Streaming | HeldWhole, settle: Callable[[], None]

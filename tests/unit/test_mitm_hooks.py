@@ -930,3 +930,26 @@ def test_a_large_answer_the_upstream_cut_is_read_in_a_thread_and_written_as_cut(
     row = store.rows[-1]
     assert off_loop and row["status"] == "upstream_aborted"
     assert [f["code"] for f in row["findings"]] == ["response_invalid_json"]  # (as read on the loop)
+
+
+def test_a_held_answer_whose_wait_mitmproxy_cancels_is_still_recorded() -> None:
+    """mitmproxy awaits the check of a held answer; should it cancel that wait (the
+    client went away), the reading goes on and the record is written all the same."""
+
+    async def run() -> Store:
+        h, store = hooks(BLOCK_WORD)
+        flow = messages_flow()
+        h.request(flow)
+        flow.response = response_headers({"content-type": "application/json"})
+        h.responseheaders(flow)
+        assert isinstance(h.flows[flow.id], HeldWhole)
+        flow.response.raw_content = many_blocks(50_000, "about Nightjar")
+        pending = h.response(flow)
+        assert pending is not None
+        pending.cancel()
+        while h.draining:
+            await asyncio.sleep(0.01)
+        return store
+
+    store = asyncio.run(run())
+    assert store.rows[-1]["status"] == "blocked"
