@@ -126,8 +126,9 @@ class ExchangeHooks:
         self.filters = filters
         self.flows: dict[str, FlowState] = {}
         # exchanges waiting for their backlog to be read: their auditors and states
-        # (with the outcome the exchange ended with: written so if the proxy stops first)
-        self.draining: dict[asyncio.Task, tuple[StreamAuditor, Recorded, str]] = {}
+        # (with the outcome the exchange ended with: written so if the proxy stops first;
+        # and, for a whole body read in the reader thread, how to read and settle it at once)
+        self.draining: dict[asyncio.Task, tuple[StreamAuditor, Recorded, str, Callable[[], None] | None]] = {}
         self.max_event_bytes = DEFAULT_MAX_EVENT_BYTES
         self.max_record_bytes = DEFAULT_MAX_RECORD_BYTES
         self.view_bytes = DEFAULT_VIEW_BYTES
@@ -233,10 +234,10 @@ class ExchangeHooks:
             self._record_complete(flow, state)
         return None
 
-    def error(self, flow: http.HTTPFlow) -> None:
+    def error(self, flow: http.HTTPFlow) -> Awaitable[None] | None:
         state = _current_turn(self.flows.pop(flow.id, None))
         if state is None or isinstance(state, Sniffing):
-            return
+            return None
         try:
             outcome = abort_side(flow)  # now: the connection states tell it only while the flow ends
         except Exception:  # the record is written whatever happens
@@ -249,11 +250,12 @@ class ExchangeHooks:
             and _loop_running()
             and _costly_whole_body(flow, state)
         ):
-            self._read_whole_off_loop(flow, state, lambda: self._record_aborted(flow, state, outcome), outcome)
-        elif auditor is not None and auditor.pending:
+            return self._read_whole_off_loop(flow, state, lambda: self._record_aborted(flow, state, outcome), outcome)
+        if auditor is not None and auditor.pending:
             self._after_backlog(auditor, state, lambda: self._record_aborted(flow, state, outcome), outcome)
         else:
             self._record_aborted(flow, state, outcome)
+        return None
 
     def done(self) -> None:
         """Submit the exchanges still open as cut off, and those whose backlog was not
@@ -275,10 +277,13 @@ class ExchangeHooks:
             # be left alone before its record is written below.
             self.readers.shutdown(wait=True, cancel_futures=True)
             self.readers = None
-        for task, (auditor, state, outcome) in self.draining.items():  # ended, but not read to their end yet
+        for task, (auditor, state, outcome, finish) in self.draining.items():  # ended, not read to their end yet
             if task.done():
                 continue  # settled and written; only its callback, which forgets it, has not run
             task.cancel()
+            if finish is not None:  # a whole body: read here, now that the reader is done (bounded by the cap)
+                finish()
+                continue
             auditor.last_checks()  # (flag rules' verdicts on what was read)
             self._submit_cut(state, "the proxy stopped while the body was still being read", outcome)
         self.draining.clear()
@@ -613,7 +618,7 @@ class ExchangeHooks:
             settle()
             return
         task = loop.create_task(_drain(auditor, settle))
-        self.draining[task] = (auditor, state, outcome)
+        self.draining[task] = (auditor, state, outcome, None)
         task.add_done_callback(self._drained)
 
     def _drained(self, task: asyncio.Task) -> None:
@@ -621,29 +626,33 @@ class ExchangeHooks:
 
     def _read_whole_off_loop(
         self, flow: http.HTTPFlow, state: Streaming | HeldWhole, settle: Callable[[], None], outcome: str
-    ) -> Awaitable[None] | None:
+    ) -> Awaitable[None]:
         """Read a whole body (a JSON answer, or what came of one the upstream cut) in the
         reader thread, then ``settle`` its record on the loop, where user filters are asked.
 
         The dialect's reading of a body costs in proportion to what it holds: 11 MB of
         300,000 tiny Anthropic text blocks took 0.7 s in process, and on the event loop
-        every stream stood still meanwhile. A body that went to the client as it came
-        (:class:`Streaming`) is settled in a task the hook does not wait for (mitmproxy
-        ends the client's response after the hook); one held whole (:class:`HeldWhole`)
-        waits for its check: the hook returns the task for mitmproxy to await."""
-        loop = asyncio.get_running_loop()
-        task = loop.create_task(self._settle_whole(flow, state, settle))
-        self.draining[task] = (state.auditor, state, outcome)
-        task.add_done_callback(self._drained)
-        # (shielded: should mitmproxy cancel its wait, the record is still settled and written)
-        return asyncio.shield(task) if isinstance(state, HeldWhole) else None
-
-    async def _settle_whole(
-        self, flow: http.HTTPFlow, state: Streaming | HeldWhole, settle: Callable[[], None]
-    ) -> None:
+        every stream stood still meanwhile. mitmproxy awaits the hook, as it waited for
+        the reading on the loop before: a held answer (:class:`HeldWhole`) for its check,
+        and one that went to the client as it came (:class:`Streaming`) so that the
+        addons after this one (saving with ``-w``, the UIs) see the flow settled, with its
+        body and comment. The wait is shielded: should mitmproxy cancel it, the record is
+        still settled and written. Should the proxy stop first, :meth:`done` reads and
+        settles it at once."""
         held = flow.response.raw_content or b"" if isinstance(state, HeldWhole) and flow.response else None
+
+        def at_once() -> None:
+            state.auditor.read_whole(held)
+            settle()
+
+        task = asyncio.get_running_loop().create_task(self._settle_whole(state.auditor, held, settle))
+        self.draining[task] = (state.auditor, state, outcome, at_once)
+        task.add_done_callback(self._drained)
+        return asyncio.shield(task)
+
+    async def _settle_whole(self, auditor: StreamAuditor, held: bytes | None, settle: Callable[[], None]) -> None:
         try:
-            await asyncio.get_running_loop().run_in_executor(self._readers(), state.auditor.read_whole, held)
+            await asyncio.get_running_loop().run_in_executor(self._readers(), auditor.read_whole, held)
         except Exception:  # (read_whole never raises: this is the thread pool's own failure)
             log.exception("llm-audit: failed to read a body off the event loop; it is read here")
         if not self.stopped:

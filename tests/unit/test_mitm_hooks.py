@@ -451,7 +451,7 @@ def test_a_backlog_read_to_its_end_is_not_written_again_at_shutdown() -> None:
         task = asyncio.get_running_loop().create_task(asyncio.sleep(0))
         await task  # done; its callbacks have not run
         h._record_complete(flow, state)
-        h.draining[task] = (state.auditor, state, "complete")
+        h.draining[task] = (state.auditor, state, "complete", None)
         h.done()
         return store.rows
 
@@ -821,8 +821,8 @@ def messages_flow() -> http.HTTPFlow:
 
 
 async def answered(h: ExchangeHooks, body: bytes, ticks: list[int]) -> http.HTTPFlow:
-    """A non-streamed chat exchange through the hooks, as mitmproxy runs them, while a
-    ticker counts the event loop's turns; returns once its record is settled."""
+    """A non-streamed Anthropic exchange through the hooks, as mitmproxy runs them, while
+    a ticker counts the event loop's turns; returns once the hook's wait is over."""
 
     async def tick() -> None:
         while True:
@@ -839,11 +839,10 @@ async def answered(h: ExchangeHooks, body: bytes, ticks: list[int]) -> http.HTTP
     else:
         stream_through(h, flow, body)
     pending = h.response(flow)
-    if pending is not None:  # held: mitmproxy awaits the check
-        await pending
-    while h.draining:  # (passed as it came: settled in a task nobody awaits)
-        await asyncio.sleep(0.01)
+    assert pending is not None  # mitmproxy awaits the hook: the loop runs meanwhile
+    await pending
     ticker.cancel()
+    assert not h.draining and flow.comment  # settled before later addons see the flow
     return flow
 
 
@@ -863,8 +862,8 @@ def test_a_large_json_answer_is_read_in_a_thread_while_the_event_loop_runs_on(ru
     flow, store, ticks = asyncio.run(run())
     row = store.rows[-1]
     assert ticks > 0 and row["output_text"] == "ab " * 50_000 + "about Nightjar"
-    if rules is None:
-        assert row["status"] == "completed"
+    if rules is None:  # (and mitmproxy's views, saved flows, have the copy of what the client got)
+        assert row["status"] == "completed" and flow.response.raw_content == body
     else:
         assert row["status"] == "blocked" and b"Nightjar" not in flow.response.content
 
@@ -883,26 +882,30 @@ def test_a_small_json_answer_is_read_at_once() -> None:
     assert pending is None and store.rows[-1]["status"] == "completed"
 
 
-def test_an_answer_being_read_when_the_proxy_stops_is_written_once() -> None:
-    """The proxy stops while the reader thread reads an answer: the reader finishes first
-    (the record is not written while the thread still changes it), the record is written
-    with ``proxy_shutdown``, and the task that would have settled it writes nothing more."""
+def test_an_answer_being_read_when_the_proxy_stops_is_read_and_written_once() -> None:
+    """The proxy stops while the reader thread reads an answer, or before it got to it:
+    the reader finishes what it reads first (the record is not written while the thread
+    still changes it), what waited for it is read at once, and each record is written
+    once, whole, as the exchange ended (the client had all of it)."""
 
     async def run() -> Store:
         h, store = hooks()
-        flow = messages_flow()
-        h.request(flow)
-        flow.response = response_headers({"content-type": "application/json"})
-        h.responseheaders(flow)
-        stream_through(h, flow, many_blocks(50_000, "bye"))
-        assert h.response(flow) is None and h.draining  # read in the thread, nobody waits
+        for _ in range(2):  # (the second waits for the reader)
+            flow = messages_flow()
+            h.request(flow)
+            flow.response = response_headers({"content-type": "application/json"})
+            h.responseheaders(flow)
+            stream_through(h, flow, many_blocks(50_000, "bye"))
+            assert h.response(flow) is not None and h.draining  # read in the thread
         h.done()
         await asyncio.sleep(0.05)
         return store
 
     store = asyncio.run(run())
     finals = [row for row in store.rows if row["status"] != "in_progress"]
-    assert len(finals) == 1 and "proxy_shutdown" in [f["code"] for f in finals[0]["findings"]]
+    assert len(finals) == 2
+    for row in finals:
+        assert row["status"] == "completed" and row["output_text"] == "ab " * 50_000 + "bye"
 
 
 def test_a_large_answer_the_upstream_cut_is_read_in_a_thread_and_written_as_cut() -> None:

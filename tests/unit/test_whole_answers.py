@@ -184,3 +184,32 @@ def test_a_held_answer_over_the_record_cap_is_the_failure_policy_s(failure, ahea
         assert outcome["stopped"] and row["status"] == "blocked"
     else:
         assert not outcome["stopped"] and row["status"] == "completed"
+
+
+class Pieces(BaseFilter):
+    """A user filter that keeps the pieces it is handed."""
+
+    name = "pieces"
+
+    def __init__(self) -> None:
+        self.texts: list[str] = []
+
+    def check_output(self, piece: OutputPiece) -> Verdict | None:
+        self.texts.append(piece.text)
+        return None
+
+
+def test_a_user_filter_is_handed_a_long_answer_in_pieces_of_bounded_size() -> None:
+    """A whole answer's text is checked a run at a time, not a block at a time; a run is
+    at most about BODY_PIECE characters, since a user filter's time budget is per call."""
+    from addon.output_gate import BODY_PIECE
+
+    case = CASES["anthropic-messages"]
+    message = orjson.loads(answer(case, CLEAN))
+    message["content"] = [{"type": "text", "text": "ab "}] * 60_000
+    pieces = Pieces()
+    filters = FilterSet(BLOCK_RULES, [pieces], failure="closed")
+    outcome = settled(auditor_for(case, filters, cap=32 << 20), orjson.dumps(message), ahead=True)
+    assert outcome["row"]["status"] == "completed", outcome["row"]["verdicts"]
+    assert "".join(pieces.texts) == "ab " * 60_000
+    assert 2 < len(pieces.texts) < 60_000 and max(map(len, pieces.texts)) <= BODY_PIECE + 3

@@ -203,3 +203,37 @@ def test_a_json_answer_message_past_the_readers_values_bound_says_what_the_filte
     assert row["output_text"] == "Hi"
     [detail] = [x["detail"] for x in row["findings"] if x["code"] == "strings_unread"]
     assert detail == f"a response message: values past the first {MESSAGE_VALUES} not read"
+
+
+def test_a_unary_json_answer_past_the_readers_values_bound_is_the_failure_policy_s():
+    """A unary answer (a whole JSON body, held by mitmproxy for blocking filters) whose
+    strings are not all read: its gate holds nothing itself, so it let the answer go
+    unchecked past the bound; now the failure policy decides (closed: refused)."""
+    from addon.auditor import StreamAuditor
+    from addon.dialects.rpc import MESSAGE_VALUES
+    from addon.filters.engine import FilterSet
+    from addon.filters.rules import parse_rules
+    from addon.framing import select
+    from addon.mitm.flow_state import OutputCheck
+    from addon.mitm.tap import output_gate
+    from addon.record import OUTCOME_COMPLETE, ExchangeRecord
+
+    rules = '[[rule]]\nid = "k"\nkind = "keywords"\nkeywords = ["Nightjar"]\nscope = "response"\naction = "block"\n'
+    filters = FilterSet(parse_rules(rules), failure="closed")
+    headers = {"content-type": "application/json", "connect-protocol-version": "1"}
+    request = view(RAW_CHAT, headers)
+    summary = DIALECT.summarize(None, request)
+    record = ExchangeRecord(dialect=DIALECT.name, streamed=False, http_status=200)
+    normalizer = DIALECT.normalizer(summary)
+    framing = select("application/json", 200, normalizer.framing)
+    gate = output_gate(OutputCheck(filters, DIALECT, summary, request), framing.streamed, None)
+    auditor = StreamAuditor(record, normalizer, None, 1 << 24, gate=gate, framing=framing, headers=headers)
+    message = {"deltaMessage": {"text": "Hi"}, "pad": [{}] * MESSAGE_VALUES + ["Nightjar"]}
+    auditor.read_whole(json.dumps(message).encode())
+    auditor.end()
+    record.finish(OUTCOME_COMPLETE)
+    row = record.to_row()
+    assert auditor.stopped and row["status"] == "blocked"
+    assert [v["rule_id"] for v in row["verdicts"]] == ["filter_error"] and "strings_unread" in row["verdicts"][0][
+        "reason"
+    ]
