@@ -255,6 +255,7 @@ class OutputGate:
             self._check_batch(key, batch)
         if self.blocked is None:
             self._settle(self.guard.flush_all().values())
+        self.ended = True  # (the last check of every stream: the auditor's last_checks makes none again)
 
     def end_turn(self) -> None:
         """The current turn ended without a frame saying so (the proxy's idle end of a

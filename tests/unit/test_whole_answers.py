@@ -193,9 +193,11 @@ class Pieces(BaseFilter):
 
     def __init__(self) -> None:
         self.texts: list[str] = []
+        self.finals = 0
 
     def check_output(self, piece: OutputPiece) -> Verdict | None:
         self.texts.append(piece.text)
+        self.finals += piece.final
         return None
 
 
@@ -213,3 +215,4 @@ def test_a_user_filter_is_handed_a_long_answer_in_pieces_of_bounded_size() -> No
     assert outcome["row"]["status"] == "completed", outcome["row"]["verdicts"]
     assert "".join(pieces.texts) == "ab " * 60_000
     assert 2 < len(pieces.texts) < 60_000 and max(map(len, pieces.texts)) <= BODY_PIECE + 3
+    assert pieces.finals == 1  # (the end of the text, once: it was twice)
