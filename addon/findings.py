@@ -113,10 +113,10 @@ CODES: dict[str, str] = {
     "undeclared_tool": "A tool call names a tool the request did not declare (llm-stream draft section 8.2).",
     # response side, any dialect
     "response_invalid_json": "A response body that should be JSON is not one JSON object.",
-    "json_too_costly": "A whole response body (a JSON answer over 1 MiB) holds more objects, arrays or values than "
-    "one reading makes (500,000 objects and arrays, 2,000,000 values): reading it would have cost the proxy "
-    "gigabytes of memory (32 MiB of empty objects made 1.15 GB), so it was not read. It passed unchanged; held for "
-    "blocking filters, llm_filter_failure decided (closed: refused).",
+    "json_too_costly": "A whole response body (a JSON answer) or a streamed event over 1 MiB holds more objects, "
+    "arrays or values than one reading makes (500,000 objects and arrays, 2,000,000 values): reading it would have "
+    "cost the proxy gigabytes of memory (32 MiB of empty objects made 1.15 GB), so it was not read. It passed "
+    "unchanged; with blocking filters llm_filter_failure decided (closed: refused, or the stream ended).",
     "response_invalid_utf8": "A JSON response body holds bytes that are not UTF-8; it was read with U+FFFD in their place.",
     "response_refused": "mitmproxy refused the upstream's response (e.g. Content-Length with chunked, or over "
     "body_size_limit); the client got mitmproxy's error.",

@@ -257,6 +257,8 @@ class JsonEventNormalizer(Normalizer):
             out: list[Event] = [_after_end(event)] if ended else []
             out.extend(self.on_done())
             return self._note_end(out, ended)
+        if len(data) >= _COUNT_FROM and (costly := json_read.too_costly(data)) is not None:
+            return [Finding("json_too_costly", f"event {event.event!r}, not read: {costly}")]
         obj, lenient = read_json_object(data)
         if obj is not None:
             if not lenient:
@@ -434,6 +436,7 @@ class _Unreadable:
 
 
 UNREADABLE: Any = _Unreadable()
+_COUNT_FROM = json_read.COUNT_FROM  # (an event this large is counted before it is parsed: a name read per event)
 
 
 def parse_json_body(body: bytes) -> tuple[Any, Finding | None]:

@@ -92,3 +92,24 @@ def test_a_costly_answer_passes_with_its_finding_without_filters() -> None:
     outcome = settled(auditor_for(case, None, cap=32 << 20), orjson.dumps(message), ahead=True)
     assert [f["code"] for f in outcome["row"]["findings"]] == ["json_too_costly"]
     assert not outcome["stopped"] and not outcome["row"]["output_text"]
+
+
+@pytest.mark.parametrize("failure", ["closed", "open"])
+def test_a_streamed_event_too_costly_to_read_is_the_failure_policy_s(failure) -> None:
+    """An event of 1.5 MB of empty objects and the word (under the 8 MiB an event may
+    have): parsed, some 60 MB of objects for one event, and any number of them. Not read
+    now: json_too_costly, and a gate that may block decides by the policy."""
+    from test_output_gate import gated
+
+    case = CASES["openai-chat"]
+    chunk = {"id": "c", "object": "chat.completion.chunk", "model": "m", "pad": [{}] * (MAX_CONTAINERS + 1)}
+    chunk["choices"] = [{"index": 0, "delta": {"content": "the Nightjar plan"}}]
+    body = b"data: " + orjson.dumps(chunk) + b"\n\ndata: [DONE]\n\n"
+    sent, row, auditor = gated(case, body, [], FilterSet(BLOCK, failure=failure), max_event_bytes=8 << 20)
+    assert "json_too_costly" in [f["code"] for f in row["findings"]]
+    assert [v["rule_id"] for v in row["verdicts"]] == ["filter_error"]
+    received = b"".join(sent)
+    if failure == "closed":
+        assert auditor.stopped and b"Nightjar" not in received
+    else:
+        assert received == body
