@@ -65,10 +65,9 @@ CODES: dict[str, str] = {
     "(stored as text) or, with request filters, handled by llm_filter_failure.",
     "request_too_large": "The request body's Content-Encoding decodes to more than 256 MiB, or at a compression "
     "bomb's ratio (or a sniffed stream's request is over 1 MiB): it was not read or stored (the detail gives the "
-    "reason, the sizes and the SHA-256 of the bytes sent); or its JSON holds more objects, arrays or values than one "
-    "reading makes (over 500,000 or 2,000,000 in a body over 1 MiB: reading it would have cost the proxy gigabytes), "
-    "so it was not read but stored as text. Forwarded unchanged or, with request filters, handled by "
-    "llm_filter_failure.",
+    "reason, the sizes and the SHA-256 of the bytes sent); or its JSON (a body over 1 MiB) would make more than "
+    "256 MiB of Python objects, as estimated from its size, brackets and commas, so it was not read but stored as "
+    "text. Forwarded unchanged or, with request filters, handled by llm_filter_failure.",
     "request_decode_failed": "The request body's Content-Encoding could not be decoded (unknown, bad data, more "
     "empty members than an encoder makes, or the header sent twice): what decoded was read, and with request "
     "filters llm_filter_failure decides, since the server's decoder may read on.",
@@ -113,10 +112,10 @@ CODES: dict[str, str] = {
     "undeclared_tool": "A tool call names a tool the request did not declare (llm-stream draft section 8.2).",
     # response side, any dialect
     "response_invalid_json": "A response body that should be JSON is not one JSON object.",
-    "json_too_costly": "A whole response body (a JSON answer) or a streamed event over 1 MiB holds more objects, "
-    "arrays or values than one reading makes (500,000 objects and arrays, 2,000,000 values): reading it would have "
-    "cost the proxy gigabytes of memory (32 MiB of empty objects made 1.15 GB), so it was not read. It passed "
-    "unchanged; with blocking filters llm_filter_failure decided (closed: refused, or the stream ended).",
+    "json_too_costly": "A whole response body (a JSON answer or an error body), a streamed event or a Connect JSON "
+    "message over 1 MiB whose parse would make more than 256 MiB of Python objects, as estimated from its size, "
+    "brackets and commas (32 MiB of empty objects made 1.15 GB): it was not read. It passed unchanged; with "
+    "blocking filters llm_filter_failure decided (closed: refused, or the stream ended).",
     "response_invalid_utf8": "A JSON response body holds bytes that are not UTF-8; it was read with U+FFFD in their place.",
     "response_refused": "mitmproxy refused the upstream's response (e.g. Content-Length with chunked, or over "
     "body_size_limit); the client got mitmproxy's error.",

@@ -20,21 +20,27 @@ import orjson
 #: A document this large is first counted (:func:`too_costly`): below it, what a parse
 #: makes is bounded by the size (36 MiB of Python objects at most, from 1 MiB of ``{},``).
 COUNT_FROM = 1 << 20
-#: Objects and arrays one parse of a whole body may make (an empty object is 64 bytes
-#: as a Python dict, from 3 bytes of JSON): 32 MiB of ``{},`` made 1.15 GB.
-MAX_CONTAINERS = 500_000
-#: Values one parse may make, counted by their commas (a comma inside a string counts
-#: too, so the count is high for text: prose has about one in 20 characters, so this is
-#: 40 MB of prose, far past any model's context). 32 MiB of ``1000,`` made 614 MB.
-MAX_VALUES = 2_000_000
+#: What one parse may make, as :func:`too_costly` estimates it. 32 MiB of ``{},`` (an
+#: answer under the record cap) made 1.15 GB of Python objects, 32 MiB of ``1000,``
+#: 614 MB; an answer with the top 20 log probabilities of each of 11,600 tokens (14 MiB,
+#: half a million objects) makes 143 MB, and is estimated at about 110 MB.
+MAX_PARSE_BYTES = 256 * 1024 * 1024
+#: The estimate's bytes per object or array (an empty dict is 64 bytes, its slot in the
+#: container holding it 8), and per value (a comma: a number is 28 bytes, a short string
+#: about 50, some shared, with its slot).
+_PER_CONTAINER, _PER_VALUE = 72, 40
 
 
 def too_costly(data: str | bytes) -> str | None:
     """Why parsing ``data`` whole would cost the proxy too much memory, or None.
 
-    Why counted rather than parsed with a limit: neither orjson nor the standard
-    library bounds what a parse makes, and a streaming parser would not give the
-    dialects their documents. Counting the structural characters is a few passes at
+    The estimate: the document's size (four times it when it is not ASCII: a Python
+    string of characters past Latin-1 takes up to four bytes each), and per object or
+    array and per comma what Python makes of one. A comma or a bracket inside a string
+    counts too, so text is overestimated (prose has about one comma in 20 characters:
+    some 2 bytes a byte), never under. Why counted rather than parsed with a limit:
+    neither orjson nor the standard library bounds what a parse makes, and a streaming
+    parser would not give the dialects their documents; counting is a few passes at
     memory speed (a few ms for 32 MiB)."""
     if len(data) < COUNT_FROM:
         return None
@@ -42,10 +48,12 @@ def too_costly(data: str | bytes) -> str | None:
         containers, values = data.count("{") + data.count("["), data.count(",")
     else:
         containers, values = data.count(b"{") + data.count(b"["), data.count(b",")
-    if containers > MAX_CONTAINERS:
-        return f"about {containers} JSON objects and arrays in {len(data)} bytes, over the {MAX_CONTAINERS} one reading makes"
-    if values > MAX_VALUES:
-        return f"about {values} JSON values in {len(data)} bytes, over the {MAX_VALUES} one reading makes"
+    estimate = len(data) * (1 if data.isascii() else 4) + containers * _PER_CONTAINER + values * _PER_VALUE
+    if estimate > MAX_PARSE_BYTES:
+        return (
+            f"{len(data)} bytes of JSON with about {containers} objects and arrays and {values} values: "
+            f"about {estimate >> 20} MiB read, over the {MAX_PARSE_BYTES >> 20} MiB one reading may make"
+        )
     return None
 
 

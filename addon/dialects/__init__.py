@@ -113,7 +113,7 @@ class Normalizer(ABC):
         doc, finding = load_body_json(body)
         if not isinstance(doc, dict):
             if finding is not None and finding.code == "json_too_costly":
-                return [finding]
+                return [finding, StreamEnd()]  # (the body is whole; it was only not read)
             return [Finding("response_invalid_json", "the response body is not one JSON object")]
         return [*([finding] if finding else []), *self.on_response(doc), StreamEnd()]
 
@@ -257,8 +257,8 @@ class JsonEventNormalizer(Normalizer):
             out: list[Event] = [_after_end(event)] if ended else []
             out.extend(self.on_done())
             return self._note_end(out, ended)
-        if len(data) >= _COUNT_FROM and (costly := json_read.too_costly(data)) is not None:
-            return [Finding("json_too_costly", f"event {event.event!r}, not read: {costly}")]
+        if (costly := too_costly(data, f"event {event.event!r}")) is not None:
+            return [costly]
         obj, lenient = read_json_object(data)
         if obj is not None:
             if not lenient:
@@ -472,9 +472,9 @@ def load_body_json(body: bytes) -> tuple[Any, Finding | None]:
     """
     if not body:
         return None, None
-    costly = json_read.too_costly(body)
+    costly = too_costly(body, "the response body")
     if costly is not None:  # (an upstream's body must not make the proxy run out of memory)
-        return None, Finding("json_too_costly", f"the response body, not read: {costly}")
+        return None, costly
     try:
         return orjson.loads(body), None
     except orjson.JSONDecodeError:
@@ -551,6 +551,16 @@ def _error_object_events(obj: dict[str, Any]) -> list[Event]:
     code = next((err[k] for k in ("code", "type", "status") if isinstance(err.get(k), str) and err[k]), err.get("code"))
     message = err.get("message") or err.get("detail") or err.get("title")
     return [StreamError(_str_or_none(code), _str_or_none(message))]
+
+
+def too_costly(data: str | bytes, what: str, code: str = "json_too_costly") -> Finding | None:
+    """The finding for JSON ``what`` too costly to read whole (:func:`addon.json_read.too_costly`),
+    or None: a reader that gets one does not parse ``data``. ``json_too_costly`` is the
+    output filters' failure policy's; a request's reader says ``request_too_large``."""
+    if len(data) < _COUNT_FROM:
+        return None
+    costly = json_read.too_costly(data)
+    return Finding(code, f"{what}, not read: {costly}") if costly is not None else None
 
 
 def json_object(data: str | bytes) -> dict[str, Any] | None:

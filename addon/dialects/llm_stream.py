@@ -32,6 +32,7 @@ from addon.dialects import (
     media_type,
     read_json_object,
     str_field,
+    too_costly,
 )
 from addon.dialects.blocking import FILTERED_CODE, block_message, event_stream, frame, json_response, unix_now
 from addon.events import (
@@ -148,6 +149,9 @@ class LLMStreamNormalizer(Normalizer):
     def read(self, event: Frame) -> list[Event] | str:
         """The event's common events, checked; a ``content.delta`` of block 0 that passes
         every check is its text alone (see :meth:`Normalizer.read`)."""
+        if (costly := too_costly(event.data, f"event {event.event!r}")) is not None:
+            self.seen_any = True
+            return [costly]
         obj, lenient = read_json_object(event.data)
         out: list[Event] = [lenient_json(event)] if lenient else []
         first = not self.seen_any

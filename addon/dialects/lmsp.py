@@ -63,6 +63,7 @@ from addon.dialects import (
     error_body_events,
     json_object,
     str_field,
+    too_costly,
 )
 from addon.dialects.blocking import (
     BLOCKED_STATUS,
@@ -74,7 +75,7 @@ from addon.dialects.blocking import (
     random_id,
 )
 from addon.dialects.responses import ResponsesNormalizer, problem_error
-from addon.events import Event, Finding, Replayed, ResponseMeta, TextDelta, ToolCallDelta, Usage
+from addon.events import Event, Finding, Replayed, ResponseMeta, StreamError, TextDelta, ToolCallDelta, Usage
 from addon.framing import Frame
 from exchange.request import tool_names
 
@@ -366,6 +367,8 @@ class LMSPNormalizer(ResponsesNormalizer):
     def on_body(self, body: bytes, http_status: int) -> list[Event]:
         """Error bodies are problem documents (``410`` + ``event_history_expired``)."""
         if http_status >= 400:
+            if (costly := too_costly(body, "the error body")) is not None:
+                return [StreamError(None, None), costly]
             obj = json_object(body)
             err = obj.get("error", obj) if obj is not None else None
             if isinstance(err, dict):

@@ -45,6 +45,7 @@ from typing import Any
 
 import orjson
 
+from addon import json_read
 from addon.dialects import (
     BlockedResponse,
     Dialect,
@@ -56,6 +57,7 @@ from addon.dialects import (
     json_strings,
     media_type,
     read_json_object,
+    too_costly,
 )
 from addon.dialects.blocking import block_message
 from addon.dialects.protowire import (
@@ -257,6 +259,10 @@ def unread_strings(payload: bytes, events: list[Event], cut: list[str]) -> str |
     (each carried string taken out once, whole), one per line; None if none is left.
     ``cut`` gets what the reading's bounds left out (:data:`READ_STRINGS`,
     :data:`MESSAGE_VALUES`)."""
+    costly = json_read.too_costly(payload)
+    if costly is not None:
+        cut.append(f"the message, not read: {costly}")
+        return None
     doc, _ = read_json_object(payload)
     if doc is None:
         return None
@@ -546,6 +552,8 @@ class RpcNormalizer(Normalizer):
         """Connect's EndStreamResponse: ``{}`` (or metadata only) is success. JSON only
         lenient readers take is read (the clients' readers take it), with ``lenient_json``."""
         self.ended = True
+        if (costly := too_costly(data, "the EndStreamResponse")) is not None:
+            return [costly, StreamEnd()]
         doc, lenient = read_json_object(data)
         if doc is None:
             return [Finding("end_stream_invalid", "the EndStreamResponse is not one JSON object"), StreamEnd()]
@@ -763,6 +771,11 @@ def message_strings(payload: bytes, codec: str, cut: list[str] | None = None) ->
         if cut is not None and msg.problem is not None and msg.problem.startswith(TOO_MANY_FIELDS):
             cut.append(f"fields of a message past the first {MAX_FIELDS}")
         return strings(msg, READ_STRINGS, READ_CHARS, cut=cut), False
+    costly = json_read.too_costly(payload)
+    if costly is not None:
+        if cut is not None:
+            cut.append(f"the message, not read: {costly}")
+        return [], False
     doc, lenient = read_json_object(payload)  # (keys named like credentials fingerprinted first: "apiKey", "token")
     if doc is None and payload.strip() and cut is not None:
         cut.append("the message, which is no JSON object to any reader")

@@ -34,7 +34,15 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from addon.dialects import Normalizer, Reading, RequestSummary, RequestView, json_strings, read_json_object
+from addon.dialects import (
+    Normalizer,
+    Reading,
+    RequestSummary,
+    RequestView,
+    json_strings,
+    read_json_object,
+    too_costly,
+)
 from addon.dialects.protowire import Message, field_int, field_text, parse, readable
 from addon.dialects.rpc import (
     CONTEXT_STRINGS,
@@ -129,6 +137,9 @@ JSON_MAPPED = frozenset({"systemPromptOverride", "chatMessages", "messages", "ch
 
 def _read_json_request(payload: bytes, doc: Reading, findings: list[Finding], cut: list[str]) -> None:
     """A Connect JSON request to the language server: proto3 JSON names (camelCase)."""
+    if (costly := too_costly(payload, "the request message", "request_too_large")) is not None:
+        findings.append(costly)
+        return
     body, lenient = read_json_object(payload)
     if body is None:
         findings.append(Finding("request_invalid_json", "the request message is not one JSON object"))
@@ -240,6 +251,8 @@ class WindsurfNormalizer(RpcNormalizer):
 
     def _json_message(self, raw: bytes) -> list[Event]:
         """``RawGetChatMessageResponse`` in Connect's JSON codec: ``deltaMessage``."""
+        if (costly := too_costly(raw, "a response message")) is not None:
+            return [costly]
         doc, lenient = read_json_object(raw)
         if doc is None:
             return [Finding("response_invalid_json", "a response message is not one JSON object")]

@@ -21,8 +21,9 @@ from test_whole_answers import CASES, answer, auditor_for, settled
 from addon.dialects import UNREADABLE, load_body_json, parse_json_body
 from addon.filters.engine import FilterSet
 from addon.filters.rules import parse_rules
-from addon.json_read import COUNT_FROM, MAX_CONTAINERS, MAX_VALUES, too_costly
+from addon.json_read import COUNT_FROM, too_costly
 
+OBJECTS = [{}] * 2_500_000  # (7.5 MB of JSON: estimated at some 280 MB read, over the 256 MiB)
 BLOCK = parse_rules('[[rule]]\nid = "k"\nkind = "keywords"\nkeywords = ["Nightjar"]\naction = "block"\n')
 
 
@@ -32,7 +33,7 @@ def padded(pad: list, **fields: object) -> bytes:
 
 @pytest.mark.parametrize(
     ("pad", "bound"),
-    [([{}] * (MAX_CONTAINERS + 1), "objects and arrays"), ([1000] * (MAX_VALUES + 1), "values")],
+    [(OBJECTS, "about 2500004 objects and arrays"), ([1000] * 6_000_000, "and 6000002 values")],
     ids=["objects", "numbers"],
 )
 def test_a_request_of_too_many_values_is_not_read_and_the_policy_decides(pad, bound) -> None:
@@ -52,6 +53,15 @@ def test_ordinary_large_bodies_are_read() -> None:
         assert len(body) > COUNT_FROM and too_costly(body) is None
         doc, finding = parse_json_body(body)
         assert finding is None and doc["messages"][0]["content"] == content
+
+
+def test_an_answer_with_log_probabilities_is_read() -> None:
+    """The top 20 log probabilities of each of 14,000 tokens: 14 MB and 600,000 objects
+    and arrays, some 170 MB read (an ordinary answer of an evaluation): read."""
+    top = {"token": "ab", "logprob": -0.25, "bytes": [97, 98]}
+    content = [top | {"top_logprobs": [top] * 20} for _ in range(14_000)]
+    body = orjson.dumps({"choices": [{"index": 0, "logprobs": {"content": content}}]})
+    assert len(body) > 12 << 20 and too_costly(body) is None
 
 
 def test_a_small_body_is_never_counted() -> None:
@@ -76,7 +86,7 @@ def test_a_held_costly_answer_is_the_failure_policy_s(failure) -> None:
     filters it goes to the failure policy (the SDK would read it, and show its text)."""
     case = CASES["anthropic-messages"]
     message = orjson.loads(answer(case, "events=3&text=the+Nightjar+plan"))
-    message["pad"] = [{}] * (MAX_CONTAINERS + 1)
+    message["pad"] = OBJECTS
     filters = FilterSet(BLOCK, failure=failure)
     outcome = settled(auditor_for(case, filters, cap=32 << 20), orjson.dumps(message), ahead=True)
     row = outcome["row"]
@@ -88,10 +98,11 @@ def test_a_held_costly_answer_is_the_failure_policy_s(failure) -> None:
 def test_a_costly_answer_passes_with_its_finding_without_filters() -> None:
     case = CASES["anthropic-messages"]
     message = orjson.loads(answer(case, "events=3"))
-    message["pad"] = [{}] * (MAX_CONTAINERS + 1)
+    message["pad"] = OBJECTS
     outcome = settled(auditor_for(case, None, cap=32 << 20), orjson.dumps(message), ahead=True)
     assert [f["code"] for f in outcome["row"]["findings"]] == ["json_too_costly"]
     assert not outcome["stopped"] and not outcome["row"]["output_text"]
+    assert outcome["row"]["status"] == "completed"  # (the body was whole: it was only not read)
 
 
 @pytest.mark.parametrize("failure", ["closed", "open"])
@@ -102,7 +113,7 @@ def test_a_streamed_event_too_costly_to_read_is_the_failure_policy_s(failure) ->
     from test_output_gate import gated
 
     case = CASES["openai-chat"]
-    chunk = {"id": "c", "object": "chat.completion.chunk", "model": "m", "pad": [{}] * (MAX_CONTAINERS + 1)}
+    chunk = {"id": "c", "object": "chat.completion.chunk", "model": "m", "pad": OBJECTS}
     chunk["choices"] = [{"index": 0, "delta": {"content": "the Nightjar plan"}}]
     body = b"data: " + orjson.dumps(chunk) + b"\n\ndata: [DONE]\n\n"
     sent, row, auditor = gated(case, body, [], FilterSet(BLOCK, failure=failure), max_event_bytes=8 << 20)
@@ -113,3 +124,45 @@ def test_a_streamed_event_too_costly_to_read_is_the_failure_policy_s(failure) ->
         assert auditor.stopped and b"Nightjar" not in received
     else:
         assert received == body
+
+
+COSTLY = orjson.dumps({"pad": OBJECTS, "text": "the Nightjar plan"})
+
+
+def test_a_connect_json_message_too_costly_is_not_read_and_says_so() -> None:
+    """Connect's JSON codec (Windsurf, Cursor, any unmapped service), request and answer."""
+    from addon.dialects.rpc import message_strings, unread_strings
+
+    cut: list[str] = []
+    assert message_strings(COSTLY, "json", cut) == ([], False) and "not read" in cut[0]
+    cut = []
+    assert unread_strings(COSTLY, [], cut) is None and "not read" in cut[0]
+
+
+def test_a_windsurf_json_request_and_answer_too_costly_are_not_read() -> None:
+    from protoenc import env
+    from test_windsurf import JSON_STREAM, RAW_CHAT, view
+
+    from addon.dialects.windsurf import DIALECT
+
+    _, finding = DIALECT.parse_request(env(COSTLY), view(RAW_CHAT, JSON_STREAM))
+    assert finding is not None and finding.code == "request_too_large"
+    normalizer = DIALECT.normalizer(DIALECT.summarize(None, view(RAW_CHAT, JSON_STREAM)))
+    assert [e.code for e in normalizer._json_message(COSTLY)] == ["json_too_costly"]
+
+
+@pytest.mark.parametrize("name", ["gemini", "lmsp", "openai-chat"])
+def test_an_error_body_too_costly_is_an_error_not_read(name) -> None:
+    case = CASES[name]
+    normalizer = case.dialect.normalizer(case.dialect.summarize(case.request, case.view))
+    events = normalizer.on_body(COSTLY, 500)
+    assert [type(e).__name__ for e in events] == ["StreamError", "Finding"] and events[1].code == "json_too_costly"
+
+
+def test_an_llm_stream_event_too_costly_is_not_read() -> None:
+    from addon.framing import Message
+
+    case = CASES["llm-stream"]
+    normalizer = case.dialect.normalizer(case.dialect.summarize(case.request, case.view))
+    events = normalizer.on_event(Message(COSTLY.decode(), "content.delta"))
+    assert [e.code for e in events] == ["json_too_costly"]
