@@ -66,7 +66,7 @@ CODES: dict[str, str] = {
     "request_too_large": "The request body's Content-Encoding decodes to more than 256 MiB, or at a compression "
     "bomb's ratio (or a sniffed stream's request is over 1 MiB): it was not read or stored (the detail gives the "
     "reason, the sizes and the SHA-256 of the bytes sent); or its JSON (a body over 1 MiB) would make more than "
-    "256 MiB of Python objects, as estimated from its size, brackets and commas, so it was not read but stored as "
+    "512 MiB of Python objects, as estimated from its size, brackets, commas and colons, so it was not read but stored as "
     "text. Forwarded unchanged or, with request filters, handled by llm_filter_failure.",
     "request_decode_failed": "The request body's Content-Encoding could not be decoded (unknown, bad data, more "
     "empty members than an encoder makes, or the header sent twice): what decoded was read, and with request "
@@ -113,8 +113,8 @@ CODES: dict[str, str] = {
     # response side, any dialect
     "response_invalid_json": "A response body that should be JSON is not one JSON object.",
     "json_too_costly": "A whole response body (a JSON answer or an error body), a streamed event or a Connect JSON "
-    "message over 1 MiB whose parse would make more than 256 MiB of Python objects, as estimated from its size, "
-    "brackets and commas (32 MiB of empty objects made 1.15 GB): it was not read. It passed unchanged; with "
+    "message over 1 MiB whose parse would make more than 512 MiB of Python objects, as estimated from its size, "
+    "brackets, commas and colons (32 MiB of empty objects made 1.15 GB): it was not read. It passed unchanged; with "
     "blocking filters llm_filter_failure decided (closed: refused, or the stream ended).",
     "response_invalid_utf8": "A JSON response body holds bytes that are not UTF-8; it was read with U+FFFD in their place.",
     "response_refused": "mitmproxy refused the upstream's response (e.g. Content-Length with chunked, or over "

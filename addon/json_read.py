@@ -20,39 +20,44 @@ import orjson
 #: A document this large is first counted (:func:`too_costly`): below it, what a parse
 #: makes is bounded by the size (36 MiB of Python objects at most, from 1 MiB of ``{},``).
 COUNT_FROM = 1 << 20
-#: What one parse may make, as :func:`too_costly` estimates it. 32 MiB of ``{},`` (an
-#: answer under the record cap) made 1.15 GB of Python objects, 32 MiB of ``1000,``
-#: 614 MB; an answer with the top 20 log probabilities of each of 11,600 tokens (14 MiB,
-#: half a million objects) makes 143 MB, and is estimated at about 110 MB.
-MAX_PARSE_BYTES = 256 * 1024 * 1024
-#: The estimate's bytes per object or array (an empty dict is 64 bytes, its slot in the
-#: container holding it 8), and per value (a comma: a number is 28 bytes, a short string
-#: about 50, some shared, with its slot).
-_PER_CONTAINER, _PER_VALUE = 72, 40
+#: What one parse may make, as :func:`too_costly` estimates it: half a GiB. 32 MiB of
+#: ``{},`` (an answer under the record cap) made 1.15 GB of Python objects, and a tiny
+#: chat message made 769 bytes of 40 of JSON (1.4 million of them: some 1 GB); an answer with the top 20 log
+#: probabilities of 14,000 tokens (14 MB) makes 254 MiB, estimated at 367 MiB, and is read.
+MAX_PARSE_BYTES = 512 * 1024 * 1024
+#: The estimate's bytes per object or array, per value (a comma: a number is 96 to 104
+#: bytes with its slot, a short string about 111) and per object member (a colon: a
+#: member of a small object costs up to some 250 bytes of the dict's table). Fitted to
+#: what tracemalloc measured orjson making of each shape (empty and filled objects and
+#: arrays, numbers, strings, chat messages, log probabilities): the estimate was 1.0 to
+#: 1.8 times what they made. One long string is not covered: tracemalloc counted some 13
+#: times its size at the peak of orjson's parse of it.
+_PER_CONTAINER, _PER_VALUE, _PER_MEMBER = 16, 112, 256
 
 
 def too_costly(data: str | bytes) -> str | None:
     """Why parsing ``data`` whole would cost the proxy too much memory, or None.
 
     The estimate: the document's size (four times it when it is not ASCII: a Python
-    string of characters past Latin-1 takes up to four bytes each), and per object or
-    array and per comma what Python makes of one. A comma or a bracket inside a string
-    counts too, so text is overestimated (prose has about one comma in 20 characters:
-    some 2 bytes a byte), never under. Why counted rather than parsed with a limit:
-    neither orjson nor the standard library bounds what a parse makes, and a streaming
-    parser would not give the dialects their documents; counting is a few passes at
-    memory speed (a few ms for 32 MiB)."""
+    string of characters past Latin-1 takes up to four bytes each), and what Python
+    makes per object or array, per comma and per colon. A bracket, a comma or a colon
+    inside a string counts too, so text is overestimated (prose has about one comma in
+    20 characters). Why counted rather than parsed with a limit: neither orjson nor the
+    standard library bounds what a parse makes, and a streaming parser would not give
+    the dialects their documents; counting is four passes at memory speed (48 ms for
+    33 MiB)."""
     if len(data) < COUNT_FROM:
         return None
     if isinstance(data, str):
-        containers, values = data.count("{") + data.count("["), data.count(",")
+        containers, values, members = data.count("{") + data.count("["), data.count(","), data.count(":")
     else:
-        containers, values = data.count(b"{") + data.count(b"["), data.count(b",")
-    estimate = len(data) * (1 if data.isascii() else 4) + containers * _PER_CONTAINER + values * _PER_VALUE
+        containers, values, members = data.count(b"{") + data.count(b"["), data.count(b","), data.count(b":")
+    size = len(data) * (1 if data.isascii() else 4)
+    estimate = size + containers * _PER_CONTAINER + values * _PER_VALUE + members * _PER_MEMBER
     if estimate > MAX_PARSE_BYTES:
         return (
-            f"{len(data)} bytes of JSON with about {containers} objects and arrays and {values} values: "
-            f"about {estimate >> 20} MiB read, over the {MAX_PARSE_BYTES >> 20} MiB one reading may make"
+            f"{len(data)} bytes of JSON with about {containers} objects and arrays, {values} values and "
+            f"{members} members: about {estimate >> 20} MiB read, over the {MAX_PARSE_BYTES >> 20} MiB one reading may make"
         )
     return None
 

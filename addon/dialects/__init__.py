@@ -19,7 +19,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from hashlib import sha256
-from typing import Any
+from typing import Any, TypeGuard
 
 import orjson
 
@@ -112,7 +112,7 @@ class Normalizer(ABC):
             return error_body_events(body)
         doc, finding = load_body_json(body)
         if not isinstance(doc, dict):
-            if finding is not None and finding.code == "json_too_costly":
+            if not_read_for_cost(finding):
                 return [finding, StreamEnd()]  # (the body is whole; it was only not read)
             return [Finding("response_invalid_json", "the response body is not one JSON object")]
         return [*([finding] if finding else []), *self.on_response(doc), StreamEnd()]
@@ -257,8 +257,8 @@ class JsonEventNormalizer(Normalizer):
             out: list[Event] = [_after_end(event)] if ended else []
             out.extend(self.on_done())
             return self._note_end(out, ended)
-        if (costly := too_costly(data, f"event {event.event!r}")) is not None:
-            return [costly]
+        if len(data) >= _COUNT_FROM and (costly := costly_finding(data, f"event {event.event!r}")) is not None:
+            return [costly]  # (the length first: the name is not formatted for every event)
         obj, lenient = read_json_object(data)
         if obj is not None:
             if not lenient:
@@ -436,7 +436,7 @@ class _Unreadable:
 
 
 UNREADABLE: Any = _Unreadable()
-_COUNT_FROM = json_read.COUNT_FROM  # (an event this large is counted before it is parsed: a name read per event)
+_COUNT_FROM = json_read.COUNT_FROM  # (an event this large is counted before it is parsed: read per event)
 
 
 def parse_json_body(body: bytes) -> tuple[Any, Finding | None]:
@@ -472,7 +472,7 @@ def load_body_json(body: bytes) -> tuple[Any, Finding | None]:
     """
     if not body:
         return None, None
-    costly = too_costly(body, "the response body")
+    costly = costly_finding(body, "the response body")
     if costly is not None:  # (an upstream's body must not make the proxy run out of memory)
         return None, costly
     try:
@@ -528,7 +528,7 @@ def error_body_events(body: bytes) -> list[Event]:
     ``{"code", "message"}`` and RFC 9457 problem objects (``type``/``title``/``detail``).
     """
     obj, finding = load_body_json(body)
-    if finding is not None and finding.code == "json_too_costly":
+    if not_read_for_cost(finding):
         return [StreamError(None, None), finding]
     if obj is None and body:
         text = body[:500].decode("utf-8", "replace")
@@ -553,14 +553,18 @@ def _error_object_events(obj: dict[str, Any]) -> list[Event]:
     return [StreamError(_str_or_none(code), _str_or_none(message))]
 
 
-def too_costly(data: str | bytes, what: str, code: str = "json_too_costly") -> Finding | None:
+def costly_finding(data: str | bytes, what: str, code: str = "json_too_costly") -> Finding | None:
     """The finding for JSON ``what`` too costly to read whole (:func:`addon.json_read.too_costly`),
     or None: a reader that gets one does not parse ``data``. ``json_too_costly`` is the
     output filters' failure policy's; a request's reader says ``request_too_large``."""
-    if len(data) < _COUNT_FROM:
-        return None
     costly = json_read.too_costly(data)
     return Finding(code, f"{what}, not read: {costly}") if costly is not None else None
+
+
+def not_read_for_cost(finding: Finding | None) -> TypeGuard[Finding]:
+    """Whether :func:`load_body_json` left a body unread for what reading it would cost
+    (it is whole: no other reading of it is tried)."""
+    return finding is not None and finding.code == "json_too_costly"
 
 
 def json_object(data: str | bytes) -> dict[str, Any] | None:

@@ -48,11 +48,12 @@ from addon.dialects import (
     Normalizer,
     RequestSummary,
     RequestView,
+    costly_finding,
     error_body_events,
     int_field,
     load_body_json,
+    not_read_for_cost,
     str_field,
-    too_costly,
 )
 from addon.dialects.blocking import (
     BLOCKED_STATUS,
@@ -183,7 +184,7 @@ def gemini_error_body_events(body: bytes) -> list[Event]:
     """Events for an HTTP error body: Google's ``{"error": {…}}``, also wrapped in an array
     (``streamGenerateContent`` without ``alt=sse`` answers errors as ``[{"error": …}]``);
     any other shape goes to the vendor-neutral :func:`error_body_events`."""
-    if (costly := too_costly(body, "the error body")) is not None:
+    if (costly := costly_finding(body, "the error body")) is not None:
         return [StreamError(None, None), costly]
     try:
         obj = orjson.loads(body) if body else None
@@ -402,7 +403,7 @@ class GeminiNormalizer(JsonEventNormalizer):
             return gemini_error_body_events(body)
         doc, finding = load_body_json(body)
         out: list[Event] = [finding] if finding else []
-        if finding is not None and finding.code == "json_too_costly":
+        if not_read_for_cost(finding):
             return [*out, StreamEnd()]  # (whole, only not read; nor piece by piece: the pieces make as much)
         if isinstance(doc, dict):  # generateContent: one whole response
             self.answer, self.array = doc, False

@@ -26,13 +26,13 @@ from addon.dialects import (
     RequestSummary,
     RequestView,
     accepted_media_types,
+    costly_finding,
     int_field,
     json_object,
     lenient_json,
     media_type,
     read_json_object,
     str_field,
-    too_costly,
 )
 from addon.dialects.blocking import FILTERED_CODE, block_message, event_stream, frame, json_response, unix_now
 from addon.events import (
@@ -47,6 +47,7 @@ from addon.events import (
     Usage,
 )
 from addon.framing import Frame
+from addon.json_read import COUNT_FROM as _COUNT_FROM
 from exchange.request import tool_names
 
 REQUEST_MEDIA_TYPE = "application/llm-request+json"
@@ -149,10 +150,11 @@ class LLMStreamNormalizer(Normalizer):
     def read(self, event: Frame) -> list[Event] | str:
         """The event's common events, checked; a ``content.delta`` of block 0 that passes
         every check is its text alone (see :meth:`Normalizer.read`)."""
-        if (costly := too_costly(event.data, f"event {event.event!r}")) is not None:
+        data = event.data
+        if len(data) >= _COUNT_FROM and (costly := costly_finding(data, f"event {event.event!r}")) is not None:
             self.seen_any = True
             return [costly]
-        obj, lenient = read_json_object(event.data)
+        obj, lenient = read_json_object(data)
         out: list[Event] = [lenient_json(event)] if lenient else []
         first = not self.seen_any
         self.seen_any = True

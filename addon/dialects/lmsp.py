@@ -60,10 +60,10 @@ from addon.dialects import (
     Normalizer,
     RequestSummary,
     RequestView,
+    costly_finding,
     error_body_events,
     json_object,
     str_field,
-    too_costly,
 )
 from addon.dialects.blocking import (
     BLOCKED_STATUS,
@@ -367,7 +367,7 @@ class LMSPNormalizer(ResponsesNormalizer):
     def on_body(self, body: bytes, http_status: int) -> list[Event]:
         """Error bodies are problem documents (``410`` + ``event_history_expired``)."""
         if http_status >= 400:
-            if (costly := too_costly(body, "the error body")) is not None:
+            if (costly := costly_finding(body, "the error body")) is not None:
                 return [StreamError(None, None), costly]
             obj = json_object(body)
             err = obj.get("error", obj) if obj is not None else None

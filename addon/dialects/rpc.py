@@ -53,11 +53,11 @@ from addon.dialects import (
     Reading,
     RequestSummary,
     RequestView,
+    costly_finding,
     error_body_events,
     json_strings,
     media_type,
     read_json_object,
-    too_costly,
 )
 from addon.dialects.blocking import block_message
 from addon.dialects.protowire import (
@@ -552,7 +552,7 @@ class RpcNormalizer(Normalizer):
         """Connect's EndStreamResponse: ``{}`` (or metadata only) is success. JSON only
         lenient readers take is read (the clients' readers take it), with ``lenient_json``."""
         self.ended = True
-        if (costly := too_costly(data, "the EndStreamResponse")) is not None:
+        if (costly := costly_finding(data, "the EndStreamResponse")) is not None:
             return [costly, StreamEnd()]
         doc, lenient = read_json_object(data)
         if doc is None:

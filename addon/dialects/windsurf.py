@@ -39,9 +39,9 @@ from addon.dialects import (
     Reading,
     RequestSummary,
     RequestView,
+    costly_finding,
     json_strings,
     read_json_object,
-    too_costly,
 )
 from addon.dialects.protowire import Message, field_int, field_text, parse, readable
 from addon.dialects.rpc import (
@@ -137,7 +137,7 @@ JSON_MAPPED = frozenset({"systemPromptOverride", "chatMessages", "messages", "ch
 
 def _read_json_request(payload: bytes, doc: Reading, findings: list[Finding], cut: list[str]) -> None:
     """A Connect JSON request to the language server: proto3 JSON names (camelCase)."""
-    if (costly := too_costly(payload, "the request message", "request_too_large")) is not None:
+    if (costly := costly_finding(payload, "the request message", "request_too_large")) is not None:
         findings.append(costly)
         return
     body, lenient = read_json_object(payload)
@@ -251,7 +251,7 @@ class WindsurfNormalizer(RpcNormalizer):
 
     def _json_message(self, raw: bytes) -> list[Event]:
         """``RawGetChatMessageResponse`` in Connect's JSON codec: ``deltaMessage``."""
-        if (costly := too_costly(raw, "a response message")) is not None:
+        if (costly := costly_finding(raw, "a response message")) is not None:
             return [costly]
         doc, lenient = read_json_object(raw)
         if doc is None:

@@ -23,7 +23,7 @@ from addon.filters.engine import FilterSet
 from addon.filters.rules import parse_rules
 from addon.json_read import COUNT_FROM, too_costly
 
-OBJECTS = [{}] * 2_500_000  # (7.5 MB of JSON: estimated at some 280 MB read, over the 256 MiB)
+OBJECTS = [{}] * 4_500_000  # (13.5 MB of JSON: estimated at some 560 MiB read, over the 512 MiB)
 BLOCK = parse_rules('[[rule]]\nid = "k"\nkind = "keywords"\nkeywords = ["Nightjar"]\naction = "block"\n')
 
 
@@ -33,7 +33,7 @@ def padded(pad: list, **fields: object) -> bytes:
 
 @pytest.mark.parametrize(
     ("pad", "bound"),
-    [(OBJECTS, "about 2500004 objects and arrays"), ([1000] * 6_000_000, "and 6000002 values")],
+    [(OBJECTS, "about 4500004 objects and arrays"), ([1000] * 6_000_000, "6000002 values")],
     ids=["objects", "numbers"],
 )
 def test_a_request_of_too_many_values_is_not_read_and_the_policy_decides(pad, bound) -> None:
@@ -57,7 +57,7 @@ def test_ordinary_large_bodies_are_read() -> None:
 
 def test_an_answer_with_log_probabilities_is_read() -> None:
     """The top 20 log probabilities of each of 14,000 tokens: 14 MB and 600,000 objects
-    and arrays, some 170 MB read (an ordinary answer of an evaluation): read."""
+    and arrays, 254 MiB read, estimated at 367 MiB (an ordinary answer of an evaluation): read."""
     top = {"token": "ab", "logprob": -0.25, "bytes": [97, 98]}
     content = [top | {"top_logprobs": [top] * 20} for _ in range(14_000)]
     body = orjson.dumps({"choices": [{"index": 0, "logprobs": {"content": content}}]})
@@ -107,16 +107,16 @@ def test_a_costly_answer_passes_with_its_finding_without_filters() -> None:
 
 @pytest.mark.parametrize("failure", ["closed", "open"])
 def test_a_streamed_event_too_costly_to_read_is_the_failure_policy_s(failure) -> None:
-    """An event of 1.5 MB of empty objects and the word (under the 8 MiB an event may
-    have): parsed, some 60 MB of objects for one event, and any number of them. Not read
-    now: json_too_costly, and a gate that may block decides by the policy."""
+    """An event of 13.5 MB of empty objects and the word (a proxy whose events may be
+    32 MiB): parsed, some 470 MB of objects for one event. Not read now:
+    json_too_costly, and a gate that may block decides by the policy."""
     from test_output_gate import gated
 
     case = CASES["openai-chat"]
     chunk = {"id": "c", "object": "chat.completion.chunk", "model": "m", "pad": OBJECTS}
     chunk["choices"] = [{"index": 0, "delta": {"content": "the Nightjar plan"}}]
     body = b"data: " + orjson.dumps(chunk) + b"\n\ndata: [DONE]\n\n"
-    sent, row, auditor = gated(case, body, [], FilterSet(BLOCK, failure=failure), max_event_bytes=8 << 20)
+    sent, row, auditor = gated(case, body, [], FilterSet(BLOCK, failure=failure), max_event_bytes=32 << 20)
     assert "json_too_costly" in [f["code"] for f in row["findings"]]
     assert [v["rule_id"] for v in row["verdicts"]] == ["filter_error"]
     received = b"".join(sent)
@@ -126,7 +126,8 @@ def test_a_streamed_event_too_costly_to_read_is_the_failure_policy_s(failure) ->
         assert received == body
 
 
-COSTLY = orjson.dumps({"pad": OBJECTS, "text": "the Nightjar plan"})
+# 7.5 MB (under the 8 MiB a Connect envelope may have) of members: estimated at some 530 MiB.
+COSTLY = b'{"pad":{' + b'"":0,' * 1_500_000 + b'"":0},"text":"the Nightjar plan"}'
 
 
 def test_a_connect_json_message_too_costly_is_not_read_and_says_so() -> None:

@@ -812,6 +812,15 @@ def many_blocks(count: int, last: str) -> bytes:
     return orjson.dumps(message | {"stop_reason": "end_turn", "usage": {"input_tokens": 1, "output_tokens": count}})
 
 
+def answering(h: ExchangeHooks) -> http.HTTPFlow:
+    """An Anthropic request through the hooks, its JSON answer's headers in: the body next."""
+    flow = messages_flow()
+    h.request(flow)
+    flow.response = response_headers({"content-type": "application/json"})
+    h.responseheaders(flow)
+    return flow
+
+
 def messages_flow() -> http.HTTPFlow:
     body = {"model": "claude", "max_tokens": 100_000, "messages": [{"role": "user", "content": "hi"}]}
     headers = {"content-type": "application/json", "anthropic-version": "2023-06-01"}
@@ -830,10 +839,7 @@ async def answered(h: ExchangeHooks, body: bytes, ticks: list[int]) -> http.HTTP
             ticks[0] += 1
 
     ticker = asyncio.get_running_loop().create_task(tick())
-    flow = messages_flow()
-    h.request(flow)
-    flow.response = response_headers({"content-type": "application/json"})
-    h.responseheaders(flow)
+    flow = answering(h)
     if isinstance(h.flows[flow.id], HeldWhole):
         flow.response.raw_content = body  # mitmproxy held it whole
     else:
@@ -871,10 +877,7 @@ def test_a_large_json_answer_is_read_in_a_thread_while_the_event_loop_runs_on(ru
 def test_a_small_json_answer_is_read_at_once() -> None:
     async def run() -> tuple[object, Store]:
         h, store = hooks()
-        flow = messages_flow()
-        h.request(flow)
-        flow.response = response_headers({"content-type": "application/json"})
-        h.responseheaders(flow)
+        flow = answering(h)
         stream_through(h, flow, many_blocks(1, "hello"))
         return h.response(flow), store
 
@@ -891,10 +894,7 @@ def test_an_answer_being_read_when_the_proxy_stops_is_read_and_written_once() ->
     async def run() -> Store:
         h, store = hooks()
         for _ in range(2):  # (the second waits for the reader)
-            flow = messages_flow()
-            h.request(flow)
-            flow.response = response_headers({"content-type": "application/json"})
-            h.responseheaders(flow)
+            flow = answering(h)
             stream_through(h, flow, many_blocks(50_000, "bye"))
             assert h.response(flow) is not None and h.draining  # read in the thread
         h.done()
@@ -914,10 +914,7 @@ def test_a_large_answer_the_upstream_cut_is_read_in_a_thread_and_written_as_cut(
 
     async def run() -> tuple[Store, bool]:
         h, store = hooks()
-        flow = messages_flow()
-        h.request(flow)
-        flow.response = response_headers({"content-type": "application/json"})
-        h.responseheaders(flow)
+        flow = answering(h)
         body = many_blocks(50_000, "bye")
         flow.response.stream(body[:-10])  # the upstream hung up before its end
         flow.server_conn.state = ConnectionState.CLOSED
@@ -941,10 +938,7 @@ def test_a_held_answer_whose_wait_mitmproxy_cancels_is_still_recorded() -> None:
 
     async def run() -> Store:
         h, store = hooks(BLOCK_WORD)
-        flow = messages_flow()
-        h.request(flow)
-        flow.response = response_headers({"content-type": "application/json"})
-        h.responseheaders(flow)
+        flow = answering(h)
         assert isinstance(h.flows[flow.id], HeldWhole)
         flow.response.raw_content = many_blocks(50_000, "about Nightjar")
         pending = h.response(flow)
