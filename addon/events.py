@@ -31,11 +31,23 @@ class TextDelta:
     ``choice`` is the alternative answer (OpenAI ``choices[i]``, Gemini candidates,
     llm-stream content block index); ``kind`` separates the answer text from reasoning
     and refusals, which the audit keeps apart.
+
+    ``sent`` is the text as the client got it when the record keeps it otherwise (a
+    credential in a field nobody mapped, kept as its fingerprint: :func:`~addon.dialects.rpc.kept_strings`),
+    else None. The output filters read ``sent``: they must see the answer as sent, in
+    its stream, or a word begun in one piece and ended in a piece holding a key went
+    past them (each piece alone holds neither half whole).
     """
 
     text: str
     choice: int = 0
     kind: str = "text"  # "text" | "reasoning" | "refusal"
+    sent: str | None = None
+
+    @property
+    def as_sent(self) -> str:
+        """What the client got of this piece: what the output filters read."""
+        return self.text if self.sent is None else self.sent
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,6 +97,12 @@ class ToolCallDelta:
     choice: int = 0
     complete: bool = False
     free_form: bool = False  # the arguments are free text (a Responses custom tool's input), not JSON
+    sent: str | None = None  # the arguments as sent when the record keeps them otherwise (as TextDelta.sent)
+
+    @property
+    def arguments_sent(self) -> str:
+        """What the client got of these arguments: what the output filters read."""
+        return self.arguments if self.sent is None else self.sent
 
 
 @dataclass(frozen=True, slots=True)

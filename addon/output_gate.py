@@ -193,7 +193,7 @@ class OutputGate:
                     self._check_batch(key, batch)
                     batch = []
                 key = stream
-                batch.append(ev.text)
+                batch.append(ev.as_sent)
                 continue
             if batch:
                 self._check_batch(key, batch)
@@ -242,8 +242,9 @@ class OutputGate:
                     self._check_batch(key, batch)
                     batch, size = [], 0
                 key = stream
-                batch.append(ev.text)
-                size += len(ev.text)
+                text = ev.as_sent
+                batch.append(text)
+                size += len(text)
                 continue
             if batch:
                 self._check_batch(key, batch)
@@ -374,16 +375,16 @@ class OutputGate:
         stream is still read as one text (:meth:`StreamScanner.let_go`). Names and error
         messages arrive whole and are checked whole."""
         match ev:
-            case TextDelta(text=text, choice=choice, kind=kind):
-                self._feed((choice, kind, None), text, needs)
+            case TextDelta(choice=choice, kind=kind):  # (as sent: what the record keeps may differ)
+                self._feed((choice, kind, None), ev.as_sent, needs)
             case ShownText(text=text, choice=choice, kind="payload"):
                 self._beside((choice, "payload", None), text, needs)
             case ShownText(text=text, choice=choice, kind=kind) | TextSnapshot(text=text, choice=choice, kind=kind):
                 self._whole((choice, kind, None), text, needs)
-            case ToolCallDelta(key=key, arguments=arguments, name=name, choice=choice, free_form=free_form):
+            case ToolCallDelta(key=key, name=name, choice=choice, free_form=free_form):
                 if name:
                     self._whole((choice, "tool_name", key), name, needs)
-                if arguments:
+                if arguments := ev.arguments_sent:
                     self._arguments((choice, "tool_arguments", key), arguments, free_form, needs)
             case StreamError(message=message):
                 if message:

@@ -704,6 +704,7 @@ def json_strings(
     cut: list[str] | None = None,
     max_values: int | None = None,
     value_of: Callable[[Any, str], str] | None = None,
+    keys: list[str] | None = None,
 ) -> list[str]:
     """Every non-empty string in a JSON value, depth first: what a dialect reads of a part
     or payload of unknown shape (the filters must see text a client may show). Bounded:
@@ -712,6 +713,9 @@ def json_strings(
     numbers: a message of a million empty objects holds no string, and walking it cost
     the event loop half a second); keys in ``skip_keys`` are not read. ``value_of(key,
     string)`` gives what is read of a string under ``key`` (a credential's fingerprint).
+    ``keys``, when given, gets the objects' non-empty string keys (as many as ``limit``,
+    each a value visited): a protobuf map's keys are data in Connect's JSON codec, so a
+    prompt or an answer may be one, though no record wants ``"role"`` and ``"text"``.
 
     ``cut``, when given, gets what the bounds left out, each reason once (strings, or
     objects or arrays that may hold some, deeper than ``max_depth``; a string past
@@ -723,6 +727,7 @@ def json_strings(
     budget = [max_chars if max_chars is not None else -1]
     values = [max_values if max_values is not None else -1]  # (left to visit; -1: no bound)
     stop = [False]
+    reads_keys, keys_out = keys is not None, keys if keys is not None else []
 
     def left_out(reason: str) -> None:
         if cut is not None and reason not in cut:
@@ -755,6 +760,8 @@ def json_strings(
                 return
             for key, v in item.items():
                 if key not in skip_keys:
+                    if reads_keys and key and isinstance(key, str) and not read_key(key):
+                        return
                     walk(value_of(key, v) if value_of is not None and isinstance(v, str) else v, depth + 1)
                     if stop[0]:
                         return
@@ -767,6 +774,16 @@ def json_strings(
                 walk(v, depth + 1)
                 if stop[0]:
                     return
+
+    def read_key(key: str) -> bool:
+        """``keys`` gets ``key``; False (the walk stops) past a bound."""
+        if values[0] == 0 or (limit is not None and len(keys_out) >= limit):
+            stop[0] = True
+            left_out(f"values past the first {max_values}" if values[0] == 0 else f"object keys past the first {limit}")
+            return False
+        values[0] -= 1
+        keys_out.append(key)
+        return True
 
     walk(value, 0)
     return out

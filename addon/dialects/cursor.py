@@ -76,7 +76,7 @@ from addon.dialects.rpc import (
     unmapped_strings,
     unread_finding,
 )
-from addon.events import Event, Finding, ShownText, TextDelta, ToolCallDelta, TurnEnd, Usage
+from addon.events import Event, Finding, TextDelta, ToolCallDelta, TurnEnd, Usage
 from addon.framing.envelope import RpcStatus
 
 CHAT, UNIFIED, AGENT, BIDI_APPEND = "chat", "unified", "agent", "bidi_append"
@@ -343,9 +343,7 @@ class CursorNormalizer(RpcNormalizer):
         for partial in update.messages(7):
             key = _readable_text(partial, 1) or self.agent_call or self._key()
             args, sent = kept_strings(self._strings(partial, frozenset({1}), out), "")
-            out.append(ToolCallDelta(key, args))
-            if sent is not None:
-                out.append(ShownText(sent, kind="tool_arguments"))
+            out.append(ToolCallDelta(key, args, sent=sent))
         for completed in update.messages(3):
             key = _readable_text(completed, 1) or self.agent_call or self._key()
             out.append(ToolCallDelta(key, complete=True))
@@ -367,9 +365,7 @@ class CursorNormalizer(RpcNormalizer):
         found = self._strings(execution, frozenset(), out)
         if found:
             args, sent = kept_strings(found)
-            out.append(ToolCallDelta(self._key("exec"), args, None, "exec", 0, True))
-            if sent is not None:
-                out.append(ShownText(sent, kind="tool_arguments"))
+            out.append(ToolCallDelta(self._key("exec"), args, None, "exec", 0, True, sent=sent))
 
     @staticmethod
     def _strings(msg: Message, skip: frozenset[int], out: list[Event]) -> list[str]:

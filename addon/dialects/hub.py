@@ -30,7 +30,7 @@ _CLIENT_TEXT = frozenset(("invocation", "stream_invocation", "stream_item", "com
 MESSAGE_STRINGS = 100_000
 
 
-def strings_of(value: Any, cut: list[str] | None = None) -> list[str]:
+def strings_of(value: Any, cut: list[str] | None = None, keys: list[str] | None = None) -> list[str]:
     """The strings of a hub message's payload, as sent but for the values of keys named
     like credentials (the client's own, as a header's: fingerprinted). The request
     filters read these; the record keeps them with credentials fingerprinted
@@ -40,8 +40,11 @@ def strings_of(value: Any, cut: list[str] | None = None) -> list[str]:
     :func:`~addon.dialects.json_strings`), strings past the first :data:`MESSAGE_STRINGS`
     of a message and values past the first :data:`~addon.dialects.rpc.MESSAGE_VALUES` (no
     client sends so many; past them reading one costs the event loop more than a tenth of
-    a second)."""
-    return json_strings(value, limit=MESSAGE_STRINGS, cut=cut, max_values=MESSAGE_VALUES, value_of=own_key_value)
+    a second). ``keys`` gets the objects' keys (for the filters alone: see
+    :func:`~addon.dialects.json_strings`)."""
+    return json_strings(
+        value, limit=MESSAGE_STRINGS, cut=cut, max_values=MESSAGE_VALUES, value_of=own_key_value, keys=keys
+    )
 
 
 def user_doc(text: str | list[str], target: Any, **extra: Any) -> Reading:
@@ -98,7 +101,10 @@ class HubNormalizer(Normalizer):
             # Every string of the record reaches the request filters, whatever the reading
             # mapped: a prompt's other keys, a client-to-server stream's items, telemetry.
             reading = doc if isinstance(doc, Reading) else Reading(doc)
-            reading.unkept.extend(strings_of(message, self.unread))
+            keys: list[str] = []
+            reading.unkept.extend(strings_of(message, self.unread, keys))
+            if keys:  # (a record's keys may be data too: read, never kept)
+                reading.unkept.append("\n".join(keys))
             doc = reading
         # strings the reading left out: the message is unread (turns.UNREAD_MESSAGE), the failure policy decides
         return doc, [unread_finding(self.unread, "a client message")] if self.unread else []
@@ -190,7 +196,8 @@ class HubNormalizer(Normalizer):
         the walk's bound left out (nested deeper than 32 levels) is ``strings_unread``."""
         cut: list[str] = []
         # (the client shows these as they are: the filters must too)
-        found = json_strings(value, limit=MESSAGE_STRINGS, cut=cut, max_values=MESSAGE_VALUES)
+        keys: list[str] = []
+        found = json_strings(value, limit=MESSAGE_STRINGS, cut=cut, max_values=MESSAGE_VALUES, keys=keys)
         self.unmapped_count += 1
         if where not in self.unmapped_targets and len(self.unmapped_targets) < _FINDING_TARGETS:
             self.unmapped_targets.append(where)
@@ -199,6 +206,8 @@ class HubNormalizer(Normalizer):
             kept = json_strings(value, limit=room, max_values=MESSAGE_VALUES, value_of=own_key_value)
             self.unmapped_strings.extend(clean(s) for s in kept)
         shown: list[Event] = [ShownText(s, kind="unmapped") for s in found]
+        if keys:  # (a map's keys may be data too)
+            shown.append(ShownText("\n".join(keys), kind="unmapped"))
         return [unread_finding(cut, where), *shown] if cut else shown
 
     def on_end(self, cut: bool = False) -> list[Event]:

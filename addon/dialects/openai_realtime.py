@@ -332,7 +332,7 @@ def _on_slot(events: list[Event], slot: int) -> list[Event]:
 
 def _slotted(ev: Event, slot: int) -> Event:
     if type(ev) is TextDelta:
-        return TextDelta(ev.text, slot, ev.kind)
+        return TextDelta(ev.text, slot, ev.kind, ev.sent)
     if type(ev) is ShownText:
         return ShownText(ev.text, slot, ev.kind)
     if type(ev) is ToolCallDelta:

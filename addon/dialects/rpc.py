@@ -39,7 +39,7 @@ from __future__ import annotations
 import re
 from abc import abstractmethod
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -256,7 +256,8 @@ _BLANK_SEARCH = 4
 
 def unread_strings(payload: bytes, events: list[Event], cut: list[str]) -> str | None:
     """What of a JSON message's strings its events did not carry to the filters already
-    (each carried string taken out once, whole), one per line; None if none is left.
+    (each carried string taken out once, whole), and its object keys (a map's are
+    data), one per line; None if none is left.
     ``cut`` gets what the reading's bounds left out (:data:`READ_STRINGS`,
     :data:`MESSAGE_VALUES`)."""
     costly = json_read.too_costly(payload)
@@ -267,12 +268,14 @@ def unread_strings(payload: bytes, events: list[Event], cut: list[str]) -> str |
     if doc is None:
         return None
     carried = Counter(piece for ev in events for text in _carried(ev) for piece in (text, *text.split("\n")))
-    left = []
-    for found in json_strings(doc, limit=READ_STRINGS, cut=cut, max_values=MESSAGE_VALUES):
+    left: list[str] = []
+    keys: list[str] = []
+    for found in json_strings(doc, limit=READ_STRINGS, cut=cut, max_values=MESSAGE_VALUES, keys=keys):
         if carried[found] > 0:
             carried[found] -= 1
         else:
             left.append(found)
+    left += keys
     return "\n".join(left) if left else None
 
 
@@ -313,11 +316,13 @@ class _Blanker:
 
 
 def _carried(ev: Event) -> tuple[str, ...]:
-    """The strings an event hands the filters."""
-    if isinstance(ev, (TextDelta, ShownText)):
+    """The strings an event hands the filters (as sent: the record may keep them otherwise)."""
+    if isinstance(ev, TextDelta):
+        return (ev.as_sent,)
+    if isinstance(ev, ShownText):
         return (ev.text,)
     if isinstance(ev, ToolCallDelta):
-        return tuple(s for s in (ev.name, ev.arguments) if s)
+        return tuple(s for s in (ev.name, ev.arguments_sent) if s)
     if isinstance(ev, StreamError):
         return (ev.message,) if ev.message else ()
     return ()
@@ -750,9 +755,16 @@ def kept_text(doc: Reading, found: list[str]) -> str:
     return kept
 
 
-def message_strings(payload: bytes, codec: str, cut: list[str] | None = None) -> tuple[list[str], bool]:
+def message_strings(
+    payload: bytes,
+    codec: str,
+    cut: list[str] | None = None,
+    value_of: Callable[[Any, str], str] = own_key_value,
+    keys: list[str] | None = None,
+) -> tuple[list[str], bool]:
     """The strings of one message (bounded), as sent but for the values of keys named
-    like credentials (the client's own: fingerprinted); and whether its JSON is JSON only
+    like credentials (the client's own: fingerprinted; what a JSON message's value is
+    read as is ``value_of``'s); and whether its JSON is JSON only
     to lenient readers (:func:`addon.json_read.loads`: Python's ``json.loads`` takes
     ``NaN``, JavaScript's ``JSON.parse`` a lone surrogate escape; a peer acts on such a
     message, so the audit reads it too, and says so). The filters read these; the record
@@ -765,7 +777,9 @@ def message_strings(payload: bytes, codec: str, cut: list[str] | None = None) ->
     message nested past :func:`~addon.dialects.protowire.strings`' bounds): no filter
     reads that text, so the reader says so (:func:`unread_finding`)
     and the failure policy decides. The bounds are far above an ordinary prompt or answer
-    (a long one is one string), so that only a message built to hide text meets them."""
+    (a long one is one string), so that only a message built to hide text meets them.
+    ``keys`` gets a JSON message's object keys (:func:`~addon.dialects.json_strings`: a
+    map's keys are data), for the filters alone."""
     if codec != "json":
         msg = parse(payload)
         if cut is not None and msg.problem is not None and msg.problem.startswith(TOO_MANY_FIELDS):
@@ -779,7 +793,7 @@ def message_strings(payload: bytes, codec: str, cut: list[str] | None = None) ->
     doc, lenient = read_json_object(payload)  # (keys named like credentials fingerprinted first: "apiKey", "token")
     if doc is None and payload.strip() and cut is not None:
         cut.append("the message, which is no JSON object to any reader")
-    found = json_strings(doc, limit=READ_STRINGS, cut=cut, max_values=MESSAGE_VALUES, value_of=own_key_value)
+    found = json_strings(doc, limit=READ_STRINGS, cut=cut, max_values=MESSAGE_VALUES, value_of=value_of, keys=keys)
     if cut is not None and any(len(s) > READ_CHARS for s in found):
         cut.append(f"characters of a string past the first {READ_CHARS}")
     return [s[:READ_CHARS] for s in found], lenient
@@ -788,17 +802,26 @@ def message_strings(payload: bytes, codec: str, cut: list[str] | None = None) ->
 def strings_answer(raw: bytes, codec: str) -> list[Event]:
     """An answer message no field path is known in (a service nobody mapped, Cursor's
     JSON codec): its strings are the answer's text (credentials fingerprinted in the
-    record, read as sent by the output filters)."""
+    record, read as sent by the output filters: a value under a key named like one too,
+    since the client shows it whatever its key)."""
     cut: list[str] = []
-    found, lenient = message_strings(raw, codec, cut)
+    credentials: dict[str, str] = {}
+
+    def as_sent(key: Any, value: str) -> str:
+        if (kept := own_key_value(key, value)) is not value:
+            credentials[value] = kept
+        return value
+
+    keys: list[str] = []
+    found, lenient = message_strings(raw, codec, cut, as_sent, keys)
     out: list[Event] = [LENIENT_MESSAGE] if lenient else []
     if cut:
         out.append(unread_finding(cut, "a response message"))
     if found:
-        kept, sent = kept_strings(found)
-        out.append(TextDelta(kept))
-        if sent is not None:
-            out.append(ShownText(sent, kind="unmapped"))
+        kept, sent = kept_strings(found, credentials=credentials)
+        out.append(TextDelta(kept, sent=sent))
+    if keys:  # (checked beside the text, not recorded: a map's keys are data, but no answer's text)
+        out.append(ShownText("\n".join(keys), kind="payload"))
     return out
 
 
@@ -806,7 +829,10 @@ def read_strings_message(payload: bytes, codec: str, doc: Reading, findings: lis
     """A request message no field path is known in (a service nobody mapped, Cursor's
     JSON codec): its strings (:func:`message_strings`) are the user's message."""
     cut: list[str] = []
-    found, lenient = message_strings(payload, codec, cut)
+    keys: list[str] = []
+    found, lenient = message_strings(payload, codec, cut, keys=keys)
+    if keys:  # (the filters read them, the record does not keep them)
+        doc.unkept.append("\n".join(keys))
     if lenient:
         findings.append(Finding("request_lenient_json", "a Connect JSON request message: read as servers read it"))
     if cut:  # (the message is not read whole: turns.UNREAD_MESSAGE, the failure policy decides)
@@ -814,13 +840,17 @@ def read_strings_message(payload: bytes, codec: str, doc: Reading, findings: lis
     add_message(doc, "user", kept_text(doc, found))
 
 
-def kept_strings(found: list[str], sep: str = "\n") -> tuple[str, str | None]:
+def kept_strings(
+    found: list[str], sep: str = "\n", credentials: Mapping[str, str] | None = None
+) -> tuple[str, str | None]:
     """Strings of an answer nobody mapped, joined by ``sep``: as the record keeps them
-    (credentials fingerprinted), and as sent when that differs (the output filters must
-    read that: :class:`~addon.events.ShownText`), else None."""
-    if not holds_secret("\n".join(found)):  # one search, not one a string (a message of 200,000: 0.6 s)
+    (credentials fingerprinted: those the secrets detector knows, and those in
+    ``credentials``, read under a key named like one, as their fingerprints there), and
+    as sent when that differs (the output filters must read that, in the answer's
+    stream: :attr:`~addon.events.TextDelta.sent`), else None."""
+    if not credentials and not holds_secret("\n".join(found)):  # one search, not one a string (200,000: 0.6 s)
         return sep.join(found), None  # (a string's key is the joined text's: the patterns' edges take a line feed)
-    kept = [clean(s) for s in found]
+    kept = [credentials[s] if credentials and s in credentials else clean(s) for s in found]
     changed = any(raw is not recorded for raw, recorded in zip(found, kept, strict=True))
     return sep.join(kept), sep.join(found) if changed else None
 

@@ -278,6 +278,42 @@ def test_grpc_request_filter_answers_before_anything_goes_upstream(channels: Cha
     assert (row["dialect"], row["status"]) == ("grpc", "blocked")
 
 
+WORD_RULE = """
+[[rule]]
+id = "no-nightjar"
+kind = "keywords"
+keywords = ["Nightjar"]
+scope = "response"
+action = "block"
+"""
+AWS_KEY = "AKIA" + "IOSFODNN7EXAMPLE"  # (an access key id the secrets detector knows)
+
+
+@pytest.fixture(scope="module")
+def word_filtered(request, tmp_path_factory, grpc_upstream: Upstream, proxy: Proxy) -> Iterator[Proxy]:
+    yield from filtering_proxy(request, tmp_path_factory, proxy.backend, WORD_RULE, grpc_upstream.ca)
+
+
+def test_grpc_a_word_ended_in_a_message_holding_a_key_is_blocked(channels: Channels, word_filtered: Proxy):
+    """A service nobody mapped answers "Night", then "jar:" and a key: the record keeps
+    that message as the key's fingerprint, and the output filters read it as sent, in the
+    answer's stream. Before, they read the fingerprint there, and "Nightjar" reached the
+    client past the rule (with no secrets rule loaded to stop the key itself)."""
+    from echo.v1 import echo_pb2 as pb
+    from echo.v1.echo_pb2_grpc import EchoServiceStub
+
+    mock_id, got = uuid.uuid4().hex, []
+    with channels.open(word_filtered) as channel:
+        stub = EchoServiceStub(channel)
+        talk = stub.Talk(pb.EchoRequest(sentence=f"Night jar:{AWS_KEY}"), metadata=[("x-mock-id", mock_id)])
+        code, message = grpc_failure(lambda: got.extend(r.sentence for r in talk))
+    assert code == "PERMISSION_DENIED" and "no-nightjar" in message
+    assert not any("jar" in s for s in got)
+    row = word_filtered.mock_row(mock_id)
+    assert (row["dialect"], row["status"]) == ("grpc", "blocked")
+    assert AWS_KEY.encode() not in orjson.dumps(row)  # (kept as its fingerprint, the request's and the answer's)
+
+
 # -- a turn whose end marker never comes ---------------------------------------------------------
 
 

@@ -175,7 +175,7 @@ def test_a_connect_answer_with_a_key_is_shown_to_the_output_filters_as_sent():
         CONNECT.summarize(None, RequestView("POST", "/acme.ai.v1.Chat/Generate", "", CONNECT_PROTO))
     )
     events = normalizer.on_message(f(1, f"here: {KEY}"))
-    assert events == [TextDelta(redacted(f"here: {KEY}")), ShownText(f"here: {KEY}", kind="unmapped")]
+    assert events == [TextDelta(redacted(f"here: {KEY}"), sent=f"here: {KEY}")]  # (read in the answer's stream)
     assert normalizer.on_message(f(1, "plain")) == [TextDelta("plain")]
 
 
@@ -186,7 +186,7 @@ def test_a_cursor_tool_call_with_a_key_is_shown_to_the_output_filters_as_sent():
     events = [e for frame in connect_reader(1 << 20, 1 << 20, {}).feed(body) for e in normalizer.on_event(frame)]
     call = next(e for e in events if isinstance(e, ToolCallDelta))
     assert KEY not in call.arguments
-    assert ShownText(f'{{"cmd":"export K={KEY}"}}', kind="tool_arguments") in events
+    assert call.arguments_sent == f'{{"cmd":"export K={KEY}"}}'  # (read in the call's stream of arguments)
 
 
 def test_a_signalr_prompt_and_copilot_history_are_read_as_sent():
@@ -203,6 +203,41 @@ def test_a_signalr_prompt_and_copilot_history_are_read_as_sent():
         json.dumps({"type": 4, "invocationId": "0", "target": "chat", "arguments": [arg]}).encode() + b"\x1e"
     )
     assert verdicts(COPILOT, doc) == {"creds", "word"}
+
+
+def _json_request(dialect, path: str, body: bytes, headers: dict):  # type: ignore[no-untyped-def]
+    doc, finding = dialect.parse_request(body, RequestView("POST", path, "", headers))
+    assert finding is None
+    return doc
+
+
+def test_a_json_messages_object_keys_are_read_as_data_by_the_filters_alone():
+    """A protobuf map's keys are data in Connect's JSON codec (``map<string, string>``
+    encodes as an object), so text may be a key; in the binary codec the same map's keys
+    are string fields, always read. The filters read every key of a message nobody
+    maps, of a Windsurf JSON request's keys nobody maps and of a hub record; the record
+    keeps none of them (``"role"`` and ``"text"`` are no one's text)."""
+    labels = {"labels": {"the Nightjar plan": "yes"}, "prompt": "hello"}
+    doc = _json_request(CONNECT, "/acme.ai.v1.Chat/Generate", json.dumps(labels).encode(), UNARY_JSON)
+    assert verdicts(CONNECT, doc) == {"word"} and "Nightjar" not in json.dumps(doc)
+    plain = _json_request(CONNECT, "/acme.ai.v1.Chat/Generate", b'{"prompt": "hello"}', UNARY_JSON)
+    assert verdicts(CONNECT, plain) == set()
+
+    message = {"chatMessages": [{"source": "CHAT_MESSAGE_SOURCE_USER", "text": "hi"}], "context": labels}
+    doc = _json_request(WINDSURF, GET_CHAT, env(json.dumps(message)), CONNECT_JSON)
+    assert verdicts(WINDSURF, doc) == {"word"}
+
+    conn = Connection(ws_view("/hub"), b'{"protocol":"json","version":1}\x1e')
+    prompt = {"type": 4, "invocationId": "1", "target": "Ask", "arguments": ["hello", {"the Nightjar plan": 1}]}
+    (doc,) = conn.send(json.dumps(prompt).encode() + b"\x1e")
+    assert verdicts(SIGNALR, doc) == {"word"} and "Nightjar" not in json.dumps(doc)
+
+
+def test_a_json_answers_object_keys_reach_the_output_filters():
+    body = env(json.dumps({"sentence": "Ask. "})) + env(json.dumps({"labels": {"the Nightjar plan": 1}}))
+    sent, row = answered(CONNECT, "/acme.ai.v1.Chat/Generate", body, headers=CONNECT_JSON)
+    assert row["status"] == "blocked" and b"Nightjar" not in sent
+    assert "labels" not in (row["output_text"] or "")  # (the record keeps the strings, not the keys)
 
 
 # -- every byte of a protobuf request, and every string of a hub's client record ------------------
@@ -288,7 +323,7 @@ def test_cursor_in_connects_json_codec_is_read_as_a_service_nobody_mapped():
     view = RequestView("POST", STREAM_CHAT, "", CONNECT_JSON)
     normalizer = CURSOR.normalizer(CURSOR.summarize(None, view))
     events = normalizer.on_message(json.dumps({"text": f"here: {KEY}"}).encode())
-    assert events == [TextDelta(redacted(f"here: {KEY}")), ShownText(f"here: {KEY}", kind="unmapped")]
+    assert events == [TextDelta(redacted(f"here: {KEY}"), sent=f"here: {KEY}"), ShownText("text", kind="payload")]
 
 
 def test_a_cursor_file_of_several_mib_is_read_whole_not_refused():
@@ -443,6 +478,35 @@ def test_a_json_answers_strings_in_keys_nobody_maps_reach_the_output_filters(mov
     body = env(json.dumps({"deltaMessage": {"text": "Ask. ", "inProgress": True}})) + env(json.dumps(moved))
     sent, row = answered(WINDSURF, raw_chat, body, headers=CONNECT_JSON)
     assert row["status"] == "blocked" and b"Nightjar" not in sent
+
+
+WORD_ONLY = FilterSet(parse_rules(RULES[RULES.index('[[rule]]\nid = "word"') :]), failure="closed")
+
+
+@pytest.mark.parametrize(
+    ("dialect", "path", "headers", "messages"),
+    [
+        (CONNECT, "/acme.ai.v1.Chat/Generate", CONNECT_PROTO, [f(1, "the Night"), f(1, f"jar plan {KEY}")]),
+        (
+            CURSOR,
+            "/agent.v1.AgentService/Run",
+            CONNECT_PROTO,
+            [m(1, m(7, f(1, "tc1"), f(2, '{"cmd":"the Night'))), m(1, m(7, f(1, "tc1"), f(2, f'jar {KEY}"}}')))],
+        ),
+        (CONNECT, "/acme.ai.v1.Chat/Generate", CONNECT_JSON, [b'{"out": "the Night"}', b'{"token": "jar"}']),
+        (CONNECT, "/acme.ai.v1.Chat/Generate", CONNECT_JSON, [b'{"token": "Nightjar"}']),
+    ],
+    ids=["generic-text-then-a-key", "cursor-tool-call-then-a-key", "json-then-a-credential-key", "json-credential-key"],
+)
+def test_an_answer_piece_the_record_keeps_fingerprinted_is_read_as_sent_in_its_stream(dialect, path, headers, messages):  # type: ignore[no-untyped-def]
+    """Before, such a piece reached the output filters as its fingerprint in the answer's
+    text and as sent only on its own beside it (a JSON value under a key named like a
+    credential not even that): a word begun in the piece before it, or the value itself,
+    went to the client past a blocking keyword rule (no secrets rule loaded)."""
+    sent, row = answered(dialect, path, b"".join(env(x) for x in messages), WORD_ONLY, headers)
+    assert row["status"] == "blocked" and b"jar" not in sent
+    assert [v["rule_id"] for v in row["verdicts"]] == ["word"]
+    assert KEY.encode() not in orjson.dumps(row)  # (the record keeps its fingerprint)
 
 
 FLAGS = FilterSet(parse_rules(RULES.replace('action = "block"', 'action = "flag"')), failure="closed")

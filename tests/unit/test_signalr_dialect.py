@@ -120,7 +120,7 @@ def test_unmapped_items_are_shown_text_with_one_finding_per_turn() -> None:
         )
     )
     shown = [e.text for e in events if isinstance(e, ShownText)]
-    assert shown == ["Hello", "secret plan", "more"]
+    assert shown == ["Hello", "delta", "secret plan", "content\nn", "more", "content"]  # (keys too: a map's are data)
     (row,) = conn.close()
     (finding,) = row["findings"]
     assert finding["code"] == "signalr_unmapped"
