@@ -46,6 +46,8 @@ from addon.filters.window import MAX_HITS_PER_RULE, StreamScanner, gate_set
 
 Failure = Literal["open", "closed"]
 DEFAULT_TIME_BUDGET = 0.005  # seconds a user filter may take per call
+#: The longest piece of output a user filter is handed in one call (:meth:`OutputGuard._user_pieces`).
+USER_PIECE = 64 * 1024
 
 StreamKey = tuple[int, str, str | None]  # (choice, kind, tool_key)
 # The most streams one exchange's output is checked as: choices times kinds of text, and
@@ -287,9 +289,7 @@ class OutputGuard:
         if self.blocked is not None or not text:
             return Release()
         stream = self._stream((choice, kind, tool_key))
-        if stream.so_far is not None:
-            stream.so_far.append(text)
-        verdicts = self._run_filters(stream, text, final=False)
+        verdicts = self._user_pieces(stream, stream.so_far, text) if stream.so_far is not None else []
         if self.blocked is None:
             released, found = stream.scanner.feed(text)
             verdicts.extend(found)
@@ -363,6 +363,23 @@ class OutputGuard:
         if stream is None:
             stream = self._streams[key] = _Stream(key, self._fs)
         return stream
+
+    def _user_pieces(self, stream: _Stream, so_far: TextSoFar, text: str) -> list[Verdict]:
+        """User filters' verdicts on a new piece, handed to them in slices of at most
+        :data:`USER_PIECE` characters: their time budget is per call, and one string of
+        megabytes (a model's one long answer, read whole) would be one call, over budget
+        for a filter that keeps within it on a stream of the same text."""
+        if len(text) <= USER_PIECE:
+            so_far.append(text)
+            return self._run_filters(stream, text, final=False)
+        verdicts: list[Verdict] = []
+        for start in range(0, len(text), USER_PIECE):
+            piece = text[start : start + USER_PIECE]
+            so_far.append(piece)
+            verdicts += self._run_filters(stream, piece, final=False)
+            if self.blocked is not None:
+                break
+        return verdicts
 
     def _run_filters(self, stream: _Stream, text: str, final: bool) -> list[Verdict]:
         verdicts: list[Verdict] = []

@@ -7,7 +7,7 @@ import pytest
 from fixtures.filters.samples import SECRETS
 
 from addon.filters.api import ALLOW, BLOCK, FLAG, BaseFilter, OutputPiece, RequestContext, Verdict, match_hash
-from addon.filters.engine import FILTER_ERROR, FilterSet, Release
+from addon.filters.engine import FILTER_ERROR, USER_PIECE, FilterSet, Release
 from addon.filters.rules import parse_rules
 from addon.filters.window import MAX_HITS_PER_RULE
 
@@ -208,6 +208,26 @@ def test_user_filters_see_each_piece_with_the_text_so_far_and_a_final_call():
         ("", "Hello you", 9, True),
     ]
     assert [r.text for r in releases] == ["Hel", "lo", " you", ""]  # window 0: nothing held
+
+
+def test_a_long_piece_reaches_user_filters_in_slices_within_their_budget():
+    """One answer string of megabytes (read whole) was one call: over a time budget the
+    same filter keeps within on a stream of that text. It is handed over in slices of
+    USER_PIECE characters, each with the text so far; the rules still read it whole."""
+    recorder = Recorder()
+    guard = FilterSet(filters=[recorder], failure="open", clock=NO_TIME).output_guard()
+    text = "".join(chr(0x61 + i % 26) for i in range(2 * USER_PIECE + 5))
+    assert guard.feed(text).text == text
+    assert [(len(t), end, final) for t, _, end, final in recorder.pieces] == [
+        (USER_PIECE, USER_PIECE, False),
+        (USER_PIECE, 2 * USER_PIECE, False),
+        (5, 2 * USER_PIECE + 5, False),
+    ]
+    assert "".join(t for t, *_ in recorder.pieces) == text == recorder.pieces[-1][1]
+
+    blocker = Recorder(verdict=Verdict(BLOCK, "no"))
+    guard = FilterSet(filters=[blocker], failure="open", clock=NO_TIME).output_guard()
+    assert guard.feed(text).text == "" and len(blocker.pieces) == 1  # (the first slice blocks: no more calls)
 
 
 def test_a_user_filters_window_holds_text_until_it_could_block():
