@@ -695,6 +695,13 @@ def int_field(obj: Mapping[str, Any], name: str) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
+def as_text(value: bytes) -> str:
+    """MessagePack's binary value as the text a peer may read in it: UTF-8, what is not
+    UTF-8 as U+FFFD (as .NET's ``Encoding.UTF8.GetString`` reads a hub method's
+    ``byte[]``): the filters must see a prompt or an answer sent as bytes."""
+    return value.decode("utf-8", "replace")
+
+
 def json_strings(
     value: Any,
     skip_keys: frozenset[str] = frozenset(),
@@ -713,7 +720,8 @@ def json_strings(
     numbers: a message of a million empty objects holds no string, and walking it cost
     the event loop half a second); keys in ``skip_keys`` are not read. ``value_of(key,
     string)`` gives what is read of a string under ``key`` (a credential's fingerprint).
-    ``keys``, when given, gets the objects' non-empty string keys (as many as ``limit``,
+    A binary value or key (MessagePack's, never JSON's) is read as text
+    (:func:`as_text`). ``keys``, when given, gets the objects' non-empty string keys (as many as ``limit``,
     each a value visited): a protobuf map's keys are data in Connect's JSON codec, so a
     prompt or an answer may be one, though no record wants ``"role"`` and ``"text"``.
 
@@ -739,6 +747,8 @@ def json_strings(
             left_out(f"values past the first {max_values}")
             return
         values[0] -= 1
+        if type(item) is bytes:  # (MessagePack's binary: a peer may read it as UTF-8 text)
+            item = as_text(item)
         if isinstance(item, str):
             if not item:
                 return
@@ -760,8 +770,12 @@ def json_strings(
                 return
             for key, v in item.items():
                 if key not in skip_keys:
+                    if type(key) is bytes:
+                        key = as_text(key)
                     if reads_keys and key and isinstance(key, str) and not read_key(key):
                         return
+                    if type(v) is bytes:
+                        v = as_text(v)
                     walk(value_of(key, v) if value_of is not None and isinstance(v, str) else v, depth + 1)
                     if stop[0]:
                         return

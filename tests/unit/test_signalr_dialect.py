@@ -240,6 +240,26 @@ def test_an_output_block_through_the_connection_pipeline_msgpack() -> None:
     )
 
 
+def test_messagepack_binary_is_read_as_text_a_peer_may_read() -> None:
+    """A hub method taking ``byte[]`` reads it as UTF-8 (.NET, with U+FFFD for what is
+    not): a prompt or an answer sent as MessagePack binary was never read, and passed
+    every filter; it is now read as text (and a binary key too)."""
+    a, _ = pipeline(DIALECT, "signalr_msgpack", MSGPACK_HELLO)
+    relay = a.from_client(packed([4, {}, "1", "Chat", [b"what is Night\xffjar? no: Nightjar", {}], []]), False)
+    assert relay.onward == [] and b"Blocked by content filter rule 'no-code-name'" in relay.back[0][0]
+
+    a, _ = pipeline(DIALECT, "signalr_msgpack", MSGPACK_HELLO)
+    relay = a.from_client(packed([4, {}, "1", "Chat", ["hello", {b"the Nightjar plan": 1}], []]), False)
+    assert relay.onward == [] and b"Blocked by content filter rule 'no-code-name'" in relay.back[0][0]
+
+    a, _ = pipeline(DIALECT, "signalr_msgpack", MSGPACK_HELLO)
+    a.from_client(packed([4, {}, "1", "Chat", ["hello"], []]), False)
+    a.from_server(b"{}\x1e", True)
+    relay = a.from_server(packed([2, {}, "1", {"part": b"the Nightjar plan"}]), False)
+    assert all(b"Nightjar" not in m for m, _ in (relay.onward or []))
+    assert any(b"no-code-name" in m for m, _ in relay.onward or [])
+
+
 def test_a_refused_prompt_through_the_connection_pipeline() -> None:
     a, written = pipeline(DIALECT, "signalr_json", HELLO)
     relay = a.from_client(rec(PROMPT | {"arguments": ["what is Nightjar?"]}), True)
