@@ -20,6 +20,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from hashlib import sha256
 from typing import Any, TypeGuard
+from urllib.parse import unquote
 
 import orjson
 
@@ -39,6 +40,27 @@ class RequestView:
     path: str
     query: str
     headers: Mapping[str, str]
+
+
+def canonical_path(path: str) -> str:
+    """``path`` as servers that decode it route it: percent-decoded once (uvicorn, and so
+    vLLM, LiteLLM and every FastAPI server; Go's net/http, and so Ollama), repeated
+    slashes merged and dot segments resolved (nginx); ``path`` itself when it has none of
+    those. Detection tries it after the path as sent (:func:`addon.mitm.flow_record.line_views`):
+    ``/v1/chat/%63ompletions`` reaches vLLM's chat completions, and must not go past the
+    audit and the filters. Only after: a server that does not decode a path (Bedrock,
+    whose model ids are percent-encoded ARNs with slashes in them) routes it as sent."""
+    if "%" not in path and "//" not in path and "/." not in path:
+        return path
+    decoded = unquote(path, errors="replace") if "%" in path else path
+    segments: list[str] = []
+    for segment in decoded.split("/"):
+        if segment == "..":
+            if segments:
+                segments.pop()
+        elif segment and segment != ".":
+            segments.append(segment)
+    return "/" + "/".join(segments) + ("/" if segments and decoded.endswith("/") else "")
 
 
 @dataclass(slots=True)

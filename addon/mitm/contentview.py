@@ -43,7 +43,7 @@ from addon.dialects.registry import detect_request, detect_response
 from addon.framing import select
 from addon.framing.sse import SSEParser
 from addon.hosts import server_name
-from addon.mitm.flow_record import request_content
+from addon.mitm.flow_record import detect_by_line, line_views, request_content
 from addon.record import OUTCOME_COMPLETE, ExchangeRecord, Status
 from exchange import transcript
 from exchange.request import declared_tools, extract_messages
@@ -95,8 +95,6 @@ def register() -> None:
 def _request_dialect(request: http.Request) -> tuple[Dialect | None, RequestView, Callable[[], Any]]:
     """The dialect that recognises this request (as the proxy detects it), the request
     line and a parser of the body (parsed once, on demand)."""
-    path, _, query = request.path.partition("?")
-    view = RequestView(request.method, path, query, request.headers)
     parsed: list[Any] = []
 
     def body() -> Any:
@@ -105,7 +103,10 @@ def _request_dialect(request: http.Request) -> tuple[Dialect | None, RequestView
             parsed.append(parse_json_body(data)[0] if data is not None else UNREADABLE)
         return parsed[0]
 
-    return detect_request(view, body), view, body
+    found = detect_by_line(request, lambda view: detect_request(view, body))
+    if found is None:
+        return None, line_views(request)[0][0], body
+    return found[0], found[1][0], body
 
 
 def _sniffed_dialect(response: http.Response, data: bytes) -> Dialect | None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+from collections.abc import Callable
 from typing import Any
 
 from mitmproxy import http
@@ -17,7 +18,8 @@ from mitmproxy.connection import ConnectionState
 
 from addon.auditor import DECODE_BUDGET, summary_into_record
 from addon.decoding import IN_STEP, DecodeError, make_decoder
-from addon.dialects import UNREADABLE, Dialect, RequestSummary, RequestView, media_type
+from addon.dialects import UNREADABLE, Dialect, RequestSummary, RequestView, canonical_path, media_type
+from addon.dialects.registry import REGISTRY
 from addon.events import Finding
 from addon.hosts import server_name
 from addon.local_user import is_transparent, local_user
@@ -34,6 +36,10 @@ MAX_REQUEST_DECODED = 256 * 1024 * 1024
 #: event stream a dialect claims by its first event): read on the event loop, for a
 #: summary (the model, the user), in the tap.
 SNIFFED_REQUEST_BYTES = 1024 * 1024
+
+
+#: A request line as detection read it, and the finding that says how (:func:`line_views`).
+Line = tuple[RequestView, Finding | None]
 
 
 def request_content(
@@ -99,14 +105,18 @@ def start_record(
     instance: str,
     parsed: tuple[Any, Finding | None] | None = None,
     content: tuple[bytes | None, list[Finding]] | None = None,
+    line: Line | None = None,
 ) -> tuple[ExchangeRecord, RequestSummary]:
     """A record with the request side filled in, and what the dialect read from the
     request. ``parsed``: the body as detection already parsed it (else it is parsed
-    here); ``content``: :func:`request_content` as detection already read it."""
+    here); ``content``: :func:`request_content` as detection already read it; ``line``:
+    the view detection found the dialect in (:func:`detect_by_line`; by default, the path as sent)."""
     req = flow.request
     data, findings = content or request_content(req)
-    path, _, query = req.path.partition("?")
-    view = RequestView(req.method, path, query, req.headers)
+    view, obscured = line or line_views(req)[0]
+    path, _, query = req.path.partition("?")  # (the record keeps the path as sent)
+    if obscured is not None:
+        findings = [obscured, *findings]
     if data is None:  # too large to read: the request line and headers tell what they can
         body_json, finding = UNREADABLE, None
     else:
@@ -136,6 +146,38 @@ def start_record(
     summary.user_id = summary.user_id or proxy_user(flow) or redirected_user(flow)
     summary_into_record(record, summary)
     return record, summary
+
+
+def line_views(req: http.Request) -> list[Line]:
+    """The request line and headers as detection reads them, in the order it tries them:
+    the path as sent; then, when servers that decode a path route it otherwise
+    (:func:`~addon.dialects.canonical_path`), as they route it, with the finding
+    ``request_path_obscured`` (a client that encodes ``c`` as ``%63`` reaches vLLM's chat
+    completions, and a line one dialect claims may be another's as decoded)."""
+    path, _, query = req.path.partition("?")
+    views: list[Line] = [(RequestView(req.method, path, query, req.headers), None)]
+    canonical = canonical_path(path)
+    if canonical != path:
+        detail = f"the path as sent, {path[:300]!r}, read as servers that decode it route it: {canonical[:300]!r}"
+        views.append((RequestView(req.method, canonical, query, req.headers), Finding("request_path_obscured", detail)))
+    return views
+
+
+def detect_by_line[Found](
+    req: http.Request, detect: Callable[[RequestView], Found | None]
+) -> tuple[Found, Line] | None:
+    """What ``detect`` finds in the first of :func:`line_views` it finds anything in, and
+    that view (with its finding); None when it finds nothing in any."""
+    for line in line_views(req):
+        if (found := detect(line[0])) is not None:
+            return found, line
+    return None
+
+
+def claimed_by_line(request: RequestView) -> bool:
+    """Whether any dialect recognises this request by its line and headers: only then can
+    :func:`~addon.dialects.registry.detect_request` claim it, and read its body."""
+    return any(dialect.matches(request) for dialect in REGISTRY)
 
 
 def _unread_body(data: bytes | None) -> str | None:

@@ -41,7 +41,7 @@ from mitmproxy.addonmanager import Loader
 from addon.auditor import StreamAuditor
 from addon.dialects import UNREADABLE, Dialect, Normalizer, RequestSummary, RequestView, media_type, parse_json_body
 from addon.dialects.blocking import block_message
-from addon.dialects.registry import REGISTRY, detect_request, detect_streamed_request
+from addon.dialects.registry import detect_request, detect_streamed_request
 from addon.events import Finding
 from addon.filters.api import Verdict
 from addon.filters.engine import FilterSet
@@ -54,7 +54,10 @@ from addon.mitm.flow_record import (
     MAX_REQUEST_DECODED,
     SNIFFED_REQUEST_BYTES,
     abort_side,
+    claimed_by_line,
     client_had_everything,
+    detect_by_line,
+    line_views,
     refused_by_mitmproxy,
     request_content,
     response_into_record,
@@ -308,9 +311,7 @@ class ExchangeHooks:
         decoded, is read off the event loop (:meth:`_open_off_loop`); the others here."""
         if flow.response is not None or flow.id in self.flows or _upgrades(flow.request):
             return None  # answered before it could go upstream (proxyauth's 407, ...), opened streamed, a WebSocket
-        req = flow.request
-        path, _, query = req.path.partition("?")
-        if not _claimed_by_line(RequestView(req.method, path, query, req.headers)):
+        if not any(claimed_by_line(view) for view, _ in line_views(flow.request)):
             return None  # (no dialect's: its body is never read, and never waits for the reader)
         filters = self.filters.current()
         running = _loop_running()  # (not when a test drives the hooks by hand: all is read here)
@@ -351,7 +352,6 @@ class ExchangeHooks:
         Raises :class:`_Heavy` when the body decodes past ``max_bytes`` (on the loop:
         :data:`HEAVY_BODY` or :data:`HEAVY_BINARY_BODY`; it is read in the thread then)."""
         req = flow.request
-        path, _, query = req.path.partition("?")
         read: list[tuple[bytes | None, list[Finding]]] = []  # (each on demand: most requests are no dialect's)
         parsed: list[tuple[Any, Finding | None]] = []
 
@@ -368,14 +368,14 @@ class ExchangeHooks:
                 parsed.append(parse_json_body(data) if data is not None else (UNREADABLE, None))
             return parsed[0][0]
 
-        view = RequestView(req.method, path, query, req.headers)
-        dialect = detect_request(view, body)
-        if dialect is None:
+        found = detect_by_line(req, lambda view: detect_request(view, body))
+        if found is None:
             return None
+        dialect, line = found
         reused = parsed[0] if parsed and dialect.json_requests else None
-        record, summary = start_record(flow, dialect, self.store.instance, reused, content())
+        record, summary = start_record(flow, dialect, self.store.instance, reused, content(), line)
         check = check_rules(filters, record, dialect, summary) if filters is not None else None
-        return RequestRead(dialect, view, record, summary, check)
+        return RequestRead(dialect, line[0], record, summary, check)
 
     def _opened(self, flow: http.HTTPFlow, read: RequestRead | None, filters: FilterSet | None) -> None:
         """A request read: its record opened, the budgets and user filters asked, and it
@@ -406,12 +406,12 @@ class ExchangeHooks:
         if flow.response is not None or _upgrades(flow.request):
             return  # (a WebSocket is audited by addon.mitm.websocket)
         req = flow.request
-        path, _, query = req.path.partition("?")
-        view = RequestView(req.method, path, query, req.headers)
-        dialect = detect_streamed_request(view)
-        if dialect is None:
+        found = detect_by_line(req, detect_streamed_request)
+        if found is None:
             return
-        record, summary = start_record(flow, dialect, self.store.instance)
+        dialect, line = found
+        view = line[0]
+        record, summary = start_record(flow, dialect, self.store.instance, line=line)
         turns = Turns(record, flow.id if dialect.has_turns(view) else None, self.store.submit)
         recording = self.flows[flow.id] = Recording(record, dialect.normalizer(summary), turns=turns)
         filters = self.filters.current()
@@ -663,12 +663,6 @@ class ExchangeHooks:
         if self.readers is None:
             self.readers = ThreadPoolExecutor(1, thread_name_prefix="llm-audit-reader")
         return self.readers
-
-
-def _claimed_by_line(request: RequestView) -> bool:
-    """Whether any dialect recognises this request by its line and headers: only then can
-    :func:`~addon.dialects.registry.detect_request` claim it, and read its body."""
-    return any(dialect.matches(request) for dialect in REGISTRY)
 
 
 class _Heavy(Exception):

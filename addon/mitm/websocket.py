@@ -43,7 +43,7 @@ from addon.filters.engine import FilterSet
 from addon.framing import FRAMINGS
 from addon.mitm import early_end
 from addon.mitm.content_filters import ContentFilters, check_message
-from addon.mitm.flow_record import response_into_record, start_record
+from addon.mitm.flow_record import Line, detect_by_line, line_views, response_into_record, start_record
 from addon.mitm.hooks import ExchangeHooks
 from addon.mitm.store import AuditStore
 from addon.record import ExchangeRecord
@@ -87,11 +87,12 @@ class WebSocketHooks:
 
     def websocket_start(self, flow: http.HTTPFlow) -> None:
         try:
-            req = flow.request
-            path, _, query = req.path.partition("?")
-            view = RequestView(req.method, path, query, req.headers)
-            found = detect_websocket(view, None)
-            self.connections[flow.id] = self._start(flow, *found) if found else Sniffing(view)
+            found = detect_by_line(flow.request, lambda view: detect_websocket(view, None))
+            if found is None:
+                self.connections[flow.id] = Sniffing(line_views(flow.request)[0][0])
+            else:
+                (dialect, framing), line = found
+                self.connections[flow.id] = self._start(flow, dialect, framing, line)
         except Exception:  # auditing must never break a connection
             log.exception("llm-audit: failed to inspect a WebSocket; it is not audited")
 
@@ -128,10 +129,10 @@ class WebSocketHooks:
 
     # -- the connection ---------------------------------------------------------------------
 
-    def _start(self, flow: http.HTTPFlow, dialect: Dialect, framing_name: str) -> Live:
+    def _start(self, flow: http.HTTPFlow, dialect: Dialect, framing_name: str, line: Line | None = None) -> Live:
         """Open the connection's record and its first turn's, and its auditor."""
-        connection, summary = self._record(flow, dialect)
-        first, _ = self._record(flow, dialect)
+        connection, summary = self._record(flow, dialect, line)
+        first, _ = self._record(flow, dialect, line)
         turns = Turns(first, flow.id, self.store.submit)
         framing = FRAMINGS[framing_name]
         auditor = ConnectionAuditor(
@@ -148,8 +149,10 @@ class WebSocketHooks:
         self.store.submit(connection)  # the write-ahead connection record (in_progress)
         return Live(auditor)
 
-    def _record(self, flow: http.HTTPFlow, dialect: Dialect) -> tuple[ExchangeRecord, RequestSummary]:
-        record, summary = start_record(flow, dialect, self.store.instance)
+    def _record(
+        self, flow: http.HTTPFlow, dialect: Dialect, line: Line | None
+    ) -> tuple[ExchangeRecord, RequestSummary]:
+        record, summary = start_record(flow, dialect, self.store.instance, line=line)
         if flow.response is not None:
             response_into_record(record, flow.response)
         record.streamed = True

@@ -215,6 +215,25 @@ def test_a_chat_request_hiding_the_word_is_blocked(guarded, upstreams, transport
     assert_request_blocked(guarded, up, refused_by_the_proxy(guarded, up, transport, f"Tell me about {word}."))
 
 
+@pytest.mark.parametrize("path", ["/v1/chat/%63ompletions", "/v1/chat%2Fcompletions", "/v1/chat//completions"])
+def test_a_request_to_a_path_written_to_hide_it_is_read_as_servers_route_it(guarded, upstreams, transport, path):
+    """uvicorn (vLLM, LiteLLM, every FastAPI server) and Go's net/http (Ollama) decode a
+    path before routing it, nginx merges its slashes: each of these reaches a chat
+    completions endpoint somewhere, and went past the audit and the filters unrecorded.
+    Now detection reads the path as those servers route it, when no dialect knows it as
+    sent; the record keeps it as sent, with the finding ``request_path_obscured``."""
+    up = upstreams[transport]
+    mock_id, headers = mock()
+    context = ssl.create_default_context(cafile=str(guarded.ca))
+    with httpx.Client(proxy=guarded.url, verify=context, http2=transport == "h2", timeout=30) as http:
+        body = {"model": "gpt-4o", "messages": [{"role": "user", "content": f"Tell me about {WORD}."}]}
+        answer = http.post(f"{up.url}{path}", json=body, headers=headers | {"authorization": "Bearer sk-test"})
+    assert answer.status_code == 400 and answer.json()["error"]["code"] == "content_filter"
+    row = assert_request_blocked(guarded, up, mock_id)
+    assert (row["dialect"], row["url_path"]) == ("openai-chat", path)
+    assert [f["code"] for f in row["findings"]] == ["request_path_obscured"]
+
+
 def test_a_request_whose_text_is_nested_deeper_than_the_reader_goes_is_blocked(guarded, upstreams, transport):
     """The word nine lists deep in a message's content: the reader stopped at eight, and
     the request filters passed it unread; now the closed policy blocks what it cannot read."""
