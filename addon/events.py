@@ -11,7 +11,7 @@ event on the proxy's event loop, so they must be cheap (see :func:`_quick_init`)
 
 from __future__ import annotations
 
-from dataclasses import MISSING, dataclass, fields
+from dataclasses import MISSING, dataclass, field, fields
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,7 +42,7 @@ class TextDelta:
     text: str
     choice: int = 0
     kind: str = "text"  # "text" | "reasoning" | "refusal"
-    sent: str | None = None
+    sent: str | None = field(default=None, repr=False)  # (it may hold a key: not in a log line)
 
     @property
     def as_sent(self) -> str:
@@ -97,7 +97,7 @@ class ToolCallDelta:
     choice: int = 0
     complete: bool = False
     free_form: bool = False  # the arguments are free text (a Responses custom tool's input), not JSON
-    sent: str | None = None  # the arguments as sent when the record keeps them otherwise (as TextDelta.sent)
+    sent: str | None = field(default=None, repr=False)  # the arguments as sent, when the record keeps others
 
     @property
     def arguments_sent(self) -> str:

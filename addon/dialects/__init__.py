@@ -45,16 +45,18 @@ class RequestView:
 def canonical_path(path: str) -> str:
     """``path`` as servers that decode it route it: percent-decoded once (uvicorn, and so
     vLLM, LiteLLM and every FastAPI server; Go's net/http, and so Ollama), repeated
-    slashes merged and dot segments resolved (nginx); ``path`` itself when it has none of
+    slashes merged and dot segments resolved (nginx), each segment's parameters after a
+    ``;`` dropped (Tomcat, Jetty: Java gateways); ``path`` itself when it has none of
     those. Detection tries it after the path as sent (:func:`addon.mitm.flow_record.line_views`):
     ``/v1/chat/%63ompletions`` reaches vLLM's chat completions, and must not go past the
     audit and the filters. Only after: a server that does not decode a path (Bedrock,
     whose model ids are percent-encoded ARNs with slashes in them) routes it as sent."""
-    if "%" not in path and "//" not in path and "/." not in path:
+    if "%" not in path and "//" not in path and "/." not in path and ";" not in path:
         return path
     decoded = unquote(path, errors="replace") if "%" in path else path
     segments: list[str] = []
     for segment in decoded.split("/"):
+        segment = segment.partition(";")[0]
         if segment == "..":
             if segments:
                 segments.pop()
@@ -743,9 +745,11 @@ def json_strings(
     the event loop half a second); keys in ``skip_keys`` are not read. ``value_of(key,
     string)`` gives what is read of a string under ``key`` (a credential's fingerprint).
     A binary value or key (MessagePack's, never JSON's) is read as text
-    (:func:`as_text`). ``keys``, when given, gets the objects' non-empty string keys (as many as ``limit``,
-    each a value visited): a protobuf map's keys are data in Connect's JSON codec, so a
-    prompt or an answer may be one, though no record wants ``"role"`` and ``"text"``.
+    (:func:`as_text`). ``keys``, when given, gets the keys of the objects walked (each
+    beside its value, so the values' bound bounds them; they neither count nor stop the
+    walk: a map of many numbers is read as before): a protobuf map's keys are data in
+    Connect's JSON codec, so a prompt or an answer may be one, though no record wants
+    ``"role"`` and ``"text"``.
 
     ``cut``, when given, gets what the bounds left out, each reason once (strings, or
     objects or arrays that may hold some, deeper than ``max_depth``; a string past
@@ -794,8 +798,8 @@ def json_strings(
                 if key not in skip_keys:
                     if type(key) is bytes:
                         key = as_text(key)
-                    if reads_keys and key and isinstance(key, str) and not read_key(key):
-                        return
+                    if reads_keys and key and isinstance(key, str):
+                        keys_out.append(key)  # (bounded with the values: each key's value is one)
                     if type(v) is bytes:
                         v = as_text(v)
                     walk(value_of(key, v) if value_of is not None and isinstance(v, str) else v, depth + 1)
@@ -810,16 +814,6 @@ def json_strings(
                 walk(v, depth + 1)
                 if stop[0]:
                     return
-
-    def read_key(key: str) -> bool:
-        """``keys`` gets ``key``; False (the walk stops) past a bound."""
-        if values[0] == 0 or (limit is not None and len(keys_out) >= limit):
-            stop[0] = True
-            left_out(f"values past the first {max_values}" if values[0] == 0 else f"object keys past the first {limit}")
-            return False
-        values[0] -= 1
-        keys_out.append(key)
-        return True
 
     walk(value, 0)
     return out

@@ -63,6 +63,8 @@ def _is_answer(m: dict[str, Any]) -> bool:
 class ChatHubNormalizer(HubNormalizer):
     """One ChatHub connection: the turns of ``chat`` invocations."""
 
+    reads_keys = False  # (its payloads' keys are Copilot's schema)
+
     def __init__(self) -> None:
         super().__init__()
         self.text = ""  # the turn's answer as the record has it

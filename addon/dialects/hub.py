@@ -23,6 +23,10 @@ _ENDED_KEPT = 16  # ended invocations remembered
 #: Client records that carry text to the hub: invocations, and a client stream's items
 #: and completion.
 _CLIENT_TEXT = frozenset(("invocation", "stream_invocation", "stream_item", "completion"))
+#: The hub protocol's own keys (a record's envelope), which are nobody's text.
+_ENVELOPE = frozenset(
+    ("type", "invocationId", "target", "arguments", "streamIds", "headers", "item", "result", "error", "allowReconnect")
+)
 
 
 #: Strings read of one hub message at most: far above a conversation's (Copilot sends a
@@ -65,6 +69,10 @@ class HubNormalizer(Normalizer):
     :meth:`on_invoke`)."""
 
     framing = "signalr_json"
+    #: Whether the filters read the payloads' object keys: a hub nobody mapped may key a
+    #: map by text; a mapped hub's keys are its schema (a rule naming ``message`` would
+    #: block every message of Copilot's).
+    reads_keys = True
 
     def __init__(self) -> None:
         self.writer: HubWriter = HubWriter()  # (MessagePack once the client's handshake names it)
@@ -101,9 +109,9 @@ class HubNormalizer(Normalizer):
             # Every string of the record reaches the request filters, whatever the reading
             # mapped: a prompt's other keys, a client-to-server stream's items, telemetry.
             reading = doc if isinstance(doc, Reading) else Reading(doc)
-            keys: list[str] = []
+            keys: list[str] | None = [] if self.reads_keys else None
             reading.unkept.extend(strings_of(message, self.unread, keys))
-            if keys:  # (a record's keys may be data too: read, never kept)
+            if keys := [k for k in keys or () if k not in _ENVELOPE]:  # (a payload's keys may be data: read, not kept)
                 reading.unkept.append("\n".join(keys))
             doc = reading
         # strings the reading left out: the message is unread (turns.UNREAD_MESSAGE), the failure policy decides
@@ -196,7 +204,7 @@ class HubNormalizer(Normalizer):
         the walk's bound left out (nested deeper than 32 levels) is ``strings_unread``."""
         cut: list[str] = []
         # (the client shows these as they are: the filters must too)
-        keys: list[str] = []
+        keys: list[str] | None = [] if self.reads_keys else None
         found = json_strings(value, limit=MESSAGE_STRINGS, cut=cut, max_values=MESSAGE_VALUES, keys=keys)
         self.unmapped_count += 1
         if where not in self.unmapped_targets and len(self.unmapped_targets) < _FINDING_TARGETS:

@@ -256,8 +256,7 @@ _BLANK_SEARCH = 4
 
 def unread_strings(payload: bytes, events: list[Event], cut: list[str]) -> str | None:
     """What of a JSON message's strings its events did not carry to the filters already
-    (each carried string taken out once, whole), and its object keys (a map's are
-    data), one per line; None if none is left.
+    (each carried string taken out once, whole), one per line; None if none is left.
     ``cut`` gets what the reading's bounds left out (:data:`READ_STRINGS`,
     :data:`MESSAGE_VALUES`)."""
     costly = json_read.too_costly(payload)
@@ -268,14 +267,12 @@ def unread_strings(payload: bytes, events: list[Event], cut: list[str]) -> str |
     if doc is None:
         return None
     carried = Counter(piece for ev in events for text in _carried(ev) for piece in (text, *text.split("\n")))
-    left: list[str] = []
-    keys: list[str] = []
-    for found in json_strings(doc, limit=READ_STRINGS, cut=cut, max_values=MESSAGE_VALUES, keys=keys):
+    left = []
+    for found in json_strings(doc, limit=READ_STRINGS, cut=cut, max_values=MESSAGE_VALUES):
         if carried[found] > 0:
             carried[found] -= 1
         else:
             left.append(found)
-    left += keys
     return "\n".join(left) if left else None
 
 
@@ -364,9 +361,9 @@ def clean_text(value: str | None) -> str | None:
 def clean_json(value: Any, depth: int = 0, max_depth: int = 32, texts: bool = True) -> Any:
     """A JSON body (Connect's JSON codec) with credentials fingerprinted: values of keys
     named like credentials (``apiKey``, ``userJwt``: the client's own, as a header's),
-    and, unless ``texts`` is False, other strings holding a known secret (a reader of the
-    text the filters read fingerprints those only in what the record keeps:
-    :func:`kept_text`). Bounded: what lies deeper than ``max_depth`` levels is None. A
+    and, unless ``texts`` is False, other strings and keys holding a known secret (a map
+    keyed by API key; a reader of the text the filters read fingerprints those only in
+    what the record keeps: :func:`kept_text`). Bounded: what lies deeper than ``max_depth`` levels is None. A
     reader of its strings passes one level more than :func:`~addon.dialects.json_strings`
     reads, so that the bound that cuts them is that one's, which says so
     (:data:`STRINGS_DEPTH`)."""
@@ -374,7 +371,7 @@ def clean_json(value: Any, depth: int = 0, max_depth: int = 32, texts: bool = Tr
         return None
     if isinstance(value, dict):
         return {
-            k: credential(v)
+            (clean(k) if texts and isinstance(k, str) else k): credential(v)
             if isinstance(v, str) and _credential_value(k, v, texts)
             else clean_json(v, depth + 1, max_depth, texts)
             for k, v in value.items()
@@ -796,7 +793,7 @@ def message_strings(
     found = json_strings(doc, limit=READ_STRINGS, cut=cut, max_values=MESSAGE_VALUES, value_of=value_of, keys=keys)
     if cut is not None and any(len(s) > READ_CHARS for s in found):
         cut.append(f"characters of a string past the first {READ_CHARS}")
-    return [s[:READ_CHARS] for s in found], lenient
+    return [s if len(s) <= READ_CHARS else s[:READ_CHARS] for s in found], lenient  # (an OwnKey stays one)
 
 
 def strings_answer(raw: bytes, codec: str) -> list[Event]:
@@ -805,20 +802,13 @@ def strings_answer(raw: bytes, codec: str) -> list[Event]:
     record, read as sent by the output filters: a value under a key named like one too,
     since the client shows it whatever its key)."""
     cut: list[str] = []
-    credentials: dict[str, str] = {}
-
-    def as_sent(key: Any, value: str) -> str:
-        if (kept := own_key_value(key, value)) is not value:
-            credentials[value] = kept
-        return value
-
     keys: list[str] = []
-    found, lenient = message_strings(raw, codec, cut, as_sent, keys)
+    found, lenient = message_strings(raw, codec, cut, OwnKey.marked, keys)
     out: list[Event] = [LENIENT_MESSAGE] if lenient else []
     if cut:
         out.append(unread_finding(cut, "a response message"))
     if found:
-        kept, sent = kept_strings(found, credentials=credentials)
+        kept, sent = kept_strings(found)
         out.append(TextDelta(kept, sent=sent))
     if keys:  # (checked beside the text, not recorded: a map's keys are data, but no answer's text)
         out.append(ShownText("\n".join(keys), kind="payload"))
@@ -840,17 +830,35 @@ def read_strings_message(payload: bytes, codec: str, doc: Reading, findings: lis
     add_message(doc, "user", kept_text(doc, found))
 
 
-def kept_strings(
-    found: list[str], sep: str = "\n", credentials: Mapping[str, str] | None = None
-) -> tuple[str, str | None]:
+class OwnKey(str):
+    """A string of an answer read as sent whose record keeps its fingerprint: a value
+    under a key named like a credential (:func:`own_key_value`), marked where it occurs,
+    not by its text (an ``"author"`` equal to it elsewhere is kept as it is)."""
+
+    kept: str
+
+    @classmethod
+    def marked(cls, key: Any, value: str) -> str:
+        """``value`` as the filters read it, marked with what the record keeps when that
+        differs (for :func:`~addon.dialects.json_strings`' ``value_of``)."""
+        kept = own_key_value(key, value)
+        if kept is value:
+            return value
+        own = cls(value)
+        own.kept = kept
+        return own
+
+
+def kept_strings(found: list[str], sep: str = "\n") -> tuple[str, str | None]:
     """Strings of an answer nobody mapped, joined by ``sep``: as the record keeps them
-    (credentials fingerprinted: those the secrets detector knows, and those in
-    ``credentials``, read under a key named like one, as their fingerprints there), and
-    as sent when that differs (the output filters must read that, in the answer's
-    stream: :attr:`~addon.events.TextDelta.sent`), else None."""
-    if not credentials and not holds_secret("\n".join(found)):  # one search, not one a string (200,000: 0.6 s)
+    (credentials fingerprinted: those the secrets detector knows, and each
+    :class:`OwnKey`), and as sent when that differs (the output filters must read that,
+    in the answer's stream: :attr:`~addon.events.TextDelta.sent`), else None."""
+    own = any(type(s) is OwnKey for s in found)
+    secret = holds_secret("\n".join(found))  # one search, not one a string (200,000: 0.6 s)
+    if not own and not secret:
         return sep.join(found), None  # (a string's key is the joined text's: the patterns' edges take a line feed)
-    kept = [credentials[s] if credentials and s in credentials else clean(s) for s in found]
+    kept = [s.kept if type(s) is OwnKey else clean(s) if secret else s for s in found]
     changed = any(raw is not recorded for raw, recorded in zip(found, kept, strict=True))
     return sep.join(kept), sep.join(found) if changed else None
 

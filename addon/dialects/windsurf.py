@@ -167,10 +167,7 @@ def _read_json_request(payload: bytes, doc: Reading, findings: list[Finding], cu
     metadata = body.get("metadata")
     if isinstance(metadata, dict):
         doc["metadata"] = clean_json(metadata)
-    keys: list[str] = []
-    add_strings(doc, json_strings(others, limit=CONTEXT_STRINGS, cut=cut, keys=keys))  # (what no key above maps)
-    if keys:  # (the filters read the keys too: a map's are data)
-        doc.unkept.append("\n".join(keys))
+    add_strings(doc, json_strings(others, limit=CONTEXT_STRINGS, cut=cut))  # (what no key above maps)
 
 
 class WindsurfNormalizer(RpcNormalizer):

@@ -151,15 +151,19 @@ def start_record(
 def line_views(req: http.Request) -> list[Line]:
     """The request line and headers as detection reads them, in the order it tries them:
     the path as sent; then, when servers that decode a path route it otherwise
-    (:func:`~addon.dialects.canonical_path`), as they route it, with the finding
+    (:func:`~addon.dialects.canonical_path`), as they route it, and that in lower case
+    (ASP.NET Core and IIS route without regard to case), each with the finding
     ``request_path_obscured`` (a client that encodes ``c`` as ``%63`` reaches vLLM's chat
     completions, and a line one dialect claims may be another's as decoded)."""
     path, _, query = req.path.partition("?")
     views: list[Line] = [(RequestView(req.method, path, query, req.headers), None)]
     canonical = canonical_path(path)
-    if canonical != path:
-        detail = f"the path as sent, {path[:300]!r}, read as servers that decode it route it: {canonical[:300]!r}"
-        views.append((RequestView(req.method, canonical, query, req.headers), Finding("request_path_obscured", detail)))
+    for routed in dict.fromkeys((canonical, canonical.lower())):
+        if routed != path:
+            detail = f"the path as sent, {path[:300]!r}, read as servers that decode it route it: {routed[:300]!r}"
+            views.append(
+                (RequestView(req.method, routed, query, req.headers), Finding("request_path_obscured", detail))
+            )
     return views
 
 

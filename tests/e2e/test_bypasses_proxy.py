@@ -215,7 +215,9 @@ def test_a_chat_request_hiding_the_word_is_blocked(guarded, upstreams, transport
     assert_request_blocked(guarded, up, refused_by_the_proxy(guarded, up, transport, f"Tell me about {word}."))
 
 
-@pytest.mark.parametrize("path", ["/v1/chat/%63ompletions", "/v1/chat%2Fcompletions", "/v1/chat//completions"])
+@pytest.mark.parametrize(
+    "path", ["/v1/chat/%63ompletions", "/v1/chat%2Fcompletions", "/v1/chat//completions", "/V1/Chat/Completions"]
+)
 def test_a_request_to_a_path_written_to_hide_it_is_read_as_servers_route_it(guarded, upstreams, transport, path):
     """uvicorn (vLLM, LiteLLM, every FastAPI server) and Go's net/http (Ollama) decode a
     path before routing it, nginx merges its slashes: each of these reaches a chat

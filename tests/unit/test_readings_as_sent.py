@@ -214,9 +214,10 @@ def _json_request(dialect, path: str, body: bytes, headers: dict):  # type: igno
 def test_a_json_messages_object_keys_are_read_as_data_by_the_filters_alone():
     """A protobuf map's keys are data in Connect's JSON codec (``map<string, string>``
     encodes as an object), so text may be a key; in the binary codec the same map's keys
-    are string fields, always read. The filters read every key of a message nobody
-    maps, of a Windsurf JSON request's keys nobody maps and of a hub record; the record
-    keeps none of them (``"role"`` and ``"text"`` are no one's text)."""
+    are string fields, always read. The filters read every key of a message of a service
+    nobody maps and of a hub nobody maps (its payloads'), not those of a dialect that maps
+    its schema (a rule naming ``message`` would block every message); the record keeps
+    none of them (``"role"`` and ``"text"`` are nobody's text)."""
     labels = {"labels": {"the Nightjar plan": "yes"}, "prompt": "hello"}
     doc = _json_request(CONNECT, "/acme.ai.v1.Chat/Generate", json.dumps(labels).encode(), UNARY_JSON)
     assert verdicts(CONNECT, doc) == {"word"} and "Nightjar" not in json.dumps(doc)
@@ -225,12 +226,52 @@ def test_a_json_messages_object_keys_are_read_as_data_by_the_filters_alone():
 
     message = {"chatMessages": [{"source": "CHAT_MESSAGE_SOURCE_USER", "text": "hi"}], "context": labels}
     doc = _json_request(WINDSURF, GET_CHAT, env(json.dumps(message)), CONNECT_JSON)
-    assert verdicts(WINDSURF, doc) == {"word"}
+    assert verdicts(WINDSURF, doc) == set()  # (a mapped dialect's keys are its schema: not read)
 
     conn = Connection(ws_view("/hub"), b'{"protocol":"json","version":1}\x1e')
     prompt = {"type": 4, "invocationId": "1", "target": "Ask", "arguments": ["hello", {"the Nightjar plan": 1}]}
     (doc,) = conn.send(json.dumps(prompt).encode() + b"\x1e")
     assert verdicts(SIGNALR, doc) == {"word"} and "Nightjar" not in json.dumps(doc)
+
+
+def test_a_large_map_of_numbers_is_read_as_before():
+    """The keys are read beside their values, bounded by them: a map of 5,000 numbers
+    (token counts, log probabilities) is neither refused nor cut from the record."""
+    counts = {f"tok{i}": -0.5 for i in range(5000)}
+    message = json.dumps({"counts": counts, "prompt": "hello, summarise this"}).encode()
+    doc = _json_request(CONNECT, "/acme.ai.v1.Chat/Generate", message, UNARY_JSON)
+    assert verdicts(CONNECT, doc) == set() and "hello, summarise this" in json.dumps(doc)
+    body = env(json.dumps({"logprobs": counts, "text": "The answer is 42."}))
+    _, row = answered(CONNECT, "/acme.ai.v1.Chat/Generate", body, headers=CONNECT_JSON)
+    assert row["output_text"] == "The answer is 42." and row["verdicts"] == []
+
+
+def test_the_keys_of_a_protocol_or_a_mapped_schema_are_not_text():
+    """A rule naming a hub envelope's keys, or Copilot's, blocks nothing: only the keys
+    of a payload nobody maps are read."""
+    schema = FilterSet(
+        parse_rules(
+            '[[rule]]\nid = "k"\nkind = "keywords"\nkeywords = ["target", "arguments", "message"]\n'
+            'scope = "request"\naction = "block"'
+        ),
+        failure="closed",
+    )
+
+    def blocked(dialect, doc) -> bool:  # type: ignore[no-untyped-def]
+        record = ExchangeRecord(request_body=doc)
+        check_request(schema, record, dialect, RequestSummary())
+        return any(v["action"] == "block" for v in record.verdicts)
+
+    hello = b'{"protocol":"json","version":1}\x1e'
+    (doc,) = Connection(ws_view("/hub"), hello).send(
+        json.dumps({"type": 1, "invocationId": "1", "target": "Ask", "arguments": ["hi"]}).encode() + b"\x1e"
+    )
+    assert not blocked(SIGNALR, doc)
+    arg = {"message": {"text": "and now?"}, "previousMessages": [{"author": "user", "text": "hi"}]}
+    (doc,) = Connection(ws_view("/sydney/ChatHub"), hello).send(
+        json.dumps({"type": 4, "invocationId": "0", "target": "chat", "arguments": [arg]}).encode() + b"\x1e"
+    )
+    assert not blocked(COPILOT, doc)
 
 
 def test_a_json_answers_object_keys_reach_the_output_filters():
@@ -411,6 +452,13 @@ def test_messagepack_keys_that_are_not_strings_never_raise():
     assert clean_json({1: "a", (2, 3): {"apiKey": "k"}}, texts=False) == {1: "a", (2, 3): {"apiKey": redacted("k")}}
 
 
+def test_a_key_that_is_a_credential_is_kept_as_its_fingerprint():
+    """A map keyed by API key: the record (clean_json) kept the key as sent."""
+    from addon.dialects.rpc import clean_json
+
+    assert clean_json({"keys": {KEY: {"owner": "ci"}}}) == {"keys": {redacted(KEY): {"owner": "ci"}}}
+
+
 # -- every string of a protobuf answer message, checked beside its text -----------------------
 
 
@@ -484,29 +532,46 @@ WORD_ONLY = FilterSet(parse_rules(RULES[RULES.index('[[rule]]\nid = "word"') :])
 
 
 @pytest.mark.parametrize(
-    ("dialect", "path", "headers", "messages"),
+    ("dialect", "path", "headers", "messages", "kept_as_fingerprint"),
     [
-        (CONNECT, "/acme.ai.v1.Chat/Generate", CONNECT_PROTO, [f(1, "the Night"), f(1, f"jar plan {KEY}")]),
+        (CONNECT, "/acme.ai.v1.Chat/Generate", CONNECT_PROTO, [f(1, "the Night"), f(1, f"jar plan {KEY}")], KEY),
         (
             CURSOR,
             "/agent.v1.AgentService/Run",
             CONNECT_PROTO,
             [m(1, m(7, f(1, "tc1"), f(2, '{"cmd":"the Night'))), m(1, m(7, f(1, "tc1"), f(2, f'jar {KEY}"}}')))],
+            KEY,
         ),
-        (CONNECT, "/acme.ai.v1.Chat/Generate", CONNECT_JSON, [b'{"out": "the Night"}', b'{"token": "jar"}']),
-        (CONNECT, "/acme.ai.v1.Chat/Generate", CONNECT_JSON, [b'{"token": "Nightjar"}']),
+        (CONNECT, "/acme.ai.v1.Chat/Generate", CONNECT_JSON, [b'{"out": "the Night"}', b'{"token": "jar"}'], "jar"),
+        (CONNECT, "/acme.ai.v1.Chat/Generate", CONNECT_JSON, [b'{"token": "Nightjar"}'], "Nightjar"),
     ],
     ids=["generic-text-then-a-key", "cursor-tool-call-then-a-key", "json-then-a-credential-key", "json-credential-key"],
 )
-def test_an_answer_piece_the_record_keeps_fingerprinted_is_read_as_sent_in_its_stream(dialect, path, headers, messages):  # type: ignore[no-untyped-def]
+def test_an_answer_piece_the_record_keeps_fingerprinted_is_read_as_sent_in_its_stream(
+    dialect, path, headers, messages, kept_as_fingerprint
+):  # type: ignore[no-untyped-def]
     """Before, such a piece reached the output filters as its fingerprint in the answer's
     text and as sent only on its own beside it (a JSON value under a key named like a
     credential not even that): a word begun in the piece before it, or the value itself,
-    went to the client past a blocking keyword rule (no secrets rule loaded)."""
+    went to the client past a blocking keyword rule (no secrets rule loaded). The record
+    keeps the piece's fingerprint."""
     sent, row = answered(dialect, path, b"".join(env(x) for x in messages), WORD_ONLY, headers)
     assert row["status"] == "blocked" and b"jar" not in sent
     assert [v["rule_id"] for v in row["verdicts"]] == ["word"]
-    assert KEY.encode() not in orjson.dumps(row)  # (the record keeps its fingerprint)
+    stored = orjson.dumps(row).decode()
+    assert kept_as_fingerprint not in stored and "[redacted sha256:" in stored
+
+
+def test_a_value_under_a_credentials_name_is_fingerprinted_where_it_occurs():
+    """Marked where it occurs, not by its text: an equal string under another key is kept."""
+    normalizer = CONNECT.normalizer(
+        CONNECT.summarize(None, RequestView("POST", "/acme.ai.v1.Chat/Generate", "", CONNECT_JSON))
+    )
+    event, keys = normalizer.on_message(b'{"author": "Alice", "text": "Alice wrote"}')
+    assert event.text == f"{redacted('Alice')}\nAlice wrote" and event.sent == "Alice\nAlice wrote"
+    assert keys == ShownText("author\ntext", kind="payload")
+    event, _ = normalizer.on_message(b'{"author": "Alice", "text": "Alice"}')
+    assert event.text == f"{redacted('Alice')}\nAlice" and event.sent == "Alice\nAlice"
 
 
 FLAGS = FilterSet(parse_rules(RULES.replace('action = "block"', 'action = "flag"')), failure="closed")

@@ -32,6 +32,8 @@ CHAT = {"model": "gpt-4o", "messages": [{"role": "user", "content": "hi"}]}
         ("/v1/chat/%2563ompletions", "/v1/chat/%63ompletions"),  # (decoded once, as the servers do)
         ("/a%ffb", "/a\ufffdb"),
         ("/a%ZZb", "/a%ZZb"),
+        ("/v1/chat/completions;jsessionid=1", "/v1/chat/completions"),
+        ("/v1;x=1/chat/completions%3Bv=2", "/v1/chat/completions"),
         ("//", "/"),
     ],
 )
@@ -55,6 +57,7 @@ def test_a_path_no_dialect_knows_as_sent_is_read_as_servers_route_it_and_said() 
     assert detected("/v1/chat/%63ompletions") == ("openai-chat", "/v1/chat/completions", "request_path_obscured")
     # one dialect knows the line as sent (…/completions: the legacy API) but not its body
     assert detected("/v1/chat//completions") == ("openai-chat", "/v1/chat/completions", "request_path_obscured")
+    assert detected("/V1/Chat/Completions") == ("openai-chat", "/v1/chat/completions", "request_path_obscured")
     gemini = "/v1beta/models/gemini-2.5-flash%3AstreamGenerateContent"  # (its clients encode the colon: no finding)
     assert detected(gemini, {"contents": []}) == ("gemini", gemini, None)
 
@@ -68,8 +71,8 @@ def test_a_bedrock_model_arn_is_read_as_sent_where_its_slashes_are_encoded() -> 
 
 def test_the_record_and_nobody_elses_path_keep_the_path_as_sent() -> None:
     assert [view.path for view, _ in line_views(request("/v1/models"))] == ["/v1/models"]
-    views = line_views(request("/static/a%20b.png", "GET"))
-    assert [view.path for view, _ in views] == ["/static/a%20b.png", "/static/a b.png"]
+    views = line_views(request("/Static/a%20b.png", "GET"))
+    assert [view.path for view, _ in views] == ["/Static/a%20b.png", "/Static/a b.png", "/static/a b.png"]
     assert detect_by_line(request("/static/a%20b.png", "GET"), lambda view: detect_request(view, lambda: None)) is None
 
 
