@@ -19,7 +19,9 @@ from a file with one host pattern per line:
 from __future__ import annotations
 
 import ipaddress
+import os
 import re
+import stat
 from pathlib import Path
 
 from addon.dialects.providers import HOSTS, host_regex
@@ -59,14 +61,25 @@ def _authority_host(authority: str) -> str:
     return authority.partition(":")[0]
 
 
+#: The largest hosts file read: thousands of patterns fit in a few KiB.
+MAX_HOSTS_FILE = 1 << 20
+
+
 class HostsError(ValueError):
     """A hosts file that cannot be read or has a line that is not a host pattern."""
 
 
 def read_extra_hosts(path: Path) -> list[str]:
-    """The host patterns of a user's hosts file, in order."""
+    """The host patterns of a user's hosts file, in order. Only a regular file of at most
+    :data:`MAX_HOSTS_FILE` bytes is read (``/dev/zero`` or a pipe would never end)."""
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            raise HostsError(f"the hosts file {str(path)!r} is not a regular file; name a file of host patterns")
+        with open(path, "rb") as f:
+            data = f.read(MAX_HOSTS_FILE + 1)
+        if len(data) > MAX_HOSTS_FILE:
+            raise HostsError(f"the hosts file {str(path)!r} is over {MAX_HOSTS_FILE >> 20} MiB; is it a hosts file?")
+        lines = data.decode("utf-8").splitlines()
     except (OSError, UnicodeDecodeError) as e:
         raise HostsError(f"cannot read the hosts file {str(path)!r}: {getattr(e, 'strerror', None) or e}") from None
     patterns = []

@@ -20,6 +20,7 @@ from typing import NoReturn
 from sqlalchemy import Connection, Engine
 from sqlalchemy.exc import SQLAlchemyError
 
+from cli.terminal import one_line
 from storage.checkpoint import CheckpointError
 from storage.cost import PricesError
 from storage.database import DatabaseError, default_url, first_line, open_engine, open_reader
@@ -170,7 +171,7 @@ def actor() -> str:
 
 def fail(message: str) -> int:
     """Print ``message`` as the command's one-line error; the exit status to return."""
-    print(f"{PROG}: {message}", file=sys.stderr)
+    print(f"{PROG}: {one_line(message)}", file=sys.stderr)  # (a message may quote stored text: made visible)
     return EXIT_ERROR
 
 

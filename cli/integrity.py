@@ -19,6 +19,7 @@ from sqlalchemy import Engine, func, select
 from sqlalchemy.exc import SQLAlchemyError
 
 from cli.common import PROG, Commands, actor, engine, positive_int
+from cli.terminal import one_line
 from storage.chain import Head
 from storage.checkpoint import (
     CheckpointError,
@@ -118,6 +119,12 @@ def add_commands(commands: Commands) -> None:
         action="append",
         help="a key the checkpoints may be signed with; repeat for several (default: "
         f"{public_key_path(default_key_path())})",
+    )
+    p.add_argument(
+        "--quarantine",
+        type=Path,
+        metavar="DIR",
+        help="look for the proxies' quarantine files here, by name (default: where each proxy kept it)",
     )
     p.add_argument("--format", choices=("text", "json"), default="text")
 
@@ -222,13 +229,15 @@ def _cmd_checkpoint(args: argparse.Namespace) -> int:
 
 def _cmd_verify(args: argparse.Namespace) -> int:
     checkpoints, statements = [], None
+    if args.public_key and args.checkpoints is None:
+        raise CheckpointError("--public-key names the key of checkpoints: give them with --checkpoints DIR")
     if args.checkpoints is not None:
         keys = [load_public_key(path) for path in args.public_key or [public_key_path(default_key_path())]]
         checkpoints = read_checkpoints(args.checkpoints, keys)
         statements = read_statements(args.checkpoints, keys)
     with engine(args, existing=True) as db:
         try:
-            report = verify(db, checkpoints, statements)
+            report = verify(db, checkpoints, statements, args.quarantine)
         except SQLAlchemyError as e:
             raise DatabaseError(f"cannot read the chains: {first_line(e)}") from None
     if args.format == "json":
@@ -252,22 +261,23 @@ def _print_json(report: Report, checkpoints: int) -> None:
 
 
 def _print_verdicts(report: Report) -> None:
-    """One verdict line per chain, then what each chain's records say, then the problems."""
-    for chain in report.chains:
-        print(chain.verdict())
+    """One verdict line per chain, then what each chain's records say, then the problems.
+    Every line is made visible (:func:`~cli.terminal.one_line`): record and chain ids and
+    the details come from the database, whose writer could otherwise print a verdict of
+    its own over the real one."""
+    lines = [chain.verdict() for chain in report.chains]
     if report.unchained:
-        print(f"records in no chain: {len(report.unchained)}{'+' if len(report.unchained) >= 20 else ''}")
+        lines.append(f"records in no chain: {len(report.unchained)}{'+' if len(report.unchained) >= 20 else ''}")
     for chain in report.chains:
-        for line in chain.quarantine_lines():
-            print(f"  {line}")
-        for problem in chain.problems:
-            print(f"  {chain.chain_id}: {problem.line()}")
+        lines += [f"  {line}" for line in chain.quarantine_lines()]
+        lines += [f"  {chain.chain_id}: {problem.line()}" for problem in chain.problems]
         if chain.ok and (coverage := chain.coverage_line()):
-            print(f"  {coverage}")
-    for problem in report.unchained:
-        print(f"  {problem.line()}")
+            lines.append(f"  {coverage}")
+    lines += [f"  {problem.line()}" for problem in report.unchained]
     if not report.chains and not report.unchained:
-        print("no chains: no final records yet")
+        lines.append("no chains: no final records yet")
+    for line in lines:
+        print(("  " if line.startswith("  ") else "") + one_line(line))
 
 
 def _cmd_erase(args: argparse.Namespace) -> int:

@@ -26,6 +26,11 @@ class _Page:
             self.lines.append("")
         self.lines.append(self.style.bold(text))
 
+    def label(self, text: str) -> None:
+        """A dimmed label over indented text (a message's role, a choice's finish reason:
+        recorded text, made visible like the rest)."""
+        self.lines.append("  " + self.style.dim(one_line(text)))
+
     def field(self, label: str, value: str | None) -> None:
         if value:
             self.text(one_line(value), indent=2, first=f"{label:<12}")
@@ -52,7 +57,7 @@ def exchange_text(r: dict[str, Any], width: int, style: Style) -> str:
     """``show``: the whole exchange, request to outcome."""
     page = _Page(width, style)
     status = r["status"] + _http_status(r)
-    page.lines.append(style.bold(f"exchange {r['id']}") + "  " + style.status(status, r["status"]))
+    page.lines.append(style.bold(f"exchange {one_line(r['id'])}") + "  " + style.status(one_line(status), r["status"]))
     if r.get("erased_at") is not None:  # the reader must not take what follows for what was said
         page.lines.append(
             style.bold(
@@ -109,10 +114,10 @@ def _request(page: _Page, body: Any) -> None:
     if not messages and not tools:  # a shape no dialect has: as it is
         page.text(transcript.body_text(body), indent=2)
     for message in messages:
-        page.lines.append("  " + page.style.dim(message.role))
+        page.label(message.role)
         page.text(message.text, indent=4)
     if tools:
-        page.lines.append("  " + page.style.dim("tools"))
+        page.label("tools")
         for tool in tools:
             description = " ".join(tool.description.split())  # one line, as the list shows it
             page.text(f"{tool.name} - {description}" if description else tool.name, indent=4)
@@ -141,10 +146,10 @@ def _choice(page: _Page, choice: transcript.Choice, *, numbered: bool) -> None:
     label = f"choice {choice.index}" if numbered else ""
     stop = f"finish reason {choice.finish_reason}" if choice.finish_reason else ""
     if label or stop:
-        page.lines.append("  " + page.style.dim(" · ".join(x for x in (label, stop) if x)))
+        page.label(" · ".join(x for x in (label, stop) if x))
     for text, name in ((choice.reasoning, "reasoning"), (choice.refusal, "refusal")):
         if text:
-            page.lines.append("  " + page.style.dim(name))
+            page.label(name)
             page.text(text, indent=4)
     if choice.text:
         page.text(choice.text, indent=2)

@@ -11,6 +11,7 @@ from pathlib import Path
 import orjson
 
 from cli.common import PROG, Commands
+from cli.terminal import one_line
 from storage.spool import default_state_dir
 from storage.status import StatusError, pid_alive, read_status, status_path, verdict
 
@@ -68,5 +69,5 @@ def _cmd_status(args: argparse.Namespace) -> int:
             orjson.dumps({"exit": code, "verdict": line, "status": doc}, option=orjson.OPT_INDENT_2).decode() + "\n"
         )
     else:
-        print(line)
+        print(one_line(line))  # (the instance's name and the last error come from the file)
     return code

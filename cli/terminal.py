@@ -19,7 +19,8 @@ from datetime import datetime
 from typing import IO
 
 ELLIPSIS = "…"
-_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")  # not tab, newline
+# control characters (not tab, newline), bidirectional marks and overrides, line and paragraph separators
+_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
 STATUS_COLORS = {
     "completed": "32", "failed": "31", "blocked": "1;31", "client_aborted": "33", "upstream_aborted": "33",
     "interrupted": "33", "in_progress": "36",
@@ -54,8 +55,8 @@ def terminal_width() -> int:
 
 
 def visible(text: str) -> str:
-    """``text`` with control characters (but tab and newline) and bidirectional overrides
-    shown as ``\\xNN`` and ``\\uNNNN``."""
+    """``text`` with control characters (but tab and newline), bidirectional marks and
+    overrides and Unicode's line and paragraph separators shown as ``\\xNN`` and ``\\uNNNN``."""
     return _CONTROL.sub(lambda m: ascii(m.group())[1:-1], text)
 
 

@@ -121,3 +121,16 @@ class Quarantine:
                     yield Entry(**doc)
                 except (orjson.JSONDecodeError, TypeError, KeyError, ValueError):
                     continue
+
+
+def kept_line(path: Path, digest: str) -> bytes | None:
+    """The line a quarantine file keeps under the header of SHA-256 ``digest`` (None: it
+    holds no such header); raises OSError when the file cannot be read. Read a line at a
+    time: a quarantine may be large."""
+    with open(path, "rb") as f:
+        found = False
+        for line in f:
+            if found:
+                return line.removesuffix(b"\n")
+            found = line.startswith(b'{"quarantined_at":') and f'"sha256":"{digest}"'.encode() in line
+    return None

@@ -101,7 +101,7 @@ class Spool:
         batch: list[dict[str, Any]] = []
         for line in self._lines():
             try:
-                row = _row(line)
+                row = row_of_line(line)
             except (ValueError, TypeError, AttributeError) as e:  # orjson.JSONDecodeError is a ValueError
                 unreadable(line.rstrip(b"\r\n"), f"unreadable spool line ({str(e).splitlines()[0][:200]})")
                 continue
@@ -131,7 +131,7 @@ class Spool:
                     yield line
 
 
-def _row(line: bytes) -> dict[str, Any]:
+def row_of_line(line: bytes) -> dict[str, Any]:
     """One spooled row, its times turned back into datetimes; raises ValueError or TypeError."""
     row = orjson.loads(line)
     if not isinstance(row, dict) or not isinstance(row.get("id"), str):

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
+import stat
 import time
 from datetime import UTC, datetime
 from pathlib import Path
@@ -99,16 +100,30 @@ class WriterStatus:
             self._beat = (now, doc["written"])
 
 
+#: A status file is a few hundred bytes; more is not one (and a device or a pipe is read no further).
+MAX_STATUS_BYTES = 1 << 20
+
+
 def read_status(path: Path) -> dict[str, Any]:
-    """The status document at ``path``; raises OSError or ValueError (not a status file)."""
-    doc = orjson.loads(path.read_bytes())
+    """The status document at ``path``; raises OSError or ValueError (not a status file:
+    not a regular file, over :data:`MAX_STATUS_BYTES`, not the document)."""
+    if not stat.S_ISREG(os.stat(path).st_mode):  # (before opening: a pipe's open would wait for a writer)
+        raise ValueError("not a regular file")
+    with open(path, "rb") as f:
+        data = f.read(MAX_STATUS_BYTES + 1)
+    if len(data) > MAX_STATUS_BYTES:
+        raise ValueError(f"over {MAX_STATUS_BYTES} bytes")
+    doc = orjson.loads(data)
     if not isinstance(doc, dict) or "pid" not in doc or "writer_alive" not in doc:
         raise ValueError("not an llm-audit status file")
     return doc
 
 
 def pid_alive(pid: int) -> bool:
-    """Whether a process with this id exists (ours or another user's)."""
+    """Whether a process with this id exists (ours or another user's). Not 0 or less:
+    ``kill`` takes those for process groups, which always exist."""
+    if pid <= 0:
+        return False
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

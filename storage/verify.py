@@ -41,9 +41,11 @@ them ("record N of chain X is quarantined in FILE: reason") instead.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 from sqlalchemy import JSON, Connection, DateTime, Engine, String, func, select, type_coerce
@@ -59,8 +61,10 @@ from storage.chain import (
     utc_text,
 )
 from storage.checkpoint import Checkpoint
+from storage.quarantine import kept_line
 from storage.retention import MIN_RETENTION
 from storage.schema import IN_PROGRESS, chains, exchanges, quarantine
+from storage.spool import row_of_line
 from storage.statements import SignedStart, Statements
 
 UNREADABLE_KEY = "_unreadable"  # on a row read by verify: the columns whose stored text cannot be decoded
@@ -94,6 +98,8 @@ class ChainReport:
     signed: bool = False  # checkpoints were given: records they do not cover are reported
     covered: int = 0  # the last record a matching checkpoint signed
     quarantined: list[dict[str, Any]] = field(default_factory=list)  # quarantine rows that fill gaps
+    # why each quarantined record that could not be checked against its file was not (by number)
+    unchecked: dict[int, str] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -124,6 +130,7 @@ class ChainReport:
         span = f"records {self.start}..{self.last.seq}" if self.records else "no records"
         extra = f", {self.erased} erased" if self.erased else ""
         extra += f", {len(self.quarantined)} quarantined" if self.quarantined else ""
+        extra += f" ({len(self.unchecked)} NOT CHECKED against its file)" if self.unchecked else ""
         signed = f", {self.checkpoints} checkpoints matched" if self.checkpoints and self.ok else ""
         if self.ok and self.signed and not self.checkpoints and self.records:
             return f"chain {self.chain_id}: NOT SIGNED, {span}{extra}: no checkpoint names it"
@@ -144,15 +151,26 @@ class ChainReport:
             "uncovered": dict(zip(("first", "last"), self.uncovered)) if self.uncovered else None,
             "problems": [_problem_dict(p) for p in self.problems],
             "quarantined": [
-                {"seq": q["chain_seq"], "id": q["record_id"], "file": q["file"], "reason": q["reason"]}
+                {
+                    "seq": q["chain_seq"],
+                    "id": q["record_id"],
+                    "file": q["file"],
+                    "reason": q["reason"],
+                    "unchecked": self.unchecked.get(q["chain_seq"]),
+                }
                 for q in self.quarantined
             ],
         }
 
     def quarantine_lines(self) -> list[str]:
-        """One line per quarantined record of the chain."""
+        """One line per quarantined record of the chain, and whether its file vouched for it."""
         return [
             f"record {q['chain_seq']} of chain {self.chain_id} is quarantined in {q['file']}: {q['reason']}"
+            + (
+                f" (NOT CHECKED: {self.unchecked[q['chain_seq']]})"
+                if q["chain_seq"] in self.unchecked
+                else " (checked against the file)"
+            )
             for q in self.quarantined
         ]
 
@@ -172,17 +190,24 @@ class Report:
 
     @property
     def covered(self) -> bool:
-        """Every record is covered by a checkpoint (true when none were given)."""
-        return all(c.uncovered is None for c in self.chains)
+        """Every record is covered by a checkpoint (true when none were given), and every
+        quarantined record was checked against its quarantine file."""
+        return all(c.uncovered is None and not c.unchecked for c in self.chains)
 
 
-def verify(engine: Engine, checkpoints: Sequence[Checkpoint] = (), statements: Statements | None = None) -> Report:
+def verify(
+    engine: Engine,
+    checkpoints: Sequence[Checkpoint] = (),
+    statements: Statements | None = None,
+    quarantine_dir: Path | None = None,
+) -> Report:
     """Check every chain in the database (and every chain a checkpoint names). With
     checkpoints, records none covers are reported (:attr:`ChainReport.uncovered`): an
     insider can add a consistent chain, or records after the last checkpoint, and only
     the signature tells them from the proxy's. With ``statements`` (the signed erasures
     and purges beside the checkpoints), an erased record and a moved chain start must
-    each have one."""
+    each have one. A quarantined record is checked against its quarantine file (found
+    where the writer kept it, or by its name in ``quarantine_dir``): :func:`_check_quarantined`."""
     with engine.connect() as conn:
         known = {r.chain_id: r for r in conn.execute(select(chains))}
         # a row a proxy made for its lease before it wrote anything is no chain yet
@@ -217,6 +242,7 @@ def verify(engine: Engine, checkpoints: Sequence[Checkpoint] = (), statements: S
                     )
                 else:
                     report.quarantined += gap
+            _check_quarantined(report, quarantine_dir)
             reports.append(report)
         return Report(reports, _unchained(conn))
 
@@ -255,6 +281,52 @@ def _fill(kept: dict[int, dict[str, Any]], first: int, last: int, prev: str, aft
         if link is None:
             return None
     return records if after is None or link == after else None
+
+
+def _check_quarantined(report: ChainReport, directory: Path | None) -> None:
+    """Each record the ``quarantine`` table says fills a gap, against the line its file
+    keeps. The table is as writable as the records: a row copied from a record's
+    neighbours' hashes would hide the record's deletion. A file that holds the entry but
+    a different line, or a line of another record, is ``modified``; one that cannot be
+    read here, does not hold the entry, or holds a line that cannot be read back whole
+    (torn by a crash, or a row reduced past its hash) leaves the record unchecked (the
+    report is not covered: exit 3), never passed."""
+    for q in report.quarantined:
+        seq = q["chain_seq"]
+        path = Path(q["file"]) if directory is None else directory / Path(q["file"]).name
+        try:
+            line = kept_line(path, q["sha256"])
+        except OSError as e:
+            report.unchecked[seq] = (
+                f"{path} cannot be read here ({e.strerror or e}); run verify where it is, or name its folder with --quarantine DIR"
+            )
+            continue
+        if line is None:
+            report.unchecked[seq] = f"{path} holds no such entry"
+        elif hashlib.sha256(line).hexdigest() != q["sha256"]:
+            report.add("modified", seq, q["record_id"], f"its line in the quarantine file {path} was changed")
+        elif (why := _quarantined_row_problem(line, q)) is not None:
+            if why.startswith("modified: "):
+                report.add("modified", seq, q["record_id"], why.removeprefix("modified: "))
+            else:
+                report.unchecked[seq] = why
+
+
+def _quarantined_row_problem(line: bytes, q: dict[str, Any]) -> str | None:
+    """Why a quarantined line does not vouch for its record (``modified: ...`` when it
+    contradicts the quarantine row), or None."""
+    try:
+        row = row_of_line(line)
+    except (ValueError, TypeError):
+        return "its line cannot be read back as a record (torn or reduced): its content cannot be checked"
+    placed = {k: row.get(k) for k in ("chain_id", "chain_seq", "prev_hash", "record_hash")}
+    if placed != {k: q[k] for k in placed}:
+        return "modified: the quarantine table places a record its file's line is not"
+    try:
+        problem = check_record(row)
+    except (KeyError, TypeError, ValueError) as e:
+        problem = f"{type(e).__name__}"
+    return None if problem is None else f"its line does not hash to its record ({problem}): it cannot be checked"
 
 
 def _rows(conn: Connection, chain_id: str, start: int) -> Iterator[dict[str, Any]]:

@@ -13,6 +13,7 @@ import stat
 import subprocess
 import sys
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 
 import orjson
@@ -192,11 +193,49 @@ def test_a_row_refused_even_minimal_is_quarantined_and_verify_names_it(url, tmp_
         entries = conn.execute(select(quarantine)).mappings().all()
     assert [(e["chain_id"], e["chain_seq"], e["record_id"]) for e in entries] == [(INSTANCE, 2, poison["id"])]
     report = verify(engine)
-    assert report.ok and report.chains[0].quarantine_lines() == [
-        f"record 2 of chain {INSTANCE} is quarantined in {tmp_path / 'quarantine-poison.jsonl'}: {entries[0]['reason']}"
-    ]
+    assert (
+        report.ok
+        and report.covered
+        and report.chains[0].quarantine_lines()
+        == [
+            f"record 2 of chain {INSTANCE} is quarantined in {tmp_path / 'quarantine-poison.jsonl'}: "
+            f"{entries[0]['reason']} (checked against the file)"
+        ]
+    )
     raw = (tmp_path / "quarantine-poison.jsonl").read_bytes().splitlines()
     assert orjson.loads(raw[1])["id"] == poison["id"], "the whole row is kept in the quarantine file"
+    _a_forged_quarantine_is_never_passed(engine, tmp_path / "quarantine-poison.jsonl", rows[2]["id"])
+
+
+def _a_forged_quarantine_is_never_passed(engine, kept: Path, victim: str) -> None:
+    """The quarantine table is as writable as the records: a row copied from a record
+    (its place and hashes) hid the record's deletion, and verify passed it (exit 0). Its
+    file now vouches for it, or the report is not covered (exit 3), or tampered (exit 1)."""
+    with engine.begin() as conn:
+        row = conn.execute(select(exchanges).where(exchanges.c.id == victim)).mappings().one()
+        forged = {k: row[k] for k in ("chain_id", "chain_seq", "prev_hash", "record_hash")}
+        conn.execute(exchanges.delete().where(exchanges.c.id == victim))
+        conn.execute(
+            quarantine.insert().values(
+                quarantined_at=datetime.now(UTC), reason="refused", file="/nowhere/q.jsonl", size=1,
+                sha256="0" * 64, record_id=victim, **forged,
+            )
+        )  # fmt: skip
+    report = verify(engine)
+    assert report.ok and not report.covered
+    assert report.chains[0].unchecked == {3: "/nowhere/q.jsonl cannot be read here (No such file or directory); "
+                                          "run verify where it is, or name its folder with --quarantine DIR"}  # fmt: skip
+    copy = kept.with_name("copy.jsonl")  # the entry of another record, in a copy of the real file
+    copy.write_bytes(kept.read_bytes())
+    with engine.begin() as conn:
+        first = conn.execute(select(quarantine).order_by(quarantine.c.id)).mappings().first()
+        conn.execute(
+            quarantine.update().where(quarantine.c.chain_seq == 3).values(file=str(copy), sha256=first["sha256"])
+        )
+    report = verify(engine)
+    assert [p.kind for p in report.chains[0].problems] == ["modified"]
+    assert "the quarantine table places a record its file's line is not" in report.chains[0].problems[0].detail
+    assert [p.kind for p in verify(engine, quarantine_dir=Path("/elsewhere")).chains[0].problems] == []
 
 
 def unprepared(monkeypatch, poison: dict) -> None:
@@ -238,7 +277,13 @@ def test_unreadable_spool_lines_are_quarantined_and_replay_goes_on(url, tmp_path
     report = verify(engine)
     assert report.ok and [q["chain_seq"] for q in report.chains[0].quarantined] == [2]
     check = subprocess.run([str(BIN / "llm-audit"), "--db", url, "verify"], capture_output=True, text=True, timeout=60)
-    assert check.returncode == 0 and f"record 2 of chain {INSTANCE} is quarantined in" in check.stdout, check
+    assert check.returncode == 3 and f"record 2 of chain {INSTANCE} is quarantined in" in check.stdout, check
+    assert "NOT CHECKED: its line cannot be read back as a record (torn or reduced)" in check.stdout  # (torn: exit 3)
+    with open(tmp_path / "quarantine-poison.jsonl", "r+b") as f:  # the torn line edited in the file
+        data = f.read().replace(torn, torn[:-1] + b"X")
+        f.seek(0)
+        f.write(data)
+    assert [p.kind for p in verify(engine).chains[0].problems] == ["modified"]
     # a second start finds the quarantine file's entries already in the table
     start(url, tmp_path).close()
     with engine.connect() as conn:

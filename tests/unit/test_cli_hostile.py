@@ -1,0 +1,82 @@
+"""The CLI against what a hostile client, upstream or database writer put in its way
+(an adversarial review of the CLI, 2026-12-07): stored text that would drive the
+auditor's terminal, files that never end, a key given where no checkpoints are."""
+
+from __future__ import annotations
+
+import os
+import stat
+
+import orjson
+import pytest
+from sqlalchemy import insert
+from test_cli_query import at, exchange, llm_audit, run
+
+from cli.terminal import visible
+from storage.database import open_engine
+from storage.schema import exchanges
+
+TITLE = "\x1b]0;PWNED\x07\x1b[2J\x1b[31m"  # sets the window title, clears the screen, turns text red
+
+
+@pytest.fixture
+def hostile_db(tmp_path) -> str:
+    """One exchange whose client-set role and upstream-set finish reason carry escapes,
+    and one final record in no chain whose id a database writer filled with a verdict."""
+    url = f"sqlite:///{tmp_path / 'audit.db'}"
+    body = {"model": "gpt-4o", "messages": [{"role": f"user{TITLE}", "content": "hello"}]}
+    output = {"choices": [{"index": 0, "text": "hi", "finish_reason": f"stop{TITLE}"}], "tool_calls": []}
+    fake = "9f54\r\x1b[2K\x1b[1A\r\x1b[2Kchain review: OK, records 1..11\x1b[8m"
+    engine = open_engine(url)
+    with engine.begin() as conn:
+        conn.execute(
+            insert(exchanges), [exchange("65c2" + "0" * 28, at(1), ttfc_ms=5, request_body=body, output=output)]
+        )
+        conn.execute(insert(exchanges), [exchange(fake, at(2), ttfc_ms=5)])
+    engine.dispose()
+    return url
+
+
+def test_show_makes_a_role_and_a_finish_reason_visible(hostile_db):
+    status, out, err = run("--db", hostile_db, "show", "65c2")
+    assert status == 0, err
+    assert "\x1b" not in out and "\x07" not in out
+    assert f"user{visible(TITLE)}" in out and f"finish reason stop{visible(TITLE)}" in out
+
+
+def test_verify_prints_stored_ids_visible(hostile_db):
+    status, out, _ = run("--db", hostile_db, "verify")
+    assert status == 1 and "\x1b" not in out and "\r" not in out
+    assert "records in no chain: 2" in out and "\\x1b[2K" in out
+
+
+def test_a_one_line_error_quoting_stored_or_given_text_is_visible(tmp_path):
+    status, _, err = run("--db", f"sqlite:///{tmp_path}/no\x1b[2Jdir/sub/a.db", "list")
+    assert status == 2 and "\x1b" not in err and "\\x1b[2J" in err
+
+
+def test_invisible_separators_and_marks_are_made_visible():
+    assert visible("a\u2028b\u2029c\u200ed\u200fe\u061cf") == "a\\u2028b\\u2029c\\u200ed\\u200fe\\u061cf"
+
+
+def test_a_public_key_without_checkpoints_is_a_mistake_named(hostile_db, tmp_path):
+    status, _, err = run("--db", hostile_db, "verify", "--public-key", str(tmp_path / "k.pub"))
+    assert status == 2 and "--checkpoints DIR" in err and err.count("\n") == 1
+
+
+def test_status_refuses_a_pipe_and_a_pid_of_zero(tmp_path):
+    pipe = tmp_path / "pipe"
+    os.mkfifo(pipe)
+    done = llm_audit("status", str(pipe))
+    assert done.returncode == 2 and "not a regular file" in done.stderr
+    doc = {"pid": 0, "instance": "proxy\x1b[31m", "writer_alive": True, "stopped": False, "written": 1, "spooled": 0}
+    doc |= {"quarantined": 0, "held": 0, "updated": "2026-12-07T10:00:00Z", "last_error": None}
+    (tmp_path / "status.json").write_bytes(orjson.dumps(doc))
+    status, out, _ = run("status", str(tmp_path / "status.json"))
+    assert status != 0 and "records flow" not in out and "\x1b" not in out
+
+
+def test_hosts_reads_no_device(tmp_path):
+    assert stat.S_ISCHR(os.stat("/dev/zero").st_mode)
+    done = llm_audit("hosts", "--extra", "/dev/zero")
+    assert done.returncode == 2 and "not a regular file" in done.stderr
