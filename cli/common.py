@@ -23,7 +23,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from cli.terminal import one_line
 from storage.checkpoint import CheckpointError
 from storage.cost import PricesError
-from storage.database import DatabaseError, default_url, first_line, open_engine, open_reader
+from storage.database import DatabaseError, default_url, first_line, open_engine, open_reader, shown_url
 from storage.query import QueryError, prepare
 from storage.retention import RetentionError
 from storage.roles import RoleError
@@ -156,9 +156,7 @@ def reading(args: argparse.Namespace) -> Iterator[Connection]:
                 prepare(conn)
                 yield conn
         except SQLAlchemyError as e:
-            raise DatabaseError(
-                f"cannot read the audit database {opened.url.render_as_string()!r}: {first_line(e)}"
-            ) from None
+            raise DatabaseError(f"cannot read the audit database {shown_url(opened.url)!r}: {first_line(e)}") from None
 
 
 def actor() -> str:

@@ -10,7 +10,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from cli.common import PROG, Commands, engine
 from storage import migrations
-from storage.database import DatabaseError, first_line, upgrade_schema
+from storage.database import DatabaseError, first_line, shown_url, upgrade_schema
 from storage.roles import DEFAULT_PROXY_ROLE, DEFAULT_PURGE_ROLE, roles_sql
 
 DB_EXAMPLES = f"""\
@@ -59,7 +59,7 @@ def add_commands(commands: Commands) -> None:
 def _cmd_upgrade(args: argparse.Namespace) -> int:
     with engine(args, migrate=False) as db:
         before, after = upgrade_schema(db)
-    name = db.url.render_as_string()
+    name = shown_url(db.url)
     if before == after:
         print(f"{name}: schema already at revision {after} (the newest this llm-audit knows)")
     else:

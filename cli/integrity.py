@@ -25,13 +25,13 @@ from storage.checkpoint import (
     CheckpointError,
     default_checkpoint_dir,
     default_key_path,
-    load_or_create_key,
+    load_key,
     load_public_key,
     public_key_path,
     read_checkpoints,
     write_checkpoint,
 )
-from storage.database import DatabaseError, first_line
+from storage.database import DatabaseError, first_line, shown_url
 from storage.erase import erase_user
 from storage.retention import MIN_RETENTION, RetentionError, check_cutoff, parse_cutoff, purge
 from storage.schema import exchanges
@@ -177,17 +177,21 @@ def _signer(args: argparse.Namespace) -> Signer:
 
 
 def _refuse_tampered(db: Engine, args: argparse.Namespace, key: Ed25519PrivateKey) -> None:
-    """A checkpoint signs what the database holds: never over tampering that the
-    checkpoints and statements already in ``--dir`` reveal (a new folder has none)."""
-    if not list(args.dir.glob("checkpoint-*.json")):
-        return
+    """A checkpoint signs what the database holds: never over tampering that ``verify``
+    finds, against the checkpoints and statements already in ``--dir`` when it holds
+    some, and by the chains alone when it holds none (a new folder signed over a record
+    a plain ``verify`` already named)."""
     public = key.public_key()
-    report = verify(db, read_checkpoints(args.dir, public), read_statements(args.dir, public))
+    signed = bool(list(args.dir.glob("checkpoint-*.json"))) if args.dir.is_dir() else False
+    report = verify(db, read_checkpoints(args.dir, public), read_statements(args.dir, public)) if signed else verify(db)
     bad = next((chain for chain in report.chains if not chain.ok), None)
-    if bad is not None:
+    if bad is not None or report.unchained:
+        where = f"against the checkpoints in {args.dir} " if signed else ""
+        problem = bad.problems[0].line() if bad is not None else report.unchained[0].line()
+        chain = f"chain {bad.chain_id}" if bad is not None else "a record in no chain"
         raise CheckpointError(
-            f"refusing to sign: chain {bad.chain_id} does not verify against the checkpoints in "
-            f"{args.dir} ({bad.problems[0].line()}); see {PROG} verify --checkpoints {args.dir}"
+            f"refusing to sign: {chain} does not verify {where}({problem}); see {PROG} verify"
+            + (f" --checkpoints {args.dir}" if signed else "")
         )
 
 
@@ -210,7 +214,8 @@ def _chain_heads(db: Engine) -> dict[str, Head]:
 
 
 def _cmd_checkpoint(args: argparse.Namespace) -> int:
-    key = load_or_create_key(args.key)
+    made = not args.key.exists()
+    key = load_key(args.key, args.dir, new_folder_new_key=True)
     with engine(args, existing=True) as db:
         try:
             _refuse_tampered(db, args, key)
@@ -223,6 +228,8 @@ def _cmd_checkpoint(args: argparse.Namespace) -> int:
         raise CheckpointError(
             f"cannot write a checkpoint in {args.dir} ({e.strerror}); name a writable folder with --dir DIR"
         ) from None
+    if made:
+        print(f"made a new signing key {args.key} (and {public_key_path(args.key)}), for a new folder")
     print(f"{path}: {len(heads)} chains signed ({', '.join(f'{k} at {h.seq}' for k, h in sorted(heads.items()))})")
     return 0
 
@@ -302,7 +309,7 @@ def _cmd_purge(args: argparse.Namespace) -> int:
             batch_size=args.batch_size,
             signer=signer,
         )
-    what = f"exchanges that ended before {result.cutoff.isoformat()} from {db.url.render_as_string()}"
+    what = f"exchanges that ended before {result.cutoff.isoformat()} from {shown_url(db.url)}"
     if result.dry_run:
         print(f"would delete {result.count} {what} (dry run: nothing deleted, nothing recorded)")
     else:

@@ -16,10 +16,10 @@ from collections.abc import Sequence
 
 from cli import cost, db, hosts, integrity, query, serve, status
 from cli.common import PROG, Commands, OneLineParser, db_option, run
-from storage.database import default_url
+from storage.database import default_url, shown_url
 
 MAIN_EXAMPLES = f"""\
-The database: --db URL, else $LLM_AUDIT_DB, else {default_url()}
+The database: --db URL, else $LLM_AUDIT_DB, else {shown_url(default_url())}
 
 examples:
   {PROG} list --since 7d --user alice

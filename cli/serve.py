@@ -10,10 +10,8 @@ import argparse
 import logging
 import sys
 
-from sqlalchemy.engine import make_url
-
 from cli.common import PROG, Commands, url
-from storage.database import DatabaseError
+from storage.database import DatabaseError, shown_url
 
 DEFAULT_LISTEN = "127.0.0.1:8765"
 
@@ -83,7 +81,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     hosts = [host, *args.allow_host]  # its own address, say 127.0.0.2, is a name it is asked for
     app = build_app(engine, Sessions(password), loopback=is_loopback(host), hosts=hosts)
     shown = f"[{host}]" if ":" in host else host
-    where = make_url(url(args)).render_as_string(hide_password=True)
+    where = shown_url(url(args))
     print(f"{PROG} serve: reading {where} at http://{shown}:{port}/", file=sys.stderr)
     try:
         uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False, server_header=False)

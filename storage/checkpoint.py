@@ -87,6 +87,44 @@ def load_or_create_key(path: Path) -> Ed25519PrivateKey:
     return key
 
 
+def load_key(path: Path, directory: Path, new_folder_new_key: bool = False) -> Ed25519PrivateKey:
+    """The signing key at ``path`` for a command that signs into ``directory`` (``checkpoint``,
+    ``erase``, ``purge``): refused when others can read it or when ``directory`` already
+    holds statements another key signed, and made only when ``new_folder_new_key`` and
+    ``directory`` holds nothing signed (``checkpoint`` starting a folder). Made anew
+    elsewhere, a key mistyped or left out signed a statement that ``verify`` then
+    distrusted (exit 2 from then on), after a purge that cannot be undone; the proxy
+    makes its key itself (:func:`load_or_create_key`)."""
+    if not path.exists():
+        if new_folder_new_key and not _signed_files(directory):
+            return load_or_create_key(path)
+        raise CheckpointError(
+            f"there is no signing key at {path}; pass the key the proxy signs with (llm_audit_checkpoint_key) "
+            "with --key FILE"
+        )
+    mode = path.stat().st_mode & 0o777
+    if mode & 0o077:
+        raise CheckpointError(f"the signing key {path} can be read by others (mode {mode:o}): chmod 600 {path}")
+    key = load_or_create_key(path)
+    ours = key_id(key.public_key())
+    for signed in _signed_files(directory):
+        try:
+            theirs = orjson.loads(signed.read_bytes()).get("key_id")
+        except (OSError, orjson.JSONDecodeError, AttributeError):
+            continue  # (verify names a file that is no statement)
+        if theirs is not None and theirs != ours:
+            raise CheckpointError(
+                f"{signed} is signed by key {theirs}, not by {path} ({ours}): pass the key that signs "
+                f"the statements in {directory} with --key FILE, or name another folder with --dir DIR"
+            )
+    return key
+
+
+def _signed_files(directory: Path) -> list[Path]:
+    """The checkpoints and statements in ``directory`` (none when it does not exist)."""
+    return sorted(directory.glob("*.json")) if directory.is_dir() else []
+
+
 def load_public_key(path: Path) -> Ed25519PublicKey:
     try:
         key = serialization.load_pem_public_key(path.read_bytes())

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import sqlite3
 import time
 from collections.abc import Callable
@@ -17,7 +18,7 @@ from pathlib import Path
 import orjson
 from sqlalchemy import Engine, Table, create_engine, event, text
 from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.engine import make_url
+from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 
 from storage import migrations
@@ -50,6 +51,26 @@ def _json_dumps(value: object) -> str:
     return orjson.dumps(value).decode()
 
 
+#: Query parameters of a database URL that hold a secret (libpq takes ``password=`` and
+#: ``sslpassword=`` there as well as in the user part).
+_SECRET_PARAM = re.compile(r"pass|pwd|secret|token|key", re.IGNORECASE)
+#: The same, in a URL that does not parse: the user part's password and such parameters.
+_SECRET_TEXT = re.compile(r"(://[^:/@]*:)[^@/]*(@)|((?:pass|pwd|secret|token|key)[^=&]*=)[^&]*", re.IGNORECASE)
+
+
+def shown_url(url: URL | str) -> str:
+    """A database URL as it may be printed, logged or written to a file: every password
+    hidden, in the user part and in the query. SQLAlchemy's own rendering hides only the
+    first; ``?password=`` was printed by every error, ``db upgrade``, ``purge``, ``serve``
+    and the status file."""
+    try:
+        parsed = url if isinstance(url, URL) else make_url(url)
+    except (ArgumentError, ValueError):
+        return _SECRET_TEXT.sub(lambda m: f"{m[1]}***{m[2]}" if m[1] else f"{m[3]}***", str(url))
+    query = {k: "***" if _SECRET_PARAM.search(k) else v for k, v in parsed.query.items()}
+    return parsed.set(query=query).render_as_string(hide_password=True).replace("=%2A%2A%2A", "=***")
+
+
 def open_engine(url: str, *, migrate: bool = True, create: bool = True, hint: str = PROXY_HINT) -> Engine:
     """An engine for ``url``, its schema upgraded to this version's, or a :class:`DatabaseError`.
 
@@ -63,8 +84,8 @@ def open_engine(url: str, *, migrate: bool = True, create: bool = True, hint: st
     """
     try:
         parsed = make_url(url)
-    except ArgumentError as e:
-        raise DatabaseError(f"{url!r} is not a database URL ({e}); {hint}") from None
+    except (ArgumentError, ValueError) as e:  # (ValueError: a port that is no number)
+        raise DatabaseError(f"{shown_url(url)!r} is not a database URL ({e}); {hint}") from None
     connect_args: dict[str, object] = {}
     if parsed.get_backend_name() == "sqlite" and parsed.database not in (None, "", ":memory:"):
         path = Path(parsed.database).expanduser()
@@ -85,7 +106,7 @@ def open_engine(url: str, *, migrate: bool = True, create: bool = True, hint: st
             connect_args=connect_args,
         )
     except (ArgumentError, ImportError, SQLAlchemyError) as e:
-        raise DatabaseError(f"cannot use {parsed.render_as_string()!r}: {first_line(e)}; {hint}") from None
+        raise DatabaseError(f"cannot use {shown_url(parsed)!r}: {first_line(e)}; {hint}") from None
     if engine.dialect.name == "sqlite":
         event.listen(engine, "connect", _sqlite_pragmas)
     try:
@@ -93,9 +114,7 @@ def open_engine(url: str, *, migrate: bool = True, create: bool = True, hint: st
             conn.execute(text("SELECT 1"))
     except SQLAlchemyError as e:
         engine.dispose()
-        raise DatabaseError(
-            f"cannot open the audit database {parsed.render_as_string()!r}: {first_line(e)}; {hint}"
-        ) from None
+        raise DatabaseError(f"cannot open the audit database {shown_url(parsed)!r}: {first_line(e)}; {hint}") from None
     if migrate:
         try:
             before, after = upgrade_schema(engine)
@@ -128,15 +147,13 @@ def open_reader(url: str, *, hint: str = PROXY_HINT) -> Engine:
     try:
         revision = migrations.current(engine)
         if revision is None:
-            raise DatabaseError(f"{engine.url.render_as_string()!r} holds no audit database (no schema); {hint}")
+            raise DatabaseError(f"{shown_url(engine.url)!r} holds no audit database (no schema); {hint}")
         behind = revision != migrations.head()
         if behind:
             upgrade_schema(engine)
     except SQLAlchemyError as e:
         engine.dispose()
-        raise DatabaseError(
-            f"cannot read the schema revision of {engine.url.render_as_string()!r}: {first_line(e)}"
-        ) from None
+        raise DatabaseError(f"cannot read the schema revision of {shown_url(engine.url)!r}: {first_line(e)}") from None
     except DatabaseError:
         engine.dispose()
         raise
@@ -145,7 +162,7 @@ def open_reader(url: str, *, hint: str = PROXY_HINT) -> Engine:
 
 def upgrade_schema(engine: Engine) -> tuple[str | None, str]:
     """Upgrade the schema to this version's head; (revision before, after), or a :class:`DatabaseError`."""
-    name = engine.url.render_as_string()
+    name = shown_url(engine.url)
     try:
         return migrations.upgrade(engine)
     except migrations.SchemaError as e:

@@ -30,7 +30,7 @@ from pathlib import Path
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 from storage.chain import utc_text
-from storage.checkpoint import CheckpointError, load_or_create_key, read_signed, write_signed
+from storage.checkpoint import CheckpointError, load_key, read_signed, write_signed
 
 ERASURE_FORMAT = "llm-audit-erasure/1"
 PURGE_FORMAT = "llm-audit-purge/1"
@@ -45,7 +45,8 @@ class Signer:
 
     @classmethod
     def load(cls, directory: Path, key_path: Path) -> Signer:
-        return cls(directory, load_or_create_key(key_path))
+        """The signer of ``directory`` with the key at ``key_path`` (:func:`~storage.checkpoint.load_key`)."""
+        return cls(directory, load_key(key_path, directory))
 
     def erasure(self, user_id: str, records: Sequence[tuple[str, int, str]], now: datetime) -> Path:
         """Sign the erasure of ``records`` (chain id, number, record hash)."""

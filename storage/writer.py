@@ -62,7 +62,7 @@ from storage.adoption import adopt_interrupted, load_or_create_secret, open_mac
 from storage.chain import CHAIN_COLUMNS, GENESIS, Chain, Head, is_sealed, utf8_size, utf8_slices
 from storage.checkpoint import Checkpointer, CheckpointError
 from storage.cost import Prices, cost_of
-from storage.database import DatabaseError, first_line, insert_for
+from storage.database import DatabaseError, first_line, insert_for, shown_url
 from storage.headfile import HeadFile
 from storage.lease import Lease
 from storage.memory import release_freed_memory
@@ -804,7 +804,7 @@ class AuditWriter:
             "pid": os.getpid(),
             "instance": self.instance,
             "started": self.started,
-            "database": self.engine.url.render_as_string(),
+            "database": shown_url(self.engine.url),
             "written": self.written,
             "spooled": self.spool.records,
             "quarantined": self.quarantined,

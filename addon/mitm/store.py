@@ -36,7 +36,7 @@ from storage.checkpoint import (
     load_or_create_key,
 )
 from storage.cost import Prices, PricesError, load_prices
-from storage.database import DatabaseError, default_url, open_engine
+from storage.database import DatabaseError, default_url, open_engine, shown_url
 from storage.retention import MIN_RETENTION, DailyPurge
 from storage.spool import Spool, SpoolLocked, default_spool_path
 from storage.statements import Signer
@@ -281,7 +281,7 @@ class AuditStore:
             engine.dispose()
             log.error(f"llm-audit: {e}")
             return
-        log.info(f"llm-audit: recording to {engine.url.render_as_string()} (spool {spool_path})")
+        log.info(f"llm-audit: recording to {shown_url(engine.url)} (spool {spool_path})")
         if spool:
             log.info(f"llm-audit: {spool.records} records from an earlier run wait in the spool; replaying")
 

@@ -13,7 +13,7 @@ from sqlalchemy import insert
 from test_cli_query import at, exchange, llm_audit, run
 
 from cli.terminal import visible
-from storage.database import open_engine
+from storage.database import open_engine, shown_url
 from storage.schema import exchanges
 
 TITLE = "\x1b]0;PWNED\x07\x1b[2J\x1b[31m"  # sets the window title, clears the screen, turns text red
@@ -80,3 +80,66 @@ def test_hosts_reads_no_device(tmp_path):
     assert stat.S_ISCHR(os.stat("/dev/zero").st_mode)
     done = llm_audit("hosts", "--extra", "/dev/zero")
     assert done.returncode == 2 and "not a regular file" in done.stderr
+
+
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        ("postgresql+psycopg://u:Sup3r@db.example/audit", "postgresql+psycopg://u:***@db.example/audit"),
+        (
+            "postgresql+psycopg://u@127.0.0.1:1/x?password=hunter2&sslmode=require",
+            "postgresql+psycopg://u@127.0.0.1:1/x?password=***&sslmode=require",
+        ),
+        (
+            "postgresql+psycopg://u:hunter2@h:port/x?sslpassword=zz",
+            "postgresql+psycopg://u:***@h:port/x?sslpassword=***",
+        ),
+        ("sqlite:////var/lib/llm-audit/audit.db", "sqlite:////var/lib/llm-audit/audit.db"),
+    ],
+)
+def test_a_database_url_is_shown_without_its_passwords(url, shown):
+    """``?password=`` (libpq takes it there too) was printed by every error, --help
+    (the value of $LLM_AUDIT_DB), db upgrade, purge, serve and the status file."""
+    assert shown_url(url) == shown
+    _, _, err = run("--db", url, "list")
+    assert "hunter2" not in err and "Sup3r" not in err and "=zz" not in err
+    assert shown in llm_audit("--help", env={"LLM_AUDIT_DB": url}).stdout
+
+
+def test_a_port_that_is_no_number_is_a_url_mistake_not_tampering():
+    status, _, err = run("--db", "postgresql+psycopg://u@host:notaport/x", "list")
+    assert status == 2 and "is not a database URL" in err and "verify" not in err
+
+
+def test_no_command_but_a_checkpoint_into_a_new_folder_makes_a_signing_key(hostile_db, tmp_path):
+    """A purge or an erasure with its key mistyped (or left out) made a new key and signed
+    its statement with it: verify distrusted it from then on (exit 2), after a purge that
+    cannot be undone. Nothing is changed now, and the error names --key."""
+    for command in (["purge", "--older-than", "1d", "--force"], ["erase", "--user", "ana"]):
+        status, out, err = run(
+            "--db", hostile_db, *command, "--key", str(tmp_path / "typo.pem"), "--dir", str(tmp_path)
+        )
+        assert status == 2 and "there is no signing key at" in err and "--key FILE" in err and out == ""
+    assert not (tmp_path / "typo.pem").exists()
+    status, out, _ = run("--db", hostile_db, "list", "--format", "jsonl")
+    assert len(out.splitlines()) == 2  # (nothing purged)
+
+
+def test_a_checkpoint_refuses_a_foreign_folder_a_shared_key_and_known_tampering(hostile_db, tmp_path):
+    from storage.checkpoint import load_or_create_key, write_signed
+
+    proxy_key, other = tmp_path / "proxy.pem", tmp_path / "other.pem"
+    folder = tmp_path / "checkpoints"
+    write_signed(folder, load_or_create_key(proxy_key), "checkpoint", {"format": 1, "chains": {}}, at(1))
+    status, _, err = run("--db", hostile_db, "checkpoint", "--key", str(other), "--dir", str(folder))
+    assert status == 2 and "there is no signing key at" in err  # (a folder already signed: no new key)
+    load_or_create_key(other)
+    status, _, err = run("--db", hostile_db, "checkpoint", "--key", str(other), "--dir", str(folder))
+    assert status == 2 and "is signed by key" in err and f"not by {other}" in err
+    os.chmod(other, 0o644)
+    status, _, err = run("--db", hostile_db, "checkpoint", "--key", str(other), "--dir", str(tmp_path / "new"))
+    assert status == 2 and f"chmod 600 {other}" in err
+    os.chmod(other, 0o600)  # (a new folder, but a database a plain verify calls tampered: never signed over)
+    status, _, err = run("--db", hostile_db, "checkpoint", "--key", str(other), "--dir", str(tmp_path / "new"))
+    assert status == 2 and "refusing to sign: a record in no chain" in err
+    assert not (tmp_path / "new").exists() or not list((tmp_path / "new").iterdir())

@@ -20,12 +20,21 @@ from pathlib import Path
 import pytest
 from sqlalchemy import Engine, insert, select
 
+from storage.checkpoint import default_key_path, load_or_create_key
 from storage.database import open_engine
 from storage.schema import exchanges, purge_log
 
 BIN = Path(sys.executable).parent
 CUTOFF = datetime(2024, 1, 1, tzinfo=UTC)
 US = timedelta(microseconds=1)
+
+
+@pytest.fixture(autouse=True)
+def signing_key() -> Path:
+    """The key a purge signs its statement with, where the proxy makes it (a purge never
+    makes one: a key mistyped would sign a statement verify distrusts)."""
+    load_or_create_key(default_key_path())
+    return default_key_path()
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
@@ -233,6 +242,9 @@ def test_default_database_is_the_proxys(tmp_path):
     assert missing.returncode == 2 and "there is no audit database at" in missing.stderr
     (tmp_path / "llm-audit").mkdir()
     open_engine(f"sqlite:///{tmp_path}/llm-audit/audit.db").dispose()  # as the proxy makes it
+    no_key = llm_audit("purge", "--older-than", "365d", env=env)
+    assert_one_line_error(no_key, f"there is no signing key at {tmp_path}/llm-audit/signing-key.pem", "--key FILE")
+    load_or_create_key(tmp_path / "llm-audit" / "signing-key.pem")  # as the proxy makes it
     proc = llm_audit("purge", "--older-than", "365d", env=env)
     assert proc.returncode == 0, proc
     assert f"from sqlite:///{tmp_path}/llm-audit/audit.db " in proc.stdout
