@@ -263,6 +263,7 @@ def _print_json(report: Report, checkpoints: int) -> None:
         "checkpoints": checkpoints,
         "chains": [c.as_dict() for c in report.chains],
         "unchained": [{"id": p.record_id, "detail": p.detail} for p in report.unchained],
+        "open_records": report.open_records,
     }
     sys.stdout.write(orjson.dumps(doc, option=orjson.OPT_INDENT_2).decode() + "\n")
 
@@ -281,6 +282,8 @@ def _print_verdicts(report: Report) -> None:
         if chain.ok and (coverage := chain.coverage_line()):
             lines.append(f"  {coverage}")
     lines += [f"  {problem.line()}" for problem in report.unchained]
+    if open_line := report.open_line():
+        lines.append(open_line)
     if not report.chains and not report.unchained:
         lines.append("no chains: no final records yet")
     for line in lines:

@@ -171,6 +171,11 @@ def upgrade_schema(engine: Engine) -> tuple[str | None, str]:
         raise DatabaseError(f"cannot upgrade the schema of the audit database {name!r}: {first_line(e)}") from None
 
 
+def _lenient_text(value: bytes) -> str:
+    """An SQLite TEXT value as text, what is not UTF-8 in it as U+FFFD."""
+    return value.decode("utf-8", "replace")
+
+
 def _sqlite_pragmas(dbapi_conn, _record) -> None:
     """WAL lets readers (the CLI, plain SQL) work while the proxy writes.
 
@@ -179,6 +184,10 @@ def _sqlite_pragmas(dbapi_conn, _record) -> None:
     while another connection holds a lock, e.g. two proxies opening a new file together),
     so it is retried briefly, and skipped when the file is already in WAL mode.
     """
+    # SQLite keeps whatever bytes a writer puts in a TEXT column: one value that is not
+    # UTF-8 made every query of the CLI fail, and verify stop (exit 2) without naming the
+    # record. Read so, it is U+FFFD: shown, and (no longer its hash) named by verify.
+    dbapi_conn.text_factory = _lenient_text
     cur = dbapi_conn.cursor()
     cur.execute("PRAGMA busy_timeout=10000")
     for attempt in range(100):

@@ -622,7 +622,8 @@ def test_attack_2_an_open_row_the_proxy_did_not_open_is_never_sealed_or_signed(e
         or f"(first: {stolen['id']})" in caplog.text
     )
     out = signed_verify(url, tmp_path)
-    assert (out.returncode, out.stdout) == (0, f"chain {INSTANCE}: OK, records 1..3, 1 checkpoints matched\n"), out
+    assert out.returncode == 0, out
+    assert out.stdout.startswith(f"chain {INSTANCE}: OK, records 1..3, 1 checkpoints matched\nrecords still open: 2 (")
 
 
 def test_attack_7_a_second_writer_under_a_name_in_use_is_refused_and_a_stale_lease_is_taken_over(engine, tmp_path):

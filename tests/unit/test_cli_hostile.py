@@ -143,3 +143,42 @@ def test_a_checkpoint_refuses_a_foreign_folder_a_shared_key_and_known_tampering(
     status, _, err = run("--db", hostile_db, "checkpoint", "--key", str(other), "--dir", str(tmp_path / "new"))
     assert status == 2 and "refusing to sign: a record in no chain" in err
     assert not (tmp_path / "new").exists() or not list((tmp_path / "new").iterdir())
+
+
+def test_a_stored_value_that_is_not_utf8_is_shown_and_named_not_a_failure(hostile_db):
+    """SQLite keeps any bytes in a TEXT column: one value that was not UTF-8 made every
+    query fail and verify stop (exit 2, "could not run") without naming the record."""
+    import sqlite3
+
+    with sqlite3.connect(hostile_db.removeprefix("sqlite:///")) as db:
+        db.execute("UPDATE exchanges SET output_text = CAST(X'41FFFE42' AS TEXT), user_id = CAST(X'C0AF' AS TEXT)")
+    status, out, err = run("--db", hostile_db, "list", "--format", "jsonl")
+    assert status == 0 and len(out.splitlines()) == 2, err
+    status, out, err = run("--db", hostile_db, "show", "65c2")
+    assert status == 0 and "\ufffd" in out, err  # (the user id, read with U+FFFD)
+    status, out, _ = run("--db", hostile_db, "verify")
+    assert status == 1 and "65c20000000000000000000000000000" in out
+
+
+def test_verify_says_what_is_open_and_names_an_open_record_posing_as_a_quarantined_one(hostile_db):
+    """Open records are exchanges under way: verify does not check them, and said nothing
+    of them, while list and show read them. A sealed record reopened to show other
+    content, its place filled by a quarantine row, is named."""
+    from storage.schema import quarantine
+
+    engine = open_engine(hostile_db)
+    victim = "65c2" + "0" * 28
+    with engine.begin() as conn:
+        conn.execute(exchanges.update().where(exchanges.c.id == victim).values(status="in_progress"))
+        conn.execute(
+            quarantine.insert().values(
+                quarantined_at=at(3), reason="x", file="/nowhere", size=1, sha256="0" * 64,
+                chain_id="review", chain_seq=1, record_id=victim,
+            )
+        )  # fmt: skip
+    engine.dispose()
+    status, out, _ = run("--db", hostile_db, "verify")
+    assert status == 1 and "records still open: 1 (under way, not sealed: not checked" in out
+    assert (
+        f"inserted: an open record bears the id of quarantined record {victim}" not in out
+    )  # (no chain holds the gap)
