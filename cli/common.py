@@ -132,15 +132,25 @@ def positive_int(value: str) -> int:
 
 def url(args: argparse.Namespace) -> str:
     """The database URL: ``--db``, else ``$LLM_AUDIT_DB``, else the proxy's SQLite file."""
-    return getattr(args, "db", None) or default_url()
+    given = getattr(args, "db", None)
+    if given is not None and not given.strip():  # (an unset shell variable: --db "$URL" would read the default)
+        raise DatabaseError("--db is empty; give the database's SQLAlchemy URL, or leave --db out for the default")
+    return given or default_url()
 
 
 @contextmanager
-def engine(args: argparse.Namespace, *, existing: bool = False, migrate: bool = True) -> Iterator[Engine]:
+def engine(
+    args: argparse.Namespace, *, existing: bool = False, migrate: bool = True, create: bool = True
+) -> Iterator[Engine]:
     """The engine for ``--db``, disposed afterwards; ``existing``: the command reads or
     changes records already there (list, verify, purge, erase, cost recompute), so a
-    missing or empty database is an error (a mistyped path), never a new file."""
-    opened = open_reader(url(args), hint=HINT) if existing else open_engine(url(args), migrate=migrate, hint=HINT)
+    missing or empty database is an error (a mistyped path), never a new file; ``create``
+    False: neither for a command that only looks (``db current``)."""
+    opened = (
+        open_reader(url(args), hint=HINT)
+        if existing
+        else open_engine(url(args), migrate=migrate, create=create, hint=HINT)
+    )
     try:
         yield opened
     finally:

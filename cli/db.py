@@ -5,13 +5,17 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
+from sqlalchemy import Engine, inspect
+from sqlalchemy.engine import make_url
 from sqlalchemy.exc import SQLAlchemyError
 
-from cli.common import PROG, Commands, engine
+from cli.common import PROG, Commands, engine, url
 from storage import migrations
 from storage.database import DatabaseError, first_line, shown_url, upgrade_schema
 from storage.roles import DEFAULT_PROXY_ROLE, DEFAULT_PURGE_ROLE, roles_sql
+from storage.schema import metadata
 
 DB_EXAMPLES = f"""\
 examples:
@@ -48,7 +52,8 @@ examples:
 def add_commands(commands: Commands) -> None:
     """Register ``db`` and its subcommands."""
     db = commands.group("db", "the database schema", DB_EXAMPLES, "db commands")
-    db.add("upgrade", _cmd_upgrade, "bring the schema up to this llm-audit's version", DB_UPGRADE_EXAMPLES)
+    p = db.add("upgrade", _cmd_upgrade, "bring the schema up to this llm-audit's version", DB_UPGRADE_EXAMPLES)
+    p.add_argument("--force", action="store_true", help="add the audit tables to a database that holds others")
     db.add("current", _cmd_current, "show the schema revision", DB_CURRENT_EXAMPLES)
     p = db.add("roles", _cmd_roles, "least-privilege roles on PostgreSQL", ROLES_EXAMPLES)
     p.add_argument("--proxy-role", default=DEFAULT_PROXY_ROLE, metavar="NAME")
@@ -58,6 +63,7 @@ def add_commands(commands: Commands) -> None:
 
 def _cmd_upgrade(args: argparse.Namespace) -> int:
     with engine(args, migrate=False) as db:
+        _refuse_foreign(db, args.force)
         before, after = upgrade_schema(db)
     name = shown_url(db.url)
     if before == after:
@@ -67,8 +73,29 @@ def _cmd_upgrade(args: argparse.Namespace) -> int:
     return 0
 
 
+def _refuse_foreign(db: Engine, force: bool) -> None:
+    """A database that holds tables but no schema revision is not an audit database: the
+    audit tables would be added among another application's (a mistyped path)."""
+    try:
+        tables = inspect(db).get_table_names() if migrations.current(db) is None else []
+    except SQLAlchemyError as e:
+        raise DatabaseError(f"cannot read the schema revision: {first_line(e)}") from None
+    # (an audit database from before the migrations holds ours without a revision: upgraded)
+    if tables and not set(tables) & set(metadata.tables) and not force:
+        raise DatabaseError(
+            f"{shown_url(db.url)} holds tables that are not llm-audit's ({', '.join(sorted(tables)[:5])}); "
+            "point --db at the audit database, or give --force to add the audit tables to it"
+        )
+
+
 def _cmd_current(args: argparse.Namespace) -> int:
-    with engine(args, migrate=False) as db:
+    given = make_url(url(args))
+    if given.get_backend_name() == "sqlite" and given.database not in (None, "", ":memory:"):
+        path = Path(given.database).expanduser()
+        if not path.is_file() or path.stat().st_size == 0:  # (none yet: said, and none made for a look)
+            print(_revision_line(None, migrations.head()))
+            return 0
+    with engine(args, migrate=False, create=False) as db:
         try:
             revision = migrations.current(db)
         except SQLAlchemyError as e:
@@ -93,9 +120,9 @@ def _cmd_roles(args: argparse.Namespace) -> int:
     if not args.apply:
         sys.stdout.write(sql)
         return 0
+    if make_url(url(args)).get_backend_name() != "postgresql":  # (before opening: nothing made for a mistake)
+        raise DatabaseError("roles are a PostgreSQL feature; SQLite has no users (protect the file instead)")
     with engine(args) as db:
-        if db.dialect.name != "postgresql":
-            raise DatabaseError("roles are a PostgreSQL feature; SQLite has no users (protect the file instead)")
         try:
             with db.begin() as conn:
                 conn.exec_driver_sql(sql)

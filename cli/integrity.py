@@ -291,12 +291,25 @@ def _print_verdicts(report: Report) -> None:
 
 
 def _cmd_erase(args: argparse.Namespace) -> int:
+    if not args.user.strip():
+        raise CheckpointError("--user is empty; give the user id whose content is erased")
     sign = _signer(args)
     with engine(args, existing=True) as db:
         count = erase_user(db, args.user, actor=actor(), signer=sign)
+        alike = [] if count else _ids_alike(db, args.user)
     signed = f", signed in {args.dir}" if count else ""
     print(f"erased the content of {count} exchanges of user {args.user!r} (logged in erasure_log{signed})")
+    if alike:  # (user ids are matched exactly: ANA is not ana)
+        print(f"no exchange has the user id {args.user!r}; ids that differ only in case: {', '.join(map(repr, alike))}")
     return 0
+
+
+def _ids_alike(db: Engine, user_id: str) -> list[str]:
+    """User ids equal to ``user_id`` but for case (a few)."""
+    column = exchanges.c.user_id
+    with db.connect() as conn:
+        found = conn.execute(select(column).where(func.lower(column) == user_id.lower()).distinct().limit(5))
+        return [one_line(r[0]) for r in found]
 
 
 def _cmd_purge(args: argparse.Namespace) -> int:

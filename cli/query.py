@@ -8,6 +8,7 @@ import argparse
 import sys
 from datetime import UTC, datetime
 
+from addon.record import Status
 from cli.common import PROG, Commands, OneLineParser, positive_int, reading, whole_number
 from cli.formats import MACHINE_FORMATS, Progress, json_document, write_records
 from cli.show import exchange_text
@@ -18,6 +19,7 @@ from storage.query import (
     GROUP_KEYS,
     STATS_FIELDS,
     Filters,
+    QueryError,
     count_exchanges,
     get_exchange,
     iter_exchanges,
@@ -25,6 +27,9 @@ from storage.query import (
     stats,
 )
 from storage.retention import RetentionError, parse_cutoff
+
+#: The statuses a record may have (addon.record.Status).
+STATUSES = tuple(status.value for status in Status)
 
 FILTERS_HELP = """\
 Filters combine; a filter given twice matches either value. --since and --until take an
@@ -191,6 +196,15 @@ def _group_keys(value: str) -> list[str]:
 
 
 def _filters(args: argparse.Namespace) -> Filters:
+    """The filters asked for; a mistake that would match nothing is one line naming it
+    (a status misspelled, a --since not before --until), not an empty answer."""
+    if unknown := [s for s in args.statuses if s not in STATUSES]:
+        raise QueryError(f"no exchange has the status {unknown[0]!r}; the statuses are {', '.join(STATUSES)}")
+    if args.since is not None and args.until is not None and args.since >= args.until:
+        raise QueryError(
+            f"--since ({args.since:%Y-%m-%d %H:%M}) is not before --until ({args.until:%Y-%m-%d %H:%M}): "
+            "nothing can match; swap them"
+        )
     return Filters(
         since=args.since,
         until=args.until,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import socket
 import sys
 
 from cli.common import PROG, Commands, url
@@ -81,10 +82,18 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     hosts = [host, *args.allow_host]  # its own address, say 127.0.0.2, is a name it is asked for
     app = build_app(engine, Sessions(password), loopback=is_loopback(host), hosts=hosts)
     shown = f"[{host}]" if ":" in host else host
-    where = shown_url(url(args))
-    print(f"{PROG} serve: reading {where} at http://{shown}:{port}/", file=sys.stderr)
+    try:  # (bound here, first: uvicorn's own failure is two lines and exit 3)
+        listening = socket.create_server((host, port), family=socket.AF_INET6 if ":" in host else socket.AF_INET)
+    except OSError as e:
+        engine.dispose()
+        raise DatabaseError(
+            f"cannot listen on {shown}:{port}: {e.strerror or e}; choose another address with --listen HOST:PORT"
+        ) from None
+    print(f"{PROG} serve: reading {shown_url(url(args))} at http://{shown}:{port}/", file=sys.stderr)
     try:
-        uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False, server_header=False)
+        config = uvicorn.Config(app, log_level="warning", access_log=False, server_header=False)
+        uvicorn.Server(config).run(sockets=[listening])
     finally:
+        listening.close()
         engine.dispose()
     return 0

@@ -81,9 +81,9 @@ def load_or_create_key(path: Path) -> Ed25519PrivateKey:
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "wb") as f:
         f.write(pem)
-    public_key_path(path).write_bytes(
-        key.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
-    )
+    public = key.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+    with os.fdopen(os.open(public_key_path(path), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644), "wb") as f:
+        f.write(public)  # (0644 whatever the umask: a public key others could replace is trusted by verify)
     return key
 
 
@@ -150,12 +150,14 @@ def write_signed(directory: Path, key: Ed25519PrivateKey, prefix: str, doc: dict
     of purges and erasures (:mod:`storage.statements`) share this format."""
     doc = dict(doc, created_at=utc_text(now), key_id=key_id(key.public_key()))
     doc["signature"] = base64.b64encode(key.sign(_signed_part(doc))).decode()
-    directory.mkdir(parents=True, exist_ok=True)
+    # Folders made here 0700 and the files 0600, whatever the umask: others could delete
+    # or drop files there, and an erasure statement names a user.
+    private_dir(directory)
     path = directory / f"{prefix}-{now.strftime('%Y%m%dT%H%M%S%fZ')}.json"
     while path.exists():  # two in one microsecond: never overwrite signed evidence
         path = path.with_name(path.stem + "-1.json")
     tmp = path.with_suffix(".tmp")
-    with open(tmp, "wb") as f:
+    with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as f:
         f.write(orjson.dumps(doc, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS))
         f.flush()
         os.fsync(f.fileno())

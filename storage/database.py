@@ -114,7 +114,8 @@ def open_engine(url: str, *, migrate: bool = True, create: bool = True, hint: st
             conn.execute(text("SELECT 1"))
     except SQLAlchemyError as e:
         engine.dispose()
-        raise DatabaseError(f"cannot open the audit database {shown_url(parsed)!r}: {first_line(e)}; {hint}") from None
+        fix = _fix(parsed, e) or hint
+        raise DatabaseError(f"cannot open the audit database {shown_url(parsed)!r}: {first_line(e)}; {fix}") from None
     if migrate:
         try:
             before, after = upgrade_schema(engine)
@@ -169,6 +170,23 @@ def upgrade_schema(engine: Engine) -> tuple[str | None, str]:
         raise DatabaseError(f"the audit database {name!r} cannot be used: {e}") from None
     except SQLAlchemyError as e:
         raise DatabaseError(f"cannot upgrade the schema of the audit database {name!r}: {first_line(e)}") from None
+
+
+def _fix(url: URL, error: SQLAlchemyError) -> str | None:
+    """What fixes an SQLite file that exists but cannot be opened, when another URL would
+    not: its permissions, or a damaged file (None: another URL might)."""
+    if url.get_backend_name() != "sqlite" or not url.database or not Path(url.database).exists():
+        return None
+    path = Path(url.database)
+    if not os.access(path, os.R_OK | os.W_OK) or not os.access(path.parent, os.W_OK):
+        info = path.stat()
+        return (
+            f"{path} (mode {info.st_mode & 0o777:o}, owner uid {info.st_uid}) or its folder is not yours to use: "
+            "run as the proxy's user, or fix the permissions"
+        )
+    if "not a database" in str(error) or "malformed" in str(error):
+        return f"{path} is damaged or is no SQLite database: restore it from a backup, or try sqlite3 {path} .recover"
+    return None
 
 
 def _lenient_text(value: bytes) -> str:

@@ -13,6 +13,7 @@ columns are computed only for the rows a query returns or groups.
 
 from __future__ import annotations
 
+import re
 import sys
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -60,6 +61,9 @@ STATS_FIELDS = (
     "exchanges", "with_usage", *TOKEN_FIELDS, "cost_usd", "priced", "errors", "blocks",
     *(f"time_to_first_chunk_p{p}_ms" for p in PERCENTILES),
 )  # fmt: skip
+
+
+_HEX = re.compile(r"[0-9a-fA-F]+").fullmatch
 
 
 class QueryError(ValueError):
@@ -169,6 +173,8 @@ def get_exchange(conn: Connection, id_or_prefix: str) -> dict[str, Any]:
     The id may be shortened to any prefix that is unique (``list`` shows the first 12
     characters); an unknown or ambiguous one is a :class:`QueryError`.
     """
+    if _HEX(id_or_prefix):  # (ids are lower-case hex: one typed in upper case is the same id)
+        id_or_prefix = id_or_prefix.lower()
     rows = conn.execute(select(*_STORED).where(exchanges.c.id == id_or_prefix)).all()
     if not rows and id_or_prefix:
         rows = conn.execute(select(*_STORED).where(_starts_with(id_or_prefix)).limit(2)).all()

@@ -182,3 +182,62 @@ def test_verify_says_what_is_open_and_names_an_open_record_posing_as_a_quarantin
     assert (
         f"inserted: an open record bears the id of quarantined record {victim}" not in out
     )  # (no chain holds the gap)
+
+
+def test_mistakes_that_would_match_nothing_are_named(hostile_db):
+    status, _, err = run("--db", hostile_db, "list", "--status", "complete")
+    assert status == 2 and "no exchange has the status 'complete'; the statuses are in_progress, completed" in err
+    status, _, err = run("--db", hostile_db, "list", "--since", "2026-03-07", "--until", "2026-03-01")
+    assert status == 2 and "is not before --until" in err and "swap them" in err
+    status, out, _ = run("--db", hostile_db, "show", "65C2")  # (ids are lower-case hex)
+    assert status == 0 and out.startswith("exchange 65c2")
+    status, _, err = run("--db", "", "list")  # (an unset shell variable: not the default database)
+    assert status == 2 and "--db is empty" in err
+    status, _, err = run("--db", hostile_db, "erase", "--user", " ")
+    assert status == 2 and "--user is empty" in err
+
+
+def test_looking_at_a_database_makes_none_and_upgrading_adds_to_none_foreign(tmp_path):
+    import sqlite3
+
+    status, out, _ = run("--db", f"sqlite:///{tmp_path}/new/x.db", "db", "current")
+    assert status == 0 and out.startswith("none (no schema yet") and not (tmp_path / "new").exists()
+    status, _, err = run("--db", f"sqlite:///{tmp_path}/r.db", "db", "roles", "--apply")
+    assert status == 2 and "PostgreSQL" in err and not (tmp_path / "r.db").exists()
+    with sqlite3.connect(tmp_path / "other.db") as other:
+        other.execute("CREATE TABLE foo (a)")
+    os.chmod(tmp_path / "other.db", 0o600)
+    status, _, err = run("--db", f"sqlite:///{tmp_path}/other.db", "db", "upgrade")
+    assert status == 2 and "holds tables that are not llm-audit's (foo)" in err and "--force" in err
+
+
+def test_a_damaged_file_and_a_busy_address_name_their_fix(tmp_path):
+    import socket
+
+    (tmp_path / "damaged.db").write_bytes(os.urandom(60000))
+    status, _, err = run("--db", f"sqlite:///{tmp_path}/damaged.db", "list")
+    assert status == 2 and "is damaged or is no SQLite database" in err and ".recover" in err
+    password = tmp_path / "password"
+    password.write_text("a password long enough\n")
+    password.chmod(0o600)
+    engine = open_engine(f"sqlite:///{tmp_path}/a.db")
+    engine.dispose()
+    with socket.create_server(("127.0.0.1", 0)) as busy:
+        port = busy.getsockname()[1]
+        done = llm_audit("--db", f"sqlite:///{tmp_path}/a.db", "serve", "--password-file", str(password),
+                         "--listen", f"127.0.0.1:{port}")  # fmt: skip
+    assert done.returncode == 2 and len(done.stderr.splitlines()) == 1 and "cannot listen on 127.0.0.1" in done.stderr
+
+
+def test_signed_evidence_is_private_whatever_the_umask(tmp_path):
+    from storage.checkpoint import load_or_create_key, public_key_path, write_signed
+
+    old = os.umask(0)
+    try:
+        key = load_or_create_key(tmp_path / "keys" / "k.pem")
+        path = write_signed(tmp_path / "evidence" / "cp", key, "erasure", {"format": 1, "user_id": "ana"}, at(1))
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+    assert stat.S_IMODE(os.stat(path.parent).st_mode) == stat.S_IMODE(os.stat(path.parent.parent).st_mode) == 0o700
+    assert stat.S_IMODE(os.stat(public_key_path(tmp_path / "keys" / "k.pem")).st_mode) == 0o644
