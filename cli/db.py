@@ -12,6 +12,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import SQLAlchemyError
 
 from cli.common import PROG, Commands, engine, url
+from cli.terminal import one_line
 from storage import migrations
 from storage.database import DatabaseError, first_line, shown_url, upgrade_schema
 from storage.roles import DEFAULT_PROXY_ROLE, DEFAULT_PURGE_ROLE, roles_sql
@@ -100,7 +101,7 @@ def _cmd_current(args: argparse.Namespace) -> int:
             revision = migrations.current(db)
         except SQLAlchemyError as e:
             raise DatabaseError(f"cannot read the schema revision: {first_line(e)}") from None
-    print(_revision_line(revision, migrations.head()))
+    print(one_line(_revision_line(revision, migrations.head())))  # (the revision is the database's)
     return 0
 
 

@@ -230,7 +230,8 @@ def _cmd_checkpoint(args: argparse.Namespace) -> int:
         ) from None
     if made:
         print(f"made a new signing key {args.key} (and {public_key_path(args.key)}), for a new folder")
-    print(f"{path}: {len(heads)} chains signed ({', '.join(f'{k} at {h.seq}' for k, h in sorted(heads.items()))})")
+    signed = ", ".join(f"{k} at {h.seq}" for k, h in sorted(heads.items()))
+    print(one_line(f"{path}: {len(heads)} chains signed ({signed})"))  # (chain ids are the database's)
     return 0
 
 

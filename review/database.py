@@ -22,7 +22,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 
 from storage import migrations
-from storage.database import CONNECT_TIMEOUT, DatabaseError, first_line
+from storage.database import CONNECT_TIMEOUT, DatabaseError, first_line, shown_url
 
 HINT = "pass a working SQLAlchemy URL with --db URL or LLM_AUDIT_DB (e.g. sqlite:///path/audit.db)"
 BUSY_TIMEOUT_MS = 10_000  # wait for the proxy's writer rather than fail a page
@@ -32,8 +32,8 @@ def open_read_only(url: str) -> Engine:
     """An engine that can only read ``url``'s audit database, or a one-line :class:`DatabaseError`."""
     try:
         parsed = make_url(url)
-    except ArgumentError as e:
-        raise DatabaseError(f"{url!r} is not a database URL ({e}); {HINT}") from None
+    except (ArgumentError, ValueError) as e:  # (ValueError: a port that is no number)
+        raise DatabaseError(f"{shown_url(url)!r} is not a database URL ({e}); {HINT}") from None
     backend = parsed.get_backend_name()
     try:
         if backend == "sqlite":
@@ -52,7 +52,7 @@ def open_read_only(url: str) -> Engine:
         else:
             raise DatabaseError(f"unsupported database backend {backend!r}: use SQLite or PostgreSQL")
     except (ArgumentError, ImportError) as e:
-        raise DatabaseError(f"cannot use {parsed.render_as_string()!r}: {first_line(e)}; {HINT}") from None
+        raise DatabaseError(f"cannot use {shown_url(parsed)!r}: {first_line(e)}; {HINT}") from None
     _check_schema(engine)
     return engine
 
@@ -79,7 +79,7 @@ def _sqlite_reader(dbapi_conn, _record) -> None:
 
 
 def _check_schema(engine: Engine) -> None:
-    name = engine.url.render_as_string()
+    name = shown_url(engine.url)
     try:
         with engine.connect() as conn:
             conn.execute(text("SELECT 1"))

@@ -82,8 +82,10 @@ def load_or_create_key(path: Path) -> Ed25519PrivateKey:
     with os.fdopen(fd, "wb") as f:
         f.write(pem)
     public = key.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
-    with os.fdopen(os.open(public_key_path(path), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644), "wb") as f:
-        f.write(public)  # (0644 whatever the umask: a public key others could replace is trusted by verify)
+    fd = os.open(public_key_path(path), os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
+    os.fchmod(fd, 0o644)  # (whatever the umask or a file there before: a public key others could replace is trusted)
+    with os.fdopen(fd, "wb") as f:
+        f.write(public)
     return key
 
 

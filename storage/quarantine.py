@@ -15,9 +15,11 @@ so even a line cut short usually still names its place in the chain.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import re
+import stat
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
@@ -125,9 +127,14 @@ class Quarantine:
 
 def kept_line(path: Path, digest: str) -> bytes | None:
     """The line a quarantine file keeps under the header of SHA-256 ``digest`` (None: it
-    holds no such header); raises OSError when the file cannot be read. Read a line at a
-    time: a quarantine may be large."""
-    with open(path, "rb") as f:
+    holds no such header); raises OSError when the file cannot be read, or is no regular
+    file (the path comes from a table anyone writing the database can write: a device or
+    a pipe would never end). Read a line at a time: a quarantine may be large."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OSError(errno.EINVAL, "not a regular file")
+    with os.fdopen(fd, "rb") as f:
         found = False
         for line in f:
             if found:

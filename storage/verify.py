@@ -10,7 +10,7 @@ be the previous record's hash). What breaks is named:
   has);
 - ``deleted``: numbers are missing in the chain;
 - ``inserted``: a record that links past others (those are inserted), two records with
-  one number, or a final record in no chain;
+  one number, or a final record in no chain (or at no place in one);
 - ``forked``: two records with one number that link to the same record: two writers
   sealed into one chain (two proxies with one instance name, despite the lease of
   :mod:`storage.lease`);
@@ -48,7 +48,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import JSON, Connection, DateTime, Engine, String, func, select, type_coerce
+from sqlalchemy import JSON, Connection, DateTime, Engine, String, func, or_, select, type_coerce
 
 from storage.chain import (
     CONTENT_COLUMNS,
@@ -169,6 +169,8 @@ class ChainReport:
             + (
                 f" (NOT CHECKED: {self.unchecked[q['chain_seq']]})"
                 if q["chain_seq"] in self.unchecked
+                else " (its file does not match it)"
+                if any(p.seq == q["chain_seq"] for p in self.problems)
                 else " (checked against the file)"
             )
             for q in self.quarantined
@@ -254,31 +256,20 @@ def verify(
                     report.quarantined += gap
             _check_quarantined(report, quarantine_dir)
             reports.append(report)
-        quarantined_ids = {q["record_id"] for r in reports for q in r.quarantined if q["record_id"]}
         count, oldest = conn.execute(
             select(func.count(), func.min(exchanges.c.started_at)).where(exchanges.c.status == IN_PROGRESS)
         ).one()
-        return Report(reports, _unchained(conn) + _open_posing(conn, quarantined_ids), count, oldest)
+        return Report(reports, _unchained(conn), count, oldest)
 
 
 def _unchained(conn: Connection) -> list[Problem]:
-    """Final records in no chain: every final record is sealed, so these were put there by hand."""
+    """Final records in no chain, or at no place in one (no number, or one below 1, which
+    no chain's walk reads): every final record is sealed in its place, so these were put
+    there by hand; ``list`` and ``show`` would show them."""
     c = exchanges.c
-    rows = conn.execute(select(c.id).where(c.chain_id.is_(None), c.status != IN_PROGRESS).limit(MAX_PROBLEMS)).all()
+    outside = or_(c.chain_id.is_(None), c.chain_seq.is_(None), c.chain_seq < 1)
+    rows = conn.execute(select(c.id).where(outside, c.status != IN_PROGRESS).limit(MAX_PROBLEMS)).all()
     return [Problem("inserted", None, None, r.id, f"final record {r.id} is in no chain") for r in rows]
-
-
-def _open_posing(conn: Connection, quarantined: set[str]) -> list[Problem]:
-    """Open records that bear the id of a quarantined record: the record, taken out of its
-    chain and reopened to be shown with other content (``list`` and ``show`` read open
-    records), its place filled by the quarantine. The writer reopens nothing."""
-    if not quarantined:
-        return []
-    c = exchanges.c
-    rows = conn.execute(select(c.id).where(c.status == IN_PROGRESS, c.id.in_(sorted(quarantined)[:1000]))).all()
-    return [
-        Problem("inserted", None, None, r.id, f"an open record bears the id of quarantined record {r.id}") for r in rows
-    ]
 
 
 def _quarantined_records(conn: Connection) -> dict[str, dict[int, dict[str, Any]]]:

@@ -143,7 +143,8 @@ class AuditWriter:
         self._postgres = engine.dialect.name == "postgresql"
         self._sqlite = engine.dialect.name == "sqlite"
         self._compiled: dict[tuple[str, ...], Any] = {}  # the upsert compiled per set of keys (_upsert_lazily)
-        self.quarantine = Quarantine(spool.path.with_name(f"quarantine-{safe_name(instance)}.jsonl"))
+        # (absolute: the quarantine table names the file for verify, which may run elsewhere)
+        self.quarantine = Quarantine(spool.path.with_name(f"quarantine-{safe_name(instance)}.jsonl").absolute())
         self._unrecorded: list[Entry] = list(self.quarantine.entries())  # not known in the quarantine table yet
         self.status = WriterStatus(status_path(spool.path.parent, instance))
         self._secret = load_or_create_secret(spool.path.with_name(f"adoption-{safe_name(instance)}.key"))

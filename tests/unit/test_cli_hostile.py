@@ -241,3 +241,16 @@ def test_signed_evidence_is_private_whatever_the_umask(tmp_path):
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
     assert stat.S_IMODE(os.stat(path.parent).st_mode) == stat.S_IMODE(os.stat(path.parent.parent).st_mode) == 0o700
     assert stat.S_IMODE(os.stat(public_key_path(tmp_path / "keys" / "k.pem")).st_mode) == 0o644
+
+
+@pytest.mark.parametrize("seq", [None, 0, -5])
+def test_a_final_record_at_no_place_in_its_chain_is_named(hostile_db, seq):
+    """A chain's walk reads its records from number 1 (or its start) on: a final record
+    with a chain but no number, or one below 1, was read by no walk and passed verify,
+    while list and show showed it."""
+    engine = open_engine(hostile_db)
+    with engine.begin() as conn:
+        conn.execute(exchanges.update().values(chain_id="review", chain_seq=seq))
+    engine.dispose()
+    status, out, _ = run("--db", hostile_db, "verify")
+    assert status == 1 and "inserted: final record 65c20000000000000000000000000000 is in no chain" in out
