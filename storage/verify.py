@@ -221,9 +221,10 @@ def verify(
     each have one. A quarantined record is checked against its quarantine file (found
     where the writer kept it, or by its name in ``quarantine_dir``): :func:`_check_quarantined`."""
     with engine.connect() as conn:
-        known = {r.chain_id: r for r in conn.execute(select(chains))}
+        c = chains.c  # (not the lease's columns: a time there that cannot be read stopped verify)
+        known = {r.chain_id: r for r in conn.execute(select(c.chain_id, *_CHAIN_PLACES))}
         # a row a proxy made for its lease before it wrote anything is no chain yet
-        ids = {k for k, r in known.items() if r.head_seq or r.start_seq > 1}
+        ids = {k for k, r in known.items() if _place(r) is None or r.head_seq or r.start_seq > 1}
         ids |= {cp_chain for cp in checkpoints for cp_chain in cp.heads}
         ids |= {
             r[0]
@@ -233,13 +234,14 @@ def verify(
         }
         held = _quarantined_records(conn)
         reports = []
-        for chain_id in sorted(ids):
+        for chain_id in sorted(ids, key=str):  # (a BLOB written as a chain id is no string)
             row = known.get(chain_id)
-            start, start_prev, head, head_hash = (
-                (row.start_seq, row.start_prev_hash, row.head_seq, row.head_hash) if row else (1, GENESIS, 0, GENESIS)
-            )
+            place = _place(row) if row is not None else (1, GENESIS, 0, GENESIS)
+            start, start_prev, head, head_hash = place or (1, GENESIS, 0, GENESIS)
             kept = held.get(chain_id, {})
             report = _verify_chain(conn, chain_id, start, start_prev, checkpoints, kept, statements)
+            if place is None:
+                report.add("modified", None, None, "the chains table's row of this chain cannot be read")
             if statements is not None:
                 _check_start(report, start_prev, statements.starts.get(chain_id, []))
             if head > report.last.seq and report.ok:
@@ -257,9 +259,32 @@ def verify(
             _check_quarantined(report, quarantine_dir)
             reports.append(report)
         count, oldest = conn.execute(
-            select(func.count(), func.min(exchanges.c.started_at)).where(exchanges.c.status == IN_PROGRESS)
+            select(func.count(), func.min(type_coerce(exchanges.c.started_at, String))).where(
+                exchanges.c.status == IN_PROGRESS
+            )
         ).one()
-        return Report(reports, _unchained(conn), count, oldest)
+        return Report(reports, _unchained(conn), count, _time_or_none(oldest))
+
+
+_CHAIN_PLACES = (chains.c.start_seq, chains.c.start_prev_hash, chains.c.head_seq, chains.c.head_hash)
+
+
+def _place(row: Any) -> tuple[int, str, int, str] | None:
+    """A ``chains`` row's start and head, or None when they are not what the writer writes."""
+    start, start_prev, head, head_hash = row.start_seq, row.start_prev_hash, row.head_seq, row.head_hash
+    if type(start) is int and type(head) is int and isinstance(start_prev, str) and isinstance(head_hash, str):
+        return start, start_prev, head, head_hash
+    return None
+
+
+def _time_or_none(value: Any) -> datetime | None:
+    """A stored time read as text (whatever a database writer put there), or None."""
+    if isinstance(value, datetime) or value is None:
+        return value
+    try:
+        return datetime.fromisoformat(str(value))
+    except ValueError:
+        return None
 
 
 def _unchained(conn: Connection) -> list[Problem]:
@@ -276,8 +301,9 @@ def _quarantined_records(conn: Connection) -> dict[str, dict[int, dict[str, Any]
     """The quarantine table's records with a known place: {chain: {seq: row}}."""
     q = quarantine.c
     found: dict[str, dict[int, dict[str, Any]]] = {}
-    for row in conn.execute(
-        select(quarantine).where(q.chain_id.is_not(None), q.chain_seq.is_not(None)).order_by(q.id)
+    wanted = (q.file, q.sha256, q.reason, q.chain_id, q.chain_seq, q.prev_hash, q.record_hash, q.record_id)
+    for row in conn.execute(  # (not its time: one that cannot be read stopped verify)
+        select(*wanted).where(q.chain_id.is_not(None), q.chain_seq.is_not(None)).order_by(q.id)
     ).mappings():
         found.setdefault(row["chain_id"], {})[row["chain_seq"]] = dict(row)
     return found
@@ -320,12 +346,13 @@ def _check_quarantined(report: ChainReport, directory: Path | None) -> None:
     report is not covered: exit 3), never passed."""
     for q in report.quarantined:
         seq = q["chain_seq"]
-        path = Path(q["file"]) if directory is None else directory / Path(q["file"]).name
-        try:
-            line = kept_line(path, q["sha256"])
-        except OSError as e:
+        try:  # (the path is the table's: any text a database writer put there)
+            path = Path(str(q["file"])) if directory is None else directory / Path(str(q["file"])).name
+            line = kept_line(path, str(q["sha256"]))
+        except (OSError, ValueError) as e:  # (ValueError: a NUL in the path)
+            why = getattr(e, "strerror", None) or e
             report.unchecked[seq] = (
-                f"{path} cannot be read here ({e.strerror or e}); run verify where it is, or name its folder with --quarantine DIR"
+                f"{q['file']} cannot be read here ({why}); run verify where it is, or name its folder with --quarantine DIR"
             )
             continue
         if line is None:
@@ -401,6 +428,9 @@ def _verify_chain(
     expected, prev, parent = start, start_prev, None  # parent: what the last record links to
     for row in _rows(conn, chain_id, start):
         seq, rid = row["chain_seq"], row["id"]
+        if type(seq) is not int:  # (SQLite keeps any value in any column)
+            report.add("modified", None, rid, f"its number in the chain, {str(seq)[:40]!r}, is no number")
+            continue
         problem = (
             _checked(row)
             if UNREADABLE_KEY not in row

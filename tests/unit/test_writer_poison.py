@@ -239,6 +239,13 @@ def _a_forged_quarantine_is_never_passed(engine, kept: Path, victim: str) -> Non
     assert [p.kind for p in report.chains[0].problems] == ["modified"]
     assert "the quarantine table places a record its file's line is not" in report.chains[0].problems[0].detail
     assert [p.kind for p in verify(engine, quarantine_dir=Path("/elsewhere")).chains[0].problems] == []
+    if engine.dialect.name == "sqlite":  # values of other types where verify reads (PostgreSQL's types refuse them)
+        with engine.begin() as conn:
+            conn.execute(text("UPDATE quarantine SET quarantined_at = 'garbage' WHERE chain_seq = 3"))
+            conn.execute(text("UPDATE quarantine SET file = 'a' || char(0) || 'b' WHERE chain_seq = 3"))
+            conn.execute(text("UPDATE chains SET lease_until = 'not a time', head_seq = 'abc'"))
+        report = verify(engine)  # (named, never a stop: exit 2 without naming a record)
+        assert "the chains table's row of this chain cannot be read" in [p.detail for p in report.chains[0].problems]
 
 
 def unprepared(monkeypatch, poison: dict) -> None:
