@@ -52,7 +52,7 @@ from addon.events import (
     TurnEnd,
 )
 from addon.filters.api import BLOCK, FLAG, Verdict
-from addon.filters.engine import FILTER_ERROR, MAX_STREAMS, OutputGuard, Release, StreamKey
+from addon.filters.engine import FILTER_ERROR, MAX_STREAMS, USER_PIECE, OutputGuard, Release, StreamKey
 from addon.filters.json_text import JsonEscapes
 from addon.framing import Frame
 
@@ -61,8 +61,9 @@ from addon.framing import Frame
 #: JSON object when the auditor's normalizer read it as text alone (its ``parsed``; else
 #: None): the gate's normalizer reads the frame from that instead of parsing it again.
 Framed = tuple[Frame | None, Sequence[Event], int, Any]
-#: Characters of a whole body's text checked as one piece (:meth:`OutputGate.on_body`).
-BODY_PIECE = 64 * 1024
+#: Characters of a whole body's text checked as one piece (:meth:`OutputGate.on_body`):
+#: the bound a user filter's call has (:data:`~addon.filters.engine.USER_PIECE`), one for both.
+BODY_PIECE = USER_PIECE
 
 
 @dataclass(slots=True)

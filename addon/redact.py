@@ -35,7 +35,7 @@ NOT_CREDENTIALS = frozenset({"idempotency-key", "x-idempotency-key", "sec-websoc
 # Names that are credentials although no word in them says so.
 CREDENTIAL_HEADERS = frozenset({"cookie", "set-cookie", "x-amz-security-token", "x-csrf-token"})
 CREDENTIAL_QUERY_PARAMS = frozenset(
-    {"code", "sig", "signature", "x-amz-signature", "x-amz-credential", "x-amz-security-token"}
+    {"code", "sig", "signature", "x-amz-signature", "x-amz-credential", "x-amz-security-token", "jsessionid"}
 )
 # A name with one of these words (or a word starting with "auth", or ending with one of
 # CREDENTIAL_SUFFIXES) is a credential.
@@ -172,6 +172,19 @@ def redact_query(query: str) -> str:
     if not any(marks):
         return query
     return urlencode([(k, redacted(v) if mark else v) for (k, v), mark in zip(pairs, marks)])
+
+
+def redact_path(path: str) -> str:
+    """A URL path with the credentials among its segments' ``;`` parameters fingerprinted
+    (Java servers' ``;jsessionid=``), as a query's are."""
+    if ";" not in path:
+        return path
+    return _PATH_PARAM.sub(
+        lambda m: m[1] + (redacted(m[3]) if is_credential_param(m[2]) or holds_secret(m[3]) else m[3]), path
+    )
+
+
+_PATH_PARAM = re.compile(r"(;([^=;/]*)=)([^;/]*)")
 
 
 def redact_url(url: str) -> str:

@@ -201,11 +201,7 @@ def run(args: argparse.Namespace) -> int:
     except (ValueError, TypeError, LookupError, OverflowError) as e:
         # Values the schema does not allow (SQLite keeps any text in any column): the
         # database was written by something else. One line, never a traceback.
-        check = (  # (verify itself: it names what it can; this is what it could not)
-            "look at the quarantine and chains tables by hand"
-            if getattr(args, "run", None) is not None and args.run.__name__ == "_cmd_verify"
-            else f"run '{PROG} verify'"
-        )
+        check = getattr(args, "unreadable_hint", None) or f"run '{PROG} verify'"  # (verify's own: set_defaults)
         return fail(
             f"a stored value cannot be read ({type(e).__name__}: {_first_line(e)}); the database holds "
             f"data llm-audit did not write: {check}"

@@ -127,6 +127,8 @@ def add_commands(commands: Commands) -> None:
         help="look for the proxies' quarantine files here, by name (default: where each proxy kept it)",
     )
     p.add_argument("--format", choices=("text", "json"), default="text")
+    # (what it could not read itself is what it cannot name: verify is no answer to that)
+    p.set_defaults(unreadable_hint="look at the quarantine and chains tables by hand")
 
     p = commands.add("erase", _cmd_erase, "erase a user's content, keeping the chains verifiable", ERASE_EXAMPLES)
     p.add_argument("--user", required=True, metavar="ID", help="the user_id whose content is erased")

@@ -101,7 +101,7 @@ def load_key(path: Path, directory: Path, new_folder_new_key: bool = False) -> E
         if new_folder_new_key and not _signed_files(directory):
             return load_or_create_key(path)
         raise CheckpointError(
-            f"there is no signing key at {path}; pass the key the proxy signs with (llm_audit_checkpoint_key) "
+            f"there is no signing key at {path}; pass the key the proxy signs with (llm_audit_signing_key) "
             "with --key FILE"
         )
     mode = path.stat().st_mode & 0o777

@@ -359,28 +359,29 @@ def _check_quarantined(report: ChainReport, directory: Path | None) -> None:
             report.unchecked[seq] = f"{path} holds no such entry"
         elif hashlib.sha256(line).hexdigest() != q["sha256"]:
             report.add("modified", seq, q["record_id"], f"its line in the quarantine file {path} was changed")
-        elif (why := _quarantined_row_problem(line, q)) is not None:
-            if why.startswith("modified: "):
-                report.add("modified", seq, q["record_id"], why.removeprefix("modified: "))
+        elif (contradiction := _quarantined_row_problem(line, q)) is not None:
+            modified, why = contradiction
+            if modified:
+                report.add("modified", seq, q["record_id"], why)
             else:
                 report.unchecked[seq] = why
 
 
-def _quarantined_row_problem(line: bytes, q: dict[str, Any]) -> str | None:
-    """Why a quarantined line does not vouch for its record (``modified: ...`` when it
-    contradicts the quarantine row), or None."""
+def _quarantined_row_problem(line: bytes, q: dict[str, Any]) -> tuple[bool, str] | None:
+    """Why a quarantined line does not vouch for its record, and whether that is tampering
+    (it contradicts the quarantine row) rather than a line that cannot be checked; None
+    when it vouches."""
     try:
         row = row_of_line(line)
     except (ValueError, TypeError):
-        return "its line cannot be read back as a record (torn or reduced): its content cannot be checked"
+        return False, "its line cannot be read back as a record (torn or reduced): its content cannot be checked"
     placed = {k: row.get(k) for k in ("chain_id", "chain_seq", "prev_hash", "record_hash")}
     if placed != {k: q[k] for k in placed}:
-        return "modified: the quarantine table places a record its file's line is not"
-    try:
-        problem = check_record(row)
-    except (KeyError, TypeError, ValueError) as e:
-        problem = f"{type(e).__name__}"
-    return None if problem is None else f"its line does not hash to its record ({problem}): it cannot be checked"
+        return True, "the quarantine table places a record its file's line is not"
+    problem = _checked(row)
+    return (
+        None if problem is None else (False, f"its line does not hash to its record ({problem}): it cannot be checked")
+    )
 
 
 def _rows(conn: Connection, chain_id: str, start: int) -> Iterator[dict[str, Any]]:

@@ -25,7 +25,7 @@ from addon.hosts import server_name
 from addon.local_user import is_transparent, local_user
 from addon.mitm import early_end
 from addon.record import OUTCOME_CLIENT_ABORTED, OUTCOME_UPSTREAM_ABORTED, ExchangeRecord, Status
-from addon.redact import api_key_fingerprint, redact_headers, redact_query, redact_values
+from addon.redact import api_key_fingerprint, redact_headers, redact_path, redact_query, redact_values
 
 #: The most a compressed request body is decoded to (past it, or at a compression
 #: bomb's ratio: ``request_too_large``). Far above any API's own request limit
@@ -129,7 +129,7 @@ def start_record(
         server_address=host,
         server_port=req.port,
         http_method=req.method,
-        url_path=path,
+        url_path=redact_path(path),
         url_query=redact_query(query) or None,
         http_version=req.http_version,
         client_address=flow.client_conn.peername[0] if flow.client_conn.peername else None,
@@ -160,7 +160,8 @@ def line_views(req: http.Request) -> list[Line]:
     canonical = canonical_path(path)
     for routed in dict.fromkeys((canonical, canonical.lower())):
         if routed != path:
-            detail = f"the path as sent, {path[:300]!r}, read as servers that decode it route it: {routed[:300]!r}"
+            shown, as_routed = redact_path(path)[:300], redact_path(routed)[:300]  # (a ;jsessionid= is a credential)
+            detail = f"the path as sent, {shown!r}, read as servers that decode it route it: {as_routed!r}"
             views.append(
                 (RequestView(req.method, routed, query, req.headers), Finding("request_path_obscured", detail))
             )

@@ -120,6 +120,7 @@ def test_no_command_but_a_checkpoint_into_a_new_folder_makes_a_signing_key(hosti
             "--db", hostile_db, *command, "--key", str(tmp_path / "typo.pem"), "--dir", str(tmp_path)
         )
         assert status == 2 and "there is no signing key at" in err and "--key FILE" in err and out == ""
+        assert "llm_audit_signing_key" in err  # (the proxy's option that names its key)
     assert not (tmp_path / "typo.pem").exists()
     status, out, _ = run("--db", hostile_db, "list", "--format", "jsonl")
     assert len(out.splitlines()) == 2  # (nothing purged)

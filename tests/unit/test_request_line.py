@@ -85,3 +85,16 @@ def test_a_websocket_upgrade_is_read_the_same_way() -> None:
         "/v1/realtime",
         "request_path_obscured",
     )
+
+
+def test_a_session_id_among_a_paths_parameters_is_kept_as_its_fingerprint():
+    """Java servers drop a segment's ``;`` parameters (``;jsessionid=``: a session, a
+    credential): detection reads the path without them, and neither the record's path
+    nor the finding keeps the id."""
+    from addon.redact import redact_path, redacted
+
+    sent = "/v1/chat/completions;jsessionid=F00DCAFE1234"
+    assert redact_path(sent) == f"/v1/chat/completions;jsessionid={redacted('F00DCAFE1234')}"
+    (_, _), (view, finding) = line_views(request(sent))[:2]
+    assert view.path == "/v1/chat/completions" and finding is not None
+    assert "F00DCAFE1234" not in finding.detail
