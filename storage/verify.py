@@ -42,6 +42,7 @@ them ("record N of chain X is quarantined in FILE: reason") instead.
 from __future__ import annotations
 
 import hashlib
+import json
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -396,6 +397,7 @@ def _rows(conn: Connection, chain_id: str, start: int) -> Iterator[dict[str, Any
     sqlite = conn.dialect.name == "sqlite"
     decoded = [col for col in exchanges.columns if sqlite and isinstance(col.type, (JSON, DateTime))]
     columns = [type_coerce(col, String).label(col.name) if col in decoded else col for col in exchanges.columns]
+    json_names = {col.name for col in decoded if isinstance(col.type, JSON)}
     processors = {col.name: col.type.dialect_impl(conn.dialect).result_processor(conn.dialect, None) for col in decoded}
     result = conn.execution_options(stream_results=True, yield_per=1000).execute(
         select(*columns).where(c.chain_id == chain_id, c.chain_seq >= start).order_by(c.chain_seq, c.id)
@@ -407,10 +409,49 @@ def _rows(conn: Connection, chain_id: str, start: int) -> Iterator[dict[str, Any
         for name, process in processors.items():
             if record[name] is not None and process is not None:
                 try:
-                    record[name] = process(record[name])
+                    stored, record[name] = record[name], process(record[name])
                 except (ValueError, TypeError) as e:
                     record.setdefault(UNREADABLE_KEY, []).append(f"{name}: {type(e).__name__}")
+                    continue
+                if name in json_names and (key := _duplicate_key(stored)) is not None:
+                    record.setdefault(UNREADABLE_KEY, []).append(
+                        f"{name}: an object holds the key {str(key)[:40]!r} twice (SQL reads the first)"
+                    )
         yield record
+
+
+class _Duplicate(Exception):
+    def __init__(self, key: str) -> None:
+        self.key = key
+
+
+def _unique_pairs(pairs: list[tuple[str, Any]]) -> None:
+    seen: set[str] = set()
+    for key, _ in pairs:
+        if key in seen:
+            raise _Duplicate(key)
+        seen.add(key)
+
+
+def _duplicate_key(stored: Any) -> str | None:
+    """The first key some object of the stored JSON text holds twice, else None.
+
+    The writer serializes dicts, so it never stores one; a forger can. The hash is taken
+    over the value as verify reads it (the last of the two, as orjson and Python do),
+    while SQLite's ``json_extract`` and ``->>`` read the first: a record whose SQL shows
+    forged content would check out. Python's own parser is used for its pairs hook
+    (orjson has none); a third of orjson's speed, and only text that can hold an object
+    is read twice.
+    """
+    if not isinstance(stored, str) or not stored.lstrip().startswith(("{", "[")):
+        return None
+    try:
+        json.loads(stored, object_pairs_hook=_unique_pairs)
+    except _Duplicate as e:
+        return e.key
+    except (ValueError, RecursionError):
+        return None  # (orjson read it; what Python's parser refuses cannot be told apart here)
+    return None
 
 
 def _verify_chain(
@@ -435,7 +476,7 @@ def _verify_chain(
         problem = (
             _checked(row)
             if UNREADABLE_KEY not in row
-            else f"stored values cannot be read ({', '.join(row[UNREADABLE_KEY])})"
+            else f"stored values cannot be read as the writer wrote them ({', '.join(row[UNREADABLE_KEY])})"
         )
         if problem is None and row["erased_at"] is not None:
             problem = _erasure_problem(row, statements)

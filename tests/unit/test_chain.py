@@ -404,6 +404,34 @@ def test_values_sqlite_cannot_check_are_named_as_tampering_and_the_cli_never_cra
             assert len(run.stderr.splitlines()) == 1 and run.stderr.startswith("llm-audit: "), run.stderr
 
 
+@pytest.mark.parametrize(
+    "column, first, path",
+    [
+        ("request_body", '{"messages":[{"role":"user","content":"forged"}],', "$.messages[0].content"),
+        ("output", '{"choices":[{"index":0,"finish_reason":"forged","finish_reason":null}],', "$.choices[0].finish_reason"),
+    ],
+)
+def test_a_json_object_holding_a_key_twice_is_named_modified(tmp_path, column, first, path):
+    """SQLite's JSON functions read the first of two equal keys, every Python parser the
+    last: a forger who puts forged content first shows it to SQL while the record's hash,
+    taken over what verify reads, still checks out (the CLI review's M3)."""
+    url = f"sqlite:///{tmp_path / 'audit.db'}"
+    engine = open_engine(url)
+    rows = seeded(engine, tmp_path, 3)
+    engine.dispose()
+    con = sqlite3.connect(tmp_path / "audit.db")
+    where = (rows[1]["id"],)
+    (stored,) = con.execute(f"SELECT {column} FROM exchanges WHERE id = ?", where).fetchone()
+    con.execute(f"UPDATE exchanges SET {column} = ? WHERE id = ?", (first + stored[1:], *where))
+    con.commit()
+    (shown,) = con.execute(f"SELECT json_extract({column}, ?) FROM exchanges WHERE id = ?", (path, *where)).fetchone()
+    con.close()
+    assert shown == "forged"
+    out = llm_audit("--db", url, "verify")
+    assert out.returncode == 1 and "TAMPERED" in out.stdout and rows[1]["id"] in out.stdout, out
+    assert "twice (SQL reads the first)" in out.stdout, out
+
+
 @pytest.mark.parametrize("state", ["missing", "empty"])
 def test_verify_of_a_missing_or_empty_database_is_an_error_and_creates_nothing(tmp_path, state):
     path = tmp_path / "audit.db"
