@@ -389,35 +389,73 @@ def _rows(conn: Connection, chain_id: str, start: int) -> Iterator[dict[str, Any
     """The chain's records from its start (a purge in progress may have left older ones).
 
     SQLite keeps whatever text a writer puts in a JSON or time column, so there those
-    columns are read as text and decoded here, row by row: a value that cannot be read
-    is tampering with that record (``UNREADABLE_KEY`` names it), not a failure of
+    columns are read as text and decoded here, row by row (:class:`_StoredText`): a
+    value that cannot be read, or that SQL reads otherwise than the hash does, is
+    tampering with that record (``UNREADABLE_KEY`` names it), not a failure of
     ``verify``.
     """
     c = exchanges.c
-    sqlite = conn.dialect.name == "sqlite"
-    decoded = [col for col in exchanges.columns if sqlite and isinstance(col.type, (JSON, DateTime))]
-    columns = [type_coerce(col, String).label(col.name) if col in decoded else col for col in exchanges.columns]
-    json_names = {col.name for col in decoded if isinstance(col.type, JSON)}
-    processors = {col.name: col.type.dialect_impl(conn.dialect).result_processor(conn.dialect, None) for col in decoded}
+    stored = _StoredText(conn) if conn.dialect.name == "sqlite" else None
+    columns = [
+        type_coerce(col, String).label(col.name) if stored and col.name in stored.decoders else col
+        for col in exchanges.columns
+    ]
     result = conn.execution_options(stream_results=True, yield_per=1000).execute(
         select(*columns).where(c.chain_id == chain_id, c.chain_seq >= start).order_by(c.chain_seq, c.id)
     )
     for row in result.mappings():
         record = dict(row)
-        if (problem := fold_answer_bytes(record, sqlite)) is not None:
-            record.setdefault(UNREADABLE_KEY, []).append(problem)
-        for name, process in processors.items():
-            if record[name] is not None and process is not None:
-                try:
-                    stored, record[name] = record[name], process(record[name])
-                except (ValueError, TypeError) as e:
-                    record.setdefault(UNREADABLE_KEY, []).append(f"{name}: {type(e).__name__}")
-                    continue
-                if name in json_names and (key := _duplicate_key(stored)) is not None:
-                    record.setdefault(UNREADABLE_KEY, []).append(
-                        f"{name}: an object holds the key {str(key)[:40]!r} twice (SQL reads the first)"
-                    )
+        problems = [problem] if (problem := fold_answer_bytes(record, stored is not None)) is not None else []
+        if stored is not None:
+            problems += stored.decode(record)
+        if problems:
+            record[UNREADABLE_KEY] = problems
         yield record
+
+
+class _StoredText:
+    """SQLite's JSON and time columns, read from their stored text as the writer wrote it.
+
+    The writer's own text is the only one accepted, because SQL reads the text itself:
+    a time the hash reads as the same instant (``2026-01-02T03:04:05+05:00``, or without
+    its microseconds) sorts elsewhere in ``list --since`` and ``purge``, and a JSON object
+    holding a key twice shows SQL the first value, the hash the last.
+    """
+
+    def __init__(self, conn: Connection) -> None:
+        dialect = conn.dialect
+        self.decoders: dict[str, Any] = {}
+        self.encoders: dict[str, Any] = {}  # the times': what the writer stores for a value
+        for col in exchanges.columns:
+            if isinstance(col.type, (JSON, DateTime)):
+                impl = col.type.dialect_impl(dialect)
+                self.decoders[col.name] = impl.result_processor(dialect, None)
+                if isinstance(col.type, DateTime):
+                    self.encoders[col.name] = impl.bind_processor(dialect)
+
+    def decode(self, record: dict[str, Any]) -> list[str]:
+        """Decode ``record``'s columns in place; what is wrong with them."""
+        problems = []
+        for name, decode in self.decoders.items():
+            text = record[name]
+            if text is None or decode is None:
+                continue
+            try:
+                record[name] = decode(text)
+            except (ValueError, TypeError) as e:
+                problems.append(f"{name}: {type(e).__name__}")
+                continue
+            if (problem := self._written_otherwise(name, text, record[name])) is not None:
+                problems.append(f"{name}: {problem}")
+        return problems
+
+    def _written_otherwise(self, name: str, text: Any, value: Any) -> str | None:
+        if name in self.encoders:
+            if value.tzinfo is not None or self.encoders[name](value) != text:
+                return f"{str(text)[:40]!r} is no time as the writer writes it (SQL compares the text)"
+            return None
+        key = _duplicate_key(text)
+        return None if key is None else f"an object holds the key {str(key)[:40]!r} twice (SQL reads the first)"
 
 
 class _Duplicate(Exception):

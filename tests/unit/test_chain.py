@@ -408,7 +408,11 @@ def test_values_sqlite_cannot_check_are_named_as_tampering_and_the_cli_never_cra
     "column, first, path",
     [
         ("request_body", '{"messages":[{"role":"user","content":"forged"}],', "$.messages[0].content"),
-        ("output", '{"choices":[{"index":0,"finish_reason":"forged","finish_reason":null}],', "$.choices[0].finish_reason"),
+        (
+            "output",
+            '{"choices":[{"index":0,"finish_reason":"forged","finish_reason":null}],',
+            "$.choices[0].finish_reason",
+        ),
     ],
 )
 def test_a_json_object_holding_a_key_twice_is_named_modified(tmp_path, column, first, path):
@@ -430,6 +434,28 @@ def test_a_json_object_holding_a_key_twice_is_named_modified(tmp_path, column, f
     out = llm_audit("--db", url, "verify")
     assert out.returncode == 1 and "TAMPERED" in out.stdout and rows[1]["id"] in out.stdout, out
     assert "twice (SQL reads the first)" in out.stdout, out
+
+
+@pytest.mark.parametrize("form", ["offset", "T"])
+def test_a_time_written_otherwise_for_the_same_instant_is_named_modified(tmp_path, form):
+    """SQL compares times as their text: one written as the same instant in another form
+    (with an offset, or ``T`` between date and time) checks out against the hash, but
+    sorts elsewhere for ``list --since`` and ``purge``; five hours earlier here."""
+    url = f"sqlite:///{tmp_path / 'audit.db'}"
+    engine = open_engine(url)
+    rows = seeded(engine, tmp_path, 3)
+    engine.dispose()
+    con = sqlite3.connect(tmp_path / "audit.db")
+    where = (rows[1]["id"],)
+    (stored,) = con.execute("SELECT started_at FROM exchanges WHERE id = ?", where).fetchone()
+    at = datetime.fromisoformat(stored)
+    forged = (at - timedelta(hours=5)).isoformat(" ") + "-05:00" if form == "offset" else stored.replace(" ", "T")
+    con.execute("UPDATE exchanges SET started_at = ? WHERE id = ?", (forged, *where))
+    con.commit()
+    con.close()
+    out = llm_audit("--db", url, "verify")
+    assert out.returncode == 1 and "TAMPERED" in out.stdout and rows[1]["id"] in out.stdout, out
+    assert "no time as the writer writes it" in out.stdout, out
 
 
 @pytest.mark.parametrize("state", ["missing", "empty"])
