@@ -9,6 +9,7 @@ with the checkpoints' key, so that ``verify --checkpoints`` can tell them from t
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
@@ -42,15 +43,18 @@ EXIT_TAMPERED = 1
 EXIT_UNCOVERED = 3  # no tampering found, but records that no checkpoint covers
 
 CHECKPOINT_EXAMPLES = f"""\
-Signs the head of every hash chain in the database with the Ed25519 key (created on
-first use, its public half next to it as .pub) and writes a checkpoint file. It signs
-what the database holds, so it first verifies the chains against the checkpoints and
-statements already in --dir and refuses to sign over tampering they reveal. Ship the
-files and the public key somewhere the database's administrators cannot rewrite.
+Signs the head of every hash chain in the database with the Ed25519 key and writes a
+checkpoint file (a key is made, its public half next to it as .pub, only for a folder of
+its own). It signs what the database holds, so it first verifies the chains against the
+checkpoints and statements already in --dir and refuses to sign over tampering they
+reveal, or a chain none of them names (whoever can write the database can add one):
+name each new chain of yours with --new-chain. Ship the files and the public key
+somewhere the database's administrators cannot rewrite.
 
 examples:
   llm-audit checkpoint
   llm-audit checkpoint --dir /srv/audit-checkpoints --key /etc/llm-audit/signing-key.pem
+  llm-audit checkpoint --new-chain proxy-b     # a proxy started since the last checkpoint
   (defaults: --key {default_key_path()}, --dir {default_checkpoint_dir()})
 """
 
@@ -108,6 +112,13 @@ def add_commands(commands: Commands) -> None:
     p.add_argument("--key", type=Path, default=default_key_path(), metavar="FILE", help="the Ed25519 signing key")
     p.add_argument(
         "--dir", type=Path, default=default_checkpoint_dir(), metavar="DIR", help="where checkpoint files go"
+    )
+    p.add_argument(
+        "--new-chain",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="sign this chain though no checkpoint in --dir names it yet (a new proxy of yours); repeatable",
     )
 
     p = commands.add("verify", _cmd_verify, "check the hash chains for tampering", VERIFY_EXAMPLES)
@@ -194,6 +205,15 @@ def _refuse_tampered(db: Engine, args: argparse.Namespace, key: Ed25519PrivateKe
         raise CheckpointError(
             f"refusing to sign: {chain} does not verify {where}({problem}); see {PROG} verify"
             + (f" --checkpoints {args.dir}" if signed else "")
+        )
+    unnamed = [c for c in report.chains if signed and c.records and not c.checkpoints]
+    if new := [c for c in unnamed if c.chain_id not in args.new_chain]:
+        names = ", ".join(f"{c.chain_id!r} (records {c.start}..{c.last.seq})" for c in new[:3])
+        more = f" and {len(new) - 3} more" if len(new) > 3 else ""
+        raise CheckpointError(
+            f"refusing to sign: no checkpoint in {args.dir} names chain {names}{more}, and whoever can write "
+            "the database can add a chain; if it is a proxy of yours (its llm_audit_instance), sign it with "
+            + " ".join(f"--new-chain {shlex.quote(c.chain_id)}" for c in new[:3])
         )
 
 

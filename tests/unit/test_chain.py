@@ -520,6 +520,25 @@ def test_attack_4_a_chain_no_checkpoint_names_is_reported(engine, tmp_path, url)
     assert f"chain {INSTANCE}: OK, records 1..3, 1 checkpoints matched" in out.stdout
 
 
+def test_llm_audit_checkpoint_signs_a_chain_no_checkpoint_names_only_when_told(engine, tmp_path, url):
+    """A chain an insider adds (consistent, as the canonical form builds it) is NOT SIGNED
+    until something signs it: ``checkpoint`` into a folder that already holds checkpoints
+    would launder it, so it names it and waits for ``--new-chain``."""
+    seeded(engine, tmp_path, 3)
+    sign = ["--db", url, "checkpoint", "--key", str(tmp_path / "key.pem"), "--dir", str(tmp_path / "checkpoints")]
+    assert llm_audit(*sign).returncode == 0  # a folder of its own: the chains it finds are its start
+    write(engine, [record(20) | {"proxy_instance": "proxy-b"}], tmp_path, instance="proxy-b")
+    out = llm_audit(*sign)
+    assert out.returncode == 2 and len(out.stderr.splitlines()) == 1, out
+    assert "names chain 'proxy-b' (records 1..1)" in out.stderr and "--new-chain proxy-b" in out.stderr, out
+    assert len(list((tmp_path / "checkpoints").glob("checkpoint-*.json"))) == 1
+    assert signed_verify(url, tmp_path).returncode == 3
+    assert llm_audit(*sign, "--new-chain", "proxy-b").returncode == 0
+    assert signed_verify(url, tmp_path).returncode == 0
+    write(engine, [record(21)], tmp_path)  # a known chain goes on: no flag needed
+    assert llm_audit(*sign).returncode == 0
+
+
 def test_attack_5_records_after_the_last_checkpoint_are_reported_not_yet_covered(engine, tmp_path, url):
     seeded(engine, tmp_path, 3)
     checkpoint_now(engine, tmp_path)
