@@ -66,8 +66,14 @@ def public_key_path(key_path: Path) -> Path:
 
 
 def load_or_create_key(path: Path) -> Ed25519PrivateKey:
-    """The signing key at ``path``; a new one (and its ``.pub``) when there is none."""
+    """The signing key at ``path``; a new one (and its ``.pub``) when there is none.
+
+    A key others can read is refused, by the proxy as by the commands: whoever reads it
+    can sign a checkpoint over any rewrite, so what it signs would prove nothing."""
     if path.exists():
+        mode = path.stat().st_mode & 0o777
+        if mode & 0o077:
+            raise CheckpointError(f"the signing key {path} can be read by others (mode {mode:o}): chmod 600 {path}")
         try:
             key = serialization.load_pem_private_key(path.read_bytes(), password=None)
         except (ValueError, TypeError, OSError) as e:
@@ -104,9 +110,6 @@ def load_key(path: Path, directory: Path, new_folder_new_key: bool = False) -> E
             f"there is no signing key at {path}; pass the key the proxy signs with (llm_audit_signing_key) "
             "with --key FILE"
         )
-    mode = path.stat().st_mode & 0o777
-    if mode & 0o077:
-        raise CheckpointError(f"the signing key {path} can be read by others (mode {mode:o}): chmod 600 {path}")
     key = load_or_create_key(path)
     ours = key_id(key.public_key())
     for signed in _signed_files(directory):

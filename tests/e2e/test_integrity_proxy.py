@@ -105,3 +105,39 @@ def test_a_second_proxy_with_an_instance_name_in_use_is_refused_with_one_line(re
     lines = [line for line in out.splitlines() if "records into this database as instance 'twin'" in line]
     assert proc.returncode != 0 and len(lines) == 1 and "--set llm_audit_instance=NAME" in lines[0], out
     assert "Traceback" not in out
+
+
+def test_a_signing_key_others_can_read_stops_the_proxy_at_start_with_one_line(tmp_path):
+    """Whoever reads the key can sign a checkpoint over any rewrite: the proxy, like the
+    commands, refuses it, with one error line naming the fix (mitmproxy exits on an error
+    at start, as it does for a key it cannot read)."""
+    from storage.checkpoint import load_or_create_key
+
+    key = tmp_path / "signing-key.pem"
+    load_or_create_key(key)
+    key.chmod(0o644)
+    proc = subprocess.run(
+        [
+            str(BIN / "mitmdump"),
+            "--listen-host",
+            "127.0.0.1",
+            "--listen-port",
+            "0",
+            "--set",
+            f"confdir={tmp_path / 'mitm'}",
+            "-s",
+            str(ROOT / "addon" / "llm_audit.py"),
+            "--set",
+            f"llm_audit_db=sqlite:///{tmp_path / 'audit.db'}",
+            "--set",
+            f"llm_audit_signing_key={key}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=os.environ | {"XDG_STATE_HOME": str(tmp_path / "state"), "XDG_DATA_HOME": str(tmp_path / "data")},
+    )
+    out = proc.stdout + proc.stderr
+    lines = [line for line in out.splitlines() if "can be read by others" in line]
+    assert proc.returncode != 0 and len(lines) == 1 and f"chmod 600 {key}" in lines[0], out
+    assert "Traceback" not in out
