@@ -55,7 +55,9 @@ def _json_dumps(value: object) -> str:
 #: ``sslpassword=`` there as well as in the user part).
 _SECRET_PARAM = re.compile(r"pass|pwd|secret|token|key", re.IGNORECASE)
 #: The same, in a URL that does not parse: the user part's password and such parameters.
-_SECRET_TEXT = re.compile(r"(://[^:/@]*:)[^@/]*(@)|((?:pass|pwd|secret|token|key)[^=&]*=)[^&]*", re.IGNORECASE)
+#: (A user part is found with or without a scheme before it, its password up to the last
+#: "@" before a "/": one holding an "@" of its own is hidden whole.)
+_SECRET_TEXT = re.compile(r"([^\s:/@]*:)[^/\s]*(@)|((?:pass|pwd|secret|token|key)[^=&]*=)[^&]*", re.IGNORECASE)
 
 
 def shown_url(url: URL | str) -> str:

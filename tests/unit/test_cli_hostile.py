@@ -95,6 +95,9 @@ def test_hosts_reads_no_device(tmp_path):
             "postgresql+psycopg://u:***@h:port/x?sslpassword=***",
         ),
         ("sqlite:////var/lib/llm-audit/audit.db", "sqlite:////var/lib/llm-audit/audit.db"),
+        ("u:Sup3r@db.example/audit", "u:***@db.example/audit"),  # (no scheme: no URL to parse)
+        ("postgres//u:hunter2@db/x", "postgres//u:***@db/x"),
+        ("postgresql+psycopg://u:hunter2@zz@h:port/x", "postgresql+psycopg://u:***@h:port/x"),
     ],
 )
 def test_a_database_url_is_shown_without_its_passwords(url, shown):
