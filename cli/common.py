@@ -11,11 +11,12 @@ from __future__ import annotations
 import argparse
 import getpass
 import os
+import re
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from sqlalchemy import Connection, Engine
 from sqlalchemy.exc import SQLAlchemyError
@@ -42,6 +43,13 @@ Command = Callable[[argparse.Namespace], int]
 
 class OneLineParser(argparse.ArgumentParser):
     """An ArgumentParser whose errors are one line (argparse prints the usage first)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # A value that starts with a minus and a digit is a value, not an option: argparse
+        # takes only "-5" and "-.5" so, and answered "--since -1d" with "expected one
+        # argument" instead of the option's own error naming the forms it takes.
+        self._negative_number_matcher = re.compile(r"^-\.?\d")
 
     def error(self, message: str) -> NoReturn:
         self.exit(EXIT_ERROR, f"{self.prog}: error: {message} (see {self.prog} --help)\n")

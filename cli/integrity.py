@@ -316,9 +316,8 @@ def _print_verdicts(report: Report) -> None:
 def _cmd_erase(args: argparse.Namespace) -> int:
     if not args.user.strip():
         raise CheckpointError("--user is empty; give the user id whose content is erased")
-    sign = _signer(args)
-    with engine(args, existing=True) as db:
-        count = erase_user(db, args.user, actor=actor(), signer=sign)
+    with engine(args, existing=True) as db:  # (no database is the first thing to hear of)
+        count = erase_user(db, args.user, actor=actor(), signer=_signer(args))
         alike = [] if count else _ids_alike(db, args.user)
     signed = f", signed in {args.dir}" if count else ""
     print(f"erased the content of {count} exchanges of user {args.user!r} (logged in erasure_log{signed})")

@@ -258,3 +258,11 @@ def test_a_final_record_at_no_place_in_its_chain_is_named(hostile_db, seq):
     engine.dispose()
     status, out, _ = run("--db", hostile_db, "verify")
     assert status == 1 and "inserted: final record 65c20000000000000000000000000000 is in no chain" in out
+
+
+@pytest.mark.parametrize(("command", "value"), [(["list", "--since"], "-1d"), (["purge", "--older-than"], "-30d")])
+def test_a_value_starting_with_a_minus_gets_the_options_own_error(tmp_path, command, value):
+    """argparse read "-1d" as an option and answered "expected one argument"."""
+    status, _, err = run("--db", f"sqlite:///{tmp_path / 'none.db'}", *command, value)
+    assert status == 2 and len(err.splitlines()) == 1 and "expected one argument" not in err, err
+    assert f"'{value}': use an age (Nh, Nd, Nw, e.g. 183d)" in err, err
