@@ -185,6 +185,11 @@ def actor() -> str:
         return f"uid {os.getuid()}"
 
 
+def warn(message: str) -> None:
+    """Print ``message`` as one line on stderr that does not stop the command."""
+    print(f"{PROG}: warning: {one_line(message)}", file=sys.stderr)  # (it may quote stored text)
+
+
 def fail(message: str) -> int:
     """Print ``message`` as the command's one-line error; the exit status to return."""
     print(f"{PROG}: {one_line(message)}", file=sys.stderr)  # (a message may quote stored text: made visible)

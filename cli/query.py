@@ -9,7 +9,7 @@ import sys
 from datetime import UTC, datetime
 
 from addon.record import Status
-from cli.common import PROG, Commands, OneLineParser, positive_int, reading, whole_number
+from cli.common import PROG, Commands, OneLineParser, positive_int, reading, warn, whole_number
 from cli.formats import MACHINE_FORMATS, Progress, json_document, write_records
 from cli.show import exchange_text
 from cli.tables import exchanges_table, stats_table
@@ -222,29 +222,40 @@ def _filters(args: argparse.Namespace) -> Filters:
 
 
 def _cmd_list(args: argparse.Namespace) -> int:
+    unreadable: list[str] = []
     with reading(args) as conn:
-        rows = list_exchanges(conn, _filters(args), limit=args.limit, offset=args.offset)
+        rows = list_exchanges(conn, _filters(args), limit=args.limit, offset=args.offset, unreadable=unreadable)
     if args.format != "table":
         write_records(rows, args.format, FIELDS, sys.stdout)
-        return 0
-    if not rows:
+    elif not rows:
         print("no exchanges match" + (" on this page" if args.offset else ""))
-        return 0
-    style = Style.for_stream(sys.stdout)
-    print(exchanges_table(rows, terminal_width(), style))
-    if len(rows) == args.limit:
-        print(style.dim(f"(more with --offset {args.offset + args.limit})"))
+    else:
+        style = Style.for_stream(sys.stdout)
+        print(exchanges_table(rows, terminal_width(), style))
+        if len(rows) == args.limit:
+            print(style.dim(f"(more with --offset {args.offset + args.limit})"))
+    _say_unreadable(unreadable)
     return 0
 
 
 def _cmd_show(args: argparse.Namespace) -> int:
+    unreadable: list[str] = []
     with reading(args) as conn:
-        record = get_exchange(conn, args.id)
+        record = get_exchange(conn, args.id, unreadable=unreadable)
     if args.format == "json":
         sys.stdout.write(json_document(record))
     else:
         print(exchange_text(record, terminal_width(), Style.for_stream(sys.stdout)))
+    _say_unreadable(unreadable)
     return 0
+
+
+def _say_unreadable(unreadable: list[str]) -> None:
+    """One line on stderr naming the records shown without a value they hold: values
+    llm-audit did not write (SQLite keeps anything anyone puts in a column)."""
+    if unreadable:
+        count = f"{len(unreadable)} records hold" if len(unreadable) > 1 else "a record holds"
+        warn(f"{count} values llm-audit did not write, shown as empty (first: {unreadable[0]}); run '{PROG} verify'")
 
 
 def _cmd_stats(args: argparse.Namespace) -> int:
@@ -260,9 +271,11 @@ def _cmd_stats(args: argparse.Namespace) -> int:
 
 def _cmd_export(args: argparse.Namespace) -> int:
     filters = _filters(args)
+    unreadable: list[str] = []
     with reading(args) as conn:
-        rows = iter_exchanges(conn, filters)
+        rows = iter_exchanges(conn, filters, unreadable=unreadable)
         if sys.stderr.isatty():
             rows = Progress(count_exchanges(conn, filters), sys.stderr).track(rows)
         write_records(rows, args.format, FIELDS, sys.stdout)
+    _say_unreadable(unreadable)
     return 0

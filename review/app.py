@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import io
 import ipaddress
+import logging
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -40,9 +41,11 @@ from review.chain import place
 from review.headers import HEADERS, SecurityHeaders
 from review.origin import SameOrigin
 from review.overview import overview
-from review.text import finalize
+from review.text import finalize, visible
 from storage.database import first_line
 from storage.query import FIELDS, QueryError, get_exchange, iter_exchanges
+
+log = logging.getLogger("llm-audit.serve")
 
 HERE = Path(__file__).parent
 LOOPBACK_NAMES = ("127.0.0.1", "localhost", "[::1]", "::1")
@@ -79,18 +82,28 @@ def build_app(engine: Engine, sessions: Sessions, *, loopback: bool = True, host
             chosen = selection.parse(request.query_params.multi_items())
         except selection.SelectionError as e:
             return render(request, "list.html", 400, error=str(e), chosen=selection.Selection(), rows=[], more=False)
+        unreadable: list[str] = []
         with engine.connect() as conn:
-            rows, more = selection.page(conn, chosen)
+            rows, more = selection.page(conn, chosen, unreadable)
         for r in rows:
             r["snippet"] = _snippet(r)
-        after = selection.cursor(rows[-1]) if more and rows else None
-        return render(request, "list.html", chosen=chosen, rows=rows, more=more, after=after)
+        after = selection.cursor(rows) if more else None
+        return render(
+            request,
+            "list.html",
+            chosen=chosen,
+            rows=rows,
+            more=more and after is not None,
+            after=after,
+            unreadable=unreadable,
+        )
 
     def exchange(request: Request) -> Response:
         printable = request.url.path.endswith("/print")
+        unreadable: list[str] = []
         with engine.connect() as conn:
             try:
-                r = get_exchange(conn, request.path_params["id"])
+                r = get_exchange(conn, request.path_params["id"], unreadable=unreadable)
             except QueryError as e:
                 return render(request, "error.html", 404, error=str(e))
             chain = place(conn, r)
@@ -112,6 +125,7 @@ def build_app(engine: Engine, sessions: Sessions, *, loopback: bool = True, host
             findings=exchange_page.findings(r),
             verdicts=exchange_page.verdicts(r),
             chain=chain,
+            unreadable=unreadable,
         )
 
     def overview_page(request: Request) -> Response:
@@ -297,21 +311,32 @@ def _snippet(row: dict[str, Any]) -> str:
 
 
 def _export_chunks(engine: Engine, chosen: selection.Selection, fmt: str) -> Iterator[str]:
-    """The selection as ``llm-audit export`` writes it (oldest first, the CLI's cells), in chunks."""
-    with engine.connect() as conn:
-        rows = iter_exchanges(conn, chosen.filters)
-        header = True
-        while True:
-            batch = [row for _, row in zip(range(EXPORT_BATCH), rows)]
-            if not batch and not header:
-                return
-            out = io.StringIO()
-            write_records(batch, fmt, FIELDS, out)
-            text = out.getvalue()
-            if fmt == "csv" and not header:
-                text = text.split("\n", 1)[1]  # the header once, at the top
-            header = False
-            if text:
-                yield text
-            if not batch:
-                return
+    """The selection as ``llm-audit export`` writes it (oldest first, the CLI's cells), in chunks.
+    Values llm-audit did not write are empty there, as in the CLI's, and said in the log."""
+    unreadable: list[str] = []
+    try:
+        with engine.connect() as conn:
+            rows = iter_exchanges(conn, chosen.filters, unreadable=unreadable)
+            header = True
+            while True:
+                batch = [row for _, row in zip(range(EXPORT_BATCH), rows)]
+                if not batch and not header:
+                    return
+                out = io.StringIO()
+                write_records(batch, fmt, FIELDS, out)
+                text = out.getvalue()
+                if fmt == "csv" and not header:
+                    text = text.split("\n", 1)[1]  # the header once, at the top
+                header = False
+                if text:
+                    yield text
+                if not batch:
+                    return
+    finally:
+        if unreadable:
+            log.warning(
+                "export: %d records hold values llm-audit did not write, exported as empty (first: %s); "
+                "run llm-audit verify",
+                len(unreadable),
+                visible(unreadable[0]),
+            )

@@ -23,8 +23,9 @@ from urllib.parse import urlencode
 
 from sqlalchemy import Connection, and_, func, or_, select
 
-from storage.query import Filters, plain, view
+from storage.query import Filters, records, view
 from storage.retention import RetentionError, parse_cutoff
+from storage.stored import StoredValues
 
 PAGE_SIZE = 50
 MAX_PAGE_SIZE = 500
@@ -115,17 +116,20 @@ def _after(value: str | None) -> tuple[datetime, str] | None:
         raise SelectionError("the page link is damaged: start again from the first page") from None
 
 
-def cursor(row: Mapping[str, Any]) -> str:
-    """The ``after`` value that continues after ``row``."""
-    return f"{row['started_at'].isoformat()}~{row['id']}"
+def cursor(rows: Sequence[Mapping[str, Any]]) -> str | None:
+    """The ``after`` value that continues after the last of ``rows`` whose start time can
+    be read (the rows after it come again on the next page); None when none can be."""
+    last = next((row for row in reversed(rows) if row["started_at"] is not None and row["id"] is not None), None)
+    return None if last is None else f"{last['started_at'].isoformat()}~{last['id']}"
 
 
-def page(conn: Connection, selection: Selection) -> tuple[list[dict[str, Any]], bool]:
+def page(conn: Connection, selection: Selection, unreadable: list[str]) -> tuple[list[dict[str, Any]], bool]:
     """One page of the selection, newest first, and whether there are more after it.
 
     As :func:`storage.query.list_exchanges` does, the page's ids are chosen first (on
     the indexes) and only those rows are read; a record without a start time (none the
-    proxy writes) is not listed. Only what the list shows is read (:data:`LISTED`, and
+    proxy writes) is not listed. A value llm-audit did not write is None, and its record
+    named in ``unreadable`` (:func:`storage.query.records`). Only what the list shows is read (:data:`LISTED`, and
     the start of the answer and the error message): a record may hold tens of megabytes
     (a hostile client's), and a page of 500 whole ones would not fit in memory.
     """
@@ -137,7 +141,8 @@ def page(conn: Connection, selection: Selection) -> tuple[list[dict[str, Any]], 
         conditions.append(and_(view.started_at <= started, or_(view.started_at < started, view.id < id)))
     newest = (view.started_at.desc(), view.id.desc())
     ids = select(view.id).where(view.started_at.is_not(None), *conditions).order_by(*newest).limit(selection.limit + 1)
-    query = select(*LISTED, *(func.substr(view[name], 1, SNIPPET_READ).label(name) for name in SNIPPETS))
+    stored = StoredValues(conn.dialect, LISTED)
+    query = select(*stored.select(LISTED), *(func.substr(view[name], 1, SNIPPET_READ).label(name) for name in SNIPPETS))
     query = query.where(view.id.in_(ids.scalar_subquery())).order_by(*newest)
-    rows = [plain(row) for row in conn.execute(query)]
+    rows = list(records(conn.execute(query), stored, unreadable))
     return rows[: selection.limit], len(rows) > selection.limit

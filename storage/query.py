@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import re
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -36,6 +36,7 @@ from sqlalchemy import (
 from sqlalchemy.sql.elements import ColumnElement
 
 from storage.schema import ANSWER_BYTES, exchange_view, exchanges
+from storage.stored import StoredValues
 
 view = exchange_view.c
 FIELDS = tuple(c.name for c in exchange_view.columns)
@@ -138,8 +139,11 @@ def prepare(conn: Connection) -> None:
         conn.commit()  # a SET is undone with its transaction
 
 
-def list_exchanges(conn: Connection, filters: Filters, *, limit: int, offset: int = 0) -> list[dict[str, Any]]:
+def list_exchanges(
+    conn: Connection, filters: Filters, *, limit: int, offset: int = 0, unreadable: list[str]
+) -> list[dict[str, Any]]:
     """The exchanges matching ``filters``, newest first: one page of ``limit`` rows after ``offset``.
+    Values that cannot be read are None, and named in ``unreadable`` (:func:`records`).
 
     The page is chosen by id first, then only its rows are read whole: when the rows
     must be sorted (``--user a --user b``: no index gives them in order), SQLite would
@@ -148,42 +152,54 @@ def list_exchanges(conn: Connection, filters: Filters, *, limit: int, offset: in
     """
     newest = (view.started_at.desc(), view.id.desc())
     page = select(view.id).where(*filters.conditions()).order_by(*newest).limit(limit).offset(offset)
-    query = select(exchange_view).where(view.id.in_(page.scalar_subquery())).order_by(*newest)
-    return [plain(row) for row in conn.execute(query)]
+    stored = StoredValues(conn.dialect, exchange_view.columns)
+    query = select(*stored.select(exchange_view.columns)).where(view.id.in_(page.scalar_subquery())).order_by(*newest)
+    return list(records(conn.execute(query), stored, unreadable))
 
 
 def count_exchanges(conn: Connection, filters: Filters) -> int:
     return conn.execute(select(func.count()).select_from(exchange_view).where(*filters.conditions())).scalar_one()
 
 
-def iter_exchanges(conn: Connection, filters: Filters, *, batch: int = 1000) -> Iterator[dict[str, Any]]:
-    """Every exchange matching ``filters``, oldest first, ``batch`` rows in memory at a time.
+def iter_exchanges(
+    conn: Connection, filters: Filters, *, batch: int = 1000, unreadable: list[str]
+) -> Iterator[dict[str, Any]]:
+    """Every exchange matching ``filters``, oldest first, ``batch`` rows in memory at a time
+    (values that cannot be read: as in :func:`list_exchanges`).
 
     PostgreSQL sends them through a server-side cursor (``stream_results``); SQLite's
     cursor reads them from the file as they are fetched.
     """
-    query = select(exchange_view).where(*filters.conditions()).order_by(view.started_at, view.id)
-    for row in conn.execution_options(stream_results=True, yield_per=batch).execute(query):
-        yield plain(row)
+    stored = StoredValues(conn.dialect, exchange_view.columns)
+    query = select(*stored.select(exchange_view.columns)).where(*filters.conditions())
+    result = conn.execution_options(stream_results=True, yield_per=batch).execute(
+        query.order_by(view.started_at, view.id)
+    )
+    yield from records(result, stored, unreadable)
 
 
-def get_exchange(conn: Connection, id_or_prefix: str) -> dict[str, Any]:
-    """The whole record of one exchange: every column of ``exchanges`` and the view's derived ones.
+def get_exchange(conn: Connection, id_or_prefix: str, *, unreadable: list[str]) -> dict[str, Any]:
+    """The whole record of one exchange: every column of ``exchanges`` and the view's derived ones
+    (values that cannot be read: as in :func:`list_exchanges`).
 
     The id may be shortened to any prefix that is unique (``list`` shows the first 12
     characters); an unknown or ambiguous one is a :class:`QueryError`.
     """
     if _HEX(id_or_prefix):  # (ids are lower-case hex: one typed in upper case is the same id)
         id_or_prefix = id_or_prefix.lower()
-    rows = conn.execute(select(*_STORED).where(exchanges.c.id == id_or_prefix)).all()
+    own = StoredValues(conn.dialect, _STORED)
+    rows = conn.execute(select(*own.select(_STORED)).where(exchanges.c.id == id_or_prefix)).all()
     if not rows and id_or_prefix:
-        rows = conn.execute(select(*_STORED).where(_starts_with(id_or_prefix)).limit(2)).all()
+        rows = conn.execute(select(*own.select(_STORED)).where(_starts_with(id_or_prefix)).limit(2)).all()
     if not rows:
         raise QueryError(f"no exchange with the id {id_or_prefix!r}")
     if len(rows) > 1:
         raise QueryError(f"{id_or_prefix!r} is the start of several exchange ids; give more of it")
-    stored = plain(rows[0])
-    derived = plain(conn.execute(select(*(view[name] for name in _FROM_VIEW)).where(view.id == stored["id"])).one())
+    (stored,) = records(rows, own, unreadable)
+    columns = [view.id, *(view[name] for name in _FROM_VIEW)]  # (the id: what names an unreadable value's record)
+    derived_values = StoredValues(conn.dialect, columns)
+    found = conn.execute(select(*derived_values.select(columns)).where(view.id == rows[0].id)).one()
+    (derived,) = records([found], derived_values, unreadable)
     return {name: derived[name] if name in derived else stored[name] for name in _RECORD}
 
 
@@ -293,6 +309,18 @@ def _percentiles(conn: Connection, filters: Filters, by: Sequence[str]) -> dict[
             if row.nth == (row.n * p + 99) // 100:
                 out.setdefault(group, {})[f"time_to_first_chunk_p{p}_ms"] = row.ttfc
     return out
+
+
+def records(rows: Iterable[Row], stored: StoredValues, unreadable: list[str]) -> Iterator[dict[str, Any]]:
+    """``rows`` as :func:`plain` dicts, their values decoded by ``stored``: one that cannot
+    be read (on SQLite, where a column holds what anyone put there) is None, and its
+    record is named in ``unreadable`` ("ID: column: why"), so one planted value hides
+    nothing else."""
+    for row in rows:
+        record = {str(name): value for name, value in row._mapping.items()}
+        if problems := stored.decode(record):
+            unreadable.append(f"{record.get('id')}: {', '.join(problems)}")
+        yield {name: _utc(value) if isinstance(value, datetime) else value for name, value in record.items()}
 
 
 def plain(row: Row) -> dict[str, Any]:

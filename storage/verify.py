@@ -42,14 +42,13 @@ them ("record N of chain X is quarantined in FILE: reason") instead.
 from __future__ import annotations
 
 import hashlib
-import json
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import JSON, Connection, DateTime, Engine, String, func, or_, select, type_coerce
+from sqlalchemy import Connection, Engine, String, func, or_, select, type_coerce
 
 from storage.chain import (
     CONTENT_COLUMNS,
@@ -67,6 +66,7 @@ from storage.retention import MIN_RETENTION
 from storage.schema import IN_PROGRESS, chains, exchanges, quarantine
 from storage.spool import row_of_line
 from storage.statements import SignedStart, Statements
+from storage.stored import StoredValues
 
 UNREADABLE_KEY = "_unreadable"  # on a row read by verify: the columns whose stored text cannot be decoded
 
@@ -388,108 +388,25 @@ def _quarantined_row_problem(line: bytes, q: dict[str, Any]) -> tuple[bool, str]
 def _rows(conn: Connection, chain_id: str, start: int) -> Iterator[dict[str, Any]]:
     """The chain's records from its start (a purge in progress may have left older ones).
 
-    SQLite keeps whatever text a writer puts in a JSON or time column, so there those
-    columns are read as text and decoded here, row by row (:class:`_StoredText`): a
+    Read as :class:`~storage.stored.StoredValues` reads them, strictly: on SQLite, a
     value that cannot be read, or that SQL reads otherwise than the hash does, is
     tampering with that record (``UNREADABLE_KEY`` names it), not a failure of
     ``verify``.
     """
     c = exchanges.c
-    stored = _StoredText(conn) if conn.dialect.name == "sqlite" else None
-    columns = [
-        type_coerce(col, String).label(col.name) if stored and col.name in stored.decoders else col
-        for col in exchanges.columns
-    ]
+    stored = StoredValues(conn.dialect, exchanges.columns)
     result = conn.execution_options(stream_results=True, yield_per=1000).execute(
-        select(*columns).where(c.chain_id == chain_id, c.chain_seq >= start).order_by(c.chain_seq, c.id)
+        select(*stored.select(exchanges.columns))
+        .where(c.chain_id == chain_id, c.chain_seq >= start)
+        .order_by(c.chain_seq, c.id)
     )
     for row in result.mappings():
         record = dict(row)
-        problems = [problem] if (problem := fold_answer_bytes(record, stored is not None)) is not None else []
-        if stored is not None:
-            problems += stored.decode(record)
+        problems = [problem] if (problem := fold_answer_bytes(record, stored.sqlite)) is not None else []
+        problems += stored.decode(record, strict=True)
         if problems:
             record[UNREADABLE_KEY] = problems
         yield record
-
-
-class _StoredText:
-    """SQLite's JSON and time columns, read from their stored text as the writer wrote it.
-
-    The writer's own text is the only one accepted, because SQL reads the text itself:
-    a time the hash reads as the same instant (``2026-01-02T03:04:05+05:00``, or without
-    its microseconds) sorts elsewhere in ``list --since`` and ``purge``, and a JSON object
-    holding a key twice shows SQL the first value, the hash the last.
-    """
-
-    def __init__(self, conn: Connection) -> None:
-        dialect = conn.dialect
-        self.decoders: dict[str, Any] = {}
-        self.encoders: dict[str, Any] = {}  # the times': what the writer stores for a value
-        for col in exchanges.columns:
-            if isinstance(col.type, (JSON, DateTime)):
-                impl = col.type.dialect_impl(dialect)
-                self.decoders[col.name] = impl.result_processor(dialect, None)
-                if isinstance(col.type, DateTime):
-                    self.encoders[col.name] = impl.bind_processor(dialect)
-
-    def decode(self, record: dict[str, Any]) -> list[str]:
-        """Decode ``record``'s columns in place; what is wrong with them."""
-        problems = []
-        for name, decode in self.decoders.items():
-            text = record[name]
-            if text is None or decode is None:
-                continue
-            try:
-                record[name] = decode(text)
-            except (ValueError, TypeError) as e:
-                problems.append(f"{name}: {type(e).__name__}")
-                continue
-            if (problem := self._written_otherwise(name, text, record[name])) is not None:
-                problems.append(f"{name}: {problem}")
-        return problems
-
-    def _written_otherwise(self, name: str, text: Any, value: Any) -> str | None:
-        if name in self.encoders:
-            if value.tzinfo is not None or self.encoders[name](value) != text:
-                return f"{str(text)[:40]!r} is no time as the writer writes it (SQL compares the text)"
-            return None
-        key = _duplicate_key(text)
-        return None if key is None else f"an object holds the key {str(key)[:40]!r} twice (SQL reads the first)"
-
-
-class _Duplicate(Exception):
-    def __init__(self, key: str) -> None:
-        self.key = key
-
-
-def _unique_pairs(pairs: list[tuple[str, Any]]) -> None:
-    seen: set[str] = set()
-    for key, _ in pairs:
-        if key in seen:
-            raise _Duplicate(key)
-        seen.add(key)
-
-
-def _duplicate_key(stored: Any) -> str | None:
-    """The first key some object of the stored JSON text holds twice, else None.
-
-    The writer serializes dicts, so it never stores one; a forger can. The hash is taken
-    over the value as verify reads it (the last of the two, as orjson and Python do),
-    while SQLite's ``json_extract`` and ``->>`` read the first: a record whose SQL shows
-    forged content would check out. Python's own parser is used for its pairs hook
-    (orjson has none); a third of orjson's speed, and only text that can hold an object
-    is read twice.
-    """
-    if not isinstance(stored, str) or not stored.lstrip().startswith(("{", "[")):
-        return None
-    try:
-        json.loads(stored, object_pairs_hook=_unique_pairs)
-    except _Duplicate as e:
-        return e.key
-    except (ValueError, RecursionError):
-        return None  # (orjson read it; what Python's parser refuses cannot be told apart here)
-    return None
 
 
 def _verify_chain(

@@ -435,6 +435,50 @@ def test_a_changed_record_does_not_verify(sqlite_url, tmp_path):
         assert "Verifies:" in visible_text(c.get("/exchanges/alice-2").text)
 
 
+@pytest.mark.parametrize(
+    ("column", "value"),
+    [("started_at", "yesterday"), ("request_body", "[1,"), ("verdicts", "{"), ("user_id", b"bob"), ("findings", "[")],
+)
+def test_a_value_llm_audit_did_not_write_hides_no_other_record(sqlite_url, tmp_path, caplog, column, value):
+    """SQLite keeps anything in any column: one planted value made the list, the
+    export and the overview answer 500 for every record. Now it is shown as empty,
+    said on the page, and the other records are read."""
+    copy = tmp_path / "planted.db"
+    shutil.copy(sqlite_url.removeprefix("sqlite:///"), copy)
+    con = sqlite3.connect(copy)
+    con.execute(f"UPDATE exchanges SET {column} = ? WHERE id = 'bob-1'", (value,))
+    con.commit()
+    con.close()
+    with serving(f"sqlite:///{copy}") as c:
+        login(c)
+        shown = listed(c)
+        assert "alice-1" in shown and "alice-2" in shown, shown
+        if column in ("started_at", "user_id"):  # (what the list reads)
+            page = visible_text(c.get("/exchanges").text)
+            assert "hold values llm-audit did not write, shown as empty (first: bob-1: " + column in page, page
+        page = c.get("/exchanges/bob-1")
+        assert page.status_code == 200
+        assert "This record holds values llm-audit did not write" in visible_text(page.text), page.text
+        assert c.get("/overview").status_code == 200
+        with caplog.at_level("WARNING", logger="llm-audit.serve"):
+            export = c.get("/export.jsonl")
+        assert export.status_code == 200 and '"id":"alice-1"' in export.text
+        assert [r.getMessage() for r in caplog.records if r.name == "llm-audit.serve"] == (
+            []
+            if column in ("verdicts", "findings")
+            else [
+                "export: 1 records hold values llm-audit did not write, exported as empty (first: bob-1: "
+                + column
+                + (
+                    ": a BLOB, no text"
+                    if column == "user_id"
+                    else f": {'ValueError' if column == 'started_at' else 'JSONDecodeError'}"
+                )
+                + "); run llm-audit verify"
+            ]
+        )
+
+
 def test_cost_is_shown_with_its_prices_or_as_unknown(sqlite_url, tmp_path):
     copy = tmp_path / "costed.db"
     shutil.copy(sqlite_url.removeprefix("sqlite:///"), copy)
