@@ -8,13 +8,14 @@ same on SQLite and PostgreSQL.
 from __future__ import annotations
 
 import csv
-import re
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from datetime import datetime
 from typing import IO, Any
 
 import orjson
+
+from cli.terminal import visible
 
 MACHINE_FORMATS = ("json", "jsonl", "csv")
 
@@ -44,14 +45,14 @@ def json_document(value: Any) -> str:
 
 # A cell a spreadsheet would run as a formula (CWE-1236): its text starts with one of these.
 FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
-# Control characters other than line feed and tab, shown escaped (\x1b) in CSV cells.
-_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 
 
 def _csv_cell(value: Any) -> str:
     """One CSV cell: recorded text is hostile, so a cell that would start a formula is
-    prefixed with ``'`` (the OWASP rule; spreadsheets then show it as text) and control
-    characters are escaped; numbers are left as they are."""
+    prefixed with ``'`` (the OWASP rule; spreadsheets then show it as text), and control
+    characters, bidirectional marks and overrides (a file name shown reversed) and line
+    separators are escaped as the terminal shows them (:func:`~cli.terminal.visible`:
+    ``\x1b``, ``\u202e``); numbers are left as they are. JSON keeps the text exact."""
     if value is None:
         return ""
     if isinstance(value, bool):
@@ -61,7 +62,7 @@ def _csv_cell(value: Any) -> str:
     if isinstance(value, datetime):
         return value.isoformat()
     text = orjson.dumps(value).decode() if isinstance(value, dict | list) else str(value)
-    text = _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
+    text = visible(text)
     return "'" + text if text.startswith(FORMULA_STARTS) else text
 
 

@@ -388,6 +388,7 @@ def test_an_export_is_the_cli_export_of_the_same_selection(client, url, fmt, que
 def test_the_csv_export_neutralises_formulas_and_controls(client):
     rows = list(csv.DictReader(io.StringIO(client.get("/export.csv?user=mallory").text)))
     assert [r["id"] for r in rows] == ["evil-1"] and "\x1b" not in rows[0]["output_text"]
+    assert "\u202e" not in rows[0]["output_text"] and "evil\\u202etxt.exe" in rows[0]["output_text"]  # (not reversed)
     jsonl = [orjson.loads(line) for line in client.get("/export.jsonl?user=mallory").text.splitlines()]
     assert jsonl[0]["output_text"] == HOSTILE  # JSON keeps the text exact: escaping is the reader's job
 
