@@ -63,7 +63,8 @@ def _cmd_status(args: argparse.Namespace) -> int:
         ) from None
     except (OSError, ValueError) as e:
         raise StatusError(f"cannot read the status file {path}: {e}") from None
-    code, line = verdict(doc, pid_alive(int(doc["pid"])) if isinstance(doc["pid"], int) else False)
+    started = doc.get("pid_started") if isinstance(doc.get("pid_started"), str) else None
+    code, line = verdict(doc, pid_alive(doc["pid"], started) if isinstance(doc["pid"], int) else False)
     if args.format == "json":
         sys.stdout.write(
             orjson.dumps({"exit": code, "verdict": line, "status": doc}, option=orjson.OPT_INDENT_2).decode() + "\n"

@@ -119,9 +119,12 @@ def read_status(path: Path) -> dict[str, Any]:
     return doc
 
 
-def pid_alive(pid: int) -> bool:
-    """Whether a process with this id exists (ours or another user's). Not 0 or less:
-    ``kill`` takes those for process groups, which always exist."""
+def pid_alive(pid: int, started: str | None = None) -> bool:
+    """Whether a process with this id exists (ours or another user's), and, given what
+    :func:`process_start` said of the proxy (``started``), whether it is that process:
+    a proxy killed outright leaves its status file saying it runs, and a later process
+    given its pid made ``status`` answer "records flow" for a proxy long gone. Not 0 or
+    less: ``kill`` takes those for process groups, which always exist."""
     if pid <= 0:
         return False
     try:
@@ -129,10 +132,24 @@ def pid_alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     except PermissionError:
-        return True
+        pass
     except (OverflowError, ValueError):
         return False
-    return True
+    now = process_start(pid) if started is not None else None
+    return now is None or now == started  # (no /proc to tell by: the pid alone)
+
+
+def process_start(pid: int) -> str | None:
+    """When process ``pid`` started, as Linux tells it: this boot's id and the start time
+    in clock ticks (``/proc/PID/stat``, field 22), which no later process with the same
+    pid shares; None where ``/proc`` does not tell."""
+    try:
+        stat_line = Path(f"/proc/{pid}/stat").read_bytes()
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+        fields = stat_line[stat_line.rindex(b")") + 2 :].split()  # (the name may hold spaces and parentheses)
+        return f"{boot}:{int(fields[19])}"
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def verdict(doc: dict[str, Any], running: bool) -> tuple[int, str]:

@@ -71,7 +71,7 @@ from storage.quarantine import Entry, Quarantine, recover
 from storage.schema import ANSWER_BYTES, IN_PROGRESS, chains, exchanges
 from storage.schema import quarantine as quarantine_table
 from storage.spool import Spool, safe_name
-from storage.status import WriterStatus, status_path
+from storage.status import WriterStatus, process_start, status_path
 
 log = logging.getLogger(__name__)
 
@@ -126,6 +126,7 @@ class AuditWriter:
         self.written = 0  # final records (open records are not counted)
         self.quarantined = 0  # records quarantined by this run
         self.started = datetime.now(UTC)
+        self._process_start = process_start(os.getpid())  # (so status tells this process from a later one with its pid)
         self.last_write: datetime | None = None
         self.last_error: str | None = None
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
@@ -803,6 +804,7 @@ class AuditWriter:
         also logs the heartbeat)."""
         doc = {
             "pid": os.getpid(),
+            "pid_started": self._process_start,
             "instance": self.instance,
             "started": self.started,
             "database": shown_url(self.engine.url),

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import os
 import stat
+import subprocess
+import sys
 
 import orjson
 import pytest
@@ -15,6 +17,7 @@ from test_cli_query import at, exchange, llm_audit, run
 from cli.terminal import visible
 from storage.database import open_engine, shown_url
 from storage.schema import exchanges
+from storage.status import process_start
 
 TITLE = "\x1b]0;PWNED\x07\x1b[2J\x1b[31m"  # sets the window title, clears the screen, turns text red
 
@@ -74,6 +77,24 @@ def test_status_refuses_a_pipe_and_a_pid_of_zero(tmp_path):
     (tmp_path / "status.json").write_bytes(orjson.dumps(doc))
     status, out, _ = run("status", str(tmp_path / "status.json"))
     assert status != 0 and "records flow" not in out and "\x1b" not in out
+
+
+def test_status_tells_a_proxy_gone_from_a_later_process_given_its_pid(tmp_path):
+    """A proxy killed outright leaves a status file saying it runs; its pid given to a
+    later process made status say "records flow", exit 0, for a proxy long gone."""
+    later = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        doc = {"pid": later.pid, "instance": "gone", "writer_alive": True, "stopped": False, "written": 1}
+        doc |= {"spooled": 0, "quarantined": 0, "held": 0, "updated": "2026-12-07T10:00:00Z", "last_error": None}
+        path = tmp_path / "status.json"
+        path.write_bytes(orjson.dumps(doc | {"pid_started": process_start(later.pid)}))
+        assert run("status", str(path))[0] == 0  # (that very process: records flow)
+        path.write_bytes(orjson.dumps(doc | {"pid_started": process_start(os.getpid())}))
+        status, out, _ = run("status", str(path))
+        assert status == 3 and "not running (the process is gone" in out, out
+    finally:
+        later.kill()
+        later.wait()
 
 
 def test_hosts_reads_no_device(tmp_path):

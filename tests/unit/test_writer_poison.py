@@ -28,6 +28,7 @@ from storage.database import open_engine
 from storage.prepare import MAX_DEPTH, Prepared, prepare
 from storage.schema import exchanges, quarantine
 from storage.spool import Spool
+from storage.status import process_start
 from storage.verify import verify
 from storage.writer import AuditWriter
 
@@ -371,6 +372,7 @@ def test_the_status_file_and_llm_audit_status(tmp_path):
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
     doc = orjson.loads(path.read_bytes())
     assert doc["pid"] == os.getpid() and doc["writer_alive"] and doc["instance"] == INSTANCE and doc["last_write"]
+    assert doc["pid_started"] == process_start(os.getpid())  # (this process, not a later one given its pid)
     flowing = status("--spool-dir", str(tmp_path), "--instance", INSTANCE)
     assert flowing.returncode == 0 and "records flow; 1 written, 0 in the spool" in flowing.stdout, flowing
     writer.close()
