@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+import orjson
 from sqlalchemy import (
     Connection,
     Float,
@@ -109,8 +110,13 @@ class Filters:
             out.append(view.blocked)
         if self.contains:
             text = self.contains
+            body = cast(view.request_body, Text)
+            # The body is JSON text: a quote, a backslash or a line break in a message is
+            # escaped there ("say \"hi\""), so it is also searched as a JSON string holds it.
+            escaped = orjson.dumps(text).decode()[1:-1]
             out.append(or_(
-                cast(view.request_body, Text).icontains(text, autoescape=True),
+                body.icontains(text, autoescape=True),
+                *([body.icontains(escaped, autoescape=True)] if escaped != text else []),
                 view.output_text.icontains(text, autoescape=True),
                 view.delivered_text.icontains(text, autoescape=True),
             ))  # fmt: skip

@@ -115,7 +115,7 @@ ROWS = [
         client_address="10.0.0.2",
         status="blocked",
         error_code="content_filtered",
-        request_body={"messages": [{"role": "user", "content": "secret 50%"}]},
+        request_body={"messages": [{"role": "user", "content": 'secret 50% of "C:\\Temp"\nnext line'}]},
         verdicts=[{"action": "block", "rule_id": "r1", "reason": "a secret", "filter": "rules"}],
     ),
     exchange(
@@ -274,6 +274,8 @@ def test_list_is_newest_first_with_the_views_fields(url):
         (["--contains", "東京"], ["anon-1"]),
         (["--contains", "nothing to see"], ["bob-2"]),  # what the upstream said, not what the client got
         (["--contains", "50%"], ["bob-1"]),  # a LIKE wildcard is a plain character
+        (["--contains", 'of "c:\\temp"'], ["bob-1"]),  # a quote and a backslash, escaped in the body's JSON
+        (["--contains", '"\nnext'], ["bob-1"]),  # a line break too
         (["--contains", "not json"], ["alice-2"]),  # a body that was not JSON, kept as a string
         (["--since", "2026-03-02", "--until", "2026-03-04"], ["bob-1", "alice-2"]),
         (["--since", "2026-03-02T11:00:00+01:00", "--until", "2026-03-03T10:00:00Z"], ["alice-2"]),
@@ -788,6 +790,6 @@ def test_csv_cells_never_run_as_formulas_nor_carry_raw_control_characters(tmp_pa
     by_id = {r["id"]: r for r in rows}
     for i, text in enumerate(hostile[:5]):
         assert by_id[f"h-{i}"]["user_id"] == "'" + text  # shown as text by a spreadsheet
-    assert by_id["h-5"]["user_id"] == "a\\x1b[31mb\\x0dc\\x00d"
+    assert by_id["h-5"]["user_id"] == "a\\x1b[31mb\\rc\\x00d"
     assert not re.search(r"[\x00-\x08\x0b-\x1f\x7f]", out.replace("\n", ""))
     assert by_id["h-0"]["time_to_first_chunk_ms"] == "-5"  # numbers stay numbers
