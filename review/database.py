@@ -22,7 +22,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 
 from storage import migrations
-from storage.database import CONNECT_TIMEOUT, DatabaseError, first_line, shown_url
+from storage.database import CONNECT_TIMEOUT, DatabaseError, first_line, shown_url, sqlite_reading
 
 HINT = "pass a working SQLAlchemy URL with --db URL or LLM_AUDIT_DB (e.g. sqlite:///path/audit.db)"
 BUSY_TIMEOUT_MS = 10_000  # wait for the proxy's writer rather than fail a page
@@ -74,6 +74,7 @@ def _sqlite(database: str) -> Engine:
 
 
 def _sqlite_reader(dbapi_conn, _record) -> None:
+    sqlite_reading(dbapi_conn)
     dbapi_conn.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
     dbapi_conn.execute("PRAGMA query_only=ON")  # a second lock on writes, beside mode=ro
 

@@ -196,6 +196,24 @@ def _lenient_text(value: bytes) -> str:
     return value.decode("utf-8", "replace")
 
 
+#: SQLite's own ``lower`` folds ASCII letters only: what ``--contains`` folds with there
+#: when the text looks for others (``storage.query.unicode_lower``).
+UNICODE_LOWER = "llm_audit_lower"
+
+
+def _unicode_lower(value: str | bytes | int | float | None) -> str | bytes | int | float | None:
+    return value.lower() if isinstance(value, str) else value
+
+
+def sqlite_reading(dbapi_conn: sqlite3.Connection) -> None:
+    """What every SQLite connection that reads records needs, the proxy's, the CLI's and
+    the review server's: text that is not UTF-8 read with U+FFFD (SQLite keeps whatever
+    bytes a writer puts in a TEXT column: one such value made every query fail), and
+    :data:`UNICODE_LOWER`."""
+    dbapi_conn.text_factory = _lenient_text
+    dbapi_conn.create_function(UNICODE_LOWER, 1, _unicode_lower, deterministic=True)
+
+
 def _sqlite_pragmas(dbapi_conn, _record) -> None:
     """WAL lets readers (the CLI, plain SQL) work while the proxy writes.
 
@@ -204,10 +222,7 @@ def _sqlite_pragmas(dbapi_conn, _record) -> None:
     while another connection holds a lock, e.g. two proxies opening a new file together),
     so it is retried briefly, and skipped when the file is already in WAL mode.
     """
-    # SQLite keeps whatever bytes a writer puts in a TEXT column: one value that is not
-    # UTF-8 made every query of the CLI fail, and verify stop (exit 2) without naming the
-    # record. Read so, it is U+FFFD: shown, and (no longer its hash) named by verify.
-    dbapi_conn.text_factory = _lenient_text
+    sqlite_reading(dbapi_conn)  # (a value that is not UTF-8: shown, and, no longer its hash, named by verify)
     cur = dbapi_conn.cursor()
     cur.execute("PRAGMA busy_timeout=10000")
     for attempt in range(100):

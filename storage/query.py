@@ -34,8 +34,11 @@ from sqlalchemy import (
     or_,
     select,
 )
+from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.elements import ColumnElement
+from sqlalchemy.sql.functions import GenericFunction
 
+from storage.database import UNICODE_LOWER
 from storage.schema import ANSWER_BYTES, exchange_view, exchanges
 from storage.stored import StoredValues
 
@@ -114,13 +117,38 @@ class Filters:
             # The body is JSON text: a quote, a backslash or a line break in a message is
             # escaped there ("say \"hi\""), so it is also searched as a JSON string holds it.
             escaped = orjson.dumps(text).decode()[1:-1]
-            out.append(or_(
-                body.icontains(text, autoescape=True),
-                *([body.icontains(escaped, autoescape=True)] if escaped != text else []),
-                view.output_text.icontains(text, autoescape=True),
-                view.delivered_text.icontains(text, autoescape=True),
-            ))  # fmt: skip
+            searched = [(body, text), (view.output_text, text), (view.delivered_text, text)]
+            if escaped != text:
+                searched.append((body, escaped))
+            out.append(or_(*(_holds(column, wanted) for column, wanted in searched)))
         return out
+
+
+def _holds(column: ColumnElement[Any], text: str) -> ColumnElement[bool]:
+    """``column`` holds ``text``, in any case: SQLite's ``lower`` folds ASCII letters only,
+    so text with others is folded by Python's there (:class:`unicode_lower`)."""
+    if text.isascii():
+        return column.icontains(text, autoescape=True)
+    pattern = "%" + re.sub(r"([/%_])", r"/\1", text) + "%"  # (as autoescape writes it: "/" escapes)
+    return unicode_lower(column).like(unicode_lower(literal(pattern, Text())), escape="/")
+
+
+class unicode_lower(GenericFunction[str]):
+    """``lower`` of all letters: PostgreSQL's own; on SQLite, Python's
+    (:data:`storage.database.UNICODE_LOWER`, on every connection that reads records)."""
+
+    type = Text()
+    inherit_cache = True
+
+
+@compiles(unicode_lower)
+def _lower(element: unicode_lower, compiler: Any, **kw: Any) -> str:
+    return f"lower({compiler.process(element.clauses, **kw)})"
+
+
+@compiles(unicode_lower, "sqlite")
+def _sqlite_lower(element: unicode_lower, compiler: Any, **kw: Any) -> str:
+    return f"{UNICODE_LOWER}({compiler.process(element.clauses, **kw)})"
 
 
 def _has_finding(code: str) -> ColumnElement[bool]:

@@ -115,7 +115,9 @@ ROWS = [
         client_address="10.0.0.2",
         status="blocked",
         error_code="content_filtered",
-        request_body={"messages": [{"role": "user", "content": 'secret 50% of "C:\\Temp"\nnext line'}]},
+        request_body={
+            "messages": [{"role": "user", "content": 'secret 50% of "C:\\Temp"\nnext line: Ärger in Москва'}]
+        },
         verdicts=[{"action": "block", "rule_id": "r1", "reason": "a secret", "filter": "rules"}],
     ),
     exchange(
@@ -287,6 +289,18 @@ def test_list_is_newest_first_with_the_views_fields(url):
 )
 def test_filters(url, args, expected):
     assert ids(url, *args) == expected
+
+
+def test_contains_folds_the_case_of_any_letter(url):
+    """SQLite's lower() folds ASCII letters only; PostgreSQL's, as its database's
+    LC_CTYPE does (all letters but under C or POSIX, as the test server's)."""
+    expected = ["bob-1"]
+    if url.startswith("postgresql"):
+        with open_engine(url, migrate=False).connect() as conn:
+            if conn.exec_driver_sql("SHOW lc_ctype").scalar() in ("C", "POSIX"):
+                expected = []
+    assert ids(url, "--contains", "ärger IN москва") == expected
+    assert ids(url, "--contains", "Ärger in Москва") == ["bob-1"]  # (as written: on every backend)
 
 
 def test_limit_and_offset_page_through(url):

@@ -213,6 +213,7 @@ def test_the_list_is_newest_first(client):
         ("finding=invalid_json", []),  # a whole code, not a part of request_invalid_json
         ("contains=capital+of+FRANCE", ["alice-1"]),
         ("contains=nightjar", ["bob-2", "bob-1"]),
+        ("contains=%E2%80%AETXT.exe", ["evil-1"]),  # a text with other than ASCII: folded by Python's lower on SQLite
         ("since=2026-03-02&until=2026-03-04", ["bob-1", "alice-2"]),
         ("user=bob&status=blocked&since=2026-03-04", ["bob-2"]),
         ("user=", NEWEST_FIRST),  # an empty field is no filter
@@ -478,6 +479,21 @@ def test_a_value_llm_audit_did_not_write_hides_no_other_record(sqlite_url, tmp_p
                 + "); run llm-audit verify"
             ]
         )
+
+
+def test_text_that_is_not_utf8_is_shown_with_replacement_characters(sqlite_url, tmp_path):
+    """SQLite keeps any bytes in a TEXT column: one value that was not UTF-8 made the
+    review's list and export answer 500 for every record (the CLI read it so already)."""
+    copy = tmp_path / "bytes.db"
+    shutil.copy(sqlite_url.removeprefix("sqlite:///"), copy)
+    con = sqlite3.connect(copy)
+    con.execute("UPDATE exchanges SET output_text = CAST(X'41FF42' AS TEXT) WHERE id = 'bob-1'")
+    con.commit()
+    con.close()
+    with serving(f"sqlite:///{copy}") as c:
+        login(c)
+        assert "bob-1" in listed(c) and "alice-1" in listed(c)
+        assert "A\ufffdB" in c.get("/export.jsonl").text
 
 
 def test_cost_is_shown_with_its_prices_or_as_unknown(sqlite_url, tmp_path):
