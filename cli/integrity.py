@@ -19,9 +19,8 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from sqlalchemy import Engine, func, select
 from sqlalchemy.exc import SQLAlchemyError
 
-from cli.common import PROG, Commands, actor, engine, positive_int
+from cli.common import PROG, Commands, actor, engine, positive_int, warn
 from cli.terminal import one_line
-from storage.chain import Head
 from storage.checkpoint import (
     CheckpointError,
     default_checkpoint_dir,
@@ -37,7 +36,7 @@ from storage.erase import erase_user
 from storage.retention import MIN_RETENTION, RetentionError, check_cutoff, parse_cutoff, purge
 from storage.schema import exchanges
 from storage.statements import Signer, read_statements
-from storage.verify import Report, verify
+from storage.verify import ChainReport, Report, verify
 
 EXIT_TAMPERED = 1
 EXIT_UNCOVERED = 3  # no tampering found, but records that no checkpoint covers
@@ -47,9 +46,9 @@ Signs the head of every hash chain in the database with the Ed25519 key and writ
 checkpoint file (a key is made, its public half next to it as .pub, only for a folder of
 its own). It signs what the database holds, so it first verifies the chains against the
 checkpoints and statements already in --dir and refuses to sign over tampering they
-reveal, or a chain none of them names (whoever can write the database can add one):
-name each new chain of yours with --new-chain. Ship the files and the public key
-somewhere the database's administrators cannot rewrite.
+reveal. A chain none of them names is left out (whoever can write the database can add
+one; exit status 3): name each new chain of yours with --new-chain. Ship the files and
+the public key somewhere the database's administrators cannot rewrite.
 
 examples:
   llm-audit checkpoint
@@ -189,11 +188,19 @@ def _signer(args: argparse.Namespace) -> Signer:
     return Signer.load(args.dir, args.key)
 
 
-def _refuse_tampered(db: Engine, args: argparse.Namespace, key: Ed25519PrivateKey) -> None:
-    """A checkpoint signs what the database holds: never over tampering that ``verify``
+def _heads_to_sign(
+    db: Engine, args: argparse.Namespace, key: Ed25519PrivateKey
+) -> tuple[list[ChainReport], list[ChainReport]]:
+    """The chains a checkpoint signs, as ``verify`` checked them, and the ones it leaves out.
+
+    A checkpoint signs what the database holds: never over tampering that ``verify``
     finds, against the checkpoints and statements already in ``--dir`` when it holds
     some, and by the chains alone when it holds none (a new folder signed over a record
-    a plain ``verify`` already named)."""
+    a plain ``verify`` already named). It signs the heads that very check read, not a
+    second reading: what was written in between waits for the next checkpoint. In a
+    folder that holds checkpoints, a chain none of them names is left out unless named
+    with ``--new-chain``: whoever can write the database can add a consistent chain.
+    """
     public = key.public_key()
     signed = bool(list(args.dir.glob("checkpoint-*.json"))) if args.dir.is_dir() else False
     report = verify(db, read_checkpoints(args.dir, public), read_statements(args.dir, public)) if signed else verify(db)
@@ -206,33 +213,19 @@ def _refuse_tampered(db: Engine, args: argparse.Namespace, key: Ed25519PrivateKe
             f"refusing to sign: {chain} does not verify {where}({problem}); see {PROG} verify"
             + (f" --checkpoints {args.dir}" if signed else "")
         )
-    unnamed = [c for c in report.chains if signed and c.records and not c.checkpoints]
-    if new := [c for c in unnamed if c.chain_id not in args.new_chain]:
-        names = ", ".join(f"{c.chain_id!r} (records {c.start}..{c.last.seq})" for c in new[:3])
-        more = f" and {len(new) - 3} more" if len(new) > 3 else ""
-        raise CheckpointError(
-            f"refusing to sign: no checkpoint in {args.dir} names chain {names}{more}, and whoever can write "
-            "the database can add a chain; if it is a proxy of yours (its llm_audit_instance), sign it with "
-            + " ".join(f"--new-chain {shlex.quote(c.chain_id)}" for c in new[:3])
-        )
+    chains = [c for c in report.chains if c.records]
+    left_out = [c for c in chains if signed and not c.named and c.chain_id not in args.new_chain]
+    return [c for c in chains if c not in left_out], left_out
 
 
-def _chain_heads(db: Engine) -> dict[str, Head]:
-    """The last record of every hash chain: what a checkpoint signs."""
-    c = exchanges.c
-    last = (
-        select(c.chain_id, func.max(c.chain_seq).label("seq"))
-        .where(c.chain_id.is_not(None))
-        .group_by(c.chain_id)
-        .subquery()
+def _left_out_line(left_out: list[ChainReport], directory: Path) -> str:
+    names = ", ".join(f"{c.chain_id!r} (records {c.start}..{c.last.seq})" for c in left_out[:3])
+    more = f" and {len(left_out) - 3} more" if len(left_out) > 3 else ""
+    return (
+        f"no checkpoint in {directory} names chain {names}{more}, and whoever can write the database can add a "
+        "chain; if it is a proxy of yours (its llm_audit_instance), sign it with "
+        + " ".join(f"--new-chain {shlex.quote(c.chain_id)}" for c in left_out[:3])
     )
-    with db.connect() as conn:
-        rows = conn.execute(
-            select(c.chain_id, c.chain_seq, c.record_hash).join(
-                last, (c.chain_id == last.c.chain_id) & (c.chain_seq == last.c.seq)
-            )
-        ).all()
-    return {r.chain_id: Head(r.chain_seq, r.record_hash) for r in rows}
 
 
 def _cmd_checkpoint(args: argparse.Namespace) -> int:
@@ -240,20 +233,29 @@ def _cmd_checkpoint(args: argparse.Namespace) -> int:
     key = load_key(args.key, args.dir, new_folder_new_key=True)
     with engine(args, existing=True) as db:
         try:
-            _refuse_tampered(db, args, key)
-            heads = _chain_heads(db)
+            chains, left_out = _heads_to_sign(db, args, key)
         except SQLAlchemyError as e:
             raise DatabaseError(f"cannot read the chains: {first_line(e)}") from None
+    if left_out and not chains:
+        raise CheckpointError(f"refusing to sign: {_left_out_line(left_out, args.dir)}")
     try:
-        path = write_checkpoint(args.dir, key, heads)
+        path = write_checkpoint(args.dir, key, {c.chain_id: c.last for c in chains})
     except OSError as e:
         raise CheckpointError(
             f"cannot write a checkpoint in {args.dir} ({e.strerror}); name a writable folder with --dir DIR"
         ) from None
     if made:
         print(f"made a new signing key {args.key} (and {public_key_path(args.key)}), for a new folder")
-    signed = ", ".join(f"{k} at {h.seq}" for k, h in sorted(heads.items()))
-    print(one_line(f"{path}: {len(heads)} chains signed ({signed})"))  # (chain ids are the database's)
+    # (what each chain gained since its last checkpoint: a chain whose proxy is gone can still be grown)
+    signed = ", ".join(
+        f"{c.chain_id} at {c.last.seq}"
+        + (f" (records {max(c.covered + 1, c.start)}..{c.last.seq} newly signed)" if c.last.seq > c.covered else "")
+        for c in sorted(chains, key=lambda c: c.chain_id)
+    )
+    print(one_line(f"{path}: {len(chains)} chains signed ({signed})"))  # (chain ids are the database's)
+    if left_out:
+        warn(f"left out: {_left_out_line(left_out, args.dir)}")
+        return EXIT_UNCOVERED
     return 0
 
 

@@ -97,6 +97,7 @@ class ChainReport:
     problems: list[Problem] = field(default_factory=list)
     checkpoints: int = 0  # checkpoints that named this chain and were compared
     signed: bool = False  # checkpoints were given: records they do not cover are reported
+    named: bool = False  # a trusted checkpoint names this chain (compared or not: its records may be purged since)
     covered: int = 0  # the last record a matching checkpoint signed
     quarantined: list[dict[str, Any]] = field(default_factory=list)  # quarantine rows that fill gaps
     # why each quarantined record that could not be checked against its file was not (by number)
@@ -119,7 +120,7 @@ class ChainReport:
         if span is None:
             return None
         records = f"record {span[0]}" if span[0] == span[1] else f"records {span[0]}..{span[1]}"
-        if not self.checkpoints:
+        if not self.named:
             return f"{self.chain_id}: no checkpoint signed by a trusted key names this chain: {records} are not covered"
         return f"{self.chain_id}: not yet covered by a checkpoint: {records}"
 
@@ -133,7 +134,7 @@ class ChainReport:
         extra += f", {len(self.quarantined)} quarantined" if self.quarantined else ""
         extra += f" ({len(self.unchecked)} NOT CHECKED against its file)" if self.unchecked else ""
         signed = f", {self.checkpoints} checkpoints matched" if self.checkpoints and self.ok else ""
-        if self.ok and self.signed and not self.checkpoints and self.records:
+        if self.ok and self.signed and not self.named and self.records:
             return f"chain {self.chain_id}: NOT SIGNED, {span}{extra}: no checkpoint names it"
         if self.ok:
             return f"chain {self.chain_id}: OK, {span}{extra}{signed}"
@@ -420,6 +421,7 @@ def _verify_chain(
 ) -> ChainReport:
     report = ChainReport(chain_id, start=start, last=Head(start - 1, start_prev), signed=bool(checkpoints))
     signed = [(cp, cp.heads[chain_id]) for cp in checkpoints if chain_id in cp.heads]
+    report.named = bool(signed)
     wanted = {head.seq for _, head in signed}
     seen: dict[int, str] = {}  # record hashes at checkpointed numbers
     expected, prev, parent = start, start_prev, None  # parent: what the last record links to

@@ -542,20 +542,67 @@ def test_attack_4_a_chain_no_checkpoint_names_is_reported(engine, tmp_path, url)
 def test_llm_audit_checkpoint_signs_a_chain_no_checkpoint_names_only_when_told(engine, tmp_path, url):
     """A chain an insider adds (consistent, as the canonical form builds it) is NOT SIGNED
     until something signs it: ``checkpoint`` into a folder that already holds checkpoints
-    would launder it, so it names it and waits for ``--new-chain``."""
+    would launder it, so it leaves it out, names it (exit 3) and waits for ``--new-chain``;
+    the chains it knows are signed all the same."""
     seeded(engine, tmp_path, 3)
     sign = ["--db", url, "checkpoint", "--key", str(tmp_path / "key.pem"), "--dir", str(tmp_path / "checkpoints")]
-    assert llm_audit(*sign).returncode == 0  # a folder of its own: the chains it finds are its start
+    first = llm_audit(*sign)  # a folder of its own: the chains it finds are its start
+    assert first.returncode == 0 and f"{INSTANCE} at 3 (records 1..3 newly signed)" in first.stdout, first
     write(engine, [record(20) | {"proxy_instance": "proxy-b"}], tmp_path, instance="proxy-b")
+    write(engine, [record(21)], tmp_path)
     out = llm_audit(*sign)
-    assert out.returncode == 2 and len(out.stderr.splitlines()) == 1, out
+    assert out.returncode == 3 and len(out.stderr.splitlines()) == 1, out
+    assert out.stderr.startswith("llm-audit: warning: left out: no checkpoint in"), out
     assert "names chain 'proxy-b' (records 1..1)" in out.stderr and "--new-chain proxy-b" in out.stderr, out
-    assert len(list((tmp_path / "checkpoints").glob("checkpoint-*.json"))) == 1
+    assert f"1 chains signed ({INSTANCE} at 4 (records 4..4 newly signed))" in out.stdout, out
     assert signed_verify(url, tmp_path).returncode == 3
     assert llm_audit(*sign, "--new-chain", "proxy-b").returncode == 0
     assert signed_verify(url, tmp_path).returncode == 0
-    write(engine, [record(21)], tmp_path)  # a known chain goes on: no flag needed
-    assert llm_audit(*sign).returncode == 0
+    elsewhere = tmp_path / "elsewhere"  # a folder whose checkpoints name none of them: nothing to sign
+    write_checkpoint(elsewhere, load_or_create_key(tmp_path / "key.pem"), {})
+    alone = llm_audit(*sign[:-1], str(elsewhere))
+    assert alone.returncode == 2 and alone.stderr.startswith("llm-audit: refusing to sign: no checkpoint in"), alone
+    assert len(list(elsewhere.glob("checkpoint-*.json"))) == 1
+
+
+def test_a_checkpoint_signs_the_heads_its_check_read(engine, tmp_path, url, monkeypatch, capsys):
+    """What is written while the check runs (minutes, on a large database) waits for the
+    next checkpoint: a second reading of the heads signed a chain nobody had checked, and
+    past the --new-chain guard (the review's race, two processes)."""
+    from cli import integrity
+    from cli.main import main
+
+    seeded(engine, tmp_path, 3)
+    sign = ["--db", url, "checkpoint", "--key", str(tmp_path / "key.pem"), "--dir", str(tmp_path / "checkpoints")]
+    assert main(sign) == 0
+    checked = integrity.verify
+
+    def written_meanwhile(*args, **kwargs):
+        report = checked(*args, **kwargs)
+        write(engine, [record(30)], tmp_path)
+        write(engine, [record(31) | {"proxy_instance": "proxy-z"}], tmp_path, instance="proxy-z")
+        return report
+
+    monkeypatch.setattr(integrity, "verify", written_meanwhile)
+    assert main(sign) == 0
+    newest = max((tmp_path / "checkpoints").glob("checkpoint-*.json"))
+    assert list(orjson.loads(newest.read_bytes())["chains"]) == [INSTANCE]
+    assert orjson.loads(newest.read_bytes())["chains"][INSTANCE]["seq"] == 3
+
+
+def test_a_chain_whose_checkpointed_records_were_purged_is_still_named(engine, tmp_path, url):
+    """A signed purge that takes every record a checkpoint covered leaves the chain named
+    by that checkpoint: not "NOT SIGNED", and ``checkpoint`` goes on signing it."""
+    old = datetime.now(UTC) - timedelta(days=400)
+    write(engine, [record(i, ended=old + timedelta(minutes=i)) for i in range(3)], tmp_path)
+    checkpoint_now(engine, tmp_path)
+    write(engine, [record(9)], tmp_path)
+    assert llm_audit("--db", url, "purge", "--older-than", "200d", *signed(tmp_path)).returncode == 0
+    out = signed_verify(url, tmp_path)
+    assert out.returncode == 3 and f"{INSTANCE}: not yet covered by a checkpoint: record 4" in out.stdout, out
+    done = llm_audit("--db", url, "checkpoint", *signed(tmp_path))
+    assert done.returncode == 0 and f"{INSTANCE} at 4 (records 4..4 newly signed)" in done.stdout, done
+    assert signed_verify(url, tmp_path).returncode == 0
 
 
 def test_attack_5_records_after_the_last_checkpoint_are_reported_not_yet_covered(engine, tmp_path, url):
