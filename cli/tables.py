@@ -82,7 +82,7 @@ def exchanges_table(rows: Sequence[dict[str, Any]], width: int, style: Style) ->
 
     return table([
         Column("time (UTC)", cells(lambda r: timestamp(r["started_at"], seconds=False)), keep=9),
-        Column("id", cells(lambda r: r["id"][:12]), keep=7),
+        Column("id", cells(lambda r: (r["id"] or "-")[:12]), keep=7),  # (None: an id llm-audit did not write)
         Column("client", cells(lambda r: r["client_address"]), min_width=15, keep=2),
         Column("user", cells(lambda r: r["user_id"]), min_width=8, keep=5),
         Column("provider", cells(lambda r: r["provider"]), min_width=9, keep=1),

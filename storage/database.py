@@ -54,10 +54,9 @@ def _json_dumps(value: object) -> str:
 #: Query parameters of a database URL that hold a secret (libpq takes ``password=`` and
 #: ``sslpassword=`` there as well as in the user part).
 _SECRET_PARAM = re.compile(r"pass|pwd|secret|token|key", re.IGNORECASE)
-#: The same, in a URL that does not parse: the user part's password and such parameters.
-#: (A user part is found with or without a scheme before it, its password up to the last
-#: "@" before a "/": one holding an "@" of its own is hidden whole.)
-_SECRET_TEXT = re.compile(r"([^\s:/@]*:)[^/\s]*(@)|((?:pass|pwd|secret|token|key)[^=&]*=)[^&]*", re.IGNORECASE)
+#: The same, in a URL that does not parse.
+_SECRET_QUERY = re.compile(r"((?:pass|pwd|secret|token|key)[^=&]*=)[^&]*", re.IGNORECASE)
+_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*://")
 
 
 def shown_url(url: URL | str) -> str:
@@ -68,9 +67,34 @@ def shown_url(url: URL | str) -> str:
     try:
         parsed = url if isinstance(url, URL) else make_url(url)
     except (ArgumentError, ValueError):
-        return _SECRET_TEXT.sub(lambda m: f"{m[1]}***{m[2]}" if m[1] else f"{m[3]}***", str(url))
+        return _hide_user_part(_SECRET_QUERY.sub(r"\1***", str(url)))
     query = {k: "***" if _SECRET_PARAM.search(k) else v for k, v in parsed.query.items()}
-    return parsed.set(query=query).render_as_string(hide_password=True).replace("=%2A%2A%2A", "=***")
+    shown = parsed.set(query=query).render_as_string(hide_password=True).replace("=%2A%2A%2A", "=***")
+    return _hide_user_part(shown)  # (a password holding an "@" parses as a host that starts with its tail)
+
+
+def _hide_user_part(text: str) -> str:
+    """``text`` with what lies between the user part's first ":" and the last "@" before
+    the query hidden, with or without a scheme: a password holding "@", "/" or spaces is
+    hidden whole. A path after the scheme (``sqlite:///…``) has no user part."""
+    scheme = _SCHEME.match(text)
+    start = scheme.end() if scheme else 0
+    rest = text[start:]
+    if rest.startswith("/"):
+        return text
+    query = rest.find("?")
+    at = rest.rfind("@", 0, query if query >= 0 else len(rest))
+    colon = rest.find(":", 0, at) if at >= 0 else -1
+    if colon < 0 or rest[colon + 1 : at] == "***":
+        return text
+    return text[:start] + rest[: colon + 1] + "***" + rest[at:]
+
+
+def hidden_in(message: str, url: URL) -> str:
+    """A driver's error ``message`` about ``url`` without a password's tail: one holding an
+    "@" parses as a host that starts with it, and the driver names that host."""
+    host = url.host or ""
+    return message.replace(host, host.rsplit("@", 1)[1]) if "@" in host else message
 
 
 def open_engine(url: str, *, migrate: bool = True, create: bool = True, hint: str = PROXY_HINT) -> Engine:
@@ -108,7 +132,7 @@ def open_engine(url: str, *, migrate: bool = True, create: bool = True, hint: st
             connect_args=connect_args,
         )
     except (ArgumentError, ImportError, SQLAlchemyError) as e:
-        raise DatabaseError(f"cannot use {shown_url(parsed)!r}: {first_line(e)}; {hint}") from None
+        raise DatabaseError(f"cannot use {shown_url(parsed)!r}: {hidden_in(first_line(e), parsed)}; {hint}") from None
     if engine.dialect.name == "sqlite":
         event.listen(engine, "connect", _sqlite_pragmas)
     try:
@@ -117,7 +141,9 @@ def open_engine(url: str, *, migrate: bool = True, create: bool = True, hint: st
     except SQLAlchemyError as e:
         engine.dispose()
         fix = _fix(parsed, e) or hint
-        raise DatabaseError(f"cannot open the audit database {shown_url(parsed)!r}: {first_line(e)}; {fix}") from None
+        raise DatabaseError(
+            f"cannot open the audit database {shown_url(parsed)!r}: {hidden_in(first_line(e), parsed)}; {fix}"
+        ) from None
     if migrate:
         try:
             before, after = upgrade_schema(engine)

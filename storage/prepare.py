@@ -9,7 +9,8 @@ prepared row can be serialized (orjson, the spool), written to SQLite and to Pos
 - strings with lone surrogates (mitmproxy decodes header values and paths with
   ``surrogateescape``; lenient JSON parsers yield ``\\ud800``) get U+FFFD in their place;
 - integers beyond 64 bits inside JSON become their decimal text; dict keys that are not
-  strings become strings;
+  strings become strings; a JSON column's value that is a bare number (a client's body
+  ``1.0``) is stored as its JSON text (SQLite's column affinity would store the integer 1);
 - on PostgreSQL, U+0000 (which text and ``jsonb`` cannot hold) becomes U+FFFD;
 - a value larger than ``max_bytes`` (PostgreSQL's ``jsonb`` holds 256 MB, its text 1 GB,
   SQLite 1,000,000,000 bytes) keeps its first ``max_bytes`` bytes: the column then holds
@@ -269,6 +270,12 @@ def _required(out: dict[str, Any], notes: _Notes) -> None:
 
 
 def _check_json(name: str, value: Any, notes: _Notes, postgres: bool, max_bytes: int) -> tuple[Any, bytes]:
+    if type(value) in (int, float):  # (a client's body that is a bare number)
+        # SQLite's JSON columns take a number's text as a number ("1.0" becomes the
+        # integer 1), which no longer hashes as the value sealed: the record would read
+        # as tampered with. Kept as its JSON text, on both backends alike.
+        notes.add(name, "a bare number: stored as its JSON text, a JSON string")
+        value = _text_of(value)
     try:
         encoded = orjson.dumps(value, option=_SORTED)
     except TypeError:

@@ -393,6 +393,12 @@ def test_the_canonical_form_is_stable():
         ("usage_details", "{"),
         ("user_id", b"alice"),
         ("output_text", b'"x\xff'),
+        ("input_tokens", b"\x00"),
+        ("http_status", 2.5),
+        ("cost_usd", "x"),
+        ("streamed", "no"),
+        ("id", b"\x00"),
+        ("request_body", '{"messages":[{"role":"user","content":"\\u0071' + '0"}]}'),  # (q0, escaped)
     ],
 )
 def test_values_sqlite_cannot_check_are_named_as_tampering_and_hide_no_other_record(tmp_path, column, text):
@@ -408,7 +414,8 @@ def test_values_sqlite_cannot_check_are_named_as_tampering_and_hide_no_other_rec
     con.commit()
     con.close()
     out = llm_audit("--db", url, "verify")
-    assert out.returncode == 1 and "TAMPERED" in out.stdout and rows[1]["id"] in out.stdout, out
+    named = "(id: a BLOB, no text)" if column == "id" else rows[1]["id"]
+    assert out.returncode == 1 and "TAMPERED" in out.stdout and named in out.stdout, out
     assert "Traceback" not in out.stderr
     for command in (["list"], ["export"], ["export", "--format", "csv"], ["stats"], ["list", "--contains", "answer"]):
         run = llm_audit("--db", url, *command)
@@ -416,9 +423,11 @@ def test_values_sqlite_cannot_check_are_named_as_tampering_and_hide_no_other_rec
         others = [r["id"] for i, r in enumerate(rows) if i != 1]
         assert command == ["stats"] or all(i[:12] in run.stdout for i in others), (command, run)
         assert len(run.stderr.splitlines()) <= 1, run.stderr
+    if column == "id":
+        return  # (no id to show it by)
     run = llm_audit("--db", url, "show", rows[1]["id"])
     assert run.returncode == 0 and rows[1]["id"] in run.stdout, run
-    if column != "input_tokens":  # (SQLite's own text in a number's column: shown as it is)
+    if not str(text).startswith('{"messages"'):  # (an escaped JSON text reads as the same value: no warning)
         warning = f"llm-audit: warning: a record holds values llm-audit did not write, shown as empty (first: {rows[1]['id']}: {column}"
         assert run.stderr.startswith(warning) and len(run.stderr.splitlines()) == 1, run.stderr
 
@@ -453,6 +462,26 @@ def test_a_json_object_holding_a_key_twice_is_named_modified(tmp_path, column, f
     out = llm_audit("--db", url, "verify")
     assert out.returncode == 1 and "TAMPERED" in out.stdout and rows[1]["id"] in out.stdout, out
     assert "twice (SQL reads the first)" in out.stdout, out
+
+
+def test_a_body_that_is_a_bare_number_is_sealed_as_stored(engine, tmp_path, url):
+    """SQLite's JSON columns take a number's text as a number: a client's body 1.0 was
+    stored as the integer 1, and verify then called the record tampered with (the
+    review's finding 5). It is stored as its JSON text, on both backends."""
+    write(engine, [record(0) | {"request_body": 1.0}, record(1) | {"request_body": 5}, record(2)], tmp_path)
+    report = verify(engine)
+    assert report.ok and [c.records for c in report.chains] == [3], [
+        p.line() for c in report.chains for p in c.problems
+    ]
+    with engine.connect() as conn:
+        bodies = conn.execute(
+            select(exchanges.c.request_body, exchanges.c.findings).order_by(exchanges.c.chain_seq)
+        ).all()
+    assert [b.request_body for b in bodies[:2]] == ["1.0", "5"]
+    assert {
+        "code": "stored_reduced",
+        "detail": "request_body: a bare number: stored as its JSON text, a JSON string",
+    } in bodies[0].findings
 
 
 @pytest.mark.parametrize("form", ["offset", "T"])

@@ -119,6 +119,9 @@ def test_hosts_reads_no_device(tmp_path):
         ("u:Sup3r@db.example/audit", "u:***@db.example/audit"),  # (no scheme: no URL to parse)
         ("postgres//u:hunter2@db/x", "postgres//u:***@db/x"),
         ("postgresql+psycopg://u:hunter2@zz@h:port/x", "postgresql+psycopg://u:***@h:port/x"),
+        ("postgresql://u:hunter2@zz@db.example/x", "postgresql://u:***@db.example/x"),  # (parses: host "zz@db...")
+        ("postgresql://u:hunter2 zz@h:abc/db", "postgresql://u:***@h:abc/db"),
+        ("app:hunter2/zz@dbhost/audit", "app:***@dbhost/audit"),
     ],
 )
 def test_a_database_url_is_shown_without_its_passwords(url, shown):
@@ -126,7 +129,7 @@ def test_a_database_url_is_shown_without_its_passwords(url, shown):
     (the value of $LLM_AUDIT_DB), db upgrade, purge, serve and the status file."""
     assert shown_url(url) == shown
     _, _, err = run("--db", url, "list")
-    assert "hunter2" not in err and "Sup3r" not in err and "=zz" not in err
+    assert "hunter2" not in err and "Sup3r" not in err and "zz" not in err
     assert shown in llm_audit("--help", env={"LLM_AUDIT_DB": url}).stdout
 
 

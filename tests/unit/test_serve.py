@@ -439,7 +439,14 @@ def test_a_changed_record_does_not_verify(sqlite_url, tmp_path):
 
 @pytest.mark.parametrize(
     ("column", "value"),
-    [("started_at", "yesterday"), ("request_body", "[1,"), ("verdicts", "{"), ("user_id", b"bob"), ("findings", "[")],
+    [
+        ("started_at", "yesterday"),
+        ("request_body", "[1,"),
+        ("verdicts", "{"),
+        ("user_id", b"bob"),
+        ("findings", "["),
+        ("input_tokens", b"\x00"),
+    ],
 )
 def test_a_value_llm_audit_did_not_write_hides_no_other_record(sqlite_url, tmp_path, caplog, column, value):
     """SQLite keeps anything in any column: one planted value made the list, the
@@ -455,7 +462,7 @@ def test_a_value_llm_audit_did_not_write_hides_no_other_record(sqlite_url, tmp_p
         login(c)
         shown = listed(c)
         assert "alice-1" in shown and "alice-2" in shown, shown
-        if column in ("started_at", "user_id"):  # (what the list reads)
+        if column in ("started_at", "user_id", "input_tokens"):  # (what the list reads)
             page = visible_text(c.get("/exchanges").text)
             assert "hold values llm-audit did not write, shown as empty (first: bob-1: " + column in page, page
         page = c.get("/exchanges/bob-1")
@@ -471,14 +478,28 @@ def test_a_value_llm_audit_did_not_write_hides_no_other_record(sqlite_url, tmp_p
             else [
                 "export: 1 records hold values llm-audit did not write, exported as empty (first: bob-1: "
                 + column
-                + (
-                    ": a BLOB, no text"
-                    if column == "user_id"
-                    else f": {'ValueError' if column == 'started_at' else 'JSONDecodeError'}"
-                )
+                + {
+                    "user_id": ": a BLOB, no text",
+                    "input_tokens": ": a BLOB, no integer",
+                    "started_at": ": ValueError",
+                }.get(column, ": JSONDecodeError")
                 + "); run llm-audit verify"
             ]
         )
+
+
+def test_an_id_llm_audit_did_not_write_hides_no_other_record(sqlite_url, tmp_path):
+    copy = tmp_path / "id.db"
+    shutil.copy(sqlite_url.removeprefix("sqlite:///"), copy)
+    con = sqlite3.connect(copy)
+    con.execute("UPDATE exchanges SET id = X'00' WHERE id = 'bob-1'")
+    con.commit()
+    con.close()
+    with serving(f"sqlite:///{copy}") as c:
+        login(c)
+        assert "alice-1" in listed(c)
+        export = c.get("/export.jsonl")
+        assert export.status_code == 200 and '"id":"alice-1"' in export.text and '"id":null' in export.text
 
 
 def test_text_that_is_not_utf8_is_shown_with_replacement_characters(sqlite_url, tmp_path):
