@@ -228,6 +228,14 @@ def _left_out_line(left_out: list[ChainReport], directory: Path) -> str:
     )
 
 
+def _gained(chain: ChainReport) -> str:
+    """The records a checkpoint signs that no earlier one covered, in words ("" for none)."""
+    first = max(chain.covered + 1, chain.start)
+    if first > chain.last.seq:
+        return ""
+    return f", record {first} new" if first == chain.last.seq else f", records {first}..{chain.last.seq} new"
+
+
 def _cmd_checkpoint(args: argparse.Namespace) -> int:
     made = not args.key.exists()
     key = load_key(args.key, args.dir, new_folder_new_key=True)
@@ -247,12 +255,8 @@ def _cmd_checkpoint(args: argparse.Namespace) -> int:
     if made:
         print(f"made a new signing key {args.key} (and {public_key_path(args.key)}), for a new folder")
     # (what each chain gained since its last checkpoint: a chain whose proxy is gone can still be grown)
-    signed = ", ".join(
-        f"{c.chain_id} at {c.last.seq}"
-        + (f" (records {max(c.covered + 1, c.start)}..{c.last.seq} newly signed)" if c.last.seq > c.covered else "")
-        for c in sorted(chains, key=lambda c: c.chain_id)
-    )
-    print(one_line(f"{path}: {len(chains)} chains signed ({signed})"))  # (chain ids are the database's)
+    signed = "; ".join(f"{c.chain_id} at {c.last.seq}{_gained(c)}" for c in sorted(chains, key=lambda c: c.chain_id))
+    print(one_line(f"{path}: {len(chains)} chains signed: {signed}"))  # (chain ids are the database's)
     if left_out:
         warn(f"left out: {_left_out_line(left_out, args.dir)}")
         return EXIT_UNCOVERED

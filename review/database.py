@@ -18,11 +18,10 @@ from urllib.parse import quote
 
 import orjson
 from sqlalchemy import Engine, create_engine, event, text
-from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 
 from storage import migrations
-from storage.database import CONNECT_TIMEOUT, DatabaseError, first_line, shown_url, sqlite_reading
+from storage.database import CONNECT_TIMEOUT, DatabaseError, first_line, parse_url, shown_url, sqlite_reading
 
 HINT = "pass a working SQLAlchemy URL with --db URL or LLM_AUDIT_DB (e.g. sqlite:///path/audit.db)"
 BUSY_TIMEOUT_MS = 10_000  # wait for the proxy's writer rather than fail a page
@@ -30,10 +29,7 @@ BUSY_TIMEOUT_MS = 10_000  # wait for the proxy's writer rather than fail a page
 
 def open_read_only(url: str) -> Engine:
     """An engine that can only read ``url``'s audit database, or a one-line :class:`DatabaseError`."""
-    try:
-        parsed = make_url(url)
-    except (ArgumentError, ValueError) as e:  # (ValueError: a port that is no number)
-        raise DatabaseError(f"{shown_url(url)!r} is not a database URL ({e}); {HINT}") from None
+    parsed = parse_url(url, HINT)
     backend = parsed.get_backend_name()
     try:
         if backend == "sqlite":

@@ -63,38 +63,49 @@ def shown_url(url: URL | str) -> str:
     """A database URL as it may be printed, logged or written to a file: every password
     hidden, in the user part and in the query. SQLAlchemy's own rendering hides only the
     first; ``?password=`` was printed by every error, ``db upgrade``, ``purge``, ``serve``
-    and the status file."""
-    try:
-        parsed = url if isinstance(url, URL) else make_url(url)
-    except (ArgumentError, ValueError):
-        return _hide_user_part(_SECRET_QUERY.sub(r"\1***", str(url)))
-    query = {k: "***" if _SECRET_PARAM.search(k) else v for k, v in parsed.query.items()}
-    shown = parsed.set(query=query).render_as_string(hide_password=True).replace("=%2A%2A%2A", "=***")
-    return _hide_user_part(shown)  # (a password holding an "@" parses as a host that starts with its tail)
+    and the status file. A URL given as text is shown as written (parsed, a password
+    holding "@" or "?" lends its tail to the host)."""
+    if isinstance(url, URL):
+        query = {k: "***" if _SECRET_PARAM.search(k) else v for k, v in url.query.items()}
+        return url.set(query=query).render_as_string(hide_password=True).replace("=%2A%2A%2A", "=***")
+    return _hide_user_part(_SECRET_QUERY.sub(r"\1***", url))
 
 
 def _hide_user_part(text: str) -> str:
-    """``text`` with what lies between the user part's first ":" and the last "@" before
-    the query hidden, with or without a scheme: a password holding "@", "/" or spaces is
-    hidden whole. A path after the scheme (``sqlite:///…``) has no user part."""
+    """``text`` with what lies between the user part's first ":" and its last "@" hidden,
+    with or without a scheme: a password holding "@", "?", "/" or spaces is hidden whole. A
+    path after the scheme (``sqlite:///…``) has no user part."""
     scheme = _SCHEME.match(text)
     start = scheme.end() if scheme else 0
     rest = text[start:]
     if rest.startswith("/"):
         return text
-    query = rest.find("?")
-    at = rest.rfind("@", 0, query if query >= 0 else len(rest))
+    at = rest.split("/", 1)[0].rfind("@")  # (the last "@" before the path, else one after it: a password holding "/")
+    at = rest.rfind("@") if at < 0 else at
     colon = rest.find(":", 0, at) if at >= 0 else -1
-    if colon < 0 or rest[colon + 1 : at] == "***":
+    if colon < 0:
         return text
     return text[:start] + rest[: colon + 1] + "***" + rest[at:]
 
 
-def hidden_in(message: str, url: URL) -> str:
-    """A driver's error ``message`` about ``url`` without a password's tail: one holding an
-    "@" parses as a host that starts with it, and the driver names that host."""
-    host = url.host or ""
-    return message.replace(host, host.rsplit("@", 1)[1]) if "@" in host else message
+def parse_url(url: str, hint: str) -> URL:
+    """``url`` parsed, or a one-line :class:`DatabaseError` that names no part of a password.
+
+    A password holding "@", "?" or "#" unencoded makes the URL ambiguous: it parses with
+    its tail taken for the host (which the driver then names in its error), so it is
+    refused with the fix; the port parser's own error quotes the text after the colon.
+    """
+    scheme = _SCHEME.match(url)
+    authority = url[scheme.end() if scheme else 0 :].split("/", 1)[0]
+    if authority.count("@") > 1 or ("@" in authority and ("?" in authority or "#" in authority)):
+        raise DatabaseError(
+            f"{shown_url(url)!r}: a password holding @, ? or # must be written %40, %3F or %23 in a URL; {hint}"
+        )
+    try:
+        return make_url(url)
+    except (ArgumentError, ValueError) as e:  # (ValueError: a port that is no number)
+        why = "its port is no number" if isinstance(e, ValueError) else "it does not parse"
+        raise DatabaseError(f"{shown_url(url)!r} is not a database URL ({why}); {hint}") from None
 
 
 def open_engine(url: str, *, migrate: bool = True, create: bool = True, hint: str = PROXY_HINT) -> Engine:
@@ -108,10 +119,7 @@ def open_engine(url: str, *, migrate: bool = True, create: bool = True, hint: st
     ``create=False`` (the read-only commands) refuses an SQLite file that does not exist
     or is empty instead of creating one.
     """
-    try:
-        parsed = make_url(url)
-    except (ArgumentError, ValueError) as e:  # (ValueError: a port that is no number)
-        raise DatabaseError(f"{shown_url(url)!r} is not a database URL ({e}); {hint}") from None
+    parsed = parse_url(url, hint)
     connect_args: dict[str, object] = {}
     if parsed.get_backend_name() == "sqlite" and parsed.database not in (None, "", ":memory:"):
         path = Path(parsed.database).expanduser()
@@ -132,7 +140,7 @@ def open_engine(url: str, *, migrate: bool = True, create: bool = True, hint: st
             connect_args=connect_args,
         )
     except (ArgumentError, ImportError, SQLAlchemyError) as e:
-        raise DatabaseError(f"cannot use {shown_url(parsed)!r}: {hidden_in(first_line(e), parsed)}; {hint}") from None
+        raise DatabaseError(f"cannot use {shown_url(parsed)!r}: {first_line(e)}; {hint}") from None
     if engine.dialect.name == "sqlite":
         event.listen(engine, "connect", _sqlite_pragmas)
     try:
@@ -141,9 +149,7 @@ def open_engine(url: str, *, migrate: bool = True, create: bool = True, hint: st
     except SQLAlchemyError as e:
         engine.dispose()
         fix = _fix(parsed, e) or hint
-        raise DatabaseError(
-            f"cannot open the audit database {shown_url(parsed)!r}: {hidden_in(first_line(e), parsed)}; {fix}"
-        ) from None
+        raise DatabaseError(f"cannot open the audit database {shown_url(parsed)!r}: {first_line(e)}; {fix}") from None
     if migrate:
         try:
             before, after = upgrade_schema(engine)

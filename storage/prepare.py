@@ -30,6 +30,7 @@ chain's content hashes reuse (:data:`Prepared.hashes`), and a scan of the short 
 from __future__ import annotations
 
 import hashlib
+import json
 import math
 import re
 import uuid
@@ -275,7 +276,7 @@ def _check_json(name: str, value: Any, notes: _Notes, postgres: bool, max_bytes:
         # integer 1), which no longer hashes as the value sealed: the record would read
         # as tampered with. Kept as its JSON text, on both backends alike.
         notes.add(name, "a bare number: stored as its JSON text, a JSON string")
-        value = _text_of(value)
+        value = json.dumps(value)  # (NaN and Infinity as the lenient readers that took them write them)
     try:
         encoded = orjson.dumps(value, option=_SORTED)
     except TypeError:

@@ -394,7 +394,7 @@ def test_the_canonical_form_is_stable():
         ("user_id", b"alice"),
         ("output_text", b'"x\xff'),
         ("input_tokens", b"\x00"),
-        ("http_status", 2.5),
+        ("http_status", "x"),
         ("cost_usd", "x"),
         ("streamed", "no"),
         ("id", b"\x00"),
@@ -482,6 +482,34 @@ def test_a_body_that_is_a_bare_number_is_sealed_as_stored(engine, tmp_path, url)
         "code": "stored_reduced",
         "detail": "request_body: a bare number: stored as its JSON text, a JSON string",
     } in bodies[0].findings
+
+
+def test_a_bare_number_body_sealed_before_stop_50_still_verifies(tmp_path, monkeypatch):
+    """Written as the writer wrote it until stop 50 (the number itself), SQLite stored
+    1.0 as the integer 1 and 2**63 as a real: SQL reads the same number either way, so
+    verify takes the form the hash names (the second review's finding 5)."""
+    from storage import prepare as prepare_module
+
+    check, content = prepare_module._SPECS["request_body"]
+
+    def as_before(name, value, notes, postgres, max_bytes):
+        if type(value) in (int, float):
+            return value, orjson.dumps(value)
+        return check(name, value, notes, postgres, max_bytes)
+
+    monkeypatch.setitem(prepare_module._SPECS, "request_body", (as_before, content))
+    engine = open_engine(f"sqlite:///{tmp_path / 'audit.db'}")
+    try:
+        write(engine, [record(0) | {"request_body": b} for b in (1.0, 5, 2**63, 2.5)], tmp_path)
+        with engine.connect() as conn:
+            kinds = (
+                conn.exec_driver_sql("SELECT typeof(request_body) FROM exchanges ORDER BY chain_seq").scalars().all()
+            )
+        assert kinds == ["integer", "integer", "real", "real"]
+        report = verify(engine)
+        assert report.ok, [p.line() for c in report.chains for p in c.problems]
+    finally:
+        engine.dispose()
 
 
 @pytest.mark.parametrize("form", ["offset", "T"])
@@ -576,14 +604,14 @@ def test_llm_audit_checkpoint_signs_a_chain_no_checkpoint_names_only_when_told(e
     seeded(engine, tmp_path, 3)
     sign = ["--db", url, "checkpoint", "--key", str(tmp_path / "key.pem"), "--dir", str(tmp_path / "checkpoints")]
     first = llm_audit(*sign)  # a folder of its own: the chains it finds are its start
-    assert first.returncode == 0 and f"{INSTANCE} at 3 (records 1..3 newly signed)" in first.stdout, first
+    assert first.returncode == 0 and f"1 chains signed: {INSTANCE} at 3, records 1..3 new" in first.stdout, first
     write(engine, [record(20) | {"proxy_instance": "proxy-b"}], tmp_path, instance="proxy-b")
     write(engine, [record(21)], tmp_path)
     out = llm_audit(*sign)
     assert out.returncode == 3 and len(out.stderr.splitlines()) == 1, out
     assert out.stderr.startswith("llm-audit: warning: left out: no checkpoint in"), out
     assert "names chain 'proxy-b' (records 1..1)" in out.stderr and "--new-chain proxy-b" in out.stderr, out
-    assert f"1 chains signed ({INSTANCE} at 4 (records 4..4 newly signed))" in out.stdout, out
+    assert f"1 chains signed: {INSTANCE} at 4, record 4 new" in out.stdout, out
     assert signed_verify(url, tmp_path).returncode == 3
     assert llm_audit(*sign, "--new-chain", "proxy-b").returncode == 0
     assert signed_verify(url, tmp_path).returncode == 0
@@ -630,7 +658,7 @@ def test_a_chain_whose_checkpointed_records_were_purged_is_still_named(engine, t
     out = signed_verify(url, tmp_path)
     assert out.returncode == 3 and f"{INSTANCE}: not yet covered by a checkpoint: record 4" in out.stdout, out
     done = llm_audit("--db", url, "checkpoint", *signed(tmp_path))
-    assert done.returncode == 0 and f"{INSTANCE} at 4 (records 4..4 newly signed)" in done.stdout, done
+    assert done.returncode == 0 and f"{INSTANCE} at 4, record 4 new" in done.stdout, done
     assert signed_verify(url, tmp_path).returncode == 0
 
 

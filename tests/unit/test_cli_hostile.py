@@ -122,6 +122,12 @@ def test_hosts_reads_no_device(tmp_path):
         ("postgresql://u:hunter2@zz@db.example/x", "postgresql://u:***@db.example/x"),  # (parses: host "zz@db...")
         ("postgresql://u:hunter2 zz@h:abc/db", "postgresql://u:***@h:abc/db"),
         ("app:hunter2/zz@dbhost/audit", "app:***@dbhost/audit"),
+        (
+            "postgresql://app:hunter2?zz@db.example:5432,db2.example:5432/audit",
+            "postgresql://app:***@db.example:5432,db2.example:5432/audit",
+        ),
+        ("postgresql://app:hunter2@zz?9@db.example/audit", "postgresql://app:***@db.example/audit"),
+        ("postgresql://u:hunter2@h/db?sslcert=/a@b", "postgresql://u:***@h/db?sslcert=/a@b"),
     ],
 )
 def test_a_database_url_is_shown_without_its_passwords(url, shown):
