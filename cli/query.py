@@ -27,6 +27,7 @@ from storage.query import (
     stats,
 )
 from storage.retention import RetentionError, parse_cutoff
+from storage.stored import Unreadable
 
 #: The statuses a record may have (addon.record.Status).
 STATUSES = tuple(status.value for status in Status)
@@ -222,7 +223,7 @@ def _filters(args: argparse.Namespace) -> Filters:
 
 
 def _cmd_list(args: argparse.Namespace) -> int:
-    unreadable: list[str] = []
+    unreadable = Unreadable()
     with reading(args) as conn:
         rows = list_exchanges(conn, _filters(args), limit=args.limit, offset=args.offset, unreadable=unreadable)
     if args.format != "table":
@@ -239,7 +240,7 @@ def _cmd_list(args: argparse.Namespace) -> int:
 
 
 def _cmd_show(args: argparse.Namespace) -> int:
-    unreadable: list[str] = []
+    unreadable = Unreadable()
     with reading(args) as conn:
         record = get_exchange(conn, args.id, unreadable=unreadable)
     if args.format == "json":
@@ -250,12 +251,14 @@ def _cmd_show(args: argparse.Namespace) -> int:
     return 0
 
 
-def _say_unreadable(unreadable: list[str]) -> None:
+def _say_unreadable(unreadable: Unreadable) -> None:
     """One line on stderr naming the records shown without a value they hold: values
     llm-audit did not write (SQLite keeps anything anyone puts in a column)."""
     if unreadable:
-        count = f"{len(unreadable)} records hold" if len(unreadable) > 1 else "a record holds"
-        warn(f"{count} values llm-audit did not write, shown as empty (first: {unreadable[0]}); run '{PROG} verify'")
+        count = f"{unreadable.count} records hold" if unreadable.count > 1 else "a record holds"
+        warn(
+            f"{count} values llm-audit did not write, shown as empty (first: {unreadable.named[0]}); run '{PROG} verify'"
+        )
 
 
 def _cmd_stats(args: argparse.Namespace) -> int:
@@ -271,7 +274,7 @@ def _cmd_stats(args: argparse.Namespace) -> int:
 
 def _cmd_export(args: argparse.Namespace) -> int:
     filters = _filters(args)
-    unreadable: list[str] = []
+    unreadable = Unreadable()
     with reading(args) as conn:
         rows = iter_exchanges(conn, filters, unreadable=unreadable)
         if sys.stderr.isatty():

@@ -44,6 +44,7 @@ from review.overview import overview
 from review.text import finalize, visible
 from storage.database import first_line
 from storage.query import FIELDS, QueryError, get_exchange, iter_exchanges
+from storage.stored import Unreadable
 
 log = logging.getLogger("llm-audit.serve")
 
@@ -82,7 +83,7 @@ def build_app(engine: Engine, sessions: Sessions, *, loopback: bool = True, host
             chosen = selection.parse(request.query_params.multi_items())
         except selection.SelectionError as e:
             return render(request, "list.html", 400, error=str(e), chosen=selection.Selection(), rows=[], more=False)
-        unreadable: list[str] = []
+        unreadable = Unreadable()
         with engine.connect() as conn:
             rows, more = selection.page(conn, chosen, unreadable)
         for r in rows:
@@ -100,7 +101,7 @@ def build_app(engine: Engine, sessions: Sessions, *, loopback: bool = True, host
 
     def exchange(request: Request) -> Response:
         printable = request.url.path.endswith("/print")
-        unreadable: list[str] = []
+        unreadable = Unreadable()
         with engine.connect() as conn:
             try:
                 r = get_exchange(conn, request.path_params["id"], unreadable=unreadable)
@@ -313,7 +314,7 @@ def _snippet(row: dict[str, Any]) -> str:
 def _export_chunks(engine: Engine, chosen: selection.Selection, fmt: str) -> Iterator[str]:
     """The selection as ``llm-audit export`` writes it (oldest first, the CLI's cells), in chunks.
     Values llm-audit did not write are empty there, as in the CLI's, and said in the log."""
-    unreadable: list[str] = []
+    unreadable = Unreadable()
     try:
         with engine.connect() as conn:
             rows = iter_exchanges(conn, chosen.filters, unreadable=unreadable)
@@ -337,6 +338,6 @@ def _export_chunks(engine: Engine, chosen: selection.Selection, fmt: str) -> Ite
             log.warning(
                 "export: %d records hold values llm-audit did not write, exported as empty (first: %s); "
                 "run llm-audit verify",
-                len(unreadable),
-                visible(unreadable[0]),
+                unreadable.count,
+                visible(unreadable.named[0]),
             )

@@ -25,7 +25,7 @@ from sqlalchemy import Connection, and_, func, or_, select
 
 from storage.query import Filters, records, view
 from storage.retention import RetentionError, parse_cutoff
-from storage.stored import StoredValues
+from storage.stored import StoredValues, Unreadable
 
 PAGE_SIZE = 50
 MAX_PAGE_SIZE = 500
@@ -123,7 +123,7 @@ def cursor(rows: Sequence[Mapping[str, Any]]) -> str | None:
     return None if last is None else f"{last['started_at'].isoformat()}~{last['id']}"
 
 
-def page(conn: Connection, selection: Selection, unreadable: list[str]) -> tuple[list[dict[str, Any]], bool]:
+def page(conn: Connection, selection: Selection, unreadable: Unreadable) -> tuple[list[dict[str, Any]], bool]:
     """One page of the selection, newest first, and whether there are more after it.
 
     As :func:`storage.query.list_exchanges` does, the page's ids are chosen first (on

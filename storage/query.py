@@ -40,7 +40,7 @@ from sqlalchemy.sql.functions import GenericFunction
 
 from storage.database import UNICODE_LOWER
 from storage.schema import ANSWER_BYTES, exchange_view, exchanges
-from storage.stored import StoredValues
+from storage.stored import StoredValues, Unreadable
 
 view = exchange_view.c
 FIELDS = tuple(c.name for c in exchange_view.columns)
@@ -174,7 +174,7 @@ def prepare(conn: Connection) -> None:
 
 
 def list_exchanges(
-    conn: Connection, filters: Filters, *, limit: int, offset: int = 0, unreadable: list[str]
+    conn: Connection, filters: Filters, *, limit: int, offset: int = 0, unreadable: Unreadable
 ) -> list[dict[str, Any]]:
     """The exchanges matching ``filters``, newest first: one page of ``limit`` rows after ``offset``.
     Values that cannot be read are None, and named in ``unreadable`` (:func:`records`).
@@ -196,7 +196,7 @@ def count_exchanges(conn: Connection, filters: Filters) -> int:
 
 
 def iter_exchanges(
-    conn: Connection, filters: Filters, *, batch: int = 1000, unreadable: list[str]
+    conn: Connection, filters: Filters, *, batch: int = 1000, unreadable: Unreadable
 ) -> Iterator[dict[str, Any]]:
     """Every exchange matching ``filters``, oldest first, ``batch`` rows in memory at a time
     (values that cannot be read: as in :func:`list_exchanges`).
@@ -212,7 +212,7 @@ def iter_exchanges(
     yield from records(result, stored, unreadable)
 
 
-def get_exchange(conn: Connection, id_or_prefix: str, *, unreadable: list[str]) -> dict[str, Any]:
+def get_exchange(conn: Connection, id_or_prefix: str, *, unreadable: Unreadable) -> dict[str, Any]:
     """The whole record of one exchange: every column of ``exchanges`` and the view's derived ones
     (values that cannot be read: as in :func:`list_exchanges`).
 
@@ -345,22 +345,17 @@ def _percentiles(conn: Connection, filters: Filters, by: Sequence[str]) -> dict[
     return out
 
 
-def records(rows: Iterable[Row], stored: StoredValues, unreadable: list[str]) -> Iterator[dict[str, Any]]:
-    """``rows`` as :func:`plain` dicts, their values decoded by ``stored``: one that cannot
-    be read (on SQLite, where a column holds what anyone put there) is None, and its
-    record is named in ``unreadable`` ("ID: column: why"), so one planted value hides
-    nothing else."""
+def records(rows: Iterable[Row], stored: StoredValues, unreadable: Unreadable) -> Iterator[dict[str, Any]]:
+    """``rows`` as dicts with plain ``str`` keys (orjson refuses SQLAlchemy's
+    ``quoted_name``) and times as aware UTC datetimes (SQLite gives naive UTC ones), their
+    values decoded by ``stored``: one that cannot be read (on SQLite, where a column holds
+    what anyone put there) is None, and its record is counted in ``unreadable``, so one
+    planted value hides nothing else."""
     for row in rows:
         record = {str(name): value for name, value in row._mapping.items()}
         if problems := stored.decode(record):
-            unreadable.append(f"{record.get('id')}: {', '.join(problems)}")
+            unreadable.add(f"{record.get('id')}: {', '.join(problems)}")
         yield {name: _utc(value) if isinstance(value, datetime) else value for name, value in record.items()}
-
-
-def plain(row: Row) -> dict[str, Any]:
-    """A row as a dict with plain ``str`` keys (orjson refuses SQLAlchemy's ``quoted_name``)
-    and times as aware UTC datetimes (SQLite gives naive UTC ones)."""
-    return {str(name): _utc(value) if isinstance(value, datetime) else value for name, value in row._mapping.items()}
 
 
 def _utc(value: datetime) -> datetime:

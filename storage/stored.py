@@ -25,7 +25,7 @@ import orjson
 from sqlalchemy import JSON, Boolean, Column, DateTime, Dialect, Integer, LargeBinary, Numeric, String, type_coerce
 from sqlalchemy.sql.elements import ColumnElement
 
-__all__ = ["StoredValues"]
+__all__ = ["StoredValues", "Unreadable"]
 
 # What SQLite gives back for a value the writer stored in a column of each kind.
 _INTEGER, _NUMBER, _TEXT = (int,), (int, float), (str,)
@@ -47,6 +47,26 @@ _SHAPES: dict[str, tuple[type, ...]] = {
     "content_hashes": _OBJECT,
 }
 _BARE_NUMBER = "request_body"
+
+
+class Unreadable:
+    """The records a reader met with values llm-audit did not write: how many, and the
+    first few named ("ID: column: why"). Bounded: an export of a database planted with
+    millions of them keeps no list of them all."""
+
+    KEEP = 10
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.named: list[str] = []
+
+    def add(self, line: str) -> None:
+        self.count += 1
+        if len(self.named) < self.KEEP:
+            self.named.append(line)
+
+    def __bool__(self) -> bool:
+        return self.count > 0
 
 
 class _Unreadable(Exception):

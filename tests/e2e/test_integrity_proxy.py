@@ -12,7 +12,7 @@ import subprocess
 import uuid
 
 import pytest
-from conftest import BIN, ROOT, new_database, start_proxy
+from conftest import BIN, ROOT, mitmdump_at_start, new_database, start_proxy
 from sqlalchemy import create_engine, text
 
 pytestmark = pytest.mark.e2e
@@ -116,27 +116,7 @@ def test_a_signing_key_others_can_read_stops_the_proxy_at_start_with_one_line(tm
     key = tmp_path / "signing-key.pem"
     load_or_create_key(key)
     key.chmod(0o644)
-    proc = subprocess.run(
-        [
-            str(BIN / "mitmdump"),
-            "--listen-host",
-            "127.0.0.1",
-            "--listen-port",
-            "0",
-            "--set",
-            f"confdir={tmp_path / 'mitm'}",
-            "-s",
-            str(ROOT / "addon" / "llm_audit.py"),
-            "--set",
-            f"llm_audit_db=sqlite:///{tmp_path / 'audit.db'}",
-            "--set",
-            f"llm_audit_signing_key={key}",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env=os.environ | {"XDG_STATE_HOME": str(tmp_path / "state"), "XDG_DATA_HOME": str(tmp_path / "data")},
-    )
+    proc = mitmdump_at_start(tmp_path, f"llm_audit_signing_key={key}")
     out = proc.stdout + proc.stderr
     lines = [line for line in out.splitlines() if "can be read by others" in line]
     assert proc.returncode != 0 and len(lines) == 1 and f"chmod 600 {key}" in lines[0], out

@@ -36,6 +36,7 @@ from storage.erase import erase_user
 from storage.query import get_exchange
 from storage.schema import ANSWER_BYTES
 from storage.spool import Spool
+from storage.stored import Unreadable
 from storage.verify import verify
 
 ASCII = "a" * (writer._BYTES_AT + 5)
@@ -78,7 +79,7 @@ def test_a_huge_answer_is_stored_as_bytes_and_read_back_as_its_text(tmp_path):
             )
             assert view == [(text, text, "text")]
             with engine.connect() as conn:
-                shown = get_exchange(conn, rid, unreadable=[])
+                shown = get_exchange(conn, rid, unreadable=Unreadable())
             assert shown["output_text"] == text and ANSWER_BYTES not in shown
         assert verify(engine).ok
     finally:
@@ -175,7 +176,7 @@ def test_verify_and_the_review_page_report_values_sqlite_let_in_and_the_view_ign
             view = _raw(path, "SELECT output_text FROM exchange_view WHERE id = ?", rid)
             assert view == [(text_value,)], "the view reads nothing but a BLOB, and the text first"
             with engine.connect() as conn:
-                page = place(conn, get_exchange(conn, rid, unreadable=[]))
+                page = place(conn, get_exchange(conn, rid, unreadable=Unreadable()))
             assert not page.verifies and any("stored answer cannot be read" in p for p in page.problems)
             original = "" if rid == ids[0] else "small"
             con.execute(f"UPDATE exchanges SET output_text = ?, {ANSWER_BYTES} = NULL WHERE id = ?", (original, rid))

@@ -106,6 +106,16 @@ def seeded(engine, tmp_path, n: int = 8) -> list[dict]:
         return [dict(r) for r in conn.execute(select(exchanges).order_by(exchanges.c.chain_seq)).mappings()]
 
 
+def seeded_file(tmp_path: Path, n: int) -> tuple[str, list[dict], sqlite3.Connection]:
+    """An SQLite file holding ``n`` sealed records: its URL, the rows, and a connection of
+    its own to edit it by hand, as whoever can write the file would."""
+    url = f"sqlite:///{tmp_path / 'audit.db'}"
+    engine = open_engine(url)
+    rows = seeded(engine, tmp_path, n)
+    engine.dispose()
+    return url, rows, sqlite3.connect(tmp_path / "audit.db")
+
+
 def first_problem(engine, checkpoints=()) -> tuple[str, int | None] | None:
     report = verify(engine, checkpoints)
     problems = [p for c in report.chains for p in c.problems] + report.unchained
@@ -405,11 +415,7 @@ def test_values_sqlite_cannot_check_are_named_as_tampering_and_hide_no_other_rec
     """SQLite keeps anything in any column: an insider's garbage is a modified record, and
     one such value stopped list, export (and stats, in verdicts) for every record. Now
     each command reads the rest: the value is empty, and a warning names the record."""
-    url = f"sqlite:///{tmp_path / 'audit.db'}"
-    engine = open_engine(url)
-    rows = seeded(engine, tmp_path, 4)
-    engine.dispose()
-    con = sqlite3.connect(tmp_path / "audit.db")
+    url, rows, con = seeded_file(tmp_path, 4)
     con.execute(f"UPDATE exchanges SET {column} = ? WHERE id = ?", (text, rows[1]["id"]))
     con.commit()
     con.close()
@@ -447,11 +453,7 @@ def test_a_json_object_holding_a_key_twice_is_named_modified(tmp_path, column, f
     """SQLite's JSON functions read the first of two equal keys, every Python parser the
     last: a forger who puts forged content first shows it to SQL while the record's hash,
     taken over what verify reads, still checks out (the CLI review's M3)."""
-    url = f"sqlite:///{tmp_path / 'audit.db'}"
-    engine = open_engine(url)
-    rows = seeded(engine, tmp_path, 3)
-    engine.dispose()
-    con = sqlite3.connect(tmp_path / "audit.db")
+    url, rows, con = seeded_file(tmp_path, 3)
     where = (rows[1]["id"],)
     (stored,) = con.execute(f"SELECT {column} FROM exchanges WHERE id = ?", where).fetchone()
     con.execute(f"UPDATE exchanges SET {column} = ? WHERE id = ?", (first + stored[1:], *where))
@@ -517,11 +519,7 @@ def test_a_time_written_otherwise_for_the_same_instant_is_named_modified(tmp_pat
     """SQL compares times as their text: one written as the same instant in another form
     (with an offset, or ``T`` between date and time) checks out against the hash, but
     sorts elsewhere for ``list --since`` and ``purge``; five hours earlier here."""
-    url = f"sqlite:///{tmp_path / 'audit.db'}"
-    engine = open_engine(url)
-    rows = seeded(engine, tmp_path, 3)
-    engine.dispose()
-    con = sqlite3.connect(tmp_path / "audit.db")
+    url, rows, con = seeded_file(tmp_path, 3)
     where = (rows[1]["id"],)
     (stored,) = con.execute("SELECT started_at FROM exchanges WHERE id = ?", where).fetchone()
     at = datetime.fromisoformat(stored)

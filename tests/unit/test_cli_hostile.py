@@ -296,3 +296,16 @@ def test_a_value_starting_with_a_minus_gets_the_options_own_error(tmp_path, comm
     status, _, err = run("--db", f"sqlite:///{tmp_path / 'none.db'}", *command, value)
     assert status == 2 and len(err.splitlines()) == 1 and "expected one argument" not in err, err
     assert f"'{value}': use an age (Nh, Nd, Nw, e.g. 183d)" in err, err
+
+
+def test_the_records_read_with_values_llm_audit_did_not_write_are_counted_not_all_kept():
+    """An export of a database planted with millions of such rows keeps no list of them all."""
+    from storage.stored import Unreadable
+
+    unreadable = Unreadable()
+    for i in range(25):
+        unreadable.add(f"id-{i}: input_tokens: a BLOB, no integer")
+    assert unreadable.count == 25 and unreadable.named == [
+        f"id-{i}: input_tokens: a BLOB, no integer" for i in range(10)
+    ]
+    assert not Unreadable()

@@ -33,6 +33,7 @@ from cli.terminal import display_width, visible
 from storage.database import open_engine
 from storage.query import FIELDS, STATS_FIELDS, Filters, iter_exchanges
 from storage.schema import ANSWER_BYTES, exchange_view, exchanges
+from storage.stored import Unreadable
 from storage.synth import fill
 
 BIN = Path(sys.executable).parent
@@ -596,7 +597,7 @@ def test_export_reads_in_batches(url):
     engine = open_engine(url)
     try:
         with engine.connect() as conn:
-            assert [r["id"] for r in iter_exchanges(conn, Filters(), batch=2, unreadable=[])] == OLDEST_FIRST
+            assert [r["id"] for r in iter_exchanges(conn, Filters(), batch=2, unreadable=Unreadable())] == OLDEST_FIRST
     finally:
         engine.dispose()
 

@@ -421,6 +421,19 @@ def test_a_missing_or_outdated_database_is_refused_in_one_line(tmp_path):
         open_read_only(f"sqlite:///{tmp_path / 'other.db'}")
 
 
+def edited_copy(sqlite_url: str, tmp_path, *statements: tuple) -> str:
+    """The URL of a copy of the SQLite database with ``statements`` (SQL, then its
+    parameters) run on it by hand, as whoever can write the file would."""
+    copy = tmp_path / "edited.db"
+    shutil.copy(sqlite_url.removeprefix("sqlite:///"), copy)
+    con = sqlite3.connect(copy)
+    for sql, *params in statements:
+        con.execute(sql, params)
+    con.commit()
+    con.close()
+    return f"sqlite:///{copy}"
+
+
 def test_a_changed_record_does_not_verify(sqlite_url, tmp_path):
     copy = tmp_path / "tampered.db"
     shutil.copy(sqlite_url.removeprefix("sqlite:///"), copy)
@@ -452,13 +465,9 @@ def test_a_value_llm_audit_did_not_write_hides_no_other_record(sqlite_url, tmp_p
     """SQLite keeps anything in any column: one planted value made the list, the
     export and the overview answer 500 for every record. Now it is shown as empty,
     said on the page, and the other records are read."""
-    copy = tmp_path / "planted.db"
-    shutil.copy(sqlite_url.removeprefix("sqlite:///"), copy)
-    con = sqlite3.connect(copy)
-    con.execute(f"UPDATE exchanges SET {column} = ? WHERE id = 'bob-1'", (value,))
-    con.commit()
-    con.close()
-    with serving(f"sqlite:///{copy}") as c:
+    with serving(
+        edited_copy(sqlite_url, tmp_path, (f"UPDATE exchanges SET {column} = ? WHERE id = 'bob-1'", value))
+    ) as c:
         login(c)
         shown = listed(c)
         assert "alice-1" in shown and "alice-2" in shown, shown
@@ -489,13 +498,7 @@ def test_a_value_llm_audit_did_not_write_hides_no_other_record(sqlite_url, tmp_p
 
 
 def test_an_id_llm_audit_did_not_write_hides_no_other_record(sqlite_url, tmp_path):
-    copy = tmp_path / "id.db"
-    shutil.copy(sqlite_url.removeprefix("sqlite:///"), copy)
-    con = sqlite3.connect(copy)
-    con.execute("UPDATE exchanges SET id = X'00' WHERE id = 'bob-1'")
-    con.commit()
-    con.close()
-    with serving(f"sqlite:///{copy}") as c:
+    with serving(edited_copy(sqlite_url, tmp_path, ("UPDATE exchanges SET id = X'00' WHERE id = 'bob-1'",))) as c:
         login(c)
         assert "alice-1" in listed(c)
         export = c.get("/export.jsonl")
@@ -505,13 +508,8 @@ def test_an_id_llm_audit_did_not_write_hides_no_other_record(sqlite_url, tmp_pat
 def test_text_that_is_not_utf8_is_shown_with_replacement_characters(sqlite_url, tmp_path):
     """SQLite keeps any bytes in a TEXT column: one value that was not UTF-8 made the
     review's list and export answer 500 for every record (the CLI read it so already)."""
-    copy = tmp_path / "bytes.db"
-    shutil.copy(sqlite_url.removeprefix("sqlite:///"), copy)
-    con = sqlite3.connect(copy)
-    con.execute("UPDATE exchanges SET output_text = CAST(X'41FF42' AS TEXT) WHERE id = 'bob-1'")
-    con.commit()
-    con.close()
-    with serving(f"sqlite:///{copy}") as c:
+    statement = "UPDATE exchanges SET output_text = CAST(X'41FF42' AS TEXT) WHERE id = 'bob-1'"
+    with serving(edited_copy(sqlite_url, tmp_path, (statement,))) as c:
         login(c)
         assert "bob-1" in listed(c) and "alice-1" in listed(c)
         assert "A\ufffdB" in c.get("/export.jsonl").text
