@@ -85,18 +85,14 @@ def build_app(engine: Engine, sessions: Sessions, *, loopback: bool = True, host
             return render(request, "list.html", 400, error=str(e), chosen=selection.Selection(), rows=[], more=False)
         unreadable = Unreadable()
         with engine.connect() as conn:
-            rows, more = selection.page(conn, chosen, unreadable)
+            try:
+                rows, after = selection.page(conn, chosen, unreadable)
+            except selection.SelectionError as e:  # (a page link SQLite's form on PostgreSQL)
+                return render(request, "list.html", 400, error=str(e), chosen=chosen, rows=[], more=False)
         for r in rows:
             r["snippet"] = _snippet(r)
-        after = selection.cursor(rows) if more else None
         return render(
-            request,
-            "list.html",
-            chosen=chosen,
-            rows=rows,
-            more=more and after is not None,
-            after=after,
-            unreadable=unreadable,
+            request, "list.html", chosen=chosen, rows=rows, more=after is not None, after=after, unreadable=unreadable
         )
 
     def exchange(request: Request) -> Response:

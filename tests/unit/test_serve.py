@@ -8,6 +8,7 @@ process and a real browser are tested in ``tests/e2e/test_review_ui.py``.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import csv
 import io
@@ -19,6 +20,7 @@ import sys
 import tracemalloc
 import unicodedata
 from collections.abc import Iterator
+from typing import Any
 
 import orjson
 import pytest
@@ -495,6 +497,56 @@ def test_a_value_llm_audit_did_not_write_hides_no_other_record(sqlite_url, tmp_p
                 + "); run llm-audit verify"
             ]
         )
+
+
+def planted(id: Any, started: Any) -> tuple[tuple, ...]:
+    """Statements that add a copy of bob-1 with this id and start time, as stored."""
+    return (
+        ("CREATE TEMP TABLE copied AS SELECT * FROM exchanges WHERE id = 'bob-1'",),
+        ("UPDATE copied SET id = ?, started_at = ?", id, started),
+        ("INSERT INTO exchanges SELECT * FROM copied",),
+        ("DROP TABLE copied",),
+    )
+
+
+def test_start_times_llm_audit_did_not_write_move_the_pages_on_as_they_sort(sqlite_url, tmp_path):
+    """The page link carried a planted row's start time as read (or none, when it could
+    not be read), not as SQLite sorts it: 51 rows of an unreadable start time filled the
+    first page and left no link to the next, and one dated 2026-03-03T00:00 (after all of
+    that day's rows, as text) made the next page skip them. Each row of every storage
+    class now leads on to the row that sorts after it."""
+    plants = {
+        "blob": b"\x00",  # (a BLOB sorts after any text: first, newest first)
+        "word": "yesterday",
+        "T-time": "2026-03-03T00:00:00",  # (read as 2026-03-03 00:00, sorted after 2026-03-03 10:00)
+        "integer": 42,  # (numbers sort before any text: last)
+        "real": 2.5,
+    }
+    statements = [s for id, started in plants.items() for s in planted(id, started)]
+    statements += planted(b"\x01", "2026-03-03 10:00:00.000000")  # bob-1's time, an id no text sorts after
+    with serving(edited_copy(sqlite_url, tmp_path, *statements)) as c:
+        login(c)
+        seen, rows, query = [], 0, "limit=1"
+        while rows <= 20:
+            page = c.get(f"/exchanges?{query}")
+            assert page.status_code == 200, page.text
+            seen += re.findall(r'<a class="id" href="/exchanges/([^"]+)">', page.text)
+            rows += page.text.count('<tr class="status-')
+            more = re.search(r'href="/exchanges\?([^"]+)" rel="next"', page.text)
+            if not more:
+                break
+            query = more.group(1).replace("&amp;", "&")
+    assert seen == ["blob", "word", "evil-1", "bob-2", "T-time", "bob-1", "alice-2", "alice-1", "integer", "real"]
+    assert rows == len(seen) + 1  # (the row of a BLOB id is listed without a link)
+
+
+def test_a_page_link_of_sqlites_form_is_refused_when_damaged_or_on_postgresql(client, url):
+    for after in ("stored:!!", "stored:" + base64.urlsafe_b64encode(b'[["text","x"]]').decode(), "stored:"):
+        page = client.get(f"/exchanges?after={after}")
+        assert page.status_code == 400 and "the page link is damaged" in page.text
+    stored = "stored:" + base64.urlsafe_b64encode(b'[["text","zzz"],["text","x"]]').decode()
+    page = client.get(f"/exchanges?after={stored}")
+    assert page.status_code == (200 if url.startswith("sqlite") else 400), page.text
 
 
 def test_an_id_llm_audit_did_not_write_hides_no_other_record(sqlite_url, tmp_path):
