@@ -1,8 +1,8 @@
 """One exchange's place in its hash chain, and whether it verifies there.
 
 What ``llm-audit verify`` checks for a whole chain (:mod:`storage.verify`), checked for
-one record: the record against its own hashes (:func:`storage.chain.check_record`: its
-content, unless erased, and its fields), and its two links: its ``prev_hash`` is the
+one record: the record, read as ``verify`` reads it, against its own hashes
+(:func:`storage.verify.record_problem`: its content, unless erased, and its fields), and its two links: its ``prev_hash`` is the
 hash of the record numbered before it (or the chain's recorded start after a purge),
 and the record after it links to its hash. Signed checkpoints, which show that a chain
 was not rebuilt wholesale, are ``llm-audit verify``'s: the page says so.
@@ -15,8 +15,9 @@ from typing import Any
 
 from sqlalchemy import Connection, select
 
-from storage.chain import GENESIS, check_record, fold_answer_bytes, is_sealed
-from storage.schema import ANSWER_BYTES, IN_PROGRESS, chains, exchanges
+from storage.chain import GENESIS, is_sealed
+from storage.schema import IN_PROGRESS, chains, exchanges
+from storage.verify import record_problem, stored_records
 
 
 @dataclass(frozen=True)
@@ -36,19 +37,6 @@ class Place:
         return self.sealed and not self.problems
 
 
-def _stored_answer(conn: Connection, record: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
-    """``record`` with its answer as ``verify`` reads it (a huge one from its UTF-8 bytes on
-    SQLite, not the view's reading), and what is wrong with the stored form: the page and
-    ``verify`` judge the same values."""
-    c = exchanges.c
-    stored = conn.execute(select(c.output_text, c[ANSWER_BYTES]).where(c.id == record.get("id"))).mappings().first()
-    if stored is None:
-        return record, None
-    answer = dict(stored)
-    problem = fold_answer_bytes(answer, conn.dialect.name == "sqlite")
-    return record | {"output_text": answer["output_text"]}, problem
-
-
 def place(conn: Connection, record: dict[str, Any]) -> Place:
     """The chain position of ``record`` (a whole row of ``exchanges``) and what checking it found."""
     if not is_sealed(record):
@@ -58,16 +46,13 @@ def place(conn: Connection, record: dict[str, Any]) -> Place:
             else "in no hash chain: nothing vouches for this final record (llm-audit verify reports it as inserted)"
         )
         return Place(sealed=False, note=note, problems=() if record.get("status") == IN_PROGRESS else (note,))
+    # Checked as verify checks it: read again strictly, as stored (the page's reading shows
+    # a value SQL reads otherwise, such as a JSON key held twice, as the hash reads it).
+    record = next(stored_records(conn, exchanges.c.id == record.get("id")), record)
     chain_id, seq = record.get("chain_id"), record.get("chain_seq")
     problems: list[str] = []
-    record, problem = _stored_answer(conn, record)
-    if problem is not None:
-        problems.append(f"its stored answer cannot be read: {problem}")
-    try:
-        if (problem := check_record(record)) is not None:
-            problems.append(f"this record does not match its hash: {problem}")
-    except (KeyError, TypeError, ValueError) as e:  # values of a shape the writer never stores
-        problems.append(f"this record's stored values cannot be hashed ({type(e).__name__})")
+    if (problem := record_problem(record)) is not None:
+        problems.append(f"this record does not match its hash: {problem}")
     if not isinstance(seq, int) or not chain_id:
         problems.append("its chain id or number is missing")
         return Place(True, chain_id, seq, record.get("prev_hash"), record.get("record_hash"), tuple(problems))

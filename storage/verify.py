@@ -48,7 +48,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Connection, Engine, String, func, or_, select, type_coerce
+from sqlalchemy import ColumnElement, Connection, Engine, String, and_, func, or_, select, type_coerce
 
 from storage.chain import (
     CONTENT_COLUMNS,
@@ -387,19 +387,24 @@ def _quarantined_row_problem(line: bytes, q: dict[str, Any]) -> tuple[bool, str]
 
 
 def _rows(conn: Connection, chain_id: str, start: int) -> Iterator[dict[str, Any]]:
-    """The chain's records from its start (a purge in progress may have left older ones).
+    """The chain's records from its start (a purge in progress may have left older ones)."""
+    c = exchanges.c
+    return stored_records(conn, and_(c.chain_id == chain_id, c.chain_seq >= start), c.chain_seq, c.id)
+
+
+def stored_records(
+    conn: Connection, where: ColumnElement[bool], *order: ColumnElement[Any]
+) -> Iterator[dict[str, Any]]:
+    """Whole records of ``exchanges`` as ``verify`` reads them, for :func:`record_problem`.
 
     Read as :class:`~storage.stored.StoredValues` reads them, strictly: on SQLite, a
     value that cannot be read, or that SQL reads otherwise than the hash does, is
     tampering with that record (``UNREADABLE_KEY`` names it), not a failure of
-    ``verify``.
+    ``verify``. A huge answer is read from its bytes (:func:`storage.chain.fold_answer_bytes`).
     """
-    c = exchanges.c
     stored = StoredValues(conn.dialect, exchanges.columns)
     result = conn.execution_options(stream_results=True, yield_per=1000).execute(
-        select(*stored.select(exchanges.columns))
-        .where(c.chain_id == chain_id, c.chain_seq >= start)
-        .order_by(c.chain_seq, c.id)
+        select(*stored.select(exchanges.columns)).where(where).order_by(*order)
     )
     for row in result.mappings():
         record = dict(row)
@@ -410,6 +415,17 @@ def _rows(conn: Connection, chain_id: str, start: int) -> Iterator[dict[str, Any
         if problems:
             record[UNREADABLE_KEY] = problems
         yield record
+
+
+def record_problem(row: dict[str, Any], statements: Statements | None = None) -> str | None:
+    """What is wrong with a sealed record of :func:`stored_records` by itself, against
+    its own hashes (the chain's links are checked apart), or None."""
+    if UNREADABLE_KEY in row:
+        return f"stored values cannot be read as the writer wrote them ({', '.join(row[UNREADABLE_KEY])})"
+    problem = _checked(row)
+    if problem is None and row["erased_at"] is not None:
+        problem = _erasure_problem(row, statements)
+    return problem
 
 
 def _as_sealed(number: float, hashes: Any) -> float:
@@ -444,14 +460,7 @@ def _verify_chain(
         if type(seq) is not int:  # (SQLite keeps any value in any column)
             report.add("modified", None, rid, f"its number in the chain, {str(seq)[:40]!r}, is no number")
             continue
-        problem = (
-            _checked(row)
-            if UNREADABLE_KEY not in row
-            else f"stored values cannot be read as the writer wrote them ({', '.join(row[UNREADABLE_KEY])})"
-        )
-        if problem is None and row["erased_at"] is not None:
-            problem = _erasure_problem(row, statements)
-        if problem:
+        if problem := record_problem(row, statements):
             report.add("modified", seq, rid, problem)
         if seq < expected:
             if seq == expected - 1 and row["prev_hash"] == parent:

@@ -567,6 +567,26 @@ def test_text_that_is_not_utf8_is_shown_with_replacement_characters(sqlite_url, 
         assert "A\ufffdB" in c.get("/export.jsonl").text
 
 
+@pytest.mark.parametrize(
+    "statement",
+    [
+        # a key held twice: SQL (and --contains) reads the first, the hash the last
+        'UPDATE exchanges SET request_body = \'{"messages":[{"role":"user","content":"forged"}],\''
+        " || substr(request_body, 2) WHERE id = 'alice-1'",
+        # the same instant written otherwise: it sorts elsewhere for --since and purge
+        "UPDATE exchanges SET started_at = replace(started_at, ' ', 'T') WHERE id = 'alice-1'",
+    ],
+)
+def test_the_page_checks_a_record_as_verify_does(sqlite_url, tmp_path, statement):
+    """The page read the record as the list does, where a value SQL reads otherwise is
+    read as the hash reads it: it said "Verifies" of a record verify calls modified."""
+    with serving(edited_copy(sqlite_url, tmp_path, (statement,))) as c:
+        login(c)
+        page = visible_text(c.get("/exchanges/alice-1").text)
+        assert "Does not verify:" in page and "cannot be read as the writer wrote them" in page, page
+        assert "Verifies:" in visible_text(c.get("/exchanges/alice-2").text)
+
+
 def test_cost_is_shown_with_its_prices_or_as_unknown(sqlite_url, tmp_path):
     copy = tmp_path / "costed.db"
     shutil.copy(sqlite_url.removeprefix("sqlite:///"), copy)
