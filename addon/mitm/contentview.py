@@ -103,9 +103,10 @@ def _request_dialect(request: http.Request) -> tuple[Dialect | None, RequestView
             parsed.append(parse_json_body(data)[0] if data is not None else UNREADABLE)
         return parsed[0]
 
-    found = detect_by_line(request, lambda view: detect_request(view, body))
+    lines = line_views(request)
+    found = detect_by_line(lines, lambda view: detect_request(view, body))
     if found is None:
-        return None, line_views(request)[0][0], body
+        return None, lines[0][0], body
     return found[0], found[1][0], body
 
 

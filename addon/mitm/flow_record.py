@@ -169,11 +169,11 @@ def line_views(req: http.Request) -> list[Line]:
 
 
 def detect_by_line[Found](
-    req: http.Request, detect: Callable[[RequestView], Found | None]
+    lines: list[Line], detect: Callable[[RequestView], Found | None]
 ) -> tuple[Found, Line] | None:
-    """What ``detect`` finds in the first of :func:`line_views` it finds anything in, and
-    that view (with its finding); None when it finds nothing in any."""
-    for line in line_views(req):
+    """What ``detect`` finds in the first of ``lines`` (a request's :func:`line_views`) it
+    finds anything in, and that view (with its finding); None when it finds nothing in any."""
+    for line in lines:
         if (found := detect(line[0])) is not None:
             return found, line
     return None

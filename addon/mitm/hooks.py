@@ -53,6 +53,7 @@ from addon.mitm.contentview import annotate, show_comment_column
 from addon.mitm.flow_record import (
     MAX_REQUEST_DECODED,
     SNIFFED_REQUEST_BYTES,
+    Line,
     abort_side,
     claimed_by_line,
     client_had_everything,
@@ -311,21 +312,22 @@ class ExchangeHooks:
         decoded, is read off the event loop (:meth:`_open_off_loop`); the others here."""
         if flow.response is not None or flow.id in self.flows or _upgrades(flow.request):
             return None  # answered before it could go upstream (proxyauth's 407, ...), opened streamed, a WebSocket
-        if not any(claimed_by_line(view) for view, _ in line_views(flow.request)):
+        lines = line_views(flow.request)
+        if not any(claimed_by_line(view) for view, _ in lines):
             return None  # (no dialect's: its body is never read, and never waits for the reader)
         filters = self.filters.current()
         running = _loop_running()  # (not when a test drives the hooks by hand: all is read here)
         heavy = HEAVY_BODY if "json" in flow.request.headers.get("content-type", "") else HEAVY_BINARY_BODY
         if running and len(flow.request.raw_content or b"") > heavy:
-            return self._open_off_loop(flow, filters)
+            return self._open_off_loop(flow, filters, lines)
         try:
-            read = self._read_request(flow, filters, heavy if running else MAX_REQUEST_DECODED)
+            read = self._read_request(flow, filters, lines, heavy if running else MAX_REQUEST_DECODED)
         except _Heavy:  # (a small compressed body that decodes past it)
-            return self._open_off_loop(flow, filters)
+            return self._open_off_loop(flow, filters, lines)
         self._opened(flow, read, filters)
         return None
 
-    async def _open_off_loop(self, flow: http.HTTPFlow, filters: FilterSet | None) -> None:
+    async def _open_off_loop(self, flow: http.HTTPFlow, filters: FilterSet | None, lines: list[Line]) -> None:
         """:meth:`_read_request` in a worker thread, the rest on the event loop.
 
         Reading a request costs in proportion to what it holds, not to its size: 9.3 MB
@@ -337,7 +339,7 @@ class ExchangeHooks:
         waits for its own reading, as it did; mitmproxy awaits the hook."""
         try:
             loop = asyncio.get_running_loop()
-            read = await loop.run_in_executor(self._readers(), self._read_request, flow, filters)
+            read = await loop.run_in_executor(self._readers(), self._read_request, flow, filters, lines)
             if self.stopped:
                 return  # (the proxy stopped while it was read: it never went upstream)
             self._opened(flow, read, filters)
@@ -345,9 +347,9 @@ class ExchangeHooks:
             log.exception("llm-audit: failed to inspect a request; it is forwarded unaudited")
 
     def _read_request(
-        self, flow: http.HTTPFlow, filters: FilterSet | None, max_bytes: int = MAX_REQUEST_DECODED
+        self, flow: http.HTTPFlow, filters: FilterSet | None, lines: list[Line], max_bytes: int = MAX_REQUEST_DECODED
     ) -> RequestRead | None:
-        """What a request is (None: no dialect's), its record and the rules' verdicts.
+        """What a request is (None: no dialect's, in any of its ``lines``: :func:`line_views`), its record and the rules' verdicts.
         Reads the flow and writes nothing shared, so it may run in a worker thread.
         Raises :class:`_Heavy` when the body decodes past ``max_bytes`` (on the loop:
         :data:`HEAVY_BODY` or :data:`HEAVY_BINARY_BODY`; it is read in the thread then)."""
@@ -368,7 +370,7 @@ class ExchangeHooks:
                 parsed.append(parse_json_body(data) if data is not None else (UNREADABLE, None))
             return parsed[0][0]
 
-        found = detect_by_line(req, lambda view: detect_request(view, body))
+        found = detect_by_line(lines, lambda view: detect_request(view, body))
         if found is None:
             return None
         dialect, line = found
@@ -406,7 +408,7 @@ class ExchangeHooks:
         if flow.response is not None or _upgrades(flow.request):
             return  # (a WebSocket is audited by addon.mitm.websocket)
         req = flow.request
-        found = detect_by_line(req, detect_streamed_request)
+        found = detect_by_line(line_views(req), detect_streamed_request)
         if found is None:
             return
         dialect, line = found

@@ -87,9 +87,10 @@ class WebSocketHooks:
 
     def websocket_start(self, flow: http.HTTPFlow) -> None:
         try:
-            found = detect_by_line(flow.request, lambda view: detect_websocket(view, None))
+            lines = line_views(flow.request)
+            found = detect_by_line(lines, lambda view: detect_websocket(view, None))
             if found is None:
-                self.connections[flow.id] = Sniffing(line_views(flow.request)[0][0])
+                self.connections[flow.id] = Sniffing(lines[0][0])
             else:
                 (dialect, framing), line = found
                 self.connections[flow.id] = self._start(flow, dialect, framing, line)

@@ -46,7 +46,7 @@ def request(path: str, method: str = "POST"):  # type: ignore[no-untyped-def]
 
 
 def detected(path: str, body: object = CHAT):  # type: ignore[no-untyped-def]
-    found = detect_by_line(request(path), lambda view: detect_request(view, lambda: body))
+    found = detect_by_line(line_views(request(path)), lambda view: detect_request(view, lambda: body))
     assert found is not None
     dialect, (view, finding) = found
     return dialect.name, view.path, finding.code if finding is not None else None
@@ -73,11 +73,16 @@ def test_the_record_and_nobody_elses_path_keep_the_path_as_sent() -> None:
     assert [view.path for view, _ in line_views(request("/v1/models"))] == ["/v1/models"]
     views = line_views(request("/Static/a%20b.png", "GET"))
     assert [view.path for view, _ in views] == ["/Static/a%20b.png", "/Static/a b.png", "/static/a b.png"]
-    assert detect_by_line(request("/static/a%20b.png", "GET"), lambda view: detect_request(view, lambda: None)) is None
+    assert (
+        detect_by_line(line_views(request("/static/a%20b.png", "GET")), lambda view: detect_request(view, lambda: None))
+        is None
+    )
 
 
 def test_a_websocket_upgrade_is_read_the_same_way() -> None:
-    found = detect_by_line(request("/v1/%72ealtime?model=gpt-realtime", "GET"), lambda v: detect_websocket(v, None))
+    found = detect_by_line(
+        line_views(request("/v1/%72ealtime?model=gpt-realtime", "GET")), lambda v: detect_websocket(v, None)
+    )
     assert found is not None
     (dialect, _), (view, finding) = found
     assert (dialect.name, view.path, finding and finding.code) == (
