@@ -12,7 +12,14 @@ A checkpoint file::
 
     {"format": "llm-audit-checkpoint/1", "created_at": "2026-11-29T17:00:00.000000Z",
      "key_id": "sha256:…", "chains": {"proxy-a": {"seq": 1200, "hash": "…"}},
+     "runs": {"proxy-a": {"since": 1001, "quarantined": [1107]}},
      "signature": "<base64 Ed25519 signature of the canonical JSON of all other fields>"}
+
+A proxy's own checkpoints also say, in ``runs``, the first record it sealed since it
+started (``since``) and the records it quarantined in that time (:class:`Checkpointer`):
+every record from ``since`` to the signed head was written or quarantined by it, so
+``verify`` tells a record the ``quarantine`` table says was quarantined there, and no
+checkpoint names, as deleted (the table is as writable as the records).
 
 The key is generated on first use (PEM, mode 0600) with its public half next to it
 (``.pub``): ship checkpoints and the public key to write-once storage, a git repository
@@ -32,6 +39,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import orjson
 from cryptography.exceptions import InvalidSignature
@@ -176,18 +184,33 @@ def write_checkpoint(
     heads: dict[str, Head],
     now: datetime | None = None,
     unvouched: dict[str, tuple[int, int]] | None = None,
+    runs: dict[str, Run] | None = None,
 ) -> Path:
     """Sign the heads and write them to a new file in ``directory``; its path.
     ``unvouched``: per chain, records the signer found in the database but did not write
-    (see :class:`Checkpointer`); the checkpoint says so, and ``verify`` reports them."""
+    (see :class:`Checkpointer`); the checkpoint says so, and ``verify`` reports them.
+    ``runs``: per chain, what the proxy that writes it sealed and quarantined since it started."""
     now = (now or datetime.now(UTC)).astimezone(UTC)
-    doc = {
+    doc: dict[str, Any] = {
         "format": FORMAT,
         "chains": {chain: {"seq": head.seq, "hash": head.hash} for chain, head in sorted(heads.items())},
     }
     if unvouched:
         doc["unvouched"] = {chain: {"first": a, "last": b} for chain, (a, b) in sorted(unvouched.items())}
+    if runs:
+        doc["runs"] = {
+            chain: {"since": run.since, "quarantined": sorted(run.quarantined)} for chain, run in sorted(runs.items())
+        }
     return write_signed(directory, key, "checkpoint", doc, now)
+
+
+@dataclass(frozen=True, slots=True)
+class Run:
+    """What a proxy's checkpoint says of its run: the first record it sealed since it
+    started, and the numbers of the records it quarantined since."""
+
+    since: int
+    quarantined: frozenset[int]
 
 
 @dataclass(frozen=True, slots=True)
@@ -198,6 +221,7 @@ class Checkpoint:
     created_at: str
     heads: dict[str, Head]
     unvouched: dict[str, tuple[int, int]]  # records its signer found in the database but did not write
+    runs: dict[str, Run]  # what its signer, a proxy, sealed and quarantined since it started
 
 
 def trusted(keys: Ed25519PublicKey | Sequence[Ed25519PublicKey]) -> dict[str, Ed25519PublicKey]:
@@ -244,9 +268,13 @@ def read_checkpoints(directory: Path, keys: Ed25519PublicKey | Sequence[Ed25519P
         try:
             heads = {chain: Head(int(h["seq"]), str(h["hash"])) for chain, h in doc["chains"].items()}
             unvouched = {chain: (int(u["first"]), int(u["last"])) for chain, u in doc.get("unvouched", {}).items()}
+            runs = {
+                chain: Run(int(r["since"]), frozenset(int(seq) for seq in r["quarantined"]))
+                for chain, r in doc.get("runs", {}).items()
+            }
         except (ValueError, KeyError, TypeError, AttributeError) as e:
             raise CheckpointError(f"{path}: not a valid checkpoint ({e})") from None
-        out.append(Checkpoint(path, doc["created_at"], heads, unvouched))
+        out.append(Checkpoint(path, doc["created_at"], heads, unvouched, runs))
     if not out:
         raise CheckpointError(
             f"no checkpoints in {directory}: there is nothing to compare the chains with "
@@ -263,6 +291,11 @@ class Checkpointer:
     writer found at the end of its chain in the database at start, after the last head
     it wrote itself (an insider's consistent append, or records committed just before a
     crash): every checkpoint of this run names them, so none signs them in silently.
+    ``since`` (the first record the writer seals in this run) and the records it
+    quarantines (:meth:`quarantined`) go in every checkpoint of the run (``runs``): the
+    writer quarantines a record before it commits any later one, so a checkpoint of a head
+    past a record of this run names it if it was quarantined. A new quarantine makes a
+    checkpoint due at once.
     """
 
     def __init__(
@@ -281,24 +314,33 @@ class Checkpointer:
         self.command = tuple(command)  # run with each checkpoint's path: a copy out of the administrators' reach
         self._signed = Head()  # the head of the last checkpoint
         self.unvouched: tuple[int, int] | None = None
+        self.since: int | None = None  # the first record the writer seals in this run
+        self._quarantined: set[int] = set()  # records of the chain quarantined in this run
+        self._listed = 0  # of them, how many the last checkpoint named
         self._at = clock()
+
+    def quarantined(self, seq: int) -> None:
+        """The writer quarantined record ``seq`` of the chain."""
+        self._quarantined.add(seq)
 
     def committed(self, head: Head, *, final: bool = False) -> Path | None:
         """The database now holds the chain up to ``head``: write a checkpoint if one is due
-        (``final``: whenever anything is new, at shutdown)."""
+        (``final``: whenever anything is new, at shutdown; a new quarantine: at once)."""
         new = head.seq - self._signed.seq
-        if new <= 0:
+        fresh = len(self._quarantined) > self._listed
+        if (new <= 0 and not fresh) or head.seq <= 0:
             return None
-        due = final or (self.every and new >= self.every) or (self.seconds and self._clock() - self._at >= self.seconds)
-        if not due:
+        timely = self.seconds and self._clock() - self._at >= self.seconds
+        if not (final or fresh or (self.every and new >= self.every) or timely):
             return None
         path = write_checkpoint(
             self.directory,
             self.key,
             {self.chain_id: head},
             unvouched={self.chain_id: self.unvouched} if self.unvouched else None,
+            runs={self.chain_id: Run(self.since, frozenset(self._quarantined))} if self.since is not None else None,
         )
-        self._signed, self._at = head, self._clock()
+        self._signed, self._at, self._listed = head, self._clock(), len(self._quarantined)
         if self.command:
             self._hand_over(path)
         return path

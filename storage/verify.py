@@ -492,7 +492,42 @@ def _verify_chain(
         expected, prev, parent = seq + 1, row["record_hash"], row["prev_hash"]
     _compare_checkpoints(report, signed, seen)
     _unvouched(report, checkpoints)
+    _signed_quarantines(report, checkpoints)
     return report
+
+
+def _signed_quarantines(report: ChainReport, checkpoints: Sequence[Checkpoint]) -> None:
+    """Each record the ``quarantine`` table says fills a gap, against what the proxies'
+    checkpoints say they quarantined (``runs``, :class:`~storage.checkpoint.Checkpointer`).
+
+    A proxy quarantines a record of its run before it commits any later one, so a
+    checkpoint of a head at or past a record it sealed names the record if it was
+    quarantined: one it does not name, the table's row is a cover for a deletion (whoever
+    can write the records can write that table). A record no checkpoint speaks of (sealed
+    before them, or by a run that signed none since) is left to its file
+    (:func:`_check_quarantined`), as is one they name (its hashes must still link its
+    neighbours, :func:`_fill`)."""
+    chain = report.chain_id
+    runs = [(cp, cp.runs[chain], cp.heads[chain]) for cp in checkpoints if chain in cp.runs and chain in cp.heads]
+    if not runs:
+        return
+    named = {seq for _, run, _ in runs for seq in run.quarantined}
+    kept = []
+    for q in report.quarantined:
+        seq = q["chain_seq"]
+        cover = next(((cp, run, head) for cp, run, head in runs if run.since <= seq <= head.seq), None)
+        if seq in named or cover is None:
+            kept.append(q)
+            continue
+        cp, run, head = cover
+        report.add(
+            "deleted",
+            seq,
+            q["record_id"],
+            f"the quarantine table says it was quarantined, but checkpoint {cp.path.name}, signed by the proxy "
+            f"that sealed records {run.since}..{head.seq}, names no such quarantine",
+        )
+    report.quarantined = kept
 
 
 def _unvouched(report: ChainReport, checkpoints: Sequence[Checkpoint]) -> None:

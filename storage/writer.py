@@ -156,6 +156,8 @@ class AuditWriter:
         # record that lives only in the spool (verify would call its absence a truncation)
         self.committed = stored
         self.checkpointer = checkpointer
+        if checkpointer is not None:
+            checkpointer.since = head.seq + 1
         self._head_file = HeadFile(spool.path.with_name(f"head-{safe_name(instance)}.json"))
         self._vouch(stored)
         self._retry_at = 0.0
@@ -591,6 +593,8 @@ class AuditWriter:
             return  # kept already (a replay cut short saw it before)
         self.quarantined += 1
         self._unrecorded.append(entry)
+        if self.checkpointer is not None and entry.chain_id == self.instance and entry.chain_seq:
+            self.checkpointer.quarantined(entry.chain_seq)  # (signed in the next checkpoint)
         what = (
             f"record {entry.chain_seq} of chain {entry.chain_id}"
             if entry.chain_seq is not None
@@ -648,6 +652,7 @@ class AuditWriter:
             if ours:
                 self._advance_head(conn, max(ours, key=lambda head: head.seq))
         self._unrecorded = self._unrecorded[len(entries) :]
+        self._checkpoint()  # (a new quarantine of this chain is signed at once)
 
     def _failed(self, error: Exception) -> None:
         reason = first_line(error)

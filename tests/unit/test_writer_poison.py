@@ -24,6 +24,7 @@ from addon.record import OUTCOME_COMPLETE, ExchangeRecord
 from storage import status as status_module
 from storage import writer as writer_module
 from storage.chain import Chain, Head
+from storage.checkpoint import Checkpointer, Run, load_or_create_key, read_checkpoints
 from storage.database import open_engine
 from storage.prepare import MAX_DEPTH, Prepared, prepare
 from storage.schema import exchanges, quarantine
@@ -247,6 +248,49 @@ def _a_forged_quarantine_is_never_passed(engine, kept: Path, victim: str) -> Non
             conn.execute(text("UPDATE chains SET lease_until = 'not a time', head_seq = 'abc'"))
         report = verify(engine)  # (named, never a stop: exit 2 without naming a record)
         assert "the chains table's row of this chain cannot be read" in [p.detail for p in report.chains[0].problems]
+
+
+def test_the_proxys_checkpoints_name_what_it_quarantined_and_a_forged_quarantine_is_a_deletion(
+    url, tmp_path, monkeypatch
+):
+    """With database access alone, a record deleted and a quarantine row written in its
+    place (copied from its neighbours' hashes) was "NOT CHECKED" (exit 3) wherever the
+    quarantine file could not be read. The proxy's checkpoints now sign what it
+    quarantined since it started, so such a row is a deletion (exit 1)."""
+    monkeypatch.setattr(writer_module, "prepare", lambda row, **_: Prepared(dict(row), _hashes(row)))
+    monkeypatch.setattr(writer_module, "minimal_row", lambda row, reason: dict(row))
+    rows = [final_row(), final_row(request_model="m" * 300, url_path={"not": "text"}), *(final_row() for _ in range(4))]
+    key = load_or_create_key(tmp_path / "key.pem")
+    writer = start(
+        url, tmp_path, checkpointer=Checkpointer(tmp_path / "checkpoints", key, INSTANCE, every=100, seconds=0)
+    )
+    for row in rows:
+        writer.submit(row)
+    writer.close()
+    engine = open_engine(url)
+    with engine.connect() as conn:
+        [entry] = conn.execute(select(quarantine)).mappings().all()
+    checkpoints = read_checkpoints(tmp_path / "checkpoints", key.public_key())
+    # one signed as soon as record 2 was quarantined (at the next head), one at shutdown
+    assert [cp.heads[INSTANCE].seq for cp in checkpoints] == [3, 6]
+    assert checkpoints[-1].runs[INSTANCE] == Run(1, frozenset({entry["chain_seq"]})) and entry["chain_seq"] == 2
+    report = verify(engine, checkpoints, quarantine_dir=Path("/elsewhere"))  # (its file unread: still covered)
+    assert report.ok and report.chains[0].quarantined and report.chains[0].unchecked.keys() == {2}
+    victim = rows[4]["id"]  # (record 5: no checkpoint signs its own hash)
+    with engine.begin() as conn:
+        row = conn.execute(select(exchanges).where(exchanges.c.id == victim)).mappings().one()
+        forged = {k: row[k] for k in ("chain_id", "chain_seq", "prev_hash", "record_hash")}
+        conn.execute(exchanges.delete().where(exchanges.c.id == victim))
+        conn.execute(
+            quarantine.insert().values(
+                quarantined_at=datetime.now(UTC), reason="refused", file="/nowhere/q.jsonl", size=1,
+                sha256="0" * 64, record_id=victim, **forged,
+            )
+        )  # fmt: skip
+    assert verify(engine).ok, "without checkpoints, the table alone is all there is"
+    [problem] = verify(engine, checkpoints).chains[0].problems
+    assert (problem.kind, problem.seq) == ("deleted", 5)
+    assert "names no such quarantine" in problem.detail and checkpoints[-1].path.name in problem.detail
 
 
 def unprepared(monkeypatch, poison: dict) -> None:
