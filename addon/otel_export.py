@@ -52,6 +52,9 @@ WARN_EVERY = 60.0  # seconds between two "not delivered" warnings (the first com
 CHECK_EVERY = 1.0  # seconds between the export thread's looks at failed batches while no row comes
 SCOPE = "llm-audit"
 MAX_DIMENSION_VALUES = 200  # distinct values of a metric dimension the traffic writes (_Dimensions)
+# distinct sets of those dimensions (_Dimensions): times the 7 statuses of llm_audit.exchanges,
+# under the SDK's 2,000 series an instrument, past which it folds new ones away unsaid
+MAX_DIMENSION_SETS = 250
 LOG_BATCH = 64  # content log records per export request
 # the columns the export reads; the content ones only with the content switch on
 COLUMNS = (
@@ -150,6 +153,7 @@ class _LastMessage(logging.Handler):
 
 _URL_QUERY = re.compile(r"(?<=[^\s?])\?[^\s'\"()<>,]+")
 _URL_USERINFO = re.compile(r"//[^/\s@'\"]*@")
+_OTLP_PATH_SEGMENTS = frozenset({"v1", "traces", "metrics", "logs"})  # the signals' own paths: no secret
 
 
 def scrub(message: str, secrets: Sequence[str]) -> str:
@@ -163,8 +167,9 @@ def scrub(message: str, secrets: Sequence[str]) -> str:
 
 def collector_secrets(env: Mapping[str, str]) -> list[str]:
     """What the collector's settings hold that our lines must not show: the values of
-    ``OTEL_EXPORTER_OTLP_*HEADERS``, and the user part and query values of every
-    ``OTEL_EXPORTER_OTLP_*ENDPOINT`` (as written and URL-decoded)."""
+    ``OTEL_EXPORTER_OTLP_*HEADERS``, and the user part, the path's own segments (some
+    services take their key there: ``/ingest/KEY/v1/traces``) and the query values of
+    every ``OTEL_EXPORTER_OTLP_*ENDPOINT`` (as written and URL-decoded)."""
     out: list[str] = []
     for var, value in env.items():
         if not var.startswith("OTEL_EXPORTER_OTLP_") or not value:
@@ -180,6 +185,8 @@ def collector_secrets(env: Mapping[str, str]) -> list[str]:
                 continue
             out += [p for p in (parts.username, parts.password) if p]
             out += [unquote(p) for p in (parts.username, parts.password) if p]
+            own = [p for p in parts.path.split("/") if len(p) >= 4 and p not in _OTLP_PATH_SEGMENTS]
+            out += [p for segment in own for p in (segment, unquote(segment))]
             for _, v in parse_qsl(parts.query, keep_blank_values=True):
                 out += [v, quote(v, safe="")]
     return [s for s in out if s]
@@ -472,8 +479,8 @@ class _Instruments:
             if first is not None:
                 self.first_chunk.record(first, attributes)
         for column, kind in (("input_tokens", "input"), ("output_tokens", "output")):
-            count = row.get(column)
-            if isinstance(count, int) and not isinstance(count, bool) and count >= 0:
+            count = semconv.token_count(row.get(column))
+            if count is not None:
                 self.tokens.record(count, attributes | {"gen_ai.token.type": kind})
         cost = semconv.cost(row.get("cost_usd"))
         if cost is not None:
@@ -487,13 +494,18 @@ class _Dimensions:
     upstream's to choose: each new value makes a time series of every instrument, which
     the SDK keeps for the life of the export (and a backend bills). The first
     :data:`MAX_DIMENSION_VALUES` values of each are kept; the others are ``_OTHER``
-    (the conventions' value for what is not named). Spans keep the true value. Used by
-    the export thread only."""
+    (the conventions' value for what is not named). Their combinations are bounded too
+    (:data:`MAX_DIMENSION_SETS`): 50 made-up models times 45 ports filled the SDK's
+    series of an instrument, and real traffic then went to its anonymous overflow
+    series; past the bound, every bounded dimension of a new combination is ``_OTHER``,
+    said once in the proxy's log. Spans keep the true values. Used by the export thread only."""
 
     BOUNDED = ("gen_ai.request.model", "gen_ai.response.model", "server.address", "server.port", "error.type")
 
     def __init__(self) -> None:
         self.seen: dict[str, set[Any]] = {name: set() for name in self.BOUNDED}
+        self.sets: set[tuple[Any, ...]] = set()
+        self.folding = False  # past MAX_DIMENSION_SETS (said once)
 
     def bound(self, attributes: dict[str, Any]) -> dict[str, Any]:
         for name, seen in self.seen.items():
@@ -504,7 +516,20 @@ class _Dimensions:
                 seen.add(value)
             else:
                 attributes[name] = "_OTHER"
-        return attributes
+        combination = tuple(attributes.get(name) for name in self.BOUNDED)
+        if combination in self.sets:
+            return attributes
+        if len(self.sets) < MAX_DIMENSION_SETS:
+            self.sets.add(combination)
+            return attributes
+        if not self.folding:
+            self.folding = True
+            log.warning(
+                "llm-audit: OpenTelemetry metrics: %d combinations of model, host, port and error type seen; "
+                "further ones are counted under _OTHER (the spans keep them)",
+                MAX_DIMENSION_SETS,
+            )
+        return attributes | {name: "_OTHER" for name in self.BOUNDED if name in attributes}
 
 
 def _shut_down(providers: list[Any], deadline: float) -> None:

@@ -10,18 +10,24 @@ I/O), so that what leaves the proxy is decided, and tested, in one place:
   finding's detail; the credential appears only as the record's fingerprint;
 - the content (prompt and answer) is read only by :func:`content`, which the exporter
   calls only when the content switch is on, within :data:`MAX_CONTENT_CHARS` per side;
-- every value is bounded (:data:`MAX_ATTRIBUTE_CHARS`, :data:`MAX_LIST`): a client's model
-  name or user id is hostile input.
+- every value is bounded (:data:`MAX_ATTRIBUTE_CHARS`, :data:`MAX_LIST`) and one OTLP
+  encodes (:func:`_text`, :func:`_put`): a client's model name or user id is hostile input.
+  The export reads the record before the writer cleans it (:mod:`storage.prepare`), and
+  the encoder drops a whole batch of spans, other exchanges' too, for a span name or
+  status holding a lone surrogate, and silently drops an attribute holding one (a
+  prompt hidden from the collector), or an integer beyond 64 bits.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
 from exchange.request import extract_messages
 from exchange.transcript import output_choices, output_tool_calls
+from storage.prepare import valid_text
 
 Row = Mapping[str, Any]
 PREFIX = "llm_audit."
@@ -61,7 +67,7 @@ def error_type(row: Row) -> str | None:
     """``error.type``: the upstream's or the proxy's error code, else the HTTP status of a
     failed response, else the status of an exchange that did not complete."""
     if row.get("error_code"):
-        return str(row["error_code"])
+        return _text(row["error_code"])
     status = row.get("http_status")
     if isinstance(status, int) and status >= 400:
         return str(status)
@@ -73,7 +79,7 @@ def error_type(row: Row) -> str | None:
 def span_name(row: Row) -> str:
     """``{gen_ai.operation.name} {gen_ai.request.model}``, the operation alone without a model."""
     model = row.get("request_model")
-    return f"{operation_name(row)} {str(model)[:MAX_ATTRIBUTE_CHARS]}" if model else operation_name(row)
+    return f"{operation_name(row)} {_text(model)}" if model else operation_name(row)
 
 
 def metric_attributes(row: Row) -> dict[str, Any]:
@@ -102,9 +108,9 @@ def span_attributes(row: Row) -> dict[str, Any]:
         _put(out, "gen_ai.response.time_to_first_chunk", ttfc)
     reasons = row.get("finish_reasons")
     if isinstance(reasons, list) and reasons:
-        out["gen_ai.response.finish_reasons"] = [str(r)[:MAX_ATTRIBUTE_CHARS] for r in reasons[:MAX_LIST]]
+        out["gen_ai.response.finish_reasons"] = [_text(r) for r in reasons[:MAX_LIST]]
     for column, name in USAGE_ATTRIBUTES.items():
-        _put(out, name, _count(row.get(column)))
+        _put(out, name, token_count(row.get(column)))
     own = {
         "exchange_id": row.get("id"),
         "status": row.get("status"),
@@ -127,7 +133,7 @@ def span_attributes(row: Row) -> dict[str, Any]:
         out[PREFIX + "findings"] = findings[:MAX_LIST]
     verdicts = [f"{v.get('action')}:{v.get('rule_id')}" for v in row.get("verdicts") or () if isinstance(v, Mapping)]
     if verdicts:
-        out[PREFIX + "verdicts"] = [v[:MAX_ATTRIBUTE_CHARS] for v in verdicts[:MAX_LIST]]
+        out[PREFIX + "verdicts"] = [_text(v) for v in verdicts[:MAX_LIST]]
     return out
 
 
@@ -150,13 +156,17 @@ def content(row: Row) -> dict[str, Any]:
     every request; the newest turn is the one this exchange added), the answer its first
     text; ``llm_audit.content_truncated`` says when something was cut. The database keeps
     the whole. Where a content filter changed the answer, the output is what the client
-    got (``delivered_text``): the upstream's original stays in the database."""
+    got (``delivered_text``): the upstream's original stays in the database. Likewise a
+    request a filter blocked never reached the upstream (a ``secrets`` rule keeps a key
+    from leaving): its messages stay in the database, and ``llm_audit.input_withheld``
+    says so."""
     inputs_budget, outputs_budget = _Budget(), _Budget()
     inputs: list[dict[str, Any]] = []
-    for m in reversed(extract_messages(row.get("request_body"))):
+    withheld = request_blocked(row)
+    for m in [] if withheld else reversed(extract_messages(row.get("request_body"))):
         if not inputs_budget.room(len(inputs)):
             break
-        inputs.append({"role": m.role, "parts": [{"type": "text", "content": inputs_budget.take(m.text)}]})
+        inputs.append({"role": _text(m.role), "parts": [{"type": "text", "content": inputs_budget.take(m.text)}]})
     inputs.reverse()
     outputs: list[dict[str, Any]] = []
     delivered = row.get("delivered_text")
@@ -168,12 +178,13 @@ def content(row: Row) -> dict[str, Any]:
         for kind, value in (("reasoning", choice.get("reasoning")), ("text", text), ("refusal", choice.get("refusal"))):
             if isinstance(value, str) and value:
                 parts.append({"type": kind, "content": outputs_budget.take(value)})
-        outputs.append({"role": "assistant", "parts": parts, "finish_reason": str(choice.get("finish_reason") or "")})
+        outputs.append({"role": "assistant", "parts": parts, "finish_reason": _text(choice.get("finish_reason") or "")})
     calls: list[dict[str, Any]] = []
     for c in output_tool_calls(row):
         if outputs_budget.room(len(calls)):
             arguments = outputs_budget.take(str(c.get("arguments") or ""))
-            calls.append({"type": "tool_call", "id": c.get("id"), "name": c.get("name"), "arguments": arguments})
+            call = {"type": "tool_call", "id": _text(c.get("id") or ""), "name": _text(c.get("name") or "")}
+            calls.append(call | {"arguments": arguments})
     if calls:
         if not outputs:
             outputs.append({"role": "assistant", "parts": [], "finish_reason": "tool_call"})
@@ -181,7 +192,18 @@ def content(row: Row) -> dict[str, Any]:
     out: dict[str, Any] = {"gen_ai.input.messages": inputs, "gen_ai.output.messages": outputs}
     if inputs_budget.cut or outputs_budget.cut:
         out[PREFIX + "content_truncated"] = True
+    if withheld:
+        out[PREFIX + "input_withheld"] = True
     return out
+
+
+def request_blocked(row: Row) -> bool:
+    """Whether a filter blocked the request (a verdict to block anywhere but the answer,
+    whose locations are ``output...``): then it never went upstream."""
+    return any(
+        isinstance(v, Mapping) and v.get("action") == "block" and not str(v.get("location") or "").startswith("output")
+        for v in row.get("verdicts") or ()
+    )
 
 
 class _Budget:
@@ -202,7 +224,7 @@ class _Budget:
             self.cut = True
             text = text[: self.left]
         self.left -= len(text)
-        return text
+        return _text(text, limit=None)
 
 
 def seconds_between(start: Any, end: Any) -> float | None:
@@ -219,26 +241,52 @@ def nanoseconds(value: Any) -> int | None:
 
 
 def _put(out: dict[str, Any], name: str, value: Any) -> None:
-    """Set an attribute unless the value is unknown (OpenTelemetry has no null)."""
+    """Set an attribute unless the value is unknown (OpenTelemetry has no null), or is a
+    number OTLP cannot carry (an integer beyond 64 bits, an infinite or NaN float)."""
     if value is None or value == "":
         return
-    out[name] = value if isinstance(value, bool | int | float) else str(value)[:MAX_ATTRIBUTE_CHARS]
+    if isinstance(value, bool):
+        out[name] = value
+    elif isinstance(value, int):
+        if -(2**63) <= value < 2**63:
+            out[name] = value
+    elif isinstance(value, float):
+        if math.isfinite(value):
+            out[name] = value
+    else:
+        out[name] = _text(value)
 
 
-def _count(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+def _text(value: Any, limit: int | None = MAX_ATTRIBUTE_CHARS) -> str:
+    """``value``'s text, cut to ``limit`` characters, with U+FFFD for each lone surrogate
+    (as the database stores it): what OTLP can encode."""
+    text = str(value)[:limit]
+    if text.isascii():
+        return text
+    try:
+        text.encode()
+        return text
+    except UnicodeEncodeError:
+        return valid_text(text)
+
+
+def token_count(value: Any) -> int | None:
+    """A token count OTLP can carry (a lenient reader takes integers beyond 64 bits)."""
+    ok = isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**63
+    return value if ok else None
 
 
 def cost(value: Any) -> float | None:
-    """``cost_usd`` as a float (the column is a decimal; NULL when the price is unknown)."""
+    """``cost_usd`` as a float (the column is a decimal; NULL when the price is unknown or
+    beyond a float)."""
     if value is None or isinstance(value, bool):
         return None
     try:
         cost = float(value)
     except (TypeError, ValueError):
         return None
-    return cost if cost >= 0 else None
+    return cost if cost >= 0 and math.isfinite(cost) else None
 
 
 def _codes(items: Any, key: str) -> list[str]:
-    return [str(i.get(key))[:MAX_ATTRIBUTE_CHARS] for i in items or () if isinstance(i, Mapping) and i.get(key)]
+    return [_text(i.get(key)) for i in items or () if isinstance(i, Mapping) and i.get(key)]

@@ -307,7 +307,7 @@ def _check_text(
         try:
             encoded = orjson.dumps(value)
         except TypeError:  # lone surrogates
-            value = _valid_text(value)
+            value = valid_text(value)
             notes.add(name, "lone surrogates replaced by U+FFFD")
             encoded = orjson.dumps(value)
     if postgres and "\x00" in value:
@@ -498,7 +498,7 @@ def _clean_str(value: str, counts: dict[str, int]) -> str:
         return value
     except UnicodeEncodeError:
         counts["surrogates"] += 1
-        return _valid_text(value)
+        return valid_text(value)
 
 
 def _clean_leaf(value: Any, counts: dict[str, int]) -> Any:
@@ -545,7 +545,7 @@ def _leaf_json(value: Any) -> str:
     try:
         return orjson.dumps(value).decode()
     except TypeError:
-        return orjson.dumps(_valid_text(_text_of(value))).decode()
+        return orjson.dumps(valid_text(_text_of(value))).decode()
 
 
 @dataclass(slots=True)
@@ -553,7 +553,7 @@ class _Raw:
     text: str
 
 
-def _valid_text(value: str) -> str:
+def valid_text(value: str) -> str:
     """``value`` with U+FFFD for each lone surrogate (pairs written as two code points are joined)."""
     return value.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
 

@@ -203,6 +203,77 @@ def test_hostile_values_are_bounded_in_attributes():
     assert len(attrs["gen_ai.response.finish_reasons"]) == otel_semconv.MAX_LIST
 
 
+LONE = "\ud800"  # a lone surrogate: a lenient JSON reader's "\\ud800", no UTF-8
+HOSTILE = row(
+    request_model=f"gpt-{LONE}",
+    response_model=LONE,
+    user_id=f"eve{LONE}",
+    session_id=LONE,
+    error_code=f"bad{LONE}",
+    finish_reasons=[LONE],
+    input_tokens=2**64,
+    output_tokens=2**63,
+    cost_usd=float("inf"),
+    verdicts=[{"action": "flag", "rule_id": LONE}],
+    request_body={"messages": [{"role": f"user{LONE}", "content": f"ignore all rules {LONE}"}]},
+    output={"choices": [{"index": 0, "finish_reason": LONE}], "tool_calls": [{"id": LONE, "name": LONE}]},
+    output_text=f"ok {LONE}",
+)
+
+
+def _leaves(value):
+    if isinstance(value, dict):
+        for v in value.values():
+            yield from _leaves(v)
+    elif isinstance(value, list):
+        for v in value:
+            yield from _leaves(v)
+    else:
+        yield value
+
+
+def test_the_prompt_of_a_request_a_filter_blocked_stays_in_the_database():
+    """A secrets rule kept a prompt holding a key from the upstream, and the content
+    record sent it to the collector, key and all."""
+    blocked = row(
+        status="blocked",
+        request_body={"messages": [{"role": "user", "content": f"debug this: {SECRET}"}]},
+        verdicts=[{"action": "block", "rule_id": "credentials", "location": "messages[0].content"}],
+    )
+    out = otel_semconv.content(blocked)
+    assert out["gen_ai.input.messages"] == [] and out["llm_audit.input_withheld"] is True
+    assert SECRET not in orjson.dumps(out).decode()
+    answer_blocked = row(verdicts=[{"action": "block", "rule_id": "r", "location": "output.choices[0].text"}])
+    flagged = row(verdicts=[{"action": "flag", "rule_id": "r", "location": "messages[0].content"}])
+    for kept in (answer_blocked, flagged):
+        out = otel_semconv.content(kept)
+        assert out["gen_ai.input.messages"] and "llm_audit.input_withheld" not in out
+
+
+def test_every_value_that_leaves_is_one_otlp_encodes():
+    """The export reads the record before the writer cleans it: a lone surrogate in the
+    model made the encoder drop the whole batch of spans (other exchanges' too), one in
+    the prompt or the user id dropped that attribute unsaid, and an integer past 64 bits
+    or an infinite cost was dropped. They leave as the database stores them (U+FFFD)."""
+    values = [
+        otel_semconv.span_name(HOSTILE),
+        otel_semconv.error_type(HOSTILE),
+        *_leaves(otel_semconv.span_attributes(HOSTILE)),
+        *_leaves(otel_semconv.content(HOSTILE)),
+    ]
+    for value in values:
+        if isinstance(value, str):
+            value.encode()
+        elif isinstance(value, int):
+            assert -(2**63) <= value < 2**63, value
+        elif isinstance(value, float):
+            assert value == value and abs(value) != float("inf"), value
+    attrs = otel_semconv.span_attributes(HOSTILE)
+    assert attrs["llm_audit.user"] == "eve\ufffd" and otel_semconv.span_name(HOSTILE) == "chat gpt-\ufffd"
+    assert "gen_ai.usage.input_tokens" not in attrs and "llm_audit.cost_usd" not in attrs
+    assert otel_semconv.content(HOSTILE)["gen_ai.input.messages"][0]["parts"][0]["content"] == "ignore all rules \ufffd"
+
+
 # -- the settings --------------------------------------------------------------------------------
 
 
@@ -274,6 +345,19 @@ def test_spans_metrics_and_content_logs_reach_the_receiver(receiver):
     assert log["attributes"]["gen_ai.input.messages"][1]["parts"][0]["content"] == "what is 2+2?"
     assert SECRET.encode() not in receiver.everything()
     assert "2 spans exported" in exporter.summary() and "not delivered" not in exporter.summary()
+
+
+def test_one_hostile_row_loses_no_other_span_and_none_of_its_own_attributes(receiver):
+    exporter = OtelExporter("proxy-a", content=True)
+    for i in range(5):
+        exporter.submit(row(id=f"{i:032x}"))
+    exporter.submit(HOSTILE | {"id": "h" * 32})
+    exporter.close()
+    assert exporter.undelivered() == 0, exporter.summary()
+    spans = {s["attributes"]["llm_audit.exchange_id"]: s for s in receiver.spans()}
+    assert len(spans) == 6 and spans["h" * 32]["attributes"]["gen_ai.request.model"] == "gpt-\ufffd"
+    logs = {r["attributes"]["llm_audit.exchange_id"]: r for r in receiver.logs()}
+    assert "gen_ai.input.messages" in logs["h" * 32]["attributes"] and "llm_audit.user" in spans["h" * 32]["attributes"]
 
 
 def test_a_row_without_its_cost_is_priced_on_the_export_thread(receiver):
@@ -349,8 +433,9 @@ def test_the_sdks_reason_quoted_in_our_lines_carries_no_collector_credential(mon
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]  # closed again: nothing listens
     monkeypatch.setenv(
-        "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", f"http://ingest:pw-{SECRET}@127.0.0.1:{port}/v1/traces?api_key=q-{SECRET}"
-    )
+        "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+        f"http://ingest:pw-{SECRET}@127.0.0.1:{port}/ingest/p-{SECRET}/v1/traces?api_key=q-{SECRET}",
+    )  # (a key in the path: the SDK's connection error quotes it)
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_HEADERS", f"x-collector-token=h-{SECRET}")
     monkeypatch.setenv("OTEL_METRICS_EXPORTER", "none")
     monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "50")
@@ -391,3 +476,22 @@ def test_made_up_model_names_and_hosts_make_a_bounded_number_of_metric_series(re
     assert len({p["attributes"]["server.address"] for p in series}) == 6
     assert sum(int(p["as_int"]) for p in series) == 40
     assert {s["attributes"]["gen_ai.request.model"] for s in receiver.spans()} == {f"made-up-{i}" for i in range(40)}
+
+
+def test_made_up_combinations_of_dimensions_make_a_bounded_number_of_metric_series(receiver, monkeypatch, caplog):
+    """Each dimension was bounded but not their combinations: 50 made-up models times 45
+    ports filled the SDK's 2,000 series of an instrument, after which real traffic went
+    to its anonymous overflow series unsaid."""
+    monkeypatch.setattr(otel_export, "MAX_DIMENSION_SETS", 12)
+    exporter = OtelExporter("proxy-a")
+    for i in range(30):
+        exporter.submit(row(id=f"{i:032x}", request_model=f"m{i % 6}", server_port=1000 + i // 6))
+    exporter.close()
+    series = receiver.metrics()["llm_audit.exchanges"]
+    assert len(series) == 13 and sum(int(p["as_int"]) for p in series) == 30
+    other = [p for p in series if p["attributes"]["gen_ai.request.model"] == "_OTHER"]
+    assert other and other[0]["attributes"]["server.port"] == "_OTHER" and int(other[0]["as_int"]) == 18
+    assert [r.getMessage() for r in caplog.records if "combinations" in r.getMessage()] == [
+        "llm-audit: OpenTelemetry metrics: 12 combinations of model, host, port and error type seen; "
+        "further ones are counted under _OTHER (the spans keep them)"
+    ]
