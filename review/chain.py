@@ -10,14 +10,14 @@ was not rebuilt wholesale, are ``llm-audit verify``'s: the page says so.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from sqlalchemy import Connection, select
 
 from storage.chain import GENESIS, is_sealed
 from storage.schema import IN_PROGRESS, chains, exchanges
-from storage.verify import record_problem, stored_records
+from storage.verify import CHAIN_PLACES, chain_place, record_problem, stored_records
 
 
 @dataclass(frozen=True)
@@ -53,15 +53,20 @@ def place(conn: Connection, record: dict[str, Any]) -> Place:
     problems: list[str] = []
     if (problem := record_problem(record)) is not None:
         problems.append(f"this record does not match its hash: {problem}")
-    if not isinstance(seq, int) or not chain_id:
-        problems.append("its chain id or number is missing")
-        return Place(True, chain_id, seq, record.get("prev_hash"), record.get("record_hash"), tuple(problems))
+    here = Place(True, chain_id, seq, record.get("prev_hash"), record.get("record_hash"))
+    if not isinstance(seq, int) or not chain_id or not 1 <= seq < 2**63 - 1:
+        problems.append("it has no place in a chain: its chain id or number is missing or out of range")
+        return replace(here, problems=tuple(problems))
     c = exchanges.c
-    start = conn.execute(
-        select(chains.c.start_seq, chains.c.start_prev_hash).where(chains.c.chain_id == chain_id)
-    ).first()
-    start_seq, start_prev = (start.start_seq, start.start_prev_hash) if start else (1, GENESIS)
-    if seq <= start_seq:
+    row = conn.execute(select(*CHAIN_PLACES).where(chains.c.chain_id == chain_id)).first()
+    start = (1, GENESIS) if row is None else chain_place(row)
+    if start is None:  # (values of other types: verify names them too)
+        problems.append("the chains table's row of its chain cannot be read")
+        return replace(here, problems=tuple(problems))
+    start_seq, start_prev = start[:2]
+    if seq < start_seq:
+        problems.append(f"it is numbered before its chain's start, record {start_seq} (purged, or put there by hand)")
+    elif seq == start_seq:
         if record.get("prev_hash") != start_prev:
             problems.append("it does not link to where its chain starts")
     else:
@@ -80,4 +85,4 @@ def place(conn: Connection, record: dict[str, Any]) -> Place:
     if after and record.get("record_hash") not in after:
         problems.append(f"record {seq + 1} does not link to it: this record was changed and re-hashed")
     note = "" if after else "the newest record of its chain so far"
-    return Place(True, chain_id, seq, record.get("prev_hash"), record.get("record_hash"), tuple(problems), note)
+    return replace(here, problems=tuple(problems), note=note)

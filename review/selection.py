@@ -11,7 +11,7 @@ Pages are keyset pages (newest first, after the last row of the page before: its
 ``started_at`` and ``id``) rather than offsets, so page 1000 costs what page 1 does on
 the indexes ``started_at``, ``(user_id, started_at)``, ``(request_model, started_at)``
 and ``(status, started_at)``. The page link carries that row's key as the database
-sorts it (:func:`_stored_key`), so a start time llm-audit did not write (on SQLite,
+sorts it (:func:`cursor`), so a start time llm-audit did not write (on SQLite,
 anything) moves the pages on as it sorts, and hides no record after it.
 """
 
@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -27,7 +26,21 @@ from typing import Any
 from urllib.parse import urlencode
 
 import orjson
-from sqlalchemy import ColumnElement, Connection, and_, func, literal, or_, select, type_coerce
+from sqlalchemy import (
+    ColumnElement,
+    Connection,
+    DateTime,
+    LargeBinary,
+    Text,
+    and_,
+    cast,
+    func,
+    literal,
+    or_,
+    select,
+    type_coerce,
+)
+from sqlalchemy.dialects import sqlite as sqlite_dialect
 from sqlalchemy.types import NullType
 
 from storage.query import Filters, records, view
@@ -53,10 +66,7 @@ LISTED = tuple(
 )  # fmt: skip
 SNIPPETS = ("client_text", "error_message")
 SNIPPET_READ = 1000  # characters read of each: the list shows 160 of them, whitespace collapsed
-# The key columns as stored, for the page link (SQLAlchemy decodes nothing of them).
-KEY = (type_coerce(view.started_at, NullType()).label("key_started"), type_coerce(view.id, NullType()).label("key_id"))
 STORED_PREFIX = "stored:"  # a page link of a key that is not a time and text as the writer writes them
-_WRITTEN_TIME = re.compile(r"\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2}\.\d{6}\Z")  # (SQLAlchemy's, on SQLite)
 STATUSES = ("completed", "failed", "blocked", "client_aborted", "upstream_aborted", "interrupted", "in_progress")
 
 
@@ -72,9 +82,14 @@ class Selection:
     filters: Filters = Filters()
     limit: int = PAGE_SIZE
     # the last row of the page before: (aware time, id), or as SQLite stored them (a
-    # page link of STORED_PREFIX)
+    # page link of STORED_PREFIX: each its storage class and value)
     after: tuple[Any, Any] | None = None
     stored_after: bool = False
+
+    def page_query(self, after: str | None = None) -> str:
+        """The query string of a page of these filters: the first, or the one after ``after``."""
+        more = {"limit": str(self.limit)} if self.limit != PAGE_SIZE else {}
+        return self.query(**more, **({"after": after} if after else {}))
 
     def query(self, **more: str) -> str:
         """The query string of these filters (and ``more``), for links."""
@@ -119,7 +134,7 @@ def _limit(value: str | None) -> int:
 
 def _after(value: str | None) -> tuple[tuple[Any, Any] | None, bool]:
     """The page link's key of the last row of the page before, and whether it is as
-    SQLite stored it: ``ISO-TIME~ID``, or :data:`STORED_PREFIX` and :func:`_stored_key`'s
+    SQLite stored it: ``ISO-TIME~ID``, or :data:`STORED_PREFIX` and :func:`cursor`'s
     form."""
     if not value:
         return None, False
@@ -139,45 +154,89 @@ def _damaged() -> SelectionError:
     return SelectionError("the page link is damaged: start again from the first page")
 
 
-# A value SQLite stored, in the page link: its storage class and the value in JSON (the
-# listed rows have no NULL key: the id is NOT NULL, and a row without a start time is not listed).
-_ENCODE: dict[type, tuple[str, Callable[[Any], Any]]] = {
-    str: ("text", str), int: ("integer", int), float: ("real", repr), bytes: ("blob", bytes.hex),
+# A key value SQLite stored, in the page link: its storage class and the value in JSON,
+# text and BLOBs as their bytes in hex (the listed rows have no NULL key: the id is NOT
+# NULL, and a row without a start time is not listed).
+_ENCODE: dict[str, Callable[[Any, bytes], Any]] = {
+    "text": lambda _, data: data.hex(), "blob": lambda _, data: data.hex(),
+    "integer": lambda value, _: value, "real": lambda value, _: repr(value),
 }  # fmt: skip
-_DECODE: dict[str, Callable[[Any], Any]] = {"text": str, "integer": int, "real": float, "blob": bytes.fromhex}
+_DECODE: dict[str, Callable[[Any], Any]] = {
+    "text": bytes.fromhex, "blob": bytes.fromhex, "integer": lambda v: _int64(int(v)), "real": float,
+}  # fmt: skip
 
 
-def _stored_key(started: Any, id: Any) -> str:
-    """The page link of a key as SQLite stored it, of any storage class: a start time or
-    an id llm-audit did not write sorts where its class and value put it, and the next
-    page must start there, not where a time read from it would sort."""
-    pair = [[_ENCODE[type(v)][0], _ENCODE[type(v)][1](v)] for v in (started, id)]
-    return STORED_PREFIX + base64.urlsafe_b64encode(orjson.dumps(pair)).decode()
+def _key_columns(sqlite: bool) -> list[ColumnElement[Any]]:
+    """The key columns for the page link, as stored: on SQLite each one's storage class,
+    its bytes (text read through the connection gets U+FFFD for bytes that are not UTF-8,
+    and the link would hold another key: the next page began with the same rows again)
+    and its value (a number's); on PostgreSQL its value."""
+    out: list[ColumnElement[Any]] = []
+    for name, column in (("started", view.started_at), ("id", view.id)):
+        out.append(type_coerce(column, NullType()).label(f"key_{name}"))
+        if sqlite:
+            out.append(func.typeof(column).label(f"key_{name}_class"))
+            out.append(cast(column, LargeBinary).label(f"key_{name}_bytes"))
+    return out
 
 
-def _stored_after(text: str) -> tuple[Any, Any]:
+def cursor(row: dict[str, Any]) -> str:
+    """The ``after`` value that continues after ``row`` (its :func:`_key_columns`): a
+    time and an id as the writer stores them as ``ISO-TIME~ID``, any other key as
+    :data:`STORED_PREFIX` and its stored form, so that the next page starts where it sorts."""
+    if "key_started_class" not in row:  # PostgreSQL: a timestamptz and text
+        return f"{row['key_started'].astimezone(UTC).isoformat()}~{row['key_id']}"
+    pair = [
+        [row[f"key_{name}_class"], _ENCODE[row[f"key_{name}_class"]](row[f"key_{name}"], row[f"key_{name}_bytes"])]
+        for name in ("started", "id")
+    ]
+    return _as_written(pair) or STORED_PREFIX + base64.urlsafe_b64encode(orjson.dumps(pair)).decode()
+
+
+def _as_written(pair: list[list[Any]]) -> str | None:
+    """``ISO-TIME~ID`` for a key the writer wrote (its time's text exactly what binding
+    the time gives back), else None."""
+    (started_class, started), (id_class, id) = pair
+    if started_class != "text" or id_class != "text":
+        return None
+    try:
+        time, text = bytes.fromhex(started).decode(), bytes.fromhex(id).decode()
+        parsed = datetime.fromisoformat(time)
+    except ValueError:  # (not UTF-8, or no time: month 13, second 60)
+        return None
+    if parsed.tzinfo is not None or _written_time(parsed) != time:
+        return None
+    return f"{parsed.replace(tzinfo=UTC).isoformat()}~{text}"
+
+
+def _written_time(value: datetime) -> str:
+    """The text the writer stores for a time on SQLite (SQLAlchemy's ``DATETIME``)."""
+    dialect = sqlite_dialect.dialect()
+    encode = DateTime().dialect_impl(dialect).bind_processor(dialect)
+    assert encode is not None
+    return str(encode(value))
+
+
+def _stored_after(text: str) -> tuple[tuple[str, Any], tuple[str, Any]]:
     try:
         pair = orjson.loads(base64.urlsafe_b64decode(text.encode()))
-        started, id = (_DECODE[kind](value) for kind, value in pair)
-    except (ValueError, TypeError, KeyError, binascii.Error, orjson.JSONDecodeError):
+        started, id = ((kind, _DECODE[kind](value)) for kind, value in pair)
+    except (ValueError, TypeError, KeyError, OverflowError, binascii.Error, orjson.JSONDecodeError):
         raise _damaged() from None
     return started, id
 
 
-def cursor(key_started: Any, key_id: Any) -> str:
-    """The ``after`` value that continues after the row of this key (as the database
-    gave it: on PostgreSQL a time and text, on SQLite as stored)."""
-    if isinstance(key_started, datetime) and isinstance(key_id, str):  # PostgreSQL's timestamptz
-        return f"{key_started.astimezone(UTC).isoformat()}~{key_id}"
-    if isinstance(key_started, str) and _WRITTEN_TIME.match(key_started) and isinstance(key_id, str):
-        return f"{datetime.fromisoformat(key_started).replace(tzinfo=UTC).isoformat()}~{key_id}"
-    return _stored_key(key_started, key_id)
+def _int64(value: int) -> int:
+    if not -(2**63) <= value < 2**63:
+        raise OverflowError(value)  # (SQLite's integers: the driver cannot bind more)
+    return value
 
 
 def _after_condition(conn: Connection, selection: Selection) -> ColumnElement[bool]:
     """(started_at, id) < the page link's key, written so that the index on started_at
     bounds the scan (an OR of the two cases alone makes SQLite read every row from the
-    newest on)."""
+    newest on). A stored key is compared as stored: text as its bytes (``CAST(? AS TEXT)``),
+    other classes as they are."""
     assert selection.after is not None
     started, id = selection.after
     if not selection.stored_after:
@@ -185,8 +244,13 @@ def _after_condition(conn: Connection, selection: Selection) -> ColumnElement[bo
     if conn.dialect.name != "sqlite":  # (PostgreSQL types what it stores: no such link comes from it)
         raise _damaged()
     at, key = (type_coerce(column, NullType()) for column in (view.started_at, view.id))
-    started, id = literal(started, NullType()), literal(id, NullType())
+    started, id = (_bound(*value) for value in selection.after)
     return and_(at <= started, or_(at < started, key < id))
+
+
+def _bound(kind: str, value: Any) -> ColumnElement[Any]:
+    param = literal(value, NullType())
+    return cast(param, Text) if kind == "text" else param
 
 
 def page(conn: Connection, selection: Selection, unreadable: Unreadable) -> tuple[list[dict[str, Any]], str | None]:
@@ -207,10 +271,9 @@ def page(conn: Connection, selection: Selection, unreadable: Unreadable) -> tupl
     ids = select(view.id).where(view.started_at.is_not(None), *conditions).order_by(*newest).limit(selection.limit + 1)
     stored = StoredValues(conn.dialect, LISTED)
     snippets = (func.substr(view[name], 1, SNIPPET_READ).label(name) for name in SNIPPETS)
-    query = select(*stored.select(LISTED), *snippets, *KEY)
+    query = select(*stored.select(LISTED), *snippets, *_key_columns(stored.sqlite))
     query = query.where(view.id.in_(ids.scalar_subquery())).order_by(*newest)
     rows = list(records(conn.execute(query), stored, unreadable))
     if len(rows) <= selection.limit:
         return rows, None
-    last = rows[selection.limit - 1]
-    return rows[: selection.limit], cursor(last["key_started"], last["key_id"])
+    return rows[: selection.limit], cursor(rows[selection.limit - 1])

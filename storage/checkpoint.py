@@ -12,12 +12,13 @@ A checkpoint file::
 
     {"format": "llm-audit-checkpoint/1", "created_at": "2026-11-29T17:00:00.000000Z",
      "key_id": "sha256:…", "chains": {"proxy-a": {"seq": 1200, "hash": "…"}},
-     "runs": {"proxy-a": {"since": 1001, "quarantined": [1107]}},
+     "runs": {"proxy-a": {"since": 1001, "set_aside": [1107]}},
      "signature": "<base64 Ed25519 signature of the canonical JSON of all other fields>"}
 
 A proxy's own checkpoints also say, in ``runs``, the first record it sealed since it
-started (``since``) and the records it quarantined in that time (:class:`Checkpointer`):
-every record from ``since`` to the signed head was written or quarantined by it, so
+started (``since``) and the records it set aside in that time, quarantined or held in
+memory while the quarantine file could not be written (:class:`Checkpointer`): every
+record from ``since`` to the signed head was written or set aside by it, so
 ``verify`` tells a record the ``quarantine`` table says was quarantined there, and no
 checkpoint names, as deleted (the table is as writable as the records).
 
@@ -189,7 +190,7 @@ def write_checkpoint(
     """Sign the heads and write them to a new file in ``directory``; its path.
     ``unvouched``: per chain, records the signer found in the database but did not write
     (see :class:`Checkpointer`); the checkpoint says so, and ``verify`` reports them.
-    ``runs``: per chain, what the proxy that writes it sealed and quarantined since it started."""
+    ``runs``: per chain, what the proxy that writes it sealed and set aside since it started."""
     now = (now or datetime.now(UTC)).astimezone(UTC)
     doc: dict[str, Any] = {
         "format": FORMAT,
@@ -199,7 +200,7 @@ def write_checkpoint(
         doc["unvouched"] = {chain: {"first": a, "last": b} for chain, (a, b) in sorted(unvouched.items())}
     if runs:
         doc["runs"] = {
-            chain: {"since": run.since, "quarantined": sorted(run.quarantined)} for chain, run in sorted(runs.items())
+            chain: {"since": run.since, "set_aside": sorted(run.set_aside)} for chain, run in sorted(runs.items())
         }
     return write_signed(directory, key, "checkpoint", doc, now)
 
@@ -207,10 +208,11 @@ def write_checkpoint(
 @dataclass(frozen=True, slots=True)
 class Run:
     """What a proxy's checkpoint says of its run: the first record it sealed since it
-    started, and the numbers of the records it quarantined since."""
+    started, and the numbers of the records it set aside since (quarantined, or held in
+    memory while the quarantine file could not be written)."""
 
     since: int
-    quarantined: frozenset[int]
+    set_aside: frozenset[int]
 
 
 @dataclass(frozen=True, slots=True)
@@ -221,7 +223,7 @@ class Checkpoint:
     created_at: str
     heads: dict[str, Head]
     unvouched: dict[str, tuple[int, int]]  # records its signer found in the database but did not write
-    runs: dict[str, Run]  # what its signer, a proxy, sealed and quarantined since it started
+    runs: dict[str, Run]  # what its signer, a proxy, sealed and set aside since it started
 
 
 def trusted(keys: Ed25519PublicKey | Sequence[Ed25519PublicKey]) -> dict[str, Ed25519PublicKey]:
@@ -269,7 +271,7 @@ def read_checkpoints(directory: Path, keys: Ed25519PublicKey | Sequence[Ed25519P
             heads = {chain: Head(int(h["seq"]), str(h["hash"])) for chain, h in doc["chains"].items()}
             unvouched = {chain: (int(u["first"]), int(u["last"])) for chain, u in doc.get("unvouched", {}).items()}
             runs = {
-                chain: Run(int(r["since"]), frozenset(int(seq) for seq in r["quarantined"]))
+                chain: Run(int(r["since"]), frozenset(int(seq) for seq in r["set_aside"]))
                 for chain, r in doc.get("runs", {}).items()
             }
         except (ValueError, KeyError, TypeError, AttributeError) as e:
@@ -292,9 +294,10 @@ class Checkpointer:
     it wrote itself (an insider's consistent append, or records committed just before a
     crash): every checkpoint of this run names them, so none signs them in silently.
     ``since`` (the first record the writer seals in this run) and the records it
-    quarantines (:meth:`quarantined`) go in every checkpoint of the run (``runs``): the
-    writer quarantines a record before it commits any later one, so a checkpoint of a head
-    past a record of this run names it if it was quarantined. A new quarantine makes a
+    records it sets aside (:meth:`set_aside`: quarantined, or held in memory while the
+    quarantine file cannot be written) go in every checkpoint of the run (``runs``): the
+    writer sets a record aside before it commits any later one, so a checkpoint of a head
+    past a record of this run names it if it was not written. One set aside makes a
     checkpoint due at once.
     """
 
@@ -315,19 +318,19 @@ class Checkpointer:
         self._signed = Head()  # the head of the last checkpoint
         self.unvouched: tuple[int, int] | None = None
         self.since: int | None = None  # the first record the writer seals in this run
-        self._quarantined: set[int] = set()  # records of the chain quarantined in this run
+        self._set_aside: set[int] = set()  # records of the chain set aside in this run
         self._listed = 0  # of them, how many the last checkpoint named
         self._at = clock()
 
-    def quarantined(self, seq: int) -> None:
-        """The writer quarantined record ``seq`` of the chain."""
-        self._quarantined.add(seq)
+    def set_aside(self, seq: int) -> None:
+        """The writer set record ``seq`` of the chain aside (quarantined or held)."""
+        self._set_aside.add(seq)
 
     def committed(self, head: Head, *, final: bool = False) -> Path | None:
         """The database now holds the chain up to ``head``: write a checkpoint if one is due
-        (``final``: whenever anything is new, at shutdown; a new quarantine: at once)."""
+        (``final``: whenever anything is new, at shutdown; a record set aside: at once)."""
         new = head.seq - self._signed.seq
-        fresh = len(self._quarantined) > self._listed
+        fresh = len(self._set_aside) > self._listed
         if (new <= 0 and not fresh) or head.seq <= 0:
             return None
         timely = self.seconds and self._clock() - self._at >= self.seconds
@@ -338,9 +341,9 @@ class Checkpointer:
             self.key,
             {self.chain_id: head},
             unvouched={self.chain_id: self.unvouched} if self.unvouched else None,
-            runs={self.chain_id: Run(self.since, frozenset(self._quarantined))} if self.since is not None else None,
+            runs={self.chain_id: Run(self.since, frozenset(self._set_aside))} if self.since is not None else None,
         )
-        self._signed, self._at, self._listed = head, self._clock(), len(self._quarantined)
+        self._signed, self._at, self._listed = head, self._clock(), len(self._set_aside)
         if self.command:
             self._hand_over(path)
         return path

@@ -224,9 +224,9 @@ def verify(
     where the writer kept it, or by its name in ``quarantine_dir``): :func:`_check_quarantined`."""
     with engine.connect() as conn:
         c = chains.c  # (not the lease's columns: a time there that cannot be read stopped verify)
-        known = {r.chain_id: r for r in conn.execute(select(c.chain_id, *_CHAIN_PLACES))}
+        known = {r.chain_id: r for r in conn.execute(select(c.chain_id, *CHAIN_PLACES))}
         # a row a proxy made for its lease before it wrote anything is no chain yet
-        ids = {k for k, r in known.items() if _place(r) is None or r.head_seq or r.start_seq > 1}
+        ids = {k for k, r in known.items() if chain_place(r) is None or r.head_seq or r.start_seq > 1}
         ids |= {cp_chain for cp in checkpoints for cp_chain in cp.heads}
         ids |= {
             r[0]
@@ -238,7 +238,7 @@ def verify(
         reports = []
         for chain_id in sorted(ids, key=str):  # (a BLOB written as a chain id is no string)
             row = known.get(chain_id)
-            place = _place(row) if row is not None else (1, GENESIS, 0, GENESIS)
+            place = chain_place(row) if row is not None else (1, GENESIS, 0, GENESIS)
             start, start_prev, head, head_hash = place or (1, GENESIS, 0, GENESIS)
             kept = held.get(chain_id, {})
             report = _verify_chain(conn, chain_id, start, start_prev, checkpoints, kept, statements)
@@ -268,10 +268,10 @@ def verify(
         return Report(reports, _unchained(conn), count, _time_or_none(oldest))
 
 
-_CHAIN_PLACES = (chains.c.start_seq, chains.c.start_prev_hash, chains.c.head_seq, chains.c.head_hash)
+CHAIN_PLACES = (chains.c.start_seq, chains.c.start_prev_hash, chains.c.head_seq, chains.c.head_hash)
 
 
-def _place(row: Any) -> tuple[int, str, int, str] | None:
+def chain_place(row: Any) -> tuple[int, str, int, str] | None:
     """A ``chains`` row's start and head, or None when they are not what the writer writes."""
     start, start_prev, head, head_hash = row.start_seq, row.start_prev_hash, row.head_seq, row.head_hash
     if type(start) is int and type(head) is int and isinstance(start_prev, str) and isinstance(head_hash, str):
@@ -498,11 +498,12 @@ def _verify_chain(
 
 def _signed_quarantines(report: ChainReport, checkpoints: Sequence[Checkpoint]) -> None:
     """Each record the ``quarantine`` table says fills a gap, against what the proxies'
-    checkpoints say they quarantined (``runs``, :class:`~storage.checkpoint.Checkpointer`).
+    checkpoints say they set aside (``runs``, :class:`~storage.checkpoint.Checkpointer`).
 
-    A proxy quarantines a record of its run before it commits any later one, so a
-    checkpoint of a head at or past a record it sealed names the record if it was
-    quarantined: one it does not name, the table's row is a cover for a deletion (whoever
+    A proxy sets a record of its run aside (quarantined, or held while the quarantine
+    file could not be written) before it commits any later one, so a checkpoint of a
+    head at or past a record it sealed names the record if it was not written: one it
+    does not name, the table's row is a cover for a deletion (whoever
     can write the records can write that table). A record no checkpoint speaks of (sealed
     before them, or by a run that signed none since) is left to its file
     (:func:`_check_quarantined`), as is one they name (its hashes must still link its
@@ -511,7 +512,7 @@ def _signed_quarantines(report: ChainReport, checkpoints: Sequence[Checkpoint]) 
     runs = [(cp, cp.runs[chain], cp.heads[chain]) for cp in checkpoints if chain in cp.runs and chain in cp.heads]
     if not runs:
         return
-    named = {seq for _, run, _ in runs for seq in run.quarantined}
+    named = {seq for _, run, _ in runs for seq in run.set_aside}
     kept = []
     for q in report.quarantined:
         seq = q["chain_seq"]

@@ -585,6 +585,13 @@ class AuditWriter:
             )
             if isinstance(row, dict):
                 self._held.append(row)
+                self._set_aside(row.get("chain_id"), row.get("chain_seq"))
+
+    def _set_aside(self, chain_id: Any, seq: Any) -> None:
+        """Tell the checkpoints of a record of this chain that is not written (quarantined,
+        or held): the writer commits the later ones, and a checkpoint of them must name it."""
+        if self.checkpointer is not None and chain_id == self.instance and isinstance(seq, int) and seq > 0:
+            self.checkpointer.set_aside(seq)
 
     def _quarantine_line(self, raw: bytes, reason: str) -> None:
         """Quarantine one line (raises OSError); the quarantine table learns of it next."""
@@ -593,8 +600,7 @@ class AuditWriter:
             return  # kept already (a replay cut short saw it before)
         self.quarantined += 1
         self._unrecorded.append(entry)
-        if self.checkpointer is not None and entry.chain_id == self.instance and entry.chain_seq:
-            self.checkpointer.quarantined(entry.chain_seq)  # (signed in the next checkpoint)
+        self._set_aside(entry.chain_id, entry.chain_seq)
         what = (
             f"record {entry.chain_seq} of chain {entry.chain_id}"
             if entry.chain_seq is not None
@@ -652,7 +658,7 @@ class AuditWriter:
             if ours:
                 self._advance_head(conn, max(ours, key=lambda head: head.seq))
         self._unrecorded = self._unrecorded[len(entries) :]
-        self._checkpoint()  # (a new quarantine of this chain is signed at once)
+        self._checkpoint()  # (a record set aside is signed at once)
 
     def _failed(self, error: Exception) -> None:
         reason = first_line(error)

@@ -513,17 +513,25 @@ def test_start_times_llm_audit_did_not_write_move_the_pages_on_as_they_sort(sqli
     """The page link carried a planted row's start time as read (or none, when it could
     not be read), not as SQLite sorts it: 51 rows of an unreadable start time filled the
     first page and left no link to the next, and one dated 2026-03-03T00:00 (after all of
-    that day's rows, as text) made the next page skip them. Each row of every storage
-    class now leads on to the row that sorts after it."""
+    that day's rows, as text) made the next page skip them. Then, in a review of the fix:
+    text that is not UTF-8 (read with U+FFFD) made the next page start on the same rows
+    again, and a time of the writer's form that is no time (month 13) answered 500. Each
+    row of every storage class now leads on to the row that sorts after it, and the link
+    keeps the page's size."""
     plants = {
         "blob": b"\x00",  # (a BLOB sorts after any text: first, newest first)
+        "not-utf8": "9999",  # (made bytes that are not UTF-8 below: read with U+FFFD, stored otherwise)
         "word": "yesterday",
+        "month-13": "2026-13-01 00:00:00.000000",  # (the writer's form, no time)
         "T-time": "2026-03-03T00:00:00",  # (read as 2026-03-03 00:00, sorted after 2026-03-03 10:00)
         "integer": 42,  # (numbers sort before any text: last)
         "real": 2.5,
     }
     statements = [s for id, started in plants.items() for s in planted(id, started)]
+    statements.append(("UPDATE exchanges SET started_at = CAST('9999' || X'80' AS TEXT) WHERE id = 'not-utf8'",))
     statements += planted(b"\x01", "2026-03-03 10:00:00.000000")  # bob-1's time, an id no text sorts after
+    statements += planted("bad-id", "2026-03-02 10:00:00.000000")  # alice-2's time, an id made not UTF-8:
+    statements.append(("UPDATE exchanges SET id = CAST('zz' || X'80' AS TEXT) WHERE id = 'bad-id'",))
     with serving(edited_copy(sqlite_url, tmp_path, *statements)) as c:
         login(c)
         seen, rows, query = [], 0, "limit=1"
@@ -536,15 +544,19 @@ def test_start_times_llm_audit_did_not_write_move_the_pages_on_as_they_sort(sqli
             if not more:
                 break
             query = more.group(1).replace("&amp;", "&")
-    assert seen == ["blob", "word", "evil-1", "bob-2", "T-time", "bob-1", "alice-2", "alice-1", "integer", "real"]
+    assert seen == [
+        *("blob", "word", "not-utf8", "month-13", "evil-1", "bob-2", "T-time", "bob-1"),
+        *("zz%EF%BF%BD", "alice-2", "alice-1", "integer", "real"),
+    ]
     assert rows == len(seen) + 1  # (the row of a BLOB id is listed without a link)
 
 
 def test_a_page_link_of_sqlites_form_is_refused_when_damaged_or_on_postgresql(client, url):
-    for after in ("stored:!!", "stored:" + base64.urlsafe_b64encode(b'[["text","x"]]').decode(), "stored:"):
+    damaged = [b'[["text","78"]]', b'[["integer",9223372036854775808],["text","78"]]', b'[["text","zz"],["text","78"]]']
+    for after in ("stored:!!", "stored:", *("stored:" + base64.urlsafe_b64encode(d).decode() for d in damaged)):
         page = client.get(f"/exchanges?after={after}")
         assert page.status_code == 400 and "the page link is damaged" in page.text
-    stored = "stored:" + base64.urlsafe_b64encode(b'[["text","zzz"],["text","x"]]').decode()
+    stored = "stored:" + base64.urlsafe_b64encode(b'[["text","7a7a7a"],["text","78"]]').decode()  # (zzz, x)
     page = client.get(f"/exchanges?after={stored}")
     assert page.status_code == (200 if url.startswith("sqlite") else 400), page.text
 
@@ -585,6 +597,24 @@ def test_the_page_checks_a_record_as_verify_does(sqlite_url, tmp_path, statement
         page = visible_text(c.get("/exchanges/alice-1").text)
         assert "Does not verify:" in page and "cannot be read as the writer wrote them" in page, page
         assert "Verifies:" in visible_text(c.get("/exchanges/alice-2").text)
+
+
+@pytest.mark.parametrize(
+    ("statement", "said"),
+    [
+        # verify: inserted (record 1's place then deleted); the page said "Verifies"
+        ("UPDATE exchanges SET chain_seq = 0 WHERE id = 'alice-1'", "it has no place in a chain"),
+        ("UPDATE exchanges SET chain_seq = 9223372036854775807 WHERE id = 'alice-1'", "it has no place in a chain"),
+        ("UPDATE chains SET start_seq = 'x'", "the chains table's row of its chain cannot be read"),
+        ("UPDATE chains SET start_seq = X'01'", "the chains table's row of its chain cannot be read"),
+    ],
+)
+def test_the_page_names_a_hostile_place_in_the_chain_without_a_crash(sqlite_url, tmp_path, statement, said):
+    with serving(edited_copy(sqlite_url, tmp_path, (statement,))) as c:
+        login(c)
+        page = c.get("/exchanges/alice-1")
+        assert page.status_code == 200
+        assert "Does not verify:" in visible_text(page.text) and said in visible_text(page.text), page.text
 
 
 def test_cost_is_shown_with_its_prices_or_as_unknown(sqlite_url, tmp_path):

@@ -7,6 +7,7 @@ database refusals themselves are real (PostgreSQL's ``varchar(255)``, ``integer`
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import stat
@@ -27,6 +28,7 @@ from storage.chain import Chain, Head
 from storage.checkpoint import Checkpointer, Run, load_or_create_key, read_checkpoints
 from storage.database import open_engine
 from storage.prepare import MAX_DEPTH, Prepared, prepare
+from storage.quarantine import Quarantine
 from storage.schema import exchanges, quarantine
 from storage.spool import Spool
 from storage.status import process_start
@@ -209,10 +211,9 @@ def test_a_row_refused_even_minimal_is_quarantined_and_verify_names_it(url, tmp_
     _a_forged_quarantine_is_never_passed(engine, tmp_path / "quarantine-poison.jsonl", rows[2]["id"])
 
 
-def _a_forged_quarantine_is_never_passed(engine, kept: Path, victim: str) -> None:
-    """The quarantine table is as writable as the records: a row copied from a record
-    (its place and hashes) hid the record's deletion, and verify passed it (exit 0). Its
-    file now vouches for it, or the report is not covered (exit 3), or tampered (exit 1)."""
+def delete_behind_a_quarantine_row(engine, victim: str) -> None:
+    """Delete a record and write a quarantine row in its place (its place and hashes), as
+    whoever can write the database could."""
     with engine.begin() as conn:
         row = conn.execute(select(exchanges).where(exchanges.c.id == victim)).mappings().one()
         forged = {k: row[k] for k in ("chain_id", "chain_seq", "prev_hash", "record_hash")}
@@ -223,6 +224,13 @@ def _a_forged_quarantine_is_never_passed(engine, kept: Path, victim: str) -> Non
                 sha256="0" * 64, record_id=victim, **forged,
             )
         )  # fmt: skip
+
+
+def _a_forged_quarantine_is_never_passed(engine, kept: Path, victim: str) -> None:
+    """The quarantine table is as writable as the records: a row copied from a record
+    (its place and hashes) hid the record's deletion, and verify passed it (exit 0). Its
+    file now vouches for it, or the report is not covered (exit 3), or tampered (exit 1)."""
+    delete_behind_a_quarantine_row(engine, victim)
     report = verify(engine)
     assert report.ok and not report.covered and report.open_records == 0
     assert report.chains[0].unchecked == {3: "/nowhere/q.jsonl cannot be read here (No such file or directory); "
@@ -277,20 +285,39 @@ def test_the_proxys_checkpoints_name_what_it_quarantined_and_a_forged_quarantine
     report = verify(engine, checkpoints, quarantine_dir=Path("/elsewhere"))  # (its file unread: still covered)
     assert report.ok and report.chains[0].quarantined and report.chains[0].unchecked.keys() == {2}
     victim = rows[4]["id"]  # (record 5: no checkpoint signs its own hash)
-    with engine.begin() as conn:
-        row = conn.execute(select(exchanges).where(exchanges.c.id == victim)).mappings().one()
-        forged = {k: row[k] for k in ("chain_id", "chain_seq", "prev_hash", "record_hash")}
-        conn.execute(exchanges.delete().where(exchanges.c.id == victim))
-        conn.execute(
-            quarantine.insert().values(
-                quarantined_at=datetime.now(UTC), reason="refused", file="/nowhere/q.jsonl", size=1,
-                sha256="0" * 64, record_id=victim, **forged,
-            )
-        )  # fmt: skip
+    delete_behind_a_quarantine_row(engine, victim)
     assert verify(engine).ok, "without checkpoints, the table alone is all there is"
     [problem] = verify(engine, checkpoints).chains[0].problems
     assert (problem.kind, problem.seq) == ("deleted", 5)
     assert "names no such quarantine" in problem.detail and checkpoints[-1].path.name in problem.detail
+
+
+def test_a_record_held_while_the_quarantine_file_fails_is_named_by_every_checkpoint_past_it(url, tmp_path, monkeypatch):
+    """The quarantine file refused record 2 once (disk full): it was held in memory while
+    records 3 and 4 were committed and signed without naming it, so a crash before the
+    next checkpoint made verify call it deleted. Every checkpoint past it names it now."""
+    monkeypatch.setattr(writer_module, "prepare", lambda row, **_: Prepared(dict(row), _hashes(row)))
+    monkeypatch.setattr(writer_module, "minimal_row", lambda row, reason: dict(row))
+    real_add, calls = Quarantine.add, []
+
+    def add_once_refused(self, raw, reason):
+        calls.append(raw)
+        if len(calls) == 1:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_add(self, raw, reason)
+
+    monkeypatch.setattr(Quarantine, "add", add_once_refused)
+    key = load_or_create_key(tmp_path / "key.pem")
+    writer = start(
+        url, tmp_path, checkpointer=Checkpointer(tmp_path / "checkpoints", key, INSTANCE, every=1, seconds=0)
+    )
+    for row in [final_row(), final_row(request_model="m" * 300, url_path={"not": "text"}), final_row(), final_row()]:
+        writer.submit(row)
+    writer.close()
+    checkpoints = read_checkpoints(tmp_path / "checkpoints", key.public_key())
+    past = [cp.runs[INSTANCE].set_aside for cp in checkpoints if cp.heads[INSTANCE].seq >= 2]
+    assert len(calls) == 2 and past and all(2 in named for named in past), [cp.runs for cp in checkpoints]
+    assert verify(open_engine(url), checkpoints).ok
 
 
 def unprepared(monkeypatch, poison: dict) -> None:
