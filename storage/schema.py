@@ -44,6 +44,15 @@ IN_PROGRESS = "in_progress"  # the status of an exchange's write-ahead row, unti
 ANSWER_BYTES = "output_text_utf8"  # a huge answer's column on SQLite, in place of output_text
 
 Json = JSON().with_variant(JSONB(), "postgresql")
+# The JSON columns' values as the writer stores them (readers iterate them, and on SQLite,
+# where a column holds whatever was put there, storage.stored holds a value to them): a
+# list or an object, or a string (a value the writer reduced to its JSON text, or erased
+# content). A JSON column not named here may hold any JSON value; a bare number only in
+# JSON_BARE_NUMBER (a client's body, which SQLite's NUMERIC affinity stored as a number
+# until the writer stored such a body as its JSON text).
+JSON_LISTS = frozenset({"findings", "verdicts", "tool_calls", "finish_reasons"})
+JSON_OBJECTS = frozenset({"output", "request_headers", "response_headers", "usage_details", "content_hashes"})
+JSON_BARE_NUMBER = "request_body"
 Time = DateTime(timezone=True)
 # Money, in US dollars: numeric(20, 12) is exact on PostgreSQL (sums in SQL, as stats and
 # budgets take them, are exact too), 12 decimal places hold a single token of the cheapest

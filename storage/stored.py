@@ -25,28 +25,17 @@ import orjson
 from sqlalchemy import JSON, Boolean, Column, DateTime, Dialect, Integer, LargeBinary, Numeric, String, type_coerce
 from sqlalchemy.sql.elements import ColumnElement
 
+from storage.schema import JSON_BARE_NUMBER, JSON_LISTS, JSON_OBJECTS
+
 __all__ = ["StoredValues", "Unreadable"]
 
 # What SQLite gives back for a value the writer stored in a column of each kind.
 _INTEGER, _NUMBER, _TEXT = (int,), (int, float), (str,)
 _KIND_NAMES: dict[tuple[type, ...], str] = {_INTEGER: "integer", _NUMBER: "number", _TEXT: "text"}
-# The JSON columns' values as the writer stores them (the readers iterate them): a list or
-# an object, or a string (a value prepare reduced to its JSON text, or erased content); a
-# column not named here may hold any JSON. A bare number, as SQLite's affinity keeps a
-# JSON number's text, only in request_body (a client's body, sealed so before stop 50).
-_LIST, _OBJECT = (list, str), (dict, str)
-_SHAPES: dict[str, tuple[type, ...]] = {
-    "findings": _LIST,
-    "verdicts": _LIST,
-    "tool_calls": _LIST,
-    "finish_reasons": _LIST,
-    "output": _OBJECT,
-    "request_headers": _OBJECT,
-    "response_headers": _OBJECT,
-    "usage_details": _OBJECT,
-    "content_hashes": _OBJECT,
+# The Python types of the JSON columns' values as the writer stores them (storage.schema)
+_SHAPES: dict[str, tuple[type, ...]] = {name: (list, str) for name in JSON_LISTS} | {
+    name: (dict, str) for name in JSON_OBJECTS
 }
-_BARE_NUMBER = "request_body"
 
 
 class Unreadable:
@@ -150,7 +139,7 @@ class StoredValues:
             if strict and (value.tzinfo is not None or self.encoders[name](value) != stored):
                 raise _Unreadable(f"{stored[:40]!r} is no time as the writer writes it (SQL compares the text)")
             return value
-        if type(stored) in _NUMBER and name == _BARE_NUMBER:
+        if type(stored) in _NUMBER and name == JSON_BARE_NUMBER:
             return stored  # (JSON text that is a number: SQLite's column affinity stores it as one)
         if type(stored) is not str:
             raise _Unreadable(f"{_what(stored)}, no JSON text")
