@@ -230,22 +230,30 @@ class OutputGate:
         nothing checks a run (:meth:`_check_frames`): the guard finds the same matches
         however its input is cut, and none of a whole body goes out before all of it is
         checked. One by one, the 300,000 tiny text blocks of an 11 MB Anthropic answer
-        took 1.9 s under one keyword rule. A piece is at most about :data:`BODY_PIECE`
-        characters: a user filter's time budget is per call, and one search of megabytes
-        would hold the interpreter from the event loop in one C call."""
+        took 1.9 s under one keyword rule. A piece is at most :data:`BODY_PIECE`
+        characters, one text block longer than that cut into such pieces: a user filter's
+        time budget is per call, and one search of megabytes (the proxy reads a whole body
+        in its reader thread) would hold the interpreter from the event loop in one C call."""
         key: StreamKey = (0, "text", None)
         batch: list[str] = []
         size = 0
         for ev in common:
             if type(ev) is TextDelta:
                 stream = (ev.choice, ev.kind, None)
-                if batch and (stream != key or size >= BODY_PIECE):
+                if batch and stream != key:
                     self._check_batch(key, batch)
                     batch, size = [], 0
                 key = stream
                 text = ev.as_sent
-                batch.append(text)
-                size += len(text)
+                start = 0
+                while start < len(text):
+                    if size >= BODY_PIECE:
+                        self._check_batch(key, batch)
+                        batch, size = [], 0
+                    piece = text[start : start + BODY_PIECE - size]
+                    batch.append(piece)
+                    size += len(piece)
+                    start += len(piece)
                 continue
             if batch:
                 self._check_batch(key, batch)
