@@ -177,7 +177,7 @@ def test_verify_and_the_review_page_report_values_sqlite_let_in_and_the_view_ign
             assert view == [(text_value,)], "the view reads nothing but a BLOB, and the text first"
             with engine.connect() as conn:
                 page = place(conn, get_exchange(conn, rid, unreadable=Unreadable()))
-            assert not page.verifies and any("stored answer cannot be read" in p for p in page.problems)
+            assert not page.verifies and any("stored values cannot be read" in p for p in page.problems)
             original = "" if rid == ids[0] else "small"
             con.execute(f"UPDATE exchanges SET output_text = ?, {ANSWER_BYTES} = NULL WHERE id = ?", (original, rid))
             con.commit()
