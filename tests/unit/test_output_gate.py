@@ -29,13 +29,13 @@ from test_block_responses import CASES, Case, Reader, codes, sse_events
 from addon import auditor as auditor_module
 from addon.auditor import StreamAuditor, summary_into_record
 from addon.dialects.ollama import OllamaNormalizer
-from addon.events import StreamEnd, TextDelta, TurnEnd
+from addon.events import StreamEnd, TurnEnd
 from addon.filters.api import BaseFilter, OutputPiece, Verdict
 from addon.filters.engine import FILTER_ERROR, FilterSet
 from addon.filters.rules import parse_rules
 from addon.framing import select
 from addon.framing.sse import SSEParser, SSEReader
-from addon.output_gate import BODY_PIECE, OutputGate
+from addon.output_gate import OutputGate
 from addon.record import OUTCOME_COMPLETE, ExchangeRecord
 from addon.turns import Turns
 from mockllm.scenario import Scenario
@@ -930,30 +930,6 @@ def test_the_text_of_a_compressed_chunk_withheld_for_a_later_block_is_not_delive
     assert auditor.stopped and record.status == "blocked"
     assert _gunzip(sent) == _turn_line("first part. ", False)
     assert record.delivered_text == "first part. "
-
-
-@pytest.mark.parametrize("at", [BODY_PIECE - 3, BODY_PIECE, 3 * BODY_PIECE - 1])
-def test_one_huge_text_block_of_a_whole_body_is_checked_a_piece_at_a_time_and_a_word_across_pieces_is_found(
-    at: int, monkeypatch
-) -> None:
-    """A whole body's text is checked in pieces of at most BODY_PIECE characters (the
-    reader thread then lets the event loop run between them), one block longer than that
-    too: it was one search of megabytes. A word cut by a piece's end is still found."""
-    filters = FilterSet(
-        parse_rules(f'[[rule]]\nid = "code"\nkind = "keywords"\nkeywords = ["{WORD}"]\naction = "block"\n'),
-        failure="closed",
-    )
-    fed: list[int] = []
-    real = OutputGate._feed
-    monkeypatch.setattr(OutputGate, "_feed", lambda self, s, text, n: fed.append(len(text)) or real(self, s, text, n))
-    text = "x" * at + f" {WORD} " + "y" * (4 * BODY_PIECE)
-    gate = OutputGate(filters.output_guard(), OllamaNormalizer(), holds=True, split_raw=False, failure="closed")
-    gate.on_body([TextDelta("small. "), TextDelta(text), StreamEnd()])
-    assert gate.blocked is not None and gate.blocked.rule_id == "code"
-    assert fed and max(fed) <= BODY_PIECE, fed
-    clean = OutputGate(filters.output_guard(), OllamaNormalizer(), holds=True, split_raw=False, failure="closed")
-    clean.on_body([TextDelta("z" * (5 * BODY_PIECE + 7))])
-    assert clean.blocked is None
 
 
 def test_release_first_rules_send_each_event_as_soon_as_it_is_whole() -> None:
