@@ -29,13 +29,13 @@ from test_block_responses import CASES, Case, Reader, codes, sse_events
 from addon import auditor as auditor_module
 from addon.auditor import StreamAuditor, summary_into_record
 from addon.dialects.ollama import OllamaNormalizer
-from addon.events import StreamEnd, TurnEnd
+from addon.events import StreamEnd, TextDelta, TurnEnd
 from addon.filters.api import BaseFilter, OutputPiece, Verdict
 from addon.filters.engine import FILTER_ERROR, FilterSet
 from addon.filters.rules import parse_rules
 from addon.framing import select
 from addon.framing.sse import SSEParser, SSEReader
-from addon.output_gate import OutputGate
+from addon.output_gate import BODY_PIECE, OutputGate
 from addon.record import OUTCOME_COMPLETE, ExchangeRecord
 from addon.turns import Turns
 from mockllm.scenario import Scenario
@@ -930,6 +930,23 @@ def test_the_text_of_a_compressed_chunk_withheld_for_a_later_block_is_not_delive
     assert auditor.stopped and record.status == "blocked"
     assert _gunzip(sent) == _turn_line("first part. ", False)
     assert record.delivered_text == "first part. "
+
+
+def test_one_text_block_of_a_whole_body_is_one_search_so_a_long_match_is_found_whole() -> None:
+    """A whole body's text block is checked in one search, however long: cut every 64 KiB,
+    an unbounded regex's match crossing the cut passed (the guard holds back a bounded
+    window across a cut), where the body is at hand whole."""
+    rule = '[[rule]]\nid = "r"\nkind = "regex"\npattern = "BEGIN SECRET[\\\\s\\\\S]*?END SECRET"\naction = "block"\n'
+    text = "x" * (BODY_PIECE - 300) + "BEGIN SECRET " + "s" * 1000 + " END SECRET tail"
+    gate = OutputGate(
+        FilterSet(parse_rules(rule), failure="closed").output_guard(),
+        OllamaNormalizer(),
+        holds=True,
+        split_raw=False,
+        failure="closed",
+    )
+    gate.on_body([TextDelta(text), StreamEnd()])
+    assert gate.blocked is not None and gate.blocked.rule_id == "r"
 
 
 def test_release_first_rules_send_each_event_as_soon_as_it_is_whole() -> None:
