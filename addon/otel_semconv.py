@@ -156,14 +156,16 @@ def content(row: Row) -> dict[str, Any]:
     every request; the newest turn is the one this exchange added), the answer its first
     text; ``llm_audit.content_truncated`` says when something was cut. The database keeps
     the whole. Where a content filter changed the answer, the output is what the client
-    got (``delivered_text``): the upstream's original stays in the database. Likewise a
-    request a filter blocked never reached the upstream (a ``secrets`` rule keeps a key
-    from leaving): its messages stay in the database, and ``llm_audit.input_withheld``
-    says so."""
+    got (``delivered_text``): the upstream's original stays in the database.
+
+    What a filter blocked stays in the database only: an exchange it blocked leaves
+    nothing but what its client got of the answer, its first choice's text
+    (:func:`_withheld`)."""
+    if blocked(row):
+        return _withheld(row)
     inputs_budget, outputs_budget = _Budget(), _Budget()
     inputs: list[dict[str, Any]] = []
-    withheld = request_blocked(row)
-    for m in [] if withheld else reversed(extract_messages(row.get("request_body"))):
+    for m in reversed(extract_messages(row.get("request_body"))):
         if not inputs_budget.room(len(inputs)):
             break
         inputs.append({"role": _text(m.role), "parts": [{"type": "text", "content": inputs_budget.take(m.text)}]})
@@ -192,18 +194,30 @@ def content(row: Row) -> dict[str, Any]:
     out: dict[str, Any] = {"gen_ai.input.messages": inputs, "gen_ai.output.messages": outputs}
     if inputs_budget.cut or outputs_budget.cut:
         out[PREFIX + "content_truncated"] = True
-    if withheld:
-        out[PREFIX + "input_withheld"] = True
     return out
 
 
-def request_blocked(row: Row) -> bool:
-    """Whether a filter blocked the request (a verdict to block anywhere but the answer,
-    whose locations are ``output...``): then it never went upstream."""
-    return any(
-        isinstance(v, Mapping) and v.get("action") == "block" and not str(v.get("location") or "").startswith("output")
-        for v in row.get("verdicts") or ()
-    )
+def blocked(row: Row) -> bool:
+    """Whether a filter blocked the exchange (a verdict to block, of any rule or budget)."""
+    return any(isinstance(v, Mapping) and v.get("action") == "block" for v in row.get("verdicts") or ())
+
+
+def _withheld(row: Row) -> dict[str, Any]:
+    """The content of an exchange a filter blocked: no prompt (a blocked request never
+    reached the upstream: a ``secrets`` rule keeps a key from leaving), and of the answer
+    only the text its client got (``delivered_text``), not its reasoning, other choices
+    or tool calls, where the blocked text may be. Both sides, whichever a verdict names:
+    a verdict's location is the filter's to write. ``llm_audit.content_withheld`` says so."""
+    budget = _Budget()
+    delivered = row.get("delivered_text")
+    outputs = []
+    if isinstance(delivered, str) and delivered:
+        outputs.append({"role": "assistant", "parts": [{"type": "text", "content": budget.take(delivered)}]})
+    out: dict[str, Any] = {"gen_ai.input.messages": [], "gen_ai.output.messages": outputs}
+    out[PREFIX + "content_withheld"] = True
+    if budget.cut:
+        out[PREFIX + "content_truncated"] = True
+    return out
 
 
 class _Budget:

@@ -150,7 +150,7 @@ def test_each_exchange_becomes_a_span_with_metrics_and_content_only_when_asked(
         answer = log["attributes"]["gen_ai.output.messages"][0]["parts"][0]["content"]
         assert answer == completed["output_text"] and answer
         withheld = logs[refused["id"]]["attributes"]  # (the upstream never saw it: nor does the collector)
-        assert withheld["gen_ai.input.messages"] == [] and withheld["llm_audit.input_withheld"] is True
+        assert withheld["gen_ai.input.messages"] == [] and withheld["llm_audit.content_withheld"] is True
         assert b"Tell me about Graz" not in everything
     else:
         assert receiver.logs() == []

@@ -232,22 +232,52 @@ def _leaves(value):
         yield value
 
 
-def test_the_prompt_of_a_request_a_filter_blocked_stays_in_the_database():
-    """A secrets rule kept a prompt holding a key from the upstream, and the content
-    record sent it to the collector, key and all."""
-    blocked = row(
-        status="blocked",
-        request_body={"messages": [{"role": "user", "content": f"debug this: {SECRET}"}]},
-        verdicts=[{"action": "block", "rule_id": "credentials", "location": "messages[0].content"}],
-    )
-    out = otel_semconv.content(blocked)
-    assert out["gen_ai.input.messages"] == [] and out["llm_audit.input_withheld"] is True
-    assert SECRET not in orjson.dumps(out).decode()
-    answer_blocked = row(verdicts=[{"action": "block", "rule_id": "r", "location": "output.choices[0].text"}])
+def test_what_a_filter_blocked_stays_in_the_database():
+    """With content on, a prompt a secrets rule kept from the upstream went to the
+    collector, key and all (review 51, finding 2); and, of a blocked answer, its
+    reasoning, its tool calls' arguments and its other choices as the upstream sent them
+    (the second review, finding 1). A blocked exchange leaves only the text its client got."""
+    key = f"OPENAI_API_KEY={SECRET}"
+    verdict = {"action": "block", "rule_id": "credentials"}
+    cases = {
+        "the request": row(
+            status="blocked",
+            request_body={"messages": [{"role": "user", "content": f"debug this: {key}"}]},
+            verdicts=[verdict | {"location": "messages[0].content"}],
+            output_text=None,
+            output=None,
+        ),
+        "the reasoning": row(
+            delivered_text="",
+            output={"choices": [{"index": 0, "reasoning": key, "finish_reason": "end_turn"}], "tool_calls": []},
+            verdicts=[verdict | {"location": "output.choices[0].reasoning"}],
+        ),
+        "a tool call": row(
+            delivered_text="Sure: ",
+            output={"choices": [{"index": 0}], "tool_calls": [{"id": "t", "name": "f", "arguments": key}]},
+            verdicts=[verdict | {"location": "output.tool_calls[t].arguments"}],
+        ),
+        "choice 1": row(
+            delivered_text="4",
+            output={"choices": [{"index": 0}, {"index": 1, "text": key}], "tool_calls": []},
+            verdicts=[verdict | {"location": "output.choices[1].text"}],
+        ),
+        "a request, named as output by its filter": row(
+            request_body={"messages": [{"role": "user", "content": key}]},
+            verdicts=[verdict | {"location": "output of my filter"}],
+        ),
+    }
+    for name, blocked in cases.items():
+        out = otel_semconv.content(blocked)
+        assert SECRET not in orjson.dumps(out).decode(), name
+        assert out["gen_ai.input.messages"] == [] and out["llm_audit.content_withheld"] is True, name
+        delivered = blocked["delivered_text"]
+        assert [p["content"] for m in out["gen_ai.output.messages"] for p in m["parts"]] == (
+            [delivered] if delivered else []
+        ), name
     flagged = row(verdicts=[{"action": "flag", "rule_id": "r", "location": "messages[0].content"}])
-    for kept in (answer_blocked, flagged):
-        out = otel_semconv.content(kept)
-        assert out["gen_ai.input.messages"] and "llm_audit.input_withheld" not in out
+    out = otel_semconv.content(flagged)  # (a flagged prompt went upstream: it is exported)
+    assert out["gen_ai.input.messages"] and "llm_audit.content_withheld" not in out
 
 
 def test_every_value_that_leaves_is_one_otlp_encodes():
