@@ -161,7 +161,7 @@ def content(row: Row) -> dict[str, Any]:
     What a filter blocked stays in the database only: an exchange it blocked leaves
     nothing but what its client got of the answer, its first choice's text
     (:func:`_withheld`)."""
-    if blocked(row):
+    if _blocked(row):
         return _withheld(row)
     inputs_budget, outputs_budget = _Budget(), _Budget()
     inputs: list[dict[str, Any]] = []
@@ -197,7 +197,7 @@ def content(row: Row) -> dict[str, Any]:
     return out
 
 
-def blocked(row: Row) -> bool:
+def _blocked(row: Row) -> bool:
     """Whether a filter blocked the exchange (a verdict to block, of any rule or budget)."""
     return any(isinstance(v, Mapping) and v.get("action") == "block" for v in row.get("verdicts") or ())
 

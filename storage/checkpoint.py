@@ -12,13 +12,14 @@ A checkpoint file::
 
     {"format": "llm-audit-checkpoint/1", "created_at": "2026-11-29T17:00:00.000000Z",
      "key_id": "sha256:…", "chains": {"proxy-a": {"seq": 1200, "hash": "…"}},
-     "runs": {"proxy-a": {"since": 1001, "set_aside": [1107]}},
+     "runs": {"proxy-a": {"since": 1001, "set_aside": [[1107, 1107]]}},
      "signature": "<base64 Ed25519 signature of the canonical JSON of all other fields>"}
 
 A proxy's own checkpoints also say, in ``runs``, the first record it sealed since it
-started (``since``) and the records it set aside in that time, quarantined or held in
-memory while the quarantine file could not be written (:class:`Checkpointer`): every
-record from ``since`` to the signed head was written or set aside by it, so
+started (``since``) and the records it set aside in that time (ranges of numbers),
+quarantined or held in memory while the quarantine file could not be written
+(:class:`Checkpointer`): every record from ``since`` to the signed head was written or
+set aside by it, so
 ``verify`` tells a record the ``quarantine`` table says was quarantined there, and no
 checkpoint names, as deleted (the table is as writable as the records).
 
@@ -31,12 +32,14 @@ or syslog; keep the private key where database administrators cannot read it.
 from __future__ import annotations
 
 import base64
+import bisect
 import hashlib
 import logging
+import math
 import os
 import subprocess
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -54,6 +57,7 @@ log = logging.getLogger(__name__)
 
 FORMAT = "llm-audit-checkpoint/1"
 COMMAND_TIMEOUT = 30  # seconds a checkpoint command may take
+MAX_SET_ASIDE_RANGES = 1000  # of one run, that its checkpoints list (Checkpointer)
 
 
 class CheckpointError(Exception):
@@ -200,7 +204,8 @@ def write_checkpoint(
         doc["unvouched"] = {chain: {"first": a, "last": b} for chain, (a, b) in sorted(unvouched.items())}
     if runs:
         doc["runs"] = {
-            chain: {"since": run.since, "set_aside": sorted(run.set_aside)} for chain, run in sorted(runs.items())
+            chain: {"since": run.since, "set_aside": [list(span) for span in run.set_aside]}
+            for chain, run in sorted(runs.items())
         }
     return write_signed(directory, key, "checkpoint", doc, now)
 
@@ -208,11 +213,43 @@ def write_checkpoint(
 @dataclass(frozen=True, slots=True)
 class Run:
     """What a proxy's checkpoint says of its run: the first record it sealed since it
-    started, and the numbers of the records it set aside since (quarantined, or held in
-    memory while the quarantine file could not be written)."""
+    started, and the records it set aside since (quarantined, or held in memory while the
+    quarantine file could not be written), as sorted ranges of numbers (first, last)."""
 
     since: int
-    set_aside: frozenset[int]
+    set_aside: tuple[tuple[int, int], ...]
+
+
+def add_to_ranges(ranges: list[tuple[int, int]], seq: int) -> None:
+    """Put ``seq`` into ``ranges`` (sorted, disjoint, not adjacent), joining neighbours:
+    a database that refuses every row sets aside one range, not a number a record."""
+    i = bisect.bisect_right(ranges, (seq, math.inf))  # (after every range that starts at or before it)
+    if i and ranges[i - 1][1] >= seq:
+        return  # (already in)
+    first, last = seq, seq
+    if i and ranges[i - 1][1] == seq - 1:
+        i -= 1
+        first = ranges.pop(i)[0]
+    if i < len(ranges) and ranges[i][0] == seq + 1:
+        last = ranges.pop(i)[1]
+    ranges.insert(i, (first, last))
+
+
+def merged_ranges(spans: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
+    """``spans`` (first, last) as sorted, disjoint ranges, for :func:`in_ranges`."""
+    out: list[tuple[int, int]] = []
+    for first, last in sorted(spans):
+        if out and first <= out[-1][1] + 1:
+            out[-1] = (out[-1][0], max(out[-1][1], last))
+        else:
+            out.append((first, last))
+    return out
+
+
+def in_ranges(ranges: Sequence[tuple[int, int]], seq: int) -> bool:
+    """Whether ``seq`` is in ``ranges`` (sorted by their first number, disjoint)."""
+    i = bisect.bisect_right(ranges, (seq, math.inf))
+    return bool(i) and ranges[i - 1][0] <= seq <= ranges[i - 1][1]
 
 
 @dataclass(frozen=True, slots=True)
@@ -271,7 +308,7 @@ def read_checkpoints(directory: Path, keys: Ed25519PublicKey | Sequence[Ed25519P
             heads = {chain: Head(int(h["seq"]), str(h["hash"])) for chain, h in doc["chains"].items()}
             unvouched = {chain: (int(u["first"]), int(u["last"])) for chain, u in doc.get("unvouched", {}).items()}
             runs = {
-                chain: Run(int(r["since"]), frozenset(int(seq) for seq in r["set_aside"]))
+                chain: Run(int(r["since"]), tuple((int(a), int(b)) for a, b in r["set_aside"]))
                 for chain, r in doc.get("runs", {}).items()
             }
         except (ValueError, KeyError, TypeError, AttributeError) as e:
@@ -293,12 +330,14 @@ class Checkpointer:
     writer found at the end of its chain in the database at start, after the last head
     it wrote itself (an insider's consistent append, or records committed just before a
     crash): every checkpoint of this run names them, so none signs them in silently.
-    ``since`` (the first record the writer seals in this run) and the records it
-    records it sets aside (:meth:`set_aside`: quarantined, or held in memory while the
-    quarantine file cannot be written) go in every checkpoint of the run (``runs``): the
-    writer sets a record aside before it commits any later one, so a checkpoint of a head
-    past a record of this run names it if it was not written. One set aside makes a
-    checkpoint due at once.
+    ``since`` (the first record the writer seals in this run) and the records it sets
+    aside (:meth:`set_aside`: quarantined, or held in memory while the quarantine file
+    cannot be written) go in every checkpoint of the run (``runs``): the writer sets a
+    record aside before it commits any later one, so a checkpoint of a head past a record
+    of this run names it if it was not written. Past :data:`MAX_SET_ASIDE_RANGES` ranges
+    (a database that refuses every other row) the run's checkpoints carry no ``runs``
+    any more: the earlier ones still vouch for what they covered, and ``verify`` accuses
+    none of the later records.
     """
 
     def __init__(
@@ -317,33 +356,38 @@ class Checkpointer:
         self.command = tuple(command)  # run with each checkpoint's path: a copy out of the administrators' reach
         self._signed = Head()  # the head of the last checkpoint
         self.unvouched: tuple[int, int] | None = None
-        self.since: int | None = None  # the first record the writer seals in this run
-        self._set_aside: set[int] = set()  # records of the chain set aside in this run
-        self._listed = 0  # of them, how many the last checkpoint named
+        self.since: int | None = None  # the first record the writer seals in this run (None: runs not said)
+        self._set_aside: list[tuple[int, int]] = []  # records of the chain set aside in this run
         self._at = clock()
 
     def set_aside(self, seq: int) -> None:
         """The writer set record ``seq`` of the chain aside (quarantined or held)."""
-        self._set_aside.add(seq)
+        add_to_ranges(self._set_aside, seq)
+        if self.since is not None and len(self._set_aside) > MAX_SET_ASIDE_RANGES:
+            self.since = None
+            log.warning(
+                "llm-audit: more than %d ranges of records set aside in this run: its checkpoints no longer "
+                "say which (verify checks their quarantine rows against the quarantine file alone)",
+                MAX_SET_ASIDE_RANGES,
+            )
 
     def committed(self, head: Head, *, final: bool = False) -> Path | None:
         """The database now holds the chain up to ``head``: write a checkpoint if one is due
-        (``final``: whenever anything is new, at shutdown; a record set aside: at once)."""
+        (``final``: whenever anything is new, at shutdown)."""
         new = head.seq - self._signed.seq
-        fresh = len(self._set_aside) > self._listed
-        if (new <= 0 and not fresh) or head.seq <= 0:
+        if new <= 0:
             return None
-        timely = self.seconds and self._clock() - self._at >= self.seconds
-        if not (final or fresh or (self.every and new >= self.every) or timely):
+        due = final or (self.every and new >= self.every) or (self.seconds and self._clock() - self._at >= self.seconds)
+        if not due:
             return None
         path = write_checkpoint(
             self.directory,
             self.key,
             {self.chain_id: head},
             unvouched={self.chain_id: self.unvouched} if self.unvouched else None,
-            runs={self.chain_id: Run(self.since, frozenset(self._set_aside))} if self.since is not None else None,
+            runs={self.chain_id: Run(self.since, tuple(self._set_aside))} if self.since is not None else None,
         )
-        self._signed, self._at, self._listed = head, self._clock(), len(self._set_aside)
+        self._signed, self._at = head, self._clock()
         if self.command:
             self._hand_over(path)
         return path

@@ -60,7 +60,7 @@ from storage.chain import (
     fold_answer_bytes,
     utc_text,
 )
-from storage.checkpoint import Checkpoint
+from storage.checkpoint import Checkpoint, in_ranges, merged_ranges
 from storage.quarantine import kept_line
 from storage.retention import MIN_RETENTION
 from storage.schema import IN_PROGRESS, chains, exchanges, quarantine
@@ -512,12 +512,12 @@ def _signed_quarantines(report: ChainReport, checkpoints: Sequence[Checkpoint]) 
     runs = [(cp, cp.runs[chain], cp.heads[chain]) for cp in checkpoints if chain in cp.runs and chain in cp.heads]
     if not runs:
         return
-    named = {seq for _, run, _ in runs for seq in run.set_aside}
+    named = merged_ranges(span for _, run, _ in runs for span in run.set_aside)
     kept = []
     for q in report.quarantined:
         seq = q["chain_seq"]
         cover = next(((cp, run, head) for cp, run, head in runs if run.since <= seq <= head.seq), None)
-        if seq in named or cover is None:
+        if in_ranges(named, seq) or cover is None:
             kept.append(q)
             continue
         cp, run, head = cover

@@ -658,7 +658,6 @@ class AuditWriter:
             if ours:
                 self._advance_head(conn, max(ours, key=lambda head: head.seq))
         self._unrecorded = self._unrecorded[len(entries) :]
-        self._checkpoint()  # (a record set aside is signed at once)
 
     def _failed(self, error: Exception) -> None:
         reason = first_line(error)

@@ -22,10 +22,11 @@ import pytest
 from sqlalchemy import select, text
 
 from addon.record import OUTCOME_COMPLETE, ExchangeRecord
+from storage import checkpoint as checkpoint_module
 from storage import status as status_module
 from storage import writer as writer_module
 from storage.chain import Chain, Head
-from storage.checkpoint import Checkpointer, Run, load_or_create_key, read_checkpoints
+from storage.checkpoint import Checkpointer, Run, in_ranges, load_or_create_key, read_checkpoints
 from storage.database import open_engine
 from storage.prepare import MAX_DEPTH, Prepared, prepare
 from storage.quarantine import Quarantine
@@ -279,9 +280,8 @@ def test_the_proxys_checkpoints_name_what_it_quarantined_and_a_forged_quarantine
     with engine.connect() as conn:
         [entry] = conn.execute(select(quarantine)).mappings().all()
     checkpoints = read_checkpoints(tmp_path / "checkpoints", key.public_key())
-    # one signed as soon as record 2 was quarantined (at the next head), one at shutdown
-    assert [cp.heads[INSTANCE].seq for cp in checkpoints] == [3, 6]
-    assert checkpoints[-1].runs[INSTANCE] == Run(1, frozenset({entry["chain_seq"]})) and entry["chain_seq"] == 2
+    assert [cp.heads[INSTANCE].seq for cp in checkpoints] == [6]  # (every 100 records: the one at shutdown)
+    assert checkpoints[-1].runs[INSTANCE] == Run(1, ((2, 2),)) and entry["chain_seq"] == 2
     report = verify(engine, checkpoints, quarantine_dir=Path("/elsewhere"))  # (its file unread: still covered)
     assert report.ok and report.chains[0].quarantined and report.chains[0].unchecked.keys() == {2}
     victim = rows[4]["id"]  # (record 5: no checkpoint signs its own hash)
@@ -316,8 +316,29 @@ def test_a_record_held_while_the_quarantine_file_fails_is_named_by_every_checkpo
     writer.close()
     checkpoints = read_checkpoints(tmp_path / "checkpoints", key.public_key())
     past = [cp.runs[INSTANCE].set_aside for cp in checkpoints if cp.heads[INSTANCE].seq >= 2]
-    assert len(calls) == 2 and past and all(2 in named for named in past), [cp.runs for cp in checkpoints]
+    assert len(calls) == 2 and past and all(in_ranges(named, 2) for named in past), [cp.runs for cp in checkpoints]
     assert verify(open_engine(url), checkpoints).ok
+
+
+def test_a_runs_records_set_aside_are_signed_as_ranges_and_bounded(tmp_path, monkeypatch):
+    """A database that refuses every row (a trigger an insider adds) sets aside every
+    record: one range, not a number a record in every checkpoint. Past the bound (every
+    other row refused), the run's checkpoints stop saying what they set aside, and
+    verify accuses none of the later records (it checks them against their file)."""
+    monkeypatch.setattr(checkpoint_module, "MAX_SET_ASIDE_RANGES", 3)
+    key = load_or_create_key(tmp_path / "key.pem")
+    signer = Checkpointer(tmp_path / "checkpoints", key, INSTANCE, every=1, seconds=0)
+    signer.since = 1
+    for seq in range(1, 101):
+        signer.set_aside(seq)
+    signer.committed(Head(101, "h" * 64))
+    for seq in (103, 105):
+        signer.set_aside(seq)
+    signer.committed(Head(106, "h" * 64))
+    signer.set_aside(107 + 1)  # (a fourth range: past the bound)
+    signer.committed(Head(109, "h" * 64))
+    runs = [cp.runs.get(INSTANCE) for cp in read_checkpoints(tmp_path / "checkpoints", key.public_key())]
+    assert runs == [Run(1, ((1, 100),)), Run(1, ((1, 100), (103, 103), (105, 105))), None]
 
 
 def unprepared(monkeypatch, poison: dict) -> None:
