@@ -59,6 +59,7 @@ from addon.framing.sse_event import EventShell, SSEEvent
 __all__ = ["SSEParser", "SSEReader"]
 
 _NOT_LF_SEARCH = re.compile(r"[^\n]").search
+_LONE_CR_SEARCH = re.compile(r"\r(?!\n)").search
 
 # Fields whose loss changes the delivered event: if a line carrying one of them is too
 # long to keep, the whole event is dropped rather than delivered with a wrong
@@ -86,6 +87,18 @@ _FAST_PREFIXES = ("data: ", "event: ", "id: ")
 # Blank lines are found line end by line end: ``str.find`` of one character is a memchr,
 # while a two-character search ("\n\n") walks every character - slower by far on the
 # megabyte lines of a huge event, and no faster on the short lines of small ones.
+
+
+def _fold_line_ends(text: str) -> str:
+    """``text`` with CRLF and CR turned into LF (the caller knows it holds a CR).
+
+    When every CR is the first half of a CRLF (Gemini's framing), deleting the CRs gives
+    the same text; one search for a lone CR and a one-character replace cost about half
+    what the two-character replace of CRLF does (2.7 + 3.0 against 11.1 ms over the
+    benchmark's Gemini stream in 1460-byte chunks, ``/work/tmp/crlf.py``)."""
+    if _LONE_CR_SEARCH(text) is None:
+        return text.replace("\r", "")
+    return text.replace("\r\n", "\n").replace("\r", "\n")
 
 
 def _blank_line_end(text: str, start: int, stop: int) -> int:
@@ -218,7 +231,7 @@ class SSEParser:
             else:
                 self._bytes_fed += len(chunk)
                 if "\r" in text:  # not at the end: no CRLF can be split after this chunk
-                    text = text.replace("\r\n", "\n").replace("\r", "\n")
+                    text = _fold_line_ends(text)
                 elif len(text) <= self.max_event_bytes:
                     ev = self._one_block(text)
                     if ev is not None:
@@ -262,7 +275,7 @@ class SSEParser:
             # Within one chunk, CRLF / CR / LF -> LF gives exactly the same lines as
             # splitting on the three terminators (a CRLF pair is always one line end),
             # and lets one LF-only code path serve CRLF framing (Gemini's "\r\n\r\n").
-            text = text.replace("\r\n", "\n").replace("\r", "\n")
+            text = _fold_line_ends(text)
         return self._lines(text)
 
     def _lines(self, text: str) -> list[SSEEvent]:

@@ -474,6 +474,23 @@ def test_random_bodies_match_reference_parser(body, cuts):
     assert (events, last_event_id, retry) == reference_parse(body)
 
 
+@settings(max_examples=300, deadline=None)
+@given(
+    body=sse_bodies,
+    ends=st.lists(st.sampled_from(["\n", "\r\n", "\r", "\r\r\n", "\n\r"]), min_size=1, max_size=8),
+    cuts=cut_lists,
+)
+def test_line_ends_mixed_within_a_chunk_match_reference_parser(body, ends, cuts):
+    """Each line end drawn apart (CRLF beside lone CRs, CR CR LF): a chunk whose CRs all
+    start a CRLF is folded by deleting them, any other the long way; both must agree."""
+    pieces = body.split(b"\n")
+    mixed = b"".join(p + ends[i % len(ends)].encode() for i, p in enumerate(pieces[:-1])) + pieces[-1]
+    expected = reference_parse(mixed)
+    for chunks in ([mixed], split_at(mixed, cuts)):
+        events, last_event_id, retry, *_ = outcome(chunks)
+        assert (events, last_event_id, retry) == expected
+
+
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(body=uniform_runs(), cuts=cut_lists)
 def test_uniform_event_runs_match_reference_parser_in_any_chunking(body, cuts):
