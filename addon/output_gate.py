@@ -235,10 +235,16 @@ class OutputGate:
         :data:`BODY_PIECE` characters (a user filter's time budget is per call); one block
         longer than that is one piece, one search: cut, a rule's match longer than what
         the guard holds back across a cut (an unbounded regex's window) would pass, where
-        whole it is found (the proxy reads a whole body in its reader thread)."""
+        whole it is found (the proxy reads a whole body in its reader thread).
+
+        An answer that is not the JSON its dialect reads (``response_invalid_json``, not
+        an error's body) is unreadable to the filters, whatever a client makes of it (the
+        Python SDKs read UTF-16 and UTF-32 too): the failure policy decides, as for a
+        stream that cannot be read (:meth:`unreadable`)."""
         key: StreamKey = (0, "text", None)
         batch: list[str] = []
         size = 0
+        errored = False  # (an error's body that is not JSON was read as its text: the error's message)
         for ev in common:
             if type(ev) is TextDelta:
                 stream = (ev.choice, ev.kind, None)
@@ -255,6 +261,11 @@ class OutputGate:
                 batch, size = [], 0
             if self.blocked is not None:
                 return
+            errored = errored or type(ev) is StreamError
+            if type(ev) is Finding and ev.code == "response_invalid_json" and not errored:
+                self.unreadable(f"{ev.code}: {ev.detail}")
+                if self.blocked is not None:
+                    return
             self._check(ev, [])
         if batch:
             self._check_batch(key, batch)

@@ -15,6 +15,7 @@ Everything here is sans-IO: no mitmproxy, no database.
 
 from __future__ import annotations
 
+import json
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -492,7 +493,10 @@ def load_body_json(body: bytes) -> tuple[Any, Finding | None]:
 
     orjson refuses bytes that are not UTF-8; the SDKs decode with replacement, so a body
     with a stray invalid byte is read again with U+FFFD in its place (and a finding),
-    rather than losing all its text. ``(None, None)`` when it is not JSON at all.
+    rather than losing all its text. The Python SDKs (httpx's ``Response.json``, the
+    standard library's ``json.loads`` of the bytes) also read a body with a byte order
+    mark, and UTF-16 and UTF-32, so those are read in the encoding that reader finds
+    (``json.detect_encoding``) and named lenient. ``(None, None)`` when it is not JSON at all.
     """
     if not body:
         return None, None
@@ -503,16 +507,17 @@ def load_body_json(body: bytes) -> tuple[Any, Finding | None]:
         return orjson.loads(body), None
     except orjson.JSONDecodeError:
         pass
+    encoding = json.detect_encoding(body)  # ("utf-8-sig" drops a byte order mark)
     try:
-        text, finding = body.decode("utf-8"), None
+        text, finding = body.decode(encoding), None
     except UnicodeDecodeError as e:
-        text = body.decode("utf-8", "replace")
-        finding = Finding("response_invalid_utf8", f"invalid UTF-8 at byte {e.start}; read with U+FFFD")
+        text = body.decode(encoding, "replace")
+        finding = Finding("response_invalid_utf8", f"invalid {encoding} at byte {e.start}; read with U+FFFD")
     try:
         doc, lenient = json_read.loads(text)
     except ValueError:
         return None, None  # simply not JSON
-    if lenient and finding is None:
+    if (lenient or encoding != "utf-8") and finding is None:
         finding = Finding("lenient_json", "the response body: JSON only lenient readers take (the SDKs' do)")
     return doc, finding
 

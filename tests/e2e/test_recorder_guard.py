@@ -265,3 +265,49 @@ def test_kill_9_under_load_loses_no_exchange_a_client_saw_complete(request, tmp_
         assert check.returncode == 0, check
     finally:
         restarted.process.stop()
+
+
+@pytest.mark.parametrize(
+    ("name", "body"),
+    [
+        (
+            "utf-16",
+            orjson.dumps(
+                {
+                    "id": "c",
+                    "model": "m",
+                    "choices": [{"index": 0, "message": {"role": "assistant", "content": "Nightjar"}}],
+                }
+            )
+            .decode()
+            .encode("utf-16"),
+        ),
+        ("not json", b"<p>the code name is Nightjar</p>"),
+    ],
+)
+def test_a_whole_answer_the_filters_cannot_read_as_json_is_not_let_through_unchecked(
+    request, tmp_path, backend, name, body
+):
+    """The openai SDK reads a UTF-16 answer (httpx's ``json.loads`` of the bytes): it is
+    read so and blocked by its text; a 2xx answer that is not JSON is decided by the
+    failure policy (``closed``, the default: blocked). Before, both reached the client."""
+
+    def respond(conn: socket.socket, _request: bytes) -> None:
+        conn.sendall(
+            b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body)
+        )
+
+    rules = tmp_path / "rules.toml"
+    rules.write_text('[[rule]]\nid = "code"\nkind = "keywords"\nkeywords = ["Nightjar"]\naction = "block"\n')
+    with h1_server(respond) as url:
+        proxy = start_proxy(tmp_path, "--set", f"llm_rules={rules}", **new_database(request, backend, tmp_path))
+        try:
+            rid = uuid.uuid4().hex
+            answer = post_chat(proxy, url, rid, stream=False)
+            assert "Nightjar" not in answer.content.decode("utf-8", "replace"), name
+            assert "Nightjar".encode("utf-16-le") not in answer.content, name
+            row = proxy.mock_row(rid)
+            rule = row["verdicts"][0]["rule_id"] if row["verdicts"] else None
+            assert (row["status"], rule) == ("blocked", "code" if name == "utf-16" else "filter_error"), name
+        finally:
+            proxy.process.stop()

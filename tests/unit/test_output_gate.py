@@ -29,6 +29,7 @@ from test_block_responses import CASES, Case, Reader, codes, sse_events
 from addon import auditor as auditor_module
 from addon.auditor import StreamAuditor, summary_into_record
 from addon.dialects.ollama import OllamaNormalizer
+from addon.dialects.openai_chat import OpenAIChatNormalizer
 from addon.events import StreamEnd, TextDelta, TurnEnd
 from addon.filters.api import BaseFilter, OutputPiece, Verdict
 from addon.filters.engine import FILTER_ERROR, FilterSet
@@ -1111,3 +1112,40 @@ def test_a_normalizer_reading_a_frame_as_text_leaves_its_object_as_it_was(name: 
     # (checked once every frame has been read: nothing the normalizer kept changed later)
     assert all(obj == before for obj, before in read_as_text)
     assert read_as_text or not getattr(normalizer, "_fast", False)
+
+
+def _whole_gate(failure: str, normalizer: Any) -> OutputGate:
+    filters = FilterSet(BLOCK_RULES, failure=failure)
+    return OutputGate(filters.output_guard(), normalizer, holds=False, split_raw=True, failure=failure, whole=True)
+
+
+@pytest.mark.parametrize("encoding", ["utf-8-sig", "utf-16", "utf-16-be", "utf-32"])
+def test_a_whole_answer_the_python_sdks_read_in_another_encoding_is_read_so_and_checked(encoding: str) -> None:
+    """httpx's ``Response.json`` (the openai and anthropic SDKs) reads a body with a byte
+    order mark, and UTF-16 and UTF-32: the answer's text reached the client past the
+    filters, the record said ``upstream_aborted`` (the review's sdk_utf16_answer.py)."""
+    answer = {"choices": [{"index": 0, "message": {"role": "assistant", "content": f"The code is {WORD}."}}]}
+    body = orjson.dumps(answer).decode().encode(encoding)
+    gate = _whole_gate("closed", OpenAIChatNormalizer())
+    events = OpenAIChatNormalizer().on_body(body, 200)
+    assert any(type(e) is TextDelta and WORD in e.text for e in events)
+    gate.on_body(events)
+    assert gate.blocked is not None and gate.blocked.rule_id != FILTER_ERROR
+
+
+@pytest.mark.parametrize(("failure", "action"), [("closed", "block"), ("open", "flag")])
+def test_a_whole_answer_that_is_not_its_json_is_decided_by_the_failure_policy(failure: str, action: str) -> None:
+    """A 2xx body its dialect cannot read is text the filters never saw: ``closed``
+    blocks it, ``open`` flags it; before, it went to the client unchecked either way."""
+    gate = _whole_gate(failure, OpenAIChatNormalizer())
+    gate.on_body(OpenAIChatNormalizer().on_body(f"<p>{WORD}</p>".encode(), 200))
+    assert [(v.action, v.rule_id) for v in gate.verdicts] == [(action, FILTER_ERROR)]
+    assert (gate.blocked is not None) == (failure == "closed")
+
+
+def test_an_error_body_that_is_not_json_is_read_as_its_message_not_refused() -> None:
+    """A gateway's HTML error page is an error whose message the filters read (its start):
+    not a reason to replace the upstream's error with the proxy's."""
+    gate = _whole_gate("closed", OpenAIChatNormalizer())
+    gate.on_body(OpenAIChatNormalizer().on_body(b"<html><body>502 Bad Gateway</body></html>", 502))
+    assert gate.blocked is None and gate.verdicts == []
