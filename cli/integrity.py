@@ -16,7 +16,7 @@ from pathlib import Path
 
 import orjson
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-from sqlalchemy import Engine, func, select
+from sqlalchemy import Engine, Text, literal, select
 from sqlalchemy.exc import SQLAlchemyError
 
 from cli.common import PROG, Commands, actor, engine, positive_int, warn
@@ -33,6 +33,7 @@ from storage.checkpoint import (
 )
 from storage.database import DatabaseError, first_line, shown_url
 from storage.erase import erase_user
+from storage.query import unicode_lower
 from storage.retention import MIN_RETENTION, RetentionError, check_cutoff, parse_cutoff, purge
 from storage.schema import exchanges
 from storage.statements import Signer, read_statements
@@ -323,20 +324,32 @@ def _cmd_erase(args: argparse.Namespace) -> int:
     if not args.user.strip():
         raise CheckpointError("--user is empty; give the user id whose content is erased")
     with engine(args, existing=True) as db:  # (no database is the first thing to hear of)
-        count = erase_user(db, args.user, actor=actor(), signer=_signer(args))
-        alike = [] if count else _ids_alike(db, args.user)
-    signed = f", signed in {args.dir}" if count else ""
-    print(f"erased the content of {count} exchanges of user {args.user!r} (logged in erasure_log{signed})")
+        done = erase_user(db, args.user, actor=actor(), signer=_signer(args))
+        alike = [] if done.count or done.refused or done.still_open else _ids_alike(db, args.user)
+    signed = f", signed in {args.dir}" if done.count else ""
+    print(
+        one_line(f"erased the content of {done.count} exchanges of user {args.user!r} (logged in erasure_log{signed})")
+    )
     if alike:  # (user ids are matched exactly: ANA is not ana)
         print(f"no exchange has the user id {args.user!r}; ids that differ only in case: {', '.join(map(repr, alike))}")
-    return 0
+    if done.still_open:
+        print(f"{done.still_open} exchanges of the user are still in progress: run this again once they have ended")
+    return _refused("erased", done.refused, args.dir)
+
+
+def _refused(what: str, refused: dict[str, str], directory: Path) -> int:
+    """Name each chain a purge or an erasure left whole because it does not verify; the exit status."""
+    for chain_id, problem in refused.items():
+        warn(one_line(f"chain {chain_id!r} does not verify ({problem}): nothing in it was {what}; see {PROG} verify"))
+    return EXIT_TAMPERED if refused else 0
 
 
 def _ids_alike(db: Engine, user_id: str) -> list[str]:
     """User ids equal to ``user_id`` but for case (a few)."""
     column = exchanges.c.user_id
     with db.connect() as conn:
-        found = conn.execute(select(column).where(func.lower(column) == user_id.lower()).distinct().limit(5))
+        folded = unicode_lower(column) == unicode_lower(literal(user_id, Text()))
+        found = conn.execute(select(column).where(folded, column != user_id).distinct().limit(5))
         return [one_line(r[0]) for r in found]
 
 
@@ -358,7 +371,7 @@ def _cmd_purge(args: argparse.Namespace) -> int:
         print(f"would delete {result.count} {what} (dry run: nothing deleted, nothing recorded)")
     else:
         print(f"deleted {result.count} {what} (purge_log id {result.log_id})")
-    return 0
+    return _refused("purged", result.refused, args.dir)
 
 
 def _cutoff(args: argparse.Namespace) -> datetime:

@@ -13,51 +13,79 @@ erased. Each erasure is recorded in ``erasure_log`` and, given a
 before it commits: ``verify --checkpoints`` accepts an erased record only against such a
 statement, so an insider cannot pass a rewrite off as an erasure.
 
-Exchanges still in progress are left alone (they are not final yet); run the erasure
-again once they have ended.
+Exchanges still in progress are left alone (they are not final yet; the result counts
+them): run the erasure again once they have ended. A chain that does not verify is left
+alone too, and named (:class:`Erasure`).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
-from sqlalchemy import Engine, and_, case, insert, literal, select, update
+from sqlalchemy import Engine, and_, case, func, insert, literal, select, update
 from sqlalchemy.exc import SQLAlchemyError
 
 from storage.chain import CONTENT_COLUMNS, ERASED, STORED_FORMS
 from storage.database import DatabaseError, first_line
 from storage.schema import IN_PROGRESS, erasure_log, exchanges
 from storage.statements import Signer
+from storage.verify import unverified
+
+_IDS_PER_UPDATE = 500  # (SQLite binds at most 32,766 parameters a statement)
+
+
+@dataclass(frozen=True, slots=True)
+class Erasure:
+    """What an erasure did, and what it left."""
+
+    count: int  # the exchanges whose content was erased
+    # chains whose records of the user were left as they are, each with its problem:
+    # they do not verify (:func:`~storage.verify.unverified`), so nothing is signed there
+    refused: dict[str, str] = field(default_factory=dict)
+    still_open: int = 0  # the user's exchanges still in progress: erased by a later run
 
 
 def erase_user(
     engine: Engine, user_id: str, *, actor: str, now: datetime | None = None, signer: Signer | None = None
-) -> int:
-    """Erase the content of ``user_id``'s final exchanges; how many were erased."""
+) -> Erasure:
+    """Erase the content of ``user_id``'s final exchanges.
+
+    The user's chains must verify first: the records are chosen by their user id, which
+    whoever can write the database can change (another user's records given this id
+    for the erasure and given back after it lost their content under a real statement).
+    Exactly the records chosen and signed are erased: one the proxy seals meanwhile
+    waits for the next erasure (erased unsigned, ``verify`` would call it tampering)."""
     now = now or datetime.now(UTC)
     c = exchanges.c
     which = (c.user_id == user_id, c.status != IN_PROGRESS, c.erased_at.is_(None))
     try:
+        with engine.connect() as conn:
+            chain_ids = conn.execute(select(c.chain_id).where(*which, c.chain_id.is_not(None)).group_by(c.chain_id))
+            refused = unverified(engine, signer, [r[0] for r in chain_ids])
         with engine.begin() as conn:
-            if signer is not None:
-                records = conn.execute(
-                    select(c.chain_id, c.chain_seq, c.record_hash)
-                    .where(*which, c.chain_id.is_not(None))
-                    .with_for_update()
-                ).all()
-                if records:
-                    signer.erasure(user_id, [tuple(r) for r in records], now)
-            count = conn.execute(
-                update(exchanges)
-                .where(*which)
-                .values(
-                    {name: _erased(name) for name in CONTENT_COLUMNS} | dict.fromkeys(STORED_FORMS) | {"erased_at": now}
-                )
-            ).rowcount
+            rows = conn.execute(select(c.id, c.chain_id, c.chain_seq, c.record_hash).where(*which).with_for_update())
+            chosen = [r for r in rows if r.chain_id not in refused]
+            signed = [(r.chain_id, r.chain_seq, r.record_hash) for r in chosen if r.chain_id is not None]
+            if signer is not None and signed:
+                signer.erasure(user_id, signed, now)
+            ids = [r.id for r in chosen]
+            erased = (
+                {name: _erased(name) for name in CONTENT_COLUMNS} | dict.fromkeys(STORED_FORMS) | {"erased_at": now}
+            )
+            count = sum(
+                conn.execute(
+                    update(exchanges).where(c.id.in_(ids[i : i + _IDS_PER_UPDATE]), *which).values(erased)
+                ).rowcount
+                for i in range(0, len(ids), _IDS_PER_UPDATE)
+            )
             conn.execute(insert(erasure_log).values(erased_at=now, actor=actor, user_id=user_id, erased_count=count))
+            still_open = conn.execute(
+                select(func.count()).select_from(exchanges).where(c.user_id == user_id, c.status == IN_PROGRESS)
+            ).scalar_one()
     except SQLAlchemyError as e:
         raise DatabaseError(f"cannot erase: {first_line(e)}") from None
-    return count
+    return Erasure(count, refused, still_open)
 
 
 def _erased(name: str):

@@ -23,7 +23,7 @@ import logging
 import re
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
 
 from sqlalchemy import Connection, Engine, and_, delete, func, insert, not_, or_, select, update
@@ -32,11 +32,13 @@ from sqlalchemy.sql.elements import ColumnElement
 
 from storage.database import DatabaseError, first_line
 from storage.schema import IN_PROGRESS, chains, exchanges, purge_log
-from storage.statements import Signer
+from storage.statements import MIN_RETENTION, Signer
+from storage.verify import unverified
 
 log = logging.getLogger(__name__)
 
-MIN_RETENTION = timedelta(days=183)
+#: The most days ``llm_audit_retention_days`` may keep: a century (more reaches no date).
+MAX_RETENTION_DAYS = 36_500
 
 _AGE = re.compile(r"(\d+)([hdw])")
 _AGE_UNITS = {"h": "hours", "d": "days", "w": "weeks"}
@@ -56,6 +58,8 @@ class PurgeResult:
     cutoff: datetime
     dry_run: bool
     log_id: int | None  # the purge_log row; None for a dry run
+    # chains left whole because they do not verify (:func:`~storage.verify.unverified`): chain -> its problem
+    refused: dict[str, str] = field(default_factory=dict)
 
 
 def parse_cutoff(older_than: str, now: datetime) -> datetime:
@@ -129,14 +133,17 @@ def purge(
     with the records after it). The chain's new start is recorded in ``chains`` and in
     the purge's ``purge_log`` row before anything is deleted, and, given a ``signer``,
     in a signed purge statement (:mod:`storage.statements`), without which
-    ``verify --checkpoints`` calls the moved start tampering.
+    ``verify --checkpoints`` calls the moved start tampering. The chains it cuts must
+    verify first (:func:`~storage.verify.unverified`): what is old is read from the
+    database, which whoever can write it could have made say so. A chain that does not
+    is left whole, and named in the result (``refused``).
     """
     if cutoff.tzinfo is None:
         raise ValueError("cutoff must be an aware datetime")
     cutoff = cutoff.astimezone(UTC)  # SQLite stores the UTC wall time as text
     try:
         with engine.connect() as conn:
-            cuts = _chain_cuts(conn, cutoff)
+            cuts, unreadable = _chain_cuts(conn, cutoff)
             if dry_run:
                 to_purge = or_(*(condition for condition, _ in _batches(cutoff, cuts)))
                 count = conn.execute(select(func.count()).select_from(exchanges).where(to_purge)).scalar_one()
@@ -144,6 +151,8 @@ def purge(
     except SQLAlchemyError as e:
         raise DatabaseError(f"cannot count the exchanges to purge: {first_line(e)}") from None
 
+    refused = unreadable | unverified(engine, signer, [cut.chain_id for cut in cuts])
+    cuts = [cut for cut in cuts if cut.chain_id not in refused]
     deleted = 0
     try:
         with engine.begin() as conn:
@@ -175,7 +184,7 @@ def purge(
             conn.execute(update(purge_log).where(purge_log.c.id == log_id).values(finished_at=datetime.now(UTC)))
     except SQLAlchemyError as e:
         raise DatabaseError(f"purge failed after deleting {deleted} exchanges: {first_line(e)}") from None
-    return PurgeResult(deleted, cutoff, dry_run=False, log_id=log_id)
+    return PurgeResult(deleted, cutoff, dry_run=False, log_id=log_id, refused=refused)
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,8 +202,10 @@ def _old(cutoff: datetime) -> ColumnElement[bool]:
     return and_(c.status != IN_PROGRESS, func.coalesce(c.ended_at, c.started_at) < cutoff)
 
 
-def _chain_cuts(conn: Connection, cutoff: datetime) -> list[_Cut]:
-    """Where each chain is cut: before its first record that is not old enough."""
+def _chain_cuts(conn: Connection, cutoff: datetime) -> tuple[list[_Cut], dict[str, str]]:
+    """Where each chain is cut: before its first record that is not old enough; and the
+    chains whose numbers cannot be read (a value the writer never writes, such as text
+    in ``chain_seq`` on SQLite), each with why: left whole, named, not a purge's failure."""
     c = exchanges.c
     starts = {r.chain_id: r.start_seq for r in conn.execute(select(chains.c.chain_id, chains.c.start_seq))}
     first_kept = dict(
@@ -209,17 +220,21 @@ def _chain_cuts(conn: Connection, cutoff: datetime) -> list[_Cut]:
             select(c.chain_id, func.max(c.chain_seq)).where(c.chain_id.is_not(None)).group_by(c.chain_id)
         ).all()
     )
-    cuts = []
-    for chain_id, top in sorted(last_seq.items()):
-        last = first_kept[chain_id] - 1 if chain_id in first_kept else top
-        if last < starts.get(chain_id, 1):
+    cuts, unreadable = [], {}
+    for chain_id, top in sorted(last_seq.items(), key=lambda item: str(item[0])):
+        kept, start = first_kept.get(chain_id), starts.get(chain_id, 1)
+        if not all(type(n) is int for n in (top, start, kept if kept is not None else 0)):
+            unreadable[chain_id] = "its numbers or its start in the chains table are not integers"
+            continue
+        last = kept - 1 if kept is not None else top
+        if last < start:
             continue
         last_hash = conn.execute(
             select(c.record_hash).where(c.chain_id == chain_id, c.chain_seq == last).limit(1)
         ).scalar()
         if last_hash is not None:
             cuts.append(_Cut(chain_id, last, last_hash))
-    return cuts
+    return cuts, unreadable
 
 
 def _batches(cutoff: datetime, cuts: list[_Cut]) -> list[tuple[ColumnElement[bool], ColumnElement]]:
@@ -236,8 +251,17 @@ def _batches(cutoff: datetime, cuts: list[_Cut]) -> list[tuple[ColumnElement[boo
 
 
 def _move_start(conn: Connection, cut: _Cut) -> None:
+    """The chain starts after ``cut``, only ever forward: of two purges that overlap (the
+    proxy's retention and an operator's, or two proxies'), the one with the older cut-off
+    may commit last, and moving the start back would make the records the other deleted
+    missing from the chain (``verify``: deleted)."""
+    c = chains.c
     values = {"start_seq": cut.last + 1, "start_prev_hash": cut.last_hash}
-    if not conn.execute(update(chains).where(chains.c.chain_id == cut.chain_id).values(values)).rowcount:
+    forward = update(chains).where(c.chain_id == cut.chain_id, c.start_seq < cut.last + 1).values(values)
+    if (
+        not conn.execute(forward).rowcount
+        and conn.execute(select(c.chain_id).where(c.chain_id == cut.chain_id)).first() is None
+    ):
         conn.execute(insert(chains).values(chain_id=cut.chain_id, head_seq=cut.last, head_hash=cut.last_hash, **values))
 
 
@@ -268,15 +292,17 @@ class DailyPurge:
 
     Runs on its own thread (a purge takes many short transactions; the proxy's event
     loop and the writer never wait for it), first shortly after start, then every
-    ``interval`` seconds. Failures are logged and retried at the next run. With a
-    ``signer`` (the proxy's checkpoint key and folder) each purge is a signed statement
-    that ``verify --checkpoints`` accepts.
+    ``interval`` seconds. Every failure is logged and retried at the next run: one
+    statement that could not be written, or one row the purge cannot read, must not end
+    retention until the proxy restarts. Each purge is a signed statement that ``verify
+    --checkpoints`` accepts (``signer``: the proxy's checkpoint key and folder; the proxy
+    runs no retention without one, since an unsigned purge is reported as tampering).
     """
 
     FIRST_RUN_DELAY = 5.0
     INTERVAL = 24 * 3600.0
 
-    def __init__(self, engine: Engine, days: int, actor: str, signer: Signer | None = None) -> None:
+    def __init__(self, engine: Engine, days: int, actor: str, signer: Signer) -> None:
         self.engine, self.days, self.actor, self.signer = engine, days, actor, signer
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="llm-audit-retention", daemon=True)
@@ -290,12 +316,21 @@ class DailyPurge:
         delay = self.FIRST_RUN_DELAY
         while not self._stop.wait(delay):
             delay = self.INTERVAL
-            cutoff = datetime.now(UTC) - timedelta(days=self.days)
             try:
+                cutoff = datetime.now(UTC) - timedelta(days=self.days)
                 result = purge(
                     self.engine, cutoff, dry_run=False, actor=self.actor, older_than=f"{self.days}d", signer=self.signer
                 )
             except DatabaseError as e:
                 log.warning("llm-audit: automatic retention failed (%s); retrying in a day", e)
                 continue
+            except Exception as e:  # noqa: BLE001 - any failure waits for the next run, never ends retention
+                log.error("llm-audit: automatic retention failed (%s: %s); retrying in a day", type(e).__name__, e)
+                continue
             log.info("llm-audit: retention purged %d exchanges that ended before %s", result.count, cutoff.isoformat())
+            for chain_id, problem in result.refused.items():
+                log.error(
+                    "llm-audit: retention left chain %r whole: it does not verify (%s); see llm-audit verify",
+                    chain_id,
+                    problem,
+                )

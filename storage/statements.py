@@ -24,13 +24,17 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 from storage.chain import utc_text
 from storage.checkpoint import CheckpointError, load_key, read_signed, write_signed
+
+#: The least a purge may keep (the EU AI Act's six months): a purge statement signed
+#: with a cut-off closer to its own time is reported by ``verify`` (a ``--force`` purge).
+MIN_RETENTION = timedelta(days=183)
 
 ERASURE_FORMAT = "llm-audit-erasure/1"
 PURGE_FORMAT = "llm-audit-purge/1"
@@ -86,7 +90,8 @@ class SignedStart:
 class Statements:
     """The signed erasures and purges of a checkpoint folder."""
 
-    erased: dict[str, dict[int, str]] = field(default_factory=dict)  # chain -> number -> record hash
+    # chain -> number -> (record hash, the user id the erasure was of)
+    erased: dict[str, dict[int, tuple[str, str]]] = field(default_factory=dict)
     starts: dict[str, list[SignedStart]] = field(default_factory=dict)  # chain -> starts, oldest first
 
 
@@ -96,8 +101,11 @@ def read_statements(directory: Path, keys: Ed25519PublicKey | Sequence[Ed25519Pu
     out = Statements()
     for path, doc in read_signed(directory, "erasure", ERASURE_FORMAT, keys):
         try:
+            user_id = str(doc["user_id"])
             for chain_id, records in doc["records"].items():
-                out.erased.setdefault(chain_id, {}).update({int(seq): str(digest) for seq, digest in records})
+                out.erased.setdefault(chain_id, {}).update(
+                    {int(seq): (str(digest), user_id) for seq, digest in records}
+                )
         except (ValueError, KeyError, TypeError, AttributeError) as e:
             raise CheckpointError(f"{path}: not a valid erasure statement ({e})") from None
     for path, doc in read_signed(directory, "purge", PURGE_FORMAT, keys):

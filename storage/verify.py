@@ -42,9 +42,9 @@ them ("record N of chain X is quarantined in FILE: reason") instead.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -60,12 +60,11 @@ from storage.chain import (
     fold_answer_bytes,
     utc_text,
 )
-from storage.checkpoint import Checkpoint, in_ranges, merged_ranges
+from storage.checkpoint import Checkpoint, in_ranges, merged_ranges, read_checkpoints
 from storage.quarantine import kept_line
-from storage.retention import MIN_RETENTION
 from storage.schema import IN_PROGRESS, chains, exchanges, quarantine
 from storage.spool import row_of_line
-from storage.statements import SignedStart, Statements
+from storage.statements import MIN_RETENTION, SignedStart, Signer, Statements, read_statements
 from storage.stored import StoredValues
 
 UNREADABLE_KEY = "_unreadable"  # on a row read by verify: the columns whose stored text cannot be decoded
@@ -81,6 +80,9 @@ class Problem:
     seq: int | None
     record_id: str | None
     detail: str
+    # about a signed statement's own terms (a forced purge), reported for as long as the
+    # statement is kept: no doubt about the records the chain holds now
+    of_statement: bool = False
 
     def line(self) -> str:
         where = f"record {self.seq} (id {self.record_id})" if self.record_id else f"at {self.seq}"
@@ -124,9 +126,9 @@ class ChainReport:
             return f"{self.chain_id}: no checkpoint signed by a trusted key names this chain: {records} are not covered"
         return f"{self.chain_id}: not yet covered by a checkpoint: {records}"
 
-    def add(self, kind: str, seq: int | None, record_id: str | None, detail: str) -> None:
+    def add(self, kind: str, seq: int | None, record_id: str | None, detail: str, of_statement: bool = False) -> None:
         if len(self.problems) < MAX_PROBLEMS:
-            self.problems.append(Problem(kind, self.chain_id, seq, record_id, detail))
+            self.problems.append(Problem(kind, self.chain_id, seq, record_id, detail, of_statement))
 
     def verdict(self) -> str:
         span = f"records {self.start}..{self.last.seq}" if self.records else "no records"
@@ -214,6 +216,7 @@ def verify(
     checkpoints: Sequence[Checkpoint] = (),
     statements: Statements | None = None,
     quarantine_dir: Path | None = None,
+    only: Collection[str] | None = None,
 ) -> Report:
     """Check every chain in the database (and every chain a checkpoint names). With
     checkpoints, records none covers are reported (:attr:`ChainReport.uncovered`): an
@@ -221,7 +224,8 @@ def verify(
     the signature tells them from the proxy's. With ``statements`` (the signed erasures
     and purges beside the checkpoints), an erased record and a moved chain start must
     each have one. A quarantined record is checked against its quarantine file (found
-    where the writer kept it, or by its name in ``quarantine_dir``): :func:`_check_quarantined`."""
+    where the writer kept it, or by its name in ``quarantine_dir``): :func:`_check_quarantined`.
+    ``only``: check these chains alone (a purge or an erasure checks what it signs for)."""
     with engine.connect() as conn:
         c = chains.c  # (not the lease's columns: a time there that cannot be read stopped verify)
         known = {r.chain_id: r for r in conn.execute(select(c.chain_id, *CHAIN_PLACES))}
@@ -234,7 +238,10 @@ def verify(
                 select(exchanges.c.chain_id).where(exchanges.c.chain_id.is_not(None)).group_by(exchanges.c.chain_id)
             )
         }
+        if only is not None:
+            ids &= set(only)
         held = _quarantined_records(conn)
+        now = datetime.now(UTC)
         reports = []
         for chain_id in sorted(ids, key=str):  # (a BLOB written as a chain id is no string)
             row = known.get(chain_id)
@@ -245,7 +252,7 @@ def verify(
             if place is None:
                 report.add("modified", None, None, "the chains table's row of this chain cannot be read")
             if statements is not None:
-                _check_start(report, start_prev, statements.starts.get(chain_id, []))
+                _check_start(report, start_prev, statements.starts.get(chain_id, []), now)
             if head > report.last.seq and report.ok:
                 gap = _fill(kept, report.last.seq + 1, head, report.last.hash, head_hash)
                 if gap is None:
@@ -267,6 +274,36 @@ def verify(
         ).one()
         return Report(reports, _unchained(conn), count, _time_or_none(oldest))
 
+
+def unverified(engine: Engine, signer: Signer | None, chain_ids: Collection[str]) -> dict[str, str]:
+    """The chains of ``chain_ids`` that do not verify, each with its first problem (a
+    line naming where it was checked): against the checkpoints and statements in the
+    signer's folder when it holds checkpoints (as ``llm-audit checkpoint`` checks before
+    it signs), else by the chains alone.
+
+    A purge or an erasure signs what the database says: records chosen by their times,
+    or by their user id. Whoever can write the database could otherwise make a young
+    record look old (a purge then signs its deletion, tampering and all) or another
+    user's record look the data subject's (an erasure then destroys it under a real
+    statement), and ``verify`` would pass. So neither signs or changes anything in a
+    chain ``verify`` does not accept."""
+    if not chain_ids:
+        return {}
+    folder = signer.directory if signer is not None else None
+    if signer is not None and folder is not None and folder.is_dir() and any(folder.glob("checkpoint-*.json")):
+        public = signer.key.public_key()
+        report = verify(engine, read_checkpoints(folder, public), read_statements(folder, public), only=chain_ids)
+        where = f"against the checkpoints in {folder}"
+    else:
+        report = verify(engine, only=chain_ids)
+        where = "by the chain alone"
+    # (a forced purge of the past stays reported by verify; it casts no doubt on the records now)
+    doubts = {c.chain_id: [p for p in c.problems if not p.of_statement] for c in report.chains}
+    return {chain: f"{found[0].line()}, checked {where}" for chain, found in doubts.items() if found}
+
+
+#: How far ahead of ``verify``'s own clock a signed statement may be dated (clocks differ).
+CLOCK_TOLERANCE = timedelta(hours=1)
 
 CHAIN_PLACES = (chains.c.start_seq, chains.c.start_prev_hash, chains.c.head_seq, chains.c.head_hash)
 
@@ -554,7 +591,9 @@ def _unvouched(report: ChainReport, checkpoints: Sequence[Checkpoint]) -> None:
 
 def _erasure_problem(row: dict[str, Any], statements: Statements | None) -> str | None:
     """What is wrong with an erased record: content other than the erasure marker, or
-    (with signed statements) no statement that erased this record, by number and hash."""
+    (with signed statements) no statement that erased this record, by number and hash,
+    as the record of the user it names (a user id changed for the erasure and put back
+    after it made another user's content go under a real statement)."""
     changed = [
         name
         for name in CONTENT_COLUMNS
@@ -563,21 +602,24 @@ def _erasure_problem(row: dict[str, Any], statements: Statements | None) -> str 
     ]
     if changed:
         return f"it is marked erased, but its content ({', '.join(changed)}) is not the erasure marker"
-    if (
-        statements is not None
-        and statements.erased.get(row["chain_id"], {}).get(row["chain_seq"]) != row["record_hash"]
-    ):
+    if statements is None:
+        return None
+    signed = statements.erased.get(row["chain_id"], {}).get(row["chain_seq"])
+    if signed is None or signed[0] != row["record_hash"]:
         return "it is marked erased, but no signed erasure statement names it"
+    if signed[1] != row["user_id"]:
+        return f"a signed erasure statement erased it as user {signed[1]!r}'s, but it is {row['user_id']!r}'s"
     return None
 
 
-def _check_start(report: ChainReport, start_prev: str, signed: list[SignedStart]) -> None:
-    """A chain that begins after record 1 lost its first records: only a signed purge with
-    a cut-off outside the retention floor may have moved its start there."""
-    if report.start <= 1:
-        return
-    match = next((s for s in reversed(signed) if (s.seq, s.prev_hash) == (report.start, start_prev)), None)
-    if match is None:
+def _check_start(report: ChainReport, start_prev: str, signed: list[SignedStart], now: datetime) -> None:
+    """A chain that begins after record 1 lost its first records: only a signed purge may
+    have moved its start there. Every signed purge of the chain is judged, not only the
+    one that set today's start (a later purge would hide a forced one): one whose cut-off
+    lies inside the retention floor of its own time (a ``--force`` purge), or that is
+    dated after this check's own time (its cut-off came from a clock running ahead, and
+    may be as far ahead: young records purged as old), is reported."""
+    if report.start > 1 and not any((s.seq, s.prev_hash) == (report.start, start_prev) for s in signed):
         report.add(
             "purged",
             report.start,
@@ -586,14 +628,35 @@ def _check_start(report: ChainReport, start_prev: str, signed: list[SignedStart]
             f"statement moved its start there: records {1 if report.start == 2 else f'1..{report.start - 1}'} "
             "were removed",
         )
-    elif utc_text(datetime.fromisoformat(match.cutoff) + MIN_RETENTION) > match.created_at:
-        report.add(
-            "purged",
-            report.start,
-            None,
-            f"purge statement {match.file} ({match.created_at}) removed "
-            f"records that ended after {match.cutoff}, inside the {MIN_RETENTION.days}-day retention floor",
-        )
+    ahead = utc_text(now + CLOCK_TOLERANCE)
+    for s in signed:
+        if _inside_floor(s):
+            report.add(
+                "purged",
+                s.seq,
+                None,
+                f"purge statement {s.file} ({s.created_at}) removed "
+                f"records that ended after {s.cutoff}, inside the {MIN_RETENTION.days}-day retention floor",
+                of_statement=True,
+            )
+        elif s.created_at > ahead:
+            report.add(
+                "purged",
+                s.seq,
+                None,
+                f"purge statement {s.file} is dated {s.created_at}, after this check's own time: the clock that "
+                f"chose its cut-off {s.cutoff} ran ahead, and records younger than the floor may be gone",
+                of_statement=True,
+            )
+
+
+def _inside_floor(start: SignedStart) -> bool:
+    """Whether a purge's cut-off lies within the retention floor of its own time (compared
+    by subtraction: a cut-off near year 9999 plus the floor is no date)."""
+    try:
+        return datetime.fromisoformat(start.cutoff) > datetime.fromisoformat(start.created_at) - MIN_RETENTION
+    except (OverflowError, ValueError):  # (signed within the floor of year 1, or no time: judged inside)
+        return True
 
 
 def _broken_link(conn: Connection, report: ChainReport, chain_id: str, row: dict[str, Any]) -> None:

@@ -37,7 +37,7 @@ from storage.checkpoint import (
 )
 from storage.cost import Prices, PricesError, load_prices
 from storage.database import DatabaseError, default_url, open_engine, shown_url
-from storage.retention import MIN_RETENTION, DailyPurge
+from storage.retention import MAX_RETENTION_DAYS, MIN_RETENTION, DailyPurge
 from storage.spool import Spool, SpoolLocked, default_spool_path
 from storage.statements import Signer
 from storage.writer import AuditWriter
@@ -95,7 +95,8 @@ class AuditStore:
             int,
             0,
             "Purge exchanges that ended more than this many days ago, daily (0: never). "
-            "At least 183: the EU AI Act asks deployers to keep logs six months.",
+            "At least 183 (the EU AI Act asks deployers to keep logs six months), at most 36500. "
+            "Each purge is signed with the checkpoint key: without a usable key there is none.",
         )
         loader.add_option(
             "llm_audit_spool",
@@ -338,7 +339,18 @@ class AuditStore:
                 f"llm-audit: llm_audit_retention_days={days} would keep logs less than six months; "
                 f"set it to {MIN_RETENTION.days} or more (or purge by hand with llm-audit purge --force)"
             )
+        elif days > MAX_RETENTION_DAYS:
+            log.error(
+                f"llm-audit: llm_audit_retention_days={days} is past any date; set it to at most {MAX_RETENTION_DAYS}"
+                " (or 0: no automatic purge)"
+            )
         elif days and self.writer is not None:
             checkpointer = self.writer.checkpointer  # its key and folder sign each purge
-            signer = Signer(checkpointer.directory, checkpointer.key) if checkpointer is not None else None
+            if checkpointer is None:  # (unsigned, each purge would read as tampering to verify --checkpoints)
+                log.error(
+                    "llm-audit: automatic retention is off: it signs each purge with the checkpoint key, which "
+                    "cannot be used (see the error above); purge by hand with llm-audit purge"
+                )
+                return
+            signer = Signer(checkpointer.directory, checkpointer.key)
             self.retention = DailyPurge(self.writer.engine, days, actor=f"proxy {self.instance}", signer=signer)

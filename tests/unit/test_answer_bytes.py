@@ -366,7 +366,7 @@ def test_a_staging_failure_writes_the_batch_again_bound_and_stops_staging(postgr
 def test_erasure_drops_the_bytes_and_leaves_the_marker(tmp_path):
     engine, path, ids = _db(tmp_path, NON_ASCII, user="alice")
     try:
-        assert erase_user(engine, "alice", actor="test") == 1
+        assert erase_user(engine, "alice", actor="test").count == 1
         assert _raw(path, f"SELECT output_text, {ANSWER_BYTES} FROM exchanges") == [(chain.ERASED, None)]
         assert _raw(path, "SELECT output_text FROM exchange_view") == [(chain.ERASED,)]
         report = verify(engine)

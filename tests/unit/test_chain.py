@@ -27,7 +27,7 @@ from pathlib import Path
 import orjson
 import pytest
 from conftest import wait_for
-from sqlalchemy import delete, insert, select, update
+from sqlalchemy import delete, func, insert, select, update
 from test_writer import engine_for
 
 from addon.record import OUTCOME_COMPLETE, ExchangeRecord
@@ -47,8 +47,8 @@ from storage.prepare import prepare
 from storage.retention import DailyPurge, purge
 from storage.schema import chains, erasure_log, exchanges, purge_log
 from storage.spool import Spool
-from storage.statements import Signer
-from storage.verify import verify
+from storage.statements import Signer, read_statements
+from storage.verify import unverified, verify
 from storage.writer import AuditWriter
 
 BIN = Path(sys.executable).parent
@@ -308,7 +308,7 @@ def test_purge_and_erase_keep_the_chain_verifiable(engine, tmp_path):
         starts = conn.execute(select(purge_log.c.chain_starts)).scalar()
     assert start.start_seq == 5 and start.start_prev_hash != GENESIS
     assert starts == {INSTANCE: {"seq": 5, "prev_hash": start.start_prev_hash}}  # the purge is logged
-    assert erase_user(engine, "bob", actor="test") == 1
+    assert erase_user(engine, "bob", actor="test").count == 1
     with engine.connect() as conn:  # and so is the erasure
         assert [
             tuple(r)
@@ -950,3 +950,161 @@ def test_the_proxys_daily_purge_is_signed_and_verifies(engine, tmp_path, url, mo
         daily.close()
     ok = signed_verify(url, tmp_path)
     assert (ok.returncode, ok.stdout) == (0, f"chain {INSTANCE}: OK, records 4..4, 1 checkpoints matched\n"), ok
+
+
+# -- purges and erasures sign nothing over records verify does not accept (review 52a) --------
+
+
+def young_and_old(engine, tmp_path) -> list[dict]:
+    """Records 1..3 400 days old, 4..8 minutes old, checkpointed."""
+    old = datetime.now(UTC) - timedelta(days=400)
+    rows = [record(i, ended=old + timedelta(minutes=i)) for i in range(3)] + [record(i) for i in range(3, 8)]
+    write(engine, rows, tmp_path)
+    checkpoint_now(engine, tmp_path)
+    with engine.connect() as conn:
+        return [dict(r) for r in conn.execute(select(exchanges).order_by(exchanges.c.chain_seq)).mappings()]
+
+
+def test_a_purge_leaves_a_chain_whole_when_young_records_were_made_to_look_old(engine, tmp_path, url):
+    """An insider back-dates records minutes old: the next signed purge deleted them with
+    the tampering and verify passed (the review's f1). The chain must verify first."""
+    young_and_old(engine, tmp_path)
+    sql(engine, update(exchanges).where(exchanges.c.chain_seq.between(4, 7)).values(ended_at=datetime(2020, 1, 1)))
+    out = llm_audit("--db", url, "purge", "--older-than", "365d", *signed(tmp_path))
+    assert out.returncode == 1, out
+    assert out.stdout.startswith("deleted 0 "), out
+    assert f"chain '{INSTANCE}' does not verify (modified: record 4" in out.stderr, out
+    assert "nothing in it was purged" in out.stderr and not list((tmp_path / "checkpoints").glob("purge-*.json"))
+    with engine.connect() as conn:
+        assert conn.execute(select(exchanges.c.chain_seq).order_by(exchanges.c.chain_seq)).scalars().all() == [
+            *range(1, 9)
+        ]
+    assert signed_verify(url, tmp_path).returncode == 1  # the tampering is still there to see
+
+
+def test_a_chain_rewritten_consistently_is_left_whole_by_a_purge_that_has_the_checkpoints(engine, tmp_path, url):
+    """Hashes recomputed after the back-dating: the chain alone is consistent, the
+    checkpoint in the purge's folder is not; the purge checks against it."""
+    rows = young_and_old(engine, tmp_path)
+    back = datetime(2020, 1, 1, tzinfo=UTC)
+    for row in rows[3:7]:
+        row["ended_at"] = back
+    sql(engine, update(exchanges).where(exchanges.c.chain_seq.between(4, 7)).values(ended_at=back))
+    rewrite_from(engine, rows, 4)
+    assert llm_audit("--db", url, "verify").returncode == 0  # consistent by itself
+    out = llm_audit("--db", url, "purge", "--older-than", "365d", *signed(tmp_path))
+    assert out.returncode == 1 and f"against the checkpoints in {tmp_path / 'checkpoints'}" in out.stderr, out
+
+
+def test_an_erasure_refuses_records_whose_user_was_changed_and_verify_names_a_swap_after_it(
+    engine, tmp_path, url, monkeypatch
+):
+    """alice's records given bob's id for bob's erasure, and given back after it: her
+    content went under a real statement and verify passed (the review's f15)."""
+    write(engine, [record(0, user="bob"), record(1), record(2)], tmp_path)
+    checkpoint_now(engine, tmp_path)
+    sql(engine, update(exchanges).where(exchanges.c.chain_seq == 2).values(user_id="bob"))
+    out = llm_audit("--db", url, "erase", "--user", "bob", *signed(tmp_path))
+    assert out.returncode == 1 and "nothing in it was erased" in out.stderr, out
+    with engine.connect() as conn:
+        assert conn.execute(select(func.count()).where(exchanges.c.erased_at.is_not(None))).scalar_one() == 0
+    # An erasure signed over the swap all the same (by a version before this check), the
+    # id given back after it: the record verifies by itself; the statement says whose it erased.
+    monkeypatch.setattr("storage.erase.unverified", lambda *args: {})
+    signer = Signer(tmp_path / "checkpoints", load_or_create_key(tmp_path / "key.pem"))
+    assert erase_user(engine, "bob", actor="test", signer=signer).count == 2
+    sql(engine, update(exchanges).where(exchanges.c.chain_seq == 2).values(user_id="alice"))
+    out = signed_verify(url, tmp_path)
+    assert out.returncode == 1, out
+    assert "a signed erasure statement erased it as user 'bob''s, but it is 'alice''s" in out.stdout, out
+
+
+def test_an_erasure_erases_only_what_it_signed_and_counts_what_is_still_open(engine, tmp_path, url, monkeypatch):
+    """A record the proxy seals while the statement is written waits for the next
+    erasure (erased unsigned it read as tampering: the review's f8); open ones are said."""
+    write(engine, [record(0, user="bob"), record(1, user="bob")], tmp_path)
+    checkpoint_now(engine, tmp_path)
+    signer = Signer(tmp_path / "checkpoints", load_or_create_key(tmp_path / "key.pem"))
+    sign = Signer.erasure
+
+    def sealed_meanwhile(self, user_id, records, now):
+        path = sign(self, user_id, records, now)
+        other = open_engine(url)  # (the proxy's writer, on its own connection)
+        write(other, [record(2, user="bob")], tmp_path)
+        other.dispose()
+        return path
+
+    monkeypatch.setattr(Signer, "erasure", sealed_meanwhile)
+    done = erase_user(engine, "bob", actor="test", signer=signer)
+    assert (done.count, done.refused) == (2, {})
+    out = signed_verify(url, tmp_path)  # (record 3 is after the last checkpoint: not yet covered)
+    assert out.returncode == 3 and "records 1..3, 2 erased" in out.stdout, out
+
+
+def test_a_purge_never_moves_a_chain_start_back(engine, tmp_path, url):
+    """Two purges that overlap: the one with the older cut-off committing last moved the
+    start back over records the other deleted (verify: deleted; the review's f4)."""
+    rows = old_records(engine, tmp_path, 4)
+    purge(engine, datetime.now(UTC) - timedelta(days=200), dry_run=False, actor="t", older_than="200d")
+    with engine.begin() as conn:
+        from storage.retention import _Cut, _move_start
+
+        _move_start(conn, _Cut(INSTANCE, 2, rows[1]["record_hash"]))  # the older purge's start, late
+        assert conn.execute(select(chains.c.start_seq)).scalar_one() == 5
+    assert llm_audit("--db", url, "verify").returncode == 0
+
+
+def test_a_chain_whose_numbers_cannot_be_read_is_left_whole_and_the_others_purged(tmp_path):
+    """One planted row (text as a chain number) made every purge raise, and ended the
+    proxy's retention thread (the review's f5)."""
+    url, rows, conn = seeded_file(tmp_path, 2)
+    engine = open_engine(url)
+    old = datetime.now(UTC) - timedelta(days=400)
+    write(engine, [record(i, ended=old) for i in range(2)], tmp_path, instance="other")
+    conn.execute("UPDATE exchanges SET chain_seq = 'x' WHERE chain_seq = 2 AND chain_id = ?", (INSTANCE,))
+    conn.commit()
+    result = purge(engine, datetime.now(UTC) - timedelta(days=200), dry_run=False, actor="t", older_than="200d")
+    assert result.count == 2  # (the other chain's: both old)
+    assert list(result.refused) == [INSTANCE] and "not integers" in result.refused[INSTANCE]
+    engine.dispose()
+
+
+def test_the_proxys_retention_survives_any_failure(engine, tmp_path, monkeypatch, caplog):
+    monkeypatch.setattr(DailyPurge, "FIRST_RUN_DELAY", 0.01)
+    monkeypatch.setattr(DailyPurge, "INTERVAL", 0.05)
+    calls = []
+
+    def failing(*args, **kwargs):
+        calls.append(1)
+        raise OSError("the statement's disk is full")
+
+    monkeypatch.setattr("storage.retention.purge", failing)
+    daily = DailyPurge(engine, 200, actor="t", signer=Signer(tmp_path / "cp", load_or_create_key(tmp_path / "k.pem")))
+    try:
+        wait_for(lambda: len(calls) >= 3, what="three runs")
+        assert daily._thread.is_alive()
+    finally:
+        daily.close()
+    assert "automatic retention failed (OSError: the statement's disk is full)" in caplog.text
+
+
+def test_every_signed_purge_is_judged_a_forced_one_forever_and_one_dated_ahead(engine, tmp_path, url, monkeypatch):
+    """A forced purge was forgotten once a routine one moved the start on (the review's
+    f14); one signed by a clock a year ahead passed (f6); a cut-off near year 9999 made
+    verify fail with no verdict (f7)."""
+    from storage import statements as statements_module
+
+    old_records(engine, tmp_path, 3)
+    checkpoint_now(engine, tmp_path)
+    signer = Signer(tmp_path / "checkpoints", load_or_create_key(tmp_path / "key.pem"))
+    starts = {INSTANCE: {"seq": 2, "prev_hash": "0" * 64}}
+    now = datetime.now(UTC)
+    signer.purge(now - timedelta(days=1), starts, now)  # forced: inside the floor
+    signer.purge(datetime(9999, 12, 31, tzinfo=UTC), starts, now)  # forced, at the end of time
+    signer.purge(now - timedelta(days=200), starts, now + timedelta(days=365))  # a clock a year ahead
+    assert statements_module.MIN_RETENTION.days == 183
+    report = verify(engine, [], read_statements(tmp_path / "checkpoints", signer.key.public_key()))
+    details = [p.detail for c in report.chains for p in c.problems]
+    assert sum("inside the 183-day retention floor" in d for d in details) == 2, details
+    assert sum("after this check's own time" in d for d in details) == 1, details
+    assert unverified(engine, signer, [INSTANCE]) == {}  # (no doubt on the records now: later purges go on)
