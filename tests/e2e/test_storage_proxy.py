@@ -20,6 +20,7 @@ import orjson
 import pytest
 from conftest import BIN, Proxy, Upstream, mitmdump_at_start, new_database, start_proxy, wait_for
 
+from storage.checkpoint import load_or_create_key
 from storage.database import open_engine
 from storage.schema import exchanges
 
@@ -237,6 +238,25 @@ def test_automatic_retention_purges_old_exchanges_daily(request, tmp_path, upstr
         wait_for(lambda: "retention purged 1 exchanges" in proxy.process.output, what="the purge logged")
     finally:
         proxy.process.stop()
+
+
+def test_retention_without_a_usable_signing_key_does_not_run_unsigned(tmp_path):
+    """Unsigned, each daily purge read as tampering to verify --checkpoints, forever."""
+    key = tmp_path / "key.pem"
+    load_or_create_key(key)
+    key.chmod(0o644)
+    proc = mitmdump_at_start(tmp_path, f"llm_audit_signing_key={key}", "llm_audit_retention_days=183")
+    out = proc.stdout + proc.stderr
+    assert "Traceback" not in out and "can be read by others (mode 644)" in out
+    assert "automatic retention is off: it signs each purge with the checkpoint key" in out
+
+
+@pytest.mark.parametrize("days", [36_501, 10**9])
+def test_retention_past_any_date_is_refused_at_start(tmp_path, days):
+    proc = mitmdump_at_start(tmp_path, f"llm_audit_retention_days={days}")
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0 and "Traceback" not in out
+    assert f"llm_audit_retention_days={days} is past any date; set it to at most 36500" in out
 
 
 def test_retention_below_six_months_is_refused_at_start(tmp_path):
