@@ -104,6 +104,7 @@ class ChainReport:
     quarantined: list[dict[str, Any]] = field(default_factory=list)  # quarantine rows that fill gaps
     # why each quarantined record that could not be checked against its file was not (by number)
     unchecked: dict[int, str] = field(default_factory=dict)
+    left_by_purge: int = 0  # records before the start an unfinished purge had not yet deleted
 
     @property
     def ok(self) -> bool:
@@ -135,6 +136,7 @@ class ChainReport:
         extra = f", {self.erased} erased" if self.erased else ""
         extra += f", {len(self.quarantined)} quarantined" if self.quarantined else ""
         extra += f" ({len(self.unchecked)} NOT CHECKED against its file)" if self.unchecked else ""
+        extra += f", {self.left_by_purge} before it left by an unfinished purge" if self.left_by_purge else ""
         signed = f", {self.checkpoints} checkpoints matched" if self.checkpoints and self.ok else ""
         if self.ok and self.signed and not self.named and self.records:
             return f"chain {self.chain_id}: NOT SIGNED, {span}{extra}: no checkpoint names it"
@@ -249,6 +251,7 @@ def verify(
             start, start_prev, head, head_hash = place or (1, GENESIS, 0, GENESIS)
             kept = held.get(chain_id, {})
             report = _verify_chain(conn, chain_id, start, start_prev, checkpoints, kept, statements)
+            _before_start(conn, report, start_prev, statements)
             if place is None:
                 report.add("modified", None, None, "the chains table's row of this chain cannot be read")
             if statements is not None:
@@ -531,6 +534,35 @@ def _verify_chain(
     _unvouched(report, checkpoints)
     _signed_quarantines(report, checkpoints)
     return report
+
+
+def _before_start(conn: Connection, report: ChainReport, start_prev: str, statements: Statements | None) -> None:
+    """The records numbered before the chain's start, which ``list`` and ``show`` still
+    show. A purge moves the start first and deletes in batches, so one that did not
+    finish leaves records it had not reached: they link back from the start, each to the
+    one before (no other text has their hashes), and are checked as records. Any other
+    is no record of this chain (one planted where a check from the start never looked,
+    by whoever can insert a row: on PostgreSQL, the proxy's own role): **inserted**."""
+    if report.start <= 1:
+        return
+    c = exchanges.c
+    expected, link = report.start - 1, start_prev
+    where = and_(c.chain_id == report.chain_id, c.chain_seq < report.start)
+    for row in stored_records(conn, where, c.chain_seq.desc(), c.id):
+        seq, rid = row["chain_seq"], row["id"]
+        if seq == expected and row["record_hash"] == link:
+            if problem := record_problem(row, statements):
+                report.add("modified", seq, rid, problem)
+            report.left_by_purge += 1
+            expected, link = seq - 1, row["prev_hash"]
+        else:
+            report.add(
+                "inserted",
+                seq,
+                rid,
+                f"it is numbered before the chain's start, record {report.start}, and does not link back to it "
+                "(the records before the start were purged)",
+            )
 
 
 def _signed_quarantines(report: ChainReport, checkpoints: Sequence[Checkpoint]) -> None:

@@ -1108,3 +1108,24 @@ def test_every_signed_purge_is_judged_a_forced_one_forever_and_one_dated_ahead(e
     assert sum("inside the 183-day retention floor" in d for d in details) == 2, details
     assert sum("after this check's own time" in d for d in details) == 1, details
     assert unverified(engine, signer, [INSTANCE]) == {}  # (no doubt on the records now: later purges go on)
+
+
+def test_records_before_a_chains_start_are_checked_leftovers_of_a_purge_and_planted_ones(engine, tmp_path, url):
+    """A check from the start never read the records before it: a final record planted
+    there (on PostgreSQL the proxy's own role can insert one) passed verify --checkpoints
+    and list showed it (the review's f3). An unfinished purge's leftovers link back."""
+    rows = seeded(engine, tmp_path, 6)
+    sql(engine, update(chains).values(start_seq=4, start_prev_hash=rows[2]["record_hash"]))  # (a purge cut here)
+    report = verify(engine)
+    assert report.chains[0].ok and report.chains[0].verdict() == (
+        f"chain {INSTANCE}: OK, records 4..6, 3 before it left by an unfinished purge"
+    )
+    sql(engine, update(exchanges).where(exchanges.c.chain_seq == 2).values(output_text="a nicer answer"))
+    assert first_problem(engine) == ("modified", 2)
+    sql(engine, update(exchanges).where(exchanges.c.chain_seq == 2).values(output_text=rows[1]["output_text"]))
+    forged = _storable(rows[0] | {"id": "f" * 32, "chain_seq": 1, "user_id": "framed"})
+    sql(engine, delete(exchanges).where(exchanges.c.chain_seq == 1))
+    sql(engine, insert(exchanges).values(**forged))  # (its own hash, linking to nothing before)
+    sql(engine, update(exchanges).where(exchanges.c.id == "f" * 32).values(record_hash="0" * 64))
+    problems = [p for c in verify(engine).chains for p in c.problems]
+    assert [(p.kind, p.seq, p.record_id) for p in problems] == [("inserted", 1, "f" * 32)], problems
