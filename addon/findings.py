@@ -74,7 +74,8 @@ CODES: dict[str, str] = {
     "request_path_obscured": "No dialect knows the request's path as sent, but one knows it as servers that "
     "decode it route it (percent-decoded, as uvicorn and so vLLM and FastAPI servers, or Go's net/http, do; "
     "repeated slashes merged and dot segments resolved, as nginx does; path parameters after ';' dropped, as Java "
-    "servers do; or any of that in lower case, as ASP.NET Core and IIS route): it was read as that; the detail gives "
+    "servers do; backslashes read as slashes, as WHATWG URL parsers (Node, Deno, Workers) do; or any of that in "
+    "lower case, as ASP.NET Core and IIS route): it was read as that; the detail gives "
     "both.",
     "request_lenient_json": "The request body (or a streamed request's message: Connect JSON, a Copilot client "
     "message) is JSON only as Python "

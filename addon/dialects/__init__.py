@@ -47,14 +47,15 @@ def canonical_path(path: str) -> str:
     """``path`` as servers that decode it route it: percent-decoded once (uvicorn, and so
     vLLM, LiteLLM and every FastAPI server; Go's net/http, and so Ollama), repeated
     slashes merged and dot segments resolved (nginx), each segment's parameters after a
-    ``;`` dropped (Tomcat, Jetty: Java gateways); ``path`` itself when it has none of
-    those. Detection tries it after the path as sent (:func:`addon.mitm.flow_record.line_views`):
+    ``;`` dropped (Tomcat, Jetty: Java gateways), a backslash read as a slash (a WHATWG
+    URL parser's: Node's ``new URL``, Deno, Bun, Cloudflare Workers, Next.js routes; and
+    ``%5C`` once decoded); ``path`` itself when it has none of those. Detection tries it after the path as sent (:func:`addon.mitm.flow_record.line_views`):
     ``/v1/chat/%63ompletions`` reaches vLLM's chat completions, and must not go past the
     audit and the filters. Only after: a server that does not decode a path (Bedrock,
     whose model ids are percent-encoded ARNs with slashes in them) routes it as sent."""
-    if "%" not in path and "//" not in path and "/." not in path and ";" not in path:
+    if "%" not in path and "//" not in path and "/." not in path and ";" not in path and "\\" not in path:
         return path
-    decoded = unquote(path, errors="replace") if "%" in path else path
+    decoded = (unquote(path, errors="replace") if "%" in path else path).replace("\\", "/")
     segments: list[str] = []
     for segment in decoded.split("/"):
         segment = segment.partition(";")[0]

@@ -216,7 +216,14 @@ def test_a_chat_request_hiding_the_word_is_blocked(guarded, upstreams, transport
 
 
 @pytest.mark.parametrize(
-    "path", ["/v1/chat/%63ompletions", "/v1/chat%2Fcompletions", "/v1/chat//completions", "/V1/Chat/Completions"]
+    "path",
+    [
+        "/v1/chat/%63ompletions",
+        "/v1/chat%2Fcompletions",
+        "/v1/chat//completions",
+        "/V1/Chat/Completions",
+        "/v1/chat%5Ccompletions",  # (a backslash: WHATWG URL parsers route it as a slash)
+    ],
 )
 def test_a_request_to_a_path_written_to_hide_it_is_read_as_servers_route_it(guarded, upstreams, transport, path):
     """uvicorn (vLLM, LiteLLM, every FastAPI server) and Go's net/http (Ollama) decode a

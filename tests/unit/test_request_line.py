@@ -35,6 +35,8 @@ CHAT = {"model": "gpt-4o", "messages": [{"role": "user", "content": "hi"}]}
         ("/v1/chat/completions;jsessionid=1", "/v1/chat/completions"),
         ("/v1;x=1/chat/completions%3Bv=2", "/v1/chat/completions"),
         ("//", "/"),
+        ("/v1\\chat\\completions", "/v1/chat/completions"),  # (WHATWG URL parsers: Node, Deno, Workers)
+        ("/v1/chat%5Ccompletions", "/v1/chat/completions"),
     ],
 )
 def test_a_path_as_servers_that_decode_it_route_it(sent: str, routed: str) -> None:
@@ -58,6 +60,7 @@ def test_a_path_no_dialect_knows_as_sent_is_read_as_servers_route_it_and_said() 
     # one dialect knows the line as sent (…/completions: the legacy API) but not its body
     assert detected("/v1/chat//completions") == ("openai-chat", "/v1/chat/completions", "request_path_obscured")
     assert detected("/V1/Chat/Completions") == ("openai-chat", "/v1/chat/completions", "request_path_obscured")
+    assert detected("/v1\\chat\\completions") == ("openai-chat", "/v1/chat/completions", "request_path_obscured")
     gemini = "/v1beta/models/gemini-2.5-flash%3AstreamGenerateContent"  # (its clients encode the colon: no finding)
     assert detected(gemini, {"contents": []}) == ("gemini", gemini, None)
 
