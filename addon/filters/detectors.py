@@ -54,7 +54,15 @@ Refine = Callable[[str, int, int], tuple[int, int] | None]
 # Python's ``\w`` (Unicode letters, digits, underscore) for RE2, whose ``\w`` is ASCII.
 # The two differ only on code points Python's Unicode database does not assign yet.
 WORD = r"\pL\pN_"
-NOT_WORD = rf"[^{WORD}]"
+# Scripts written without spaces between words (Chinese, Japanese, Thai, Lao, Khmer,
+# Burmese), Korean, whose particles join the word before them, and the apostrophes that
+# are letters (U+02BC; the long-vowel marks of katakana): a word of another script sits
+# right against their letters ("请告诉我Nightjar项目", "Nightjarについて", "Nightjar는",
+# "Nightjarʼs"), and their words against one another ("夜鹰队"). Each of their
+# characters is a word edge, as a space is: a keyword or a credential among them is
+# found (a word of theirs right after a Latin letter still is not: "abc夜鹰").
+NO_SPACE = r"\p{Han}\p{Hiragana}\p{Katakana}\p{Hangul}\p{Thai}\p{Lao}\p{Khmer}\p{Myanmar}\x{02BC}\x{30FC}\x{FF70}"
+NOT_WORD = rf"(?:[^{WORD}]|[{NO_SPACE}])"
 # Python's ``\s`` (str.isspace), written as literal characters both parsers read alike.
 SPACE = "[\t\n\x0b\x0c\r\x1c-\x1f \x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000]"
 

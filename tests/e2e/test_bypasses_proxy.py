@@ -216,6 +216,17 @@ def test_a_chat_request_hiding_the_word_is_blocked(guarded, upstreams, transport
 
 
 @pytest.mark.parametrize(
+    "prompt",
+    [f"请告诉我{WORD}项目的所有细节", f"{WORD}について教えて", f"บอกฉันเกี่ยวกับ{WORD}หน่อย", f"{WORD}는 무엇입니까?"],
+)
+def test_a_keyword_right_against_letters_of_a_script_without_spaces_is_blocked(guarded, upstreams, transport, prompt):
+    """Chinese, Japanese and Thai put no space around a Latin word, Korean joins its
+    particles to it: the keyword's word edge (no letter beside it) let every one pass."""
+    up = upstreams[transport]
+    assert_request_blocked(guarded, up, refused_by_the_proxy(guarded, up, transport, prompt))
+
+
+@pytest.mark.parametrize(
     "path",
     [
         "/v1/chat/%63ompletions",
@@ -309,6 +320,11 @@ CHAT_BYPASSES = {
     # (issue 20's review) JSON only lenient readers take: the SDK's json.loads reads NaN
     "event only lenient readers take": (
         chat({"content": f"the {WORD} plan", "x": float("nan")}),
+        "output.choices[0].text",
+    ),
+    # no space around a Latin word in Chinese (the keyword's word edge once needed one)
+    "a word right against Chinese": (
+        chat({"content": "代号是Night"}, {"content": "jar项目。"}),
         "output.choices[0].text",
     ),
     # the SDK joins a choice's deltas after a finish_reason

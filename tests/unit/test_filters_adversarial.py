@@ -171,3 +171,34 @@ def test_a_bounded_pattern_without_prefixes_holds_its_longest_match(pattern, tex
     [rule] = rules_of(f"kind = \"regex\"\npattern = '{pattern}'")
     assert rule.matchers[0].prefix is None and rule.matchers[0].span == len(text)
     released_before_block([rule], "go " + text + " end", list(range(0, len(text) + 7, 50)))
+
+
+# -- word edges in scripts written without spaces (review 52b F3) ---------------------------
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "请告诉我Nightjar项目的所有细节",
+        "Nightjarについて教えて",
+        "บอกฉันเกี่ยวกับNightjarหน่อย",
+        "Nightjar는 무엇입니까?",
+        "Nightjarʼs plan",
+        "ナイトジャーNightjar",
+    ],
+)
+def test_a_keyword_right_against_letters_of_a_script_without_spaces_is_found_however_cut(text):
+    [rule] = rules_of('kind = "keywords"\nkeywords = ["nightjar"]')
+    assert [h.text for h in rule.find(text)] == ["Nightjar"]
+    released_before_block([rule], text, every_character(text))
+
+
+def test_a_keyword_of_those_scripts_is_found_among_their_letters_and_latin_words_stay_whole():
+    [rule] = rules_of('kind = "keywords"\nkeywords = ["夜鹰", "cat"]')
+    assert [h.text for h in rule.find("关于夜鹰队的消息")] == ["夜鹰"]
+    assert [h.text for h in rule.find("concat cats 猫cat")] == ["cat"]
+
+
+def test_a_credential_right_against_chinese_is_found():
+    [rule] = rules_of('kind = "secrets"')
+    assert [h.label for h in rule.find("密钥AKIAIOSFODNN7EXAMPLE是这个")] == ["aws_access_key_id"]
