@@ -47,6 +47,7 @@ Pure: no I/O, nothing of the proxy; it never raises, whatever the body holds.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -78,44 +79,48 @@ class Message:
     text: str
 
 
-def extract_messages(body: Any, cut: list[str] | None = None) -> list[Message]:
+def extract_messages(body: Any, cut: list[str] | None = None, read: set[int] | None = None) -> list[Message]:
     """The messages of a request body, system prompts first; ``[]`` for other bodies.
 
     ``cut`` gets a note for each message with text nested deeper than the reader goes
     (``_MAX_DEPTH`` levels: no API nests its parts so deep, so only a body built to hide
-    text from the filters does; a permissive server may read it all the same)."""
+    text from the filters does; a permissive server may read it all the same). ``read``
+    gets the ``id`` of every string and structure of ``body`` the messages hold
+    (:func:`strings_beside` reads the others)."""
     if not isinstance(body, dict):
         return []
     cut = [] if cut is None else cut
+    read = set() if read is None else read
     out: list[Message] = []
-    _add(out, "system", body.get("system"), cut)  # Anthropic
-    _add(out, "system", body.get("instructions"), cut)  # Responses, LMSP
+    _add(out, "system", body.get("system"), cut, read)  # Anthropic
+    _add(out, "system", body.get("instructions"), cut, read)  # Responses, LMSP
     for key in ("systemInstruction", "system_instruction"):  # Gemini
-        _add(out, "system", body.get(key), cut)
+        _add(out, "system", body.get(key), cut, read)
     unmapped = body.get("unmapped_strings")  # a protobuf dialect's reading: fields it could not map
     if isinstance(unmapped, list) and unmapped:  # (context the model reads, a prompt whose field moved)
-        _add(out, "context", "\n".join(s for s in unmapped if isinstance(s, str)), cut)
+        read.add(id(unmapped))
+        _add(out, "context", "\n".join(s for s in unmapped if isinstance(s, str)), cut, read)
     for key in ("messages", "contents"):  # Chat, llm-stream, Anthropic; Gemini
         items = body.get(key)
         if isinstance(items, list):
             for item in items:
-                _add_item(out, item, cut)
+                _add_item(out, item, cut, read)
     prompt = body.get("prompt")  # legacy Completions
     for item in prompt if isinstance(prompt, list) else [prompt]:
         if isinstance(item, str):
-            _add(out, "user", item, cut)
+            _add(out, "user", item, cut, read)
     if isinstance(body.get("suffix"), str):
-        _add(out, "user", body["suffix"], cut)
+        _add(out, "user", body["suffix"], cut, read)
     if isinstance(body.get("template"), str):  # Ollama /api/generate: the prompt template, text the model reads
-        _add(out, "system", body["template"], cut)
+        _add(out, "system", body["template"], cut, read)
     if isinstance(body.get("inputText"), str):  # Amazon Titan on Bedrock InvokeModel
-        _add(out, "user", body["inputText"], cut)
+        _add(out, "user", body["inputText"], cut, read)
     items = body.get("input")  # Responses, LMSP
     if isinstance(items, str):
-        _add(out, "user", items, cut)
+        _add(out, "user", items, cut, read)
     elif isinstance(items, list):
         for item in items:
-            _add_item(out, item, cut)
+            _add_item(out, item, cut, read)
     return out
 
 
@@ -168,43 +173,92 @@ def token_prompts(body: Any) -> bool:
     return any(isinstance(p, int) or (isinstance(p, list) and p) for p in prompt)
 
 
-def _add_item(out: list[Message], item: Any, cut: list[str]) -> None:
+def _add_item(out: list[Message], item: Any, cut: list[str], read: set[int]) -> None:
     if isinstance(item, str):
-        _add(out, "user", item, cut)
+        _add(out, "user", item, cut, read)
     elif isinstance(item, dict):
         role, kind = item.get("role"), item.get("type")
         if not isinstance(role, str):
             role = _ITEM_ROLES.get(kind, "user") if isinstance(kind, str) else "user"
-        _add(out, _ROLES.get(role, role), item, cut)
+        _add(out, _ROLES.get(role, role), item, cut, read)
 
 
-def _add(out: list[Message], role: str, value: Any, cut: list[str]) -> None:
+def _add(out: list[Message], role: str, value: Any, cut: list[str], read: set[int]) -> None:
     parts: list[str] = []
-    if _collect(value, parts, 0):
+    if _collect(value, parts, 0, read):
         cut.append(f"a {role} message's text nested deeper than {_MAX_DEPTH} levels")
     text = "\n".join(p for p in parts if p)
     if text:
         out.append(Message(role, text))
 
 
-def _collect(value: Any, parts: list[str], depth: int) -> bool:
-    """The text of ``value`` into ``parts``; whether text lay deeper than ``_MAX_DEPTH``."""
+def _collect(value: Any, parts: list[str], depth: int, read: set[int]) -> bool:
+    """The text of ``value`` into ``parts`` (what it took into ``read``); whether text
+    lay deeper than ``_MAX_DEPTH``."""
     if depth > _MAX_DEPTH:
         return _holds_text(value)
     deeper = False
     if isinstance(value, str):
         parts.append(value)
+        read.add(id(value))
     elif isinstance(value, list):
         for v in value:
-            deeper = _collect(v, parts, depth + 1) or deeper
+            deeper = _collect(v, parts, depth + 1, read) or deeper
     elif isinstance(value, dict):
         for key in _TEXT_KEYS:
             if key in value and not (key in _JSON_KEYS and isinstance(value[key], dict | list)):
-                deeper = _collect(value[key], parts, depth + 1) or deeper
+                deeper = _collect(value[key], parts, depth + 1, read) or deeper
         for key in _JSON_KEYS:
             if isinstance(value.get(key), dict | list):
                 parts.append(_json(value[key]))
+                read.add(id(value[key]))
     return deeper
+
+
+def strings_beside(body: Any, read: set[int], budget: int = 1_000_000) -> tuple[list[str], bool]:
+    """The strings of ``body`` the conversation does not hold (``read``: what
+    :func:`extract_messages` took), in order: a document block's text, a tool's
+    description, a prompt template's variables, fields of shapes this reader does not
+    know. The model reads text wherever an API puts it, and a list of the keys that hold
+    it is never complete, so the request filters read these too (beside the messages).
+
+    Left out: object keys, and values that are names and labels rather than text (the
+    model, roles, types, ids, media types, the user's id and metadata:
+    :data:`_LABEL_KEYS`, and keys ending in ``_id`` or ``Id``), and blobs (long runs
+    of base64 or data URLs: an image's bytes are no words). At most ``budget`` values
+    are walked: the second result says whether that was all of them (a request so large
+    is not read further, and the failure policy decides)."""
+    out: list[str] = []
+    stack: list[Any] = [body]
+    while stack and budget > 0:
+        budget -= 1
+        value = stack.pop()
+        if id(value) in read:
+            continue
+        if isinstance(value, str):
+            if value and not (len(value) >= _BLOB_FROM and _BLOB(value)):
+                out.append(value)
+        elif isinstance(value, list):
+            stack.extend(reversed(value))
+        elif isinstance(value, dict):
+            stack.extend(
+                v
+                for k, v in reversed(value.items())
+                if not (isinstance(k, str) and (k in _LABEL_KEYS or k.endswith(("_id", "Id"))))
+            )
+    return out, not stack
+
+
+# Keys whose values are names and labels, not text the model reads (see strings_beside).
+_LABEL_KEYS = frozenset(
+    {
+        "model", "role", "type", "id", "object", "user", "metadata", "safety_identifier", "prompt_cache_key",
+        "service_tier", "reasoning_effort", "detail", "mime_type", "mimeType", "media_type", "format",
+        "encoding", "stop", "tool_choice",
+    }
+)  # fmt: skip
+_BLOB_FROM = 256
+_BLOB = re.compile(r"(?:data:[^,\s]*,)?[A-Za-z0-9+/=_-]+").fullmatch
 
 
 def _holds_text(value: Any, budget: int = 10_000) -> bool:

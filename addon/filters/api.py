@@ -150,10 +150,11 @@ class RequestContext:
     unreadable: tuple[str, ...] = ()
 
     @classmethod
-    def from_body(cls, dialect: str, body: Any, **fields: Any) -> RequestContext:
-        """A context whose ``messages`` are read from ``body``; other fields as given."""
+    def from_body(cls, dialect: str, body: Any, read: set[int] | None = None, **fields: Any) -> RequestContext:
+        """A context whose ``messages`` are read from ``body``; other fields as given.
+        ``read`` gets what of ``body`` they hold (:func:`~exchange.request.extract_messages`)."""
         cut: list[str] = []  # (text nested deeper than the reader goes: no filter reads it)
-        messages = tuple(extract_messages(body, cut))
+        messages = tuple(extract_messages(body, cut, read))
         unreadable = (*(("prompt: token ids",) if token_prompts(body) else ()), *cut)
         return cls(dialect, body, messages, **fields, unreadable=unreadable)
 

@@ -32,7 +32,7 @@ from addon.mitm import early_end
 from addon.mitm.budgets import BudgetKeeper
 from addon.mitm.store import AuditStore
 from addon.record import ExchangeRecord
-from exchange.request import Message
+from exchange.request import Message, strings_beside
 
 log = logging.getLogger(__name__)
 
@@ -195,7 +195,7 @@ def finish_check(filters: FilterSet, record: ExchangeRecord, check: RequestCheck
     if check.context is not None:
         try:
             verdicts = verdicts + filters.check_request_filters(check.context)
-            if unkept_of(record.request_body):
+            if check.context.messages and check.context.messages[-1].role == "context":
                 verdicts = _once(verdicts, f"messages[{len(check.context.messages) - 1}]")
         except Exception as e:  # our bug must not decide the policy
             log.exception("llm-audit: checking a request failed")
@@ -247,9 +247,18 @@ def _request_context(record: ExchangeRecord, dialect: Dialect, summary: RequestS
         return RequestContext(
             dialect.name, None, (Message("user", body),), **fields, unreadable=("the body is not JSON",)
         )
-    context = RequestContext.from_body(dialect.name, body if isinstance(body, (dict, list)) else None, **fields)
-    unkept = unkept_of(body)  # (a dialect's own reading: text the record keeps fingerprinted or cut)
-    if unkept:  # (one message: a request of thousands of strings is not thousands of checks)
-        context = replace(context, messages=(*context.messages, Message("context", "\n".join(unkept))))
+    read: set[int] = set()
+    context = RequestContext.from_body(
+        dialect.name, body if isinstance(body, (dict, list)) else None, read=read, **fields
+    )
+    # Beside the conversation: a dialect's own reading of what the record keeps fingerprinted
+    # or cut (protobuf), else every other string of the body (a document's text, a tool's
+    # description, fields no reader lists), one message: a request of thousands of strings
+    # is not thousands of checks.
+    beside, whole = (unkept_of(body), True) if unkept_of(body) else strings_beside(body, read)
+    if beside:
+        context = replace(context, messages=(*context.messages, Message("context", "\n".join(beside))))
+    if not whole:
+        context = replace(context, unreadable=(*context.unreadable, "the body holds too many values to read them all"))
     unread = tuple(f"{f['code']}: {f['detail']}" for f in record.findings if f["code"] in UNREAD_MESSAGE)
     return replace(context, unreadable=(*context.unreadable, *unread)) if unread else context

@@ -464,3 +464,24 @@ def test_a_request_costly_to_read_is_checked_while_other_streams_flow(guarded, u
     assert resp.status_code == 400 and resp.json()["error"]["code"] == "content_filter"
     assert_request_blocked(guarded, up, mock_id)
     assert max(gaps) < 1.0  # a sanity bound (the pause was the whole reading, seconds)
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {"tools": [{"type": "function", "function": {"name": "f", "description": f"Look up the {WORD} files"}}]},
+        {"documents": [{"title": "plan", "text": f"The {WORD} plan"}]},  # (vLLM renders them into the prompt)
+    ],
+    ids=["tool description", "vllm documents"],
+)
+def test_text_the_model_reads_outside_the_conversation_is_checked(guarded, upstreams, transport, extra):
+    """A request's text is read wherever the API puts it, not only in the fields a list
+    of keys names: a tool's description or a RAG document passed a blocking rule."""
+    up = upstreams[transport]
+    mock_id, headers = mock()
+    context = ssl.create_default_context(cafile=str(guarded.ca))
+    with httpx.Client(proxy=guarded.url, verify=context, http2=transport == "h2", timeout=30) as http:
+        body = {"model": "gpt-4o", "messages": [{"role": "user", "content": "hi"}], **extra}
+        answer = http.post(f"{up.url}/v1/chat/completions", json=body, headers=headers | {"authorization": "Bearer x"})
+    assert answer.status_code == 400 and answer.json()["error"]["code"] == "content_filter"
+    assert_request_blocked(guarded, up, mock_id)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from exchange.request import Tool, declared_tools, extract_messages, token_prompts, tool_names
+from exchange.request import Tool, declared_tools, extract_messages, strings_beside, token_prompts, tool_names
 
 
 def read(body):
@@ -157,3 +157,70 @@ def test_text_nested_deeper_than_the_reader_goes_is_said_and_the_failure_policy_
     for failure, action in (("closed", "block"), ("open", "flag")):
         verdicts = FilterSet(rules, failure=failure).check_request(RequestContext.from_body("openai_chat", deep))
         assert [(v.rule_id, v.action) for v in verdicts] == [("filter_error", action)]
+
+
+# -- every other string of a body (review 52b F4) ---------------------------------------------
+
+BESIDE_CASES = {
+    "anthropic text document": {
+        "messages": [
+            {
+                "role": "user",
+                "content": [{"type": "document", "source": {"type": "text", "media_type": "text/plain", "data": "W"}}],
+            }
+        ]
+    },
+    "a tool's description": {"tools": [{"type": "function", "function": {"name": "f", "description": "W"}}]},
+    "gemini snake case": {
+        "contents": [{"role": "user", "parts": [{"function_response": {"name": "f", "response": {"r": "W"}}}]}]
+    },
+    "bedrock guard content": {"messages": [{"role": "user", "content": [{"guardContent": {"text": {"text": "W"}}}]}]},
+    "responses prompt variables": {"prompt": {"id": "pmpt_1", "variables": {"topic": "W"}}},
+    "responses custom tool input": {"input": [{"type": "custom_tool_call", "name": "f", "input": "W"}]},
+    "vllm documents and template": {
+        "messages": [],
+        "documents": [{"title": "t", "text": "W"}],
+        "chat_template": "{{W}}",
+    },
+}
+
+
+@pytest.mark.parametrize("case", BESIDE_CASES)
+def test_text_the_model_reads_outside_the_conversation_is_read_beside_it(case):
+    body = BESIDE_CASES[case]
+    read: set[int] = set()
+    messages = extract_messages(body, [], read)
+    beside, whole = strings_beside(body, read)
+    assert whole and any("W" in s for s in beside), (messages, beside)
+    assert not any("W" in m.text for m in messages) or not any(s == "W" for s in beside)  # (read once)
+
+
+def test_labels_and_blobs_are_not_read_beside_the_conversation():
+    image = "iVBORw0KGgo" + "A" * 400
+    body = {
+        "model": "gpt-4o",
+        "user": "alice@example.com",
+        "metadata": {"team": "alice@example.com"},
+        "previous_response_id": "resp_1",
+        "messages": [
+            {
+                "role": "user",
+                "content": [
+                    {"type": "text", "text": "hi"},
+                    {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{image}"}},
+                ],
+            },
+            {"role": "assistant", "content": [{"type": "thinking", "thinking": "t", "signature": image}]},
+        ],
+    }
+    read: set[int] = set()
+    extract_messages(body, [], read)
+    assert strings_beside(body, read) == ([], True)
+
+
+def test_a_body_of_more_values_than_are_walked_says_so():
+    body = {"messages": [{"role": "user", "content": "hi"}], "x": list(range(50)), "doc": "W"}
+    read: set[int] = set()
+    extract_messages(body, [], read)
+    assert strings_beside(body, read, budget=20)[1] is False
+    assert strings_beside(body, read)[1] is True
