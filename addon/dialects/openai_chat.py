@@ -12,7 +12,8 @@ with ``data: [DONE]`` (the terminal event, handled by :class:`JsonEventNormalize
 What the chunks carry and the traps of the compatible servers:
 
 - ``choices[i].delta`` holds the increment of choice ``i`` (``n > 1`` interleaves
-  choices): ``content`` is answer text, ``refusal`` a refusal, ``reasoning_content``
+  choices): ``content`` is answer text (so is ``audio.transcript``: a spoken answer's
+  words), ``refusal`` a refusal, ``reasoning_content``
   (llama.cpp, DeepSeek, vLLM) or ``reasoning`` (OpenRouter, newer vLLM) is reasoning
   (vLLM sends both with the same text, read once; when they differ, both are read:
   clients show either). ``content`` may be a list of parts; a part of a type not known
@@ -355,7 +356,11 @@ def _more_than_content(delta: dict[str, Any]) -> bool:
         if isinstance(value, str) and value:
             return True
     tool_calls = delta.get("tool_calls")
-    return (isinstance(tool_calls, list) and len(tool_calls) > 0) or isinstance(delta.get("function_call"), dict)
+    return (
+        (isinstance(tool_calls, list) and len(tool_calls) > 0)
+        or isinstance(delta.get("function_call"), dict)
+        or isinstance(delta.get("audio"), dict)
+    )
 
 
 def _texts(part: dict[str, Any], choice: int, out: list[Event]) -> None:
@@ -383,6 +388,10 @@ def _texts(part: dict[str, Any], choice: int, out: list[Event]) -> None:
     refusal = part.get("refusal")
     if isinstance(refusal, str) and refusal:
         out.append(TextDelta(refusal, choice, "refusal"))
+    audio = part.get("audio")  # (an answer spoken, modalities ["text", "audio"]: its words are the transcript)
+    transcript = audio.get("transcript") if isinstance(audio, dict) else None
+    if isinstance(transcript, str) and transcript:
+        out.append(TextDelta(transcript, choice))
 
 
 def _content_part(item: dict[str, Any], choice: int, out: list[Event]) -> None:

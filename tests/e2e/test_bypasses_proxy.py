@@ -322,6 +322,14 @@ CHAT_BYPASSES = {
         chat({"content": f"the {WORD} plan", "x": float("nan")}),
         "output.choices[0].text",
     ),
+    # a spoken answer (modalities ["text", "audio"]): its words are the transcript
+    "an audio answer's transcript": (
+        chat(
+            {"role": "assistant", "audio": {"id": "a1", "transcript": "The Night"}},
+            {"audio": {"transcript": "jar plan"}},
+        ),
+        "output.choices[0].text",
+    ),
     # no space around a Latin word in Chinese (the keyword's word edge once needed one)
     "a word right against Chinese": (
         chat({"content": "代号是Night"}, {"content": "jar项目。"}),

@@ -1047,3 +1047,23 @@ def test_tool_call_arguments_sent_as_an_object_only_lenient_readers_take_are_rec
     assert row["output_text"] == "after"
     [tool] = output_tool_calls(row)
     assert json.loads(tool["arguments"]) == {"x": "\ud800", "n": 2**70}
+
+
+def test_a_spoken_answers_transcript_is_its_text_streamed_and_whole():
+    """modalities ["text", "audio"]: the answer is audio, its words the transcript; the
+    record's text was empty and the filters read nothing (review 52b F2)."""
+    head = {"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "gpt-4o-audio-preview"}
+    deltas = [{"role": "assistant", "audio": {"id": "a1", "transcript": "The Night"}}, {"audio": {"data": "UklGRg=="}}]
+    deltas.append({"audio": {"transcript": "jar plan."}})
+    events = [head | {"choices": [{"index": 0, "delta": d, "finish_reason": None}]} for d in deltas]
+    events.append(head | {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]})
+    body = b"".join(b"data: " + orjson.dumps(e) + b"\n\n" for e in events) + b"data: [DONE]\n\n"
+    assert audit(body)["output_text"] == "The Nightjar plan."
+    message = {"role": "assistant", "content": None, "audio": {"id": "a1", "data": "UklGRg==", "transcript": "Hello."}}
+    whole = {
+        "id": "c",
+        "object": "chat.completion",
+        "model": "m",
+        "choices": [{"index": 0, "finish_reason": "stop", "message": message}],
+    }
+    assert audit_json(whole)["output_text"] == "Hello."
