@@ -70,6 +70,19 @@ KEPT_FIELDS = (
 )
 
 
+def go_field(body: dict[str, Any], name: str) -> Any:
+    """``body``'s field ``name`` as Ollama reads it: Go's ``encoding/json`` takes a key
+    that matches a field's name in any case (``MODEL``, ``Model``; with Unicode's simple
+    folds, so ``ſ`` is ``s`` and the Kelvin sign ``k``), and of several, the last. Read
+    exactly, ``{"MODEL": …}`` was no Ollama request (no record, no filter) and
+    ``{"model": "small", "Model": "large"}`` recorded the model the server did not run."""
+    found = None
+    for key, value in body.items():  # (Go sets the field at each key that matches it: the last one stays)
+        if key == name or (isinstance(key, str) and len(key) == len(name) and key.casefold() == name):
+            found = value
+    return found
+
+
 def _endpoint(path: str) -> str | None:
     """``"chat"`` or ``"generate"`` for an Ollama API path (any prefix), else None."""
     path = path.rstrip("/")
@@ -91,16 +104,17 @@ class Ollama(Dialect):
         return request.method.upper() == "POST" and _endpoint(request.path) is not None
 
     def accepts_body(self, body: Any, request: RequestView) -> bool:
-        return isinstance(body, dict) and isinstance(body.get("model"), str)
+        return isinstance(body, dict) and isinstance(go_field(body, "model"), str)
 
     def summarize(self, body: Any, request: RequestView) -> RequestSummary:
         endpoint = _endpoint(request.path) or CHAT
         if not isinstance(body, dict):
             return OllamaRequestSummary(endpoint=endpoint)
-        stream = body.get("stream", True)  # Ollama streams unless told not to
+        stream = go_field(body, "stream")  # Ollama streams unless told not to
+        model = go_field(body, "model")
         return OllamaRequestSummary(
-            model=str_field(body, "model"),
-            stream=stream if isinstance(stream, bool) else None,
+            model=model if isinstance(model, str) else None,
+            stream=stream if isinstance(stream, bool) else True if stream is None else None,
             declared_tools=tool_names(body),
             endpoint=endpoint,
         )

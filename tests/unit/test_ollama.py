@@ -16,13 +16,14 @@ from ollama import ChatResponse, GenerateResponse
 from pipeline import audit_bytes
 
 from addon.auditor import StreamAuditor, summary_into_record
-from addon.dialects import RequestView
+from addon.dialects import RequestSummary, RequestView
 from addon.dialects.ollama import DIALECT, OllamaNormalizer
 from addon.dialects.registry import detect_request
 from addon.filters.engine import FilterSet
 from addon.filters.rules import parse_rules
 from addon.framing import select
 from addon.framing.ndjson import NDJSONReader
+from addon.mitm.content_filters import check_request
 from addon.output_gate import OutputGate
 from addon.record import OUTCOME_COMPLETE, OUTCOME_UPSTREAM_ABORTED, ExchangeRecord
 from mockllm.ollama import chat_body, chat_lines, generate_body, generate_lines
@@ -304,3 +305,17 @@ def test_a_blocked_word_never_reaches_the_client_and_the_stream_ends_with_a_done
         assert row["status"] == "blocked" and row["finish_reasons"] == ["content_filter"]
         shown = "".join(p["message"]["content"] for p in parts)
         assert text.startswith(shown) and (row["delivered_text"] or "") == shown
+
+
+def test_fields_are_read_as_go_reads_them_in_any_case_the_last_one_standing():
+    """Ollama's Go JSON decoder takes ``MODEL`` for ``model``, and of several the last:
+    read exactly, ``MODEL`` was no request of Ollama's (no record, no filter), and the
+    record kept a model the server did not run (review 52b F1)."""
+    assert detect_request(view(), lambda: {"MODEL": "llama3.2", "messages": []}) is DIALECT
+    assert DIALECT.summarize({"model": "llama3.2:1b", "Model": "llama3.1:405b"}, view()).model == "llama3.1:405b"
+    assert DIALECT.summarize({"Model": "a", "model": "b", "ſtream": False}, view()).stream is False
+    # the prompt under a key of another case is read too (beside the conversation)
+    record = ExchangeRecord(request_body={"model": "m", "Messages": [{"role": "user", "content": f"the {WORD} plan"}]})
+    rules = parse_rules(f'[[rule]]\nid = "k"\nkind = "keywords"\nkeywords = ["{WORD}"]\naction = "block"\n')
+    verdict = check_request(FilterSet(rules, [], failure="closed"), record, DIALECT, RequestSummary())
+    assert verdict is not None and verdict.action == "block"
