@@ -247,7 +247,7 @@ def sqlite_reading(dbapi_conn: sqlite3.Connection) -> None:
 
 
 def _sqlite_pragmas(dbapi_conn, _record) -> None:
-    """WAL lets readers (the CLI, plain SQL) work while the proxy writes.
+    """WAL lets readers (the CLI, plain SQL) work while the proxy writes; freed pages are zeroed.
 
     The busy timeout comes first so that later statements wait for other connections.
     Switching to WAL is not covered by it (SQLite answers "database is locked" at once
@@ -267,6 +267,9 @@ def _sqlite_pragmas(dbapi_conn, _record) -> None:
                 raise
             time.sleep(0.05)
     cur.execute("PRAGMA synchronous=NORMAL")
+    # Pages an erasure or a purge frees are overwritten with zeros, not left in the file's
+    # free list with the prompts on them (the default of many SQLite builds is off).
+    cur.execute("PRAGMA secure_delete=ON")
     cur.close()
 
 

@@ -85,7 +85,21 @@ def erase_user(
             ).scalar_one()
     except SQLAlchemyError as e:
         raise DatabaseError(f"cannot erase: {first_line(e)}") from None
+    _checkpoint_wal(engine)
     return Erasure(count, refused, still_open)
+
+
+def _checkpoint_wal(engine: Engine) -> None:
+    """On SQLite, copy the write-ahead log into the file and empty it: until then the
+    erased content's old pages stay in the main file (a copy of it taken meanwhile holds
+    them). Best effort: a reader holding the log open only delays it."""
+    if engine.dialect.name != "sqlite":
+        return
+    try:
+        with engine.connect() as conn:
+            conn.exec_driver_sql("PRAGMA wal_checkpoint(TRUNCATE)")
+    except SQLAlchemyError:
+        pass  # (the next checkpoint SQLite makes by itself does the same)
 
 
 def _erased(name: str):

@@ -1129,3 +1129,20 @@ def test_records_before_a_chains_start_are_checked_leftovers_of_a_purge_and_plan
     sql(engine, update(exchanges).where(exchanges.c.id == "f" * 32).values(record_hash="0" * 64))
     problems = [p for c in verify(engine).chains for p in c.problems]
     assert [(p.kind, p.seq, p.record_id) for p in problems] == [("inserted", 1, "f" * 32)], problems
+
+
+def test_an_erased_prompt_leaves_no_trace_in_the_sqlite_file(tmp_path):
+    """Freed pages are zeroed (secure_delete, off in many SQLite builds) and the log is
+    copied in at once: the erased content's old pages stayed in the file (review 52a f2)."""
+    url = f"sqlite:///{tmp_path / 'audit.db'}"
+    engine = open_engine(url)
+    rows = [record(i, user="bob") for i in range(3)]
+    for row in rows:
+        row["request_body"] = {"messages": [{"role": "user", "content": "a secret prompt of bob " + "x" * 5000}]}
+    write(engine, rows, tmp_path)
+    with engine.connect() as conn:
+        assert conn.exec_driver_sql("PRAGMA secure_delete").scalar() == 1
+    assert erase_user(engine, "bob", actor="t").count == 3
+    for path in tmp_path.glob("audit.db*"):
+        assert b"a secret prompt of bob" not in path.read_bytes(), path
+    engine.dispose()
