@@ -119,6 +119,7 @@ def purge(
     older_than: str,
     batch_size: int = 1000,
     signer: Signer | None = None,
+    stop: threading.Event | None = None,
 ) -> PurgeResult:
     """Delete the exchanges that ended before ``cutoff`` (see the module docstring).
 
@@ -173,13 +174,16 @@ def purge(
             ).scalar_one()
             for cut in cuts:
                 _move_start(conn, cut)
+        stop = stop or threading.Event()
         for condition, order in _batches(cutoff, cuts):
-            while True:
+            while not stop.is_set():
                 n, pause = _delete_batch(engine, log_id, condition, order, batch_size)
                 deleted += n
                 if n < batch_size:
                     break
-                time.sleep(pause)
+                stop.wait(pause)
+        if stop.is_set():  # (stopped between batches: purge_log's finished_at stays NULL, the next purge goes on)
+            return PurgeResult(deleted, cutoff, dry_run=False, log_id=log_id, refused=refused)
         with engine.begin() as conn:
             conn.execute(update(purge_log).where(purge_log.c.id == log_id).values(finished_at=datetime.now(UTC)))
     except SQLAlchemyError as e:
@@ -309,8 +313,10 @@ class DailyPurge:
         self._thread.start()
 
     def close(self) -> None:
+        """Stop, without waiting: this runs on the proxy's event loop, and a purge waiting
+        for SQLite's lock could hold it for seconds. A purge under way stops after its
+        batch (its start moved, ``finished_at`` NULL: the next purge deletes the rest)."""
         self._stop.set()
-        self._thread.join(timeout=30)
 
     def _run(self) -> None:
         delay = self.FIRST_RUN_DELAY
@@ -319,7 +325,13 @@ class DailyPurge:
             try:
                 cutoff = datetime.now(UTC) - timedelta(days=self.days)
                 result = purge(
-                    self.engine, cutoff, dry_run=False, actor=self.actor, older_than=f"{self.days}d", signer=self.signer
+                    self.engine,
+                    cutoff,
+                    dry_run=False,
+                    actor=self.actor,
+                    older_than=f"{self.days}d",
+                    signer=self.signer,
+                    stop=self._stop,
                 )
             except DatabaseError as e:
                 log.warning("llm-audit: automatic retention failed (%s); retrying in a day", e)

@@ -22,6 +22,7 @@ import subprocess
 import sys
 import time
 from datetime import UTC, datetime, timedelta
+from functools import partial
 from pathlib import Path
 
 import orjson
@@ -31,6 +32,7 @@ from sqlalchemy import delete, func, insert, select, update
 from test_writer import engine_for
 
 from addon.record import OUTCOME_COMPLETE, ExchangeRecord
+from storage import retention as retention_module
 from storage.chain import CONTENT_COLUMNS, GENESIS, Chain, Head, canonical, record_hash
 from storage.checkpoint import (
     Checkpointer,
@@ -934,6 +936,11 @@ def test_attack_8_on_postgresql_a_restart_that_cannot_replay_signs_only_what_the
     assert (out.returncode, out.stdout) == (0, f"chain {INSTANCE}: OK, records 1..2, 1 checkpoints matched\n"), out
 
 
+def _purges_finished(engine) -> bool:
+    with engine.connect() as conn:
+        return conn.execute(select(func.count()).where(purge_log.c.finished_at.is_not(None))).scalar_one() > 0
+
+
 def test_the_proxys_daily_purge_is_signed_and_verifies(engine, tmp_path, url, monkeypatch):
     old_records(engine, tmp_path)
     checkpoint_now(engine, tmp_path)
@@ -946,6 +953,7 @@ def test_the_proxys_daily_purge_is_signed_and_verifies(engine, tmp_path, url, mo
     )
     try:
         wait_for(lambda: list((tmp_path / "checkpoints").glob("purge-*.json")), what="a signed purge statement")
+        wait_for(lambda: _purges_finished(engine), what="the purge finished")
     finally:
         daily.close()
     ok = signed_verify(url, tmp_path)
@@ -1146,3 +1154,29 @@ def test_an_erased_prompt_leaves_no_trace_in_the_sqlite_file(tmp_path):
     for path in tmp_path.glob("audit.db*"):
         assert b"a secret prompt of bob" not in path.read_bytes(), path
     engine.dispose()
+
+
+def test_a_stopped_daily_purge_stops_between_batches_without_holding_its_caller(engine, tmp_path, monkeypatch):
+    """close() runs on the proxy's event loop: it joined the thread for up to 30 s while
+    a purge waited for SQLite's lock (review 52a f10). It stops the purge after its batch."""
+    old_records(engine, tmp_path, 5)
+    monkeypatch.setattr(DailyPurge, "FIRST_RUN_DELAY", 0.01)
+    batches = []
+    real = retention_module._delete_batch
+
+    def slow_batch(*args, **kwargs):
+        batches.append(1)
+        time.sleep(0.5)
+        return real(*args, **{**kwargs})
+
+    monkeypatch.setattr(retention_module, "_delete_batch", slow_batch)
+    monkeypatch.setattr(retention_module, "purge", partial(retention_module.purge, batch_size=1))
+    daily = DailyPurge(engine, 200, actor="t", signer=Signer(tmp_path / "cp", load_or_create_key(tmp_path / "k.pem")))
+    wait_for(lambda: batches, what="the first batch")
+    started = time.monotonic()
+    daily.close()
+    assert time.monotonic() - started < 0.1
+    daily._thread.join(timeout=10)
+    assert not daily._thread.is_alive() and len(batches) < 5
+    report = verify(engine)  # (the start moved, the rest left for the next purge)
+    assert report.chains[0].ok and "left by an unfinished purge" in report.chains[0].verdict()
