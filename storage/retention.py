@@ -230,6 +230,14 @@ def _chain_cuts(conn: Connection, cutoff: datetime) -> tuple[list[_Cut], dict[st
         if not all(type(n) is int for n in (top, start, kept if kept is not None else 0)):
             unreadable[chain_id] = "its numbers or its start in the chains table are not integers"
             continue
+        if kept is not None and (behind := _old_behind(conn, chain_id, kept, cutoff)):
+            log.warning(
+                "llm-audit: chain %r: %d exchanges that ended before the cut-off are kept behind record %d, which"
+                " did not (a record sealed late, or dated ahead by a clock): they go once it does",
+                chain_id,
+                behind,
+                kept,
+            )
         last = kept - 1 if kept is not None else top
         if last < start:
             continue
@@ -239,6 +247,14 @@ def _chain_cuts(conn: Connection, cutoff: datetime) -> tuple[list[_Cut], dict[st
         if last_hash is not None:
             cuts.append(_Cut(chain_id, last, last_hash))
     return cuts, unreadable
+
+
+def _old_behind(conn: Connection, chain_id: str, kept: int, cutoff: datetime) -> int:
+    """How many old records follow ``kept``, the chain's first record that is not old: a
+    chain loses only a prefix, so they wait (for GDPR's storage limit: said, not silent)."""
+    c = exchanges.c
+    where = (c.chain_id == chain_id, c.chain_seq > kept, _old(cutoff))
+    return int(conn.execute(select(func.count()).select_from(exchanges).where(*where)).scalar_one())
 
 
 def _batches(cutoff: datetime, cuts: list[_Cut]) -> list[tuple[ColumnElement[bool], ColumnElement]]:

@@ -1180,3 +1180,16 @@ def test_a_stopped_daily_purge_stops_between_batches_without_holding_its_caller(
     assert not daily._thread.is_alive() and len(batches) < 5
     report = verify(engine)  # (the start moved, the rest left for the next purge)
     assert report.chains[0].ok and "left by an unfinished purge" in report.chains[0].verdict()
+
+
+def test_old_records_kept_behind_a_young_one_are_said(engine, tmp_path, caplog):
+    """A chain loses only a prefix: one record dated ahead (a clock's jump) held back every
+    old record after it, with no word (review 52a f13)."""
+    old = datetime.now(UTC) - timedelta(days=400)
+    rows = [record(0, ended=old), record(1, ended=datetime(2099, 1, 1, tzinfo=UTC))]
+    rows += [record(i, ended=old + timedelta(minutes=i)) for i in range(2, 5)]
+    write(engine, rows, tmp_path)
+    with caplog.at_level("WARNING", logger="storage.retention"):
+        result = purge(engine, datetime.now(UTC) - timedelta(days=200), dry_run=False, actor="t", older_than="200d")
+    assert result.count == 1
+    assert f"chain '{INSTANCE}': 3 exchanges that ended before the cut-off are kept behind record 2" in caplog.text
