@@ -131,6 +131,7 @@ class StreamAuditor:
         self._limits_reported = False
         self._read_ahead = False  # read_whole ran: a whole body is read, up to the gate's check of
         self._body_events: list[Event] | None = None  # these events (None: nothing to check)
+        self._body_is_answer = False  # the whole body is a 2xx answer with content (see OutputGate.on_body)
         self.gate = gate
         if gate is not None and on_turn_end is not None:
             gate.deliver_on_send = False  # (each turn's delivered text is noted at its end: _close_turn)
@@ -601,7 +602,9 @@ class StreamAuditor:
         try:
             for frame in self.reader.end():
                 if isinstance(frame, Body):
-                    events = normalizer.on_body(frame.raw, record.http_status or 0)
+                    status = record.http_status or 0
+                    self._body_is_answer = bool(frame.raw) and 200 <= status < 300 and status not in (204, 205)
+                    events = normalizer.on_body(frame.raw, status)
                     for ev in events:
                         record.apply(ev)
                     return events
@@ -617,7 +620,7 @@ class StreamAuditor:
         if gate is None or events is None:
             return
         try:
-            gate.on_body(events)
+            gate.on_body(events, answer=self._body_is_answer)
             self._gated(gate, b"", terminate=False)  # the proxy replaces a blocked body whole
         except Exception as e:  # noqa: BLE001 - a filter the gate could not run
             self._fail(e)

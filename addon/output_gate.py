@@ -223,7 +223,7 @@ class OutputGate:
         if self.holds:  # (an event carrying the block is never released: it needs what never comes)
             self._held.append(_Held(end, event, None if self.blocked is not None else needs, parsed))
 
-    def on_body(self, common: Iterable[Event]) -> None:
+    def on_body(self, common: Iterable[Event], *, answer: bool = True) -> None:
         """A whole body (a JSON answer): check all its output at once.
 
         Consecutive text of one stream is checked as one piece, as a gate that holds
@@ -237,14 +237,15 @@ class OutputGate:
         the guard holds back across a cut (an unbounded regex's window) would pass, where
         whole it is found (the proxy reads a whole body in its reader thread).
 
-        An answer that is not the JSON its dialect reads (``response_invalid_json``, not
-        an error's body) is unreadable to the filters, whatever a client makes of it (the
-        Python SDKs read UTF-16 and UTF-32 too): the failure policy decides, as for a
-        stream that cannot be read (:meth:`unreadable`)."""
+        An answer (``answer``: a 2xx body with content; not a redirect, a 204, an empty
+        body or an error's) that is not the JSON its dialect reads (``response_invalid_json``)
+        is unreadable to the filters, whatever a client makes of it (the Python SDKs read
+        UTF-16 and UTF-32 too): the failure policy decides, as for a stream that cannot be
+        read (:meth:`unreadable`)."""
         key: StreamKey = (0, "text", None)
         batch: list[str] = []
         size = 0
-        errored = False  # (an error's body that is not JSON was read as its text: the error's message)
+        errored = not answer  # (an error's body that is not JSON was read as its text: the error's message)
         for ev in common:
             if type(ev) is TextDelta:
                 stream = (ev.choice, ev.kind, None)

@@ -311,3 +311,32 @@ def test_a_whole_answer_the_filters_cannot_read_as_json_is_not_let_through_unche
             assert (row["status"], rule) == ("blocked", "code" if name == "utf-16" else "filter_error"), name
         finally:
             proxy.process.stop()
+
+
+@pytest.mark.parametrize(
+    "head",
+    [
+        b"HTTP/1.1 307 Temporary Redirect\r\nlocation: /v1/chat/completions\r\ncontent-length: 0\r\n\r\n",
+        b"HTTP/1.1 204 No Content\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 0\r\n\r\n",
+    ],
+    ids=["307", "204", "empty 200"],
+)
+def test_a_response_that_is_no_answer_passes_under_the_closed_policy(request, tmp_path, backend, head):
+    """A redirect (gin and Starlette send a 307 for a trailing slash), a 204 or an empty
+    body holds no text to check: the closed policy replaced them with a 400 (review 52c)."""
+
+    def respond(conn: socket.socket, _request: bytes) -> None:
+        conn.sendall(head)
+
+    rules = tmp_path / "rules.toml"
+    rules.write_text('[[rule]]\nid = "code"\nkind = "keywords"\nkeywords = ["Nightjar"]\naction = "block"\n')
+    with h1_server(respond) as url:
+        proxy = start_proxy(tmp_path, "--set", f"llm_rules={rules}", **new_database(request, backend, tmp_path))
+        try:
+            rid = uuid.uuid4().hex
+            answer = post_chat(proxy, url, rid, stream=False, follow_redirects=False)
+            assert answer.status_code == int(head.split()[1]), answer.content
+            assert proxy.mock_row(rid)["status"] != "blocked"
+        finally:
+            proxy.process.stop()
