@@ -47,7 +47,6 @@ Pure: no I/O, nothing of the proxy; it never raises, whatever the body holds.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -215,50 +214,102 @@ def _collect(value: Any, parts: list[str], depth: int, read: set[int]) -> bool:
     return deeper
 
 
-def strings_beside(body: Any, read: set[int], budget: int = 1_000_000) -> tuple[list[str], bool]:
-    """The strings of ``body`` the conversation does not hold (``read``: what
-    :func:`extract_messages` took), in order: a document block's text, a tool's
-    description, a prompt template's variables, fields of shapes this reader does not
-    know. The model reads text wherever an API puts it, and a list of the keys that hold
-    it is never complete, so the request filters read these too (beside the messages).
+@dataclass(slots=True)
+class Beside:
+    """The strings of a body the conversation does not hold (:func:`strings_beside`)."""
 
-    Left out: object keys, and values that are names and labels rather than text (the
-    model, roles, types, ids, media types, the user's id and metadata:
-    :data:`_LABEL_KEYS`, and keys ending in ``_id`` or ``Id``), and blobs (long runs
-    of base64 or data URLs: an image's bytes are no words). At most ``budget`` values
-    are walked: the second result says whether that was all of them (a request so large
-    is not read further, and the failure policy decides)."""
-    out: list[str] = []
-    stack: list[Any] = [body]
-    while stack and budget > 0:
+    text: list[str]  # the rest of the body: documents, prompt variables, fields nobody lists
+    declared: list[str]  # tool declarations and output schemas: the application's, not the user's
+    whole: bool = True  # every value was walked (False: the body holds more than the budget)
+
+
+def strings_beside(body: Any, read: set[int], budget: int = 1_000_000) -> Beside:
+    """The strings of ``body`` the conversation does not hold (``read``: what
+    :func:`extract_messages` took), in order: a document block's text, a prompt
+    template's variables, fields of shapes this reader does not know; and apart, those of
+    the tools it declares and the schemas of the output it asks for (:data:`_DECLARING_KEYS`),
+    which the application writes, with their sample addresses and test card numbers. The
+    model reads text wherever an API puts it, and a list of the keys that hold it is never
+    complete, so the request filters read these too (beside the messages).
+
+    Left out: object keys; a string (or a list of strings) under a key whose values are
+    names and labels rather than text (:data:`_LABEL_KEYS`, keys ending in ``_id`` or
+    ``Id``; an object under such a key is read: a schema's property may be called
+    ``user``), and the request's ``metadata``; and bytes in base64 (:func:`_binary`: a
+    data URL of a media type that is not text, and the values of keys that hold only
+    base64, such as a thinking block's ``signature``), which the model does not read as
+    words. At most ``budget`` values are walked (``whole`` says whether that was all)."""
+    out = Beside([], [])
+    stack: list[tuple[Any, Any, dict[str, Any] | None, bool]] = [(body, None, None, False)]
+    while stack:
         budget -= 1
-        value = stack.pop()
+        if budget < 0:
+            out.whole = False
+            break
+        value, key, parent, declared = stack.pop()
         if id(value) in read:
             continue
         if isinstance(value, str):
-            if value and not (len(value) >= _BLOB_FROM and _BLOB(value)):
-                out.append(value)
+            if value and not (_labels(key) or _binary(value, key, parent)):
+                (out.declared if declared else out.text).append(value)
         elif isinstance(value, list):
-            stack.extend(reversed(value))
+            if not (_labels(key) and all(isinstance(v, str) for v in value)):
+                stack.extend((v, key, parent, declared) for v in reversed(value))
         elif isinstance(value, dict):
+            top = value is body
             stack.extend(
-                v
+                (v, k, value, declared or (top and k in _DECLARING_KEYS))
                 for k, v in reversed(value.items())
-                if not (isinstance(k, str) and (k in _LABEL_KEYS or k.endswith(("_id", "Id"))))
+                if not (top and k == "metadata")
             )
-    return out, not stack
+    return out
 
 
-# Keys whose values are names and labels, not text the model reads (see strings_beside).
+def _labels(key: Any) -> bool:
+    """Whether strings under ``key`` are names and labels, not text (see :func:`strings_beside`)."""
+    return isinstance(key, str) and (key in _LABEL_KEYS or key.endswith(("_id", "Id")))
+
+
+def _binary(value: str, key: Any, parent: dict[str, Any] | None) -> bool:
+    """Whether ``value`` is bytes in base64 rather than text: a data URL of a media type
+    that is not text, the value of a key that holds only base64, or the ``data`` of a
+    source or part whose type or media type says base64 of something other than text."""
+    if value.startswith("data:"):
+        kind, _, rest = value[5:].partition(",")
+        return bool(rest) and kind.endswith(";base64") and not kind.startswith("text/")
+    if key in _BASE64_KEYS:
+        return True
+    if key in ("data", "bytes") and parent is not None:
+        media = next((parent[k] for k in _MEDIA_KEYS if isinstance(parent.get(k), str)), "")
+        form = parent.get("format")  # (OpenAI's input_audio: "wav", "mp3")
+        return not media.startswith("text/") and (
+            parent.get("type") in ("base64", "redacted_thinking")
+            or bool(media)
+            or key == "bytes"
+            or (isinstance(form, str) and form not in _TEXT_FORMATS)
+        )
+    return False
+
+
+# Top-level keys of what the application declares: its tools and the output's schema.
+_DECLARING_KEYS = frozenset(
+    {"tools", "functions", "toolConfig", "tool_config", "response_format", "text", "format", "output_config"}
+)
+# Keys whose string values are names and labels, not text the model reads (see strings_beside).
 _LABEL_KEYS = frozenset(
     {
-        "model", "role", "type", "id", "object", "user", "metadata", "safety_identifier", "prompt_cache_key",
-        "service_tier", "reasoning_effort", "detail", "mime_type", "mimeType", "media_type", "format",
-        "encoding", "stop", "tool_choice",
+        "model", "role", "type", "id", "object", "user", "safety_identifier", "prompt_cache_key",
+        "service_tier", "reasoning_effort", "detail", "mime_type", "mimeType", "media_type", "encoding",
+        "stop", "tool_choice",
     }
 )  # fmt: skip
-_BLOB_FROM = 256
-_BLOB = re.compile(r"(?:data:[^,\s]*,)?[A-Za-z0-9+/=_-]+").fullmatch
+# Keys whose values are only ever base64: a thinking block's signature, encrypted reasoning, images made.
+_BASE64_KEYS = frozenset({"signature", "encrypted_content", "b64_json", "redacted_thinking"})
+_MEDIA_KEYS = ("media_type", "mimeType", "mime_type")
+_TEXT_FORMATS = frozenset({"txt", "text", "md", "markdown", "html", "csv"})
+#: The role of the message of what a request declares (tools, output schemas), which the
+#: PII detectors do not read: the application's samples, not the user's data.
+DECLARED = "declared"
 
 
 def _holds_text(value: Any, budget: int = 10_000) -> bool:

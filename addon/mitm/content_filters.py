@@ -32,7 +32,7 @@ from addon.mitm import early_end
 from addon.mitm.budgets import BudgetKeeper
 from addon.mitm.store import AuditStore
 from addon.record import ExchangeRecord
-from exchange.request import Message, strings_beside
+from exchange.request import DECLARED, Beside, Message, strings_beside
 
 log = logging.getLogger(__name__)
 
@@ -195,8 +195,14 @@ def finish_check(filters: FilterSet, record: ExchangeRecord, check: RequestCheck
     if check.context is not None:
         try:
             verdicts = verdicts + filters.check_request_filters(check.context)
-            if check.context.messages and check.context.messages[-1].role == "context":
-                verdicts = _once(verdicts, f"messages[{len(check.context.messages) - 1}]")
+            messages = check.context.messages  # (what _request_context put beside them comes last)
+            beside = set()
+            for i in range(len(messages) - 1, -1, -1):
+                if messages[i].role not in ("context", DECLARED):
+                    break
+                beside.add(f"messages[{i}]")
+            if beside:
+                verdicts = _once(verdicts, beside)
         except Exception as e:  # our bug must not decide the policy
             log.exception("llm-audit: checking a request failed")
             verdicts = [_failed(filters, e)]
@@ -221,12 +227,13 @@ def check_message(
     return verdict
 
 
-def _once(verdicts: list[Verdict], unkept: str) -> list[Verdict]:
-    """The verdicts, less those on the unkept text (``unkept``: its location) that repeat a
-    rule's match found in the messages already: that text holds what the messages do (a
-    protobuf message's bytes hold its prompt), and one match is one verdict."""
-    seen = {(v.rule_id, v.match_hash) for v in verdicts if v.location != unkept and v.match_hash}
-    return [v for v in verdicts if v.location != unkept or (v.rule_id, v.match_hash) not in seen]
+def _once(verdicts: list[Verdict], beside: set[str]) -> list[Verdict]:
+    """The verdicts, less those on the text beside the conversation (``beside``: its
+    locations) that repeat a rule's match found in the messages already: that text may
+    hold what the messages do (a protobuf message's bytes hold its prompt), and one match
+    is one verdict."""
+    seen = {(v.rule_id, v.match_hash) for v in verdicts if v.location not in beside and v.match_hash}
+    return [v for v in verdicts if v.location not in beside or (v.rule_id, v.match_hash) not in seen]
 
 
 def _request_context(record: ExchangeRecord, dialect: Dialect, summary: RequestSummary) -> RequestContext:
@@ -255,10 +262,11 @@ def _request_context(record: ExchangeRecord, dialect: Dialect, summary: RequestS
     # or cut (protobuf), else every other string of the body (a document's text, a tool's
     # description, fields no reader lists), one message: a request of thousands of strings
     # is not thousands of checks.
-    beside, whole = (unkept_of(body), True) if unkept_of(body) else strings_beside(body, read)
-    if beside:
-        context = replace(context, messages=(*context.messages, Message("context", "\n".join(beside))))
-    if not whole:
+    unkept = unkept_of(body)
+    beside = Beside(unkept, []) if unkept else strings_beside(body, read)
+    extra = [Message(role, "\n".join(texts)) for role, texts in (("context", beside.text), (DECLARED, beside.declared))]
+    context = replace(context, messages=(*context.messages, *(m for m in extra if m.text)))
+    if not beside.whole:
         context = replace(context, unreadable=(*context.unreadable, "the body holds too many values to read them all"))
     unread = tuple(f"{f['code']}: {f['detail']}" for f in record.findings if f["code"] in UNREAD_MESSAGE)
     return replace(context, unreadable=(*context.unreadable, *unread)) if unread else context

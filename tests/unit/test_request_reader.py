@@ -159,7 +159,7 @@ def test_text_nested_deeper_than_the_reader_goes_is_said_and_the_failure_policy_
         assert [(v.rule_id, v.action) for v in verdicts] == [("filter_error", action)]
 
 
-# -- every other string of a body (review 52b F4) ---------------------------------------------
+# -- every other string of a body (review 52b F4, 52c) ---------------------------------------
 
 BESIDE_CASES = {
     "anthropic text document": {
@@ -170,7 +170,11 @@ BESIDE_CASES = {
             }
         ]
     },
-    "a tool's description": {"tools": [{"type": "function", "function": {"name": "f", "description": "W"}}]},
+    "a long document of words joined by hyphens": {
+        "messages": [
+            {"role": "user", "content": [{"type": "document", "source": {"type": "text", "data": "a-b-" * 100 + "W"}}]}
+        ]
+    },
     "gemini snake case": {
         "contents": [{"role": "user", "parts": [{"function_response": {"name": "f", "response": {"r": "W"}}}]}]
     },
@@ -183,19 +187,36 @@ BESIDE_CASES = {
         "chat_template": "{{W}}",
     },
 }
+DECLARED_CASES = {
+    "a tool's description": {"tools": [{"type": "function", "function": {"name": "f", "description": "W"}}]},
+    "a schema property named like a label": {
+        "tools": [{"name": "f", "input_schema": {"properties": {"user": {"type": "string", "description": "W"}}}}]
+    },
+    "responses text format schema": {"text": {"format": {"type": "json_schema", "schema": {"description": "W"}}}},
+    "ollama format schema": {"model": "m", "format": {"properties": {"a": {"description": "W"}}}},
+}
+
+
+def beside_of(body):
+    read: set[int] = set()
+    messages = extract_messages(body, [], read)
+    return messages, strings_beside(body, read)
 
 
 @pytest.mark.parametrize("case", BESIDE_CASES)
 def test_text_the_model_reads_outside_the_conversation_is_read_beside_it(case):
-    body = BESIDE_CASES[case]
-    read: set[int] = set()
-    messages = extract_messages(body, [], read)
-    beside, whole = strings_beside(body, read)
-    assert whole and any("W" in s for s in beside), (messages, beside)
-    assert not any("W" in m.text for m in messages) or not any(s == "W" for s in beside)  # (read once)
+    messages, beside = beside_of(BESIDE_CASES[case])
+    assert beside.whole and any(s.endswith("W") or "W" in s for s in beside.text), (messages, beside)
+    assert not beside.declared
 
 
-def test_labels_and_blobs_are_not_read_beside_the_conversation():
+@pytest.mark.parametrize("case", DECLARED_CASES)
+def test_what_a_request_declares_is_read_apart(case):
+    _, beside = beside_of(DECLARED_CASES[case])
+    assert any("W" in s for s in beside.declared) and not any("W" in s for s in beside.text), beside
+
+
+def test_labels_and_bytes_are_not_read_beside_the_conversation():
     image = "iVBORw0KGgo" + "A" * 400
     body = {
         "model": "gpt-4o",
@@ -208,19 +229,21 @@ def test_labels_and_blobs_are_not_read_beside_the_conversation():
                 "content": [
                     {"type": "text", "text": "hi"},
                     {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{image}"}},
+                    {"type": "input_audio", "input_audio": {"data": image, "format": "wav"}},
+                    {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": image}},
                 ],
             },
             {"role": "assistant", "content": [{"type": "thinking", "thinking": "t", "signature": image}]},
+            {"role": "assistant", "content": [{"type": "redacted_thinking", "data": image}]},
         ],
     }
-    read: set[int] = set()
-    extract_messages(body, [], read)
-    assert strings_beside(body, read) == ([], True)
+    _, beside = beside_of(body)
+    assert (beside.text, beside.declared, beside.whole) == (["wav"], [], True)
 
 
 def test_a_body_of_more_values_than_are_walked_says_so():
     body = {"messages": [{"role": "user", "content": "hi"}], "x": list(range(50)), "doc": "W"}
     read: set[int] = set()
     extract_messages(body, [], read)
-    assert strings_beside(body, read, budget=20)[1] is False
-    assert strings_beside(body, read)[1] is True
+    assert strings_beside(body, read, budget=20).whole is False
+    assert strings_beside(body, read).whole is True
