@@ -334,13 +334,13 @@ def _cmd_erase(args: argparse.Namespace) -> int:
         print(f"no exchange has the user id {args.user!r}; ids that differ only in case: {', '.join(map(repr, alike))}")
     if done.still_open:
         print(f"{done.still_open} exchanges of the user are still in progress: run this again once they have ended")
-    return _refused("erased", done.refused, args.dir)
+    return _refused(done.refused, "it was left as it is (the user's records that check were erased)")
 
 
-def _refused(what: str, refused: dict[str, str], directory: Path) -> int:
-    """Name each chain a purge or an erasure left whole because it does not verify; the exit status."""
+def _refused(refused: dict[str, str], left: str) -> int:
+    """Name what a purge or an erasure left because it does not check; the exit status."""
     for chain_id, problem in refused.items():
-        warn(one_line(f"chain {chain_id!r} does not verify ({problem}): nothing in it was {what}; see {PROG} verify"))
+        warn(one_line(f"chain {chain_id!r}: {problem}: {left}; see {PROG} verify"))
     return EXIT_TAMPERED if refused else 0
 
 
@@ -371,7 +371,7 @@ def _cmd_purge(args: argparse.Namespace) -> int:
         print(f"would delete {result.count} {what} (dry run: nothing deleted, nothing recorded)")
     else:
         print(f"deleted {result.count} {what} (purge_log id {result.log_id})")
-    return _refused("purged", result.refused, args.dir)
+    return _refused(result.refused, "nothing in the chain was purged")
 
 
 def _cutoff(args: argparse.Namespace) -> datetime:

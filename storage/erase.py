@@ -14,7 +14,7 @@ before it commits: ``verify --checkpoints`` accepts an erased record only agains
 statement, so an insider cannot pass a rewrite off as an erasure.
 
 Exchanges still in progress are left alone (they are not final yet; the result counts
-them): run the erasure again once they have ended. A chain that does not verify is left
+them): run the erasure again once they have ended. A record that does not match its hash is left
 alone too, and named (:class:`Erasure`).
 """
 
@@ -30,7 +30,7 @@ from storage.chain import CONTENT_COLUMNS, ERASED, STORED_FORMS
 from storage.database import DatabaseError, first_line
 from storage.schema import IN_PROGRESS, erasure_log, exchanges
 from storage.statements import Signer
-from storage.verify import unverified
+from storage.verify import record_doubt, signed_heads, stored_records
 
 _IDS_PER_UPDATE = 500  # (SQLite binds at most 32,766 parameters a statement)
 
@@ -40,8 +40,8 @@ class Erasure:
     """What an erasure did, and what it left."""
 
     count: int  # the exchanges whose content was erased
-    # chains whose records of the user were left as they are, each with its problem:
-    # they do not verify (:func:`~storage.verify.unverified`), so nothing is signed there
+    # records of the user left as they are, by chain, the first one's problem: they do not
+    # match their hash, or a checkpoint (:func:`~storage.verify.record_doubt`): nothing signed
     refused: dict[str, str] = field(default_factory=dict)
     still_open: int = 0  # the user's exchanges still in progress: erased by a later run
 
@@ -51,25 +51,32 @@ def erase_user(
 ) -> Erasure:
     """Erase the content of ``user_id``'s final exchanges.
 
-    The user's chains must verify first: the records are chosen by their user id, which
-    whoever can write the database can change (another user's records given this id
-    for the erasure and given back after it lost their content under a real statement).
+    Each record must check first (:func:`~storage.verify.record_doubt`): the records are
+    chosen by their user id, which whoever can write the database can change (another
+    user's records given this id for the erasure and given back after it lost their
+    content under a real statement); one that does not is left as it is, and named.
     Exactly the records chosen and signed are erased: one the proxy seals meanwhile
     waits for the next erasure (erased unsigned, ``verify`` would call it tampering)."""
     now = now or datetime.now(UTC)
     c = exchanges.c
     which = (c.user_id == user_id, c.status != IN_PROGRESS, c.erased_at.is_(None))
+    heads = signed_heads(signer)
+    refused: dict[str, str] = {}
     try:
-        with engine.connect() as conn:
-            chain_ids = conn.execute(select(c.chain_id).where(*which, c.chain_id.is_not(None)).group_by(c.chain_id))
-            refused = unverified(engine, signer, [r[0] for r in chain_ids])
+        chosen = []
+        with engine.connect() as reading:  # (streamed: its options would stay on a connection that writes)
+            for row in stored_records(reading, and_(*which), c.chain_id, c.chain_seq):
+                chain_id = row["chain_id"]
+                doubt = record_doubt(row, heads.get(chain_id, {})) if chain_id is not None else None
+                if doubt is None:
+                    chosen.append((row["id"], chain_id, row["chain_seq"], row["record_hash"]))
+                elif chain_id not in refused:
+                    refused[chain_id] = f"record {row['chain_seq']} (id {row['id']}): {doubt}"
         with engine.begin() as conn:
-            rows = conn.execute(select(c.id, c.chain_id, c.chain_seq, c.record_hash).where(*which).with_for_update())
-            chosen = [r for r in rows if r.chain_id not in refused]
-            signed = [(r.chain_id, r.chain_seq, r.record_hash) for r in chosen if r.chain_id is not None]
+            signed = [(chain_id, seq, digest) for _, chain_id, seq, digest in chosen if chain_id is not None]
             if signer is not None and signed:
                 signer.erasure(user_id, signed, now)
-            ids = [r.id for r in chosen]
+            ids = [rid for rid, *_ in chosen]
             erased = (
                 {name: _erased(name) for name in CONTENT_COLUMNS} | dict.fromkeys(STORED_FORMS) | {"erased_at": now}
             )

@@ -30,15 +30,17 @@ from sqlalchemy import Connection, Engine, and_, delete, func, insert, not_, or_
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.sql.elements import ColumnElement
 
+from storage.chain import GENESIS
 from storage.database import DatabaseError, first_line
 from storage.schema import IN_PROGRESS, chains, exchanges, purge_log
 from storage.statements import MIN_RETENTION, Signer
-from storage.verify import unverified
+from storage.verify import prefix_doubt, signed_heads
 
 log = logging.getLogger(__name__)
 
 #: The most days ``llm_audit_retention_days`` may keep: a century (more reaches no date).
 MAX_RETENTION_DAYS = 36_500
+_START = (chains.c.chain_id, chains.c.start_seq, chains.c.start_prev_hash)
 
 _AGE = re.compile(r"(\d+)([hdw])")
 _AGE_UNITS = {"h": "hours", "d": "days", "w": "weeks"}
@@ -58,7 +60,7 @@ class PurgeResult:
     cutoff: datetime
     dry_run: bool
     log_id: int | None  # the purge_log row; None for a dry run
-    # chains left whole because they do not verify (:func:`~storage.verify.unverified`): chain -> its problem
+    # chains left whole because their records to be purged do not check (:func:`~storage.verify.prefix_doubt`)
     refused: dict[str, str] = field(default_factory=dict)
 
 
@@ -135,9 +137,10 @@ def purge(
     the purge's ``purge_log`` row before anything is deleted, and, given a ``signer``,
     in a signed purge statement (:mod:`storage.statements`), without which
     ``verify --checkpoints`` calls the moved start tampering. The chains it cuts must
-    verify first (:func:`~storage.verify.unverified`): what is old is read from the
-    database, which whoever can write it could have made say so. A chain that does not
-    is left whole, and named in the result (``refused``).
+    check first (:func:`~storage.verify.prefix_doubt`: each matches its hash, links, and
+    matches the checkpoints in the signer's folder): what is old is read from the
+    database, which whoever can write it could have made say so. A chain whose records do
+    not is left whole, and named in the result (``refused``).
     """
     if cutoff.tzinfo is None:
         raise ValueError("cutoff must be an aware datetime")
@@ -145,14 +148,15 @@ def purge(
     try:
         with engine.connect() as conn:
             cuts, unreadable = _chain_cuts(conn, cutoff)
+            begins = {r.chain_id: r.start_seq for r in conn.execute(select(*_START[:2])) if type(r.start_seq) is int}
             if dry_run:
-                to_purge = or_(*(condition for condition, _ in _batches(cutoff, cuts)))
+                to_purge = or_(*(condition for condition, _ in _batches(cutoff, cuts, begins)))
                 count = conn.execute(select(func.count()).select_from(exchanges).where(to_purge)).scalar_one()
                 return PurgeResult(count, cutoff, dry_run=True, log_id=None)
     except SQLAlchemyError as e:
         raise DatabaseError(f"cannot count the exchanges to purge: {first_line(e)}") from None
 
-    refused = unreadable | unverified(engine, signer, [cut.chain_id for cut in cuts])
+    refused = unreadable | _doubts(engine, signer, cuts)
     cuts = [cut for cut in cuts if cut.chain_id not in refused]
     deleted = 0
     try:
@@ -175,7 +179,7 @@ def purge(
             for cut in cuts:
                 _move_start(conn, cut)
         stop = stop or threading.Event()
-        for condition, order in _batches(cutoff, cuts):
+        for condition, order in _batches(cutoff, cuts, begins):
             while not stop.is_set():
                 n, pause = _delete_batch(engine, log_id, condition, order, batch_size)
                 deleted += n
@@ -249,6 +253,22 @@ def _chain_cuts(conn: Connection, cutoff: datetime) -> tuple[list[_Cut], dict[st
     return cuts, unreadable
 
 
+def _doubts(engine: Engine, signer: Signer | None, cuts: list[_Cut]) -> dict[str, str]:
+    """The chains whose records to be purged do not check (:func:`~storage.verify.prefix_doubt`)."""
+    if not cuts:
+        return {}
+    heads = signed_heads(signer)
+    doubts = {}
+    with engine.connect() as conn:
+        starts = {r.chain_id: (r.start_seq, r.start_prev_hash) for r in conn.execute(select(*_START))}
+        for cut in cuts:
+            start, start_prev = starts.get(cut.chain_id, (1, GENESIS))
+            doubt = prefix_doubt(conn, cut.chain_id, start, start_prev, cut.last, heads.get(cut.chain_id, {}))
+            if doubt is not None:
+                doubts[cut.chain_id] = doubt
+    return doubts
+
+
 def _old_behind(conn: Connection, chain_id: str, kept: int, cutoff: datetime) -> int:
     """How many old records follow ``kept``, the chain's first record that is not old: a
     chain loses only a prefix, so they wait (for GDPR's storage limit: said, not silent)."""
@@ -257,15 +277,25 @@ def _old_behind(conn: Connection, chain_id: str, kept: int, cutoff: datetime) ->
     return int(conn.execute(select(func.count()).select_from(exchanges).where(*where)).scalar_one())
 
 
-def _batches(cutoff: datetime, cuts: list[_Cut]) -> list[tuple[ColumnElement[bool], ColumnElement]]:
+def _batches(
+    cutoff: datetime, cuts: list[_Cut], begins: dict[str, int]
+) -> list[tuple[ColumnElement[bool], ColumnElement]]:
     """The rows to purge: conditions, each with the indexed column that finds them in order.
 
-    One per chain (its prefix, by number), and one for old records in no chain (written
-    before chains existed), so that every batch is an index range scan.
+    One per chain cut (its prefix, by number); one per other chain with records before
+    its start (``begins``: each chain's start), which a purge that did not finish left (signed gone already,
+    the start moved past them); and one for old records in no chain (written before
+    chains existed), so that every batch is an index range scan.
     """
     c = exchanges.c
+    cut = {cut.chain_id for cut in cuts}
     return [
         *((and_(c.chain_id == cut.chain_id, c.chain_seq <= cut.last), c.chain_seq) for cut in cuts),
+        *(
+            (and_(c.chain_id == chain_id, c.chain_seq < start), c.chain_seq)
+            for chain_id, start in begins.items()
+            if start > 1 and chain_id not in cut
+        ),
         (and_(c.chain_id.is_(None), _old(cutoff)), c.started_at),
     ]
 

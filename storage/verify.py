@@ -64,7 +64,7 @@ from storage.checkpoint import Checkpoint, in_ranges, merged_ranges, read_checkp
 from storage.quarantine import kept_line
 from storage.schema import IN_PROGRESS, chains, exchanges, quarantine
 from storage.spool import row_of_line
-from storage.statements import MIN_RETENTION, SignedStart, Signer, Statements, read_statements
+from storage.statements import MIN_RETENTION, SignedStart, Signer, Statements
 from storage.stored import StoredValues
 
 UNREADABLE_KEY = "_unreadable"  # on a row read by verify: the columns whose stored text cannot be decoded
@@ -80,9 +80,6 @@ class Problem:
     seq: int | None
     record_id: str | None
     detail: str
-    # about a signed statement's own terms (a forced purge), reported for as long as the
-    # statement is kept: no doubt about the records the chain holds now
-    of_statement: bool = False
 
     def line(self) -> str:
         where = f"record {self.seq} (id {self.record_id})" if self.record_id else f"at {self.seq}"
@@ -127,9 +124,9 @@ class ChainReport:
             return f"{self.chain_id}: no checkpoint signed by a trusted key names this chain: {records} are not covered"
         return f"{self.chain_id}: not yet covered by a checkpoint: {records}"
 
-    def add(self, kind: str, seq: int | None, record_id: str | None, detail: str, of_statement: bool = False) -> None:
+    def add(self, kind: str, seq: int | None, record_id: str | None, detail: str) -> None:
         if len(self.problems) < MAX_PROBLEMS:
-            self.problems.append(Problem(kind, self.chain_id, seq, record_id, detail, of_statement))
+            self.problems.append(Problem(kind, self.chain_id, seq, record_id, detail))
 
     def verdict(self) -> str:
         span = f"records {self.start}..{self.last.seq}" if self.records else "no records"
@@ -251,7 +248,7 @@ def verify(
             start, start_prev, head, head_hash = place or (1, GENESIS, 0, GENESIS)
             kept = held.get(chain_id, {})
             report = _verify_chain(conn, chain_id, start, start_prev, checkpoints, kept, statements)
-            _before_start(conn, report, start_prev, statements)
+            _before_start(conn, report, start_prev, statements, kept)
             if place is None:
                 report.add("modified", None, None, "the chains table's row of this chain cannot be read")
             if statements is not None:
@@ -278,31 +275,63 @@ def verify(
         return Report(reports, _unchained(conn), count, _time_or_none(oldest))
 
 
-def unverified(engine: Engine, signer: Signer | None, chain_ids: Collection[str]) -> dict[str, str]:
-    """The chains of ``chain_ids`` that do not verify, each with its first problem (a
-    line naming where it was checked): against the checkpoints and statements in the
-    signer's folder when it holds checkpoints (as ``llm-audit checkpoint`` checks before
-    it signs), else by the chains alone.
-
-    A purge or an erasure signs what the database says: records chosen by their times,
-    or by their user id. Whoever can write the database could otherwise make a young
-    record look old (a purge then signs its deletion, tampering and all) or another
-    user's record look the data subject's (an erasure then destroys it under a real
-    statement), and ``verify`` would pass. So neither signs or changes anything in a
-    chain ``verify`` does not accept."""
-    if not chain_ids:
-        return {}
+def signed_heads(signer: Signer | None) -> dict[str, dict[int, str]]:
+    """Every chain head the checkpoints in the signer's folder signed: {chain: {seq: hash}}
+    (none without a signer, or a folder with no checkpoint yet)."""
     folder = signer.directory if signer is not None else None
-    if signer is not None and folder is not None and folder.is_dir() and any(folder.glob("checkpoint-*.json")):
-        public = signer.key.public_key()
-        report = verify(engine, read_checkpoints(folder, public), read_statements(folder, public), only=chain_ids)
-        where = f"against the checkpoints in {folder}"
-    else:
-        report = verify(engine, only=chain_ids)
-        where = "by the chain alone"
-    # (a forced purge of the past stays reported by verify; it casts no doubt on the records now)
-    doubts = {c.chain_id: [p for p in c.problems if not p.of_statement] for c in report.chains}
-    return {chain: f"{found[0].line()}, checked {where}" for chain, found in doubts.items() if found}
+    if signer is None or folder is None or not folder.is_dir() or not any(folder.glob("checkpoint-*.json")):
+        return {}
+    heads: dict[str, dict[int, str]] = {}
+    for checkpoint in read_checkpoints(folder, signer.key.public_key()):
+        for chain_id, head in checkpoint.heads.items():
+            heads.setdefault(chain_id, {})[head.seq] = head.hash
+    return heads
+
+
+def prefix_doubt(
+    conn: Connection, chain_id: str, start: int, start_prev: str, last: int, heads: dict[int, str]
+) -> str | None:
+    """Why the records ``start..last`` of a chain must not be purged, or None.
+
+    A purge deletes what the database calls old, and whoever can write it could have
+    made young records look so: the tampering would go with them, under a real signed
+    statement. So each record to be deleted must match its hash and link to the one
+    before it (a gap only where the quarantine holds the records missing), and so must
+    the records after them up to the first head a checkpoint in the purge's folder
+    signed at or past ``last``, which must be that head (a prefix rewritten consistently,
+    hashes and all, rewrites every record after it). Problems elsewhere in the chain
+    (records past that checkpoint, a start moved under another key) are ``verify``'s to
+    report; they do not keep these records from their retention."""
+    c = exchanges.c
+    kept = _quarantined_records(conn).get(chain_id, {})
+    expected, prev = start, start_prev
+    through = min((seq for seq in heads if seq >= last), default=last)
+    where = and_(c.chain_id == chain_id, c.chain_seq >= start, c.chain_seq <= through)
+    for row in stored_records(conn, where, c.chain_seq, c.id):
+        seq = row["chain_seq"]
+        if (problem := record_problem(row)) is not None:
+            return f"record {seq} (id {row['id']}): {problem}"
+        if seq != expected and (seq < expected or _fill(kept, expected, seq - 1, prev, row["prev_hash"]) is None):
+            return f"record {seq} (id {row['id']}): records {expected}..{seq - 1} are missing, or it is there twice"
+        if seq == expected and row["prev_hash"] != prev:
+            return f"record {seq} (id {row['id']}) does not link to the record before it"
+        if seq in heads and heads[seq] != row["record_hash"]:
+            return f"record {seq} (id {row['id']}) is not the record a checkpoint signed at its number"
+        expected, prev = seq + 1, row["record_hash"]
+    if expected <= through and _fill(kept, expected, through, prev, heads.get(through)) is None:
+        return f"records {expected}..{through} are missing (a checkpoint signed the chain up to {through})"
+    return None
+
+
+def record_doubt(row: dict[str, Any], heads: dict[int, str]) -> str | None:
+    """Why a record of :func:`stored_records` must not be erased, or None: its fields do
+    not match its hash (a user id changed for the erasure would make another user's
+    content go under a real statement), or a checkpoint signed another record at its number."""
+    if (problem := record_problem(row)) is not None:
+        return problem
+    if heads.get(row["chain_seq"], row["record_hash"]) != row["record_hash"]:
+        return "it is not the record a checkpoint signed at its number"
+    return None
 
 
 #: How far ahead of ``verify``'s own clock a signed statement may be dated (clocks differ).
@@ -536,11 +565,18 @@ def _verify_chain(
     return report
 
 
-def _before_start(conn: Connection, report: ChainReport, start_prev: str, statements: Statements | None) -> None:
+def _before_start(
+    conn: Connection,
+    report: ChainReport,
+    start_prev: str,
+    statements: Statements | None,
+    kept: dict[int, dict[str, Any]],
+) -> None:
     """The records numbered before the chain's start, which ``list`` and ``show`` still
     show. A purge moves the start first and deletes in batches, so one that did not
     finish leaves records it had not reached: they link back from the start, each to the
-    one before (no other text has their hashes), and are checked as records. Any other
+    one before (no other text has their hashes; one the writer quarantined links back
+    from the ``quarantine`` table, ``kept``), and are checked as records. Any other
     is no record of this chain (one planted where a check from the start never looked,
     by whoever can insert a row: on PostgreSQL, the proxy's own role): **inserted**."""
     if report.start <= 1:
@@ -550,6 +586,8 @@ def _before_start(conn: Connection, report: ChainReport, start_prev: str, statem
     where = and_(c.chain_id == report.chain_id, c.chain_seq < report.start)
     for row in stored_records(conn, where, c.chain_seq.desc(), c.id):
         seq, rid = row["chain_seq"], row["id"]
+        while type(seq) is int and seq < expected and kept.get(expected, {}).get("record_hash") == link:
+            expected, link = expected - 1, kept[expected]["prev_hash"]
         if seq == expected and row["record_hash"] == link:
             if problem := record_problem(row, statements):
                 report.add("modified", seq, rid, problem)
@@ -669,7 +707,6 @@ def _check_start(report: ChainReport, start_prev: str, signed: list[SignedStart]
                 None,
                 f"purge statement {s.file} ({s.created_at}) removed "
                 f"records that ended after {s.cutoff}, inside the {MIN_RETENTION.days}-day retention floor",
-                of_statement=True,
             )
         elif s.created_at > ahead:
             report.add(
@@ -678,7 +715,6 @@ def _check_start(report: ChainReport, start_prev: str, signed: list[SignedStart]
                 None,
                 f"purge statement {s.file} is dated {s.created_at}, after this check's own time: the clock that "
                 f"chose its cut-off {s.cutoff} ran ahead, and records younger than the floor may be gone",
-                of_statement=True,
             )
 
 

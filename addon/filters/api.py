@@ -150,12 +150,16 @@ class RequestContext:
     unreadable: tuple[str, ...] = ()
 
     @classmethod
-    def from_body(cls, dialect: str, body: Any, read: set[int] | None = None, **fields: Any) -> RequestContext:
+    def from_body(
+        cls, dialect: str, body: Any, read: set[int] | None = None, beside: bool = False, **fields: Any
+    ) -> RequestContext:
         """A context whose ``messages`` are read from ``body``; other fields as given.
-        ``read`` gets what of ``body`` they hold (:func:`~exchange.request.extract_messages`)."""
+        ``read`` gets what of ``body`` they hold (:func:`~exchange.request.extract_messages`).
+        ``beside``: the caller reads every other string of the body too, so text nested
+        deeper than the conversation's reader goes is read, not unreadable."""
         cut: list[str] = []  # (text nested deeper than the reader goes: no filter reads it)
         messages = tuple(extract_messages(body, cut, read))
-        unreadable = (*(("prompt: token ids",) if token_prompts(body) else ()), *cut)
+        unreadable = (*(("prompt: token ids",) if token_prompts(body) else ()), *([] if beside else cut))
         return cls(dialect, body, messages, **fields, unreadable=unreadable)
 
 

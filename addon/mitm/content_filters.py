@@ -254,16 +254,15 @@ def _request_context(record: ExchangeRecord, dialect: Dialect, summary: RequestS
         return RequestContext(
             dialect.name, None, (Message("user", body),), **fields, unreadable=("the body is not JSON",)
         )
-    read: set[int] = set()
-    context = RequestContext.from_body(
-        dialect.name, body if isinstance(body, (dict, list)) else None, read=read, **fields
-    )
     # Beside the conversation: a dialect's own reading of what the record keeps fingerprinted
-    # or cut (protobuf), else every other string of the body (a document's text, a tool's
-    # description, fields no reader lists), one message: a request of thousands of strings
-    # is not thousands of checks.
+    # or cut (protobuf), else every other string of the body (a document's text, fields no
+    # reader lists; apart, the tools and schemas it declares), a message each: a request
+    # of thousands of strings is not thousands of checks.
+    read: set[int] = set()
     unkept = unkept_of(body)
-    beside = Beside(unkept, []) if unkept else strings_beside(body, read)
+    parsed = body if isinstance(body, (dict, list)) else None
+    context = RequestContext.from_body(dialect.name, parsed, read=read, beside=parsed is not None, **fields)
+    beside = Beside(unkept, []) if unkept else strings_beside(parsed, read)
     extra = [Message(role, "\n".join(texts)) for role, texts in (("context", beside.text), (DECLARED, beside.declared))]
     context = replace(context, messages=(*context.messages, *(m for m in extra if m.text)))
     if not beside.whole:

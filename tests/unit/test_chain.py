@@ -47,10 +47,10 @@ from storage.erase import erase_user
 from storage.lease import LeaseHeld
 from storage.prepare import prepare
 from storage.retention import DailyPurge, purge
-from storage.schema import chains, erasure_log, exchanges, purge_log
+from storage.schema import chains, erasure_log, exchanges, purge_log, quarantine
 from storage.spool import Spool
 from storage.statements import Signer, read_statements
-from storage.verify import unverified, verify
+from storage.verify import verify
 from storage.writer import AuditWriter
 
 BIN = Path(sys.executable).parent
@@ -976,13 +976,13 @@ def young_and_old(engine, tmp_path) -> list[dict]:
 def test_a_purge_leaves_a_chain_whole_when_young_records_were_made_to_look_old(engine, tmp_path, url):
     """An insider back-dates records minutes old: the next signed purge deleted them with
     the tampering and verify passed (the review's f1). The chain must verify first."""
-    young_and_old(engine, tmp_path)
+    rows = young_and_old(engine, tmp_path)
     sql(engine, update(exchanges).where(exchanges.c.chain_seq.between(4, 7)).values(ended_at=datetime(2020, 1, 1)))
     out = llm_audit("--db", url, "purge", "--older-than", "365d", *signed(tmp_path))
     assert out.returncode == 1, out
     assert out.stdout.startswith("deleted 0 "), out
-    assert f"chain '{INSTANCE}' does not verify (modified: record 4" in out.stderr, out
-    assert "nothing in it was purged" in out.stderr and not list((tmp_path / "checkpoints").glob("purge-*.json"))
+    assert f"chain '{INSTANCE}': record 4 (id {rows[3]['id']}): its fields do not match" in out.stderr
+    assert "nothing in the chain was purged" in out.stderr and not list((tmp_path / "checkpoints").glob("purge-*.json"))
     with engine.connect() as conn:
         assert conn.execute(select(exchanges.c.chain_seq).order_by(exchanges.c.chain_seq)).scalars().all() == [
             *range(1, 9)
@@ -1001,7 +1001,7 @@ def test_a_chain_rewritten_consistently_is_left_whole_by_a_purge_that_has_the_ch
     rewrite_from(engine, rows, 4)
     assert llm_audit("--db", url, "verify").returncode == 0  # consistent by itself
     out = llm_audit("--db", url, "purge", "--older-than", "365d", *signed(tmp_path))
-    assert out.returncode == 1 and f"against the checkpoints in {tmp_path / 'checkpoints'}" in out.stderr, out
+    assert out.returncode == 1 and "is not the record a checkpoint signed at its number" in out.stderr, out
 
 
 def test_an_erasure_refuses_records_whose_user_was_changed_and_verify_names_a_swap_after_it(
@@ -1013,14 +1013,16 @@ def test_an_erasure_refuses_records_whose_user_was_changed_and_verify_names_a_sw
     checkpoint_now(engine, tmp_path)
     sql(engine, update(exchanges).where(exchanges.c.chain_seq == 2).values(user_id="bob"))
     out = llm_audit("--db", url, "erase", "--user", "bob", *signed(tmp_path))
-    assert out.returncode == 1 and "nothing in it was erased" in out.stderr, out
+    assert out.returncode == 1 and "its fields do not match its hash" in out.stderr, out
+    assert out.stdout.startswith("erased the content of 1 exchanges of user 'bob'"), out  # (bob's own)
     with engine.connect() as conn:
-        assert conn.execute(select(func.count()).where(exchanges.c.erased_at.is_not(None))).scalar_one() == 0
+        erased = conn.execute(select(exchanges.c.chain_seq).where(exchanges.c.erased_at.is_not(None))).scalars().all()
+        assert erased == [1]
     # An erasure signed over the swap all the same (by a version before this check), the
     # id given back after it: the record verifies by itself; the statement says whose it erased.
-    monkeypatch.setattr("storage.erase.unverified", lambda *args: {})
+    monkeypatch.setattr("storage.erase.record_doubt", lambda *args: None)
     signer = Signer(tmp_path / "checkpoints", load_or_create_key(tmp_path / "key.pem"))
-    assert erase_user(engine, "bob", actor="test", signer=signer).count == 2
+    assert erase_user(engine, "bob", actor="test", signer=signer).count == 1
     sql(engine, update(exchanges).where(exchanges.c.chain_seq == 2).values(user_id="alice"))
     out = signed_verify(url, tmp_path)
     assert out.returncode == 1, out
@@ -1115,7 +1117,8 @@ def test_every_signed_purge_is_judged_a_forced_one_forever_and_one_dated_ahead(e
     details = [p.detail for c in report.chains for p in c.problems]
     assert sum("inside the 183-day retention floor" in d for d in details) == 2, details
     assert sum("after this check's own time" in d for d in details) == 1, details
-    assert unverified(engine, signer, [INSTANCE]) == {}  # (no doubt on the records now: later purges go on)
+    later = purge(engine, now - timedelta(days=200), dry_run=False, actor="t", older_than="200d", signer=signer)
+    assert later.refused == {} and later.count == 3  # (they cast no doubt on the records now: purges go on)
 
 
 def test_records_before_a_chains_start_are_checked_leftovers_of_a_purge_and_planted_ones(engine, tmp_path, url):
@@ -1193,3 +1196,32 @@ def test_old_records_kept_behind_a_young_one_are_said(engine, tmp_path, caplog):
         result = purge(engine, datetime.now(UTC) - timedelta(days=200), dry_run=False, actor="t", older_than="200d")
     assert result.count == 1
     assert f"chain '{INSTANCE}': 3 exchanges that ended before the cut-off are kept behind record 2" in caplog.text
+
+
+def test_an_unfinished_purges_leftovers_are_deleted_by_the_next_and_a_quarantined_one_links_back(engine, tmp_path):
+    """Leftovers before the start stayed unless a later purge cut further, and one the
+    writer had quarantined made verify call the rest inserted (review 52c F8, F5)."""
+    rows = seeded(engine, tmp_path, 6)
+    sql(engine, update(chains).values(start_seq=5, start_prev_hash=rows[3]["record_hash"]))  # (a purge cut at 4)
+    # record 3 was quarantined by the writer: its line is in a file, its row here
+    sql(engine, delete(exchanges).where(exchanges.c.chain_seq == 3))
+    sql(
+        engine,
+        insert(quarantine).values(
+            quarantined_at=datetime.now(UTC),
+            reason="test",
+            file="q.jsonl",
+            size=1,
+            sha256="0" * 64,
+            chain_id=INSTANCE,
+            chain_seq=3,
+            prev_hash=rows[1]["record_hash"],
+            record_hash=rows[2]["record_hash"],
+            record_id=rows[2]["id"],
+        ),
+    )
+    report = verify(engine).chains[0]
+    assert report.ok and "3 before it left by an unfinished purge" in report.verdict(), report.problems
+    result = purge(engine, datetime.now(UTC) - timedelta(days=200), dry_run=False, actor="t", older_than="200d")
+    assert (result.count, result.refused) == (3, {})  # (nothing is old: only the leftovers go)
+    assert verify(engine).chains[0].verdict() == f"chain {INSTANCE}: OK, records 5..6"
