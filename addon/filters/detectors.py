@@ -61,7 +61,11 @@ WORD = r"\pL\pN_"
 # "Nightjarʼs"), and their words against one another ("夜鹰队"). Each of their
 # characters is a word edge, as a space is: a keyword or a credential among them is
 # found (a word of theirs right after a Latin letter still is not: "abc夜鹰").
-NO_SPACE = r"\p{Han}\p{Hiragana}\p{Katakana}\p{Hangul}\p{Thai}\p{Lao}\p{Khmer}\p{Myanmar}\x{02BC}\x{30FC}\x{FF70}"
+NO_SPACE = (
+    r"\p{Han}\p{Hiragana}\p{Katakana}\p{Hangul}\p{Bopomofo}\p{Yi}\p{Thai}\p{Lao}\p{Khmer}\p{Myanmar}"
+    r"\p{Tibetan}\p{Javanese}\p{Balinese}\p{Tai_Tham}\p{New_Tai_Lue}\p{Tai_Viet}"
+    r"\x{02BC}\x{3031}-\x{3035}\x{30FC}\x{FF70}"
+)
 NOT_WORD = rf"(?:[^{WORD}]|[{NO_SPACE}])"
 # Python's ``\s`` (str.isspace), written as literal characters both parsers read alike.
 SPACE = "[\t\n\x0b\x0c\r\x1c-\x1f \x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000]"
@@ -480,7 +484,8 @@ def _iban_span(text: str, start: int, end: int) -> tuple[int, int] | None:
     else:
         return None
     stop += 1
-    if text[stop : stop + 1].isalnum() or not iban_ok(text[start:stop].replace(" ", "")):
+    after = text[stop : stop + 1]  # (an IBAN is ASCII: a letter of another script after it is an edge, as in Japanese)
+    if (after.isascii() and after.isalnum()) or not iban_ok(text[start:stop].replace(" ", "")):
         return None
     return start, stop
 

@@ -185,6 +185,10 @@ def test_a_bounded_pattern_without_prefixes_holds_its_longest_match(pattern, tex
         "Nightjar는 무엇입니까?",
         "Nightjarʼs plan",
         "ナイトジャーNightjar",
+        "Nightjarཞེས",  # Tibetan
+        "Nightjarꦲꦸ",  # Javanese
+        "Nightjarㄅ",  # Bopomofo
+        "Nightjar〱",  # the vertical kana repeat mark
     ],
 )
 def test_a_keyword_right_against_letters_of_a_script_without_spaces_is_found_however_cut(text):
@@ -202,3 +206,12 @@ def test_a_keyword_of_those_scripts_is_found_among_their_letters_and_latin_words
 def test_a_credential_right_against_chinese_is_found():
     [rule] = rules_of('kind = "secrets"')
     assert [h.label for h in rule.find("密钥AKIAIOSFODNN7EXAMPLE是这个")] == ["aws_access_key_id"]
+
+
+@pytest.mark.parametrize("text", ["口座DE89370400440532013000まで", "IBAN DE89370400440532013000は"])
+def test_an_iban_right_before_japanese_is_found_however_cut(text):
+    """The IBAN's right edge refused any letter, so one written before kana or Han passed
+    where a card or an address there was found (review 52c F9)."""
+    [rule] = rules_of('kind = "pii"')
+    assert [h.label for h in rule.find(text)] == ["iban"]
+    released_before_block([rule], text, every_character(text))
