@@ -267,6 +267,13 @@ def test_kill_9_under_load_loses_no_exchange_a_client_saw_complete(request, tmp_
         restarted.process.stop()
 
 
+def keyword_guarded(request, tmp_path, backend):
+    """A proxy with one blocking keyword rule (``Nightjar``), the closed policy by default."""
+    rules = tmp_path / "rules.toml"
+    rules.write_text('[[rule]]\nid = "code"\nkind = "keywords"\nkeywords = ["Nightjar"]\naction = "block"\n')
+    return start_proxy(tmp_path, "--set", f"llm_rules={rules}", **new_database(request, backend, tmp_path))
+
+
 @pytest.mark.parametrize(
     ("name", "body"),
     [
@@ -297,10 +304,8 @@ def test_a_whole_answer_the_filters_cannot_read_as_json_is_not_let_through_unche
             b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body)
         )
 
-    rules = tmp_path / "rules.toml"
-    rules.write_text('[[rule]]\nid = "code"\nkind = "keywords"\nkeywords = ["Nightjar"]\naction = "block"\n')
     with h1_server(respond) as url:
-        proxy = start_proxy(tmp_path, "--set", f"llm_rules={rules}", **new_database(request, backend, tmp_path))
+        proxy = keyword_guarded(request, tmp_path, backend)
         try:
             rid = uuid.uuid4().hex
             answer = post_chat(proxy, url, rid, stream=False)
@@ -329,10 +334,8 @@ def test_a_response_that_is_no_answer_passes_under_the_closed_policy(request, tm
     def respond(conn: socket.socket, _request: bytes) -> None:
         conn.sendall(head)
 
-    rules = tmp_path / "rules.toml"
-    rules.write_text('[[rule]]\nid = "code"\nkind = "keywords"\nkeywords = ["Nightjar"]\naction = "block"\n')
     with h1_server(respond) as url:
-        proxy = start_proxy(tmp_path, "--set", f"llm_rules={rules}", **new_database(request, backend, tmp_path))
+        proxy = keyword_guarded(request, tmp_path, backend)
         try:
             rid = uuid.uuid4().hex
             answer = post_chat(proxy, url, rid, stream=False, follow_redirects=False)
