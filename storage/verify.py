@@ -75,7 +75,7 @@ MAX_GAP = 10_000  # the longest gap looked up in the quarantine
 
 @dataclass(frozen=True, slots=True)
 class Problem:
-    kind: str  # modified | deleted | inserted | forked | reordered | rewritten | truncated | purged | unvouched
+    kind: str  # modified | deleted | inserted | forked | reordered | rewritten | truncated | purged | unvouched | unerased
     chain_id: str | None
     seq: int | None
     record_id: str | None
@@ -497,6 +497,15 @@ def record_problem(row: dict[str, Any], statements: Statements | None = None) ->
     return problem
 
 
+def _unerased(row: dict[str, Any], statements: Statements | None) -> str | None:
+    """The user a signed erasure statement erased ``row`` as, when the record is not
+    erased (its content back: a backup from before the erasure restored); else None."""
+    if statements is None or row["erased_at"] is not None:
+        return None
+    signed = statements.erased.get(row["chain_id"], {}).get(row["chain_seq"])
+    return signed[1] if signed is not None and signed[0] == row["record_hash"] else None
+
+
 def _as_sealed(number: float, hashes: Any) -> float:
     """A request body SQLite's column affinity turned into a number, as it was sealed: a
     client's body ``1.0`` was stored as the integer 1 (and ``2**63`` as a real) until
@@ -531,6 +540,14 @@ def _verify_chain(
             continue
         if problem := record_problem(row, statements):
             report.add("modified", seq, rid, problem)
+        elif (erased_as := _unerased(row, statements)) is not None:
+            report.add(
+                "unerased",
+                seq,
+                rid,
+                f"a signed erasure statement erased it (user {erased_as!r}), but its content is here: a backup from "
+                "before the erasure restored? run llm-audit erase for that user again",
+            )
         if seq < expected:
             if seq == expected - 1 and row["prev_hash"] == parent:
                 report.add(

@@ -1225,3 +1225,18 @@ def test_an_unfinished_purges_leftovers_are_deleted_by_the_next_and_a_quarantine
     result = purge(engine, datetime.now(UTC) - timedelta(days=200), dry_run=False, actor="t", older_than="200d")
     assert (result.count, result.refused) == (3, {})  # (nothing is old: only the leftovers go)
     assert verify(engine).chains[0].verdict() == f"chain {INSTANCE}: OK, records 5..6"
+
+
+def test_an_erasure_undone_by_a_restored_backup_is_named(engine, tmp_path, url):
+    """A backup from before the erasure brought the content back, and verify --checkpoints
+    passed: the signed statements name the records erased (review 52a f16)."""
+    write(engine, [record(0, user="bob"), record(1)], tmp_path)
+    with engine.connect() as conn:
+        before = [dict(r) for r in conn.execute(select(exchanges).order_by(exchanges.c.chain_seq)).mappings()]
+    checkpoint_now(engine, tmp_path)
+    assert llm_audit("--db", url, "erase", "--user", "bob", *signed(tmp_path)).returncode == 0
+    restored = {k: before[0][k] for k in (*CONTENT_COLUMNS, "erased_at")}
+    sql(engine, update(exchanges).where(exchanges.c.chain_seq == 1).values(**restored))
+    assert llm_audit("--db", url, "verify").returncode == 0  # (the chain alone cannot tell)
+    out = signed_verify(url, tmp_path)
+    assert out.returncode == 1 and "unerased: record 1" in out.stdout and "user 'bob'" in out.stdout, out
