@@ -334,7 +334,7 @@ def _cmd_erase(args: argparse.Namespace) -> int:
         print(f"no exchange has the user id {args.user!r}; ids that differ only in case: {', '.join(map(repr, alike))}")
     if done.still_open:
         print(f"{done.still_open} exchanges of the user are still in progress: run this again once they have ended")
-    return _refused(done.refused, "it was left as it is (the user's records that check were erased)")
+    return _refused(done.refused, "the user's records in it were left as they are (those in other chains were erased)")
 
 
 def _refused(refused: dict[str, str], left: str) -> int:

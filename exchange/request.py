@@ -47,6 +47,7 @@ Pure: no I/O, nothing of the proxy; it never raises, whatever the body holds.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -249,25 +250,30 @@ def strings_beside(body: Any, read: set[int], budget: int = 1_000_000) -> Beside
         value, key, parent, declared = stack.pop()
         if id(value) in read:
             continue
+        top = parent is body
         if isinstance(value, str):
-            if value and not (_labels(key) or _binary(value, key, parent)):
+            if value and not (_labels(key, top) or _binary(value, key, parent)):
                 (out.declared if declared else out.text).append(value)
         elif isinstance(value, list):
-            if not (_labels(key) and all(isinstance(v, str) for v in value)):
+            if not (_labels(key, top) and all(isinstance(v, str) for v in value)):
                 stack.extend((v, key, parent, declared) for v in reversed(value))
         elif isinstance(value, dict):
-            top = value is body
+            here = value is body
             stack.extend(
-                (v, k, value, declared or (top and k in _DECLARING_KEYS))
+                (v, k, value, declared or (here and k in _DECLARING_KEYS and isinstance(v, dict | list)))
                 for k, v in reversed(value.items())
-                if not (top and k == "metadata")
+                if not (here and k == "metadata")
             )
     return out
 
 
-def _labels(key: Any) -> bool:
-    """Whether strings under ``key`` are names and labels, not text (see :func:`strings_beside`)."""
-    return isinstance(key, str) and (key in _LABEL_KEYS or key.endswith(("_id", "Id")))
+def _labels(key: Any, top: bool) -> bool:
+    """Whether strings under ``key`` are names and labels, not text (see :func:`strings_beside`):
+    a message's or a part's ``role``, ``type`` or id anywhere, the request's own settings
+    (``model``, ``user``, ``stop``, …) only at its top (a document may hold a ``user``)."""
+    if not isinstance(key, str):
+        return False
+    return key in _STRUCTURE_KEYS or key.endswith(("_id", "Id")) or (top and key in _LABEL_KEYS)
 
 
 def _binary(value: str, key: Any, parent: dict[str, Any] | None) -> bool:
@@ -277,6 +283,8 @@ def _binary(value: str, key: Any, parent: dict[str, Any] | None) -> bool:
     if value.startswith("data:"):
         kind, _, rest = value[5:].partition(",")
         return bool(rest) and kind.endswith(";base64") and not kind.startswith("text/")
+    if not _BASE64(value):  # (text: spaces, punctuation; whatever a key or a sibling says)
+        return False
     if key in _BASE64_KEYS:
         return True
     if key in ("data", "bytes") and parent is not None:
@@ -291,18 +299,24 @@ def _binary(value: str, key: Any, parent: dict[str, Any] | None) -> bool:
     return False
 
 
-# Top-level keys of what the application declares: its tools and the output's schema.
+# Top-level keys of what the application declares (an object or a list under them): its
+# tools and the output's schema (Chat, Responses, Anthropic, Gemini, Ollama, vLLM).
 _DECLARING_KEYS = frozenset(
-    {"tools", "functions", "toolConfig", "tool_config", "response_format", "text", "format", "output_config"}
-)
-# Keys whose string values are names and labels, not text the model reads (see strings_beside).
+    {
+        "tools", "functions", "toolConfig", "tool_config", "response_format", "text", "format", "output_config",
+        "output_format", "generationConfig", "generation_config", "guided_json", "structured_outputs",
+    }
+)  # fmt: skip
+# Keys whose string values are structure, not text, wherever they are (see strings_beside).
+_STRUCTURE_KEYS = frozenset({"role", "type", "id", "object", "mime_type", "mimeType", "media_type", "detail"})
+# The request's own settings: labels at its top level.
 _LABEL_KEYS = frozenset(
     {
-        "model", "role", "type", "id", "object", "user", "safety_identifier", "prompt_cache_key",
-        "service_tier", "reasoning_effort", "detail", "mime_type", "mimeType", "media_type", "encoding",
+        "model", "user", "safety_identifier", "prompt_cache_key", "service_tier", "reasoning_effort", "encoding",
         "stop", "tool_choice",
     }
 )  # fmt: skip
+_BASE64 = re.compile(r"[A-Za-z0-9+/=_-]+").fullmatch
 # Keys whose values are only ever base64: a thinking block's signature, encrypted reasoning, images made.
 _BASE64_KEYS = frozenset({"signature", "encrypted_content", "b64_json", "redacted_thinking"})
 _MEDIA_KEYS = ("media_type", "mimeType", "mime_type")

@@ -22,15 +22,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from typing import Any
 
-from sqlalchemy import Engine, and_, case, func, insert, literal, select, update
+from sqlalchemy import Connection, Engine, and_, case, func, insert, literal, select, update
 from sqlalchemy.exc import SQLAlchemyError
 
 from storage.chain import CONTENT_COLUMNS, ERASED, STORED_FORMS
 from storage.database import DatabaseError, first_line
 from storage.schema import IN_PROGRESS, erasure_log, exchanges
 from storage.statements import Signer
-from storage.verify import record_doubt, signed_heads, stored_records
+from storage.verify import prefix_doubt, signed_heads
 
 _IDS_PER_UPDATE = 500  # (SQLite binds at most 32,766 parameters a statement)
 
@@ -40,8 +41,8 @@ class Erasure:
     """What an erasure did, and what it left."""
 
     count: int  # the exchanges whose content was erased
-    # records of the user left as they are, by chain, the first one's problem: they do not
-    # match their hash, or a checkpoint (:func:`~storage.verify.record_doubt`): nothing signed
+    # chains whose records of the user were left as they are, each with its first problem:
+    # they do not check (:func:`~storage.verify.prefix_doubt`), so nothing is signed there
     refused: dict[str, str] = field(default_factory=dict)
     still_open: int = 0  # the user's exchanges still in progress: erased by a later run
 
@@ -51,27 +52,22 @@ def erase_user(
 ) -> Erasure:
     """Erase the content of ``user_id``'s final exchanges.
 
-    Each record must check first (:func:`~storage.verify.record_doubt`): the records are
-    chosen by their user id, which whoever can write the database can change (another
-    user's records given this id for the erasure and given back after it lost their
-    content under a real statement); one that does not is left as it is, and named.
+    The user's records must check first (:func:`_doubts`): they are chosen by their user
+    id, which whoever can write the database can change (another user's records given
+    this id for the erasure and given back after it lost their content under a real
+    statement); in a chain where they do not, they are left as they are, and named.
     Exactly the records chosen and signed are erased: one the proxy seals meanwhile
     waits for the next erasure (erased unsigned, ``verify`` would call it tampering)."""
     now = now or datetime.now(UTC)
     c = exchanges.c
     which = (c.user_id == user_id, c.status != IN_PROGRESS, c.erased_at.is_(None))
     heads = signed_heads(signer)
-    refused: dict[str, str] = {}
     try:
-        chosen = []
-        with engine.connect() as reading:  # (streamed: its options would stay on a connection that writes)
-            for row in stored_records(reading, and_(*which), c.chain_id, c.chain_seq):
-                chain_id = row["chain_id"]
-                doubt = record_doubt(row, heads.get(chain_id, {})) if chain_id is not None else None
-                if doubt is None:
-                    chosen.append((row["id"], chain_id, row["chain_seq"], row["record_hash"]))
-                elif chain_id not in refused:
-                    refused[chain_id] = f"record {row['chain_seq']} (id {row['id']}): {doubt}"
+        with engine.connect() as reading:
+            rows = reading.execute(select(c.id, c.chain_id, c.chain_seq, c.record_hash).where(*which))
+            chosen = [(r.id, r.chain_id, r.chain_seq, r.record_hash) for r in rows]
+            refused = _doubts(reading, chosen, heads)
+        chosen = [choice for choice in chosen if choice[1] not in refused]
         with engine.begin() as conn:
             signed = [(chain_id, seq, digest) for _, chain_id, seq, digest in chosen if chain_id is not None]
             if signer is not None and signed:
@@ -107,6 +103,26 @@ def _checkpoint_wal(engine: Engine) -> None:
             conn.exec_driver_sql("PRAGMA wal_checkpoint(TRUNCATE)")
     except SQLAlchemyError:
         pass  # (the next checkpoint SQLite makes by itself does the same)
+
+
+def _doubts(
+    conn: Connection, chosen: list[tuple[Any, Any, Any, Any]], heads: dict[str, dict[int, str]]
+) -> dict[str, str]:
+    """The chains in which the user's records do not check, each with its first problem:
+    from the user's first record there up to the first checkpoint head at or past the
+    last one (:func:`~storage.verify.prefix_doubt`: each record's hash and links, and the
+    head; a user id changed and the records re-sealed after it is caught there)."""
+    spans: dict[str, tuple[int, int]] = {}
+    for _, chain_id, seq, _ in chosen:
+        if chain_id is not None and type(seq) is int:
+            low, high = spans.get(chain_id, (seq, seq))
+            spans[chain_id] = (min(low, seq), max(high, seq))
+    doubts = {}
+    for chain_id, (low, high) in spans.items():
+        doubt = prefix_doubt(conn, chain_id, low, None, high, heads.get(chain_id, {}))
+        if doubt is not None:
+            doubts[chain_id] = doubt
+    return doubts
 
 
 def _erased(name: str):

@@ -156,8 +156,9 @@ def purge(
     except SQLAlchemyError as e:
         raise DatabaseError(f"cannot count the exchanges to purge: {first_line(e)}") from None
 
-    refused = unreadable | _doubts(engine, signer, cuts)
+    refused = unreadable | _doubts(engine, signer, cuts, begins)
     cuts = [cut for cut in cuts if cut.chain_id not in refused]
+    begins = {chain_id: start for chain_id, start in begins.items() if chain_id not in refused}
     deleted = 0
     try:
         with engine.begin() as conn:
@@ -253,19 +254,31 @@ def _chain_cuts(conn: Connection, cutoff: datetime) -> tuple[list[_Cut], dict[st
     return cuts, unreadable
 
 
-def _doubts(engine: Engine, signer: Signer | None, cuts: list[_Cut]) -> dict[str, str]:
-    """The chains whose records to be purged do not check (:func:`~storage.verify.prefix_doubt`)."""
-    if not cuts:
-        return {}
+def _doubts(engine: Engine, signer: Signer | None, cuts: list[_Cut], begins: dict[str, int]) -> dict[str, str]:
+    """The chains whose records to be purged do not check (:func:`~storage.verify.prefix_doubt`):
+    a cut's records, from the lowest still there (an unfinished purge's leftovers before
+    the start, or records someone moved the start past, are checked too), and a chain's
+    leftovers alone when nothing else of it is cut."""
+    c = exchanges.c
     heads = signed_heads(signer)
+    lasts = {cut.chain_id: cut.last for cut in cuts}
+    lasts |= {chain_id: start - 1 for chain_id, start in begins.items() if start > 1 and chain_id not in lasts}
+    if not lasts:
+        return {}
     doubts = {}
     with engine.connect() as conn:
         starts = {r.chain_id: (r.start_seq, r.start_prev_hash) for r in conn.execute(select(*_START))}
-        for cut in cuts:
-            start, start_prev = starts.get(cut.chain_id, (1, GENESIS))
-            doubt = prefix_doubt(conn, cut.chain_id, start, start_prev, cut.last, heads.get(cut.chain_id, {}))
+        lowest = select(c.chain_id, func.min(c.chain_seq)).where(c.chain_id.is_not(None)).group_by(c.chain_id)
+        lows = dict(conn.execute(lowest).all())
+        for chain_id, last in lasts.items():
+            start, start_prev = starts.get(chain_id, (1, GENESIS))
+            low = lows.get(chain_id)
+            if type(low) is not int:
+                continue  # (nothing there to delete, or numbers _chain_cuts already named)
+            first, link = (low, None) if low < start else (start, start_prev)
+            doubt = prefix_doubt(conn, chain_id, first, link, last, heads.get(chain_id, {}))
             if doubt is not None:
-                doubts[cut.chain_id] = doubt
+                doubts[chain_id] = doubt
     return doubts
 
 
@@ -283,7 +296,7 @@ def _batches(
     """The rows to purge: conditions, each with the indexed column that finds them in order.
 
     One per chain cut (its prefix, by number); one per other chain with records before
-    its start (``begins``: each chain's start), which a purge that did not finish left (signed gone already,
+    its start (``begins``: each chain's start; only old ones), which a purge that did not finish left (signed gone already,
     the start moved past them); and one for old records in no chain (written before
     chains existed), so that every batch is an index range scan.
     """
@@ -292,7 +305,7 @@ def _batches(
     return [
         *((and_(c.chain_id == cut.chain_id, c.chain_seq <= cut.last), c.chain_seq) for cut in cuts),
         *(
-            (and_(c.chain_id == chain_id, c.chain_seq < start), c.chain_seq)
+            (and_(c.chain_id == chain_id, c.chain_seq < start, _old(cutoff)), c.chain_seq)
             for chain_id, start in begins.items()
             if start > 1 and chain_id not in cut
         ),

@@ -289,9 +289,11 @@ def signed_heads(signer: Signer | None) -> dict[str, dict[int, str]]:
 
 
 def prefix_doubt(
-    conn: Connection, chain_id: str, start: int, start_prev: str, last: int, heads: dict[int, str]
+    conn: Connection, chain_id: str, start: int, start_prev: str | None, last: int, heads: dict[int, str]
 ) -> str | None:
-    """Why the records ``start..last`` of a chain must not be purged, or None.
+    """Why the records ``start..last`` of a chain must not be purged (or erased), or None.
+    ``start_prev``: what record ``start`` must link to (None: its link is not checked,
+    the records before it are gone).
 
     A purge deletes what the database calls old, and whoever can write it could have
     made young records look so: the tampering would go with them, under a real signed
@@ -311,26 +313,17 @@ def prefix_doubt(
         seq = row["chain_seq"]
         if (problem := record_problem(row)) is not None:
             return f"record {seq} (id {row['id']}): {problem}"
-        if seq != expected and (seq < expected or _fill(kept, expected, seq - 1, prev, row["prev_hash"]) is None):
+        if seq != expected and (
+            seq < expected or prev is None or _fill(kept, expected, seq - 1, prev, row["prev_hash"]) is None
+        ):
             return f"record {seq} (id {row['id']}): records {expected}..{seq - 1} are missing, or it is there twice"
-        if seq == expected and row["prev_hash"] != prev:
+        if seq == expected and prev is not None and row["prev_hash"] != prev:
             return f"record {seq} (id {row['id']}) does not link to the record before it"
         if seq in heads and heads[seq] != row["record_hash"]:
             return f"record {seq} (id {row['id']}) is not the record a checkpoint signed at its number"
         expected, prev = seq + 1, row["record_hash"]
-    if expected <= through and _fill(kept, expected, through, prev, heads.get(through)) is None:
+    if expected <= through and (prev is None or _fill(kept, expected, through, prev, heads.get(through)) is None):
         return f"records {expected}..{through} are missing (a checkpoint signed the chain up to {through})"
-    return None
-
-
-def record_doubt(row: dict[str, Any], heads: dict[int, str]) -> str | None:
-    """Why a record of :func:`stored_records` must not be erased, or None: its fields do
-    not match its hash (a user id changed for the erasure would make another user's
-    content go under a real statement), or a checkpoint signed another record at its number."""
-    if (problem := record_problem(row)) is not None:
-        return problem
-    if heads.get(row["chain_seq"], row["record_hash"]) != row["record_hash"]:
-        return "it is not the record a checkpoint signed at its number"
     return None
 
 
@@ -604,6 +597,7 @@ def _before_start(
     for row in stored_records(conn, where, c.chain_seq.desc(), c.id):
         seq, rid = row["chain_seq"], row["id"]
         while type(seq) is int and seq < expected and kept.get(expected, {}).get("record_hash") == link:
+            report.quarantined.append(kept[expected])  # (checked against its file, as a gap's are)
             expected, link = expected - 1, kept[expected]["prev_hash"]
         if seq == expected and row["record_hash"] == link:
             if problem := record_problem(row, statements):

@@ -43,7 +43,6 @@ from addon.filters.detectors import Hit, Matcher
 from addon.filters.normalize import Folded, fold
 from addon.filters.rules import Rule
 from addon.filters.window import MAX_HITS_PER_RULE, StreamScanner, gate_set
-from exchange.request import DECLARED
 
 Failure = Literal["open", "closed"]
 DEFAULT_TIME_BUDGET = 0.005  # seconds a user filter may take per call
@@ -138,11 +137,10 @@ class FilterSet:
             verdict = self._error("llm-audit", f"cannot be checked: {', '.join(ctx.unreadable)}", "request")
             verdicts.append(verdict if blocking else replace(verdict, action=FLAG))
         gates = _RequestGates(self._request_gates, [m.text for m in ctx.messages])
-        declared = {i for i, m in enumerate(ctx.messages) if m.role == DECLARED}
         for rule in self.request_rules:
             hits = gates.hits(rule)
-            if declared and rule.kind == "pii":  # (a tool's sample address is the application's, not the user's)
-                hits = ((i, hit) for i, hit in hits if i not in declared)
+            if ctx.declared is not None and rule.kind == "pii":  # (a tool's sample address is the application's)
+                hits = ((i, hit) for i, hit in hits if i != ctx.declared)
             limit = 1 if rule.action == BLOCK else MAX_HITS_PER_RULE  # one hit is enough to block
             verdicts.extend(rule.verdict(hit, hit.start, f"messages[{i}]") for i, hit in islice(hits, limit))
         return verdicts

@@ -263,8 +263,11 @@ def _request_context(record: ExchangeRecord, dialect: Dialect, summary: RequestS
     parsed = body if isinstance(body, (dict, list)) else None
     context = RequestContext.from_body(dialect.name, parsed, read=read, beside=parsed is not None, **fields)
     beside = Beside(unkept, []) if unkept else strings_beside(parsed, read)
-    extra = [Message(role, "\n".join(texts)) for role, texts in (("context", beside.text), (DECLARED, beside.declared))]
-    context = replace(context, messages=(*context.messages, *(m for m in extra if m.text)))
+    if beside.text:
+        context = replace(context, messages=(*context.messages, Message("context", "\n".join(beside.text))))
+    if beside.declared:
+        declared = Message(DECLARED, "\n".join(beside.declared))
+        context = replace(context, messages=(*context.messages, declared), declared=len(context.messages))
     if not beside.whole:
         context = replace(context, unreadable=(*context.unreadable, "the body holds too many values to read them all"))
     unread = tuple(f"{f['code']}: {f['detail']}" for f in record.findings if f["code"] in UNREAD_MESSAGE)

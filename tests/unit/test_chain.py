@@ -1014,15 +1014,15 @@ def test_an_erasure_refuses_records_whose_user_was_changed_and_verify_names_a_sw
     sql(engine, update(exchanges).where(exchanges.c.chain_seq == 2).values(user_id="bob"))
     out = llm_audit("--db", url, "erase", "--user", "bob", *signed(tmp_path))
     assert out.returncode == 1 and "its fields do not match its hash" in out.stderr, out
-    assert out.stdout.startswith("erased the content of 1 exchanges of user 'bob'"), out  # (bob's own)
+    assert out.stdout.startswith("erased the content of 0 exchanges of user 'bob'"), out  # (their chain is in doubt)
     with engine.connect() as conn:
         erased = conn.execute(select(exchanges.c.chain_seq).where(exchanges.c.erased_at.is_not(None))).scalars().all()
-        assert erased == [1]
+        assert erased == []
     # An erasure signed over the swap all the same (by a version before this check), the
     # id given back after it: the record verifies by itself; the statement says whose it erased.
-    monkeypatch.setattr("storage.erase.record_doubt", lambda *args: None)
+    monkeypatch.setattr("storage.erase._doubts", lambda *args: {})
     signer = Signer(tmp_path / "checkpoints", load_or_create_key(tmp_path / "key.pem"))
-    assert erase_user(engine, "bob", actor="test", signer=signer).count == 1
+    assert erase_user(engine, "bob", actor="test", signer=signer).count == 2
     sql(engine, update(exchanges).where(exchanges.c.chain_seq == 2).values(user_id="alice"))
     out = signed_verify(url, tmp_path)
     assert out.returncode == 1, out
@@ -1201,7 +1201,10 @@ def test_old_records_kept_behind_a_young_one_are_said(engine, tmp_path, caplog):
 def test_an_unfinished_purges_leftovers_are_deleted_by_the_next_and_a_quarantined_one_links_back(engine, tmp_path):
     """Leftovers before the start stayed unless a later purge cut further, and one the
     writer had quarantined made verify call the rest inserted (review 52c F8, F5)."""
-    rows = seeded(engine, tmp_path, 6)
+    old = datetime.now(UTC) - timedelta(days=400)
+    write(engine, [record(i, ended=old + timedelta(minutes=i)) for i in range(4)] + [record(4), record(5)], tmp_path)
+    with engine.connect() as conn:
+        rows = [dict(r) for r in conn.execute(select(exchanges).order_by(exchanges.c.chain_seq)).mappings()]
     sql(engine, update(chains).values(start_seq=5, start_prev_hash=rows[3]["record_hash"]))  # (a purge cut at 4)
     # record 3 was quarantined by the writer: its line is in a file, its row here
     sql(engine, delete(exchanges).where(exchanges.c.chain_seq == 3))
@@ -1223,7 +1226,7 @@ def test_an_unfinished_purges_leftovers_are_deleted_by_the_next_and_a_quarantine
     report = verify(engine).chains[0]
     assert report.ok and "3 before it left by an unfinished purge" in report.verdict(), report.problems
     result = purge(engine, datetime.now(UTC) - timedelta(days=200), dry_run=False, actor="t", older_than="200d")
-    assert (result.count, result.refused) == (3, {})  # (nothing is old: only the leftovers go)
+    assert (result.count, result.refused) == (3, {})  # (only the leftovers are old)
     assert verify(engine).chains[0].verdict() == f"chain {INSTANCE}: OK, records 5..6"
 
 
@@ -1240,3 +1243,30 @@ def test_an_erasure_undone_by_a_restored_backup_is_named(engine, tmp_path, url):
     assert llm_audit("--db", url, "verify").returncode == 0  # (the chain alone cannot tell)
     out = signed_verify(url, tmp_path)
     assert out.returncode == 1 and "unerased: record 1" in out.stdout and "user 'bob'" in out.stdout, out
+
+
+def test_an_erasure_refuses_a_record_whose_user_was_changed_and_resealed(engine, tmp_path, url):
+    """alice's record given bob's id and the chain re-sealed from it: each record matched
+    its hash, and only a checkpoint past it could tell (review 52d F3)."""
+    rows = seeded(engine, tmp_path, 4)
+    checkpoint_now(engine, tmp_path)
+    rows[1]["user_id"] = "bob"
+    sql(engine, update(exchanges).where(exchanges.c.chain_seq == 2).values(user_id="bob"))
+    rewrite_from(engine, rows, 2)
+    assert llm_audit("--db", url, "verify").returncode == 0  # (consistent by itself)
+    out = llm_audit("--db", url, "erase", "--user", "bob", *signed(tmp_path))
+    assert out.returncode == 1 and "is not the record a checkpoint signed at its number" in out.stderr, out
+
+
+def test_a_purge_checks_the_records_before_a_chains_start_too(engine, tmp_path):
+    """An old record edited and the start moved past it by hand: the next purge deleted
+    it unchecked and signed a start past the edit (review 52d F1). Records before the
+    start are checked with the rest, and only old ones are deleted."""
+    old = datetime.now(UTC) - timedelta(days=400)
+    write(engine, [record(i, ended=old + timedelta(minutes=i)) for i in range(5)] + [record(5)], tmp_path)
+    with engine.connect() as conn:
+        rows = [dict(r) for r in conn.execute(select(exchanges).order_by(exchanges.c.chain_seq)).mappings()]
+    sql(engine, update(exchanges).where(exchanges.c.chain_seq == 2).values(output_text="a nicer answer"))
+    sql(engine, update(chains).values(start_seq=3, start_prev_hash=rows[1]["record_hash"]))
+    result = purge(engine, datetime.now(UTC) - timedelta(days=200), dry_run=False, actor="t", older_than="200d")
+    assert result.count == 0 and "record 2" in result.refused[INSTANCE], result

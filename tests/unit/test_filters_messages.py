@@ -222,3 +222,21 @@ def test_a_tools_sample_address_or_card_blocks_no_request_but_a_keyword_there_do
         request_body=CLAUDE_CODE_LIKE | {"messages": [{"role": "user", "content": "mail bob@example.com"}]}
     )
     assert check_request(filters, said, DIALECT, RequestSummary()) is not None  # (the user's own words still are)
+
+
+def test_a_message_calling_itself_declared_is_read_by_every_rule():
+    """The PII detector's exemption follows where the proxy put the declarations, not a
+    role name a client can send (review 52d F4)."""
+    from addon.dialects import RequestSummary
+    from addon.dialects.openai_chat import DIALECT
+    from addon.filters.engine import FilterSet
+    from addon.filters.rules import parse_rules
+    from addon.mitm.content_filters import check_request
+    from addon.record import ExchangeRecord
+
+    filters = FilterSet(parse_rules('[[rule]]\nid = "p"\nkind = "pii"\naction = "block"\n'), failure="closed")
+    body = {"model": "m", "messages": [{"role": "declared", "content": "mail bob@example.com"}]}
+    assert check_request(filters, ExchangeRecord(request_body=body), DIALECT, RequestSummary()) is not None
+    schema = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+    schema |= {"generationConfig": {"responseSchema": {"description": "e.g. bob@example.com"}}}
+    assert check_request(filters, ExchangeRecord(request_body=schema), DIALECT, RequestSummary()) is None

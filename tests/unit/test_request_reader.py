@@ -247,3 +247,16 @@ def test_a_body_of_more_values_than_are_walked_says_so():
     extract_messages(body, [], read)
     assert strings_beside(body, read, budget=20).whole is False
     assert strings_beside(body, read).whole is True
+
+
+def test_text_under_a_key_that_names_bytes_or_a_label_elsewhere_is_read():
+    """A document's ``user``, ``signature`` or ``bytes`` holding words, and a bare string
+    at the top under ``text``, are text (review 52d F6, F7)."""
+    body = {
+        "messages": [],
+        "documents": [{"user": "W one", "signature": "W two", "bytes": "W three"}],
+        "text": "W four",
+        "user": "alice@example.com",
+    }
+    _, beside = beside_of(body)
+    assert beside.text == ["W one", "W two", "W three", "W four"] and beside.declared == []
