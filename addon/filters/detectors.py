@@ -67,6 +67,7 @@ NO_SPACE = (
     r"\x{02BC}\x{3031}-\x{3035}\x{30FC}\x{FF70}"
 )
 NOT_WORD = rf"(?:[^{WORD}]|[{NO_SPACE}])"
+_NO_SPACE_CHAR = re2.compile(rf"[{NO_SPACE}]")
 # Python's ``\s`` (str.isspace), written as literal characters both parsers read alike.
 SPACE = "[\t\n\x0b\x0c\r\x1c-\x1f \x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000]"
 
@@ -484,8 +485,8 @@ def _iban_span(text: str, start: int, end: int) -> tuple[int, int] | None:
     else:
         return None
     stop += 1
-    after = text[stop : stop + 1]  # (an IBAN is ASCII: a letter of another script after it is an edge, as in Japanese)
-    if (after.isascii() and after.isalnum()) or not iban_ok(text[start:stop].replace(" ", "")):
+    after = text[stop : stop + 1]  # (a letter of a script written without spaces is an edge: NO_SPACE)
+    if (after.isalnum() and _NO_SPACE_CHAR.match(after) is None) or not iban_ok(text[start:stop].replace(" ", "")):
         return None
     return start, stop
 
