@@ -233,13 +233,14 @@ def strings_beside(body: Any, read: set[int], budget: int = 1_000_000) -> Beside
     model reads text wherever an API puts it, and a list of the keys that hold it is never
     complete, so the request filters read these too (beside the messages).
 
-    Left out: object keys; a string (or a list of strings) under a key whose values are
-    names and labels rather than text (:data:`_LABEL_KEYS`, keys ending in ``_id`` or
-    ``Id``; an object under such a key is read: a schema's property may be called
-    ``user``), and the request's ``metadata``; and bytes in base64 (:func:`_binary`: a
-    data URL of a media type that is not text, and the values of keys that hold only
-    base64, such as a thinking block's ``signature``), which the model does not read as
-    words. At most ``budget`` values are walked (``whole`` says whether that was all)."""
+    Left out: object keys; a string (or a list of strings) that is structure or a label
+    rather than text (:func:`_labels`: a ``role``, ``type`` or id anywhere, the request's
+    own settings such as ``model`` or ``user`` at its top; an object under such a key is
+    read: a schema's property may be called ``user``), and the request's ``metadata``;
+    and bytes in base64 (:func:`_binary`: a data URL of a media type that is not text,
+    and base64 where a key or its sibling says bytes, such as a thinking block's
+    ``signature``), which the model does not read as words. At most ``budget`` values
+    are walked (``whole`` says whether that was all)."""
     out = Beside([], [])
     stack: list[tuple[Any, Any, dict[str, Any] | None, bool]] = [(body, None, None, False)]
     while stack:
@@ -278,8 +279,9 @@ def _labels(key: Any, top: bool) -> bool:
 
 def _binary(value: str, key: Any, parent: dict[str, Any] | None) -> bool:
     """Whether ``value`` is bytes in base64 rather than text: a data URL of a media type
-    that is not text, the value of a key that holds only base64, or the ``data`` of a
-    source or part whose type or media type says base64 of something other than text."""
+    that is not text; or a value in base64's alphabet (text with spaces or punctuation is
+    never skipped for its key) under a key that holds only base64, or the ``data``
+    or ``bytes`` of a source or part whose type, media type or format says bytes."""
     if value.startswith("data:"):
         kind, _, rest = value[5:].partition(",")
         return bool(rest) and kind.endswith(";base64") and not kind.startswith("text/")

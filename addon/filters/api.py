@@ -148,6 +148,9 @@ class RequestContext:
     client_address: str | None = None
     user: str | None = None
     unreadable: tuple[str, ...] = ()
+    # the index in ``messages`` of the first message the proxy put beside the conversation
+    # (every other string of the body), None when there is none
+    beside: int | None = None
     # the index in ``messages`` of what the request declares (its tools and output
     # schemas, read apart: the PII detector leaves it), None when there is none
     declared: int | None = None

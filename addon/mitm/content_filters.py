@@ -195,14 +195,9 @@ def finish_check(filters: FilterSet, record: ExchangeRecord, check: RequestCheck
     if check.context is not None:
         try:
             verdicts = verdicts + filters.check_request_filters(check.context)
-            messages = check.context.messages  # (what _request_context put beside them comes last)
-            beside = set()
-            for i in range(len(messages) - 1, -1, -1):
-                if messages[i].role not in ("context", DECLARED):
-                    break
-                beside.add(f"messages[{i}]")
-            if beside:
-                verdicts = _once(verdicts, beside)
+            first, count = check.context.beside, len(check.context.messages)
+            if first is not None:
+                verdicts = _once(verdicts, {f"messages[{i}]" for i in range(first, count)})
         except Exception as e:  # our bug must not decide the policy
             log.exception("llm-audit: checking a request failed")
             verdicts = [_failed(filters, e)]
@@ -263,6 +258,8 @@ def _request_context(record: ExchangeRecord, dialect: Dialect, summary: RequestS
     parsed = body if isinstance(body, (dict, list)) else None
     context = RequestContext.from_body(dialect.name, parsed, read=read, beside=parsed is not None, **fields)
     beside = Beside(unkept, []) if unkept else strings_beside(parsed, read)
+    if beside.text or beside.declared:
+        context = replace(context, beside=len(context.messages))
     if beside.text:
         context = replace(context, messages=(*context.messages, Message("context", "\n".join(beside.text))))
     if beside.declared:
